@@ -1,0 +1,92 @@
+// The differentiable tensor API (namespace tr): each op runs its forward through the ops layer and, when a
+// gradient is needed, records its backward on the tape. Forward and backward sit side by side in
+// functions_*.cpp.
+#pragma once
+#include <vector>
+
+#include "autograd/node.h"
+#include "ops/ops.h"
+
+namespace tr {
+
+using autograd::NoGradGuard;
+
+// ---- elementwise
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor unary(ops::UnaryOp op, const Tensor& x);
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor relu(const Tensor& x);
+// approximate=true is HF's "gelu_new" / PyTorch's gelu(approximate="tanh"); false is the exact erf form.
+Tensor gelu(const Tensor& x, bool approximate = true);
+Tensor silu(const Tensor& x);
+Tensor abs(const Tensor& x);
+Tensor square(const Tensor& x);
+Tensor reciprocal(const Tensor& x);
+Tensor affine(const Tensor& x, double alpha, double beta);  // alpha * x + beta
+Tensor mul_scalar(const Tensor& x, double s);
+Tensor add_scalar(const Tensor& x, double s);
+Tensor pow(const Tensor& x, double exponent);
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+// Inverted dropout; the mask is never stored: backward regenerates it from the generator's (seed, offset).
+Tensor dropout(const Tensor& x, double p, Generator& gen, bool training = true);
+Tensor cast(const Tensor& x, DType dtype);
+
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a);
+Tensor operator*(const Tensor& a, double s);
+Tensor operator*(double s, const Tensor& a);
+Tensor operator+(const Tensor& a, double s);
+
+// ---- reductions and softmax
+Tensor sum(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false);
+Tensor amax(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false);
+Tensor softmax(const Tensor& x, int64_t dim = -1);
+Tensor log_softmax(const Tensor& x, int64_t dim = -1);
+
+// ---- linear algebra and nn
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
+Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps = 1e-5);
+Tensor rms_norm(const Tensor& x, const Tensor& w, double eps = 1e-6);
+enum class Reduction { mean, sum, none };
+// Cross-entropy of logits [..., V] against int64 labels [...]; rows whose label is ignore_index count as 0.
+// mean divides by the number of non-ignored labels; for accumulation-exact training use sum and divide by
+// num_items_in_batch. The result is f32 (f64 for f64 logits) whatever the logits dtype.
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index = -100,
+                     Reduction reduction = Reduction::mean);
+Tensor embedding(const Tensor& weight, const Tensor& ids);
+Tensor rope(const Tensor& x, const ops::RopeTables& tables, const Tensor& positions, bool seq_major = false);
+
+// ---- shape
+Tensor view(const Tensor& x, const Shape& shape);
+Tensor reshape(const Tensor& x, const Shape& shape);
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);
+Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
+Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);
+Tensor expand(const Tensor& x, const Shape& shape);
+Tensor contiguous(const Tensor& x);
+Tensor unsqueeze(const Tensor& x, int64_t dim);
+Tensor squeeze(const Tensor& x, int64_t dim);
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim);
+
+// ---- leaves and gradients
+Tensor detach(const Tensor& x);  // same storage, no history
+Tensor& requires_grad_(Tensor& x, bool requires_grad = true);
+
+}  // namespace tr

@@ -1,0 +1,117 @@
+// Differentiable matmul/linear, norms, cross-entropy, embedding and rope: forward and backward side by side.
+#include "autograd/functions.h"
+
+namespace tr {
+
+using autograd::Grads;
+using autograd::needs_grad;
+using autograd::record;
+using ops::BinaryOp;
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  Tensor y = ops::matmul(a, b, ta, tb);
+  if (needs_grad({&a, &b})) {
+    const bool ga = a.requires_grad(), gb = b.requires_grad();
+    record("matmul", {&a, &b}, {&y}, [a, b, ta, tb, ga, gb](const Grads& g) -> Grads {
+      // y = A' B' with A' = ta ? a^T : a.  dA' = g B'^T,  dB' = A'^T g, written in a's and b's own layout.
+      Grads r(2);
+      if (ga) r[0] = ops::sum_to_shape(ta ? ops::matmul(b, g[0], tb, true) : ops::matmul(g[0], b, false, !tb), a.shape());
+      if (gb) r[1] = ops::sum_to_shape(tb ? ops::matmul(g[0], a, true, ta) : ops::matmul(a, g[0], !ta, false), b.shape());
+      return r;
+    });
+  }
+  return y;
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  Tensor y = ops::linear(x, w, bias);
+  if (needs_grad({&x, &w, &bias})) {
+    const bool gx = x.requires_grad(), gw = w.requires_grad(), gbias = bias.defined() && bias.requires_grad();
+    Tensor sx = gw ? x : Tensor(), sw = gx ? w : Tensor();
+    const Shape xs = x.shape();
+    record("linear", {&x, &w, &bias}, {&y}, [sx, sw, xs, gx, gw, gbias](const Grads& g) -> Grads {
+      const int64_t outf = g[0].size(-1);
+      Tensor g2 = ops::reshape(g[0], {-1, outf});
+      Grads r(3);
+      if (gx) r[0] = ops::reshape(ops::matmul(g2, sw), xs);
+      if (gw) r[1] = ops::matmul(g2, ops::reshape(sx, {-1, xs.back()}), true, false);
+      if (gbias) r[2] = ops::reduce(ops::ReduceOp::sum, g2, {0}, false);
+      return r;
+    });
+  }
+  return y;
+}
+
+Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+  ops::NormOut o = ops::layer_norm(x, w, b, eps);
+  if (needs_grad({&x, &w, &b})) {
+    const bool gx = x.requires_grad(), gw = w.defined() && w.requires_grad(), gb = b.defined() && b.requires_grad();
+    Tensor mean = o.mean, rstd = o.rstd;
+    record("layer_norm", {&x, &w, &b}, {&o.y}, [x, w, mean, rstd, gx, gw, gb](const Grads& g) -> Grads {
+      ops::NormGrads r = ops::layer_norm_backward(x, w, mean, rstd, g[0], gx, gw, gb);
+      return {r.gx, r.gw, r.gb};
+    });
+  }
+  return o.y;
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
+  ops::NormOut o = ops::rms_norm(x, w, eps);
+  if (needs_grad({&x, &w})) {
+    const bool gx = x.requires_grad(), gw = w.defined() && w.requires_grad();
+    Tensor rstd = o.rstd;
+    record("rms_norm", {&x, &w}, {&o.y}, [x, w, rstd, gx, gw](const Grads& g) -> Grads {
+      ops::NormGrads r = ops::rms_norm_backward(x, w, rstd, g[0], gx, gw);
+      return {r.gx, r.gw};
+    });
+  }
+  return o.y;
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index, Reduction reduction) {
+  ops::CrossEntropyOut o = ops::cross_entropy(logits, labels, ignore_index);
+  double scale = 1.0;
+  Tensor y;
+  if (reduction == Reduction::none) {
+    y = o.loss;
+  } else {
+    if (reduction == Reduction::mean) {
+      int64_t count = 0;
+      if (!labels.device().is_meta()) {
+        for (int64_t v : ops::to_vector<int64_t>(labels)) count += v != ignore_index;
+      }
+      scale = count > 0 ? 1.0 / static_cast<double>(count) : 0.0;  // all ignored: 0 loss, 0 grad
+    }
+    y = ops::affine(ops::reduce(ops::ReduceOp::sum, o.loss, {}, false), scale, 0.0);
+  }
+  if (needs_grad({&logits})) {
+    Tensor lse = o.lse;
+    const Shape ls = labels.shape();
+    record("cross_entropy", {&logits}, {&y}, [logits, labels, lse, scale, reduction, ignore_index, ls](const Grads& g) -> Grads {
+      Tensor gl = reduction == Reduction::none ? g[0] : ops::expand(ops::reshape(ops::affine(g[0], scale, 0.0), Shape(ls.size(), 1)), ls);
+      return {ops::cross_entropy_backward(logits, labels, lse, ops::contiguous(gl), ignore_index)};
+    });
+  }
+  return y;
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& ids) {
+  Tensor y = ops::embedding(weight, ids);
+  if (needs_grad({&weight})) {
+    const int64_t rows = weight.size(0);
+    record("embedding", {&weight}, {&y},
+           [ids, rows](const Grads& g) -> Grads { return {ops::embedding_backward(g[0], ids, rows)}; });
+  }
+  return y;
+}
+
+Tensor rope(const Tensor& x, const ops::RopeTables& tables, const Tensor& positions, bool seq_major) {
+  Tensor y = ops::rope(x, tables, positions, seq_major, false);
+  if (needs_grad({&x}))
+    record("rope", {&x}, {&y}, [tables, positions, seq_major](const Grads& g) -> Grads {
+      return {ops::rope(g[0], tables, positions, seq_major, true)};
+    });
+  return y;
+}
+
+}  // namespace tr

@@ -1,0 +1,22 @@
+// The list of differentiable ops. record() accepts only these names, and the gradient-check test suite
+// fails when any of them lacks a finite-difference check.
+#pragma once
+#include <string_view>
+
+namespace tr::autograd {
+
+inline constexpr std::string_view kDifferentiableOps[] = {
+    // elementwise
+    "add", "sub", "mul", "div", "maximum", "minimum", "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid",
+    "relu", "gelu_tanh", "gelu_erf", "silu", "abs", "square", "reciprocal", "affine", "pow", "masked_fill",
+    "dropout", "cast",
+    // reductions and softmax
+    "sum", "mean", "amax", "softmax", "log_softmax",
+    // linear algebra and nn
+    "matmul", "linear", "layer_norm", "rms_norm", "cross_entropy", "embedding", "rope",
+    // shape
+    "view", "reshape", "transpose", "permute", "narrow", "expand", "contiguous", "cat", "split",
+    // recomputation
+    "checkpoint"};
+
+}  // namespace tr::autograd

@@ -1,0 +1,112 @@
+// The kernel interface every backend implements (cpu/, cuda/; no_cuda/ when built without CUDA).
+// Kernels see plain tensors with the geometry the ops layer prepared (documented per method) and write into
+// outputs the ops layer allocated. Backends never see autograd.
+#pragma once
+#include <cstdint>
+
+#include "core/allocator.h"
+#include "core/tensor.h"
+
+namespace tr::backend {
+
+enum class UnaryOp { neg, exp, log, sqrt, rsqrt, tanh, sigmoid, relu, gelu_tanh, gelu_erf, silu, abs, square, reciprocal };
+// eq gives 1 where a == b and 0 elsewhere, in the operands' dtype (used for gradient masks).
+enum class BinaryOp { add, sub, mul, div, maximum, minimum, eq };
+enum class ReduceOp { sum, mean, max, min };
+
+const char* unary_name(UnaryOp op);
+const char* binary_name(BinaryOp op);
+
+// Batched GEMM c[b] = alpha * op(a[b]) @ op(b[b]) + beta * c[b], row-major. op(x) = x^T when trans.
+// a is stored as [M, K] (or [K, M] when trans_a) with leading dimension lda and batch stride stride_a
+// (0 broadcasts); likewise b. c is contiguous [batch, M, N]. All three share one floating dtype.
+struct GemmArgs {
+  Tensor a, b, c;
+  bool trans_a = false, trans_b = false;
+  int64_t batch = 1, m = 0, n = 0, k = 0;
+  int64_t lda = 0, ldb = 0, stride_a = 0, stride_b = 0;
+  double alpha = 1.0, beta = 0.0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  virtual Allocator& allocator(int device_index) = 0;
+  // Waits for queued work (no-op on the CPU).
+  virtual void synchronize() {}
+
+  // dst and src have the same shape and device; any strides, any dtypes (converted with round-to-nearest-even).
+  virtual void copy(const Tensor& src, const Tensor& dst) = 0;
+  // out contiguous.
+  virtual void fill(const Tensor& out, double value) = 0;
+  // out contiguous: out[i] = start + i * step.
+  virtual void arange(const Tensor& out, double start, double step) = 0;
+  // out contiguous floating: normal(mean, std) or uniform[lo, hi) from Philox words (seed, offset).
+  virtual void random_normal(const Tensor& out, double mean, double std, uint64_t seed, uint64_t offset) = 0;
+  virtual void random_uniform(const Tensor& out, double lo, double hi, uint64_t seed, uint64_t offset) = 0;
+
+  // Elementwise. Inputs are views with out's shape (broadcast dims have stride 0); out is contiguous.
+  virtual void unary(UnaryOp op, const Tensor& x, const Tensor& out) = 0;
+  // gx = gy * f'(x), all contiguous with one shape.
+  virtual void unary_backward(UnaryOp op, const Tensor& x, const Tensor& gy, const Tensor& gx) = 0;
+  virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  // out = alpha * x + beta (x contiguous).
+  virtual void affine(const Tensor& x, double alpha, double beta, const Tensor& out) = 0;
+  virtual void pow_scalar(const Tensor& x, double exponent, const Tensor& out) = 0;
+  // out = mask ? value : x; mask is a bool view broadcast to x's shape; x, out contiguous.
+  virtual void masked_fill(const Tensor& x, const Tensor& mask, double value, const Tensor& out) = 0;
+
+  // x contiguous, viewed as [outer, r, inner]; out contiguous [outer, inner].
+  virtual void reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t r, int64_t inner, const Tensor& out) = 0;
+  // Index (i64) of the max along r (first one on ties).
+  virtual void argmax(const Tensor& x, int64_t outer, int64_t r, int64_t inner, const Tensor& out) = 0;
+  // x contiguous [rows, n]: the k largest per row, sorted descending; values x.dtype, indices i64.
+  virtual void topk(const Tensor& x, int64_t k, const Tensor& values, const Tensor& indices) = 0;
+
+  // Softmax over the last dim of a contiguous [rows, n] tensor; log=true gives log_softmax.
+  virtual void softmax(const Tensor& x, bool log, const Tensor& y) = 0;
+  virtual void softmax_backward(const Tensor& y, const Tensor& gy, bool log, const Tensor& gx) = 0;
+
+  virtual void gemm(const GemmArgs& args) = 0;
+
+  // x contiguous [rows, n]; w, b [n] (b may be undefined); mean, rstd f32 [rows].
+  virtual void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
+                          const Tensor& mean, const Tensor& rstd) = 0;
+  // gw, gb are overwritten (not accumulated); either may be undefined when not needed.
+  virtual void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                                   const Tensor& gy, const Tensor& gx, const Tensor& gw, const Tensor& gb) = 0;
+  virtual void rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) = 0;
+  virtual void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& gy,
+                                 const Tensor& gx, const Tensor& gw) = 0;
+
+  // logits contiguous [n, v] (any float dtype), labels i64 [n]; loss f32 [n] (0 where ignored),
+  // lse f32 [n] (logsumexp of each row, saved for backward). Labels out of range throw.
+  virtual void cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index, const Tensor& loss,
+                             const Tensor& lse) = 0;
+  // glogits = grad_loss[row] * (softmax(logits) - onehot(label)); 0 for ignored rows. grad_loss f32 [n].
+  virtual void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
+                                      const Tensor& grad_loss, int64_t ignore_index, const Tensor& glogits) = 0;
+
+  // weight [v, d] contiguous, ids i64 [n] (checked < v), out [n, d].
+  virtual void embedding(const Tensor& weight, const Tensor& ids, const Tensor& out) = 0;
+  // gweight [v, d] is overwritten with the deterministic scatter-add of gy [n, d] rows.
+  virtual void embedding_backward(const Tensor& gy, const Tensor& ids, const Tensor& gweight) = 0;
+
+  // Rotary embedding (HF rotate_half convention) on contiguous x: [B, H, T, D] or, with seq_major,
+  // [B, T, H, D]. cos/sin f32 [P, D/2]; positions i64 [B, T] (< P). inverse=true applies the transpose
+  // rotation (the backward).
+  virtual void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions, bool seq_major,
+                    bool inverse, const Tensor& y) = 0;
+
+  // y = x * keep / (1 - p), keep[i] = uniform(seed, offset, i) >= p. x, y contiguous.
+  virtual void dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, const Tensor& y) = 0;
+};
+
+// The backend that runs tensors of `device` (cpu, cuda, meta -> cpu for geometry only).
+Backend& backend_for(Device device);
+// True when this build has CUDA kernels and a GPU is present.
+bool cuda_available();
+int cuda_device_count();
+
+}  // namespace tr::backend

@@ -1,0 +1,51 @@
+// The CPU backend: OpenMP-parallel kernels, OpenBLAS for GEMM. Method bodies live in mirror-named files
+// (elementwise.cpp, reduce.cpp, matmul.cpp, norm.cpp, loss.cpp).
+#pragma once
+#include "backend/backend.h"
+
+namespace tr::cpu {
+
+class CpuBackend final : public backend::Backend {
+ public:
+  const char* name() const override { return "cpu"; }
+  Allocator& allocator(int) override { return cpu_allocator(); }
+
+  void copy(const Tensor& src, const Tensor& dst) override;
+  void fill(const Tensor& out, double value) override;
+  void arange(const Tensor& out, double start, double step) override;
+  void random_normal(const Tensor& out, double mean, double std, uint64_t seed, uint64_t offset) override;
+  void random_uniform(const Tensor& out, double lo, double hi, uint64_t seed, uint64_t offset) override;
+  void unary(backend::UnaryOp op, const Tensor& x, const Tensor& out) override;
+  void unary_backward(backend::UnaryOp op, const Tensor& x, const Tensor& gy, const Tensor& gx) override;
+  void binary(backend::BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void affine(const Tensor& x, double alpha, double beta, const Tensor& out) override;
+  void pow_scalar(const Tensor& x, double exponent, const Tensor& out) override;
+  void masked_fill(const Tensor& x, const Tensor& mask, double value, const Tensor& out) override;
+  void reduce(backend::ReduceOp op, const Tensor& x, int64_t outer, int64_t r, int64_t inner,
+              const Tensor& out) override;
+  void argmax(const Tensor& x, int64_t outer, int64_t r, int64_t inner, const Tensor& out) override;
+  void topk(const Tensor& x, int64_t k, const Tensor& values, const Tensor& indices) override;
+  void softmax(const Tensor& x, bool log, const Tensor& y) override;
+  void softmax_backward(const Tensor& y, const Tensor& gy, bool log, const Tensor& gx) override;
+  void gemm(const backend::GemmArgs& args) override;
+  void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
+                  const Tensor& mean, const Tensor& rstd) override;
+  void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                           const Tensor& gy, const Tensor& gx, const Tensor& gw, const Tensor& gb) override;
+  void rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) override;
+  void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& gy, const Tensor& gx,
+                         const Tensor& gw) override;
+  void cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index, const Tensor& loss,
+                     const Tensor& lse) override;
+  void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
+                              const Tensor& grad_loss, int64_t ignore_index, const Tensor& glogits) override;
+  void embedding(const Tensor& weight, const Tensor& ids, const Tensor& out) override;
+  void embedding_backward(const Tensor& gy, const Tensor& ids, const Tensor& gweight) override;
+  void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions, bool seq_major,
+            bool inverse, const Tensor& y) override;
+  void dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, const Tensor& y) override;
+};
+
+CpuBackend& cpu_backend();
+
+}  // namespace tr::cpu

@@ -1,0 +1,120 @@
+// Shared CPU kernel machinery: dtype dispatch, load/store in the accumulation type, and a parallel
+// strided loop over N operands that hands contiguous runs of the innermost dim to a lambda.
+#pragma once
+#include <omp.h>
+
+#include <array>
+#include <type_traits>
+
+#include "core/tensor.h"
+
+namespace tr::cpu {
+
+// Half types compute in f32, f64 in f64.
+template <typename T>
+using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <typename T>
+inline acc_t<T> load(const T* p, int64_t i) {
+  return static_cast<acc_t<T>>(p[i]);
+}
+template <typename T, typename A>
+inline void store(T* p, int64_t i, A v) {
+  p[i] = T(static_cast<acc_t<T>>(v));
+}
+
+// Calls f.template operator()<T>() for the floating dtypes; throws naming `op` otherwise.
+template <typename F>
+void dispatch_float(DType dt, const char* op, F&& f) {
+  switch (dt) {
+    case DType::f32: f.template operator()<float>(); return;
+    case DType::f64: f.template operator()<double>(); return;
+    case DType::bf16: f.template operator()<BFloat16>(); return;
+    case DType::f16: f.template operator()<Half>(); return;
+    default: fail("{}: dtype {} is not supported (expected a floating dtype)", op, dtype_name(dt));
+  }
+}
+
+template <typename F>
+void dispatch_all(DType dt, const char* op, F&& f) {
+  switch (dt) {
+    case DType::i32: f.template operator()<int32_t>(); return;
+    case DType::i64: f.template operator()<int64_t>(); return;
+    case DType::u8: f.template operator()<uint8_t>(); return;
+    case DType::boolean: f.template operator()<bool>(); return;
+    default: dispatch_float(dt, op, std::forward<F>(f));
+  }
+}
+
+// Threads are worth starting above roughly this many elements of simple work.
+constexpr int64_t kParallelGrain = 32768;
+
+inline int threads_for(int64_t work) {
+  if (work < kParallelGrain) return 1;
+  return omp_get_max_threads();
+}
+
+// Iterates over `shape` in row-major order. For each run along the innermost dim, calls
+// fn(offsets, n, inner_strides) where offsets[j] is the element offset of operand j at the run start.
+// Runs are distributed over threads; fn must only touch its own run.
+template <size_t N, typename F>
+void strided_loop(const Shape& shape, const std::array<Strides, N>& strides, F&& fn) {
+  const int64_t nd = static_cast<int64_t>(shape.size());
+  if (nd == 0) {
+    std::array<int64_t, N> off{};
+    std::array<int64_t, N> inner{};
+    fn(off, int64_t{1}, inner);
+    return;
+  }
+  const int64_t n_inner = shape[nd - 1];
+  const int64_t rows = shape_numel(shape) / std::max<int64_t>(n_inner, 1);
+  if (n_inner == 0 || rows == 0) return;
+  std::array<int64_t, N> inner;
+  for (size_t j = 0; j < N; ++j) inner[j] = strides[j][nd - 1];
+  const int nt = threads_for(rows * n_inner);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t row = 0; row < rows; ++row) {
+    std::array<int64_t, N> off{};
+    int64_t rem = row;
+    for (int64_t d = nd - 2; d >= 0; --d) {
+      int64_t idx = rem % shape[d];
+      rem /= shape[d];
+      for (size_t j = 0; j < N; ++j) off[j] += idx * strides[j][d];
+    }
+    fn(off, n_inner, inner);
+  }
+}
+
+}  // namespace tr::cpu
+
+namespace tr::cpu {
+
+// Merges adjacent dims that are contiguous with each other in every operand and drops size-1 dims, so
+// strided_loop gets long inner runs (a contiguous tensor becomes one run).
+template <size_t N>
+void coalesce(Shape& shape, std::array<Strides, N>& st) {
+  Shape s2;
+  std::array<Strides, N> t2;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    if (!s2.empty()) {
+      bool merge = true;
+      for (size_t j = 0; j < N; ++j) merge = merge && t2[j].back() == st[j][d] * shape[d];
+      if (merge) {
+        s2.back() *= shape[d];
+        for (size_t j = 0; j < N; ++j) t2[j].back() = st[j][d];
+        continue;
+      }
+    }
+    s2.push_back(shape[d]);
+    for (size_t j = 0; j < N; ++j) t2[j].push_back(st[j][d]);
+  }
+  if (s2.empty()) {
+    s2.push_back(1);
+    for (size_t j = 0; j < N; ++j) t2[j].push_back(1);
+  }
+  shape = std::move(s2);
+  st = std::move(t2);
+}
+
+}  // namespace tr::cpu

@@ -1,0 +1,158 @@
+// CPU cross-entropy (fused: the backward recomputes softmax from the saved logsumexp, so no probability
+// tensor is ever stored), embedding gather/scatter-add, and rotary position embedding.
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/loops.h"
+
+namespace tr::cpu {
+
+namespace {
+
+void check_labels(const Tensor& labels, int64_t v, int64_t ignore_index, const char* op) {
+  const int64_t* lp = labels.data<int64_t>();
+  for (int64_t i = 0; i < labels.numel(); ++i)
+    TR_CHECK(lp[i] == ignore_index || (lp[i] >= 0 && lp[i] < v),
+             "{}: label {} at position {} is out of range for {} classes (ignore_index {})", op, lp[i], i, v,
+             ignore_index);
+}
+
+}  // namespace
+
+void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index, const Tensor& loss,
+                               const Tensor& lse) {
+  const int64_t v = logits.shape().back();
+  const int64_t rows = logits.numel() / std::max<int64_t>(v, 1);
+  check_labels(labels, v, ignore_index, "cross_entropy");
+  dispatch_float(logits.dtype(), "cross_entropy", [&]<typename T>() {
+    using A = acc_t<T>;
+    const T* xp = static_cast<const T*>(logits.data_ptr());
+    const int64_t* lp = labels.data<int64_t>();
+    A* out = static_cast<A*>(loss.data_ptr());
+    A* lsep = static_cast<A*>(lse.data_ptr());
+#pragma omp parallel for num_threads(threads_for(rows * v * 2)) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      if (lp[r] == ignore_index) {
+        out[r] = 0;
+        lsep[r] = 0;
+        continue;
+      }
+      const T* xr = xp + r * v;
+      A mx = -std::numeric_limits<A>::infinity();
+      for (int64_t i = 0; i < v; ++i) mx = std::max(mx, load(xr, i));
+      A s = 0;
+      for (int64_t i = 0; i < v; ++i) s += std::exp(load(xr, i) - mx);
+      A l = mx + std::log(s);
+      lsep[r] = l;
+      out[r] = l - load(xr, lp[r]);
+    }
+  });
+}
+
+void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
+                                        const Tensor& grad_loss, int64_t ignore_index, const Tensor& glogits) {
+  const int64_t v = logits.shape().back();
+  const int64_t rows = logits.numel() / std::max<int64_t>(v, 1);
+  dispatch_float(logits.dtype(), "cross_entropy_backward", [&]<typename T>() {
+    using A = acc_t<T>;
+    const T* xp = static_cast<const T*>(logits.data_ptr());
+    const int64_t* lp = labels.data<int64_t>();
+    const A* lsep = static_cast<const A*>(lse.data_ptr());
+    const A* gl = static_cast<const A*>(grad_loss.data_ptr());
+    T* gp = static_cast<T*>(glogits.data_ptr());
+#pragma omp parallel for num_threads(threads_for(rows * v * 2)) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      T* out = gp + r * v;
+      if (lp[r] == ignore_index) {
+        for (int64_t i = 0; i < v; ++i) store(out, i, A(0));
+        continue;
+      }
+      const T* xr = xp + r * v;
+      const A g = gl[r], l = lsep[r];
+      for (int64_t i = 0; i < v; ++i) store(out, i, g * std::exp(load(xr, i) - l));
+      store(out, lp[r], load(out, lp[r]) - g);
+    }
+  });
+}
+
+void CpuBackend::embedding(const Tensor& weight, const Tensor& ids, const Tensor& out) {
+  const int64_t v = weight.shape()[0], d = weight.shape()[1];
+  const int64_t n = ids.numel();
+  const int64_t* ip = ids.data<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    TR_CHECK(ip[i] >= 0 && ip[i] < v, "embedding: index {} at position {} is out of range for a table of {} rows",
+             ip[i], i, v);
+  const size_t row_bytes = static_cast<size_t>(d) * dtype_size(weight.dtype());
+  const char* wp = static_cast<const char*>(weight.data_ptr());
+  char* op = static_cast<char*>(out.data_ptr());
+#pragma omp parallel for num_threads(threads_for(n * d))
+  for (int64_t i = 0; i < n; ++i)
+    std::memcpy(op + static_cast<size_t>(i) * row_bytes, wp + static_cast<size_t>(ip[i]) * row_bytes, row_bytes);
+}
+
+void CpuBackend::embedding_backward(const Tensor& gy, const Tensor& ids, const Tensor& gweight) {
+  const int64_t d = gweight.shape()[1];
+  const int64_t n = ids.numel();
+  const int64_t* ip = ids.data<int64_t>();
+  fill(gweight, 0.0);
+  dispatch_float(gy.dtype(), "embedding_backward", [&]<typename T>() {
+    const T* gp = static_cast<const T*>(gy.data_ptr());
+    T* wp = static_cast<T*>(gweight.data_ptr());
+    // Each thread owns a slice of columns and walks the rows in order: race-free and deterministic.
+    const int nt = threads_for(n * d);
+#pragma omp parallel num_threads(nt)
+    {
+      int t = omp_get_thread_num(), T_ = omp_get_num_threads();
+      int64_t chunk = (d + T_ - 1) / T_;
+      int64_t lo = std::min<int64_t>(d, t * chunk), hi = std::min<int64_t>(d, lo + chunk);
+      for (int64_t i = 0; i < n; ++i) {
+        T* row = wp + ip[i] * d;
+        const T* g = gp + i * d;
+        for (int64_t j = lo; j < hi; ++j) store(row, j, load(row, j) + load(g, j));
+      }
+    }
+  });
+}
+
+void CpuBackend::rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions,
+                      bool seq_major, bool inverse, const Tensor& y) {
+  const auto& s = x.shape();
+  const int64_t B = s[0], D = s[3];
+  const int64_t H = seq_major ? s[2] : s[1];
+  const int64_t T = seq_major ? s[1] : s[2];
+  const int64_t half = D / 2;
+  const int64_t P = cos.shape()[0];
+  const int64_t* pp = positions.data<int64_t>();
+  for (int64_t i = 0; i < B * T; ++i)
+    TR_CHECK(pp[i] >= 0 && pp[i] < P, "rope: position {} at index {} is outside the table of {} positions", pp[i], i,
+             P);
+  const float* cp = cos.data<float>();
+  const float* sp = sin.data<float>();
+  const float sign = inverse ? -1.0f : 1.0f;
+  dispatch_float(x.dtype(), "rope", [&]<typename TT>() {
+    using A = acc_t<TT>;
+    const TT* xp = static_cast<const TT*>(x.data_ptr());
+    TT* yp = static_cast<TT*>(y.data_ptr());
+#pragma omp parallel for collapse(2) num_threads(threads_for(x.numel() * 2))
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t base = seq_major ? ((b * T + t) * H + h) * D : ((b * H + h) * T + t) * D;
+          const int64_t pos = pp[b * T + t];
+          const float* cr = cp + pos * half;
+          const float* sr = sp + pos * half;
+          for (int64_t i = 0; i < half; ++i) {
+            A c = static_cast<A>(cr[i]), sn = static_cast<A>(sign * sr[i]);
+            A x1 = load(xp, base + i), x2 = load(xp, base + i + half);
+            store(yp, base + i, x1 * c - x2 * sn);
+            store(yp, base + i + half, x2 * c + x1 * sn);
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace tr::cpu

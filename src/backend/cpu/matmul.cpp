@@ -1,0 +1,77 @@
+// CPU GEMM through OpenBLAS (f32, f64); bf16/f16 operands are widened to f32, multiplied, and rounded back.
+#include <cblas.h>
+
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/loops.h"
+
+namespace tr::cpu {
+
+namespace {
+
+// Copies a strided [batch] x (rows x cols with leading dim ld) operand into dense f32.
+template <typename T>
+std::vector<float> widen(const T* p, int64_t batch, int64_t stride, int64_t rows, int64_t cols, int64_t ld) {
+  std::vector<float> out(static_cast<size_t>(batch * rows * cols));
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        out[static_cast<size_t>((b * rows + r) * cols + c)] = static_cast<float>(p[b * stride + r * ld + c]);
+  return out;
+}
+
+}  // namespace
+
+void CpuBackend::gemm(const backend::GemmArgs& g) {
+  const auto ta = g.trans_a ? CblasTrans : CblasNoTrans;
+  const auto tb = g.trans_b ? CblasTrans : CblasNoTrans;
+  const int64_t mn = g.m * g.n;
+  if (g.k == 0) {
+    // Nothing to multiply: c = beta * c.
+    affine(g.c, g.beta, 0.0, g.c);
+    return;
+  }
+  switch (g.c.dtype()) {
+    case DType::f32: {
+      const float* a = static_cast<const float*>(g.a.data_ptr());
+      const float* b = static_cast<const float*>(g.b.data_ptr());
+      float* c = static_cast<float*>(g.c.data_ptr());
+      for (int64_t i = 0; i < g.batch; ++i)
+        cblas_sgemm(CblasRowMajor, ta, tb, g.m, g.n, g.k, static_cast<float>(g.alpha), a + i * g.stride_a, g.lda,
+                    b + i * g.stride_b, g.ldb, static_cast<float>(g.beta), c + i * mn, g.n);
+      return;
+    }
+    case DType::f64: {
+      const double* a = static_cast<const double*>(g.a.data_ptr());
+      const double* b = static_cast<const double*>(g.b.data_ptr());
+      double* c = static_cast<double*>(g.c.data_ptr());
+      for (int64_t i = 0; i < g.batch; ++i)
+        cblas_dgemm(CblasRowMajor, ta, tb, g.m, g.n, g.k, g.alpha, a + i * g.stride_a, g.lda, b + i * g.stride_b,
+                    g.ldb, g.beta, c + i * mn, g.n);
+      return;
+    }
+    case DType::bf16:
+    case DType::f16:
+      dispatch_float(g.c.dtype(), "matmul", [&]<typename T>() {
+        if constexpr (std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>) {
+          const int64_t ar = g.trans_a ? g.k : g.m, ac = g.trans_a ? g.m : g.k;
+          const int64_t br = g.trans_b ? g.n : g.k, bc = g.trans_b ? g.k : g.n;
+          const int64_t ba = g.stride_a == 0 ? 1 : g.batch, bb = g.stride_b == 0 ? 1 : g.batch;
+          auto a = widen(static_cast<const T*>(g.a.data_ptr()), ba, g.stride_a, ar, ac, g.lda);
+          auto b = widen(static_cast<const T*>(g.b.data_ptr()), bb, g.stride_b, br, bc, g.ldb);
+          auto c = widen(static_cast<const T*>(g.c.data_ptr()), g.batch, mn, g.m, g.n, g.n);
+          for (int64_t i = 0; i < g.batch; ++i)
+            cblas_sgemm(CblasRowMajor, ta, tb, g.m, g.n, g.k, static_cast<float>(g.alpha),
+                        a.data() + (ba == 1 ? 0 : i * ar * ac), ac, b.data() + (bb == 1 ? 0 : i * br * bc), bc,
+                        static_cast<float>(g.beta), c.data() + i * mn, g.n);
+          T* cp = static_cast<T*>(g.c.data_ptr());
+          for (int64_t i = 0; i < g.batch * mn; ++i) cp[i] = T(c[static_cast<size_t>(i)]);
+        }
+      });
+      return;
+    default: fail("matmul: dtype {} is not supported", dtype_name(g.c.dtype()));
+  }
+}
+
+}  // namespace tr::cpu

@@ -1,0 +1,187 @@
+// CPU LayerNorm and RMSNorm, forward and backward fused per row. Statistics (mean, rstd) are kept in the
+// accumulation type (f32, or f64 for f64 inputs). Weight/bias gradients are summed over fixed row blocks and
+// then in block order, so the bits do not depend on the thread count.
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/loops.h"
+
+namespace tr::cpu {
+
+namespace {
+
+constexpr int64_t kRowBlock = 32;
+
+// Sums per-block partials [blocks, n] into out (overwrite), in block order.
+template <typename T>
+void reduce_blocks(const std::vector<double>& part, int64_t blocks, int64_t n, T* out) {
+#pragma omp parallel for num_threads(threads_for(blocks * n))
+  for (int64_t j = 0; j < n; ++j) {
+    double s = 0;
+    for (int64_t b = 0; b < blocks; ++b) s += part[static_cast<size_t>(b * n + j)];
+    store(out, j, s);
+  }
+}
+
+}  // namespace
+
+void CpuBackend::layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
+                            const Tensor& mean, const Tensor& rstd) {
+  const int64_t n = x.shape().back();
+  const int64_t rows = x.numel() / std::max<int64_t>(n, 1);
+  dispatch_float(x.dtype(), "layer_norm", [&]<typename T>() {
+    using A = acc_t<T>;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    const T* wp = w.defined() ? static_cast<const T*>(w.data_ptr()) : nullptr;
+    const T* bp = b.defined() ? static_cast<const T*>(b.data_ptr()) : nullptr;
+    T* yp = static_cast<T*>(y.data_ptr());
+    A* mp = static_cast<A*>(mean.data_ptr());
+    A* rp = static_cast<A*>(rstd.data_ptr());
+#pragma omp parallel for num_threads(threads_for(rows * n * 3)) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* xr = xp + r * n;
+      T* yr = yp + r * n;
+      A s = 0;
+      for (int64_t i = 0; i < n; ++i) s += load(xr, i);
+      A mu = s / static_cast<A>(n);
+      A v = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        A d = load(xr, i) - mu;
+        v += d * d;
+      }
+      A rs = A(1) / std::sqrt(v / static_cast<A>(n) + static_cast<A>(eps));
+      mp[r] = mu;
+      rp[r] = rs;
+      for (int64_t i = 0; i < n; ++i) {
+        A h = (load(xr, i) - mu) * rs;
+        if (wp) h *= load(wp, i);
+        if (bp) h += load(bp, i);
+        store(yr, i, h);
+      }
+    }
+  });
+}
+
+void CpuBackend::layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                                     const Tensor& gy, const Tensor& gx, const Tensor& gw, const Tensor& gb) {
+  const int64_t n = x.shape().back();
+  const int64_t rows = x.numel() / std::max<int64_t>(n, 1);
+  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
+  dispatch_float(x.dtype(), "layer_norm_backward", [&]<typename T>() {
+    using A = acc_t<T>;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    const T* wp = w.defined() ? static_cast<const T*>(w.data_ptr()) : nullptr;
+    const T* gp = static_cast<const T*>(gy.data_ptr());
+    const A* mp = static_cast<const A*>(mean.data_ptr());
+    const A* rp = static_cast<const A*>(rstd.data_ptr());
+    T* gxp = gx.defined() ? static_cast<T*>(gx.data_ptr()) : nullptr;
+    const bool need_w = gw.defined(), need_b = gb.defined();
+    std::vector<double> pw(need_w ? static_cast<size_t>(blocks * n) : 0), pb(need_b ? static_cast<size_t>(blocks * n) : 0);
+#pragma omp parallel for num_threads(threads_for(rows * n * 4)) schedule(static)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      double* bw = need_w ? pw.data() + blk * n : nullptr;
+      double* bb = need_b ? pb.data() + blk * n : nullptr;
+      for (int64_t r = blk * kRowBlock; r < std::min(rows, (blk + 1) * kRowBlock); ++r) {
+        const T* xr = xp + r * n;
+        const T* gr = gp + r * n;
+        const A mu = mp[r], rs = rp[r];
+        A sum_g = 0, sum_gx = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          A xh = (load(xr, i) - mu) * rs;
+          A g = load(gr, i);
+          if (bw) bw[i] += static_cast<double>(g * xh);
+          if (bb) bb[i] += static_cast<double>(g);
+          A gh = wp ? g * load(wp, i) : g;
+          sum_g += gh;
+          sum_gx += gh * xh;
+        }
+        if (!gxp) continue;
+        const A inv_n = A(1) / static_cast<A>(n);
+        const A mg = sum_g * inv_n, mgx = sum_gx * inv_n;
+        T* out = gxp + r * n;
+        for (int64_t i = 0; i < n; ++i) {
+          A xh = (load(xr, i) - mu) * rs;
+          A gh = wp ? load(gr, i) * load(wp, i) : load(gr, i);
+          store(out, i, rs * (gh - mg - xh * mgx));
+        }
+      }
+    }
+    if (need_w) reduce_blocks(pw, blocks, n, static_cast<T*>(gw.data_ptr()));
+    if (need_b) reduce_blocks(pb, blocks, n, static_cast<T*>(gb.data_ptr()));
+  });
+}
+
+void CpuBackend::rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) {
+  const int64_t n = x.shape().back();
+  const int64_t rows = x.numel() / std::max<int64_t>(n, 1);
+  dispatch_float(x.dtype(), "rms_norm", [&]<typename T>() {
+    using A = acc_t<T>;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    const T* wp = w.defined() ? static_cast<const T*>(w.data_ptr()) : nullptr;
+    T* yp = static_cast<T*>(y.data_ptr());
+    A* rp = static_cast<A*>(rstd.data_ptr());
+#pragma omp parallel for num_threads(threads_for(rows * n * 2)) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* xr = xp + r * n;
+      T* yr = yp + r * n;
+      A ss = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        A v = load(xr, i);
+        ss += v * v;
+      }
+      A rs = A(1) / std::sqrt(ss / static_cast<A>(n) + static_cast<A>(eps));
+      rp[r] = rs;
+      for (int64_t i = 0; i < n; ++i) {
+        // As HF: normalize in fp32, cast to the input dtype, then scale by the weight.
+        A h = static_cast<A>(T(load(xr, i) * rs));
+        store(yr, i, wp ? h * load(wp, i) : h);
+      }
+    }
+  });
+}
+
+void CpuBackend::rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& gy,
+                                   const Tensor& gx, const Tensor& gw) {
+  const int64_t n = x.shape().back();
+  const int64_t rows = x.numel() / std::max<int64_t>(n, 1);
+  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
+  dispatch_float(x.dtype(), "rms_norm_backward", [&]<typename T>() {
+    using A = acc_t<T>;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    const T* wp = w.defined() ? static_cast<const T*>(w.data_ptr()) : nullptr;
+    const T* gp = static_cast<const T*>(gy.data_ptr());
+    const A* rp = static_cast<const A*>(rstd.data_ptr());
+    T* gxp = gx.defined() ? static_cast<T*>(gx.data_ptr()) : nullptr;
+    const bool need_w = gw.defined();
+    std::vector<double> pw(need_w ? static_cast<size_t>(blocks * n) : 0);
+#pragma omp parallel for num_threads(threads_for(rows * n * 4)) schedule(static)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      double* bw = need_w ? pw.data() + blk * n : nullptr;
+      for (int64_t r = blk * kRowBlock; r < std::min(rows, (blk + 1) * kRowBlock); ++r) {
+        const T* xr = xp + r * n;
+        const T* gr = gp + r * n;
+        const A rs = rp[r];
+        A sum_gx = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          A xh = load(xr, i) * rs;
+          A g = load(gr, i);
+          if (bw) bw[i] += static_cast<double>(g * xh);
+          A gh = wp ? g * load(wp, i) : g;
+          sum_gx += gh * xh;
+        }
+        if (!gxp) continue;
+        const A mgx = sum_gx / static_cast<A>(n);
+        T* out = gxp + r * n;
+        for (int64_t i = 0; i < n; ++i) {
+          A xh = load(xr, i) * rs;
+          A gh = wp ? load(gr, i) * load(wp, i) : load(gr, i);
+          store(out, i, rs * (gh - xh * mgx));
+        }
+      }
+    }
+    if (need_w) reduce_blocks(pw, blocks, n, static_cast<T*>(gw.data_ptr()));
+  });
+}
+
+}  // namespace tr::cpu

@@ -1,0 +1,183 @@
+// CPU reductions (sum/mean/max/min over [outer, r, inner]), argmax, top-k and softmax forward/backward.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/loops.h"
+
+namespace tr::cpu {
+
+using backend::ReduceOp;
+
+void CpuBackend::reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t r, int64_t inner, const Tensor& out) {
+  dispatch_float(x.dtype(), "reduce", [&]<typename T>() {
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    T* yp = static_cast<T*>(out.data_ptr());
+    const bool is_sum = op == ReduceOp::sum || op == ReduceOp::mean;
+    const double init = op == ReduceOp::max   ? -std::numeric_limits<double>::infinity()
+                        : op == ReduceOp::min ? std::numeric_limits<double>::infinity()
+                                              : 0.0;
+    const double denom = op == ReduceOp::mean ? static_cast<double>(r) : 1.0;
+    auto combine = [op](double acc, double v) {
+      switch (op) {
+        case ReduceOp::sum:
+        case ReduceOp::mean: return acc + v;
+        case ReduceOp::max: return (v != v || v > acc) ? v : acc;
+        case ReduceOp::min: return (v != v || v < acc) ? v : acc;
+      }
+      return acc;
+    };
+    if (inner == 1) {
+      const int nt = threads_for(outer * r);
+#pragma omp parallel for num_threads(nt) schedule(static)
+      for (int64_t o = 0; o < outer; ++o) {
+        const T* row = xp + o * r;
+        double acc = init;
+        if (is_sum) {
+          // four partial sums: shorter dependency chains and a little less rounding error
+          double s[4] = {0, 0, 0, 0};
+          int64_t i = 0;
+          for (; i + 4 <= r; i += 4)
+            for (int j = 0; j < 4; ++j) s[j] += static_cast<double>(load(row, i + j));
+          for (; i < r; ++i) s[0] += static_cast<double>(load(row, i));
+          acc = (s[0] + s[1]) + (s[2] + s[3]);
+        } else {
+          for (int64_t i = 0; i < r; ++i) acc = combine(acc, static_cast<double>(load(row, i)));
+        }
+        store(yp, o, acc / denom);
+      }
+      return;
+    }
+    // Reduce across rows: each thread owns a slice of `inner` columns for all outer blocks.
+    const int nt = threads_for(outer * r * inner);
+#pragma omp parallel num_threads(nt)
+    {
+      std::vector<double> acc(static_cast<size_t>(inner));
+#pragma omp for schedule(static)
+      for (int64_t o = 0; o < outer; ++o) {
+        std::fill(acc.begin(), acc.end(), init);
+        for (int64_t i = 0; i < r; ++i) {
+          const T* row = xp + (o * r + i) * inner;
+          for (int64_t j = 0; j < inner; ++j) acc[j] = combine(acc[j], static_cast<double>(load(row, j)));
+        }
+        for (int64_t j = 0; j < inner; ++j) store(yp, o * inner + j, acc[j] / denom);
+      }
+    }
+    (void)outer;
+  });
+}
+
+void CpuBackend::argmax(const Tensor& x, int64_t outer, int64_t r, int64_t inner, const Tensor& out) {
+  dispatch_float(x.dtype(), "argmax", [&]<typename T>() {
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    int64_t* yp = static_cast<int64_t*>(out.data_ptr());
+#pragma omp parallel for num_threads(threads_for(outer * r * inner)) collapse(2)
+    for (int64_t o = 0; o < outer; ++o) {
+      for (int64_t j = 0; j < inner; ++j) {
+        int64_t best = 0;
+        double bv = static_cast<double>(load(xp, o * r * inner + j));
+        for (int64_t i = 1; i < r && bv == bv; ++i) {
+          double v = static_cast<double>(load(xp, (o * r + i) * inner + j));
+          if (v > bv || v != v) {  // NaN counts as the maximum, as in torch
+            bv = v;
+            best = i;
+          }
+        }
+        yp[o * inner + j] = best;
+      }
+    }
+  });
+}
+
+void CpuBackend::topk(const Tensor& x, int64_t k, const Tensor& values, const Tensor& indices) {
+  const int64_t n = x.shape().back();
+  const int64_t rows = x.numel() / std::max<int64_t>(n, 1);
+  dispatch_float(x.dtype(), "topk", [&]<typename T>() {
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    T* vp = static_cast<T*>(values.data_ptr());
+    int64_t* ip = static_cast<int64_t*>(indices.data_ptr());
+#pragma omp parallel for num_threads(threads_for(rows * n))
+    for (int64_t row = 0; row < rows; ++row) {
+      std::vector<int64_t> idx(static_cast<size_t>(n));
+      std::iota(idx.begin(), idx.end(), 0);
+      const T* rp = xp + row * n;
+      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int64_t a, int64_t b) {
+        double va = static_cast<double>(load(rp, a)), vb = static_cast<double>(load(rp, b));
+        if (va != vb) return va > vb;
+        return a < b;
+      });
+      for (int64_t j = 0; j < k; ++j) {
+        vp[row * k + j] = rp[idx[j]];
+        ip[row * k + j] = idx[j];
+      }
+    }
+  });
+}
+
+void CpuBackend::softmax(const Tensor& x, bool log, const Tensor& y) {
+  const int64_t n = x.shape().back();
+  const int64_t rows = x.numel() / std::max<int64_t>(n, 1);
+  dispatch_float(x.dtype(), "softmax", [&]<typename T>() {
+    using A = acc_t<T>;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    T* yp = static_cast<T*>(y.data_ptr());
+#pragma omp parallel for num_threads(threads_for(rows * n * 4)) schedule(static)
+    for (int64_t row = 0; row < rows; ++row) {
+      const T* a = xp + row * n;
+      T* out = yp + row * n;
+      A mx = -std::numeric_limits<A>::infinity();
+      for (int64_t i = 0; i < n; ++i) mx = std::max(mx, load(a, i));
+      if (mx == -std::numeric_limits<A>::infinity()) mx = 0;  // fully masked row: exp(-inf) = 0 everywhere
+      A sum = 0;
+      if (log) {
+        for (int64_t i = 0; i < n; ++i) sum += std::exp(load(a, i) - mx);
+        A lse = mx + std::log(sum);
+        for (int64_t i = 0; i < n; ++i) store(out, i, load(a, i) - lse);
+      } else if constexpr (std::is_same_v<T, A>) {
+        for (int64_t i = 0; i < n; ++i) {
+          A e = std::exp(a[i] - mx);
+          out[i] = e;
+          sum += e;
+        }
+        A inv = A(1) / sum;
+        for (int64_t i = 0; i < n; ++i) out[i] *= inv;
+      } else {
+        for (int64_t i = 0; i < n; ++i) sum += std::exp(load(a, i) - mx);
+        A inv = A(1) / sum;
+        for (int64_t i = 0; i < n; ++i) store(out, i, std::exp(load(a, i) - mx) * inv);
+      }
+    }
+  });
+}
+
+void CpuBackend::softmax_backward(const Tensor& y, const Tensor& gy, bool log, const Tensor& gx) {
+  const int64_t n = y.shape().back();
+  const int64_t rows = y.numel() / std::max<int64_t>(n, 1);
+  dispatch_float(y.dtype(), "softmax_backward", [&]<typename T>() {
+    using A = acc_t<T>;
+    const T* yp = static_cast<const T*>(y.data_ptr());
+    const T* gp = static_cast<const T*>(gy.data_ptr());
+    T* op = static_cast<T*>(gx.data_ptr());
+#pragma omp parallel for num_threads(threads_for(rows * n * 2)) schedule(static)
+    for (int64_t row = 0; row < rows; ++row) {
+      const T* yr = yp + row * n;
+      const T* gr = gp + row * n;
+      T* o = op + row * n;
+      A dot = 0;
+      if (log) {
+        // y = log_softmax: gx = gy - softmax * sum(gy)
+        for (int64_t i = 0; i < n; ++i) dot += load(gr, i);
+        for (int64_t i = 0; i < n; ++i) store(o, i, load(gr, i) - std::exp(load(yr, i)) * dot);
+      } else {
+        // gx = y * (gy - sum(gy * y))
+        for (int64_t i = 0; i < n; ++i) dot += load(gr, i) * load(yr, i);
+        for (int64_t i = 0; i < n; ++i) store(o, i, load(yr, i) * (load(gr, i) - dot));
+      }
+    }
+  });
+}
+
+}  // namespace tr::cpu

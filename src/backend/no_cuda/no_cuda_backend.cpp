@@ -1,0 +1,18 @@
+// Built instead of backend/cuda when CUDA is off: every entry point says so clearly.
+#include "backend/cuda_api.h"
+
+namespace tr::backend {
+
+bool cuda_compiled() { return false; }
+bool cuda_available() { return false; }
+int cuda_device_count() { return 0; }
+std::string cuda_summary() { return "CUDA: not compiled in (configure with -DTRAINER_CUDA=ON and nvcc present)"; }
+Backend& cuda_backend() {
+  fail("a cuda tensor was requested, but this build of trainer has no CUDA support (rebuild with TRAINER_CUDA=ON)");
+}
+
+}  // namespace tr::backend
+
+namespace tr::backend {
+void cuda_copy_between_devices(const Tensor&, const Tensor&) { cuda_backend(); }
+}  // namespace tr::backend

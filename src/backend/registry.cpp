@@ -1,0 +1,50 @@
+// Picks the backend for a device and answers whether CUDA can be used.
+#include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda_api.h"
+
+namespace tr::backend {
+
+const char* unary_name(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::neg: return "neg";
+    case UnaryOp::exp: return "exp";
+    case UnaryOp::log: return "log";
+    case UnaryOp::sqrt: return "sqrt";
+    case UnaryOp::rsqrt: return "rsqrt";
+    case UnaryOp::tanh: return "tanh";
+    case UnaryOp::sigmoid: return "sigmoid";
+    case UnaryOp::relu: return "relu";
+    case UnaryOp::gelu_tanh: return "gelu_tanh";
+    case UnaryOp::gelu_erf: return "gelu_erf";
+    case UnaryOp::silu: return "silu";
+    case UnaryOp::abs: return "abs";
+    case UnaryOp::square: return "square";
+    case UnaryOp::reciprocal: return "reciprocal";
+  }
+  return "?";
+}
+
+const char* binary_name(BinaryOp op) {
+  switch (op) {
+    case BinaryOp::add: return "add";
+    case BinaryOp::sub: return "sub";
+    case BinaryOp::mul: return "mul";
+    case BinaryOp::div: return "div";
+    case BinaryOp::maximum: return "maximum";
+    case BinaryOp::minimum: return "minimum";
+    case BinaryOp::eq: return "eq";
+  }
+  return "?";
+}
+
+Backend& backend_for(Device device) {
+  switch (device.type) {
+    case DeviceType::cpu:
+    case DeviceType::meta: return cpu::cpu_backend();
+    case DeviceType::cuda: return cuda_backend();
+  }
+  fail("no backend for device {}", device.str());
+}
+
+}  // namespace tr::backend

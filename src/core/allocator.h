@@ -1,0 +1,61 @@
+// Allocator interface with byte accounting, the 64-byte-aligned CPU allocator and the meta allocator
+// (which hands out no memory but counts as if it did, so a dry run reports the real run's peak).
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+
+#include "core/device.h"
+
+namespace tr {
+
+struct AllocatorStats {
+  int64_t current_bytes = 0;  // bytes held by live allocations
+  int64_t peak_bytes = 0;     // max of current_bytes since the last reset_peak()
+  int64_t num_allocs = 0;     // allocations served since creation
+};
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual void* allocate(size_t nbytes) = 0;
+  virtual void deallocate(void* ptr, size_t nbytes) = 0;
+  virtual Device device() const = 0;
+  // Returns cached memory to the system (caching allocators); a no-op for the others.
+  virtual void empty_cache() {}
+
+  AllocatorStats stats() const;
+  // Restarts peak tracking from the current usage.
+  void reset_peak();
+
+ protected:
+  void record_alloc(size_t nbytes);
+  void record_free(size_t nbytes);
+
+ private:
+  mutable std::mutex mu_;
+  AllocatorStats stats_;
+};
+
+class CpuAllocator final : public Allocator {
+ public:
+  static constexpr size_t kAlignment = 64;
+  void* allocate(size_t nbytes) override;
+  void deallocate(void* ptr, size_t nbytes) override;
+  Device device() const override { return Device::cpu(); }
+};
+
+class MetaAllocator final : public Allocator {
+ public:
+  void* allocate(size_t nbytes) override;
+  void deallocate(void* ptr, size_t nbytes) override;
+  Device device() const override { return Device::meta(); }
+};
+
+// Process-wide allocators of the host and meta devices (like PyTorch's, they are the memory of the process,
+// not hidden state: their numbers are exactly what stats() reports).
+CpuAllocator& cpu_allocator();
+MetaAllocator& meta_allocator();
+
+}  // namespace tr

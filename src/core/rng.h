@@ -1,0 +1,61 @@
+// Counter-based random numbers (Philox4x32-10) and a Generator holding (seed, offset): element i of a draw
+// depends only on (seed, offset, i), so CPU and GPU produce the same bits and a checkpoint region can
+// replay dropout exactly by restoring the offset.
+#pragma once
+#include <array>
+#include <cmath>
+#include <cstdint>
+
+namespace tr {
+
+inline std::array<uint32_t, 4> philox4x32(uint64_t counter, uint64_t key) {
+  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32), c2 = 0, c3 = 0;
+  uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
+  for (int r = 0; r < 10; ++r) {
+    uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0;
+    uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2;
+    uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
+    uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return {c0, c1, c2, c3};
+}
+
+// The i-th 32-bit random word of the stream that starts at counter `offset` under `seed`.
+inline uint32_t philox_word(uint64_t seed, uint64_t offset, uint64_t i) {
+  return philox4x32(offset + i / 4, seed)[i % 4];
+}
+
+// Uniform in [0, 1) with 24 random bits.
+inline float uniform_from_word(uint32_t w) { return static_cast<float>(w >> 8) * (1.0f / 16777216.0f); }
+
+class Generator {
+ public:
+  struct State {
+    uint64_t seed = 0;
+    uint64_t offset = 0;
+    bool operator==(const State&) const = default;
+  };
+
+  explicit Generator(uint64_t seed = 42) : state_{seed, 0} {}
+  // Reserves room for `n` random words and returns the counter offset where they start.
+  uint64_t reserve(uint64_t n) {
+    uint64_t start = state_.offset;
+    state_.offset += (n + 3) / 4;
+    return start;
+  }
+  uint64_t seed() const { return state_.seed; }
+  State state() const { return state_; }
+  void set_state(State s) { state_ = s; }
+  void manual_seed(uint64_t seed) { state_ = {seed, 0}; }
+
+ private:
+  State state_;
+};
+
+}  // namespace tr

@@ -1,0 +1,340 @@
+// Matmul/linear, layer and RMS norm, cross-entropy, embedding, rotary embedding, dropout and cat:
+// checks, output allocation and dispatch.
+#include <cmath>
+
+#include "ops/ops.h"
+
+namespace tr::ops {
+
+namespace {
+
+backend::Backend& be(const Tensor& t) { return backend::backend_for(t.device()); }
+bool runs(const Tensor& t) { return !t.device().is_meta() && t.numel() > 0; }
+
+void check_same(const char* op, const Tensor& a, const Tensor& b) {
+  TR_CHECK(a.device() == b.device(), "{}: tensors on different devices: {} and {}", op, a.describe(), b.describe());
+  TR_CHECK(a.dtype() == b.dtype(), "{}: dtypes differ: {} and {}", op, a.describe(), b.describe());
+}
+
+// A GEMM operand: base tensor (its data pointer is the matrix origin), transposed flag, leading dim and
+// batch stride, for logical matrices X[b] of shape [rows, cols].
+struct Operand {
+  Tensor base;
+  bool trans = false;
+  int64_t ld = 0, batch_stride = 0;
+};
+
+// Tries to express the batch dims of `x` (all but the last two) as a single stride.
+bool uniform_batch_stride(const Tensor& x, int64_t* stride) {
+  int64_t st = 0;
+  bool any = false;
+  int64_t expect_next = -1;
+  for (int64_t d = x.dim() - 3; d >= 0; --d) {
+    if (x.shape()[d] == 1) continue;
+    if (!any) {
+      st = x.strides()[d];
+      expect_next = st * x.shape()[d];
+      any = true;
+    } else {
+      if (st == 0 && x.strides()[d] == 0) continue;
+      if (x.strides()[d] != expect_next) return false;
+      expect_next = x.strides()[d] * x.shape()[d];
+    }
+  }
+  *stride = st;
+  return true;
+}
+
+Operand prepare(Tensor x, int64_t rows, int64_t cols) {
+  const int64_t nd = x.dim();
+  const int64_t s_r = x.strides()[nd - 2], s_c = x.strides()[nd - 1];
+  Operand op;
+  int64_t bs = 0;
+  if (uniform_batch_stride(x, &bs)) {
+    if ((s_c == 1 || cols == 1) && (s_r >= std::max<int64_t>(cols, 1) || rows == 1)) {
+      op = {x, false, rows == 1 ? std::max<int64_t>(cols, 1) : s_r, bs};
+      return op;
+    }
+    if ((s_r == 1 || rows == 1) && (s_c >= std::max<int64_t>(rows, 1) || cols == 1)) {
+      op = {x, true, cols == 1 ? std::max<int64_t>(rows, 1) : s_c, bs};
+      return op;
+    }
+  }
+  Tensor c = contiguous(x);
+  int64_t cbs = 0;
+  uniform_batch_stride(c, &cbs);
+  return {c, false, std::max<int64_t>(cols, 1), cbs};
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b) {
+  check_same("matmul", a_in, b_in);
+  TR_CHECK(is_floating(a_in.dtype()), "matmul: expected floating tensors, got {}", a_in.describe());
+  TR_CHECK(a_in.dim() >= 2 && b_in.dim() >= 2, "matmul: operands need at least 2 dims, got {} and {}",
+           a_in.describe(), b_in.describe());
+  Tensor a = trans_a ? transpose(a_in, -1, -2) : a_in;
+  Tensor b = trans_b ? transpose(b_in, -1, -2) : b_in;
+  const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  TR_CHECK(b.size(-2) == k, "matmul: inner dims differ: {}{} @ {}{}", shape_str(a_in.shape()),
+           trans_a ? "^T" : "", shape_str(b_in.shape()), trans_b ? "^T" : "");
+  Shape ab(a.shape().begin(), a.shape().end() - 2), bb(b.shape().begin(), b.shape().end() - 2);
+  Shape batch = broadcast_shapes(ab, bb, "matmul");
+  Shape ea = batch, eb = batch, out_shape = batch;
+  ea.insert(ea.end(), {m, k});
+  eb.insert(eb.end(), {k, n});
+  out_shape.insert(out_shape.end(), {m, n});
+  // Operands are prepared (possibly copied) before the meta check so dry runs count those bytes too.
+  Operand pa = prepare(expand(a, ea), m, k);
+  Operand pb = prepare(expand(b, eb), k, n);
+  Tensor out = empty(out_shape, a.dtype(), a.device());
+  if (!runs(out)) return out;
+  backend::GemmArgs g;
+  g.a = pa.base;
+  g.b = pb.base;
+  g.c = out;
+  g.trans_a = pa.trans;
+  g.trans_b = pb.trans;
+  g.batch = shape_numel(batch);
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.lda = pa.ld;
+  g.ldb = pb.ld;
+  g.stride_a = pa.batch_stride;
+  g.stride_b = pb.batch_stride;
+  be(a).gemm(g);
+  return out;
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  check_same("linear", x, w);
+  TR_CHECK(w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(1),
+           "linear: input {} does not match weight {} (expected [..., {}])", x.describe(), w.describe(),
+           w.dim() == 2 ? w.size(1) : -1);
+  const int64_t in = w.size(1), outf = w.size(0);
+  Shape out_shape = x.shape();
+  out_shape.back() = outf;
+  Tensor x2 = reshape(x, {-1, in});
+  const int64_t rows = x2.size(0);
+  Operand pa = prepare(x2, rows, in);
+  Operand pb = prepare(transpose(w, 0, 1), in, outf);
+  Tensor out = empty({rows, outf}, x.dtype(), x.device());
+  double beta = 0.0;
+  if (bias.defined()) {
+    check_same("linear", x, bias);
+    TR_CHECK(bias.dim() == 1 && bias.size(0) == outf, "linear: bias {} does not match {} outputs", bias.describe(),
+             outf);
+    copy_(out, expand(bias, {rows, outf}));
+    beta = 1.0;
+  }
+  if (runs(out)) {
+    backend::GemmArgs g;
+    g.a = pa.base;
+    g.b = pb.base;
+    g.c = out;
+    g.trans_a = pa.trans;
+    g.trans_b = pb.trans;
+    g.m = rows;
+    g.n = outf;
+    g.k = in;
+    g.lda = pa.ld;
+    g.ldb = pb.ld;
+    g.beta = beta;
+    be(x).gemm(g);
+  }
+  return view(out, out_shape);
+}
+
+namespace {
+
+DType stat_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+
+void check_norm(const char* op, const Tensor& x, const Tensor& p, const char* what) {
+  if (!p.defined()) return;
+  check_same(op, x, p);
+  TR_CHECK(p.dim() == 1 && p.size(0) == x.size(-1), "{}: {} {} does not match the last dim of input {}", op, what,
+           p.describe(), x.describe());
+}
+
+Shape rows_shape(const Tensor& x) {
+  Shape s(x.shape().begin(), x.shape().end() - 1);
+  return s;
+}
+
+}  // namespace
+
+NormOut layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+  TR_CHECK(is_floating(x.dtype()) && x.dim() >= 1, "layer_norm: expected a floating tensor, got {}", x.describe());
+  check_norm("layer_norm", x, w, "weight");
+  check_norm("layer_norm", x, b, "bias");
+  Tensor xc = contiguous(x), wc = w.defined() ? contiguous(w) : w, bc = b.defined() ? contiguous(b) : b;
+  NormOut o{empty(x.shape(), x.dtype(), x.device()), empty(rows_shape(x), stat_dtype(x.dtype()), x.device()),
+            empty(rows_shape(x), stat_dtype(x.dtype()), x.device())};
+  if (runs(o.y)) be(x).layer_norm(xc, wc, bc, eps, o.y, o.mean, o.rstd);
+  return o;
+}
+
+NormGrads layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                              const Tensor& gy, bool need_gx, bool need_gw, bool need_gb) {
+  check_same("layer_norm_backward", x, gy);
+  TR_CHECK(gy.shape() == x.shape(), "layer_norm_backward: grad {} does not match input {}", gy.describe(),
+           x.describe());
+  const int64_t n = x.size(-1);
+  Tensor xc = contiguous(x), wc = w.defined() ? contiguous(w) : w, gc = contiguous(gy);
+  NormGrads g;
+  if (need_gx) g.gx = empty(x.shape(), x.dtype(), x.device());
+  if (need_gw) g.gw = empty({n}, x.dtype(), x.device());
+  if (need_gb) g.gb = empty({n}, x.dtype(), x.device());
+  if (runs(gy))
+    be(x).layer_norm_backward(xc, wc, mean, rstd, gc, g.gx, g.gw, g.gb);
+  else if (!x.device().is_meta()) {
+    if (need_gw) g.gw = zeros({n}, x.dtype(), x.device());
+    if (need_gb) g.gb = zeros({n}, x.dtype(), x.device());
+  }
+  return g;
+}
+
+NormOut rms_norm(const Tensor& x, const Tensor& w, double eps) {
+  TR_CHECK(is_floating(x.dtype()) && x.dim() >= 1, "rms_norm: expected a floating tensor, got {}", x.describe());
+  check_norm("rms_norm", x, w, "weight");
+  Tensor xc = contiguous(x), wc = w.defined() ? contiguous(w) : w;
+  NormOut o{empty(x.shape(), x.dtype(), x.device()), Tensor(),
+            empty(rows_shape(x), stat_dtype(x.dtype()), x.device())};
+  if (runs(o.y)) be(x).rms_norm(xc, wc, eps, o.y, o.rstd);
+  return o;
+}
+
+NormGrads rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& gy, bool need_gx,
+                            bool need_gw) {
+  check_same("rms_norm_backward", x, gy);
+  TR_CHECK(gy.shape() == x.shape(), "rms_norm_backward: grad {} does not match input {}", gy.describe(),
+           x.describe());
+  const int64_t n = x.size(-1);
+  Tensor xc = contiguous(x), wc = w.defined() ? contiguous(w) : w, gc = contiguous(gy);
+  NormGrads g;
+  if (need_gx) g.gx = empty(x.shape(), x.dtype(), x.device());
+  if (need_gw) g.gw = empty({n}, x.dtype(), x.device());
+  if (runs(gy))
+    be(x).rms_norm_backward(xc, wc, rstd, gc, g.gx, g.gw);
+  else if (need_gw && !x.device().is_meta())
+    g.gw = zeros({n}, x.dtype(), x.device());
+  return g;
+}
+
+CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index) {
+  TR_CHECK(is_floating(logits.dtype()) && logits.dim() >= 1, "cross_entropy: logits must be floating, got {}",
+           logits.describe());
+  TR_CHECK(labels.dtype() == DType::i64, "cross_entropy: labels must be int64, got {}", labels.describe());
+  TR_CHECK(labels.device() == logits.device(), "cross_entropy: labels {} and logits {} are on different devices",
+           labels.describe(), logits.describe());
+  const int64_t v = logits.size(-1);
+  const int64_t rows = logits.numel() / std::max<int64_t>(v, 1);
+  TR_CHECK(labels.numel() == rows, "cross_entropy: {} labels for {} rows of logits {}", labels.numel(), rows,
+           logits.describe());
+  const DType sd = stat_dtype(logits.dtype());
+  Tensor lc = contiguous(logits), yc = contiguous(labels);
+  CrossEntropyOut o{empty(labels.shape(), sd, logits.device()), empty(labels.shape(), sd, logits.device())};
+  if (runs(o.loss)) be(logits).cross_entropy(lc, yc, ignore_index, o.loss, o.lse);
+  return o;
+}
+
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse, const Tensor& grad_loss,
+                              int64_t ignore_index) {
+  TR_CHECK(grad_loss.numel() == labels.numel() && grad_loss.dtype() == lse.dtype(),
+           "cross_entropy_backward: grad {} does not match labels {}", grad_loss.describe(), labels.describe());
+  Tensor lc = contiguous(logits), yc = contiguous(labels), gc = contiguous(grad_loss);
+  Tensor g = empty(logits.shape(), logits.dtype(), logits.device());
+  if (runs(g)) be(logits).cross_entropy_backward(lc, yc, lse, gc, ignore_index, g);
+  return g;
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& ids) {
+  TR_CHECK(weight.dim() == 2, "embedding: weight must be [num, dim], got {}", weight.describe());
+  TR_CHECK(ids.dtype() == DType::i64, "embedding: indices must be int64, got {}", ids.describe());
+  TR_CHECK(ids.device() == weight.device(), "embedding: indices {} and weight {} are on different devices",
+           ids.describe(), weight.describe());
+  Shape s = ids.shape();
+  s.push_back(weight.size(1));
+  Tensor wc = contiguous(weight), ic = contiguous(ids);
+  Tensor out = empty(s, weight.dtype(), weight.device());
+  if (runs(out)) be(weight).embedding(wc, ic, out);
+  return out;
+}
+
+Tensor embedding_backward(const Tensor& gy, const Tensor& ids, int64_t num_rows) {
+  const int64_t d = gy.size(-1);
+  TR_CHECK(gy.numel() == ids.numel() * d, "embedding_backward: grad {} does not match indices {}", gy.describe(),
+           ids.describe());
+  Tensor gc = contiguous(gy), ic = contiguous(ids);
+  Tensor gw = empty({num_rows, d}, gy.dtype(), gy.device());
+  if (runs(gw)) {
+    if (gy.numel() == 0) be(gy).fill(gw, 0.0);
+    else be(gy).embedding_backward(gc, ic, gw);
+  }
+  return gw;
+}
+
+RopeTables rope_tables(int64_t max_positions, int64_t head_dim, double theta, Device device) {
+  TR_CHECK(head_dim > 0 && head_dim % 2 == 0, "rope_tables: head_dim {} must be even and positive", head_dim);
+  const int64_t half = head_dim / 2;
+  if (device.is_meta())
+    return {empty({max_positions, half}, DType::f32, device), empty({max_positions, half}, DType::f32, device)};
+  std::vector<float> c(static_cast<size_t>(max_positions * half)), s(c.size());
+  for (int64_t i = 0; i < half; ++i) {
+    // As HF: inv_freq = 1 / theta^(2i/d) in f32, angle = pos * inv_freq in f32.
+    float inv = 1.0f / std::pow(static_cast<float>(theta), static_cast<float>(2 * i) / static_cast<float>(head_dim));
+    for (int64_t p = 0; p < max_positions; ++p) {
+      float a = static_cast<float>(p) * inv;
+      c[static_cast<size_t>(p * half + i)] = std::cos(a);
+      s[static_cast<size_t>(p * half + i)] = std::sin(a);
+    }
+  }
+  return {from_vector(c, {max_positions, half}, device), from_vector(s, {max_positions, half}, device)};
+}
+
+Tensor rope(const Tensor& x, const RopeTables& t, const Tensor& positions, bool seq_major, bool inverse) {
+  TR_CHECK(x.dim() == 4 && x.size(3) % 2 == 0, "rope: expected x [B, H, T, D] with even D, got {}", x.describe());
+  const int64_t B = x.size(0), T = seq_major ? x.size(1) : x.size(2);
+  TR_CHECK(positions.dtype() == DType::i64 && positions.numel() == B * T,
+           "rope: positions {} do not match batch {} x sequence {}", positions.describe(), B, T);
+  TR_CHECK(t.cos.dim() == 2 && t.cos.size(1) == x.size(3) / 2, "rope: tables {} do not match head dim {}",
+           t.cos.describe(), x.size(3));
+  Tensor xc = contiguous(x), pc = contiguous(positions);
+  Tensor y = empty(x.shape(), x.dtype(), x.device());
+  if (runs(y)) be(x).rope(xc, t.cos, t.sin, pc, seq_major, inverse, y);
+  return y;
+}
+
+Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset) {
+  TR_CHECK(p >= 0.0 && p < 1.0, "dropout: probability {} must be in [0, 1)", p);
+  Tensor xc = contiguous(x);
+  Tensor y = empty(x.shape(), x.dtype(), x.device());
+  if (runs(y)) be(x).dropout(xc, p, seed, offset, y);
+  return y;
+}
+
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
+  TR_CHECK(!xs.empty(), "cat: no tensors given");
+  const Tensor& f = xs[0];
+  dim = wrap_dim(dim, f.dim(), "cat");
+  int64_t total = 0;
+  for (const auto& x : xs) {
+    check_same("cat", f, x);
+    TR_CHECK(x.dim() == f.dim(), "cat: ranks differ: {} and {}", f.describe(), x.describe());
+    for (int64_t d = 0; d < f.dim(); ++d)
+      TR_CHECK(d == dim || x.size(d) == f.size(d), "cat: {} and {} differ in dim {}", f.describe(), x.describe(), d);
+    total += x.size(dim);
+  }
+  Shape s = f.shape();
+  s[dim] = total;
+  Tensor out = empty(s, f.dtype(), f.device());
+  int64_t at = 0;
+  for (const auto& x : xs) {
+    copy_(narrow(out, dim, at, x.size(dim)), x);
+    at += x.size(dim);
+  }
+  return out;
+}
+
+}  // namespace tr::ops

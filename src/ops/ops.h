@@ -1,0 +1,117 @@
+// The op list without autograd: shape/dtype/device checks, output allocation and dispatch to a backend.
+// On the meta device every op allocates its outputs (so memory is counted) and runs no kernel.
+// Differentiable wrappers with their backward formulas live in autograd/functions*.cpp.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+
+namespace tr::ops {
+
+using backend::BinaryOp;
+using backend::ReduceOp;
+using backend::UnaryOp;
+
+// ---- creation and movement
+Allocator& allocator_for(Device device);
+Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
+Tensor full(const Shape& shape, double value, DType dtype = DType::f32, Device device = Device::cpu());
+Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
+Tensor ones(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
+Tensor zeros_like(const Tensor& t);
+Tensor empty_like(const Tensor& t);
+Tensor arange(int64_t n, DType dtype = DType::i64, Device device = Device::cpu());
+Tensor randn(const Shape& shape, Generator& gen, DType dtype = DType::f32, Device device = Device::cpu(),
+             double mean = 0.0, double std = 1.0);
+Tensor rand(const Shape& shape, Generator& gen, DType dtype = DType::f32, Device device = Device::cpu(),
+            double lo = 0.0, double hi = 1.0);
+template <typename T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape, Device device = Device::cpu());
+template <typename T>
+std::vector<T> to_vector(const Tensor& t);  // any device, converted to T
+// Copies src into dst (same shape; any strides, dtypes and devices).
+void copy_(const Tensor& dst, const Tensor& src);
+Tensor to_device(const Tensor& t, Device device);
+Tensor to_dtype(const Tensor& t, DType dtype);
+Tensor contiguous(const Tensor& t);
+Tensor clone(const Tensor& t);
+
+// ---- views (share storage)
+Tensor view(const Tensor& t, Shape shape);  // one dim may be -1; throws if strides do not allow it
+Tensor reshape(const Tensor& t, Shape shape);  // view when possible, else a contiguous copy
+bool can_view(const Tensor& t, const Shape& shape);
+Tensor transpose(const Tensor& t, int64_t d0, int64_t d1);
+Tensor permute(const Tensor& t, const std::vector<int64_t>& dims);
+Tensor narrow(const Tensor& t, int64_t dim, int64_t start, int64_t length);
+Tensor expand(const Tensor& t, const Shape& shape);
+Tensor unsqueeze(const Tensor& t, int64_t dim);
+Tensor squeeze(const Tensor& t, int64_t dim);
+Shape infer_shape(const Shape& shape, int64_t numel, const char* op);
+
+// ---- elementwise
+Tensor unary(UnaryOp op, const Tensor& x);
+Tensor unary_backward(UnaryOp op, const Tensor& x, const Tensor& gy);
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
+// out op= b in place (out must be contiguous; b broadcastable to out).
+void binary_(BinaryOp op, const Tensor& out, const Tensor& b);
+Tensor affine(const Tensor& x, double alpha, double beta);  // alpha * x + beta
+Tensor pow_scalar(const Tensor& x, double exponent);
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+// Sums a broadcast gradient back down to `shape`.
+Tensor sum_to_shape(const Tensor& g, const Shape& shape);
+
+// ---- reductions
+Tensor reduce(ReduceOp op, const Tensor& x, std::vector<int64_t> dims, bool keepdim);  // empty dims: all
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
+struct TopK {
+  Tensor values, indices;
+};
+TopK topk(const Tensor& x, int64_t k);  // along the last dim
+
+// ---- softmax
+Tensor softmax(const Tensor& x, int64_t dim, bool log = false);
+Tensor softmax_backward(const Tensor& y, const Tensor& gy, int64_t dim, bool log = false);
+
+// ---- matmul
+// a [..., m, k] @ b [..., k, n] with broadcast batch dims; 1-D operands are not promoted (use unsqueeze).
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+// x [..., in] @ w[out, in]^T + bias[out].
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);
+
+// ---- normalization
+struct NormOut {
+  Tensor y, mean, rstd;  // mean undefined for rms_norm
+};
+NormOut layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps);
+struct NormGrads {
+  Tensor gx, gw, gb;
+};
+NormGrads layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                              const Tensor& gy, bool need_gx, bool need_gw, bool need_gb);
+NormOut rms_norm(const Tensor& x, const Tensor& w, double eps);
+NormGrads rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& gy, bool need_gx,
+                            bool need_gw);
+
+// ---- loss, embedding, rope, dropout
+struct CrossEntropyOut {
+  Tensor loss;  // per-row loss (f32, or f64 for f64 logits), 0 where ignored
+  Tensor lse;   // per-row logsumexp
+};
+CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index);
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
+                              const Tensor& grad_loss, int64_t ignore_index);
+Tensor embedding(const Tensor& weight, const Tensor& ids);
+Tensor embedding_backward(const Tensor& gy, const Tensor& ids, int64_t num_rows);
+// cos/sin tables [P, D/2] (f32) for the given head dim and base; see rope().
+struct RopeTables {
+  Tensor cos, sin;
+};
+RopeTables rope_tables(int64_t max_positions, int64_t head_dim, double theta, Device device = Device::cpu());
+Tensor rope(const Tensor& x, const RopeTables& tables, const Tensor& positions, bool seq_major, bool inverse);
+Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset);
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
+
+}  // namespace tr::ops

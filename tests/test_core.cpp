@@ -1,0 +1,210 @@
+// Core layer: dtype conversions (RNE, NaN, Inf, subnormals), views, allocator accounting, devices.
+#include <immintrin.h>
+
+#include <limits>
+
+#include "test_util.h"
+
+namespace tr {
+namespace {
+
+// f16 reference: the F16C instruction, an independent implementation of IEEE RNE conversion.
+uint16_t f16c(float f) { return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT)); }
+
+TEST(Half, AllHalfValuesRoundTripExactly) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    float f = half_bits_to_float(static_cast<uint16_t>(h));
+    const float hw = _cvtsh_ss(static_cast<uint16_t>(h));
+    if (hw != hw) {  // NaN: F16C quiets signalling NaNs, we keep the payload; both must stay NaN
+      ASSERT_TRUE(f != f) << std::hex << h;
+      EXPECT_TRUE((float_to_half_bits(f) & 0x7fff) > 0x7c00) << std::hex << h;
+    } else {
+      ASSERT_EQ(f32_bits(f), f32_bits(hw)) << std::hex << h;
+      EXPECT_EQ(float_to_half_bits(f), h) << std::hex << h;
+    }
+  }
+}
+
+TEST(Half, MatchesF16cOnEdgesAndRandomFloats) {
+  std::vector<float> edge = {0.0f, -0.0f, 65504.0f, 65519.996f, 65520.0f, 1e10f, -1e10f, 5.96e-8f, 2.98e-8f,
+                             2.9802322e-08f, 2.9802326e-08f, 6.1035156e-05f, 6.097e-05f, 1.0f + 1.0f / 2048,
+                             1.0f + 3.0f / 2048, std::numeric_limits<float>::infinity(),
+                             -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::denorm_min()};
+  for (float f : edge) EXPECT_EQ(float_to_half_bits(f), f16c(f)) << f;
+  uint64_t s = 12345;
+  for (int i = 0; i < 2000000; ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    uint32_t bits = static_cast<uint32_t>(s >> 32);
+    float f = bits_f32(bits);
+    if (f != f) continue;
+    ASSERT_EQ(float_to_half_bits(f), f16c(f)) << std::hex << bits;
+  }
+}
+
+// bf16 reference: pick the nearer of the two neighbours in double arithmetic, ties to the even one.
+uint16_t bf16_reference(float f) {
+  uint32_t u = f32_bits(f);
+  uint16_t lo = static_cast<uint16_t>(u >> 16);
+  uint16_t hi = static_cast<uint16_t>(lo + 1);
+  double dl = std::abs(static_cast<double>(bf16_bits_to_float(lo)) - f);
+  double dh = std::abs(static_cast<double>(bf16_bits_to_float(hi)) - f);
+  if ((u & 0xffff) == 0) return lo;
+  if (std::isinf(bf16_bits_to_float(hi)) && !std::isinf(f)) {
+    // The step to Inf: round like IEEE (overflow threshold is the midpoint to 2^128).
+    double mid = std::abs(static_cast<double>(bf16_bits_to_float(lo))) + std::ldexp(1.0, 127 - 8);
+    if (std::abs(static_cast<double>(f)) < mid) return lo;
+    if (std::abs(static_cast<double>(f)) > mid) return hi;
+    return (lo & 1) ? hi : lo;
+  }
+  if (dl < dh) return lo;
+  if (dh < dl) return hi;
+  return (lo & 1) ? hi : lo;
+}
+
+TEST(BFloat16, RoundsToNearestEven) {
+  EXPECT_EQ(float_to_bf16_bits(1.0f), 0x3f80);
+  EXPECT_EQ(float_to_bf16_bits(bits_f32(0x3f808000u)), 0x3f80);  // tie -> even (down)
+  EXPECT_EQ(float_to_bf16_bits(bits_f32(0x3f818000u)), 0x3f82);  // tie -> even (up)
+  EXPECT_EQ(float_to_bf16_bits(bits_f32(0x3f808001u)), 0x3f81);
+  EXPECT_EQ(float_to_bf16_bits(std::numeric_limits<float>::infinity()), 0x7f80);
+  EXPECT_EQ(float_to_bf16_bits(-std::numeric_limits<float>::infinity()), 0xff80);
+  EXPECT_EQ(float_to_bf16_bits(std::numeric_limits<float>::max()), 0x7f80);  // rounds up to Inf, as in torch
+  uint16_t nan = float_to_bf16_bits(std::numeric_limits<float>::quiet_NaN());
+  EXPECT_TRUE((nan & 0x7f80) == 0x7f80 && (nan & 0x7f) != 0);
+  // A signalling NaN whose payload lives only in the low bits must stay NaN, not become Inf.
+  uint16_t snan = float_to_bf16_bits(bits_f32(0x7f800001u));
+  EXPECT_TRUE((snan & 0x7f) != 0);
+  EXPECT_EQ(float_to_bf16_bits(std::numeric_limits<float>::denorm_min()), 0x0000);
+  EXPECT_EQ(float_to_bf16_bits(bits_f32(0x00018000u)), 0x0002);  // subnormal tie to even
+}
+
+TEST(BFloat16, MatchesReferenceOnRandomFloats) {
+  uint64_t s = 777;
+  for (int i = 0; i < 2000000; ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    float f = bits_f32(static_cast<uint32_t>(s >> 32));
+    if (f != f) continue;
+    ASSERT_EQ(float_to_bf16_bits(f), bf16_reference(f)) << std::hex << f32_bits(f);
+  }
+}
+
+TEST(Convert, TensorCopyConvertsEveryPair) {
+  Tensor x = ops::from_vector<float>({1.5f, -2.25f, 0.0f, 3.0f}, {4});
+  for (DType dt : {DType::f32, DType::f16, DType::bf16, DType::f64, DType::i32, DType::i64, DType::u8}) {
+    Tensor y = ops::to_dtype(ops::to_dtype(x, dt), DType::f64);
+    auto v = test::values(y);
+    if (is_floating(dt)) {
+      EXPECT_EQ(v, (std::vector<double>{1.5, -2.25, 0.0, 3.0})) << dtype_name(dt);
+    }
+  }
+  Tensor b = ops::to_dtype(x, DType::boolean);
+  EXPECT_EQ(test::values(b), (std::vector<double>{1, 1, 0, 1}));
+}
+
+TEST(Views, ShareStorageAndIndexCorrectly) {
+  Tensor x = ops::from_vector<float>({0, 1, 2, 3, 4, 5}, {2, 3});
+  Tensor t = ops::transpose(x, 0, 1);
+  EXPECT_EQ(t.shape(), (Shape{3, 2}));
+  EXPECT_FALSE(t.is_contiguous());
+  EXPECT_EQ(test::values(t), (std::vector<double>{0, 3, 1, 4, 2, 5}));
+  EXPECT_EQ(t.storage().get(), x.storage().get());
+  Tensor n = ops::narrow(x, 1, 1, 2);
+  EXPECT_EQ(test::values(n), (std::vector<double>{1, 2, 4, 5}));
+  Tensor e = ops::expand(ops::narrow(x, 0, 1, 1), {4, 3});
+  EXPECT_EQ(e.strides()[0], 0);
+  EXPECT_EQ(test::values(e), (std::vector<double>{3, 4, 5, 3, 4, 5, 3, 4, 5, 3, 4, 5}));
+  Tensor p = ops::permute(ops::view(ops::arange(24, DType::f32), {2, 3, 4}), {2, 0, 1});
+  EXPECT_EQ(p.shape(), (Shape{4, 2, 3}));
+  EXPECT_EQ(p.item_at(1), 4.0);  // p[0,0,1] = x[0,1,0]
+  Tensor c = ops::contiguous(t);
+  EXPECT_TRUE(c.is_contiguous());
+  EXPECT_NE(c.storage().get(), x.storage().get());
+  EXPECT_EQ(test::values(c), test::values(t));
+  // view of a transposed tensor: merging non-contiguous dims is refused; reshape copies instead
+  EXPECT_THROW(ops::view(t, {6}), Error);
+  EXPECT_EQ(test::values(ops::reshape(t, {6})), (std::vector<double>{0, 3, 1, 4, 2, 5}));
+  // splitting a dim of a transposed tensor is a valid view
+  Tensor big = ops::transpose(ops::view(ops::arange(24, DType::f32), {4, 6}), 0, 1);  // [6, 4]
+  Tensor v = ops::view(big, {2, 3, 4});
+  EXPECT_EQ(v.storage().get(), big.storage().get());
+  EXPECT_EQ(test::values(v), test::values(ops::reshape(ops::contiguous(big), {2, 3, 4})));
+  EXPECT_EQ(ops::view(x, {-1}).shape(), (Shape{6}));
+  EXPECT_EQ(ops::unsqueeze(x, 1).shape(), (Shape{2, 1, 3}));
+  EXPECT_EQ(ops::squeeze(ops::unsqueeze(x, 0), 0).shape(), (Shape{2, 3}));
+}
+
+TEST(Views, InvalidViewsThrowNamingTheOp) {
+  Tensor x = ops::zeros({2, 3});
+  try {
+    ops::view(x, {4, 2});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("view"), std::string::npos);
+  }
+  EXPECT_THROW(ops::narrow(x, 1, 2, 2), Error);
+  EXPECT_THROW(ops::expand(x, {2, 4}), Error);
+  EXPECT_THROW(ops::transpose(x, 0, 2), Error);
+  EXPECT_THROW(ops::permute(x, {0, 0}), Error);
+  EXPECT_THROW(x.as_strided({3, 3}, {3, 1}, 0), Error);
+}
+
+TEST(Allocator, CpuIs64ByteAlignedAndCountsPeak) {
+  CpuAllocator& a = cpu_allocator();
+  int64_t base = a.stats().current_bytes;
+  a.reset_peak();
+  {
+    Tensor t1 = ops::empty({1000}, DType::f32);  // 4000 bytes
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t1.data_ptr()) % 64, 0u);
+    {
+      Tensor t2 = ops::empty({250}, DType::f64);  // 2000 bytes
+      EXPECT_EQ(a.stats().current_bytes - base, 6000);
+    }
+    Tensor t3 = ops::empty({100}, DType::bf16);  // 200 bytes
+    EXPECT_EQ(a.stats().current_bytes - base, 4200);
+    Tensor v = ops::transpose(ops::view(t1, {10, 100}), 0, 1);  // a view allocates nothing
+    EXPECT_EQ(a.stats().current_bytes - base, 4200);
+  }
+  EXPECT_EQ(a.stats().current_bytes, base);
+  EXPECT_EQ(a.stats().peak_bytes - base, 6000);
+}
+
+TEST(Allocator, MetaTensorsCountBytesButHoldNoData) {
+  MetaAllocator& m = meta_allocator();
+  int64_t base = m.stats().current_bytes;
+  Tensor t = ops::empty({8, 8}, DType::f32, Device::meta());
+  EXPECT_EQ(m.stats().current_bytes - base, 256);
+  EXPECT_THROW(t.data_ptr(), Error);
+  Tensor y = ops::matmul(t, t);
+  EXPECT_EQ(y.shape(), (Shape{8, 8}));
+  EXPECT_TRUE(y.device().is_meta());
+}
+
+TEST(Device, ParsesAndPrints) {
+  EXPECT_EQ(Device::parse("cuda:3").index, 3);
+  EXPECT_EQ(Device::parse("cpu").str(), "cpu");
+  EXPECT_EQ(Device::parse("meta").str(), "meta");
+  EXPECT_THROW(Device::parse("tpu"), Error);
+  EXPECT_THROW(Device::parse("cuda:x"), Error);
+  EXPECT_EQ(parse_dtype("bf16"), DType::bf16);
+  EXPECT_THROW(parse_dtype("float8"), Error);
+}
+
+TEST(Rng, CounterBasedAndReproducible) {
+  Generator g(7);
+  Tensor a = ops::randn({1000}, g);
+  Generator h(7);
+  Tensor b = ops::randn({1000}, h);
+  EXPECT_EQ(test::values(a), test::values(b));
+  Tensor c = ops::randn({1000}, g);  // the generator advanced: new numbers
+  EXPECT_NE(test::values(a), test::values(c));
+  auto v = test::values(a);
+  double m = 0, s2 = 0;
+  for (double x : v) m += x;
+  m /= v.size();
+  for (double x : v) s2 += (x - m) * (x - m);
+  EXPECT_NEAR(m, 0.0, 0.1);
+  EXPECT_NEAR(std::sqrt(s2 / v.size()), 1.0, 0.1);
+}
+
+}  // namespace
+}  // namespace tr
