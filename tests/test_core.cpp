@@ -3,6 +3,7 @@
 
 #include <limits>
 
+#include "backend/cpu/vec_math.h"
 #include "test_util.h"
 
 namespace tr {
@@ -204,6 +205,39 @@ TEST(Rng, CounterBasedAndReproducible) {
   for (double x : v) s2 += (x - m) * (x - m);
   EXPECT_NEAR(m, 0.0, 0.1);
   EXPECT_NEAR(std::sqrt(s2 / v.size()), 1.0, 0.1);
+}
+
+}  // namespace
+}  // namespace tr
+
+namespace tr {
+namespace {
+
+// The vectorized f32 exp/expm1/tanh of the CPU backend against libm in double.
+TEST(VecMath, FastExpExpm1TanhAreAccurate) {
+  double worst_exp = 0, worst_tanh = 0, worst_expm1 = 0;
+  for (int i = -200000; i <= 200000; ++i) {
+    float x = static_cast<float>(i) * 4.4e-4f;  // [-88, 88]
+    double e = std::exp(static_cast<double>(x));
+    if (e > 1e-37 && e < 3e38) worst_exp = std::max(worst_exp, std::abs(cpu::fast_expf(x) - e) / e);
+    float xs = x / 8.0f;
+    double t = std::tanh(static_cast<double>(xs));
+    if (t != 0) worst_tanh = std::max(worst_tanh, std::abs(cpu::fast_tanhf(xs) - t) / std::abs(t));
+    double m = std::expm1(static_cast<double>(xs));
+    if (m != 0) worst_expm1 = std::max(worst_expm1, std::abs(cpu::fast_expm1f(xs) - m) / std::abs(m));
+  }
+  EXPECT_LT(worst_exp, 3e-7);
+  EXPECT_LT(worst_expm1, 5e-7);
+  EXPECT_LT(worst_tanh, 5e-7);
+  RecordProperty("exp_rel_err", std::to_string(worst_exp));
+  EXPECT_EQ(cpu::fast_expf(-INFINITY), 0.0f);
+  EXPECT_EQ(cpu::fast_expf(-100.0f), 0.0f);
+  EXPECT_TRUE(std::isinf(cpu::fast_expf(INFINITY)));
+  EXPECT_TRUE(std::isnan(cpu::fast_expf(NAN)));
+  EXPECT_TRUE(std::isnan(cpu::fast_tanhf(NAN)));
+  EXPECT_EQ(cpu::fast_tanhf(50.0f), 1.0f);
+  EXPECT_EQ(cpu::fast_tanhf(-50.0f), -1.0f);
+  EXPECT_EQ(cpu::fast_tanhf(0.0f), 0.0f);
 }
 
 }  // namespace

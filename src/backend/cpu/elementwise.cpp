@@ -151,7 +151,12 @@ void CpuBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out) {
       strided_loop<2>(shape, st, [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& in) {
         const T* a = xp + off[0];
         T* y = yp + off[1];
-        for (int64_t i = 0; i < n; ++i) store(y, i * in[1], backend::unary_fn(OP, load(a, i * in[0])));
+        if (in[0] == 1 && in[1] == 1) {
+#pragma omp simd
+          for (int64_t i = 0; i < n; ++i) store(y, i, backend::unary_fn(OP, load(a, i)));
+        } else {
+          for (int64_t i = 0; i < n; ++i) store(y, i * in[1], backend::unary_fn(OP, load(a, i * in[0])));
+        }
       });
     });
   });
@@ -164,6 +169,7 @@ void CpuBackend::unary_backward(UnaryOp op, const Tensor& x, const Tensor& gy, c
       const T* gp = static_cast<const T*>(gy.data_ptr());
       T* op_ = static_cast<T*>(gx.data_ptr());
       parallel_range(x.numel(), [&](int64_t lo, int64_t hi) {
+#pragma omp simd
         for (int64_t i = lo; i < hi; ++i) store(op_, i, load(gp, i) * backend::unary_grad(OP, load(xp, i)));
       });
     });
@@ -184,6 +190,7 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Ten
         const T* x1 = bp + off[1];
         T* y = yp + off[2];
         if (in[0] == 1 && in[1] == 1 && in[2] == 1) {
+#pragma omp simd
           for (int64_t i = 0; i < n; ++i) store(y, i, backend::binary_fn(OP, load(x0, i), load(x1, i)));
         } else if (in[0] == 1 && in[1] == 0 && in[2] == 1) {
           auto c = load(x1, 0);

@@ -6,6 +6,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
+#include "backend/unary_math.h"
 
 namespace tr::cpu {
 
@@ -41,9 +42,11 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, int64
       }
       const T* xr = xp + r * v;
       A mx = -std::numeric_limits<A>::infinity();
+#pragma omp simd reduction(max : mx)
       for (int64_t i = 0; i < v; ++i) mx = std::max(mx, load(xr, i));
       A s = 0;
-      for (int64_t i = 0; i < v; ++i) s += std::exp(load(xr, i) - mx);
+#pragma omp simd reduction(+ : s)
+      for (int64_t i = 0; i < v; ++i) s += backend::exp_(load(xr, i) - mx);
       A l = mx + std::log(s);
       lsep[r] = l;
       out[r] = l - load(xr, lp[r]);
@@ -71,7 +74,8 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& labe
       }
       const T* xr = xp + r * v;
       const A g = gl[r], l = lsep[r];
-      for (int64_t i = 0; i < v; ++i) store(out, i, g * std::exp(load(xr, i) - l));
+#pragma omp simd
+      for (int64_t i = 0; i < v; ++i) store(out, i, g * backend::exp_(load(xr, i) - l));
       store(out, lp[r], load(out, lp[r]) - g);
     }
   });

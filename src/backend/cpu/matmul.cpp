@@ -1,5 +1,8 @@
-// CPU GEMM through OpenBLAS (f32, f64); bf16/f16 operands are widened to f32, multiplied, and rounded back.
+// CPU GEMM. f32 goes through oneDNN's sgemm (AVX-512 kernels, OpenMP, about 1.5x OpenBLAS's Haswell kernels
+// on the machines we measure: docs/PERFORMANCE.md); f64 through OpenBLAS; bf16/f16 operands are widened to
+// f32, multiplied, and rounded back once.
 #include <cblas.h>
+#include <oneapi/dnnl/dnnl.h>
 
 #include <vector>
 
@@ -21,6 +24,27 @@ std::vector<float> widen(const T* p, int64_t batch, int64_t stride, int64_t rows
   return out;
 }
 
+// Row-major C[i] = alpha * op(A[i]) op(B[i]) + beta * C[i] for i < batch. Many small products run one per
+// thread (oneDNN runs sequentially inside a parallel region); large ones use all threads each.
+void sgemm_batched(bool ta, bool tb, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                   int64_t lda, int64_t sa, const float* b, int64_t ldb, int64_t sb, float beta, float* c) {
+  auto one = [&](int64_t i) {
+    dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a + i * sa, lda, b + i * sb, ldb,
+                                  beta, c + i * m * n, n);
+    return st;
+  };
+  const bool per_thread = batch > 1 && m * n * k < (int64_t{1} << 22);
+  if (per_thread) {
+    int bad = 0;
+#pragma omp parallel for schedule(dynamic) reduction(| : bad)
+    for (int64_t i = 0; i < batch; ++i) bad |= one(i) != dnnl_success;
+    TR_CHECK(!bad, "matmul: oneDNN sgemm failed for [{}, {}] x [{}, {}]", m, k, k, n);
+  } else {
+    for (int64_t i = 0; i < batch; ++i)
+      TR_CHECK(one(i) == dnnl_success, "matmul: oneDNN sgemm failed for [{}, {}] x [{}, {}]", m, k, k, n);
+  }
+}
+
 }  // namespace
 
 void CpuBackend::gemm(const backend::GemmArgs& g) {
@@ -37,9 +61,8 @@ void CpuBackend::gemm(const backend::GemmArgs& g) {
       const float* a = static_cast<const float*>(g.a.data_ptr());
       const float* b = static_cast<const float*>(g.b.data_ptr());
       float* c = static_cast<float*>(g.c.data_ptr());
-      for (int64_t i = 0; i < g.batch; ++i)
-        cblas_sgemm(CblasRowMajor, ta, tb, g.m, g.n, g.k, static_cast<float>(g.alpha), a + i * g.stride_a, g.lda,
-                    b + i * g.stride_b, g.ldb, static_cast<float>(g.beta), c + i * mn, g.n);
+      sgemm_batched(g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k, static_cast<float>(g.alpha), a, g.lda, g.stride_a,
+                    b, g.ldb, g.stride_b, static_cast<float>(g.beta), c);
       return;
     }
     case DType::f64: {
@@ -61,10 +84,9 @@ void CpuBackend::gemm(const backend::GemmArgs& g) {
           auto a = widen(static_cast<const T*>(g.a.data_ptr()), ba, g.stride_a, ar, ac, g.lda);
           auto b = widen(static_cast<const T*>(g.b.data_ptr()), bb, g.stride_b, br, bc, g.ldb);
           auto c = widen(static_cast<const T*>(g.c.data_ptr()), g.batch, mn, g.m, g.n, g.n);
-          for (int64_t i = 0; i < g.batch; ++i)
-            cblas_sgemm(CblasRowMajor, ta, tb, g.m, g.n, g.k, static_cast<float>(g.alpha),
-                        a.data() + (ba == 1 ? 0 : i * ar * ac), ac, b.data() + (bb == 1 ? 0 : i * br * bc), bc,
-                        static_cast<float>(g.beta), c.data() + i * mn, g.n);
+          sgemm_batched(g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k, static_cast<float>(g.alpha), a.data(), ac,
+                        ba == 1 ? 0 : ar * ac, b.data(), bc, bb == 1 ? 0 : br * bc, static_cast<float>(g.beta),
+                        c.data());
           T* cp = static_cast<T*>(g.c.data_ptr());
           for (int64_t i = 0; i < g.batch * mn; ++i) cp[i] = T(c[static_cast<size_t>(i)]);
         }

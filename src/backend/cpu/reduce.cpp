@@ -7,6 +7,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
+#include "backend/unary_math.h"
 
 namespace tr::cpu {
 
@@ -129,25 +130,30 @@ void CpuBackend::softmax(const Tensor& x, bool log, const Tensor& y) {
       const T* a = xp + row * n;
       T* out = yp + row * n;
       A mx = -std::numeric_limits<A>::infinity();
+#pragma omp simd reduction(max : mx)
       for (int64_t i = 0; i < n; ++i) mx = std::max(mx, load(a, i));
       if (mx == -std::numeric_limits<A>::infinity()) mx = 0;  // fully masked row: exp(-inf) = 0 everywhere
       A sum = 0;
       if (log) {
-        for (int64_t i = 0; i < n; ++i) sum += std::exp(load(a, i) - mx);
+#pragma omp simd reduction(+ : sum)
+        for (int64_t i = 0; i < n; ++i) sum += backend::exp_(load(a, i) - mx);
         A lse = mx + std::log(sum);
+#pragma omp simd
         for (int64_t i = 0; i < n; ++i) store(out, i, load(a, i) - lse);
       } else if constexpr (std::is_same_v<T, A>) {
+#pragma omp simd reduction(+ : sum)
         for (int64_t i = 0; i < n; ++i) {
-          A e = std::exp(a[i] - mx);
+          A e = backend::exp_(a[i] - mx);
           out[i] = e;
           sum += e;
         }
         A inv = A(1) / sum;
+#pragma omp simd
         for (int64_t i = 0; i < n; ++i) out[i] *= inv;
       } else {
-        for (int64_t i = 0; i < n; ++i) sum += std::exp(load(a, i) - mx);
+        for (int64_t i = 0; i < n; ++i) sum += backend::exp_(load(a, i) - mx);
         A inv = A(1) / sum;
-        for (int64_t i = 0; i < n; ++i) store(out, i, std::exp(load(a, i) - mx) * inv);
+        for (int64_t i = 0; i < n; ++i) store(out, i, backend::exp_(load(a, i) - mx) * inv);
       }
     }
   });
@@ -169,11 +175,15 @@ void CpuBackend::softmax_backward(const Tensor& y, const Tensor& gy, bool log, c
       A dot = 0;
       if (log) {
         // y = log_softmax: gx = gy - softmax * sum(gy)
+#pragma omp simd reduction(+ : dot)
         for (int64_t i = 0; i < n; ++i) dot += load(gr, i);
-        for (int64_t i = 0; i < n; ++i) store(o, i, load(gr, i) - std::exp(load(yr, i)) * dot);
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) store(o, i, load(gr, i) - backend::exp_(load(yr, i)) * dot);
       } else {
         // gx = y * (gy - sum(gy * y))
+#pragma omp simd reduction(+ : dot)
         for (int64_t i = 0; i < n; ++i) dot += load(gr, i) * load(yr, i);
+#pragma omp simd
         for (int64_t i = 0; i < n; ++i) store(o, i, load(yr, i) * (load(gr, i) - dot));
       }
     }

@@ -1,0 +1,75 @@
+# PyTorch CPU peer for the benchmarks: times the same work as bench/*.cpp and prints one JSON line.
+# Run by the C++ benchmarks with Debian's python3-torch (scripts/setup.sh --bench).
+import json, math, sys, time
+
+import torch
+
+
+def timeit(fn, iters, warmup=2):
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def block(B, T, d, H, iters):
+    g = torch.Generator().manual_seed(0)
+    p = {
+        "ln1_w": torch.ones(d), "ln1_b": torch.zeros(d),
+        "w_qkv": torch.randn(3 * d, d, generator=g) * 0.02, "b_qkv": torch.zeros(3 * d),
+        "w_proj": torch.randn(d, d, generator=g) * 0.02, "b_proj": torch.zeros(d),
+        "ln2_w": torch.ones(d), "ln2_b": torch.zeros(d),
+        "w_fc": torch.randn(4 * d, d, generator=g) * 0.02, "b_fc": torch.zeros(4 * d),
+        "w_fc2": torch.randn(d, 4 * d, generator=g) * 0.02, "b_fc2": torch.zeros(d),
+    }
+    for t in p.values():
+        t.requires_grad_(True)
+    x = torch.randn(B, T, d, generator=g, requires_grad=True)
+    mask = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+    F = torch.nn.functional
+    hd = d // H
+
+    def fwd_bwd():
+        h = F.layer_norm(x, (d,), p["ln1_w"], p["ln1_b"], 1e-5)
+        q, k, v = F.linear(h, p["w_qkv"], p["b_qkv"]).split(d, dim=-1)
+        q, k, v = (t.view(B, T, H, hd).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(hd))
+        att = att.masked_fill(mask, float("-inf")).softmax(-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, d)
+        x1 = x + F.linear(y, p["w_proj"], p["b_proj"])
+        m = F.linear(F.gelu(F.linear(F.layer_norm(x1, (d,), p["ln2_w"], p["ln2_b"], 1e-5), p["w_fc"], p["b_fc"]),
+                            approximate="tanh"), p["w_fc2"], p["b_fc2"])
+        (x1 + m).mean().backward()
+        for t in list(p.values()) + [x]:
+            t.grad = None
+
+    return {"seconds": timeit(fwd_bwd, iters)}
+
+
+def ops(iters):
+    out = {}
+    for n in (512, 1024, 2048):
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        out[f"matmul_{n}"] = timeit(lambda: a @ b, iters)
+    x = torch.randn(8192, 1024)
+    w, bb = torch.ones(1024), torch.zeros(1024)
+    out["layer_norm"] = timeit(lambda: torch.nn.functional.layer_norm(x, (1024,), w, bb), iters)
+    out["softmax"] = timeit(lambda: torch.softmax(x, -1), iters)
+    logits = torch.randn(512, 50257)
+    labels = torch.randint(0, 50257, (512,))
+    out["cross_entropy"] = timeit(lambda: torch.nn.functional.cross_entropy(logits, labels), iters)
+    return out
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(int(sys.argv[2]))
+    if sys.argv[1] == "block":
+        B, T, d, H, iters = map(int, sys.argv[3:8])
+        print(json.dumps(block(B, T, d, H, iters)))
+    else:
+        print(json.dumps(ops(int(sys.argv[3]))))

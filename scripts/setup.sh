@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the build and tests need. Idempotent: installs only what is missing.
+# Usage: scripts/setup.sh [--bench]   (--bench adds python3-torch, the peer the benchmarks compare against)
+set -euo pipefail
+pkgs=(build-essential cmake ninja-build pkg-config libopenblas-dev libfmt-dev libgtest-dev libgmock-dev
+      libdnnl-dev nlohmann-json3-dev libcli11-dev libpcre2-dev)
+if [[ "${1:-}" == "--bench" ]]; then pkgs+=(python3-torch python3-numpy); fi
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  echo "setup: all packages present"
+fi
+if [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  echo "setup: CUDA toolkit found ($(/usr/local/cuda/bin/nvcc --version | tail -n 2 | head -n 1))"
+else
+  echo "setup: no CUDA toolkit at /usr/local/cuda; the build will be CPU-only"
+fi
