@@ -428,8 +428,9 @@ struct Config {
 
 class OpTest : public ::testing::TestWithParam<std::tuple<std::string, DType>> {};
 
-TEST_P(OpTest, MatchesReferenceOnEveryBackend) {
-  const auto& [name, dtype] = GetParam();
+// Runs one case on `dev` and compares with the double reference. Outputs are allocated poisoned (NaN bytes),
+// so an element a kernel forgets to write fails.
+void check_case(const std::string& name, DType dtype, Device dev) {
   static const auto all = cases();
   auto it = std::find_if(all.begin(), all.end(), [&](const OpCase& c) { return c.name == name; });
   ASSERT_NE(it, all.end());
@@ -441,13 +442,35 @@ TEST_P(OpTest, MatchesReferenceOnEveryBackend) {
   for (auto& t : rounded) refs.push_back(ref_of(t));
   Ref want = it->reference(refs);
   const double tol = dtype == DType::f64 ? 1e-10 : dtype == DType::f32 ? 2e-5 : 2e-2;
-  for (Device dev : test::test_devices()) {
-    Inputs dev_in;
-    for (auto& t : rounded) dev_in.push_back(ops::to_device(ops::to_dtype(t, dtype), dev));
-    Tensor got = it->run(dev_in);
-    EXPECT_TRUE(test::all_close(ops::to_dtype(got, DType::f64), want.tensor(), tol * it->tol_scale, tol * it->tol_scale))
-        << name << " on " << dev.str() << " in " << dtype_name(dtype);
+  Inputs dev_in;
+  for (auto& t : rounded) dev_in.push_back(ops::to_device(ops::to_dtype(t, dtype), dev));
+  Allocator& alloc = ops::allocator_for(dev);
+  alloc.set_poison(true);
+  Tensor got;
+  try {
+    got = it->run(dev_in);
+  } catch (...) {
+    alloc.set_poison(false);
+    throw;
   }
+  alloc.set_poison(false);
+  EXPECT_TRUE(test::all_close(ops::to_dtype(ops::to_device(got, Device::cpu()), DType::f64), want.tensor(),
+                              tol * it->tol_scale, tol * it->tol_scale))
+      << name << " on " << dev.str() << " in " << dtype_name(dtype);
+}
+
+TEST_P(OpTest, CpuMatchesReference) {
+  const auto& [name, dtype] = GetParam();
+  check_case(name, dtype, Device::cpu());
+}
+
+// The CUDA twin of every op against the same reference (and so against the CPU kernel).
+class CudaOpTest : public OpTest {};
+
+TEST_P(CudaOpTest, CudaMatchesReference) {
+  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: GPU parity NOT tested (" << backend::cuda_summary() << ")";
+  const auto& [name, dtype] = GetParam();
+  check_case(name, dtype, Device::cuda(0));
 }
 
 std::vector<std::tuple<std::string, DType>> params() {
@@ -460,9 +483,11 @@ std::vector<std::tuple<std::string, DType>> params() {
   return p;
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, OpTest, ::testing::ValuesIn(params()), [](const auto& info) {
+auto param_name = [](const auto& info) {
   return std::get<0>(info.param) + "_" + std::string(dtype_name(std::get<1>(info.param)));
-});
+};
+INSTANTIATE_TEST_SUITE_P(Ops, OpTest, ::testing::ValuesIn(params()), param_name);
+INSTANTIATE_TEST_SUITE_P(Ops, CudaOpTest, ::testing::ValuesIn(params()), param_name);
 
 TEST(Dropout, KeepsFractionAndIsReproducible) {
   Tensor x = ops::ones({100000});

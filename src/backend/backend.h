@@ -4,15 +4,12 @@
 #pragma once
 #include <cstdint>
 
+#include "backend/op_kinds.h"
 #include "core/allocator.h"
 #include "core/tensor.h"
 
 namespace tr::backend {
 
-enum class UnaryOp { neg, exp, log, sqrt, rsqrt, tanh, sigmoid, relu, gelu_tanh, gelu_erf, silu, abs, square, reciprocal };
-// eq gives 1 where a == b and 0 elsewhere, in the operands' dtype (used for gradient masks).
-enum class BinaryOp { add, sub, mul, div, maximum, minimum, eq };
-enum class ReduceOp { sum, mean, max, min };
 
 const char* unary_name(UnaryOp op);
 const char* binary_name(BinaryOp op);

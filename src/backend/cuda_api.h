@@ -13,6 +13,8 @@ bool cuda_compiled();
 Backend& cuda_backend();
 // Copies between host and a GPU (or two GPUs): both contiguous, same dtype and size.
 void cuda_copy_between_devices(const Tensor& src, const Tensor& dst);
+// cuda:0 when a GPU is usable, else the CPU (a CUDA build without a GPU says so once on stderr).
+Device default_device();
 // One line about the CUDA runtime, driver and devices (or why there is none).
 std::string cuda_summary();
 

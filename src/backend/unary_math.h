@@ -3,16 +3,12 @@
 #pragma once
 #include <cmath>
 
-#include "backend/backend.h"
+#include "backend/op_kinds.h"
 #ifndef __CUDACC__
 #include "backend/cpu/vec_math.h"
 #endif
 
-#ifdef __CUDACC__
-#define TR_HD __host__ __device__ __forceinline__
-#else
-#define TR_HD inline
-#endif
+#include "core/hd.h"
 
 namespace tr::backend {
 

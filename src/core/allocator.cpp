@@ -2,6 +2,7 @@
 #include "core/allocator.h"
 
 #include <cstdlib>
+#include <cstring>
 
 #include "core/error.h"
 
@@ -36,6 +37,7 @@ void* CpuAllocator::allocate(size_t nbytes) {
   TR_CHECK(p != nullptr, "cpu allocator: out of memory allocating {} bytes (in use: {} bytes)", nbytes,
            stats().current_bytes);
   record_alloc(nbytes);
+  if (poison()) std::memset(p, 0xff, rounded);
   return p;
 }
 

@@ -25,6 +25,11 @@ class Allocator {
   // Returns cached memory to the system (caching allocators); a no-op for the others.
   virtual void empty_cache() {}
 
+  // Fills new allocations with 0xFF bytes (NaN in every float format) so a kernel that leaves part of its
+  // output unwritten is caught by tests. Off by default.
+  void set_poison(bool on) { poison_ = on; }
+  bool poison() const { return poison_; }
+
   AllocatorStats stats() const;
   // Restarts peak tracking from the current usage.
   void reset_peak();
@@ -36,6 +41,7 @@ class Allocator {
  private:
   mutable std::mutex mu_;
   AllocatorStats stats_;
+  std::atomic<bool> poison_{false};
 };
 
 class CpuAllocator final : public Allocator {

@@ -2,13 +2,18 @@
 // depends only on (seed, offset, i), so CPU and GPU produce the same bits and a checkpoint region can
 // replay dropout exactly by restoring the offset.
 #pragma once
-#include <array>
 #include <cmath>
 #include <cstdint>
 
+#include "core/hd.h"
+
 namespace tr {
 
-inline std::array<uint32_t, 4> philox4x32(uint64_t counter, uint64_t key) {
+struct Philox4 {
+  uint32_t w[4];
+};
+
+TR_HD Philox4 philox4x32(uint64_t counter, uint64_t key) {
   uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32), c2 = 0, c3 = 0;
   uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
   for (int r = 0; r < 10; ++r) {
@@ -23,16 +28,16 @@ inline std::array<uint32_t, 4> philox4x32(uint64_t counter, uint64_t key) {
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
-  return {c0, c1, c2, c3};
+  return {{c0, c1, c2, c3}};
 }
 
 // The i-th 32-bit random word of the stream that starts at counter `offset` under `seed`.
-inline uint32_t philox_word(uint64_t seed, uint64_t offset, uint64_t i) {
-  return philox4x32(offset + i / 4, seed)[i % 4];
+TR_HD uint32_t philox_word(uint64_t seed, uint64_t offset, uint64_t i) {
+  return philox4x32(offset + i / 4, seed).w[i % 4];
 }
 
 // Uniform in [0, 1) with 24 random bits.
-inline float uniform_from_word(uint32_t w) { return static_cast<float>(w >> 8) * (1.0f / 16777216.0f); }
+TR_HD float uniform_from_word(uint32_t w) { return static_cast<float>(w >> 8) * (1.0f / 16777216.0f); }
 
 class Generator {
  public:

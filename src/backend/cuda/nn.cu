@@ -1,0 +1,339 @@
+// CUDA LayerNorm / RMSNorm (forward, backward), cross-entropy (forward saves logsumexp; backward recomputes
+// softmax, never storing probabilities), embedding gather and deterministic scatter-add, rotary embedding.
+// Weight/bias gradients are reduced by one thread per column walking the rows in order: deterministic.
+#include <cmath>
+
+#include "backend/cuda/common.cuh"
+#include "backend/unary_math.h"
+
+namespace tr::cuda {
+
+namespace {
+
+template <typename T>
+__global__ void layer_norm_kernel(const T* x, const T* w, const T* b, T* y, acc_t<T>* mean, acc_t<T>* rstd, int64_t n,
+                                  double eps) {
+  using A = acc_t<T>;
+  __shared__ A sh[32];
+  const int64_t base = blockIdx.x * n;
+  A s = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += ld(x, base + i);
+  const A mu = block_sum(s, sh) / static_cast<A>(n);
+  A v = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    A d = ld(x, base + i) - mu;
+    v += d * d;
+  }
+  const A rs = A(1) / std::sqrt(block_sum(v, sh) / static_cast<A>(n) + static_cast<A>(eps));
+  if (threadIdx.x == 0) {
+    mean[blockIdx.x] = mu;
+    rstd[blockIdx.x] = rs;
+  }
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    A h = (ld(x, base + i) - mu) * rs;
+    if (w) h *= ld(w, i);
+    if (b) h += ld(b, i);
+    st(y, base + i, h);
+  }
+}
+
+template <typename T>
+__global__ void layer_norm_backward_kernel(const T* x, const T* w, const acc_t<T>* mean, const acc_t<T>* rstd,
+                                           const T* gy, T* gx, int64_t n) {
+  using A = acc_t<T>;
+  __shared__ A sh[32];
+  const int64_t base = blockIdx.x * n;
+  const A mu = mean[blockIdx.x], rs = rstd[blockIdx.x];
+  A sg = 0, sgx = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    A xh = (ld(x, base + i) - mu) * rs;
+    A gh = w ? ld(gy, base + i) * ld(w, i) : ld(gy, base + i);
+    sg += gh;
+    sgx += gh * xh;
+  }
+  const A mg = block_sum(sg, sh) / static_cast<A>(n);
+  const A mgx = block_sum(sgx, sh) / static_cast<A>(n);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    A xh = (ld(x, base + i) - mu) * rs;
+    A gh = w ? ld(gy, base + i) * ld(w, i) : ld(gy, base + i);
+    st(gx, base + i, rs * (gh - mg - xh * mgx));
+  }
+}
+
+// gw[j] = sum_r gy[r, j] * xhat[r, j]; gb[j] = sum_r gy[r, j]. mean may be null (RMSNorm: xhat = x * rstd).
+template <typename T>
+__global__ void norm_param_grad_kernel(const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, const T* gy, T* gw,
+                                       T* gb, int64_t rows, int64_t n) {
+  const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (j >= n) return;
+  double aw = 0, ab = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const acc_t<T> g = ld(gy, r * n + j);
+    const acc_t<T> xh = (ld(x, r * n + j) - (mean ? mean[r] : acc_t<T>(0))) * rstd[r];
+    aw += static_cast<double>(g * xh);
+    ab += static_cast<double>(g);
+  }
+  if (gw) st(gw, j, static_cast<acc_t<T>>(aw));
+  if (gb) st(gb, j, static_cast<acc_t<T>>(ab));
+}
+
+template <typename T>
+__global__ void rms_norm_kernel(const T* x, const T* w, T* y, acc_t<T>* rstd, int64_t n, double eps) {
+  using A = acc_t<T>;
+  __shared__ A sh[32];
+  const int64_t base = blockIdx.x * n;
+  A ss = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    A v = ld(x, base + i);
+    ss += v * v;
+  }
+  const A rs = A(1) / std::sqrt(block_sum(ss, sh) / static_cast<A>(n) + static_cast<A>(eps));
+  if (threadIdx.x == 0) rstd[blockIdx.x] = rs;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    // As HF: normalize in fp32, round to the input dtype, then scale by the weight.
+    T hr;
+    st(&hr, 0, ld(x, base + i) * rs);
+    A h = ld(&hr, 0);
+    st(y, base + i, w ? h * ld(w, i) : h);
+  }
+}
+
+template <typename T>
+__global__ void rms_norm_backward_kernel(const T* x, const T* w, const acc_t<T>* rstd, const T* gy, T* gx, int64_t n) {
+  using A = acc_t<T>;
+  __shared__ A sh[32];
+  const int64_t base = blockIdx.x * n;
+  const A rs = rstd[blockIdx.x];
+  A sgx = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    A gh = w ? ld(gy, base + i) * ld(w, i) : ld(gy, base + i);
+    sgx += gh * ld(x, base + i) * rs;
+  }
+  const A mgx = block_sum(sgx, sh) / static_cast<A>(n);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    A gh = w ? ld(gy, base + i) * ld(w, i) : ld(gy, base + i);
+    st(gx, base + i, rs * (gh - ld(x, base + i) * rs * mgx));
+  }
+}
+
+template <typename T>
+__global__ void cross_entropy_kernel(const T* logits, const int64_t* labels, acc_t<T>* loss, acc_t<T>* lse, int64_t v,
+                                     int64_t ignore) {
+  using A = acc_t<T>;
+  __shared__ A sh[32];
+  const int64_t row = blockIdx.x, base = row * v;
+  const int64_t label = labels[row];
+  if (label == ignore) {
+    if (threadIdx.x == 0) loss[row] = lse[row] = 0;
+    return;
+  }
+  A mx = -INFINITY;
+  for (int64_t i = threadIdx.x; i < v; i += blockDim.x) {
+    A t = ld(logits, base + i);
+    mx = t > mx ? t : mx;
+  }
+  mx = block_max(mx, sh);
+  A s = 0;
+  for (int64_t i = threadIdx.x; i < v; i += blockDim.x) s += backend::exp_(ld(logits, base + i) - mx);
+  s = block_sum(s, sh);
+  if (threadIdx.x == 0) {
+    const A l = mx + std::log(s);
+    lse[row] = l;
+    loss[row] = l - ld(logits, base + label);
+  }
+}
+
+template <typename T>
+__global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* labels, const acc_t<T>* lse,
+                                              const acc_t<T>* grad_loss, T* g, int64_t v, int64_t ignore) {
+  using A = acc_t<T>;
+  const int64_t row = blockIdx.x, base = row * v;
+  const int64_t label = labels[row];
+  const bool skip = label == ignore;
+  const A gl = skip ? A(0) : grad_loss[row], l = skip ? A(0) : lse[row];
+  for (int64_t i = threadIdx.x; i < v; i += blockDim.x) {
+    A p = skip ? A(0) : gl * backend::exp_(ld(logits, base + i) - l);
+    st(g, base + i, i == label ? p - gl : p);
+  }
+}
+
+template <typename T>
+__global__ void embedding_kernel(const T* w, const int64_t* ids, T* out, int64_t n, int64_t d) {
+  const int64_t total = n * d;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t r = i / d, j = i % d;
+    out[i] = w[ids[r] * d + j];
+  }
+}
+
+template <typename T>
+__global__ void embedding_backward_kernel(const T* gy, const int64_t* order, const int64_t* starts, const int64_t* uid,
+                                          T* gw, int64_t d) {
+  const int64_t u = blockIdx.y;
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < d;
+       j += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    acc_t<T> s = 0;
+    for (int64_t k = starts[u]; k < starts[u + 1]; ++k) s += ld(gy, order[k] * d + j);
+    st(gw, uid[u] * d + j, s);
+  }
+}
+
+template <typename T>
+__global__ void rope_kernel(const T* x, const float* cs, const float* sn, const int64_t* pos, T* y, int64_t B,
+                            int64_t H, int64_t Tn, int64_t D, bool seq_major, float sign) {
+  using A = acc_t<T>;
+  const int64_t half = D / 2, total = B * H * Tn * half;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t i = e % half;
+    int64_t rest = e / half;
+    int64_t b, h, t;
+    if (seq_major) {  // [B, T, H, D]
+      h = rest % H;
+      rest /= H;
+      t = rest % Tn;
+      b = rest / Tn;
+    } else {  // [B, H, T, D]
+      t = rest % Tn;
+      rest /= Tn;
+      h = rest % H;
+      b = rest / H;
+    }
+    const int64_t base = seq_major ? ((b * Tn + t) * H + h) * D : ((b * H + h) * Tn + t) * D;
+    const int64_t p = pos[b * Tn + t];
+    const A c = static_cast<A>(cs[p * half + i]), s = static_cast<A>(sign * sn[p * half + i]);
+    const A x1 = ld(x, base + i), x2 = ld(x, base + i + half);
+    st(y, base + i, x1 * c - x2 * s);
+    st(y, base + i + half, x2 * c + x1 * s);
+  }
+}
+
+__global__ void first_bad_kernel(const int64_t* ids, int64_t n, int64_t lo, int64_t hi, int64_t ignore, bool use_ignore,
+                                 unsigned long long* first) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t v = ids[i];
+    if ((use_ignore && v == ignore) || (v >= lo && v < hi)) continue;
+    atomicMin(first, static_cast<unsigned long long>(i));
+  }
+}
+
+int threads_for_row(int64_t n) { return n >= 1024 ? 1024 : n >= 256 ? 256 : 64; }
+
+}  // namespace
+
+void layer_norm(DType dt, const void* x, const void* w, const void* b, void* y, void* mean, void* rstd, int64_t rows,
+                int64_t n, double eps) {
+  dispatch_float(dt, [&]<typename T>() {
+    layer_norm_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(n)>>>(
+        static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(b), static_cast<T*>(y),
+        static_cast<acc_t<T>*>(mean), static_cast<acc_t<T>*>(rstd), n, eps);
+  });
+  TR_CUDA_LAUNCH_CHECK("layer_norm");
+}
+
+void layer_norm_backward(DType dt, const void* x, const void* w, const void* mean, const void* rstd, const void* gy,
+                         void* gx, void* gw, void* gb, int64_t rows, int64_t n) {
+  dispatch_float(dt, [&]<typename T>() {
+    using A = acc_t<T>;
+    if (gx)
+      layer_norm_backward_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(n)>>>(
+          static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const A*>(mean), static_cast<const A*>(rstd),
+          static_cast<const T*>(gy), static_cast<T*>(gx), n);
+    if (gw || gb)
+      norm_param_grad_kernel<T><<<blocks_for(n, 128), 128>>>(static_cast<const T*>(x), static_cast<const A*>(mean),
+                                                            static_cast<const A*>(rstd), static_cast<const T*>(gy),
+                                                            static_cast<T*>(gw), static_cast<T*>(gb), rows, n);
+  });
+  TR_CUDA_LAUNCH_CHECK("layer_norm_backward");
+}
+
+void rms_norm(DType dt, const void* x, const void* w, void* y, void* rstd, int64_t rows, int64_t n, double eps) {
+  dispatch_float(dt, [&]<typename T>() {
+    rms_norm_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(n)>>>(
+        static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), static_cast<acc_t<T>*>(rstd), n, eps);
+  });
+  TR_CUDA_LAUNCH_CHECK("rms_norm");
+}
+
+void rms_norm_backward(DType dt, const void* x, const void* w, const void* rstd, const void* gy, void* gx, void* gw,
+                       int64_t rows, int64_t n) {
+  dispatch_float(dt, [&]<typename T>() {
+    using A = acc_t<T>;
+    if (gx)
+      rms_norm_backward_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(n)>>>(
+          static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const A*>(rstd), static_cast<const T*>(gy),
+          static_cast<T*>(gx), n);
+    if (gw)
+      norm_param_grad_kernel<T><<<blocks_for(n, 128), 128>>>(static_cast<const T*>(x), nullptr,
+                                                            static_cast<const A*>(rstd), static_cast<const T*>(gy),
+                                                            static_cast<T*>(gw), nullptr, rows, n);
+  });
+  TR_CUDA_LAUNCH_CHECK("rms_norm_backward");
+}
+
+void cross_entropy(DType dt, const void* logits, const int64_t* labels, void* loss, void* lse, int64_t rows,
+                   int64_t v, int64_t ignore_index) {
+  dispatch_float(dt, [&]<typename T>() {
+    cross_entropy_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(v)>>>(
+        static_cast<const T*>(logits), labels, static_cast<acc_t<T>*>(loss), static_cast<acc_t<T>*>(lse), v,
+        ignore_index);
+  });
+  TR_CUDA_LAUNCH_CHECK("cross_entropy");
+}
+
+void cross_entropy_backward(DType dt, const void* logits, const int64_t* labels, const void* lse,
+                            const void* grad_loss, void* glogits, int64_t rows, int64_t v, int64_t ignore_index) {
+  dispatch_float(dt, [&]<typename T>() {
+    using A = acc_t<T>;
+    cross_entropy_backward_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(v)>>>(
+        static_cast<const T*>(logits), labels, static_cast<const A*>(lse), static_cast<const A*>(grad_loss),
+        static_cast<T*>(glogits), v, ignore_index);
+  });
+  TR_CUDA_LAUNCH_CHECK("cross_entropy_backward");
+}
+
+void embedding(DType dt, const void* weight, const int64_t* ids, void* out, int64_t n, int64_t d) {
+  dispatch_float(dt, [&]<typename T>() {
+    embedding_kernel<T><<<blocks_for(n * d), 256>>>(static_cast<const T*>(weight), ids, static_cast<T*>(out), n, d);
+  });
+  TR_CUDA_LAUNCH_CHECK("embedding");
+}
+
+void embedding_backward(DType dt, const void* gy, const int64_t* order, const int64_t* starts, const int64_t* uid,
+                        int64_t n_unique, void* gw, int64_t v, int64_t d) {
+  fill(gw, dt, v * d, 0.0);
+  if (n_unique == 0) return;
+  dispatch_float(dt, [&]<typename T>() {
+    dim3 grid(static_cast<unsigned>((d + 127) / 128), static_cast<unsigned>(n_unique));
+    embedding_backward_kernel<T><<<grid, 128>>>(static_cast<const T*>(gy), order, starts, uid, static_cast<T*>(gw), d);
+  });
+  TR_CUDA_LAUNCH_CHECK("embedding_backward");
+}
+
+void rope(DType dt, const void* x, const float* cos, const float* sin, const int64_t* pos, void* y, int64_t B,
+          int64_t H, int64_t T, int64_t D, bool seq_major, bool inverse) {
+  dispatch_float(dt, [&]<typename TT>() {
+    rope_kernel<TT><<<blocks_for(B * H * T * (D / 2)), 256>>>(static_cast<const TT*>(x), cos, sin, pos,
+                                                             static_cast<TT*>(y), B, H, T, D, seq_major,
+                                                             inverse ? -1.0f : 1.0f);
+  });
+  TR_CUDA_LAUNCH_CHECK("rope");
+}
+
+int64_t first_bad_index(const int64_t* ids, int64_t n, int64_t lo, int64_t hi, int64_t ignore, bool use_ignore) {
+  if (n == 0) return -1;
+  unsigned long long* d = nullptr;
+  unsigned long long init = ~0ull, out = 0;
+  TR_CUDA_CHECK(cudaMalloc(&d, sizeof init));
+  TR_CUDA_CHECK(cudaMemcpy(d, &init, sizeof init, cudaMemcpyHostToDevice));
+  first_bad_kernel<<<blocks_for(n), 256>>>(ids, n, lo, hi, ignore, use_ignore, d);
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) e = cudaMemcpy(&out, d, sizeof out, cudaMemcpyDeviceToHost);
+  cudaFree(d);
+  TR_CUDA_CHECK(e);
+  return out == ~0ull ? -1 : static_cast<int64_t>(out);
+}
+
+}  // namespace tr::cuda

@@ -1,0 +1,89 @@
+// The CUDA build on any machine: what it reports, the CPU fallback without a GPU, and (with a GPU) device
+// tensors, copies and the dropout/RNG bits matching the CPU exactly.
+#include "test_util.h"
+
+namespace tr {
+namespace {
+
+TEST(CudaBuild, ReportsItselfAndFallsBackToTheCpu) {
+  const std::string summary = backend::cuda_summary();
+  std::printf("%s\n", summary.c_str());
+  if (!backend::cuda_compiled()) {
+    EXPECT_NE(summary.find("not compiled"), std::string::npos);
+    EXPECT_THROW(ops::zeros({2}, DType::f32, Device::cuda(0)), Error);
+    return;
+  }
+  EXPECT_NE(summary.find("CUDA runtime"), std::string::npos);
+  if (!backend::cuda_available()) {
+    EXPECT_EQ(backend::default_device(), Device::cpu());
+    try {
+      ops::zeros({2}, DType::f32, Device::cuda(0));
+      FAIL() << "a cuda tensor without a GPU must throw";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("no CUDA GPU"), std::string::npos) << e.what();
+    }
+  } else {
+    EXPECT_EQ(backend::default_device(), Device::cuda(0));
+  }
+}
+
+TEST(CudaDevice, CopiesRoundTripAndRandomBitsMatchTheCpu) {
+  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: device tests NOT run";
+  Tensor h = test::randn({3, 5}, 1);
+  Tensor d = ops::to_device(h, Device::cuda(0));
+  EXPECT_EQ(test::values(ops::to_device(d, Device::cpu())), test::values(h));
+  EXPECT_EQ(test::values(ops::transpose(d, 0, 1)), test::values(ops::transpose(h, 0, 1)));
+  Tensor x = ops::ones({4099});
+  EXPECT_EQ(test::values(ops::dropout(ops::to_device(x, Device::cuda(0)), 0.3, 5, 17)),
+            test::values(ops::dropout(x, 0.3, 5, 17)));
+  Generator g1(9), g2(9);
+  Tensor u_cpu = ops::rand({1000}, g1), u_gpu = ops::rand({1000}, g2, DType::f32, Device::cuda(0));
+  EXPECT_EQ(test::values(u_cpu), test::values(u_gpu));
+  EXPECT_THROW(ops::embedding(ops::zeros({4, 2}, DType::f32, Device::cuda(0)),
+                              ops::to_device(ops::from_vector<int64_t>({0, 9}, {2}), Device::cuda(0))),
+               Error);
+  int64_t before = ops::allocator_for(Device::cuda(0)).stats().current_bytes;
+  {
+    Tensor t = ops::empty({1024}, DType::f32, Device::cuda(0));
+    EXPECT_EQ(ops::allocator_for(Device::cuda(0)).stats().current_bytes - before, 4096);
+  }
+  EXPECT_EQ(ops::allocator_for(Device::cuda(0)).stats().current_bytes, before);
+}
+
+}  // namespace
+}  // namespace tr
+
+#include "transformer_block.h"
+
+namespace tr {
+namespace {
+
+// A transformer block forward+backward on the GPU against the same block on the CPU (fp32, every gradient).
+TEST(CudaDevice, TransformerBlockGradientsMatchTheCpu) {
+  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: GPU block parity NOT tested";
+  std::vector<std::vector<double>> grads[2];
+  std::vector<double> outs[2];
+  const Device devs[2] = {Device::cpu(), Device::cuda(0)};
+  for (int k = 0; k < 2; ++k) {
+    Generator gen(21);
+    test::BlockParams p = test::make_block(64, 4, gen, devs[k]);
+    Tensor x = ops::randn({2, 32, 64}, gen, DType::f32, devs[k]);
+    autograd::set_requires_grad(x, true);
+    Tensor y = test::block_forward(p, x, test::causal_mask_on(32, devs[k]));
+    outs[k] = test::values(y);
+    autograd::backward({mean(square(y))});
+    for (Tensor* t : p.all()) grads[k].push_back(test::values(t->grad()));
+    grads[k].push_back(test::values(x.grad()));
+  }
+  auto close = [](const std::vector<double>& a, const std::vector<double>& b, double tol) {
+    double scale = 0, worst = 0;
+    for (size_t i = 0; i < a.size(); ++i) scale = std::max(scale, std::abs(b[i]));
+    for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+    return worst <= tol * std::max(scale, 1e-30);
+  };
+  EXPECT_TRUE(close(outs[1], outs[0], 1e-5));
+  for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_TRUE(close(grads[1][i], grads[0][i], 1e-4)) << "gradient " << i;
+}
+
+}  // namespace
+}  // namespace tr
