@@ -5,19 +5,22 @@ import json, math, sys, time
 import torch
 
 
-def timeit(fn, iters, warmup=2):
+def timeit(fn, iters, warmup=2, sync=lambda: None):
     for _ in range(warmup):
         fn()
+    sync()
     ts = []
     for _ in range(iters):
         t0 = time.perf_counter()
         fn()
+        sync()
         ts.append(time.perf_counter() - t0)
     ts.sort()
     return ts[len(ts) // 2]
 
 
-def block(B, T, d, H, iters):
+def block(B, T, d, H, iters, device):
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 on both sides
     g = torch.Generator().manual_seed(0)
     p = {
         "ln1_w": torch.ones(d), "ln1_b": torch.zeros(d),
@@ -27,10 +30,9 @@ def block(B, T, d, H, iters):
         "w_fc": torch.randn(4 * d, d, generator=g) * 0.02, "b_fc": torch.zeros(4 * d),
         "w_fc2": torch.randn(d, 4 * d, generator=g) * 0.02, "b_fc2": torch.zeros(d),
     }
-    for t in p.values():
-        t.requires_grad_(True)
-    x = torch.randn(B, T, d, generator=g, requires_grad=True)
-    mask = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+    p = {k: t.to(device).requires_grad_(True) for k, t in p.items()}
+    x = torch.randn(B, T, d, generator=g).to(device).requires_grad_(True)
+    mask = torch.triu(torch.ones(T, T, dtype=torch.bool, device=device), 1)
     F = torch.nn.functional
     hd = d // H
 
@@ -48,7 +50,8 @@ def block(B, T, d, H, iters):
         for t in list(p.values()) + [x]:
             t.grad = None
 
-    return {"seconds": timeit(fwd_bwd, iters)}
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    return {"seconds": timeit(fwd_bwd, iters, sync=sync), "torch": torch.__version__}
 
 
 def ops(iters):
@@ -70,6 +73,7 @@ if __name__ == "__main__":
     torch.set_num_threads(int(sys.argv[2]))
     if sys.argv[1] == "block":
         B, T, d, H, iters = map(int, sys.argv[3:8])
-        print(json.dumps(block(B, T, d, H, iters)))
+        device = sys.argv[8] if len(sys.argv) > 8 else "cpu"
+        print(json.dumps(block(B, T, d, H, iters, device)))
     else:
         print(json.dumps(ops(int(sys.argv[3]))))
