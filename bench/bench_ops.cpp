@@ -1,1 +1,46 @@
-int main() { return 0; }
+// Op benchmarks on the CPU: matmul GFLOP/s and layernorm / softmax / cross-entropy GB/s, next to PyTorch CPU
+// running the same shapes in the same run (torch_peer.py ops).
+#include <cstdio>
+
+#include "autograd/functions.h"
+#include "bench_util.h"
+
+int main(int argc, char** argv) {
+  using namespace tr;
+  const int iters = argc > 1 ? std::atoi(argv[1]) : 10;
+  Generator gen(1);
+  auto peer = bench::run_torch_peer(fmt::format("ops {}", iters));
+  auto row = [&](const char* name, const std::string& key, double ours, double work, const char* unit) {
+    std::printf("  %-22s ours %8.2f ms %8.1f %s", name, ours * 1e3, work / ours * 1e-9, unit);
+    if (!peer.is_null() && peer.contains(key)) {
+      const double t = peer[key].get<double>();
+      std::printf("   torch %8.2f ms %8.1f %s   time ratio %.2f", t * 1e3, work / t * 1e-9, unit, ours / t);
+    }
+    std::printf("\n");
+  };
+  std::printf("CPU ops, %d threads (ratio = our time / torch time, < 1 is faster)%s\n", omp_get_max_threads(),
+              peer.is_null() ? "; pytorch unavailable" : "");
+  for (int64_t n : {512, 1024, 2048}) {
+    Tensor a = ops::randn({n, n}, gen), b = ops::randn({n, n}, gen);
+    double t = bench::median_seconds([&] { ops::matmul(a, b); }, iters);
+    row(fmt::format("matmul f32 {}^3", n).c_str(), fmt::format("matmul_{}", n), t, 2.0 * n * n * n, "GFLOP/s");
+  }
+  {
+    const int64_t n = 1024;
+    Tensor a = ops::to_dtype(ops::randn({n, n}, gen), DType::bf16), b = ops::to_dtype(ops::randn({n, n}, gen), DType::bf16);
+    double t = bench::median_seconds([&] { ops::matmul(a, b); }, iters);
+    row("matmul bf16 1024^3", "-", t, 2.0 * n * n * n, "GFLOP/s");
+  }
+  Tensor x = ops::randn({8192, 1024}, gen), w = ops::ones({1024}), bias = ops::zeros({1024});
+  const double bytes = 2.0 * 8192 * 1024 * 4;  // read x, write y
+  row("layer_norm 8192x1024", "layer_norm", bench::median_seconds([&] { ops::layer_norm(x, w, bias, 1e-5); }, iters),
+      bytes, "GB/s");
+  row("softmax 8192x1024", "softmax", bench::median_seconds([&] { ops::softmax(x, -1); }, iters), bytes, "GB/s");
+  Tensor logits = ops::randn({512, 50257}, gen);
+  std::vector<int64_t> lab(512);
+  for (size_t i = 0; i < lab.size(); ++i) lab[i] = static_cast<int64_t>(i * 97 % 50257);
+  Tensor labels = ops::from_vector<int64_t>(lab, {512});
+  row("cross_entropy 512x50257", "cross_entropy",
+      bench::median_seconds([&] { cross_entropy(logits, labels); }, iters), 512.0 * 50257 * 4, "GB/s");
+  return 0;
+}

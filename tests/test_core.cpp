@@ -242,3 +242,32 @@ TEST(VecMath, FastExpExpm1TanhAreAccurate) {
 
 }  // namespace
 }  // namespace tr
+
+namespace tr {
+namespace {
+
+TEST(Allocator, CpuCachesLargeBlocksAndEmptiesOnRequest) {
+  CpuAllocator& a = cpu_allocator();
+  a.empty_cache();
+  void* first;
+  {
+    Tensor t = ops::empty({3 << 20}, DType::f32);  // 12 MiB
+    first = t.data_ptr();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(first) % (2 << 20), 0u);
+  }
+  EXPECT_GE(a.cached_bytes(), size_t{12} << 20);
+  {
+    Tensor t = ops::empty({3 << 20}, DType::f32);  // same size: the cached block comes back
+    EXPECT_EQ(t.data_ptr(), first);
+    EXPECT_EQ(a.cached_bytes(), 0u);
+  }
+  a.empty_cache();
+  EXPECT_EQ(a.cached_bytes(), 0u);
+  a.set_cache_limit(0);
+  { Tensor t = ops::empty({3 << 20}, DType::f32); }
+  EXPECT_EQ(a.cached_bytes(), 0u);
+  a.set_cache_limit(size_t{4} << 30);
+}
+
+}  // namespace
+}  // namespace tr

@@ -41,12 +41,14 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, int64
         continue;
       }
       const T* xr = xp + r * v;
-      A mx = -std::numeric_limits<A>::infinity();
-#pragma omp simd reduction(max : mx)
-      for (int64_t i = 0; i < v; ++i) mx = std::max(mx, load(xr, i));
-      A s = 0;
-#pragma omp simd reduction(+ : s)
-      for (int64_t i = 0; i < v; ++i) s += backend::exp_(load(xr, i) - mx);
+      A mx = -std::numeric_limits<A>::infinity(), s = 0;
+      if constexpr (std::is_same_v<T, float>) {
+        mx = row_max(xr, v);
+        s = exp_sum(xr, mx, nullptr, v);
+      } else {
+        for (int64_t i = 0; i < v; ++i) mx = std::max(mx, load(xr, i));
+        for (int64_t i = 0; i < v; ++i) s += backend::exp_(load(xr, i) - mx);
+      }
       A l = mx + std::log(s);
       lsep[r] = l;
       out[r] = l - load(xr, lp[r]);
@@ -74,8 +76,11 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& labe
       }
       const T* xr = xp + r * v;
       const A g = gl[r], l = lsep[r];
-#pragma omp simd
-      for (int64_t i = 0; i < v; ++i) store(out, i, g * backend::exp_(load(xr, i) - l));
+      if constexpr (std::is_same_v<T, float>) {
+        exp_scale(xr, l, g, out, v);
+      } else {
+        for (int64_t i = 0; i < v; ++i) store(out, i, g * backend::exp_(load(xr, i) - l));
+      }
       store(out, lp[r], load(out, lp[r]) - g);
     }
   });

@@ -52,22 +52,23 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t r, 
       }
       return;
     }
-    // Reduce across rows: each thread owns a slice of `inner` columns for all outer blocks.
+    // Reduce across rows: work items are (outer block, column chunk); each output column is summed over r in
+    // order by one thread, so the bits do not depend on the thread count. Column chunks keep all threads busy
+    // when outer is 1 (bias gradients).
+    constexpr int64_t kChunk = 256;
+    const int64_t chunks = (inner + kChunk - 1) / kChunk;
     const int nt = threads_for(outer * r * inner);
-#pragma omp parallel num_threads(nt)
-    {
-      std::vector<double> acc(static_cast<size_t>(inner));
-#pragma omp for schedule(static)
-      for (int64_t o = 0; o < outer; ++o) {
-        std::fill(acc.begin(), acc.end(), init);
-        for (int64_t i = 0; i < r; ++i) {
-          const T* row = xp + (o * r + i) * inner;
-          for (int64_t j = 0; j < inner; ++j) acc[j] = combine(acc[j], static_cast<double>(load(row, j)));
-        }
-        for (int64_t j = 0; j < inner; ++j) store(yp, o * inner + j, acc[j] / denom);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t item = 0; item < outer * chunks; ++item) {
+      const int64_t o = item / chunks, j0 = (item % chunks) * kChunk, j1 = std::min(inner, j0 + kChunk);
+      double acc[kChunk];
+      for (int64_t j = j0; j < j1; ++j) acc[j - j0] = init;
+      for (int64_t i = 0; i < r; ++i) {
+        const T* row = xp + (o * r + i) * inner;
+        for (int64_t j = j0; j < j1; ++j) acc[j - j0] = combine(acc[j - j0], static_cast<double>(load(row, j)));
       }
+      for (int64_t j = j0; j < j1; ++j) store(yp, o * inner + j, acc[j - j0] / denom);
     }
-    (void)outer;
   });
 }
 
@@ -130,26 +131,26 @@ void CpuBackend::softmax(const Tensor& x, bool log, const Tensor& y) {
       const T* a = xp + row * n;
       T* out = yp + row * n;
       A mx = -std::numeric_limits<A>::infinity();
-#pragma omp simd reduction(max : mx)
-      for (int64_t i = 0; i < n; ++i) mx = std::max(mx, load(a, i));
+      if constexpr (std::is_same_v<T, float>) {
+        mx = row_max(a, n);
+      } else {
+        for (int64_t i = 0; i < n; ++i) mx = std::max(mx, load(a, i));
+      }
       if (mx == -std::numeric_limits<A>::infinity()) mx = 0;  // fully masked row: exp(-inf) = 0 everywhere
       A sum = 0;
       if (log) {
-#pragma omp simd reduction(+ : sum)
-        for (int64_t i = 0; i < n; ++i) sum += backend::exp_(load(a, i) - mx);
+        if constexpr (std::is_same_v<T, float>) {
+          sum = exp_sum(a, mx, nullptr, n);
+        } else {
+          for (int64_t i = 0; i < n; ++i) sum += backend::exp_(load(a, i) - mx);
+        }
         A lse = mx + std::log(sum);
 #pragma omp simd
         for (int64_t i = 0; i < n; ++i) store(out, i, load(a, i) - lse);
-      } else if constexpr (std::is_same_v<T, A>) {
-#pragma omp simd reduction(+ : sum)
-        for (int64_t i = 0; i < n; ++i) {
-          A e = backend::exp_(a[i] - mx);
-          out[i] = e;
-          sum += e;
-        }
-        A inv = A(1) / sum;
-#pragma omp simd
-        for (int64_t i = 0; i < n; ++i) out[i] *= inv;
+      } else if constexpr (std::is_same_v<T, float>) {
+        // The row is in L1 after the max pass: recomputing exp beats a second pass over stored terms.
+        sum = exp_sum(a, mx, nullptr, n);
+        exp_scale(a, mx, 1.0f / sum, out, n);
       } else {
         for (int64_t i = 0; i < n; ++i) sum += backend::exp_(load(a, i) - mx);
         A inv = A(1) / sum;

@@ -57,3 +57,94 @@ inline float fast_tanhf(float x) {
 }
 
 }  // namespace tr::cpu
+
+// Explicit AVX2 row kernels for the f32 softmax and cross-entropy hot loops (x86-64-v3 is our baseline), so
+// their speed does not hinge on the auto-vectorizer.
+#include <immintrin.h>
+
+namespace tr::cpu {
+
+inline __m256 exp8(__m256 x) {
+  const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-87.3365447504f);
+  const __m256 magic = _mm256_set1_ps(12582912.0f);
+  __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+  __m256 t = _mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), magic);
+  __m256 n = _mm256_sub_ps(t, magic);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), xc);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
+  y = _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
+  return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+// max over a row; NaN propagates.
+inline float row_max(const float* a, int64_t n) {
+  __m256 m = _mm256_set1_ps(-__builtin_inff()), nan = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(a + i);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    m = _mm256_max_ps(m, v);
+  }
+  float buf[8];
+  _mm256_storeu_ps(buf, m);
+  float r = buf[0];
+  for (int j = 1; j < 8; ++j) r = buf[j] > r ? buf[j] : r;
+  bool any_nan = _mm256_movemask_ps(nan) != 0;
+  for (; i < n; ++i) {
+    any_nan = any_nan || a[i] != a[i];
+    r = a[i] > r ? a[i] : r;
+  }
+  return any_nan ? __builtin_nanf("") : r;
+}
+
+// sum_i exp(a[i] - shift), optionally storing each term in out.
+inline float exp_sum(const float* a, float shift, float* out, int64_t n) {
+  const __m256 s = _mm256_set1_ps(shift);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256 e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(a + i), s));
+    __m256 e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(a + i + 8), s));
+    if (out) {
+      _mm256_storeu_ps(out + i, e0);
+      _mm256_storeu_ps(out + i + 8, e1);
+    }
+    acc0 = _mm256_add_ps(acc0, e0);
+    acc1 = _mm256_add_ps(acc1, e1);
+  }
+  float sum = hsum8(_mm256_add_ps(acc0, acc1));
+  for (; i < n; ++i) {
+    float e = fast_expf(a[i] - shift);
+    if (out) out[i] = e;
+    sum += e;
+  }
+  return sum;
+}
+
+// out[i] = exp(a[i] - shift) * scale
+inline void exp_scale(const float* a, float shift, float scale, float* out, int64_t n) {
+  const __m256 s = _mm256_set1_ps(shift), k = _mm256_set1_ps(scale);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(exp8(_mm256_sub_ps(_mm256_loadu_ps(a + i), s)), k));
+  for (; i < n; ++i) out[i] = fast_expf(a[i] - shift) * scale;
+}
+
+}  // namespace tr::cpu
