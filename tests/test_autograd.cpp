@@ -151,3 +151,36 @@ TEST(Checkpoint, LowersPeakMemoryOfADeepStack) {
 
 }  // namespace
 }  // namespace tr
+
+namespace tr {
+namespace {
+
+TEST(Autograd, MeanOverARepeatedDimCountsItOnce) {
+  Tensor x = test::randn({3, 4}, 5, DType::f64);
+  requires_grad_(x);
+  autograd::backward({sum(mean(x, {1, -1}))});
+  for (double g : test::values(x.grad())) EXPECT_DOUBLE_EQ(g, 0.25);
+}
+
+TEST(Checkpoint, UnusedInputsAndOutputsWithoutGradientsPassThrough) {
+  Tensor w = test::randn({3}, 6, DType::f64), h = test::randn({3}, 7, DType::f64);
+  requires_grad_(w);
+  requires_grad_(h);
+  Tensor a = w + 1.0;  // an input the region never uses
+  auto outs = autograd::checkpoint(
+      [](const std::vector<Tensor>& in) -> std::vector<Tensor> {
+        return {in[0] * 2.0, ops::argmax(in[0], 0), Tensor()};
+      },
+      {h, a});
+  ASSERT_EQ(outs.size(), 3u);
+  EXPECT_TRUE(outs[0].requires_grad());
+  EXPECT_FALSE(outs[1].requires_grad());
+  EXPECT_EQ(outs[1].dtype(), DType::i64);
+  EXPECT_FALSE(outs[2].defined());
+  autograd::backward({sum(outs[0])});
+  for (double g : test::values(h.grad())) EXPECT_DOUBLE_EQ(g, 2.0);
+  EXPECT_FALSE(w.grad().defined());  // no gradient flowed through the unused input
+}
+
+}  // namespace
+}  // namespace tr

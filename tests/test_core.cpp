@@ -271,3 +271,36 @@ TEST(Allocator, CpuCachesLargeBlocksAndEmptiesOnRequest) {
 
 }  // namespace
 }  // namespace tr
+
+namespace tr {
+namespace {
+
+TEST(Convert, F64ToHalfTypesRoundsOnceAndBoolTestsTheSourceValue) {
+  // Just above a bf16 tie: rounding through f32 first would land on the tie and round to even (down).
+  const double d = 1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -30);
+  EXPECT_EQ(double_to_bf16_bits(d), 0x3f81);
+  EXPECT_EQ(float_to_bf16_bits(static_cast<float>(d)), 0x3f80);  // the double rounding we avoid
+  const double h = 1.0 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40);  // same for f16 (ulp 2^-10)
+  EXPECT_EQ(double_to_half_bits(h), 0x3c01);
+  EXPECT_EQ(double_to_half_bits(1.0), 0x3c00);
+  EXPECT_EQ(double_to_half_bits(1e300), 0x7c00);
+  EXPECT_EQ(double_to_bf16_bits(-1e300), 0xff80);
+  Tensor x = ops::from_vector<double>({d, 1e-50, 0.0}, {3});
+  EXPECT_EQ(test::values(ops::to_dtype(x, DType::boolean)), (std::vector<double>{1, 1, 0}));
+  EXPECT_EQ(ops::to_dtype(x, DType::bf16).item_at(0), static_cast<double>(bf16_bits_to_float(0x3f81)));
+}
+
+TEST(Views, ScalarsAreRejectedByDimOps) {
+  Tensor s = ops::full({}, 2.0);
+  EXPECT_EQ(s.numel(), 1);
+  EXPECT_THROW(ops::cat({s, s}, 0), Error);
+  EXPECT_THROW(ops::transpose(s, 0, 0), Error);
+  EXPECT_THROW(ops::softmax(s, -1), Error);
+  EXPECT_THROW(ops::argmax(s, 0), Error);
+  EXPECT_THROW(s.size(0), Error);
+  EXPECT_EQ(ops::unsqueeze(s, 0).shape(), (Shape{1}));
+  EXPECT_EQ(ops::reduce(ops::ReduceOp::sum, s, {}, false).item(), 2.0);
+}
+
+}  // namespace
+}  // namespace tr

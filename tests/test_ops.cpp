@@ -532,3 +532,35 @@ TEST(Errors, ShapeDtypeAndIndexMistakesNameTheOp) {
 
 }  // namespace
 }  // namespace tr
+
+namespace tr {
+namespace {
+
+TEST(EdgeCases, TopkRanksNanFirstOnEveryBackend) {
+  for (Device dev : test::test_devices()) {
+    Tensor x = ops::to_device(ops::from_vector<float>({1.0f, NAN, 3.0f, 3.0f, -1.0f}, {1, 5}), dev);
+    auto r = ops::topk(x, 4);
+    EXPECT_EQ(test::values(r.indices), (std::vector<double>{1, 2, 3, 0})) << dev.str();
+    auto v = test::values(r.values);
+    EXPECT_TRUE(std::isnan(v[0]));
+    EXPECT_EQ(v[1], 3.0);
+  }
+}
+
+TEST(EdgeCases, EmptyInnerDimMatmulIsZeroEvenInPoisonedMemory) {
+  for (Device dev : test::test_devices()) {
+    ops::allocator_for(dev).set_poison(true);
+    Tensor y = ops::matmul(ops::zeros({4, 0}, DType::f32, dev), ops::zeros({0, 3}, DType::f32, dev));
+    ops::allocator_for(dev).set_poison(false);
+    EXPECT_EQ(test::values(y), std::vector<double>(12, 0.0)) << dev.str();
+  }
+}
+
+TEST(EdgeCases, InPlaceAddWithAnOverlappingTransposedOperand) {
+  Tensor x = ops::from_vector<float>({1, 2, 3, 4}, {2, 2});
+  ops::binary_(BinaryOp::add, x, ops::transpose(x, 0, 1));
+  EXPECT_EQ(test::values(x), (std::vector<double>{2, 5, 5, 8}));
+}
+
+}  // namespace
+}  // namespace tr

@@ -21,16 +21,24 @@ std::vector<Tensor> checkpoint(const RegionFn& fn, const std::vector<Tensor>& in
   if (!any || !grad_enabled()) return outs;
 
   // Drop the region's graph (and with it every activation it saved); keep only the outputs' values.
+  // Outputs that need no gradient (undefined, integer, or independent of anything trainable) pass through.
   std::vector<Tensor> results;
   std::vector<Tensor*> outp;
-  for (const auto& o : outs) results.push_back(detach(o));
+  for (const auto& o : outs) results.push_back(o.defined() && o.requires_grad() ? detach(o) : o);
+  for (size_t i = 0; i < results.size(); ++i)
+    if (outs[i].defined() && outs[i].requires_grad()) outp.push_back(&results[i]);
+  std::vector<bool> attached;
+  for (const auto& o : outs) attached.push_back(o.defined() && o.requires_grad());
   outs.clear();
-  for (auto& r : results) outp.push_back(&r);
   std::vector<const Tensor*> inp;
   for (const auto& x : inputs) inp.push_back(&x);
   std::vector<bool> in_grad;
   for (const auto& x : inputs) in_grad.push_back(x.requires_grad());
-  record("checkpoint", inp, outp, [fn, inputs, in_grad, rng, gens = options.generators](const Grads& g) -> Grads {
+  record("checkpoint", inp, outp, [fn, inputs, in_grad, rng, attached, gens = options.generators](const Grads& g_attached) -> Grads {
+    // Spread the attached outputs' gradients back over all outputs.
+    Grads g(attached.size());
+    for (size_t i = 0, j = 0; i < attached.size(); ++i)
+      if (attached[i]) g[i] = g_attached[j++];
     // Rewind the generators for the recomputation, then put them back.
     std::vector<Generator::State> now;
     for (size_t i = 0; i < gens.size(); ++i) {

@@ -160,8 +160,13 @@ Shape keep_shape(const Tensor& x, std::vector<int64_t> dims) {
 
 int64_t reduced_count(const Tensor& x, const std::vector<int64_t>& dims) {
   if (dims.empty()) return x.numel();
+  std::vector<bool> seen(static_cast<size_t>(x.dim()), false);
   int64_t n = 1;
-  for (auto d : dims) n *= x.shape()[wrap_dim(d, x.dim(), "reduce")];
+  for (auto d : dims) {
+    const int64_t w = wrap_dim(d, x.dim(), "reduce");
+    if (!seen[static_cast<size_t>(w)]) n *= x.shape()[w];
+    seen[static_cast<size_t>(w)] = true;
+  }
   return n;
 }
 

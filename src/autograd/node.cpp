@@ -164,7 +164,9 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     ready.pop();
     Grads in = std::move(buffers[node.get()]);
     buffers.erase(node.get());
-    Grads out = node->apply(std::move(in));
+    // No gradient reached this node (e.g. an unused output of split or checkpoint): nothing flows on.
+    const bool any = std::any_of(in.begin(), in.end(), [](const Tensor& t) { return t.defined(); });
+    Grads out = any ? node->apply(std::move(in)) : Grads{};
     TR_CHECK(out.size() == node->next_edges.size() || out.empty(),
              "autograd: '{}' returned {} gradients for {} inputs", node->name(), out.size(), node->next_edges.size());
     for (size_t i = 0; i < node->next_edges.size(); ++i) {

@@ -72,9 +72,9 @@ Strides contiguous_strides(const Shape& s) {
 std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
-  int64_t n = std::max<int64_t>(ndim, 1);
-  TR_CHECK(dim >= -n && dim < n, "{}: dim {} out of range for a tensor of rank {}", op, dim, ndim);
-  return dim < 0 ? dim + n : dim;
+  TR_CHECK(ndim > 0, "{}: needs a tensor with at least one dim, got a scalar (rank 0)", op);
+  TR_CHECK(dim >= -ndim && dim < ndim, "{}: dim {} out of range for a tensor of rank {}", op, dim, ndim);
+  return dim < 0 ? dim + ndim : dim;
 }
 
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {

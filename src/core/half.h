@@ -1,6 +1,7 @@
 // bf16 and f16 storage types with IEEE round-to-nearest-even conversions (NaN, Inf and subnormals exact).
 #pragma once
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 
 namespace tr {
@@ -62,10 +63,23 @@ inline float half_bits_to_float(uint16_t h) {
   return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
 }
 
+// f64 -> f32 rounded to odd (truncate, then set the last bit if anything was lost): a second rounding of
+// that value to bf16/f16 (which have far fewer bits) is then exactly the correctly rounded f64 result.
+inline float f64_to_f32_round_odd(double d) {
+  float f = static_cast<float>(d);
+  if (f != f || static_cast<double>(f) == d) return f;
+  if (std::fabs(static_cast<double>(f)) > std::fabs(d)) f = std::nextafter(f, 0.0f);
+  uint32_t u = f32_bits(f) | 1u;
+  return bits_f32(u);
+}
+inline uint16_t double_to_bf16_bits(double d) { return float_to_bf16_bits(f64_to_f32_round_odd(d)); }
+inline uint16_t double_to_half_bits(double d) { return float_to_half_bits(f64_to_f32_round_odd(d)); }
+
 struct BFloat16 {
   uint16_t bits;
   BFloat16() = default;
   explicit BFloat16(float f) : bits(float_to_bf16_bits(f)) {}
+  explicit BFloat16(double d) : bits(double_to_bf16_bits(d)) {}
   operator float() const { return bf16_bits_to_float(bits); }
 };
 
@@ -73,6 +87,7 @@ struct Half {
   uint16_t bits;
   Half() = default;
   explicit Half(float f) : bits(float_to_half_bits(f)) {}
+  explicit Half(double d) : bits(double_to_half_bits(d)) {}
   operator float() const { return half_bits_to_float(bits); }
 };
 

@@ -52,7 +52,10 @@ void binary_(BinaryOp op, const Tensor& out, const Tensor& b) {
   const char* name = backend::binary_name(op);
   check_pair(name, out, b);
   TR_CHECK(out.is_contiguous(), "{}_: in-place target {} must be contiguous", name, out.describe());
-  Tensor bb = expand(b, out.shape());
+  // An operand that shares memory with the target in another layout would be read after being written.
+  const bool overlap = b.storage() == out.storage() && !(b.shape() == out.shape() && b.strides() == out.strides() &&
+                                                         b.offset() == out.offset());
+  Tensor bb = expand(overlap ? clone(b) : b, out.shape());
   if (runs(out)) be(out).binary(op, out, bb, out);
 }
 

@@ -243,6 +243,10 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& labels, const 
                               int64_t ignore_index) {
   TR_CHECK(grad_loss.numel() == labels.numel() && grad_loss.dtype() == lse.dtype(),
            "cross_entropy_backward: grad {} does not match labels {}", grad_loss.describe(), labels.describe());
+  TR_CHECK(labels.device() == logits.device() && lse.device() == logits.device() &&
+               grad_loss.device() == logits.device(),
+           "cross_entropy_backward: logits {}, labels {} and grad {} must be on one device", logits.describe(),
+           labels.describe(), grad_loss.describe());
   Tensor lc = contiguous(logits), yc = contiguous(labels), gc = contiguous(grad_loss);
   Tensor g = empty(logits.shape(), logits.dtype(), logits.device());
   if (runs(g)) be(logits).cross_entropy_backward(lc, yc, lse, gc, ignore_index, g);
@@ -266,6 +270,8 @@ Tensor embedding_backward(const Tensor& gy, const Tensor& ids, int64_t num_rows)
   const int64_t d = gy.size(-1);
   TR_CHECK(gy.numel() == ids.numel() * d, "embedding_backward: grad {} does not match indices {}", gy.describe(),
            ids.describe());
+  TR_CHECK(ids.dtype() == DType::i64 && ids.device() == gy.device(),
+           "embedding_backward: indices {} must be int64 on the grad's device ({})", ids.describe(), gy.describe());
   Tensor gc = contiguous(gy), ic = contiguous(ids);
   Tensor gw = empty({num_rows, d}, gy.dtype(), gy.device());
   if (runs(gw)) {
@@ -300,6 +306,9 @@ Tensor rope(const Tensor& x, const RopeTables& t, const Tensor& positions, bool 
            "rope: positions {} do not match batch {} x sequence {}", positions.describe(), B, T);
   TR_CHECK(t.cos.dim() == 2 && t.cos.size(1) == x.size(3) / 2, "rope: tables {} do not match head dim {}",
            t.cos.describe(), x.size(3));
+  TR_CHECK(positions.device() == x.device() && t.cos.device() == x.device() && t.sin.device() == x.device(),
+           "rope: input {}, positions {} and tables {} must be on one device", x.describe(), positions.describe(),
+           t.cos.describe());
   Tensor xc = contiguous(x), pc = contiguous(positions);
   Tensor y = empty(x.shape(), x.dtype(), x.device());
   if (runs(y)) be(x).rope(xc, t.cos, t.sin, pc, seq_major, inverse, y);

@@ -42,9 +42,11 @@ void dispatch_binary(BinaryOp op, F&& f) {
 template <typename S, typename D>
 inline D convert(S v) {
   if constexpr (std::is_same_v<D, bool>) {
-    return static_cast<float>(v) != 0.0f;
+    if constexpr (std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>) return static_cast<float>(v) != 0.0f;
+    else return v != S(0);
   } else if constexpr (std::is_same_v<D, Half> || std::is_same_v<D, BFloat16>) {
-    return D(static_cast<float>(v));
+    if constexpr (std::is_same_v<S, double>) return D(v);  // one rounding, straight from f64
+    else return D(static_cast<float>(v));
   } else if constexpr (std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>) {
     return static_cast<D>(static_cast<float>(v));
   } else {

@@ -52,8 +52,9 @@ void CpuBackend::gemm(const backend::GemmArgs& g) {
   const auto tb = g.trans_b ? CblasTrans : CblasNoTrans;
   const int64_t mn = g.m * g.n;
   if (g.k == 0) {
-    // Nothing to multiply: c = beta * c.
-    affine(g.c, g.beta, 0.0, g.c);
+    // Nothing to multiply: c = beta * c (c may hold garbage when beta is 0).
+    if (g.beta == 0.0) fill(g.c, 0.0);
+    else affine(g.c, g.beta, 0.0, g.c);
     return;
   }
   switch (g.c.dtype()) {

@@ -101,14 +101,19 @@ void CpuBackend::topk(const Tensor& x, int64_t k, const Tensor& values, const Te
     const T* xp = static_cast<const T*>(x.data_ptr());
     T* vp = static_cast<T*>(values.data_ptr());
     int64_t* ip = static_cast<int64_t*>(indices.data_ptr());
+    std::vector<std::vector<int64_t>> scratch(static_cast<size_t>(omp_get_max_threads()),
+                                              std::vector<int64_t>(static_cast<size_t>(n)));
 #pragma omp parallel for num_threads(threads_for(rows * n))
     for (int64_t row = 0; row < rows; ++row) {
-      std::vector<int64_t> idx(static_cast<size_t>(n));
+      std::vector<int64_t>& idx = scratch[static_cast<size_t>(omp_get_thread_num())];
       std::iota(idx.begin(), idx.end(), 0);
       const T* rp = xp + row * n;
+      // Strict order: NaN above everything (as torch), then value descending, then index ascending.
       std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int64_t a, int64_t b) {
         double va = static_cast<double>(load(rp, a)), vb = static_cast<double>(load(rp, b));
-        if (va != vb) return va > vb;
+        const bool na = va != va, nb = vb != vb;
+        if (na != nb) return na;
+        if (!na && va != vb) return va > vb;
         return a < b;
       });
       for (int64_t j = 0; j < k; ++j) {

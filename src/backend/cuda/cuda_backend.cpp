@@ -51,9 +51,12 @@ class CudaAllocator final : public Allocator {
   explicit CudaAllocator(int index) : index_(index) {}
   void* allocate(size_t nbytes) override {
     if (nbytes == 0) return nullptr;
+    int prev = 0;
+    TR_CUDA_CHECK(cudaGetDevice(&prev));
     TR_CUDA_CHECK(cudaSetDevice(index_));
     void* p = nullptr;
     cudaError_t e = cudaMalloc(&p, nbytes);
+    cudaSetDevice(prev);  // leave the caller's current device as it was
     if (e != cudaSuccess) {
       cudaGetLastError();
       size_t free_b = 0, total_b = 0;

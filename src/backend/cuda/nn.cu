@@ -1,6 +1,7 @@
 // CUDA LayerNorm / RMSNorm (forward, backward), cross-entropy (forward saves logsumexp; backward recomputes
 // softmax, never storing probabilities), embedding gather and deterministic scatter-add, rotary embedding.
 // Weight/bias gradients are reduced by one thread per column walking the rows in order: deterministic.
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/common.cuh"
@@ -169,8 +170,8 @@ __global__ void embedding_kernel(const T* w, const int64_t* ids, T* out, int64_t
 
 template <typename T>
 __global__ void embedding_backward_kernel(const T* gy, const int64_t* order, const int64_t* starts, const int64_t* uid,
-                                          T* gw, int64_t d) {
-  const int64_t u = blockIdx.y;
+                                          int64_t n_unique, T* gw, int64_t d) {
+  for (int64_t u = blockIdx.y; u < n_unique; u += gridDim.y)
   for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < d;
        j += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     acc_t<T> s = 0;
@@ -306,8 +307,10 @@ void embedding_backward(DType dt, const void* gy, const int64_t* order, const in
   fill(gw, dt, v * d, 0.0);
   if (n_unique == 0) return;
   dispatch_float(dt, [&]<typename T>() {
-    dim3 grid(static_cast<unsigned>((d + 127) / 128), static_cast<unsigned>(n_unique));
-    embedding_backward_kernel<T><<<grid, 128>>>(static_cast<const T*>(gy), order, starts, uid, static_cast<T*>(gw), d);
+    // gridDim.y is capped at 65535: the kernel strides over the unique ids.
+    dim3 grid(static_cast<unsigned>((d + 127) / 128), static_cast<unsigned>(std::min<int64_t>(n_unique, 65535)));
+    embedding_backward_kernel<T><<<grid, 128>>>(static_cast<const T*>(gy), order, starts, uid, n_unique,
+                                                static_cast<T*>(gw), d);
   });
   TR_CUDA_LAUNCH_CHECK("embedding_backward");
 }

@@ -53,16 +53,22 @@ __global__ void topk_kernel(const T* x, T* vals, int64_t* idx, int64_t rows, int
   for (int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; row < rows;
        row += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     const T* xr = x + row * n;
-    double prev = INFINITY;
+    // Strict order, as on the CPU: NaN first, then value descending, then index ascending.
+    auto before = [](double va, int64_t ia, double vb, int64_t ib) {
+      const bool na = va != va, nb = vb != vb;
+      if (na != nb) return na;
+      if (!na && va != vb) return va > vb;
+      return ia < ib;
+    };
+    double prev = 0;
     int64_t prev_i = -1;
     for (int64_t j = 0; j < k; ++j) {
       int64_t bi = -1;
-      double bv = -INFINITY;
+      double bv = 0;
       for (int64_t i = 0; i < n; ++i) {
         double v = static_cast<double>(ld(xr, i));
-        // next in (value desc, index asc) order after (prev, prev_i)
-        bool after = v < prev || (v == prev && i > prev_i);
-        if (after && (bi < 0 || v > bv)) {
+        const bool after = prev_i < 0 || before(prev, prev_i, v, i);
+        if (after && (bi < 0 || before(v, i, bv, bi))) {
           bv = v;
           bi = i;
         }
