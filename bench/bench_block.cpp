@@ -32,18 +32,20 @@ int main(int argc, char** argv) {
   // FLOPs: 6 * params * tokens for the linears, plus attention (QK^T and AV: 4*B*T*T*d fwd, x3 with bwd).
   const double tokens = static_cast<double>(B * T);
   const double flops = 6.0 * 12.0 * d * d * tokens + 3.0 * 4.0 * B * T * T * d;
-  std::printf("block B=%lld T=%lld d=%lld H=%lld fp32 fwd+bwd on %s, %d threads\n", (long long)B, (long long)T,
-              (long long)d, (long long)H, dev.str().c_str(), omp_get_max_threads());
+  std::printf("block B=%lld T=%lld d=%lld H=%lld fp32 fwd+bwd on %s, %d threads\n", (long long)B,
+              (long long)T, (long long)d, (long long)H, dev.str().c_str(), omp_get_max_threads());
   std::printf("  trainer.cpp : %8.1f ms  %6.1f GFLOP/s  %8.0f tokens/s  peak %.1f MiB\n", ours * 1e3,
               flops / ours * 1e-9, tokens / ours, peak_mb);
-  auto peer = bench::run_torch_peer(fmt::format("block {} {} {} {} {} {}", B, T, d, H, iters, dev.is_cuda() ? "cuda" : "cpu"));
+  auto peer = bench::run_torch_peer(
+      fmt::format("block {} {} {} {} {} {}", B, T, d, H, iters, dev.is_cuda() ? "cuda" : "cpu"));
   if (peer.is_null()) {
     std::printf("  pytorch     : unavailable (install with scripts/setup.sh --bench)\n");
     return 0;
   }
   const double theirs = peer["seconds"].get<double>();
-  std::printf("  pytorch %s : %8.1f ms  %6.1f GFLOP/s  %8.0f tokens/s  (torch %s)\n", dev.is_cuda() ? "cuda" : "cpu",
-              theirs * 1e3, flops / theirs * 1e-9, tokens / theirs, peer.value("torch", "?").c_str());
+  std::printf("  pytorch %s : %8.1f ms  %6.1f GFLOP/s  %8.0f tokens/s  (torch %s)\n",
+              dev.is_cuda() ? "cuda" : "cpu", theirs * 1e3, flops / theirs * 1e-9, tokens / theirs,
+              peer.value("torch", "?").c_str());
   std::printf("  time ratio trainer.cpp / pytorch = %.3f  (< 1 is faster)\n", ours / theirs);
   return 0;
 }

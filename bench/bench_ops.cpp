@@ -23,19 +23,22 @@ int main(int argc, char** argv) {
   for (int64_t n : {512, 1024, 2048}) {
     Tensor a = ops::randn({n, n}, gen), b = ops::randn({n, n}, gen);
     double t = bench::median_seconds([&] { ops::matmul(a, b); }, iters);
-    row(fmt::format("matmul f32 {}^3", n).c_str(), fmt::format("matmul_{}", n), t, 2.0 * n * n * n, "GFLOP/s");
+    row(fmt::format("matmul f32 {}^3", n).c_str(), fmt::format("matmul_{}", n), t, 2.0 * n * n * n,
+        "GFLOP/s");
   }
   {
     const int64_t n = 1024;
-    Tensor a = ops::to_dtype(ops::randn({n, n}, gen), DType::bf16), b = ops::to_dtype(ops::randn({n, n}, gen), DType::bf16);
+    Tensor a = ops::to_dtype(ops::randn({n, n}, gen), DType::bf16),
+           b = ops::to_dtype(ops::randn({n, n}, gen), DType::bf16);
     double t = bench::median_seconds([&] { ops::matmul(a, b); }, iters);
     row("matmul bf16 1024^3", "-", t, 2.0 * n * n * n, "GFLOP/s");
   }
   Tensor x = ops::randn({8192, 1024}, gen), w = ops::ones({1024}), bias = ops::zeros({1024});
   const double bytes = 2.0 * 8192 * 1024 * 4;  // read x, write y
-  row("layer_norm 8192x1024", "layer_norm", bench::median_seconds([&] { ops::layer_norm(x, w, bias, 1e-5); }, iters),
-      bytes, "GB/s");
-  row("softmax 8192x1024", "softmax", bench::median_seconds([&] { ops::softmax(x, -1); }, iters), bytes, "GB/s");
+  row("layer_norm 8192x1024", "layer_norm",
+      bench::median_seconds([&] { ops::layer_norm(x, w, bias, 1e-5); }, iters), bytes, "GB/s");
+  row("softmax 8192x1024", "softmax", bench::median_seconds([&] { ops::softmax(x, -1); }, iters), bytes,
+      "GB/s");
   Tensor logits = ops::randn({512, 50257}, gen);
   std::vector<int64_t> lab(512);
   for (size_t i = 0; i < lab.size(); ++i) lab[i] = static_cast<int64_t>(i * 97 % 50257);

@@ -33,11 +33,12 @@ inline nlohmann::json run_torch_peer(const std::string& args) {
   const char* py = std::getenv("TRAINER_TORCH_PYTHON");
   const char* dir_env = std::getenv("TRAINER_BENCH_DIR");  // where torch_peer.py is, when run from elsewhere
   const std::string dir = dir_env ? dir_env : TRAINER_BENCH_DIR;
-  // torch_peer.py takes the mode, then the thread count (ours, so both sides use the same cores), then the rest.
+  // torch_peer.py takes the mode, then the thread count (ours, so both sides use the same cores), then the
+  // rest.
   const auto sp = args.find(' ');
   const std::string mode = args.substr(0, sp), rest = sp == std::string::npos ? "" : args.substr(sp + 1);
-  const std::string cmd = std::string(py ? py : "/usr/bin/python3") + " " + dir + "/torch_peer.py " +
-                          mode + " " + std::to_string(omp_get_max_threads()) + " " + rest + " 2>/dev/null";
+  const std::string cmd = std::string(py ? py : "/usr/bin/python3") + " " + dir + "/torch_peer.py " + mode +
+                          " " + std::to_string(omp_get_max_threads()) + " " + rest + " 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return nullptr;
   std::string out;

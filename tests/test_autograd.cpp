@@ -81,8 +81,9 @@ std::vector<Tensor> grads_of(bool use_checkpoint, bool input_requires_grad) {
   for (const Tensor* w : {&m.w1, &m.w2}) {
     if (use_checkpoint) {
       const Tensor wt = *w;
-      h = autograd::checkpoint([&, wt](const std::vector<Tensor>& in) -> std::vector<Tensor> { return {layer(in[0], wt)}; },
-                               {h}, {{&drop}})[0];
+      h = autograd::checkpoint(
+          [&, wt](const std::vector<Tensor>& in) -> std::vector<Tensor> { return {layer(in[0], wt)}; }, {h},
+          {{&drop}})[0];
     } else {
       h = layer(h, *w);
     }
@@ -99,7 +100,8 @@ TEST(Checkpoint, GradientsEqualTheUncheckpointedOnesBitForBit) {
     ASSERT_EQ(plain.size(), ckpt.size());
     for (size_t i = 0; i < plain.size(); ++i) {
       ASSERT_TRUE(ckpt[i].defined()) << "gradient " << i << " missing with checkpointing";
-      EXPECT_EQ(test::values(plain[i]), test::values(ckpt[i])) << "gradient " << i << " input_grad=" << input_grad;
+      EXPECT_EQ(test::values(plain[i]), test::values(ckpt[i]))
+          << "gradient " << i << " input_grad=" << input_grad;
     }
   }
 }
@@ -118,9 +120,11 @@ int64_t block_stack_peak(Device dev, int layers, bool use_checkpoint, int64_t ba
     Tensor h = x;
     for (auto& b : blocks) {
       if (use_checkpoint) {
-        h = autograd::checkpoint([&b, &mask](const std::vector<Tensor>& in) -> std::vector<Tensor> {
+        h = autograd::checkpoint(
+            [&b, &mask](const std::vector<Tensor>& in) -> std::vector<Tensor> {
               return {test::block_forward(b, in[0], mask)};
-            }, {h})[0];
+            },
+            {h})[0];
       } else {
         h = test::block_forward(b, h, mask);
       }

@@ -27,10 +27,24 @@ TEST(Half, AllHalfValuesRoundTripExactly) {
 }
 
 TEST(Half, MatchesF16cOnEdgesAndRandomFloats) {
-  std::vector<float> edge = {0.0f, -0.0f, 65504.0f, 65519.996f, 65520.0f, 1e10f, -1e10f, 5.96e-8f, 2.98e-8f,
-                             2.9802322e-08f, 2.9802326e-08f, 6.1035156e-05f, 6.097e-05f, 1.0f + 1.0f / 2048,
-                             1.0f + 3.0f / 2048, std::numeric_limits<float>::infinity(),
-                             -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::denorm_min()};
+  std::vector<float> edge = {0.0f,
+                             -0.0f,
+                             65504.0f,
+                             65519.996f,
+                             65520.0f,
+                             1e10f,
+                             -1e10f,
+                             5.96e-8f,
+                             2.98e-8f,
+                             2.9802322e-08f,
+                             2.9802326e-08f,
+                             6.1035156e-05f,
+                             6.097e-05f,
+                             1.0f + 1.0f / 2048,
+                             1.0f + 3.0f / 2048,
+                             std::numeric_limits<float>::infinity(),
+                             -std::numeric_limits<float>::infinity(),
+                             std::numeric_limits<float>::denorm_min()};
   for (float f : edge) EXPECT_EQ(float_to_half_bits(f), f16c(f)) << f;
   uint64_t s = 12345;
   for (int i = 0; i < 2000000; ++i) {
@@ -279,7 +293,7 @@ TEST(Convert, F64ToHalfTypesRoundsOnceAndBoolTestsTheSourceValue) {
   // Just above a bf16 tie: rounding through f32 first would land on the tie and round to even (down).
   const double d = 1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -30);
   EXPECT_EQ(double_to_bf16_bits(d), 0x3f81);
-  EXPECT_EQ(float_to_bf16_bits(static_cast<float>(d)), 0x3f80);  // the double rounding we avoid
+  EXPECT_EQ(float_to_bf16_bits(static_cast<float>(d)), 0x3f80);        // the double rounding we avoid
   const double h = 1.0 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40);  // same for f16 (ulp 2^-10)
   EXPECT_EQ(double_to_half_bits(h), 0x3c01);
   EXPECT_EQ(double_to_half_bits(1.0), 0x3c00);

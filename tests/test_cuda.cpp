@@ -82,7 +82,8 @@ TEST(CudaDevice, TransformerBlockGradientsMatchTheCpu) {
     return worst <= tol * std::max(scale, 1e-30);
   };
   EXPECT_TRUE(close(outs[1], outs[0], 1e-5));
-  for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_TRUE(close(grads[1][i], grads[0][i], 1e-4)) << "gradient " << i;
+  for (size_t i = 0; i < grads[0].size(); ++i)
+    EXPECT_TRUE(close(grads[1][i], grads[0][i], 1e-4)) << "gradient " << i;
 }
 
 }  // namespace

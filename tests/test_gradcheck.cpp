@@ -73,7 +73,11 @@ Tensor causal_mask(int64_t t) {
 std::vector<GradCase> cases() {
   std::vector<GradCase> c;
   auto bin = [&](const std::string& op, auto f) {
-    c.push_back({op, op + "_broadcast", [] { return Inputs{rnd({3, 1, 4}, 1), rnd({2, 1}, 2, 0.5, 1.5)}; }, f});
+    c.push_back({op, op + "_broadcast",
+                 [] {
+                   return Inputs{rnd({3, 1, 4}, 1), rnd({2, 1}, 2, 0.5, 1.5)};
+                 },
+                 f});
   };
   bin("add", [](const Inputs& x) { return x[0] + x[1]; });
   bin("sub", [](const Inputs& x) { return x[0] - x[1]; });
@@ -82,7 +86,11 @@ std::vector<GradCase> cases() {
   bin("maximum", [](const Inputs& x) { return maximum(x[0], x[1]); });
   bin("minimum", [](const Inputs& x) { return minimum(x[0], x[1]); });
   auto un = [&](const std::string& op, bool positive, auto f) {
-    c.push_back({op, op, [positive] { return Inputs{positive ? rnd({3, 5}, 3, 0.3, 2.0) : rnd({3, 5}, 3)}; }, f});
+    c.push_back({op, op,
+                 [positive] {
+                   return Inputs{positive ? rnd({3, 5}, 3, 0.3, 2.0) : rnd({3, 5}, 3)};
+                 },
+                 f});
   };
   un("neg", false, [](const Inputs& x) { return neg(x[0]); });
   un("exp", false, [](const Inputs& x) { return exp(x[0]); });
@@ -101,65 +109,176 @@ std::vector<GradCase> cases() {
   un("affine", false, [](const Inputs& x) { return affine(x[0], -1.5, 0.25); });
   un("pow", true, [](const Inputs& x) { return pow(x[0], 2.5); });
   // f64 -> f32 -> f64 rounds, so a wider step keeps the f32 rounding noise out of the difference quotient.
-  c.push_back({"cast", "cast_f32_roundtrip", [] { return Inputs{rnd({3, 5}, 3)}; },
-               [](const Inputs& x) { return cast(cast(x[0], DType::f32), DType::f64) * x[0]; }, 1e-3, 1e-3, 1e-4});
-  c.push_back({"masked_fill", "masked_fill_causal", [] { return Inputs{rnd({2, 4, 4}, 4)}; },
+  c.push_back({"cast", "cast_f32_roundtrip",
+               [] {
+                 return Inputs{rnd({3, 5}, 3)};
+               },
+               [](const Inputs& x) { return cast(cast(x[0], DType::f32), DType::f64) * x[0]; }, 1e-3, 1e-3,
+               1e-4});
+  c.push_back({"masked_fill", "masked_fill_causal",
+               [] {
+                 return Inputs{rnd({2, 4, 4}, 4)};
+               },
                [](const Inputs& x) { return masked_fill(x[0], causal_mask(4), -1e4); }});
-  c.push_back({"dropout", "dropout_p0.3", [] { return Inputs{rnd({4, 8}, 5)}; },
+  c.push_back({"dropout", "dropout_p0.3",
+               [] {
+                 return Inputs{rnd({4, 8}, 5)};
+               },
                [](const Inputs& x) {
                  Generator g(11);  // fresh per call: the same mask for every evaluation
                  return dropout(x[0], 0.3, g);
                }});
-  c.push_back({"sum", "sum_dims", [] { return Inputs{rnd({2, 3, 4}, 6)}; }, [](const Inputs& x) { return sum(x[0], {0, 2}, true); }});
-  c.push_back({"sum", "sum_all", [] { return Inputs{rnd({2, 3}, 7)}; }, [](const Inputs& x) { return sum(x[0]); }});
-  c.push_back({"mean", "mean_last", [] { return Inputs{rnd({2, 3, 4}, 8)}; }, [](const Inputs& x) { return mean(x[0], {-1}); }});
-  c.push_back({"amax", "amax_dim1", [] { return Inputs{rnd({3, 5, 2}, 9)}; }, [](const Inputs& x) { return amax(x[0], {1}); }});
-  c.push_back({"softmax", "softmax_dim1", [] { return Inputs{rnd({3, 6, 2}, 10)}; }, [](const Inputs& x) { return softmax(x[0], 1); }});
-  c.push_back({"log_softmax", "log_softmax_last", [] { return Inputs{rnd({3, 7}, 11)}; }, [](const Inputs& x) { return log_softmax(x[0], -1); }});
+  c.push_back({"sum", "sum_dims",
+               [] {
+                 return Inputs{rnd({2, 3, 4}, 6)};
+               },
+               [](const Inputs& x) {
+                 return sum(x[0], {0, 2}, true);
+               }});
+  c.push_back({"sum", "sum_all",
+               [] {
+                 return Inputs{rnd({2, 3}, 7)};
+               },
+               [](const Inputs& x) { return sum(x[0]); }});
+  c.push_back({"mean", "mean_last",
+               [] {
+                 return Inputs{rnd({2, 3, 4}, 8)};
+               },
+               [](const Inputs& x) { return mean(x[0], {-1}); }});
+  c.push_back({"amax", "amax_dim1",
+               [] {
+                 return Inputs{rnd({3, 5, 2}, 9)};
+               },
+               [](const Inputs& x) { return amax(x[0], {1}); }});
+  c.push_back({"softmax", "softmax_dim1",
+               [] {
+                 return Inputs{rnd({3, 6, 2}, 10)};
+               },
+               [](const Inputs& x) { return softmax(x[0], 1); }});
+  c.push_back({"log_softmax", "log_softmax_last",
+               [] {
+                 return Inputs{rnd({3, 7}, 11)};
+               },
+               [](const Inputs& x) { return log_softmax(x[0], -1); }});
   for (int t = 0; t < 4; ++t) {
     const bool ta = t & 1, tb = t & 2;
-    c.push_back({"matmul", fmt::format("matmul_ta{}_tb{}", ta, tb),
-                 [ta, tb] { return Inputs{rnd(ta ? Shape{4, 3} : Shape{3, 4}, 12), rnd(tb ? Shape{5, 4} : Shape{4, 5}, 13)}; },
-                 [ta, tb](const Inputs& x) { return matmul(x[0], x[1], ta, tb); }});
+    c.push_back(
+        {"matmul", fmt::format("matmul_ta{}_tb{}", ta, tb),
+         [ta, tb] {
+           return Inputs{rnd(ta ? Shape{4, 3} : Shape{3, 4}, 12), rnd(tb ? Shape{5, 4} : Shape{4, 5}, 13)};
+         },
+         [ta, tb](const Inputs& x) { return matmul(x[0], x[1], ta, tb); }});
   }
-  c.push_back({"matmul", "matmul_batched_broadcast", [] { return Inputs{rnd({2, 3, 4}, 14), rnd({4, 2}, 15)}; },
+  c.push_back({"matmul", "matmul_batched_broadcast",
+               [] {
+                 return Inputs{rnd({2, 3, 4}, 14), rnd({4, 2}, 15)};
+               },
                [](const Inputs& x) { return matmul(x[0], x[1]); }});
-  c.push_back({"linear", "linear_bias", [] { return Inputs{rnd({2, 3, 4}, 16), rnd({5, 4}, 17), rnd({5}, 18)}; },
+  c.push_back({"linear", "linear_bias",
+               [] {
+                 return Inputs{rnd({2, 3, 4}, 16), rnd({5, 4}, 17), rnd({5}, 18)};
+               },
                [](const Inputs& x) { return linear(x[0], x[1], x[2]); }});
-  c.push_back({"layer_norm", "layer_norm_affine", [] { return Inputs{rnd({3, 8}, 19), rnd({8}, 20), rnd({8}, 21)}; },
+  c.push_back({"layer_norm", "layer_norm_affine",
+               [] {
+                 return Inputs{rnd({3, 8}, 19), rnd({8}, 20), rnd({8}, 21)};
+               },
                [](const Inputs& x) { return layer_norm(x[0], x[1], x[2], 1e-5); }});
-  c.push_back({"rms_norm", "rms_norm_weight", [] { return Inputs{rnd({3, 8}, 22), rnd({8}, 23)}; },
+  c.push_back({"rms_norm", "rms_norm_weight",
+               [] {
+                 return Inputs{rnd({3, 8}, 22), rnd({8}, 23)};
+               },
                [](const Inputs& x) { return rms_norm(x[0], x[1], 1e-6); }});
-  c.push_back({"cross_entropy", "cross_entropy_mean_ignore", [] { return Inputs{rnd({5, 6}, 24, -3, 3)}; },
-               [](const Inputs& x) { return cross_entropy(x[0], ops::from_vector<int64_t>({1, -100, 5, 0, 2}, {5})); }});
-  c.push_back({"cross_entropy", "cross_entropy_sum", [] { return Inputs{rnd({2, 2, 5}, 25, -3, 3)}; },
+  c.push_back({"cross_entropy", "cross_entropy_mean_ignore",
+               [] {
+                 return Inputs{rnd({5, 6}, 24, -3, 3)};
+               },
                [](const Inputs& x) {
-                 return cross_entropy(x[0], ops::from_vector<int64_t>({1, 4, -100, 0}, {2, 2}), -100, Reduction::sum);
+                 return cross_entropy(x[0], ops::from_vector<int64_t>({1, -100, 5, 0, 2}, {5}));
                }});
-  c.push_back({"embedding", "embedding_repeats", [] { return Inputs{rnd({6, 3}, 26)}; },
-               [](const Inputs& x) { return embedding(x[0], ops::from_vector<int64_t>({1, 5, 1, 0}, {2, 2})); }});
-  c.push_back({"rope", "rope", [] { return Inputs{rnd({1, 2, 3, 4}, 27)}; },
+  c.push_back(
+      {"cross_entropy", "cross_entropy_sum",
+       [] {
+         return Inputs{rnd({2, 2, 5}, 25, -3, 3)};
+       },
+       [](const Inputs& x) {
+         return cross_entropy(x[0], ops::from_vector<int64_t>({1, 4, -100, 0}, {2, 2}), -100, Reduction::sum);
+       }});
+  c.push_back({"embedding", "embedding_repeats",
+               [] {
+                 return Inputs{rnd({6, 3}, 26)};
+               },
                [](const Inputs& x) {
-                 return rope(x[0], ops::rope_tables(8, 4, 10000.0), ops::from_vector<int64_t>({0, 3, 5}, {1, 3}));
+                 return embedding(x[0], ops::from_vector<int64_t>({1, 5, 1, 0}, {2, 2}));
                }});
-  c.push_back({"view", "view", [] { return Inputs{rnd({2, 6}, 28)}; }, [](const Inputs& x) { return view(x[0], {3, 4}) * view(x[0], {3, 4}); }});
-  c.push_back({"reshape", "reshape_copy", [] { return Inputs{rnd({3, 4}, 29)}; },
+  c.push_back(
+      {"rope", "rope",
+       [] {
+         return Inputs{rnd({1, 2, 3, 4}, 27)};
+       },
+       [](const Inputs& x) {
+         return rope(x[0], ops::rope_tables(8, 4, 10000.0), ops::from_vector<int64_t>({0, 3, 5}, {1, 3}));
+       }});
+  c.push_back({"view", "view",
+               [] {
+                 return Inputs{rnd({2, 6}, 28)};
+               },
+               [](const Inputs& x) {
+                 return view(x[0], {3, 4}) * view(x[0], {3, 4});
+               }});
+  c.push_back({"reshape", "reshape_copy",
+               [] {
+                 return Inputs{rnd({3, 4}, 29)};
+               },
                [](const Inputs& x) { return reshape(transpose(x[0], 0, 1), {12}); }});
-  c.push_back({"transpose", "transpose", [] { return Inputs{rnd({2, 3}, 30), rnd({3, 2}, 31)}; },
+  c.push_back({"transpose", "transpose",
+               [] {
+                 return Inputs{rnd({2, 3}, 30), rnd({3, 2}, 31)};
+               },
                [](const Inputs& x) { return transpose(x[0], 0, 1) * x[1]; }});
-  c.push_back({"permute", "permute", [] { return Inputs{rnd({2, 3, 4}, 32)}; },
-               [](const Inputs& x) { return contiguous(permute(x[0], {2, 0, 1})) * 1.5; }});
-  c.push_back({"narrow", "narrow", [] { return Inputs{rnd({4, 5}, 33)}; }, [](const Inputs& x) { return narrow(x[0], 1, 1, 3) * 2.0; }});
-  c.push_back({"expand", "expand", [] { return Inputs{rnd({3, 1}, 34)}; }, [](const Inputs& x) { return expand(x[0], {2, 3, 4}) * 1.0; }});
-  c.push_back({"contiguous", "contiguous", [] { return Inputs{rnd({3, 4}, 35)}; },
+  c.push_back({"permute", "permute",
+               [] {
+                 return Inputs{rnd({2, 3, 4}, 32)};
+               },
+               [](const Inputs& x) {
+                 return contiguous(permute(x[0], {2, 0, 1})) * 1.5;
+               }});
+  c.push_back({"narrow", "narrow",
+               [] {
+                 return Inputs{rnd({4, 5}, 33)};
+               },
+               [](const Inputs& x) { return narrow(x[0], 1, 1, 3) * 2.0; }});
+  c.push_back({"expand", "expand",
+               [] {
+                 return Inputs{rnd({3, 1}, 34)};
+               },
+               [](const Inputs& x) {
+                 return expand(x[0], {2, 3, 4}) * 1.0;
+               }});
+  c.push_back({"contiguous", "contiguous",
+               [] {
+                 return Inputs{rnd({3, 4}, 35)};
+               },
                [](const Inputs& x) { return contiguous(transpose(x[0], 0, 1)); }});
-  c.push_back({"cat", "cat", [] { return Inputs{rnd({2, 3}, 36), rnd({2, 2}, 37)}; }, [](const Inputs& x) { return cat({x[0], x[1]}, 1); }});
-  c.push_back({"split", "split_partial_use", [] { return Inputs{rnd({2, 6}, 38)}; },
+  c.push_back({"cat", "cat",
+               [] {
+                 return Inputs{rnd({2, 3}, 36), rnd({2, 2}, 37)};
+               },
+               [](const Inputs& x) {
+                 return cat({x[0], x[1]}, 1);
+               }});
+  c.push_back({"split", "split_partial_use",
+               [] {
+                 return Inputs{rnd({2, 6}, 38)};
+               },
                [](const Inputs& x) {
                  auto parts = split(x[0], {1, 2, 3}, 1);
                  return parts[0] * parts[2];  // parts[1] gets no gradient
                }});
-  c.push_back({"checkpoint", "checkpoint_mlp_with_dropout", [] { return Inputs{rnd({3, 4}, 39), rnd({6, 4}, 40), rnd({4, 6}, 41)}; },
+  c.push_back({"checkpoint", "checkpoint_mlp_with_dropout",
+               [] {
+                 return Inputs{rnd({3, 4}, 39), rnd({6, 4}, 40), rnd({4, 6}, 41)};
+               },
                [](const Inputs& x) {
                  Generator gen(5);
                  Tensor w1 = x[1], w2 = x[2];
@@ -193,7 +312,8 @@ TEST(GradCheckCoverage, EveryDifferentiableOpHasAGradientCheck) {
   std::set<std::string> covered;
   for (const auto& c : cases()) covered.insert(c.op);
   for (auto op : autograd::kDifferentiableOps)
-    EXPECT_TRUE(covered.count(std::string(op))) << "op '" << op << "' has no finite-difference gradient check";
+    EXPECT_TRUE(covered.count(std::string(op)))
+        << "op '" << op << "' has no finite-difference gradient check";
   for (const auto& op : covered) {
     bool listed = false;
     for (auto o : autograd::kDifferentiableOps) listed = listed || o == op;

@@ -64,8 +64,7 @@ Ref matmul_ref(const Ref& a, const Ref& b, bool ta, bool tb) {
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
       double s = 0;
-      for (int64_t p = 0; p < k; ++p)
-        s += a.v[ta ? p * m + i : i * k + p] * b.v[tb ? j * k + p : p * n + j];
+      for (int64_t p = 0; p < k; ++p) s += a.v[ta ? p * m + i : i * k + p] * b.v[tb ? j * k + p : p * n + j];
       o.v[i * n + j] = s;
     }
   return o;
@@ -73,14 +72,17 @@ Ref matmul_ref(const Ref& a, const Ref& b, bool ta, bool tb) {
 
 std::vector<OpCase> cases() {
   std::vector<OpCase> c;
-  const UnaryOp unaries[] = {UnaryOp::neg, UnaryOp::exp, UnaryOp::log, UnaryOp::sqrt, UnaryOp::rsqrt,
-                             UnaryOp::tanh, UnaryOp::sigmoid, UnaryOp::relu, UnaryOp::gelu_tanh,
-                             UnaryOp::gelu_erf, UnaryOp::silu, UnaryOp::abs, UnaryOp::square,
-                             UnaryOp::reciprocal};
+  const UnaryOp unaries[] = {UnaryOp::neg,       UnaryOp::exp,       UnaryOp::log,     UnaryOp::sqrt,
+                             UnaryOp::rsqrt,     UnaryOp::tanh,      UnaryOp::sigmoid, UnaryOp::relu,
+                             UnaryOp::gelu_tanh, UnaryOp::gelu_erf,  UnaryOp::silu,    UnaryOp::abs,
+                             UnaryOp::square,    UnaryOp::reciprocal};
   for (UnaryOp op : unaries) {
-    const bool positive = op == UnaryOp::log || op == UnaryOp::sqrt || op == UnaryOp::rsqrt || op == UnaryOp::reciprocal;
+    const bool positive =
+        op == UnaryOp::log || op == UnaryOp::sqrt || op == UnaryOp::rsqrt || op == UnaryOp::reciprocal;
     c.push_back({std::string("unary_") + backend::unary_name(op),
-                 [positive] { return Inputs{positive ? rnd({7, 33}, 1, 0.2, 3.0) : rnd({7, 33}, 1, -4.0, 4.0)}; },
+                 [positive] {
+                   return Inputs{positive ? rnd({7, 33}, 1, 0.2, 3.0) : rnd({7, 33}, 1, -4.0, 4.0)};
+                 },
                  [op](const Inputs& x) { return ops::unary(op, ops::transpose(x[0], 0, 1)); },
                  [op](const std::vector<Ref>& r) {
                    Ref o{{r[0].shape[1], r[0].shape[0]}, {}};
@@ -89,50 +91,61 @@ std::vector<OpCase> cases() {
                        o.v.push_back(backend::unary_fn<double>(op, r[0].v[i * r[0].shape[1] + j]));
                    return o;
                  }});
-    c.push_back({std::string("unary_backward_") + backend::unary_name(op),
-                 [positive] { return Inputs{positive ? rnd({5, 9}, 2, 0.2, 3.0) : rnd({5, 9}, 2, -4.0, 4.0), rnd({5, 9}, 3)}; },
-                 [op](const Inputs& x) { return ops::unary_backward(op, x[0], x[1]); },
-                 [op](const std::vector<Ref>& r) {
-                   Ref o{r[0].shape, {}};
-                   for (size_t i = 0; i < r[0].v.size(); ++i) {
-                     // central difference of the scalar formula in double as the independent reference
-                     double x = r[0].v[i], h = 1e-6;
-                     double d = (backend::unary_fn<double>(op, x + h) - backend::unary_fn<double>(op, x - h)) / (2 * h);
-                     o.v.push_back(r[1].v[i] * d);
-                   }
-                   return o;
-                 },
-                 20.0});
+    c.push_back(
+        {std::string("unary_backward_") + backend::unary_name(op),
+         [positive] {
+           return Inputs{positive ? rnd({5, 9}, 2, 0.2, 3.0) : rnd({5, 9}, 2, -4.0, 4.0), rnd({5, 9}, 3)};
+         },
+         [op](const Inputs& x) { return ops::unary_backward(op, x[0], x[1]); },
+         [op](const std::vector<Ref>& r) {
+           Ref o{r[0].shape, {}};
+           for (size_t i = 0; i < r[0].v.size(); ++i) {
+             // central difference of the scalar formula in double as the independent reference
+             double x = r[0].v[i], h = 1e-6;
+             double d =
+                 (backend::unary_fn<double>(op, x + h) - backend::unary_fn<double>(op, x - h)) / (2 * h);
+             o.v.push_back(r[1].v[i] * d);
+           }
+           return o;
+         },
+         20.0});
   }
-  const BinaryOp binaries[] = {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div, BinaryOp::maximum,
-                               BinaryOp::minimum};
+  const BinaryOp binaries[] = {BinaryOp::add, BinaryOp::sub,     BinaryOp::mul,
+                               BinaryOp::div, BinaryOp::maximum, BinaryOp::minimum};
   for (BinaryOp op : binaries) {
     c.push_back({std::string("binary_broadcast_") + backend::binary_name(op),
-                 [] { return Inputs{rnd({3, 1, 5}, 4), rnd({4, 1}, 5, 0.5, 2.0)}; },
+                 [] {
+                   return Inputs{rnd({3, 1, 5}, 4), rnd({4, 1}, 5, 0.5, 2.0)};
+                 },
                  [op](const Inputs& x) { return ops::binary(op, x[0], x[1]); },
                  [op](const std::vector<Ref>& r) {
                    Ref o{{3, 4, 5}, {}};
                    for (int64_t f = 0; f < 60; ++f) {
                      auto idx = unflat(o.shape, f);
-                     o.v.push_back(backend::binary_fn<double>(op, bcast(r[0], o.shape, idx), bcast(r[1], o.shape, idx)));
+                     o.v.push_back(backend::binary_fn<double>(op, bcast(r[0], o.shape, idx),
+                                                              bcast(r[1], o.shape, idx)));
                    }
                    return o;
                  }});
   }
-  c.push_back({"affine", [] { return Inputs{rnd({100}, 6)}; }, [](const Inputs& x) { return ops::affine(x[0], 2.5, -1.0); },
+  c.push_back({"affine", [] { return Inputs{rnd({100}, 6)}; },
+               [](const Inputs& x) { return ops::affine(x[0], 2.5, -1.0); },
                [](const std::vector<Ref>& r) {
                  Ref o = r[0];
                  for (auto& v : o.v) v = 2.5 * v - 1.0;
                  return o;
                }});
-  c.push_back({"pow", [] { return Inputs{rnd({50}, 7, 0.1, 3.0)}; }, [](const Inputs& x) { return ops::pow_scalar(x[0], 1.7); },
+  c.push_back({"pow", [] { return Inputs{rnd({50}, 7, 0.1, 3.0)}; },
+               [](const Inputs& x) { return ops::pow_scalar(x[0], 1.7); },
                [](const std::vector<Ref>& r) {
                  Ref o = r[0];
                  for (auto& v : o.v) v = std::pow(v, 1.7);
                  return o;
                }});
   c.push_back({"masked_fill_causal",
-               [] { return Inputs{rnd({2, 6, 6}, 8)}; },
+               [] {
+                 return Inputs{rnd({2, 6, 6}, 8)};
+               },
                [](const Inputs& x) {
                  std::vector<uint8_t> m(36);
                  for (int i = 0; i < 6; ++i)
@@ -149,7 +162,10 @@ std::vector<OpCase> cases() {
                  return o;
                }});
   auto reduce_case = [&](std::string name, ops::ReduceOp op, std::vector<int64_t> dims, bool keep) {
-    c.push_back({name, [] { return Inputs{rnd({3, 4, 5}, 9)}; },
+    c.push_back({name,
+                 [] {
+                   return Inputs{rnd({3, 4, 5}, 9)};
+                 },
                  [op, dims, keep](const Inputs& x) { return ops::reduce(op, x[0], dims, keep); },
                  [op, dims, keep](const std::vector<Ref>& r) {
                    std::vector<bool> red(3, dims.empty());
@@ -157,7 +173,9 @@ std::vector<OpCase> cases() {
                    Shape os;
                    for (int i = 0; i < 3; ++i) os.push_back(red[i] ? 1 : r[0].shape[i]);
                    int64_t on = shape_numel(os);
-                   std::vector<double> acc(static_cast<size_t>(on), op == ops::ReduceOp::max ? -1e300 : op == ops::ReduceOp::min ? 1e300 : 0.0);
+                   std::vector<double> acc(static_cast<size_t>(on), op == ops::ReduceOp::max   ? -1e300
+                                                                    : op == ops::ReduceOp::min ? 1e300
+                                                                                               : 0.0);
                    std::vector<int> cnt(static_cast<size_t>(on), 0);
                    for (int64_t f = 0; f < 60; ++f) {
                      auto idx = unflat(r[0].shape, f);
@@ -165,9 +183,12 @@ std::vector<OpCase> cases() {
                        if (red[i]) idx[i] = 0;
                      auto& a = acc[flat(os, idx)];
                      double v = r[0].v[f];
-                     if (op == ops::ReduceOp::max) a = std::max(a, v);
-                     else if (op == ops::ReduceOp::min) a = std::min(a, v);
-                     else a += v;
+                     if (op == ops::ReduceOp::max)
+                       a = std::max(a, v);
+                     else if (op == ops::ReduceOp::min)
+                       a = std::min(a, v);
+                     else
+                       a += v;
                      cnt[flat(os, idx)]++;
                    }
                    if (op == ops::ReduceOp::mean)
@@ -184,7 +205,10 @@ std::vector<OpCase> cases() {
   reduce_case("mean_last", ops::ReduceOp::mean, {-1}, false);
   reduce_case("max_dim0", ops::ReduceOp::max, {0}, false);
   reduce_case("min_dims12_keepdim", ops::ReduceOp::min, {1, 2}, true);
-  c.push_back({"argmax_dim1", [] { return Inputs{rnd({4, 7, 3}, 10)}; },
+  c.push_back({"argmax_dim1",
+               [] {
+                 return Inputs{rnd({4, 7, 3}, 10)};
+               },
                [](const Inputs& x) { return ops::to_dtype(ops::argmax(x[0], 1), DType::f64); },
                [](const std::vector<Ref>& r) {
                  Ref o{{4, 3}, {}};
@@ -197,7 +221,10 @@ std::vector<OpCase> cases() {
                    }
                  return o;
                }});
-  c.push_back({"topk_values", [] { return Inputs{rnd({3, 20}, 11)}; },
+  c.push_back({"topk_values",
+               [] {
+                 return Inputs{rnd({3, 20}, 11)};
+               },
                [](const Inputs& x) { return ops::topk(x[0], 4).values; },
                [](const std::vector<Ref>& r) {
                  Ref o{{3, 4}, {}};
@@ -211,7 +238,9 @@ std::vector<OpCase> cases() {
   for (bool lg : {false, true}) {
     for (int64_t dim : {-1, 0}) {
       c.push_back({std::string(lg ? "log_softmax" : "softmax") + (dim == 0 ? "_dim0" : "_last"),
-                   [] { return Inputs{rnd({6, 37}, 12, -5.0, 5.0)}; },
+                   [] {
+                     return Inputs{rnd({6, 37}, 12, -5.0, 5.0)};
+                   },
                    [lg, dim](const Inputs& x) { return ops::softmax(x[0], dim, lg); },
                    [lg, dim](const std::vector<Ref>& r) {
                      Ref o = r[0];
@@ -223,13 +252,17 @@ std::vector<OpCase> cases() {
                        for (int64_t i = 0; i < len; ++i) mx = std::max(mx, r[0].v[at(i)]);
                        for (int64_t i = 0; i < len; ++i) s += std::exp(r[0].v[at(i)] - mx);
                        for (int64_t i = 0; i < len; ++i)
-                         o.v[at(i)] = lg ? r[0].v[at(i)] - mx - std::log(s) : std::exp(r[0].v[at(i)] - mx) / s;
+                         o.v[at(i)] =
+                             lg ? r[0].v[at(i)] - mx - std::log(s) : std::exp(r[0].v[at(i)] - mx) / s;
                      }
                      return o;
                    }});
     }
   }
-  c.push_back({"softmax_backward", [] { return Inputs{rnd({4, 9}, 13), rnd({4, 9}, 14)}; },
+  c.push_back({"softmax_backward",
+               [] {
+                 return Inputs{rnd({4, 9}, 13), rnd({4, 9}, 14)};
+               },
                [](const Inputs& x) { return ops::softmax_backward(ops::softmax(x[0], -1), x[1], -1); },
                [](const std::vector<Ref>& r) {
                  Ref o = r[0];
@@ -247,43 +280,58 @@ std::vector<OpCase> cases() {
   for (int t = 0; t < 4; ++t) {
     const bool ta = t & 1, tb = t & 2;
     c.push_back({fmt::format("matmul_ta{}_tb{}", ta, tb),
-                 [ta, tb] { return Inputs{rnd(ta ? Shape{13, 17} : Shape{17, 13}, 15), rnd(tb ? Shape{11, 13} : Shape{13, 11}, 16)}; },
+                 [ta, tb] {
+                   return Inputs{rnd(ta ? Shape{13, 17} : Shape{17, 13}, 15),
+                                 rnd(tb ? Shape{11, 13} : Shape{13, 11}, 16)};
+                 },
                  [ta, tb](const Inputs& x) { return ops::matmul(x[0], x[1], ta, tb); },
                  [ta, tb](const std::vector<Ref>& r) { return matmul_ref(r[0], r[1], ta, tb); }});
   }
-  c.push_back({"matmul_batched_broadcast",
-               [] { return Inputs{rnd({2, 3, 5, 4}, 17), rnd({3, 4, 6}, 18)}; },
-               [](const Inputs& x) { return ops::matmul(x[0], x[1]); },
-               [](const std::vector<Ref>& r) {
-                 Ref o{{2, 3, 5, 6}, {}};
-                 for (int b0 = 0; b0 < 2; ++b0)
-                   for (int b1 = 0; b1 < 3; ++b1) {
-                     Ref a{{5, 4}, std::vector<double>(r[0].v.begin() + (b0 * 3 + b1) * 20, r[0].v.begin() + (b0 * 3 + b1 + 1) * 20)};
-                     Ref b{{4, 6}, std::vector<double>(r[1].v.begin() + b1 * 24, r[1].v.begin() + (b1 + 1) * 24)};
-                     Ref m = matmul_ref(a, b, false, false);
-                     o.v.insert(o.v.end(), m.v.begin(), m.v.end());
-                   }
-                 return o;
-               }});
-  c.push_back({"matmul_noncontiguous_heads",
-               // [B, T, H, D] -> [B, H, T, D] views, as attention uses them
-               [] { return Inputs{rnd({2, 5, 3, 4}, 19), rnd({2, 5, 3, 4}, 20)}; },
-               [](const Inputs& x) {
-                 return ops::matmul(ops::permute(x[0], {0, 2, 1, 3}), ops::permute(x[1], {0, 2, 1, 3}), false, true);
+  c.push_back(
+      {"matmul_batched_broadcast",
+       [] {
+         return Inputs{rnd({2, 3, 5, 4}, 17), rnd({3, 4, 6}, 18)};
+       },
+       [](const Inputs& x) { return ops::matmul(x[0], x[1]); },
+       [](const std::vector<Ref>& r) {
+         Ref o{{2, 3, 5, 6}, {}};
+         for (int b0 = 0; b0 < 2; ++b0)
+           for (int b1 = 0; b1 < 3; ++b1) {
+             Ref a{{5, 4},
+                   std::vector<double>(r[0].v.begin() + (b0 * 3 + b1) * 20,
+                                       r[0].v.begin() + (b0 * 3 + b1 + 1) * 20)};
+             Ref b{{4, 6}, std::vector<double>(r[1].v.begin() + b1 * 24, r[1].v.begin() + (b1 + 1) * 24)};
+             Ref m = matmul_ref(a, b, false, false);
+             o.v.insert(o.v.end(), m.v.begin(), m.v.end());
+           }
+         return o;
+       }});
+  c.push_back(
+      {"matmul_noncontiguous_heads",
+       // [B, T, H, D] -> [B, H, T, D] views, as attention uses them
+       [] {
+         return Inputs{rnd({2, 5, 3, 4}, 19), rnd({2, 5, 3, 4}, 20)};
+       },
+       [](const Inputs& x) {
+         return ops::matmul(ops::permute(x[0], {0, 2, 1, 3}), ops::permute(x[1], {0, 2, 1, 3}), false, true);
+       },
+       [](const std::vector<Ref>& r) {
+         Ref o{{2, 3, 5, 5}, {}};
+         for (int b = 0; b < 2; ++b)
+           for (int h = 0; h < 3; ++h)
+             for (int i = 0; i < 5; ++i)
+               for (int j = 0; j < 5; ++j) {
+                 double s = 0;
+                 for (int d = 0; d < 4; ++d)
+                   s += r[0].v[((b * 5 + i) * 3 + h) * 4 + d] * r[1].v[((b * 5 + j) * 3 + h) * 4 + d];
+                 o.v.push_back(s);
+               }
+         return o;
+       }});
+  c.push_back({"linear_bias",
+               [] {
+                 return Inputs{rnd({2, 3, 8}, 21), rnd({5, 8}, 22), rnd({5}, 23)};
                },
-               [](const std::vector<Ref>& r) {
-                 Ref o{{2, 3, 5, 5}, {}};
-                 for (int b = 0; b < 2; ++b)
-                   for (int h = 0; h < 3; ++h)
-                     for (int i = 0; i < 5; ++i)
-                       for (int j = 0; j < 5; ++j) {
-                         double s = 0;
-                         for (int d = 0; d < 4; ++d) s += r[0].v[((b * 5 + i) * 3 + h) * 4 + d] * r[1].v[((b * 5 + j) * 3 + h) * 4 + d];
-                         o.v.push_back(s);
-                       }
-                 return o;
-               }});
-  c.push_back({"linear_bias", [] { return Inputs{rnd({2, 3, 8}, 21), rnd({5, 8}, 22), rnd({5}, 23)}; },
                [](const Inputs& x) { return ops::linear(x[0], x[1], x[2]); },
                [](const std::vector<Ref>& r) {
                  Ref x2{{6, 8}, r[0].v};
@@ -293,7 +341,10 @@ std::vector<OpCase> cases() {
                  o.shape = {2, 3, 5};
                  return o;
                }});
-  c.push_back({"layer_norm", [] { return Inputs{rnd({4, 3, 24}, 24, -3, 3), rnd({24}, 25), rnd({24}, 26)}; },
+  c.push_back({"layer_norm",
+               [] {
+                 return Inputs{rnd({4, 3, 24}, 24, -3, 3), rnd({24}, 25), rnd({24}, 26)};
+               },
                [](const Inputs& x) { return ops::layer_norm(x[0], x[1], x[2], 1e-5).y; },
                [](const std::vector<Ref>& r) {
                  Ref o = r[0];
@@ -302,24 +353,33 @@ std::vector<OpCase> cases() {
                    for (int i = 0; i < 24; ++i) m += r[0].v[row * 24 + i] / 24;
                    for (int i = 0; i < 24; ++i) v += std::pow(r[0].v[row * 24 + i] - m, 2) / 24;
                    for (int i = 0; i < 24; ++i)
-                     o.v[row * 24 + i] = (r[0].v[row * 24 + i] - m) / std::sqrt(v + 1e-5) * r[1].v[i] + r[2].v[i];
+                     o.v[row * 24 + i] =
+                         (r[0].v[row * 24 + i] - m) / std::sqrt(v + 1e-5) * r[1].v[i] + r[2].v[i];
                  }
                  return o;
                }});
-  c.push_back({"rms_norm", [] { return Inputs{rnd({5, 16}, 27, -3, 3), rnd({16}, 28)}; },
+  c.push_back({"rms_norm",
+               [] {
+                 return Inputs{rnd({5, 16}, 27, -3, 3), rnd({16}, 28)};
+               },
                [](const Inputs& x) { return ops::rms_norm(x[0], x[1], 1e-6).y; },
                [](const std::vector<Ref>& r) {
                  Ref o = r[0];
                  for (int row = 0; row < 5; ++row) {
                    double ss = 0;
                    for (int i = 0; i < 16; ++i) ss += r[0].v[row * 16 + i] * r[0].v[row * 16 + i] / 16;
-                   for (int i = 0; i < 16; ++i) o.v[row * 16 + i] = r[0].v[row * 16 + i] / std::sqrt(ss + 1e-6) * r[1].v[i];
+                   for (int i = 0; i < 16; ++i)
+                     o.v[row * 16 + i] = r[0].v[row * 16 + i] / std::sqrt(ss + 1e-6) * r[1].v[i];
                  }
                  return o;
                }});
-  c.push_back({"cross_entropy_ignore", [] { return Inputs{rnd({6, 11}, 29, -4, 4)}; },
+  c.push_back({"cross_entropy_ignore",
+               [] {
+                 return Inputs{rnd({6, 11}, 29, -4, 4)};
+               },
                [](const Inputs& x) {
-                 Tensor labels = ops::to_device(ops::from_vector<int64_t>({3, -100, 0, 10, 5, -100}, {6}), x[0].device());
+                 Tensor labels =
+                     ops::to_device(ops::from_vector<int64_t>({3, -100, 0, 10, 5, -100}, {6}), x[0].device());
                  return ops::cross_entropy(x[0], labels, -100).loss;
                },
                [](const std::vector<Ref>& r) {
@@ -336,35 +396,49 @@ std::vector<OpCase> cases() {
                  }
                  return o;
                }});
-  c.push_back({"cross_entropy_backward", [] { return Inputs{rnd({4, 7}, 30, -4, 4), rnd({4}, 31)}; },
-               [](const Inputs& x) {
-                 Tensor labels = ops::to_device(ops::from_vector<int64_t>({6, 0, -100, 2}, {4}), x[0].device());
-                 auto o = ops::cross_entropy(x[0], labels, -100);
-                 return ops::cross_entropy_backward(x[0], labels, o.lse, ops::to_dtype(x[1], o.lse.dtype()), -100);
+  c.push_back(
+      {"cross_entropy_backward",
+       [] {
+         return Inputs{rnd({4, 7}, 30, -4, 4), rnd({4}, 31)};
+       },
+       [](const Inputs& x) {
+         Tensor labels = ops::to_device(ops::from_vector<int64_t>({6, 0, -100, 2}, {4}), x[0].device());
+         auto o = ops::cross_entropy(x[0], labels, -100);
+         return ops::cross_entropy_backward(x[0], labels, o.lse, ops::to_dtype(x[1], o.lse.dtype()), -100);
+       },
+       [](const std::vector<Ref>& r) {
+         std::vector<int64_t> lab = {6, 0, -100, 2};
+         Ref o = r[0];
+         for (int row = 0; row < 4; ++row) {
+           double s = 0;
+           for (int i = 0; i < 7; ++i) s += std::exp(r[0].v[row * 7 + i]);
+           for (int i = 0; i < 7; ++i)
+             o.v[row * 7 + i] =
+                 lab[row] < 0 ? 0 : r[1].v[row] * (std::exp(r[0].v[row * 7 + i]) / s - (i == lab[row]));
+         }
+         return o;
+       }});
+  c.push_back({"embedding",
+               [] {
+                 return Inputs{rnd({10, 6}, 32)};
                },
-               [](const std::vector<Ref>& r) {
-                 std::vector<int64_t> lab = {6, 0, -100, 2};
-                 Ref o = r[0];
-                 for (int row = 0; row < 4; ++row) {
-                   double s = 0;
-                   for (int i = 0; i < 7; ++i) s += std::exp(r[0].v[row * 7 + i]);
-                   for (int i = 0; i < 7; ++i)
-                     o.v[row * 7 + i] = lab[row] < 0 ? 0 : r[1].v[row] * (std::exp(r[0].v[row * 7 + i]) / s - (i == lab[row]));
-                 }
-                 return o;
-               }});
-  c.push_back({"embedding", [] { return Inputs{rnd({10, 6}, 32)}; },
                [](const Inputs& x) {
-                 return ops::embedding(x[0], ops::to_device(ops::from_vector<int64_t>({9, 0, 3, 3}, {2, 2}), x[0].device()));
+                 return ops::embedding(
+                     x[0], ops::to_device(ops::from_vector<int64_t>({9, 0, 3, 3}, {2, 2}), x[0].device()));
                },
                [](const std::vector<Ref>& r) {
                  Ref o{{2, 2, 6}, {}};
-                 for (int id : {9, 0, 3, 3}) o.v.insert(o.v.end(), r[0].v.begin() + id * 6, r[0].v.begin() + id * 6 + 6);
+                 for (int id : {9, 0, 3, 3})
+                   o.v.insert(o.v.end(), r[0].v.begin() + id * 6, r[0].v.begin() + id * 6 + 6);
                  return o;
                }});
-  c.push_back({"embedding_backward", [] { return Inputs{rnd({5, 4}, 33)}; },
+  c.push_back({"embedding_backward",
+               [] {
+                 return Inputs{rnd({5, 4}, 33)};
+               },
                [](const Inputs& x) {
-                 return ops::embedding_backward(x[0], ops::to_device(ops::from_vector<int64_t>({2, 0, 2, 6, 2}, {5}), x[0].device()), 7);
+                 return ops::embedding_backward(
+                     x[0], ops::to_device(ops::from_vector<int64_t>({2, 0, 2, 6, 2}, {5}), x[0].device()), 7);
                },
                [](const std::vector<Ref>& r) {
                  Ref o{{7, 4}, std::vector<double>(28, 0.0)};
@@ -374,20 +448,25 @@ std::vector<OpCase> cases() {
                  return o;
                }});
   for (bool seq_major : {false, true}) {
-    c.push_back({seq_major ? "rope_seq_major" : "rope_heads_first", [] { return Inputs{rnd({2, 3, 4, 8}, 34)}; },
+    c.push_back({seq_major ? "rope_seq_major" : "rope_heads_first",
+                 [] {
+                   return Inputs{rnd({2, 3, 4, 8}, 34)};
+                 },
                  [seq_major](const Inputs& x) {
                    auto tables = ops::rope_tables(16, 8, 10000.0, x[0].device());
-                   Tensor pos = ops::to_device(ops::from_vector<int64_t>(seq_major ? std::vector<int64_t>{0, 1, 2, 5, 6, 7}
-                                                                                    : std::vector<int64_t>{0, 1, 2, 3, 9, 10, 11, 12},
-                                                                           seq_major ? Shape{2, 3} : Shape{2, 4}),
-                                               x[0].device());
+                   Tensor pos = ops::to_device(
+                       ops::from_vector<int64_t>(seq_major ? std::vector<int64_t>{0, 1, 2, 5, 6, 7}
+                                                           : std::vector<int64_t>{0, 1, 2, 3, 9, 10, 11, 12},
+                                                 seq_major ? Shape{2, 3} : Shape{2, 4}),
+                       x[0].device());
                    return ops::rope(x[0], tables, pos, seq_major, false);
                  },
                  [seq_major](const std::vector<Ref>& r) {
                    Ref o = r[0];
                    const int B = 2, S1 = 3, S2 = 4, D = 8;
                    const int T = seq_major ? S1 : S2;
-                   std::vector<int> pos = seq_major ? std::vector<int>{0, 1, 2, 5, 6, 7} : std::vector<int>{0, 1, 2, 3, 9, 10, 11, 12};
+                   std::vector<int> pos = seq_major ? std::vector<int>{0, 1, 2, 5, 6, 7}
+                                                    : std::vector<int>{0, 1, 2, 3, 9, 10, 11, 12};
                    for (int b = 0; b < B; ++b)
                      for (int a = 0; a < S1; ++a)
                        for (int c2 = 0; c2 < S2; ++c2) {
@@ -396,7 +475,8 @@ std::vector<OpCase> cases() {
                          int base = ((b * S1 + a) * S2 + c2) * D;
                          for (int i = 0; i < D / 2; ++i) {
                            // angles in f32, as HF (and our tables) compute them
-                           float inv = 1.0f / std::pow(10000.0f, static_cast<float>(2 * i) / static_cast<float>(D));
+                           float inv =
+                               1.0f / std::pow(10000.0f, static_cast<float>(2 * i) / static_cast<float>(D));
                            float ang = static_cast<float>(p) * inv;
                            double cs = std::cos(ang), sn = std::sin(ang);
                            double x1 = r[0].v[base + i], x2 = r[0].v[base + i + D / 2];
@@ -408,8 +488,13 @@ std::vector<OpCase> cases() {
                  },
                  10.0});
   }
-  c.push_back({"cat_dim1", [] { return Inputs{rnd({2, 3, 2}, 35), rnd({2, 1, 2}, 36)}; },
-               [](const Inputs& x) { return ops::cat({x[0], x[1]}, 1); },
+  c.push_back({"cat_dim1",
+               [] {
+                 return Inputs{rnd({2, 3, 2}, 35), rnd({2, 1, 2}, 36)};
+               },
+               [](const Inputs& x) {
+                 return ops::cat({x[0], x[1]}, 1);
+               },
                [](const std::vector<Ref>& r) {
                  Ref o{{2, 4, 2}, {}};
                  for (int b = 0; b < 2; ++b) {
@@ -468,7 +553,8 @@ TEST_P(OpTest, CpuMatchesReference) {
 class CudaOpTest : public OpTest {};
 
 TEST_P(CudaOpTest, CudaMatchesReference) {
-  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: GPU parity NOT tested (" << backend::cuda_summary() << ")";
+  if (!backend::cuda_available())
+    GTEST_SKIP() << "no CUDA GPU here: GPU parity NOT tested (" << backend::cuda_summary() << ")";
   const auto& [name, dtype] = GetParam();
   check_case(name, dtype, Device::cuda(0));
 }
@@ -477,7 +563,8 @@ std::vector<std::tuple<std::string, DType>> params() {
   std::vector<std::tuple<std::string, DType>> p;
   for (const auto& c : cases())
     for (DType d : {DType::f64, DType::f32, DType::bf16}) {
-      if (d == DType::bf16 && c.name.rfind("unary_backward_", 0) == 0) continue;  // finite-difference ref is f64-only
+      if (d == DType::bf16 && c.name.rfind("unary_backward_", 0) == 0)
+        continue;  // finite-difference ref is f64-only
       p.emplace_back(c.name, d);
     }
   return p;
@@ -518,8 +605,13 @@ TEST(Errors, ShapeDtypeAndIndexMistakesNameTheOp) {
   expect_msg([&] { ops::binary(BinaryOp::mul, a, ops::zeros({2, 3}, DType::f64)); }, "mul: dtypes differ");
   expect_msg([&] { ops::embedding(b, ops::from_vector<int64_t>({0, 4}, {2})); }, "embedding: index 4");
   expect_msg([&] { ops::embedding(b, ops::from_vector<int64_t>({-1}, {1})); }, "embedding: index -1");
-  expect_msg([&] { ops::cross_entropy(a, ops::from_vector<int64_t>({0, 3}, {2}), -100); }, "cross_entropy: label 3");
-  expect_msg([&] { ops::cross_entropy(a, ops::from_vector<int64_t>({0}, {1}), -100); }, "cross_entropy: 1 labels");
+  expect_msg(
+      [&] {
+        ops::cross_entropy(a, ops::from_vector<int64_t>({0, 3}, {2}), -100);
+      },
+      "cross_entropy: label 3");
+  expect_msg([&] { ops::cross_entropy(a, ops::from_vector<int64_t>({0}, {1}), -100); },
+             "cross_entropy: 1 labels");
   expect_msg([&] { ops::layer_norm(a, ops::zeros({4}), Tensor(), 1e-5); }, "layer_norm: weight");
   expect_msg([&] { ops::linear(a, b, Tensor()); }, "linear: input");
   expect_msg([&] { ops::unary(ops::UnaryOp::exp, ops::zeros({2}, DType::i64)); }, "exp: expected a floating");

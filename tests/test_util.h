@@ -12,7 +12,8 @@
 
 namespace tr::test {
 
-inline Tensor randn(const Shape& s, uint64_t seed, DType dt = DType::f32, Device dev = Device::cpu(), double std = 1.0) {
+inline Tensor randn(const Shape& s, uint64_t seed, DType dt = DType::f32, Device dev = Device::cpu(),
+                    double std = 1.0) {
   Generator g(seed);
   return ops::randn(s, g, dt, dev, 0.0, std);
 }
@@ -27,7 +28,8 @@ inline std::vector<double> values(const Tensor& t) { return ops::to_vector<doubl
 // Max over elements of |a - b| / (atol + rtol * |b|); <= 1 means close. NaN anywhere fails.
 inline ::testing::AssertionResult all_close(const Tensor& a, const Tensor& b, double rtol, double atol) {
   if (a.shape() != b.shape())
-    return ::testing::AssertionFailure() << "shapes differ: " << shape_str(a.shape()) << " vs " << shape_str(b.shape());
+    return ::testing::AssertionFailure()
+           << "shapes differ: " << shape_str(a.shape()) << " vs " << shape_str(b.shape());
   auto va = values(a), vb = values(b);
   double worst = 0;
   size_t wi = 0;
@@ -45,8 +47,8 @@ inline ::testing::AssertionResult all_close(const Tensor& a, const Tensor& b, do
     }
   }
   if (worst <= 1.0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "element " << wi << ": " << va[wi] << " vs " << vb[wi]
-                                       << " (ratio to tolerance " << worst << ")";
+  return ::testing::AssertionFailure()
+         << "element " << wi << ": " << va[wi] << " vs " << vb[wi] << " (ratio to tolerance " << worst << ")";
 }
 
 // Devices the op tests run on: the CPU always, the first GPU when this build and machine have one.

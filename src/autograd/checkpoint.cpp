@@ -3,7 +3,8 @@
 
 namespace tr::autograd {
 
-std::vector<Tensor> checkpoint(const RegionFn& fn, const std::vector<Tensor>& inputs, const CheckpointOptions& options) {
+std::vector<Tensor> checkpoint(const RegionFn& fn, const std::vector<Tensor>& inputs,
+                               const CheckpointOptions& options) {
   std::vector<Generator::State> rng;
   for (Generator* g : options.generators) rng.push_back(g->state());
 
@@ -34,40 +35,41 @@ std::vector<Tensor> checkpoint(const RegionFn& fn, const std::vector<Tensor>& in
   for (const auto& x : inputs) inp.push_back(&x);
   std::vector<bool> in_grad;
   for (const auto& x : inputs) in_grad.push_back(x.requires_grad());
-  record("checkpoint", inp, outp, [fn, inputs, in_grad, rng, attached, gens = options.generators](const Grads& g_attached) -> Grads {
-    // Spread the attached outputs' gradients back over all outputs.
-    Grads g(attached.size());
-    for (size_t i = 0, j = 0; i < attached.size(); ++i)
-      if (attached[i]) g[i] = g_attached[j++];
-    // Rewind the generators for the recomputation, then put them back.
-    std::vector<Generator::State> now;
-    for (size_t i = 0; i < gens.size(); ++i) {
-      now.push_back(gens[i]->state());
-      gens[i]->set_state(rng[i]);
-    }
-    std::vector<Tensor> xs;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      Tensor d = detach(inputs[i]);
-      if (in_grad[i]) set_requires_grad(d, true);
-      xs.push_back(d);
-    }
-    std::vector<Tensor> roots, root_grads;
-    {
-      EnableGradGuard enable;
-      std::vector<Tensor> ys = fn(xs);
-      for (size_t i = 0; i < ys.size() && i < g.size(); ++i) {
-        if (g[i].defined() && ys[i].defined() && ys[i].requires_grad()) {
-          roots.push_back(ys[i]);
-          root_grads.push_back(g[i]);
-        }
-      }
-    }
-    for (size_t i = 0; i < gens.size(); ++i) gens[i]->set_state(now[i]);
-    if (!roots.empty()) backward(roots, root_grads);
-    Grads r;
-    for (auto& x : xs) r.push_back(x.requires_grad() ? x.grad() : Tensor());
-    return r;
-  });
+  record("checkpoint", inp, outp,
+         [fn, inputs, in_grad, rng, attached, gens = options.generators](const Grads& g_attached) -> Grads {
+           // Spread the attached outputs' gradients back over all outputs.
+           Grads g(attached.size());
+           for (size_t i = 0, j = 0; i < attached.size(); ++i)
+             if (attached[i]) g[i] = g_attached[j++];
+           // Rewind the generators for the recomputation, then put them back.
+           std::vector<Generator::State> now;
+           for (size_t i = 0; i < gens.size(); ++i) {
+             now.push_back(gens[i]->state());
+             gens[i]->set_state(rng[i]);
+           }
+           std::vector<Tensor> xs;
+           for (size_t i = 0; i < inputs.size(); ++i) {
+             Tensor d = detach(inputs[i]);
+             if (in_grad[i]) set_requires_grad(d, true);
+             xs.push_back(d);
+           }
+           std::vector<Tensor> roots, root_grads;
+           {
+             EnableGradGuard enable;
+             std::vector<Tensor> ys = fn(xs);
+             for (size_t i = 0; i < ys.size() && i < g.size(); ++i) {
+               if (g[i].defined() && ys[i].defined() && ys[i].requires_grad()) {
+                 roots.push_back(ys[i]);
+                 root_grads.push_back(g[i]);
+               }
+             }
+           }
+           for (size_t i = 0; i < gens.size(); ++i) gens[i]->set_state(now[i]);
+           if (!roots.empty()) backward(roots, root_grads);
+           Grads r;
+           for (auto& x : xs) r.push_back(x.requires_grad() ? x.grad() : Tensor());
+           return r;
+         });
   return results;
 }
 

@@ -50,8 +50,10 @@ Tensor binary_op(BinaryOp op, const Tensor& a, const Tensor& b) {
     case BinaryOp::minimum: {
       // The larger (smaller) input gets the gradient; ties split it evenly, as in PyTorch.
       record(backend::binary_name(op), {&a, &b}, {&y}, [op, a, b, sa, sb](const Grads& g) -> Grads {
-        Tensor d = op == BinaryOp::maximum ? ops::binary(BinaryOp::sub, a, b) : ops::binary(BinaryOp::sub, b, a);
-        Tensor gs = ops::unary_backward(UnaryOp::abs, ops::contiguous(d), ops::contiguous(ops::expand(g[0], d.shape())));
+        Tensor d =
+            op == BinaryOp::maximum ? ops::binary(BinaryOp::sub, a, b) : ops::binary(BinaryOp::sub, b, a);
+        Tensor gs = ops::unary_backward(UnaryOp::abs, ops::contiguous(d),
+                                        ops::contiguous(ops::expand(g[0], d.shape())));
         Tensor ga_ = ops::affine(ops::binary(BinaryOp::add, g[0], gs), 0.5, 0.0);
         Tensor gb_ = ops::affine(ops::binary(BinaryOp::sub, g[0], gs), 0.5, 0.0);
         return {ops::sum_to_shape(ga_, sa), ops::sum_to_shape(gb_, sb)};
@@ -89,7 +91,9 @@ Tensor rsqrt(const Tensor& x) { return unary(UnaryOp::rsqrt, x); }
 Tensor tanh(const Tensor& x) { return unary(UnaryOp::tanh, x); }
 Tensor sigmoid(const Tensor& x) { return unary(UnaryOp::sigmoid, x); }
 Tensor relu(const Tensor& x) { return unary(UnaryOp::relu, x); }
-Tensor gelu(const Tensor& x, bool approximate) { return unary(approximate ? UnaryOp::gelu_tanh : UnaryOp::gelu_erf, x); }
+Tensor gelu(const Tensor& x, bool approximate) {
+  return unary(approximate ? UnaryOp::gelu_tanh : UnaryOp::gelu_erf, x);
+}
 Tensor silu(const Tensor& x) { return unary(UnaryOp::silu, x); }
 Tensor abs(const Tensor& x) { return unary(UnaryOp::abs, x); }
 Tensor square(const Tensor& x) { return unary(UnaryOp::square, x); }
@@ -98,7 +102,8 @@ Tensor reciprocal(const Tensor& x) { return unary(UnaryOp::reciprocal, x); }
 Tensor affine(const Tensor& x, double alpha, double beta) {
   Tensor y = ops::affine(x, alpha, beta);
   if (needs_grad({&x}))
-    record("affine", {&x}, {&y}, [alpha](const Grads& g) -> Grads { return {ops::affine(g[0], alpha, 0.0)}; });
+    record("affine", {&x}, {&y},
+           [alpha](const Grads& g) -> Grads { return {ops::affine(g[0], alpha, 0.0)}; });
   return y;
 }
 Tensor mul_scalar(const Tensor& x, double s) { return affine(x, s, 0.0); }
@@ -116,7 +121,8 @@ Tensor pow(const Tensor& x, double e) {
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   Tensor y = ops::masked_fill(x, mask, value);
   if (needs_grad({&x}))
-    record("masked_fill", {&x}, {&y}, [mask](const Grads& g) -> Grads { return {ops::masked_fill(g[0], mask, 0.0)}; });
+    record("masked_fill", {&x}, {&y},
+           [mask](const Grads& g) -> Grads { return {ops::masked_fill(g[0], mask, 0.0)}; });
   return y;
 }
 
@@ -176,9 +182,8 @@ Tensor sum(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
   Tensor y = ops::reduce(ops::ReduceOp::sum, x, dims, keepdim);
   if (needs_grad({&x})) {
     Shape ks = keep_shape(x, dims), xs = x.shape();
-    record("sum", {&x}, {&y}, [ks, xs](const Grads& g) -> Grads {
-      return {ops::expand(ops::reshape(g[0], ks), xs)};
-    });
+    record("sum", {&x}, {&y},
+           [ks, xs](const Grads& g) -> Grads { return {ops::expand(ops::reshape(g[0], ks), xs)}; });
   }
   return y;
 }
@@ -215,8 +220,9 @@ Tensor softmax(const Tensor& x, int64_t dim) {
   Tensor y = ops::softmax(x, dim, false);
   if (needs_grad({&x})) {
     Tensor saved = y.as_strided(y.shape(), y.strides(), y.offset());  // alias without autograd history
-    record("softmax", {&x}, {&y},
-           [saved, dim](const Grads& g) -> Grads { return {ops::softmax_backward(saved, g[0], dim, false)}; });
+    record("softmax", {&x}, {&y}, [saved, dim](const Grads& g) -> Grads {
+      return {ops::softmax_backward(saved, g[0], dim, false)};
+    });
   }
   return y;
 }

@@ -15,8 +15,12 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     record("matmul", {&a, &b}, {&y}, [a, b, ta, tb, ga, gb](const Grads& g) -> Grads {
       // y = A' B' with A' = ta ? a^T : a.  dA' = g B'^T,  dB' = A'^T g, written in a's and b's own layout.
       Grads r(2);
-      if (ga) r[0] = ops::sum_to_shape(ta ? ops::matmul(b, g[0], tb, true) : ops::matmul(g[0], b, false, !tb), a.shape());
-      if (gb) r[1] = ops::sum_to_shape(tb ? ops::matmul(g[0], a, true, ta) : ops::matmul(a, g[0], !ta, false), b.shape());
+      if (ga)
+        r[0] = ops::sum_to_shape(ta ? ops::matmul(b, g[0], tb, true) : ops::matmul(g[0], b, false, !tb),
+                                 a.shape());
+      if (gb)
+        r[1] = ops::sum_to_shape(tb ? ops::matmul(g[0], a, true, ta) : ops::matmul(a, g[0], !ta, false),
+                                 b.shape());
       return r;
     });
   }
@@ -45,7 +49,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
 Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
   ops::NormOut o = ops::layer_norm(x, w, b, eps);
   if (needs_grad({&x, &w, &b})) {
-    const bool gx = x.requires_grad(), gw = w.defined() && w.requires_grad(), gb = b.defined() && b.requires_grad();
+    const bool gx = x.requires_grad(), gw = w.defined() && w.requires_grad(),
+               gb = b.defined() && b.requires_grad();
     Tensor mean = o.mean, rstd = o.rstd;
     record("layer_norm", {&x, &w, &b}, {&o.y}, [x, w, mean, rstd, gx, gw, gb](const Grads& g) -> Grads {
       ops::NormGrads r = ops::layer_norm_backward(x, w, mean, rstd, g[0], gx, gw, gb);
@@ -87,10 +92,14 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_
   if (needs_grad({&logits})) {
     Tensor lse = o.lse;
     const Shape ls = labels.shape();
-    record("cross_entropy", {&logits}, {&y}, [logits, labels, lse, scale, reduction, ignore_index, ls](const Grads& g) -> Grads {
-      Tensor gl = reduction == Reduction::none ? g[0] : ops::expand(ops::reshape(ops::affine(g[0], scale, 0.0), Shape(ls.size(), 1)), ls);
-      return {ops::cross_entropy_backward(logits, labels, lse, ops::contiguous(gl), ignore_index)};
-    });
+    record("cross_entropy", {&logits}, {&y},
+           [logits, labels, lse, scale, reduction, ignore_index, ls](const Grads& g) -> Grads {
+             Tensor gl =
+                 reduction == Reduction::none
+                     ? g[0]
+                     : ops::expand(ops::reshape(ops::affine(g[0], scale, 0.0), Shape(ls.size(), 1)), ls);
+             return {ops::cross_entropy_backward(logits, labels, lse, ops::contiguous(gl), ignore_index)};
+           });
   }
   return y;
 }

@@ -22,7 +22,8 @@ Tensor shape_op(const char* name, const Tensor& x, Tensor y, F fn) {
 
 Tensor view(const Tensor& x, const Shape& shape) {
   const Shape xs = x.shape();
-  return shape_op("view", x, ops::view(x, shape), [xs](const Grads& g) -> Grads { return {ops::reshape(g[0], xs)}; });
+  return shape_op("view", x, ops::view(x, shape),
+                  [xs](const Grads& g) -> Grads { return {ops::reshape(g[0], xs)}; });
 }
 
 Tensor reshape(const Tensor& x, const Shape& shape) {
@@ -38,7 +39,8 @@ Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
 
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
   std::vector<int64_t> inv(dims.size());
-  for (size_t i = 0; i < dims.size(); ++i) inv[static_cast<size_t>(wrap_dim(dims[i], x.dim(), "permute"))] = static_cast<int64_t>(i);
+  for (size_t i = 0; i < dims.size(); ++i)
+    inv[static_cast<size_t>(wrap_dim(dims[i], x.dim(), "permute"))] = static_cast<int64_t>(i);
   return shape_op("permute", x, ops::permute(x, dims),
                   [inv](const Grads& g) -> Grads { return {ops::permute(g[0], inv)}; });
 }
@@ -47,11 +49,12 @@ Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
   const Shape xs = x.shape();
   const int64_t d = wrap_dim(dim, x.dim(), "narrow");
   const int64_t s = start < 0 ? start + xs[d] : start;
-  return shape_op("narrow", x, ops::narrow(x, dim, start, length), [xs, d, s, length](const Grads& g) -> Grads {
-    Tensor gx = ops::zeros(xs, g[0].dtype(), g[0].device());
-    ops::copy_(ops::narrow(gx, d, s, length), g[0]);
-    return {gx};
-  });
+  return shape_op("narrow", x, ops::narrow(x, dim, start, length),
+                  [xs, d, s, length](const Grads& g) -> Grads {
+                    Tensor gx = ops::zeros(xs, g[0].dtype(), g[0].device());
+                    ops::copy_(ops::narrow(gx, d, s, length), g[0]);
+                    return {gx};
+                  });
 }
 
 Tensor expand(const Tensor& x, const Shape& shape) {
@@ -107,8 +110,8 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
   const int64_t d = wrap_dim(dim, x.dim(), "split");
   int64_t total = 0;
   for (int64_t s : sizes) total += s;
-  TR_CHECK(total == x.shape()[d], "split: sizes [{}] do not add up to dim {} of {}", fmt::join(sizes, ", "), d,
-           x.describe());
+  TR_CHECK(total == x.shape()[d], "split: sizes [{}] do not add up to dim {} of {}", fmt::join(sizes, ", "),
+           d, x.describe());
   std::vector<Tensor> outs;
   int64_t at = 0;
   for (int64_t s : sizes) {
@@ -124,11 +127,14 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
       const Tensor* ref = nullptr;
       bool all = true;
       for (const auto& gi : g) {
-        if (!gi.defined()) all = false;
-        else if (!ref) ref = &gi;
+        if (!gi.defined())
+          all = false;
+        else if (!ref)
+          ref = &gi;
       }
       if (!ref) return {Tensor()};
-      Tensor gx = all ? ops::empty(xs, ref->dtype(), ref->device()) : ops::zeros(xs, ref->dtype(), ref->device());
+      Tensor gx =
+          all ? ops::empty(xs, ref->dtype(), ref->device()) : ops::zeros(xs, ref->dtype(), ref->device());
       int64_t at2 = 0;
       for (size_t i = 0; i < sizes.size(); ++i) {
         if (g[i].defined()) ops::copy_(ops::narrow(gx, d, at2, sizes[i]), g[i]);

@@ -47,7 +47,8 @@ FunctionNode::FunctionNode(std::string name, uint32_t num_outputs, BackwardFn fn
 
 Grads FunctionNode::apply(Grads&& grads) {
   TR_CHECK(fn_ != nullptr,
-           "backward through '{}' a second time: its saved tensors were freed after the first backward", name());
+           "backward through '{}' a second time: its saved tensors were freed after the first backward",
+           name());
   BackwardFn fn = std::move(fn_);
   fn_ = nullptr;
   return fn(grads);  // `fn` (and the tensors it saved) dies at the end of this call
@@ -75,7 +76,8 @@ Edge edge_of(const Tensor& t) {
 void record(const char* name, const std::vector<const Tensor*>& inputs, const std::vector<Tensor*>& outputs,
             BackwardFn fn) {
   const std::string_view n(name);
-  TR_CHECK(std::find(std::begin(kDifferentiableOps), std::end(kDifferentiableOps), n) != std::end(kDifferentiableOps),
+  TR_CHECK(std::find(std::begin(kDifferentiableOps), std::end(kDifferentiableOps), n) !=
+               std::end(kDifferentiableOps),
            "autograd: op '{}' is not in the differentiable op list (autograd/op_list.h)", name);
   auto node = std::make_shared<FunctionNode>(name, static_cast<uint32_t>(outputs.size()), std::move(fn));
   node->next_edges.reserve(inputs.size());
@@ -109,8 +111,10 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     Grads& buf = buffers[node.get()];
     if (buf.empty()) buf.resize(node->num_outputs());
     if (!g.defined()) return;
-    if (!buf[slot].defined()) buf[slot] = std::move(g);
-    else buf[slot] = ops::binary(ops::BinaryOp::add, buf[slot], g);
+    if (!buf[slot].defined())
+      buf[slot] = std::move(g);
+    else
+      buf[slot] = ops::binary(ops::BinaryOp::add, buf[slot], g);
   };
   // Count dependencies over the reachable graph.
   std::vector<std::shared_ptr<Node>> stack;
@@ -123,7 +127,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     }
   }
   std::vector<Edge> root_edges;
-  for (const auto& r : roots) root_edges.push_back(r.grad_fn() ? Edge{r.grad_fn(), r.impl().output_nr} : Edge{});
+  for (const auto& r : roots)
+    root_edges.push_back(r.grad_fn() ? Edge{r.grad_fn(), r.impl().output_nr} : Edge{});
   while (!stack.empty()) {
     auto n = stack.back();
     stack.pop_back();
@@ -139,7 +144,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
   for (size_t i = 0; i < roots.size(); ++i) {
     Tensor g = grads.empty() ? Tensor() : grads[i];
     if (!g.defined()) {
-      TR_CHECK(roots[i].numel() == 1, "backward: a gradient is needed for non-scalar root {}", roots[i].describe());
+      TR_CHECK(roots[i].numel() == 1, "backward: a gradient is needed for non-scalar root {}",
+               roots[i].describe());
       g = ops::ones(roots[i].shape(), roots[i].dtype(), roots[i].device());
     }
     TR_CHECK(g.shape() == roots[i].shape(), "backward: gradient {} does not match root {}", g.describe(),
@@ -168,7 +174,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     const bool any = std::any_of(in.begin(), in.end(), [](const Tensor& t) { return t.defined(); });
     Grads out = any ? node->apply(std::move(in)) : Grads{};
     TR_CHECK(out.size() == node->next_edges.size() || out.empty(),
-             "autograd: '{}' returned {} gradients for {} inputs", node->name(), out.size(), node->next_edges.size());
+             "autograd: '{}' returned {} gradients for {} inputs", node->name(), out.size(),
+             node->next_edges.size());
     for (size_t i = 0; i < node->next_edges.size(); ++i) {
       const Edge& e = node->next_edges[i];
       if (!e.node) continue;

@@ -10,7 +10,6 @@
 
 namespace tr::backend {
 
-
 const char* unary_name(UnaryOp op);
 const char* binary_name(BinaryOp op);
 
@@ -33,7 +32,8 @@ class Backend {
   // Waits for queued work (no-op on the CPU).
   virtual void synchronize() {}
 
-  // dst and src have the same shape and device; any strides, any dtypes (converted with round-to-nearest-even).
+  // dst and src have the same shape and device; any strides, any dtypes (converted with
+  // round-to-nearest-even).
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;
   // out contiguous.
   virtual void fill(const Tensor& out, double value) = 0;
@@ -55,7 +55,8 @@ class Backend {
   virtual void masked_fill(const Tensor& x, const Tensor& mask, double value, const Tensor& out) = 0;
 
   // x contiguous, viewed as [outer, r, inner]; out contiguous [outer, inner].
-  virtual void reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t r, int64_t inner, const Tensor& out) = 0;
+  virtual void reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t r, int64_t inner,
+                      const Tensor& out) = 0;
   // Index (i64) of the max along r (first one on ties).
   virtual void argmax(const Tensor& x, int64_t outer, int64_t r, int64_t inner, const Tensor& out) = 0;
   // x contiguous [rows, n]: the k largest per row, sorted descending; values x.dtype, indices i64.
@@ -72,18 +73,21 @@ class Backend {
                           const Tensor& mean, const Tensor& rstd) = 0;
   // gw, gb are overwritten (not accumulated); either may be undefined when not needed.
   virtual void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                                   const Tensor& gy, const Tensor& gx, const Tensor& gw, const Tensor& gb) = 0;
-  virtual void rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) = 0;
+                                   const Tensor& gy, const Tensor& gx, const Tensor& gw,
+                                   const Tensor& gb) = 0;
+  virtual void rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
+                        const Tensor& rstd) = 0;
   virtual void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& gy,
                                  const Tensor& gx, const Tensor& gw) = 0;
 
   // logits contiguous [n, v] (any float dtype), labels i64 [n]; loss f32 [n] (0 where ignored),
   // lse f32 [n] (logsumexp of each row, saved for backward). Labels out of range throw.
-  virtual void cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index, const Tensor& loss,
-                             const Tensor& lse) = 0;
+  virtual void cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
+                             const Tensor& loss, const Tensor& lse) = 0;
   // glogits = grad_loss[row] * (softmax(logits) - onehot(label)); 0 for ignored rows. grad_loss f32 [n].
   virtual void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
-                                      const Tensor& grad_loss, int64_t ignore_index, const Tensor& glogits) = 0;
+                                      const Tensor& grad_loss, int64_t ignore_index,
+                                      const Tensor& glogits) = 0;
 
   // weight [v, d] contiguous, ids i64 [n] (checked < v), out [n, d].
   virtual void embedding(const Tensor& weight, const Tensor& ids, const Tensor& out) = 0;
@@ -93,8 +97,8 @@ class Backend {
   // Rotary embedding (HF rotate_half convention) on contiguous x: [B, H, T, D] or, with seq_major,
   // [B, T, H, D]. cos/sin f32 [P, D/2]; positions i64 [B, T] (< P). inverse=true applies the transpose
   // rotation (the backward).
-  virtual void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions, bool seq_major,
-                    bool inverse, const Tensor& y) = 0;
+  virtual void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions,
+                    bool seq_major, bool inverse, const Tensor& y) = 0;
 
   // y = x * keep / (1 - p), keep[i] = uniform(seed, offset, i) >= p. x, y contiguous.
   virtual void dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, const Tensor& y) = 0;

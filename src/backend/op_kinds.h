@@ -4,7 +4,22 @@
 
 namespace tr::backend {
 
-enum class UnaryOp { neg, exp, log, sqrt, rsqrt, tanh, sigmoid, relu, gelu_tanh, gelu_erf, silu, abs, square, reciprocal };
+enum class UnaryOp {
+  neg,
+  exp,
+  log,
+  sqrt,
+  rsqrt,
+  tanh,
+  sigmoid,
+  relu,
+  gelu_tanh,
+  gelu_erf,
+  silu,
+  abs,
+  square,
+  reciprocal
+};
 // eq gives 1 where a == b and 0 elsewhere, in the operands' dtype (used for gradient masks).
 enum class BinaryOp { add, sub, mul, div, maximum, minimum, eq };
 enum class ReduceOp { sum, mean, max, min };

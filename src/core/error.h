@@ -21,7 +21,7 @@ template <typename... Args>
 }  // namespace tr
 
 // Checks a condition and throws tr::Error with a formatted message naming what is at fault.
-#define TR_CHECK(cond, ...)           \
-  do {                                \
+#define TR_CHECK(cond, ...)               \
+  do {                                    \
     if (!(cond)) ::tr::fail(__VA_ARGS__); \
   } while (0)

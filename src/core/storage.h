@@ -9,7 +9,9 @@ namespace tr {
 
 class Storage {
  public:
-  Storage(size_t nbytes, Allocator& alloc) : nbytes_(nbytes), alloc_(&alloc) { data_ = alloc.allocate(nbytes); }
+  Storage(size_t nbytes, Allocator& alloc) : nbytes_(nbytes), alloc_(&alloc) {
+    data_ = alloc.allocate(nbytes);
+  }
   ~Storage() { alloc_->deallocate(data_, nbytes_); }
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;

@@ -6,7 +6,8 @@ namespace tr {
 Tensor Tensor::empty(const Shape& shape, DType dtype, Allocator& alloc) {
   for (int64_t s : shape) TR_CHECK(s >= 0, "empty: negative size in shape {}", shape_str(shape));
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), alloc);
+  impl->storage =
+      std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), alloc);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
@@ -63,19 +64,23 @@ double Tensor::item() const {
 }
 
 Tensor Tensor::as_strided(const Shape& shape, const Strides& strides, int64_t offset) const {
-  TR_CHECK(shape.size() == strides.size(), "as_strided: shape {} and strides {} differ in rank", shape_str(shape),
-           shape_str(strides));
+  TR_CHECK(shape.size() == strides.size(), "as_strided: shape {} and strides {} differ in rank",
+           shape_str(shape), shape_str(strides));
   int64_t lo = offset, hi = offset;
   bool empty = false;
   for (size_t i = 0; i < shape.size(); ++i) {
     TR_CHECK(shape[i] >= 0, "as_strided: negative size in {}", shape_str(shape));
     if (shape[i] == 0) empty = true;
     int64_t span = (shape[i] - 1) * strides[i];
-    if (span < 0) lo += span; else hi += span;
+    if (span < 0)
+      lo += span;
+    else
+      hi += span;
   }
   int64_t cap = static_cast<int64_t>(impl().storage->nbytes() / dtype_size(dtype()));
-  TR_CHECK(empty || (lo >= 0 && hi < cap), "as_strided: view {} strides {} offset {} exceeds storage of {} elements",
-           shape_str(shape), shape_str(strides), offset, cap);
+  TR_CHECK(empty || (lo >= 0 && hi < cap),
+           "as_strided: view {} strides {} offset {} exceeds storage of {} elements", shape_str(shape),
+           shape_str(strides), offset, cap);
   auto v = std::make_shared<TensorImpl>();
   v->storage = impl().storage;
   v->shape = shape;

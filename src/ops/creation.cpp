@@ -14,7 +14,9 @@ Allocator& allocator_for(Device device) {
   fail("no allocator for device {}", device.str());
 }
 
-Tensor empty(const Shape& shape, DType dtype, Device device) { return Tensor::empty(shape, dtype, allocator_for(device)); }
+Tensor empty(const Shape& shape, DType dtype, Device device) {
+  return Tensor::empty(shape, dtype, allocator_for(device));
+}
 
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
@@ -35,14 +37,16 @@ Tensor arange(int64_t n, DType dtype, Device device) {
 Tensor randn(const Shape& shape, Generator& gen, DType dtype, Device device, double mean, double std) {
   Tensor t = empty(shape, dtype, device);
   uint64_t off = gen.reserve(2 * static_cast<uint64_t>(t.numel()));
-  if (!device.is_meta() && t.numel() > 0) backend::backend_for(device).random_normal(t, mean, std, gen.seed(), off);
+  if (!device.is_meta() && t.numel() > 0)
+    backend::backend_for(device).random_normal(t, mean, std, gen.seed(), off);
   return t;
 }
 
 Tensor rand(const Shape& shape, Generator& gen, DType dtype, Device device, double lo, double hi) {
   Tensor t = empty(shape, dtype, device);
   uint64_t off = gen.reserve(static_cast<uint64_t>(t.numel()));
-  if (!device.is_meta() && t.numel() > 0) backend::backend_for(device).random_uniform(t, lo, hi, gen.seed(), off);
+  if (!device.is_meta() && t.numel() > 0)
+    backend::backend_for(device).random_uniform(t, lo, hi, gen.seed(), off);
   return t;
 }
 
@@ -64,7 +68,7 @@ std::vector<T> to_vector(const Tensor& t) {
   return out;
 }
 
-#define TR_INSTANTIATE(T)                                                            \
+#define TR_INSTANTIATE(T)                                                      \
   template Tensor from_vector<T>(const std::vector<T>&, const Shape&, Device); \
   template std::vector<T> to_vector<T>(const Tensor&);
 TR_INSTANTIATE(float)
@@ -82,8 +86,9 @@ void copy_(const Tensor& dst, const Tensor& src) {
   if (dst.numel() == 0) return;
   const Device sd = src.device(), dd = dst.device();
   if (sd.is_meta() || dd.is_meta()) {
-    TR_CHECK(sd.is_meta() && dd.is_meta(), "copy_: cannot copy data between {} and {} (meta tensors hold none)",
-             src.describe(), dst.describe());
+    TR_CHECK(sd.is_meta() && dd.is_meta(),
+             "copy_: cannot copy data between {} and {} (meta tensors hold none)", src.describe(),
+             dst.describe());
     return;
   }
   if (sd == dd) {

@@ -12,7 +12,8 @@ backend::Backend& be(const Tensor& t) { return backend::backend_for(t.device());
 bool runs(const Tensor& t) { return !t.device().is_meta() && t.numel() > 0; }
 
 void check_pair(const char* op, const Tensor& a, const Tensor& b) {
-  TR_CHECK(a.device() == b.device(), "{}: tensors on different devices: {} and {}", op, a.describe(), b.describe());
+  TR_CHECK(a.device() == b.device(), "{}: tensors on different devices: {} and {}", op, a.describe(),
+           b.describe());
   TR_CHECK(a.dtype() == b.dtype(), "{}: dtypes differ: {} and {} (cast one explicitly)", op, a.describe(),
            b.describe());
 }
@@ -53,8 +54,9 @@ void binary_(BinaryOp op, const Tensor& out, const Tensor& b) {
   check_pair(name, out, b);
   TR_CHECK(out.is_contiguous(), "{}_: in-place target {} must be contiguous", name, out.describe());
   // An operand that shares memory with the target in another layout would be read after being written.
-  const bool overlap = b.storage() == out.storage() && !(b.shape() == out.shape() && b.strides() == out.strides() &&
-                                                         b.offset() == out.offset());
+  const bool overlap =
+      b.storage() == out.storage() &&
+      !(b.shape() == out.shape() && b.strides() == out.strides() && b.offset() == out.offset());
   Tensor bb = expand(overlap ? clone(b) : b, out.shape());
   if (runs(out)) be(out).binary(op, out, bb, out);
 }
@@ -112,8 +114,10 @@ Tensor reduce(ReduceOp op, const Tensor& x, std::vector<int64_t> dims, bool keep
   for (auto d : dims) red[d] = true;
   Shape out_shape;
   for (int64_t i = 0; i < nd; ++i) {
-    if (!red[i]) out_shape.push_back(x.shape()[i]);
-    else if (keepdim) out_shape.push_back(1);
+    if (!red[i])
+      out_shape.push_back(x.shape()[i]);
+    else if (keepdim)
+      out_shape.push_back(1);
   }
   int64_t r = 1;
   for (auto d : dims) r *= x.shape()[d];
@@ -146,8 +150,10 @@ Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
   dim = wrap_dim(dim, x.dim(), "argmax");
   TR_CHECK(x.shape()[dim] > 0, "argmax: dim {} of {} is empty", dim, x.describe());
   Shape out_shape = x.shape();
-  if (keepdim) out_shape[dim] = 1;
-  else out_shape.erase(out_shape.begin() + dim);
+  if (keepdim)
+    out_shape[dim] = 1;
+  else
+    out_shape.erase(out_shape.begin() + dim);
   Tensor xc = contiguous(x);
   Tensor out = empty(out_shape, DType::i64, x.device());
   if (!runs(out)) return out;
@@ -185,7 +191,8 @@ Tensor softmax_backward(const Tensor& y, const Tensor& gy, int64_t dim, bool log
   check_pair("softmax_backward", y, gy);
   dim = wrap_dim(dim, y.dim(), "softmax_backward");
   if (y.dim() > 0 && dim != y.dim() - 1) {
-    Tensor r = softmax_backward(contiguous(transpose(y, dim, -1)), contiguous(transpose(gy, dim, -1)), -1, log);
+    Tensor r =
+        softmax_backward(contiguous(transpose(y, dim, -1)), contiguous(transpose(gy, dim, -1)), -1, log);
     return contiguous(transpose(r, dim, -1));
   }
   Tensor yc = contiguous(y), gc = contiguous(gy);

@@ -12,7 +12,8 @@ backend::Backend& be(const Tensor& t) { return backend::backend_for(t.device());
 bool runs(const Tensor& t) { return !t.device().is_meta() && t.numel() > 0; }
 
 void check_same(const char* op, const Tensor& a, const Tensor& b) {
-  TR_CHECK(a.device() == b.device(), "{}: tensors on different devices: {} and {}", op, a.describe(), b.describe());
+  TR_CHECK(a.device() == b.device(), "{}: tensors on different devices: {} and {}", op, a.describe(),
+           b.describe());
   TR_CHECK(a.dtype() == b.dtype(), "{}: dtypes differ: {} and {}", op, a.describe(), b.describe());
 }
 
@@ -123,8 +124,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   double beta = 0.0;
   if (bias.defined()) {
     check_same("linear", x, bias);
-    TR_CHECK(bias.dim() == 1 && bias.size(0) == outf, "linear: bias {} does not match {} outputs", bias.describe(),
-             outf);
+    TR_CHECK(bias.dim() == 1 && bias.size(0) == outf, "linear: bias {} does not match {} outputs",
+             bias.describe(), outf);
     copy_(out, expand(bias, {rows, outf}));
     beta = 1.0;
   }
@@ -153,8 +154,8 @@ DType stat_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 void check_norm(const char* op, const Tensor& x, const Tensor& p, const char* what) {
   if (!p.defined()) return;
   check_same(op, x, p);
-  TR_CHECK(p.dim() == 1 && p.size(0) == x.size(-1), "{}: {} {} does not match the last dim of input {}", op, what,
-           p.describe(), x.describe());
+  TR_CHECK(p.dim() == 1 && p.size(0) == x.size(-1), "{}: {} {} does not match the last dim of input {}", op,
+           what, p.describe(), x.describe());
 }
 
 Shape rows_shape(const Tensor& x) {
@@ -165,7 +166,8 @@ Shape rows_shape(const Tensor& x) {
 }  // namespace
 
 NormOut layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
-  TR_CHECK(is_floating(x.dtype()) && x.dim() >= 1, "layer_norm: expected a floating tensor, got {}", x.describe());
+  TR_CHECK(is_floating(x.dtype()) && x.dim() >= 1, "layer_norm: expected a floating tensor, got {}",
+           x.describe());
   check_norm("layer_norm", x, w, "weight");
   check_norm("layer_norm", x, b, "bias");
   Tensor xc = contiguous(x), wc = w.defined() ? contiguous(w) : w, bc = b.defined() ? contiguous(b) : b;
@@ -196,7 +198,8 @@ NormGrads layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& me
 }
 
 NormOut rms_norm(const Tensor& x, const Tensor& w, double eps) {
-  TR_CHECK(is_floating(x.dtype()) && x.dim() >= 1, "rms_norm: expected a floating tensor, got {}", x.describe());
+  TR_CHECK(is_floating(x.dtype()) && x.dim() >= 1, "rms_norm: expected a floating tensor, got {}",
+           x.describe());
   check_norm("rms_norm", x, w, "weight");
   Tensor xc = contiguous(x), wc = w.defined() ? contiguous(w) : w;
   NormOut o{empty(x.shape(), x.dtype(), x.device()), Tensor(),
@@ -205,8 +208,8 @@ NormOut rms_norm(const Tensor& x, const Tensor& w, double eps) {
   return o;
 }
 
-NormGrads rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& gy, bool need_gx,
-                            bool need_gw) {
+NormGrads rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& gy,
+                            bool need_gx, bool need_gw) {
   check_same("rms_norm_backward", x, gy);
   TR_CHECK(gy.shape() == x.shape(), "rms_norm_backward: grad {} does not match input {}", gy.describe(),
            x.describe());
@@ -226,8 +229,9 @@ CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& labels, int64_
   TR_CHECK(is_floating(logits.dtype()) && logits.dim() >= 1, "cross_entropy: logits must be floating, got {}",
            logits.describe());
   TR_CHECK(labels.dtype() == DType::i64, "cross_entropy: labels must be int64, got {}", labels.describe());
-  TR_CHECK(labels.device() == logits.device(), "cross_entropy: labels {} and logits {} are on different devices",
-           labels.describe(), logits.describe());
+  TR_CHECK(labels.device() == logits.device(),
+           "cross_entropy: labels {} and logits {} are on different devices", labels.describe(),
+           logits.describe());
   const int64_t v = logits.size(-1);
   const int64_t rows = logits.numel() / std::max<int64_t>(v, 1);
   TR_CHECK(labels.numel() == rows, "cross_entropy: {} labels for {} rows of logits {}", labels.numel(), rows,
@@ -239,14 +243,15 @@ CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& labels, int64_
   return o;
 }
 
-Tensor cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse, const Tensor& grad_loss,
-                              int64_t ignore_index) {
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
+                              const Tensor& grad_loss, int64_t ignore_index) {
   TR_CHECK(grad_loss.numel() == labels.numel() && grad_loss.dtype() == lse.dtype(),
-           "cross_entropy_backward: grad {} does not match labels {}", grad_loss.describe(), labels.describe());
+           "cross_entropy_backward: grad {} does not match labels {}", grad_loss.describe(),
+           labels.describe());
   TR_CHECK(labels.device() == logits.device() && lse.device() == logits.device() &&
                grad_loss.device() == logits.device(),
-           "cross_entropy_backward: logits {}, labels {} and grad {} must be on one device", logits.describe(),
-           labels.describe(), grad_loss.describe());
+           "cross_entropy_backward: logits {}, labels {} and grad {} must be on one device",
+           logits.describe(), labels.describe(), grad_loss.describe());
   Tensor lc = contiguous(logits), yc = contiguous(labels), gc = contiguous(grad_loss);
   Tensor g = empty(logits.shape(), logits.dtype(), logits.device());
   if (runs(g)) be(logits).cross_entropy_backward(lc, yc, lse, gc, ignore_index, g);
@@ -268,15 +273,18 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
 
 Tensor embedding_backward(const Tensor& gy, const Tensor& ids, int64_t num_rows) {
   const int64_t d = gy.size(-1);
-  TR_CHECK(gy.numel() == ids.numel() * d, "embedding_backward: grad {} does not match indices {}", gy.describe(),
-           ids.describe());
+  TR_CHECK(gy.numel() == ids.numel() * d, "embedding_backward: grad {} does not match indices {}",
+           gy.describe(), ids.describe());
   TR_CHECK(ids.dtype() == DType::i64 && ids.device() == gy.device(),
-           "embedding_backward: indices {} must be int64 on the grad's device ({})", ids.describe(), gy.describe());
+           "embedding_backward: indices {} must be int64 on the grad's device ({})", ids.describe(),
+           gy.describe());
   Tensor gc = contiguous(gy), ic = contiguous(ids);
   Tensor gw = empty({num_rows, d}, gy.dtype(), gy.device());
   if (runs(gw)) {
-    if (gy.numel() == 0) be(gy).fill(gw, 0.0);
-    else be(gy).embedding_backward(gc, ic, gw);
+    if (gy.numel() == 0)
+      be(gy).fill(gw, 0.0);
+    else
+      be(gy).embedding_backward(gc, ic, gw);
   }
   return gw;
 }
@@ -285,11 +293,13 @@ RopeTables rope_tables(int64_t max_positions, int64_t head_dim, double theta, De
   TR_CHECK(head_dim > 0 && head_dim % 2 == 0, "rope_tables: head_dim {} must be even and positive", head_dim);
   const int64_t half = head_dim / 2;
   if (device.is_meta())
-    return {empty({max_positions, half}, DType::f32, device), empty({max_positions, half}, DType::f32, device)};
+    return {empty({max_positions, half}, DType::f32, device),
+            empty({max_positions, half}, DType::f32, device)};
   std::vector<float> c(static_cast<size_t>(max_positions * half)), s(c.size());
   for (int64_t i = 0; i < half; ++i) {
     // As HF: inv_freq = 1 / theta^(2i/d) in f32, angle = pos * inv_freq in f32.
-    float inv = 1.0f / std::pow(static_cast<float>(theta), static_cast<float>(2 * i) / static_cast<float>(head_dim));
+    float inv =
+        1.0f / std::pow(static_cast<float>(theta), static_cast<float>(2 * i) / static_cast<float>(head_dim));
     for (int64_t p = 0; p < max_positions; ++p) {
       float a = static_cast<float>(p) * inv;
       c[static_cast<size_t>(p * half + i)] = std::cos(a);
@@ -300,15 +310,16 @@ RopeTables rope_tables(int64_t max_positions, int64_t head_dim, double theta, De
 }
 
 Tensor rope(const Tensor& x, const RopeTables& t, const Tensor& positions, bool seq_major, bool inverse) {
-  TR_CHECK(x.dim() == 4 && x.size(3) % 2 == 0, "rope: expected x [B, H, T, D] with even D, got {}", x.describe());
+  TR_CHECK(x.dim() == 4 && x.size(3) % 2 == 0, "rope: expected x [B, H, T, D] with even D, got {}",
+           x.describe());
   const int64_t B = x.size(0), T = seq_major ? x.size(1) : x.size(2);
   TR_CHECK(positions.dtype() == DType::i64 && positions.numel() == B * T,
            "rope: positions {} do not match batch {} x sequence {}", positions.describe(), B, T);
   TR_CHECK(t.cos.dim() == 2 && t.cos.size(1) == x.size(3) / 2, "rope: tables {} do not match head dim {}",
            t.cos.describe(), x.size(3));
   TR_CHECK(positions.device() == x.device() && t.cos.device() == x.device() && t.sin.device() == x.device(),
-           "rope: input {}, positions {} and tables {} must be on one device", x.describe(), positions.describe(),
-           t.cos.describe());
+           "rope: input {}, positions {} and tables {} must be on one device", x.describe(),
+           positions.describe(), t.cos.describe());
   Tensor xc = contiguous(x), pc = contiguous(positions);
   Tensor y = empty(x.shape(), x.dtype(), x.device());
   if (runs(y)) be(x).rope(xc, t.cos, t.sin, pc, seq_major, inverse, y);
@@ -332,7 +343,8 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
     check_same("cat", f, x);
     TR_CHECK(x.dim() == f.dim(), "cat: ranks differ: {} and {}", f.describe(), x.describe());
     for (int64_t d = 0; d < f.dim(); ++d)
-      TR_CHECK(d == dim || x.size(d) == f.size(d), "cat: {} and {} differ in dim {}", f.describe(), x.describe(), d);
+      TR_CHECK(d == dim || x.size(d) == f.size(d), "cat: {} and {} differ in dim {}", f.describe(),
+               x.describe(), d);
     total += x.size(dim);
   }
   Shape s = f.shape();

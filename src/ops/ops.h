@@ -40,7 +40,7 @@ Tensor contiguous(const Tensor& t);
 Tensor clone(const Tensor& t);
 
 // ---- views (share storage)
-Tensor view(const Tensor& t, Shape shape);  // one dim may be -1; throws if strides do not allow it
+Tensor view(const Tensor& t, Shape shape);     // one dim may be -1; throws if strides do not allow it
 Tensor reshape(const Tensor& t, Shape shape);  // view when possible, else a contiguous copy
 bool can_view(const Tensor& t, const Shape& shape);
 Tensor transpose(const Tensor& t, int64_t d0, int64_t d1);
@@ -92,8 +92,8 @@ struct NormGrads {
 NormGrads layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                               const Tensor& gy, bool need_gx, bool need_gw, bool need_gb);
 NormOut rms_norm(const Tensor& x, const Tensor& w, double eps);
-NormGrads rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& gy, bool need_gx,
-                            bool need_gw);
+NormGrads rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& gy,
+                            bool need_gx, bool need_gw);
 
 // ---- loss, embedding, rope, dropout
 struct CrossEntropyOut {

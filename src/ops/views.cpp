@@ -19,7 +19,8 @@ Shape infer_shape(const Shape& shape, int64_t numel, const char* op) {
     }
   }
   if (infer >= 0) {
-    TR_CHECK(known > 0 && numel % known == 0, "{}: shape {} is invalid for {} elements", op, shape_str(shape), numel);
+    TR_CHECK(known > 0 && numel % known == 0, "{}: shape {} is invalid for {} elements", op, shape_str(shape),
+             numel);
     out[infer] = numel / known;
   }
   TR_CHECK(shape_numel(out) == numel, "{}: shape {} is invalid for {} elements", op, shape_str(shape), numel);
@@ -89,7 +90,8 @@ Tensor transpose(const Tensor& t, int64_t d0, int64_t d1) {
 }
 
 Tensor permute(const Tensor& t, const std::vector<int64_t>& dims) {
-  TR_CHECK(static_cast<int64_t>(dims.size()) == t.dim(), "permute: {} dims given for {}", dims.size(), t.describe());
+  TR_CHECK(static_cast<int64_t>(dims.size()) == t.dim(), "permute: {} dims given for {}", dims.size(),
+           t.describe());
   Shape sh(dims.size());
   Strides st(dims.size());
   std::vector<bool> seen(dims.size(), false);
@@ -123,14 +125,15 @@ Tensor expand(const Tensor& t, const Shape& shape) {
   Strides st(shape.size(), 0);
   for (size_t i = 0; i < shape.size(); ++i) {
     if (i < lead) {
-      TR_CHECK(shape[i] >= 0, "expand: size {} invalid for a new leading dim in {}", shape[i], shape_str(shape));
+      TR_CHECK(shape[i] >= 0, "expand: size {} invalid for a new leading dim in {}", shape[i],
+               shape_str(shape));
       sh[i] = shape[i];
       continue;
     }
     int64_t old = t.shape()[i - lead];
     int64_t want = shape[i] == -1 ? old : shape[i];
-    TR_CHECK(old == want || old == 1, "expand: {} cannot be expanded to {} (dim {} has size {})", t.describe(),
-             shape_str(shape), i, old);
+    TR_CHECK(old == want || old == 1, "expand: {} cannot be expanded to {} (dim {} has size {})",
+             t.describe(), shape_str(shape), i, old);
     sh[i] = want;
     st[i] = old == want ? t.strides()[i - lead] : 0;
   }

@@ -33,8 +33,8 @@ class CpuBackend final : public backend::Backend {
   void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                            const Tensor& gy, const Tensor& gx, const Tensor& gw, const Tensor& gb) override;
   void rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) override;
-  void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& gy, const Tensor& gx,
-                         const Tensor& gw) override;
+  void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& gy,
+                         const Tensor& gx, const Tensor& gw) override;
   void cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index, const Tensor& loss,
                      const Tensor& lse) override;
   void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,

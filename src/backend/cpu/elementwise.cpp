@@ -1,4 +1,5 @@
-// CPU elementwise kernels: copy/convert, fill, arange, random fills, unary and binary ops, masked_fill, dropout.
+// CPU elementwise kernels: copy/convert, fill, arange, random fills, unary and binary ops, masked_fill,
+// dropout.
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
@@ -19,9 +20,10 @@ void dispatch_unary(UnaryOp op, F&& f) {
   switch (op) {
 #define TR_CASE(o) \
   case UnaryOp::o: f.template operator()<UnaryOp::o>(); return;
-    TR_CASE(neg) TR_CASE(exp) TR_CASE(log) TR_CASE(sqrt) TR_CASE(rsqrt) TR_CASE(tanh) TR_CASE(sigmoid)
-    TR_CASE(relu) TR_CASE(gelu_tanh) TR_CASE(gelu_erf) TR_CASE(silu) TR_CASE(abs) TR_CASE(square)
-    TR_CASE(reciprocal)
+    TR_CASE(neg)
+    TR_CASE(exp)
+    TR_CASE(log) TR_CASE(sqrt) TR_CASE(rsqrt) TR_CASE(tanh) TR_CASE(sigmoid) TR_CASE(relu) TR_CASE(gelu_tanh)
+        TR_CASE(gelu_erf) TR_CASE(silu) TR_CASE(abs) TR_CASE(square) TR_CASE(reciprocal)
 #undef TR_CASE
   }
 }
@@ -42,11 +44,15 @@ void dispatch_binary(BinaryOp op, F&& f) {
 template <typename S, typename D>
 inline D convert(S v) {
   if constexpr (std::is_same_v<D, bool>) {
-    if constexpr (std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>) return static_cast<float>(v) != 0.0f;
-    else return v != S(0);
+    if constexpr (std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>)
+      return static_cast<float>(v) != 0.0f;
+    else
+      return v != S(0);
   } else if constexpr (std::is_same_v<D, Half> || std::is_same_v<D, BFloat16>) {
-    if constexpr (std::is_same_v<S, double>) return D(v);  // one rounding, straight from f64
-    else return D(static_cast<float>(v));
+    if constexpr (std::is_same_v<S, double>)
+      return D(v);  // one rounding, straight from f64
+    else
+      return D(static_cast<float>(v));
   } else if constexpr (std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>) {
     return static_cast<D>(static_cast<float>(v));
   } else {
@@ -84,15 +90,16 @@ void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
     dispatch_all(dst.dtype(), "copy", [&]<typename D>() {
       const S* s = static_cast<const S*>(src.data_ptr());
       D* d = static_cast<D*>(dst.data_ptr());
-      strided_loop<2>(shape, st, [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& in) {
-        const S* sp = s + off[0];
-        D* dp = d + off[1];
-        if (in[0] == 1 && in[1] == 1) {
-          for (int64_t i = 0; i < n; ++i) dp[i] = convert<S, D>(sp[i]);
-        } else {
-          for (int64_t i = 0; i < n; ++i) dp[i * in[1]] = convert<S, D>(sp[i * in[0]]);
-        }
-      });
+      strided_loop<2>(shape, st,
+                      [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& in) {
+                        const S* sp = s + off[0];
+                        D* dp = d + off[1];
+                        if (in[0] == 1 && in[1] == 1) {
+                          for (int64_t i = 0; i < n; ++i) dp[i] = convert<S, D>(sp[i]);
+                        } else {
+                          for (int64_t i = 0; i < n; ++i) dp[i * in[1]] = convert<S, D>(sp[i * in[0]]);
+                        }
+                      });
     });
   });
 }
@@ -110,7 +117,8 @@ void CpuBackend::fill(const Tensor& out, double value) {
 void CpuBackend::arange(const Tensor& out, double start, double step) {
   dispatch_all(out.dtype(), "arange", [&]<typename T>() {
     T* p = static_cast<T*>(out.data_ptr());
-    for (int64_t i = 0; i < out.numel(); ++i) p[i] = convert<double, T>(start + static_cast<double>(i) * step);
+    for (int64_t i = 0; i < out.numel(); ++i)
+      p[i] = convert<double, T>(start + static_cast<double>(i) * step);
   });
 }
 
@@ -150,16 +158,18 @@ void CpuBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out) {
     dispatch_unary(op, [&]<UnaryOp OP>() {
       const T* xp = static_cast<const T*>(x.data_ptr());
       T* yp = static_cast<T*>(out.data_ptr());
-      strided_loop<2>(shape, st, [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& in) {
-        const T* a = xp + off[0];
-        T* y = yp + off[1];
-        if (in[0] == 1 && in[1] == 1) {
+      strided_loop<2>(shape, st,
+                      [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& in) {
+                        const T* a = xp + off[0];
+                        T* y = yp + off[1];
+                        if (in[0] == 1 && in[1] == 1) {
 #pragma omp simd
-          for (int64_t i = 0; i < n; ++i) store(y, i, backend::unary_fn(OP, load(a, i)));
-        } else {
-          for (int64_t i = 0; i < n; ++i) store(y, i * in[1], backend::unary_fn(OP, load(a, i * in[0])));
-        }
-      });
+                          for (int64_t i = 0; i < n; ++i) store(y, i, backend::unary_fn(OP, load(a, i)));
+                        } else {
+                          for (int64_t i = 0; i < n; ++i)
+                            store(y, i * in[1], backend::unary_fn(OP, load(a, i * in[0])));
+                        }
+                      });
     });
   });
 }
@@ -187,21 +197,22 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Ten
       const T* ap = static_cast<const T*>(a.data_ptr());
       const T* bp = static_cast<const T*>(b.data_ptr());
       T* yp = static_cast<T*>(out.data_ptr());
-      strided_loop<3>(shape, st, [&](const std::array<int64_t, 3>& off, int64_t n, const std::array<int64_t, 3>& in) {
-        const T* x0 = ap + off[0];
-        const T* x1 = bp + off[1];
-        T* y = yp + off[2];
-        if (in[0] == 1 && in[1] == 1 && in[2] == 1) {
+      strided_loop<3>(
+          shape, st, [&](const std::array<int64_t, 3>& off, int64_t n, const std::array<int64_t, 3>& in) {
+            const T* x0 = ap + off[0];
+            const T* x1 = bp + off[1];
+            T* y = yp + off[2];
+            if (in[0] == 1 && in[1] == 1 && in[2] == 1) {
 #pragma omp simd
-          for (int64_t i = 0; i < n; ++i) store(y, i, backend::binary_fn(OP, load(x0, i), load(x1, i)));
-        } else if (in[0] == 1 && in[1] == 0 && in[2] == 1) {
-          auto c = load(x1, 0);
-          for (int64_t i = 0; i < n; ++i) store(y, i, backend::binary_fn(OP, load(x0, i), c));
-        } else {
-          for (int64_t i = 0; i < n; ++i)
-            store(y, i * in[2], backend::binary_fn(OP, load(x0, i * in[0]), load(x1, i * in[1])));
-        }
-      });
+              for (int64_t i = 0; i < n; ++i) store(y, i, backend::binary_fn(OP, load(x0, i), load(x1, i)));
+            } else if (in[0] == 1 && in[1] == 0 && in[2] == 1) {
+              auto c = load(x1, 0);
+              for (int64_t i = 0; i < n; ++i) store(y, i, backend::binary_fn(OP, load(x0, i), c));
+            } else {
+              for (int64_t i = 0; i < n; ++i)
+                store(y, i * in[2], backend::binary_fn(OP, load(x0, i * in[0]), load(x1, i * in[1])));
+            }
+          });
     });
   });
 }
@@ -239,11 +250,12 @@ void CpuBackend::masked_fill(const Tensor& x, const Tensor& mask, double value, 
     const bool* mp = static_cast<const bool*>(mask.data_ptr());
     T* yp = static_cast<T*>(out.data_ptr());
     T v = convert<double, T>(value);
-    strided_loop<3>(shape, st, [&](const std::array<int64_t, 3>& off, int64_t n, const std::array<int64_t, 3>& in) {
-      for (int64_t i = 0; i < n; ++i) {
-        yp[off[2] + i * in[2]] = mp[off[1] + i * in[1]] ? v : xp[off[0] + i * in[0]];
-      }
-    });
+    strided_loop<3>(shape, st,
+                    [&](const std::array<int64_t, 3>& off, int64_t n, const std::array<int64_t, 3>& in) {
+                      for (int64_t i = 0; i < n; ++i) {
+                        yp[off[2] + i * in[2]] = mp[off[1] + i * in[1]] ? v : xp[off[0] + i * in[0]];
+                      }
+                    });
   });
 }
 

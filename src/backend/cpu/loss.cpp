@@ -22,8 +22,8 @@ void check_labels(const Tensor& labels, int64_t v, int64_t ignore_index, const c
 
 }  // namespace
 
-void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index, const Tensor& loss,
-                               const Tensor& lse) {
+void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
+                               const Tensor& loss, const Tensor& lse) {
   const int64_t v = logits.shape().back();
   const int64_t rows = logits.numel() / std::max<int64_t>(v, 1);
   check_labels(labels, v, ignore_index, "cross_entropy");
@@ -33,7 +33,7 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, int64
     const int64_t* lp = labels.data<int64_t>();
     A* out = static_cast<A*>(loss.data_ptr());
     A* lsep = static_cast<A*>(lse.data_ptr());
-#pragma omp parallel for num_threads(threads_for(rows * v * 2)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(rows* v * 2)) schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       if (lp[r] == ignore_index) {
         out[r] = 0;
@@ -57,7 +57,8 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, int64
 }
 
 void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
-                                        const Tensor& grad_loss, int64_t ignore_index, const Tensor& glogits) {
+                                        const Tensor& grad_loss, int64_t ignore_index,
+                                        const Tensor& glogits) {
   const int64_t v = logits.shape().back();
   const int64_t rows = logits.numel() / std::max<int64_t>(v, 1);
   dispatch_float(logits.dtype(), "cross_entropy_backward", [&]<typename T>() {
@@ -67,7 +68,7 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& labe
     const A* lsep = static_cast<const A*>(lse.data_ptr());
     const A* gl = static_cast<const A*>(grad_loss.data_ptr());
     T* gp = static_cast<T*>(glogits.data_ptr());
-#pragma omp parallel for num_threads(threads_for(rows * v * 2)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(rows* v * 2)) schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       T* out = gp + r * v;
       if (lp[r] == ignore_index) {
@@ -91,14 +92,15 @@ void CpuBackend::embedding(const Tensor& weight, const Tensor& ids, const Tensor
   const int64_t n = ids.numel();
   const int64_t* ip = ids.data<int64_t>();
   for (int64_t i = 0; i < n; ++i)
-    TR_CHECK(ip[i] >= 0 && ip[i] < v, "embedding: index {} at position {} is out of range for a table of {} rows",
-             ip[i], i, v);
+    TR_CHECK(ip[i] >= 0 && ip[i] < v,
+             "embedding: index {} at position {} is out of range for a table of {} rows", ip[i], i, v);
   const size_t row_bytes = static_cast<size_t>(d) * dtype_size(weight.dtype());
   const char* wp = static_cast<const char*>(weight.data_ptr());
   char* op = static_cast<char*>(out.data_ptr());
-#pragma omp parallel for num_threads(threads_for(n * d))
+#pragma omp parallel for num_threads(threads_for(n* d))
   for (int64_t i = 0; i < n; ++i)
-    std::memcpy(op + static_cast<size_t>(i) * row_bytes, wp + static_cast<size_t>(ip[i]) * row_bytes, row_bytes);
+    std::memcpy(op + static_cast<size_t>(i) * row_bytes, wp + static_cast<size_t>(ip[i]) * row_bytes,
+                row_bytes);
 }
 
 void CpuBackend::embedding_backward(const Tensor& gy, const Tensor& ids, const Tensor& gweight) {
@@ -135,8 +137,8 @@ void CpuBackend::rope(const Tensor& x, const Tensor& cos, const Tensor& sin, con
   const int64_t P = cos.shape()[0];
   const int64_t* pp = positions.data<int64_t>();
   for (int64_t i = 0; i < B * T; ++i)
-    TR_CHECK(pp[i] >= 0 && pp[i] < P, "rope: position {} at index {} is outside the table of {} positions", pp[i], i,
-             P);
+    TR_CHECK(pp[i] >= 0 && pp[i] < P, "rope: position {} at index {} is outside the table of {} positions",
+             pp[i], i, P);
   const float* cp = cos.data<float>();
   const float* sp = sin.data<float>();
   const float sign = inverse ? -1.0f : 1.0f;

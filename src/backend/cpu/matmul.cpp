@@ -26,11 +26,12 @@ std::vector<float> widen(const T* p, int64_t batch, int64_t stride, int64_t rows
 
 // Row-major C[i] = alpha * op(A[i]) op(B[i]) + beta * C[i] for i < batch. Many small products run one per
 // thread (oneDNN runs sequentially inside a parallel region); large ones use all threads each.
-void sgemm_batched(bool ta, bool tb, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                   int64_t lda, int64_t sa, const float* b, int64_t ldb, int64_t sb, float beta, float* c) {
+void sgemm_batched(bool ta, bool tb, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
+                   const float* a, int64_t lda, int64_t sa, const float* b, int64_t ldb, int64_t sb,
+                   float beta, float* c) {
   auto one = [&](int64_t i) {
-    dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a + i * sa, lda, b + i * sb, ldb,
-                                  beta, c + i * m * n, n);
+    dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a + i * sa, lda, b + i * sb,
+                                  ldb, beta, c + i * m * n, n);
     return st;
   };
   const bool per_thread = batch > 1 && m * n * k < (int64_t{1} << 22);
@@ -53,8 +54,10 @@ void CpuBackend::gemm(const backend::GemmArgs& g) {
   const int64_t mn = g.m * g.n;
   if (g.k == 0) {
     // Nothing to multiply: c = beta * c (c may hold garbage when beta is 0).
-    if (g.beta == 0.0) fill(g.c, 0.0);
-    else affine(g.c, g.beta, 0.0, g.c);
+    if (g.beta == 0.0)
+      fill(g.c, 0.0);
+    else
+      affine(g.c, g.beta, 0.0, g.c);
     return;
   }
   switch (g.c.dtype()) {
@@ -62,8 +65,8 @@ void CpuBackend::gemm(const backend::GemmArgs& g) {
       const float* a = static_cast<const float*>(g.a.data_ptr());
       const float* b = static_cast<const float*>(g.b.data_ptr());
       float* c = static_cast<float*>(g.c.data_ptr());
-      sgemm_batched(g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k, static_cast<float>(g.alpha), a, g.lda, g.stride_a,
-                    b, g.ldb, g.stride_b, static_cast<float>(g.beta), c);
+      sgemm_batched(g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k, static_cast<float>(g.alpha), a, g.lda,
+                    g.stride_a, b, g.ldb, g.stride_b, static_cast<float>(g.beta), c);
       return;
     }
     case DType::f64: {
@@ -71,8 +74,8 @@ void CpuBackend::gemm(const backend::GemmArgs& g) {
       const double* b = static_cast<const double*>(g.b.data_ptr());
       double* c = static_cast<double*>(g.c.data_ptr());
       for (int64_t i = 0; i < g.batch; ++i)
-        cblas_dgemm(CblasRowMajor, ta, tb, g.m, g.n, g.k, g.alpha, a + i * g.stride_a, g.lda, b + i * g.stride_b,
-                    g.ldb, g.beta, c + i * mn, g.n);
+        cblas_dgemm(CblasRowMajor, ta, tb, g.m, g.n, g.k, g.alpha, a + i * g.stride_a, g.lda,
+                    b + i * g.stride_b, g.ldb, g.beta, c + i * mn, g.n);
       return;
     }
     case DType::bf16:
@@ -85,9 +88,9 @@ void CpuBackend::gemm(const backend::GemmArgs& g) {
           auto a = widen(static_cast<const T*>(g.a.data_ptr()), ba, g.stride_a, ar, ac, g.lda);
           auto b = widen(static_cast<const T*>(g.b.data_ptr()), bb, g.stride_b, br, bc, g.ldb);
           auto c = widen(static_cast<const T*>(g.c.data_ptr()), g.batch, mn, g.m, g.n, g.n);
-          sgemm_batched(g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k, static_cast<float>(g.alpha), a.data(), ac,
-                        ba == 1 ? 0 : ar * ac, b.data(), bc, bb == 1 ? 0 : br * bc, static_cast<float>(g.beta),
-                        c.data());
+          sgemm_batched(g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k, static_cast<float>(g.alpha), a.data(),
+                        ac, ba == 1 ? 0 : ar * ac, b.data(), bc, bb == 1 ? 0 : br * bc,
+                        static_cast<float>(g.beta), c.data());
           T* cp = static_cast<T*>(g.c.data_ptr());
           for (int64_t i = 0; i < g.batch * mn; ++i) cp[i] = T(c[static_cast<size_t>(i)]);
         }

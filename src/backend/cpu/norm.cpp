@@ -16,7 +16,7 @@ constexpr int64_t kRowBlock = 32;
 // Sums per-block partials [blocks, n] into out (overwrite), in block order.
 template <typename T>
 void reduce_blocks(const std::vector<double>& part, int64_t blocks, int64_t n, T* out) {
-#pragma omp parallel for num_threads(threads_for(blocks * n))
+#pragma omp parallel for num_threads(threads_for(blocks* n))
   for (int64_t j = 0; j < n; ++j) {
     double s = 0;
     for (int64_t b = 0; b < blocks; ++b) s += part[static_cast<size_t>(b * n + j)];
@@ -38,7 +38,7 @@ void CpuBackend::layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, d
     T* yp = static_cast<T*>(y.data_ptr());
     A* mp = static_cast<A*>(mean.data_ptr());
     A* rp = static_cast<A*>(rstd.data_ptr());
-#pragma omp parallel for num_threads(threads_for(rows * n * 3)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(rows* n * 3)) schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       const T* xr = xp + r * n;
       T* yr = yp + r * n;
@@ -77,8 +77,9 @@ void CpuBackend::layer_norm_backward(const Tensor& x, const Tensor& w, const Ten
     const A* rp = static_cast<const A*>(rstd.data_ptr());
     T* gxp = gx.defined() ? static_cast<T*>(gx.data_ptr()) : nullptr;
     const bool need_w = gw.defined(), need_b = gb.defined();
-    std::vector<double> pw(need_w ? static_cast<size_t>(blocks * n) : 0), pb(need_b ? static_cast<size_t>(blocks * n) : 0);
-#pragma omp parallel for num_threads(threads_for(rows * n * 4)) schedule(static)
+    std::vector<double> pw(need_w ? static_cast<size_t>(blocks * n) : 0),
+        pb(need_b ? static_cast<size_t>(blocks * n) : 0);
+#pragma omp parallel for num_threads(threads_for(rows* n * 4)) schedule(static)
     for (int64_t blk = 0; blk < blocks; ++blk) {
       double* bw = need_w ? pw.data() + blk * n : nullptr;
       double* bb = need_b ? pb.data() + blk * n : nullptr;
@@ -121,7 +122,7 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& w, double eps, const Te
     const T* wp = w.defined() ? static_cast<const T*>(w.data_ptr()) : nullptr;
     T* yp = static_cast<T*>(y.data_ptr());
     A* rp = static_cast<A*>(rstd.data_ptr());
-#pragma omp parallel for num_threads(threads_for(rows * n * 2)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(rows* n * 2)) schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       const T* xr = xp + r * n;
       T* yr = yp + r * n;
@@ -155,7 +156,7 @@ void CpuBackend::rms_norm_backward(const Tensor& x, const Tensor& w, const Tenso
     T* gxp = gx.defined() ? static_cast<T*>(gx.data_ptr()) : nullptr;
     const bool need_w = gw.defined();
     std::vector<double> pw(need_w ? static_cast<size_t>(blocks * n) : 0);
-#pragma omp parallel for num_threads(threads_for(rows * n * 4)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(rows* n * 4)) schedule(static)
     for (int64_t blk = 0; blk < blocks; ++blk) {
       double* bw = need_w ? pw.data() + blk * n : nullptr;
       for (int64_t r = blk * kRowBlock; r < std::min(rows, (blk + 1) * kRowBlock); ++r) {

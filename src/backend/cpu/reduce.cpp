@@ -13,7 +13,8 @@ namespace tr::cpu {
 
 using backend::ReduceOp;
 
-void CpuBackend::reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t r, int64_t inner, const Tensor& out) {
+void CpuBackend::reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t r, int64_t inner,
+                        const Tensor& out) {
   dispatch_float(x.dtype(), "reduce", [&]<typename T>() {
     const T* xp = static_cast<const T*>(x.data_ptr());
     T* yp = static_cast<T*>(out.data_ptr());
@@ -65,7 +66,8 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t r, 
       for (int64_t j = j0; j < j1; ++j) acc[j - j0] = init;
       for (int64_t i = 0; i < r; ++i) {
         const T* row = xp + (o * r + i) * inner;
-        for (int64_t j = j0; j < j1; ++j) acc[j - j0] = combine(acc[j - j0], static_cast<double>(load(row, j)));
+        for (int64_t j = j0; j < j1; ++j)
+          acc[j - j0] = combine(acc[j - j0], static_cast<double>(load(row, j)));
       }
       for (int64_t j = j0; j < j1; ++j) store(yp, o * inner + j, acc[j - j0] / denom);
     }
@@ -76,7 +78,7 @@ void CpuBackend::argmax(const Tensor& x, int64_t outer, int64_t r, int64_t inner
   dispatch_float(x.dtype(), "argmax", [&]<typename T>() {
     const T* xp = static_cast<const T*>(x.data_ptr());
     int64_t* yp = static_cast<int64_t*>(out.data_ptr());
-#pragma omp parallel for num_threads(threads_for(outer * r * inner)) collapse(2)
+#pragma omp parallel for num_threads(threads_for(outer* r* inner)) collapse(2)
     for (int64_t o = 0; o < outer; ++o) {
       for (int64_t j = 0; j < inner; ++j) {
         int64_t best = 0;
@@ -103,7 +105,7 @@ void CpuBackend::topk(const Tensor& x, int64_t k, const Tensor& values, const Te
     int64_t* ip = static_cast<int64_t*>(indices.data_ptr());
     std::vector<std::vector<int64_t>> scratch(static_cast<size_t>(omp_get_max_threads()),
                                               std::vector<int64_t>(static_cast<size_t>(n)));
-#pragma omp parallel for num_threads(threads_for(rows * n))
+#pragma omp parallel for num_threads(threads_for(rows* n))
     for (int64_t row = 0; row < rows; ++row) {
       std::vector<int64_t>& idx = scratch[static_cast<size_t>(omp_get_thread_num())];
       std::iota(idx.begin(), idx.end(), 0);
@@ -131,7 +133,7 @@ void CpuBackend::softmax(const Tensor& x, bool log, const Tensor& y) {
     using A = acc_t<T>;
     const T* xp = static_cast<const T*>(x.data_ptr());
     T* yp = static_cast<T*>(y.data_ptr());
-#pragma omp parallel for num_threads(threads_for(rows * n * 4)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(rows* n * 4)) schedule(static)
     for (int64_t row = 0; row < rows; ++row) {
       const T* a = xp + row * n;
       T* out = yp + row * n;
@@ -173,7 +175,7 @@ void CpuBackend::softmax_backward(const Tensor& y, const Tensor& gy, bool log, c
     const T* yp = static_cast<const T*>(y.data_ptr());
     const T* gp = static_cast<const T*>(gy.data_ptr());
     T* op = static_cast<T*>(gx.data_ptr());
-#pragma omp parallel for num_threads(threads_for(rows * n * 2)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(rows* n * 2)) schedule(static)
     for (int64_t row = 0; row < rows; ++row) {
       const T* yr = yp + row * n;
       const T* gr = gp + row * n;

@@ -29,7 +29,7 @@ inline float fast_expf(float x) {
   float scale;
   std::memcpy(&scale, &bits, 4);
   float y = p * scale;
-  y = x < -87.3365447504f ? 0.0f : y;           // underflow (and -inf) to exactly 0
+  y = x < -87.3365447504f ? 0.0f : y;  // underflow (and -inf) to exactly 0
   y = x > 88.3762626647949f ? __builtin_inff() : y;
   return x != x ? x : y;
 }
@@ -143,7 +143,8 @@ inline float exp_sum(const float* a, float shift, float* out, int64_t n) {
 inline void exp_scale(const float* a, float shift, float scale, float* out, int64_t n) {
   const __m256 s = _mm256_set1_ps(shift), k = _mm256_set1_ps(scale);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(exp8(_mm256_sub_ps(_mm256_loadu_ps(a + i), s)), k));
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(exp8(_mm256_sub_ps(_mm256_loadu_ps(a + i), s)), k));
   for (; i < n; ++i) out[i] = fast_expf(a[i] - shift) * scale;
 }
 

@@ -29,11 +29,11 @@ namespace tr::cuda {
 
 namespace {
 
-#define TR_CUBLAS_CHECK(call)                                                                  \
-  do {                                                                                         \
-    cublasStatus_t s_ = (call);                                                                \
+#define TR_CUBLAS_CHECK(call)                                                                            \
+  do {                                                                                                   \
+    cublasStatus_t s_ = (call);                                                                          \
     TR_CHECK(s_ == CUBLAS_STATUS_SUCCESS, "cuBLAS error {} in {} at {}:{}", static_cast<int>(s_), #call, \
-             __FILE__, __LINE__);                                                              \
+             __FILE__, __LINE__);                                                                        \
   } while (0)
 
 int device_count_uncached() {
@@ -61,8 +61,10 @@ class CudaAllocator final : public Allocator {
       cudaGetLastError();
       size_t free_b = 0, total_b = 0;
       cudaMemGetInfo(&free_b, &total_b);
-      fail("cuda:{} out of memory allocating {} bytes (in use by trainer: {} bytes, peak {}; device free {} of {})",
-           index_, nbytes, stats().current_bytes, stats().peak_bytes, free_b, total_b);
+      fail(
+          "cuda:{} out of memory allocating {} bytes (in use by trainer: {} bytes, peak {}; device free {} "
+          "of {})",
+          index_, nbytes, stats().current_bytes, stats().peak_bytes, free_b, total_b);
     }
     record_alloc(nbytes);
     if (poison()) TR_CUDA_CHECK(cudaMemset(p, 0xff, nbytes));
@@ -80,7 +82,8 @@ class CudaAllocator final : public Allocator {
 };
 
 Strided strided_of(const Shape& shape, std::initializer_list<const Strides*> strides) {
-  TR_CHECK(shape.size() <= kMaxDims, "cuda: tensors of rank {} exceed the kernel limit of {}", shape.size(), kMaxDims);
+  TR_CHECK(shape.size() <= kMaxDims, "cuda: tensors of rank {} exceed the kernel limit of {}", shape.size(),
+           kMaxDims);
   Strided g;
   g.nd = static_cast<int>(shape.size());
   for (size_t d = 0; d < shape.size(); ++d) g.shape[d] = shape[d];
@@ -97,7 +100,8 @@ int64_t rows_of(const Tensor& t) { return t.numel() / std::max<int64_t>(last_dim
 const void* ptr_or_null(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 void* mut_ptr_or_null(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
-void check_ids(const Tensor& ids, int64_t hi, const char* op, const char* what, int64_t ignore, bool use_ignore) {
+void check_ids(const Tensor& ids, int64_t hi, const char* op, const char* what, int64_t ignore,
+               bool use_ignore) {
   int64_t bad = first_bad_index(ids.data<int64_t>(), ids.numel(), 0, hi, ignore, use_ignore);
   if (bad >= 0) {
     int64_t v = 0;
@@ -117,17 +121,19 @@ class CudaBackend final : public backend::Backend {
   }
   const char* name() const override { return "cuda"; }
   Allocator& allocator(int index) override {
-    TR_CHECK(index >= 0 && index < static_cast<int>(allocators_.size()), "cuda:{} does not exist ({} GPUs present)",
-             index, allocators_.size());
+    TR_CHECK(index >= 0 && index < static_cast<int>(allocators_.size()),
+             "cuda:{} does not exist ({} GPUs present)", index, allocators_.size());
     return *allocators_[static_cast<size_t>(index)];
   }
   void synchronize() override { TR_CUDA_CHECK(cudaDeviceSynchronize()); }
 
   void copy(const Tensor& src, const Tensor& dst) override {
-    cuda::copy(src.data_ptr(), src.dtype(), dst.data_ptr(), dst.dtype(), strided_of(src.shape(), {&src.strides(), &dst.strides()}),
-               src.numel());
+    cuda::copy(src.data_ptr(), src.dtype(), dst.data_ptr(), dst.dtype(),
+               strided_of(src.shape(), {&src.strides(), &dst.strides()}), src.numel());
   }
-  void fill(const Tensor& out, double value) override { cuda::fill(out.data_ptr(), out.dtype(), out.numel(), value); }
+  void fill(const Tensor& out, double value) override {
+    cuda::fill(out.data_ptr(), out.dtype(), out.numel(), value);
+  }
   void arange(const Tensor& out, double start, double step) override {
     cuda::arange(out.data_ptr(), out.dtype(), out.numel(), start, step);
   }
@@ -138,8 +144,8 @@ class CudaBackend final : public backend::Backend {
     cuda::random_uniform(out.data_ptr(), out.dtype(), out.numel(), lo, hi, seed, offset);
   }
   void unary(backend::UnaryOp op, const Tensor& x, const Tensor& out) override {
-    cuda::unary(op, x.dtype(), x.data_ptr(), out.data_ptr(), strided_of(out.shape(), {&x.strides(), &out.strides()}),
-                out.numel());
+    cuda::unary(op, x.dtype(), x.data_ptr(), out.data_ptr(),
+                strided_of(out.shape(), {&x.strides(), &out.strides()}), out.numel());
   }
   void unary_backward(backend::UnaryOp op, const Tensor& x, const Tensor& gy, const Tensor& gx) override {
     cuda::unary_backward(op, x.dtype(), x.data_ptr(), gy.data_ptr(), gx.data_ptr(), x.numel());
@@ -156,7 +162,8 @@ class CudaBackend final : public backend::Backend {
   }
   void masked_fill(const Tensor& x, const Tensor& mask, double value, const Tensor& out) override {
     cuda::masked_fill(x.dtype(), x.data_ptr(), mask.data<bool>(), out.data_ptr(),
-                      strided_of(out.shape(), {&x.strides(), &mask.strides(), &out.strides()}), out.numel(), value);
+                      strided_of(out.shape(), {&x.strides(), &mask.strides(), &out.strides()}), out.numel(),
+                      value);
   }
   void reduce(backend::ReduceOp op, const Tensor& x, int64_t outer, int64_t r, int64_t inner,
               const Tensor& out) override {
@@ -166,41 +173,45 @@ class CudaBackend final : public backend::Backend {
     cuda::argmax(x.dtype(), x.data_ptr(), out.data<int64_t>(), outer, r, inner);
   }
   void topk(const Tensor& x, int64_t k, const Tensor& values, const Tensor& indices) override {
-    cuda::topk(x.dtype(), x.data_ptr(), values.data_ptr(), indices.data<int64_t>(), rows_of(x), last_dim(x), k);
+    cuda::topk(x.dtype(), x.data_ptr(), values.data_ptr(), indices.data<int64_t>(), rows_of(x), last_dim(x),
+               k);
   }
   void softmax(const Tensor& x, bool log, const Tensor& y) override {
     cuda::softmax(x.dtype(), x.data_ptr(), y.data_ptr(), rows_of(x), last_dim(x), log);
   }
   void softmax_backward(const Tensor& y, const Tensor& gy, bool log, const Tensor& gx) override {
-    cuda::softmax_backward(y.dtype(), y.data_ptr(), gy.data_ptr(), gx.data_ptr(), rows_of(y), last_dim(y), log);
+    cuda::softmax_backward(y.dtype(), y.data_ptr(), gy.data_ptr(), gx.data_ptr(), rows_of(y), last_dim(y),
+                           log);
   }
   void gemm(const backend::GemmArgs& g) override;
-  void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y, const Tensor& mean,
-                  const Tensor& rstd) override {
+  void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
+                  const Tensor& mean, const Tensor& rstd) override {
     cuda::layer_norm(x.dtype(), x.data_ptr(), ptr_or_null(w), ptr_or_null(b), y.data_ptr(), mean.data_ptr(),
                      rstd.data_ptr(), rows_of(x), last_dim(x), eps);
   }
-  void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& gy,
-                           const Tensor& gx, const Tensor& gw, const Tensor& gb) override {
-    cuda::layer_norm_backward(x.dtype(), x.data_ptr(), ptr_or_null(w), mean.data_ptr(), rstd.data_ptr(), gy.data_ptr(),
-                              mut_ptr_or_null(gx), mut_ptr_or_null(gw), mut_ptr_or_null(gb), rows_of(x), last_dim(x));
+  void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                           const Tensor& gy, const Tensor& gx, const Tensor& gw, const Tensor& gb) override {
+    cuda::layer_norm_backward(x.dtype(), x.data_ptr(), ptr_or_null(w), mean.data_ptr(), rstd.data_ptr(),
+                              gy.data_ptr(), mut_ptr_or_null(gx), mut_ptr_or_null(gw), mut_ptr_or_null(gb),
+                              rows_of(x), last_dim(x));
   }
   void rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) override {
-    cuda::rms_norm(x.dtype(), x.data_ptr(), ptr_or_null(w), y.data_ptr(), rstd.data_ptr(), rows_of(x), last_dim(x), eps);
+    cuda::rms_norm(x.dtype(), x.data_ptr(), ptr_or_null(w), y.data_ptr(), rstd.data_ptr(), rows_of(x),
+                   last_dim(x), eps);
   }
-  void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& gy, const Tensor& gx,
-                         const Tensor& gw) override {
-    cuda::rms_norm_backward(x.dtype(), x.data_ptr(), ptr_or_null(w), rstd.data_ptr(), gy.data_ptr(), mut_ptr_or_null(gx),
-                            mut_ptr_or_null(gw), rows_of(x), last_dim(x));
+  void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& gy,
+                         const Tensor& gx, const Tensor& gw) override {
+    cuda::rms_norm_backward(x.dtype(), x.data_ptr(), ptr_or_null(w), rstd.data_ptr(), gy.data_ptr(),
+                            mut_ptr_or_null(gx), mut_ptr_or_null(gw), rows_of(x), last_dim(x));
   }
   void cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index, const Tensor& loss,
                      const Tensor& lse) override {
     check_ids(labels, last_dim(logits), "cross_entropy", "label", ignore_index, true);
-    cuda::cross_entropy(logits.dtype(), logits.data_ptr(), labels.data<int64_t>(), loss.data_ptr(), lse.data_ptr(),
-                        rows_of(logits), last_dim(logits), ignore_index);
+    cuda::cross_entropy(logits.dtype(), logits.data_ptr(), labels.data<int64_t>(), loss.data_ptr(),
+                        lse.data_ptr(), rows_of(logits), last_dim(logits), ignore_index);
   }
-  void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse, const Tensor& grad_loss,
-                              int64_t ignore_index, const Tensor& glogits) override {
+  void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
+                              const Tensor& grad_loss, int64_t ignore_index, const Tensor& glogits) override {
     cuda::cross_entropy_backward(logits.dtype(), logits.data_ptr(), labels.data<int64_t>(), lse.data_ptr(),
                                  grad_loss.data_ptr(), glogits.data_ptr(), rows_of(logits), last_dim(logits),
                                  ignore_index);
@@ -216,8 +227,8 @@ class CudaBackend final : public backend::Backend {
     const auto& s = x.shape();
     const int64_t H = seq_major ? s[2] : s[1], T = seq_major ? s[1] : s[2];
     check_ids(positions, cos.shape()[0], "rope", "position", 0, false);
-    cuda::rope(x.dtype(), x.data_ptr(), cos.data<float>(), sin.data<float>(), positions.data<int64_t>(), y.data_ptr(),
-               s[0], H, T, s[3], seq_major, inverse);
+    cuda::rope(x.dtype(), x.data_ptr(), cos.data<float>(), sin.data<float>(), positions.data<int64_t>(),
+               y.data_ptr(), s[0], H, T, s[3], seq_major, inverse);
   }
   void dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, const Tensor& y) override {
     cuda::dropout(x.dtype(), x.data_ptr(), y.data_ptr(), x.numel(), p, seed, offset);
@@ -239,28 +250,44 @@ void CudaBackend::gemm(const backend::GemmArgs& g) {
   cudaDataType_t t;
   cublasComputeType_t compute;
   switch (g.c.dtype()) {
-    case DType::f32: t = CUDA_R_32F; compute = CUBLAS_COMPUTE_32F; break;
-    case DType::f64: t = CUDA_R_64F; compute = CUBLAS_COMPUTE_64F; break;
-    case DType::bf16: t = CUDA_R_16BF; compute = CUBLAS_COMPUTE_32F; break;
-    case DType::f16: t = CUDA_R_16F; compute = CUBLAS_COMPUTE_32F; break;
+    case DType::f32:
+      t = CUDA_R_32F;
+      compute = CUBLAS_COMPUTE_32F;
+      break;
+    case DType::f64:
+      t = CUDA_R_64F;
+      compute = CUBLAS_COMPUTE_64F;
+      break;
+    case DType::bf16:
+      t = CUDA_R_16BF;
+      compute = CUBLAS_COMPUTE_32F;
+      break;
+    case DType::f16:
+      t = CUDA_R_16F;
+      compute = CUBLAS_COMPUTE_32F;
+      break;
     default: fail("matmul: dtype {} is not supported on cuda", dtype_name(g.c.dtype()));
   }
   const float af = static_cast<float>(g.alpha), bf = static_cast<float>(g.beta);
   const double ad = g.alpha, bd = g.beta;
-  const void* alpha = g.c.dtype() == DType::f64 ? static_cast<const void*>(&ad) : static_cast<const void*>(&af);
-  const void* beta = g.c.dtype() == DType::f64 ? static_cast<const void*>(&bd) : static_cast<const void*>(&bf);
+  const void* alpha =
+      g.c.dtype() == DType::f64 ? static_cast<const void*>(&ad) : static_cast<const void*>(&af);
+  const void* beta =
+      g.c.dtype() == DType::f64 ? static_cast<const void*>(&bd) : static_cast<const void*>(&bf);
   TR_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      handle(), g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(g.n),
-      static_cast<int>(g.m), static_cast<int>(g.k), alpha, g.b.data_ptr(), t, static_cast<int>(g.ldb), g.stride_b,
-      g.a.data_ptr(), t, static_cast<int>(g.lda), g.stride_a, beta, g.c.data_ptr(), t, static_cast<int>(g.n), g.m * g.n,
-      static_cast<int>(g.batch), compute, CUBLAS_GEMM_DEFAULT));
+      handle(), g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+      static_cast<int>(g.n), static_cast<int>(g.m), static_cast<int>(g.k), alpha, g.b.data_ptr(), t,
+      static_cast<int>(g.ldb), g.stride_b, g.a.data_ptr(), t, static_cast<int>(g.lda), g.stride_a, beta,
+      g.c.data_ptr(), t, static_cast<int>(g.n), g.m * g.n, static_cast<int>(g.batch), compute,
+      CUBLAS_GEMM_DEFAULT));
 }
 
 void CudaBackend::embedding_backward(const Tensor& gy, const Tensor& ids, const Tensor& gweight) {
   // Group rows by id on the host (stable), so each vocabulary row sums its contributions in a fixed order.
   const int64_t n = ids.numel();
   std::vector<int64_t> h(static_cast<size_t>(n));
-  TR_CUDA_CHECK(cudaMemcpy(h.data(), ids.data<int64_t>(), static_cast<size_t>(n) * 8, cudaMemcpyDeviceToHost));
+  TR_CUDA_CHECK(
+      cudaMemcpy(h.data(), ids.data<int64_t>(), static_cast<size_t>(n) * 8, cudaMemcpyDeviceToHost));
   std::vector<int64_t> order(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return h[a] < h[b]; });
@@ -330,8 +357,8 @@ std::string cuda_summary() {
   cudaRuntimeGetVersion(&rt);
   if (cudaDriverGetVersion(&drv) != cudaSuccess) cudaGetLastError();
   const int n = cuda_device_count();
-  std::string s = fmt::format("CUDA runtime {}.{}, driver {}.{}, {} GPU(s)", rt / 1000, (rt % 1000) / 10, drv / 1000,
-                              (drv % 1000) / 10, n);
+  std::string s = fmt::format("CUDA runtime {}.{}, driver {}.{}, {} GPU(s)", rt / 1000, (rt % 1000) / 10,
+                              drv / 1000, (drv % 1000) / 10, n);
   for (int i = 0; i < n; ++i) {
     cudaDeviceProp p{};
     if (cudaGetDeviceProperties(&p, i) == cudaSuccess)
@@ -345,7 +372,7 @@ void cuda_copy_between_devices(const Tensor& src, const Tensor& dst) {
   TR_CHECK(src.nbytes() == dst.nbytes() && src.dtype() == dst.dtype(), "copy between {} and {}: sizes differ",
            src.describe(), dst.describe());
   if (src.nbytes() == 0) return;
-  cudaMemcpyKind kind = src.device().is_cpu() ? cudaMemcpyHostToDevice
+  cudaMemcpyKind kind = src.device().is_cpu()   ? cudaMemcpyHostToDevice
                         : dst.device().is_cpu() ? cudaMemcpyDeviceToHost
                                                 : cudaMemcpyDeviceToDevice;
   if (!src.device().is_cpu()) cuda_backend();

@@ -10,19 +10,24 @@ namespace tr::cuda {
 
 namespace {
 
-#define GRID_STRIDE(i, n) \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+#define GRID_STRIDE(i, n)                                                                \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
 
 template <typename S, typename D>
 __device__ __forceinline__ D convert(S v) {
   if constexpr (std::is_same_v<D, bool>) {
     return static_cast<double>(v) != 0.0;
   } else if constexpr (std::is_same_v<D, __nv_bfloat16>) {
-    if constexpr (std::is_same_v<S, double>) return __double2bfloat16(v);
-    else return __float2bfloat16_rn(static_cast<float>(v));
+    if constexpr (std::is_same_v<S, double>)
+      return __double2bfloat16(v);
+    else
+      return __float2bfloat16_rn(static_cast<float>(v));
   } else if constexpr (std::is_same_v<D, __half>) {
-    if constexpr (std::is_same_v<S, double>) return __double2half(v);
-    else return __float2half_rn(static_cast<float>(v));
+    if constexpr (std::is_same_v<S, double>)
+      return __double2half(v);
+    else
+      return __float2half_rn(static_cast<float>(v));
   } else if constexpr (std::is_same_v<S, __nv_bfloat16>) {
     return static_cast<D>(__bfloat162float(v));
   } else if constexpr (std::is_same_v<S, __half>) {
@@ -112,13 +117,12 @@ __global__ void pow_kernel(const T* x, T* y, int64_t n, double e) {
 
 template <typename T>
 __global__ void masked_fill_kernel(const T* x, const bool* mask, T* y, Strided g, int64_t n, double v) {
-  GRID_STRIDE(i, n) {
-    y[i] = mask[strided_offset(g, 1, i)] ? convert<double, T>(v) : x[i];
-  }
+  GRID_STRIDE(i, n) { y[i] = mask[strided_offset(g, 1, i)] ? convert<double, T>(v) : x[i]; }
 }
 
 template <typename T>
-__global__ void dropout_kernel(const T* x, T* y, int64_t n, float p, acc_t<T> scale, uint64_t seed, uint64_t offset) {
+__global__ void dropout_kernel(const T* x, T* y, int64_t n, float p, acc_t<T> scale, uint64_t seed,
+                               uint64_t offset) {
   GRID_STRIDE(i, n) {
     bool keep = uniform_from_word(philox_word(seed, offset, static_cast<uint64_t>(i))) >= p;
     st(y, i, keep ? ld(x, i) * scale : acc_t<T>(0));
@@ -137,12 +141,15 @@ void copy(const void* src, DType st_, void* dst, DType dt, const Strided& g, int
 }
 
 void fill(void* out, DType dt, int64_t n, double value) {
-  dispatch_all(dt, [&]<typename T>() { fill_kernel<T><<<blocks_for(n), 256>>>(static_cast<T*>(out), n, value); });
+  dispatch_all(dt,
+               [&]<typename T>() { fill_kernel<T><<<blocks_for(n), 256>>>(static_cast<T*>(out), n, value); });
   TR_CUDA_LAUNCH_CHECK("fill");
 }
 
 void arange(void* out, DType dt, int64_t n, double start, double step) {
-  dispatch_all(dt, [&]<typename T>() { arange_kernel<T><<<blocks_for(n), 256>>>(static_cast<T*>(out), n, start, step); });
+  dispatch_all(dt, [&]<typename T>() {
+    arange_kernel<T><<<blocks_for(n), 256>>>(static_cast<T*>(out), n, start, step);
+  });
   TR_CUDA_LAUNCH_CHECK("arange");
 }
 
@@ -168,7 +175,8 @@ void unary(UnaryOp op, DType dt, const void* x, void* y, const Strided& g, int64
     expect *= g.shape[d];
   }
   dispatch_float(dt, [&]<typename T>() {
-    unary_kernel<T><<<blocks_for(n), 256>>>(op, static_cast<const T*>(x), static_cast<T*>(y), g, n, contiguous);
+    unary_kernel<T>
+        <<<blocks_for(n), 256>>>(op, static_cast<const T*>(x), static_cast<T*>(y), g, n, contiguous);
   });
   TR_CUDA_LAUNCH_CHECK("unary");
 }
@@ -203,17 +211,20 @@ void pow_scalar(DType dt, const void* x, void* y, int64_t n, double exponent) {
   TR_CUDA_LAUNCH_CHECK("pow");
 }
 
-void masked_fill(DType dt, const void* x, const bool* mask, void* y, const Strided& g, int64_t n, double value) {
+void masked_fill(DType dt, const void* x, const bool* mask, void* y, const Strided& g, int64_t n,
+                 double value) {
   dispatch_float(dt, [&]<typename T>() {
-    masked_fill_kernel<T><<<blocks_for(n), 256>>>(static_cast<const T*>(x), mask, static_cast<T*>(y), g, n, value);
+    masked_fill_kernel<T>
+        <<<blocks_for(n), 256>>>(static_cast<const T*>(x), mask, static_cast<T*>(y), g, n, value);
   });
   TR_CUDA_LAUNCH_CHECK("masked_fill");
 }
 
 void dropout(DType dt, const void* x, void* y, int64_t n, double p, uint64_t seed, uint64_t offset) {
   dispatch_float(dt, [&]<typename T>() {
-    dropout_kernel<T><<<blocks_for(n), 256>>>(static_cast<const T*>(x), static_cast<T*>(y), n, static_cast<float>(p),
-                                              static_cast<acc_t<T>>(1.0 / (1.0 - p)), seed, offset);
+    dropout_kernel<T><<<blocks_for(n), 256>>>(static_cast<const T*>(x), static_cast<T*>(y), n,
+                                              static_cast<float>(p), static_cast<acc_t<T>>(1.0 / (1.0 - p)),
+                                              seed, offset);
   });
   TR_CUDA_LAUNCH_CHECK("dropout");
 }

@@ -31,7 +31,8 @@ void unary_backward(UnaryOp op, DType dt, const void* x, const void* gy, void* g
 void binary(BinaryOp op, DType dt, const void* a, const void* b, void* out, const Strided& g, int64_t n);
 void affine(DType dt, const void* x, void* y, int64_t n, double alpha, double beta);
 void pow_scalar(DType dt, const void* x, void* y, int64_t n, double exponent);
-void masked_fill(DType dt, const void* x, const bool* mask, void* y, const Strided& g, int64_t n, double value);
+void masked_fill(DType dt, const void* x, const bool* mask, void* y, const Strided& g, int64_t n,
+                 double value);
 void dropout(DType dt, const void* x, void* y, int64_t n, double p, uint64_t seed, uint64_t offset);
 
 void reduce(ReduceOp op, DType dt, const void* x, void* y, int64_t outer, int64_t r, int64_t inner);
@@ -41,25 +42,28 @@ void softmax(DType dt, const void* x, void* y, int64_t rows, int64_t n, bool log
 void softmax_backward(DType dt, const void* y, const void* gy, void* gx, int64_t rows, int64_t n, bool log);
 
 // Statistics (mean, rstd, loss, lse) are f32, or f64 for f64 data.
-void layer_norm(DType dt, const void* x, const void* w, const void* b, void* y, void* mean, void* rstd, int64_t rows,
-                int64_t n, double eps);
-void layer_norm_backward(DType dt, const void* x, const void* w, const void* mean, const void* rstd, const void* gy,
-                         void* gx, void* gw, void* gb, int64_t rows, int64_t n);
-void rms_norm(DType dt, const void* x, const void* w, void* y, void* rstd, int64_t rows, int64_t n, double eps);
-void rms_norm_backward(DType dt, const void* x, const void* w, const void* rstd, const void* gy, void* gx, void* gw,
-                       int64_t rows, int64_t n);
+void layer_norm(DType dt, const void* x, const void* w, const void* b, void* y, void* mean, void* rstd,
+                int64_t rows, int64_t n, double eps);
+void layer_norm_backward(DType dt, const void* x, const void* w, const void* mean, const void* rstd,
+                         const void* gy, void* gx, void* gw, void* gb, int64_t rows, int64_t n);
+void rms_norm(DType dt, const void* x, const void* w, void* y, void* rstd, int64_t rows, int64_t n,
+              double eps);
+void rms_norm_backward(DType dt, const void* x, const void* w, const void* rstd, const void* gy, void* gx,
+                       void* gw, int64_t rows, int64_t n);
 void cross_entropy(DType dt, const void* logits, const int64_t* labels, void* loss, void* lse, int64_t rows,
                    int64_t v, int64_t ignore_index);
 void cross_entropy_backward(DType dt, const void* logits, const int64_t* labels, const void* lse,
-                            const void* grad_loss, void* glogits, int64_t rows, int64_t v, int64_t ignore_index);
+                            const void* grad_loss, void* glogits, int64_t rows, int64_t v,
+                            int64_t ignore_index);
 void embedding(DType dt, const void* weight, const int64_t* ids, void* out, int64_t n, int64_t d);
 // Deterministic scatter-add: rows of gy grouped by id through (order, starts) built on the host:
 // order lists row numbers sorted by id (stable), starts[u]..starts[u+1] the rows of unique id uid[u].
-void embedding_backward(DType dt, const void* gy, const int64_t* order, const int64_t* starts, const int64_t* uid,
-                        int64_t n_unique, void* gw, int64_t v, int64_t d);
+void embedding_backward(DType dt, const void* gy, const int64_t* order, const int64_t* starts,
+                        const int64_t* uid, int64_t n_unique, void* gw, int64_t v, int64_t d);
 void rope(DType dt, const void* x, const float* cos, const float* sin, const int64_t* pos, void* y, int64_t B,
           int64_t H, int64_t T, int64_t D, bool seq_major, bool inverse);
 // Index of the first element outside [lo, hi) that is not `ignore` (-1 if none); synchronizes.
-int64_t first_bad_index(const int64_t* ids, int64_t n, int64_t lo, int64_t hi, int64_t ignore, bool use_ignore);
+int64_t first_bad_index(const int64_t* ids, int64_t n, int64_t lo, int64_t hi, int64_t ignore,
+                        bool use_ignore);
 
 }  // namespace tr::cuda

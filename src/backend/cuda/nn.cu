@@ -12,8 +12,8 @@ namespace tr::cuda {
 namespace {
 
 template <typename T>
-__global__ void layer_norm_kernel(const T* x, const T* w, const T* b, T* y, acc_t<T>* mean, acc_t<T>* rstd, int64_t n,
-                                  double eps) {
+__global__ void layer_norm_kernel(const T* x, const T* w, const T* b, T* y, acc_t<T>* mean, acc_t<T>* rstd,
+                                  int64_t n, double eps) {
   using A = acc_t<T>;
   __shared__ A sh[32];
   const int64_t base = blockIdx.x * n;
@@ -63,8 +63,8 @@ __global__ void layer_norm_backward_kernel(const T* x, const T* w, const acc_t<T
 
 // gw[j] = sum_r gy[r, j] * xhat[r, j]; gb[j] = sum_r gy[r, j]. mean may be null (RMSNorm: xhat = x * rstd).
 template <typename T>
-__global__ void norm_param_grad_kernel(const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, const T* gy, T* gw,
-                                       T* gb, int64_t rows, int64_t n) {
+__global__ void norm_param_grad_kernel(const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, const T* gy,
+                                       T* gw, T* gb, int64_t rows, int64_t n) {
   const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (j >= n) return;
   double aw = 0, ab = 0;
@@ -100,7 +100,8 @@ __global__ void rms_norm_kernel(const T* x, const T* w, T* y, acc_t<T>* rstd, in
 }
 
 template <typename T>
-__global__ void rms_norm_backward_kernel(const T* x, const T* w, const acc_t<T>* rstd, const T* gy, T* gx, int64_t n) {
+__global__ void rms_norm_backward_kernel(const T* x, const T* w, const acc_t<T>* rstd, const T* gy, T* gx,
+                                         int64_t n) {
   using A = acc_t<T>;
   __shared__ A sh[32];
   const int64_t base = blockIdx.x * n;
@@ -118,8 +119,8 @@ __global__ void rms_norm_backward_kernel(const T* x, const T* w, const acc_t<T>*
 }
 
 template <typename T>
-__global__ void cross_entropy_kernel(const T* logits, const int64_t* labels, acc_t<T>* loss, acc_t<T>* lse, int64_t v,
-                                     int64_t ignore) {
+__global__ void cross_entropy_kernel(const T* logits, const int64_t* labels, acc_t<T>* loss, acc_t<T>* lse,
+                                     int64_t v, int64_t ignore) {
   using A = acc_t<T>;
   __shared__ A sh[32];
   const int64_t row = blockIdx.x, base = row * v;
@@ -169,15 +170,15 @@ __global__ void embedding_kernel(const T* w, const int64_t* ids, T* out, int64_t
 }
 
 template <typename T>
-__global__ void embedding_backward_kernel(const T* gy, const int64_t* order, const int64_t* starts, const int64_t* uid,
-                                          int64_t n_unique, T* gw, int64_t d) {
+__global__ void embedding_backward_kernel(const T* gy, const int64_t* order, const int64_t* starts,
+                                          const int64_t* uid, int64_t n_unique, T* gw, int64_t d) {
   for (int64_t u = blockIdx.y; u < n_unique; u += gridDim.y)
-  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < d;
-       j += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    acc_t<T> s = 0;
-    for (int64_t k = starts[u]; k < starts[u + 1]; ++k) s += ld(gy, order[k] * d + j);
-    st(gw, uid[u] * d + j, s);
-  }
+    for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < d;
+         j += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+      acc_t<T> s = 0;
+      for (int64_t k = starts[u]; k < starts[u + 1]; ++k) s += ld(gy, order[k] * d + j);
+      st(gw, uid[u] * d + j, s);
+    }
 }
 
 template <typename T>
@@ -210,8 +211,8 @@ __global__ void rope_kernel(const T* x, const float* cs, const float* sn, const 
   }
 }
 
-__global__ void first_bad_kernel(const int64_t* ids, int64_t n, int64_t lo, int64_t hi, int64_t ignore, bool use_ignore,
-                                 unsigned long long* first) {
+__global__ void first_bad_kernel(const int64_t* ids, int64_t n, int64_t lo, int64_t hi, int64_t ignore,
+                                 bool use_ignore, unsigned long long* first) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     const int64_t v = ids[i];
@@ -224,8 +225,8 @@ int threads_for_row(int64_t n) { return n >= 1024 ? 1024 : n >= 256 ? 256 : 64; 
 
 }  // namespace
 
-void layer_norm(DType dt, const void* x, const void* w, const void* b, void* y, void* mean, void* rstd, int64_t rows,
-                int64_t n, double eps) {
+void layer_norm(DType dt, const void* x, const void* w, const void* b, void* y, void* mean, void* rstd,
+                int64_t rows, int64_t n, double eps) {
   dispatch_float(dt, [&]<typename T>() {
     layer_norm_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(n)>>>(
         static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(b), static_cast<T*>(y),
@@ -234,42 +235,44 @@ void layer_norm(DType dt, const void* x, const void* w, const void* b, void* y, 
   TR_CUDA_LAUNCH_CHECK("layer_norm");
 }
 
-void layer_norm_backward(DType dt, const void* x, const void* w, const void* mean, const void* rstd, const void* gy,
-                         void* gx, void* gw, void* gb, int64_t rows, int64_t n) {
+void layer_norm_backward(DType dt, const void* x, const void* w, const void* mean, const void* rstd,
+                         const void* gy, void* gx, void* gw, void* gb, int64_t rows, int64_t n) {
   dispatch_float(dt, [&]<typename T>() {
     using A = acc_t<T>;
     if (gx)
       layer_norm_backward_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(n)>>>(
-          static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const A*>(mean), static_cast<const A*>(rstd),
-          static_cast<const T*>(gy), static_cast<T*>(gx), n);
+          static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const A*>(mean),
+          static_cast<const A*>(rstd), static_cast<const T*>(gy), static_cast<T*>(gx), n);
     if (gw || gb)
-      norm_param_grad_kernel<T><<<blocks_for(n, 128), 128>>>(static_cast<const T*>(x), static_cast<const A*>(mean),
-                                                            static_cast<const A*>(rstd), static_cast<const T*>(gy),
-                                                            static_cast<T*>(gw), static_cast<T*>(gb), rows, n);
+      norm_param_grad_kernel<T><<<blocks_for(n, 128), 128>>>(
+          static_cast<const T*>(x), static_cast<const A*>(mean), static_cast<const A*>(rstd),
+          static_cast<const T*>(gy), static_cast<T*>(gw), static_cast<T*>(gb), rows, n);
   });
   TR_CUDA_LAUNCH_CHECK("layer_norm_backward");
 }
 
-void rms_norm(DType dt, const void* x, const void* w, void* y, void* rstd, int64_t rows, int64_t n, double eps) {
+void rms_norm(DType dt, const void* x, const void* w, void* y, void* rstd, int64_t rows, int64_t n,
+              double eps) {
   dispatch_float(dt, [&]<typename T>() {
     rms_norm_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(n)>>>(
-        static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), static_cast<acc_t<T>*>(rstd), n, eps);
+        static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), static_cast<acc_t<T>*>(rstd),
+        n, eps);
   });
   TR_CUDA_LAUNCH_CHECK("rms_norm");
 }
 
-void rms_norm_backward(DType dt, const void* x, const void* w, const void* rstd, const void* gy, void* gx, void* gw,
-                       int64_t rows, int64_t n) {
+void rms_norm_backward(DType dt, const void* x, const void* w, const void* rstd, const void* gy, void* gx,
+                       void* gw, int64_t rows, int64_t n) {
   dispatch_float(dt, [&]<typename T>() {
     using A = acc_t<T>;
     if (gx)
       rms_norm_backward_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(n)>>>(
-          static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const A*>(rstd), static_cast<const T*>(gy),
-          static_cast<T*>(gx), n);
+          static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const A*>(rstd),
+          static_cast<const T*>(gy), static_cast<T*>(gx), n);
     if (gw)
-      norm_param_grad_kernel<T><<<blocks_for(n, 128), 128>>>(static_cast<const T*>(x), nullptr,
-                                                            static_cast<const A*>(rstd), static_cast<const T*>(gy),
-                                                            static_cast<T*>(gw), nullptr, rows, n);
+      norm_param_grad_kernel<T>
+          <<<blocks_for(n, 128), 128>>>(static_cast<const T*>(x), nullptr, static_cast<const A*>(rstd),
+                                        static_cast<const T*>(gy), static_cast<T*>(gw), nullptr, rows, n);
   });
   TR_CUDA_LAUNCH_CHECK("rms_norm_backward");
 }
@@ -285,7 +288,8 @@ void cross_entropy(DType dt, const void* logits, const int64_t* labels, void* lo
 }
 
 void cross_entropy_backward(DType dt, const void* logits, const int64_t* labels, const void* lse,
-                            const void* grad_loss, void* glogits, int64_t rows, int64_t v, int64_t ignore_index) {
+                            const void* grad_loss, void* glogits, int64_t rows, int64_t v,
+                            int64_t ignore_index) {
   dispatch_float(dt, [&]<typename T>() {
     using A = acc_t<T>;
     cross_entropy_backward_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(v)>>>(
@@ -297,20 +301,22 @@ void cross_entropy_backward(DType dt, const void* logits, const int64_t* labels,
 
 void embedding(DType dt, const void* weight, const int64_t* ids, void* out, int64_t n, int64_t d) {
   dispatch_float(dt, [&]<typename T>() {
-    embedding_kernel<T><<<blocks_for(n * d), 256>>>(static_cast<const T*>(weight), ids, static_cast<T*>(out), n, d);
+    embedding_kernel<T>
+        <<<blocks_for(n * d), 256>>>(static_cast<const T*>(weight), ids, static_cast<T*>(out), n, d);
   });
   TR_CUDA_LAUNCH_CHECK("embedding");
 }
 
-void embedding_backward(DType dt, const void* gy, const int64_t* order, const int64_t* starts, const int64_t* uid,
-                        int64_t n_unique, void* gw, int64_t v, int64_t d) {
+void embedding_backward(DType dt, const void* gy, const int64_t* order, const int64_t* starts,
+                        const int64_t* uid, int64_t n_unique, void* gw, int64_t v, int64_t d) {
   fill(gw, dt, v * d, 0.0);
   if (n_unique == 0) return;
   dispatch_float(dt, [&]<typename T>() {
     // gridDim.y is capped at 65535: the kernel strides over the unique ids.
-    dim3 grid(static_cast<unsigned>((d + 127) / 128), static_cast<unsigned>(std::min<int64_t>(n_unique, 65535)));
-    embedding_backward_kernel<T><<<grid, 128>>>(static_cast<const T*>(gy), order, starts, uid, n_unique,
-                                                static_cast<T*>(gw), d);
+    dim3 grid(static_cast<unsigned>((d + 127) / 128),
+              static_cast<unsigned>(std::min<int64_t>(n_unique, 65535)));
+    embedding_backward_kernel<T>
+        <<<grid, 128>>>(static_cast<const T*>(gy), order, starts, uid, n_unique, static_cast<T*>(gw), d);
   });
   TR_CUDA_LAUNCH_CHECK("embedding_backward");
 }
@@ -319,13 +325,14 @@ void rope(DType dt, const void* x, const float* cos, const float* sin, const int
           int64_t H, int64_t T, int64_t D, bool seq_major, bool inverse) {
   dispatch_float(dt, [&]<typename TT>() {
     rope_kernel<TT><<<blocks_for(B * H * T * (D / 2)), 256>>>(static_cast<const TT*>(x), cos, sin, pos,
-                                                             static_cast<TT*>(y), B, H, T, D, seq_major,
-                                                             inverse ? -1.0f : 1.0f);
+                                                              static_cast<TT*>(y), B, H, T, D, seq_major,
+                                                              inverse ? -1.0f : 1.0f);
   });
   TR_CUDA_LAUNCH_CHECK("rope");
 }
 
-int64_t first_bad_index(const int64_t* ids, int64_t n, int64_t lo, int64_t hi, int64_t ignore, bool use_ignore) {
+int64_t first_bad_index(const int64_t* ids, int64_t n, int64_t lo, int64_t hi, int64_t ignore,
+                        bool use_ignore) {
   if (n == 0) return -1;
   unsigned long long* d = nullptr;
   unsigned long long init = ~0ull, out = 0;

@@ -19,9 +19,12 @@ __global__ void reduce_kernel(ReduceOp op, const T* x, T* y, int64_t outer, int6
     double acc = op == ReduceOp::max ? -INFINITY : op == ReduceOp::min ? INFINITY : 0.0;
     for (int64_t i = 0; i < r; ++i) {
       double v = static_cast<double>(ld(x, (a * r + i) * inner + j));
-      if (op == ReduceOp::max) acc = (v != v || v > acc) ? v : acc;
-      else if (op == ReduceOp::min) acc = (v != v || v < acc) ? v : acc;
-      else acc += v;
+      if (op == ReduceOp::max)
+        acc = (v != v || v > acc) ? v : acc;
+      else if (op == ReduceOp::min)
+        acc = (v != v || v < acc) ? v : acc;
+      else
+        acc += v;
     }
     if (op == ReduceOp::mean) acc /= static_cast<double>(r);
     st(y, o, static_cast<acc_t<T>>(acc));
@@ -112,7 +115,8 @@ __global__ void softmax_backward_kernel(const T* y, const T* gy, T* gx, int64_t 
   __shared__ A sh[32];
   const int64_t base = blockIdx.x * n;
   A dot = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dot += log ? ld(gy, base + i) : ld(gy, base + i) * ld(y, base + i);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    dot += log ? ld(gy, base + i) : ld(gy, base + i) * ld(y, base + i);
   dot = block_sum(dot, sh);
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     A g = ld(gy, base + i), yy = ld(y, base + i);
@@ -124,7 +128,8 @@ __global__ void softmax_backward_kernel(const T* y, const T* gy, T* gx, int64_t 
 
 void reduce(ReduceOp op, DType dt, const void* x, void* y, int64_t outer, int64_t r, int64_t inner) {
   dispatch_float(dt, [&]<typename T>() {
-    reduce_kernel<T><<<blocks_for(outer * inner), 256>>>(op, static_cast<const T*>(x), static_cast<T*>(y), outer, r, inner);
+    reduce_kernel<T><<<blocks_for(outer * inner), 256>>>(op, static_cast<const T*>(x), static_cast<T*>(y),
+                                                         outer, r, inner);
   });
   TR_CUDA_LAUNCH_CHECK("reduce");
 }
@@ -138,22 +143,24 @@ void argmax(DType dt, const void* x, int64_t* y, int64_t outer, int64_t r, int64
 
 void topk(DType dt, const void* x, void* values, int64_t* indices, int64_t rows, int64_t n, int64_t k) {
   dispatch_float(dt, [&]<typename T>() {
-    topk_kernel<T><<<blocks_for(rows, 64), 64>>>(static_cast<const T*>(x), static_cast<T*>(values), indices, rows, n, k);
+    topk_kernel<T><<<blocks_for(rows, 64), 64>>>(static_cast<const T*>(x), static_cast<T*>(values), indices,
+                                                 rows, n, k);
   });
   TR_CUDA_LAUNCH_CHECK("topk");
 }
 
 void softmax(DType dt, const void* x, void* y, int64_t rows, int64_t n, bool log) {
   dispatch_float(dt, [&]<typename T>() {
-    softmax_kernel<T><<<static_cast<unsigned>(rows), 256>>>(static_cast<const T*>(x), static_cast<T*>(y), n, log);
+    softmax_kernel<T>
+        <<<static_cast<unsigned>(rows), 256>>>(static_cast<const T*>(x), static_cast<T*>(y), n, log);
   });
   TR_CUDA_LAUNCH_CHECK("softmax");
 }
 
 void softmax_backward(DType dt, const void* y, const void* gy, void* gx, int64_t rows, int64_t n, bool log) {
   dispatch_float(dt, [&]<typename T>() {
-    softmax_backward_kernel<T><<<static_cast<unsigned>(rows), 256>>>(static_cast<const T*>(y), static_cast<const T*>(gy),
-                                                                     static_cast<T*>(gx), n, log);
+    softmax_backward_kernel<T><<<static_cast<unsigned>(rows), 256>>>(
+        static_cast<const T*>(y), static_cast<const T*>(gy), static_cast<T*>(gx), n, log);
   });
   TR_CUDA_LAUNCH_CHECK("softmax_backward");
 }

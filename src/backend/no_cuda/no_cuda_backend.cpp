@@ -7,9 +7,13 @@ bool cuda_compiled() { return false; }
 bool cuda_available() { return false; }
 Device default_device() { return Device::cpu(); }
 int cuda_device_count() { return 0; }
-std::string cuda_summary() { return "CUDA: not compiled in (configure with -DTRAINER_CUDA=ON and nvcc present)"; }
+std::string cuda_summary() {
+  return "CUDA: not compiled in (configure with -DTRAINER_CUDA=ON and nvcc present)";
+}
 Backend& cuda_backend() {
-  fail("a cuda tensor was requested, but this build of trainer has no CUDA support (rebuild with TRAINER_CUDA=ON)");
+  fail(
+      "a cuda tensor was requested, but this build of trainer has no CUDA support (rebuild with "
+      "TRAINER_CUDA=ON)");
 }
 
 }  // namespace tr::backend
