@@ -20,10 +20,22 @@ void dispatch_unary(UnaryOp op, F&& f) {
   switch (op) {
 #define TR_CASE(o) \
   case UnaryOp::o: f.template operator()<UnaryOp::o>(); return;
+    // clang-format off
     TR_CASE(neg)
     TR_CASE(exp)
-    TR_CASE(log) TR_CASE(sqrt) TR_CASE(rsqrt) TR_CASE(tanh) TR_CASE(sigmoid) TR_CASE(relu) TR_CASE(gelu_tanh)
-        TR_CASE(gelu_erf) TR_CASE(silu) TR_CASE(abs) TR_CASE(square) TR_CASE(reciprocal)
+    TR_CASE(log)
+    TR_CASE(sqrt)
+    TR_CASE(rsqrt)
+    TR_CASE(tanh)
+    TR_CASE(sigmoid)
+    TR_CASE(relu)
+    TR_CASE(gelu_tanh)
+    TR_CASE(gelu_erf)
+    TR_CASE(silu)
+    TR_CASE(abs)
+    TR_CASE(square)
+    TR_CASE(reciprocal)
+    // clang-format on
 #undef TR_CASE
   }
 }
