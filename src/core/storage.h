@@ -1,4 +1,5 @@
-// A block of device memory owned through an Allocator; tensors share it through views.
+// A block of device memory, either owned through an Allocator or borrowed from an owner that keeps it alive
+// (a memory-mapped file); tensors share it through views.
 #pragma once
 #include <cstddef>
 #include <memory>
@@ -9,22 +10,29 @@ namespace tr {
 
 class Storage {
  public:
-  Storage(size_t nbytes, Allocator& alloc) : nbytes_(nbytes), alloc_(&alloc) {
+  Storage(size_t nbytes, Allocator& alloc) : nbytes_(nbytes), alloc_(&alloc), device_(alloc.device()) {
     data_ = alloc.allocate(nbytes);
   }
-  ~Storage() { alloc_->deallocate(data_, nbytes_); }
+  // Borrowed memory: not counted by any allocator, released when `owner` is.
+  Storage(void* data, size_t nbytes, Device device, std::shared_ptr<void> owner)
+      : data_(data), nbytes_(nbytes), device_(device), owner_(std::move(owner)) {}
+  ~Storage() {
+    if (alloc_) alloc_->deallocate(data_, nbytes_);
+  }
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
   void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
-  Device device() const { return alloc_->device(); }
-  Allocator& allocator() const { return *alloc_; }
+  Device device() const { return device_; }
+  bool borrowed() const { return alloc_ == nullptr; }
 
  private:
   void* data_ = nullptr;
   size_t nbytes_ = 0;
-  Allocator* alloc_;
+  Allocator* alloc_ = nullptr;
+  Device device_;
+  std::shared_ptr<void> owner_;
 };
 
 }  // namespace tr

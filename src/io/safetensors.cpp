@@ -1,0 +1,256 @@
+// Memory-mapped safetensors reading, atomic writing, and sharded checkpoints with an index.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "io/safetensors.h"
+#include "ops/ops.h"
+
+namespace tr::io {
+
+namespace fs = std::filesystem;
+
+SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  TR_CHECK(fd >= 0, "{}: cannot open: {}", path, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    fail("{}: cannot stat: {}", path, std::strerror(errno));
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  void* p = nullptr;
+  if (size > 0) {
+    // Private and writable: parameters that borrow the mapping can be updated in place (copy-on-write),
+    // and the file itself is never touched.
+    p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      ::close(fd);
+      fail("{}: cannot map {} bytes: {}", path, size, std::strerror(errno));
+    }
+  }
+  ::close(fd);
+  SafetensorsFile f;
+  f.path_ = path;
+  f.map_ = std::shared_ptr<void>(p, [size](void* q) {
+    if (q) ::munmap(q, size);
+  });
+  f.base_ = static_cast<const uint8_t*>(p);
+  f.size_ = size;
+  f.header_ = parse_safetensors_header(f.base_, size, path);
+  for (size_t i = 0; i < f.header_.tensors.size(); ++i) f.index_[f.header_.tensors[i].name] = i;
+  return f;
+}
+
+const TensorInfo& SafetensorsFile::info(const std::string& name) const {
+  auto it = index_.find(name);
+  TR_CHECK(it != index_.end(), "{}: no tensor named '{}'", path_, name);
+  return header_.tensors[it->second];
+}
+
+Tensor SafetensorsFile::load(const std::string& name, std::optional<DType> dtype, Device device) const {
+  const TensorInfo& t = info(name);
+  uint8_t* src = const_cast<uint8_t*>(base_) + header_.data_offset + t.begin;
+  const size_t nbytes = t.end - t.begin;
+  Tensor view;
+  if (reinterpret_cast<uintptr_t>(src) % dtype_size(t.dtype) == 0) {
+    auto impl = std::make_shared<TensorImpl>();
+    impl->storage = std::make_shared<Storage>(src, nbytes, Device::cpu(), map_);
+    impl->shape = t.shape;
+    impl->strides = contiguous_strides(t.shape);
+    impl->dtype = t.dtype;
+    view = Tensor(std::move(impl));
+  } else {
+    // Misaligned data (an unpadded header): copy into an aligned buffer.
+    view = ops::empty(t.shape, t.dtype, Device::cpu());
+    if (nbytes) std::memcpy(view.data_ptr(), src, nbytes);
+  }
+  const DType want = dtype.value_or(t.dtype);
+  TR_CHECK(want == t.dtype || (is_floating(want) && is_floating(t.dtype)),
+           "{}: tensor '{}' of dtype {} cannot be loaded as {}", path_, name, dtype_name(t.dtype), dtype_name(want));
+  return ops::to_device(ops::to_dtype(view, want), device);
+}
+
+namespace {
+
+void write_all(std::ofstream& out, const void* p, size_t n, const std::string& path) {
+  out.write(static_cast<const char*>(p), static_cast<std::streamsize>(n));
+  TR_CHECK(out.good(), "{}: write failed ({} bytes)", path, n);
+}
+
+void fsync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+}  // namespace
+
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header;
+  nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+  meta["format"] = "pt";  // transformers refuses files without it
+  for (const auto& [k, v] : metadata) meta[k] = v;
+  header["__metadata__"] = meta;
+  std::vector<Tensor> host;
+  uint64_t at = 0;
+  for (const auto& [name, t] : tensors) {
+    TR_CHECK(!name.empty() && name != "__metadata__", "{}: invalid tensor name '{}'", path, name);
+    TR_CHECK(!header.contains(name), "{}: tensor '{}' given twice", path, name);
+    Tensor h = ops::contiguous(ops::to_device(t, Device::cpu()));
+    const uint64_t nb = h.nbytes();
+    header[name] = {{"dtype", safetensors_dtype_name(h.dtype())}, {"shape", h.shape()}, {"data_offsets", {at, at + nb}}};
+    at += nb;
+    host.push_back(h);
+  }
+  std::string hs = header.dump();
+  hs.append((8 - hs.size() % 8) % 8, ' ');  // pad so the data section starts 8-byte aligned
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    TR_CHECK(out.is_open(), "{}: cannot create: {}", tmp, std::strerror(errno));
+    uint8_t len[8];
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(hs.size()) >> (8 * i));
+    write_all(out, len, 8, tmp);
+    write_all(out, hs.data(), hs.size(), tmp);
+    for (const auto& h : host)
+      if (h.nbytes()) write_all(out, h.data_ptr(), h.nbytes(), tmp);
+    out.close();
+    TR_CHECK(!out.fail(), "{}: write failed", tmp);
+  }
+  fsync_path(tmp);
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  TR_CHECK(!ec, "{}: cannot rename into place: {}", path, ec.message());
+}
+
+uint64_t parse_size(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  TR_CHECK(i > 0, "size '{}': expected a number such as 5GB, 500MB or 2GiB", s);
+  const double v = std::stod(s.substr(0, i));
+  std::string unit = s.substr(i);
+  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  double mul = 1;
+  if (unit.empty() || unit == "B") mul = 1;
+  else if (unit == "KB") mul = 1e3;
+  else if (unit == "MB") mul = 1e6;
+  else if (unit == "GB") mul = 1e9;
+  else if (unit == "KIB") mul = 1024.0;
+  else if (unit == "MIB") mul = 1024.0 * 1024;
+  else if (unit == "GIB") mul = 1024.0 * 1024 * 1024;
+  else fail("size '{}': unknown unit '{}' (use B, KB, MB, GB, KiB, MiB or GiB)", s, s.substr(i));
+  return static_cast<uint64_t>(v * mul);
+}
+
+void save_sharded(const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                  uint64_t max_shard_bytes, const std::map<std::string, std::string>& metadata) {
+  fs::create_directories(dir);
+  // Greedy in the given order, as transformers does: a tensor larger than the limit gets a shard of its own.
+  std::vector<std::vector<std::pair<std::string, Tensor>>> shards(1);
+  uint64_t cur = 0, total = 0;
+  for (const auto& nt : tensors) {
+    const uint64_t nb = nt.second.nbytes();
+    if (!shards.back().empty() && cur + nb > max_shard_bytes) {
+      shards.emplace_back();
+      cur = 0;
+    }
+    shards.back().push_back(nt);
+    cur += nb;
+    total += nb;
+  }
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  if (shards.size() == 1) {
+    save_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, metadata);
+    fs::remove(index);
+    return;
+  }
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  const size_t n = shards.size();
+  for (size_t i = 0; i < n; ++i) {
+    const std::string file = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, n);
+    save_safetensors((fs::path(dir) / file).string(), shards[i], metadata);
+    for (const auto& nt : shards[i]) weight_map[nt.first] = file;
+  }
+  nlohmann::ordered_json j;
+  j["metadata"] = {{"total_size", total}};
+  j["weight_map"] = weight_map;
+  const std::string tmp = index.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    TR_CHECK(out.is_open(), "{}: cannot create", tmp);
+    out << j.dump(2) << "\n";
+  }
+  fs::rename(tmp, index);
+  fs::remove(fs::path(dir) / "model.safetensors");
+}
+
+CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  const fs::path single = fs::path(dir) / "model.safetensors";
+  if (fs::exists(index)) {
+    std::ifstream in(index);
+    nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    TR_CHECK(!j.is_discarded() && j.is_object(), "{}: not valid JSON", index.string());
+    TR_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), "{}: missing field 'weight_map'",
+             index.string());
+    std::map<std::string, size_t> file_ix;
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      TR_CHECK(it.value().is_string(), "{}: weight_map entry '{}' is not a file name", index.string(), it.key());
+      const std::string file = it.value().get<std::string>();
+      TR_CHECK(file.find('/') == std::string::npos, "{}: weight_map entry '{}' points outside the folder: {}",
+               index.string(), it.key(), file);
+      if (!file_ix.count(file)) {
+        file_ix[file] = files_.size();
+        files_.push_back(SafetensorsFile::open((fs::path(dir) / file).string()));
+      }
+      const SafetensorsFile& f = files_[file_ix[file]];
+      TR_CHECK(f.contains(it.key()), "{}: index lists tensor '{}' but the shard does not hold it", f.path(), it.key());
+      where_[it.key()] = file_ix[file];
+    }
+  } else {
+    TR_CHECK(fs::exists(single), "{}: no model.safetensors or model.safetensors.index.json", dir);
+    files_.push_back(SafetensorsFile::open(single.string()));
+    for (const auto& t : files_[0].header().tensors) where_[t.name] = 0;
+  }
+}
+
+std::vector<std::string> CheckpointReader::names() const {
+  std::vector<std::string> n;
+  for (const auto& [k, v] : where_) n.push_back(k);
+  return n;
+}
+
+const TensorInfo& CheckpointReader::info(const std::string& name) const {
+  auto it = where_.find(name);
+  TR_CHECK(it != where_.end(), "{}: the checkpoint has no tensor named '{}'", dir_, name);
+  return files_[it->second].info(name);
+}
+
+Tensor CheckpointReader::load(const std::string& name, std::optional<DType> dtype, Device device) const {
+  auto it = where_.find(name);
+  TR_CHECK(it != where_.end(), "{}: the checkpoint has no tensor named '{}'", dir_, name);
+  return files_[it->second].load(name, dtype, device);
+}
+
+uint64_t CheckpointReader::total_bytes() const {
+  uint64_t n = 0;
+  for (const auto& [name, f] : where_) {
+    const auto& t = files_[f].info(name);
+    n += t.end - t.begin;
+  }
+  return n;
+}
+
+}  // namespace tr::io
