@@ -71,7 +71,8 @@ TEST(Safetensors, ShardedSaveAndLoadRoundTrip) {
   EXPECT_TRUE(fs::exists(d.file("model.safetensors.index.json")));
   EXPECT_FALSE(fs::exists(d.file("model.safetensors")));
   int shards = 0;
-  for (auto& e : fs::directory_iterator(d.path)) shards += e.path().string().find("-of-") != std::string::npos;
+  for (auto& e : fs::directory_iterator(d.path))
+    shards += e.path().string().find("-of-") != std::string::npos;
   EXPECT_GT(shards, 2);
   io::CheckpointReader r(d.path.string());
   EXPECT_EQ(r.names().size(), ts.size());
@@ -110,7 +111,8 @@ void expect_error(const std::string& path, std::initializer_list<std::string> ne
   } catch (const Error& e) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find(path), std::string::npos) << msg;
-    for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
+    for (const auto& n : needles)
+      EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
   }
 }
 
@@ -127,15 +129,20 @@ TEST(Safetensors, BrokenFilesFailWithAMessageNamingFileAndTensor) {
                {"'w'", "unknown or unsupported dtype 'F8_E4M3'"});
   expect_error(craft(d, "size.st", R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8),
                {"'w'", "needs 12"});
-  expect_error(craft(d, "missing.st", R"({"w":{"dtype":"F32","data_offsets":[0,8]}})", 8), {"'w'", "'shape'"});
-  expect_error(craft(d, "overlap.st",
-                     R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-                     12),
-               {"'b'", "overlaps"});
-  expect_error(craft(d, "gap.st",
-                     R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
-                     12),
-               {"'b'", "gap"});
+  expect_error(craft(d, "missing.st", R"({"w":{"dtype":"F32","data_offsets":[0,8]}})", 8),
+               {"'w'", "'shape'"});
+  expect_error(
+      craft(
+          d, "overlap.st",
+          R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+          12),
+      {"'b'", "overlaps"});
+  expect_error(
+      craft(
+          d, "gap.st",
+          R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+          12),
+      {"'b'", "gap"});
   expect_error(craft(d, "reversed.st", R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", 8),
                {"'w'", "reversed"});
   expect_error(craft(d, "negative.st", R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4),
@@ -149,12 +156,14 @@ TEST(Safetensors, BrokenFilesFailWithAMessageNamingFileAndTensor) {
 TEST(Safetensors, AFailedSaveLeavesTheExistingFileIntact) {
   TempDir d;
   io::save_safetensors(d.file("m.safetensors"), {{"w", ops::ones({2})}});
-  EXPECT_THROW(io::save_safetensors(d.file("m.safetensors"), {{"w", ops::zeros({2})}, {"w", ops::zeros({2})}}),
-               Error);
-  EXPECT_EQ(test::values(io::SafetensorsFile::open(d.file("m.safetensors")).load("w")), (std::vector<double>{1, 1}));
+  EXPECT_THROW(
+      io::save_safetensors(d.file("m.safetensors"), {{"w", ops::zeros({2})}, {"w", ops::zeros({2})}}), Error);
+  EXPECT_EQ(test::values(io::SafetensorsFile::open(d.file("m.safetensors")).load("w")),
+            (std::vector<double>{1, 1}));
   // A crash mid-write leaves only the temporary behind; the real file is still the last good one.
   std::ofstream(d.file("m.safetensors.tmp")) << "partial";
-  EXPECT_EQ(test::values(io::SafetensorsFile::open(d.file("m.safetensors")).load("w")), (std::vector<double>{1, 1}));
+  EXPECT_EQ(test::values(io::SafetensorsFile::open(d.file("m.safetensors")).load("w")),
+            (std::vector<double>{1, 1}));
 }
 
 TEST(Safetensors, ShardIndexErrorsNameTheIndex) {

@@ -75,7 +75,8 @@ Tensor SafetensorsFile::load(const std::string& name, std::optional<DType> dtype
   }
   const DType want = dtype.value_or(t.dtype);
   TR_CHECK(want == t.dtype || (is_floating(want) && is_floating(t.dtype)),
-           "{}: tensor '{}' of dtype {} cannot be loaded as {}", path_, name, dtype_name(t.dtype), dtype_name(want));
+           "{}: tensor '{}' of dtype {} cannot be loaded as {}", path_, name, dtype_name(t.dtype),
+           dtype_name(want));
   return ops::to_device(ops::to_dtype(view, want), device);
 }
 
@@ -110,7 +111,8 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     TR_CHECK(!header.contains(name), "{}: tensor '{}' given twice", path, name);
     Tensor h = ops::contiguous(ops::to_device(t, Device::cpu()));
     const uint64_t nb = h.nbytes();
-    header[name] = {{"dtype", safetensors_dtype_name(h.dtype())}, {"shape", h.shape()}, {"data_offsets", {at, at + nb}}};
+    header[name] = {
+        {"dtype", safetensors_dtype_name(h.dtype())}, {"shape", h.shape()}, {"data_offsets", {at, at + nb}}};
     at += nb;
     host.push_back(h);
   }
@@ -143,14 +145,22 @@ uint64_t parse_size(const std::string& s) {
   std::string unit = s.substr(i);
   for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   double mul = 1;
-  if (unit.empty() || unit == "B") mul = 1;
-  else if (unit == "KB") mul = 1e3;
-  else if (unit == "MB") mul = 1e6;
-  else if (unit == "GB") mul = 1e9;
-  else if (unit == "KIB") mul = 1024.0;
-  else if (unit == "MIB") mul = 1024.0 * 1024;
-  else if (unit == "GIB") mul = 1024.0 * 1024 * 1024;
-  else fail("size '{}': unknown unit '{}' (use B, KB, MB, GB, KiB, MiB or GiB)", s, s.substr(i));
+  if (unit.empty() || unit == "B")
+    mul = 1;
+  else if (unit == "KB")
+    mul = 1e3;
+  else if (unit == "MB")
+    mul = 1e6;
+  else if (unit == "GB")
+    mul = 1e9;
+  else if (unit == "KIB")
+    mul = 1024.0;
+  else if (unit == "MIB")
+    mul = 1024.0 * 1024;
+  else if (unit == "GIB")
+    mul = 1024.0 * 1024 * 1024;
+  else
+    fail("size '{}': unknown unit '{}' (use B, KB, MB, GB, KiB, MiB or GiB)", s, s.substr(i));
   return static_cast<uint64_t>(v * mul);
 }
 
@@ -207,7 +217,8 @@ CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
              index.string());
     std::map<std::string, size_t> file_ix;
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-      TR_CHECK(it.value().is_string(), "{}: weight_map entry '{}' is not a file name", index.string(), it.key());
+      TR_CHECK(it.value().is_string(), "{}: weight_map entry '{}' is not a file name", index.string(),
+               it.key());
       const std::string file = it.value().get<std::string>();
       TR_CHECK(file.find('/') == std::string::npos, "{}: weight_map entry '{}' points outside the folder: {}",
                index.string(), it.key(), file);
@@ -216,7 +227,8 @@ CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
         files_.push_back(SafetensorsFile::open((fs::path(dir) / file).string()));
       }
       const SafetensorsFile& f = files_[file_ix[file]];
-      TR_CHECK(f.contains(it.key()), "{}: index lists tensor '{}' but the shard does not hold it", f.path(), it.key());
+      TR_CHECK(f.contains(it.key()), "{}: index lists tensor '{}' but the shard does not hold it", f.path(),
+               it.key());
       where_[it.key()] = file_ix[file];
     }
   } else {

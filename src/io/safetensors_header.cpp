@@ -38,7 +38,8 @@ std::string safetensors_dtype_name(DType dt) {
 }
 
 SafetensorsHeader parse_safetensors_header(const uint8_t* data, size_t size, const std::string& path) {
-  TR_CHECK(size >= 8, "{}: not a safetensors file: {} bytes, shorter than the 8-byte header length", path, size);
+  TR_CHECK(size >= 8, "{}: not a safetensors file: {} bytes, shorter than the 8-byte header length", path,
+           size);
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | data[i];  // little-endian
   TR_CHECK(n <= size - 8, "{}: header length {} runs past the end of the file ({} bytes)", path, n, size);
@@ -61,8 +62,10 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* data, size_t size, con
       continue;
     }
     TR_CHECK(v.is_object(), "{}: tensor '{}': entry is not an object", path, name);
-    TR_CHECK(v.contains("dtype") && v["dtype"].is_string(), "{}: tensor '{}': missing field 'dtype'", path, name);
-    TR_CHECK(v.contains("shape") && v["shape"].is_array(), "{}: tensor '{}': missing field 'shape'", path, name);
+    TR_CHECK(v.contains("dtype") && v["dtype"].is_string(), "{}: tensor '{}': missing field 'dtype'", path,
+             name);
+    TR_CHECK(v.contains("shape") && v["shape"].is_array(), "{}: tensor '{}': missing field 'shape'", path,
+             name);
     TR_CHECK(v.contains("data_offsets") && v["data_offsets"].is_array() && v["data_offsets"].size() == 2,
              "{}: tensor '{}': missing or malformed field 'data_offsets'", path, name);
     TensorInfo t;
@@ -85,27 +88,32 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* data, size_t size, con
                "{}: tensor '{}': data_offsets must be non-negative integers", path, name);
     t.begin = v["data_offsets"][0].get<uint64_t>();
     t.end = v["data_offsets"][1].get<uint64_t>();
-    TR_CHECK(t.begin <= t.end, "{}: tensor '{}': data_offsets [{}, {}] are reversed", path, name, t.begin, t.end);
-    TR_CHECK(t.end <= data_size, "{}: tensor '{}': data_offsets end {} is past the end of the data ({} bytes)", path,
-             name, t.end, data_size);
+    TR_CHECK(t.begin <= t.end, "{}: tensor '{}': data_offsets [{}, {}] are reversed", path, name, t.begin,
+             t.end);
+    TR_CHECK(t.end <= data_size,
+             "{}: tensor '{}': data_offsets end {} is past the end of the data ({} bytes)", path, name, t.end,
+             data_size);
     TR_CHECK(t.end - t.begin == elems * dtype_size(t.dtype),
-             "{}: tensor '{}': {} bytes in data_offsets, but shape {} of {} needs {}", path, name, t.end - t.begin,
-             shape_str(t.shape), safetensors_dtype_name(t.dtype), elems * dtype_size(t.dtype));
+             "{}: tensor '{}': {} bytes in data_offsets, but shape {} of {} needs {}", path, name,
+             t.end - t.begin, shape_str(t.shape), safetensors_dtype_name(t.dtype),
+             elems * dtype_size(t.dtype));
     h.tensors.push_back(std::move(t));
   }
   // Ranges must tile the data section: ordered, no overlap, no gap (as the reference implementation demands).
-  std::sort(h.tensors.begin(), h.tensors.end(),
-            [](const TensorInfo& a, const TensorInfo& b) { return a.begin != b.begin ? a.begin < b.begin : a.end < b.end; });
+  std::sort(h.tensors.begin(), h.tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
   uint64_t at = 0;
   for (const auto& t : h.tensors) {
-    TR_CHECK(t.begin >= at, "{}: tensor '{}': byte range [{}, {}] overlaps the previous tensor (ends at {})", path,
-             t.name, t.begin, t.end, at);
-    TR_CHECK(t.begin == at, "{}: tensor '{}': byte range starts at {}, leaving a gap after {}", path, t.name, t.begin,
-             at);
+    TR_CHECK(t.begin >= at, "{}: tensor '{}': byte range [{}, {}] overlaps the previous tensor (ends at {})",
+             path, t.name, t.begin, t.end, at);
+    TR_CHECK(t.begin == at, "{}: tensor '{}': byte range starts at {}, leaving a gap after {}", path, t.name,
+             t.begin, at);
     at = t.end;
   }
-  TR_CHECK(at == data_size, "{}: the tensors cover {} bytes but the data section holds {} (truncated or padded file)",
-           path, at, data_size);
+  TR_CHECK(at == data_size,
+           "{}: the tensors cover {} bytes but the data section holds {} (truncated or padded file)", path,
+           at, data_size);
   return h;
 }
 

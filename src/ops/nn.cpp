@@ -291,21 +291,27 @@ Tensor embedding_backward(const Tensor& gy, const Tensor& ids, int64_t num_rows)
 
 RopeTables rope_tables(int64_t max_positions, int64_t head_dim, double theta, Device device) {
   TR_CHECK(head_dim > 0 && head_dim % 2 == 0, "rope_tables: head_dim {} must be even and positive", head_dim);
-  const int64_t half = head_dim / 2;
+  std::vector<float> inv(static_cast<size_t>(head_dim / 2));
+  for (int64_t i = 0; i < head_dim / 2; ++i)  // as HF: 1 / theta^(2i/d) in f32
+    inv[static_cast<size_t>(i)] =
+        1.0f / std::pow(static_cast<float>(theta), static_cast<float>(2 * i) / static_cast<float>(head_dim));
+  return rope_tables_from_inv_freq(max_positions, inv, device);
+}
+
+RopeTables rope_tables_from_inv_freq(int64_t max_positions, const std::vector<float>& inv_freq,
+                                     Device device) {
+  const int64_t half = static_cast<int64_t>(inv_freq.size());
+  TR_CHECK(half > 0 && max_positions > 0, "rope_tables: need positions and frequencies");
   if (device.is_meta())
     return {empty({max_positions, half}, DType::f32, device),
             empty({max_positions, half}, DType::f32, device)};
   std::vector<float> c(static_cast<size_t>(max_positions * half)), s(c.size());
-  for (int64_t i = 0; i < half; ++i) {
-    // As HF: inv_freq = 1 / theta^(2i/d) in f32, angle = pos * inv_freq in f32.
-    float inv =
-        1.0f / std::pow(static_cast<float>(theta), static_cast<float>(2 * i) / static_cast<float>(head_dim));
-    for (int64_t p = 0; p < max_positions; ++p) {
-      float a = static_cast<float>(p) * inv;
+  for (int64_t p = 0; p < max_positions; ++p)
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = static_cast<float>(p) * inv_freq[static_cast<size_t>(i)];
       c[static_cast<size_t>(p * half + i)] = std::cos(a);
       s[static_cast<size_t>(p * half + i)] = std::sin(a);
     }
-  }
   return {from_vector(c, {max_positions, half}, device), from_vector(s, {max_positions, half}, device)};
 }
 

@@ -110,6 +110,10 @@ struct RopeTables {
   Tensor cos, sin;
 };
 RopeTables rope_tables(int64_t max_positions, int64_t head_dim, double theta, Device device = Device::cpu());
+// Tables from explicit inverse frequencies (D/2 of them), e.g. after rope scaling; angles p * inv_freq in
+// f32.
+RopeTables rope_tables_from_inv_freq(int64_t max_positions, const std::vector<float>& inv_freq,
+                                     Device device = Device::cpu());
 Tensor rope(const Tensor& x, const RopeTables& tables, const Tensor& positions, bool seq_major, bool inverse);
 Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset);
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);

@@ -157,10 +157,10 @@ void CpuBackend::softmax(const Tensor& x, bool log, const Tensor& y) {
       } else if constexpr (std::is_same_v<T, float>) {
         // The row is in L1 after the max pass: recomputing exp beats a second pass over stored terms.
         sum = exp_sum(a, mx, nullptr, n);
-        exp_scale(a, mx, 1.0f / sum, out, n);
+        exp_scale(a, mx, sum > 0 ? 1.0f / sum : 0.0f, out, n);  // fully masked row -> zeros
       } else {
         for (int64_t i = 0; i < n; ++i) sum += backend::exp_(load(a, i) - mx);
-        A inv = A(1) / sum;
+        A inv = sum > A(0) ? A(1) / sum : A(0);
         for (int64_t i = 0; i < n; ++i) store(out, i, backend::exp_(load(a, i) - mx) * inv);
       }
     }

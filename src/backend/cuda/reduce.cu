@@ -104,7 +104,7 @@ __global__ void softmax_kernel(const T* x, T* y, int64_t n, bool log) {
     const A lse = mx + std::log(s);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) st(yr, i, ld(xr, i) - lse);
   } else {
-    const A inv = A(1) / s;
+    const A inv = s > A(0) ? A(1) / s : A(0);  // fully masked row -> zeros
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) st(yr, i, backend::exp_(ld(xr, i) - mx) * inv);
   }
 }

@@ -1,0 +1,66 @@
+// Shared parts of the causal LMs: loss with HF's label shift, attention masks, eager attention, and the
+// model registry.
+#include "models/causal_lm.h"
+
+#include <cmath>
+
+namespace tr::models {
+
+bool CausalLM::transposed_on_disk(const std::string&) const { return false; }
+
+int64_t CausalLM::num_parameters() {
+  int64_t n = 0;
+  for (auto& [name, t] : named_parameters()) n += t->numel();
+  return n;
+}
+
+Tensor CausalLM::causal_lm_loss(const Tensor& logits, const ForwardOptions& opts) const {
+  const Tensor& labels = opts.labels;
+  TR_CHECK(labels.dtype() == DType::i64 && labels.dim() == 2, "loss: labels must be int64 [B, T], got {}",
+           labels.describe());
+  const int64_t B = labels.size(0), T = labels.size(1);
+  TR_CHECK(logits.size(0) == B && logits.size(1) == T, "loss: labels {} do not match logits {}", labels.describe(),
+           logits.describe());
+  // shift: position t predicts label t+1; the last position has nothing to predict
+  std::vector<int64_t> l = ops::to_vector<int64_t>(labels), shifted(static_cast<size_t>(B * T), -100);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t + 1 < T; ++t) shifted[static_cast<size_t>(b * T + t)] = l[static_cast<size_t>(b * T + t + 1)];
+  Tensor sl = ops::from_vector<int64_t>(shifted, {B, T}, logits.device());
+  Tensor lf = cast(logits, logits.dtype() == DType::f64 ? DType::f64 : DType::f32);
+  if (opts.num_items_in_batch > 0)
+    return mul_scalar(cross_entropy(lf, sl, -100, Reduction::sum), 1.0 / opts.num_items_in_batch);
+  return cross_entropy(lf, sl, -100, Reduction::mean);
+}
+
+Tensor CausalLM::attention_mask_for(int64_t B, int64_t T, const Tensor& am) const {
+  if (device_.is_meta()) return ops::empty({am.defined() ? B : 1, 1, T, T}, DType::boolean, device_);
+  std::vector<uint8_t> keep;
+  if (am.defined()) {
+    TR_CHECK(am.dim() == 2 && am.size(0) == B && am.size(1) == T, "attention_mask {} does not match input [{}, {}]",
+             am.describe(), B, T);
+    for (double v : ops::to_vector<double>(am)) keep.push_back(v != 0.0);
+  }
+  const int64_t nb = am.defined() ? B : 1;
+  std::vector<uint8_t> m(static_cast<size_t>(nb * T * T));
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = 0; j < T; ++j)
+        m[static_cast<size_t>((b * T + i) * T + j)] = j > i || (am.defined() && !keep[static_cast<size_t>(b * T + j)]);
+  return ops::to_device(ops::to_dtype(ops::from_vector<uint8_t>(m, {nb, 1, T, T}), DType::boolean), device_);
+}
+
+Tensor eager_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, double scale,
+                       double dropout_p, Generator* gen, bool training) {
+  Tensor s = mul_scalar(matmul(q, k, false, true), scale);
+  // HF upcasts the scores to f32 for the softmax.
+  const DType dt = q.dtype();
+  Tensor p = softmax(cast(masked_fill(s, mask, -INFINITY), dt == DType::f64 ? DType::f64 : DType::f32), -1);
+  p = cast(p, dt);
+  if (training && dropout_p > 0) {
+    TR_CHECK(gen != nullptr, "attention dropout needs a generator");
+    p = dropout(p, dropout_p, *gen, true);
+  }
+  return matmul(p, v);
+}
+
+}  // namespace tr::models

@@ -1,0 +1,70 @@
+// The causal language models (GPT2LMHeadModel, LlamaForCausalLM) behind one interface, with Hugging Face
+// parameter names, HF initialization, and from_pretrained / save_pretrained in HF's folder format.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "models/config.h"
+#include "nn/layers.h"
+
+namespace tr::models {
+
+struct ForwardOptions {
+  Tensor labels;               // int64 [B, T]; shifted inside (HF semantics), -100 ignored
+  Tensor attention_mask;       // int64/bool [B, T]; 0 marks padding (keys never attended)
+  double num_items_in_batch = 0;  // > 0: loss = sum / num_items_in_batch (accumulation-exact); else mean
+  bool return_logits = true;
+  bool training = false;       // dropout on
+  Generator* dropout_gen = nullptr;
+  bool gradient_checkpointing = false;  // each decoder layer a checkpoint region
+};
+
+struct CausalLMOutput {
+  Tensor logits;  // [B, T, V] (undefined when not asked for)
+  Tensor loss;    // scalar f32 (undefined without labels)
+};
+
+class CausalLM {
+ public:
+  virtual ~CausalLM() = default;
+  const ModelConfig& config() const { return config_; }
+  Device device() const { return device_; }
+  DType dtype() const { return dtype_; }
+  // Parameters under their HF names, in HF's order; tied weights appear once.
+  virtual nn::ParamList named_parameters() = 0;
+  virtual CausalLMOutput forward(const Tensor& input_ids, const ForwardOptions& opts = {}) = 0;
+  // Names whose on-disk layout is the transpose of ours (GPT-2's Conv1D weights).
+  virtual bool transposed_on_disk(const std::string& name) const;
+  int64_t num_parameters();
+
+ protected:
+  CausalLM(ModelConfig c, Device d, DType t) : config_(std::move(c)), device_(d), dtype_(t) {}
+  // HF's loss: logits upcast to f32, labels shifted left by one with -100 appended.
+  Tensor causal_lm_loss(const Tensor& logits, const ForwardOptions& opts) const;
+  // Boolean mask [B or 1, 1, T, T], true where attention is not allowed (causal + padding).
+  Tensor attention_mask_for(int64_t B, int64_t T, const Tensor& attention_mask) const;
+  ModelConfig config_;
+  Device device_;
+  DType dtype_;
+};
+
+// Freshly initialized model (HF's init) on `device` in `dtype`.
+std::unique_ptr<CausalLM> create_causal_lm(const ModelConfig& config, Device device, DType dtype, Generator& gen);
+
+struct PretrainedOptions {
+  std::optional<DType> dtype;  // default: the checkpoint's dtype
+  Device device = Device::cpu();
+  std::string attn_implementation = "eager";
+};
+// Loads config.json + model.safetensors (or shards) from `dir`.
+std::unique_ptr<CausalLM> from_pretrained(const std::string& dir, const PretrainedOptions& opts = {});
+// Writes config.json + model.safetensors (sharded above max_shard_size) into `dir`, loadable by transformers.
+void save_pretrained(CausalLM& model, const std::string& dir, const std::string& max_shard_size = "5GB");
+
+// Scaled dot-product attention with materialized scores: q [B, H, T, D], k/v [B, H, S, D], mask bool
+// broadcastable to [B, H, T, S] (true = blocked). Fully blocked rows give zeros.
+Tensor eager_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, double scale,
+                       double dropout_p, Generator* gen, bool training);
+
+}  // namespace tr::models

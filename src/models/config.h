@@ -1,0 +1,44 @@
+// Model configuration from Hugging Face config.json (model_type gpt2, llama, mistral, qwen2), validated:
+// missing or contradictory fields throw naming the file and the field. The original JSON is kept so a
+// saved config.json round-trips fields we do not use.
+#pragma once
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace tr::models {
+
+enum class Family { gpt2, llama };
+
+struct RopeScaling {
+  std::string type = "default";  // default | linear | llama3
+  double factor = 1.0;
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct ModelConfig {
+  std::string model_type;  // as in config.json
+  Family family = Family::llama;
+  int64_t vocab_size = 0, hidden_size = 0, num_layers = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0;
+  int64_t intermediate_size = 0, max_position_embeddings = 0;
+  double norm_eps = 1e-5, rope_theta = 10000.0, initializer_range = 0.02;
+  RopeScaling rope_scaling;
+  bool attention_bias = false;  // q, k, v (and o for llama) projections
+  bool o_proj_bias = false;
+  bool mlp_bias = false;
+  bool tie_word_embeddings = true;
+  std::string activation;  // gelu_new | silu | gelu
+  double embd_pdrop = 0.0, resid_pdrop = 0.0, attn_pdrop = 0.0;
+  nlohmann::json raw;  // everything config.json held
+
+  // Parses `j` (from `source`, used in errors). Throws tr::Error on missing or contradictory fields.
+  static ModelConfig from_json(const nlohmann::json& j, const std::string& source);
+  static ModelConfig from_file(const std::string& path);
+  // Built-in shapes for training from scratch: gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-60m, llama-160m.
+  static ModelConfig builtin(const std::string& name);
+  nlohmann::json to_json() const;
+  int64_t num_parameters() const;
+};
+
+}  // namespace tr::models

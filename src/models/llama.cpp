@@ -1,0 +1,159 @@
+// LlamaForCausalLM (also mistral and qwen2 layouts): RMSNorm, rotary embeddings with default / linear /
+// llama3 scaling, grouped-query attention, SwiGLU MLP, optional biases, tied or untied head.
+#include <cmath>
+
+#include "autograd/checkpoint.h"
+#include "models/gpt2.h"
+
+namespace tr::models {
+
+namespace {
+
+struct LlamaLayer {
+  nn::RMSNorm input_layernorm, post_attention_layernorm;
+  nn::Linear q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
+};
+
+// HF's inverse frequencies with rope scaling applied (modeling_rope_utils).
+std::vector<float> inv_freq_for(const ModelConfig& c) {
+  const int64_t d = c.head_dim;
+  std::vector<float> inv(static_cast<size_t>(d / 2));
+  for (int64_t i = 0; i < d / 2; ++i)
+    inv[static_cast<size_t>(i)] =
+        1.0f / std::pow(static_cast<float>(c.rope_theta), static_cast<float>(2 * i) / static_cast<float>(d));
+  const auto& r = c.rope_scaling;
+  if (r.type == "linear") {
+    for (auto& f : inv) f = static_cast<float>(f / r.factor);
+  } else if (r.type == "llama3") {
+    const double old_len = static_cast<double>(r.original_max_position_embeddings);
+    const double low_wavelen = old_len / r.low_freq_factor, high_wavelen = old_len / r.high_freq_factor;
+    for (auto& f : inv) {
+      const double wavelen = 2.0 * M_PI / static_cast<double>(f);
+      double v = wavelen > low_wavelen ? f / r.factor : f;
+      if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
+        const double smooth = (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+        v = (1.0 - smooth) * v / r.factor + smooth * v;
+      }
+      f = static_cast<float>(v);
+    }
+  }
+  return inv;
+}
+
+class Llama final : public CausalLM {
+ public:
+  // Parameters come from `init` (on the meta device when a checkpoint will replace them).
+  Llama(const ModelConfig& c, Device d, DType t, const nn::Init& init) : CausalLM(c, d, t) {
+    const double std = c.initializer_range;
+    const int64_t D = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+    embed_ = {init.normal({c.vocab_size, D}, std)};
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      LlamaLayer l;
+      l.input_layernorm = {init.ones({D}), c.norm_eps};
+      l.q_proj = init.linear(D, q, c.attention_bias, std);
+      l.k_proj = init.linear(D, kv, c.attention_bias, std);
+      l.v_proj = init.linear(D, kv, c.attention_bias, std);
+      l.o_proj = init.linear(q, D, c.o_proj_bias, std);
+      l.post_attention_layernorm = {init.ones({D}), c.norm_eps};
+      l.gate_proj = init.linear(D, c.intermediate_size, c.mlp_bias, std);
+      l.up_proj = init.linear(D, c.intermediate_size, c.mlp_bias, std);
+      l.down_proj = init.linear(c.intermediate_size, D, c.mlp_bias, std);
+      layers_.push_back(std::move(l));
+    }
+    norm_ = {init.ones({D}), c.norm_eps};
+    if (!c.tie_word_embeddings) lm_head_ = init.normal({c.vocab_size, D}, std);
+    rope_ = ops::rope_tables_from_inv_freq(c.max_position_embeddings, inv_freq_for(c), d);
+  }
+
+  nn::ParamList named_parameters() override {
+    nn::ParamList p;
+    embed_.params("model.embed_tokens", p);
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const std::string h = "model.layers." + std::to_string(i);
+      auto& l = layers_[i];
+      l.input_layernorm.params(h + ".input_layernorm", p);
+      l.q_proj.params(h + ".self_attn.q_proj", p);
+      l.k_proj.params(h + ".self_attn.k_proj", p);
+      l.v_proj.params(h + ".self_attn.v_proj", p);
+      l.o_proj.params(h + ".self_attn.o_proj", p);
+      l.post_attention_layernorm.params(h + ".post_attention_layernorm", p);
+      l.gate_proj.params(h + ".mlp.gate_proj", p);
+      l.up_proj.params(h + ".mlp.up_proj", p);
+      l.down_proj.params(h + ".mlp.down_proj", p);
+    }
+    norm_.params("model.norm", p);
+    if (lm_head_.defined()) p.emplace_back("lm_head.weight", &lm_head_);
+    return p;
+  }
+
+  CausalLMOutput forward(const Tensor& ids, const ForwardOptions& o) override {
+    TR_CHECK(ids.dim() == 2 && ids.dtype() == DType::i64, "{}: input_ids must be int64 [B, T], got {}",
+             config_.model_type, ids.describe());
+    const int64_t B = ids.size(0), T = ids.size(1);
+    TR_CHECK(T <= config_.max_position_embeddings, "{}: sequence length {} exceeds max_position_embeddings {}",
+             config_.model_type, T, config_.max_position_embeddings);
+    std::vector<int64_t> pos(static_cast<size_t>(B * T));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t) pos[static_cast<size_t>(b * T + t)] = t;
+    const Tensor positions =
+        device_.is_meta() ? ops::empty({B, T}, DType::i64, device_) : ops::from_vector<int64_t>(pos, {B, T}, device_);
+    const Tensor mask = attention_mask_for(B, T, o.attention_mask);
+    const bool drop = o.training && o.dropout_gen;
+    Tensor h = embed_(ids);
+    for (auto& l : layers_) {
+      auto layer = [&, this](const std::vector<Tensor>& in) -> std::vector<Tensor> {
+        return {decoder_layer(l, in[0], mask, positions, o)};
+      };
+      if (o.gradient_checkpointing && autograd::grad_enabled()) {
+        autograd::CheckpointOptions co;
+        if (drop) co.generators.push_back(o.dropout_gen);
+        h = autograd::checkpoint(layer, {h}, co)[0];
+      } else {
+        h = layer({h})[0];
+      }
+    }
+    h = norm_(h);
+    CausalLMOutput out;
+    Tensor logits = linear(h, lm_head_.defined() ? lm_head_ : embed_.weight);
+    if (o.labels.defined()) out.loss = causal_lm_loss(logits, o);
+    if (o.return_logits) out.logits = logits;
+    return out;
+  }
+
+ private:
+  Tensor decoder_layer(LlamaLayer& l, const Tensor& x, const Tensor& mask, const Tensor& positions,
+                       const ForwardOptions& o) {
+    const auto& c = config_;
+    const int64_t B = x.size(0), T = x.size(1), H = c.num_heads, KV = c.num_kv_heads, hd = c.head_dim;
+    Tensor a = l.input_layernorm(x);
+    // [B, T, H*hd] -> [B, T, H, hd]: rope in sequence-major layout, then heads first for attention
+    Tensor q = rope(view(l.q_proj(a), {B, T, H, hd}), rope_, positions, true);
+    Tensor k = rope(view(l.k_proj(a), {B, T, KV, hd}), rope_, positions, true);
+    Tensor v = view(l.v_proj(a), {B, T, KV, hd});
+    q = transpose(q, 1, 2);
+    auto repeat_kv = [&](const Tensor& t) {  // [B, T, KV, hd] -> [B, H, T, hd]
+      Tensor th = transpose(t, 1, 2);
+      if (KV == H) return th;
+      return reshape(expand(unsqueeze(th, 2), {B, KV, H / KV, T, hd}), {B, H, T, hd});
+    };
+    Tensor att = eager_attention(q, repeat_kv(k), repeat_kv(v), mask, 1.0 / std::sqrt(static_cast<double>(hd)),
+                                 c.attn_pdrop, o.dropout_gen, o.training && o.dropout_gen);
+    Tensor h = add(x, l.o_proj(reshape(transpose(att, 1, 2), {B, T, H * hd})));
+    Tensor m = l.post_attention_layernorm(h);
+    return add(h, l.down_proj(mul(silu(l.gate_proj(m)), l.up_proj(m))));
+  }
+
+  nn::Embedding embed_;
+  std::vector<LlamaLayer> layers_;
+  nn::RMSNorm norm_;
+  Tensor lm_head_;
+  ops::RopeTables rope_;
+};
+
+}  // namespace
+
+std::unique_ptr<CausalLM> make_llama(const ModelConfig& c, Device d, DType t, const nn::Init& init) {
+  return std::make_unique<Llama>(c, d, t, init);
+}
+
+}  // namespace tr::models

@@ -1,0 +1,117 @@
+// Model registry, from_pretrained and save_pretrained (Hugging Face folder layout).
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "io/safetensors.h"
+#include "models/gpt2.h"
+
+namespace tr::models {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::unique_ptr<CausalLM> make(const ModelConfig& c, Device d, DType t, const nn::Init& init) {
+  switch (c.family) {
+    case Family::gpt2: return make_gpt2(c, d, t, init);
+    case Family::llama: return make_llama(c, d, t, init);
+  }
+  fail("unknown model family");
+}
+
+// Buffers some checkpoints carry that are not parameters.
+bool ignorable(const std::string& n) {
+  auto ends = [&](const std::string& s) { return n.size() >= s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0; };
+  return ends(".attn.bias") || ends(".attn.masked_bias") || ends("rotary_emb.inv_freq");
+}
+
+}  // namespace
+
+std::unique_ptr<CausalLM> create_causal_lm(const ModelConfig& config, Device device, DType dtype, Generator& gen) {
+  TR_CHECK(is_floating(dtype), "create model: dtype {} is not floating", dtype_name(dtype));
+  return make(config, device, dtype, nn::Init{&gen, device, dtype});
+}
+
+std::unique_ptr<CausalLM> from_pretrained(const std::string& dir, const PretrainedOptions& opts) {
+  const std::string cfg_path = (fs::path(dir) / "config.json").string();
+  TR_CHECK(fs::exists(cfg_path), "{}: no config.json (is this a Hugging Face model folder?)", dir);
+  ModelConfig config = ModelConfig::from_file(cfg_path);
+  TR_CHECK(opts.attn_implementation == "eager" || opts.attn_implementation == "sdpa" ||
+               opts.attn_implementation == "flash_attention_2",
+           "attn_implementation '{}' is not one of eager, sdpa, flash_attention_2", opts.attn_implementation);
+  io::CheckpointReader ckpt(dir);
+  DType dtype = DType::f32;
+  if (opts.dtype) {
+    dtype = *opts.dtype;
+  } else {
+    for (const auto& n : ckpt.names())
+      if (is_floating(ckpt.info(n).dtype)) {
+        dtype = ckpt.info(n).dtype;
+        break;
+      }
+  }
+  // Parameters start on the meta device (no memory, no init) and are replaced by the checkpoint's tensors.
+  Generator unused(0);
+  auto model = make(config, opts.device, dtype, nn::Init{&unused, Device::meta(), dtype});
+  std::set<std::string> used;
+  for (auto& [name, p] : model->named_parameters()) {
+    TR_CHECK(ckpt.contains(name), "{}: the checkpoint has no tensor '{}' (model_type {})", dir, name,
+             config.model_type);
+    Tensor t = ckpt.load(name, dtype, opts.device);
+    if (model->transposed_on_disk(name)) t = ops::contiguous(ops::transpose(t, 0, 1));
+    TR_CHECK(t.shape() == p->shape(), "{}: tensor '{}' has shape {}, the config implies {}", dir, name,
+             shape_str(t.shape()), shape_str(p->shape()));
+    *p = detach(t);  // a borrowed mapping is copy-on-write: training it never touches the file
+    autograd::set_requires_grad(*p, true);
+    used.insert(name);
+  }
+  std::vector<std::string> extra;
+  for (const auto& n : ckpt.names())
+    if (!used.count(n) && !ignorable(n) && !(n == "lm_head.weight" && config.tie_word_embeddings)) extra.push_back(n);
+  TR_CHECK(extra.empty(), "{}: tensors the model does not use: {}", dir, fmt::join(extra, ", "));
+  return model;
+}
+
+void save_pretrained(CausalLM& model, const std::string& dir, const std::string& max_shard_size) {
+  // Write into a temporary folder and rename, so an interrupted save leaves the previous model intact.
+  const fs::path final_dir(dir), tmp_dir = fs::path(dir + ".tmp-save");
+  fs::remove_all(tmp_dir);
+  fs::create_directories(tmp_dir);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (auto& [name, p] : model.named_parameters()) {
+    Tensor t = detach(*p);
+    if (model.transposed_on_disk(name)) t = ops::contiguous(ops::transpose(t, 0, 1));
+    tensors.emplace_back(name, t);
+  }
+  io::save_sharded(tmp_dir.string(), tensors, io::parse_size(max_shard_size));
+  nlohmann::json cfg = model.config().to_json();
+  cfg["torch_dtype"] = std::string(dtype_name(model.dtype()));
+  if (!cfg.contains("architectures"))
+    cfg["architectures"] = {model.config().family == Family::gpt2 ? "GPT2LMHeadModel"
+                            : model.config().model_type == "qwen2" ? "Qwen2ForCausalLM"
+                            : model.config().model_type == "mistral" ? "MistralForCausalLM"
+                                                                     : "LlamaForCausalLM"};
+  {
+    std::ofstream out(tmp_dir / "config.json");
+    TR_CHECK(out.is_open(), "{}: cannot write config.json", tmp_dir.string());
+    out << cfg.dump(2) << "\n";
+  }
+  // Swap in. Files we do not own (tokenizer, training state) stay; the previous model files are moved aside
+  // first and deleted only once the new ones are in place.
+  fs::create_directories(final_dir);
+  const fs::path old_dir = fs::path(dir + ".old-save");
+  fs::remove_all(old_dir);
+  fs::create_directories(old_dir);
+  for (const auto& e : fs::directory_iterator(final_dir)) {
+    const std::string n = e.path().filename().string();
+    if (n == "config.json" || n == "model.safetensors" || n == "model.safetensors.index.json" ||
+        (n.rfind("model-", 0) == 0 && n.find(".safetensors") != std::string::npos))
+      fs::rename(e.path(), old_dir / n);
+  }
+  for (const auto& e : fs::directory_iterator(tmp_dir)) fs::rename(e.path(), final_dir / e.path().filename());
+  fs::remove_all(tmp_dir);
+  fs::remove_all(old_dir);
+}
+
+}  // namespace tr::models

@@ -1,0 +1,194 @@
+// Golden parity with PyTorch (tools/make_golden.py, HF modeling code in plain torch): logits, loss, every
+// parameter's gradient and the losses of 10 AdamW steps, for GPT-2 (tied), Llama (GQA, llama3 rope, untied)
+// and Qwen2 (q/k/v biases, tied, linear rope); then save/reload and bit-exact continuation; config errors.
+#include <filesystem>
+
+#include "io/safetensors.h"
+#include "models/causal_lm.h"
+#include "optim/adamw.h"
+#include "test_util.h"
+
+namespace tr {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kGolden = TRAINER_GOLDEN_DIR;
+
+class Golden : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::string dir() const { return kGolden + "/" + GetParam(); }
+  io::SafetensorsFile golden() const { return io::SafetensorsFile::open(dir() + "/golden.safetensors"); }
+};
+
+TEST_P(Golden, LogitsLossAndEveryGradientMatchPyTorch) {
+  auto model = models::from_pretrained(dir());
+  auto g = golden();
+  models::ForwardOptions o;
+  o.labels = g.load("labels");
+  auto out = model->forward(g.load("input_ids"), o);
+  EXPECT_TRUE(test::all_close(out.logits, g.load("logits"), 1e-5, 1e-6)) << "logits";
+  EXPECT_NEAR(out.loss.item(), g.load("loss").item(), 1e-5 * std::abs(g.load("loss").item()));
+  autograd::backward({out.loss});
+  int n = 0;
+  for (auto& [name, p] : model->named_parameters()) {
+    Tensor want = g.load("grad." + name);
+    Tensor got = p->grad();
+    ASSERT_TRUE(got.defined()) << name;
+    if (model->transposed_on_disk(name)) got = ops::contiguous(ops::transpose(got, 0, 1));
+    EXPECT_TRUE(test::all_close(got, want, 1e-4, 1e-6)) << "gradient of " << name;
+    ++n;
+  }
+  EXPECT_GT(n, 10);
+}
+
+std::vector<double> train_steps(models::CausalLM& model, optim::AdamW& opt, const Tensor& ids, const Tensor& labels,
+                                int steps) {
+  std::vector<double> losses;
+  for (int i = 0; i < steps; ++i) {
+    opt.zero_grad();
+    models::ForwardOptions o;
+    o.labels = labels;
+    o.return_logits = false;
+    Tensor loss = model.forward(ids, o).loss;
+    autograd::backward({loss});
+    opt.step();
+    losses.push_back(loss.item());
+  }
+  return losses;
+}
+
+optim::AdamWOptions adamw_opts() {
+  optim::AdamWOptions a;
+  a.lr = 3e-3;
+  a.weight_decay = 0.01;
+  return a;
+}
+
+TEST_P(Golden, TenAdamWStepsFollowPyTorchAndResumeBitExactly) {
+  auto g = golden();
+  const Tensor ids = g.load("input_ids"), labels = g.load("labels");
+  auto want = test::values(g.load("adamw_losses"));
+  auto model = models::from_pretrained(dir());
+  optim::AdamW opt(model->named_parameters(), adamw_opts());
+  auto full = train_steps(*model, opt, ids, labels, 10);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(full[i], want[i], 2e-5 * std::abs(want[i])) << "step " << i;
+
+  // 5 steps, save model + optimizer, reload both, 5 more: the losses equal the uninterrupted run bit for bit.
+  const fs::path tmp = fs::temp_directory_path() / ("trainer_resume_" + GetParam() + std::to_string(::getpid()));
+  auto m1 = models::from_pretrained(dir());
+  optim::AdamW o1(m1->named_parameters(), adamw_opts());
+  auto first = train_steps(*m1, o1, ids, labels, 5);
+  models::save_pretrained(*m1, tmp.string());
+  io::save_safetensors((tmp / "optimizer.safetensors").string(), o1.state_dict());
+  m1.reset();
+  auto m2 = models::from_pretrained(tmp.string());
+  optim::AdamW o2(m2->named_parameters(), adamw_opts());
+  std::map<std::string, Tensor> st;
+  auto f = io::SafetensorsFile::open((tmp / "optimizer.safetensors").string());
+  for (const auto& t : f.header().tensors) st[t.name] = f.load(t.name);
+  o2.load_state_dict(st);
+  auto second = train_steps(*m2, o2, ids, labels, 5);
+  fs::remove_all(tmp);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(first[i], full[i]) << "step " << i;
+    EXPECT_EQ(second[i], full[5 + i]) << "step " << 5 + i << " after reload";
+  }
+}
+
+TEST_P(Golden, SaveThenLoadGivesIdenticalTensorsAlsoSharded) {
+  auto model = models::from_pretrained(dir());
+  for (const char* shard : {"5GB", "20KB"}) {
+    const fs::path tmp = fs::temp_directory_path() / ("trainer_save_" + GetParam() + std::to_string(::getpid()));
+    models::save_pretrained(*model, tmp.string(), shard);
+    EXPECT_EQ(fs::exists(tmp / "model.safetensors.index.json"), std::string(shard) == "20KB");
+    // The saved files hold exactly the tensors of the original HF-layout checkpoint.
+    io::CheckpointReader a(tmp.string()), b(dir());
+    EXPECT_EQ(a.names(), b.names());
+    for (const auto& n : b.names()) EXPECT_EQ(test::values(a.load(n)), test::values(b.load(n))) << n;
+    auto again = models::from_pretrained(tmp.string());
+    EXPECT_EQ(again->num_parameters(), model->num_parameters());
+    EXPECT_EQ(again->num_parameters(), model->config().num_parameters());
+    fs::remove_all(tmp);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, Golden,
+                         ::testing::Values("gpt2_tied", "llama_gqa_llama3rope", "qwen2_tied_linearrope"));
+
+TEST(ModelConfig, MissingAndContradictoryFieldsNameTheField) {
+  auto expect = [](nlohmann::json j, const std::string& needle) {
+    try {
+      models::ModelConfig::from_json(j, "cfg.json");
+      ADD_FAILURE() << "accepted: " << j.dump();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("cfg.json"), std::string::npos) << e.what();
+    }
+  };
+  nlohmann::json llama = {{"model_type", "llama"}, {"vocab_size", 10},          {"hidden_size", 8},
+                          {"intermediate_size", 16}, {"num_hidden_layers", 1}, {"num_attention_heads", 2}};
+  EXPECT_NO_THROW(models::ModelConfig::from_json(llama, "cfg.json"));
+  auto without = [](nlohmann::json j, const char* k) {
+    j.erase(k);
+    return j;
+  };
+  auto with = [](nlohmann::json j, const char* k, nlohmann::json v) {
+    j[k] = v;
+    return j;
+  };
+  expect(without(llama, "hidden_size"), "missing field 'hidden_size'");
+  expect(without(llama, "model_type"), "missing field 'model_type'");
+  expect(with(llama, "model_type", "bert"), "model_type 'bert' is not supported");
+  expect(with(llama, "num_key_value_heads", 3), "not a multiple of num_key_value_heads");
+  expect(with(llama, "num_attention_heads", 3), "not divisible by num_attention_heads");
+  expect(with(llama, "vocab_size", -5), "'vocab_size' must be positive");
+  expect(with(llama, "rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}), "low_freq_factor");
+  expect(with(llama, "rope_scaling", {{"rope_type", "yarn"}, {"factor", 8.0}}), "rope_type 'yarn'");
+  expect(with(llama, "hidden_act", "relu"), "hidden_act 'relu'");
+  nlohmann::json gpt2 = {{"model_type", "gpt2"}, {"vocab_size", 10}, {"n_embd", 8}, {"n_layer", 1}, {"n_head", 3},
+                         {"n_positions", 4}};
+  expect(gpt2, "n_embd 8 is not divisible by n_head 3");
+  EXPECT_EQ(models::ModelConfig::builtin("gpt2").num_parameters(), 124439808);  // GPT-2 small, as HF counts
+  EXPECT_THROW(models::ModelConfig::builtin("gpt5"), Error);
+}
+
+TEST(Pretrained, BrokenFoldersFailClearly) {
+  const fs::path tmp = fs::temp_directory_path() / ("trainer_broken_" + std::to_string(::getpid()));
+  fs::create_directories(tmp);
+  EXPECT_THROW(models::from_pretrained(tmp.string()), Error);  // no config.json
+  fs::copy_file(kGolden + "/gpt2_tied/config.json", tmp / "config.json");
+  // A checkpoint missing a tensor names it.
+  auto f = io::SafetensorsFile::open(kGolden + "/gpt2_tied/model.safetensors");
+  std::vector<std::pair<std::string, Tensor>> ts;
+  for (const auto& t : f.header().tensors)
+    if (t.name != "transformer.ln_f.bias") ts.emplace_back(t.name, f.load(t.name));
+  io::save_safetensors((tmp / "model.safetensors").string(), ts);
+  try {
+    models::from_pretrained(tmp.string());
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("transformer.ln_f.bias"), std::string::npos) << e.what();
+  }
+  fs::remove_all(tmp);
+}
+
+}  // namespace
+}  // namespace tr
+
+namespace tr {
+namespace {
+
+// Run by tools/check_interop.sh: writes each golden model with save_pretrained (one file and sharded) into
+// $TRAINER_INTEROP_DIR for the generator's own Python safetensors reader to compare.
+TEST(Interop, DISABLED_WriteSavedModels) {
+  const char* out = std::getenv("TRAINER_INTEROP_DIR");
+  ASSERT_NE(out, nullptr) << "set TRAINER_INTEROP_DIR";
+  for (const char* name : {"gpt2_tied", "llama_gqa_llama3rope", "qwen2_tied_linearrope"}) {
+    auto model = models::from_pretrained(kGolden + "/" + name);
+    models::save_pretrained(*model, std::string(out) + "/" + name);
+    models::save_pretrained(*model, std::string(out) + "/" + name + "_sharded", "20KB");
+  }
+}
+
+}  // namespace
+}  // namespace tr
