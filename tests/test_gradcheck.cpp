@@ -219,6 +219,18 @@ std::vector<GradCase> cases() {
        [](const Inputs& x) {
          return rope(x[0], ops::rope_tables(8, 4, 10000.0), ops::from_vector<int64_t>({0, 3, 5}, {1, 3}));
        }});
+  for (bool causal : {true, false}) {
+    c.push_back({"attention", causal ? "attention_gqa_causal_padded" : "attention_gqa_full",
+                 [] {
+                   return Inputs{rnd({2, 4, 5, 3}, 42), rnd({2, 2, 6, 3}, 43), rnd({2, 2, 6, 3}, 44)};
+                 },
+                 [causal](const Inputs& x) {
+                   // batch 1 pads its first key: with causal masking query 0 then sees nothing (output 0)
+                   std::vector<uint8_t> keep = {1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1};
+                   Tensor kk = ops::to_dtype(ops::from_vector<uint8_t>(keep, {2, 6}), DType::boolean);
+                   return scaled_dot_product_attention(x[0], x[1], x[2], kk, causal, 0.7);
+                 }});
+  }
   c.push_back({"view", "view",
                [] {
                  return Inputs{rnd({2, 6}, 28)};
@@ -306,7 +318,12 @@ std::vector<std::string> names() {
   return n;
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, GradCheck, ::testing::ValuesIn(names()));
+INSTANTIATE_TEST_SUITE_P(Ops, GradCheck, ::testing::ValuesIn(names()), [](const auto& info) {
+  std::string n = info.param;
+  for (auto& ch : n)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
+});
 
 TEST(GradCheckCoverage, EveryDifferentiableOpHasAGradientCheck) {
   std::set<std::string> covered;

@@ -14,14 +14,21 @@ namespace {
 namespace fs = std::filesystem;
 const std::string kGolden = TRAINER_GOLDEN_DIR;
 
-class Golden : public ::testing::TestWithParam<std::string> {
+// (golden model, attn_implementation)
+class Golden : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
  protected:
-  std::string dir() const { return kGolden + "/" + GetParam(); }
+  std::string name() const { return std::get<0>(GetParam()); }
+  std::string dir() const { return kGolden + "/" + name(); }
   io::SafetensorsFile golden() const { return io::SafetensorsFile::open(dir() + "/golden.safetensors"); }
+  std::unique_ptr<models::CausalLM> load(const std::string& d) const {
+    models::PretrainedOptions po;
+    po.attn_implementation = std::get<1>(GetParam());
+    return models::from_pretrained(d, po);
+  }
 };
 
 TEST_P(Golden, LogitsLossAndEveryGradientMatchPyTorch) {
-  auto model = models::from_pretrained(dir());
+  auto model = load(dir());
   auto g = golden();
   models::ForwardOptions o;
   o.labels = g.load("labels");
@@ -41,8 +48,8 @@ TEST_P(Golden, LogitsLossAndEveryGradientMatchPyTorch) {
   EXPECT_GT(n, 10);
 }
 
-std::vector<double> train_steps(models::CausalLM& model, optim::AdamW& opt, const Tensor& ids, const Tensor& labels,
-                                int steps) {
+std::vector<double> train_steps(models::CausalLM& model, optim::AdamW& opt, const Tensor& ids,
+                                const Tensor& labels, int steps) {
   std::vector<double> losses;
   for (int i = 0; i < steps; ++i) {
     opt.zero_grad();
@@ -68,20 +75,22 @@ TEST_P(Golden, TenAdamWStepsFollowPyTorchAndResumeBitExactly) {
   auto g = golden();
   const Tensor ids = g.load("input_ids"), labels = g.load("labels");
   auto want = test::values(g.load("adamw_losses"));
-  auto model = models::from_pretrained(dir());
+  auto model = load(dir());
   optim::AdamW opt(model->named_parameters(), adamw_opts());
   auto full = train_steps(*model, opt, ids, labels, 10);
-  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(full[i], want[i], 2e-5 * std::abs(want[i])) << "step " << i;
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_NEAR(full[i], want[i], 2e-5 * std::abs(want[i])) << "step " << i;
 
   // 5 steps, save model + optimizer, reload both, 5 more: the losses equal the uninterrupted run bit for bit.
-  const fs::path tmp = fs::temp_directory_path() / ("trainer_resume_" + GetParam() + std::to_string(::getpid()));
-  auto m1 = models::from_pretrained(dir());
+  const fs::path tmp = fs::temp_directory_path() /
+                       ("trainer_resume_" + name() + std::get<1>(GetParam()) + std::to_string(::getpid()));
+  auto m1 = load(dir());
   optim::AdamW o1(m1->named_parameters(), adamw_opts());
   auto first = train_steps(*m1, o1, ids, labels, 5);
   models::save_pretrained(*m1, tmp.string());
   io::save_safetensors((tmp / "optimizer.safetensors").string(), o1.state_dict());
   m1.reset();
-  auto m2 = models::from_pretrained(tmp.string());
+  auto m2 = load(tmp.string());
   optim::AdamW o2(m2->named_parameters(), adamw_opts());
   std::map<std::string, Tensor> st;
   auto f = io::SafetensorsFile::open((tmp / "optimizer.safetensors").string());
@@ -96,9 +105,10 @@ TEST_P(Golden, TenAdamWStepsFollowPyTorchAndResumeBitExactly) {
 }
 
 TEST_P(Golden, SaveThenLoadGivesIdenticalTensorsAlsoSharded) {
-  auto model = models::from_pretrained(dir());
+  auto model = load(dir());
   for (const char* shard : {"5GB", "20KB"}) {
-    const fs::path tmp = fs::temp_directory_path() / ("trainer_save_" + GetParam() + std::to_string(::getpid()));
+    const fs::path tmp = fs::temp_directory_path() /
+                         ("trainer_save_" + name() + std::get<1>(GetParam()) + std::to_string(::getpid()));
     models::save_pretrained(*model, tmp.string(), shard);
     EXPECT_EQ(fs::exists(tmp / "model.safetensors.index.json"), std::string(shard) == "20KB");
     // The saved files hold exactly the tensors of the original HF-layout checkpoint.
@@ -112,8 +122,11 @@ TEST_P(Golden, SaveThenLoadGivesIdenticalTensorsAlsoSharded) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, Golden,
-                         ::testing::Values("gpt2_tied", "llama_gqa_llama3rope", "qwen2_tied_linearrope"));
+INSTANTIATE_TEST_SUITE_P(
+    Models, Golden,
+    ::testing::Combine(::testing::Values("gpt2_tied", "llama_gqa_llama3rope", "qwen2_tied_linearrope"),
+                       ::testing::Values("eager", "sdpa", "flash_attention_2")),
+    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
 
 TEST(ModelConfig, MissingAndContradictoryFieldsNameTheField) {
   auto expect = [](nlohmann::json j, const std::string& needle) {
@@ -125,7 +138,7 @@ TEST(ModelConfig, MissingAndContradictoryFieldsNameTheField) {
       EXPECT_NE(std::string(e.what()).find("cfg.json"), std::string::npos) << e.what();
     }
   };
-  nlohmann::json llama = {{"model_type", "llama"}, {"vocab_size", 10},          {"hidden_size", 8},
+  nlohmann::json llama = {{"model_type", "llama"},   {"vocab_size", 10},       {"hidden_size", 8},
                           {"intermediate_size", 16}, {"num_hidden_layers", 1}, {"num_attention_heads", 2}};
   EXPECT_NO_THROW(models::ModelConfig::from_json(llama, "cfg.json"));
   auto without = [](nlohmann::json j, const char* k) {
@@ -145,8 +158,8 @@ TEST(ModelConfig, MissingAndContradictoryFieldsNameTheField) {
   expect(with(llama, "rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}), "low_freq_factor");
   expect(with(llama, "rope_scaling", {{"rope_type", "yarn"}, {"factor", 8.0}}), "rope_type 'yarn'");
   expect(with(llama, "hidden_act", "relu"), "hidden_act 'relu'");
-  nlohmann::json gpt2 = {{"model_type", "gpt2"}, {"vocab_size", 10}, {"n_embd", 8}, {"n_layer", 1}, {"n_head", 3},
-                         {"n_positions", 4}};
+  nlohmann::json gpt2 = {{"model_type", "gpt2"}, {"vocab_size", 10}, {"n_embd", 8},
+                         {"n_layer", 1},         {"n_head", 3},      {"n_positions", 4}};
   expect(gpt2, "n_embd 8 is not divisible by n_head 3");
   EXPECT_EQ(models::ModelConfig::builtin("gpt2").num_parameters(), 124439808);  // GPT-2 small, as HF counts
   EXPECT_THROW(models::ModelConfig::builtin("gpt5"), Error);

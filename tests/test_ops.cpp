@@ -488,6 +488,49 @@ std::vector<OpCase> cases() {
                  },
                  10.0});
   }
+  for (bool causal : {true, false}) {
+    c.push_back(
+        {causal ? "attention_gqa_causal_padded" : "attention_gqa_full",
+         [] {
+           return Inputs{rnd({2, 4, 5, 8}, 40), rnd({2, 2, 7, 8}, 41), rnd({2, 2, 7, 8}, 42)};
+         },
+         [causal](const Inputs& x) {
+           std::vector<uint8_t> keep = {1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1};
+           Tensor kk = ops::to_device(ops::to_dtype(ops::from_vector<uint8_t>(keep, {2, 7}), DType::boolean),
+                                      x[0].device());
+           return ops::attention(x[0], x[1], x[2], kk, causal, 0.35).out;
+         },
+         [causal](const std::vector<Ref>& r) {
+           // softmax over visible keys, in double; a query that sees nothing outputs 0
+           const int B = 2, H = 4, KV = 2, T = 5, S = 7, D = 8;
+           const int keep[] = {1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1};
+           Ref o{{B, H, T, D}, std::vector<double>(B * H * T * D, 0.0)};
+           for (int b = 0; b < B; ++b)
+             for (int h = 0; h < H; ++h)
+               for (int t = 0; t < T; ++t) {
+                 const int kvh = h / (H / KV);
+                 std::vector<double> sc(S, -INFINITY);
+                 double mx = -INFINITY;
+                 for (int s = 0; s < S; ++s) {
+                   if ((causal && s > t + (S - T)) || !keep[b * S + s]) continue;
+                   double d = 0;
+                   for (int c = 0; c < D; ++c)
+                     d += r[0].v[((b * H + h) * T + t) * D + c] * r[1].v[((b * KV + kvh) * S + s) * D + c];
+                   sc[s] = d * 0.35;
+                   mx = std::max(mx, sc[s]);
+                 }
+                 if (mx == -INFINITY) continue;
+                 double z = 0;
+                 for (int s = 0; s < S; ++s) z += std::exp(sc[s] - mx);
+                 for (int s = 0; s < S; ++s) {
+                   const double p = std::exp(sc[s] - mx) / z;
+                   for (int c = 0; c < D; ++c)
+                     o.v[((b * H + h) * T + t) * D + c] += p * r[2].v[((b * KV + kvh) * S + s) * D + c];
+                 }
+               }
+           return o;
+         }});
+  }
   c.push_back({"cat_dim1",
                [] {
                  return Inputs{rnd({2, 3, 2}, 35), rnd({2, 1, 2}, 36)};

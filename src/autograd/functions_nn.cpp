@@ -114,6 +114,21 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
   return y;
 }
 
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
+                                    bool causal, double scale) {
+  ops::AttentionOut o = ops::attention(q, k, v, key_keep, causal, scale);
+  if (needs_grad({&q, &k, &v})) {
+    Tensor out = o.out.as_strided(o.out.shape(), o.out.strides(), o.out.offset()), lse = o.lse;
+    record("attention", {&q, &k, &v}, {&o.out},
+           [q, k, v, key_keep, causal, scale, out, lse](const Grads& g) -> Grads {
+             ops::AttentionGrads r =
+                 ops::attention_backward(q, k, v, key_keep, causal, scale, out, lse, g[0]);
+             return {r.dq, r.dk, r.dv};
+           });
+  }
+  return o.out;
+}
+
 Tensor rope(const Tensor& x, const ops::RopeTables& tables, const Tensor& positions, bool seq_major) {
   Tensor y = ops::rope(x, tables, positions, seq_major, false);
   if (needs_grad({&x}))

@@ -13,7 +13,7 @@ inline constexpr std::string_view kDifferentiableOps[] = {
     // reductions and softmax
     "sum", "mean", "amax", "softmax", "log_softmax",
     // linear algebra and nn
-    "matmul", "linear", "layer_norm", "rms_norm", "cross_entropy", "embedding", "rope",
+    "matmul", "linear", "layer_norm", "rms_norm", "cross_entropy", "embedding", "rope", "attention",
     // shape
     "view", "reshape", "transpose", "permute", "narrow", "expand", "contiguous", "cat", "split",
     // recomputation

@@ -100,6 +100,18 @@ class Backend {
   virtual void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions,
                     bool seq_major, bool inverse, const Tensor& y) = 0;
 
+  // Fused attention with online softmax (never holds a T x S score matrix). q [B, H, T, D], k/v [B, Hkv, S,
+  // D] contiguous (H a multiple of Hkv: grouped-query heads share k/v); key_keep bool [B, S] or undefined
+  // (false = padding, never attended); causal masks key s > query t + (S - T). out like q; lse f32 [B, H, T]
+  // (f64 for f64), -inf for rows with nothing to attend (their output is 0).
+  virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
+                         bool causal, double scale, const Tensor& out, const Tensor& lse) = 0;
+  // Gradients from the saved out and lse (scores recomputed blockwise); dq, dk, dv overwritten.
+  virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
+                                  bool causal, double scale, const Tensor& out, const Tensor& lse,
+                                  const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                                  const Tensor& dv) = 0;
+
   // y = x * keep / (1 - p), keep[i] = uniform(seed, offset, i) >= p. x, y contiguous.
   virtual void dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, const Tensor& y) = 0;
 };

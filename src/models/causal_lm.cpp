@@ -8,6 +8,32 @@ namespace tr::models {
 
 bool CausalLM::transposed_on_disk(const std::string&) const { return false; }
 
+void CausalLM::set_attn_implementation(const std::string& impl) {
+  TR_CHECK(impl == "eager" || impl == "sdpa" || impl == "flash_attention_2",
+           "attn_implementation '{}' is not one of eager, sdpa, flash_attention_2", impl);
+  attn_implementation_ = impl;
+}
+
+Tensor CausalLM::key_keep_for(const Tensor& am) const {
+  if (!am.defined()) return Tensor();
+  if (device_.is_meta()) return ops::empty(am.shape(), DType::boolean, device_);
+  return ops::to_device(ops::to_dtype(am, DType::boolean), device_);
+}
+
+Tensor CausalLM::attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                        const Tensor& key_keep, double dropout_p, const ForwardOptions& o) const {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), KV = k.size(1);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const bool drop = o.training && o.dropout_gen && dropout_p > 0;
+  if (attn_implementation_ != "eager" && !drop)
+    return scaled_dot_product_attention(q, k, v, key_keep, true, scale);
+  auto repeat_kv = [&](const Tensor& t) {  // [B, KV, T, D] -> [B, H, T, D]
+    if (KV == H) return t;
+    return reshape(expand(unsqueeze(t, 2), {B, KV, H / KV, T, D}), {B, H, T, D});
+  };
+  return eager_attention(q, repeat_kv(k), repeat_kv(v), mask, scale, dropout_p, o.dropout_gen, drop);
+}
+
 int64_t CausalLM::num_parameters() {
   int64_t n = 0;
   for (auto& [name, t] : named_parameters()) n += t->numel();
@@ -19,12 +45,13 @@ Tensor CausalLM::causal_lm_loss(const Tensor& logits, const ForwardOptions& opts
   TR_CHECK(labels.dtype() == DType::i64 && labels.dim() == 2, "loss: labels must be int64 [B, T], got {}",
            labels.describe());
   const int64_t B = labels.size(0), T = labels.size(1);
-  TR_CHECK(logits.size(0) == B && logits.size(1) == T, "loss: labels {} do not match logits {}", labels.describe(),
-           logits.describe());
+  TR_CHECK(logits.size(0) == B && logits.size(1) == T, "loss: labels {} do not match logits {}",
+           labels.describe(), logits.describe());
   // shift: position t predicts label t+1; the last position has nothing to predict
   std::vector<int64_t> l = ops::to_vector<int64_t>(labels), shifted(static_cast<size_t>(B * T), -100);
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t + 1 < T; ++t) shifted[static_cast<size_t>(b * T + t)] = l[static_cast<size_t>(b * T + t + 1)];
+    for (int64_t t = 0; t + 1 < T; ++t)
+      shifted[static_cast<size_t>(b * T + t)] = l[static_cast<size_t>(b * T + t + 1)];
   Tensor sl = ops::from_vector<int64_t>(shifted, {B, T}, logits.device());
   Tensor lf = cast(logits, logits.dtype() == DType::f64 ? DType::f64 : DType::f32);
   if (opts.num_items_in_batch > 0)
@@ -36,8 +63,8 @@ Tensor CausalLM::attention_mask_for(int64_t B, int64_t T, const Tensor& am) cons
   if (device_.is_meta()) return ops::empty({am.defined() ? B : 1, 1, T, T}, DType::boolean, device_);
   std::vector<uint8_t> keep;
   if (am.defined()) {
-    TR_CHECK(am.dim() == 2 && am.size(0) == B && am.size(1) == T, "attention_mask {} does not match input [{}, {}]",
-             am.describe(), B, T);
+    TR_CHECK(am.dim() == 2 && am.size(0) == B && am.size(1) == T,
+             "attention_mask {} does not match input [{}, {}]", am.describe(), B, T);
     for (double v : ops::to_vector<double>(am)) keep.push_back(v != 0.0);
   }
   const int64_t nb = am.defined() ? B : 1;
@@ -45,7 +72,8 @@ Tensor CausalLM::attention_mask_for(int64_t B, int64_t T, const Tensor& am) cons
   for (int64_t b = 0; b < nb; ++b)
     for (int64_t i = 0; i < T; ++i)
       for (int64_t j = 0; j < T; ++j)
-        m[static_cast<size_t>((b * T + i) * T + j)] = j > i || (am.defined() && !keep[static_cast<size_t>(b * T + j)]);
+        m[static_cast<size_t>((b * T + i) * T + j)] =
+            j > i || (am.defined() && !keep[static_cast<size_t>(b * T + j)]);
   return ops::to_device(ops::to_dtype(ops::from_vector<uint8_t>(m, {nb, 1, T, T}), DType::boolean), device_);
 }
 

@@ -11,11 +11,11 @@
 namespace tr::models {
 
 struct ForwardOptions {
-  Tensor labels;               // int64 [B, T]; shifted inside (HF semantics), -100 ignored
-  Tensor attention_mask;       // int64/bool [B, T]; 0 marks padding (keys never attended)
+  Tensor labels;                  // int64 [B, T]; shifted inside (HF semantics), -100 ignored
+  Tensor attention_mask;          // int64/bool [B, T]; 0 marks padding (keys never attended)
   double num_items_in_batch = 0;  // > 0: loss = sum / num_items_in_batch (accumulation-exact); else mean
   bool return_logits = true;
-  bool training = false;       // dropout on
+  bool training = false;  // dropout on
   Generator* dropout_gen = nullptr;
   bool gradient_checkpointing = false;  // each decoder layer a checkpoint region
 };
@@ -37,6 +37,9 @@ class CausalLM {
   // Names whose on-disk layout is the transpose of ours (GPT-2's Conv1D weights).
   virtual bool transposed_on_disk(const std::string& name) const;
   int64_t num_parameters();
+  // "eager" (materialized scores), "sdpa" or "flash_attention_2" (both: the fused memory-efficient kernel).
+  const std::string& attn_implementation() const { return attn_implementation_; }
+  void set_attn_implementation(const std::string& impl);
 
  protected:
   CausalLM(ModelConfig c, Device d, DType t) : config_(std::move(c)), device_(d), dtype_(t) {}
@@ -44,13 +47,21 @@ class CausalLM {
   Tensor causal_lm_loss(const Tensor& logits, const ForwardOptions& opts) const;
   // Boolean mask [B or 1, 1, T, T], true where attention is not allowed (causal + padding).
   Tensor attention_mask_for(int64_t B, int64_t T, const Tensor& attention_mask) const;
+  // Attention over q [B, H, T, D] and k/v [B, KV, T, D]: eager (with `mask`, k/v repeated to H heads) or the
+  // fused kernel (causal + `key_keep`). Attention dropout in training uses the eager path.
+  Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& key_keep,
+                double dropout_p, const ForwardOptions& o) const;
+  // bool [B, T] keep-mask from an attention_mask, or undefined.
+  Tensor key_keep_for(const Tensor& attention_mask) const;
   ModelConfig config_;
   Device device_;
   DType dtype_;
+  std::string attn_implementation_ = "eager";
 };
 
 // Freshly initialized model (HF's init) on `device` in `dtype`.
-std::unique_ptr<CausalLM> create_causal_lm(const ModelConfig& config, Device device, DType dtype, Generator& gen);
+std::unique_ptr<CausalLM> create_causal_lm(const ModelConfig& config, Device device, DType dtype,
+                                           Generator& gen, const std::string& attn_implementation = "eager");
 
 struct PretrainedOptions {
   std::optional<DType> dtype;  // default: the checkpoint's dtype

@@ -41,8 +41,8 @@ struct Reader {
 
 void parse_rope(const nlohmann::json& j, const std::string& src, ModelConfig& c) {
   // transformers v5 writes rope_parameters (with rope_theta inside); v4 rope_scaling + rope_theta.
-  const char* key = j.contains("rope_parameters") && !j["rope_parameters"].is_null() ? "rope_parameters"
-                                                                                       : "rope_scaling";
+  const char* key =
+      j.contains("rope_parameters") && !j["rope_parameters"].is_null() ? "rope_parameters" : "rope_scaling";
   if (!j.contains(key) || j[key].is_null()) return;
   const auto& r = j[key];
   TR_CHECK(r.is_object(), "{}: field '{}' must be an object", src, key);
@@ -85,20 +85,22 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& s
     c.num_heads = r.req_int("n_head");
     c.num_kv_heads = c.num_heads;
     c.max_position_embeddings = r.req_int("n_positions");
-    TR_CHECK(c.hidden_size % c.num_heads == 0, "{}: n_embd {} is not divisible by n_head {}", src, c.hidden_size,
-             c.num_heads);
+    TR_CHECK(c.hidden_size % c.num_heads == 0, "{}: n_embd {} is not divisible by n_head {}", src,
+             c.hidden_size, c.num_heads);
     c.head_dim = c.hidden_size / c.num_heads;
     c.intermediate_size = r.opt_int("n_inner", 4 * c.hidden_size);
     c.norm_eps = r.opt_num("layer_norm_epsilon", 1e-5);
     c.activation = r.opt_str("activation_function", "gelu_new");
     TR_CHECK(c.activation == "gelu_new" || c.activation == "gelu_pytorch_tanh" || c.activation == "gelu",
-             "{}: activation_function '{}' is not supported (gelu_new, gelu_pytorch_tanh, gelu)", src, c.activation);
+             "{}: activation_function '{}' is not supported (gelu_new, gelu_pytorch_tanh, gelu)", src,
+             c.activation);
     c.tie_word_embeddings = r.opt_bool("tie_word_embeddings", true);
     c.attention_bias = c.o_proj_bias = c.mlp_bias = true;
     c.embd_pdrop = r.opt_num("embd_pdrop", 0.1);
     c.resid_pdrop = r.opt_num("resid_pdrop", 0.1);
     c.attn_pdrop = r.opt_num("attn_pdrop", 0.1);
-    TR_CHECK(!r.opt_bool("scale_attn_by_inverse_layer_idx", false) && !r.opt_bool("reorder_and_upcast_attn", false),
+    TR_CHECK(!r.opt_bool("scale_attn_by_inverse_layer_idx", false) &&
+                 !r.opt_bool("reorder_and_upcast_attn", false),
              "{}: scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn are not supported", src);
   } else if (c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2") {
     c.family = Family::llama;
@@ -151,15 +153,23 @@ ModelConfig ModelConfig::from_file(const std::string& path) {
 
 ModelConfig ModelConfig::builtin(const std::string& name) {
   auto gpt2 = [](int64_t d, int64_t l, int64_t h) {
-    return nlohmann::json{{"model_type", "gpt2"}, {"vocab_size", 50257}, {"n_embd", d}, {"n_layer", l},
-                          {"n_head", h},         {"n_positions", 1024}, {"bos_token_id", 50256},
-                          {"eos_token_id", 50256}, {"architectures", {"GPT2LMHeadModel"}}};
+    return nlohmann::json{
+        {"model_type", "gpt2"},  {"vocab_size", 50257},   {"n_embd", d},
+        {"n_layer", l},          {"n_head", h},           {"n_positions", 1024},
+        {"bos_token_id", 50256}, {"eos_token_id", 50256}, {"architectures", {"GPT2LMHeadModel"}}};
   };
   auto llama = [](int64_t d, int64_t l, int64_t h, int64_t kv, int64_t ff) {
-    return nlohmann::json{{"model_type", "llama"}, {"vocab_size", 32000}, {"hidden_size", d},
-                          {"intermediate_size", ff}, {"num_hidden_layers", l}, {"num_attention_heads", h},
-                          {"num_key_value_heads", kv}, {"max_position_embeddings", 2048}, {"rms_norm_eps", 1e-5},
-                          {"tie_word_embeddings", false}, {"architectures", {"LlamaForCausalLM"}}};
+    return nlohmann::json{{"model_type", "llama"},
+                          {"vocab_size", 32000},
+                          {"hidden_size", d},
+                          {"intermediate_size", ff},
+                          {"num_hidden_layers", l},
+                          {"num_attention_heads", h},
+                          {"num_key_value_heads", kv},
+                          {"max_position_embeddings", 2048},
+                          {"rms_norm_eps", 1e-5},
+                          {"tie_word_embeddings", false},
+                          {"architectures", {"LlamaForCausalLM"}}};
   };
   if (name == "gpt2") return from_json(gpt2(768, 12, 12), name);
   if (name == "gpt2-medium") return from_json(gpt2(1024, 24, 16), name);
@@ -176,8 +186,10 @@ int64_t ModelConfig::num_parameters() const {
   const int64_t d = hidden_size, v = vocab_size;
   int64_t n = v * d;
   if (family == Family::gpt2) {
-    n += max_position_embeddings * d + num_layers * (4 * d + 3 * d * d + 3 * d + d * d + d + 2 * d * intermediate_size +
-                                                     intermediate_size + d) + 2 * d;
+    n += max_position_embeddings * d +
+         num_layers *
+             (4 * d + 3 * d * d + 3 * d + d * d + d + 2 * d * intermediate_size + intermediate_size + d) +
+         2 * d;
   } else {
     const int64_t q = num_heads * head_dim, kv = num_kv_heads * head_dim;
     int64_t per = 2 * d + d * q + 2 * d * kv + q * d + 3 * d * intermediate_size;

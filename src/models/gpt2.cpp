@@ -19,7 +19,8 @@ class Gpt2 final : public CausalLM {
  public:
   // Parameters come from `init` (on the meta device when a checkpoint will replace them).
   Gpt2(const ModelConfig& c, Device d, DType t, const nn::Init& init) : CausalLM(c, d, t) {
-    const double std = c.initializer_range, proj_std = std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
+    const double std = c.initializer_range,
+                 proj_std = std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
     const int64_t D = c.hidden_size;
     wte_ = {init.normal({c.vocab_size, D}, std)};
     wpe_ = {init.normal({c.max_position_embeddings, D}, std)};
@@ -76,10 +77,12 @@ class Gpt2 final : public CausalLM {
     Tensor pos = ops::to_device(ops::arange(T), device_);
     Tensor h = add(wte_(ids), wpe_(pos));
     if (drop) h = dropout(h, c.embd_pdrop, *o.dropout_gen);
-    const Tensor mask = attention_mask_for(B, T, o.attention_mask);
+    const bool eager = attn_implementation_ == "eager" || (o.training && o.dropout_gen && c.attn_pdrop > 0);
+    const Tensor mask = eager ? attention_mask_for(B, T, o.attention_mask) : Tensor();
+    const Tensor keep = key_keep_for(o.attention_mask);
     for (auto& b : blocks_) {
       auto layer = [&, this](const std::vector<Tensor>& in) -> std::vector<Tensor> {
-        return {block(b, in[0], mask, o)};
+        return {block(b, in[0], mask, keep, o)};
       };
       if (o.gradient_checkpointing && autograd::grad_enabled()) {
         autograd::CheckpointOptions co;
@@ -98,14 +101,14 @@ class Gpt2 final : public CausalLM {
   }
 
  private:
-  Tensor block(Gpt2Block& b, const Tensor& x, const Tensor& mask, const ForwardOptions& o) {
+  Tensor block(Gpt2Block& b, const Tensor& x, const Tensor& mask, const Tensor& keep,
+               const ForwardOptions& o) {
     const auto& c = config_;
     const int64_t B = x.size(0), T = x.size(1), D = c.hidden_size, H = c.num_heads, hd = c.head_dim;
     const bool drop = o.training && o.dropout_gen;
     auto qkv = split(b.c_attn(b.ln_1(x)), {D, D, D}, -1);
     auto heads = [&](const Tensor& t) { return transpose(view(t, {B, T, H, hd}), 1, 2); };
-    Tensor a = eager_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), mask,
-                               1.0 / std::sqrt(static_cast<double>(hd)), c.attn_pdrop, o.dropout_gen, drop);
+    Tensor a = attend(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), mask, keep, c.attn_pdrop, o);
     a = b.attn_proj(reshape(transpose(a, 1, 2), {B, T, D}));
     if (drop) a = dropout(a, c.resid_pdrop, *o.dropout_gen);
     Tensor h = add(x, a);

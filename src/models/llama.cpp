@@ -31,7 +31,8 @@ std::vector<float> inv_freq_for(const ModelConfig& c) {
       const double wavelen = 2.0 * M_PI / static_cast<double>(f);
       double v = wavelen > low_wavelen ? f / r.factor : f;
       if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
-        const double smooth = (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+        const double smooth =
+            (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
         v = (1.0 - smooth) * v / r.factor + smooth * v;
       }
       f = static_cast<float>(v);
@@ -90,19 +91,22 @@ class Llama final : public CausalLM {
     TR_CHECK(ids.dim() == 2 && ids.dtype() == DType::i64, "{}: input_ids must be int64 [B, T], got {}",
              config_.model_type, ids.describe());
     const int64_t B = ids.size(0), T = ids.size(1);
-    TR_CHECK(T <= config_.max_position_embeddings, "{}: sequence length {} exceeds max_position_embeddings {}",
-             config_.model_type, T, config_.max_position_embeddings);
+    TR_CHECK(T <= config_.max_position_embeddings,
+             "{}: sequence length {} exceeds max_position_embeddings {}", config_.model_type, T,
+             config_.max_position_embeddings);
     std::vector<int64_t> pos(static_cast<size_t>(B * T));
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < T; ++t) pos[static_cast<size_t>(b * T + t)] = t;
-    const Tensor positions =
-        device_.is_meta() ? ops::empty({B, T}, DType::i64, device_) : ops::from_vector<int64_t>(pos, {B, T}, device_);
-    const Tensor mask = attention_mask_for(B, T, o.attention_mask);
+    const Tensor positions = device_.is_meta() ? ops::empty({B, T}, DType::i64, device_)
+                                               : ops::from_vector<int64_t>(pos, {B, T}, device_);
     const bool drop = o.training && o.dropout_gen;
+    const bool eager = attn_implementation_ == "eager" || (drop && config_.attn_pdrop > 0);
+    const Tensor mask = eager ? attention_mask_for(B, T, o.attention_mask) : Tensor();
+    const Tensor keep = key_keep_for(o.attention_mask);
     Tensor h = embed_(ids);
     for (auto& l : layers_) {
       auto layer = [&, this](const std::vector<Tensor>& in) -> std::vector<Tensor> {
-        return {decoder_layer(l, in[0], mask, positions, o)};
+        return {decoder_layer(l, in[0], mask, keep, positions, o)};
       };
       if (o.gradient_checkpointing && autograd::grad_enabled()) {
         autograd::CheckpointOptions co;
@@ -121,8 +125,8 @@ class Llama final : public CausalLM {
   }
 
  private:
-  Tensor decoder_layer(LlamaLayer& l, const Tensor& x, const Tensor& mask, const Tensor& positions,
-                       const ForwardOptions& o) {
+  Tensor decoder_layer(LlamaLayer& l, const Tensor& x, const Tensor& mask, const Tensor& keep,
+                       const Tensor& positions, const ForwardOptions& o) {
     const auto& c = config_;
     const int64_t B = x.size(0), T = x.size(1), H = c.num_heads, KV = c.num_kv_heads, hd = c.head_dim;
     Tensor a = l.input_layernorm(x);
@@ -130,14 +134,8 @@ class Llama final : public CausalLM {
     Tensor q = rope(view(l.q_proj(a), {B, T, H, hd}), rope_, positions, true);
     Tensor k = rope(view(l.k_proj(a), {B, T, KV, hd}), rope_, positions, true);
     Tensor v = view(l.v_proj(a), {B, T, KV, hd});
-    q = transpose(q, 1, 2);
-    auto repeat_kv = [&](const Tensor& t) {  // [B, T, KV, hd] -> [B, H, T, hd]
-      Tensor th = transpose(t, 1, 2);
-      if (KV == H) return th;
-      return reshape(expand(unsqueeze(th, 2), {B, KV, H / KV, T, hd}), {B, H, T, hd});
-    };
-    Tensor att = eager_attention(q, repeat_kv(k), repeat_kv(v), mask, 1.0 / std::sqrt(static_cast<double>(hd)),
-                                 c.attn_pdrop, o.dropout_gen, o.training && o.dropout_gen);
+    Tensor att =
+        attend(transpose(q, 1, 2), transpose(k, 1, 2), transpose(v, 1, 2), mask, keep, c.attn_pdrop, o);
     Tensor h = add(x, l.o_proj(reshape(transpose(att, 1, 2), {B, T, H * hd})));
     Tensor m = l.post_attention_layernorm(h);
     return add(h, l.down_proj(mul(silu(l.gate_proj(m)), l.up_proj(m))));

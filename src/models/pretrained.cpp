@@ -22,24 +22,26 @@ std::unique_ptr<CausalLM> make(const ModelConfig& c, Device d, DType t, const nn
 
 // Buffers some checkpoints carry that are not parameters.
 bool ignorable(const std::string& n) {
-  auto ends = [&](const std::string& s) { return n.size() >= s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0; };
+  auto ends = [&](const std::string& s) {
+    return n.size() >= s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0;
+  };
   return ends(".attn.bias") || ends(".attn.masked_bias") || ends("rotary_emb.inv_freq");
 }
 
 }  // namespace
 
-std::unique_ptr<CausalLM> create_causal_lm(const ModelConfig& config, Device device, DType dtype, Generator& gen) {
+std::unique_ptr<CausalLM> create_causal_lm(const ModelConfig& config, Device device, DType dtype,
+                                           Generator& gen, const std::string& attn_implementation) {
   TR_CHECK(is_floating(dtype), "create model: dtype {} is not floating", dtype_name(dtype));
-  return make(config, device, dtype, nn::Init{&gen, device, dtype});
+  auto m = make(config, device, dtype, nn::Init{&gen, device, dtype});
+  m->set_attn_implementation(attn_implementation);
+  return m;
 }
 
 std::unique_ptr<CausalLM> from_pretrained(const std::string& dir, const PretrainedOptions& opts) {
   const std::string cfg_path = (fs::path(dir) / "config.json").string();
   TR_CHECK(fs::exists(cfg_path), "{}: no config.json (is this a Hugging Face model folder?)", dir);
   ModelConfig config = ModelConfig::from_file(cfg_path);
-  TR_CHECK(opts.attn_implementation == "eager" || opts.attn_implementation == "sdpa" ||
-               opts.attn_implementation == "flash_attention_2",
-           "attn_implementation '{}' is not one of eager, sdpa, flash_attention_2", opts.attn_implementation);
   io::CheckpointReader ckpt(dir);
   DType dtype = DType::f32;
   if (opts.dtype) {
@@ -54,6 +56,7 @@ std::unique_ptr<CausalLM> from_pretrained(const std::string& dir, const Pretrain
   // Parameters start on the meta device (no memory, no init) and are replaced by the checkpoint's tensors.
   Generator unused(0);
   auto model = make(config, opts.device, dtype, nn::Init{&unused, Device::meta(), dtype});
+  model->set_attn_implementation(opts.attn_implementation);
   std::set<std::string> used;
   for (auto& [name, p] : model->named_parameters()) {
     TR_CHECK(ckpt.contains(name), "{}: the checkpoint has no tensor '{}' (model_type {})", dir, name,
@@ -68,7 +71,8 @@ std::unique_ptr<CausalLM> from_pretrained(const std::string& dir, const Pretrain
   }
   std::vector<std::string> extra;
   for (const auto& n : ckpt.names())
-    if (!used.count(n) && !ignorable(n) && !(n == "lm_head.weight" && config.tie_word_embeddings)) extra.push_back(n);
+    if (!used.count(n) && !ignorable(n) && !(n == "lm_head.weight" && config.tie_word_embeddings))
+      extra.push_back(n);
   TR_CHECK(extra.empty(), "{}: tensors the model does not use: {}", dir, fmt::join(extra, ", "));
   return model;
 }
@@ -88,8 +92,8 @@ void save_pretrained(CausalLM& model, const std::string& dir, const std::string&
   nlohmann::json cfg = model.config().to_json();
   cfg["torch_dtype"] = std::string(dtype_name(model.dtype()));
   if (!cfg.contains("architectures"))
-    cfg["architectures"] = {model.config().family == Family::gpt2 ? "GPT2LMHeadModel"
-                            : model.config().model_type == "qwen2" ? "Qwen2ForCausalLM"
+    cfg["architectures"] = {model.config().family == Family::gpt2    ? "GPT2LMHeadModel"
+                            : model.config().model_type == "qwen2"   ? "Qwen2ForCausalLM"
                             : model.config().model_type == "mistral" ? "MistralForCausalLM"
                                                                      : "LlamaForCausalLM"};
   {

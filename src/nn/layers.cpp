@@ -10,7 +10,9 @@ Tensor param(Tensor t) {
 }
 }  // namespace
 
-Tensor Init::normal(const Shape& s, double std) const { return param(ops::randn(s, *gen, dtype, device, 0.0, std)); }
+Tensor Init::normal(const Shape& s, double std) const {
+  return param(ops::randn(s, *gen, dtype, device, 0.0, std));
+}
 Tensor Init::zeros(const Shape& s) const { return param(ops::zeros(s, dtype, device)); }
 Tensor Init::ones(const Shape& s) const { return param(ops::ones(s, dtype, device)); }
 Linear Init::linear(int64_t in, int64_t out, bool bias, double std) const {

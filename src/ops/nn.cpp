@@ -340,6 +340,45 @@ Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset) {
   return y;
 }
 
+AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, bool causal,
+                       double scale) {
+  TR_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+           "attention: q, k, v must be [B, H, T, D], got {}, {}, {}", q.describe(), k.describe(),
+           v.describe());
+  check_same("attention", q, k);
+  check_same("attention", q, v);
+  TR_CHECK(is_floating(q.dtype()), "attention: expected floating tensors, got {}", q.describe());
+  TR_CHECK(k.shape() == v.shape() && k.size(0) == q.size(0) && k.size(3) == q.size(3) && k.size(1) > 0 &&
+               q.size(1) % k.size(1) == 0,
+           "attention: q {} does not fit k {} / v {} (heads must be a multiple of kv heads)", q.describe(),
+           k.describe(), v.describe());
+  if (key_keep.defined())
+    TR_CHECK(key_keep.dtype() == DType::boolean && key_keep.shape() == Shape({k.size(0), k.size(2)}) &&
+                 key_keep.device() == q.device(),
+             "attention: key mask {} must be bool [B, S] = [{}, {}] on {}", key_keep.describe(), k.size(0),
+             k.size(2), q.device().str());
+  Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v),
+         mc = key_keep.defined() ? contiguous(key_keep) : key_keep;
+  AttentionOut o{empty(q.shape(), q.dtype(), q.device()),
+                 empty({q.size(0), q.size(1), q.size(2)}, stat_dtype(q.dtype()), q.device())};
+  if (runs(o.out)) be(q).attention(qc, kc, vc, mc, causal, scale, o.out, o.lse);
+  return o;
+}
+
+AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
+                                  bool causal, double scale, const Tensor& out, const Tensor& lse,
+                                  const Tensor& dout) {
+  TR_CHECK(dout.shape() == q.shape(), "attention_backward: grad {} does not match q {}", dout.describe(),
+           q.describe());
+  Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v), oc = contiguous(out),
+         dc = contiguous(dout);
+  Tensor mc = key_keep.defined() ? contiguous(key_keep) : key_keep;
+  AttentionGrads g{empty(q.shape(), q.dtype(), q.device()), empty(k.shape(), k.dtype(), k.device()),
+                   empty(v.shape(), v.dtype(), v.device())};
+  if (runs(g.dq)) be(q).attention_backward(qc, kc, vc, mc, causal, scale, oc, lse, dc, g.dq, g.dk, g.dv);
+  return g;
+}
+
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
   TR_CHECK(!xs.empty(), "cat: no tensors given");
   const Tensor& f = xs[0];

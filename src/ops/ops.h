@@ -116,6 +116,19 @@ RopeTables rope_tables_from_inv_freq(int64_t max_positions, const std::vector<fl
                                      Device device = Device::cpu());
 Tensor rope(const Tensor& x, const RopeTables& tables, const Tensor& positions, bool seq_major, bool inverse);
 Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset);
+// Fused attention (Backend::attention): q [B, H, T, D], k/v [B, Hkv, S, D], key_keep bool [B, S] or
+// undefined.
+struct AttentionOut {
+  Tensor out, lse;
+};
+AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, bool causal,
+                       double scale);
+struct AttentionGrads {
+  Tensor dq, dk, dv;
+};
+AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
+                                  bool causal, double scale, const Tensor& out, const Tensor& lse,
+                                  const Tensor& dout);
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
 
 }  // namespace tr::ops

@@ -7,9 +7,10 @@
 namespace tr::optim {
 
 bool AdamW::decays(const std::string& name) {
-  // biases, and norm weights: names with layernorm/rmsnorm/norm/ln_ components, as HF's get_decay_parameter_names
-  static const std::regex no_decay(R"((^|\.)(bias)$|layernorm|rmsnorm|(^|\.)norm($|\.)|_norm($|\.)|(^|\.)ln_[^.]*\.)",
-                                   std::regex::icase);
+  // biases, and norm weights: names with layernorm/rmsnorm/norm/ln_ components, as HF's
+  // get_decay_parameter_names
+  static const std::regex no_decay(
+      R"((^|\.)(bias)$|layernorm|rmsnorm|(^|\.)norm($|\.)|_norm($|\.)|(^|\.)ln_[^.]*\.)", std::regex::icase);
   return !std::regex_search(name, no_decay);
 }
 
@@ -17,9 +18,10 @@ AdamW::AdamW(const nn::ParamList& params, AdamWOptions opts) : opts_(opts) {
   for (const auto& [name, p] : params) {
     TR_CHECK(p->device().is_cpu(), "AdamW: parameter '{}' is on {}; this optimizer runs on the CPU", name,
              p->device().str());
-    TR_CHECK(p->dtype() == DType::f32 || p->dtype() == DType::f64, "AdamW: parameter '{}' must be f32 or f64, got {}",
-             name, dtype_name(p->dtype()));
-    slots_.push_back({name, p, ops::zeros(p->shape(), p->dtype()), ops::zeros(p->shape(), p->dtype()), decays(name)});
+    TR_CHECK(p->dtype() == DType::f32 || p->dtype() == DType::f64,
+             "AdamW: parameter '{}' must be f32 or f64, got {}", name, dtype_name(p->dtype()));
+    slots_.push_back(
+        {name, p, ops::zeros(p->shape(), p->dtype()), ops::zeros(p->shape(), p->dtype()), decays(name)});
   }
 }
 
@@ -30,8 +32,8 @@ void AdamW::zero_grad() {
 namespace {
 
 template <typename T>
-void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, double lr, double wd, double b1, double b2, double eps,
-                  int64_t step) {
+void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, double lr, double wd, double b1, double b2,
+                  double eps, int64_t step) {
   const double bc1 = 1.0 - std::pow(b1, static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(b2, static_cast<double>(step));
   const T step_size = static_cast<T>(lr / bc1), bc2_sqrt = static_cast<T>(std::sqrt(bc2));
@@ -58,11 +60,13 @@ void AdamW::step() {
     TR_CHECK(s.param->is_contiguous(), "AdamW: parameter '{}' must be contiguous", s.name);
     const double wd = s.decay ? opts_.weight_decay : 0.0;
     if (s.param->dtype() == DType::f32)
-      adamw_update(s.param->data<float>(), g.data<float>(), s.exp_avg.data<float>(), s.exp_avg_sq.data<float>(),
-                   s.param->numel(), opts_.lr, wd, opts_.beta1, opts_.beta2, opts_.eps, step_);
+      adamw_update(s.param->data<float>(), g.data<float>(), s.exp_avg.data<float>(),
+                   s.exp_avg_sq.data<float>(), s.param->numel(), opts_.lr, wd, opts_.beta1, opts_.beta2,
+                   opts_.eps, step_);
     else
-      adamw_update(s.param->data<double>(), g.data<double>(), s.exp_avg.data<double>(), s.exp_avg_sq.data<double>(),
-                   s.param->numel(), opts_.lr, wd, opts_.beta1, opts_.beta2, opts_.eps, step_);
+      adamw_update(s.param->data<double>(), g.data<double>(), s.exp_avg.data<double>(),
+                   s.exp_avg_sq.data<double>(), s.param->numel(), opts_.lr, wd, opts_.beta1, opts_.beta2,
+                   opts_.eps, step_);
   }
 }
 

@@ -44,6 +44,11 @@ class CpuBackend final : public backend::Backend {
   void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions, bool seq_major,
             bool inverse, const Tensor& y) override;
   void dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, const Tensor& y) override;
+  void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, bool causal,
+                 double scale, const Tensor& out, const Tensor& lse) override;
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
+                          bool causal, double scale, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                          const Tensor& dq, const Tensor& dk, const Tensor& dv) override;
 };
 
 CpuBackend& cpu_backend();

@@ -230,6 +230,20 @@ class CudaBackend final : public backend::Backend {
     cuda::rope(x.dtype(), x.data_ptr(), cos.data<float>(), sin.data<float>(), positions.data<int64_t>(),
                y.data_ptr(), s[0], H, T, s[3], seq_major, inverse);
   }
+  void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, bool causal,
+                 double scale, const Tensor& out, const Tensor& lse) override {
+    cuda::attention(q.dtype(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                    key_keep.defined() ? key_keep.data<bool>() : nullptr, out.data_ptr(), lse.data_ptr(),
+                    q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), causal, scale);
+  }
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
+                          bool causal, double scale, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                          const Tensor& dq, const Tensor& dk, const Tensor& dv) override {
+    cuda::attention_backward(q.dtype(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                             key_keep.defined() ? key_keep.data<bool>() : nullptr, out.data_ptr(),
+                             lse.data_ptr(), dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+                             q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), causal, scale);
+  }
   void dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, const Tensor& y) override {
     cuda::dropout(x.dtype(), x.data_ptr(), y.data_ptr(), x.numel(), p, seed, offset);
   }

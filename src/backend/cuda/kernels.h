@@ -62,6 +62,13 @@ void embedding_backward(DType dt, const void* gy, const int64_t* order, const in
                         const int64_t* uid, int64_t n_unique, void* gw, int64_t v, int64_t d);
 void rope(DType dt, const void* x, const float* cos, const float* sin, const int64_t* pos, void* y, int64_t B,
           int64_t H, int64_t T, int64_t D, bool seq_major, bool inverse);
+// Fused attention (see Backend::attention): q [B, H, T, D], k/v [B, KV, S, D], keep [B, S] or null.
+void attention(DType dt, const void* q, const void* k, const void* v, const bool* keep, void* out, void* lse,
+               int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D, bool causal, double scale);
+void attention_backward(DType dt, const void* q, const void* k, const void* v, const bool* keep,
+                        const void* out, const void* lse, const void* dout, void* dq, void* dk, void* dv,
+                        int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D, bool causal,
+                        double scale);
 // Index of the first element outside [lo, hi) that is not `ignore` (-1 if none); synchronizes.
 int64_t first_bad_index(const int64_t* ids, int64_t n, int64_t lo, int64_t hi, int64_t ignore,
                         bool use_ignore);

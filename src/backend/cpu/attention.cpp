@@ -1,0 +1,203 @@
+// CPU fused attention (FlashAttention-2 style): queries in tiles, keys streamed in blocks with an online
+// softmax, so no T x S score matrix exists; the forward saves only the row logsumexp. The backward recomputes
+// each block's probabilities from it. Work is split over (batch, kv-head) groups so grouped-query heads that
+// share k/v never race on dk/dv, and the summation order is fixed: results do not depend on thread count.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/loops.h"
+
+namespace tr::cpu {
+
+namespace {
+
+constexpr int64_t kBlock = 64;
+
+struct Geo {
+  int64_t B, H, KV, T, S, D;
+  bool causal;
+  double scale;
+  const bool* keep;  // [B, S] or null
+  // Highest key index query t may see (causal aligns the last query with the last key).
+  int64_t last_key(int64_t t) const { return causal ? std::min(S - 1, t + (S - T)) : S - 1; }
+  bool visible(int64_t b, int64_t t, int64_t s) const {
+    return s <= last_key(t) && (keep == nullptr || keep[b * S + s]);
+  }
+};
+
+template <typename T>
+void forward_kernel(const Geo& g, const T* q, const T* k, const T* v, T* out, acc_t<T>* lse) {
+  using A = acc_t<T>;
+  const int64_t rep = g.H / g.KV, q_tiles = (g.T + kBlock - 1) / kBlock;
+#pragma omp parallel
+  {
+    std::vector<A> qt(static_cast<size_t>(kBlock * g.D)), acc(static_cast<size_t>(kBlock * g.D)),
+        kb(static_cast<size_t>(kBlock * g.D)), vb(static_cast<size_t>(kBlock * g.D)), m(kBlock), l(kBlock),
+        s(static_cast<size_t>(kBlock * kBlock));
+#pragma omp for collapse(3) schedule(dynamic)
+    for (int64_t b = 0; b < g.B; ++b)
+      for (int64_t h = 0; h < g.H; ++h)
+        for (int64_t qt_i = 0; qt_i < q_tiles; ++qt_i) {
+          const int64_t t0 = qt_i * kBlock, t1 = std::min(g.T, t0 + kBlock), nt = t1 - t0;
+          const int64_t kvh = h / rep;
+          const T* qp = q + ((b * g.H + h) * g.T + t0) * g.D;
+          const T* kp = k + (b * g.KV + kvh) * g.S * g.D;
+          const T* vp = v + (b * g.KV + kvh) * g.S * g.D;
+          for (int64_t i = 0; i < nt * g.D; ++i) qt[i] = load(qp, i) * static_cast<A>(g.scale);
+          std::fill(acc.begin(), acc.begin() + nt * g.D, A(0));
+          std::fill(m.begin(), m.end(), -std::numeric_limits<A>::infinity());
+          std::fill(l.begin(), l.end(), A(0));
+          const int64_t s_end = g.last_key(t1 - 1) + 1;
+          for (int64_t s0 = 0; s0 < s_end; s0 += kBlock) {
+            const int64_t s1 = std::min(s_end, s0 + kBlock), ns = s1 - s0;
+            for (int64_t i = 0; i < ns * g.D; ++i) {
+              kb[i] = load(kp + s0 * g.D, i);
+              vb[i] = load(vp + s0 * g.D, i);
+            }
+            for (int64_t i = 0; i < nt; ++i) {
+              const A* qi = qt.data() + i * g.D;
+              A* si = s.data() + i * kBlock;
+              A mx = m[i];
+              for (int64_t j = 0; j < ns; ++j) {
+                if (!g.visible(b, t0 + i, s0 + j)) {
+                  si[j] = -std::numeric_limits<A>::infinity();
+                  continue;
+                }
+                const A* kj = kb.data() + j * g.D;
+                A d = 0;
+#pragma omp simd reduction(+ : d)
+                for (int64_t c = 0; c < g.D; ++c) d += qi[c] * kj[c];
+                si[j] = d;
+                mx = std::max(mx, d);
+              }
+              if (mx == -std::numeric_limits<A>::infinity()) continue;  // nothing visible yet
+              const A corr = std::exp(m[i] - mx);
+              A* ai = acc.data() + i * g.D;
+              A rowsum = 0;
+              for (int64_t c = 0; c < g.D; ++c) ai[c] *= corr;
+              for (int64_t j = 0; j < ns; ++j) {
+                const A p = std::exp(si[j] - mx);
+                if (p == A(0)) continue;
+                rowsum += p;
+                const A* vj = vb.data() + j * g.D;
+#pragma omp simd
+                for (int64_t c = 0; c < g.D; ++c) ai[c] += p * vj[c];
+              }
+              l[i] = l[i] * corr + rowsum;
+              m[i] = mx;
+            }
+          }
+          T* op = out + ((b * g.H + h) * g.T + t0) * g.D;
+          A* lp = lse + (b * g.H + h) * g.T + t0;
+          for (int64_t i = 0; i < nt; ++i) {
+            const A inv = l[i] > A(0) ? A(1) / l[i] : A(0);
+            for (int64_t c = 0; c < g.D; ++c) store(op, i * g.D + c, acc[i * g.D + c] * inv);
+            lp[i] = l[i] > A(0) ? m[i] + std::log(l[i]) : -std::numeric_limits<A>::infinity();
+          }
+        }
+  }
+}
+
+template <typename T>
+void backward_kernel(const Geo& g, const T* q, const T* k, const T* v, const T* out, const acc_t<T>* lse,
+                     const T* dout, T* dq, T* dk, T* dv) {
+  using A = acc_t<T>;
+  const int64_t rep = g.H / g.KV;
+#pragma omp parallel
+  {
+    std::vector<A> dka(static_cast<size_t>(g.S * g.D)), dva(static_cast<size_t>(g.S * g.D)),
+        dqa(static_cast<size_t>(g.T * g.D)), delta(static_cast<size_t>(g.T)), kf(static_cast<size_t>(g.S * g.D)),
+        vf(static_cast<size_t>(g.S * g.D)), qrow(static_cast<size_t>(g.D)), dorow(static_cast<size_t>(g.D));
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int64_t b = 0; b < g.B; ++b)
+      for (int64_t kvh = 0; kvh < g.KV; ++kvh) {
+        const int64_t kv_off = (b * g.KV + kvh) * g.S * g.D;
+        for (int64_t i = 0; i < g.S * g.D; ++i) {
+          kf[i] = load(k + kv_off, i);
+          vf[i] = load(v + kv_off, i);
+        }
+        std::fill(dka.begin(), dka.end(), A(0));
+        std::fill(dva.begin(), dva.end(), A(0));
+        for (int64_t r = 0; r < rep; ++r) {
+          const int64_t h = kvh * rep + r, q_off = (b * g.H + h) * g.T * g.D;
+          const A* lp = lse + (b * g.H + h) * g.T;
+          std::fill(dqa.begin(), dqa.end(), A(0));
+          for (int64_t t = 0; t < g.T; ++t) {  // delta_t = rowsum(dO * O)
+            A d = 0;
+            for (int64_t c = 0; c < g.D; ++c) d += load(dout + q_off, t * g.D + c) * load(out + q_off, t * g.D + c);
+            delta[t] = d;
+          }
+          for (int64_t t = 0; t < g.T; ++t) {
+            if (lp[t] == -std::numeric_limits<A>::infinity()) continue;  // row attended nothing
+            for (int64_t c = 0; c < g.D; ++c) {
+              qrow[c] = load(q + q_off, t * g.D + c);
+              dorow[c] = load(dout + q_off, t * g.D + c);
+            }
+            A* dqt = dqa.data() + t * g.D;
+            const int64_t s_end = g.last_key(t) + 1;
+            for (int64_t s = 0; s < s_end; ++s) {
+              if (!g.visible(b, t, s)) continue;
+              const A* ks = kf.data() + s * g.D;
+              const A* vs = vf.data() + s * g.D;
+              A sc = 0, dp = 0;
+#pragma omp simd reduction(+ : sc, dp)
+              for (int64_t c = 0; c < g.D; ++c) {
+                sc += qrow[c] * ks[c];
+                dp += dorow[c] * vs[c];
+              }
+              const A p = std::exp(sc * static_cast<A>(g.scale) - lp[t]);
+              const A ds = p * (dp - delta[t]) * static_cast<A>(g.scale);
+              A* dks = dka.data() + s * g.D;
+              A* dvs = dva.data() + s * g.D;
+#pragma omp simd
+              for (int64_t c = 0; c < g.D; ++c) {
+                dvs[c] += p * dorow[c];
+                dks[c] += ds * qrow[c];
+                dqt[c] += ds * ks[c];
+              }
+            }
+          }
+          for (int64_t i = 0; i < g.T * g.D; ++i) store(dq + q_off, i, dqa[i]);
+        }
+        for (int64_t i = 0; i < g.S * g.D; ++i) {
+          store(dk + kv_off, i, dka[i]);
+          store(dv + kv_off, i, dva[i]);
+        }
+      }
+  }
+}
+
+Geo geometry(const Tensor& q, const Tensor& k, const Tensor& key_keep, bool causal, double scale) {
+  Geo g{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), causal, scale,
+        key_keep.defined() ? key_keep.data<bool>() : nullptr};
+  return g;
+}
+
+}  // namespace
+
+void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, bool causal,
+                           double scale, const Tensor& out, const Tensor& lse) {
+  const Geo g = geometry(q, k, key_keep, causal, scale);
+  dispatch_float(q.dtype(), "attention", [&]<typename T>() {
+    forward_kernel<T>(g, static_cast<const T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()),
+                      static_cast<const T*>(v.data_ptr()), static_cast<T*>(out.data_ptr()),
+                      static_cast<acc_t<T>*>(lse.data_ptr()));
+  });
+}
+
+void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
+                                    bool causal, double scale, const Tensor& out, const Tensor& lse,
+                                    const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  const Geo g = geometry(q, k, key_keep, causal, scale);
+  dispatch_float(q.dtype(), "attention_backward", [&]<typename T>() {
+    backward_kernel<T>(g, static_cast<const T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()),
+                       static_cast<const T*>(v.data_ptr()), static_cast<const T*>(out.data_ptr()),
+                       static_cast<const acc_t<T>*>(lse.data_ptr()), static_cast<const T*>(dout.data_ptr()),
+                       static_cast<T*>(dq.data_ptr()), static_cast<T*>(dk.data_ptr()),
+                       static_cast<T*>(dv.data_ptr()));
+  });
+}
+
+}  // namespace tr::cpu
