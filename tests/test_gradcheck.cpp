@@ -231,6 +231,14 @@ std::vector<GradCase> cases() {
                    return scaled_dot_product_attention(x[0], x[1], x[2], kk, causal, 0.7);
                  }});
   }
+  c.push_back(
+      {"linear_cross_entropy", "linear_cross_entropy_chunks_of_2",
+       [] {
+         return Inputs{rnd({5, 4}, 45), rnd({7, 4}, 46)};
+       },
+       [](const Inputs& x) {
+         return linear_cross_entropy_sum(x[0], x[1], ops::from_vector<int64_t>({3, -100, 6, 0, 2}, {5}), 2);
+       }});
   c.push_back({"view", "view",
                [] {
                  return Inputs{rnd({2, 6}, 28)};

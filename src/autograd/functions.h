@@ -69,6 +69,12 @@ enum class Reduction { mean, sum, none };
 // num_items_in_batch. The result is f32 (f64 for f64 logits) whatever the logits dtype.
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index = -100,
                      Reduction reduction = Reduction::mean);
+// sum over rows of cross_entropy(x @ w^T, labels) computed `chunk_rows` rows at a time: the [rows, V] logits
+// never exist in full, in forward or backward (each chunk's logits are recomputed for its gradient).
+// x [N, D], w [V, D], labels int64 [N] (-100 ignored). Logits are computed in x's dtype and upcast to f32 for
+// the loss (f64 stays f64). Returns the scalar sum; divide by the label count yourself.
+Tensor linear_cross_entropy_sum(const Tensor& x, const Tensor& w, const Tensor& labels,
+                                int64_t chunk_rows = 1024, int64_t ignore_index = -100);
 Tensor embedding(const Tensor& weight, const Tensor& ids);
 Tensor rope(const Tensor& x, const ops::RopeTables& tables, const Tensor& positions, bool seq_major = false);
 // Fused memory-efficient attention: q [B, H, T, D], k/v [B, Hkv, S, D] (grouped-query heads share k/v),

@@ -104,6 +104,51 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_
   return y;
 }
 
+Tensor linear_cross_entropy_sum(const Tensor& x, const Tensor& w, const Tensor& labels, int64_t chunk_rows,
+                                int64_t ignore_index) {
+  TR_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1),
+           "linear_cross_entropy: x {} does not fit w {}", x.describe(), w.describe());
+  TR_CHECK(labels.numel() == x.size(0), "linear_cross_entropy: {} labels for {} rows", labels.numel(),
+           x.size(0));
+  TR_CHECK(chunk_rows > 0, "linear_cross_entropy: chunk_rows must be positive");
+  const int64_t N = x.size(0);
+  const DType loss_dt = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Tensor lab = ops::reshape(labels, {N});
+  Tensor lse_all = ops::empty({N}, loss_dt, x.device());
+  Tensor total = ops::zeros({}, loss_dt, x.device());
+  for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
+    const int64_t n = std::min(chunk_rows, N - r0);
+    Tensor logits = ops::to_dtype(ops::linear(ops::narrow(x, 0, r0, n), w, Tensor()), loss_dt);
+    ops::CrossEntropyOut ce = ops::cross_entropy(logits, ops::narrow(lab, 0, r0, n), ignore_index);
+    ops::copy_(ops::narrow(lse_all, 0, r0, n), ce.lse);
+    ops::binary_(BinaryOp::add, total, ops::reduce(ops::ReduceOp::sum, ce.loss, {}, false));
+  }
+  Tensor y = total;
+  if (needs_grad({&x, &w})) {
+    const bool gx = x.requires_grad(), gw = w.requires_grad();
+    record("linear_cross_entropy", {&x, &w}, {&y},
+           [x, w, lab, lse_all, chunk_rows, ignore_index, gx, gw, loss_dt](const Grads& g) -> Grads {
+             const int64_t N = x.size(0);
+             Tensor dx = gx ? ops::empty(x.shape(), x.dtype(), x.device()) : Tensor();
+             Tensor dw = gw ? ops::zeros(w.shape(), w.dtype(), w.device()) : Tensor();
+             for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
+               const int64_t n = std::min(chunk_rows, N - r0);
+               Tensor xc = ops::narrow(x, 0, r0, n);
+               // The chunk's logits become their own gradient in place, then feed dx and dw (accumulated).
+               Tensor dl = ops::to_dtype(ops::linear(xc, w, Tensor()), loss_dt);
+               Tensor gl = ops::contiguous(ops::expand(ops::reshape(ops::to_dtype(g[0], loss_dt), {1}), {n}));
+               ops::cross_entropy_backward_(dl, ops::narrow(lab, 0, r0, n), ops::narrow(lse_all, 0, r0, n),
+                                            gl, ignore_index);
+               dl = ops::to_dtype(dl, x.dtype());
+               if (gx) ops::addmm_(ops::narrow(dx, 0, r0, n), dl, w, false, false, 1.0, 0.0);
+               if (gw) ops::addmm_(dw, dl, xc, true, false, 1.0, 1.0);
+             }
+             return {dx, dw};
+           });
+  }
+  return y;
+}
+
 Tensor embedding(const Tensor& weight, const Tensor& ids) {
   Tensor y = ops::embedding(weight, ids);
   if (needs_grad({&weight})) {

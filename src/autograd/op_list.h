@@ -14,6 +14,7 @@ inline constexpr std::string_view kDifferentiableOps[] = {
     "sum", "mean", "amax", "softmax", "log_softmax",
     // linear algebra and nn
     "matmul", "linear", "layer_norm", "rms_norm", "cross_entropy", "embedding", "rope", "attention",
+    "linear_cross_entropy",
     // shape
     "view", "reshape", "transpose", "permute", "narrow", "expand", "contiguous", "cat", "split",
     // recomputation

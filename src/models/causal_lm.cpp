@@ -40,23 +40,35 @@ int64_t CausalLM::num_parameters() {
   return n;
 }
 
-Tensor CausalLM::causal_lm_loss(const Tensor& logits, const ForwardOptions& opts) const {
+CausalLMOutput CausalLM::head_and_loss(const Tensor& h, const Tensor& w, const ForwardOptions& opts) const {
+  CausalLMOutput out;
+  const int64_t B = h.size(0), T = h.size(1), D = h.size(2);
+  if (opts.return_logits) out.logits = linear(h, w);
+  if (!opts.labels.defined()) return out;
   const Tensor& labels = opts.labels;
-  TR_CHECK(labels.dtype() == DType::i64 && labels.dim() == 2, "loss: labels must be int64 [B, T], got {}",
-           labels.describe());
-  const int64_t B = labels.size(0), T = labels.size(1);
-  TR_CHECK(logits.size(0) == B && logits.size(1) == T, "loss: labels {} do not match logits {}",
-           labels.describe(), logits.describe());
+  TR_CHECK(labels.dtype() == DType::i64 && labels.shape() == Shape({B, T}),
+           "loss: labels must be int64 [{}, {}] like input_ids, got {}", B, T, labels.describe());
   // shift: position t predicts label t+1; the last position has nothing to predict
   std::vector<int64_t> l = ops::to_vector<int64_t>(labels), shifted(static_cast<size_t>(B * T), -100);
+  int64_t count = 0;
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t + 1 < T; ++t)
-      shifted[static_cast<size_t>(b * T + t)] = l[static_cast<size_t>(b * T + t + 1)];
-  Tensor sl = ops::from_vector<int64_t>(shifted, {B, T}, logits.device());
-  Tensor lf = cast(logits, logits.dtype() == DType::f64 ? DType::f64 : DType::f32);
-  if (opts.num_items_in_batch > 0)
-    return mul_scalar(cross_entropy(lf, sl, -100, Reduction::sum), 1.0 / opts.num_items_in_batch);
-  return cross_entropy(lf, sl, -100, Reduction::mean);
+    for (int64_t t = 0; t + 1 < T; ++t) {
+      const int64_t v = l[static_cast<size_t>(b * T + t + 1)];
+      shifted[static_cast<size_t>(b * T + t)] = v;
+      count += v != -100;
+    }
+  Tensor sl = ops::from_vector<int64_t>(shifted, {B * T}, h.device());
+  const double denom = opts.num_items_in_batch > 0 ? opts.num_items_in_batch : static_cast<double>(count);
+  Tensor sum_loss;
+  if (out.logits.defined()) {
+    Tensor lf = cast(reshape(out.logits, {B * T, out.logits.size(2)}),
+                     h.dtype() == DType::f64 ? DType::f64 : DType::f32);
+    sum_loss = cross_entropy(lf, sl, -100, Reduction::sum);
+  } else {
+    sum_loss = linear_cross_entropy_sum(reshape(h, {B * T, D}), w, sl, 1024, -100);
+  }
+  out.loss = mul_scalar(sum_loss, denom > 0 ? 1.0 / denom : 0.0);  // no label at all: loss 0, gradient 0
+  return out;
 }
 
 Tensor CausalLM::attention_mask_for(int64_t B, int64_t T, const Tensor& am) const {

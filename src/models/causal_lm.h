@@ -43,8 +43,9 @@ class CausalLM {
 
  protected:
   CausalLM(ModelConfig c, Device d, DType t) : config_(std::move(c)), device_(d), dtype_(t) {}
-  // HF's loss: logits upcast to f32, labels shifted left by one with -100 appended.
-  Tensor causal_lm_loss(const Tensor& logits, const ForwardOptions& opts) const;
+  // The LM head and HF's loss (logits upcast to f32, labels shifted left by one with -100 appended). Without
+  // return_logits the head and loss run in row chunks, so the [B*T, V] logits never exist.
+  CausalLMOutput head_and_loss(const Tensor& h, const Tensor& head_weight, const ForwardOptions& opts) const;
   // Boolean mask [B or 1, 1, T, T], true where attention is not allowed (causal + padding).
   Tensor attention_mask_for(int64_t B, int64_t T, const Tensor& attention_mask) const;
   // Attention over q [B, H, T, D] and k/v [B, KV, T, D]: eager (with `mask`, k/v repeated to H heads) or the

@@ -93,11 +93,7 @@ class Gpt2 final : public CausalLM {
       }
     }
     h = ln_f_(h);
-    CausalLMOutput out;
-    Tensor logits = linear(h, lm_head_.defined() ? lm_head_ : wte_.weight);
-    if (o.labels.defined()) out.loss = causal_lm_loss(logits, o);
-    if (o.return_logits) out.logits = logits;
-    return out;
+    return head_and_loss(h, lm_head_.defined() ? lm_head_ : wte_.weight, o);
   }
 
  private:

@@ -117,11 +117,7 @@ class Llama final : public CausalLM {
       }
     }
     h = norm_(h);
-    CausalLMOutput out;
-    Tensor logits = linear(h, lm_head_.defined() ? lm_head_ : embed_.weight);
-    if (o.labels.defined()) out.loss = causal_lm_loss(logits, o);
-    if (o.return_logits) out.logits = logits;
-    return out;
+    return head_and_loss(h, lm_head_.defined() ? lm_head_ : embed_.weight, o);
   }
 
  private:

@@ -108,6 +108,35 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
   return out;
 }
 
+void addmm_(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha,
+            double beta) {
+  check_same("addmm_", out, a);
+  check_same("addmm_", out, b);
+  TR_CHECK(out.dim() == 2 && a.dim() == 2 && b.dim() == 2 && out.is_contiguous(),
+           "addmm_: expects 2-D operands and a contiguous target, got {}, {}, {}", out.describe(),
+           a.describe(), b.describe());
+  Tensor av = trans_a ? transpose(a, 0, 1) : a, bv = trans_b ? transpose(b, 0, 1) : b;
+  const int64_t m = av.size(0), k = av.size(1), n = bv.size(1);
+  TR_CHECK(bv.size(0) == k && out.size(0) == m && out.size(1) == n, "addmm_: {} += {} @ {} does not fit",
+           out.describe(), av.describe(), bv.describe());
+  Operand pa = prepare(av, m, k), pb = prepare(bv, k, n);
+  if (!runs(out)) return;
+  backend::GemmArgs g;
+  g.a = pa.base;
+  g.b = pb.base;
+  g.c = out;
+  g.trans_a = pa.trans;
+  g.trans_b = pb.trans;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.lda = pa.ld;
+  g.ldb = pb.ld;
+  g.alpha = alpha;
+  g.beta = beta;
+  be(out).gemm(g);
+}
+
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   check_same("linear", x, w);
   TR_CHECK(w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(1),
@@ -256,6 +285,19 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& labels, const 
   Tensor g = empty(logits.shape(), logits.dtype(), logits.device());
   if (runs(g)) be(logits).cross_entropy_backward(lc, yc, lse, gc, ignore_index, g);
   return g;
+}
+
+void cross_entropy_backward_(const Tensor& logits, const Tensor& labels, const Tensor& lse,
+                             const Tensor& grad_loss, int64_t ignore_index) {
+  TR_CHECK(logits.is_contiguous(), "cross_entropy_backward_: logits {} must be contiguous",
+           logits.describe());
+  TR_CHECK(grad_loss.numel() == labels.numel() && grad_loss.dtype() == lse.dtype() &&
+               labels.device() == logits.device() && grad_loss.device() == logits.device(),
+           "cross_entropy_backward_: grad {} / labels {} do not match logits {}", grad_loss.describe(),
+           labels.describe(), logits.describe());
+  Tensor yc = contiguous(labels), gc = contiguous(grad_loss);
+  // Each element is read before it is written, so the kernels run in place.
+  if (runs(logits)) be(logits).cross_entropy_backward(logits, yc, lse, gc, ignore_index, logits);
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& ids) {

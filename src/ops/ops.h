@@ -78,6 +78,9 @@ Tensor softmax_backward(const Tensor& y, const Tensor& gy, int64_t dim, bool log
 // ---- matmul
 // a [..., m, k] @ b [..., k, n] with broadcast batch dims; 1-D operands are not promoted (use unsqueeze).
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+// out = alpha * op(a) @ op(b) + beta * out, in place; a, b, out 2-D, out contiguous.
+void addmm_(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+            double alpha = 1.0, double beta = 1.0);
 // x [..., in] @ w[out, in]^T + bias[out].
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);
 
@@ -103,6 +106,9 @@ struct CrossEntropyOut {
 CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index);
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
                               const Tensor& grad_loss, int64_t ignore_index);
+// The same, overwriting `logits` (contiguous) with its gradient: no second [rows, V] buffer.
+void cross_entropy_backward_(const Tensor& logits, const Tensor& labels, const Tensor& lse,
+                             const Tensor& grad_loss, int64_t ignore_index);
 Tensor embedding(const Tensor& weight, const Tensor& ids);
 Tensor embedding_backward(const Tensor& gy, const Tensor& ids, int64_t num_rows);
 // cos/sin tables [P, D/2] (f32) for the given head dim and base; see rope().

@@ -108,8 +108,9 @@ void backward_kernel(const Geo& g, const T* q, const T* k, const T* v, const T* 
 #pragma omp parallel
   {
     std::vector<A> dka(static_cast<size_t>(g.S * g.D)), dva(static_cast<size_t>(g.S * g.D)),
-        dqa(static_cast<size_t>(g.T * g.D)), delta(static_cast<size_t>(g.T)), kf(static_cast<size_t>(g.S * g.D)),
-        vf(static_cast<size_t>(g.S * g.D)), qrow(static_cast<size_t>(g.D)), dorow(static_cast<size_t>(g.D));
+        dqa(static_cast<size_t>(g.T * g.D)), delta(static_cast<size_t>(g.T)),
+        kf(static_cast<size_t>(g.S * g.D)), vf(static_cast<size_t>(g.S * g.D)),
+        qrow(static_cast<size_t>(g.D)), dorow(static_cast<size_t>(g.D));
 #pragma omp for collapse(2) schedule(dynamic)
     for (int64_t b = 0; b < g.B; ++b)
       for (int64_t kvh = 0; kvh < g.KV; ++kvh) {
@@ -126,7 +127,8 @@ void backward_kernel(const Geo& g, const T* q, const T* k, const T* v, const T* 
           std::fill(dqa.begin(), dqa.end(), A(0));
           for (int64_t t = 0; t < g.T; ++t) {  // delta_t = rowsum(dO * O)
             A d = 0;
-            for (int64_t c = 0; c < g.D; ++c) d += load(dout + q_off, t * g.D + c) * load(out + q_off, t * g.D + c);
+            for (int64_t c = 0; c < g.D; ++c)
+              d += load(dout + q_off, t * g.D + c) * load(out + q_off, t * g.D + c);
             delta[t] = d;
           }
           for (int64_t t = 0; t < g.T; ++t) {
@@ -170,15 +172,16 @@ void backward_kernel(const Geo& g, const T* q, const T* k, const T* v, const T* 
 }
 
 Geo geometry(const Tensor& q, const Tensor& k, const Tensor& key_keep, bool causal, double scale) {
-  Geo g{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), causal, scale,
-        key_keep.defined() ? key_keep.data<bool>() : nullptr};
+  Geo g{q.size(0), q.size(1), k.size(1),
+        q.size(2), k.size(2), q.size(3),
+        causal,    scale,     key_keep.defined() ? key_keep.data<bool>() : nullptr};
   return g;
 }
 
 }  // namespace
 
-void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, bool causal,
-                           double scale, const Tensor& out, const Tensor& lse) {
+void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
+                           bool causal, double scale, const Tensor& out, const Tensor& lse) {
   const Geo g = geometry(q, k, key_keep, causal, scale);
   dispatch_float(q.dtype(), "attention", [&]<typename T>() {
     forward_kernel<T>(g, static_cast<const T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()),
@@ -189,7 +192,8 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, co
 
 void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                                     bool causal, double scale, const Tensor& out, const Tensor& lse,
-                                    const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+                                    const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                                    const Tensor& dv) {
   const Geo g = geometry(q, k, key_keep, causal, scale);
   dispatch_float(q.dtype(), "attention_backward", [&]<typename T>() {
     backward_kernel<T>(g, static_cast<const T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()),

@@ -120,21 +120,22 @@ __global__ void attention_dkv_kernel(Geo g, const T* q, const T* k, const T* v, 
 
 }  // namespace
 
-void attention(DType dt, const void* q, const void* k, const void* v, const bool* keep, void* out, void* lse, int64_t B,
-               int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D, bool causal, double scale) {
+void attention(DType dt, const void* q, const void* k, const void* v, const bool* keep, void* out, void* lse,
+               int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D, bool causal, double scale) {
   if (D > kMaxHeadDim) throw std::runtime_error("cuda attention: head dim above 256 is not supported");
   Geo g{B, H, KV, T, S, D, causal, scale, keep};
   dispatch_float(dt, [&]<typename TT>() {
     attention_forward_kernel<TT><<<blocks_for(B * H * T, 128), 128>>>(
-        g, static_cast<const TT*>(q), static_cast<const TT*>(k), static_cast<const TT*>(v), static_cast<TT*>(out),
-        static_cast<acc_t<TT>*>(lse));
+        g, static_cast<const TT*>(q), static_cast<const TT*>(k), static_cast<const TT*>(v),
+        static_cast<TT*>(out), static_cast<acc_t<TT>*>(lse));
   });
   TR_CUDA_LAUNCH_CHECK("attention");
 }
 
-void attention_backward(DType dt, const void* q, const void* k, const void* v, const bool* keep, const void* out,
-                        const void* lse, const void* dout, void* dq, void* dk, void* dv, int64_t B, int64_t H,
-                        int64_t KV, int64_t T, int64_t S, int64_t D, bool causal, double scale) {
+void attention_backward(DType dt, const void* q, const void* k, const void* v, const bool* keep,
+                        const void* out, const void* lse, const void* dout, void* dq, void* dk, void* dv,
+                        int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D, bool causal,
+                        double scale) {
   if (D > kMaxHeadDim) throw std::runtime_error("cuda attention: head dim above 256 is not supported");
   Geo g{B, H, KV, T, S, D, causal, scale, keep};
   dispatch_float(dt, [&]<typename TT>() {
@@ -148,7 +149,8 @@ void attention_backward(DType dt, const void* q, const void* k, const void* v, c
         static_cast<const A*>(lse), delta, static_cast<const TT*>(dout), static_cast<TT*>(dq));
     attention_dkv_kernel<TT><<<blocks_for(B * KV * S, 128), 128>>>(
         g, static_cast<const TT*>(q), static_cast<const TT*>(k), static_cast<const TT*>(v),
-        static_cast<const A*>(lse), delta, static_cast<const TT*>(dout), static_cast<TT*>(dk), static_cast<TT*>(dv));
+        static_cast<const A*>(lse), delta, static_cast<const TT*>(dout), static_cast<TT*>(dk),
+        static_cast<TT*>(dv));
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) e = cudaDeviceSynchronize();
     cudaFree(delta);
