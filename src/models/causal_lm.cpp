@@ -22,14 +22,14 @@ Tensor CausalLM::key_keep_for(const Tensor& am) const {
 
 Tensor CausalLM::attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                         const Tensor& key_keep, double dropout_p, const ForwardOptions& o) const {
-  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), KV = k.size(1);
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(3), KV = k.size(1), S = k.size(2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const bool drop = o.training && o.dropout_gen && dropout_p > 0;
   if (attn_implementation_ != "eager" && !drop)
     return scaled_dot_product_attention(q, k, v, key_keep, true, scale);
-  auto repeat_kv = [&](const Tensor& t) {  // [B, KV, T, D] -> [B, H, T, D]
+  auto repeat_kv = [&](const Tensor& t) {  // [B, KV, S, D] -> [B, H, S, D]
     if (KV == H) return t;
-    return reshape(expand(unsqueeze(t, 2), {B, KV, H / KV, T, D}), {B, H, T, D});
+    return reshape(expand(unsqueeze(t, 2), {B, KV, H / KV, S, D}), {B, H, S, D});
   };
   return eager_attention(q, repeat_kv(k), repeat_kv(v), mask, scale, dropout_p, o.dropout_gen, drop);
 }
@@ -71,22 +71,40 @@ CausalLMOutput CausalLM::head_and_loss(const Tensor& h, const Tensor& w, const F
   return out;
 }
 
-Tensor CausalLM::attention_mask_for(int64_t B, int64_t T, const Tensor& am) const {
-  if (device_.is_meta()) return ops::empty({am.defined() ? B : 1, 1, T, T}, DType::boolean, device_);
+Tensor CausalLM::attention_mask_for(int64_t B, int64_t T, int64_t S, const Tensor& am) const {
+  if (device_.is_meta()) return ops::empty({am.defined() ? B : 1, 1, T, S}, DType::boolean, device_);
   std::vector<uint8_t> keep;
   if (am.defined()) {
-    TR_CHECK(am.dim() == 2 && am.size(0) == B && am.size(1) == T,
-             "attention_mask {} does not match input [{}, {}]", am.describe(), B, T);
+    TR_CHECK(am.dim() == 2 && am.size(0) == B && am.size(1) == S,
+             "attention_mask {} does not match [batch {}, positions {}]", am.describe(), B, S);
     for (double v : ops::to_vector<double>(am)) keep.push_back(v != 0.0);
   }
-  const int64_t nb = am.defined() ? B : 1;
-  std::vector<uint8_t> m(static_cast<size_t>(nb * T * T));
+  const int64_t nb = am.defined() ? B : 1, off = S - T;
+  std::vector<uint8_t> m(static_cast<size_t>(nb * T * S));
   for (int64_t b = 0; b < nb; ++b)
     for (int64_t i = 0; i < T; ++i)
-      for (int64_t j = 0; j < T; ++j)
-        m[static_cast<size_t>((b * T + i) * T + j)] =
-            j > i || (am.defined() && !keep[static_cast<size_t>(b * T + j)]);
-  return ops::to_device(ops::to_dtype(ops::from_vector<uint8_t>(m, {nb, 1, T, T}), DType::boolean), device_);
+      for (int64_t j = 0; j < S; ++j)
+        m[static_cast<size_t>((b * T + i) * S + j)] =
+            j > i + off || (am.defined() && !keep[static_cast<size_t>(b * S + j)]);
+  return ops::to_device(ops::to_dtype(ops::from_vector<uint8_t>(m, {nb, 1, T, S}), DType::boolean), device_);
+}
+
+std::pair<Tensor, Tensor> CausalLM::cached_kv(const ForwardOptions& o, size_t layer, const Tensor& k,
+                                              const Tensor& v) const {
+  if (!o.cache) return {k, v};
+  KVCache& c = *o.cache;
+  if (c.k.size() <= layer) {
+    c.k.resize(layer + 1);
+    c.v.resize(layer + 1);
+  }
+  if (c.k[layer].defined()) {
+    c.k[layer] = cat({c.k[layer], k}, 2);
+    c.v[layer] = cat({c.v[layer], v}, 2);
+  } else {
+    c.k[layer] = contiguous(k);
+    c.v[layer] = contiguous(v);
+  }
+  return {c.k[layer], c.v[layer]};
 }
 
 Tensor eager_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, double scale,

@@ -10,6 +10,12 @@
 
 namespace tr::models {
 
+// Keys and values of the positions seen so far, per layer ([B, KV, S, D]), for incremental decoding.
+struct KVCache {
+  std::vector<Tensor> k, v;
+  int64_t length = 0;
+};
+
 struct ForwardOptions {
   Tensor labels;                  // int64 [B, T]; shifted inside (HF semantics), -100 ignored
   Tensor attention_mask;          // int64/bool [B, T]; 0 marks padding (keys never attended)
@@ -18,6 +24,8 @@ struct ForwardOptions {
   bool training = false;  // dropout on
   Generator* dropout_gen = nullptr;
   bool gradient_checkpointing = false;  // each decoder layer a checkpoint region
+  KVCache* cache =
+      nullptr;  // incremental decoding: input_ids continue the cached positions (mask covers all)
 };
 
 struct CausalLMOutput {
@@ -46,8 +54,12 @@ class CausalLM {
   // The LM head and HF's loss (logits upcast to f32, labels shifted left by one with -100 appended). Without
   // return_logits the head and loss run in row chunks, so the [B*T, V] logits never exist.
   CausalLMOutput head_and_loss(const Tensor& h, const Tensor& head_weight, const ForwardOptions& opts) const;
-  // Boolean mask [B or 1, 1, T, T], true where attention is not allowed (causal + padding).
-  Tensor attention_mask_for(int64_t B, int64_t T, const Tensor& attention_mask) const;
+  // Boolean mask [B or 1, 1, T, S], true where attention is not allowed (causal with the last query at the
+  // last key, + padding from attention_mask [B, S]).
+  Tensor attention_mask_for(int64_t B, int64_t T, int64_t S, const Tensor& attention_mask) const;
+  // Appends this step's k/v [B, KV, T, D] to layer `layer` of the cache (if any) and returns all of them.
+  std::pair<Tensor, Tensor> cached_kv(const ForwardOptions& o, size_t layer, const Tensor& k,
+                                      const Tensor& v) const;
   // Attention over q [B, H, T, D] and k/v [B, KV, T, D]: eager (with `mask`, k/v repeated to H heads) or the
   // fused kernel (causal + `key_keep`). Attention dropout in training uses the eager path.
   Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& key_keep,

@@ -74,15 +74,22 @@ class Gpt2 final : public CausalLM {
     TR_CHECK(T <= c.max_position_embeddings, "gpt2: sequence length {} exceeds n_positions {}", T,
              c.max_position_embeddings);
     const bool drop = o.training && o.dropout_gen;
-    Tensor pos = ops::to_device(ops::arange(T), device_);
+    const int64_t past = o.cache ? o.cache->length : 0, S = past + T;
+    TR_CHECK(S <= c.max_position_embeddings, "gpt2: position {} exceeds n_positions {}", S,
+             c.max_position_embeddings);
+    std::vector<int64_t> pv(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) pv[static_cast<size_t>(t)] = past + t;
+    Tensor pos = device_.is_meta() ? ops::empty({T}, DType::i64, device_)
+                                   : ops::from_vector<int64_t>(pv, {T}, device_);
     Tensor h = add(wte_(ids), wpe_(pos));
     if (drop) h = dropout(h, c.embd_pdrop, *o.dropout_gen);
     const bool eager = attn_implementation_ == "eager" || (o.training && o.dropout_gen && c.attn_pdrop > 0);
-    const Tensor mask = eager ? attention_mask_for(B, T, o.attention_mask) : Tensor();
+    const Tensor mask = eager ? attention_mask_for(B, T, S, o.attention_mask) : Tensor();
     const Tensor keep = key_keep_for(o.attention_mask);
-    for (auto& b : blocks_) {
-      auto layer = [&, this](const std::vector<Tensor>& in) -> std::vector<Tensor> {
-        return {block(b, in[0], mask, keep, o)};
+    for (size_t li = 0; li < blocks_.size(); ++li) {
+      auto& b = blocks_[li];
+      auto layer = [&, this, li](const std::vector<Tensor>& in) -> std::vector<Tensor> {
+        return {block(b, li, in[0], mask, keep, o)};
       };
       if (o.gradient_checkpointing && autograd::grad_enabled()) {
         autograd::CheckpointOptions co;
@@ -92,19 +99,22 @@ class Gpt2 final : public CausalLM {
         h = layer({h})[0];
       }
     }
+    if (o.cache) o.cache->length = S;
+    if (o.cache) o.cache->length = S;
     h = ln_f_(h);
     return head_and_loss(h, lm_head_.defined() ? lm_head_ : wte_.weight, o);
   }
 
  private:
-  Tensor block(Gpt2Block& b, const Tensor& x, const Tensor& mask, const Tensor& keep,
+  Tensor block(Gpt2Block& b, size_t li, const Tensor& x, const Tensor& mask, const Tensor& keep,
                const ForwardOptions& o) {
     const auto& c = config_;
     const int64_t B = x.size(0), T = x.size(1), D = c.hidden_size, H = c.num_heads, hd = c.head_dim;
     const bool drop = o.training && o.dropout_gen;
     auto qkv = split(b.c_attn(b.ln_1(x)), {D, D, D}, -1);
     auto heads = [&](const Tensor& t) { return transpose(view(t, {B, T, H, hd}), 1, 2); };
-    Tensor a = attend(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), mask, keep, c.attn_pdrop, o);
+    auto [k, v] = cached_kv(o, li, heads(qkv[1]), heads(qkv[2]));
+    Tensor a = attend(heads(qkv[0]), k, v, mask, keep, c.attn_pdrop, o);
     a = b.attn_proj(reshape(transpose(a, 1, 2), {B, T, D}));
     if (drop) a = dropout(a, c.resid_pdrop, *o.dropout_gen);
     Tensor h = add(x, a);

@@ -91,22 +91,23 @@ class Llama final : public CausalLM {
     TR_CHECK(ids.dim() == 2 && ids.dtype() == DType::i64, "{}: input_ids must be int64 [B, T], got {}",
              config_.model_type, ids.describe());
     const int64_t B = ids.size(0), T = ids.size(1);
-    TR_CHECK(T <= config_.max_position_embeddings,
-             "{}: sequence length {} exceeds max_position_embeddings {}", config_.model_type, T,
-             config_.max_position_embeddings);
+    const int64_t past = o.cache ? o.cache->length : 0, S = past + T;
+    TR_CHECK(S <= config_.max_position_embeddings, "{}: position {} exceeds max_position_embeddings {}",
+             config_.model_type, S, config_.max_position_embeddings);
     std::vector<int64_t> pos(static_cast<size_t>(B * T));
     for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = 0; t < T; ++t) pos[static_cast<size_t>(b * T + t)] = t;
+      for (int64_t t = 0; t < T; ++t) pos[static_cast<size_t>(b * T + t)] = past + t;
     const Tensor positions = device_.is_meta() ? ops::empty({B, T}, DType::i64, device_)
                                                : ops::from_vector<int64_t>(pos, {B, T}, device_);
     const bool drop = o.training && o.dropout_gen;
     const bool eager = attn_implementation_ == "eager" || (drop && config_.attn_pdrop > 0);
-    const Tensor mask = eager ? attention_mask_for(B, T, o.attention_mask) : Tensor();
+    const Tensor mask = eager ? attention_mask_for(B, T, S, o.attention_mask) : Tensor();
     const Tensor keep = key_keep_for(o.attention_mask);
     Tensor h = embed_(ids);
-    for (auto& l : layers_) {
-      auto layer = [&, this](const std::vector<Tensor>& in) -> std::vector<Tensor> {
-        return {decoder_layer(l, in[0], mask, keep, positions, o)};
+    for (size_t li = 0; li < layers_.size(); ++li) {
+      auto& l = layers_[li];
+      auto layer = [&, this, li](const std::vector<Tensor>& in) -> std::vector<Tensor> {
+        return {decoder_layer(l, li, in[0], mask, keep, positions, o)};
       };
       if (o.gradient_checkpointing && autograd::grad_enabled()) {
         autograd::CheckpointOptions co;
@@ -116,12 +117,13 @@ class Llama final : public CausalLM {
         h = layer({h})[0];
       }
     }
+    if (o.cache) o.cache->length = S;
     h = norm_(h);
     return head_and_loss(h, lm_head_.defined() ? lm_head_ : embed_.weight, o);
   }
 
  private:
-  Tensor decoder_layer(LlamaLayer& l, const Tensor& x, const Tensor& mask, const Tensor& keep,
+  Tensor decoder_layer(LlamaLayer& l, size_t li, const Tensor& x, const Tensor& mask, const Tensor& keep,
                        const Tensor& positions, const ForwardOptions& o) {
     const auto& c = config_;
     const int64_t B = x.size(0), T = x.size(1), H = c.num_heads, KV = c.num_kv_heads, hd = c.head_dim;
@@ -130,8 +132,8 @@ class Llama final : public CausalLM {
     Tensor q = rope(view(l.q_proj(a), {B, T, H, hd}), rope_, positions, true);
     Tensor k = rope(view(l.k_proj(a), {B, T, KV, hd}), rope_, positions, true);
     Tensor v = view(l.v_proj(a), {B, T, KV, hd});
-    Tensor att =
-        attend(transpose(q, 1, 2), transpose(k, 1, 2), transpose(v, 1, 2), mask, keep, c.attn_pdrop, o);
+    auto [kc, vc] = cached_kv(o, li, transpose(k, 1, 2), transpose(v, 1, 2));
+    Tensor att = attend(transpose(q, 1, 2), kc, vc, mask, keep, c.attn_pdrop, o);
     Tensor h = add(x, l.o_proj(reshape(transpose(att, 1, 2), {B, T, H * hd})));
     Tensor m = l.post_attention_layernorm(h);
     return add(h, l.down_proj(mul(silu(l.gate_proj(m)), l.up_proj(m))));
