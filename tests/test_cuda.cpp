@@ -88,3 +88,62 @@ TEST(CudaDevice, TransformerBlockGradientsMatchTheCpu) {
 
 }  // namespace
 }  // namespace tr
+
+#include "models/causal_lm.h"
+
+namespace tr {
+namespace {
+
+TEST(CudaDevice, AttentionBackwardMatchesTheCpu) {
+  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: GPU attention backward NOT tested";
+  Tensor q = test::randn({2, 4, 9, 16}, 1), k = test::randn({2, 2, 11, 16}, 2),
+         v = test::randn({2, 2, 11, 16}, 3);
+  Tensor dout = test::randn({2, 4, 9, 16}, 4);
+  std::vector<uint8_t> keep(22, 1);
+  keep[3] = 0;
+  Tensor kk = ops::to_dtype(ops::from_vector<uint8_t>(keep, {2, 11}), DType::boolean);
+  auto cpu = ops::attention(q, k, v, kk, true, 0.25);
+  auto gc = ops::attention_backward(q, k, v, kk, true, 0.25, cpu.out, cpu.lse, dout);
+  auto d = [](const Tensor& t) { return ops::to_device(t, Device::cuda(0)); };
+  auto gpu = ops::attention(d(q), d(k), d(v), d(kk), true, 0.25);
+  auto gg = ops::attention_backward(d(q), d(k), d(v), d(kk), true, 0.25, gpu.out, gpu.lse, d(dout));
+  EXPECT_TRUE(test::all_close(gpu.out, cpu.out, 1e-5, 1e-6));
+  EXPECT_TRUE(test::all_close(gpu.lse, cpu.lse, 1e-5, 1e-6));
+  EXPECT_TRUE(test::all_close(gg.dq, gc.dq, 1e-4, 1e-6));
+  EXPECT_TRUE(test::all_close(gg.dk, gc.dk, 1e-4, 1e-6));
+  EXPECT_TRUE(test::all_close(gg.dv, gc.dv, 1e-4, 1e-6));
+}
+
+// The golden Llama (GQA, llama3 rope) on the GPU: logits, loss and every gradient against the CPU run.
+TEST(CudaDevice, GoldenModelMatchesTheCpu) {
+  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: GPU model parity NOT tested";
+  for (const char* impl : {"eager", "sdpa"}) {
+    std::vector<std::vector<double>> grads[2];
+    std::vector<double> logits[2], loss(2);
+    for (int k = 0; k < 2; ++k) {
+      models::PretrainedOptions po;
+      po.attn_implementation = impl;
+      po.device_map = k == 0 ? "cpu" : "auto";
+      auto m = models::from_pretrained(std::string(TRAINER_GOLDEN_DIR) + "/llama_gqa_llama3rope", po);
+      EXPECT_EQ(m->device(), k == 0 ? Device::cpu() : Device::cuda(0));
+      Tensor ids = ops::to_device(ops::from_vector<int64_t>({3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8}, {2, 6}),
+                                  m->device());
+      models::ForwardOptions o;
+      o.labels = ids;
+      auto out = m->forward(ids, o);
+      logits[k] = test::values(out.logits);
+      loss[k] = out.loss.item_at(0);
+      autograd::backward({out.loss});
+      for (auto& [n, p] : m->named_parameters()) grads[k].push_back(test::values(p->grad()));
+    }
+    EXPECT_NEAR(loss[1], loss[0], 1e-5 * std::abs(loss[0])) << impl;
+    for (size_t i = 0; i < logits[0].size(); ++i) ASSERT_NEAR(logits[1][i], logits[0][i], 1e-4) << impl;
+    for (size_t g = 0; g < grads[0].size(); ++g)
+      for (size_t i = 0; i < grads[0][g].size(); ++i)
+        ASSERT_NEAR(grads[1][g][i], grads[0][g][i], 1e-4 + 1e-3 * std::abs(grads[0][g][i]))
+            << impl << " grad " << g;
+  }
+}
+
+}  // namespace
+}  // namespace tr

@@ -79,6 +79,9 @@ std::unique_ptr<CausalLM> create_causal_lm(const ModelConfig& config, Device dev
 struct PretrainedOptions {
   std::optional<DType> dtype;  // default: the checkpoint's dtype
   Device device = Device::cpu();
+  // HF's device_map: "" (use `device`), "auto" (the GPU when one is usable, else the CPU), or a device
+  // ("cpu", "cuda:1"). The whole model goes to one device.
+  std::string device_map;
   std::string attn_implementation = "eager";
 };
 // Loads config.json + model.safetensors (or shards) from `dir`.

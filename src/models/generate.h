@@ -1,5 +1,6 @@
 // Token generation with a KV cache: greedy, or sampling with temperature, top-k and top-p; token ids in,
-// token ids out. Without the cache every step recomputes the whole sequence (the reference the cache matches).
+// token ids out. Without the cache every step recomputes the whole sequence (the reference the cache
+// matches).
 #pragma once
 #include <optional>
 

@@ -3,6 +3,7 @@
 #include <fstream>
 #include <set>
 
+#include "backend/cuda_api.h"
 #include "io/safetensors.h"
 #include "models/gpt2.h"
 
@@ -43,6 +44,9 @@ std::unique_ptr<CausalLM> from_pretrained(const std::string& dir, const Pretrain
   TR_CHECK(fs::exists(cfg_path), "{}: no config.json (is this a Hugging Face model folder?)", dir);
   ModelConfig config = ModelConfig::from_file(cfg_path);
   io::CheckpointReader ckpt(dir);
+  const Device device = opts.device_map.empty()     ? opts.device
+                        : opts.device_map == "auto" ? backend::default_device()
+                                                    : Device::parse(opts.device_map);
   DType dtype = DType::f32;
   if (opts.dtype) {
     dtype = *opts.dtype;
@@ -55,13 +59,13 @@ std::unique_ptr<CausalLM> from_pretrained(const std::string& dir, const Pretrain
   }
   // Parameters start on the meta device (no memory, no init) and are replaced by the checkpoint's tensors.
   Generator unused(0);
-  auto model = make(config, opts.device, dtype, nn::Init{&unused, Device::meta(), dtype});
+  auto model = make(config, device, dtype, nn::Init{&unused, Device::meta(), dtype});
   model->set_attn_implementation(opts.attn_implementation);
   std::set<std::string> used;
   for (auto& [name, p] : model->named_parameters()) {
     TR_CHECK(ckpt.contains(name), "{}: the checkpoint has no tensor '{}' (model_type {})", dir, name,
              config.model_type);
-    Tensor t = ckpt.load(name, dtype, opts.device);
+    Tensor t = ckpt.load(name, dtype, device);
     if (model->transposed_on_disk(name)) t = ops::contiguous(ops::transpose(t, 0, 1));
     TR_CHECK(t.shape() == p->shape(), "{}: tensor '{}' has shape {}, the config implies {}", dir, name,
              shape_str(t.shape()), shape_str(p->shape()));
