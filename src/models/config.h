@@ -30,6 +30,7 @@ struct ModelConfig {
   bool tie_word_embeddings = true;
   std::string activation;  // gelu_new | silu | gelu
   double embd_pdrop = 0.0, resid_pdrop = 0.0, attn_pdrop = 0.0;
+  int64_t sliding_window = 0;  // mistral / qwen2 sliding-window attention; 0 = none
   nlohmann::json raw;  // everything config.json held
 
   // Parses `j` (from `source`, used in errors). Throws tr::Error on missing or contradictory fields.

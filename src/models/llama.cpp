@@ -92,6 +92,11 @@ class Llama final : public CausalLM {
              config_.model_type, ids.describe());
     const int64_t B = ids.size(0), T = ids.size(1);
     const int64_t past = o.cache ? o.cache->length : 0, S = past + T;
+    // Within the window, sliding-window attention is plain causal attention; beyond it we refuse rather
+    // than silently attend too far.
+    TR_CHECK(config_.sliding_window == 0 || S <= config_.sliding_window,
+             "{}: {} positions exceed sliding_window {} (sliding-window attention is not implemented)",
+             config_.model_type, S, config_.sliding_window);
     TR_CHECK(S <= config_.max_position_embeddings, "{}: position {} exceeds max_position_embeddings {}",
              config_.model_type, S, config_.max_position_embeddings);
     std::vector<int64_t> pos(static_cast<size_t>(B * T));
