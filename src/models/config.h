@@ -31,7 +31,7 @@ struct ModelConfig {
   std::string activation;  // gelu_new | silu | gelu
   double embd_pdrop = 0.0, resid_pdrop = 0.0, attn_pdrop = 0.0;
   int64_t sliding_window = 0;  // mistral / qwen2 sliding-window attention; 0 = none
-  nlohmann::json raw;  // everything config.json held
+  nlohmann::json raw;          // everything config.json held
 
   // Parses `j` (from `source`, used in errors). Throws tr::Error on missing or contradictory fields.
   static ModelConfig from_json(const nlohmann::json& j, const std::string& source);
