@@ -27,6 +27,17 @@ double median_seconds(F&& f, int iters, int warmup = 2) {
   return ts[ts.size() / 2];
 }
 
+// Runs a shell command that prints one JSON value; null when it fails.
+inline nlohmann::json run_json_command(const std::string& cmd) {
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return nullptr;
+  std::string out;
+  char buf[4096];
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  if (pclose(p) != 0 || out.empty()) return nullptr;
+  return nlohmann::json::parse(out, nullptr, false);
+}
+
 // Runs `torch_peer.py ARGS` with the interpreter in $TRAINER_TORCH_PYTHON (default /usr/bin/python3) and
 // parses its JSON line; returns null when torch is unavailable.
 inline nlohmann::json run_torch_peer(const std::string& args) {
@@ -39,13 +50,7 @@ inline nlohmann::json run_torch_peer(const std::string& args) {
   const std::string mode = args.substr(0, sp), rest = sp == std::string::npos ? "" : args.substr(sp + 1);
   const std::string cmd = std::string(py ? py : "/usr/bin/python3") + " " + dir + "/torch_peer.py " + mode +
                           " " + std::to_string(omp_get_max_threads()) + " " + rest + " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return nullptr;
-  std::string out;
-  char buf[4096];
-  while (fgets(buf, sizeof buf, p)) out += buf;
-  if (pclose(p) != 0 || out.empty()) return nullptr;
-  return nlohmann::json::parse(out, nullptr, false);
+  return run_json_command(cmd);
 }
 
 }  // namespace tr::bench

@@ -356,3 +356,28 @@ TEST(Padding, LeftAndRightPaddedRowsMatchTheUnpaddedSequence) {
 
 }  // namespace
 }  // namespace tr
+
+namespace tr {
+namespace {
+
+TEST(GradientCheckpointing, ModelGradientsAreIdenticalWithAndWithoutIt) {
+  for (const char* name : {"gpt2_tied", "llama_gqa_llama3rope"}) {
+    auto g = io::SafetensorsFile::open(kGolden + "/" + name + "/golden.safetensors");
+    std::vector<std::vector<double>> grads[2];
+    for (int ck = 0; ck < 2; ++ck) {
+      auto m = models::from_pretrained(kGolden + "/" + name);
+      models::ForwardOptions o;
+      o.labels = g.load("labels");
+      o.gradient_checkpointing = ck == 1;
+      o.return_logits = false;
+      autograd::backward({m->forward(g.load("input_ids"), o).loss});
+      for (auto& [n, p] : m->named_parameters()) grads[ck].push_back(test::values(p->grad()));
+    }
+    ASSERT_EQ(grads[0].size(), grads[1].size());
+    for (size_t i = 0; i < grads[0].size(); ++i)
+      EXPECT_EQ(grads[0][i], grads[1][i]) << name << " parameter " << i;
+  }
+}
+
+}  // namespace
+}  // namespace tr

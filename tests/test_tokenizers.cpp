@@ -104,7 +104,8 @@ TEST_F(TokenizerData, Gpt2MatchesBothReferencesOnAllOfMobyDick) {
 }
 
 TEST_F(TokenizerData, Llama3MatchesTiktokenBuiltFromTheSameRanks) {
-  for (const std::string& file : {kSrc + "/tests/data/tricky.txt", kData + "/moby-dick/package/data/data.txt"}) {
+  for (const std::string& file :
+       {kSrc + "/tests/data/tricky.txt", kData + "/moby-dick/package/data/data.txt"}) {
     const std::string text = slurp(file);
     const auto ours = llama3().encode_ordinary(text);
     const auto want = reference_ids("tiktoken-llama3", file);
@@ -173,16 +174,17 @@ TEST_F(TokenizerData, BadInputFailsClearly) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("invalid UTF-8 at byte offset 3"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(gpt2().encode(std::string("\xc3")), Error);            // truncated sequence
-  EXPECT_THROW(gpt2().encode(std::string("\xed\xa0\x80")), Error);    // surrogate
-  EXPECT_THROW(gpt2().encode(std::string("\xc0\xaf")), Error);        // overlong
+  EXPECT_THROW(gpt2().encode(std::string("\xc3")), Error);          // truncated sequence
+  EXPECT_THROW(gpt2().encode(std::string("\xed\xa0\x80")), Error);  // surrogate
+  EXPECT_THROW(gpt2().encode(std::string("\xc0\xaf")), Error);      // overlong
   const fs::path tmp = fs::temp_directory_path() / ("trainer_badtok_" + std::to_string(::getpid()) + ".json");
   std::ofstream(tmp) << R"({"model": {"type": "Unigram", "vocab": []}})";
   try {
     tokenizers::Tokenizer::from_pretrained(tmp.string());
     ADD_FAILURE();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("model.type 'Unigram' is not supported"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("model.type 'Unigram' is not supported"), std::string::npos)
+        << e.what();
     EXPECT_NE(std::string(e.what()).find(tmp.string()), std::string::npos) << e.what();
   }
   std::ofstream(tmp) << "{not json";

@@ -1,13 +1,15 @@
 // Reference tokenizers for the tests (Node): prints the ids of a UTF-8 file as JSON.
 //   node tools/ref_tokenize.js gpt3encoder|tiktoken-gpt2|tiktoken-llama3 DATA_DIR FILE
 // tiktoken-llama3 builds a tiktoken encoding from the Llama 3 tokenizer.json's own ranks and regex.
+// With a 4th argument N (bench mode) it prints {"seconds": median of N timed encodings, "tokens": n} instead.
 const fs = require("fs");
-const [, , which, dataArg, file] = process.argv;
+const [, , which, dataArg, file, benchIters] = process.argv;
 const dataDir = require("path").resolve(dataArg);
 const text = fs.readFileSync(file, "utf8");
-let ids;
+let ids, encodeFn;
 if (which === "gpt3encoder") {
-  ids = require(dataDir + "/gpt-3-encoder/package/Encoder.js").encode(text);
+  const E = require(dataDir + "/gpt-3-encoder/package/Encoder.js");
+  encodeFn = (t) => E.encode(t);
 } else {
   const { Tiktoken } = require(dataDir + "/tiktoken/package/lite/tiktoken.cjs");
   let ranks, pat;
@@ -33,6 +35,20 @@ if (which === "gpt3encoder") {
     pat = t.pre_tokenizer.pretokenizers[0].pattern.Regex;
   }
   const enc = new Tiktoken(ranks, {}, pat);
-  ids = Array.from(enc.encode_ordinary(text));
+  encodeFn = (t) => enc.encode_ordinary(t);
 }
-process.stdout.write(JSON.stringify(ids));
+if (benchIters) {
+  encodeFn(text);  // warm-up
+  const ts = [];
+  let n = 0;
+  for (let i = 0; i < Number(benchIters); i++) {
+    const t0 = process.hrtime.bigint();
+    n = encodeFn(text).length;
+    ts.push(Number(process.hrtime.bigint() - t0) / 1e9);
+  }
+  ts.sort((a, b) => a - b);
+  process.stdout.write(JSON.stringify({ seconds: ts[Math.floor(ts.length / 2)], tokens: n }));
+} else {
+  ids = Array.from(encodeFn(text));
+  process.stdout.write(JSON.stringify(ids));
+}

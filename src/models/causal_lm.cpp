@@ -34,6 +34,13 @@ Tensor CausalLM::attend(const Tensor& q, const Tensor& k, const Tensor& v, const
   return eager_attention(q, repeat_kv(k), repeat_kv(v), mask, scale, dropout_p, o.dropout_gen, drop);
 }
 
+Tensor CausalLM::run_layer(const autograd::RegionFn& layer, const Tensor& h, const ForwardOptions& o) const {
+  if (!o.gradient_checkpointing || !autograd::grad_enabled()) return layer({h})[0];
+  autograd::CheckpointOptions co;
+  if (o.training && o.dropout_gen) co.generators.push_back(o.dropout_gen);
+  return autograd::checkpoint(layer, {h}, co)[0];
+}
+
 int64_t CausalLM::num_parameters() {
   int64_t n = 0;
   for (auto& [name, t] : named_parameters()) n += t->numel();

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "autograd/checkpoint.h"
 #include "models/config.h"
 #include "nn/layers.h"
 
@@ -64,6 +65,8 @@ class CausalLM {
   // fused kernel (causal + `key_keep`). Attention dropout in training uses the eager path.
   Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& key_keep,
                 double dropout_p, const ForwardOptions& o) const;
+  // One decoder layer, as a checkpoint region when o.gradient_checkpointing (dropout replayed exactly).
+  Tensor run_layer(const autograd::RegionFn& layer, const Tensor& h, const ForwardOptions& o) const;
   // bool [B, T] keep-mask from an attention_mask, or undefined.
   Tensor key_keep_for(const Tensor& attention_mask) const;
   ModelConfig config_;

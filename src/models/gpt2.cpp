@@ -87,17 +87,11 @@ class Gpt2 final : public CausalLM {
     const Tensor mask = eager ? attention_mask_for(B, T, S, o.attention_mask) : Tensor();
     const Tensor keep = key_keep_for(o.attention_mask);
     for (size_t li = 0; li < blocks_.size(); ++li) {
-      auto& b = blocks_[li];
-      auto layer = [&, this, li](const std::vector<Tensor>& in) -> std::vector<Tensor> {
-        return {block(b, li, in[0], mask, keep, o)};
+      // Captures by value: a checkpoint region runs again during backward, after forward() has returned.
+      auto layer = [this, li, mask, keep, o](const std::vector<Tensor>& in) -> std::vector<Tensor> {
+        return {block(blocks_[li], li, in[0], mask, keep, o)};
       };
-      if (o.gradient_checkpointing && autograd::grad_enabled()) {
-        autograd::CheckpointOptions co;
-        if (drop) co.generators.push_back(o.dropout_gen);
-        h = autograd::checkpoint(layer, {h}, co)[0];
-      } else {
-        h = layer({h})[0];
-      }
+      h = run_layer(layer, h, o);
     }
     if (o.cache) o.cache->length = S;
     if (o.cache) o.cache->length = S;

@@ -110,17 +110,12 @@ class Llama final : public CausalLM {
     const Tensor keep = key_keep_for(o.attention_mask);
     Tensor h = embed_(ids);
     for (size_t li = 0; li < layers_.size(); ++li) {
-      auto& l = layers_[li];
-      auto layer = [&, this, li](const std::vector<Tensor>& in) -> std::vector<Tensor> {
-        return {decoder_layer(l, li, in[0], mask, keep, positions, o)};
+      // Captures by value: a checkpoint region runs again during backward, after forward() has returned.
+      auto layer = [this, li, mask, keep, positions,
+                    o](const std::vector<Tensor>& in) -> std::vector<Tensor> {
+        return {decoder_layer(layers_[li], li, in[0], mask, keep, positions, o)};
       };
-      if (o.gradient_checkpointing && autograd::grad_enabled()) {
-        autograd::CheckpointOptions co;
-        if (drop) co.generators.push_back(o.dropout_gen);
-        h = autograd::checkpoint(layer, {h}, co)[0];
-      } else {
-        h = layer({h})[0];
-      }
+      h = run_layer(layer, h, o);
     }
     if (o.cache) o.cache->length = S;
     h = norm_(h);

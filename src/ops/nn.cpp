@@ -67,6 +67,28 @@ Operand prepare(Tensor x, int64_t rows, int64_t cols) {
   return {c, false, std::max<int64_t>(cols, 1), cbs};
 }
 
+// Runs c = alpha * A B + beta * c for prepared operands (batch stride of c: m * n).
+void run_gemm(const Operand& pa, const Operand& pb, const Tensor& c, int64_t batch, int64_t m, int64_t n,
+              int64_t k, double alpha, double beta) {
+  backend::GemmArgs g;
+  g.a = pa.base;
+  g.b = pb.base;
+  g.c = c;
+  g.trans_a = pa.trans;
+  g.trans_b = pb.trans;
+  g.batch = batch;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.lda = pa.ld;
+  g.ldb = pb.ld;
+  g.stride_a = pa.batch_stride;
+  g.stride_b = pb.batch_stride;
+  g.alpha = alpha;
+  g.beta = beta;
+  be(c).gemm(g);
+}
+
 }  // namespace
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b) {
@@ -90,21 +112,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
   Operand pb = prepare(expand(b, eb), k, n);
   Tensor out = empty(out_shape, a.dtype(), a.device());
   if (!runs(out)) return out;
-  backend::GemmArgs g;
-  g.a = pa.base;
-  g.b = pb.base;
-  g.c = out;
-  g.trans_a = pa.trans;
-  g.trans_b = pb.trans;
-  g.batch = shape_numel(batch);
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.lda = pa.ld;
-  g.ldb = pb.ld;
-  g.stride_a = pa.batch_stride;
-  g.stride_b = pb.batch_stride;
-  be(a).gemm(g);
+  run_gemm(pa, pb, out, shape_numel(batch), m, n, k, 1.0, 0.0);
   return out;
 }
 
@@ -121,20 +129,7 @@ void addmm_(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, b
            out.describe(), av.describe(), bv.describe());
   Operand pa = prepare(av, m, k), pb = prepare(bv, k, n);
   if (!runs(out)) return;
-  backend::GemmArgs g;
-  g.a = pa.base;
-  g.b = pb.base;
-  g.c = out;
-  g.trans_a = pa.trans;
-  g.trans_b = pb.trans;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.lda = pa.ld;
-  g.ldb = pb.ld;
-  g.alpha = alpha;
-  g.beta = beta;
-  be(out).gemm(g);
+  run_gemm(pa, pb, out, 1, m, n, k, alpha, beta);
 }
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
@@ -158,21 +153,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
     copy_(out, expand(bias, {rows, outf}));
     beta = 1.0;
   }
-  if (runs(out)) {
-    backend::GemmArgs g;
-    g.a = pa.base;
-    g.b = pb.base;
-    g.c = out;
-    g.trans_a = pa.trans;
-    g.trans_b = pb.trans;
-    g.m = rows;
-    g.n = outf;
-    g.k = in;
-    g.lda = pa.ld;
-    g.ldb = pb.ld;
-    g.beta = beta;
-    be(x).gemm(g);
-  }
+  if (runs(out)) run_gemm(pa, pb, out, 1, rows, outf, in, 1.0, beta);
   return view(out, out_shape);
 }
 

@@ -57,7 +57,8 @@ size_t first_invalid_utf8(std::string_view s) {
 }
 
 // Decodes one byte-level token string (GPT-2 alphabet) to raw bytes; nullopt if a character is outside it.
-std::optional<std::string> byte_level_decode(const std::string& tok, const std::unordered_map<uint32_t, uint8_t>& inv) {
+std::optional<std::string> byte_level_decode(const std::string& tok,
+                                             const std::unordered_map<uint32_t, uint8_t>& inv) {
   std::string out;
   size_t i = 0;
   while (i < tok.size()) {
@@ -111,12 +112,12 @@ const std::vector<std::string>& byte_to_unicode() {
 
 struct Tokenizer::Impl {
   std::string source;
-  std::vector<std::string> id_bytes;             // id -> raw bytes (added tokens: their content)
-  std::vector<std::string> id_token;             // id -> token string as written in the vocab
+  std::vector<std::string> id_bytes;                     // id -> raw bytes (added tokens: their content)
+  std::vector<std::string> id_token;                     // id -> token string as written in the vocab
   std::unordered_map<std::string, int32_t> bytes_to_id;  // raw bytes -> id (BPE vocab only)
   std::unordered_map<std::string, int32_t> token_to_id;  // vocab token string -> id (incl. added)
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>, PairHash> merges;  // (a, b) -> (rank, merged id)
-  std::vector<std::pair<std::string, std::string>> merge_list;  // for saving
+  std::vector<std::pair<std::string, std::string>> merge_list;                 // for saving
   int32_t byte_id[256];
   bool ignore_merges = false;
   std::string pattern;
@@ -126,7 +127,7 @@ struct Tokenizer::Impl {
     int32_t id;
     bool special;
   };
-  std::vector<Added> added;  // longest first, for matching
+  std::vector<Added> added;         // longest first, for matching
   bool added_first_byte[256] = {};  // bytes an added token can start with
   nlohmann::json pre_tokenizer, post_processor, added_json;
 
@@ -138,12 +139,13 @@ struct Tokenizer::Impl {
     pattern = pat;
     int err = 0;
     PCRE2_SIZE off = 0;
-    re = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pat.c_str()), pat.size(), PCRE2_UTF | PCRE2_UCP, &err, &off,
-                       nullptr);
+    re = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pat.c_str()), pat.size(), PCRE2_UTF | PCRE2_UCP, &err,
+                       &off, nullptr);
     if (!re) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(err, msg, sizeof msg);
-      fail("{}: pre-tokenizer regex does not compile at offset {}: {}", source, off, reinterpret_cast<char*>(msg));
+      fail("{}: pre-tokenizer regex does not compile at offset {}: {}", source, off,
+           reinterpret_cast<char*>(msg));
     }
     pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if JIT is unavailable
   }
@@ -151,7 +153,8 @@ struct Tokenizer::Impl {
   void finish() {
     for (int b = 0; b < 256; ++b) {
       auto it = bytes_to_id.find(std::string(1, static_cast<char>(b)));
-      TR_CHECK(it != bytes_to_id.end(), "{}: the vocabulary lacks the byte-level token for byte {}", source, b);
+      TR_CHECK(it != bytes_to_id.end(), "{}: the vocabulary lacks the byte-level token for byte {}", source,
+               b);
       byte_id[b] = it->second;
     }
     std::sort(added.begin(), added.end(),
@@ -175,7 +178,8 @@ struct Tokenizer::Impl {
       int32_t best_rank = INT32_MAX, best_id = -1;
       size_t best_i = 0;
       for (size_t i = 0; i + 1 < sym.size(); ++i) {
-        auto it = merges.find((static_cast<uint64_t>(static_cast<uint32_t>(sym[i])) << 32) | static_cast<uint32_t>(sym[i + 1]));
+        auto it = merges.find((static_cast<uint64_t>(static_cast<uint32_t>(sym[i])) << 32) |
+                              static_cast<uint32_t>(sym[i + 1]));
         if (it != merges.end() && it->second.first < best_rank) {
           best_rank = it->second.first;
           best_id = it->second.second;
@@ -202,8 +206,9 @@ struct Tokenizer::Impl {
       }
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
       size_t s = ov[0], e = ov[1];
-      if (s > pos) bpe(text.substr(pos, s - pos), out);  // unmatched text is a piece of its own (Isolated split)
-      if (e == s) {  // empty match: move one character on
+      if (s > pos)
+        bpe(text.substr(pos, s - pos), out);  // unmatched text is a piece of its own (Isolated split)
+      if (e == s) {                           // empty match: move one character on
         size_t n = 1;
         while (s + n < text.size() && (static_cast<unsigned char>(text[s + n]) & 0xC0) == 0x80) ++n;
         bpe(text.substr(s, n), out);
@@ -237,7 +242,8 @@ std::unordered_map<uint32_t, uint8_t> inverse_byte_map() {
   for (int b = 0; b < 256; ++b) {
     const std::string& s = t[b];
     uint32_t cp = s.size() == 1 ? static_cast<unsigned char>(s[0])
-                                : ((static_cast<unsigned char>(s[0]) & 0x1F) << 6) | (static_cast<unsigned char>(s[1]) & 0x3F);
+                                : ((static_cast<unsigned char>(s[0]) & 0x1F) << 6) |
+                                      (static_cast<unsigned char>(s[1]) & 0x3F);
     inv[cp] = static_cast<uint8_t>(b);
   }
   return inv;
@@ -249,7 +255,8 @@ void add_merges(Tokenizer::Impl& t, const std::vector<std::pair<std::string, std
     auto ia = t.token_to_id.find(a), ib = t.token_to_id.find(b), im = t.token_to_id.find(a + b);
     TR_CHECK(ia != t.token_to_id.end() && ib != t.token_to_id.end() && im != t.token_to_id.end(),
              "{}: merge {} '{} {}' uses tokens missing from the vocabulary", t.source, rank, a, b);
-    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(ia->second)) << 32) | static_cast<uint32_t>(ib->second);
+    const uint64_t key =
+        (static_cast<uint64_t>(static_cast<uint32_t>(ia->second)) << 32) | static_cast<uint32_t>(ib->second);
     t.merges.emplace(key, std::make_pair(rank, im->second));  // the first (lowest) rank wins on duplicates
     ++rank;
   }
@@ -261,8 +268,8 @@ void set_vocab(Tokenizer::Impl& t, const nlohmann::json& vocab) {
   const auto inv = inverse_byte_map();
   int32_t max_id = -1;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    TR_CHECK(it.value().is_number_integer() && it.value().get<int64_t>() >= 0, "{}: token '{}' has no valid id",
-             t.source, it.key());
+    TR_CHECK(it.value().is_number_integer() && it.value().get<int64_t>() >= 0,
+             "{}: token '{}' has no valid id", t.source, it.key());
     max_id = std::max<int32_t>(max_id, it.value().get<int32_t>());
   }
   t.id_bytes.assign(static_cast<size_t>(max_id + 1), std::string());
@@ -270,8 +277,8 @@ void set_vocab(Tokenizer::Impl& t, const nlohmann::json& vocab) {
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     const int32_t id = it.value().get<int32_t>();
     auto raw = byte_level_decode(it.key(), inv);
-    TR_CHECK(raw.has_value(), "{}: token '{}' is not byte-level encoded (only byte-level BPE is supported)", t.source,
-             it.key());
+    TR_CHECK(raw.has_value(), "{}: token '{}' is not byte-level encoded (only byte-level BPE is supported)",
+             t.source, it.key());
     t.id_bytes[id] = *raw;
     t.id_token[id] = it.key();
     t.bytes_to_id[*raw] = id;
@@ -297,17 +304,20 @@ Tokenizer Tokenizer::from_vocab_merges(const std::string& vocab_file, const std:
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty() || (lineno == 1 && line.rfind("#version", 0) == 0)) continue;
     const auto sp = line.find(' ');
-    TR_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < line.size(), "{}: line {} is not a merge 'a b': {}",
-             merges_file, lineno, line);
+    TR_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < line.size(),
+             "{}: line {} is not a merge 'a b': {}", merges_file, lineno, line);
     list.emplace_back(line.substr(0, sp), line.substr(sp + 1));
   }
   t.source = merges_file;
   add_merges(t, list);
   t.source = vocab_file;
   t.compile(kGpt2Pattern);
-  t.pre_tokenizer = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
-  t.post_processor = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}};
-  // GPT-2's <|endoftext|> is in the vocabulary; treat it as the special EOS token, as HF's GPT2Tokenizer does.
+  t.pre_tokenizer = {
+      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  t.post_processor = {
+      {"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}};
+  // GPT-2's <|endoftext|> is in the vocabulary; treat it as the special EOS token, as HF's GPT2Tokenizer
+  // does.
   if (auto it = t.token_to_id.find("<|endoftext|>"); it != t.token_to_id.end()) {
     t.added.push_back({"<|endoftext|>", it->second, true});
     t.id_bytes[it->second] = "<|endoftext|>";
@@ -360,7 +370,8 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& file) {
     const auto& split = pt["pretokenizers"][0];
     TR_CHECK(split.value("behavior", "") == "Isolated" && !split.value("invert", false),
              "{}: only Split with behavior Isolated is supported", file);
-    TR_CHECK(split.contains("pattern") && split["pattern"].contains("Regex"), "{}: Split needs a Regex pattern", file);
+    TR_CHECK(split.contains("pattern") && split["pattern"].contains("Regex"),
+             "{}: Split needs a Regex pattern", file);
     t.compile(split["pattern"]["Regex"].get<std::string>());
   } else {
     fail("{}: pre_tokenizer '{}' is not supported (ByteLevel, or Split + ByteLevel)", file, pt.dump());
@@ -467,8 +478,8 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
   return out;
 }
 
-std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std::string_view>& texts, int threads,
-                                                          bool add_special_tokens) const {
+std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std::string_view>& texts,
+                                                          int threads, bool add_special_tokens) const {
   std::vector<std::vector<int32_t>> out(texts.size());
   std::vector<std::string> errors(texts.size());
   const int nt = threads > 0 ? threads : omp_get_max_threads();
@@ -514,23 +525,37 @@ void Tokenizer::save(const std::string& file) const {
     added = t.added_json;
   } else {
     for (const auto& a : t.added)
-      added.push_back({{"id", a.id}, {"content", a.content}, {"single_word", false}, {"lstrip", false},
-                       {"rstrip", false}, {"normalized", false}, {"special", a.special}});
+      added.push_back({{"id", a.id},
+                       {"content", a.content},
+                       {"single_word", false},
+                       {"lstrip", false},
+                       {"rstrip", false},
+                       {"normalized", false},
+                       {"special", a.special}});
   }
   j["added_tokens"] = added;
   j["normalizer"] = nullptr;
   j["pre_tokenizer"] = t.pre_tokenizer;
   j["post_processor"] = t.post_processor;
-  j["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
+  j["decoder"] = {
+      {"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
   nlohmann::json vocab = nlohmann::json::object();  // a std::map: ordered_json would insert in O(n) each
   for (size_t id = 0; id < t.id_token.size(); ++id)
-    if (!t.id_token[id].empty() && t.bytes_to_id.count(t.id_bytes[id]) && t.bytes_to_id.at(t.id_bytes[id]) == static_cast<int32_t>(id))
+    if (!t.id_token[id].empty() && t.bytes_to_id.count(t.id_bytes[id]) &&
+        t.bytes_to_id.at(t.id_bytes[id]) == static_cast<int32_t>(id))
       vocab[t.id_token[id]] = id;
   nlohmann::ordered_json merges = nlohmann::ordered_json::array();
   for (const auto& [a, b] : t.merge_list) merges.push_back({a, b});
-  j["model"] = {{"type", "BPE"},         {"dropout", nullptr},  {"unk_token", nullptr},
-                {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr}, {"fuse_unk", false},
-                {"byte_fallback", false}, {"ignore_merges", t.ignore_merges}, {"vocab", vocab}, {"merges", merges}};
+  j["model"] = {{"type", "BPE"},
+                {"dropout", nullptr},
+                {"unk_token", nullptr},
+                {"continuing_subword_prefix", nullptr},
+                {"end_of_word_suffix", nullptr},
+                {"fuse_unk", false},
+                {"byte_fallback", false},
+                {"ignore_merges", t.ignore_merges},
+                {"vocab", vocab},
+                {"merges", merges}};
   const std::string tmp = file + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);

@@ -18,7 +18,8 @@ namespace tr::tokenizers {
 
 class Tokenizer {
  public:
-  // A folder (tokenizer.json, else vocab.json + merges.txt, else encoder.json + vocab.bpe) or a tokenizer.json.
+  // A folder (tokenizer.json, else vocab.json + merges.txt, else encoder.json + vocab.bpe) or a
+  // tokenizer.json.
   static Tokenizer from_pretrained(const std::string& path);
   static Tokenizer from_tokenizer_json(const std::string& file);
   static Tokenizer from_vocab_merges(const std::string& vocab_file, const std::string& merges_file);
