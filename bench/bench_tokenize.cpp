@@ -10,8 +10,9 @@
 namespace {
 
 nlohmann::json node_bench(const std::string& which, const std::string& file, int iters) {
-  const std::string cmd = "node " TRAINER_SOURCE_DIR "/tools/ref_tokenize.js " + which + " " TRAINER_SOURCE_DIR
-                          "/data " + file + " " + std::to_string(iters) + " 2>/dev/null";
+  const std::string cmd = "node " TRAINER_SOURCE_DIR "/tools/ref_tokenize.js " + which +
+                          " " TRAINER_SOURCE_DIR "/data " + file + " " + std::to_string(iters) +
+                          " 2>/dev/null";
   return tr::bench::run_json_command(cmd);
 }
 
@@ -50,8 +51,8 @@ int main(int argc, char** argv) {
   auto tt = node_bench("tiktoken-gpt2", file, iters);
   if (!tt.is_null()) {
     const double s = tt["seconds"].get<double>();
-    std::printf("  tiktoken (npm) 1 thread    %7.1f ms  %6.2f MB/s   time ratio trainer/tiktoken %.2f\n", s * 1e3,
-                mb / s, t1 / s);
+    std::printf("  tiktoken (npm) 1 thread    %7.1f ms  %6.2f MB/s   time ratio trainer/tiktoken %.2f\n",
+                s * 1e3, mb / s, t1 / s);
   }
   // gpt-3-encoder needs minutes for the whole book: time it on the first 100 KB, and us on the same.
   const std::string prefix_file = "/tmp/trainer_bench_prefix.txt";
@@ -59,7 +60,8 @@ int main(int argc, char** argv) {
   while ((static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) ++cut;
   std::ofstream(prefix_file, std::ios::binary) << text.substr(0, cut);
   auto ge = node_bench("gpt3encoder", prefix_file, 3);
-  const double ours_prefix = bench::median_seconds([&] { tok.encode_ordinary(std::string_view(text).substr(0, cut)); }, iters, 1);
+  const double ours_prefix =
+      bench::median_seconds([&] { tok.encode_ordinary(std::string_view(text).substr(0, cut)); }, iters, 1);
   if (!ge.is_null()) {
     const double s = ge["seconds"].get<double>();
     std::printf("  first 100 KB: trainer.cpp %.2f ms vs gpt-3-encoder (npm) %.1f ms   time ratio %.4f\n",

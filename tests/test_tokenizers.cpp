@@ -195,3 +195,54 @@ TEST_F(TokenizerData, BadInputFailsClearly) {
 
 }  // namespace
 }  // namespace tr
+
+#include "data/shards.h"
+#include "data/tokenize.h"
+
+namespace tr {
+namespace {
+
+TEST_F(TokenizerData, TokenizeWritesShardsThatReadBackAsTheEncoding) {
+  const fs::path out = fs::temp_directory_path() / ("trainer_tokenize_" + std::to_string(::getpid()));
+  data::TokenizeOptions o;
+  o.inputs = {kSrc + "/tests/data/tricky.txt", kData + "/moby-dick/package/data/data.txt"};
+  o.output_dir = out.string();
+  o.validation_split_percentage = 5;
+  o.shard_tokens = 100000;
+  auto r = data::tokenize_files(gpt2(), o);
+  std::vector<int32_t> want = gpt2().encode_ordinary(slurp(o.inputs[0]));
+  want.push_back(50256);
+  auto moby = gpt2().encode_ordinary(slurp(o.inputs[1]));
+  want.insert(want.end(), moby.begin(), moby.end());
+  EXPECT_EQ(r.val_tokens + r.train_tokens, static_cast<int64_t>(want.size()));
+  EXPECT_EQ(r.val_tokens, static_cast<int64_t>(want.size() * 5 / 100));
+  EXPECT_GT(r.train_shards.size(), 2u);
+  std::vector<std::string> all = r.val_shards;
+  all.insert(all.end(), r.train_shards.begin(), r.train_shards.end());
+  data::TokenStream s(all, gpt2().vocab_size());
+  std::vector<int64_t> got(static_cast<size_t>(s.size()));
+  s.read(0, s.size(), got.data());
+  EXPECT_EQ(std::vector<int32_t>(got.begin(), got.end()), want);
+  // The same bytes whatever the thread count.
+  const std::string first = slurp(r.train_shards[0]);
+  o.threads = 1;
+  fs::remove_all(out);
+  auto r1 = data::tokenize_files(gpt2(), o);
+  EXPECT_EQ(slurp(r1.train_shards[0]), first);
+  // Bad input: a missing file, an empty file, invalid UTF-8.
+  o.inputs = {kSrc + "/tests/data/no_such_*.txt"};
+  EXPECT_THROW(data::tokenize_files(gpt2(), o), Error);
+  std::ofstream(out / "bad.txt") << "ok \xff";
+  o.inputs = {(out / "bad.txt").string()};
+  try {
+    data::tokenize_files(gpt2(), o);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("invalid UTF-8"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("bad.txt"), std::string::npos) << e.what();
+  }
+  fs::remove_all(out);
+}
+
+}  // namespace
+}  // namespace tr

@@ -2,10 +2,12 @@
 // arrive with the Trainer and data issues). Only this layer exits; the library throws.
 #include <CLI/CLI.hpp>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 
 #include "backend/cuda_api.h"
+#include "data/tokenize.h"
 #include "io/safetensors.h"
 #include "models/causal_lm.h"
 
@@ -55,6 +57,27 @@ int info(const std::string& dir) {
   return 0;
 }
 
+int tokenize(const std::string& tokenizer_path, tr::data::TokenizeOptions o) {
+  auto tok = tr::tokenizers::Tokenizer::from_pretrained(tokenizer_path);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto bar = [&](int64_t done, int64_t total) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const int width = 30, fill = total ? static_cast<int>(width * done / total) : width;
+    const double rate = s > 0 ? done / s / 1e6 : 0;
+    std::fprintf(stderr, "\rtokenize [%s%s] %3d%%  %.1f MB/s  ETA %.0f s", std::string(fill, '#').c_str(),
+                 std::string(width - fill, '.').c_str(), total ? static_cast<int>(100 * done / total) : 100,
+                 rate, rate > 0 ? (total - done) / 1e6 / rate : 0.0);
+  };
+  auto r = tr::data::tokenize_files(tok, o, bar);
+  std::fprintf(stderr, "\n");
+  std::printf(
+      "documents %lld, %.2f MB -> train %lld tokens in %zu shard(s), validation %lld tokens in %zu shard(s) "
+      "under %s\n",
+      static_cast<long long>(r.documents), r.bytes / 1e6, static_cast<long long>(r.train_tokens),
+      r.train_shards.size(), static_cast<long long>(r.val_tokens), r.val_shards.size(), o.output_dir.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -65,6 +88,18 @@ int main(int argc, char** argv) {
   info_cmd->add_option("model_dir", dir, "a Hugging Face model folder (config.json + model.safetensors)")
       ->required();
   auto* version = app.add_subcommand("version", "print the build configuration");
+  auto* tok_cmd = app.add_subcommand("tokenize", "text files -> llm.c token shards (train_*.bin, val_*.bin)");
+  std::string tokenizer_path;
+  tr::data::TokenizeOptions topts;
+  tok_cmd->add_option("--tokenizer_name_or_path", tokenizer_path, "tokenizer.json, or a folder with one")
+      ->required();
+  tok_cmd->add_option("--input", topts.inputs, "text files or glob patterns (each file is a document)")
+      ->required();
+  tok_cmd->add_option("--output_dir", topts.output_dir, "where the shards go")->required();
+  tok_cmd->add_option("--validation_split_percentage", topts.validation_split_percentage,
+                      "percent of the token stream (from its start) for validation shards");
+  tok_cmd->add_option("--shard_size", topts.shard_tokens, "tokens per shard (default 100M)");
+  tok_cmd->add_option("--num_proc", topts.threads, "threads (default: all)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -72,6 +107,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (*info_cmd) return info(dir);
+    if (*tok_cmd) return tokenize(tokenizer_path, topts);
     if (*version) {
       std::printf("trainer.cpp; %s\n", tr::backend::cuda_summary().c_str());
       return 0;

@@ -16,7 +16,8 @@ SequenceDataset::SequenceDataset(std::shared_ptr<const TokenStream> stream, Data
   TR_CHECK(opts_.world_size > 0 && opts_.rank >= 0 && opts_.rank < opts_.world_size,
            "dataset: rank {} outside world size {}", opts_.rank, opts_.world_size);
   num_samples_ = stream_->size() / opts_.block_size;
-  TR_CHECK(num_samples_ > 0, "dataset: {} tokens are fewer than one block of {}", stream_->size(), opts_.block_size);
+  TR_CHECK(num_samples_ > 0, "dataset: {} tokens are fewer than one block of {}", stream_->size(),
+           opts_.block_size);
 }
 
 std::vector<int64_t> SequenceDataset::epoch_order(int64_t epoch) const {
@@ -26,8 +27,9 @@ std::vector<int64_t> SequenceDataset::epoch_order(int64_t epoch) const {
     // Fisher-Yates driven by Philox words keyed on (seed, epoch): the same order on every machine.
     const uint64_t off = static_cast<uint64_t>(epoch) << 40;
     for (int64_t i = num_samples_ - 1; i > 0; --i) {
-      const uint64_t w = (static_cast<uint64_t>(philox_word(opts_.seed, off, 2 * static_cast<uint64_t>(i))) << 32) |
-                         philox_word(opts_.seed, off, 2 * static_cast<uint64_t>(i) + 1);
+      const uint64_t w =
+          (static_cast<uint64_t>(philox_word(opts_.seed, off, 2 * static_cast<uint64_t>(i))) << 32) |
+          philox_word(opts_.seed, off, 2 * static_cast<uint64_t>(i) + 1);
       std::swap(all[static_cast<size_t>(i)], all[static_cast<size_t>(w % static_cast<uint64_t>(i + 1))]);
     }
   }
@@ -43,10 +45,12 @@ void SequenceDataset::sample(int64_t epoch, int64_t i, int64_t* out) const {
   int64_t begin = i * T;
   if (opts_.sampling == Sampling::windows) {
     const uint64_t span = static_cast<uint64_t>(stream_->size() - T + 1);
-    const uint64_t w = (static_cast<uint64_t>(philox_word(opts_.seed ^ 0x5eed, static_cast<uint64_t>(epoch) << 40,
-                                                          2 * static_cast<uint64_t>(i)))
-                        << 32) |
-                       philox_word(opts_.seed ^ 0x5eed, static_cast<uint64_t>(epoch) << 40, 2 * static_cast<uint64_t>(i) + 1);
+    const uint64_t w =
+        (static_cast<uint64_t>(philox_word(opts_.seed ^ 0x5eed, static_cast<uint64_t>(epoch) << 40,
+                                           2 * static_cast<uint64_t>(i)))
+         << 32) |
+        philox_word(opts_.seed ^ 0x5eed, static_cast<uint64_t>(epoch) << 40,
+                    2 * static_cast<uint64_t>(i) + 1);
     begin = static_cast<int64_t>(w % span);
   }
   stream_->read(begin, T, out);
@@ -55,7 +59,8 @@ void SequenceDataset::sample(int64_t epoch, int64_t i, int64_t* out) const {
 DataLoader::DataLoader(std::shared_ptr<const SequenceDataset> ds, DataLoaderOptions opts)
     : ds_(std::move(ds)), opts_(opts) {
   TR_CHECK(opts_.batch_size > 0, "dataloader: batch size must be positive");
-  TR_CHECK(opts_.num_workers >= 0 && opts_.prefetch_factor > 0, "dataloader: num_workers >= 0 and prefetch_factor > 0");
+  TR_CHECK(opts_.num_workers >= 0 && opts_.prefetch_factor > 0,
+           "dataloader: num_workers >= 0 and prefetch_factor > 0");
   order_ = ds_->epoch_order(0);
   TR_CHECK(batches_per_epoch() > 0, "dataloader: {} samples on this rank make no batch of {} (drop_last={})",
            order_.size(), opts_.batch_size, opts_.drop_last);

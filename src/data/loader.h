@@ -59,8 +59,8 @@ struct LoaderPosition {
 
 struct DataLoaderOptions {
   int64_t batch_size = 8;
-  int num_workers = 0;       // 0: batches are built on the calling thread
-  int prefetch_factor = 2;   // batches queued per worker
+  int num_workers = 0;      // 0: batches are built on the calling thread
+  int prefetch_factor = 2;  // batches queued per worker
   bool drop_last = false;
 };
 

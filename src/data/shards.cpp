@@ -26,8 +26,8 @@ void write_llmc_shard(const std::string& path, const std::vector<uint32_t>& toke
   std::vector<int32_t> header(256, 0);
   header[0] = wide ? kMagic32 : kMagic16;
   header[1] = wide ? 7 : 1;
-  TR_CHECK(tokens.size() <= static_cast<size_t>(INT32_MAX), "{}: {} tokens exceed a shard's int32 count", path,
-           tokens.size());
+  TR_CHECK(tokens.size() <= static_cast<size_t>(INT32_MAX), "{}: {} tokens exceed a shard's int32 count",
+           path, tokens.size());
   header[2] = static_cast<int32_t>(tokens.size());
   const std::string tmp = path + ".tmp";
   {
@@ -35,7 +35,8 @@ void write_llmc_shard(const std::string& path, const std::vector<uint32_t>& toke
     TR_CHECK(out.is_open(), "{}: cannot create: {}", tmp, std::strerror(errno));
     out.write(reinterpret_cast<const char*>(header.data()), kHeaderBytes);
     if (wide) {
-      out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 4));
+      out.write(reinterpret_cast<const char*>(tokens.data()),
+                static_cast<std::streamsize>(tokens.size() * 4));
     } else {
       std::vector<uint16_t> t16(tokens.size());
       for (size_t i = 0; i < tokens.size(); ++i) {
@@ -74,23 +75,27 @@ TokenFile TokenFile::open(const std::string& path, int64_t vocab_size) {
              wide ? 7 : 1);
     TR_CHECK(h[2] >= 0, "{}: negative token count {}", path, h[2]);
     const size_t want = static_cast<size_t>(kHeaderBytes) + static_cast<size_t>(h[2]) * (wide ? 4 : 2);
-    TR_CHECK(size == want, "{}: header says {} tokens ({} bytes) but the file has {} bytes", path, h[2], want, size);
+    TR_CHECK(size == want, "{}: header says {} tokens ({} bytes) but the file has {} bytes", path, h[2], want,
+             size);
     f.llmc_ = true;
     f.wide_ = wide;
     f.n_ = h[2];
-    if (wide) f.data32_ = reinterpret_cast<const uint32_t*>(bytes + kHeaderBytes);
-    else f.data16_ = reinterpret_cast<const uint16_t*>(bytes + kHeaderBytes);
+    if (wide)
+      f.data32_ = reinterpret_cast<const uint32_t*>(bytes + kHeaderBytes);
+    else
+      f.data16_ = reinterpret_cast<const uint16_t*>(bytes + kHeaderBytes);
   } else {
     // nanoGPT: raw little-endian uint16, no header
-    TR_CHECK(size % 2 == 0, "{}: not an llm.c shard (magic {}) and not raw uint16 (odd size {})", path, magic, size);
+    TR_CHECK(size % 2 == 0, "{}: not an llm.c shard (magic {}) and not raw uint16 (odd size {})", path, magic,
+             size);
     f.n_ = static_cast<int64_t>(size / 2);
     f.data16_ = reinterpret_cast<const uint16_t*>(bytes);
   }
   TR_CHECK(f.n_ > 0, "{}: holds no tokens", path);
   if (vocab_size > 0) {
     for (int64_t i = 0; i < f.n_; ++i)
-      TR_CHECK(f.at(i) < static_cast<uint64_t>(vocab_size), "{}: token {} at position {} is >= vocab size {}", path,
-               f.at(i), i, vocab_size);
+      TR_CHECK(f.at(i) < static_cast<uint64_t>(vocab_size), "{}: token {} at position {} is >= vocab size {}",
+               path, f.at(i), i, vocab_size);
   }
   return f;
 }
@@ -105,9 +110,10 @@ TokenStream::TokenStream(const std::vector<std::string>& paths, int64_t vocab_si
 }
 
 void TokenStream::read(int64_t begin, int64_t n, int64_t* out) const {
-  TR_CHECK(begin >= 0 && n >= 0 && begin + n <= total_, "token stream: range [{}, {}) outside {} tokens", begin,
-           begin + n, total_);
-  size_t f = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin() - 1);
+  TR_CHECK(begin >= 0 && n >= 0 && begin + n <= total_, "token stream: range [{}, {}) outside {} tokens",
+           begin, begin + n, total_);
+  size_t f =
+      static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin() - 1);
   int64_t i = begin - starts_[f];
   for (int64_t k = 0; k < n; ++k) {
     while (i >= files_[f].size()) {

@@ -1,5 +1,5 @@
-// Token shards as other trainers write them: llm.c (256 x int32 header: magic 20240520 / version 1 with uint16
-// tokens, or magic 20240801 / version 7 with uint32 tokens; then the token count; then the tokens) and
+// Token shards as other trainers write them: llm.c (256 x int32 header: magic 20240520 / version 1 with
+// uint16 tokens, or magic 20240801 / version 7 with uint32 tokens; then the token count; then the tokens) and
 // nanoGPT's raw uint16 .bin files. Read memory-mapped; validated on open (errors name the file).
 #pragma once
 #include <cstdint>

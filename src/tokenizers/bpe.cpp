@@ -479,14 +479,14 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
 }
 
 std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std::string_view>& texts,
-                                                          int threads, bool add_special_tokens) const {
+                                                          int threads, bool allow_special) const {
   std::vector<std::vector<int32_t>> out(texts.size());
   std::vector<std::string> errors(texts.size());
   const int nt = threads > 0 ? threads : omp_get_max_threads();
 #pragma omp parallel for schedule(dynamic) num_threads(nt)
   for (size_t i = 0; i < texts.size(); ++i) {
     try {
-      out[i] = add_special_tokens ? encode(texts[i], true) : encode(texts[i], false);
+      out[i] = allow_special ? encode(texts[i], false) : encode_ordinary(texts[i]);
     } catch (const std::exception& e) {
       errors[i] = e.what();
     }

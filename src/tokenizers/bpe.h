@@ -32,9 +32,10 @@ class Tokenizer {
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = true) const;
   // Plain text only: no added-token matching, no BOS (tiktoken's encode_ordinary).
   std::vector<int32_t> encode_ordinary(std::string_view text) const;
-  // Documents encoded on `threads` threads (0: all); the result does not depend on the thread count.
+  // Documents encoded on `threads` threads (0: all); the result does not depend on the thread count. Without
+  // allow_special, text that looks like a special token is ordinary text (as for training corpora).
   std::vector<std::vector<int32_t>> encode_batch(const std::vector<std::string_view>& texts, int threads = 0,
-                                                 bool add_special_tokens = false) const;
+                                                 bool allow_special = false) const;
   // The bytes the ids stand for (may be partial UTF-8 for a partial sequence); throws on an unknown id.
   std::string decode(const std::vector<int32_t>& ids) const;
 

@@ -1,0 +1,90 @@
+// Text files to llm.c shards.
+#include "data/tokenize.h"
+
+#include <glob.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "data/shards.h"
+
+namespace tr::data {
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> expand_inputs(const std::vector<std::string>& patterns) {
+  std::vector<std::string> out;
+  for (const auto& p : patterns) {
+    glob_t g{};
+    const int rc = ::glob(p.c_str(), 0, nullptr, &g);
+    TR_CHECK(rc == 0 && g.gl_pathc > 0, "--input {}: no such file", p);
+    std::vector<std::string> hits(g.gl_pathv, g.gl_pathv + g.gl_pathc);
+    globfree(&g);
+    std::sort(hits.begin(), hits.end());
+    out.insert(out.end(), hits.begin(), hits.end());
+  }
+  return out;
+}
+
+TokenizeResult tokenize_files(const tokenizers::Tokenizer& tok, const TokenizeOptions& o,
+                              const std::function<void(int64_t, int64_t)>& progress) {
+  TR_CHECK(!o.output_dir.empty(), "tokenize: --output_dir is required");
+  TR_CHECK(o.validation_split_percentage >= 0 && o.validation_split_percentage < 100,
+           "tokenize: --validation_split_percentage must be in [0, 100), got {}", o.validation_split_percentage);
+  TR_CHECK(o.shard_tokens > 0, "tokenize: shard size must be positive");
+  const auto eos = tok.eos_token_id();
+  TR_CHECK(eos.has_value(), "tokenize: the tokenizer has no end-of-text token to separate documents");
+  const auto files = expand_inputs(o.inputs);
+  std::vector<std::string> texts;
+  TokenizeResult r;
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    TR_CHECK(in.is_open(), "{}: cannot open", f);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    texts.push_back(ss.str());
+    TR_CHECK(!texts.back().empty(), "{}: the file is empty", f);
+    r.bytes += static_cast<int64_t>(texts.back().size());
+  }
+  r.documents = static_cast<int64_t>(texts.size());
+  // Encode in groups so progress can be reported; each group is encoded in parallel over its documents.
+  std::vector<uint32_t> stream;
+  int64_t done = 0;
+  const size_t group = 64;
+  for (size_t g0 = 0; g0 < texts.size(); g0 += group) {
+    std::vector<std::string_view> views;
+    for (size_t i = g0; i < std::min(texts.size(), g0 + group); ++i) views.push_back(texts[i]);
+    std::vector<std::vector<int32_t>> ids;
+    try {
+      ids = tok.encode_batch(views, o.threads, false);
+    } catch (const Error& e) {
+      fail("tokenize: {} (documents from {})", e.what(), files[g0]);
+    }
+    for (size_t k = 0; k < ids.size(); ++k) {
+      if (!stream.empty()) stream.push_back(static_cast<uint32_t>(*eos));
+      stream.insert(stream.end(), ids[k].begin(), ids[k].end());
+      done += static_cast<int64_t>(views[k].size());
+    }
+    if (progress) progress(done, r.bytes);
+  }
+  fs::create_directories(o.output_dir);
+  const auto n_val = static_cast<int64_t>(static_cast<double>(stream.size()) * o.validation_split_percentage / 100.0);
+  auto write = [&](const char* prefix, int64_t begin, int64_t end, std::vector<std::string>& names) {
+    int shard = 0;
+    for (int64_t at = begin; at < end; at += o.shard_tokens, ++shard) {
+      const int64_t stop = std::min(end, at + o.shard_tokens);
+      const std::string name = (fs::path(o.output_dir) / fmt::format("{}_{:06d}.bin", prefix, shard)).string();
+      write_llmc_shard(name, std::vector<uint32_t>(stream.begin() + at, stream.begin() + stop), tok.vocab_size());
+      names.push_back(name);
+    }
+  };
+  write("val", 0, n_val, r.val_shards);
+  write("train", n_val, static_cast<int64_t>(stream.size()), r.train_shards);
+  r.val_tokens = n_val;
+  r.train_tokens = static_cast<int64_t>(stream.size()) - n_val;
+  return r;
+}
+
+}  // namespace tr::data

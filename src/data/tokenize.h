@@ -1,0 +1,34 @@
+// `trainer tokenize`: text files -> llm.c token shards (train_NNNNNN.bin, val_NNNNNN.bin), one EOS between
+// documents (each input file is a document). The first validation_split_percentage % of the token stream goes
+// to the validation shards (HF's percentage split, taken over tokens so a single book can be split too).
+// Output is the same whatever the thread count.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tokenizers/bpe.h"
+
+namespace tr::data {
+
+struct TokenizeOptions {
+  std::vector<std::string> inputs;  // files or glob patterns
+  std::string output_dir;
+  double validation_split_percentage = 0.0;
+  int64_t shard_tokens = 100'000'000;
+  int threads = 0;  // 0: all
+};
+
+struct TokenizeResult {
+  int64_t documents = 0, bytes = 0, train_tokens = 0, val_tokens = 0;
+  std::vector<std::string> train_shards, val_shards;
+};
+
+// `progress(done_bytes, total_bytes)` is called as documents finish (may be empty).
+TokenizeResult tokenize_files(const tokenizers::Tokenizer& tok, const TokenizeOptions& opts,
+                              const std::function<void(int64_t, int64_t)>& progress = {});
+
+// Expands glob patterns (sorted); a pattern matching nothing is an error naming it.
+std::vector<std::string> expand_inputs(const std::vector<std::string>& patterns);
+
+}  // namespace tr::data
