@@ -198,3 +198,67 @@ TEST(Dataset, WindowsStayInsideTheStreamAndAreSeeded) {
 
 }  // namespace
 }  // namespace tr
+
+namespace tr {
+namespace {
+
+TEST(DataLoader, GpuBatchesNeedAGpuAndHostBatchesArePlain) {
+  Tmp t;
+  data::write_llmc_shard(t.file("d.bin"), ramp(400, 50000), 50257);
+  data::DatasetOptions o;
+  o.block_size = 4;
+  auto ds = dataset(t.file("d.bin"), o);
+  data::DataLoaderOptions lo;
+  lo.batch_size = 2;
+  lo.pin_memory = true;  // host batches for the CPU stay ordinary memory
+  data::DataLoader cpu(ds, lo);
+  EXPECT_TRUE(cpu.next()->input_ids.device().is_cpu());
+  if (!backend::cuda_available()) {
+    lo.device = Device::cuda(0);
+    EXPECT_THROW(data::DataLoader(ds, lo), Error);
+    GTEST_SKIP() << "no CUDA GPU here: pinned memory and asynchronous copies NOT tested";
+  }
+  lo.device = Device::cuda(0);
+  lo.num_workers = 2;
+  data::DataLoader gpu(ds, lo);
+  data::DataLoader ref(ds, data::DataLoaderOptions{2, 0, 2, false, false, Device::cpu()});
+  for (int i = 0; i < 10; ++i) {
+    auto a = gpu.next(), b = ref.next();
+    EXPECT_TRUE(a->input_ids.device().is_cuda());
+    EXPECT_EQ(ops::to_vector<int64_t>(a->input_ids), ops::to_vector<int64_t>(b->input_ids));
+  }
+}
+
+}  // namespace
+}  // namespace tr
+
+namespace tr {
+namespace {
+
+TEST(DataLoader, AWorkersErrorReachesTheCaller) {
+  Tmp t;
+  auto toks = ramp(400, 999);
+  toks[350] = 999;  // within the shard's vocabulary, above the model's
+  data::write_llmc_shard(t.file("d.bin"), toks, 50257);
+  data::DatasetOptions o;
+  o.block_size = 4;
+  o.shuffle = false;
+  o.vocab_size = 999;
+  for (int workers : {0, 2}) {
+    data::DataLoaderOptions lo;
+    lo.batch_size = 5;
+    lo.num_workers = workers;
+    data::DataLoader dl(dataset(t.file("d.bin"), o), lo);
+    try {
+      while (dl.next()) {
+      }
+      ADD_FAILURE() << "no error with " << workers << " workers";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("token 999 at stream position 350"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tr

@@ -13,6 +13,30 @@ bool cuda_compiled();
 Backend& cuda_backend();
 // Copies between host and a GPU (or two GPUs): both contiguous, same dtype and size.
 void cuda_copy_between_devices(const Tensor& src, const Tensor& dst);
+// Host memory for data headed to a GPU: page-locked (cudaHostAlloc) when a GPU is usable, else plain
+// 64-byte-aligned memory. Counts like any allocator.
+Allocator& pinned_host_allocator();
+
+// A dedicated stream for host-to-device copies. copy_async() queues the copy of a contiguous host tensor
+// (page-locked for true overlap) into a same-sized device tensor; make_compute_wait() orders the device's
+// compute stream after every copy queued so far, without blocking the host.
+class CopyStream {
+ public:
+  explicit CopyStream(Device device);
+  ~CopyStream();
+  CopyStream(const CopyStream&) = delete;
+  CopyStream& operator=(const CopyStream&) = delete;
+  void copy_async(const Tensor& host, const Tensor& dev);
+  void make_compute_wait();
+  // Blocks until every queued copy is done (before their host buffers are reused or freed).
+  void synchronize();
+
+ private:
+  Device device_;
+  void* stream_ = nullptr;  // cudaStream_t
+  void* event_ = nullptr;   // cudaEvent_t
+};
+
 // cuda:0 when a GPU is usable, else the CPU (a CUDA build without a GPU says so once on stderr).
 Device default_device();
 // One line about the CUDA runtime, driver and devices (or why there is none).

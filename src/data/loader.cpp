@@ -54,6 +54,11 @@ void SequenceDataset::sample(int64_t epoch, int64_t i, int64_t* out) const {
     begin = static_cast<int64_t>(w % span);
   }
   stream_->read(begin, T, out);
+  if (opts_.vocab_size > 0)
+    for (int64_t k = 0; k < T; ++k)
+      TR_CHECK(out[k] >= 0 && out[k] < opts_.vocab_size,
+               "dataset: token {} at stream position {} is >= the model's vocab size {}", out[k], begin + k,
+               opts_.vocab_size);
 }
 
 DataLoader::DataLoader(std::shared_ptr<const SequenceDataset> ds, DataLoaderOptions opts)
@@ -64,10 +69,14 @@ DataLoader::DataLoader(std::shared_ptr<const SequenceDataset> ds, DataLoaderOpti
   order_ = ds_->epoch_order(0);
   TR_CHECK(batches_per_epoch() > 0, "dataloader: {} samples on this rank make no batch of {} (drop_last={})",
            order_.size(), opts_.batch_size, opts_.drop_last);
+  if (opts_.device.is_cuda()) copy_ = std::make_unique<backend::CopyStream>(opts_.device);
   start_workers();
 }
 
-DataLoader::~DataLoader() { stop_workers(); }
+DataLoader::~DataLoader() {
+  stop_workers();
+  if (copy_) copy_->synchronize();
+}
 
 int64_t DataLoader::batches_per_epoch() const {
   const auto n = static_cast<int64_t>(order_.size());
@@ -78,7 +87,9 @@ Batch DataLoader::make_batch(int64_t epoch, int64_t b) const {
   const int64_t T = ds_->options().block_size;
   const int64_t first = b * opts_.batch_size;
   const int64_t n = std::min<int64_t>(opts_.batch_size, static_cast<int64_t>(order_.size()) - first);
-  Tensor ids = ops::empty({n, T}, DType::i64);
+  Allocator& host =
+      opts_.pin_memory && opts_.device.is_cuda() ? backend::pinned_host_allocator() : cpu_allocator();
+  Tensor ids = Tensor::empty({n, T}, DType::i64, host);
   int64_t* p = ids.data<int64_t>();
   for (int64_t r = 0; r < n; ++r) ds_->sample(epoch, order_[static_cast<size_t>(first + r)], p + r * T);
   return {ids, ids, epoch, b};
@@ -143,6 +154,14 @@ std::optional<Batch> DataLoader::next() {
     s.cv.notify_all();
   }
   ++pos_.batch;
+  if (copy_) {
+    copy_->synchronize();  // the previous copy is long done; its host buffer may now go
+    in_flight_ = b;
+    Tensor dev = ops::empty(b.input_ids.shape(), DType::i64, opts_.device);
+    copy_->copy_async(b.input_ids, dev);
+    copy_->make_compute_wait();
+    b.input_ids = b.labels = dev;
+  }
   return b;
 }
 

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/cuda_api.h"
 #include "core/tensor.h"
 #include "data/shards.h"
 
@@ -28,6 +29,7 @@ struct DatasetOptions {
   bool shuffle = true;
   uint64_t seed = 42;
   int rank = 0, world_size = 1;  // distributed: this rank's disjoint share of every epoch
+  int64_t vocab_size = 0;        // > 0: every id read is checked against the model's vocabulary
 };
 
 class SequenceDataset {
@@ -62,6 +64,10 @@ struct DataLoaderOptions {
   int num_workers = 0;      // 0: batches are built on the calling thread
   int prefetch_factor = 2;  // batches queued per worker
   bool drop_last = false;
+  // Batches for a GPU are built in page-locked host memory (pin_memory) and copied on a stream of their own,
+  // overlapping compute; the compute stream waits for the copy without blocking the host.
+  bool pin_memory = true;
+  Device device = Device::cpu();
 };
 
 class DataLoader {
@@ -94,6 +100,8 @@ class DataLoader {
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<std::thread> workers_;
   std::atomic<bool> stop_{false};
+  std::unique_ptr<backend::CopyStream> copy_;
+  Batch in_flight_;  // the host batch of the last asynchronous copy, alive until that copy is done
 };
 
 }  // namespace tr::data

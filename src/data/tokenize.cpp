@@ -32,7 +32,8 @@ TokenizeResult tokenize_files(const tokenizers::Tokenizer& tok, const TokenizeOp
                               const std::function<void(int64_t, int64_t)>& progress) {
   TR_CHECK(!o.output_dir.empty(), "tokenize: --output_dir is required");
   TR_CHECK(o.validation_split_percentage >= 0 && o.validation_split_percentage < 100,
-           "tokenize: --validation_split_percentage must be in [0, 100), got {}", o.validation_split_percentage);
+           "tokenize: --validation_split_percentage must be in [0, 100), got {}",
+           o.validation_split_percentage);
   TR_CHECK(o.shard_tokens > 0, "tokenize: shard size must be positive");
   const auto eos = tok.eos_token_id();
   TR_CHECK(eos.has_value(), "tokenize: the tokenizer has no end-of-text token to separate documents");
@@ -70,13 +71,16 @@ TokenizeResult tokenize_files(const tokenizers::Tokenizer& tok, const TokenizeOp
     if (progress) progress(done, r.bytes);
   }
   fs::create_directories(o.output_dir);
-  const auto n_val = static_cast<int64_t>(static_cast<double>(stream.size()) * o.validation_split_percentage / 100.0);
+  const auto n_val =
+      static_cast<int64_t>(static_cast<double>(stream.size()) * o.validation_split_percentage / 100.0);
   auto write = [&](const char* prefix, int64_t begin, int64_t end, std::vector<std::string>& names) {
     int shard = 0;
     for (int64_t at = begin; at < end; at += o.shard_tokens, ++shard) {
       const int64_t stop = std::min(end, at + o.shard_tokens);
-      const std::string name = (fs::path(o.output_dir) / fmt::format("{}_{:06d}.bin", prefix, shard)).string();
-      write_llmc_shard(name, std::vector<uint32_t>(stream.begin() + at, stream.begin() + stop), tok.vocab_size());
+      const std::string name =
+          (fs::path(o.output_dir) / fmt::format("{}_{:06d}.bin", prefix, shard)).string();
+      write_llmc_shard(name, std::vector<uint32_t>(stream.begin() + at, stream.begin() + stop),
+                       tok.vocab_size());
       names.push_back(name);
     }
   };

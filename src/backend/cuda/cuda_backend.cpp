@@ -382,6 +382,74 @@ std::string cuda_summary() {
   return s;
 }
 
+namespace {
+
+// cudaHostAlloc-backed host memory (falls back to the CPU allocator without a GPU).
+class PinnedAllocator final : public Allocator {
+ public:
+  void* allocate(size_t nbytes) override {
+    if (nbytes == 0) return nullptr;
+    void* p = nullptr;
+    TR_CUDA_CHECK(cudaHostAlloc(&p, nbytes, cudaHostAllocDefault));
+    record_alloc(nbytes);
+    return p;
+  }
+  void deallocate(void* p, size_t nbytes) override {
+    if (!p) return;
+    cudaFreeHost(p);
+    record_free(nbytes);
+  }
+  Device device() const override { return Device::cpu(); }
+};
+
+}  // namespace
+
+Allocator& pinned_host_allocator() {
+  if (!cuda_available()) return cpu_allocator();
+  static PinnedAllocator a;
+  return a;
+}
+
+CopyStream::CopyStream(Device device) : device_(device) {
+  if (!device.is_cuda()) return;
+  cuda_backend();
+  cudaStream_t s = nullptr;
+  cudaEvent_t e = nullptr;
+  TR_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  TR_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  stream_ = s;
+  event_ = e;
+}
+
+CopyStream::~CopyStream() {
+  if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+  if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+void CopyStream::copy_async(const Tensor& host, const Tensor& dev) {
+  TR_CHECK(host.device().is_cpu() && dev.device() == device_ && host.is_contiguous() && dev.is_contiguous() &&
+               host.nbytes() == dev.nbytes() && host.dtype() == dev.dtype(),
+           "copy_async: {} -> {} must be contiguous host -> {} tensors of one size", host.describe(),
+           dev.describe(), device_.str());
+  if (!stream_) {
+    cuda_copy_between_devices(host, dev);
+    return;
+  }
+  TR_CUDA_CHECK(cudaMemcpyAsync(dev.data_ptr(), host.data_ptr(), host.nbytes(), cudaMemcpyHostToDevice,
+                                static_cast<cudaStream_t>(stream_)));
+}
+
+void CopyStream::make_compute_wait() {
+  if (!stream_) return;
+  TR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(stream_)));
+  // Kernels go to the legacy default stream: it waits for the event, the host does not.
+  TR_CUDA_CHECK(cudaStreamWaitEvent(nullptr, static_cast<cudaEvent_t>(event_), 0));
+}
+
+void CopyStream::synchronize() {
+  if (stream_) TR_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
+}
+
 void cuda_copy_between_devices(const Tensor& src, const Tensor& dst) {
   TR_CHECK(src.nbytes() == dst.nbytes() && src.dtype() == dst.dtype(), "copy between {} and {}: sizes differ",
            src.describe(), dst.describe());

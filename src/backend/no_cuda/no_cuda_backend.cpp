@@ -20,4 +20,14 @@ Backend& cuda_backend() {
 
 namespace tr::backend {
 void cuda_copy_between_devices(const Tensor&, const Tensor&) { cuda_backend(); }
+
+Allocator& pinned_host_allocator() { return cpu_allocator(); }
+
+CopyStream::CopyStream(Device device) : device_(device) {
+  TR_CHECK(!device.is_cuda(), "CopyStream for {}: this build has no CUDA support", device.str());
+}
+CopyStream::~CopyStream() = default;
+void CopyStream::copy_async(const Tensor& host, const Tensor& dev) { cuda_copy_between_devices(host, dev); }
+void CopyStream::make_compute_wait() {}
+void CopyStream::synchronize() {}
 }  // namespace tr::backend
