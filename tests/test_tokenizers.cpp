@@ -246,3 +246,46 @@ TEST_F(TokenizerData, TokenizeWritesShardsThatReadBackAsTheEncoding) {
 
 }  // namespace
 }  // namespace tr
+
+#include "data/loader.h"
+#include "ops/ops.h"
+
+namespace tr {
+namespace {
+
+TEST_F(TokenizerData, TextFilesFeedTheDataLoaderWithoutATokenizeStep) {
+  const std::string file = kSrc + "/tests/data/tricky.txt";
+  auto stream = std::make_shared<data::TokenStream>(data::tokenize_text_files(gpt2(), {file}));
+  data::DatasetOptions o;
+  o.block_size = 16;
+  o.shuffle = false;
+  o.vocab_size = gpt2().vocab_size();
+  auto ds = std::make_shared<data::SequenceDataset>(stream, o);
+  data::DataLoader dl(ds, data::DataLoaderOptions{2, 1, 2, true});
+  auto b = dl.next();
+  ASSERT_TRUE(b.has_value());
+  const auto want = gpt2().encode_ordinary(slurp(file));
+  const auto got = ops::to_vector<int64_t>(b->input_ids);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i]);
+}
+
+TEST_F(TokenizerData, BosComesFromATemplateProcessingPostProcessor) {
+  const fs::path dir = fs::temp_directory_path() / ("trainer_bos_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  gpt2().save((dir / "tokenizer.json").string());
+  auto j = nlohmann::json::parse(slurp((dir / "tokenizer.json").string()));
+  j["post_processor"] = {{"type", "TemplateProcessing"},
+                         {"single",
+                          {{{"SpecialToken", {{"id", "<|endoftext|>"}, {"type_id", 0}}}},
+                           {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}}};
+  std::ofstream(dir / "tokenizer.json") << j.dump();
+  auto t = tokenizers::Tokenizer::from_pretrained(dir.string());
+  EXPECT_EQ(t.bos_token_id(), 50256);
+  const auto ids = t.encode("Hello", true);
+  EXPECT_EQ(ids.front(), 50256);
+  EXPECT_EQ(std::vector<int32_t>(ids.begin() + 1, ids.end()), t.encode("Hello", false));
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tr

@@ -109,9 +109,18 @@ TokenStream::TokenStream(const std::vector<std::string>& paths, int64_t vocab_si
   }
 }
 
+TokenStream::TokenStream(std::vector<uint32_t> tokens) : memory_(std::move(tokens)) {
+  TR_CHECK(!memory_.empty(), "token stream: no tokens");
+  total_ = static_cast<int64_t>(memory_.size());
+}
+
 void TokenStream::read(int64_t begin, int64_t n, int64_t* out) const {
   TR_CHECK(begin >= 0 && n >= 0 && begin + n <= total_, "token stream: range [{}, {}) outside {} tokens",
            begin, begin + n, total_);
+  if (!memory_.empty()) {
+    for (int64_t k = 0; k < n; ++k) out[k] = memory_[static_cast<size_t>(begin + k)];
+    return;
+  }
   size_t f =
       static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin() - 1);
   int64_t i = begin - starts_[f];

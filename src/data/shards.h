@@ -34,12 +34,15 @@ class TokenFile {
 class TokenStream {
  public:
   TokenStream(const std::vector<std::string>& paths, int64_t vocab_size = 0);
+  // Tokens held in memory (small text inputs tokenized on the fly).
+  explicit TokenStream(std::vector<uint32_t> tokens);
   int64_t size() const { return total_; }
   // Copies tokens [begin, begin + n) into out (as int64 ids).
   void read(int64_t begin, int64_t n, int64_t* out) const;
 
  private:
   std::vector<TokenFile> files_;
+  std::vector<uint32_t> memory_;
   std::vector<int64_t> starts_;
   int64_t total_ = 0;
 };

@@ -28,18 +28,16 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& patterns)
   return out;
 }
 
-TokenizeResult tokenize_files(const tokenizers::Tokenizer& tok, const TokenizeOptions& o,
-                              const std::function<void(int64_t, int64_t)>& progress) {
-  TR_CHECK(!o.output_dir.empty(), "tokenize: --output_dir is required");
-  TR_CHECK(o.validation_split_percentage >= 0 && o.validation_split_percentage < 100,
-           "tokenize: --validation_split_percentage must be in [0, 100), got {}",
-           o.validation_split_percentage);
-  TR_CHECK(o.shard_tokens > 0, "tokenize: shard size must be positive");
+namespace {
+
+// Reads and encodes the inputs into one stream with an EOS between documents.
+std::vector<uint32_t> encode_files(const tokenizers::Tokenizer& tok, const std::vector<std::string>& patterns,
+                                   int threads, TokenizeResult& r,
+                                   const std::function<void(int64_t, int64_t)>& progress) {
   const auto eos = tok.eos_token_id();
   TR_CHECK(eos.has_value(), "tokenize: the tokenizer has no end-of-text token to separate documents");
-  const auto files = expand_inputs(o.inputs);
+  const auto files = expand_inputs(patterns);
   std::vector<std::string> texts;
-  TokenizeResult r;
   for (const auto& f : files) {
     std::ifstream in(f, std::ios::binary);
     TR_CHECK(in.is_open(), "{}: cannot open", f);
@@ -59,7 +57,7 @@ TokenizeResult tokenize_files(const tokenizers::Tokenizer& tok, const TokenizeOp
     for (size_t i = g0; i < std::min(texts.size(), g0 + group); ++i) views.push_back(texts[i]);
     std::vector<std::vector<int32_t>> ids;
     try {
-      ids = tok.encode_batch(views, o.threads, false);
+      ids = tok.encode_batch(views, threads, false);
     } catch (const Error& e) {
       fail("tokenize: {} (documents from {})", e.what(), files[g0]);
     }
@@ -70,6 +68,26 @@ TokenizeResult tokenize_files(const tokenizers::Tokenizer& tok, const TokenizeOp
     }
     if (progress) progress(done, r.bytes);
   }
+  return stream;
+}
+
+}  // namespace
+
+std::vector<uint32_t> tokenize_text_files(const tokenizers::Tokenizer& tok,
+                                          const std::vector<std::string>& inputs, int threads) {
+  TokenizeResult r;
+  return encode_files(tok, inputs, threads, r, {});
+}
+
+TokenizeResult tokenize_files(const tokenizers::Tokenizer& tok, const TokenizeOptions& o,
+                              const std::function<void(int64_t, int64_t)>& progress) {
+  TR_CHECK(!o.output_dir.empty(), "tokenize: --output_dir is required");
+  TR_CHECK(o.validation_split_percentage >= 0 && o.validation_split_percentage < 100,
+           "tokenize: --validation_split_percentage must be in [0, 100), got {}",
+           o.validation_split_percentage);
+  TR_CHECK(o.shard_tokens > 0, "tokenize: shard size must be positive");
+  TokenizeResult r;
+  std::vector<uint32_t> stream = encode_files(tok, o.inputs, o.threads, r, progress);
   fs::create_directories(o.output_dir);
   const auto n_val =
       static_cast<int64_t>(static_cast<double>(stream.size()) * o.validation_split_percentage / 100.0);

@@ -28,6 +28,10 @@ struct TokenizeResult {
 TokenizeResult tokenize_files(const tokenizers::Tokenizer& tok, const TokenizeOptions& opts,
                               const std::function<void(int64_t, int64_t)>& progress = {});
 
+// Small text inputs tokenized in memory (one EOS between files), for training without a tokenize step.
+std::vector<uint32_t> tokenize_text_files(const tokenizers::Tokenizer& tok,
+                                          const std::vector<std::string>& inputs, int threads = 0);
+
 // Expands glob patterns (sorted); a pattern matching nothing is an error naming it.
 std::vector<std::string> expand_inputs(const std::vector<std::string>& patterns);
 
