@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/attention_geometry.h"
 #include "backend/cpu/loops.h"
 
 namespace tr::cpu {
@@ -15,17 +16,7 @@ namespace {
 
 constexpr int64_t kBlock = 64;
 
-struct Geo {
-  int64_t B, H, KV, T, S, D;
-  bool causal;
-  double scale;
-  const bool* keep;  // [B, S] or null
-  // Highest key index query t may see (causal aligns the last query with the last key).
-  int64_t last_key(int64_t t) const { return causal ? std::min(S - 1, t + (S - T)) : S - 1; }
-  bool visible(int64_t b, int64_t t, int64_t s) const {
-    return s <= last_key(t) && (keep == nullptr || keep[b * S + s]);
-  }
-};
+using Geo = backend::AttentionGeometry;
 
 template <typename T>
 void forward_kernel(const Geo& g, const T* q, const T* k, const T* v, T* out, acc_t<T>* lse) {

@@ -3,6 +3,7 @@
 // backend/cpu/attention.cpp defines the semantics; the tiled tensor-core version comes with the CUDA issue.
 #include <cmath>
 
+#include "backend/attention_geometry.h"
 #include "backend/cuda/common.cuh"
 
 namespace tr::cuda {
@@ -11,16 +12,7 @@ namespace {
 
 constexpr int kMaxHeadDim = 256;
 
-struct Geo {
-  int64_t B, H, KV, T, S, D;
-  bool causal;
-  double scale;
-  const bool* keep;
-  __device__ int64_t last_key(int64_t t) const { return causal ? min(S - 1, t + (S - T)) : S - 1; }
-  __device__ bool visible(int64_t b, int64_t t, int64_t s) const {
-    return s <= last_key(t) && (keep == nullptr || keep[b * S + s]);
-  }
-};
+using Geo = backend::AttentionGeometry;
 
 template <typename T>
 __global__ void attention_forward_kernel(Geo g, const T* q, const T* k, const T* v, T* out, acc_t<T>* lse) {
