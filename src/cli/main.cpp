@@ -8,6 +8,7 @@
 
 #include "backend/cuda_api.h"
 #include "data/tokenize.h"
+#include "train/trainer.h"
 #include "io/safetensors.h"
 #include "models/causal_lm.h"
 
@@ -88,6 +89,41 @@ int main(int argc, char** argv) {
   info_cmd->add_option("model_dir", dir, "a Hugging Face model folder (config.json + model.safetensors)")
       ->required();
   auto* version = app.add_subcommand("version", "print the build configuration");
+  auto* train_cmd =
+      app.add_subcommand("train", "train or fine-tune a causal LM (HF TrainingArguments names)");
+  tr::train::TrainingArguments ta;
+  train_cmd->add_option("--model_name_or_path", ta.model_name_or_path, "HF model folder to fine-tune");
+  train_cmd->add_option(
+      "--config_name", ta.config_name,
+      "train from scratch: built-in name (gpt2, gpt2-medium, llama-60m, ...) or config.json / folder");
+  train_cmd->add_option("--tokenizer_name", ta.tokenizer_name,
+                        "tokenizer.json or folder (default: the model's)");
+  train_cmd
+      ->add_option("--train_file", ta.train_file, "a text file, or llm.c / nanoGPT token shards (.bin, glob)")
+      ->required();
+  train_cmd->add_option("--block_size", ta.block_size, "tokens per sequence");
+  train_cmd->add_option("--attn_implementation", ta.attn_implementation, "eager, sdpa or flash_attention_2");
+  train_cmd->add_option("--output_dir", ta.output_dir, "where the model, tokenizer and metrics go")
+      ->required();
+  train_cmd->add_option("--per_device_train_batch_size", ta.per_device_train_batch_size);
+  train_cmd->add_option("--gradient_accumulation_steps", ta.gradient_accumulation_steps);
+  train_cmd->add_option("--learning_rate", ta.learning_rate);
+  train_cmd->add_option("--weight_decay", ta.weight_decay);
+  train_cmd->add_option("--adam_beta1", ta.adam_beta1);
+  train_cmd->add_option("--adam_beta2", ta.adam_beta2);
+  train_cmd->add_option("--adam_epsilon", ta.adam_epsilon);
+  train_cmd->add_option("--max_grad_norm", ta.max_grad_norm);
+  train_cmd->add_option("--num_train_epochs", ta.num_train_epochs);
+  train_cmd->add_option("--max_steps", ta.max_steps);
+  train_cmd->add_option("--lr_scheduler_type", ta.lr_scheduler_type,
+                        "linear, cosine, constant, constant_with_warmup");
+  train_cmd->add_option("--warmup_steps", ta.warmup_steps, "steps, or a ratio of the total below 1");
+  train_cmd->add_option("--warmup_ratio", ta.warmup_ratio);
+  train_cmd->add_option("--logging_steps", ta.logging_steps, "steps, or a ratio of the total below 1");
+  train_cmd->add_option("--seed", ta.seed);
+  train_cmd->add_flag("--gradient_checkpointing", ta.gradient_checkpointing,
+                      "recompute each layer in backward");
+  train_cmd->add_option("--dataloader_num_workers", ta.dataloader_num_workers);
   auto* tok_cmd = app.add_subcommand("tokenize", "text files -> llm.c token shards (train_*.bin, val_*.bin)");
   std::string tokenizer_path;
   tr::data::TokenizeOptions topts;
@@ -108,6 +144,13 @@ int main(int argc, char** argv) {
   try {
     if (*info_cmd) return info(dir);
     if (*tok_cmd) return tokenize(tokenizer_path, topts);
+    if (*train_cmd) {
+      auto r = tr::train::train(ta);
+      std::printf("trained %lld steps in %.1f s (%.0f tokens/s): loss %.4f -> %.4f; model saved to %s\n",
+                  static_cast<long long>(r.steps), r.seconds, r.tokens_per_second, r.first_loss, r.last_loss,
+                  ta.output_dir.c_str());
+      return 0;
+    }
     if (*version) {
       std::printf("trainer.cpp; %s\n", tr::backend::cuda_summary().c_str());
       return 0;

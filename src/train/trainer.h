@@ -1,0 +1,20 @@
+// The training loop (first version): data -> model -> AdamW with HF's accumulation-exact loss normalization,
+// gradient clipping, learning-rate schedule, progress bar and JSON-lines metrics; the final model, tokenizer
+// and train_results.json are saved in output_dir as HF does. Checkpoints, resume, evaluation and mixed
+// precision come with the rest of the Trainer issue.
+#pragma once
+#include <functional>
+#include <string>
+
+#include "train/args.h"
+
+namespace tr::train {
+
+struct TrainResult {
+  int64_t steps = 0;
+  double first_loss = 0, last_loss = 0, train_loss = 0, seconds = 0, tokens_per_second = 0;
+};
+
+TrainResult train(const TrainingArguments& args);
+
+}  // namespace tr::train

