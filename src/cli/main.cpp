@@ -2,7 +2,9 @@
 // arrive with the Trainer and data issues). Only this layer exits; the library throws.
 #include <CLI/CLI.hpp>
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 
@@ -13,6 +15,10 @@
 #include "models/causal_lm.h"
 
 namespace {
+
+// Set by SIGINT/SIGTERM; the training loop finishes its step, saves a checkpoint and returns.
+std::atomic<bool> g_stop_requested{false};
+extern "C" void on_stop_signal(int) { g_stop_requested = true; }
 
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KB", "MB", "GB", "TB"};
@@ -150,7 +156,12 @@ int main(int argc, char** argv) {
     if (*info_cmd) return info(dir);
     if (*tok_cmd) return tokenize(tokenizer_path, topts);
     if (*train_cmd) {
-      auto r = tr::train::train(ta);
+      std::signal(SIGINT, on_stop_signal);
+      std::signal(SIGTERM, on_stop_signal);
+      tr::train::TrainHooks hooks;
+      hooks.should_stop = [] { return g_stop_requested.load(); };
+      auto r = tr::train::train(ta, hooks);
+      if (r.interrupted) return 0;  // the message saying how to resume was printed
       std::printf("trained %lld steps in %.1f s (%.0f tokens/s): loss %.4f -> %.4f; model saved to %s\n",
                   static_cast<long long>(r.steps), r.seconds, r.tokens_per_second, r.first_loss, r.last_loss,
                   ta.output_dir.c_str());

@@ -103,7 +103,7 @@ void save_checkpoint(models::CausalLM& model, const optim::AdamW& opt, const dat
 
 }  // namespace
 
-TrainResult train(const TrainingArguments& a) {
+TrainResult train(const TrainingArguments& a, const TrainHooks& hooks) {
   a.validate();
   using clock = std::chrono::steady_clock;
   fs::create_directories(a.output_dir);
@@ -255,8 +255,19 @@ TrainResult train(const TrainingArguments& a) {
       loss_since_log = 0;
       steps_since_log = 0;
     }
-    if ((step + 1) % save_every == 0 || step + 1 == total)
+    const bool stop = hooks.should_stop && hooks.should_stop();
+    if ((step + 1) % save_every == 0 || step + 1 == total || stop) {
       save_checkpoint(*model, opt, loader.position(), a, step + 1, log_history);
+      r.last_checkpoint = (fs::path(a.output_dir) / ("checkpoint-" + std::to_string(step + 1))).string();
+    }
+    if (stop && step + 1 < total) {
+      std::fprintf(
+          stderr, "\ntrain: interrupted after step %lld; saved %s. Resume with --resume_from_checkpoint %s\n",
+          static_cast<long long>(step + 1), r.last_checkpoint.c_str(), r.last_checkpoint.c_str());
+      r.interrupted = true;
+      r.steps = step + 1 - start_step;
+      return r;
+    }
   }
   std::fprintf(stderr, "\n");
   r.steps = total - start_step;
