@@ -4,3 +4,6 @@ set -euo pipefail
 source "$(dirname "$0")/prepare.sh" --bench
 "build/$preset/bench/bench_ops" 10
 "build/$preset/bench/bench_block" 10
+# Whole training runs: the same GPT-2 (same init, same batches) through `trainer train` and PyTorch CPU; loss
+# curves must agree (exit 1 otherwise), tokens/s and peak RSS as ratios (bench/train_side_by_side.py).
+"${TRAINER_TORCH_PYTHON:-/usr/bin/python3}" bench/train_side_by_side.py --trainer "build/$preset/trainer"

@@ -1,14 +1,17 @@
-// The `trainer` command line. Subcommands so far: info (the train, eval, generate and tokenize subcommands
-// arrive with the Trainer and data issues). Only this layer exits; the library throws.
+// The `trainer` command line: train (no arguments: the default run), eval, generate, tokenize, info, flags,
+// version. Only this layer exits; the library throws.
 #include <CLI/CLI.hpp>
 
 #include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cmath>
 #include <filesystem>
 
 #include "backend/cuda_api.h"
+#include "cli/default_run.h"
+#include "cli/flags.h"
 #include "data/tokenize.h"
 #include "train/trainer.h"
 #include "io/safetensors.h"
@@ -85,6 +88,28 @@ int tokenize(const std::string& tokenizer_path, tr::data::TokenizeOptions o) {
   return 0;
 }
 
+int run_train(tr::train::TrainingArguments a, bool default_run) {
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  tr::train::TrainHooks hooks;
+  hooks.should_stop = [] { return g_stop_requested.load(); };
+  auto r = tr::train::train(a, hooks);
+  if (r.interrupted) return 0;  // the message saying how to resume was printed
+  std::printf("trained %lld steps in %.1f s (%.0f tokens/s): loss %.4f -> %.4f; model saved to %s\n",
+              static_cast<long long>(r.steps), r.seconds, r.tokens_per_second, r.first_loss, r.last_loss,
+              a.output_dir.c_str());
+  if (!r.evals.empty())
+    std::printf("eval_loss %.4f (perplexity %.1f) vs the unigram baseline %.4f (perplexity %.1f)\n",
+                r.evals.back().loss, r.evals.back().perplexity, r.unigram_baseline,
+                std::exp(r.unigram_baseline));
+  if (default_run) {
+    const std::string prompt = "Call me Ishmael.";
+    std::printf("sample: %s\n",
+                tr::cli::sample_text(a.output_dir, prompt, 40, true, 0.8, 40, 1.0, 1).c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -95,46 +120,30 @@ int main(int argc, char** argv) {
   info_cmd->add_option("model_dir", dir, "a Hugging Face model folder (config.json + model.safetensors)")
       ->required();
   auto* version = app.add_subcommand("version", "print the build configuration");
-  auto* train_cmd =
-      app.add_subcommand("train", "train or fine-tune a causal LM (HF TrainingArguments names)");
-  tr::train::TrainingArguments ta;
-  train_cmd->add_option("--model_name_or_path", ta.model_name_or_path, "HF model folder to fine-tune");
-  train_cmd->add_option(
-      "--config_name", ta.config_name,
-      "train from scratch: built-in name (gpt2, gpt2-medium, llama-60m, ...) or config.json / folder");
-  train_cmd->add_option("--tokenizer_name", ta.tokenizer_name,
-                        "tokenizer.json or folder (default: the model's)");
-  train_cmd
-      ->add_option("--train_file", ta.train_file, "a text file, or llm.c / nanoGPT token shards (.bin, glob)")
-      ->required();
-  train_cmd->add_option("--block_size", ta.block_size, "tokens per sequence");
-  train_cmd->add_option("--attn_implementation", ta.attn_implementation, "eager, sdpa or flash_attention_2");
-  train_cmd->add_option("--output_dir", ta.output_dir, "where the model, tokenizer and metrics go")
-      ->required();
-  train_cmd->add_option("--per_device_train_batch_size", ta.per_device_train_batch_size);
-  train_cmd->add_option("--gradient_accumulation_steps", ta.gradient_accumulation_steps);
-  train_cmd->add_option("--learning_rate", ta.learning_rate);
-  train_cmd->add_option("--weight_decay", ta.weight_decay);
-  train_cmd->add_option("--adam_beta1", ta.adam_beta1);
-  train_cmd->add_option("--adam_beta2", ta.adam_beta2);
-  train_cmd->add_option("--adam_epsilon", ta.adam_epsilon);
-  train_cmd->add_option("--max_grad_norm", ta.max_grad_norm);
-  train_cmd->add_option("--num_train_epochs", ta.num_train_epochs);
-  train_cmd->add_option("--max_steps", ta.max_steps);
-  train_cmd->add_option("--lr_scheduler_type", ta.lr_scheduler_type,
-                        "linear, cosine, constant, constant_with_warmup");
-  train_cmd->add_option("--warmup_steps", ta.warmup_steps, "steps, or a ratio of the total below 1");
-  train_cmd->add_option("--warmup_ratio", ta.warmup_ratio);
-  train_cmd->add_option("--logging_steps", ta.logging_steps, "steps, or a ratio of the total below 1");
-  train_cmd->add_option("--seed", ta.seed);
-  train_cmd->add_flag("--gradient_checkpointing", ta.gradient_checkpointing,
-                      "recompute each layer in backward");
-  train_cmd->add_option("--dataloader_num_workers", ta.dataloader_num_workers);
-  train_cmd->add_option("--save_steps", ta.save_steps,
-                        "checkpoint every N steps (ratio below 1) and at the end");
-  train_cmd->add_option("--save_total_limit", ta.save_total_limit, "keep the newest N checkpoints (0: all)");
-  train_cmd->add_option("--resume_from_checkpoint", ta.resume_from_checkpoint,
-                        "a checkpoint folder, or true for the newest in output_dir");
+  auto* flags_cmd = app.add_subcommand("flags", "print the flag reference of train and eval (markdown)");
+  auto* train_cmd = app.add_subcommand(
+      "train", "train or fine-tune a causal LM (HF TrainingArguments names; no arguments: the default run)");
+  tr::cli::TrainingFlags train_flags;
+  tr::cli::add_training_flags(train_cmd, train_flags);
+  auto* eval_cmd = app.add_subcommand("eval", "evaluate a model folder: eval_loss and perplexity");
+  tr::cli::TrainingFlags eval_flags;
+  tr::cli::add_training_flags(eval_cmd, eval_flags);
+  auto* gen_cmd = app.add_subcommand("generate", "continue a prompt with a model folder");
+  std::string gen_model, prompt;
+  int64_t max_new_tokens = 50, top_k = 0;
+  double temperature = 1.0, top_p = 1.0;
+  bool do_sample = false;
+  uint64_t gen_seed = 42;
+  gen_cmd->add_option("--model_name_or_path", gen_model, "HF model folder (with tokenizer.json)")->required();
+  gen_cmd->add_option("--prompt", prompt, "text to continue")->required();
+  gen_cmd->add_option("--max_new_tokens", max_new_tokens);
+  gen_cmd->add_option("--do_sample", do_sample, "sample instead of greedy")
+      ->expected(0, 1)
+      ->default_str("true");
+  gen_cmd->add_option("--temperature", temperature);
+  gen_cmd->add_option("--top_k", top_k);
+  gen_cmd->add_option("--top_p", top_p);
+  gen_cmd->add_option("--seed", gen_seed);
   auto* tok_cmd = app.add_subcommand("tokenize", "text files -> llm.c token shards (train_*.bin, val_*.bin)");
   std::string tokenizer_path;
   tr::data::TokenizeOptions topts;
@@ -147,6 +156,15 @@ int main(int argc, char** argv) {
                       "percent of the token stream (from its start) for validation shards");
   tok_cmd->add_option("--shard_size", topts.shard_tokens, "tokens per shard (default 100M)");
   tok_cmd->add_option("--num_proc", topts.threads, "threads (default: all)");
+  // Unknown train/eval flags get a suggestion (CLI11 only says "not expected").
+  if (argc >= 2 && (std::string(argv[1]) == "train" || std::string(argv[1]) == "eval")) {
+    const std::string msg = tr::cli::unknown_flag_message(std::vector<std::string>(argv + 2, argv + argc),
+                                                          tr::train::argument_names());
+    if (!msg.empty()) {
+      std::fprintf(stderr, "trainer %s: %s\n", argv[1], msg.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -155,16 +173,33 @@ int main(int argc, char** argv) {
   try {
     if (*info_cmd) return info(dir);
     if (*tok_cmd) return tokenize(tokenizer_path, topts);
+    if (*flags_cmd) {
+      std::printf("%s", tr::train::flags_markdown().c_str());
+      return 0;
+    }
     if (*train_cmd) {
-      std::signal(SIGINT, on_stop_signal);
-      std::signal(SIGTERM, on_stop_signal);
-      tr::train::TrainHooks hooks;
-      hooks.should_stop = [] { return g_stop_requested.load(); };
-      auto r = tr::train::train(ta, hooks);
-      if (r.interrupted) return 0;  // the message saying how to resume was printed
-      std::printf("trained %lld steps in %.1f s (%.0f tokens/s): loss %.4f -> %.4f; model saved to %s\n",
-                  static_cast<long long>(r.steps), r.seconds, r.tokens_per_second, r.first_loss, r.last_loss,
-                  ta.output_dir.c_str());
+      // No model, data or args file: the default run (its settings can still be changed by flags).
+      const bool default_run = train_flags.args_file.empty() && !train_flags.given("model_name_or_path") &&
+                               !train_flags.given("config_name") && !train_flags.given("train_file");
+      if (default_run) tr::cli::ensure_default_data();
+      return run_train(train_flags.resolve(default_run ? tr::cli::default_run_arguments()
+                                                       : tr::train::TrainingArguments{}),
+                       default_run);
+    }
+    if (*eval_cmd) {
+      auto a = eval_flags.resolve();
+      auto r = tr::train::evaluate_command(a);
+      std::printf(
+          "eval_loss %.4f  perplexity %.2f  (%lld sequences, %lld tokens, %.1f s); wrote "
+          "%s/eval_results.json\n",
+          r.loss, r.perplexity, static_cast<long long>(r.samples), static_cast<long long>(r.tokens),
+          r.seconds, a.output_dir.c_str());
+      return 0;
+    }
+    if (*gen_cmd) {
+      std::printf("%s\n", tr::cli::sample_text(gen_model, prompt, max_new_tokens, do_sample, temperature,
+                                               top_k, top_p, gen_seed)
+                              .c_str());
       return 0;
     }
     if (*version) {

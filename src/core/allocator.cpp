@@ -27,6 +27,27 @@ void Allocator::record_alloc(size_t nbytes) {
   if (stats_.current_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.current_bytes;
 }
 
+void Allocator::set_limit(int64_t bytes) {
+  std::lock_guard<std::mutex> g(mu_);
+  limit_ = bytes;
+}
+
+int64_t Allocator::limit() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return limit_;
+}
+
+void Allocator::check_limit(size_t nbytes) const {
+  std::lock_guard<std::mutex> g(mu_);
+  if (limit_ <= 0 || stats_.current_bytes + static_cast<int64_t>(nbytes) <= limit_) return;
+  throw OutOfMemoryError(
+      fmt::format("{} out of memory: tried to allocate {:.1f} MiB with {:.1f} MiB in use (peak {:.1f} MiB) "
+                  "under a limit of "
+                  "{:.1f} MiB",
+                  device().str(), nbytes / 1048576.0, stats_.current_bytes / 1048576.0,
+                  stats_.peak_bytes / 1048576.0, limit_ / 1048576.0));
+}
+
 void Allocator::record_free(size_t nbytes) {
   std::lock_guard<std::mutex> g(mu_);
   stats_.current_bytes -= static_cast<int64_t>(nbytes);
@@ -47,6 +68,7 @@ CpuAllocator::~CpuAllocator() { empty_cache(); }
 
 void* CpuAllocator::allocate(size_t nbytes) {
   if (nbytes == 0) return nullptr;
+  check_limit(nbytes);
   const size_t size = block_size(nbytes);
   void* p = nullptr;
   if (nbytes >= kLargeBlock) {

@@ -34,14 +34,21 @@ class Allocator {
   AllocatorStats stats() const;
   // Restarts peak tracking from the current usage.
   void reset_peak();
+  // Caps the bytes in use (0: no cap, the default), like torch's per-process memory fraction: an allocation
+  // beyond it throws OutOfMemoryError with the breakdown. auto_find_batch_size and its tests use it.
+  void set_limit(int64_t bytes);
+  int64_t limit() const;
 
  protected:
+  // Throws OutOfMemoryError when `nbytes` more would pass the cap.
+  void check_limit(size_t nbytes) const;
   void record_alloc(size_t nbytes);
   void record_free(size_t nbytes);
 
  private:
   mutable std::mutex mu_;
   AllocatorStats stats_;
+  int64_t limit_ = 0;
   std::atomic<bool> poison_{false};
 };
 

@@ -114,9 +114,16 @@ TokenStream::TokenStream(std::vector<uint32_t> tokens) : memory_(std::move(token
   total_ = static_cast<int64_t>(memory_.size());
 }
 
+TokenStream::TokenStream(std::shared_ptr<const TokenStream> base, int64_t begin, int64_t end)
+    : base_(std::move(base)), offset_(begin), total_(end - begin) {
+  TR_CHECK(base_ && begin >= 0 && begin < end && end <= base_->size(),
+           "token stream: slice [{}, {}) outside {} tokens", begin, end, base_ ? base_->size() : 0);
+}
+
 void TokenStream::read(int64_t begin, int64_t n, int64_t* out) const {
   TR_CHECK(begin >= 0 && n >= 0 && begin + n <= total_, "token stream: range [{}, {}) outside {} tokens",
            begin, begin + n, total_);
+  if (base_) return base_->read(offset_ + begin, n, out);
   if (!memory_.empty()) {
     for (int64_t k = 0; k < n; ++k) out[k] = memory_[static_cast<size_t>(begin + k)];
     return;

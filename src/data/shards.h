@@ -36,6 +36,8 @@ class TokenStream {
   TokenStream(const std::vector<std::string>& paths, int64_t vocab_size = 0);
   // Tokens held in memory (small text inputs tokenized on the fly).
   explicit TokenStream(std::vector<uint32_t> tokens);
+  // Tokens [begin, end) of `base` (a validation split without copying).
+  TokenStream(std::shared_ptr<const TokenStream> base, int64_t begin, int64_t end);
   int64_t size() const { return total_; }
   // Copies tokens [begin, begin + n) into out (as int64 ids).
   void read(int64_t begin, int64_t n, int64_t* out) const;
@@ -44,6 +46,8 @@ class TokenStream {
   std::vector<TokenFile> files_;
   std::vector<uint32_t> memory_;
   std::vector<int64_t> starts_;
+  std::shared_ptr<const TokenStream> base_;
+  int64_t offset_ = 0;
   int64_t total_ = 0;
 };
 

@@ -40,6 +40,8 @@ class CausalLM {
   const ModelConfig& config() const { return config_; }
   Device device() const { return device_; }
   DType dtype() const { return dtype_; }
+  // The dtype save_pretrained records (mixed precision swaps fp32 masters in to save).
+  void set_dtype(DType t) { dtype_ = t; }
   // Parameters under their HF names, in HF's order; tied weights appear once.
   virtual nn::ParamList named_parameters() = 0;
   virtual CausalLMOutput forward(const Tensor& input_ids, const ForwardOptions& opts = {}) = 0;

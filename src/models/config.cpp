@@ -175,12 +175,21 @@ ModelConfig ModelConfig::builtin(const std::string& name) {
                           {"architectures", {"LlamaForCausalLM"}}};
   };
   if (name == "gpt2") return from_json(gpt2(768, 12, 12), name);
+  if (name == "gpt2-mini") {  // the default run's model: GPT-2 vocabulary, 4 small layers, no dropout
+    auto j = gpt2(256, 4, 4);
+    j["n_positions"] = 256;
+    j["embd_pdrop"] = j["resid_pdrop"] = j["attn_pdrop"] = 0.0;
+    return from_json(j, name);
+  }
   if (name == "gpt2-medium") return from_json(gpt2(1024, 24, 16), name);
   if (name == "gpt2-large") return from_json(gpt2(1280, 36, 20), name);
   if (name == "gpt2-xl") return from_json(gpt2(1600, 48, 25), name);
   if (name == "llama-60m") return from_json(llama(512, 8, 8, 8, 1376), name);
   if (name == "llama-160m") return from_json(llama(768, 12, 12, 4, 2048), name);
-  fail("unknown built-in config '{}' (gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-60m, llama-160m)", name);
+  fail(
+      "unknown built-in config '{}' (gpt2-mini, gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-60m, "
+      "llama-160m)",
+      name);
 }
 
 nlohmann::json ModelConfig::to_json() const { return raw; }

@@ -1,34 +1,25 @@
-// AdamW exactly as torch.optim.AdamW (single-tensor path): decoupled weight decay, bias-corrected moments.
-// Parameter groups carry their own weight decay (HF's groups: no decay for biases and norm weights).
-// State (step, exp_avg, exp_avg_sq) saves to and loads from named tensors, so training resumes bit-exactly.
+// AdamW exactly as torch.optim.AdamW: decoupled weight decay, bias-corrected moments, in torch's operation
+// order. Two kernels with identical numbers: per tensor (adamw_torch) and one multi-tensor pass over all
+// parameters (adamw_torch_fused, adamw_apex_fused). State (step, exp_avg, exp_avg_sq) resumes bit-exactly.
 #pragma once
-#include <map>
-#include <string>
-#include <vector>
-
-#include "nn/layers.h"
+#include "optim/optimizer.h"
 
 namespace tr::optim {
 
-struct AdamWOptions {
-  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
-};
+using AdamWOptions = OptimizerOptions;
 
-class AdamW {
+class AdamW : public Optimizer {
  public:
-  // `params` with HF names; weight decay applies to the names `decay(name)` accepts (default: HF's rule).
-  AdamW(const nn::ParamList& params, AdamWOptions opts);
-  void step();
-  void zero_grad();
-  void set_lr(double lr) { opts_.lr = lr; }
-  double lr() const { return opts_.lr; }
-  int64_t step_count() const { return step_; }
+  // `params` with HF names; weight decay applies to the names `decays(name)` accepts (HF's groups).
+  // multi_tensor: every parameter's chunks go through one parallel region over a flat work list, as the fused
+  // kernels do; the element-wise arithmetic is the same, so the results equal the per-tensor ones bit for
+  // bit.
+  AdamW(const nn::ParamList& params, AdamWOptions opts, bool multi_tensor = false);
+  void step() override;
+  int64_t step_count() const override { return step_; }
   // {"step": i64 scalar, "exp_avg.<name>": ..., "exp_avg_sq.<name>": ...}
-  std::vector<std::pair<std::string, Tensor>> state_dict() const;
-  void load_state_dict(const std::map<std::string, Tensor>& state);
-
-  // HF's weight-decay groups: no decay for biases and for LayerNorm / RMSNorm weights.
-  static bool decays(const std::string& name);
+  std::vector<std::pair<std::string, Tensor>> state_dict() const override;
+  void load_state_dict(const std::map<std::string, Tensor>& state) override;
 
  private:
   struct Slot {
@@ -38,7 +29,7 @@ class AdamW {
     bool decay;
   };
   std::vector<Slot> slots_;
-  AdamWOptions opts_;
+  bool multi_tensor_;
   int64_t step_ = 0;
 };
 

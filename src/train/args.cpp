@@ -1,12 +1,128 @@
-// TrainingArguments validation and serialization; HF's learning-rate schedules.
+// The TrainingArguments table (every flag once), validation, JSON in/out, the flag reference; HF's LR
+// schedules.
 #include "train/args.h"
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <sstream>
 
 #include "core/error.h"
+#include "core/suggest.h"
+#include "optim/optimizer.h"
 
 namespace tr::train {
+
+using A = TrainingArguments;
+
+const std::vector<ArgSpec>& argument_specs() {
+  static const std::vector<ArgSpec> specs = {
+      {"model_name_or_path", &A::model_name_or_path, "HF model folder to fine-tune", "model and data"},
+      {"config_name", &A::config_name,
+       "train from scratch: a built-in name (gpt2, gpt2-medium, gpt2-mini, llama-60m, ...), a config.json or "
+       "an "
+       "HF folder",
+       "model and data"},
+      {"tokenizer_name", &A::tokenizer_name, "tokenizer.json, or a folder with one (default: the model's)",
+       "model and data"},
+      {"train_file", &A::train_file, "a text file, or llm.c / nanoGPT token shards (.bin, glob)",
+       "model and data"},
+      {"validation_file", &A::validation_file,
+       "text or token shards for evaluation (default: validation_split_percentage of train_file)",
+       "model and data"},
+      {"validation_split_percentage", &A::validation_split_percentage,
+       "without validation_file, the first this-many percent of the training tokens are held out for "
+       "evaluation",
+       "model and data"},
+      {"block_size", &A::block_size, "tokens per training sequence", "model and data"},
+      {"attn_implementation", &A::attn_implementation, "eager, sdpa or flash_attention_2", "model and data"},
+      {"output_dir", &A::output_dir, "where checkpoints, the final model, tokenizer and metrics go",
+       "training"},
+      {"overwrite_output_dir", &A::overwrite_output_dir,
+       "allow an output_dir that already holds a trained model or checkpoints", "training"},
+      {"per_device_train_batch_size", &A::per_device_train_batch_size, "sequences per micro-batch",
+       "training"},
+      {"gradient_accumulation_steps", &A::gradient_accumulation_steps,
+       "micro-batches per optimizer step (loss normalized by the label tokens of the whole step)",
+       "training"},
+      {"learning_rate", &A::learning_rate, "peak learning rate", "training"},
+      {"weight_decay", &A::weight_decay, "decoupled weight decay (not for biases and norm weights)",
+       "training"},
+      {"adam_beta1", &A::adam_beta1, "", "training"},
+      {"adam_beta2", &A::adam_beta2, "", "training"},
+      {"adam_epsilon", &A::adam_epsilon, "", "training"},
+      {"max_grad_norm", &A::max_grad_norm, "clip the global gradient L2 norm to this (<= 0: off)",
+       "training"},
+      {"num_train_epochs", &A::num_train_epochs, "epochs (fractions allowed); max_steps > 0 overrides",
+       "training"},
+      {"max_steps", &A::max_steps, "optimizer steps (-1: from num_train_epochs)", "training"},
+      {"lr_scheduler_type", &A::lr_scheduler_type, "linear, cosine, constant or constant_with_warmup",
+       "training"},
+      {"warmup_steps", &A::warmup_steps, "warmup steps, or a ratio of the total below 1", "training"},
+      {"warmup_ratio", &A::warmup_ratio, "warmup as a ratio of the total steps", "training"},
+      {"optim", &A::optim,
+       "adamw_torch, adamw_torch_fused, adamw_apex_fused, adafactor, adamw_bnb_8bit (= adamw_8bit) or sgd",
+       "training"},
+      {"optim_args", &A::optim_args, "extra optimizer arguments, e.g. \"momentum=0.9,nesterov=true\"",
+       "training"},
+      {"seed", &A::seed, "seed of initialization, shuffling and dropout", "training"},
+      {"dataloader_num_workers", &A::dataloader_num_workers, "batch-building threads (0: the main thread)",
+       "training"},
+      {"dataloader_pin_memory", &A::dataloader_pin_memory, "page-locked batches for a GPU", "training"},
+      {"dataloader_drop_last", &A::dataloader_drop_last, "drop an epoch's incomplete last batch", "training"},
+      {"resume_from_checkpoint", &A::resume_from_checkpoint,
+       "a checkpoint folder, or true for the newest checkpoint-N in output_dir", "training"},
+      {"do_eval", &A::do_eval, "evaluate at the end of training", "evaluation and saving"},
+      {"eval_strategy", &A::eval_strategy, "no, steps or epoch", "evaluation and saving"},
+      {"eval_steps", &A::eval_steps, "evaluate every N steps (ratio below 1; 0: logging_steps)",
+       "evaluation and saving"},
+      {"per_device_eval_batch_size", &A::per_device_eval_batch_size, "sequences per evaluation batch",
+       "evaluation and saving"},
+      {"logging_steps", &A::logging_steps, "log every N steps (ratio below 1)", "evaluation and saving"},
+      {"logging_first_step", &A::logging_first_step, "also log the first step", "evaluation and saving"},
+      {"save_strategy", &A::save_strategy, "no, steps or epoch (a checkpoint is also saved at the end)",
+       "evaluation and saving"},
+      {"save_steps", &A::save_steps, "checkpoint every N steps (ratio below 1)", "evaluation and saving"},
+      {"save_total_limit", &A::save_total_limit, "keep the newest N checkpoints (0: all)",
+       "evaluation and saving"},
+      {"bf16", &A::bf16, "bf16 compute copies, fp32 master weights", "precision and memory"},
+      {"fp16", &A::fp16, "fp16 compute copies, fp32 master weights, dynamic loss scaling",
+       "precision and memory"},
+      {"tf32", &A::tf32, "fp32 GEMMs on tensor cores (Ampere or newer GPU)", "precision and memory"},
+      {"gradient_checkpointing", &A::gradient_checkpointing, "recompute each decoder layer in backward",
+       "precision and memory"},
+      {"torch_empty_cache_steps", &A::torch_empty_cache_steps,
+       "release the allocator's cached blocks every N steps (after forward, before backward; 0: never)",
+       "precision and memory"},
+      {"auto_find_batch_size", &A::auto_find_batch_size,
+       "on out-of-memory retry with a smaller batch, raising gradient_accumulation_steps to keep the "
+       "effective batch",
+       "precision and memory"},
+  };
+  return specs;
+}
+
+std::vector<std::string> argument_names() {
+  std::vector<std::string> n;
+  for (const auto& s : argument_specs()) n.push_back(s.name);
+  return n;
+}
+
+const std::vector<std::string>& scheduler_names() {
+  static const std::vector<std::string> n = {"linear", "cosine", "constant", "constant_with_warmup"};
+  return n;
+}
+
+namespace {
+
+void check_one_of(const std::string& flag, const std::string& v, const std::vector<std::string>& allowed) {
+  if (std::find(allowed.begin(), allowed.end(), v) != allowed.end()) return;
+  std::string list;
+  for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+  fail("--{} '{}' is not one of {}{}", flag, v, list, did_you_mean(v, allowed));
+}
+
+}  // namespace
 
 void TrainingArguments::validate() const {
   TR_CHECK(!output_dir.empty(), "--output_dir is required");
@@ -15,9 +131,13 @@ void TrainingArguments::validate() const {
   TR_CHECK(!train_file.empty(), "--train_file is required");
   TR_CHECK(per_device_train_batch_size > 0, "--per_device_train_batch_size must be positive, got {}",
            per_device_train_batch_size);
+  TR_CHECK(per_device_eval_batch_size > 0, "--per_device_eval_batch_size must be positive, got {}",
+           per_device_eval_batch_size);
   TR_CHECK(gradient_accumulation_steps > 0, "--gradient_accumulation_steps must be positive, got {}",
            gradient_accumulation_steps);
   TR_CHECK(block_size > 1, "--block_size must be at least 2, got {}", block_size);
+  TR_CHECK(validation_split_percentage >= 0 && validation_split_percentage < 100,
+           "--validation_split_percentage must be in [0, 100), got {}", validation_split_percentage);
   TR_CHECK(learning_rate >= 0, "--learning_rate must not be negative");
   TR_CHECK(max_steps > 0 || num_train_epochs > 0, "--max_steps or --num_train_epochs must be positive");
   TR_CHECK(max_steps == -1 || max_steps > 0, "--max_steps must be positive (or -1), got {}", max_steps);
@@ -25,43 +145,98 @@ void TrainingArguments::validate() const {
            "--warmup_steps/--warmup_ratio out of range");
   TR_CHECK(logging_steps > 0, "--logging_steps must be positive");
   TR_CHECK(save_steps > 0, "--save_steps must be positive");
+  TR_CHECK(eval_steps >= 0, "--eval_steps must not be negative");
   TR_CHECK(save_total_limit >= 0, "--save_total_limit must not be negative");
-  const std::string s = lr_scheduler_type;
-  TR_CHECK(s == "linear" || s == "cosine" || s == "constant" || s == "constant_with_warmup",
-           "--lr_scheduler_type '{}' is not one of linear, cosine, constant, constant_with_warmup", s);
-  TR_CHECK(attn_implementation == "eager" || attn_implementation == "sdpa" ||
-               attn_implementation == "flash_attention_2",
-           "--attn_implementation '{}' is not one of eager, sdpa, flash_attention_2", attn_implementation);
+  TR_CHECK(dataloader_num_workers >= 0, "--dataloader_num_workers must not be negative");
+  TR_CHECK(torch_empty_cache_steps >= 0, "--torch_empty_cache_steps must not be negative");
+  TR_CHECK(!(fp16 && bf16), "--fp16 and --bf16 are mutually exclusive: choose one half-precision type");
+  check_one_of("lr_scheduler_type", lr_scheduler_type, scheduler_names());
+  check_one_of("attn_implementation", attn_implementation, {"eager", "sdpa", "flash_attention_2"});
+  check_one_of("eval_strategy", eval_strategy, {"no", "steps", "epoch"});
+  check_one_of("save_strategy", save_strategy, {"no", "steps", "epoch"});
+  check_one_of("optim", optim, optim::optimizer_names());
+  optim::parse_optim_args(optim_args);  // throws on a malformed entry
 }
 
 nlohmann::json TrainingArguments::to_json() const {
-  return {{"model_name_or_path", model_name_or_path},
-          {"config_name", config_name},
-          {"tokenizer_name", tokenizer_name},
-          {"train_file", train_file},
-          {"block_size", block_size},
-          {"attn_implementation", attn_implementation},
-          {"output_dir", output_dir},
-          {"per_device_train_batch_size", per_device_train_batch_size},
-          {"gradient_accumulation_steps", gradient_accumulation_steps},
-          {"learning_rate", learning_rate},
-          {"weight_decay", weight_decay},
-          {"adam_beta1", adam_beta1},
-          {"adam_beta2", adam_beta2},
-          {"adam_epsilon", adam_epsilon},
-          {"max_grad_norm", max_grad_norm},
-          {"num_train_epochs", num_train_epochs},
-          {"max_steps", max_steps},
-          {"lr_scheduler_type", lr_scheduler_type},
-          {"warmup_steps", warmup_steps},
-          {"warmup_ratio", warmup_ratio},
-          {"logging_steps", logging_steps},
-          {"seed", seed},
-          {"gradient_checkpointing", gradient_checkpointing},
-          {"dataloader_num_workers", dataloader_num_workers},
-          {"save_steps", save_steps},
-          {"save_total_limit", save_total_limit},
-          {"resume_from_checkpoint", resume_from_checkpoint}};
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& s : argument_specs()) std::visit([&](auto m) { j[s.name] = this->*m; }, s.member);
+  return j;
+}
+
+void TrainingArguments::update_from_json(const nlohmann::json& j, const std::string& source) {
+  TR_CHECK(j.is_object(), "{}: expected a JSON object of flag names and values", source);
+  const auto names = argument_names();
+  for (const auto& [key, value] : j.items()) {
+    auto it = std::find_if(argument_specs().begin(), argument_specs().end(),
+                           [&](const ArgSpec& s) { return s.name == key; });
+    TR_CHECK(it != argument_specs().end(), "{}: unknown argument '{}'{}", source, key,
+             did_you_mean(key, names));
+    if (value.is_null()) continue;  // HF writes None for unset optionals: keep our default
+    std::visit(
+        [&](auto m) {
+          using T = std::decay_t<decltype(this->*m)>;
+          bool ok = false;
+          if constexpr (std::is_same_v<T, bool>)
+            ok = value.is_boolean();
+          else if constexpr (std::is_same_v<T, std::string>)
+            ok = value.is_string() || value.is_boolean();  // resume_from_checkpoint: true
+          else if constexpr (std::is_integral_v<T>)
+            ok = value.is_number_integer() ||
+                 (value.is_number_float() && std::floor(value.get<double>()) == value.get<double>());
+          else
+            ok = value.is_number();
+          TR_CHECK(ok, "{}: '{}' has the wrong type ({})", source, key, value.type_name());
+          if constexpr (std::is_same_v<T, std::string>)
+            this->*m = value.is_boolean() ? (value.get<bool>() ? "true" : "false") : value.get<std::string>();
+          else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
+            this->*m = static_cast<T>(value.get<double>());
+          else
+            this->*m = value.get<T>();
+        },
+        it->member);
+  }
+}
+
+void TrainingArguments::update_from_file(const std::string& path) {
+  std::ifstream in(path);
+  TR_CHECK(in.good(), "{}: cannot open the arguments file", path);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  TR_CHECK(!j.is_discarded(), "{}: not valid JSON", path);
+  update_from_json(j, path);
+}
+
+std::string flags_markdown() {
+  const TrainingArguments d;
+  const nlohmann::json defaults = d.to_json();
+  std::ostringstream o;
+  o << "# `trainer train` flags\n\n"
+       "Generated from the argument table in src/train/args.cpp by `trainer flags` (a test checks that this\n"
+       "file matches it). Names, types and defaults follow Hugging Face's TrainingArguments and run_clm.py.\n"
+       "Every flag works as `--name value` or `--name=value`; booleans also as a bare `--name`. The same\n"
+       "names are the keys of a JSON arguments file: `trainer train args.json` (flags after it override).\n";
+  for (const std::string group :
+       {"model and data", "training", "evaluation and saving", "precision and memory"}) {
+    o << "\n## " << static_cast<char>(std::toupper(group[0])) << group.substr(1) << "\n\n";
+    o << "| flag | type | default | meaning |\n|---|---|---|---|\n";
+    for (const auto& s : argument_specs()) {
+      if (s.group != group) continue;
+      const char* type = std::visit(
+          [](auto m) -> const char* {
+            using T = std::decay_t<decltype(TrainingArguments{}.*m)>;
+            if constexpr (std::is_same_v<T, bool>) return "bool";
+            if constexpr (std::is_same_v<T, std::string>) return "string";
+            if constexpr (std::is_integral_v<T>) return "int";
+            return "float";
+          },
+          s.member);
+      std::string def = defaults[s.name].dump();
+      if (def == "\"\"") def = "";
+      o << "| `--" << s.name << "` | " << type << " | " << (def.empty() ? "" : "`" + def + "`") << " | "
+        << s.help << " |\n";
+    }
+  }
+  return o.str();
 }
 
 double lr_at(const std::string& schedule, double base, int64_t step, int64_t warmup, int64_t total) {

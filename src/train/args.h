@@ -1,8 +1,11 @@
-// TrainingArguments: the subset of Hugging Face's flags the loop implements so far, with HF's names and
-// defaults (../shared/SEMANTICS.md), plus the model/data arguments of run_clm.
+// TrainingArguments with Hugging Face's names, types and defaults (../shared/SEMANTICS.md) plus run_clm's
+// model and data arguments. One table (argument_specs) defines every flag: the CLI, the JSON args file,
+// training_args.json and the flag reference (docs/FLAGS.md) are all generated from it.
 #pragma once
 #include <cstdint>
 #include <string>
+#include <variant>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -10,12 +13,15 @@ namespace tr::train {
 
 struct TrainingArguments {
   // model and data (run_clm's names)
-  std::string model_name_or_path, config_name, tokenizer_name, train_file;
+  std::string model_name_or_path, config_name, tokenizer_name, train_file, validation_file;
   int64_t block_size = 256;
+  int64_t validation_split_percentage = 5;
   std::string attn_implementation = "sdpa";
   // TrainingArguments
   std::string output_dir;
-  int64_t per_device_train_batch_size = 8;
+  bool overwrite_output_dir = false;
+  bool do_eval = false;
+  int64_t per_device_train_batch_size = 8, per_device_eval_batch_size = 8;
   int64_t gradient_accumulation_steps = 1;
   double learning_rate = 5e-5, weight_decay = 0.0, adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;
   double max_grad_norm = 1.0;
@@ -25,23 +31,51 @@ struct TrainingArguments {
   double warmup_steps = 0;  // a value in (0, 1) is a ratio of the total steps
   double warmup_ratio = 0;
   double logging_steps = 500;
-  uint64_t seed = 42;
-  bool gradient_checkpointing = false;
-  int dataloader_num_workers = 0;
-  // Checkpoints: output_dir/checkpoint-{step} every save_steps optimizer steps (ratio below 1) and at the
-  // end; save_total_limit keeps the newest N (0: all). resume_from_checkpoint: a checkpoint folder, or "true"
-  // for the newest one in output_dir.
+  bool logging_first_step = false;
+  std::string eval_strategy = "no";  // no | steps | epoch
+  double eval_steps = 0;             // 0: logging_steps
+  std::string save_strategy = "steps";
   double save_steps = 500;
-  int64_t save_total_limit = 0;
+  int64_t save_total_limit = 0;  // 0: keep all
   std::string resume_from_checkpoint;
+  uint64_t seed = 42;
+  bool fp16 = false, bf16 = false, tf32 = false;
+  std::string optim = "adamw_torch";
+  std::string optim_args;
+  bool gradient_checkpointing = false;
+  int64_t dataloader_num_workers = 0;
+  bool dataloader_pin_memory = true;
+  bool dataloader_drop_last = false;
+  int64_t torch_empty_cache_steps = 0;  // 0: never
+  bool auto_find_batch_size = false;
 
-  // Throws naming the field for contradictory or out-of-range values.
+  // Throws naming the flag for contradictory or out-of-range values, suggesting the nearest valid name.
   void validate() const;
   nlohmann::json to_json() const;
+  // Reads an args file (HF accepts `train.py args.json`): keys are flag names; an unknown key or a value of
+  // the wrong type is an error naming the file and key.
+  void update_from_json(const nlohmann::json& j, const std::string& source);
+  void update_from_file(const std::string& path);
 };
+
+// One flag: its name, help, and the member it sets.
+struct ArgSpec {
+  using Member =
+      std::variant<int64_t TrainingArguments::*, uint64_t TrainingArguments::*, double TrainingArguments::*,
+                   bool TrainingArguments::*, std::string TrainingArguments::*>;
+  std::string name;
+  Member member;
+  std::string help;
+  std::string group;  // "model and data" | "training" | "evaluation and saving" | "precision and memory"
+};
+const std::vector<ArgSpec>& argument_specs();
+std::vector<std::string> argument_names();
+// The flag reference (markdown table per group, defaults from a default-constructed TrainingArguments).
+std::string flags_markdown();
 
 // Learning rate at optimizer step `step` (0-based) of `total`, HF's schedules: linear, cosine, constant,
 // constant_with_warmup.
 double lr_at(const std::string& schedule, double base_lr, int64_t step, int64_t warmup, int64_t total);
+const std::vector<std::string>& scheduler_names();
 
 }  // namespace tr::train

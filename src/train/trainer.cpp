@@ -6,260 +6,310 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <map>
 
+#include "autograd/node.h"
+#include "core/allocator.h"
 #include "data/loader.h"
-#include "io/safetensors.h"
-#include "data/tokenize.h"
 #include "models/causal_lm.h"
-#include "optim/adamw.h"
+#include "optim/optimizer.h"
 #include "tokenizers/bpe.h"
+#include "train/mixed_precision.h"
+#include "train/setup.h"
 
 namespace tr::train {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-models::ModelConfig config_for(const std::string& name) {
-  if (fs::is_directory(name))
-    return models::ModelConfig::from_file((fs::path(name) / "config.json").string());
-  if (fs::is_regular_file(name)) return models::ModelConfig::from_file(name);
-  return models::ModelConfig::builtin(name);
+int64_t count_label_tokens(const Tensor& labels) {
+  TR_CHECK(labels.dim() == 2 && labels.dtype() == DType::i64,
+           "count_label_tokens: labels must be int64 [B, T]");
+  Tensor l = ops::contiguous(labels);
+  const int64_t* d = l.data<int64_t>();
+  const int64_t B = l.size(0), T = l.size(1);
+  int64_t n = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 1; t < T; ++t) n += d[b * T + t] != -100;
+  return n;
 }
 
-// Global L2 norm of all gradients; scales them to max_norm when above it (HF: coef = max / (norm + 1e-6)).
-double clip_grad_norm(nn::ParamList& params, double max_norm) {
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+// Global L2 norm of all gradients (f32, accumulated in double); scales them to max_norm when above it
+// (torch's clip_grad_norm_: coef = max / (norm + 1e-6), applied when coef < 1).
+double clip_grad_norm(const nn::ParamList& params, double max_norm) {
   double ss = 0;
-  for (auto& [n, p] : params) {
+  for (const auto& [n, p] : params) {
     Tensor g = p->grad();
     if (!g.defined()) continue;
     const float* d = g.data<float>();
-    for (int64_t i = 0; i < g.numel(); ++i) ss += static_cast<double>(d[i]) * d[i];
+    const int64_t len = g.numel();
+#pragma omp parallel for reduction(+ : ss) if (len > 65536)
+    for (int64_t i = 0; i < len; ++i) ss += static_cast<double>(d[i]) * d[i];
   }
   const double norm = std::sqrt(ss);
-  if (max_norm > 0 && norm > max_norm) {
-    const float coef = static_cast<float>(max_norm / (norm + 1e-6));
-    for (auto& [n, p] : params) {
+  const double coef = max_norm / (norm + 1e-6);
+  if (max_norm > 0 && coef < 1.0) {
+    const float c = static_cast<float>(coef);
+    for (const auto& [n, p] : params) {
       Tensor g = p->grad();
       if (!g.defined()) continue;
       float* d = g.data<float>();
-      for (int64_t i = 0; i < g.numel(); ++i) d[i] *= coef;
+      const int64_t len = g.numel();
+#pragma omp parallel for if (len > 65536)
+      for (int64_t i = 0; i < len; ++i) d[i] *= c;
     }
   }
   return norm;
 }
 
-// Newest checkpoint-N folder in dir, or "".
-std::string latest_checkpoint(const std::string& dir) {
-  int64_t best = -1;
-  std::string path;
-  if (!fs::exists(dir)) return path;
-  for (const auto& e : fs::directory_iterator(dir)) {
+// A step count given as N >= 1, or as a ratio of `total` below 1 (HF's logging/save/eval_steps).
+int64_t steps_of(double v, int64_t total) {
+  return v >= 1 ? static_cast<int64_t>(v) : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(v * total)));
+}
+
+// An output_dir holding another run is refused unless the user says what to do with it.
+void check_output_dir(const TrainingArguments& a, bool resuming) {
+  if (resuming || !fs::is_directory(a.output_dir)) return;
+  const std::string last = latest_checkpoint(a.output_dir);
+  const bool has_model = fs::exists(fs::path(a.output_dir) / "model.safetensors") ||
+                         fs::exists(fs::path(a.output_dir) / "model.safetensors.index.json");
+  if (last.empty() && !has_model) return;
+  if (!a.overwrite_output_dir)
+    fail(
+        "--output_dir {} already holds a run ({}); pass --resume_from_checkpoint true to continue it or "
+        "--overwrite_output_dir to replace it",
+        a.output_dir, last.empty() ? "model.safetensors" : fs::path(last).filename().string());
+  for (const auto& e : fs::directory_iterator(a.output_dir)) {  // stale checkpoints would mix with ours
     const std::string n = e.path().filename().string();
-    if (n.rfind("checkpoint-", 0) != 0 || !e.is_directory()) continue;
-    try {
-      const int64_t s = std::stoll(n.substr(11));
-      if (s > best) {
-        best = s;
-        path = e.path().string();
-      }
-    } catch (...) {
-    }
-  }
-  return path;
-}
-
-// Writes checkpoint-{step} through a temporary folder renamed into place (a crash leaves the previous ones).
-void save_checkpoint(models::CausalLM& model, const optim::AdamW& opt, const data::LoaderPosition& pos,
-                     const TrainingArguments& a, int64_t step, const nlohmann::json& log_history) {
-  const fs::path final_dir = fs::path(a.output_dir) / ("checkpoint-" + std::to_string(step));
-  const fs::path tmp = fs::path(a.output_dir) / (".tmp-checkpoint-" + std::to_string(step));
-  fs::remove_all(tmp);
-  models::save_pretrained(model, tmp.string());
-  io::save_safetensors((tmp / "optimizer.safetensors").string(), opt.state_dict());
-  std::ofstream(tmp / "trainer_state.json")
-      << nlohmann::json{{"global_step", step},
-                        {"epoch", pos.epoch},
-                        {"data_position", {{"epoch", pos.epoch}, {"batch", pos.batch}}},
-                        {"train_batch_size", a.per_device_train_batch_size},
-                        {"log_history", log_history}}
-             .dump(2)
-      << "\n";
-  std::ofstream(tmp / "training_args.json") << a.to_json().dump(2) << "\n";
-  fs::remove_all(final_dir);
-  fs::rename(tmp, final_dir);
-  if (a.save_total_limit > 0) {  // rotate: keep the newest save_total_limit checkpoints
-    std::vector<std::pair<int64_t, fs::path>> all;
-    for (const auto& e : fs::directory_iterator(a.output_dir)) {
-      const std::string n = e.path().filename().string();
-      if (n.rfind("checkpoint-", 0) == 0) all.emplace_back(std::stoll(n.substr(11)), e.path());
-    }
-    std::sort(all.begin(), all.end());
-    for (size_t i = 0; i + static_cast<size_t>(a.save_total_limit) < all.size(); ++i)
-      fs::remove_all(all[i].second);
+    if (e.is_directory() && n.rfind("checkpoint-", 0) == 0) fs::remove_all(e.path());
   }
 }
 
-}  // namespace
+// Divisors keep the effective batch exact: the largest divisor of `effective` at most 0.9 x bs.
+int64_t smaller_batch(int64_t bs, int64_t effective) {
+  for (int64_t b = static_cast<int64_t>(bs * 0.9); b >= 1; --b)
+    if (effective % b == 0) return b;
+  return 0;
+}
 
-TrainResult train(const TrainingArguments& a, const TrainHooks& hooks) {
-  a.validate();
-  using clock = std::chrono::steady_clock;
+void write_json(const fs::path& p, const nlohmann::json& j) { std::ofstream(p) << j.dump(2) << "\n"; }
+
+TrainResult train_once(const TrainingArguments& a, const TrainHooks& hooks) {
   fs::create_directories(a.output_dir);
-  const std::string tok_path = !a.tokenizer_name.empty() ? a.tokenizer_name : a.model_name_or_path;
-  TR_CHECK(!tok_path.empty(), "--tokenizer_name is required when training from --config_name");
-  auto tok = tokenizers::Tokenizer::from_pretrained(tok_path);
-  Generator gen(a.seed);
+  auto tok = load_tokenizer(a);
   std::string resume =
       a.resume_from_checkpoint == "true" ? latest_checkpoint(a.output_dir) : a.resume_from_checkpoint;
   TR_CHECK(a.resume_from_checkpoint != "true" || !resume.empty(),
            "--resume_from_checkpoint true: no checkpoint-N folder in {}", a.output_dir);
   if (a.resume_from_checkpoint == "false") resume.clear();
-  std::unique_ptr<models::CausalLM> model;
-  if (!resume.empty()) {
-    models::PretrainedOptions po;
-    po.attn_implementation = a.attn_implementation;
-    po.dtype = DType::f32;
-    model = models::from_pretrained(resume, po);
-  } else if (!a.model_name_or_path.empty()) {
-    models::PretrainedOptions po;
-    po.attn_implementation = a.attn_implementation;
-    po.dtype = DType::f32;
-    model = models::from_pretrained(a.model_name_or_path, po);
-  } else {
-    model = models::create_causal_lm(config_for(a.config_name), Device::cpu(), DType::f32, gen,
-                                     a.attn_implementation);
-  }
+  Generator init_gen(a.seed);
+  auto model = load_model(a, resume, init_gen);
   const int64_t vocab = model->config().vocab_size;
   TR_CHECK(tok.vocab_size() <= vocab, "tokenizer {} has {} tokens, more than the model's vocab_size {}",
-           tok_path, tok.vocab_size(), vocab);
+           a.tokenizer_name.empty() ? a.model_name_or_path : a.tokenizer_name, tok.vocab_size(), vocab);
   TR_CHECK(a.block_size <= model->config().max_position_embeddings,
            "--block_size {} exceeds the model's {} positions", a.block_size,
            model->config().max_position_embeddings);
-  // Data: token shards (.bin) as they are, text files tokenized in memory.
-  const bool shards = a.train_file.size() > 4 && a.train_file.substr(a.train_file.size() - 4) == ".bin";
-  auto stream = shards ? std::make_shared<data::TokenStream>(data::expand_inputs({a.train_file}), vocab)
-                       : std::make_shared<data::TokenStream>(data::tokenize_text_files(tok, {a.train_file}));
+  const bool want_eval = a.do_eval || a.eval_strategy != "no";
+  auto streams = load_streams(a, tok, vocab, want_eval);
   data::DatasetOptions dopt;
   dopt.block_size = a.block_size;
   dopt.seed = a.seed;
   dopt.vocab_size = vocab;
-  auto ds = std::make_shared<data::SequenceDataset>(stream, dopt);
+  TR_CHECK(streams.train->size() >= a.block_size, "{}: {} tokens, fewer than one block of --block_size {}",
+           a.train_file, streams.train->size(), a.block_size);
+  auto ds = std::make_shared<data::SequenceDataset>(streams.train, dopt);
   data::DataLoaderOptions lopt;
   lopt.batch_size = a.per_device_train_batch_size;
-  lopt.num_workers = a.dataloader_num_workers;
+  lopt.num_workers = static_cast<int>(a.dataloader_num_workers);
+  lopt.pin_memory = a.dataloader_pin_memory;
+  lopt.drop_last = a.dataloader_drop_last;
   data::DataLoader loader(ds, lopt);
-  const int64_t updates_per_epoch =
-      (loader.batches_per_epoch() + a.gradient_accumulation_steps - 1) / a.gradient_accumulation_steps;
+  TR_CHECK(loader.batches_per_epoch() >= 1,
+           "{}: {} blocks of {} tokens, fewer than one batch of {} (dataloader_drop_last)", a.train_file,
+           ds->num_samples(), a.block_size, a.per_device_train_batch_size);
+  const int64_t ga = a.gradient_accumulation_steps;
+  const int64_t updates_per_epoch = (loader.batches_per_epoch() + ga - 1) / ga;
   const int64_t total =
       a.max_steps > 0 ? a.max_steps : static_cast<int64_t>(std::ceil(a.num_train_epochs * updates_per_epoch));
   const int64_t warmup = a.warmup_steps >= 1  ? static_cast<int64_t>(a.warmup_steps)
                          : a.warmup_steps > 0 ? static_cast<int64_t>(std::ceil(a.warmup_steps * total))
                                               : static_cast<int64_t>(std::ceil(a.warmup_ratio * total));
-  const int64_t log_every =
-      a.logging_steps >= 1 ? static_cast<int64_t>(a.logging_steps)
-                           : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(a.logging_steps * total)));
-  auto params = model->named_parameters();
-  optim::AdamWOptions oo;
+  const int64_t log_every = steps_of(a.logging_steps, total), save_every = steps_of(a.save_steps, total);
+  const int64_t eval_every = steps_of(a.eval_steps > 0 ? a.eval_steps : a.logging_steps, total);
+
+  // Mixed precision: the model computes in half precision, the optimizer updates fp32 masters.
+  const DType compute = a.bf16 ? DType::bf16 : a.fp16 ? DType::f16 : DType::f32;
+  const nn::ParamList model_params = model->named_parameters();
+  MixedPrecision mp(model_params, compute, a.fp16);
+  model->set_dtype(compute);
+  optim::OptimizerOptions oo;
   oo.lr = a.learning_rate;
   oo.beta1 = a.adam_beta1;
   oo.beta2 = a.adam_beta2;
   oo.eps = a.adam_epsilon;
   oo.weight_decay = a.weight_decay;
-  optim::AdamW opt(params, oo);
-  int64_t start_step = 0;
-  nlohmann::json log_history = nlohmann::json::array();
+  oo.args = optim::parse_optim_args(a.optim_args);
+  auto opt = optim::make_optimizer(a.optim, mp.master_params(), oo);
+
+  TrainerState st;
+  st.train_batch_size = a.per_device_train_batch_size;
+  st.gradient_accumulation_steps = ga;
+  Generator dropout_gen(a.seed);
   if (!resume.empty()) {
-    // Weights came from the checkpoint; now the optimizer, the step and the data position (by seeking).
-    auto f = io::SafetensorsFile::open((fs::path(resume) / "optimizer.safetensors").string());
-    std::map<std::string, Tensor> st;
-    for (const auto& t : f.header().tensors) st[t.name] = f.load(t.name);
-    opt.load_state_dict(st);
-    std::ifstream in(fs::path(resume) / "trainer_state.json");
-    nlohmann::json ts = nlohmann::json::parse(in, nullptr, false);
-    TR_CHECK(!ts.is_discarded() && ts.contains("global_step") && ts.contains("data_position"),
-             "{}/trainer_state.json: missing or corrupt (needs global_step and data_position)", resume);
-    start_step = ts["global_step"].get<int64_t>();
-    loader.seek({ts["data_position"]["epoch"].get<int64_t>(), ts["data_position"]["batch"].get<int64_t>()});
-    if (ts.contains("log_history")) log_history = ts["log_history"];
+    st = load_checkpoint_state(resume, *opt, mp);
+    TR_CHECK(
+        st.train_batch_size == a.per_device_train_batch_size && st.gradient_accumulation_steps == ga,
+        "{}: saved with per_device_train_batch_size {} and gradient_accumulation_steps {}; resume with the "
+        "same values (got {} and {})",
+        resume, st.train_batch_size, st.gradient_accumulation_steps, a.per_device_train_batch_size, ga);
+    loader.seek(st.position);
+    dropout_gen.set_state(st.dropout_rng);
     std::fprintf(stderr, "train: resumed from %s at step %lld\n", resume.c_str(),
-                 static_cast<long long>(start_step));
+                 static_cast<long long>(st.global_step));
   }
-  const int64_t save_every =
-      a.save_steps >= 1 ? static_cast<int64_t>(a.save_steps)
-                        : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(a.save_steps * total)));
-  std::ofstream metrics(fs::path(a.output_dir) / "metrics.jsonl", std::ios::app);
-  { std::ofstream(fs::path(a.output_dir) / "training_args.json") << a.to_json().dump(2) << "\n"; }
+  std::ofstream metrics(fs::path(a.output_dir) / "metrics.jsonl",
+                        resume.empty() ? std::ios::trunc : std::ios::app);
+  write_json(fs::path(a.output_dir) / "training_args.json", a.to_json());
   std::fprintf(
-      stderr, "train: %s, %.1fM parameters, %lld tokens, %lld optimizer steps of %lld x %lld x %lld tokens\n",
-      model->config().model_type.c_str(), model->num_parameters() / 1e6,
-      static_cast<long long>(stream->size()), static_cast<long long>(total),
-      static_cast<long long>(a.gradient_accumulation_steps),
-      static_cast<long long>(a.per_device_train_batch_size), static_cast<long long>(a.block_size));
+      stderr,
+      "train: %s, %.1fM parameters, %s, optim %s; %lld tokens; %lld optimizer steps of %lld x %lld x %lld "
+      "tokens\n",
+      model->config().model_type.c_str(), model->num_parameters() / 1e6, dtype_name(compute).data(),
+      a.optim.c_str(), static_cast<long long>(streams.train->size()), static_cast<long long>(total),
+      static_cast<long long>(ga), static_cast<long long>(a.per_device_train_batch_size),
+      static_cast<long long>(a.block_size));
+
   TrainResult r;
+  double eval_seconds = 0;  // kept out of the training throughput
+  r.per_device_train_batch_size = a.per_device_train_batch_size;
+  r.gradient_accumulation_steps = ga;
+  if (streams.validation)
+    r.unigram_baseline = unigram_cross_entropy(*streams.train, *streams.validation, vocab);
+  auto run_eval = [&](int64_t step) {
+    auto e = evaluate(*model, streams.validation, a.block_size, a.per_device_eval_batch_size,
+                      a.validation_file.empty() ? a.train_file + " (validation split)" : a.validation_file);
+    nlohmann::json entry = e.to_json();
+    entry["step"] = step;
+    entry["epoch"] = static_cast<double>(step) / updates_per_epoch;
+    metrics << entry.dump() << "\n";
+    metrics.flush();
+    st.log_history.push_back(entry);
+    std::fprintf(stderr, "\neval: step %lld  eval_loss %.4f  perplexity %.2f  (unigram baseline %.4f)\n",
+                 static_cast<long long>(step), e.loss, e.perplexity, r.unigram_baseline);
+    r.evals.push_back(e);
+    eval_seconds += e.seconds;
+  };
+  auto save = [&]() {
+    st.dropout_rng = dropout_gen.state();
+    st.position = loader.position();
+    r.last_checkpoint = save_checkpoint(*model, mp, *opt, tok, st, a, hooks.save_probe);
+  };
+
+  cpu_allocator().reset_peak();
   double loss_since_log = 0, loss_total = 0;
-  int64_t steps_since_log = 0, tokens = 0;
+  int64_t steps_since_log = 0, tokens = 0, tokens_at_start = 0;
+  const int64_t start_step = st.global_step;
   const auto train_start = clock::now();
   for (int64_t step = start_step; step < total; ++step) {
     std::vector<data::Batch> micro;
-    while (static_cast<int64_t>(micro.size()) < a.gradient_accumulation_steps) {
+    while (static_cast<int64_t>(micro.size()) < ga) {
       auto b = loader.next();
       if (b)
         micro.push_back(std::move(*b));
       else if (!micro.empty())
         break;  // epoch end: a shorter last step, as HF
     }
-    // num_items_in_batch: predicted labels in the whole step (accumulation-exact normalization).
+    // num_items_in_batch: label tokens of the whole step (accumulation-exact normalization).
     double items = 0;
-    for (const auto& b : micro) items += static_cast<double>(b.input_ids.size(0) * (b.input_ids.size(1) - 1));
+    for (const auto& b : micro) items += static_cast<double>(count_label_tokens(b.labels));
     double step_loss = 0;
     for (const auto& b : micro) {
+      if (hooks.on_micro_batch) hooks.on_micro_batch(step, b.input_ids);
       models::ForwardOptions fo;
       fo.labels = b.labels;
       fo.num_items_in_batch = items;
       fo.return_logits = false;
       fo.gradient_checkpointing = a.gradient_checkpointing;
+      fo.training = true;
+      fo.dropout_gen = &dropout_gen;
       Tensor loss = model->forward(b.input_ids, fo).loss;
-      autograd::backward({loss});
+      if (a.torch_empty_cache_steps > 0 && (step + 1) % a.torch_empty_cache_steps == 0 &&
+          &b == &micro.front()) {
+        // HF's point: after the forward, before the backward (the activations stay, the cache goes).
+        const int64_t cached = static_cast<int64_t>(cpu_allocator().cached_bytes());
+        cpu_allocator().empty_cache();
+        ++r.cache_releases;
+        r.cache_bytes_released += cached;
+      }
+      if (mp.loss_scaling())
+        autograd::backward({loss}, {ops::full({}, mp.loss_scale(), DType::f32)});
+      else
+        autograd::backward({loss});
       step_loss += loss.item();
       tokens += b.input_ids.numel();
     }
-    const double norm = clip_grad_norm(params, a.max_grad_norm);
-    const double lr = lr_at(a.lr_scheduler_type, a.learning_rate, step, warmup, total);
-    opt.set_lr(lr);
-    opt.step();
-    opt.zero_grad();
+    if (hooks.after_backward) hooks.after_backward(step, model_params);
+    const bool found_inf = mp.unscale_grads();
+    const double norm = clip_grad_norm(mp.master_params(), found_inf ? 0.0 : a.max_grad_norm);
+    const double lr = lr_at(a.lr_scheduler_type, a.learning_rate, st.scheduler_step, warmup, total);
+    if (found_inf) {
+      // fp16 overflow: skip the update, do not step the scheduler, lower the scale (torch's GradScaler)
+      ++st.skipped_steps;
+      opt->zero_grad();
+    } else {
+      opt->set_lr(lr);
+      opt->step();
+      opt->zero_grad();
+      ++st.scheduler_step;
+    }
+    mp.after_step(found_inf);
+    st.global_step = step + 1;
     if (step == start_step) r.first_loss = step_loss;
     r.losses.push_back(step_loss);
     r.last_loss = step_loss;
-    loss_since_log += step_loss;
-    loss_total += step_loss;
+    // HF's logging_nan_inf_filter: a non-finite step loss counts as the mean of the window so far.
+    const double logged = std::isfinite(step_loss) ? step_loss
+                          : steps_since_log > 0    ? loss_since_log / steps_since_log
+                                                   : 0.0;
+    loss_since_log += logged;
+    loss_total += logged;
     ++steps_since_log;
-    if ((step + 1) % log_every == 0 || step + 1 == total) {
-      const double secs = std::chrono::duration<double>(clock::now() - train_start).count();
-      const double tps = tokens / secs, eta = secs / (step + 1) * (total - step - 1);
+    const bool epoch_end = (step + 1) % updates_per_epoch == 0;
+    const double epoch = static_cast<double>(step + 1) / updates_per_epoch;
+    if ((step + 1) % log_every == 0 || step + 1 == total || (a.logging_first_step && step == 0)) {
+      const double secs = std::chrono::duration<double>(clock::now() - train_start).count() - eval_seconds;
+      const double tps = (tokens - tokens_at_start) / secs;
+      const double eta = secs / (step + 1 - start_step) * (total - step - 1);
       const double mean = loss_since_log / steps_since_log;
       const int width = 24, fill = static_cast<int>(width * (step + 1) / total);
-      std::fprintf(stderr,
-                   "\r[%s%s] step %lld/%lld  loss %.4f  lr %.3g  grad_norm %.3f  %.0f tok/s  ETA %.0f s   ",
-                   std::string(fill, '#').c_str(), std::string(width - fill, '.').c_str(),
-                   static_cast<long long>(step + 1), static_cast<long long>(total), mean, lr, norm, tps, eta);
-      const nlohmann::json entry{
-          {"step", step + 1},         {"loss", mean},
-          {"learning_rate", lr},      {"grad_norm", norm},
-          {"tokens_per_second", tps}, {"epoch", static_cast<double>(loader.position().epoch)}};
+      std::fprintf(
+          stderr, "\r[%s%s] step %lld/%lld  loss %.4f  lr %.3g  grad_norm %.3f  %.0f tok/s  ETA %s   ",
+          std::string(fill, '#').c_str(), std::string(width - fill, '.').c_str(),
+          static_cast<long long>(step + 1), static_cast<long long>(total), mean, lr, norm, tps,
+          eta >= 120 ? fmt::format("{:.1f} min", eta / 60).c_str() : fmt::format("{:.0f} s", eta).c_str());
+      nlohmann::json entry{{"step", step + 1},  {"loss", mean},   {"learning_rate", lr},
+                           {"grad_norm", norm}, {"epoch", epoch}, {"tokens_per_second", tps}};
+      if (mp.loss_scaling()) {
+        entry["loss_scale"] = mp.loss_scale();
+        entry["skipped_steps"] = st.skipped_steps;
+      }
       metrics << entry.dump() << "\n";
-      log_history.push_back(entry);
       metrics.flush();
+      st.log_history.push_back(entry);
       loss_since_log = 0;
       steps_since_log = 0;
     }
+    if (streams.validation && ((a.eval_strategy == "steps" && (step + 1) % eval_every == 0) ||
+                               (a.eval_strategy == "epoch" && epoch_end)))
+      run_eval(step + 1);
     const bool stop = hooks.should_stop && hooks.should_stop();
-    if ((step + 1) % save_every == 0 || step + 1 == total || stop) {
-      save_checkpoint(*model, opt, loader.position(), a, step + 1, log_history);
-      r.last_checkpoint = (fs::path(a.output_dir) / ("checkpoint-" + std::to_string(step + 1))).string();
-    }
+    const bool save_now = (a.save_strategy == "steps" && (step + 1) % save_every == 0) ||
+                          (a.save_strategy == "epoch" && epoch_end) ||
+                          (a.save_strategy != "no" && step + 1 == total) || stop;
+    if (save_now) save();
     if (stop && step + 1 < total) {
       std::fprintf(
           stderr, "\ntrain: interrupted after step %lld; saved %s. Resume with --resume_from_checkpoint %s\n",
@@ -271,20 +321,81 @@ TrainResult train(const TrainingArguments& a, const TrainHooks& hooks) {
   }
   std::fprintf(stderr, "\n");
   r.steps = total - start_step;
-  r.seconds = std::chrono::duration<double>(clock::now() - train_start).count();
+  r.seconds = std::chrono::duration<double>(clock::now() - train_start).count() - eval_seconds;
   r.tokens_per_second = tokens / r.seconds;
-  r.train_loss = loss_total / std::max<int64_t>(1, total - start_step);
-  models::save_pretrained(*model, a.output_dir);
-  tok.save((fs::path(a.output_dir) / "tokenizer.json").string());
-  std::ofstream(fs::path(a.output_dir) / "train_results.json")
-      << nlohmann::json{{"train_loss", r.train_loss},
+  r.train_loss = loss_total / std::max<int64_t>(1, r.steps);
+  r.skipped_steps = st.skipped_steps;
+  r.peak_bytes = cpu_allocator().stats().peak_bytes;
+  if (st.skipped_steps > 0)
+    std::fprintf(stderr,
+                 "train: %lld of %lld fp16 steps skipped for inf/nan gradients (final loss scale %g)\n",
+                 static_cast<long long>(st.skipped_steps), static_cast<long long>(total), mp.loss_scale());
+  nlohmann::json all = {{"train_loss", r.train_loss},
                         {"train_runtime", r.seconds},
-                        {"train_steps_per_second", total / r.seconds},
+                        {"train_samples_per_second", (tokens / a.block_size) / r.seconds},
+                        {"train_steps_per_second", r.steps / r.seconds},
                         {"train_tokens_per_second", r.tokens_per_second},
-                        {"global_step", total}}
-             .dump(2)
-      << "\n";
+                        {"epoch", static_cast<double>(total) / updates_per_epoch},
+                        {"global_step", total}};
+  write_json(fs::path(a.output_dir) / "train_results.json", all);
+  if (a.do_eval && streams.validation) {
+    if (r.evals.empty() || st.log_history.back().value("step", int64_t{-1}) != total ||
+        !st.log_history.back().contains("eval_loss"))
+      run_eval(total);
+    auto e = r.evals.back().to_json();
+    e["epoch"] = static_cast<double>(total) / updates_per_epoch;
+    write_json(fs::path(a.output_dir) / "eval_results.json", e);
+    all.update(e);
+  }
+  write_json(fs::path(a.output_dir) / "all_results.json", all);
+  mp.swap_masters();  // the final model in fp32, as HF saves it
+  model->set_dtype(DType::f32);
+  models::save_pretrained(*model, a.output_dir);
+  mp.swap_masters();
+  tok.save((fs::path(a.output_dir) / "tokenizer.json").string());
+  write_json(fs::path(a.output_dir) / "trainer_state.json",
+             {{"global_step", total},
+              {"epoch", static_cast<double>(total) / updates_per_epoch},
+              {"max_steps", total},
+              {"num_train_epochs", a.num_train_epochs},
+              {"logging_steps", log_every},
+              {"eval_steps", eval_every},
+              {"save_steps", save_every},
+              {"train_batch_size", a.per_device_train_batch_size},
+              {"skipped_steps", st.skipped_steps},
+              {"log_history", st.log_history}});
   return r;
+}
+
+}  // namespace
+
+TrainResult train(const TrainingArguments& args, const TrainHooks& hooks) {
+  args.validate();
+  TR_CHECK(
+      !args.tf32,
+      "--tf32 needs an Ampere or newer GPU (Hugging Face raises the same); this build trains on the CPU");
+  const bool resuming = !args.resume_from_checkpoint.empty() && args.resume_from_checkpoint != "false";
+  check_output_dir(args, resuming);
+  TrainingArguments a = args;
+  const int64_t effective = a.per_device_train_batch_size * a.gradient_accumulation_steps;
+  for (;;) {
+    try {
+      return train_once(a, hooks);
+    } catch (const OutOfMemoryError& e) {
+      if (!a.auto_find_batch_size) throw;
+      const int64_t bs = smaller_batch(a.per_device_train_batch_size, effective);
+      if (bs == 0) throw;
+      std::fprintf(
+          stderr,
+          "\nauto_find_batch_size: out of memory with per_device_train_batch_size %lld (%s); retrying "
+          "with %lld and gradient_accumulation_steps %lld (effective batch %lld kept)\n",
+          static_cast<long long>(a.per_device_train_batch_size), e.what(), static_cast<long long>(bs),
+          static_cast<long long>(effective / bs), static_cast<long long>(effective));
+      a.per_device_train_batch_size = bs;
+      a.gradient_accumulation_steps = effective / bs;
+      cpu_allocator().empty_cache();
+    }
+  }
 }
 
 }  // namespace tr::train

@@ -1,30 +1,51 @@
-// The training loop (first version): data -> model -> AdamW with HF's accumulation-exact loss normalization,
-// gradient clipping, learning-rate schedule, progress bar and JSON-lines metrics; the final model, tokenizer
-// and train_results.json are saved in output_dir as HF does. Checkpoints, resume, evaluation and mixed
-// precision come with the rest of the Trainer issue.
+// The training loop: data -> model -> optimizer with HF's accumulation-exact loss normalization, mixed
+// precision (fp32 masters, fp16 loss scaling), gradient clipping, LR schedules, evaluation, progress bar and
+// JSON-lines metrics, checkpoint-N saves with bit-exact resume, auto_find_batch_size and
+// torch_empty_cache_steps. A finished run leaves HF's files in output_dir: the model and tokenizer,
+// train_results.json, eval_results.json, all_results.json, trainer_state.json.
 #pragma once
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "train/args.h"
+#include "train/checkpoint.h"
+#include "train/evaluate.h"
 
 namespace tr::train {
 
 struct TrainResult {
-  int64_t steps = 0;
+  int64_t steps = 0;           // optimizer steps run by this call
   std::vector<double> losses;  // per optimizer step run by this call
   double first_loss = 0, last_loss = 0, train_loss = 0, seconds = 0, tokens_per_second = 0;
   bool interrupted = false;
   std::string last_checkpoint;
+  std::vector<EvalResult> evals;  // every evaluation, in order (the final one last)
+  int64_t skipped_steps = 0;      // fp16 steps skipped for inf/nan gradients
+  int64_t cache_releases = 0;     // torch_empty_cache_steps releases
+  int64_t cache_bytes_released = 0;
+  int64_t per_device_train_batch_size = 0, gradient_accumulation_steps = 0;  // after auto_find_batch_size
+  int64_t peak_bytes = 0;       // CPU allocator peak during training
+  double unigram_baseline = 0;  // eval-set cross-entropy of the train-set unigram model (with an eval)
 };
 
-// should_stop is polled after every optimizer step (the CLI sets it from SIGINT/SIGTERM): when it returns
-// true, a checkpoint of that step is written and train() returns with `interrupted` set.
 struct TrainHooks {
+  // Polled after every optimizer step (the CLI sets it from SIGINT/SIGTERM): when it returns true, a
+  // checkpoint of that step is written and train() returns with `interrupted` set.
   std::function<bool()> should_stop;
+  // Called between the files of every checkpoint save (tests simulate a crash there).
+  SaveProbe save_probe;
+  // Called with each micro-batch's labels before its forward (tests inspect the data order).
+  std::function<void(int64_t step, const Tensor& input_ids)> on_micro_batch;
+  // Called after the backward of every step with the model's parameters (tests poison a gradient there to
+  // exercise the fp16 overflow path).
+  std::function<void(int64_t step, const nn::ParamList& model_params)> after_backward;
 };
 
 TrainResult train(const TrainingArguments& args, const TrainHooks& hooks = {});
+
+// Label tokens a causal LM predicts in `labels` [B, T] (shifted by one; -100 ignored): HF's
+// num_items_in_batch for one micro-batch.
+int64_t count_label_tokens(const Tensor& labels);
 
 }  // namespace tr::train

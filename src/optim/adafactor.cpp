@@ -1,0 +1,208 @@
+// Adafactor step following transformers' Adafactor.step line by line (CPU, f32/f64). Reductions (means,
+// norms) accumulate in double in a fixed order, so results do not depend on the thread count.
+#include "optim/adafactor.h"
+
+#include <cmath>
+
+#include "optim/common.h"
+
+namespace tr::optim {
+
+Adafactor::Adafactor(const nn::ParamList& params, OptimizerOptions opts)
+    : Optimizer(params, std::move(opts)) {
+  detail::check_params("Adafactor", params, {DType::f32, DType::f64});
+  detail::OptimArgs args("adafactor", opts_.args);
+  beta1_ = args.optional_number("beta1");
+  clip_threshold_ = args.number("clip_threshold", 1.0);
+  decay_rate_ = args.number("decay_rate", -0.8);
+  eps1_ = args.number("eps1", 1e-30);
+  eps2_ = args.number("eps2", 1e-3);
+  scale_parameter_ = args.flag("scale_parameter", false);
+  relative_step_ = args.flag("relative_step", false);
+  warmup_init_ = args.flag("warmup_init", false);
+  args.check_all_used();
+  TR_CHECK(!warmup_init_ || relative_step_, "adafactor: warmup_init=true requires relative_step=true");
+  TR_CHECK(clip_threshold_ > 0, "adafactor: clip_threshold must be positive, got {}", clip_threshold_);
+  for (const auto& [name, p] : params) {
+    Slot s{name, p, {}, {}, {}, {}, decays(name)};
+    const Shape& sh = p->shape();
+    if (sh.size() >= 2) {
+      s.row = ops::zeros(Shape(sh.begin(), sh.end() - 1), p->dtype());  // shape[:-1]
+      Shape col(sh.begin(), sh.end() - 2);                              // shape[:-2] + shape[-1:]
+      col.push_back(sh.back());
+      s.col = ops::zeros(col, p->dtype());
+    } else {
+      s.sq = ops::zeros(sh, p->dtype());
+    }
+    if (beta1_) s.exp_avg = ops::zeros(sh, p->dtype());
+    slots_.push_back(std::move(s));
+  }
+}
+
+namespace {
+
+// Sum of x[i]^2 over [0, n) in double, in chunks whose partial sums add in a fixed order.
+template <typename T>
+double sum_squares(const T* x, int64_t n) {
+  constexpr int64_t kChunk = 1 << 14;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> part(static_cast<size_t>(chunks), 0.0);
+#pragma omp parallel for schedule(static) if (chunks > 4)
+  for (int64_t c = 0; c < chunks; ++c) {
+    double acc = 0;
+    for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) acc += double(x[i]) * double(x[i]);
+    part[static_cast<size_t>(c)] = acc;
+  }
+  double total = 0;
+  for (double p : part) total += p;
+  return total;
+}
+
+// transformers' _rms: tensor.norm(2) / numel ** 0.5, a tensor of the parameter's dtype.
+template <typename T>
+T rms(const T* x, int64_t n) {
+  return static_cast<T>(std::sqrt(sum_squares(x, n))) / static_cast<T>(std::sqrt(static_cast<double>(n)));
+}
+
+}  // namespace
+
+template <typename T>
+void Adafactor::update(Slot& s, const Tensor& grad) {
+  T* p = s.param->data<T>();
+  const T* g = grad.data<T>();
+  const int64_t n = s.param->numel();
+  if (n == 0) return;
+  const double t = static_cast<double>(step_);
+  const bool big = n > (1 << 16);
+
+  // _get_lr: the external lr, or the relative step; times max(eps2, RMS(p)) with scale_parameter. When the
+  // RMS wins it is a tensor and the product is computed in T, as in Python.
+  double rel = opts_.lr;
+  if (relative_step_) rel = std::min(warmup_init_ ? 1e-6 * t : 1e-2, 1.0 / std::sqrt(t));
+  double lr = rel;
+  bool lr_is_tensor = false;
+  if (scale_parameter_) {
+    const T r = rms(p, n);
+    if (static_cast<double>(r) > eps2_) {
+      lr = static_cast<double>(r * static_cast<T>(rel));
+      lr_is_tensor = true;
+    } else {
+      lr = eps2_ * rel;
+    }
+  }
+  const double beta2t = 1.0 - std::pow(t, decay_rate_);
+  const T b2 = static_cast<T>(beta2t), one_b2 = static_cast<T>(1.0 - beta2t), eps1 = static_cast<T>(eps1_);
+
+  std::vector<T> upd(static_cast<size_t>(n));
+  if (s.row.defined()) {
+    // grad viewed as [B, R, C]: row EMA of mean over C, column EMA of mean over R.
+    const int64_t C = s.param->shape().back(), R = s.param->shape()[s.param->shape().size() - 2];
+    const int64_t B = n / std::max<int64_t>(1, R * C);
+    T* row = s.row.data<T>();
+    T* col = s.col.data<T>();
+    // exp_avg_sq_row.mul_(beta2t).add_(update.mean(dim=-1), alpha=1-beta2t), update = grad**2 + eps1
+#pragma omp parallel for schedule(static) if (big)
+    for (int64_t br = 0; br < B * R; ++br) {
+      double acc = 0;
+      for (int64_t c = 0; c < C; ++c) acc += double(g[br * C + c] * g[br * C + c] + eps1);
+      const T mean = static_cast<T>(acc / static_cast<double>(C));
+      row[br] = std::fma(mean, one_b2, row[br] * b2);
+    }
+    // exp_avg_sq_col likewise with the mean over dim -2 (rows), summed in row order for each column.
+    for (int64_t b = 0; b < B; ++b) {
+      constexpr int64_t kCols = 256;
+#pragma omp parallel for schedule(static) if (big)
+      for (int64_t c0 = 0; c0 < C; c0 += kCols) {
+        const int64_t c1 = std::min(C, c0 + kCols);
+        std::vector<double> acc(static_cast<size_t>(c1 - c0), 0.0);
+        for (int64_t r = 0; r < R; ++r) {
+          const T* gr = g + (b * R + r) * C;
+          for (int64_t c = c0; c < c1; ++c) acc[static_cast<size_t>(c - c0)] += double(gr[c] * gr[c] + eps1);
+        }
+        for (int64_t c = c0; c < c1; ++c) {
+          const T mean = static_cast<T>(acc[static_cast<size_t>(c - c0)] / static_cast<double>(R));
+          col[b * C + c] = std::fma(mean, one_b2, col[b * C + c] * b2);
+        }
+      }
+    }
+    // _approx_sq_grad: rsqrt(row / row.mean(-1)) (outer) rsqrt(col), then times grad.
+    for (int64_t b = 0; b < B; ++b) {
+      double acc = 0;
+      for (int64_t r = 0; r < R; ++r) acc += double(row[b * R + r]);
+      const T row_mean = static_cast<T>(acc / static_cast<double>(R));
+#pragma omp parallel for schedule(static) if (big)
+      for (int64_t r = 0; r < R; ++r) {
+        const T rf = T(1) / std::sqrt(row[b * R + r] / row_mean);
+        const T* gr = g + (b * R + r) * C;
+        T* ur = upd.data() + (b * R + r) * C;
+        const T* cb = col + b * C;
+        for (int64_t c = 0; c < C; ++c) ur[c] = rf * (T(1) / std::sqrt(cb[c])) * gr[c];
+      }
+    }
+  } else {
+    // exp_avg_sq.mul_(beta2t).add_(grad**2 + eps1, alpha=1-beta2t); update = exp_avg_sq.rsqrt().mul_(grad)
+    T* sq = s.sq.data<T>();
+#pragma omp parallel for simd schedule(static) if (big)
+    for (int64_t i = 0; i < n; ++i) {
+      sq[i] = std::fma(g[i] * g[i] + eps1, one_b2, sq[i] * b2);
+      upd[static_cast<size_t>(i)] = (T(1) / std::sqrt(sq[i])) * g[i];
+    }
+  }
+  // update.div_((_rms(update) / clip_threshold).clamp_(min=1.0)); update.mul_(lr)
+  const T denom = std::max(rms(upd.data(), n) / static_cast<T>(clip_threshold_), T(1));
+  const T tlr = static_cast<T>(lr);
+  T* m = s.exp_avg.defined() ? s.exp_avg.data<T>() : nullptr;
+  const T b1 = static_cast<T>(beta1_.value_or(0.0)), one_b1 = static_cast<T>(1.0 - beta1_.value_or(0.0));
+  const double wd = s.decay ? opts_.weight_decay : 0.0;
+  // p.add_(p, alpha=-wd*lr): with a tensor lr the product is a tensor of T.
+  const T alpha = lr_is_tensor ? static_cast<T>(-wd) * tlr : static_cast<T>(-wd * lr);
+#pragma omp parallel for simd schedule(static) if (big)
+  for (int64_t i = 0; i < n; ++i) {
+    T u = upd[static_cast<size_t>(i)] / denom * tlr;
+    if (m) u = m[i] = std::fma(u, one_b1, m[i] * b1);  // exp_avg.mul_(beta1).add_(update, 1-beta1)
+    if (wd != 0) p[i] = std::fma(p[i], alpha, p[i]);
+    p[i] += -u;
+  }
+}
+
+void Adafactor::step() {
+  ++step_;
+  for (auto& s : slots_) {
+    const Tensor g = detail::gradient("Adafactor", s.name, *s.param);
+    if (!g.defined()) continue;  // as transformers: parameters without a gradient are skipped
+    if (s.param->dtype() == DType::f32)
+      update<float>(s, g);
+    else
+      update<double>(s, g);
+  }
+}
+
+std::vector<std::pair<std::string, Tensor>> Adafactor::state_dict() const {
+  std::vector<std::pair<std::string, Tensor>> out{{"step", detail::step_tensor(step_)}};
+  for (const auto& s : slots_) {
+    if (s.row.defined()) {
+      out.emplace_back("exp_avg_sq_row." + s.name, s.row);
+      out.emplace_back("exp_avg_sq_col." + s.name, s.col);
+    } else {
+      out.emplace_back("exp_avg_sq." + s.name, s.sq);
+    }
+    if (s.exp_avg.defined()) out.emplace_back("exp_avg." + s.name, s.exp_avg);
+  }
+  return out;
+}
+
+void Adafactor::load_state_dict(const std::map<std::string, Tensor>& state) {
+  const int64_t step = detail::load_step(state, "Adafactor");
+  for (auto& s : slots_) {
+    if (s.row.defined()) {
+      detail::load_entry(state, "exp_avg_sq_row." + s.name, s.row, "Adafactor");
+      detail::load_entry(state, "exp_avg_sq_col." + s.name, s.col, "Adafactor");
+    } else {
+      detail::load_entry(state, "exp_avg_sq." + s.name, s.sq, "Adafactor");
+    }
+    if (s.exp_avg.defined()) detail::load_entry(state, "exp_avg." + s.name, s.exp_avg, "Adafactor");
+  }
+  step_ = step;
+}
+
+}  // namespace tr::optim

@@ -1,0 +1,178 @@
+// The Optimizer base (decay groups, zero_grad, state size), the factory from HF's --optim names, the
+// --optim_args parser, and the shared helpers of optim/common.h.
+#include "optim/optimizer.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <regex>
+
+#include "core/suggest.h"
+#include "optim/adafactor.h"
+#include "optim/adamw.h"
+#include "optim/adamw_8bit.h"
+#include "optim/common.h"
+#include "optim/sgd.h"
+
+namespace tr::optim {
+
+Optimizer::Optimizer(const nn::ParamList& params, OptimizerOptions opts)
+    : params_(params), opts_(std::move(opts)) {}
+
+bool Optimizer::decays(const std::string& name) {
+  // biases, and norm weights: names with layernorm/rmsnorm/norm/ln_ components, as HF's
+  // get_decay_parameter_names
+  static const std::regex no_decay(
+      R"((^|\.)(bias)$|layernorm|rmsnorm|(^|\.)norm($|\.)|_norm($|\.)|(^|\.)ln_[^.]*\.)", std::regex::icase);
+  return !std::regex_search(name, no_decay);
+}
+
+void Optimizer::zero_grad() {
+  for (auto& [name, p] : params_) autograd::zero_grad(*p);
+}
+
+int64_t Optimizer::state_bytes() const {
+  int64_t n = 0;
+  for (const auto& [name, t] : state_dict()) n += static_cast<int64_t>(t.nbytes());
+  return n;
+}
+
+const std::vector<std::string>& optimizer_names() {
+  static const std::vector<std::string> names{"adamw_torch", "adamw_torch_fused", "adamw_apex_fused",
+                                              "adafactor",   "adamw_bnb_8bit",    "adamw_8bit",
+                                              "sgd"};
+  return names;
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const std::string& name, const nn::ParamList& params,
+                                          const OptimizerOptions& opts) {
+  if (name == "adamw_torch") return std::make_unique<AdamW>(params, opts);
+  // torch's fused AdamW and apex's FusedAdam: one multi-tensor pass, the same numbers as adamw_torch.
+  if (name == "adamw_torch_fused" || name == "adamw_apex_fused")
+    return std::make_unique<AdamW>(params, opts, /*multi_tensor=*/true);
+  if (name == "adafactor") return std::make_unique<Adafactor>(params, opts);
+  if (name == "adamw_bnb_8bit" || name == "adamw_8bit") return std::make_unique<AdamW8bit>(params, opts);
+  if (name == "sgd") return std::make_unique<SGD>(params, opts);
+  std::string all;
+  for (const auto& n : optimizer_names()) all += (all.empty() ? "" : ", ") + n;
+  fail("--optim '{}' is not one of {}{}", name, all, did_you_mean(name, optimizer_names()));
+}
+
+namespace {
+
+std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t\n\r"), e = s.find_last_not_of(" \t\n\r");
+  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+}
+
+}  // namespace
+
+std::map<std::string, std::string> parse_optim_args(const std::string& text) {
+  std::map<std::string, std::string> out;
+  if (trim(text).empty()) return out;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    const std::string entry =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const size_t eq = entry.find('=');
+    TR_CHECK(eq != std::string::npos, "--optim_args: entry '{}' is not key=value (in \"{}\")", trim(entry),
+             text);
+    const std::string key = trim(entry.substr(0, eq)), value = trim(entry.substr(eq + 1));
+    TR_CHECK(!key.empty() && !value.empty(), "--optim_args: entry '{}' needs a key and a value (in \"{}\")",
+             trim(entry), text);
+    TR_CHECK(out.emplace(key, value).second, "--optim_args: '{}' is given twice (in \"{}\")", key, text);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+namespace detail {
+
+const std::string* OptimArgs::find(const std::string& key) {
+  known_.push_back(key);
+  auto it = args_.find(key);
+  return it == args_.end() ? nullptr : &it->second;
+}
+
+std::optional<double> OptimArgs::optional_number(const std::string& key) {
+  const std::string* v = find(key);
+  if (!v) return std::nullopt;
+  errno = 0;
+  char* end = nullptr;
+  const double x = std::strtod(v->c_str(), &end);
+  TR_CHECK(end != v->c_str() && *end == '\0' && errno == 0, "--optim_args: {} {}='{}' is not a number",
+           optimizer_, key, *v);
+  return x;
+}
+
+double OptimArgs::number(const std::string& key, double fallback) {
+  return optional_number(key).value_or(fallback);
+}
+
+bool OptimArgs::flag(const std::string& key, bool fallback) {
+  const std::string* v = find(key);
+  if (!v) return fallback;
+  if (*v == "true" || *v == "True" || *v == "1") return true;
+  if (*v == "false" || *v == "False" || *v == "0") return false;
+  fail("--optim_args: {} {}='{}' is not true or false", optimizer_, key, *v);
+}
+
+void OptimArgs::check_all_used() const {
+  for (const auto& [key, value] : args_) {
+    if (std::find(known_.begin(), known_.end(), key) != known_.end()) continue;
+    std::string takes;
+    for (const auto& k : known_) takes += (takes.empty() ? "" : ", ") + k;
+    fail("--optim_args: '{}' is not an argument of {} (it takes {}){}", key, optimizer_,
+         takes.empty() ? std::string("none") : takes, did_you_mean(key, known_));
+  }
+}
+
+void check_params(const char* optimizer, const nn::ParamList& params, const std::vector<DType>& dtypes) {
+  for (const auto& [name, p] : params) {
+    TR_CHECK(p->device().is_cpu(), "{}: parameter '{}' is on {}; this optimizer runs on the CPU", optimizer,
+             name, p->device().str());
+    TR_CHECK(std::find(dtypes.begin(), dtypes.end(), p->dtype()) != dtypes.end(),
+             "{}: parameter '{}' has dtype {}, which this optimizer does not update", optimizer, name,
+             dtype_name(p->dtype()));
+    TR_CHECK(p->is_contiguous(), "{}: parameter '{}' must be contiguous", optimizer, name);
+  }
+}
+
+Tensor gradient(const char* optimizer, const std::string& name, const Tensor& param) {
+  Tensor g = param.grad();
+  if (!g.defined()) return g;
+  TR_CHECK(g.dtype() == param.dtype() && g.shape() == param.shape() && g.device() == param.device(),
+           "{}: the gradient of '{}' is {}, the parameter {}", optimizer, name, g.describe(),
+           param.describe());
+  return ops::contiguous(g);
+}
+
+const Tensor& state_entry(const std::map<std::string, Tensor>& state, const std::string& key,
+                          const char* optimizer) {
+  auto it = state.find(key);
+  TR_CHECK(it != state.end(), "{} state: missing '{}'", optimizer, key);
+  return it->second;
+}
+
+void load_entry(const std::map<std::string, Tensor>& state, const std::string& key, const Tensor& dst,
+                const char* optimizer) {
+  const Tensor& src = state_entry(state, key, optimizer);
+  TR_CHECK(src.dtype() == dst.dtype(), "{} state: '{}' is {}, expected {}", optimizer, key,
+           dtype_name(src.dtype()), dtype_name(dst.dtype()));
+  TR_CHECK(src.shape() == dst.shape(), "{} state: '{}' has shape {}, expected {}", optimizer, key,
+           shape_str(src.shape()), shape_str(dst.shape()));
+  ops::copy_(dst, src);
+}
+
+int64_t load_step(const std::map<std::string, Tensor>& state, const char* optimizer) {
+  const Tensor& t = state_entry(state, "step", optimizer);
+  TR_CHECK(t.numel() == 1, "{} state: 'step' must hold one number, got {}", optimizer, t.describe());
+  return static_cast<int64_t>(t.item());
+}
+
+Tensor step_tensor(int64_t step) { return ops::from_vector<int64_t>({step}, {}); }
+
+}  // namespace detail
+}  // namespace tr::optim

@@ -1,0 +1,53 @@
+// The optimizer interface the Trainer drives, and the factory from HF's `optim` names (adamw_torch,
+// adamw_torch_fused, adamw_apex_fused, adafactor, adamw_bnb_8bit / adamw_8bit, sgd).
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/layers.h"
+
+namespace tr::optim {
+
+// Hyper-parameters under HF's TrainingArguments names. `args` holds HF's --optim_args "k=v,k=v" extras
+// (sgd: momentum, dampening, nesterov; adafactor: beta1, clip_threshold, decay_rate, ...).
+struct OptimizerOptions {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  std::map<std::string, std::string> args;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // One update from the parameters' .grad() (parameters without a gradient are skipped, as torch).
+  virtual void step() = 0;
+  void zero_grad();
+  virtual void set_lr(double lr) { opts_.lr = lr; }
+  double lr() const { return opts_.lr; }
+  virtual int64_t step_count() const = 0;
+  // Named tensors (saved as safetensors in checkpoints); load_state_dict throws naming a missing or
+  // mis-shaped entry. Loading what state_dict() returned continues bit-exactly.
+  virtual std::vector<std::pair<std::string, Tensor>> state_dict() const = 0;
+  virtual void load_state_dict(const std::map<std::string, Tensor>& state) = 0;
+  // Bytes of optimizer state (the memory reports and the 8-bit check use it).
+  virtual int64_t state_bytes() const;
+
+  // HF's weight-decay groups: no decay for biases and for LayerNorm / RMSNorm weights.
+  static bool decays(const std::string& name);
+
+ protected:
+  Optimizer(const nn::ParamList& params, OptimizerOptions opts);
+  nn::ParamList params_;
+  OptimizerOptions opts_;
+};
+
+// The names HF accepts for --optim that this build implements.
+const std::vector<std::string>& optimizer_names();
+// Throws for an unknown name, suggesting the nearest valid one.
+std::unique_ptr<Optimizer> make_optimizer(const std::string& name, const nn::ParamList& params,
+                                          const OptimizerOptions& opts);
+// "momentum=0.9,nesterov=true" -> map; throws on a malformed entry.
+std::map<std::string, std::string> parse_optim_args(const std::string& text);
+
+}  // namespace tr::optim

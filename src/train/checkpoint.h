@@ -1,0 +1,54 @@
+// checkpoint-N folders as HF lays them out (SEMANTICS.md), with safetensors/JSON instead of pickles: model
+// (fp32 weights), optimizer.safetensors, scheduler.json, scaler.json (fp16), rng_state.json,
+// trainer_state.json (global step, epoch, data position, log history), training_args.json, tokenizer.json.
+// Written into a temporary folder and renamed, so a crash at any moment leaves the last complete one intact.
+#pragma once
+#include <functional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/rng.h"
+#include "data/loader.h"
+#include "models/causal_lm.h"
+#include "optim/optimizer.h"
+#include "tokenizers/bpe.h"
+#include "train/args.h"
+#include "train/mixed_precision.h"
+
+namespace tr::train {
+
+// Everything a checkpoint restores besides the weights.
+struct TrainerState {
+  int64_t global_step = 0;
+  int64_t scheduler_step = 0;  // optimizer steps that ran (fp16 skips do not step the scheduler)
+  int64_t skipped_steps = 0;
+  data::LoaderPosition position;
+  Generator::State dropout_rng;
+  nlohmann::json log_history = nlohmann::json::array();
+  double best_metric = 0;
+  std::string best_model_checkpoint;
+  bool has_best = false;
+  int64_t train_batch_size = 0, gradient_accumulation_steps = 0;
+};
+
+// `stage` is called between the files of a save ("model", "optimizer", "state", "rename"): tests use it to
+// simulate a crash mid-save.
+using SaveProbe = std::function<void(const std::string& stage)>;
+
+// Writes output_dir/checkpoint-{global_step} (masters swapped in so the weights are fp32) and rotates
+// (save_total_limit keeps the newest, and the best when one is tracked). Returns the folder.
+std::string save_checkpoint(models::CausalLM& model, MixedPrecision& mp, const optim::Optimizer& opt,
+                            const tokenizers::Tokenizer& tok, const TrainerState& state,
+                            const TrainingArguments& args, const SaveProbe& probe = {});
+
+// Checks that `dir` holds every file of a checkpoint and reads the non-weight state; errors name the file
+// and field. The optimizer state is loaded into `opt`, the scaler into `mp`.
+TrainerState load_checkpoint_state(const std::string& dir, optim::Optimizer& opt, MixedPrecision& mp);
+
+// Newest checkpoint-N folder in dir (complete or not), or "".
+std::string latest_checkpoint(const std::string& dir);
+
+nlohmann::json read_json_file(const std::string& path);
+
+}  // namespace tr::train

@@ -1,0 +1,101 @@
+// Evaluation loss and perplexity, the unigram baseline, and `trainer eval`; see evaluate.h.
+#include "train/evaluate.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "autograd/node.h"
+#include "data/loader.h"
+#include "train/setup.h"
+
+namespace tr::train {
+
+nlohmann::json EvalResult::to_json(const std::string& prefix) const {
+  return {{prefix + "loss", loss},
+          {prefix + "perplexity", perplexity},
+          {prefix + "samples", samples},
+          {prefix + "runtime", seconds},
+          {prefix + "samples_per_second", seconds > 0 ? samples / seconds : 0.0},
+          {prefix + "tokens", tokens}};
+}
+
+EvalResult evaluate(models::CausalLM& model, std::shared_ptr<const data::TokenStream> stream,
+                    int64_t block_size, int64_t batch_size, const std::string& source) {
+  TR_CHECK(stream && stream->size() >= block_size,
+           "{}: {} validation tokens, fewer than one block of --block_size {}", source,
+           stream ? stream->size() : 0, block_size);
+  const auto t0 = std::chrono::steady_clock::now();
+  data::DatasetOptions dopt;
+  dopt.block_size = block_size;
+  dopt.shuffle = false;
+  dopt.vocab_size = model.config().vocab_size;
+  auto ds = std::make_shared<data::SequenceDataset>(stream, dopt);
+  data::DataLoaderOptions lopt;
+  lopt.batch_size = batch_size;
+  data::DataLoader loader(ds, lopt);
+  autograd::NoGradGuard no_grad;
+  EvalResult r;
+  double sum = 0;
+  while (auto b = loader.next()) {
+    if (b->epoch > 0) break;
+    models::ForwardOptions fo;
+    fo.labels = b->labels;
+    fo.num_items_in_batch = 1.0;  // loss = sum of token losses
+    fo.return_logits = false;
+    sum += model.forward(b->input_ids, fo).loss.item();
+    r.samples += b->input_ids.size(0);
+    r.tokens += b->input_ids.size(0) * (b->input_ids.size(1) - 1);
+  }
+  r.loss = sum / static_cast<double>(r.tokens);
+  r.perplexity = std::exp(r.loss);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+double unigram_cross_entropy(const data::TokenStream& train, const data::TokenStream& eval, int64_t vocab) {
+  std::vector<double> counts(static_cast<size_t>(vocab), 1.0);  // add-one smoothing
+  std::vector<int64_t> buf(1 << 16);
+  auto each = [&](const data::TokenStream& s, auto&& fn) {
+    for (int64_t at = 0; at < s.size(); at += static_cast<int64_t>(buf.size())) {
+      const int64_t n = std::min<int64_t>(static_cast<int64_t>(buf.size()), s.size() - at);
+      s.read(at, n, buf.data());
+      for (int64_t i = 0; i < n; ++i) fn(buf[static_cast<size_t>(i)]);
+    }
+  };
+  double total = static_cast<double>(vocab);
+  each(train, [&](int64_t id) {
+    counts[static_cast<size_t>(id)] += 1;
+    total += 1;
+  });
+  double nll = 0;
+  each(eval, [&](int64_t id) { nll -= std::log(counts[static_cast<size_t>(id)] / total); });
+  return nll / static_cast<double>(eval.size());
+}
+
+EvalResult evaluate_command(const TrainingArguments& a) {
+  namespace fs = std::filesystem;
+  TR_CHECK(!a.model_name_or_path.empty(), "trainer eval: --model_name_or_path is required");
+  TR_CHECK(!a.output_dir.empty(), "trainer eval: --output_dir is required");
+  TR_CHECK(!a.validation_file.empty() || !a.train_file.empty(),
+           "trainer eval: give --validation_file (or --train_file to evaluate its validation split)");
+  auto tok = load_tokenizer(a);
+  Generator gen(a.seed);
+  auto model = load_model(a, "", gen);
+  TrainingArguments b = a;
+  if (b.train_file.empty()) b.train_file = b.validation_file;  // only the validation stream is used
+  auto streams = load_streams(b, tok, model->config().vocab_size, true);
+  if (a.bf16 || a.fp16) {
+    const DType half = a.bf16 ? DType::bf16 : DType::f16;
+    for (auto& [n, p] : model->named_parameters()) *p = ops::to_dtype(*p, half);
+  }
+  auto r = evaluate(*model, streams.validation, a.block_size, a.per_device_eval_batch_size,
+                    !a.validation_file.empty() ? a.validation_file : a.train_file);
+  fs::create_directories(a.output_dir);
+  std::ofstream(fs::path(a.output_dir) / "eval_results.json") << r.to_json().dump(2) << "\n";
+  return r;
+}
+
+}  // namespace tr::train

@@ -1,0 +1,112 @@
+// Master weights, gradient unscaling with the inf/nan check, and the dynamic loss scaler; see
+// mixed_precision.h.
+#include "train/mixed_precision.h"
+
+#include <cmath>
+
+#include "autograd/node.h"
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace tr::train {
+
+void GradScaler::update(bool found_inf) {
+  if (found_inf) {
+    scale *= backoff_factor;
+    growth_tracker = 0;
+  } else if (++growth_tracker == growth_interval) {
+    scale *= growth_factor;
+    growth_tracker = 0;
+  }
+}
+
+nlohmann::json GradScaler::to_json() const {
+  return {{"scale", scale},
+          {"growth_factor", growth_factor},
+          {"backoff_factor", backoff_factor},
+          {"growth_interval", growth_interval},
+          {"_growth_tracker", growth_tracker}};
+}
+
+void GradScaler::load_json(const nlohmann::json& j, const std::string& source) {
+  for (const char* k : {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"})
+    TR_CHECK(j.contains(k) && j[k].is_number(), "{}: missing or non-numeric '{}'", source, k);
+  scale = j["scale"].get<double>();
+  growth_factor = j["growth_factor"].get<double>();
+  backoff_factor = j["backoff_factor"].get<double>();
+  growth_interval = j["growth_interval"].get<int64_t>();
+  growth_tracker = j["_growth_tracker"].get<int64_t>();
+}
+
+MixedPrecision::MixedPrecision(const nn::ParamList& model_params, DType half, bool loss_scaling)
+    : model_(model_params), half_(half), scaling_(loss_scaling) {
+  TR_CHECK(half == DType::f32 || half == DType::bf16 || half == DType::f16,
+           "mixed precision: compute dtype must be f32, bf16 or f16, got {}", dtype_name(half));
+  if (half == DType::f32) {
+    master_list_ = model_;
+    return;
+  }
+  masters_.reserve(model_.size());  // master_list_ points into masters_: no reallocation after this
+  for (auto& [name, p] : model_) {
+    TR_CHECK(p->dtype() == DType::f32, "mixed precision: parameter '{}' must start in f32, got {}", name,
+             dtype_name(p->dtype()));
+    masters_.push_back(*p);
+    Tensor h = ops::to_dtype(*p, half);
+    autograd::set_requires_grad(h, true);
+    *p = h;
+  }
+  for (size_t i = 0; i < model_.size(); ++i) master_list_.emplace_back(model_[i].first, &masters_[i]);
+}
+
+bool MixedPrecision::unscale_grads() {
+  if (!enabled()) {
+    if (!scaling_) return false;
+    // fp32 with a scaler is not an HF mode; kept simple: unscale in place.
+  }
+  const float inv = static_cast<float>(1.0 / loss_scale());
+  bool found_inf = false;
+  for (size_t i = 0; i < model_.size(); ++i) {
+    Tensor g = model_[i].second->grad();
+    Tensor* master = master_list_[i].second;
+    if (!g.defined()) {
+      if (enabled()) autograd::zero_grad(*master);
+      continue;
+    }
+    Tensor g32 = enabled() ? ops::contiguous(ops::to_dtype(g, DType::f32)) : g;
+    float* d = g32.data<float>();
+    const int64_t n = g32.numel();
+    bool bad = false;
+    if (inv != 1.0f) {
+#pragma omp parallel for simd reduction(|| : bad) if (n > 65536)
+      for (int64_t k = 0; k < n; ++k) {
+        d[k] *= inv;
+        bad = bad || !std::isfinite(d[k]);
+      }
+    } else if (scaling_) {
+#pragma omp parallel for simd reduction(|| : bad) if (n > 65536)
+      for (int64_t k = 0; k < n; ++k) bad = bad || !std::isfinite(d[k]);
+    }
+    found_inf = found_inf || bad;
+    if (enabled()) {
+      autograd::set_grad(*master, g32);
+      autograd::zero_grad(*model_[i].second);
+    }
+  }
+  return scaling_ && found_inf;
+}
+
+void MixedPrecision::after_step(bool found_inf) {
+  if (scaling_) scaler_.update(found_inf);
+  if (!enabled()) return;
+  for (size_t i = 0; i < model_.size(); ++i) {
+    autograd::zero_grad(masters_[i]);
+    ops::copy_(*model_[i].second, masters_[i]);  // round to nearest even
+  }
+}
+
+void MixedPrecision::swap_masters() {
+  if (!enabled()) return;
+  for (size_t i = 0; i < model_.size(); ++i) std::swap(*model_[i].second, masters_[i]);
+}
+
+}  // namespace tr::train

