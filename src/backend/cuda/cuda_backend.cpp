@@ -14,6 +14,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda_api.h"
+#include "core/caching_allocator.h"
 
 namespace tr::cuda {
 
@@ -45,40 +46,83 @@ int device_count_uncached() {
   return n;
 }
 
-// Device memory through cudaMalloc with byte accounting (the caching allocator comes with the CUDA issue).
+// Device memory through the caching allocator (core/caching_allocator.h): cudaMalloc'd segments carved
+// into blocks that are reused step after step, as PyTorch's allocator does; empty_cache() returns the unused
+// segments. Statistics of the Allocator base count requested bytes (what the meta device predicts); the
+// core's own statistics (allocated/reserved/peak) are in memory_summary().
 class CudaAllocator final : public Allocator {
  public:
-  explicit CudaAllocator(int index) : index_(index) {}
+  explicit CudaAllocator(int index) : index_(index), core_(make_backend(index)) {}
   void* allocate(size_t nbytes) override {
     if (nbytes == 0) return nullptr;
-    int prev = 0;
-    TR_CUDA_CHECK(cudaGetDevice(&prev));
-    TR_CUDA_CHECK(cudaSetDevice(index_));
-    void* p = nullptr;
-    cudaError_t e = cudaMalloc(&p, nbytes);
-    cudaSetDevice(prev);  // leave the caller's current device as it was
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      size_t free_b = 0, total_b = 0;
-      cudaMemGetInfo(&free_b, &total_b);
-      fail(
-          "cuda:{} out of memory allocating {} bytes (in use by trainer: {} bytes, peak {}; device free {} "
-          "of {})",
-          index_, nbytes, stats().current_bytes, stats().peak_bytes, free_b, total_b);
-    }
+    check_limit(nbytes);
+    void* p = core_.allocate(nbytes, 0);  // kernels run on the legacy default stream
     record_alloc(nbytes);
     if (poison()) TR_CUDA_CHECK(cudaMemset(p, 0xff, nbytes));
     return p;
   }
   void deallocate(void* ptr, size_t nbytes) override {
     if (!ptr) return;
-    cudaFree(ptr);
+    core_.free(ptr);
     record_free(nbytes);
   }
   Device device() const override { return Device::cuda(index_); }
+  void empty_cache() override { core_.empty_cache(); }
+  CachingAllocatorCore& core() { return core_; }
 
  private:
+  // Runs fn with index as the current device, restoring the caller's.
+  template <typename F>
+  static auto on_device(int index, F&& fn) {
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(index);
+    auto r = fn();
+    cudaSetDevice(prev);
+    return r;
+  }
+  static CachingAllocatorCore::Backend make_backend(int index) {
+    CachingAllocatorCore::Backend b;
+    b.alloc_segment = [index](size_t n) -> void* {
+      return on_device(index, [&]() -> void* {
+        void* p = nullptr;
+        if (cudaMalloc(&p, n) != cudaSuccess) {
+          cudaGetLastError();  // not sticky: the caller flushes its cache and retries
+          return nullptr;
+        }
+        return p;
+      });
+    };
+    b.free_segment = [index](void* p, size_t) { on_device(index, [&] { return cudaFree(p); }); };
+    b.record_event = [index](uint64_t stream) {
+      return on_device(index, [&] {
+        cudaEvent_t e = nullptr;
+        TR_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        TR_CUDA_CHECK(cudaEventRecord(e, reinterpret_cast<cudaStream_t>(stream)));
+        return reinterpret_cast<uint64_t>(e);
+      });
+    };
+    b.event_done = [](uint64_t e) {
+      const cudaError_t r = cudaEventQuery(reinterpret_cast<cudaEvent_t>(e));
+      if (r == cudaErrorNotReady) return false;
+      TR_CUDA_CHECK(r);
+      return true;
+    };
+    b.release_event = [](uint64_t e) { cudaEventDestroy(reinterpret_cast<cudaEvent_t>(e)); };
+    b.device_summary = [index] {
+      size_t free_b = 0, total_b = 0;
+      on_device(index, [&] { return cudaMemGetInfo(&free_b, &total_b); });
+      return fmt::format("cuda:{} ({:.2f} GiB free of {:.2f} GiB)", index, free_b / 1073741824.0,
+                         total_b / 1073741824.0);
+    };
+    size_t free_b = 0, total_b = 0;
+    on_device(index, [&] { return cudaMemGetInfo(&free_b, &total_b); });
+    b.total_memory = total_b;
+    return b;
+  }
+
   int index_;
+  CachingAllocatorCore core_;
 };
 
 Strided strided_of(const Shape& shape, std::initializer_list<const Strides*> strides) {
