@@ -11,7 +11,7 @@ JSON
 head -c 30000 "$corpus" >"$work/corpus.txt"
 common=(train --config_name "$work/config.json" --tokenizer_name "$tok" --train_file "$work/corpus.txt"
   --output_dir "$work/run" --block_size 32 --per_device_train_batch_size 4 --max_steps 100000 --save_steps 1
-  --save_total_limit 2 --logging_steps 1000)
+  --save_total_limit 2 --logging_steps 1000 --use_cpu)
 check() {
   local n=0
   for d in "$work"/run/checkpoint-*; do

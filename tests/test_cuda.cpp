@@ -147,3 +147,53 @@ TEST(CudaDevice, GoldenModelMatchesTheCpu) {
 
 }  // namespace
 }  // namespace tr
+
+#include "optim/adamw.h"
+
+namespace tr {
+namespace {
+
+// The fused multi-tensor AdamW kernel against the CPU optimizer: same element math (backend/optim_math.h,
+// no extra contraction), so the parameters and moments agree bit for bit after several steps.
+TEST(CudaDevice, FusedAdamWMatchesTheCpuBitForBit) {
+  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: fused AdamW kernel NOT tested";
+  const std::vector<std::pair<std::string, Shape>> shapes = {
+      {"h.0.mlp.c_fc.weight", {300, 517}}, {"h.0.ln_1.bias", {517}}, {"wte.weight", {70000, 3}}};
+  for (bool multi : {false, true}) {
+    std::vector<Tensor> cpu, gpu;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      cpu.push_back(test::randn(shapes[i].second, 10 + i));
+      gpu.push_back(ops::to_device(cpu.back(), Device::cuda(0)));
+      autograd::set_requires_grad(cpu.back(), true);
+      autograd::set_requires_grad(gpu.back(), true);
+    }
+    nn::ParamList pc, pg;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      pc.emplace_back(shapes[i].first, &cpu[i]);
+      pg.emplace_back(shapes[i].first, &gpu[i]);
+    }
+    optim::AdamWOptions o;
+    o.lr = 1e-2;
+    o.weight_decay = 0.1;
+    optim::AdamW oc(pc, o, multi), og(pg, o, multi);
+    for (int step = 0; step < 4; ++step) {
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        Tensor g = test::randn(shapes[i].second, 100 * step + i);
+        autograd::set_grad(cpu[i], g);
+        autograd::set_grad(gpu[i], ops::to_device(g, Device::cuda(0)));
+      }
+      oc.step();
+      og.step();
+    }
+    for (size_t i = 0; i < shapes.size(); ++i)
+      EXPECT_EQ(test::values(ops::to_device(gpu[i], Device::cpu())), test::values(cpu[i]))
+          << shapes[i].first << (multi ? " (fused)" : " (per tensor)");
+    auto sc = oc.state_dict(), sg = og.state_dict();
+    for (size_t k = 1; k < sc.size(); ++k)
+      EXPECT_EQ(test::values(ops::to_device(sg[k].second, Device::cpu())), test::values(sc[k].second))
+          << sc[k].first;
+  }
+}
+
+}  // namespace
+}  // namespace tr

@@ -80,6 +80,7 @@ TEST(Train, TinyLlamaLossFallsAndTheOutputFolderLooksLikeHfs) {
   a.warmup_steps = 3;
   a.logging_steps = 5;
   a.gradient_checkpointing = true;
+  a.use_cpu = true;
   auto r = train::train(a);
   EXPECT_EQ(r.steps, 25);
   EXPECT_LT(r.last_loss, r.first_loss - 2.0);  // a small corpus seen many times: the loss must fall clearly
@@ -119,6 +120,7 @@ TEST(Train, ResumeFromACheckpointContinuesBitExactly) {
   a.save_steps = 4;
   a.save_total_limit = 2;
   a.dataloader_num_workers = 2;
+  a.use_cpu = true;
   auto full = train::train(a);
   ASSERT_EQ(full.losses.size(), 12u);
   EXPECT_FALSE(fs::exists(fs::path(a.output_dir) / "checkpoint-4"));  // rotated away
@@ -167,6 +169,7 @@ TEST(Train, AStopRequestSavesACheckpointAndReturns) {
   a.block_size = 8;
   a.per_device_train_batch_size = 2;
   a.max_steps = 50;
+  a.use_cpu = true;
   int calls = 0;
   train::TrainHooks hooks;
   hooks.should_stop = [&] { return ++calls == 3; };

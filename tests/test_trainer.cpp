@@ -53,6 +53,7 @@ struct Scratch {
     a.max_steps = 8;
     a.logging_steps = 1;
     a.save_steps = 1000;
+    a.use_cpu = true;  // these tests check CPU numbers and the CPU allocator, also on GPU machines
     return a;
   }
 };
@@ -410,6 +411,25 @@ TEST(TrainerBadInput, ClearErrorsBeforeWorkIsLost) {
   auto t = s.args("tf32");
   t.tf32 = true;
   EXPECT_NE(error_of(t).find("--tf32 needs an Ampere"), std::string::npos);
+}
+
+TEST(TrainerGpu, Bf16OnTheGpuFollowsTheCpuFp32Curve) {
+  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: GPU training NOT tested";
+  Scratch s("trainer_gpu");
+  auto a = s.args("cpu");
+  a.max_steps = 12;
+  a.optim = "adamw_torch_fused";
+  auto ref = train::train(a);
+  auto b = a;
+  b.output_dir = (s.dir / "gpu").string();
+  b.use_cpu = false;
+  b.bf16 = true;
+  auto gpu = train::train(b);
+  ASSERT_EQ(gpu.losses.size(), ref.losses.size());
+  for (size_t i = 0; i < ref.losses.size(); ++i)
+    EXPECT_NEAR(gpu.losses[i], ref.losses[i], 0.02 * ref.losses[i]) << "step " << i;
+  auto f = io::SafetensorsFile::open((fs::path(b.output_dir) / "model.safetensors").string());
+  for (const auto& t : f.header().tensors) EXPECT_EQ(t.dtype, DType::f32) << t.name;
 }
 
 }  // namespace

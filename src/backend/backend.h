@@ -3,6 +3,7 @@
 // outputs the ops layer allocated. Backends never see autograd.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "backend/op_kinds.h"
 #include "core/allocator.h"
@@ -114,6 +115,16 @@ class Backend {
 
   // y = x * keep / (1 - p), keep[i] = uniform(seed, offset, i) >= p. x, y contiguous.
   virtual void dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, const Tensor& y) = 0;
+
+  // One AdamW step over many tensors in one pass (torch's fused / apex's multi-tensor AdamW): every
+  // (param, grad, exp_avg, exp_avg_sq) contiguous, same dtype (f32 or f64) and size; weight decay where
+  // `decay`. The element math is backend/optim_math.h's, so the result equals the per-tensor update.
+  struct AdamWTensors {
+    Tensor param, grad, exp_avg, exp_avg_sq;
+    bool decay = true;
+  };
+  virtual void fused_adamw(const std::vector<AdamWTensors>& tensors, double lr, double weight_decay,
+                           double beta1, double beta2, double eps, int64_t step) = 0;
 };
 
 // The backend that runs tensors of `device` (cpu, cuda, meta -> cpu for geometry only).

@@ -176,7 +176,7 @@ ModelConfig ModelConfig::builtin(const std::string& name) {
   };
   if (name == "gpt2") return from_json(gpt2(768, 12, 12), name);
   if (name == "gpt2-mini") {  // the default run's model: GPT-2 vocabulary, 4 small layers, no dropout
-    auto j = gpt2(256, 4, 4);
+    auto j = gpt2(128, 4, 4);
     j["n_positions"] = 256;
     j["embd_pdrop"] = j["resid_pdrop"] = j["attn_pdrop"] = 0.0;
     return from_json(j, name);

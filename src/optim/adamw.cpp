@@ -2,6 +2,9 @@
 // pass.
 #include "optim/adamw.h"
 
+#include "backend/backend.h"
+#include "backend/optim_math.h"
+
 #include <cmath>
 
 #include "optim/common.h"
@@ -10,50 +13,24 @@ namespace tr::optim {
 
 AdamW::AdamW(const nn::ParamList& params, AdamWOptions opts, bool multi_tensor)
     : Optimizer(params, std::move(opts)), multi_tensor_(multi_tensor) {
-  detail::check_params("AdamW", params, {DType::f32, DType::f64});
+  detail::check_params("AdamW", params, {DType::f32, DType::f64}, /*any_device=*/true);
   detail::OptimArgs("AdamW", opts_.args).check_all_used();  // AdamW reads no --optim_args
   for (const auto& [name, p] : params)
-    slots_.push_back(
-        {name, p, ops::zeros(p->shape(), p->dtype()), ops::zeros(p->shape(), p->dtype()), decays(name)});
+    slots_.push_back({name, p, ops::zeros(p->shape(), p->dtype(), p->device()),
+                      ops::zeros(p->shape(), p->dtype(), p->device()), decays(name)});
 }
 
 namespace {
 
-constexpr int64_t kChunk = 1 << 16;  // elements per work item (apex's multi_tensor_apply uses the same)
+constexpr int64_t kChunk = backend::kAdamWChunk;
+using backend::AdamWScalars;
 
-// Per-step scalars in the parameter's precision, computed as torch computes them (in double, then cast).
-template <typename T>
-struct AdamWScalars {
-  T step_size, bc2_sqrt, decay, b1, b2, one_b1, one_b2, eps;
-  bool decays;
-  AdamWScalars(double lr, double wd, double beta1, double beta2, double e, int64_t step) {
-    const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
-    const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
-    step_size = static_cast<T>(lr / bc1);
-    bc2_sqrt = static_cast<T>(std::sqrt(bc2));
-    decay = static_cast<T>(1.0 - lr * wd);
-    b1 = static_cast<T>(beta1);
-    b2 = static_cast<T>(beta2);
-    one_b1 = static_cast<T>(1.0 - beta1);
-    one_b2 = static_cast<T>(1.0 - beta2);
-    eps = static_cast<T>(e);
-    decays = wd != 0.0;
-  }
-};
-
-// Elements [0, n). torch's ops, one rounding each except where its CPU kernels fuse: add_(x, alpha) and
-// addcmul_ are fused multiply-adds there, so they are std::fma here (this library builds with
-// -ffp-contract=off, so nothing else fuses and the vector and scalar code paths agree bit for bit).
+// Elements [0, n) (this library builds with -ffp-contract=off, so nothing fuses beyond adamw_element's fmas
+// and the vector and scalar code paths agree bit for bit).
 template <typename T>
 inline void adamw_elements(T* p, const T* g, T* m, T* v, int64_t n, const AdamWScalars<T>& s) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    if (s.decays) p[i] *= s.decay;                         // param.mul_(1 - lr * wd)
-    m[i] = std::fma(g[i], s.one_b1, m[i] * s.b1);          // exp_avg.mul_(b1).add_(grad, alpha=1-b1)
-    v[i] = std::fma(s.one_b2 * g[i], g[i], v[i] * s.b2);   // exp_avg_sq.mul_(b2).addcmul_(g, g, 1-b2)
-    const T denom = std::sqrt(v[i]) / s.bc2_sqrt + s.eps;  // (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)
-    p[i] += -s.step_size * m[i] / denom;                   // param.addcdiv_(exp_avg, denom, -step_size)
-  }
+  for (int64_t i = 0; i < n; ++i) backend::adamw_element(p[i], g[i], m[i], v[i], s);
 }
 
 // The per-tensor path: the tensor's elements split over threads when it is large.
@@ -94,26 +71,25 @@ void AdamW::step() {
         s.exp_avg_sq.data<double>() + begin, n, s.decay ? d_decay : d_plain);
     }
   };
-  if (!multi_tensor_) {
+  const bool on_cpu = slots_.empty() || slots_[0].param->device().is_cpu();
+  if (!multi_tensor_ && on_cpu) {
     for (size_t i = 0; i < slots_.size(); ++i)
       if (grads[i].defined()) run(i, 0, slots_[i].param->numel(), true);  // no gradient: skipped, as torch
     return;
   }
-  // The flat work list of (tensor, chunk) pairs over all parameters, as multi_tensor_apply builds it; the
-  // chunks are those of the per-tensor path, so even the vector/remainder split of the loops is the same.
-  struct Work {
-    size_t slot;
-    int64_t begin, n;
-  };
-  std::vector<Work> work;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    if (!grads[i].defined()) continue;
-    const int64_t n = slots_[i].param->numel();
-    for (int64_t b = 0; b < n; b += kChunk) work.push_back({i, b, std::min(kChunk, n - b)});
+  // The multi-tensor pass (the backend's: OpenMP over chunks on the CPU, one kernel on a GPU); per tensor on
+  // a GPU is one launch per tensor.
+  std::vector<backend::Backend::AdamWTensors> list;
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (grads[i].defined())
+      list.push_back({*slots_[i].param, grads[i], slots_[i].exp_avg, slots_[i].exp_avg_sq, slots_[i].decay});
+  if (list.empty()) return;
+  auto& be = backend::backend_for(slots_[0].param->device());
+  if (multi_tensor_) {
+    be.fused_adamw(list, opts_.lr, wd, opts_.beta1, opts_.beta2, opts_.eps, step_);
+  } else {
+    for (const auto& t : list) be.fused_adamw({t}, opts_.lr, wd, opts_.beta1, opts_.beta2, opts_.eps, step_);
   }
-  const int64_t total = static_cast<int64_t>(work.size());
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t w = 0; w < total; ++w) run(work[w].slot, work[w].begin, work[w].n, false);
 }
 
 std::vector<std::pair<std::string, Tensor>> AdamW::state_dict() const {

@@ -30,7 +30,9 @@ class OptimArgs {
 };
 
 // Every parameter on the CPU, contiguous, with a dtype in `dtypes`; throws naming the first that is not.
-void check_params(const char* optimizer, const nn::ParamList& params, const std::vector<DType>& dtypes);
+// any_device: the optimizer also runs on GPUs (through the backend's kernels); else CPU only.
+void check_params(const char* optimizer, const nn::ParamList& params, const std::vector<DType>& dtypes,
+                  bool any_device = false);
 
 // The parameter's gradient made contiguous, or undefined when it has none; throws when its dtype or shape
 // differs from the parameter's.

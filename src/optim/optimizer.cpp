@@ -129,10 +129,14 @@ void OptimArgs::check_all_used() const {
   }
 }
 
-void check_params(const char* optimizer, const nn::ParamList& params, const std::vector<DType>& dtypes) {
+void check_params(const char* optimizer, const nn::ParamList& params, const std::vector<DType>& dtypes,
+                  bool any_device) {
   for (const auto& [name, p] : params) {
-    TR_CHECK(p->device().is_cpu(), "{}: parameter '{}' is on {}; this optimizer runs on the CPU", optimizer,
-             name, p->device().str());
+    TR_CHECK(any_device || p->device().is_cpu(),
+             "{}: parameter '{}' is on {}; this optimizer runs on the CPU", optimizer, name,
+             p->device().str());
+    TR_CHECK(p->device() == params.front().second->device(), "{}: parameters on {} and {}", optimizer,
+             params.front().second->device().str(), p->device().str());
     TR_CHECK(std::find(dtypes.begin(), dtypes.end(), p->dtype()) != dtypes.end(),
              "{}: parameter '{}' has dtype {}, which this optimizer does not update", optimizer, name,
              dtype_name(p->dtype()));
@@ -163,7 +167,7 @@ void load_entry(const std::map<std::string, Tensor>& state, const std::string& k
            dtype_name(src.dtype()), dtype_name(dst.dtype()));
   TR_CHECK(src.shape() == dst.shape(), "{} state: '{}' has shape {}, expected {}", optimizer, key,
            shape_str(src.shape()), shape_str(dst.shape()));
-  ops::copy_(dst, src);
+  ops::copy_(dst, ops::to_device(src, dst.device()));
 }
 
 int64_t load_step(const std::map<std::string, Tensor>& state, const char* optimizer) {

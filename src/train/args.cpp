@@ -85,6 +85,7 @@ const std::vector<ArgSpec>& argument_specs() {
       {"save_steps", &A::save_steps, "checkpoint every N steps (ratio below 1)", "evaluation and saving"},
       {"save_total_limit", &A::save_total_limit, "keep the newest N checkpoints (0: all)",
        "evaluation and saving"},
+      {"use_cpu", &A::use_cpu, "train on the CPU even when a GPU is present", "precision and memory"},
       {"bf16", &A::bf16, "bf16 compute copies, fp32 master weights", "precision and memory"},
       {"fp16", &A::fp16, "fp16 compute copies, fp32 master weights, dynamic loss scaling",
        "precision and memory"},

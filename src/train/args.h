@@ -40,6 +40,7 @@ struct TrainingArguments {
   std::string resume_from_checkpoint;
   uint64_t seed = 42;
   bool fp16 = false, bf16 = false, tf32 = false;
+  bool use_cpu = false;  // train on the CPU even when a GPU is present
   std::string optim = "adamw_torch";
   std::string optim_args;
   bool gradient_checkpointing = false;

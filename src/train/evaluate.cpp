@@ -35,6 +35,7 @@ EvalResult evaluate(models::CausalLM& model, std::shared_ptr<const data::TokenSt
   auto ds = std::make_shared<data::SequenceDataset>(stream, dopt);
   data::DataLoaderOptions lopt;
   lopt.batch_size = batch_size;
+  lopt.device = model.device();
   data::DataLoader loader(ds, lopt);
   autograd::NoGradGuard no_grad;
   EvalResult r;
@@ -83,7 +84,7 @@ EvalResult evaluate_command(const TrainingArguments& a) {
            "trainer eval: give --validation_file (or --train_file to evaluate its validation split)");
   auto tok = load_tokenizer(a);
   Generator gen(a.seed);
-  auto model = load_model(a, "", gen);
+  auto model = load_model(a, "", gen, training_device(a));
   TrainingArguments b = a;
   if (b.train_file.empty()) b.train_file = b.validation_file;  // only the validation stream is used
   auto streams = load_streams(b, tok, model->config().vocab_size, true);

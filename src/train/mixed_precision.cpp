@@ -73,6 +73,21 @@ bool MixedPrecision::unscale_grads() {
       continue;
     }
     Tensor g32 = enabled() ? ops::contiguous(ops::to_dtype(g, DType::f32)) : g;
+    if (!g32.device().is_cpu()) {  // GPU: scale there; inf/nan show as a NaN sum of 0 * g (one sync)
+      if (inv != 1.0f) g32 = ops::affine(g32, inv, 0.0);
+      if (scaling_) {
+        const double probe =
+            ops::reduce(backend::ReduceOp::sum, ops::affine(g32, 0.0, 0.0), {}, false).item();
+        found_inf = found_inf || !std::isfinite(probe);
+      }
+      if (enabled()) {
+        autograd::set_grad(*master, g32);
+        autograd::zero_grad(*model_[i].second);
+      } else {
+        ops::copy_(g, g32);
+      }
+      continue;
+    }
     float* d = g32.data<float>();
     const int64_t n = g32.numel();
     bool bad = false;

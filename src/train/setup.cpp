@@ -3,6 +3,7 @@
 
 #include <filesystem>
 
+#include "backend/cuda_api.h"
 #include "data/tokenize.h"
 
 namespace tr::train {
@@ -37,16 +38,20 @@ tokenizers::Tokenizer load_tokenizer(const TrainingArguments& a) {
 }
 
 std::unique_ptr<models::CausalLM> load_model(const TrainingArguments& a, const std::string& weights_dir,
-                                             Generator& gen) {
+                                             Generator& gen, Device device) {
   const std::string dir = !weights_dir.empty() ? weights_dir : a.model_name_or_path;
   if (!dir.empty()) {
     models::PretrainedOptions po;
     po.attn_implementation = a.attn_implementation;
     po.dtype = DType::f32;
+    po.device = device;
     return models::from_pretrained(dir, po);
   }
-  return models::create_causal_lm(config_for(a.config_name), Device::cpu(), DType::f32, gen,
-                                  a.attn_implementation);
+  return models::create_causal_lm(config_for(a.config_name), device, DType::f32, gen, a.attn_implementation);
+}
+
+Device training_device(const TrainingArguments& a) {
+  return a.use_cpu ? Device::cpu() : backend::default_device();
 }
 
 Streams load_streams(const TrainingArguments& a, const tokenizers::Tokenizer& tok, int64_t vocab,

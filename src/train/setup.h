@@ -17,9 +17,12 @@ namespace tr::train {
 tokenizers::Tokenizer load_tokenizer(const TrainingArguments& a);
 
 // From `weights_dir` when given (a checkpoint or HF folder), else from --model_name_or_path, else a fresh
-// model of --config_name initialized from `gen`. Always f32 on the CPU (mixed precision casts afterwards).
+// model of --config_name initialized from `gen` (Philox: the same bits on every device). Always f32 (mixed
+// precision casts afterwards), on `device`.
 std::unique_ptr<models::CausalLM> load_model(const TrainingArguments& a, const std::string& weights_dir,
-                                             Generator& gen);
+                                             Generator& gen, Device device = Device::cpu());
+// The GPU when one is usable and --use_cpu is not given, else the CPU.
+Device training_device(const TrainingArguments& a);
 
 struct Streams {
   std::shared_ptr<const data::TokenStream> train, validation;  // validation null when not wanted

@@ -43,6 +43,10 @@ double clip_grad_norm(const nn::ParamList& params, double max_norm) {
   for (const auto& [n, p] : params) {
     Tensor g = p->grad();
     if (!g.defined()) continue;
+    if (!g.device().is_cpu()) {  // GPU: the squares summed there, one sync per tensor
+      ss += ops::reduce(backend::ReduceOp::sum, ops::binary(backend::BinaryOp::mul, g, g), {}, false).item();
+      continue;
+    }
     const float* d = g.data<float>();
     const int64_t len = g.numel();
 #pragma omp parallel for reduction(+ : ss) if (len > 65536)
@@ -55,6 +59,10 @@ double clip_grad_norm(const nn::ParamList& params, double max_norm) {
     for (const auto& [n, p] : params) {
       Tensor g = p->grad();
       if (!g.defined()) continue;
+      if (!g.device().is_cpu()) {
+        ops::copy_(g, ops::affine(g, c, 0.0));
+        continue;
+      }
       float* d = g.data<float>();
       const int64_t len = g.numel();
 #pragma omp parallel for if (len > 65536)
@@ -104,8 +112,14 @@ TrainResult train_once(const TrainingArguments& a, const TrainHooks& hooks) {
   TR_CHECK(a.resume_from_checkpoint != "true" || !resume.empty(),
            "--resume_from_checkpoint true: no checkpoint-N folder in {}", a.output_dir);
   if (a.resume_from_checkpoint == "false") resume.clear();
+  const Device dev = training_device(a);
+  const bool adamw = a.optim.rfind("adamw_torch", 0) == 0 || a.optim == "adamw_apex_fused";
+  TR_CHECK(dev.is_cpu() || adamw,
+           "--optim {} runs on the CPU only in this build; use an adamw_torch* optimizer "
+           "on {} or pass --use_cpu",
+           a.optim, dev.str());
   Generator init_gen(a.seed);
-  auto model = load_model(a, resume, init_gen);
+  auto model = load_model(a, resume, init_gen, dev);
   const int64_t vocab = model->config().vocab_size;
   TR_CHECK(tok.vocab_size() <= vocab, "tokenizer {} has {} tokens, more than the model's vocab_size {}",
            a.tokenizer_name.empty() ? a.model_name_or_path : a.tokenizer_name, tok.vocab_size(), vocab);
@@ -125,6 +139,7 @@ TrainResult train_once(const TrainingArguments& a, const TrainHooks& hooks) {
   lopt.batch_size = a.per_device_train_batch_size;
   lopt.num_workers = static_cast<int>(a.dataloader_num_workers);
   lopt.pin_memory = a.dataloader_pin_memory;
+  lopt.device = dev;
   lopt.drop_last = a.dataloader_drop_last;
   data::DataLoader loader(ds, lopt);
   TR_CHECK(loader.batches_per_epoch() >= 1,
@@ -208,7 +223,7 @@ TrainResult train_once(const TrainingArguments& a, const TrainHooks& hooks) {
     r.last_checkpoint = save_checkpoint(*model, mp, *opt, tok, st, a, hooks.save_probe);
   };
 
-  cpu_allocator().reset_peak();
+  ops::allocator_for(dev).reset_peak();
   double loss_since_log = 0, loss_total = 0;
   int64_t steps_since_log = 0, tokens = 0, tokens_at_start = 0;
   const int64_t start_step = st.global_step;
@@ -239,13 +254,13 @@ TrainResult train_once(const TrainingArguments& a, const TrainHooks& hooks) {
       if (a.torch_empty_cache_steps > 0 && (step + 1) % a.torch_empty_cache_steps == 0 &&
           &b == &micro.front()) {
         // HF's point: after the forward, before the backward (the activations stay, the cache goes).
-        const int64_t cached = static_cast<int64_t>(cpu_allocator().cached_bytes());
-        cpu_allocator().empty_cache();
+        const int64_t cached = dev.is_cpu() ? static_cast<int64_t>(cpu_allocator().cached_bytes()) : 0;
+        ops::allocator_for(dev).empty_cache();
         ++r.cache_releases;
         r.cache_bytes_released += cached;
       }
       if (mp.loss_scaling())
-        autograd::backward({loss}, {ops::full({}, mp.loss_scale(), DType::f32)});
+        autograd::backward({loss}, {ops::full({}, mp.loss_scale(), DType::f32, dev)});
       else
         autograd::backward({loss});
       step_loss += loss.item();
@@ -325,7 +340,7 @@ TrainResult train_once(const TrainingArguments& a, const TrainHooks& hooks) {
   r.tokens_per_second = tokens / r.seconds;
   r.train_loss = loss_total / std::max<int64_t>(1, r.steps);
   r.skipped_steps = st.skipped_steps;
-  r.peak_bytes = cpu_allocator().stats().peak_bytes;
+  r.peak_bytes = ops::allocator_for(dev).stats().peak_bytes;
   if (st.skipped_steps > 0)
     std::fprintf(stderr,
                  "train: %lld of %lld fp16 steps skipped for inf/nan gradients (final loss scale %g)\n",

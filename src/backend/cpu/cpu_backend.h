@@ -49,6 +49,8 @@ class CpuBackend final : public backend::Backend {
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                           bool causal, double scale, const Tensor& out, const Tensor& lse, const Tensor& dout,
                           const Tensor& dq, const Tensor& dk, const Tensor& dv) override;
+  void fused_adamw(const std::vector<AdamWTensors>& tensors, double lr, double weight_decay, double beta1,
+                   double beta2, double eps, int64_t step) override;
 };
 
 CpuBackend& cpu_backend();

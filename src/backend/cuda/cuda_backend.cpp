@@ -14,6 +14,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda_api.h"
+#include "backend/optim_math.h"
 #include "core/caching_allocator.h"
 
 namespace tr::cuda {
@@ -279,6 +280,29 @@ class CudaBackend final : public backend::Backend {
     cuda::attention(q.dtype(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
                     key_keep.defined() ? key_keep.data<bool>() : nullptr, out.data_ptr(), lse.data_ptr(),
                     q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), causal, scale);
+  }
+  void fused_adamw(const std::vector<AdamWTensors>& tensors, double lr, double weight_decay, double beta1,
+                   double beta2, double eps, int64_t step) override {
+    if (tensors.empty()) return;
+    const DType dt = tensors[0].param.dtype();
+    TR_CHECK(dt == DType::f32 || dt == DType::f64, "fused_adamw: dtype {}", dtype_name(dt));
+    std::vector<cuda::AdamWChunk> chunks;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const auto& t = tensors[i];
+      for (const Tensor* x : {&t.param, &t.grad, &t.exp_avg, &t.exp_avg_sq})
+        TR_CHECK(x->dtype() == dt && x->numel() == t.param.numel() && x->is_contiguous() &&
+                     x->device() == t.param.device(),
+                 "fused_adamw: tensor {} does not match its parameter (dtype, size, device, contiguity)", i);
+      const int64_t n = t.param.numel(), es = static_cast<int64_t>(dtype_size(dt));
+      for (int64_t b = 0; b < n; b += backend::kAdamWChunk)
+        chunks.push_back({static_cast<char*>(t.param.data_ptr()) + b * es,
+                          static_cast<const char*>(t.grad.data_ptr()) + b * es,
+                          static_cast<char*>(t.exp_avg.data_ptr()) + b * es,
+                          static_cast<char*>(t.exp_avg_sq.data_ptr()) + b * es,
+                          std::min(backend::kAdamWChunk, n - b), t.decay ? 1 : 0});
+    }
+    cuda::fused_adamw(dt, chunks.data(), static_cast<int64_t>(chunks.size()), lr, weight_decay, beta1, beta2,
+                      eps, step);
   }
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                           bool causal, double scale, const Tensor& out, const Tensor& lse, const Tensor& dout,

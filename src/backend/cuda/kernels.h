@@ -69,6 +69,19 @@ void attention_backward(DType dt, const void* q, const void* k, const void* v, c
                         const void* out, const void* lse, const void* dout, void* dq, void* dk, void* dv,
                         int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D, bool causal,
                         double scale);
+// One chunk of the multi-tensor AdamW pass: elements [0, n) of the four arrays.
+struct AdamWChunk {
+  void* param;
+  const void* grad;
+  void* exp_avg;
+  void* exp_avg_sq;
+  int64_t n;
+  int decay;
+};
+// One launch for every chunk (each block one chunk); dt f32 or f64. Element math: backend/optim_math.h.
+void fused_adamw(DType dt, const AdamWChunk* chunks, int64_t count, double lr, double weight_decay, double beta1,
+                 double beta2, double eps, int64_t step);
+
 // Index of the first element outside [lo, hi) that is not `ignore` (-1 if none); synchronizes.
 int64_t first_bad_index(const int64_t* ids, int64_t n, int64_t lo, int64_t hi, int64_t ignore,
                         bool use_ignore);

@@ -1,0 +1,63 @@
+// The AdamW element update shared by the CPU optimizer, the CPU multi-tensor pass and the CUDA fused kernel:
+// torch.optim.AdamW's operation order, one rounding per op except where torch's kernels fuse (add_ with
+// alpha and addcmul_ are fused multiply-adds), so every implementation gives the same bits.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "core/hd.h"
+
+namespace tr::backend {
+
+// Per-step scalars in the parameter's precision, computed as torch computes them (in double, then cast).
+template <typename T>
+struct AdamWScalars {
+  T step_size, bc2_sqrt, decay, b1, b2, one_b1, one_b2, eps;
+  bool decays;
+  AdamWScalars() = default;
+  AdamWScalars(double lr, double wd, double beta1, double beta2, double e, int64_t step) {
+    const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
+    const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+    step_size = static_cast<T>(lr / bc1);
+    bc2_sqrt = static_cast<T>(std::sqrt(bc2));
+    decay = static_cast<T>(1.0 - lr * wd);
+    b1 = static_cast<T>(beta1);
+    b2 = static_cast<T>(beta2);
+    one_b1 = static_cast<T>(1.0 - beta1);
+    one_b2 = static_cast<T>(1.0 - beta2);
+    eps = static_cast<T>(e);
+    decays = wd != 0.0;
+  }
+};
+
+template <typename T>
+TR_HD T fused_multiply_add(T a, T b, T c) {
+#ifdef __CUDA_ARCH__
+  return fma(a, b, c);  // the device's float/double overloads
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+template <typename T>
+TR_HD T square_root(T x) {
+#ifdef __CUDA_ARCH__
+  return sqrt(x);
+#else
+  return std::sqrt(x);  // the float overload: no detour through double
+#endif
+}
+
+template <typename T>
+TR_HD void adamw_element(T& p, T g, T& m, T& v, const AdamWScalars<T>& s) {
+  if (s.decays) p *= s.decay;                           // param.mul_(1 - lr * wd)
+  m = fused_multiply_add(g, s.one_b1, m * s.b1);        // exp_avg.mul_(b1).add_(grad, alpha=1-b1)
+  v = fused_multiply_add(s.one_b2 * g, g, v * s.b2);    // exp_avg_sq.mul_(b2).addcmul_(g, g, 1-b2)
+  const T denom = square_root(v) / s.bc2_sqrt + s.eps;  // (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)
+  p += -s.step_size * m / denom;                        // param.addcdiv_(exp_avg, denom, -step_size)
+}
+
+// Elements a multi-tensor pass processes per work item (apex's multi_tensor_apply uses the same).
+constexpr int64_t kAdamWChunk = 1 << 16;
+
+}  // namespace tr::backend
