@@ -13,7 +13,8 @@ void add_training_flags(CLI::App* cmd, TrainingFlags& f) {
           using T = std::decay_t<decltype(f.parsed.*m)>;
           auto* opt = cmd->add_option("--" + s.name, f.parsed.*m, s.help);
           opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // argparse: the last one wins
-          if constexpr (std::is_same_v<T, bool>) opt->expected(0, 1)->default_str("true");
+          if constexpr (std::is_same_v<T, bool>)  // `--bf16` alone means true; the help shows the choice
+            opt->expected(0, 1)->default_str("true")->option_text("[true|false]");
           return opt;
         },
         s.member);
