@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -222,6 +223,40 @@ TEST(TrainerPrecision, Bf16FollowsFp32AndSavesFp32Masters) {
   for (const auto& t : f.header().tensors) EXPECT_EQ(t.dtype, DType::f32) << t.name;
 }
 
+TEST(TrainerPrecision, Tf32RoundsMatmulInputsAndStaysCloseToFp32) {
+  // The op: with TF32 on, a matmul equals the fp32 matmul of inputs rounded to 10 mantissa bits.
+  Tensor x = test::randn({7, 33}, 1), w = test::randn({33, 5}, 2);
+  auto round10 = [](const Tensor& t) {
+    Tensor r = ops::clone(t);
+    for (int64_t i = 0; i < r.numel(); ++i) {
+      uint32_t u;
+      std::memcpy(&u, r.data<float>() + i, 4);
+      u = (u + 0xfffu + ((u >> 13) & 1u)) & ~0x1fffu;
+      std::memcpy(r.data<float>() + i, &u, 4);
+    }
+    return r;
+  };
+  Tensor plain = ops::matmul(x, w), emulated = ops::matmul(round10(x), round10(w));
+  {
+    backend::Tf32Scope on(true);
+    EXPECT_EQ(test::values(ops::matmul(x, w)), test::values(emulated));
+  }
+  EXPECT_EQ(test::values(ops::matmul(x, w)), test::values(plain));  // the scope restored fp32
+  EXPECT_NE(test::values(plain), test::values(emulated));
+  // The Trainer's --tf32: a loss curve close to fp32's (TF32 keeps 10 mantissa bits), not equal to it.
+  Scratch s("trainer_tf32");
+  auto a = s.args("fp32");
+  auto ref = train::train(a);
+  auto b = a;
+  b.output_dir = (s.dir / "tf32").string();
+  b.tf32 = true;
+  auto t = train::train(b);
+  for (size_t i = 0; i < ref.losses.size(); ++i)
+    EXPECT_NEAR(t.losses[i], ref.losses[i], 2e-3 * ref.losses[i]) << i;
+  EXPECT_NE(t.losses, ref.losses);
+  EXPECT_FALSE(backend::allow_tf32());
+}
+
 TEST(TrainerPrecision, GradScalerFollowsTorchDefaults) {
   train::GradScaler s;
   EXPECT_EQ(s.scale, 65536.0);
@@ -407,10 +442,6 @@ TEST(TrainerBadInput, ClearErrorsBeforeWorkIsLost) {
   std::ofstream(s.dir / "short.txt") << "Call me Ishmael. Some years ago, never mind how long.";
   d.train_file = (s.dir / "short.txt").string();
   EXPECT_NE(error_of(d).find("fewer than one block of --block_size 32"), std::string::npos) << error_of(d);
-  // --tf32 on the CPU, as HF on a machine without Ampere
-  auto t = s.args("tf32");
-  t.tf32 = true;
-  EXPECT_NE(error_of(t).find("--tf32 needs an Ampere"), std::string::npos);
 }
 
 TEST(TrainerGpu, Bf16OnTheGpuFollowsTheCpuFp32Curve) {

@@ -23,6 +23,7 @@ struct GemmArgs {
   int64_t batch = 1, m = 0, n = 0, k = 0;
   int64_t lda = 0, ldb = 0, stride_a = 0, stride_b = 0;
   double alpha = 1.0, beta = 0.0;
+  bool tf32 = false;  // f32 inputs rounded to TF32 (10-bit mantissa), as tensor cores read them
 };
 
 class Backend {
@@ -125,6 +126,22 @@ class Backend {
   };
   virtual void fused_adamw(const std::vector<AdamWTensors>& tensors, double lr, double weight_decay,
                            double beta1, double beta2, double eps, int64_t step) = 0;
+};
+
+// torch.backends.cuda.matmul.allow_tf32: the process's f32 matmul precision (off by default). The CPU
+// emulates TF32 by rounding the inputs, so its numerics can be tested without a GPU. Tf32Scope sets it for a
+// scope (the Trainer's --tf32) and restores the previous value.
+void set_allow_tf32(bool on);
+bool allow_tf32();
+class Tf32Scope {
+ public:
+  explicit Tf32Scope(bool on) : previous_(allow_tf32()) { set_allow_tf32(on); }
+  ~Tf32Scope() { set_allow_tf32(previous_); }
+  Tf32Scope(const Tf32Scope&) = delete;
+  Tf32Scope& operator=(const Tf32Scope&) = delete;
+
+ private:
+  bool previous_;
 };
 
 // The backend that runs tensors of `device` (cpu, cuda, meta -> cpu for geometry only).

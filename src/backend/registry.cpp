@@ -1,5 +1,7 @@
 // Picks the backend for a device and answers whether CUDA can be used.
 #include "backend/backend.h"
+
+#include <atomic>
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda_api.h"
 
@@ -37,6 +39,13 @@ const char* binary_name(BinaryOp op) {
   }
   return "?";
 }
+
+namespace {
+std::atomic<bool> g_allow_tf32{false};  // process-wide by design, as torch's flag (see backend.h)
+}  // namespace
+
+void set_allow_tf32(bool on) { g_allow_tf32 = on; }
+bool allow_tf32() { return g_allow_tf32.load(); }
 
 Backend& backend_for(Device device) {
   switch (device.type) {

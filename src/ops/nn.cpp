@@ -86,6 +86,7 @@ void run_gemm(const Operand& pa, const Operand& pb, const Tensor& c, int64_t bat
   g.stride_b = pb.batch_stride;
   g.alpha = alpha;
   g.beta = beta;
+  g.tf32 = c.dtype() == DType::f32 && backend::allow_tf32();
   be(c).gemm(g);
 }
 

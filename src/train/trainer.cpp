@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "autograd/node.h"
+#include "backend/backend.h"
 #include "core/allocator.h"
 #include "data/loader.h"
 #include "models/causal_lm.h"
@@ -393,9 +394,8 @@ TrainResult train_once(const TrainingArguments& a, const TrainHooks& hooks) {
 
 TrainResult train(const TrainingArguments& args, const TrainHooks& hooks) {
   args.validate();
-  TR_CHECK(
-      !args.tf32,
-      "--tf32 needs an Ampere or newer GPU (Hugging Face raises the same); this build trains on the CPU");
+  // --tf32: f32 matmuls read TF32 inputs (tensor cores on a GPU; emulated by rounding on the CPU).
+  backend::Tf32Scope tf32(args.tf32);
   const bool resuming = !args.resume_from_checkpoint.empty() && args.resume_from_checkpoint != "false";
   check_output_dir(args, resuming);
   TrainingArguments a = args;

@@ -4,6 +4,7 @@
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
 
+#include <cstring>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -48,6 +49,20 @@ void sgemm_batched(bool ta, bool tb, int64_t batch, int64_t m, int64_t n, int64_
 
 }  // namespace
 
+namespace {
+std::vector<float> round_to_tf32(const float* x, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n));
+#pragma omp parallel for if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, x + i, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0xfffu + ((u >> 13) & 1u)) & ~0x1fffu;  // inf/nan kept
+    std::memcpy(&out[static_cast<size_t>(i)], &u, 4);
+  }
+  return out;
+}
+}  // namespace
+
 void CpuBackend::gemm(const backend::GemmArgs& g) {
   const auto ta = g.trans_a ? CblasTrans : CblasNoTrans;
   const auto tb = g.trans_b ? CblasTrans : CblasNoTrans;
@@ -65,6 +80,15 @@ void CpuBackend::gemm(const backend::GemmArgs& g) {
       const float* a = static_cast<const float*>(g.a.data_ptr());
       const float* b = static_cast<const float*>(g.b.data_ptr());
       float* c = static_cast<float*>(g.c.data_ptr());
+      std::vector<float> a32, b32;
+      if (g.tf32) {  // what a tensor core reads: each input rounded to 10 mantissa bits (nearest even)
+        const int64_t ar = g.trans_a ? g.k : g.m, ac = g.trans_a ? g.m : g.k;
+        const int64_t br = g.trans_b ? g.n : g.k, bc = g.trans_b ? g.k : g.n;
+        a32 = round_to_tf32(a, (g.stride_a ? (g.batch - 1) * g.stride_a : 0) + (ar - 1) * g.lda + ac);
+        b32 = round_to_tf32(b, (g.stride_b ? (g.batch - 1) * g.stride_b : 0) + (br - 1) * g.ldb + bc);
+        a = a32.data();
+        b = b32.data();
+      }
       sgemm_batched(g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k, static_cast<float>(g.alpha), a, g.lda,
                     g.stride_a, b, g.ldb, g.stride_b, static_cast<float>(g.beta), c);
       return;

@@ -334,7 +334,7 @@ void CudaBackend::gemm(const backend::GemmArgs& g) {
   switch (g.c.dtype()) {
     case DType::f32:
       t = CUDA_R_32F;
-      compute = CUBLAS_COMPUTE_32F;
+      compute = g.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
       break;
     case DType::f64:
       t = CUDA_R_64F;
