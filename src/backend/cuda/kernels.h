@@ -79,8 +79,8 @@ struct AdamWChunk {
   int decay;
 };
 // One launch for every chunk (each block one chunk); dt f32 or f64. Element math: backend/optim_math.h.
-void fused_adamw(DType dt, const AdamWChunk* chunks, int64_t count, double lr, double weight_decay, double beta1,
-                 double beta2, double eps, int64_t step);
+void fused_adamw(DType dt, const AdamWChunk* chunks, int64_t count, double lr, double weight_decay,
+                 double beta1, double beta2, double eps, int64_t step);
 
 // Index of the first element outside [lo, hi) that is not `ignore` (-1 if none); synchronizes.
 int64_t first_bad_index(const int64_t* ids, int64_t n, int64_t lo, int64_t hi, int64_t ignore,

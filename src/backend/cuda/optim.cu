@@ -44,8 +44,8 @@ void launch(const AdamWChunk* chunks, int64_t count, double lr, double wd, doubl
 
 }  // namespace
 
-void fused_adamw(DType dt, const AdamWChunk* chunks, int64_t count, double lr, double weight_decay, double beta1,
-                 double beta2, double eps, int64_t step) {
+void fused_adamw(DType dt, const AdamWChunk* chunks, int64_t count, double lr, double weight_decay,
+                 double beta1, double beta2, double eps, int64_t step) {
   if (count == 0) return;
   if (dt == DType::f32)
     launch<float>(chunks, count, lr, weight_decay, beta1, beta2, eps, step);
