@@ -411,6 +411,11 @@ TEST(TrainerSave, ACrashMidSaveKeepsTheLastCheckpointAndResumeIsExact) {
   auto resumed = train::train(b);
   ASSERT_EQ(resumed.losses.size(), 4u);
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(resumed.losses[i], full.losses[2 + i]) << i;
+  // metrics.jsonl: the lines the crashed run logged after checkpoint-2 were dropped, so each step appears
+  // once
+  std::vector<int64_t> steps;
+  for (const auto& m : read_metrics(b.output_dir)) steps.push_back(m["step"].get<int64_t>());
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
 }
 
 TEST(TrainerBadInput, ClearErrorsBeforeWorkIsLost) {
@@ -433,6 +438,9 @@ TEST(TrainerBadInput, ClearErrorsBeforeWorkIsLost) {
   const fs::path ck = fs::path(a.output_dir) / "checkpoint-2";
   auto r = a;
   r.resume_from_checkpoint = ck.string();
+  auto split = r;  // evaluation holds out 5% of the tokens: other training data than the checkpoint's
+  split.do_eval = true;
+  EXPECT_NE(error_of(split).find("saved while training on"), std::string::npos) << error_of(split);
   std::ofstream(ck / "trainer_state.json") << "{\"global_st";
   EXPECT_NE(error_of(r).find("trainer_state.json: corrupt"), std::string::npos) << error_of(r);
   fs::remove(ck / "optimizer.safetensors");

@@ -21,7 +21,11 @@ namespace {
 
 // Set by SIGINT/SIGTERM; the training loop finishes its step, saves a checkpoint and returns.
 std::atomic<bool> g_stop_requested{false};
-extern "C" void on_stop_signal(int) { g_stop_requested = true; }
+// The second signal is not caught: a user pressing Ctrl-C again during a long save or eval gets out.
+extern "C" void on_stop_signal(int sig) {
+  g_stop_requested = true;
+  std::signal(sig, SIG_DFL);
+}
 
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KB", "MB", "GB", "TB"};
@@ -182,9 +186,12 @@ int main(int argc, char** argv) {
       const bool default_run = train_flags.args_file.empty() && !train_flags.given("model_name_or_path") &&
                                !train_flags.given("config_name") && !train_flags.given("train_file");
       if (default_run) tr::cli::ensure_default_data();
-      return run_train(train_flags.resolve(default_run ? tr::cli::default_run_arguments()
-                                                       : tr::train::TrainingArguments{}),
-                       default_run);
+      auto a = train_flags.resolve(default_run ? tr::cli::default_run_arguments()
+                                               : tr::train::TrainingArguments{});
+      // The default run may replace its own out/default, never a folder the user named.
+      if (default_run && train_flags.given("output_dir") && !train_flags.given("overwrite_output_dir"))
+        a.overwrite_output_dir = false;
+      return run_train(a, default_run);
     }
     if (*eval_cmd) {
       auto a = eval_flags.resolve();

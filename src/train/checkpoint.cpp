@@ -1,6 +1,9 @@
 // Saving, validating and loading checkpoint-N folders; see checkpoint.h.
 #include "train/checkpoint.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -30,6 +33,14 @@ int64_t checkpoint_step(const std::string& name) {
 const char* const kCheckpointFiles[] = {"config.json",    "optimizer.safetensors", "scheduler.json",
                                         "rng_state.json", "trainer_state.json",    "training_args.json",
                                         "tokenizer.json"};
+
+// Flushes a file or folder to the disk: a checkpoint survives power loss, not only a killed process.
+void sync_to_disk(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
 
 // Deleting a folder is not atomic: rename it out of the checkpoint-N namespace first, so a kill mid-delete
 // never leaves a half-deleted checkpoint-N behind.
@@ -98,6 +109,7 @@ std::string save_checkpoint(models::CausalLM& model, MixedPrecision& mp, const o
        {"skipped_steps", st.skipped_steps},
        {"train_batch_size", st.train_batch_size},
        {"gradient_accumulation_steps", st.gradient_accumulation_steps},
+       {"train_tokens", st.train_tokens},
        {"best_metric", st.has_best ? nlohmann::json(st.best_metric) : nlohmann::json(nullptr)},
        {"best_model_checkpoint", st.best_model_checkpoint.empty() ? nlohmann::json(nullptr)
                                                                   : nlohmann::json(st.best_model_checkpoint)},
@@ -105,8 +117,16 @@ std::string save_checkpoint(models::CausalLM& model, MixedPrecision& mp, const o
   write_json(tmp / "training_args.json", a.to_json());
   tok.save((tmp / "tokenizer.json").string());
   if (probe) probe("rename");
-  if (fs::exists(final_dir)) remove_atomically(final_dir);
+  for (const auto& e : fs::directory_iterator(tmp)) sync_to_disk(e.path());
+  sync_to_disk(tmp);
+  // An existing checkpoint-N (the same step saved again) is renamed away, not deleted, until the new one is
+  // in.
+  const fs::path old = fs::path(a.output_dir) / (".trash-" + name);
+  fs::remove_all(old);
+  if (fs::exists(final_dir)) fs::rename(final_dir, old);
   fs::rename(tmp, final_dir);
+  sync_to_disk(a.output_dir);
+  fs::remove_all(old);
   if (a.save_total_limit > 0) {  // keep the newest save_total_limit checkpoints, and the best one
     std::vector<std::pair<int64_t, fs::path>> all;
     for (const auto& e : fs::directory_iterator(a.output_dir)) {
@@ -151,6 +171,7 @@ TrainerState load_checkpoint_state(const std::string& dir, optim::Optimizer& opt
   st.skipped_steps = ts.value("skipped_steps", int64_t{0});
   st.train_batch_size = ts.value("train_batch_size", int64_t{0});
   st.gradient_accumulation_steps = ts.value("gradient_accumulation_steps", int64_t{0});
+  st.train_tokens = ts.value("train_tokens", int64_t{0});
   if (ts.contains("best_metric") && ts["best_metric"].is_number()) {
     st.has_best = true;
     st.best_metric = ts["best_metric"].get<double>();

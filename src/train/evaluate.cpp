@@ -46,7 +46,7 @@ EvalResult evaluate(models::CausalLM& model, std::shared_ptr<const data::TokenSt
     fo.labels = b->labels;
     fo.num_items_in_batch = 1.0;  // loss = sum of token losses
     fo.return_logits = false;
-    sum += model.forward(b->input_ids, fo).loss.item();
+    sum += ops::to_device(model.forward(b->input_ids, fo).loss, Device::cpu()).item();
     r.samples += b->input_ids.size(0);
     r.tokens += b->input_ids.size(0) * (b->input_ids.size(1) - 1);
   }

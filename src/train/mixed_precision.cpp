@@ -77,7 +77,9 @@ bool MixedPrecision::unscale_grads() {
       if (inv != 1.0f) g32 = ops::affine(g32, inv, 0.0);
       if (scaling_) {
         const double probe =
-            ops::reduce(backend::ReduceOp::sum, ops::affine(g32, 0.0, 0.0), {}, false).item();
+            ops::to_device(ops::reduce(backend::ReduceOp::sum, ops::affine(g32, 0.0, 0.0), {}, false),
+                           Device::cpu())
+                .item();
         found_inf = found_inf || !std::isfinite(probe);
       }
       if (enabled()) {

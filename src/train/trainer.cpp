@@ -24,7 +24,7 @@ namespace fs = std::filesystem;
 int64_t count_label_tokens(const Tensor& labels) {
   TR_CHECK(labels.dim() == 2 && labels.dtype() == DType::i64,
            "count_label_tokens: labels must be int64 [B, T]");
-  Tensor l = ops::contiguous(labels);
+  Tensor l = ops::contiguous(ops::to_device(labels, Device::cpu()));  // a GPU batch: one small copy
   const int64_t* d = l.data<int64_t>();
   const int64_t B = l.size(0), T = l.size(1);
   int64_t n = 0;
@@ -45,7 +45,10 @@ double clip_grad_norm(const nn::ParamList& params, double max_norm) {
     Tensor g = p->grad();
     if (!g.defined()) continue;
     if (!g.device().is_cpu()) {  // GPU: the squares summed there, one sync per tensor
-      ss += ops::reduce(backend::ReduceOp::sum, ops::binary(backend::BinaryOp::mul, g, g), {}, false).item();
+      ss += ops::to_device(
+                ops::reduce(backend::ReduceOp::sum, ops::binary(backend::BinaryOp::mul, g, g), {}, false),
+                Device::cpu())
+                .item();
       continue;
     }
     const float* d = g.data<float>();
@@ -171,6 +174,7 @@ TrainResult train_once(const TrainingArguments& a, const TrainHooks& hooks) {
   auto opt = optim::make_optimizer(a.optim, mp.master_params(), oo);
 
   TrainerState st;
+  st.train_tokens = streams.train->size();
   st.train_batch_size = a.per_device_train_batch_size;
   st.gradient_accumulation_steps = ga;
   Generator dropout_gen(a.seed);
@@ -181,13 +185,29 @@ TrainResult train_once(const TrainingArguments& a, const TrainHooks& hooks) {
         "{}: saved with per_device_train_batch_size {} and gradient_accumulation_steps {}; resume with the "
         "same values (got {} and {})",
         resume, st.train_batch_size, st.gradient_accumulation_steps, a.per_device_train_batch_size, ga);
+    TR_CHECK(
+        st.train_tokens == 0 || st.train_tokens == streams.train->size(),
+        "{}: saved while training on {} tokens, this run's training stream has {} (a different --train_file, "
+        "--validation_split_percentage or evaluation setting?); the data position would not match",
+        resume, st.train_tokens, streams.train->size());
+    st.train_tokens = streams.train->size();
     loader.seek(st.position);
     dropout_gen.set_state(st.dropout_rng);
     std::fprintf(stderr, "train: resumed from %s at step %lld\n", resume.c_str(),
                  static_cast<long long>(st.global_step));
   }
-  std::ofstream metrics(fs::path(a.output_dir) / "metrics.jsonl",
-                        resume.empty() ? std::ios::trunc : std::ios::app);
+  const fs::path metrics_path = fs::path(a.output_dir) / "metrics.jsonl";
+  if (!resume.empty() && fs::exists(metrics_path)) {  // drop lines logged after the checkpoint (they rerun)
+    std::ifstream in(metrics_path);
+    std::string kept;
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.value("step", int64_t{0}) <= st.global_step) kept += line + "\n";
+    }
+    in.close();
+    std::ofstream(metrics_path, std::ios::trunc) << kept;
+  }
+  std::ofstream metrics(metrics_path, resume.empty() ? std::ios::trunc : std::ios::app);
   write_json(fs::path(a.output_dir) / "training_args.json", a.to_json());
   std::fprintf(
       stderr,
@@ -271,7 +291,7 @@ TrainResult train_once(const TrainingArguments& a, const TrainHooks& hooks) {
         autograd::backward({loss}, {ops::full({}, mp.loss_scale(), DType::f32, dev)});
       else
         autograd::backward({loss});
-      step_loss += loss.item();
+      step_loss += ops::to_device(loss, Device::cpu()).item();
       tokens += b.input_ids.numel();
     }
     if (hooks.after_backward) hooks.after_backward(step, model_params);
@@ -400,6 +420,20 @@ TrainResult train(const TrainingArguments& args, const TrainHooks& hooks) {
   check_output_dir(args, resuming);
   TrainingArguments a = args;
   const int64_t effective = a.per_device_train_batch_size * a.gradient_accumulation_steps;
+  if (resuming && a.auto_find_batch_size) {  // continue with the batch split the search settled on (as HF)
+    const std::string dir =
+        a.resume_from_checkpoint == "true" ? latest_checkpoint(a.output_dir) : a.resume_from_checkpoint;
+    const fs::path state = fs::path(dir) / "trainer_state.json";
+    if (!dir.empty() && fs::exists(state)) {
+      const auto ts = read_json_file(state.string());
+      const int64_t bs = ts.value("train_batch_size", int64_t{0}),
+                    ga = ts.value("gradient_accumulation_steps", int64_t{0});
+      if (bs > 0 && ga > 0 && bs * ga == effective) {
+        a.per_device_train_batch_size = bs;
+        a.gradient_accumulation_steps = ga;
+      }
+    }
+  }
   for (;;) {
     try {
       return train_once(a, hooks);
@@ -415,7 +449,7 @@ TrainResult train(const TrainingArguments& args, const TrainHooks& hooks) {
           static_cast<long long>(effective / bs), static_cast<long long>(effective));
       a.per_device_train_batch_size = bs;
       a.gradient_accumulation_steps = effective / bs;
-      cpu_allocator().empty_cache();
+      ops::allocator_for(training_device(a)).empty_cache();
     }
   }
 }
