@@ -191,9 +191,17 @@ void TrainingArguments::update_from_json(const nlohmann::json& j, const std::str
           TR_CHECK(ok, "{}: '{}' has the wrong type ({})", source, key, value.type_name());
           if constexpr (std::is_same_v<T, std::string>)
             this->*m = value.is_boolean() ? (value.get<bool>() ? "true" : "false") : value.get<std::string>();
-          else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
-            this->*m = static_cast<T>(value.get<double>());
-          else
+          else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+            // integers stay integers (a seed above 2^53 must not round); 3.0 is accepted as 3
+            if (value.is_number_float()) {
+              this->*m = static_cast<T>(value.get<double>());
+            } else {
+              TR_CHECK(std::is_signed_v<T> || !value.is_number_integer() || value.is_number_unsigned() ||
+                           value.get<int64_t>() >= 0,
+                       "{}: '{}' must not be negative", source, key);
+              this->*m = value.get<T>();
+            }
+          } else
             this->*m = value.get<T>();
         },
         it->member);
