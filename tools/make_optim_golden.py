@@ -2,12 +2,15 @@
 # Reference values for the optimizer tests (tests/test_optim.cpp): a few small parameters, fixed gradients for
 # 5 steps, and the parameters after the 5 steps under torch.optim.AdamW, torch.optim.SGD and a line-by-line
 # transcription of transformers' Adafactor (transformers is not needed), plus bitsandbytes' dynamic 8-bit maps.
-# Needs only Debian's python3-torch (the safetensors writer is our own, as in make_golden.py).
+# Needs only Debian's python3-torch (the safetensors writer is make_golden.py's).
 #
 #   /usr/bin/python3 tools/make_optim_golden.py tests/golden/optim
-import json, math, os, struct, sys
+import math, os, sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_golden import st_save  # noqa: E402  (the safetensors writer of the model goldens)
 
 STEPS = 5
 # (name, shape): a 2-D and a 3-D tensor that decay, a bias and a norm weight that do not (HF's groups).
@@ -17,21 +20,6 @@ PARAMS = [("h.0.attn.c_attn.weight", (4, 6)), ("h.0.attn.c_attn.bias", (6,)), ("
 
 def decays(name):
     return not (name.endswith(".bias") or ".ln_" in name)
-
-
-def st_save(path, tensors):
-    header, blobs, at = {"__metadata__": {"format": "pt"}}, [], 0
-    for name, t in tensors.items():
-        t = t.detach().contiguous().cpu()
-        assert t.dtype == torch.float32
-        b = t.numpy().tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [at, at + len(b)]}
-        blobs.append(b)
-        at += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
 class Adafactor(torch.optim.Optimizer):

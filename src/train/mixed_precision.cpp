@@ -42,6 +42,7 @@ MixedPrecision::MixedPrecision(const nn::ParamList& model_params, DType half, bo
     : model_(model_params), half_(half), scaling_(loss_scaling) {
   TR_CHECK(half == DType::f32 || half == DType::bf16 || half == DType::f16,
            "mixed precision: compute dtype must be f32, bf16 or f16, got {}", dtype_name(half));
+  TR_CHECK(!loss_scaling || half != DType::f32, "mixed precision: loss scaling needs a half compute dtype");
   if (half == DType::f32) {
     master_list_ = model_;
     return;
@@ -59,20 +60,17 @@ MixedPrecision::MixedPrecision(const nn::ParamList& model_params, DType half, bo
 }
 
 bool MixedPrecision::unscale_grads() {
-  if (!enabled()) {
-    if (!scaling_) return false;
-    // fp32 with a scaler is not an HF mode; kept simple: unscale in place.
-  }
+  if (!enabled()) return false;  // fp32: the optimizer reads the model's own gradients
   const float inv = static_cast<float>(1.0 / loss_scale());
   bool found_inf = false;
   for (size_t i = 0; i < model_.size(); ++i) {
     Tensor g = model_[i].second->grad();
     Tensor* master = master_list_[i].second;
     if (!g.defined()) {
-      if (enabled()) autograd::zero_grad(*master);
+      autograd::zero_grad(*master);
       continue;
     }
-    Tensor g32 = enabled() ? ops::contiguous(ops::to_dtype(g, DType::f32)) : g;
+    Tensor g32 = ops::contiguous(ops::to_dtype(g, DType::f32));
     if (!g32.device().is_cpu()) {  // GPU: scale there; inf/nan show as a NaN sum of 0 * g (one sync)
       if (inv != 1.0f) g32 = ops::affine(g32, inv, 0.0);
       if (scaling_) {
@@ -82,34 +80,21 @@ bool MixedPrecision::unscale_grads() {
                 .item();
         found_inf = found_inf || !std::isfinite(probe);
       }
-      if (enabled()) {
-        autograd::set_grad(*master, g32);
-        autograd::zero_grad(*model_[i].second);
-      } else {
-        ops::copy_(g, g32);
-      }
-      continue;
-    }
-    float* d = g32.data<float>();
-    const int64_t n = g32.numel();
-    bool bad = false;
-    if (inv != 1.0f) {
+    } else if (scaling_) {
+      float* d = g32.data<float>();
+      const int64_t n = g32.numel();
+      bool bad = false;
 #pragma omp parallel for simd reduction(|| : bad) if (n > 65536)
       for (int64_t k = 0; k < n; ++k) {
         d[k] *= inv;
         bad = bad || !std::isfinite(d[k]);
       }
-    } else if (scaling_) {
-#pragma omp parallel for simd reduction(|| : bad) if (n > 65536)
-      for (int64_t k = 0; k < n; ++k) bad = bad || !std::isfinite(d[k]);
+      found_inf = found_inf || bad;
     }
-    found_inf = found_inf || bad;
-    if (enabled()) {
-      autograd::set_grad(*master, g32);
-      autograd::zero_grad(*model_[i].second);
-    }
+    autograd::set_grad(*master, g32);
+    autograd::zero_grad(*model_[i].second);
   }
-  return scaling_ && found_inf;
+  return found_inf;
 }
 
 void MixedPrecision::after_step(bool found_inf) {

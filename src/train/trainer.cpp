@@ -108,14 +108,19 @@ int64_t smaller_batch(int64_t bs, int64_t effective) {
 
 void write_json(const fs::path& p, const nlohmann::json& j) { std::ofstream(p) << j.dump(2) << "\n"; }
 
+// The checkpoint --resume_from_checkpoint names ("true": the newest in output_dir), or "" for a fresh run.
+std::string resume_dir(const TrainingArguments& a) {
+  if (a.resume_from_checkpoint.empty() || a.resume_from_checkpoint == "false") return "";
+  if (a.resume_from_checkpoint != "true") return a.resume_from_checkpoint;
+  const std::string last = latest_checkpoint(a.output_dir);
+  TR_CHECK(!last.empty(), "--resume_from_checkpoint true: no checkpoint-N folder in {}", a.output_dir);
+  return last;
+}
+
 TrainResult train_once(const TrainingArguments& a, const TrainHooks& hooks) {
   fs::create_directories(a.output_dir);
   auto tok = load_tokenizer(a);
-  std::string resume =
-      a.resume_from_checkpoint == "true" ? latest_checkpoint(a.output_dir) : a.resume_from_checkpoint;
-  TR_CHECK(a.resume_from_checkpoint != "true" || !resume.empty(),
-           "--resume_from_checkpoint true: no checkpoint-N folder in {}", a.output_dir);
-  if (a.resume_from_checkpoint == "false") resume.clear();
+  const std::string resume = resume_dir(a);
   const Device dev = training_device(a);
   const bool adamw = a.optim.rfind("adamw_torch", 0) == 0 || a.optim == "adamw_apex_fused";
   TR_CHECK(dev.is_cpu() || adamw,
@@ -421,10 +426,8 @@ TrainResult train(const TrainingArguments& args, const TrainHooks& hooks) {
   TrainingArguments a = args;
   const int64_t effective = a.per_device_train_batch_size * a.gradient_accumulation_steps;
   if (resuming && a.auto_find_batch_size) {  // continue with the batch split the search settled on (as HF)
-    const std::string dir =
-        a.resume_from_checkpoint == "true" ? latest_checkpoint(a.output_dir) : a.resume_from_checkpoint;
-    const fs::path state = fs::path(dir) / "trainer_state.json";
-    if (!dir.empty() && fs::exists(state)) {
+    const fs::path state = fs::path(resume_dir(a)) / "trainer_state.json";
+    if (fs::exists(state)) {
       const auto ts = read_json_file(state.string());
       const int64_t bs = ts.value("train_batch_size", int64_t{0}),
                     ga = ts.value("gradient_accumulation_steps", int64_t{0});

@@ -46,7 +46,7 @@ void CpuBackend::fused_adamw(const std::vector<AdamWTensors>& tensors, double lr
   const backend::AdamWScalars<double> dd(lr, weight_decay, beta1, beta2, eps, step),
       dp(lr, 0.0, beta1, beta2, eps, step);
   const int64_t total = static_cast<int64_t>(work.size());
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (total > 1)  // one chunk: no parallel region
   for (int64_t w = 0; w < total; ++w) {
     const auto& t = tensors[work[w].tensor];
     if (t.param.dtype() == DType::f32)
