@@ -117,15 +117,41 @@ class Backend {
   // y = x * keep / (1 - p), keep[i] = uniform(seed, offset, i) >= p. x, y contiguous.
   virtual void dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, const Tensor& y) = 0;
 
-  // One AdamW step over many tensors in one pass (torch's fused / apex's multi-tensor AdamW): every
-  // (param, grad, exp_avg, exp_avg_sq) contiguous, same dtype (f32 or f64) and size; weight decay where
-  // `decay`. The element math is backend/optim_math.h's, so the result equals the per-tensor update.
+  // How an optimizer reads its gradients, so that mixed precision and clipping need no host sync and no f32
+  // copy of half gradients: in the parameter's precision T (f32, or f64 for f64 parameters) each element is
+  // g = T(grad) * T(inv_scale), then g *= T(coef) with coef = max_norm / (sqrt(stats[0]) + 1e-6) when
+  // max_norm > 0 and coef < 1 (torch's unscale_ then clip_grad_norm_, rounding for rounding).
+  struct GradTransform {
+    double inv_scale = 1.0;  // 1 / loss scale
+    double max_norm = 0.0;   // <= 0: no clipping
+    Tensor stats;            // f64 [2] from grad_stats on the gradients' device; needed when max_norm > 0
+  };
+  // stats = {sum over every element of every grad of (T(g) * T(inv_scale))^2 accumulated in f64, number of
+  // non-finite products}: the global norm and the fp16 inf check in one pass. Deterministic: the partial sums
+  // of 64K-element chunks are added in chunk order. grads contiguous, any floating dtype, one device.
+  virtual void grad_stats(const std::vector<Tensor>& grads, double inv_scale, const Tensor& stats) = 0;
+  // dst = src read through `t` (for optimizers without a fused kernel): src any floating dtype, dst f32/f64
+  // of src's size (dst may be src).
+  virtual void transform_grads(const std::vector<std::pair<Tensor, Tensor>>& src_dst,
+                               const GradTransform& t) = 0;
+
+  // One AdamW step over many tensors in one pass (torch's fused / apex's multi-tensor AdamW): param,
+  // exp_avg, exp_avg_sq contiguous, one dtype (f32 or f64) and size; grad contiguous of that size in any
+  // floating dtype, read through the GradTransform; weight decay where `decay`. When param_copy is defined
+  // (the model's bf16/f16 weights under mixed precision) the updated parameter is also written there,
+  // rounded to nearest even, by the same pass. The element math is backend/optim_math.h's, so the result
+  // equals the per-tensor update on every backend.
   struct AdamWTensors {
     Tensor param, grad, exp_avg, exp_avg_sq;
     bool decay = true;
+    Tensor param_copy;
   };
-  virtual void fused_adamw(const std::vector<AdamWTensors>& tensors, double lr, double weight_decay,
-                           double beta1, double beta2, double eps, int64_t step) = 0;
+  struct AdamWHyper {
+    double lr = 1e-3, weight_decay = 0.0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+    int64_t step = 1;
+  };
+  virtual void fused_adamw(const std::vector<AdamWTensors>& tensors, const AdamWHyper& h,
+                           const GradTransform& t) = 0;
 };
 
 // torch.backends.cuda.matmul.allow_tf32: the process's f32 matmul precision (off by default). The CPU

@@ -57,6 +57,36 @@ TR_HD void adamw_element(T& p, T g, T& m, T& v, const AdamWScalars<T>& s) {
   p += -s.step_size * m / denom;                        // param.addcdiv_(exp_avg, denom, -step_size)
 }
 
+// Backend::GradTransform in the parameter's precision: the loss-scale inverse and torch's clip_grad_norm_
+// coefficient max_norm / (norm + 1e-6), applied only when below 1, from the f64 sum of squares of grad_stats.
+template <typename T>
+struct GradScaling {
+  T inv = T(1), coef = T(1);
+  bool clip = false;
+};
+
+template <typename T>
+TR_HD GradScaling<T> grad_scaling(double inv_scale, double max_norm, const double* stats) {
+  GradScaling<T> s;
+  s.inv = static_cast<T>(inv_scale);
+  if (max_norm > 0 && stats != nullptr) {
+    const double c = max_norm / (square_root(stats[0]) + 1e-6);
+    if (c < 1.0) {
+      s.coef = static_cast<T>(c);
+      s.clip = true;
+    }
+  }
+  return s;
+}
+
+// g * inv, then * coef: two roundings, as unscale_ and clip_grad_norm_ write the gradient twice.
+template <typename T>
+TR_HD T scaled_grad(T g, const GradScaling<T>& s) {
+  g = g * s.inv;
+  if (s.clip) g = g * s.coef;
+  return g;
+}
+
 // Elements a multi-tensor pass processes per work item (apex's multi_tensor_apply uses the same).
 constexpr int64_t kAdamWChunk = 1 << 16;
 

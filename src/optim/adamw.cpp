@@ -17,25 +17,48 @@ AdamW::AdamW(const nn::ParamList& params, AdamWOptions opts, bool multi_tensor)
 }
 
 void AdamW::step() {
-  ++step_;
   // Gradients checked and made contiguous up front: the multi-tensor pass reads them all inside one parallel
   // region, where nothing may throw.
   std::vector<backend::Backend::AdamWTensors> list;
   for (auto& s : slots_) {
     Tensor g = detail::gradient("AdamW", s.name, *s.param);
-    if (g.defined())
-      list.push_back({*s.param, g, s.exp_avg, s.exp_avg_sq, s.decay});  // none: skipped, as torch
+    if (g.defined()) list.push_back({*s.param, g, s.exp_avg, s.exp_avg_sq, s.decay, {}});  // none: skipped
   }
+  run(list, {});
+}
+
+void AdamW::step(const std::vector<Tensor>& grads, const backend::Backend::GradTransform& t,
+                 const std::vector<Tensor>& copies) {
+  TR_CHECK(grads.size() == slots_.size() && (copies.empty() || copies.size() == slots_.size()),
+           "AdamW step: {} gradients and {} weight copies for {} parameters", grads.size(), copies.size(),
+           slots_.size());
+  std::vector<backend::Backend::AdamWTensors> list;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    const Slot& s = slots_[i];
+    TR_CHECK(grads[i].shape() == s.param->shape() && grads[i].device() == s.param->device(),
+             "AdamW: the gradient of '{}' is {}, the parameter {}", s.name, grads[i].describe(),
+             s.param->describe());
+    list.push_back({*s.param, ops::contiguous(grads[i]), s.exp_avg, s.exp_avg_sq, s.decay,
+                    copies.empty() ? Tensor() : copies[i]});
+  }
+  run(list, t);
+}
+
+void AdamW::run(const std::vector<backend::Backend::AdamWTensors>& list,
+                const backend::Backend::GradTransform& t) {
+  ++step_;
   if (list.empty()) return;
   // The backend's pass (OpenMP over 64K-element chunks on the CPU, one kernel on a GPU) with the element math
   // of backend/optim_math.h: per tensor (adamw_torch) or all tensors at once (the fused flavours) give the
   // same bits.
-  auto& be = backend::backend_for(slots_[0].param->device());
-  const double wd = opts_.weight_decay;
+  auto& be = backend::backend_for(list[0].param.device());
+  const backend::Backend::AdamWHyper h{opts_.lr,    opts_.weight_decay, opts_.beta1,
+                                       opts_.beta2, opts_.eps,          step_};
   if (multi_tensor_) {
-    be.fused_adamw(list, opts_.lr, wd, opts_.beta1, opts_.beta2, opts_.eps, step_);
+    be.fused_adamw(list, h, t);
   } else {
-    for (const auto& t : list) be.fused_adamw({t}, opts_.lr, wd, opts_.beta1, opts_.beta2, opts_.eps, step_);
+    for (const auto& x : list) be.fused_adamw({x}, h, t);
   }
 }
 

@@ -16,6 +16,9 @@ class AdamW : public Optimizer {
   // bit.
   AdamW(const nn::ParamList& params, AdamWOptions opts, bool multi_tensor = false);
   void step() override;
+  // One fused pass: the gradients read through `t`, the half weight copies written by the same kernel.
+  void step(const std::vector<Tensor>& grads, const backend::Backend::GradTransform& t,
+            const std::vector<Tensor>& copies) override;
   int64_t step_count() const override { return step_; }
   // {"step": i64 scalar, "exp_avg.<name>": ..., "exp_avg_sq.<name>": ...}
   std::vector<std::pair<std::string, Tensor>> state_dict() const override;
@@ -28,6 +31,7 @@ class AdamW : public Optimizer {
     Tensor exp_avg, exp_avg_sq;
     bool decay;
   };
+  void run(const std::vector<backend::Backend::AdamWTensors>& list, const backend::Backend::GradTransform& t);
   std::vector<Slot> slots_;
   bool multi_tensor_;
   int64_t step_ = 0;

@@ -27,6 +27,35 @@ bool Optimizer::decays(const std::string& name) {
   return !std::regex_search(name, no_decay);
 }
 
+void Optimizer::step(const std::vector<Tensor>& grads, const backend::Backend::GradTransform& t,
+                     const std::vector<Tensor>& copies) {
+  TR_CHECK(grads.size() == params_.size() && (copies.empty() || copies.size() == params_.size()),
+           "optimizer step: {} gradients and {} weight copies for {} parameters", grads.size(), copies.size(),
+           params_.size());
+  std::vector<std::pair<Tensor, Tensor>> pairs;
+  const bool identity = t.inv_scale == 1.0 && t.max_norm <= 0;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    Tensor& p = *params_[i].second;
+    if (!grads[i].defined()) {
+      autograd::zero_grad(p);
+      continue;
+    }
+    TR_CHECK(grads[i].shape() == p.shape() && grads[i].device() == p.device(),
+             "optimizer step: the gradient of '{}' is {}, the parameter {}", params_[i].first,
+             grads[i].describe(), p.describe());
+    Tensor g = ops::contiguous(grads[i]);
+    const bool in_place = g.dtype() == p.dtype();  // fp32 training: the gradient is transformed where it is
+    Tensor dst = in_place ? g : ops::empty(p.shape(), p.dtype(), p.device());
+    if (!(identity && in_place)) pairs.emplace_back(g, dst);
+    autograd::set_grad(p, dst);
+  }
+  if (!pairs.empty()) backend::backend_for(pairs[0].first.device()).transform_grads(pairs, t);
+  step();
+  if (copies.empty()) return;
+  for (size_t i = 0; i < grads.size(); ++i)
+    if (grads[i].defined()) ops::copy_(copies[i], *params_[i].second);  // rounded to nearest even
+}
+
 void Optimizer::zero_grad() {
   for (auto& [name, p] : params_) autograd::zero_grad(*p);
 }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "nn/layers.h"
 
 namespace tr::optim {
@@ -22,6 +23,13 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // One update from the parameters' .grad() (parameters without a gradient are skipped, as torch).
   virtual void step() = 0;
+  // One update whose gradients are `grads` (parallel to the parameters; undefined: none, skipped), of any
+  // floating dtype, read through `t` (loss-scale inverse and clip coefficient, backend.h); when `copies` is
+  // non-empty each updated parameter is also rounded into copies[i] (the model's half weights under mixed
+  // precision). The default writes the transformed gradients into the parameters' .grad in one backend pass,
+  // runs step() and copies; AdamW does all of it in its one fused pass.
+  virtual void step(const std::vector<Tensor>& grads, const backend::Backend::GradTransform& t,
+                    const std::vector<Tensor>& copies);
   void zero_grad();
   virtual void set_lr(double lr) { opts_.lr = lr; }
   double lr() const { return opts_.lr; }

@@ -1,8 +1,6 @@
-// Master weights, gradient unscaling with the inf/nan check, and the dynamic loss scaler; see
-// mixed_precision.h.
+// Master weights, the gradients and weight copies the optimizer works through, and the dynamic loss scaler;
+// see mixed_precision.h.
 #include "train/mixed_precision.h"
-
-#include <cmath>
 
 #include "autograd/node.h"
 #include "core/error.h"
@@ -59,51 +57,25 @@ MixedPrecision::MixedPrecision(const nn::ParamList& model_params, DType half, bo
   for (size_t i = 0; i < model_.size(); ++i) master_list_.emplace_back(model_[i].first, &masters_[i]);
 }
 
-bool MixedPrecision::unscale_grads() {
-  if (!enabled()) return false;  // fp32: the optimizer reads the model's own gradients
-  const float inv = static_cast<float>(1.0 / loss_scale());
-  bool found_inf = false;
-  for (size_t i = 0; i < model_.size(); ++i) {
-    Tensor g = model_[i].second->grad();
-    Tensor* master = master_list_[i].second;
-    if (!g.defined()) {
-      autograd::zero_grad(*master);
-      continue;
-    }
-    Tensor g32 = ops::contiguous(ops::to_dtype(g, DType::f32));
-    if (!g32.device().is_cpu()) {  // GPU: scale there; inf/nan show as a NaN sum of 0 * g (one sync)
-      if (inv != 1.0f) g32 = ops::affine(g32, inv, 0.0);
-      if (scaling_) {
-        const double probe =
-            ops::to_device(ops::reduce(backend::ReduceOp::sum, ops::affine(g32, 0.0, 0.0), {}, false),
-                           Device::cpu())
-                .item();
-        found_inf = found_inf || !std::isfinite(probe);
-      }
-    } else if (scaling_) {
-      float* d = g32.data<float>();
-      const int64_t n = g32.numel();
-      bool bad = false;
-#pragma omp parallel for simd reduction(|| : bad) if (n > 65536)
-      for (int64_t k = 0; k < n; ++k) {
-        d[k] *= inv;
-        bad = bad || !std::isfinite(d[k]);
-      }
-      found_inf = found_inf || bad;
-    }
-    autograd::set_grad(*master, g32);
-    autograd::zero_grad(*model_[i].second);
-  }
-  return found_inf;
+std::vector<Tensor> MixedPrecision::model_grads() const {
+  std::vector<Tensor> out;
+  out.reserve(model_.size());
+  for (const auto& [name, p] : model_) out.push_back(p->grad());
+  return out;
+}
+
+std::vector<Tensor> MixedPrecision::weight_copies() const {
+  std::vector<Tensor> out;
+  if (!enabled()) return out;
+  out.reserve(model_.size());
+  for (const auto& [name, p] : model_) out.push_back(*p);
+  return out;
 }
 
 void MixedPrecision::after_step(bool found_inf) {
   if (scaling_) scaler_.update(found_inf);
-  if (!enabled()) return;
-  for (size_t i = 0; i < model_.size(); ++i) {
-    autograd::zero_grad(masters_[i]);
-    ops::copy_(*model_[i].second, masters_[i]);  // round to nearest even
-  }
+  for (auto& [name, p] : model_) autograd::zero_grad(*p);
+  for (auto& m : masters_) autograd::zero_grad(m);
 }
 
 void MixedPrecision::swap_masters() {

@@ -31,10 +31,13 @@ class MixedPrecision {
   const nn::ParamList& master_params() const { return master_list_; }
   double loss_scale() const { return scaling_ ? scaler_.scale : 1.0; }
   bool loss_scaling() const { return scaling_; }
-  // After backward: master.grad = f32(model.grad) / scale, model grads dropped. Returns true when a gradient
-  // holds inf or nan (only checked with loss scaling, as torch's GradScaler).
-  bool unscale_grads();
-  // After an optimizer step that ran (or was skipped): scaler update, and model = round(master).
+  // The model's gradients after backward (half under mixed precision, scaled by the loss scale; undefined
+  // for parameters without one), parallel to master_params(): the optimizer reads them through a
+  // Backend::GradTransform instead of materialized f32 master gradients.
+  std::vector<Tensor> model_grads() const;
+  // Where the optimizer writes the updated masters, rounded: the model's half parameters (empty in fp32).
+  std::vector<Tensor> weight_copies() const;
+  // After an optimizer step that ran (or was skipped): scaler update, every gradient dropped.
   void after_step(bool found_inf);
   // Swaps masters into the model's parameter slots (saving writes fp32 weights, as HF under autocast) and
   // back again.

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "autograd/functions.h"
 #include "autograd/node.h"
 #include "backend/backend.h"
 #include "core/allocator.h"
@@ -37,43 +38,10 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 
-// Global L2 norm of all gradients (f32, accumulated in double); scales them to max_norm when above it
-// (torch's clip_grad_norm_: coef = max / (norm + 1e-6), applied when coef < 1).
-double clip_grad_norm(const nn::ParamList& params, double max_norm) {
-  double ss = 0;
-  for (const auto& [n, p] : params) {
-    Tensor g = p->grad();
-    if (!g.defined()) continue;
-    if (!g.device().is_cpu()) {  // GPU: the squares summed there, one sync per tensor
-      ss += ops::to_device(
-                ops::reduce(backend::ReduceOp::sum, ops::binary(backend::BinaryOp::mul, g, g), {}, false),
-                Device::cpu())
-                .item();
-      continue;
-    }
-    const float* d = g.data<float>();
-    const int64_t len = g.numel();
-#pragma omp parallel for reduction(+ : ss) if (len > 65536)
-    for (int64_t i = 0; i < len; ++i) ss += static_cast<double>(d[i]) * d[i];
-  }
-  const double norm = std::sqrt(ss);
-  const double coef = max_norm / (norm + 1e-6);
-  if (max_norm > 0 && coef < 1.0) {
-    const float c = static_cast<float>(coef);
-    for (const auto& [n, p] : params) {
-      Tensor g = p->grad();
-      if (!g.defined()) continue;
-      if (!g.device().is_cpu()) {
-        ops::copy_(g, ops::affine(g, c, 0.0));
-        continue;
-      }
-      float* d = g.data<float>();
-      const int64_t len = g.numel();
-#pragma omp parallel for if (len > 65536)
-      for (int64_t i = 0; i < len; ++i) d[i] *= c;
-    }
-  }
-  return norm;
+// Reads a small device tensor on the host (the one synchronization of a step).
+std::vector<double> host_values(const Tensor& t) {
+  Tensor h = ops::contiguous(ops::to_dtype(ops::to_device(t, Device::cpu()), DType::f64));
+  return {h.data<double>(), h.data<double>() + h.numel()};
 }
 
 // A step count given as N >= 1, or as a ratio of `total` below 1 (HF's logging/save/eval_steps).
@@ -273,7 +241,7 @@ TrainResult train_once(const TrainingArguments& a, const TrainHooks& hooks) {
     // num_items_in_batch: label tokens of the whole step (accumulation-exact normalization).
     double items = 0;
     for (const auto& b : micro) items += static_cast<double>(count_label_tokens(b.labels));
-    double step_loss = 0;
+    Tensor step_loss_acc;  // summed on the device (f64): read once per step, not once per micro-batch
     for (const auto& b : micro) {
       if (hooks.on_micro_batch) hooks.on_micro_batch(step, b.input_ids);
       models::ForwardOptions fo;
@@ -296,24 +264,45 @@ TrainResult train_once(const TrainingArguments& a, const TrainHooks& hooks) {
         autograd::backward({loss}, {ops::full({}, mp.loss_scale(), DType::f32, dev)});
       else
         autograd::backward({loss});
-      step_loss += ops::to_device(loss, Device::cpu()).item();
+      {
+        autograd::NoGradGuard no_grad;
+        Tensor l = ops::to_dtype(detach(loss), DType::f64);
+        step_loss_acc = step_loss_acc.defined() ? ops::binary(backend::BinaryOp::add, step_loss_acc, l) : l;
+      }
       tokens += b.input_ids.numel();
     }
     if (hooks.after_backward) hooks.after_backward(step, model_params);
-    const bool found_inf = mp.unscale_grads();
-    const double norm = clip_grad_norm(mp.master_params(), found_inf ? 0.0 : a.max_grad_norm);
+    // Unscale, global norm, clip and the fp16 inf check without a host sync per tensor: one statistics pass
+    // over the model's gradients (half under mixed precision), then the optimizer reads them through the
+    // transform (AdamW: unscale, clip, update and the half weight copy in one pass).
+    const std::vector<Tensor> grads = mp.model_grads();
+    std::vector<Tensor> present;
+    for (const Tensor& g : grads)
+      if (g.defined()) present.push_back(ops::contiguous(g));
+    Tensor stats = ops::zeros({2}, DType::f64, dev);
+    const double inv_scale = 1.0 / mp.loss_scale();
+    backend::backend_for(dev).grad_stats(present, inv_scale, stats);
+    const backend::Backend::GradTransform transform{inv_scale, a.max_grad_norm, stats};
     const double lr = lr_at(a.lr_scheduler_type, a.learning_rate, st.scheduler_step, warmup, total);
+    std::vector<double> host_stats;
+    bool found_inf = false;
+    if (mp.loss_scaling()) {  // the skip decision is the host's (torch's GradScaler syncs here as well)
+      host_stats = host_values(stats);
+      found_inf = host_stats[1] != 0;
+    }
     if (found_inf) {
       // fp16 overflow: skip the update, do not step the scheduler, lower the scale (torch's GradScaler)
       ++st.skipped_steps;
-      opt->zero_grad();
     } else {
       opt->set_lr(lr);
-      opt->step();
-      opt->zero_grad();
+      opt->step(grads, transform, mp.weight_copies());
       ++st.scheduler_step;
     }
+    opt->zero_grad();
     mp.after_step(found_inf);
+    if (host_stats.empty()) host_stats = host_values(stats);
+    const double norm = std::sqrt(host_stats[0]);
+    const double step_loss = step_loss_acc.defined() ? host_values(step_loss_acc)[0] : 0.0;
     st.global_step = step + 1;
     if (step == start_step) r.first_loss = step_loss;
     r.losses.push_back(step_loss);

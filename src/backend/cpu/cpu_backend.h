@@ -1,5 +1,5 @@
 // The CPU backend: OpenMP-parallel kernels, OpenBLAS for GEMM. Method bodies live in mirror-named files
-// (elementwise.cpp, reduce.cpp, matmul.cpp, norm.cpp, loss.cpp).
+// (elementwise.cpp, reduce.cpp, matmul.cpp, norm.cpp, loss.cpp, optim.cpp, attention.cpp).
 #pragma once
 #include "backend/backend.h"
 
@@ -49,8 +49,11 @@ class CpuBackend final : public backend::Backend {
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                           bool causal, double scale, const Tensor& out, const Tensor& lse, const Tensor& dout,
                           const Tensor& dq, const Tensor& dk, const Tensor& dv) override;
-  void fused_adamw(const std::vector<AdamWTensors>& tensors, double lr, double weight_decay, double beta1,
-                   double beta2, double eps, int64_t step) override;
+  void grad_stats(const std::vector<Tensor>& grads, double inv_scale, const Tensor& stats) override;
+  void transform_grads(const std::vector<std::pair<Tensor, Tensor>>& src_dst,
+                       const GradTransform& t) override;
+  void fused_adamw(const std::vector<AdamWTensors>& tensors, const AdamWHyper& h,
+                   const GradTransform& t) override;
 };
 
 CpuBackend& cpu_backend();

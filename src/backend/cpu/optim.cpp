@@ -1,8 +1,11 @@
-// The multi-tensor AdamW pass on the CPU: one parallel region over a flat work list of 64K-element chunks of
-// every tensor, as apex's multi_tensor_apply; the element math is backend/optim_math.h's.
+// The multi-tensor optimizer passes on the CPU (gradient statistics, gradient transform, AdamW): one parallel
+// region over a flat work list of 64K-element chunks of every tensor, as apex's multi_tensor_apply; the
+// element math is backend/optim_math.h's, shared with the CUDA kernels.
 #include <algorithm>
+#include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/loops.h"
 #include "backend/optim_math.h"
 #include "core/error.h"
 
@@ -10,49 +13,148 @@ namespace tr::cpu {
 
 namespace {
 
-template <typename T>
-void run_chunk(const backend::Backend::AdamWTensors& t, int64_t begin, int64_t n,
-               const backend::AdamWScalars<T>& s) {
+struct Work {
+  size_t tensor;
+  int64_t begin, n;
+};
+
+template <typename Numel>
+std::vector<Work> chunk_list(size_t count, Numel&& numel) {
+  std::vector<Work> work;
+  for (size_t i = 0; i < count; ++i) {
+    const int64_t n = numel(i);
+    for (int64_t b = 0; b < n; b += backend::kAdamWChunk)
+      work.push_back({i, b, std::min(backend::kAdamWChunk, n - b)});
+  }
+  return work;
+}
+
+const double* stats_of(const backend::Backend::GradTransform& t) {
+  if (t.max_norm <= 0) return nullptr;
+  TR_CHECK(
+      t.stats.defined() && t.stats.dtype() == DType::f64 && t.stats.numel() == 2 && t.stats.device().is_cpu(),
+      "gradient transform: clipping needs the f64 [2] statistics of grad_stats on the CPU");
+  return t.stats.data<double>();
+}
+
+// The work of one chunk for parameter precision T and gradient storage G.
+template <typename T, typename G>
+void adamw_chunk(const backend::Backend::AdamWTensors& t, int64_t begin, int64_t n,
+                 const backend::AdamWScalars<T>& s, const backend::GradScaling<T>& gs) {
   T* p = t.param.data<T>() + begin;
-  const T* g = t.grad.data<T>() + begin;
+  const G* g = t.grad.data<G>() + begin;
   T* m = t.exp_avg.data<T>() + begin;
   T* v = t.exp_avg_sq.data<T>() + begin;
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) backend::adamw_element(p[i], g[i], m[i], v[i], s);
+  for (int64_t i = 0; i < n; ++i)
+    backend::adamw_element(p[i], backend::scaled_grad(static_cast<T>(static_cast<acc_t<G>>(g[i])), gs), m[i],
+                           v[i], s);
+  if (!t.param_copy.defined()) return;
+  dispatch_float(t.param_copy.dtype(), "fused_adamw copy", [&]<typename C>() {
+    C* c = t.param_copy.data<C>() + begin;
+    for (int64_t i = 0; i < n; ++i) store(c, i, p[i]);
+  });
 }
 
 }  // namespace
 
-void CpuBackend::fused_adamw(const std::vector<AdamWTensors>& tensors, double lr, double weight_decay,
-                             double beta1, double beta2, double eps, int64_t step) {
-  struct Work {
-    size_t tensor;
-    int64_t begin, n;
-  };
-  std::vector<Work> work;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const auto& t = tensors[i];
-    TR_CHECK(t.param.dtype() == DType::f32 || t.param.dtype() == DType::f64, "fused_adamw: dtype {}",
-             dtype_name(t.param.dtype()));
-    for (const Tensor* x : {&t.grad, &t.exp_avg, &t.exp_avg_sq})
-      TR_CHECK(x->dtype() == t.param.dtype() && x->numel() == t.param.numel() && x->is_contiguous(),
-               "fused_adamw: tensor {} does not match its parameter", i);
-    const int64_t n = t.param.numel();
-    for (int64_t b = 0; b < n; b += backend::kAdamWChunk)
-      work.push_back({i, b, std::min(backend::kAdamWChunk, n - b)});
+void CpuBackend::grad_stats(const std::vector<Tensor>& grads, double inv_scale, const Tensor& stats) {
+  TR_CHECK(stats.dtype() == DType::f64 && stats.numel() == 2 && stats.is_contiguous(),
+           "grad_stats: stats must be a contiguous f64 [2] tensor");
+  for (size_t i = 0; i < grads.size(); ++i)
+    TR_CHECK(grads[i].is_contiguous() && is_floating(grads[i].dtype()),
+             "grad_stats: gradient {} must be contiguous and floating", i);
+  const auto work = chunk_list(grads.size(), [&](size_t i) { return grads[i].numel(); });
+  std::vector<double> sum(work.size()), bad(work.size());
+  const int64_t total = static_cast<int64_t>(work.size());
+#pragma omp parallel for schedule(dynamic, 1) if (total > 1)
+  for (int64_t w = 0; w < total; ++w) {
+    const Tensor& g = grads[work[w].tensor];
+    dispatch_float(g.dtype(), "grad_stats", [&]<typename G>() {
+      using T = std::conditional_t<std::is_same_v<G, double>, double, float>;
+      const G* d = g.data<G>() + work[w].begin;
+      const T inv = static_cast<T>(inv_scale);
+      double ss = 0, nb = 0;
+#pragma omp simd reduction(+ : ss, nb)
+      for (int64_t i = 0; i < work[w].n; ++i) {
+        const T x = static_cast<T>(static_cast<acc_t<G>>(d[i])) * inv;
+        ss += static_cast<double>(x) * x;
+        nb += std::isfinite(x) ? 0.0 : 1.0;
+      }
+      sum[w] = ss;
+      bad[w] = nb;
+    });
   }
-  const backend::AdamWScalars<float> fd(lr, weight_decay, beta1, beta2, eps, step),
-      fp(lr, 0.0, beta1, beta2, eps, step);
-  const backend::AdamWScalars<double> dd(lr, weight_decay, beta1, beta2, eps, step),
-      dp(lr, 0.0, beta1, beta2, eps, step);
+  double ss = 0, nb = 0;  // chunk order: the same bits for any thread count
+  for (int64_t w = 0; w < total; ++w) {
+    ss += sum[w];
+    nb += bad[w];
+  }
+  stats.data<double>()[0] = ss;
+  stats.data<double>()[1] = nb;
+}
+
+void CpuBackend::transform_grads(const std::vector<std::pair<Tensor, Tensor>>& src_dst,
+                                 const GradTransform& t) {
+  const double* st = stats_of(t);
+  for (size_t i = 0; i < src_dst.size(); ++i) {
+    const auto& [src, dst] = src_dst[i];
+    TR_CHECK(src.is_contiguous() && dst.is_contiguous() && src.numel() == dst.numel() &&
+                 (dst.dtype() == DType::f32 || dst.dtype() == DType::f64) && is_floating(src.dtype()),
+             "transform_grads: pair {} must be contiguous, of one size, with an f32/f64 destination", i);
+  }
+  const auto work = chunk_list(src_dst.size(), [&](size_t i) { return src_dst[i].first.numel(); });
+  const int64_t total = static_cast<int64_t>(work.size());
+#pragma omp parallel for schedule(dynamic, 1) if (total > 1)
+  for (int64_t w = 0; w < total; ++w) {
+    const auto& [src, dst] = src_dst[work[w].tensor];
+    dispatch_float(src.dtype(), "transform_grads", [&]<typename G>() {
+      dispatch_float(dst.dtype(), "transform_grads", [&]<typename T>() {
+        if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+          const auto gs = backend::grad_scaling<T>(t.inv_scale, t.max_norm, st);
+          const G* s = src.data<G>() + work[w].begin;
+          T* d = dst.data<T>() + work[w].begin;
+          for (int64_t i = 0; i < work[w].n; ++i)
+            d[i] = backend::scaled_grad(static_cast<T>(static_cast<acc_t<G>>(s[i])), gs);
+        }
+      });
+    });
+  }
+}
+
+void CpuBackend::fused_adamw(const std::vector<AdamWTensors>& tensors, const AdamWHyper& h,
+                             const GradTransform& t) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& x = tensors[i];
+    TR_CHECK(x.param.dtype() == DType::f32 || x.param.dtype() == DType::f64, "fused_adamw: dtype {}",
+             dtype_name(x.param.dtype()));
+    for (const Tensor* y : {&x.exp_avg, &x.exp_avg_sq})
+      TR_CHECK(y->dtype() == x.param.dtype() && y->numel() == x.param.numel() && y->is_contiguous(),
+               "fused_adamw: state of tensor {} does not match its parameter", i);
+    TR_CHECK(is_floating(x.grad.dtype()) && x.grad.numel() == x.param.numel() && x.grad.is_contiguous(),
+             "fused_adamw: gradient {} does not match its parameter", i);
+    TR_CHECK(!x.param_copy.defined() || (x.param_copy.numel() == x.param.numel() &&
+                                         x.param_copy.is_contiguous() && is_floating(x.param_copy.dtype())),
+             "fused_adamw: weight copy {} does not match its parameter", i);
+  }
+  const double* st = stats_of(t);
+  const auto work = chunk_list(tensors.size(), [&](size_t i) { return tensors[i].param.numel(); });
+  const backend::AdamWScalars<float> fd(h.lr, h.weight_decay, h.beta1, h.beta2, h.eps, h.step),
+      fp(h.lr, 0.0, h.beta1, h.beta2, h.eps, h.step);
+  const backend::AdamWScalars<double> dd(h.lr, h.weight_decay, h.beta1, h.beta2, h.eps, h.step),
+      dp(h.lr, 0.0, h.beta1, h.beta2, h.eps, h.step);
+  const auto gf = backend::grad_scaling<float>(t.inv_scale, t.max_norm, st);
+  const auto gd = backend::grad_scaling<double>(t.inv_scale, t.max_norm, st);
   const int64_t total = static_cast<int64_t>(work.size());
 #pragma omp parallel for schedule(dynamic, 1) if (total > 1)  // one chunk: no parallel region
   for (int64_t w = 0; w < total; ++w) {
-    const auto& t = tensors[work[w].tensor];
-    if (t.param.dtype() == DType::f32)
-      run_chunk(t, work[w].begin, work[w].n, t.decay ? fd : fp);
-    else
-      run_chunk(t, work[w].begin, work[w].n, t.decay ? dd : dp);
+    const auto& x = tensors[work[w].tensor];
+    dispatch_float(x.grad.dtype(), "fused_adamw", [&]<typename G>() {
+      if (x.param.dtype() == DType::f32)
+        adamw_chunk<float, G>(x, work[w].begin, work[w].n, x.decay ? fd : fp, gf);
+      else
+        adamw_chunk<double, G>(x, work[w].begin, work[w].n, x.decay ? dd : dp, gd);
+    });
   }
 }
 

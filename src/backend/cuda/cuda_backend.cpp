@@ -281,28 +281,79 @@ class CudaBackend final : public backend::Backend {
                     key_keep.defined() ? key_keep.data<bool>() : nullptr, out.data_ptr(), lse.data_ptr(),
                     q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), causal, scale);
   }
-  void fused_adamw(const std::vector<AdamWTensors>& tensors, double lr, double weight_decay, double beta1,
-                   double beta2, double eps, int64_t step) override {
+  void grad_stats(const std::vector<Tensor>& grads, double inv_scale, const Tensor& stats) override {
+    TR_CHECK(stats.dtype() == DType::f64 && stats.numel() == 2 && stats.is_contiguous() &&
+                 stats.device().is_cuda(),
+             "grad_stats: stats must be a contiguous f64 [2] tensor on the GPU");
+    std::vector<cuda::GradChunk> chunks;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const Tensor& g = grads[i];
+      TR_CHECK(g.is_contiguous() && is_floating(g.dtype()) && g.device() == stats.device(),
+               "grad_stats: gradient {} must be contiguous, floating and on {}", i, stats.device().str());
+      const int64_t n = g.numel(), es = static_cast<int64_t>(dtype_size(g.dtype()));
+      for (int64_t b = 0; b < n; b += backend::kAdamWChunk)
+        chunks.push_back({static_cast<const char*>(g.data_ptr()) + b * es, nullptr,
+                          std::min(backend::kAdamWChunk, n - b), g.dtype(), g.dtype()});
+    }
+    cuda::grad_stats(chunks.data(), static_cast<int64_t>(chunks.size()), inv_scale, stats.data<double>());
+  }
+  void transform_grads(const std::vector<std::pair<Tensor, Tensor>>& src_dst,
+                       const GradTransform& t) override {
+    const double* st = stats_pointer(t);
+    for (DType dt : {DType::f32, DType::f64}) {  // one launch per destination dtype
+      std::vector<cuda::GradChunk> chunks;
+      for (size_t i = 0; i < src_dst.size(); ++i) {
+        const auto& [src, dst] = src_dst[i];
+        TR_CHECK(src.is_contiguous() && dst.is_contiguous() && src.numel() == dst.numel() &&
+                     is_floating(src.dtype()) && (dst.dtype() == DType::f32 || dst.dtype() == DType::f64) &&
+                     src.device() == dst.device() && dst.device().is_cuda(),
+                 "transform_grads: pair {} must be contiguous, of one size and device, with an f32/f64 "
+                 "destination",
+                 i);
+        if (dst.dtype() != dt) continue;
+        const int64_t n = src.numel(), ss = static_cast<int64_t>(dtype_size(src.dtype())),
+                      ds = static_cast<int64_t>(dtype_size(dt));
+        for (int64_t b = 0; b < n; b += backend::kAdamWChunk)
+          chunks.push_back({static_cast<const char*>(src.data_ptr()) + b * ss,
+                            static_cast<char*>(dst.data_ptr()) + b * ds,
+                            std::min(backend::kAdamWChunk, n - b), src.dtype(), dt});
+      }
+      cuda::transform_grads(chunks.data(), static_cast<int64_t>(chunks.size()), t.inv_scale, t.max_norm, st);
+    }
+  }
+  void fused_adamw(const std::vector<AdamWTensors>& tensors, const AdamWHyper& h,
+                   const GradTransform& t) override {
     if (tensors.empty()) return;
     const DType dt = tensors[0].param.dtype();
     TR_CHECK(dt == DType::f32 || dt == DType::f64, "fused_adamw: dtype {}", dtype_name(dt));
+    const double* st = stats_pointer(t);
     std::vector<cuda::AdamWChunk> chunks;
     for (size_t i = 0; i < tensors.size(); ++i) {
-      const auto& t = tensors[i];
-      for (const Tensor* x : {&t.param, &t.grad, &t.exp_avg, &t.exp_avg_sq})
-        TR_CHECK(x->dtype() == dt && x->numel() == t.param.numel() && x->is_contiguous() &&
-                     x->device() == t.param.device(),
+      const auto& x = tensors[i];
+      for (const Tensor* y : {&x.param, &x.exp_avg, &x.exp_avg_sq})
+        TR_CHECK(y->dtype() == dt && y->numel() == x.param.numel() && y->is_contiguous() &&
+                     y->device() == x.param.device(),
                  "fused_adamw: tensor {} does not match its parameter (dtype, size, device, contiguity)", i);
-      const int64_t n = t.param.numel(), es = static_cast<int64_t>(dtype_size(dt));
+      for (const Tensor* y : {&x.grad, &x.param_copy})
+        TR_CHECK((y == &x.param_copy && !y->defined()) ||
+                     (is_floating(y->dtype()) && y->numel() == x.param.numel() && y->is_contiguous() &&
+                      y->device() == x.param.device()),
+                 "fused_adamw: gradient or weight copy of tensor {} does not match its parameter", i);
+      const int64_t n = x.param.numel(), es = static_cast<int64_t>(dtype_size(dt)),
+                    gs = static_cast<int64_t>(dtype_size(x.grad.dtype()));
+      const bool copy = x.param_copy.defined();
+      const int64_t cs = copy ? static_cast<int64_t>(dtype_size(x.param_copy.dtype())) : 0;
       for (int64_t b = 0; b < n; b += backend::kAdamWChunk)
-        chunks.push_back({static_cast<char*>(t.param.data_ptr()) + b * es,
-                          static_cast<const char*>(t.grad.data_ptr()) + b * es,
-                          static_cast<char*>(t.exp_avg.data_ptr()) + b * es,
-                          static_cast<char*>(t.exp_avg_sq.data_ptr()) + b * es,
-                          std::min(backend::kAdamWChunk, n - b), t.decay ? 1 : 0});
+        chunks.push_back({static_cast<char*>(x.param.data_ptr()) + b * es,
+                          static_cast<const char*>(x.grad.data_ptr()) + b * gs,
+                          static_cast<char*>(x.exp_avg.data_ptr()) + b * es,
+                          static_cast<char*>(x.exp_avg_sq.data_ptr()) + b * es,
+                          copy ? static_cast<char*>(x.param_copy.data_ptr()) + b * cs : nullptr,
+                          std::min(backend::kAdamWChunk, n - b), x.decay ? 1 : 0, x.grad.dtype(),
+                          copy ? x.param_copy.dtype() : dt});
     }
-    cuda::fused_adamw(dt, chunks.data(), static_cast<int64_t>(chunks.size()), lr, weight_decay, beta1, beta2,
-                      eps, step);
+    cuda::fused_adamw(dt, chunks.data(), static_cast<int64_t>(chunks.size()), h.lr, h.weight_decay, h.beta1,
+                      h.beta2, h.eps, h.step, t.inv_scale, t.max_norm, st);
   }
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                           bool causal, double scale, const Tensor& out, const Tensor& lse, const Tensor& dout,
@@ -317,6 +368,13 @@ class CudaBackend final : public backend::Backend {
   }
 
  private:
+  static const double* stats_pointer(const GradTransform& t) {
+    if (t.max_norm <= 0) return nullptr;
+    TR_CHECK(t.stats.defined() && t.stats.dtype() == DType::f64 && t.stats.numel() == 2 &&
+                 t.stats.device().is_cuda(),
+             "gradient transform: clipping needs the f64 [2] statistics of grad_stats on the GPU");
+    return t.stats.data<double>();
+  }
   cublasHandle_t handle() {
     std::lock_guard<std::mutex> g(mu_);
     if (!blas_) TR_CUBLAS_CHECK(cublasCreate(&blas_));

@@ -69,18 +69,33 @@ void attention_backward(DType dt, const void* q, const void* k, const void* v, c
                         const void* out, const void* lse, const void* dout, void* dq, void* dk, void* dv,
                         int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D, bool causal,
                         double scale);
-// One chunk of the multi-tensor AdamW pass: elements [0, n) of the four arrays.
+// Multi-tensor passes (Backend::grad_stats / transform_grads / fused_adamw): one launch over a list of
+// 64K-element chunks, one block per chunk; the element math is backend/optim_math.h's. Gradients and weight
+// copies carry their own dtype. The chunk list goes to the device in stream order (no host sync).
+struct GradChunk {
+  const void* grad;
+  void* dst;  // transform_grads only
+  int64_t n;
+  DType grad_dtype, dst_dtype;
+};
+// stats (device, f64 [2]) = {sum of squares, non-finite count}; chunk partials added in chunk order.
+void grad_stats(const GradChunk* chunks, int64_t count, double inv_scale, double* stats);
+void transform_grads(const GradChunk* chunks, int64_t count, double inv_scale, double max_norm,
+                     const double* stats);
 struct AdamWChunk {
   void* param;
   const void* grad;
   void* exp_avg;
   void* exp_avg_sq;
+  void* copy;  // the parameter rounded into copy_dtype after the update, or null
   int64_t n;
   int decay;
+  DType grad_dtype, copy_dtype;
 };
-// One launch for every chunk (each block one chunk); dt f32 or f64. Element math: backend/optim_math.h.
+// dt (the parameters' dtype) f32 or f64; stats may be null when max_norm <= 0.
 void fused_adamw(DType dt, const AdamWChunk* chunks, int64_t count, double lr, double weight_decay,
-                 double beta1, double beta2, double eps, int64_t step);
+                 double beta1, double beta2, double eps, int64_t step, double inv_scale, double max_norm,
+                 const double* stats);
 
 // Index of the first element outside [lo, hi) that is not `ignore` (-1 if none); synchronizes.
 int64_t first_bad_index(const int64_t* ids, int64_t n, int64_t lo, int64_t hi, int64_t ignore,

@@ -1,8 +1,7 @@
-// The fused multi-tensor AdamW kernel: one launch over a list of 64K-element chunks of every parameter; the
-// element update is backend/optim_math.h's (compiled with --fmad=false so only its explicit fmas fuse, as
-// on the CPU).
-#include <vector>
-
+// The multi-tensor optimizer kernels: gradient statistics (global norm and inf check in one pass), the
+// gradient transform (unscale + clip), and fused AdamW that reads half gradients through the transform and
+// writes the half weight copy in the same pass. The element math is backend/optim_math.h's (compiled with
+// --fmad=false so only its explicit fmas fuse, as on the CPU).
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/optim_math.h"
@@ -11,46 +10,160 @@ namespace tr::cuda {
 
 namespace {
 
+constexpr int kThreads = 512;
+
+// Gradient element i of storage dtype dt, widened as the CPU does (half -> f32 -> T).
 template <typename T>
-__global__ void fused_adamw_kernel(const AdamWChunk* chunks, backend::AdamWScalars<T> with_decay,
-                                   backend::AdamWScalars<T> without_decay) {
-  const AdamWChunk c = chunks[blockIdx.x];
-  const backend::AdamWScalars<T>& s = c.decay ? with_decay : without_decay;
-  T* p = static_cast<T*>(c.param);
-  const T* g = static_cast<const T*>(c.grad);
-  T* m = static_cast<T*>(c.exp_avg);
-  T* v = static_cast<T*>(c.exp_avg_sq);
-  for (int64_t i = threadIdx.x; i < c.n; i += blockDim.x) {
-    T pi = p[i], mi = m[i], vi = v[i];
-    backend::adamw_element(pi, g[i], mi, vi, s);
-    p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
+__device__ __forceinline__ T load_grad(const void* p, DType dt, int64_t i) {
+  switch (dt) {
+    case DType::bf16: return static_cast<T>(__bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]));
+    case DType::f16: return static_cast<T>(__half2float(static_cast<const __half*>(p)[i]));
+    case DType::f32: return static_cast<T>(static_cast<const float*>(p)[i]);
+    default: return static_cast<T>(static_cast<const double*>(p)[i]);
   }
 }
 
 template <typename T>
-void launch(const AdamWChunk* chunks, int64_t count, double lr, double wd, double b1, double b2, double eps,
-            int64_t step) {
-  // The chunk list goes to the device in stream order with the launch (no host synchronization).
-  AdamWChunk* d = nullptr;
-  TR_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&d), sizeof(AdamWChunk) * count, nullptr));
-  TR_CUDA_CHECK(cudaMemcpyAsync(d, chunks, sizeof(AdamWChunk) * count, cudaMemcpyHostToDevice, nullptr));
+__device__ __forceinline__ void store_as(void* p, DType dt, int64_t i, T v) {
+  switch (dt) {
+    case DType::bf16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(static_cast<float>(v)); return;
+    case DType::f16: static_cast<__half*>(p)[i] = __float2half_rn(static_cast<float>(v)); return;
+    case DType::f32: static_cast<float*>(p)[i] = static_cast<float>(v); return;
+    default: static_cast<double*>(p)[i] = static_cast<double>(v); return;
+  }
+}
+
+// Copies a host array to the device in stream order; the caller frees it with cudaFreeAsync after use.
+template <typename C>
+C* upload(const C* host, int64_t count) {
+  C* d = nullptr;
+  TR_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&d), sizeof(C) * count, nullptr));
+  TR_CUDA_CHECK(cudaMemcpyAsync(d, host, sizeof(C) * count, cudaMemcpyHostToDevice, nullptr));
+  return d;
+}
+
+__global__ void grad_stats_chunks(const GradChunk* chunks, double inv_scale, double* partial) {
+  __shared__ double shared[32];
+  const GradChunk c = chunks[blockIdx.x];
+  double ss = 0, bad = 0;
+  if (c.grad_dtype == DType::f64) {
+    for (int64_t i = threadIdx.x; i < c.n; i += blockDim.x) {
+      const double x = load_grad<double>(c.grad, c.grad_dtype, i) * inv_scale;
+      ss += x * x;
+      bad += isfinite(x) ? 0.0 : 1.0;
+    }
+  } else {
+    const float inv = static_cast<float>(inv_scale);
+    for (int64_t i = threadIdx.x; i < c.n; i += blockDim.x) {
+      const float x = load_grad<float>(c.grad, c.grad_dtype, i) * inv;
+      ss += static_cast<double>(x) * x;
+      bad += isfinite(x) ? 0.0 : 1.0;
+    }
+  }
+  ss = block_sum(ss, shared);
+  bad = block_sum(bad, shared);
+  if (threadIdx.x == 0) {
+    partial[2 * blockIdx.x] = ss;
+    partial[2 * blockIdx.x + 1] = bad;
+  }
+}
+
+// One block adds the chunk partials in a fixed order: the same bits on every run.
+__global__ void grad_stats_total(const double* partial, int64_t count, double* stats) {
+  __shared__ double shared[32];
+  double ss = 0, bad = 0;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
+    ss += partial[2 * i];
+    bad += partial[2 * i + 1];
+  }
+  ss = block_sum(ss, shared);
+  bad = block_sum(bad, shared);
+  if (threadIdx.x == 0) {
+    stats[0] = ss;
+    stats[1] = bad;
+  }
+}
+
+template <typename T>
+__global__ void transform_kernel(const GradChunk* chunks, double inv_scale, double max_norm,
+                                 const double* stats) {
+  const GradChunk c = chunks[blockIdx.x];
+  const backend::GradScaling<T> gs = backend::grad_scaling<T>(inv_scale, max_norm, stats);
+  T* d = static_cast<T*>(c.dst);
+  for (int64_t i = threadIdx.x; i < c.n; i += blockDim.x)
+    d[i] = backend::scaled_grad(load_grad<T>(c.grad, c.grad_dtype, i), gs);
+}
+
+template <typename T>
+__global__ void fused_adamw_kernel(const AdamWChunk* chunks, backend::AdamWScalars<T> with_decay,
+                                   backend::AdamWScalars<T> without_decay, double inv_scale, double max_norm,
+                                   const double* stats) {
+  const AdamWChunk c = chunks[blockIdx.x];
+  const backend::AdamWScalars<T>& s = c.decay ? with_decay : without_decay;
+  const backend::GradScaling<T> gs = backend::grad_scaling<T>(inv_scale, max_norm, stats);
+  T* p = static_cast<T*>(c.param);
+  T* m = static_cast<T*>(c.exp_avg);
+  T* v = static_cast<T*>(c.exp_avg_sq);
+  for (int64_t i = threadIdx.x; i < c.n; i += blockDim.x) {
+    T pi = p[i], mi = m[i], vi = v[i];
+    backend::adamw_element(pi, backend::scaled_grad(load_grad<T>(c.grad, c.grad_dtype, i), gs), mi, vi, s);
+    p[i] = pi;
+    m[i] = mi;
+    v[i] = vi;
+    if (c.copy != nullptr) store_as(c.copy, c.copy_dtype, i, pi);
+  }
+}
+
+template <typename T>
+void launch_adamw(const AdamWChunk* chunks, int64_t count, double lr, double wd, double b1, double b2,
+                  double eps, int64_t step, double inv_scale, double max_norm, const double* stats) {
+  AdamWChunk* d = upload(chunks, count);
   const backend::AdamWScalars<T> sd(lr, wd, b1, b2, eps, step), sp(lr, 0.0, b1, b2, eps, step);
-  fused_adamw_kernel<T><<<static_cast<unsigned>(count), 512>>>(d, sd, sp);
+  fused_adamw_kernel<T><<<static_cast<unsigned>(count), kThreads>>>(d, sd, sp, inv_scale, max_norm, stats);
   TR_CUDA_LAUNCH_CHECK("fused_adamw");
   TR_CUDA_CHECK(cudaFreeAsync(d, nullptr));
 }
 
 }  // namespace
 
+void grad_stats(const GradChunk* chunks, int64_t count, double inv_scale, double* stats) {
+  if (count == 0) {
+    TR_CUDA_CHECK(cudaMemsetAsync(stats, 0, 2 * sizeof(double), nullptr));
+    return;
+  }
+  GradChunk* d = upload(chunks, count);
+  double* partial = nullptr;
+  TR_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partial), 2 * sizeof(double) * count, nullptr));
+  grad_stats_chunks<<<static_cast<unsigned>(count), kThreads>>>(d, inv_scale, partial);
+  TR_CUDA_LAUNCH_CHECK("grad_stats_chunks");
+  grad_stats_total<<<1, 1024>>>(partial, count, stats);
+  TR_CUDA_LAUNCH_CHECK("grad_stats_total");
+  TR_CUDA_CHECK(cudaFreeAsync(partial, nullptr));
+  TR_CUDA_CHECK(cudaFreeAsync(d, nullptr));
+}
+
+void transform_grads(const GradChunk* chunks, int64_t count, double inv_scale, double max_norm,
+                     const double* stats) {
+  if (count == 0) return;
+  GradChunk* d = upload(chunks, count);
+  // One dtype of destination per call keeps the kernel simple: the backend groups them.
+  if (chunks[0].dst_dtype == DType::f64)
+    transform_kernel<double><<<static_cast<unsigned>(count), kThreads>>>(d, inv_scale, max_norm, stats);
+  else
+    transform_kernel<float><<<static_cast<unsigned>(count), kThreads>>>(d, inv_scale, max_norm, stats);
+  TR_CUDA_LAUNCH_CHECK("transform_grads");
+  TR_CUDA_CHECK(cudaFreeAsync(d, nullptr));
+}
+
 void fused_adamw(DType dt, const AdamWChunk* chunks, int64_t count, double lr, double weight_decay,
-                 double beta1, double beta2, double eps, int64_t step) {
+                 double beta1, double beta2, double eps, int64_t step, double inv_scale, double max_norm,
+                 const double* stats) {
   if (count == 0) return;
   if (dt == DType::f32)
-    launch<float>(chunks, count, lr, weight_decay, beta1, beta2, eps, step);
+    launch_adamw<float>(chunks, count, lr, weight_decay, beta1, beta2, eps, step, inv_scale, max_norm, stats);
   else
-    launch<double>(chunks, count, lr, weight_decay, beta1, beta2, eps, step);
+    launch_adamw<double>(chunks, count, lr, weight_decay, beta1, beta2, eps, step, inv_scale, max_norm,
+                         stats);
 }
 
 }  // namespace tr::cuda
