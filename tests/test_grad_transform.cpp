@@ -33,7 +33,9 @@ double host_sumsq(const std::vector<Tensor>& grads, double inv_scale) {
   return ss;
 }
 
-std::vector<double> stats_on_host(const Tensor& stats) { return test::values(ops::to_device(stats, Device::cpu())); }
+std::vector<double> stats_on_host(const Tensor& stats) {
+  return test::values(ops::to_device(stats, Device::cpu()));
+}
 
 class GradTransformTest : public ::testing::TestWithParam<Device> {
  protected:

@@ -179,6 +179,11 @@ std::vector<GradCase> cases() {
                  return Inputs{rnd({2, 3, 4}, 16), rnd({5, 4}, 17), rnd({5}, 18)};
                },
                [](const Inputs& x) { return linear(x[0], x[1], x[2]); }});
+  c.push_back({"linear_gelu", "linear_gelu_epilogue",
+               [] {
+                 return Inputs{rnd({2, 3, 4}, 116), rnd({5, 4}, 117), rnd({5}, 118)};
+               },
+               [](const Inputs& x) { return linear_gelu(x[0], x[1], x[2]); }});
   c.push_back({"layer_norm", "layer_norm_affine",
                [] {
                  return Inputs{rnd({3, 8}, 19), rnd({8}, 20), rnd({8}, 21)};

@@ -341,6 +341,24 @@ std::vector<OpCase> cases() {
                  o.shape = {2, 3, 5};
                  return o;
                }});
+  // The bias + GELU epilogue (cuBLASLt's GELU_AUX_BIAS on a GPU), at a tensor-core-friendly shape.
+  c.push_back({"linear_gelu",
+               [] {
+                 return Inputs{rnd({4, 16, 64}, 24), rnd({96, 64}, 25), rnd({96}, 26)};
+               },
+               [](const Inputs& x) { return ops::linear_gelu(x[0], x[1], x[2]).y; },
+               [](const std::vector<Ref>& r) {
+                 Ref x2{{64, 64}, r[0].v};
+                 Ref o = matmul_ref(x2, r[1], false, true);
+                 for (int i = 0; i < 64; ++i)
+                   for (int j = 0; j < 96; ++j) {
+                     const double v = o.v[i * 96 + j] + r[2].v[j];
+                     o.v[i * 96 + j] =
+                         0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+                   }
+                 o.shape = {4, 16, 96};
+                 return o;
+               }});
   c.push_back({"layer_norm",
                [] {
                  return Inputs{rnd({4, 3, 24}, 24, -3, 3), rnd({24}, 25), rnd({24}, 26)};

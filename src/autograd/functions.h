@@ -61,6 +61,8 @@ Tensor log_softmax(const Tensor& x, int64_t dim = -1);
 // ---- linear algebra and nn
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
+// gelu(linear(x, w, bias), approximate=true) as one GEMM with a bias + GELU epilogue (GPT-2's MLP).
+Tensor linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias);
 Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps = 1e-5);
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps = 1e-6);
 enum class Reduction { mean, sum, none };

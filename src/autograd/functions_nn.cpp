@@ -27,6 +27,20 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   return y;
 }
 
+namespace {
+
+// The gradients of y = x @ w^T + bias from g2 = dL/dy as [rows, out].
+Grads linear_grads(const Tensor& g2, const Tensor& sx, const Tensor& sw, const Shape& xs, bool gx, bool gw,
+                   bool gbias) {
+  Grads r(3);
+  if (gx) r[0] = ops::reshape(ops::matmul(g2, sw), xs);
+  if (gw) r[1] = ops::matmul(g2, ops::reshape(sx, {-1, xs.back()}), true, false);
+  if (gbias) r[2] = ops::reduce(ops::ReduceOp::sum, g2, {0}, false);
+  return r;
+}
+
+}  // namespace
+
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   Tensor y = ops::linear(x, w, bias);
   if (needs_grad({&x, &w, &bias})) {
@@ -34,16 +48,24 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
     Tensor sx = gw ? x : Tensor(), sw = gx ? w : Tensor();
     const Shape xs = x.shape();
     record("linear", {&x, &w, &bias}, {&y}, [sx, sw, xs, gx, gw, gbias](const Grads& g) -> Grads {
-      const int64_t outf = g[0].size(-1);
-      Tensor g2 = ops::reshape(g[0], {-1, outf});
-      Grads r(3);
-      if (gx) r[0] = ops::reshape(ops::matmul(g2, sw), xs);
-      if (gw) r[1] = ops::matmul(g2, ops::reshape(sx, {-1, xs.back()}), true, false);
-      if (gbias) r[2] = ops::reduce(ops::ReduceOp::sum, g2, {0}, false);
-      return r;
+      return linear_grads(ops::reshape(g[0], {-1, g[0].size(-1)}), sx, sw, xs, gx, gw, gbias);
     });
   }
   return y;
+}
+
+Tensor linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  ops::LinearGelu o = ops::linear_gelu(x, w, bias);
+  if (needs_grad({&x, &w, &bias})) {
+    const bool gx = x.requires_grad(), gw = w.requires_grad(), gbias = bias.requires_grad();
+    Tensor sx = gw ? x : Tensor(), sw = gx ? w : Tensor(), pre = o.pre;
+    const Shape xs = x.shape();
+    record("linear_gelu", {&x, &w, &bias}, {&o.y}, [sx, sw, pre, xs, gx, gw, gbias](const Grads& g) -> Grads {
+      Tensor gpre = ops::unary_backward(ops::UnaryOp::gelu_tanh, pre, g[0]);
+      return linear_grads(ops::reshape(gpre, {-1, gpre.size(-1)}), sx, sw, xs, gx, gw, gbias);
+    });
+  }
+  return o.y;
 }
 
 Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {

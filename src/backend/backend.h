@@ -14,10 +14,18 @@ namespace tr::backend {
 const char* unary_name(UnaryOp op);
 const char* binary_name(BinaryOp op);
 
+// What a GEMM does to its product before storing it (cuBLASLt epilogues on a GPU; the CPU applies the same
+// after its GEMM). bias: every row of c gets `bias` ([N], c's dtype) added in the accumulation precision;
+// bias_gelu: additionally aux ([M, N], c's dtype) keeps the biased product and c = gelu_tanh(aux). Both need
+// batch 1 and beta 0.
+enum class GemmEpilogue { none, bias, bias_gelu };
+
 // Batched GEMM c[b] = alpha * op(a[b]) @ op(b[b]) + beta * c[b], row-major. op(x) = x^T when trans.
 // a is stored as [M, K] (or [K, M] when trans_a) with leading dimension lda and batch stride stride_a
 // (0 broadcasts); likewise b. c is contiguous [batch, M, N]. All three share one floating dtype.
 struct GemmArgs {
+  GemmEpilogue epilogue = GemmEpilogue::none;
+  Tensor bias, aux;  // the epilogue's operands (contiguous)
   Tensor a, b, c;
   bool trans_a = false, trans_b = false;
   int64_t batch = 1, m = 0, n = 0, k = 0;

@@ -112,7 +112,10 @@ class Gpt2 final : public CausalLM {
     a = b.attn_proj(reshape(transpose(a, 1, 2), {B, T, D}));
     if (drop) a = dropout(a, c.resid_pdrop, *o.dropout_gen);
     Tensor h = add(x, a);
-    Tensor m = b.mlp_proj(gelu(b.c_fc(b.ln_2(h)), c.activation != "gelu"));
+    // gelu_new / gelu_pytorch_tanh: the GELU rides on the c_fc GEMM's epilogue; the erf form stays separate.
+    Tensor f = c.activation == "gelu" ? gelu(b.c_fc(b.ln_2(h)), false)
+                                      : linear_gelu(b.ln_2(h), b.c_fc.weight, b.c_fc.bias);
+    Tensor m = b.mlp_proj(f);
     if (drop) m = dropout(m, c.resid_pdrop, *o.dropout_gen);
     return add(h, m);
   }

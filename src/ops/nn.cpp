@@ -133,10 +133,15 @@ void addmm_(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, b
   run_gemm(pa, pb, out, 1, m, n, k, alpha, beta);
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
-  check_same("linear", x, w);
+namespace {
+
+// x [..., in] @ w[out, in]^T (+ bias) with the bias (and the tanh GELU) applied by the GEMM's epilogue.
+// aux: where bias_gelu keeps the pre-activation.
+Tensor linear_impl(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias,
+                   backend::GemmEpilogue epilogue, Tensor* aux) {
+  check_same(op, x, w);
   TR_CHECK(w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(1),
-           "linear: input {} does not match weight {} (expected [..., {}])", x.describe(), w.describe(),
+           "{}: input {} does not match weight {} (expected [..., {}])", op, x.describe(), w.describe(),
            w.dim() == 2 ? w.size(1) : -1);
   const int64_t in = w.size(1), outf = w.size(0);
   Shape out_shape = x.shape();
@@ -146,16 +151,44 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   Operand pa = prepare(x2, rows, in);
   Operand pb = prepare(transpose(w, 0, 1), in, outf);
   Tensor out = empty({rows, outf}, x.dtype(), x.device());
-  double beta = 0.0;
+  backend::GemmArgs g;
   if (bias.defined()) {
-    check_same("linear", x, bias);
-    TR_CHECK(bias.dim() == 1 && bias.size(0) == outf, "linear: bias {} does not match {} outputs",
+    check_same(op, x, bias);
+    TR_CHECK(bias.dim() == 1 && bias.size(0) == outf, "{}: bias {} does not match {} outputs", op,
              bias.describe(), outf);
-    copy_(out, expand(bias, {rows, outf}));
-    beta = 1.0;
+    g.bias = contiguous(bias);
+    g.epilogue = epilogue;
   }
-  if (runs(out)) run_gemm(pa, pb, out, 1, rows, outf, in, 1.0, beta);
+  Tensor aux2 = aux ? empty({rows, outf}, x.dtype(), x.device()) : Tensor();
+  if (aux) *aux = view(aux2, out_shape);
+  if (!runs(out)) return view(out, out_shape);
+  g.a = pa.base;
+  g.b = pb.base;
+  g.c = out;
+  g.aux = aux2;
+  g.trans_a = pa.trans;
+  g.trans_b = pb.trans;
+  g.m = rows;
+  g.n = outf;
+  g.k = in;
+  g.lda = pa.ld;
+  g.ldb = pb.ld;
+  g.tf32 = out.dtype() == DType::f32 && backend::allow_tf32();
+  be(out).gemm(g);
   return view(out, out_shape);
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  return linear_impl("linear", x, w, bias, backend::GemmEpilogue::bias, nullptr);
+}
+
+LinearGelu linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  TR_CHECK(bias.defined(), "linear_gelu: needs a bias (the fused epilogue is bias + GELU)");
+  LinearGelu r;
+  r.y = linear_impl("linear_gelu", x, w, bias, backend::GemmEpilogue::bias_gelu, &r.pre);
+  return r;
 }
 
 namespace {

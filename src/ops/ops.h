@@ -83,6 +83,12 @@ void addmm_(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, b
             double alpha = 1.0, double beta = 1.0);
 // x [..., in] @ w[out, in]^T + bias[out].
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);
+// gelu_tanh(x @ w^T + bias) in one GEMM with a bias + GELU epilogue; pre keeps x @ w^T + bias (the GELU's
+// input, for the backward).
+struct LinearGelu {
+  Tensor y, pre;
+};
+LinearGelu linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias);
 
 // ---- normalization
 struct NormOut {
