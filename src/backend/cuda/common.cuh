@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -102,6 +103,88 @@ __device__ A block_max(A v, A* shared) {
   A t = shared[0];
   for (int w = 1; w < (blockDim.x >> 5); ++w) t = (shared[w] != shared[w] || shared[w] > t) ? shared[w] : t;
   return t;
+}
+
+// 16-byte access: V elements moved as one aligned vector load/store.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+template <typename T>
+__device__ __forceinline__ acc_t<T> to_acc(T x) {
+  return ld(&x, 0);
+}
+template <typename T>
+__device__ __forceinline__ T from_acc(acc_t<T> v) {
+  T r;
+  st(&r, 0, v);
+  return r;
+}
+
+inline bool aligned_to(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// True when the operand `which` of g is laid out contiguously over g's shape (size-1 dims ignored).
+inline bool is_contiguous_operand(const Strided& g, int which) {
+  int64_t expect = 1;
+  for (int d = g.nd - 1; d >= 0; --d) {
+    if (g.shape[d] != 1 && g.stride[which][d] != expect) return false;
+    expect *= g.shape[d];
+  }
+  return true;
+}
+
+// y[i] = f(i, x[i]) over contiguous arrays: V-element packs (16 bytes of the wider type), then a scalar tail.
+template <int V, typename TI, typename TO, typename F>
+__global__ void map1_kernel(F f, const TI* x, TO* y, int64_t n) {
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t step = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  const int64_t packs = n / V;
+  for (int64_t j = first; j < packs; j += step) {
+    const Pack<TI, V> in = reinterpret_cast<const Pack<TI, V>*>(x)[j];
+    Pack<TO, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) out.v[k] = f(j * V + k, in.v[k]);
+    reinterpret_cast<Pack<TO, V>*>(y)[j] = out;
+  }
+  for (int64_t i = packs * V + first; i < n; i += step) y[i] = f(i, x[i]);
+}
+
+// y[i] = f(i, a[i], b[i]) over contiguous arrays of one type.
+template <int V, typename T, typename F>
+__global__ void map2_kernel(F f, const T* a, const T* b, T* y, int64_t n) {
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t step = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  const int64_t packs = n / V;
+  for (int64_t j = first; j < packs; j += step) {
+    const Pack<T, V> pa = reinterpret_cast<const Pack<T, V>*>(a)[j];
+    const Pack<T, V> pb = reinterpret_cast<const Pack<T, V>*>(b)[j];
+    Pack<T, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) out.v[k] = f(j * V + k, pa.v[k], pb.v[k]);
+    reinterpret_cast<Pack<T, V>*>(y)[j] = out;
+  }
+  for (int64_t i = packs * V + first; i < n; i += step) y[i] = f(i, a[i], b[i]);
+}
+
+// Launchers: 16-byte packs when every pointer is aligned for them, one element at a time otherwise.
+template <typename TI, typename TO, typename F>
+void launch_map1(F f, const TI* x, TO* y, int64_t n) {
+  constexpr size_t wide = sizeof(TI) > sizeof(TO) ? sizeof(TI) : sizeof(TO);
+  constexpr int V = static_cast<int>(16 / wide);
+  if (aligned_to(x, V * sizeof(TI)) && aligned_to(y, V * sizeof(TO)))
+    map1_kernel<V><<<blocks_for((n + V - 1) / V), 256>>>(f, x, y, n);
+  else
+    map1_kernel<1><<<blocks_for(n), 256>>>(f, x, y, n);
+}
+
+template <typename T, typename F>
+void launch_map2(F f, const T* a, const T* b, T* y, int64_t n) {
+  constexpr int V = static_cast<int>(16 / sizeof(T));
+  if (aligned_to(a, 16) && aligned_to(b, 16) && aligned_to(y, 16))
+    map2_kernel<V><<<blocks_for((n + V - 1) / V), 256>>>(f, a, b, y, n);
+  else
+    map2_kernel<1><<<blocks_for(n), 256>>>(f, a, b, y, n);
 }
 
 __device__ __forceinline__ int64_t strided_offset(const Strided& g, int which, int64_t linear) {

@@ -1,17 +1,21 @@
-// The CUDA backend: runtime queries, a counting device allocator, host<->device copies, GEMM through cuBLAS,
-// and the Backend methods, which unpack tensors into the kernel launchers of kernels.h.
+// The CUDA backend: runtime queries, a counting device allocator, host<->device copies, GEMM through cuBLASLt
+// (gemm_lt.h; cuBLAS when it has no algorithm), and the Backend methods, which unpack tensors into the kernel
+// launchers of kernels.h.
+//
 // Note [CUDA fallback]: a CUDA build on a machine without a GPU reports cuda_available() == false; asking
 // for a cuda tensor then throws a clear error, and callers that pick a default device fall back to the CPU.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <memory>
 #include <cstdio>
 #include <mutex>
 #include <numeric>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/gemm_lt.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda_api.h"
 #include "backend/optim_math.h"
@@ -383,9 +387,46 @@ class CudaBackend final : public backend::Backend {
   std::vector<std::unique_ptr<CudaAllocator>> allocators_;
   std::mutex mu_;
   cublasHandle_t blas_ = nullptr;
+  std::unique_ptr<LtGemm> lt_;  // created at the first GEMM (no cuBLASLt handle on a machine without a GPU)
+  void legacy_gemm(const backend::GemmArgs& g);
 };
 
 void CudaBackend::gemm(const backend::GemmArgs& g) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!lt_) lt_ = std::make_unique<LtGemm>();
+  }
+  if (lt_->run(g)) return;
+  if (g.epilogue == backend::GemmEpilogue::none) return legacy_gemm(g);
+  // An epilogue cuBLASLt has no algorithm for: the bias as the initial c of a beta = 1 product (as the CPU
+  // does), then the GELU as its own pass with the pre-activation kept in aux.
+  TR_CHECK(g.batch == 1 && g.beta == 0.0 && g.bias.defined() && g.bias.numel() == g.n,
+           "gemm epilogue: needs batch 1, beta 0 and a [{}] bias", g.n);
+  Strided rows;
+  rows.nd = 2;
+  rows.shape[0] = g.m;
+  rows.shape[1] = g.n;
+  rows.stride[0][0] = 0;  // the bias row broadcast over the m rows
+  rows.stride[0][1] = 1;
+  rows.stride[1][0] = g.n;
+  rows.stride[1][1] = 1;
+  const DType dt = g.c.dtype();
+  cuda::copy(g.bias.data_ptr(), dt, g.c.data_ptr(), dt, rows, g.m * g.n);
+  backend::GemmArgs plain = g;
+  plain.epilogue = backend::GemmEpilogue::none;
+  plain.beta = 1.0;
+  legacy_gemm(plain);
+  if (g.epilogue == backend::GemmEpilogue::bias_gelu) {
+    Strided flat;
+    flat.nd = 1;
+    flat.shape[0] = g.m * g.n;
+    flat.stride[0][0] = flat.stride[1][0] = 1;
+    cuda::copy(g.c.data_ptr(), dt, g.aux.data_ptr(), dt, flat, g.m * g.n);
+    cuda::unary(backend::UnaryOp::gelu_tanh, dt, g.aux.data_ptr(), g.c.data_ptr(), flat, g.m * g.n);
+  }
+}
+
+void CudaBackend::legacy_gemm(const backend::GemmArgs& g) {
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands, keep the flags.
   cudaDataType_t t;
   cublasComputeType_t compute;

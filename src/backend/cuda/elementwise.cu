@@ -1,5 +1,6 @@
 // CUDA elementwise kernels: copy/convert, fill, arange, random fills, unary/binary ops, affine, pow,
-// masked_fill and dropout. Grid-stride loops; formulas shared with the CPU through unary_math.h and rng.h.
+// masked_fill and dropout. Grid-stride loops, with 16-byte packed access on contiguous operands; formulas
+// shared with the CPU through unary_math.h and rng.h.
 #include <cmath>
 
 #include "backend/cuda/common.cuh"
@@ -84,16 +85,8 @@ __global__ void uniform_kernel(T* out, int64_t n, double lo, double hi, uint64_t
 }
 
 template <typename T>
-__global__ void unary_kernel(UnaryOp op, const T* x, T* y, Strided g, int64_t n, bool contiguous) {
-  GRID_STRIDE(i, n) {
-    const int64_t xi = contiguous ? i : strided_offset(g, 0, i);
-    st(y, i, backend::unary_fn(op, ld(x, xi)));
-  }
-}
-
-template <typename T>
-__global__ void unary_backward_kernel(UnaryOp op, const T* x, const T* gy, T* gx, int64_t n) {
-  GRID_STRIDE(i, n) { st(gx, i, ld(gy, i) * backend::unary_grad(op, ld(x, i))); }
+__global__ void unary_kernel(UnaryOp op, const T* x, T* y, Strided g, int64_t n) {
+  GRID_STRIDE(i, n) { st(y, i, backend::unary_fn(op, ld(x, strided_offset(g, 0, i)))); }
 }
 
 template <typename T>
@@ -101,12 +94,6 @@ __global__ void binary_kernel(BinaryOp op, const T* a, const T* b, T* out, Strid
   GRID_STRIDE(i, n) {
     st(out, i, backend::binary_fn(op, ld(a, strided_offset(g, 0, i)), ld(b, strided_offset(g, 1, i))));
   }
-}
-
-template <typename T>
-__global__ void affine_kernel(const T* x, T* y, int64_t n, double alpha, double beta) {
-  using A = acc_t<T>;
-  GRID_STRIDE(i, n) { st(y, i, static_cast<A>(alpha) * ld(x, i) + static_cast<A>(beta)); }
 }
 
 template <typename T>
@@ -120,21 +107,68 @@ __global__ void masked_fill_kernel(const T* x, const bool* mask, T* y, Strided g
   GRID_STRIDE(i, n) { y[i] = mask[strided_offset(g, 1, i)] ? convert<double, T>(v) : x[i]; }
 }
 
+// Element functions of the contiguous fast paths (map1/map2 of common.cuh): the same math per element as the
+// strided kernels above, so either path gives the same bits.
+template <typename S, typename D>
+struct CastF {
+  __device__ D operator()(int64_t, S v) const { return convert<S, D>(v); }
+};
+
 template <typename T>
-__global__ void dropout_kernel(const T* x, T* y, int64_t n, float p, acc_t<T> scale, uint64_t seed,
-                               uint64_t offset) {
-  GRID_STRIDE(i, n) {
-    bool keep = uniform_from_word(philox_word(seed, offset, static_cast<uint64_t>(i))) >= p;
-    st(y, i, keep ? ld(x, i) * scale : acc_t<T>(0));
+struct UnaryF {
+  UnaryOp op;
+  __device__ T operator()(int64_t, T x) const { return from_acc<T>(backend::unary_fn(op, to_acc(x))); }
+};
+
+template <typename T>
+struct UnaryBackwardF {  // (x, gy) -> gy * f'(x)
+  UnaryOp op;
+  __device__ T operator()(int64_t, T x, T gy) const {
+    return from_acc<T>(to_acc(gy) * backend::unary_grad(op, to_acc(x)));
   }
-}
+};
+
+template <typename T>
+struct BinaryF {
+  BinaryOp op;
+  __device__ T operator()(int64_t, T a, T b) const {
+    return from_acc<T>(backend::binary_fn(op, to_acc(a), to_acc(b)));
+  }
+};
+
+template <typename T>
+struct AffineF {
+  acc_t<T> alpha, beta;
+  __device__ T operator()(int64_t, T x) const { return from_acc<T>(alpha * to_acc(x) + beta); }
+};
+
+template <typename T>
+struct DropoutF {
+  float p;
+  acc_t<T> scale;
+  uint64_t seed, offset;
+  __device__ T operator()(int64_t i, T x) const {
+    const bool keep = uniform_from_word(philox_word(seed, offset, static_cast<uint64_t>(i))) >= p;
+    return from_acc<T>(keep ? to_acc(x) * scale : acc_t<T>(0));
+  }
+};
 
 }  // namespace
 
 void copy(const void* src, DType st_, void* dst, DType dt, const Strided& g, int64_t n) {
+  if (n == 0) return;
+  const bool contiguous = is_contiguous_operand(g, 0) && is_contiguous_operand(g, 1);
+  if (contiguous && st_ == dt) {  // a plain device-to-device copy, in stream order
+    TR_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * dtype_size(dt), cudaMemcpyDeviceToDevice,
+                                  nullptr));
+    return;
+  }
   dispatch_all(st_, [&]<typename S>() {
     dispatch_all(dt, [&]<typename D>() {
-      copy_kernel<S, D><<<blocks_for(n), 256>>>(static_cast<const S*>(src), static_cast<D*>(dst), g, n);
+      if (contiguous)
+        launch_map1(CastF<S, D>{}, static_cast<const S*>(src), static_cast<D*>(dst), n);
+      else
+        copy_kernel<S, D><<<blocks_for(n), 256>>>(static_cast<const S*>(src), static_cast<D*>(dst), g, n);
     });
   });
   TR_CUDA_LAUNCH_CHECK("copy");
@@ -168,38 +202,46 @@ void random_uniform(void* out, DType dt, int64_t n, double lo, double hi, uint64
 }
 
 void unary(UnaryOp op, DType dt, const void* x, void* y, const Strided& g, int64_t n) {
-  bool contiguous = true;
-  int64_t expect = 1;
-  for (int d = g.nd - 1; d >= 0; --d) {
-    if (g.shape[d] != 1 && g.stride[0][d] != expect) contiguous = false;
-    expect *= g.shape[d];
-  }
+  if (n == 0) return;
+  const bool contiguous = is_contiguous_operand(g, 0);
   dispatch_float(dt, [&]<typename T>() {
-    unary_kernel<T>
-        <<<blocks_for(n), 256>>>(op, static_cast<const T*>(x), static_cast<T*>(y), g, n, contiguous);
+    if (contiguous)
+      launch_map1(UnaryF<T>{op}, static_cast<const T*>(x), static_cast<T*>(y), n);
+    else
+      unary_kernel<T><<<blocks_for(n), 256>>>(op, static_cast<const T*>(x), static_cast<T*>(y), g, n);
   });
   TR_CUDA_LAUNCH_CHECK("unary");
 }
 
 void unary_backward(UnaryOp op, DType dt, const void* x, const void* gy, void* gx, int64_t n) {
+  if (n == 0) return;
   dispatch_float(dt, [&]<typename T>() {
-    unary_backward_kernel<T><<<blocks_for(n), 256>>>(op, static_cast<const T*>(x), static_cast<const T*>(gy),
-                                                     static_cast<T*>(gx), n);
+    launch_map2(UnaryBackwardF<T>{op}, static_cast<const T*>(x), static_cast<const T*>(gy),
+                static_cast<T*>(gx), n);
   });
   TR_CUDA_LAUNCH_CHECK("unary_backward");
 }
 
 void binary(BinaryOp op, DType dt, const void* a, const void* b, void* out, const Strided& g, int64_t n) {
+  if (n == 0) return;
+  const bool contiguous = is_contiguous_operand(g, 0) && is_contiguous_operand(g, 1);
   dispatch_float(dt, [&]<typename T>() {
-    binary_kernel<T><<<blocks_for(n), 256>>>(op, static_cast<const T*>(a), static_cast<const T*>(b),
-                                             static_cast<T*>(out), g, n);
+    if (contiguous)
+      launch_map2(BinaryF<T>{op}, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out),
+                  n);
+    else
+      binary_kernel<T><<<blocks_for(n), 256>>>(op, static_cast<const T*>(a), static_cast<const T*>(b),
+                                               static_cast<T*>(out), g, n);
   });
   TR_CUDA_LAUNCH_CHECK("binary");
 }
 
 void affine(DType dt, const void* x, void* y, int64_t n, double alpha, double beta) {
+  if (n == 0) return;
   dispatch_float(dt, [&]<typename T>() {
-    affine_kernel<T><<<blocks_for(n), 256>>>(static_cast<const T*>(x), static_cast<T*>(y), n, alpha, beta);
+    using A = acc_t<T>;
+    launch_map1(AffineF<T>{static_cast<A>(alpha), static_cast<A>(beta)}, static_cast<const T*>(x),
+                static_cast<T*>(y), n);
   });
   TR_CUDA_LAUNCH_CHECK("affine");
 }
@@ -221,10 +263,10 @@ void masked_fill(DType dt, const void* x, const bool* mask, void* y, const Strid
 }
 
 void dropout(DType dt, const void* x, void* y, int64_t n, double p, uint64_t seed, uint64_t offset) {
+  if (n == 0) return;
   dispatch_float(dt, [&]<typename T>() {
-    dropout_kernel<T><<<blocks_for(n), 256>>>(static_cast<const T*>(x), static_cast<T*>(y), n,
-                                              static_cast<float>(p), static_cast<acc_t<T>>(1.0 / (1.0 - p)),
-                                              seed, offset);
+    launch_map1(DropoutF<T>{static_cast<float>(p), static_cast<acc_t<T>>(1.0 / (1.0 - p)), seed, offset},
+                static_cast<const T*>(x), static_cast<T*>(y), n);
   });
   TR_CUDA_LAUNCH_CHECK("dropout");
 }

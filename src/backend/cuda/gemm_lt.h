@@ -1,0 +1,39 @@
+// GEMMs through cuBLASLt for the CUDA backend: bf16/f16 with f32 accumulation, f32 (TF32 when asked), f64;
+// batched and strided; bias and bias + GELU epilogues; descriptors and the chosen algorithm cached per shape,
+// with an explicit workspace per device (what CUDA-graph capture needs).
+#pragma once
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace tr::cuda {
+
+class LtGemm {
+ public:
+  LtGemm();
+  ~LtGemm();
+  LtGemm(const LtGemm&) = delete;
+  LtGemm& operator=(const LtGemm&) = delete;
+  // Runs g (row-major, as backend.h documents) on the current device. Returns false, having done nothing,
+  // when cuBLASLt has no algorithm for it (the backend then takes cublasGemmStridedBatchedEx).
+  bool run(const backend::GemmArgs& g);
+  // Plans built so far (each is a heuristic query; the cache keeps it for the rest of the run).
+  size_t plans() const;
+
+  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // PyTorch's size for Hopper
+
+ private:
+  struct Key;
+  struct Plan;
+  void* workspace(int device);
+  void* handle_ = nullptr;  // cublasLtHandle_t
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+  std::vector<void*> workspaces_;
+  bool warned_ = false;
+  mutable std::mutex mu_;
+};
+
+}  // namespace tr::cuda
