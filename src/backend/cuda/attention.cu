@@ -1,6 +1,9 @@
-// CUDA fused attention, first version: one thread per query row (forward, dq) or key row (dk, dv), online
-// softmax, the logsumexp saved for backward; no score matrix is ever stored. The CPU twin in
-// backend/cpu/attention.cpp defines the semantics; the tiled tensor-core version comes with the CUDA issue.
+// CUDA memory-efficient attention (any floating dtype, f32/f64 accumulation): tiled kernels that stage 32
+// queries and 32 keys at a time in shared memory, four threads per row, online softmax, the logsumexp saved
+// for backward; no score matrix beyond one 32 x 32 tile ever exists. Backward recomputes the tiles: one
+// kernel for dq (per query tile), one for dk/dv (per key tile, summing the grouped query heads), so no
+// atomics and the result is deterministic. Head dims above 128 (or tiles too big for shared memory) take the
+// one-thread-per-row kernels. The CPU twin in backend/cpu/attention.cpp defines the semantics.
 #include <cmath>
 
 #include "backend/attention_geometry.h"
@@ -110,16 +113,303 @@ __global__ void attention_dkv_kernel(Geo g, const T* q, const T* k, const T* v, 
   }
 }
 
+// ---- tiled kernels
+constexpr int kTile = 32;                          // queries and keys per tile
+constexpr int kRowThreads = 4;                     // threads sharing one row of a tile
+constexpr int kTileThreads = kTile * kRowThreads;  // 128
+constexpr int kTileMaxDim = 128;
+constexpr int kCols = kTileMaxDim / kRowThreads;  // output columns a thread owns (c = sub + 4 i)
+constexpr int kPerRow = kTile / kRowThreads;      // scores a thread computes per tile row (j = sub + 4 i)
+
+template <typename A>
+__device__ __forceinline__ A row_max(A v) {  // over the 4 consecutive lanes of one row
+  for (int o = 1; o < kRowThreads; o <<= 1) {
+    const A u = __shfl_xor_sync(0xffffffffu, v, o);
+    v = u > v ? u : v;
+  }
+  return v;
+}
+
+template <typename A>
+__device__ __forceinline__ A row_sum(A v) {
+  for (int o = 1; o < kRowThreads; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Rows [r0, r0 + kTile) of a [rows, D] matrix into shared memory with leading dim D + 1 (bank-conflict
+// free), times `mul`; rows past the end are zeros.
+template <typename T, typename A>
+__device__ void load_tile(A* dst, const T* src, int64_t r0, int64_t rows, int64_t D, A mul) {
+  const int64_t pitch = D + 1;
+  for (int64_t e = threadIdx.x; e < kTile * D; e += blockDim.x) {
+    const int64_t rr = e / D, c = e % D;
+    dst[rr * pitch + c] = r0 + rr < rows ? ld(src, (r0 + rr) * D + c) * mul : A(0);
+  }
+}
+
+template <typename A>
+__device__ __forceinline__ A dot_rows(const A* x, const A* y, int64_t D) {
+  A acc = 0;
+  for (int64_t c = 0; c < D; ++c) acc += x[c] * y[c];
+  return acc;
+}
+
+// Highest key any query of the tile starting at t0 may see (-1: none).
+__device__ __forceinline__ int64_t tile_last_key(const Geo& g, int64_t t0) {
+  const int64_t t_last = t0 + kTile - 1 < g.T - 1 ? t0 + kTile - 1 : g.T - 1;
+  return g.last_key(t_last);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kTileThreads)
+    attention_forward_tiled(Geo g, const T* q, const T* k, const T* v, T* out, acc_t<T>* lse) {
+  using A = acc_t<T>;
+  extern __shared__ double smem_d[];  // double-aligned
+  A* smem = reinterpret_cast<A*>(smem_d);
+  const int64_t pitch = g.D + 1, tiles_q = (g.T + kTile - 1) / kTile;
+  A* Qs = smem;
+  A* Ks = Qs + kTile * pitch;
+  A* Vs = Ks + kTile * pitch;
+  A* Ps = Vs + kTile * pitch;  // [kTile][kTile + 1]
+  const int64_t bh = blockIdx.x / tiles_q, t0 = (blockIdx.x % tiles_q) * kTile;
+  const int64_t h = bh % g.H, b = bh / g.H, kvh = h / (g.H / g.KV);
+  const int r = threadIdx.x / kRowThreads, sub = threadIdx.x % kRowThreads;
+  const int64_t t = t0 + r;
+  const T* kb = k + (b * g.KV + kvh) * g.S * g.D;
+  const T* vb = v + (b * g.KV + kvh) * g.S * g.D;
+  load_tile(Qs, q + bh * g.T * g.D, t0, g.T, g.D, static_cast<A>(g.scale));
+  const int64_t last = tile_last_key(g, t0), n_kt = last < 0 ? 0 : last / kTile + 1;
+  A m = -INFINITY, l = 0, o[kCols];
+#pragma unroll
+  for (int i = 0; i < kCols; ++i) o[i] = 0;
+  for (int64_t kt = 0; kt < n_kt; ++kt) {
+    const int64_t s0 = kt * kTile;
+    __syncthreads();  // the previous tile is consumed
+    load_tile(Ks, kb, s0, g.S, g.D, A(1));
+    load_tile(Vs, vb, s0, g.S, g.D, A(1));
+    __syncthreads();
+    A sc[kPerRow], tmax = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kPerRow; ++i) {
+      const int j = sub + kRowThreads * i;
+      const int64_t s = s0 + j;
+      const bool vis = t < g.T && s < g.S && g.visible(b, t, s);
+      sc[i] = vis ? dot_rows(Qs + r * pitch, Ks + j * pitch, g.D) : A(-INFINITY);
+      tmax = sc[i] > tmax ? sc[i] : tmax;
+    }
+    const A mx = row_max(m > tmax ? m : tmax);
+    A psum = 0;
+#pragma unroll
+    for (int i = 0; i < kPerRow; ++i) {
+      const A p = mx == A(-INFINITY) ? A(0) : exp(sc[i] - mx);
+      Ps[r * (kTile + 1) + sub + kRowThreads * i] = p;
+      psum += p;
+    }
+    psum = row_sum(psum);
+    const A corr = mx == A(-INFINITY) ? A(1) : exp(m - mx);
+    l = l * corr + psum;
+    m = mx;
+    __syncwarp();  // the row's probabilities come from the same warp
+#pragma unroll
+    for (int i = 0; i < kCols; ++i) o[i] *= corr;
+    for (int j = 0; j < kTile; ++j) {
+      const A p = Ps[r * (kTile + 1) + j];
+#pragma unroll
+      for (int i = 0; i < kCols; ++i)
+        if (sub + kRowThreads * i < g.D) o[i] += p * Vs[j * pitch + sub + kRowThreads * i];
+    }
+  }
+  if (t >= g.T) return;
+  const A inv = l > A(0) ? A(1) / l : A(0);
+  const int64_t row = bh * g.T + t;
+#pragma unroll
+  for (int i = 0; i < kCols; ++i)
+    if (sub + kRowThreads * i < g.D) st(out, row * g.D + sub + kRowThreads * i, o[i] * inv);
+  if (sub == 0) lse[row] = l > A(0) ? m + log(l) : A(-INFINITY);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kTileThreads)
+    attention_dq_tiled(Geo g, const T* q, const T* k, const T* v, const acc_t<T>* lse, const acc_t<T>* delta,
+                       const T* dout, T* dq) {
+  using A = acc_t<T>;
+  extern __shared__ double smem_d[];
+  A* smem = reinterpret_cast<A*>(smem_d);
+  const int64_t pitch = g.D + 1, tiles_q = (g.T + kTile - 1) / kTile;
+  A* Qs = smem;
+  A* dOs = Qs + kTile * pitch;
+  A* Ks = dOs + kTile * pitch;
+  A* Vs = Ks + kTile * pitch;
+  A* DSs = Vs + kTile * pitch;  // [kTile][kTile + 1]
+  const int64_t bh = blockIdx.x / tiles_q, t0 = (blockIdx.x % tiles_q) * kTile;
+  const int64_t h = bh % g.H, b = bh / g.H, kvh = h / (g.H / g.KV);
+  const int r = threadIdx.x / kRowThreads, sub = threadIdx.x % kRowThreads;
+  const int64_t t = t0 + r, row = bh * g.T + t;
+  const T* kb = k + (b * g.KV + kvh) * g.S * g.D;
+  const T* vb = v + (b * g.KV + kvh) * g.S * g.D;
+  const A scale = static_cast<A>(g.scale);
+  load_tile(Qs, q + bh * g.T * g.D, t0, g.T, g.D, scale);
+  load_tile(dOs, dout + bh * g.T * g.D, t0, g.T, g.D, A(1));
+  const A lse_r = t < g.T ? lse[row] : A(-INFINITY), delta_r = t < g.T ? delta[row] : A(0);
+  const int64_t last = tile_last_key(g, t0), n_kt = last < 0 ? 0 : last / kTile + 1;
+  A acc[kCols];
+#pragma unroll
+  for (int i = 0; i < kCols; ++i) acc[i] = 0;
+  for (int64_t kt = 0; kt < n_kt; ++kt) {
+    const int64_t s0 = kt * kTile;
+    __syncthreads();
+    load_tile(Ks, kb, s0, g.S, g.D, A(1));
+    load_tile(Vs, vb, s0, g.S, g.D, A(1));
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kPerRow; ++i) {
+      const int j = sub + kRowThreads * i;
+      const int64_t s = s0 + j;
+      A ds = 0;
+      if (t < g.T && s < g.S && lse_r != A(-INFINITY) && g.visible(b, t, s)) {
+        const A p = exp(dot_rows(Qs + r * pitch, Ks + j * pitch, g.D) - lse_r);
+        ds = p * (dot_rows(dOs + r * pitch, Vs + j * pitch, g.D) - delta_r) * scale;
+      }
+      DSs[r * (kTile + 1) + j] = ds;
+    }
+    __syncwarp();
+    for (int j = 0; j < kTile; ++j) {
+      const A ds = DSs[r * (kTile + 1) + j];
+#pragma unroll
+      for (int i = 0; i < kCols; ++i)
+        if (sub + kRowThreads * i < g.D) acc[i] += ds * Ks[j * pitch + sub + kRowThreads * i];
+    }
+  }
+  if (t >= g.T) return;
+#pragma unroll
+  for (int i = 0; i < kCols; ++i)
+    if (sub + kRowThreads * i < g.D) st(dq, row * g.D + sub + kRowThreads * i, acc[i]);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kTileThreads)
+    attention_dkv_tiled(Geo g, const T* q, const T* k, const T* v, const acc_t<T>* lse, const acc_t<T>* delta,
+                        const T* dout, T* dk, T* dv) {
+  using A = acc_t<T>;
+  extern __shared__ double smem_d[];
+  A* smem = reinterpret_cast<A*>(smem_d);
+  const int64_t pitch = g.D + 1, tiles_k = (g.S + kTile - 1) / kTile;
+  A* Ks = smem;
+  A* Vs = Ks + kTile * pitch;
+  A* Qs = Vs + kTile * pitch;
+  A* dOs = Qs + kTile * pitch;
+  A* Ps = dOs + kTile * pitch;        // [key][query], kTile + 1 wide
+  A* DSs = Ps + kTile * (kTile + 1);  // p * (dp - delta), same layout
+  A* Ls = DSs + kTile * (kTile + 1);  // the query tile's lse and delta
+  A* Dl = Ls + kTile;
+  const int64_t bkv = blockIdx.x / tiles_k, s0 = (blockIdx.x % tiles_k) * kTile;
+  const int64_t kvh = bkv % g.KV, b = bkv / g.KV, rep = g.H / g.KV;
+  const int r = threadIdx.x / kRowThreads, sub = threadIdx.x % kRowThreads;  // r: this thread's key row
+  const int64_t s = s0 + r;
+  const A scale = static_cast<A>(g.scale);
+  load_tile(Ks, k + bkv * g.S * g.D, s0, g.S, g.D, A(1));
+  load_tile(Vs, v + bkv * g.S * g.D, s0, g.S, g.D, A(1));
+  // Causal: the first query that can see key s0 is t = s0 - (S - T).
+  const int64_t t_first = g.causal ? (s0 - (g.S - g.T) > 0 ? s0 - (g.S - g.T) : 0) : 0;
+  A ak[kCols], av[kCols];
+#pragma unroll
+  for (int i = 0; i < kCols; ++i) ak[i] = av[i] = 0;
+  for (int64_t hr = 0; hr < rep; ++hr) {
+    const int64_t bh = b * g.H + kvh * rep + hr;
+    for (int64_t t0 = (t_first / kTile) * kTile; t0 < g.T; t0 += kTile) {
+      __syncthreads();
+      load_tile(Qs, q + bh * g.T * g.D, t0, g.T, g.D, scale);
+      load_tile(dOs, dout + bh * g.T * g.D, t0, g.T, g.D, A(1));
+      for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
+        const bool in = t0 + i < g.T;
+        Ls[i] = in ? lse[bh * g.T + t0 + i] : A(-INFINITY);
+        Dl[i] = in ? delta[bh * g.T + t0 + i] : A(0);
+      }
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < kPerRow; ++i) {
+        const int qi = sub + kRowThreads * i;
+        const int64_t t = t0 + qi;
+        A p = 0, d = 0;
+        if (t < g.T && s < g.S && Ls[qi] != A(-INFINITY) && g.visible(b, t, s)) {
+          p = exp(dot_rows(Qs + qi * pitch, Ks + r * pitch, g.D) - Ls[qi]);
+          d = p * (dot_rows(dOs + qi * pitch, Vs + r * pitch, g.D) - Dl[qi]);
+        }
+        Ps[r * (kTile + 1) + qi] = p;
+        DSs[r * (kTile + 1) + qi] = d;
+      }
+      __syncwarp();
+      for (int qi = 0; qi < kTile; ++qi) {
+        const A p = Ps[r * (kTile + 1) + qi], d = DSs[r * (kTile + 1) + qi];
+#pragma unroll
+        for (int i = 0; i < kCols; ++i) {
+          const int c = sub + kRowThreads * i;
+          if (c < g.D) {
+            av[i] += p * dOs[qi * pitch + c];
+            ak[i] += d * Qs[qi * pitch + c];  // Qs holds q * scale: dk = sum p (dp - delta) scale q
+          }
+        }
+      }
+    }
+  }
+  if (s >= g.S) return;
+  const int64_t krow = bkv * g.S + s;
+#pragma unroll
+  for (int i = 0; i < kCols; ++i) {
+    const int c = sub + kRowThreads * i;
+    if (c < g.D) {
+      st(dk, krow * g.D + c, ak[i]);
+      st(dv, krow * g.D + c, av[i]);
+    }
+  }
+}
+
+// Shared-memory bytes of each tiled kernel, and whether the device grants them (opt-in above 48 KiB).
+template <typename A>
+size_t forward_smem(int64_t D) {
+  return (3 * kTile * (D + 1) + kTile * (kTile + 1)) * sizeof(A);
+}
+template <typename A>
+size_t dq_smem(int64_t D) {
+  return (4 * kTile * (D + 1) + kTile * (kTile + 1)) * sizeof(A);
+}
+template <typename A>
+size_t dkv_smem(int64_t D) {
+  return (4 * kTile * (D + 1) + 2 * kTile * (kTile + 1) + 2 * kTile) * sizeof(A);
+}
+
+template <typename K>
+bool allow_smem(K kernel, size_t bytes) {
+  int dev = 0, optin = 0;
+  TR_CUDA_CHECK(cudaGetDevice(&dev));
+  TR_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  if (bytes > static_cast<size_t>(optin)) return false;
+  if (bytes > 48 * 1024)
+    TR_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  return true;
+}
+
 }  // namespace
 
 void attention(DType dt, const void* q, const void* k, const void* v, const bool* keep, void* out, void* lse,
                int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D, bool causal, double scale) {
   if (D > kMaxHeadDim) throw std::runtime_error("cuda attention: head dim above 256 is not supported");
+  if (B * H * T == 0) return;
   Geo g{B, H, KV, T, S, D, causal, scale, keep};
   dispatch_float(dt, [&]<typename TT>() {
-    attention_forward_kernel<TT><<<blocks_for(B * H * T, 128), 128>>>(
-        g, static_cast<const TT*>(q), static_cast<const TT*>(k), static_cast<const TT*>(v),
-        static_cast<TT*>(out), static_cast<acc_t<TT>*>(lse));
+    using A = acc_t<TT>;
+    const size_t smem = forward_smem<A>(D);
+    if (D <= kTileMaxDim && allow_smem(attention_forward_tiled<TT>, smem)) {
+      const int64_t blocks = B * H * ((T + kTile - 1) / kTile);
+      attention_forward_tiled<TT><<<static_cast<unsigned>(blocks), kTileThreads, smem>>>(
+          g, static_cast<const TT*>(q), static_cast<const TT*>(k), static_cast<const TT*>(v),
+          static_cast<TT*>(out), static_cast<A*>(lse));
+    } else {
+      attention_forward_kernel<TT><<<blocks_for(B * H * T, 128), 128>>>(
+          g, static_cast<const TT*>(q), static_cast<const TT*>(k), static_cast<const TT*>(v),
+          static_cast<TT*>(out), static_cast<A*>(lse));
+    }
   });
   TR_CUDA_LAUNCH_CHECK("attention");
 }
@@ -130,23 +420,41 @@ void attention_backward(DType dt, const void* q, const void* k, const void* v, c
                         double scale) {
   if (D > kMaxHeadDim) throw std::runtime_error("cuda attention: head dim above 256 is not supported");
   Geo g{B, H, KV, T, S, D, causal, scale, keep};
+  if (B * H * T == 0) return;
   dispatch_float(dt, [&]<typename TT>() {
     using A = acc_t<TT>;
+    // delta = rowsum(dout * out), in stream order (no host sync).
     A* delta = nullptr;
-    TR_CUDA_CHECK(cudaMalloc(&delta, static_cast<size_t>(B * H * T) * sizeof(A) + 8));
+    TR_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&delta),
+                                  static_cast<size_t>(B * H * T) * sizeof(A), nullptr));
     attention_delta_kernel<TT><<<blocks_for(B * H * T, 128), 128>>>(g, static_cast<const TT*>(out),
                                                                     static_cast<const TT*>(dout), delta);
-    attention_dq_kernel<TT><<<blocks_for(B * H * T, 128), 128>>>(
-        g, static_cast<const TT*>(q), static_cast<const TT*>(k), static_cast<const TT*>(v),
-        static_cast<const A*>(lse), delta, static_cast<const TT*>(dout), static_cast<TT*>(dq));
-    attention_dkv_kernel<TT><<<blocks_for(B * KV * S, 128), 128>>>(
-        g, static_cast<const TT*>(q), static_cast<const TT*>(k), static_cast<const TT*>(v),
-        static_cast<const A*>(lse), delta, static_cast<const TT*>(dout), static_cast<TT*>(dk),
-        static_cast<TT*>(dv));
-    cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess) e = cudaDeviceSynchronize();
-    cudaFree(delta);
-    TR_CUDA_CHECK(e);
+    TR_CUDA_LAUNCH_CHECK("attention_delta");
+    const auto* qp = static_cast<const TT*>(q);
+    const auto* kp = static_cast<const TT*>(k);
+    const auto* vp = static_cast<const TT*>(v);
+    const auto* dop = static_cast<const TT*>(dout);
+    const auto* lp = static_cast<const A*>(lse);
+    const bool tiled = D <= kTileMaxDim && allow_smem(attention_dq_tiled<TT>, dq_smem<A>(D)) &&
+                       allow_smem(attention_dkv_tiled<TT>, dkv_smem<A>(D));
+    if (tiled) {
+      const int64_t qblocks = B * H * ((T + kTile - 1) / kTile), kblocks = B * KV * ((S + kTile - 1) / kTile);
+      attention_dq_tiled<TT><<<static_cast<unsigned>(qblocks), kTileThreads, dq_smem<A>(D)>>>(
+          g, qp, kp, vp, lp, delta, dop, static_cast<TT*>(dq));
+      TR_CUDA_LAUNCH_CHECK("attention_dq");
+      if (kblocks > 0)
+        attention_dkv_tiled<TT><<<static_cast<unsigned>(kblocks), kTileThreads, dkv_smem<A>(D)>>>(
+            g, qp, kp, vp, lp, delta, dop, static_cast<TT*>(dk), static_cast<TT*>(dv));
+      TR_CUDA_LAUNCH_CHECK("attention_dkv");
+    } else {
+      attention_dq_kernel<TT>
+          <<<blocks_for(B * H * T, 128), 128>>>(g, qp, kp, vp, lp, delta, dop, static_cast<TT*>(dq));
+      TR_CUDA_LAUNCH_CHECK("attention_dq");
+      attention_dkv_kernel<TT><<<blocks_for(B * KV * S, 128), 128>>>(
+          g, qp, kp, vp, lp, delta, dop, static_cast<TT*>(dk), static_cast<TT*>(dv));
+      TR_CUDA_LAUNCH_CHECK("attention_dkv");
+    }
+    TR_CUDA_CHECK(cudaFreeAsync(delta, nullptr));
   });
 }
 

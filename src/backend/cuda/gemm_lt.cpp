@@ -15,11 +15,11 @@ namespace tr::cuda {
 
 namespace {
 
-#define TR_LT_CHECK(call)                                                                                    \
-  do {                                                                                                       \
-    cublasStatus_t s_ = (call);                                                                              \
-    TR_CHECK(s_ == CUBLAS_STATUS_SUCCESS, "cuBLASLt error {} ({}) in {} at {}:{}", static_cast<int>(s_),      \
-             cublasGetStatusString(s_), #call, __FILE__, __LINE__);                                          \
+#define TR_LT_CHECK(call)                                                                                \
+  do {                                                                                                   \
+    cublasStatus_t s_ = (call);                                                                          \
+    TR_CHECK(s_ == CUBLAS_STATUS_SUCCESS, "cuBLASLt error {} ({}) in {} at {}:{}", static_cast<int>(s_), \
+             cublasGetStatusString(s_), #call, __FILE__, __LINE__);                                      \
   } while (0)
 
 cublasLtHandle_t lt(void* h) { return static_cast<cublasLtHandle_t>(h); }
@@ -118,7 +118,8 @@ bool LtGemm::run(const backend::GemmArgs& g) {
   const bool gelu = g.epilogue == backend::GemmEpilogue::bias_gelu;
   if (g.k == 0 || g.m == 0 || g.n == 0) return false;
   if (epi && (g.batch != 1 || g.beta != 0.0 || !g.bias.defined())) return false;
-  if (gelu && (!g.aux.defined() || g.n % 8 != 0)) return false;  // the aux leading dim must be a multiple of 8
+  if (gelu && (!g.aux.defined() || g.n % 8 != 0))
+    return false;  // the aux leading dim must be a multiple of 8
   int device = 0;
   TR_CHECK(cudaGetDevice(&device) == cudaSuccess, "cuBLASLt: no current CUDA device");
 
@@ -149,7 +150,8 @@ bool LtGemm::run(const backend::GemmArgs& g) {
   Plan* plan = nullptr;
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's "A" is our b, its "B" our a;
   // D is n x m column-major with leading dimension n.
-  const cublasOperation_t op_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                          op_b = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   if (it == plans_.end()) {
     auto p = std::make_unique<Plan>();
     TR_LT_CHECK(cublasLtMatmulDescCreate(&p->op, compute, scale_t));
@@ -180,13 +182,14 @@ bool LtGemm::run(const backend::GemmArgs& g) {
     cublasLtMatmulPreference_t pref = nullptr;
     TR_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws_bytes = kWorkspaceBytes;
-    TR_LT_CHECK(
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes));
+    TR_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                     &ws_bytes, sizeof ws_bytes));
     const uint32_t al[4] = {key.align_b, key.align_a, key.align_c, key.align_c};  // Lt's A, B, C, D
     const cublasLtMatmulPreferenceAttributes_t which[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    for (int i = 0; i < 4; ++i) TR_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i], sizeof al[i]));
+    for (int i = 0; i < 4; ++i)
+      TR_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i], sizeof al[i]));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t s =
@@ -197,11 +200,13 @@ bool LtGemm::run(const backend::GemmArgs& g) {
       p->algo = result.algo;
     } else if (!warned_) {  // once: the fallback is correct but slower, so say which shape took it
       warned_ = true;
-      std::fprintf(stderr,
-                   "notice: cuBLASLt has no algorithm for a %s GEMM m=%lld n=%lld k=%lld batch=%lld epilogue=%d "
-                   "(status %d); using cuBLAS for such shapes\n",
-                   std::string(dtype_name(g.c.dtype())).c_str(), static_cast<long long>(g.m), static_cast<long long>(g.n),
-                   static_cast<long long>(g.k), static_cast<long long>(g.batch), key.epilogue, static_cast<int>(s));
+      std::fprintf(
+          stderr,
+          "notice: cuBLASLt has no algorithm for a %s GEMM m=%lld n=%lld k=%lld batch=%lld epilogue=%d "
+          "(status %d); using cuBLAS for such shapes\n",
+          std::string(dtype_name(g.c.dtype())).c_str(), static_cast<long long>(g.m),
+          static_cast<long long>(g.n), static_cast<long long>(g.k), static_cast<long long>(g.batch),
+          key.epilogue, static_cast<int>(s));
     }
     plan = p.get();
     plans_.emplace(key, std::move(p));
@@ -218,9 +223,9 @@ bool LtGemm::run(const backend::GemmArgs& g) {
   const bool f64 = g.c.dtype() == DType::f64;
   const void* alpha = f64 ? static_cast<const void*>(&ad) : static_cast<const void*>(&af);
   const void* beta = f64 ? static_cast<const void*>(&bd) : static_cast<const void*>(&bf);
-  TR_LT_CHECK(cublasLtMatmul(lt(handle_), plan->op, alpha, g.b.data_ptr(), plan->a, g.a.data_ptr(), plan->b, beta,
-                             g.c.data_ptr(), plan->c, g.c.data_ptr(), plan->c, &plan->algo, ws, kWorkspaceBytes,
-                             nullptr));
+  TR_LT_CHECK(cublasLtMatmul(lt(handle_), plan->op, alpha, g.b.data_ptr(), plan->a, g.a.data_ptr(), plan->b,
+                             beta, g.c.data_ptr(), plan->c, g.c.data_ptr(), plan->c, &plan->algo, ws,
+                             kWorkspaceBytes, nullptr));
   return true;
 }
 
