@@ -1,5 +1,6 @@
-// Adafactor step following transformers' Adafactor.step line by line (CPU, f32/f64). Reductions (means,
-// norms) accumulate in double in a fixed order, so results do not depend on the thread count.
+// Adafactor step following transformers' Adafactor.step line by line: on the CPU as loops (f32/f64) whose
+// reductions accumulate in double in a fixed order (results do not depend on the thread count); on a GPU as
+// the same formulas in tensor ops.
 #include "optim/adafactor.h"
 
 #include <cmath>
@@ -10,7 +11,7 @@ namespace tr::optim {
 
 Adafactor::Adafactor(const nn::ParamList& params, OptimizerOptions opts)
     : Optimizer(params, std::move(opts)) {
-  detail::check_params("Adafactor", params, {DType::f32, DType::f64});
+  detail::check_params("Adafactor", params, {DType::f32, DType::f64}, /*any_device=*/true);
   detail::OptimArgs args("adafactor", opts_.args);
   beta1_ = args.optional_number("beta1");
   clip_threshold_ = args.number("clip_threshold", 1.0);
@@ -27,14 +28,14 @@ Adafactor::Adafactor(const nn::ParamList& params, OptimizerOptions opts)
     Slot s{name, p, {}, {}, {}, {}, decays(name)};
     const Shape& sh = p->shape();
     if (sh.size() >= 2) {
-      s.row = ops::zeros(Shape(sh.begin(), sh.end() - 1), p->dtype());  // shape[:-1]
-      Shape col(sh.begin(), sh.end() - 2);                              // shape[:-2] + shape[-1:]
+      s.row = ops::zeros(Shape(sh.begin(), sh.end() - 1), p->dtype(), p->device());  // shape[:-1]
+      Shape col(sh.begin(), sh.end() - 2);  // shape[:-2] + shape[-1:]
       col.push_back(sh.back());
-      s.col = ops::zeros(col, p->dtype());
+      s.col = ops::zeros(col, p->dtype(), p->device());
     } else {
-      s.sq = ops::zeros(sh, p->dtype());
+      s.sq = ops::zeros(sh, p->dtype(), p->device());
     }
-    if (beta1_) s.exp_avg = ops::zeros(sh, p->dtype());
+    if (beta1_) s.exp_avg = ops::zeros(sh, p->dtype(), p->device());
     slots_.push_back(std::move(s));
   }
 }
@@ -165,12 +166,73 @@ void Adafactor::update(Slot& s, const Tensor& grad) {
   }
 }
 
+// transformers' Adafactor.step as tensor ops, for parameters off the CPU (the GPU runs each op as a kernel;
+// the scalars - RMS, lr, the clip denominator - stay 0-d device tensors, so no host sync). Same formulas as
+// update() above; reductions accumulate in f32 there, so it agrees with it to f32 rounding.
+void Adafactor::update_with_ops(Slot& s, const Tensor& g) {
+  using backend::BinaryOp;
+  using backend::ReduceOp;
+  using backend::UnaryOp;
+  Tensor& p = *s.param;
+  const int64_t n = p.numel();
+  if (n == 0) return;
+  const DType dt = p.dtype();
+  const Device dev = p.device();
+  auto scalar = [&](double v) { return ops::full({}, v, dt, dev); };
+  auto bin = [](BinaryOp op, const Tensor& a, const Tensor& b) { return ops::binary(op, a, b); };
+  auto rms = [&](const Tensor& x) {  // _rms: x.norm(2) / numel ** 0.5
+    Tensor ss = ops::reduce(ReduceOp::sum, bin(BinaryOp::mul, x, x), {}, false);
+    return bin(BinaryOp::div, ops::unary(UnaryOp::sqrt, ss),
+               scalar(std::sqrt(static_cast<double>(x.numel()))));
+  };
+  const double t = static_cast<double>(step_);
+  double rel = opts_.lr;
+  if (relative_step_) rel = std::min(warmup_init_ ? 1e-6 * t : 1e-2, 1.0 / std::sqrt(t));
+  Tensor lr = scalar(rel);
+  if (scale_parameter_) lr = bin(BinaryOp::mul, bin(BinaryOp::maximum, rms(p), scalar(eps2_)), lr);
+  const double beta2t = 1.0 - std::pow(t, decay_rate_);
+  // ema(state, x) = state * beta2t + x * (1 - beta2t), written back into the state
+  auto ema = [&](const Tensor& state, const Tensor& x) {
+    ops::copy_(state, bin(BinaryOp::add, ops::affine(state, beta2t, 0.0), ops::affine(x, 1.0 - beta2t, 0.0)));
+  };
+  Tensor sq = ops::affine(bin(BinaryOp::mul, g, g), 1.0, eps1_);  // grad**2 + eps1
+  Tensor upd;
+  if (s.row.defined()) {
+    const int64_t nd = p.dim();
+    ema(s.row, ops::reduce(ReduceOp::mean, sq, {nd - 1}, false));
+    ema(s.col, ops::reduce(ReduceOp::mean, sq, {nd - 2}, false));
+    // _approx_sq_grad: rsqrt(row / row.mean(-1, keepdim)) (outer) rsqrt(col), times grad
+    Tensor r = ops::unary(UnaryOp::rsqrt,
+                          bin(BinaryOp::div, s.row, ops::reduce(ReduceOp::mean, s.row, {nd - 2}, true)));
+    Tensor c = ops::unary(UnaryOp::rsqrt, s.col);
+    upd = bin(BinaryOp::mul, bin(BinaryOp::mul, ops::unsqueeze(r, -1), ops::unsqueeze(c, -2)), g);
+  } else {
+    ema(s.sq, sq);
+    upd = bin(BinaryOp::mul, ops::unary(UnaryOp::rsqrt, s.sq), g);
+  }
+  // update.div_((_rms(update) / clip_threshold).clamp_(min=1.0)); update.mul_(lr)
+  Tensor denom = bin(BinaryOp::maximum, bin(BinaryOp::div, rms(upd), scalar(clip_threshold_)), scalar(1.0));
+  upd = bin(BinaryOp::mul, bin(BinaryOp::div, upd, denom), lr);
+  if (s.exp_avg.defined()) {
+    const double b1 = beta1_.value_or(0.0);
+    ops::copy_(s.exp_avg,
+               bin(BinaryOp::add, ops::affine(s.exp_avg, b1, 0.0), ops::affine(upd, 1.0 - b1, 0.0)));
+    upd = s.exp_avg;
+  }
+  const double wd = s.decay ? opts_.weight_decay : 0.0;
+  Tensor np = p;
+  if (wd != 0) np = bin(BinaryOp::add, p, bin(BinaryOp::mul, p, bin(BinaryOp::mul, scalar(-wd), lr)));
+  ops::copy_(p, bin(BinaryOp::sub, np, upd));
+}
+
 void Adafactor::step() {
   ++step_;
   for (auto& s : slots_) {
     const Tensor g = detail::gradient("Adafactor", s.name, *s.param);
     if (!g.defined()) continue;  // as transformers: parameters without a gradient are skipped
-    if (s.param->dtype() == DType::f32)
+    if (tensor_ops_ || !s.param->device().is_cpu())
+      update_with_ops(s, g);
+    else if (s.param->dtype() == DType::f32)
       update<float>(s, g);
     else
       update<double>(s, g);

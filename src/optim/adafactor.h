@@ -22,6 +22,9 @@ class Adafactor : public Optimizer {
   //  "exp_avg.<name>" with beta1}
   std::vector<std::pair<std::string, Tensor>> state_dict() const override;
   void load_state_dict(const std::map<std::string, Tensor>& state) override;
+  // Parameters off the CPU always take the tensor-op formulation (update_with_ops); this makes CPU
+  // parameters take it too, so its formulas are tested against the loops without a GPU.
+  void use_tensor_ops(bool on) { tensor_ops_ = on; }
 
  private:
   struct Slot {
@@ -30,13 +33,14 @@ class Adafactor : public Optimizer {
     Tensor row, col, sq, exp_avg;  // row/col when factored, else sq; exp_avg with beta1
     bool decay;
   };
+  void update_with_ops(Slot& s, const Tensor& grad);
   template <typename T>
   void update(Slot& s, const Tensor& grad);
 
   std::vector<Slot> slots_;
   std::optional<double> beta1_;
   double clip_threshold_ = 1.0, decay_rate_ = -0.8, eps1_ = 1e-30, eps2_ = 1e-3;
-  bool scale_parameter_ = false, relative_step_ = false, warmup_init_ = false;
+  bool scale_parameter_ = false, relative_step_ = false, warmup_init_ = false, tensor_ops_ = false;
   int64_t step_ = 0;
 };
 

@@ -45,6 +45,7 @@ class AdamW8bit : public Optimizer {
     Tensor absmax1, absmax2;  // f32 [blocks] (8-bit only)
   };
   std::vector<Slot> slots_;
+  Tensor signed_map_, unsigned_map_;  // the dynamic maps on the parameters' device
   int64_t min_8bit_size_ = 4096;
   int64_t step_ = 0;
 };

@@ -1,14 +1,16 @@
-// SGD step in the operation order of torch.optim.SGD's single-tensor implementation (CPU, f32/f64).
+// SGD step in the operation order of torch.optim.SGD's single-tensor implementation: loops on the CPU
+// (f32/f64), the same formulas as tensor ops on a GPU.
 #include "optim/sgd.h"
 
 #include <cmath>
 
+#include "backend/backend.h"
 #include "optim/common.h"
 
 namespace tr::optim {
 
 SGD::SGD(const nn::ParamList& params, OptimizerOptions opts) : Optimizer(params, std::move(opts)) {
-  detail::check_params("SGD", params, {DType::f32, DType::f64});
+  detail::check_params("SGD", params, {DType::f32, DType::f64}, /*any_device=*/true);
   detail::OptimArgs args("sgd", opts_.args);
   momentum_ = args.number("momentum", 0.0);
   dampening_ = args.number("dampening", 0.0);
@@ -67,8 +69,22 @@ void SGD::step() {
     if (!g.defined()) continue;  // as torch: parameters without a gradient are skipped
     SGDScalars c{opts_.lr, s.decay ? opts_.weight_decay : 0.0, momentum_, dampening_, nesterov_, false};
     if (momentum_ != 0 && !s.momentum_buffer.defined()) {
-      s.momentum_buffer = ops::empty(s.param->shape(), s.param->dtype());
+      s.momentum_buffer = ops::empty(s.param->shape(), s.param->dtype(), s.param->device());
       c.first = true;
+    }
+    if (!s.param->device().is_cpu()) {  // the loop's formulas as device ops
+      using backend::BinaryOp;
+      auto axpy = [](const Tensor& x, double a, const Tensor& y) {  // y + a * x
+        return ops::binary(BinaryOp::add, y, ops::affine(x, a, 0.0));
+      };
+      Tensor d = c.wd != 0 ? axpy(*s.param, c.wd, g) : g;
+      if (s.momentum_buffer.defined()) {
+        ops::copy_(s.momentum_buffer,
+                   c.first ? d : axpy(d, 1.0 - c.dampening, ops::affine(s.momentum_buffer, c.momentum, 0.0)));
+        d = c.nesterov ? axpy(s.momentum_buffer, c.momentum, d) : s.momentum_buffer;
+      }
+      ops::copy_(*s.param, axpy(d, -c.lr, *s.param));
+      continue;
     }
     const bool f32 = s.param->dtype() == DType::f32;
     if (f32)
@@ -98,7 +114,7 @@ void SGD::load_state_dict(const std::map<std::string, Tensor>& state) {
       continue;
     }
     TR_CHECK(momentum_ != 0, "SGD state: '{}' is present but this SGD has no momentum", key);
-    s.momentum_buffer = ops::empty(s.param->shape(), s.param->dtype());
+    s.momentum_buffer = ops::empty(s.param->shape(), s.param->dtype(), s.param->device());
     detail::load_entry(state, key, s.momentum_buffer, "SGD");
   }
   step_ = step;

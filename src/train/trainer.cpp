@@ -90,11 +90,6 @@ TrainResult train_once(const TrainingArguments& a, const TrainHooks& hooks) {
   auto tok = load_tokenizer(a);
   const std::string resume = resume_dir(a);
   const Device dev = training_device(a);
-  const bool adamw = a.optim.rfind("adamw_torch", 0) == 0 || a.optim == "adamw_apex_fused";
-  TR_CHECK(dev.is_cpu() || adamw,
-           "--optim {} runs on the CPU only in this build; use an adamw_torch* optimizer "
-           "on {} or pass --use_cpu",
-           a.optim, dev.str());
   Generator init_gen(a.seed);
   auto model = load_model(a, resume, init_gen, dev);
   const int64_t vocab = model->config().vocab_size;

@@ -54,6 +54,8 @@ class CpuBackend final : public backend::Backend {
                        const GradTransform& t) override;
   void fused_adamw(const std::vector<AdamWTensors>& tensors, const AdamWHyper& h,
                    const GradTransform& t) override;
+  void adamw_8bit(const std::vector<AdamW8bitTensors>& tensors, const Tensor& signed_map,
+                  const Tensor& unsigned_map) override;
 };
 
 CpuBackend& cpu_backend();

@@ -6,6 +6,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
+#include "backend/adamw8bit_math.h"
 #include "backend/optim_math.h"
 #include "core/error.h"
 
@@ -155,6 +156,76 @@ void CpuBackend::fused_adamw(const std::vector<AdamWTensors>& tensors, const Ada
       else
         adamw_chunk<double, G>(x, work[w].begin, work[w].n, x.decay ? dd : dp, gd);
     });
+  }
+}
+
+namespace {
+
+void check_8bit(const backend::Backend::AdamW8bitTensors& x, size_t i) {
+  const int64_t n = x.param.numel();
+  TR_CHECK(x.param.dtype() == DType::f32 && x.grad.dtype() == DType::f32 && x.grad.numel() == n &&
+               x.param.is_contiguous() && x.grad.is_contiguous(),
+           "adamw_8bit: tensor {} needs a contiguous f32 parameter and gradient of one size", i);
+  if (x.eight_bit) {
+    const int64_t blocks = (n + backend::kAdam8bitBlock - 1) / backend::kAdam8bitBlock;
+    TR_CHECK(x.state1.dtype() == DType::u8 && x.state2.dtype() == DType::u8 && x.state1.numel() == n &&
+                 x.state2.numel() == n && x.absmax1.numel() == blocks && x.absmax2.numel() == blocks &&
+                 x.absmax1.dtype() == DType::f32 && x.absmax2.dtype() == DType::f32,
+             "adamw_8bit: the 8-bit state of tensor {} does not fit its {} elements", i, n);
+  } else {
+    TR_CHECK(x.state1.dtype() == DType::f32 && x.state2.dtype() == DType::f32 && x.state1.numel() == n &&
+                 x.state2.numel() == n,
+             "adamw_8bit: the 32-bit state of tensor {} does not fit its {} elements", i, n);
+  }
+}
+
+// One block of up to 256 elements, in the order of bitsandbytes' kernel.
+void update_block(float* p, const float* g, uint8_t* c1, uint8_t* c2, float& absmax1, float& absmax2,
+                  int64_t n, const backend::Adam8bitConsts& k, const float* qs, const float* qu) {
+  float s1[backend::kAdam8bitBlock], s2[backend::kAdam8bitBlock];
+  float max1 = 0.0f, max2 = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    backend::adam8bit_moments(g[j], c1[j], c2[j], absmax1, absmax2, qs, qu, k, s1[j], s2[j]);
+    max1 = backend::fmax_f32(max1, backend::abs_f32(s1[j]));
+    max2 = backend::fmax_f32(max2, backend::abs_f32(s2[j]));
+  }
+  absmax1 = max1;
+  absmax2 = max2;
+  for (int64_t j = 0; j < n; ++j) backend::adam8bit_param(p[j], g[j], s1[j], s2[j], k);
+  for (int64_t j = 0; j < n; ++j) backend::adam8bit_codes(s1[j], s2[j], max1, max2, qs, qu, c1[j], c2[j]);
+}
+
+}  // namespace
+
+void CpuBackend::adamw_8bit(const std::vector<AdamW8bitTensors>& tensors, const Tensor& signed_map,
+                            const Tensor& unsigned_map) {
+  TR_CHECK(signed_map.numel() == 256 && unsigned_map.numel() == 256 && signed_map.dtype() == DType::f32 &&
+               unsigned_map.dtype() == DType::f32,
+           "adamw_8bit: the code maps must be f32 [256]");
+  const float* qs = signed_map.data<float>();
+  const float* qu = unsigned_map.data<float>();
+  for (size_t i = 0; i < tensors.size(); ++i) check_8bit(tensors[i], i);
+  for (const auto& x : tensors) {
+    float* p = x.param.data<float>();
+    const float* g = x.grad.data<float>();
+    const int64_t n = x.param.numel();
+    if (!x.eight_bit) {
+      float* s1 = x.state1.data<float>();
+      float* s2 = x.state2.data<float>();
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+      for (int64_t j = 0; j < n; ++j) backend::adam32_element(p[j], g[j], s1[j], s2[j], x.k);
+      continue;
+    }
+    uint8_t* c1 = x.state1.data<uint8_t>();
+    uint8_t* c2 = x.state2.data<uint8_t>();
+    float* a1 = x.absmax1.data<float>();
+    float* a2 = x.absmax2.data<float>();
+    const int64_t blocks = x.absmax1.numel(), kb = backend::kAdam8bitBlock;
+#pragma omp parallel for schedule(static) if (blocks > 64)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t o = b * kb;
+      update_block(p + o, g + o, c1 + o, c2 + o, a1[b], a2[b], std::min(kb, n - o), x.k, qs, qu);
+    }
   }
 }
 

@@ -359,6 +359,36 @@ class CudaBackend final : public backend::Backend {
     cuda::fused_adamw(dt, chunks.data(), static_cast<int64_t>(chunks.size()), h.lr, h.weight_decay, h.beta1,
                       h.beta2, h.eps, h.step, t.inv_scale, t.max_norm, st);
   }
+  void adamw_8bit(const std::vector<AdamW8bitTensors>& tensors, const Tensor& signed_map,
+                  const Tensor& unsigned_map) override {
+    TR_CHECK(signed_map.numel() == 256 && unsigned_map.numel() == 256 && signed_map.dtype() == DType::f32 &&
+                 unsigned_map.dtype() == DType::f32 && signed_map.device().is_cuda() &&
+                 unsigned_map.device().is_cuda(),
+             "adamw_8bit: the code maps must be f32 [256] on the GPU");
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const auto& x = tensors[i];
+      const int64_t n = x.param.numel();
+      const int64_t blocks = (n + backend::kAdam8bitBlock - 1) / backend::kAdam8bitBlock;
+      TR_CHECK(x.param.dtype() == DType::f32 && x.grad.dtype() == DType::f32 && x.grad.numel() == n &&
+                   x.param.is_contiguous() && x.grad.is_contiguous() && x.param.device().is_cuda() &&
+                   x.grad.device() == x.param.device() && x.state1.device() == x.param.device(),
+               "adamw_8bit: tensor {} needs a contiguous f32 parameter and gradient on one GPU", i);
+      if (x.eight_bit) {
+        TR_CHECK(x.state1.dtype() == DType::u8 && x.state2.dtype() == DType::u8 && x.state1.numel() == n &&
+                     x.state2.numel() == n && x.absmax1.numel() == blocks && x.absmax2.numel() == blocks,
+                 "adamw_8bit: the 8-bit state of tensor {} does not fit its {} elements", i, n);
+        cuda::adamw_8bit_blockwise(x.param.data<float>(), x.grad.data<float>(), x.state1.data<uint8_t>(),
+                                   x.state2.data<uint8_t>(), x.absmax1.data<float>(), x.absmax2.data<float>(),
+                                   n, x.k, signed_map.data<float>(), unsigned_map.data<float>());
+      } else {
+        TR_CHECK(x.state1.dtype() == DType::f32 && x.state2.dtype() == DType::f32 && x.state1.numel() == n &&
+                     x.state2.numel() == n,
+                 "adamw_8bit: the 32-bit state of tensor {} does not fit its {} elements", i, n);
+        cuda::adamw_32bit_state(x.param.data<float>(), x.grad.data<float>(), x.state1.data<float>(),
+                                x.state2.data<float>(), n, x.k);
+      }
+    }
+  }
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                           bool causal, double scale, const Tensor& out, const Tensor& lse, const Tensor& dout,
                           const Tensor& dq, const Tensor& dk, const Tensor& dv) override {

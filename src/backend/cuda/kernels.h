@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 
+#include "backend/adamw8bit_math.h"
 #include "backend/op_kinds.h"
 #include "core/dtype.h"
 
@@ -96,6 +97,13 @@ struct AdamWChunk {
 void fused_adamw(DType dt, const AdamWChunk* chunks, int64_t count, double lr, double weight_decay,
                  double beta1, double beta2, double eps, int64_t step, double inv_scale, double max_norm,
                  const double* stats);
+
+// bitsandbytes' blockwise 8-bit AdamW on one tensor (one CUDA block per 256 elements; qs/qu the signed and
+// unsigned code maps on the device), and its 32-bit-state kernel. Element math: backend/adamw8bit_math.h.
+void adamw_8bit_blockwise(float* p, const float* g, uint8_t* c1, uint8_t* c2, float* absmax1, float* absmax2,
+                          int64_t n, const backend::Adam8bitConsts& k, const float* qs, const float* qu);
+void adamw_32bit_state(float* p, const float* g, float* s1, float* s2, int64_t n,
+                       const backend::Adam8bitConsts& k);
 
 // Index of the first element outside [lo, hi) that is not `ignore` (-1 if none); synchronizes.
 int64_t first_bad_index(const int64_t* ids, int64_t n, int64_t lo, int64_t hi, int64_t ignore,

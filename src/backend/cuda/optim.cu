@@ -1,9 +1,11 @@
 // The multi-tensor optimizer kernels: gradient statistics (global norm and inf check in one pass), the
 // gradient transform (unscale + clip), and fused AdamW that reads half gradients through the transform and
-// writes the half weight copy in the same pass. The element math is backend/optim_math.h's (compiled with
+// writes the half weight copy in the same pass; bitsandbytes' blockwise 8-bit AdamW. The element math is
+// backend/optim_math.h's (compiled with
 // --fmad=false so only its explicit fmas fuse, as on the CPU).
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/adamw8bit_math.h"
 #include "backend/optim_math.h"
 
 namespace tr::cuda {
@@ -124,7 +126,79 @@ void launch_adamw(const AdamWChunk* chunks, int64_t count, double lr, double wd,
   TR_CUDA_CHECK(cudaFreeAsync(d, nullptr));
 }
 
+// bitsandbytes' blockwise 8-bit AdamW: one block of 256 threads per 256-element quantization block.
+__global__ void adamw_8bit_kernel(float* p, const float* g, uint8_t* c1, uint8_t* c2, float* absmax1,
+                                  float* absmax2, int64_t n, backend::Adam8bitConsts k, const float* qs_g,
+                                  const float* qu_g) {
+  __shared__ float qs[256], qu[256], red1[8], red2[8];
+  qs[threadIdx.x] = qs_g[threadIdx.x];
+  qu[threadIdx.x] = qu_g[threadIdx.x];
+  __syncthreads();
+  const int64_t i = blockIdx.x * backend::kAdam8bitBlock + threadIdx.x;
+  const bool active = i < n;
+  const float gi = active ? g[i] : 0.0f;
+  float s1 = 0.0f, s2 = 0.0f;
+  if (active)
+    backend::adam8bit_moments(gi, c1[i], c2[i], absmax1[blockIdx.x], absmax2[blockIdx.x], qs, qu, k, s1, s2);
+  // The block's absmax: a max is exact in any order, so the CPU's sequential fmax gives the same value.
+  float m1 = backend::abs_f32(s1), m2 = backend::abs_f32(s2);
+  for (int o = 16; o > 0; o >>= 1) {
+    m1 = backend::fmax_f32(m1, __shfl_xor_sync(0xffffffffu, m1, o));
+    m2 = backend::fmax_f32(m2, __shfl_xor_sync(0xffffffffu, m2, o));
+  }
+  if ((threadIdx.x & 31) == 0) {
+    red1[threadIdx.x >> 5] = m1;
+    red2[threadIdx.x >> 5] = m2;
+  }
+  __syncthreads();  // every thread has read the old absmax above
+  float max1 = 0.0f, max2 = 0.0f;
+  for (int w = 0; w < 8; ++w) {
+    max1 = backend::fmax_f32(max1, red1[w]);
+    max2 = backend::fmax_f32(max2, red2[w]);
+  }
+  if (threadIdx.x == 0) {
+    absmax1[blockIdx.x] = max1;
+    absmax2[blockIdx.x] = max2;
+  }
+  if (!active) return;
+  float pi = p[i];
+  backend::adam8bit_param(pi, gi, s1, s2, k);
+  p[i] = pi;
+  uint8_t q1, q2;
+  backend::adam8bit_codes(s1, s2, max1, max2, qs, qu, q1, q2);
+  c1[i] = q1;
+  c2[i] = q2;
+}
+
+__global__ void adamw_32bit_kernel(float* p, const float* g, float* s1, float* s2, int64_t n,
+                                   backend::Adam8bitConsts k) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    float pi = p[i], a = s1[i], b = s2[i];
+    backend::adam32_element(pi, g[i], a, b, k);
+    p[i] = pi;
+    s1[i] = a;
+    s2[i] = b;
+  }
+}
+
 }  // namespace
+
+void adamw_8bit_blockwise(float* p, const float* g, uint8_t* c1, uint8_t* c2, float* absmax1, float* absmax2,
+                          int64_t n, const backend::Adam8bitConsts& k, const float* qs, const float* qu) {
+  if (n == 0) return;
+  const int64_t blocks = (n + backend::kAdam8bitBlock - 1) / backend::kAdam8bitBlock;
+  static_assert(backend::kAdam8bitBlock == 256, "one thread per element of a quantization block");
+  adamw_8bit_kernel<<<static_cast<unsigned>(blocks), 256>>>(p, g, c1, c2, absmax1, absmax2, n, k, qs, qu);
+  TR_CUDA_LAUNCH_CHECK("adamw_8bit");
+}
+
+void adamw_32bit_state(float* p, const float* g, float* s1, float* s2, int64_t n,
+                       const backend::Adam8bitConsts& k) {
+  if (n == 0) return;
+  adamw_32bit_kernel<<<blocks_for(n), 256>>>(p, g, s1, s2, n, k);
+  TR_CUDA_LAUNCH_CHECK("adamw_32bit");
+}
 
 void grad_stats(const GradChunk* chunks, int64_t count, double inv_scale, double* stats) {
   if (count == 0) {

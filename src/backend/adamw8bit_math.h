@@ -1,0 +1,102 @@
+// The element math of bitsandbytes' blockwise 8-bit AdamW (kOptimizerStatic8bit2StateBlockwise) and of its
+// 32-bit kernel, shared by the CPU pass and the CUDA kernels (both compiled without extra fp contraction), so
+// every backend gives the same bits. A block of 256 elements dequantizes its moments, updates them in fp32,
+// takes the new absmax over the block (the caller's reduction: a max, exact in any order), steps the
+// parameters and requantizes.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#include "backend/optim_math.h"
+#include "core/hd.h"
+
+namespace tr::backend {
+
+struct Adam8bitConsts {
+  float b1, b2, one_b1, one_b2, step_size, eps_c2, decay;
+  bool decays;
+};
+
+constexpr int64_t kAdam8bitBlock = 256;
+
+TR_HD bool finite_f32(float x) { return x - x == 0.0f; }  // false for inf and NaN
+
+TR_HD float abs_f32(float x) { return x < 0.0f ? -x : x; }
+
+TR_HD float fmax_f32(float a, float b) {  // std::fmax: NaN loses
+  if (a != a) return b;
+  if (b != b) return a;
+  return a > b ? a : b;
+}
+
+TR_HD bool sign_bit(float x) {
+#ifdef __CUDA_ARCH__
+  return (__float_as_uint(x) >> 31) != 0;
+#else
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return (u >> 31) != 0;
+#endif
+}
+
+// Index of the code nearest to x in a sorted 256-entry map (a tie goes to the even index, as bitsandbytes'
+// binary search decides); x beyond the ends maps to the first or last code.
+TR_HD uint8_t quantize_code(const float* code, float x) {
+  int lo = 0, hi = 256;  // lower_bound: the first code >= x
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (code[mid] < x)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo == 0) return 0;
+  if (lo == 256) return 255;
+  const int below = lo - 1;
+  const float m = (code[below] + code[lo]) * 0.5f;
+  if (x > m) return static_cast<uint8_t>(lo);
+  if (x < m) return static_cast<uint8_t>(below);
+  return static_cast<uint8_t>(below % 2 == 0 ? below : lo);
+}
+
+// The updated moments of one element from its codes (bitsandbytes skips a non-finite gradient: its moments
+// restart from zero and its parameter stays).
+TR_HD void adam8bit_moments(float g, uint8_t c1, uint8_t c2, float absmax1, float absmax2, const float* qs,
+                            const float* qu, const Adam8bitConsts& k, float& s1, float& s2) {
+  if (finite_f32(g)) {
+    s2 = qu[c2] * absmax2;
+    s2 = s2 * k.b2 + k.one_b2 * g * g;
+    s1 = qs[c1] * absmax1;
+    s1 = s1 * k.b1 + k.one_b1 * g;
+  } else {
+    s1 = 0.0f;
+    s2 = 0.0f;
+  }
+}
+
+TR_HD void adam8bit_param(float& p, float g, float s1, float s2, const Adam8bitConsts& k) {
+  if (!finite_f32(g)) return;
+  p = p + k.step_size * (s1 / (square_root(s2) + k.eps_c2));
+  if (k.decays) p = p * k.decay;
+}
+
+// New codes for the moments, given the block's absmax (an all-zero block quantizes against 1: the codes of
+// 0). m keeps its sign: a value that rounded to a code of the other sign (or to +0) moves one code outwards.
+TR_HD void adam8bit_codes(float s1, float s2, float max1, float max2, const float* qs, const float* qu,
+                          uint8_t& c1, uint8_t& c2) {
+  const float inv1 = max1 > 0 ? max1 : 1.0f, inv2 = max2 > 0 ? max2 : 1.0f;
+  uint8_t q1 = quantize_code(qs, s1 / inv1);
+  if (sign_bit(qs[q1]) != sign_bit(s1)) q1 = static_cast<uint8_t>(s1 > 0.0f ? q1 + 1 : q1 - 1);
+  c1 = q1;
+  c2 = quantize_code(qu, s2 / inv2);
+}
+
+// bitsandbytes' 32-bit Adam element (the tensors that keep 32-bit state; no skipping of non-finite grads).
+TR_HD void adam32_element(float& p, float g, float& s1, float& s2, const Adam8bitConsts& k) {
+  s1 = s1 * k.b1 + k.one_b1 * g;
+  s2 = s2 * k.b2 + k.one_b2 * (g * g);
+  p = p + k.step_size * (s1 / (square_root(s2) + k.eps_c2));
+  if (k.decays) p = p * k.decay;
+}
+
+}  // namespace tr::backend

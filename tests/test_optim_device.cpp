@@ -1,0 +1,119 @@
+// The optimizers off the CPU: Adafactor's tensor-op formulation (what runs on a GPU) against its CPU loops,
+// on the CPU; and, with a GPU, 8-bit AdamW's kernels bit for bit and Adafactor within f32 rounding of the
+// CPU (skipped loudly without one).
+#include <algorithm>
+#include <cmath>
+#include <deque>
+
+#include "backend/cuda_api.h"
+#include "optim/adafactor.h"
+#include "optim/adamw_8bit.h"
+#include "test_util.h"
+
+namespace tr {
+namespace {
+
+// Parameters with stable addresses and HF names, on one device.
+struct Model {
+  std::deque<Tensor> tensors;
+  nn::ParamList list;
+  std::vector<Shape> shapes;
+  explicit Model(Device dev) {
+    const std::vector<std::pair<std::string, Shape>> spec = {{"h.0.mlp.c_fc.weight", {48, 300}},
+                                                             {"wte.weight", {70, 100}},
+                                                             {"h.0.ln_1.bias", {300}},
+                                                             {"h.0.attn.bias", {2, 6, 5}}};
+    for (size_t i = 0; i < spec.size(); ++i) {
+      tensors.push_back(test::randn(spec[i].second, 10 + i, DType::f32, dev));
+      autograd::set_requires_grad(tensors.back(), true);
+      list.emplace_back(spec[i].first, &tensors.back());
+      shapes.push_back(spec[i].second);
+    }
+  }
+  void set_grads(int step, Device dev, bool poison = false) {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      Tensor g = test::randn(shapes[i], 100 * step + i);
+      if (poison && i == 0) g.data<float>()[7] = INFINITY;  // 8-bit AdamW skips non-finite elements
+      autograd::set_grad(tensors[i], ops::to_device(g, dev));
+    }
+  }
+};
+
+std::vector<double> host(const Tensor& t) { return test::values(ops::to_device(t, Device::cpu())); }
+
+TEST(OptimDevice, AdafactorTensorOpsFollowTheLoops) {
+  for (const char* args : {"", "beta1=0.9,clip_threshold=0.5", "scale_parameter=true",
+                           "relative_step=true,warmup_init=true,scale_parameter=true"}) {
+    Model loops(Device::cpu()), tensor_ops(Device::cpu());
+    optim::OptimizerOptions o;
+    o.lr = 1e-2;
+    o.weight_decay = 0.05;
+    o.args = optim::parse_optim_args(args);
+    optim::Adafactor a(loops.list, o), b(tensor_ops.list, o);
+    b.use_tensor_ops(true);
+    for (int step = 0; step < 5; ++step) {
+      loops.set_grads(step, Device::cpu());
+      tensor_ops.set_grads(step, Device::cpu());
+      a.step();
+      b.step();
+    }
+    for (size_t i = 0; i < loops.tensors.size(); ++i)
+      EXPECT_TRUE(test::all_close(tensor_ops.tensors[i], loops.tensors[i], 1e-5, 1e-7))
+          << "'" << args << "' " << loops.list[i].first;
+    auto sa = a.state_dict(), sb = b.state_dict();
+    for (size_t k = 1; k < sa.size(); ++k) {
+      // exp_avg is a running mean of signed updates: near-zero entries come from cancellation, so the
+      // absolute tolerance follows the tensor's scale.
+      double scale = 0;
+      for (double v : test::values(sa[k].second)) scale = std::max(scale, std::abs(v));
+      EXPECT_TRUE(test::all_close(sb[k].second, sa[k].second, 1e-5, 1e-6 * scale)) << "'" << args << "' " << sa[k].first;
+    }
+  }
+}
+
+TEST(OptimDevice, EightBitAdamWKernelsMatchTheCpuBitForBit) {
+  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: the 8-bit AdamW kernels NOT tested";
+  const Device gpu = Device::cuda(0);
+  Model cpu(Device::cpu()), dev(gpu);
+  optim::OptimizerOptions o;
+  o.lr = 1e-2;
+  o.weight_decay = 0.1;
+  o.args = {{"min_8bit_size", "1000"}};  // the bias keeps 32-bit state, the embedding too
+  optim::AdamW8bit a(cpu.list, o), b(dev.list, o);
+  for (int step = 0; step < 4; ++step) {
+    cpu.set_grads(step, Device::cpu(), step == 2);
+    dev.set_grads(step, gpu, step == 2);
+    a.step();
+    b.step();
+  }
+  for (size_t i = 0; i < cpu.tensors.size(); ++i)
+    EXPECT_EQ(host(dev.tensors[i]), host(cpu.tensors[i])) << cpu.list[i].first;
+  auto sa = a.state_dict(), sb = b.state_dict();
+  for (size_t k = 0; k < sa.size(); ++k) EXPECT_EQ(host(sb[k].second), host(sa[k].second)) << sa[k].first;
+}
+
+// Adafactor and SGD run as tensor ops on a GPU: within f32 rounding of the CPU loops.
+TEST(OptimDevice, AdafactorAndSgdOnTheGpuFollowTheCpu) {
+  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: Adafactor and SGD on the GPU NOT tested";
+  const Device gpu = Device::cuda(0);
+  for (auto [name, args] : {std::pair{"adafactor", "beta1=0.9"}, std::pair{"sgd", "momentum=0.9,nesterov=true"}}) {
+    Model cpu(Device::cpu()), dev(gpu);
+    optim::OptimizerOptions o;
+    o.lr = 1e-2;
+    o.weight_decay = 0.05;
+    o.args = optim::parse_optim_args(args);
+    auto a = optim::make_optimizer(name, cpu.list, o), b = optim::make_optimizer(name, dev.list, o);
+    for (int step = 0; step < 5; ++step) {
+      cpu.set_grads(step, Device::cpu());
+      dev.set_grads(step, gpu);
+      a->step();
+      b->step();
+    }
+    for (size_t i = 0; i < cpu.tensors.size(); ++i)
+      EXPECT_TRUE(test::all_close(ops::to_device(dev.tensors[i], Device::cpu()), cpu.tensors[i], 1e-5, 1e-7))
+          << name << " " << cpu.list[i].first;
+  }
+}
+
+}  // namespace
+}  // namespace tr
