@@ -57,6 +57,23 @@ TEST(Autograd, SavedTensorsAreFreedByBackwardAndSecondBackwardThrows) {
   EXPECT_THROW(autograd::backward({y}), Error);
 }
 
+// Ops that save one of their own outputs (softmax, the fused add + norms) must save an alias without history:
+// holding the output itself makes a cycle through its grad_fn, and the whole graph would leak.
+TEST(Autograd, OpsSavingTheirOutputsLeaveNoGraphBehind) {
+  CpuAllocator& a = cpu_allocator();
+  const int64_t before = a.stats().current_bytes;
+  {
+    Tensor x = test::randn({64, 32}, 4), r = test::randn({64, 32}, 5), w = test::randn({32}, 6),
+           b = test::randn({32}, 7);
+    for (Tensor* t : {&x, &r, &w, &b}) requires_grad_(*t);
+    auto [s1, y1] = add_layer_norm(x, r, w, b, 1e-5);
+    auto [s2, y2] = add_rms_norm(s1, y1, w, 1e-6);
+    Tensor loss = sum(add(mul(softmax(s2, -1), y2), s2));
+    (void)loss;
+  }  // never backpropagated: the graph must still go away with its last handle
+  EXPECT_EQ(a.stats().current_bytes, before);
+}
+
 TEST(Autograd, NonScalarRootNeedsAGradient) {
   Tensor x = test::randn({3}, 4, DType::f64);
   requires_grad_(x);

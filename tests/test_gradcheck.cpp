@@ -189,6 +189,23 @@ std::vector<GradCase> cases() {
                  return Inputs{rnd({3, 8}, 19), rnd({8}, 20), rnd({8}, 21)};
                },
                [](const Inputs& x) { return layer_norm(x[0], x[1], x[2], 1e-5); }});
+  // Both outputs feed the result (the sum squared), so both backward branches are checked.
+  c.push_back({"add_layer_norm", "add_layer_norm_both_outputs",
+               [] {
+                 return Inputs{rnd({3, 8}, 119), rnd({3, 8}, 120), rnd({8}, 121), rnd({8}, 122)};
+               },
+               [](const Inputs& x) {
+                 auto [s, y] = add_layer_norm(x[0], x[1], x[2], x[3], 1e-5);
+                 return add(mul(s, s), y);
+               }});
+  c.push_back({"add_rms_norm", "add_rms_norm_both_outputs",
+               [] {
+                 return Inputs{rnd({3, 8}, 123), rnd({3, 8}, 124), rnd({8}, 125)};
+               },
+               [](const Inputs& x) {
+                 auto [s, y] = add_rms_norm(x[0], x[1], x[2], 1e-6);
+                 return add(mul(s, s), y);
+               }});
   c.push_back({"rms_norm", "rms_norm_weight",
                [] {
                  return Inputs{rnd({3, 8}, 22), rnd({8}, 23)};

@@ -376,6 +376,35 @@ std::vector<OpCase> cases() {
                  }
                  return o;
                }});
+  // The fused residual add: y normalizes x + r; the sum itself is the second case.
+  c.push_back({"add_layer_norm",
+               [] {
+                 return Inputs{rnd({4, 3, 24}, 124, -3, 3), rnd({4, 3, 24}, 125, -1, 1), rnd({24}, 126),
+                               rnd({24}, 127)};
+               },
+               [](const Inputs& x) { return ops::add_layer_norm(x[0], x[1], x[2], x[3], 1e-5).y; },
+               [](const std::vector<Ref>& r) {
+                 Ref o = r[0];
+                 for (int row = 0; row < 12; ++row) {
+                   double m = 0, v = 0;
+                   auto at = [&](int i) { return r[0].v[row * 24 + i] + r[1].v[row * 24 + i]; };
+                   for (int i = 0; i < 24; ++i) m += at(i) / 24;
+                   for (int i = 0; i < 24; ++i) v += std::pow(at(i) - m, 2) / 24;
+                   for (int i = 0; i < 24; ++i)
+                     o.v[row * 24 + i] = (at(i) - m) / std::sqrt(v + 1e-5) * r[2].v[i] + r[3].v[i];
+                 }
+                 return o;
+               }});
+  c.push_back({"add_rms_norm_sum",
+               [] {
+                 return Inputs{rnd({5, 16}, 128, -3, 3), rnd({5, 16}, 129, -1, 1), rnd({16}, 130)};
+               },
+               [](const Inputs& x) { return ops::add_rms_norm(x[0], x[1], x[2], 1e-6).sum; },
+               [](const std::vector<Ref>& r) {
+                 Ref o = r[0];
+                 for (size_t i = 0; i < o.v.size(); ++i) o.v[i] += r[1].v[i];
+                 return o;
+               }});
   c.push_back({"rms_norm",
                [] {
                  return Inputs{rnd({5, 16}, 27, -3, 3), rnd({16}, 28)};

@@ -66,7 +66,8 @@ TEST(OptimDevice, AdafactorTensorOpsFollowTheLoops) {
       // absolute tolerance follows the tensor's scale.
       double scale = 0;
       for (double v : test::values(sa[k].second)) scale = std::max(scale, std::abs(v));
-      EXPECT_TRUE(test::all_close(sb[k].second, sa[k].second, 1e-5, 1e-6 * scale)) << "'" << args << "' " << sa[k].first;
+      EXPECT_TRUE(test::all_close(sb[k].second, sa[k].second, 1e-5, 1e-6 * scale))
+          << "'" << args << "' " << sa[k].first;
     }
   }
 }
@@ -96,7 +97,8 @@ TEST(OptimDevice, EightBitAdamWKernelsMatchTheCpuBitForBit) {
 TEST(OptimDevice, AdafactorAndSgdOnTheGpuFollowTheCpu) {
   if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: Adafactor and SGD on the GPU NOT tested";
   const Device gpu = Device::cuda(0);
-  for (auto [name, args] : {std::pair{"adafactor", "beta1=0.9"}, std::pair{"sgd", "momentum=0.9,nesterov=true"}}) {
+  for (auto [name, args] :
+       {std::pair{"adafactor", "beta1=0.9"}, std::pair{"sgd", "momentum=0.9,nesterov=true"}}) {
     Model cpu(Device::cpu()), dev(gpu);
     optim::OptimizerOptions o;
     o.lr = 1e-2;

@@ -2,6 +2,7 @@
 // gradient is needed, records its backward on the tape. Forward and backward sit side by side in
 // functions_*.cpp.
 #pragma once
+#include <utility>
 #include <vector>
 
 #include "autograd/node.h"
@@ -63,6 +64,10 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
 // gelu(linear(x, w, bias), approximate=true) as one GEMM with a bias + GELU epilogue (GPT-2's MLP).
 Tensor linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias);
+// (x + r, layer_norm(x + r)) in one pass: the residual add before a pre-norm, fused (GPT-2, Llama blocks).
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& b,
+                                         double eps);
+std::pair<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& r, const Tensor& w, double eps);
 Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps = 1e-5);
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps = 1e-6);
 enum class Reduction { mean, sum, none };

@@ -95,6 +95,40 @@ Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
   return o.y;
 }
 
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& b,
+                                         double eps) {
+  ops::NormOut o = ops::add_layer_norm(x, r, w, b, eps);
+  if (needs_grad({&x, &r, &w, &b})) {
+    const bool gin = x.requires_grad() || r.requires_grad(), gw = w.defined() && w.requires_grad(),
+               gb = b.defined() && b.requires_grad();
+    // An alias without autograd history: holding the output itself would make a cycle through its grad_fn.
+    Tensor sum = o.sum.as_strided(o.sum.shape(), o.sum.strides(), o.sum.offset()), mean = o.mean,
+           rstd = o.rstd;
+    record("add_layer_norm", {&x, &r, &w, &b}, {&o.sum, &o.y},
+           [sum, w, mean, rstd, gin, gw, gb](const Grads& g) -> Grads {
+             // g[0]: the residual stream's own gradient, g[1]: the norm output's; both reach x and r.
+             if (!g[1].defined()) return {g[0], g[0], Tensor(), Tensor()};
+             ops::NormGrads n = ops::layer_norm_backward(sum, w, mean, rstd, g[1], gin, gw, gb, g[0]);
+             return {n.gx, n.gx, n.gw, n.gb};
+           });
+  }
+  return {o.sum, o.y};
+}
+
+std::pair<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& r, const Tensor& w, double eps) {
+  ops::NormOut o = ops::add_rms_norm(x, r, w, eps);
+  if (needs_grad({&x, &r, &w})) {
+    const bool gin = x.requires_grad() || r.requires_grad(), gw = w.defined() && w.requires_grad();
+    Tensor sum = o.sum.as_strided(o.sum.shape(), o.sum.strides(), o.sum.offset()), rstd = o.rstd;  // no cycle
+    record("add_rms_norm", {&x, &r, &w}, {&o.sum, &o.y}, [sum, w, rstd, gin, gw](const Grads& g) -> Grads {
+      if (!g[1].defined()) return {g[0], g[0], Tensor()};
+      ops::NormGrads n = ops::rms_norm_backward(sum, w, rstd, g[1], gin, gw, g[0]);
+      return {n.gx, n.gx, n.gw};
+    });
+  }
+  return {o.sum, o.y};
+}
+
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index, Reduction reduction) {
   ops::CrossEntropyOut o = ops::cross_entropy(logits, labels, ignore_index);
   double scale = 1.0;

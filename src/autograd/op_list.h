@@ -13,8 +13,8 @@ inline constexpr std::string_view kDifferentiableOps[] = {
     // reductions and softmax
     "sum", "mean", "amax", "softmax", "log_softmax",
     // linear algebra and nn
-    "matmul", "linear", "linear_gelu", "layer_norm", "rms_norm", "cross_entropy", "embedding", "rope",
-    "attention", "linear_cross_entropy",
+    "matmul", "linear", "linear_gelu", "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm",
+    "cross_entropy", "embedding", "rope", "attention", "linear_cross_entropy",
     // shape
     "view", "reshape", "transpose", "permute", "narrow", "expand", "contiguous", "cat", "split",
     // recomputation

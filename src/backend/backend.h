@@ -79,17 +79,21 @@ class Backend {
 
   virtual void gemm(const GemmArgs& args) = 0;
 
-  // x contiguous [rows, n]; w, b [n] (b may be undefined); mean, rstd f32 [rows].
+  // x contiguous [rows, n]; w, b [n] (b may be undefined); mean, rstd f32 [rows]. With `residual` (like x)
+  // the residual add is fused in: sum = x + residual (rounded to x's dtype, as a separate add would) is
+  // written and normalized instead of x.
   virtual void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
-                          const Tensor& mean, const Tensor& rstd) = 0;
-  // gw, gb are overwritten (not accumulated); either may be undefined when not needed.
+                          const Tensor& mean, const Tensor& rstd, const Tensor& residual,
+                          const Tensor& sum) = 0;
+  // gw, gb are overwritten (not accumulated); either may be undefined when not needed. With gx_add (like gy)
+  // gx = the norm's input gradient + gx_add, added before rounding (the fused residual's other branch).
   virtual void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                                   const Tensor& gy, const Tensor& gx, const Tensor& gw,
-                                   const Tensor& gb) = 0;
-  virtual void rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
-                        const Tensor& rstd) = 0;
+                                   const Tensor& gy, const Tensor& gx, const Tensor& gw, const Tensor& gb,
+                                   const Tensor& gx_add) = 0;
+  virtual void rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd,
+                        const Tensor& residual, const Tensor& sum) = 0;
   virtual void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& gy,
-                                 const Tensor& gx, const Tensor& gw) = 0;
+                                 const Tensor& gx, const Tensor& gw, const Tensor& gx_add) = 0;
 
   // logits contiguous [n, v] (any float dtype), labels i64 [n]; loss f32 [n] (0 where ignored),
   // lse f32 [n] (logsumexp of each row, saved for backward). Labels out of range throw.

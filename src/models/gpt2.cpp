@@ -111,10 +111,10 @@ class Gpt2 final : public CausalLM {
     Tensor a = attend(heads(qkv[0]), k, v, mask, keep, c.attn_pdrop, o);
     a = b.attn_proj(reshape(transpose(a, 1, 2), {B, T, D}));
     if (drop) a = dropout(a, c.resid_pdrop, *o.dropout_gen);
-    Tensor h = add(x, a);
-    // gelu_new / gelu_pytorch_tanh: the GELU rides on the c_fc GEMM's epilogue; the erf form stays separate.
-    Tensor f = c.activation == "gelu" ? gelu(b.c_fc(b.ln_2(h)), false)
-                                      : linear_gelu(b.ln_2(h), b.c_fc.weight, b.c_fc.bias);
+    // The residual add and ln_2 in one pass (h: the residual stream, n: its norm); the GELU (gelu_new /
+    // gelu_pytorch_tanh) rides on the c_fc GEMM's epilogue, the erf form stays separate.
+    auto [h, n] = add_layer_norm(x, a, b.ln_2.weight, b.ln_2.bias, b.ln_2.eps);
+    Tensor f = c.activation == "gelu" ? gelu(b.c_fc(n), false) : linear_gelu(n, b.c_fc.weight, b.c_fc.bias);
     Tensor m = b.mlp_proj(f);
     if (drop) m = dropout(m, c.resid_pdrop, *o.dropout_gen);
     return add(h, m);

@@ -134,8 +134,9 @@ class Llama final : public CausalLM {
     Tensor v = view(l.v_proj(a), {B, T, KV, hd});
     auto [kc, vc] = cached_kv(o, li, transpose(k, 1, 2), transpose(v, 1, 2));
     Tensor att = attend(transpose(q, 1, 2), kc, vc, mask, keep, c.attn_pdrop, o);
-    Tensor h = add(x, l.o_proj(reshape(transpose(att, 1, 2), {B, T, H * hd})));
-    Tensor m = l.post_attention_layernorm(h);
+    // The residual add and post_attention_layernorm in one pass (h: the residual stream, m: its norm).
+    auto [h, m] = add_rms_norm(x, l.o_proj(reshape(transpose(att, 1, 2), {B, T, H * hd})),
+                               l.post_attention_layernorm.weight, l.post_attention_layernorm.eps);
     return add(h, l.down_proj(mul(silu(l.gate_proj(m)), l.up_proj(m))));
   }
 

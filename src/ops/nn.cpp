@@ -209,31 +209,80 @@ Shape rows_shape(const Tensor& x) {
 
 }  // namespace
 
-NormOut layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
-  TR_CHECK(is_floating(x.dtype()) && x.dim() >= 1, "layer_norm: expected a floating tensor, got {}",
+namespace {
+
+// The residual operand of the add_* norms: like x, made contiguous.
+Tensor residual_of(const char* op, const Tensor& x, const Tensor& r) {
+  if (!r.defined()) return r;
+  check_same(op, x, r);
+  TR_CHECK(r.shape() == x.shape(), "{}: residual {} does not match input {}", op, r.describe(), x.describe());
+  return contiguous(r);
+}
+
+// gx_add of the backward forms, checked against gy.
+Tensor grad_add_of(const char* op, const Tensor& gy, const Tensor& ga) {
+  if (!ga.defined()) return ga;
+  check_same(op, gy, ga);
+  TR_CHECK(ga.shape() == gy.shape(), "{}: gx_add {} does not match grad {}", op, ga.describe(),
+           gy.describe());
+  return contiguous(ga);
+}
+
+NormOut layer_norm_impl(const char* op, const Tensor& x, const Tensor& residual, const Tensor& w,
+                        const Tensor& b, double eps) {
+  TR_CHECK(is_floating(x.dtype()) && x.dim() >= 1, "{}: expected a floating tensor, got {}", op,
            x.describe());
-  check_norm("layer_norm", x, w, "weight");
-  check_norm("layer_norm", x, b, "bias");
+  check_norm(op, x, w, "weight");
+  check_norm(op, x, b, "bias");
   Tensor xc = contiguous(x), wc = w.defined() ? contiguous(w) : w, bc = b.defined() ? contiguous(b) : b;
+  Tensor rc = residual_of(op, x, residual);
   NormOut o{empty(x.shape(), x.dtype(), x.device()), empty(rows_shape(x), stat_dtype(x.dtype()), x.device()),
-            empty(rows_shape(x), stat_dtype(x.dtype()), x.device())};
-  if (runs(o.y)) be(x).layer_norm(xc, wc, bc, eps, o.y, o.mean, o.rstd);
+            empty(rows_shape(x), stat_dtype(x.dtype()), x.device()),
+            rc.defined() ? empty(x.shape(), x.dtype(), x.device()) : Tensor()};
+  if (runs(o.y)) be(x).layer_norm(xc, wc, bc, eps, o.y, o.mean, o.rstd, rc, o.sum);
   return o;
 }
 
+NormOut rms_norm_impl(const char* op, const Tensor& x, const Tensor& residual, const Tensor& w, double eps) {
+  TR_CHECK(is_floating(x.dtype()) && x.dim() >= 1, "{}: expected a floating tensor, got {}", op,
+           x.describe());
+  check_norm(op, x, w, "weight");
+  Tensor xc = contiguous(x), wc = w.defined() ? contiguous(w) : w;
+  Tensor rc = residual_of(op, x, residual);
+  NormOut o{empty(x.shape(), x.dtype(), x.device()), Tensor(),
+            empty(rows_shape(x), stat_dtype(x.dtype()), x.device()),
+            rc.defined() ? empty(x.shape(), x.dtype(), x.device()) : Tensor()};
+  if (runs(o.y)) be(x).rms_norm(xc, wc, eps, o.y, o.rstd, rc, o.sum);
+  return o;
+}
+
+}  // namespace
+
+NormOut layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+  return layer_norm_impl("layer_norm", x, Tensor(), w, b, eps);
+}
+
+NormOut add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& b,
+                       double eps) {
+  TR_CHECK(residual.defined(), "add_layer_norm: needs a residual");
+  return layer_norm_impl("add_layer_norm", x, residual, w, b, eps);
+}
+
 NormGrads layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                              const Tensor& gy, bool need_gx, bool need_gw, bool need_gb) {
+                              const Tensor& gy, bool need_gx, bool need_gw, bool need_gb,
+                              const Tensor& gx_add) {
   check_same("layer_norm_backward", x, gy);
   TR_CHECK(gy.shape() == x.shape(), "layer_norm_backward: grad {} does not match input {}", gy.describe(),
            x.describe());
   const int64_t n = x.size(-1);
   Tensor xc = contiguous(x), wc = w.defined() ? contiguous(w) : w, gc = contiguous(gy);
+  Tensor ga = need_gx ? grad_add_of("layer_norm_backward", gy, gx_add) : Tensor();
   NormGrads g;
   if (need_gx) g.gx = empty(x.shape(), x.dtype(), x.device());
   if (need_gw) g.gw = empty({n}, x.dtype(), x.device());
   if (need_gb) g.gb = empty({n}, x.dtype(), x.device());
   if (runs(gy))
-    be(x).layer_norm_backward(xc, wc, mean, rstd, gc, g.gx, g.gw, g.gb);
+    be(x).layer_norm_backward(xc, wc, mean, rstd, gc, g.gx, g.gw, g.gb, ga);
   else if (!x.device().is_meta()) {
     if (need_gw) g.gw = zeros({n}, x.dtype(), x.device());
     if (need_gb) g.gb = zeros({n}, x.dtype(), x.device());
@@ -242,28 +291,27 @@ NormGrads layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& me
 }
 
 NormOut rms_norm(const Tensor& x, const Tensor& w, double eps) {
-  TR_CHECK(is_floating(x.dtype()) && x.dim() >= 1, "rms_norm: expected a floating tensor, got {}",
-           x.describe());
-  check_norm("rms_norm", x, w, "weight");
-  Tensor xc = contiguous(x), wc = w.defined() ? contiguous(w) : w;
-  NormOut o{empty(x.shape(), x.dtype(), x.device()), Tensor(),
-            empty(rows_shape(x), stat_dtype(x.dtype()), x.device())};
-  if (runs(o.y)) be(x).rms_norm(xc, wc, eps, o.y, o.rstd);
-  return o;
+  return rms_norm_impl("rms_norm", x, Tensor(), w, eps);
+}
+
+NormOut add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w, double eps) {
+  TR_CHECK(residual.defined(), "add_rms_norm: needs a residual");
+  return rms_norm_impl("add_rms_norm", x, residual, w, eps);
 }
 
 NormGrads rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& gy,
-                            bool need_gx, bool need_gw) {
+                            bool need_gx, bool need_gw, const Tensor& gx_add) {
   check_same("rms_norm_backward", x, gy);
   TR_CHECK(gy.shape() == x.shape(), "rms_norm_backward: grad {} does not match input {}", gy.describe(),
            x.describe());
   const int64_t n = x.size(-1);
   Tensor xc = contiguous(x), wc = w.defined() ? contiguous(w) : w, gc = contiguous(gy);
+  Tensor ga = need_gx ? grad_add_of("rms_norm_backward", gy, gx_add) : Tensor();
   NormGrads g;
   if (need_gx) g.gx = empty(x.shape(), x.dtype(), x.device());
   if (need_gw) g.gw = empty({n}, x.dtype(), x.device());
   if (runs(gy))
-    be(x).rms_norm_backward(xc, wc, rstd, gc, g.gx, g.gw);
+    be(x).rms_norm_backward(xc, wc, rstd, gc, g.gx, g.gw, ga);
   else if (need_gw && !x.device().is_meta())
     g.gw = zeros({n}, x.dtype(), x.device());
   return g;

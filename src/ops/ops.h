@@ -93,16 +93,23 @@ LinearGelu linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias);
 // ---- normalization
 struct NormOut {
   Tensor y, mean, rstd;  // mean undefined for rms_norm
+  Tensor sum;            // the add_* forms: x + residual, the tensor that was normalized
 };
 NormOut layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps);
+// layer_norm(x + residual) in one pass, also returning the sum (the residual stream).
+NormOut add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& b, double eps);
 struct NormGrads {
   Tensor gx, gw, gb;
 };
+// x: the normalized tensor (the sum for the add_* forms). gx_add, when defined, is added to gx in the same
+// pass (the residual stream's own gradient).
 NormGrads layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                              const Tensor& gy, bool need_gx, bool need_gw, bool need_gb);
+                              const Tensor& gy, bool need_gx, bool need_gw, bool need_gb,
+                              const Tensor& gx_add = Tensor());
 NormOut rms_norm(const Tensor& x, const Tensor& w, double eps);
+NormOut add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w, double eps);
 NormGrads rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& gy,
-                            bool need_gx, bool need_gw);
+                            bool need_gx, bool need_gw, const Tensor& gx_add = Tensor());
 
 // ---- loss, embedding, rope, dropout
 struct CrossEntropyOut {

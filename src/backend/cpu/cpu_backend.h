@@ -29,12 +29,14 @@ class CpuBackend final : public backend::Backend {
   void softmax_backward(const Tensor& y, const Tensor& gy, bool log, const Tensor& gx) override;
   void gemm(const backend::GemmArgs& args) override;
   void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
-                  const Tensor& mean, const Tensor& rstd) override;
+                  const Tensor& mean, const Tensor& rstd, const Tensor& residual, const Tensor& sum) override;
   void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                           const Tensor& gy, const Tensor& gx, const Tensor& gw, const Tensor& gb) override;
-  void rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) override;
+                           const Tensor& gy, const Tensor& gx, const Tensor& gw, const Tensor& gb,
+                           const Tensor& gx_add) override;
+  void rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd,
+                const Tensor& residual, const Tensor& sum) override;
   void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& gy,
-                         const Tensor& gx, const Tensor& gw) override;
+                         const Tensor& gx, const Tensor& gw, const Tensor& gx_add) override;
   void cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index, const Tensor& loss,
                      const Tensor& lse) override;
   void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,

@@ -1,6 +1,6 @@
-// CPU LayerNorm and RMSNorm, forward and backward fused per row. Statistics (mean, rstd) are kept in the
-// accumulation type (f32, or f64 for f64 inputs). Weight/bias gradients are summed over fixed row blocks and
-// then in block order, so the bits do not depend on the thread count.
+// CPU LayerNorm and RMSNorm, forward and backward fused per row, optionally with the residual add. Statistics
+// (mean, rstd) are kept in the accumulation type (f32, or f64 for f64 inputs). Weight/bias gradients are
+// summed over fixed row blocks and then in block order, so the bits do not depend on the thread count.
 #include <cmath>
 #include <vector>
 
@@ -24,10 +24,21 @@ void reduce_blocks(const std::vector<double>& part, int64_t blocks, int64_t n, T
   }
 }
 
+// Row r of the norm's input: x's row, or with a residual the row of sum = x + residual (rounded to T, as a
+// separate add), written first.
+template <typename T>
+const T* add_residual(const T* x, const T* res, T* sum, int64_t r, int64_t n) {
+  if (!res) return x + r * n;
+  T* s = sum + r * n;
+  for (int64_t i = 0; i < n; ++i) store(s, i, load(x + r * n, i) + load(res + r * n, i));
+  return s;
+}
+
 }  // namespace
 
 void CpuBackend::layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
-                            const Tensor& mean, const Tensor& rstd) {
+                            const Tensor& mean, const Tensor& rstd, const Tensor& residual,
+                            const Tensor& sum) {
   const int64_t n = x.shape().back();
   const int64_t rows = x.numel() / std::max<int64_t>(n, 1);
   dispatch_float(x.dtype(), "layer_norm", [&]<typename T>() {
@@ -38,9 +49,11 @@ void CpuBackend::layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, d
     T* yp = static_cast<T*>(y.data_ptr());
     A* mp = static_cast<A*>(mean.data_ptr());
     A* rp = static_cast<A*>(rstd.data_ptr());
+    const T* res = residual.defined() ? static_cast<const T*>(residual.data_ptr()) : nullptr;
+    T* sp = residual.defined() ? static_cast<T*>(sum.data_ptr()) : nullptr;
 #pragma omp parallel for num_threads(threads_for(rows* n * 3)) schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-      const T* xr = xp + r * n;
+      const T* xr = add_residual(xp, res, sp, r, n);
       T* yr = yp + r * n;
       A s = 0;
       for (int64_t i = 0; i < n; ++i) s += load(xr, i);
@@ -64,7 +77,8 @@ void CpuBackend::layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, d
 }
 
 void CpuBackend::layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                                     const Tensor& gy, const Tensor& gx, const Tensor& gw, const Tensor& gb) {
+                                     const Tensor& gy, const Tensor& gx, const Tensor& gw, const Tensor& gb,
+                                     const Tensor& gx_add) {
   const int64_t n = x.shape().back();
   const int64_t rows = x.numel() / std::max<int64_t>(n, 1);
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
@@ -76,6 +90,7 @@ void CpuBackend::layer_norm_backward(const Tensor& x, const Tensor& w, const Ten
     const A* mp = static_cast<const A*>(mean.data_ptr());
     const A* rp = static_cast<const A*>(rstd.data_ptr());
     T* gxp = gx.defined() ? static_cast<T*>(gx.data_ptr()) : nullptr;
+    const T* gap = gx_add.defined() ? static_cast<const T*>(gx_add.data_ptr()) : nullptr;
     const bool need_w = gw.defined(), need_b = gb.defined();
     std::vector<double> pw(need_w ? static_cast<size_t>(blocks * n) : 0),
         pb(need_b ? static_cast<size_t>(blocks * n) : 0);
@@ -104,7 +119,8 @@ void CpuBackend::layer_norm_backward(const Tensor& x, const Tensor& w, const Ten
         for (int64_t i = 0; i < n; ++i) {
           A xh = (load(xr, i) - mu) * rs;
           A gh = wp ? load(gr, i) * load(wp, i) : load(gr, i);
-          store(out, i, rs * (gh - mg - xh * mgx));
+          const A v = rs * (gh - mg - xh * mgx);
+          store(out, i, gap ? v + load(gap + r * n, i) : v);
         }
       }
     }
@@ -113,7 +129,8 @@ void CpuBackend::layer_norm_backward(const Tensor& x, const Tensor& w, const Ten
   });
 }
 
-void CpuBackend::rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) {
+void CpuBackend::rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd,
+                          const Tensor& residual, const Tensor& sum) {
   const int64_t n = x.shape().back();
   const int64_t rows = x.numel() / std::max<int64_t>(n, 1);
   dispatch_float(x.dtype(), "rms_norm", [&]<typename T>() {
@@ -122,9 +139,11 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& w, double eps, const Te
     const T* wp = w.defined() ? static_cast<const T*>(w.data_ptr()) : nullptr;
     T* yp = static_cast<T*>(y.data_ptr());
     A* rp = static_cast<A*>(rstd.data_ptr());
+    const T* res = residual.defined() ? static_cast<const T*>(residual.data_ptr()) : nullptr;
+    T* sp = residual.defined() ? static_cast<T*>(sum.data_ptr()) : nullptr;
 #pragma omp parallel for num_threads(threads_for(rows* n * 2)) schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-      const T* xr = xp + r * n;
+      const T* xr = add_residual(xp, res, sp, r, n);
       T* yr = yp + r * n;
       A ss = 0;
       for (int64_t i = 0; i < n; ++i) {
@@ -143,7 +162,7 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& w, double eps, const Te
 }
 
 void CpuBackend::rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& gy,
-                                   const Tensor& gx, const Tensor& gw) {
+                                   const Tensor& gx, const Tensor& gw, const Tensor& gx_add) {
   const int64_t n = x.shape().back();
   const int64_t rows = x.numel() / std::max<int64_t>(n, 1);
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
@@ -154,6 +173,7 @@ void CpuBackend::rms_norm_backward(const Tensor& x, const Tensor& w, const Tenso
     const T* gp = static_cast<const T*>(gy.data_ptr());
     const A* rp = static_cast<const A*>(rstd.data_ptr());
     T* gxp = gx.defined() ? static_cast<T*>(gx.data_ptr()) : nullptr;
+    const T* gap = gx_add.defined() ? static_cast<const T*>(gx_add.data_ptr()) : nullptr;
     const bool need_w = gw.defined();
     std::vector<double> pw(need_w ? static_cast<size_t>(blocks * n) : 0);
 #pragma omp parallel for num_threads(threads_for(rows* n * 4)) schedule(static)
@@ -177,7 +197,8 @@ void CpuBackend::rms_norm_backward(const Tensor& x, const Tensor& w, const Tenso
         for (int64_t i = 0; i < n; ++i) {
           A xh = load(xr, i) * rs;
           A gh = wp ? load(gr, i) * load(wp, i) : load(gr, i);
-          store(out, i, rs * (gh - xh * mgx));
+          const A v = rs * (gh - xh * mgx);
+          store(out, i, gap ? v + load(gap + r * n, i) : v);
         }
       }
     }

@@ -234,24 +234,29 @@ class CudaBackend final : public backend::Backend {
   }
   void gemm(const backend::GemmArgs& g) override;
   void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
-                  const Tensor& mean, const Tensor& rstd) override {
+                  const Tensor& mean, const Tensor& rstd, const Tensor& residual,
+                  const Tensor& sum) override {
     cuda::layer_norm(x.dtype(), x.data_ptr(), ptr_or_null(w), ptr_or_null(b), y.data_ptr(), mean.data_ptr(),
-                     rstd.data_ptr(), rows_of(x), last_dim(x), eps);
+                     rstd.data_ptr(), rows_of(x), last_dim(x), eps, ptr_or_null(residual),
+                     mut_ptr_or_null(sum));
   }
   void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                           const Tensor& gy, const Tensor& gx, const Tensor& gw, const Tensor& gb) override {
+                           const Tensor& gy, const Tensor& gx, const Tensor& gw, const Tensor& gb,
+                           const Tensor& gx_add) override {
     cuda::layer_norm_backward(x.dtype(), x.data_ptr(), ptr_or_null(w), mean.data_ptr(), rstd.data_ptr(),
                               gy.data_ptr(), mut_ptr_or_null(gx), mut_ptr_or_null(gw), mut_ptr_or_null(gb),
-                              rows_of(x), last_dim(x));
+                              rows_of(x), last_dim(x), ptr_or_null(gx_add));
   }
-  void rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) override {
+  void rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd,
+                const Tensor& residual, const Tensor& sum) override {
     cuda::rms_norm(x.dtype(), x.data_ptr(), ptr_or_null(w), y.data_ptr(), rstd.data_ptr(), rows_of(x),
-                   last_dim(x), eps);
+                   last_dim(x), eps, ptr_or_null(residual), mut_ptr_or_null(sum));
   }
   void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& gy,
-                         const Tensor& gx, const Tensor& gw) override {
+                         const Tensor& gx, const Tensor& gw, const Tensor& gx_add) override {
     cuda::rms_norm_backward(x.dtype(), x.data_ptr(), ptr_or_null(w), rstd.data_ptr(), gy.data_ptr(),
-                            mut_ptr_or_null(gx), mut_ptr_or_null(gw), rows_of(x), last_dim(x));
+                            mut_ptr_or_null(gx), mut_ptr_or_null(gw), rows_of(x), last_dim(x),
+                            ptr_or_null(gx_add));
   }
   void cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index, const Tensor& loss,
                      const Tensor& lse) override {

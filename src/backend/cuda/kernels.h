@@ -43,14 +43,17 @@ void softmax(DType dt, const void* x, void* y, int64_t rows, int64_t n, bool log
 void softmax_backward(DType dt, const void* y, const void* gy, void* gx, int64_t rows, int64_t n, bool log);
 
 // Statistics (mean, rstd, loss, lse) are f32, or f64 for f64 data.
+// res/sum (null when unused): the fused residual add, sum = x + res normalized instead of x. gadd (null when
+// unused): added to gx before rounding.
 void layer_norm(DType dt, const void* x, const void* w, const void* b, void* y, void* mean, void* rstd,
-                int64_t rows, int64_t n, double eps);
+                int64_t rows, int64_t n, double eps, const void* res, void* sum);
 void layer_norm_backward(DType dt, const void* x, const void* w, const void* mean, const void* rstd,
-                         const void* gy, void* gx, void* gw, void* gb, int64_t rows, int64_t n);
+                         const void* gy, void* gx, void* gw, void* gb, int64_t rows, int64_t n,
+                         const void* gadd);
 void rms_norm(DType dt, const void* x, const void* w, void* y, void* rstd, int64_t rows, int64_t n,
-              double eps);
+              double eps, const void* res, void* sum);
 void rms_norm_backward(DType dt, const void* x, const void* w, const void* rstd, const void* gy, void* gx,
-                       void* gw, int64_t rows, int64_t n);
+                       void* gw, int64_t rows, int64_t n, const void* gadd);
 void cross_entropy(DType dt, const void* logits, const int64_t* labels, void* loss, void* lse, int64_t rows,
                    int64_t v, int64_t ignore_index);
 void cross_entropy_backward(DType dt, const void* logits, const int64_t* labels, const void* lse,

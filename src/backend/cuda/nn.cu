@@ -11,14 +11,24 @@ namespace tr::cuda {
 
 namespace {
 
+// Element i of the norm's input: x[i], or with a residual sum[i] = x[i] + res[i] rounded to T (as a separate
+// add kernel rounds it), written here and returned.
+template <typename T>
+__device__ __forceinline__ const T* residual_sum(const T* x, const T* res, T* sum, int64_t i) {
+  if (!res) return x + i;
+  st(sum, i, ld(x, i) + ld(res, i));
+  return sum + i;
+}
+
 template <typename T>
 __global__ void layer_norm_kernel(const T* x, const T* w, const T* b, T* y, acc_t<T>* mean, acc_t<T>* rstd,
-                                  int64_t n, double eps) {
+                                  int64_t n, double eps, const T* res, T* sum) {
   using A = acc_t<T>;
   __shared__ A sh[32];
   const int64_t base = blockIdx.x * n;
   A s = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += ld(x, base + i);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += ld(residual_sum(x, res, sum, base + i), 0);
+  if (res) x = sum;  // each thread re-reads only the elements it wrote
   const A mu = block_sum(s, sh) / static_cast<A>(n);
   A v = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
@@ -40,7 +50,7 @@ __global__ void layer_norm_kernel(const T* x, const T* w, const T* b, T* y, acc_
 
 template <typename T>
 __global__ void layer_norm_backward_kernel(const T* x, const T* w, const acc_t<T>* mean, const acc_t<T>* rstd,
-                                           const T* gy, T* gx, int64_t n) {
+                                           const T* gy, T* gx, int64_t n, const T* gadd) {
   using A = acc_t<T>;
   __shared__ A sh[32];
   const int64_t base = blockIdx.x * n;
@@ -57,7 +67,8 @@ __global__ void layer_norm_backward_kernel(const T* x, const T* w, const acc_t<T
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     A xh = (ld(x, base + i) - mu) * rs;
     A gh = w ? ld(gy, base + i) * ld(w, i) : ld(gy, base + i);
-    st(gx, base + i, rs * (gh - mg - xh * mgx));
+    const A v = rs * (gh - mg - xh * mgx);
+    st(gx, base + i, gadd ? v + ld(gadd, base + i) : v);
   }
 }
 
@@ -79,15 +90,17 @@ __global__ void norm_param_grad_kernel(const T* x, const acc_t<T>* mean, const a
 }
 
 template <typename T>
-__global__ void rms_norm_kernel(const T* x, const T* w, T* y, acc_t<T>* rstd, int64_t n, double eps) {
+__global__ void rms_norm_kernel(const T* x, const T* w, T* y, acc_t<T>* rstd, int64_t n, double eps,
+                                const T* res, T* sum) {
   using A = acc_t<T>;
   __shared__ A sh[32];
   const int64_t base = blockIdx.x * n;
   A ss = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    A v = ld(x, base + i);
+    A v = ld(residual_sum(x, res, sum, base + i), 0);
     ss += v * v;
   }
+  if (res) x = sum;
   const A rs = A(1) / std::sqrt(block_sum(ss, sh) / static_cast<A>(n) + static_cast<A>(eps));
   if (threadIdx.x == 0) rstd[blockIdx.x] = rs;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
@@ -101,7 +114,7 @@ __global__ void rms_norm_kernel(const T* x, const T* w, T* y, acc_t<T>* rstd, in
 
 template <typename T>
 __global__ void rms_norm_backward_kernel(const T* x, const T* w, const acc_t<T>* rstd, const T* gy, T* gx,
-                                         int64_t n) {
+                                         int64_t n, const T* gadd) {
   using A = acc_t<T>;
   __shared__ A sh[32];
   const int64_t base = blockIdx.x * n;
@@ -114,7 +127,8 @@ __global__ void rms_norm_backward_kernel(const T* x, const T* w, const acc_t<T>*
   const A mgx = block_sum(sgx, sh) / static_cast<A>(n);
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     A gh = w ? ld(gy, base + i) * ld(w, i) : ld(gy, base + i);
-    st(gx, base + i, rs * (gh - ld(x, base + i) * rs * mgx));
+    const A v = rs * (gh - ld(x, base + i) * rs * mgx);
+    st(gx, base + i, gadd ? v + ld(gadd, base + i) : v);
   }
 }
 
@@ -226,23 +240,26 @@ int threads_for_row(int64_t n) { return n >= 1024 ? 1024 : n >= 256 ? 256 : 64; 
 }  // namespace
 
 void layer_norm(DType dt, const void* x, const void* w, const void* b, void* y, void* mean, void* rstd,
-                int64_t rows, int64_t n, double eps) {
+                int64_t rows, int64_t n, double eps, const void* res, void* sum) {
   dispatch_float(dt, [&]<typename T>() {
     layer_norm_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(n)>>>(
         static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(b), static_cast<T*>(y),
-        static_cast<acc_t<T>*>(mean), static_cast<acc_t<T>*>(rstd), n, eps);
+        static_cast<acc_t<T>*>(mean), static_cast<acc_t<T>*>(rstd), n, eps, static_cast<const T*>(res),
+        static_cast<T*>(sum));
   });
   TR_CUDA_LAUNCH_CHECK("layer_norm");
 }
 
 void layer_norm_backward(DType dt, const void* x, const void* w, const void* mean, const void* rstd,
-                         const void* gy, void* gx, void* gw, void* gb, int64_t rows, int64_t n) {
+                         const void* gy, void* gx, void* gw, void* gb, int64_t rows, int64_t n,
+                         const void* gadd) {
   dispatch_float(dt, [&]<typename T>() {
     using A = acc_t<T>;
     if (gx)
       layer_norm_backward_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(n)>>>(
           static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const A*>(mean),
-          static_cast<const A*>(rstd), static_cast<const T*>(gy), static_cast<T*>(gx), n);
+          static_cast<const A*>(rstd), static_cast<const T*>(gy), static_cast<T*>(gx), n,
+          static_cast<const T*>(gadd));
     if (gw || gb)
       norm_param_grad_kernel<T><<<blocks_for(n, 128), 128>>>(
           static_cast<const T*>(x), static_cast<const A*>(mean), static_cast<const A*>(rstd),
@@ -252,23 +269,23 @@ void layer_norm_backward(DType dt, const void* x, const void* w, const void* mea
 }
 
 void rms_norm(DType dt, const void* x, const void* w, void* y, void* rstd, int64_t rows, int64_t n,
-              double eps) {
+              double eps, const void* res, void* sum) {
   dispatch_float(dt, [&]<typename T>() {
     rms_norm_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(n)>>>(
         static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), static_cast<acc_t<T>*>(rstd),
-        n, eps);
+        n, eps, static_cast<const T*>(res), static_cast<T*>(sum));
   });
   TR_CUDA_LAUNCH_CHECK("rms_norm");
 }
 
 void rms_norm_backward(DType dt, const void* x, const void* w, const void* rstd, const void* gy, void* gx,
-                       void* gw, int64_t rows, int64_t n) {
+                       void* gw, int64_t rows, int64_t n, const void* gadd) {
   dispatch_float(dt, [&]<typename T>() {
     using A = acc_t<T>;
     if (gx)
       rms_norm_backward_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(n)>>>(
           static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const A*>(rstd),
-          static_cast<const T*>(gy), static_cast<T*>(gx), n);
+          static_cast<const T*>(gy), static_cast<T*>(gx), n, static_cast<const T*>(gadd));
     if (gw)
       norm_param_grad_kernel<T>
           <<<blocks_for(n, 128), 128>>>(static_cast<const T*>(x), nullptr, static_cast<const A*>(rstd),
