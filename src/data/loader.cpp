@@ -92,7 +92,7 @@ Batch DataLoader::make_batch(int64_t epoch, int64_t b) const {
   Tensor ids = Tensor::empty({n, T}, DType::i64, host);
   int64_t* p = ids.data<int64_t>();
   for (int64_t r = 0; r < n; ++r) ds_->sample(epoch, order_[static_cast<size_t>(first + r)], p + r * T);
-  return {ids, ids, epoch, b};
+  return {ids, ids, ids, epoch, b};
 }
 
 void DataLoader::start_workers() {
@@ -154,6 +154,7 @@ std::optional<Batch> DataLoader::next() {
     s.cv.notify_all();
   }
   ++pos_.batch;
+  b.host_labels = b.labels;
   if (copy_) {
     copy_->synchronize();  // the previous copy is long done; its host buffer may now go
     in_flight_ = b;

@@ -49,7 +49,8 @@ class SequenceDataset {
 };
 
 struct Batch {
-  Tensor input_ids, labels;  // int64 [B, T] on the CPU; labels == input_ids (the model shifts)
+  Tensor input_ids, labels;  // int64 [B, T] on the loader's device; labels == input_ids (the model shifts)
+  Tensor host_labels;        // the labels on the CPU (what the Trainer counts without a device sync)
   int64_t epoch = 0, index = 0;
 };
 

@@ -235,7 +235,8 @@ TrainResult train_once(const TrainingArguments& a, const TrainHooks& hooks) {
     }
     // num_items_in_batch: label tokens of the whole step (accumulation-exact normalization).
     double items = 0;
-    for (const auto& b : micro) items += static_cast<double>(count_label_tokens(b.labels));
+    for (const auto& b : micro)
+      items += static_cast<double>(count_label_tokens(b.host_labels.defined() ? b.host_labels : b.labels));
     Tensor step_loss_acc;  // summed on the device (f64): read once per step, not once per micro-batch
     for (const auto& b : micro) {
       if (hooks.on_micro_batch) hooks.on_micro_batch(step, b.input_ids);
