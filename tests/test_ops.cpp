@@ -738,6 +738,22 @@ TEST(EdgeCases, EmptyInnerDimMatmulIsZeroEvenInPoisonedMemory) {
   }
 }
 
+// No queries: keys and values get zero gradients, not whatever the (poisoned) memory held.
+TEST(EdgeCases, AttentionBackwardWithoutQueriesGivesZeroKeyGradients) {
+  for (Device dev : test::test_devices()) {
+    Allocator& alloc = ops::allocator_for(dev);
+    alloc.set_poison(true);
+    Tensor q = ops::to_device(test::randn({1, 2, 0, 8}, 1), dev),
+           k = ops::to_device(test::randn({1, 2, 5, 8}, 2), dev),
+           v = ops::to_device(test::randn({1, 2, 5, 8}, 3), dev);
+    auto o = ops::attention(q, k, v, Tensor(), true, 0.35);
+    auto g = ops::attention_backward(q, k, v, Tensor(), true, 0.35, o.out, o.lse, o.out);
+    alloc.set_poison(false);
+    for (double x : test::values(ops::to_device(g.dk, Device::cpu()))) ASSERT_EQ(x, 0.0) << dev.str();
+    for (double x : test::values(ops::to_device(g.dv, Device::cpu()))) ASSERT_EQ(x, 0.0) << dev.str();
+  }
+}
+
 TEST(EdgeCases, InPlaceAddWithAnOverlappingTransposedOperand) {
   Tensor x = ops::from_vector<float>({1, 2, 3, 4}, {2, 2});
   ops::binary_(BinaryOp::add, x, ops::transpose(x, 0, 1));

@@ -480,7 +480,12 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
   Tensor mc = key_keep.defined() ? contiguous(key_keep) : key_keep;
   AttentionGrads g{empty(q.shape(), q.dtype(), q.device()), empty(k.shape(), k.dtype(), k.device()),
                    empty(v.shape(), v.dtype(), v.device())};
-  if (runs(g.dq)) be(q).attention_backward(qc, kc, vc, mc, causal, scale, oc, lse, dc, g.dq, g.dk, g.dv);
+  if (runs(g.dq)) {
+    be(q).attention_backward(qc, kc, vc, mc, causal, scale, oc, lse, dc, g.dq, g.dk, g.dv);
+  } else if (!q.device().is_meta()) {  // no queries: the keys and values got no gradient
+    if (runs(g.dk)) be(q).fill(g.dk, 0.0);
+    if (runs(g.dv)) be(q).fill(g.dv, 0.0);
+  }
   return g;
 }
 

@@ -214,6 +214,7 @@ __global__ void __launch_bounds__(kTileThreads)
     for (int i = 0; i < kCols; ++i) o[i] *= corr;
     for (int j = 0; j < kTile; ++j) {
       const A p = Ps[r * (kTile + 1) + j];
+      if (p == A(0)) continue;  // masked keys contribute nothing, even where v is not finite (as the CPU)
 #pragma unroll
       for (int i = 0; i < kCols; ++i)
         if (sub + kRowThreads * i < g.D) o[i] += p * Vs[j * pitch + sub + kRowThreads * i];
@@ -275,6 +276,7 @@ __global__ void __launch_bounds__(kTileThreads)
     __syncwarp();
     for (int j = 0; j < kTile; ++j) {
       const A ds = DSs[r * (kTile + 1) + j];
+      if (ds == A(0)) continue;
 #pragma unroll
       for (int i = 0; i < kCols; ++i)
         if (sub + kRowThreads * i < g.D) acc[i] += ds * Ks[j * pitch + sub + kRowThreads * i];
@@ -341,6 +343,7 @@ __global__ void __launch_bounds__(kTileThreads)
       __syncwarp();
       for (int qi = 0; qi < kTile; ++qi) {
         const A p = Ps[r * (kTile + 1) + qi], d = DSs[r * (kTile + 1) + qi];
+        if (p == A(0)) continue;  // d = p * (...) is 0 too
 #pragma unroll
         for (int i = 0; i < kCols; ++i) {
           const int c = sub + kRowThreads * i;

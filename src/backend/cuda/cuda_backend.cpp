@@ -163,7 +163,17 @@ class CudaBackend final : public backend::Backend {
  public:
   CudaBackend() {
     const int n = device_count_uncached();
-    for (int i = 0; i < n; ++i) allocators_.push_back(std::make_unique<CudaAllocator>(i));
+    for (int i = 0; i < n; ++i) {
+      allocators_.push_back(std::make_unique<CudaAllocator>(i));
+      // Kernel scratch (chunk lists, partial sums) comes from the stream-ordered pool: keep its memory
+      // between steps instead of returning it to the driver at every synchronization.
+      cudaMemPool_t pool = nullptr;
+      if (cudaDeviceGetDefaultMemPool(&pool, i) == cudaSuccess) {
+        uint64_t keep = UINT64_MAX;
+        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+      }
+      cudaGetLastError();  // a pool-less device only loses the caching; clear the error
+    }
   }
   ~CudaBackend() override {
     if (blas_) cublasDestroy(blas_);
@@ -376,11 +386,16 @@ class CudaBackend final : public backend::Backend {
       const int64_t blocks = (n + backend::kAdam8bitBlock - 1) / backend::kAdam8bitBlock;
       TR_CHECK(x.param.dtype() == DType::f32 && x.grad.dtype() == DType::f32 && x.grad.numel() == n &&
                    x.param.is_contiguous() && x.grad.is_contiguous() && x.param.device().is_cuda() &&
-                   x.grad.device() == x.param.device() && x.state1.device() == x.param.device(),
-               "adamw_8bit: tensor {} needs a contiguous f32 parameter and gradient on one GPU", i);
+                   x.grad.device() == x.param.device() && x.state1.device() == x.param.device() &&
+                   x.state2.device() == x.param.device() && signed_map.device() == x.param.device() &&
+                   x.state1.is_contiguous() && x.state2.is_contiguous(),
+               "adamw_8bit: tensor {} needs a contiguous f32 parameter, gradient and state on one GPU", i);
       if (x.eight_bit) {
         TR_CHECK(x.state1.dtype() == DType::u8 && x.state2.dtype() == DType::u8 && x.state1.numel() == n &&
-                     x.state2.numel() == n && x.absmax1.numel() == blocks && x.absmax2.numel() == blocks,
+                     x.state2.numel() == n && x.absmax1.numel() == blocks && x.absmax2.numel() == blocks &&
+                     x.absmax1.dtype() == DType::f32 && x.absmax2.dtype() == DType::f32 &&
+                     x.absmax1.is_contiguous() && x.absmax2.is_contiguous() &&
+                     x.absmax1.device() == x.param.device() && x.absmax2.device() == x.param.device(),
                  "adamw_8bit: the 8-bit state of tensor {} does not fit its {} elements", i, n);
         cuda::adamw_8bit_blockwise(x.param.data<float>(), x.grad.data<float>(), x.state1.data<uint8_t>(),
                                    x.state2.data<uint8_t>(), x.absmax1.data<float>(), x.absmax2.data<float>(),
@@ -435,8 +450,13 @@ void CudaBackend::gemm(const backend::GemmArgs& g) {
   if (g.epilogue == backend::GemmEpilogue::none) return legacy_gemm(g);
   // An epilogue cuBLASLt has no algorithm for: the bias as the initial c of a beta = 1 product (as the CPU
   // does), then the GELU as its own pass with the pre-activation kept in aux.
-  TR_CHECK(g.batch == 1 && g.beta == 0.0 && g.bias.defined() && g.bias.numel() == g.n,
-           "gemm epilogue: needs batch 1, beta 0 and a [{}] bias", g.n);
+  TR_CHECK(g.batch == 1 && g.beta == 0.0 && g.bias.defined() && g.bias.numel() == g.n &&
+               g.bias.dtype() == g.c.dtype() && g.bias.is_contiguous(),
+           "gemm epilogue: needs batch 1, beta 0 and a contiguous [{}] bias of c's dtype", g.n);
+  TR_CHECK(g.epilogue != backend::GemmEpilogue::bias_gelu ||
+               (g.aux.defined() && g.aux.numel() == g.m * g.n && g.aux.dtype() == g.c.dtype() &&
+                g.aux.is_contiguous()),
+           "gemm epilogue: bias_gelu needs a contiguous aux of c's size and dtype");
   Strided rows;
   rows.nd = 2;
   rows.shape[0] = g.m;

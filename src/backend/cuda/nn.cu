@@ -73,20 +73,52 @@ __global__ void layer_norm_backward_kernel(const T* x, const T* w, const acc_t<T
 }
 
 // gw[j] = sum_r gy[r, j] * xhat[r, j]; gb[j] = sum_r gy[r, j]. mean may be null (RMSNorm: xhat = x * rstd).
+// Rows split into `chunks` (reduce_chunks): pass 1 writes f64 partials [chunk][2][n], pass 2 adds them in
+// chunk order (deterministic).
 template <typename T>
-__global__ void norm_param_grad_kernel(const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, const T* gy,
-                                       T* gw, T* gb, int64_t rows, int64_t n) {
+__global__ void norm_param_partial_kernel(const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, const T* gy,
+                                          double* partial, int64_t rows, int64_t n, int64_t chunk,
+                                          int64_t chunks) {
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < n * chunks;
+       t += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t j = t % n, c = t / n, end = (c + 1) * chunk < rows ? (c + 1) * chunk : rows;
+    double aw = 0, ab = 0;
+    for (int64_t r = c * chunk; r < end; ++r) {
+      const acc_t<T> g = ld(gy, r * n + j);
+      const acc_t<T> xh = (ld(x, r * n + j) - (mean ? mean[r] : acc_t<T>(0))) * rstd[r];
+      aw += static_cast<double>(g * xh);
+      ab += static_cast<double>(g);
+    }
+    partial[(c * 2) * n + j] = aw;
+    partial[(c * 2 + 1) * n + j] = ab;
+  }
+}
+
+template <typename T>
+__global__ void norm_param_combine_kernel(const double* partial, T* gw, T* gb, int64_t n, int64_t chunks) {
   const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (j >= n) return;
   double aw = 0, ab = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const acc_t<T> g = ld(gy, r * n + j);
-    const acc_t<T> xh = (ld(x, r * n + j) - (mean ? mean[r] : acc_t<T>(0))) * rstd[r];
-    aw += static_cast<double>(g * xh);
-    ab += static_cast<double>(g);
+  for (int64_t c = 0; c < chunks; ++c) {
+    aw += partial[(c * 2) * n + j];
+    ab += partial[(c * 2 + 1) * n + j];
   }
   if (gw) st(gw, j, static_cast<acc_t<T>>(aw));
   if (gb) st(gb, j, static_cast<acc_t<T>>(ab));
+}
+
+template <typename T>
+void norm_param_grads(const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, const T* gy, T* gw, T* gb,
+                      int64_t rows, int64_t n) {
+  if (n == 0) return;
+  const int64_t chunks = reduce_chunks(n, rows), chunk = (rows + chunks - 1) / chunks;
+  double* partial = nullptr;
+  TR_CUDA_CHECK(
+      cudaMallocAsync(reinterpret_cast<void**>(&partial), sizeof(double) * 2 * n * chunks, nullptr));
+  norm_param_partial_kernel<T>
+      <<<blocks_for(n * chunks), 256>>>(x, mean, rstd, gy, partial, rows, n, chunk, chunks);
+  norm_param_combine_kernel<T><<<blocks_for(n, 128), 128>>>(partial, gw, gb, n, chunks);
+  TR_CUDA_CHECK(cudaFreeAsync(partial, nullptr));
 }
 
 template <typename T>
@@ -261,9 +293,8 @@ void layer_norm_backward(DType dt, const void* x, const void* w, const void* mea
           static_cast<const A*>(rstd), static_cast<const T*>(gy), static_cast<T*>(gx), n,
           static_cast<const T*>(gadd));
     if (gw || gb)
-      norm_param_grad_kernel<T><<<blocks_for(n, 128), 128>>>(
-          static_cast<const T*>(x), static_cast<const A*>(mean), static_cast<const A*>(rstd),
-          static_cast<const T*>(gy), static_cast<T*>(gw), static_cast<T*>(gb), rows, n);
+      norm_param_grads<T>(static_cast<const T*>(x), static_cast<const A*>(mean), static_cast<const A*>(rstd),
+                          static_cast<const T*>(gy), static_cast<T*>(gw), static_cast<T*>(gb), rows, n);
   });
   TR_CUDA_LAUNCH_CHECK("layer_norm_backward");
 }
@@ -287,9 +318,8 @@ void rms_norm_backward(DType dt, const void* x, const void* w, const void* rstd,
           static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const A*>(rstd),
           static_cast<const T*>(gy), static_cast<T*>(gx), n, static_cast<const T*>(gadd));
     if (gw)
-      norm_param_grad_kernel<T>
-          <<<blocks_for(n, 128), 128>>>(static_cast<const T*>(x), nullptr, static_cast<const A*>(rstd),
-                                        static_cast<const T*>(gy), static_cast<T*>(gw), nullptr, rows, n);
+      norm_param_grads<T>(static_cast<const T*>(x), nullptr, static_cast<const A*>(rstd),
+                          static_cast<const T*>(gy), static_cast<T*>(gw), nullptr, rows, n);
   });
   TR_CUDA_LAUNCH_CHECK("rms_norm_backward");
 }
