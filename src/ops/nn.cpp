@@ -67,10 +67,16 @@ Operand prepare(Tensor x, int64_t rows, int64_t cols) {
   return {c, false, std::max<int64_t>(cols, 1), cbs};
 }
 
-// Runs c = alpha * A B + beta * c for prepared operands (batch stride of c: m * n).
+// Runs c = alpha * A B + beta * c for prepared operands (batch stride of c: m * n), with an optional
+// epilogue (backend.h GemmEpilogue: bias, bias + GELU keeping the pre-activation in aux).
 void run_gemm(const Operand& pa, const Operand& pb, const Tensor& c, int64_t batch, int64_t m, int64_t n,
-              int64_t k, double alpha, double beta) {
+              int64_t k, double alpha, double beta,
+              backend::GemmEpilogue epilogue = backend::GemmEpilogue::none, const Tensor& bias = Tensor(),
+              const Tensor& aux = Tensor()) {
   backend::GemmArgs g;
+  g.epilogue = epilogue;
+  g.bias = bias;
+  g.aux = aux;
   g.a = pa.base;
   g.b = pb.base;
   g.c = c;
@@ -151,30 +157,18 @@ Tensor linear_impl(const char* op, const Tensor& x, const Tensor& w, const Tenso
   Operand pa = prepare(x2, rows, in);
   Operand pb = prepare(transpose(w, 0, 1), in, outf);
   Tensor out = empty({rows, outf}, x.dtype(), x.device());
-  backend::GemmArgs g;
+  Tensor bc;
   if (bias.defined()) {
     check_same(op, x, bias);
     TR_CHECK(bias.dim() == 1 && bias.size(0) == outf, "{}: bias {} does not match {} outputs", op,
              bias.describe(), outf);
-    g.bias = contiguous(bias);
-    g.epilogue = epilogue;
+    bc = contiguous(bias);
   }
   Tensor aux2 = aux ? empty({rows, outf}, x.dtype(), x.device()) : Tensor();
   if (aux) *aux = view(aux2, out_shape);
-  if (!runs(out)) return view(out, out_shape);
-  g.a = pa.base;
-  g.b = pb.base;
-  g.c = out;
-  g.aux = aux2;
-  g.trans_a = pa.trans;
-  g.trans_b = pb.trans;
-  g.m = rows;
-  g.n = outf;
-  g.k = in;
-  g.lda = pa.ld;
-  g.ldb = pb.ld;
-  g.tf32 = out.dtype() == DType::f32 && backend::allow_tf32();
-  be(out).gemm(g);
+  if (runs(out))
+    run_gemm(pa, pb, out, 1, rows, outf, in, 1.0, 0.0, bc.defined() ? epilogue : backend::GemmEpilogue::none,
+             bc, aux2);
   return view(out, out_shape);
 }
 

@@ -485,25 +485,8 @@ void CudaBackend::legacy_gemm(const backend::GemmArgs& g) {
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands, keep the flags.
   cudaDataType_t t;
   cublasComputeType_t compute;
-  switch (g.c.dtype()) {
-    case DType::f32:
-      t = CUDA_R_32F;
-      compute = g.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-      break;
-    case DType::f64:
-      t = CUDA_R_64F;
-      compute = CUBLAS_COMPUTE_64F;
-      break;
-    case DType::bf16:
-      t = CUDA_R_16BF;
-      compute = CUBLAS_COMPUTE_32F;
-      break;
-    case DType::f16:
-      t = CUDA_R_16F;
-      compute = CUBLAS_COMPUTE_32F;
-      break;
-    default: fail("matmul: dtype {} is not supported on cuda", dtype_name(g.c.dtype()));
-  }
+  if (!gemm_types(g.c.dtype(), g.tf32, &t, &compute))
+    fail("matmul: dtype {} is not supported on cuda", dtype_name(g.c.dtype()));
   const float af = static_cast<float>(g.alpha), bf = static_cast<float>(g.beta);
   const double ad = g.alpha, bd = g.beta;
   const void* alpha =

@@ -44,6 +44,28 @@ void set_layout(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr, 
 
 }  // namespace
 
+bool gemm_types(DType dt, bool tf32, cudaDataType_t* data, cublasComputeType_t* compute) {
+  switch (dt) {
+    case DType::f32:
+      *data = CUDA_R_32F;
+      *compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+      return true;
+    case DType::f64:
+      *data = CUDA_R_64F;
+      *compute = CUBLAS_COMPUTE_64F;
+      return true;
+    case DType::bf16:
+      *data = CUDA_R_16BF;
+      *compute = CUBLAS_COMPUTE_32F;
+      return true;
+    case DType::f16:
+      *data = CUDA_R_16F;
+      *compute = CUBLAS_COMPUTE_32F;
+      return true;
+    default: return false;
+  }
+}
+
 struct LtGemm::Key {
   int dtype = 0, compute = 0, epilogue = 0;
   bool ta = false, tb = false;
@@ -98,22 +120,10 @@ void* LtGemm::workspace(int device) {
 }
 
 bool LtGemm::run(const backend::GemmArgs& g) {
-  cudaDataType_t t, scale_t = CUDA_R_32F;
-  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
-  switch (g.c.dtype()) {
-    case DType::f32:
-      t = CUDA_R_32F;
-      compute = g.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-      break;
-    case DType::f64:
-      t = CUDA_R_64F;
-      scale_t = CUDA_R_64F;
-      compute = CUBLAS_COMPUTE_64F;
-      break;
-    case DType::bf16: t = CUDA_R_16BF; break;
-    case DType::f16: t = CUDA_R_16F; break;
-    default: return false;
-  }
+  cudaDataType_t t;
+  cublasComputeType_t compute;
+  if (!gemm_types(g.c.dtype(), g.tf32, &t, &compute)) return false;
+  const cudaDataType_t scale_t = g.c.dtype() == DType::f64 ? CUDA_R_64F : CUDA_R_32F;
   const bool epi = g.epilogue != backend::GemmEpilogue::none;
   const bool gelu = g.epilogue == backend::GemmEpilogue::bias_gelu;
   if (g.k == 0 || g.m == 0 || g.n == 0) return false;

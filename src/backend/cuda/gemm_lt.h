@@ -7,9 +7,15 @@
 #include <mutex>
 #include <vector>
 
+#include <cublas_api.h>
+
 #include "backend/backend.h"
 
 namespace tr::cuda {
+
+// cuBLAS data and compute types of a GEMM on `dt` (bf16/f16 accumulate in f32; f32 uses TF32 tensor cores
+// when tf32). False for a dtype cuBLAS does not multiply.
+bool gemm_types(DType dt, bool tf32, cudaDataType_t* data, cublasComputeType_t* compute);
 
 class LtGemm {
  public:
