@@ -147,11 +147,18 @@ __device__ void load_tile(A* dst, const T* src, int64_t r0, int64_t rows, int64_
   }
 }
 
+// acc[i] = sum_c x[c] * rows[(sub + 4 i) * pitch + c] for the kPerRow tile rows a thread covers: x[c] is
+// loaded once for all of them (half the shared-memory reads of separate dot products; same summation order).
 template <typename A>
-__device__ __forceinline__ A dot_rows(const A* x, const A* y, int64_t D) {
-  A acc = 0;
-  for (int64_t c = 0; c < D; ++c) acc += x[c] * y[c];
-  return acc;
+__device__ __forceinline__ void dot_rows(const A* x, const A* rows, int sub, int64_t pitch, int64_t D,
+                                         A (&acc)[kPerRow]) {
+#pragma unroll
+  for (int i = 0; i < kPerRow; ++i) acc[i] = 0;
+  for (int64_t c = 0; c < D; ++c) {
+    const A xc = x[c];
+#pragma unroll
+    for (int i = 0; i < kPerRow; ++i) acc[i] += xc * rows[(sub + kRowThreads * i) * pitch + c];
+  }
 }
 
 // Highest key any query of the tile starting at t0 may see (-1: none).
@@ -189,12 +196,11 @@ __global__ void __launch_bounds__(kTileThreads)
     load_tile(Vs, vb, s0, g.S, g.D, A(1));
     __syncthreads();
     A sc[kPerRow], tmax = -INFINITY;
+    dot_rows(Qs + r * pitch, Ks, sub, pitch, g.D, sc);
 #pragma unroll
     for (int i = 0; i < kPerRow; ++i) {
-      const int j = sub + kRowThreads * i;
-      const int64_t s = s0 + j;
-      const bool vis = t < g.T && s < g.S && g.visible(b, t, s);
-      sc[i] = vis ? dot_rows(Qs + r * pitch, Ks + j * pitch, g.D) : A(-INFINITY);
+      const int64_t s = s0 + sub + kRowThreads * i;
+      if (!(t < g.T && s < g.S && g.visible(b, t, s))) sc[i] = A(-INFINITY);
       tmax = sc[i] > tmax ? sc[i] : tmax;
     }
     const A mx = row_max(m > tmax ? m : tmax);
@@ -262,15 +268,16 @@ __global__ void __launch_bounds__(kTileThreads)
     load_tile(Ks, kb, s0, g.S, g.D, A(1));
     load_tile(Vs, vb, s0, g.S, g.D, A(1));
     __syncthreads();
+    A sc[kPerRow], dp[kPerRow];
+    dot_rows(Qs + r * pitch, Ks, sub, pitch, g.D, sc);
+    dot_rows(dOs + r * pitch, Vs, sub, pitch, g.D, dp);
 #pragma unroll
     for (int i = 0; i < kPerRow; ++i) {
       const int j = sub + kRowThreads * i;
       const int64_t s = s0 + j;
       A ds = 0;
-      if (t < g.T && s < g.S && lse_r != A(-INFINITY) && g.visible(b, t, s)) {
-        const A p = exp(dot_rows(Qs + r * pitch, Ks + j * pitch, g.D) - lse_r);
-        ds = p * (dot_rows(dOs + r * pitch, Vs + j * pitch, g.D) - delta_r) * scale;
-      }
+      if (t < g.T && s < g.S && lse_r != A(-INFINITY) && g.visible(b, t, s))
+        ds = exp(sc[i] - lse_r) * (dp[i] - delta_r) * scale;
       DSs[r * (kTile + 1) + j] = ds;
     }
     __syncwarp();
@@ -328,14 +335,17 @@ __global__ void __launch_bounds__(kTileThreads)
         Dl[i] = in ? delta[bh * g.T + t0 + i] : A(0);
       }
       __syncthreads();
+      A sc[kPerRow], dp[kPerRow];  // this key row against the tile's queries qi = sub + 4 i
+      dot_rows(Ks + r * pitch, Qs, sub, pitch, g.D, sc);
+      dot_rows(Vs + r * pitch, dOs, sub, pitch, g.D, dp);
 #pragma unroll
       for (int i = 0; i < kPerRow; ++i) {
         const int qi = sub + kRowThreads * i;
         const int64_t t = t0 + qi;
         A p = 0, d = 0;
         if (t < g.T && s < g.S && Ls[qi] != A(-INFINITY) && g.visible(b, t, s)) {
-          p = exp(dot_rows(Qs + qi * pitch, Ks + r * pitch, g.D) - Ls[qi]);
-          d = p * (dot_rows(dOs + qi * pitch, Vs + r * pitch, g.D) - Dl[qi]);
+          p = exp(sc[i] - Ls[qi]);
+          d = p * (dp[i] - Dl[qi]);
         }
         Ps[r * (kTile + 1) + qi] = p;
         DSs[r * (kTile + 1) + qi] = d;
