@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <fstream>
 #include <limits>
 
@@ -221,6 +222,31 @@ TEST(TrainerPrecision, Bf16FollowsFp32AndSavesFp32Masters) {
   EXPECT_NE(half.losses.back(), ref.losses.back());  // it really computed in bf16
   auto f = io::SafetensorsFile::open((fs::path(b.output_dir) / "model.safetensors").string());
   for (const auto& t : f.header().tensors) EXPECT_EQ(t.dtype, DType::f32) << t.name;
+}
+
+// With gradient accumulation, bf16 micro-batch gradients are summed into f32 (as HF's fp32 parameters under
+// autocast): the optimizer sees f32 gradients, and the curve stays with fp32's.
+TEST(TrainerPrecision, Bf16AccumulatesMicroBatchGradientsInFp32) {
+  Scratch s("trainer_bf16_ga");
+  auto a = s.args("fp32");
+  a.max_steps = 6;
+  a.per_device_train_batch_size = 2;
+  a.gradient_accumulation_steps = 4;
+  auto ref = train::train(a);
+  auto b = a;
+  b.output_dir = (s.dir / "bf16").string();
+  b.bf16 = true;
+  train::TrainHooks hooks;
+  std::set<DType> seen;
+  hooks.after_backward = [&](int64_t, const nn::ParamList& params) {
+    for (const auto& [name, p] : params)
+      if (p->grad().defined()) seen.insert(p->grad().dtype());
+  };
+  auto half = train::train(b, hooks);
+  EXPECT_EQ(seen, std::set<DType>{DType::f32});
+  ASSERT_EQ(half.losses.size(), ref.losses.size());
+  for (size_t i = 0; i < ref.losses.size(); ++i)
+    EXPECT_NEAR(half.losses[i], ref.losses[i], 0.02 * ref.losses[i]) << "step " << i;
 }
 
 TEST(TrainerPrecision, Tf32RoundsMatmulInputsAndStaysCloseToFp32) {

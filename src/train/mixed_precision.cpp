@@ -57,6 +57,11 @@ MixedPrecision::MixedPrecision(const nn::ParamList& model_params, DType half, bo
   for (size_t i = 0; i < model_.size(); ++i) master_list_.emplace_back(model_[i].first, &masters_[i]);
 }
 
+void MixedPrecision::begin_step(int64_t micro_batches) {
+  if (!enabled() || micro_batches <= 1) return;
+  for (auto& [name, p] : model_) autograd::set_grad(*p, ops::zeros(p->shape(), DType::f32, p->device()));
+}
+
 std::vector<Tensor> MixedPrecision::model_grads() const {
   std::vector<Tensor> out;
   out.reserve(model_.size());

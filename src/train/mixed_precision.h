@@ -31,6 +31,10 @@ class MixedPrecision {
   const nn::ParamList& master_params() const { return master_list_; }
   double loss_scale() const { return scaling_ ? scaler_.scale : 1.0; }
   bool loss_scaling() const { return scaling_; }
+  // Before the first backward of a step with `micro_batches` backward passes: under mixed precision with
+  // more than one, the model's gradients start as f32 zeros, so accumulation adds in f32 as HF's fp32
+  // parameters under autocast do (half gradients summed in half lose bits with every micro-batch).
+  void begin_step(int64_t micro_batches);
   // The model's gradients after backward (half under mixed precision, scaled by the loss scale; undefined
   // for parameters without one), parallel to master_params(): the optimizer reads them through a
   // Backend::GradTransform instead of materialized f32 master gradients.

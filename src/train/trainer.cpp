@@ -238,6 +238,7 @@ TrainResult train_once(const TrainingArguments& a, const TrainHooks& hooks) {
     for (const auto& b : micro)
       items += static_cast<double>(count_label_tokens(b.host_labels.defined() ? b.host_labels : b.labels));
     Tensor step_loss_acc;  // summed on the device (f64): read once per step, not once per micro-batch
+    mp.begin_step(static_cast<int64_t>(micro.size()));
     for (const auto& b : micro) {
       if (hooks.on_micro_batch) hooks.on_micro_batch(step, b.input_ids);
       models::ForwardOptions fo;
