@@ -23,7 +23,8 @@ enum class GemmEpilogue { none, bias, bias_gelu };
 
 // Batched GEMM c[b] = alpha * op(a[b]) @ op(b[b]) + beta * c[b], row-major. op(x) = x^T when trans.
 // a is stored as [M, K] (or [K, M] when trans_a) with leading dimension lda and batch stride stride_a
-// (0 broadcasts); likewise b. c is contiguous [batch, M, N]. All three share one floating dtype.
+// (0 broadcasts); likewise b. c is contiguous [batch, M, N]. a and b share one floating dtype; c has it too,
+// or is f32 when a and b are bf16/f16 (the f32 accumulator stored unrounded; no epilogue then).
 struct GemmArgs {
   GemmEpilogue epilogue = GemmEpilogue::none;
   Tensor bias, aux;  // the epilogue's operands (contiguous)
@@ -126,6 +127,27 @@ class Backend {
                                   bool causal, double scale, const Tensor& out, const Tensor& lse,
                                   const Tensor& dout, const Tensor& dq, const Tensor& dk,
                                   const Tensor& dv) = 0;
+
+  // Blocked attention (ops::attention_blocked: the two products run as GEMMs, tensor cores on a GPU): one
+  // block of queries t0 .. t0 + tq - 1 of every head against keys 0 .. sk - 1, with the fused kernel's
+  // masking rule (AttentionGeometry). Rows run over (batch, kv head, rep, query): scores, dp, probs, dscores
+  // are [B * KV, H / KV * tq, sk] contiguous; lse, delta [B * KV, H / KV * tq]. scores and dp are f32 (f64
+  // for f64 inputs), as are lse and delta; probs and dscores have the inputs' dtype.
+  struct AttentionBlock {
+    int64_t B, H, KV, T, S, t0, tq, sk;
+    bool causal;
+    double scale;
+    Tensor key_keep;  // bool [B, S] or undefined
+  };
+  // probs = softmax(scale * scores) over the keys each query sees (0 elsewhere); lse its logsumexp (-inf and
+  // zero probs for a query that sees nothing).
+  virtual void attention_block_softmax(const Tensor& scores, const AttentionBlock& a, const Tensor& probs,
+                                       const Tensor& lse) = 0;
+  // The block's backward: probs = exp(scale * scores - lse) where visible (else 0), dscores = probs * (dp -
+  // delta) * scale.
+  virtual void attention_block_grad(const Tensor& scores, const Tensor& dp, const Tensor& lse,
+                                    const Tensor& delta, const AttentionBlock& a, const Tensor& probs,
+                                    const Tensor& dscores) = 0;
 
   // y = x * keep / (1 - p), keep[i] = uniform(seed, offset, i) >= p. x, y contiguous.
   virtual void dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, const Tensor& y) = 0;

@@ -92,35 +92,74 @@ void run_gemm(const Operand& pa, const Operand& pb, const Tensor& c, int64_t bat
   g.stride_b = pb.batch_stride;
   g.alpha = alpha;
   g.beta = beta;
-  g.tf32 = c.dtype() == DType::f32 && backend::allow_tf32();
+  g.tf32 = pa.base.dtype() == DType::f32 && backend::allow_tf32();
   be(c).gemm(g);
 }
 
 }  // namespace
 
-Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b) {
-  check_same("matmul", a_in, b_in);
-  TR_CHECK(is_floating(a_in.dtype()), "matmul: expected floating tensors, got {}", a_in.describe());
-  TR_CHECK(a_in.dim() >= 2 && b_in.dim() >= 2, "matmul: operands need at least 2 dims, got {} and {}",
+namespace {
+
+// The product's dtype: a's, or f32 for bf16/f16 operands when f32_out (the accumulator kept unrounded).
+DType product_dtype(DType operands, bool f32_out) {
+  return f32_out && (operands == DType::bf16 || operands == DType::f16) ? DType::f32 : operands;
+}
+
+// Shapes and prepared operands of a batched matmul (batch dims broadcast).
+struct MatmulPlan {
+  Operand pa, pb;
+  Shape out_shape;
+  int64_t batch, m, n, k;
+};
+
+MatmulPlan plan_matmul(const char* op, const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b) {
+  check_same(op, a_in, b_in);
+  TR_CHECK(is_floating(a_in.dtype()), "{}: expected floating tensors, got {}", op, a_in.describe());
+  TR_CHECK(a_in.dim() >= 2 && b_in.dim() >= 2, "{}: operands need at least 2 dims, got {} and {}", op,
            a_in.describe(), b_in.describe());
   Tensor a = trans_a ? transpose(a_in, -1, -2) : a_in;
   Tensor b = trans_b ? transpose(b_in, -1, -2) : b_in;
   const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
-  TR_CHECK(b.size(-2) == k, "matmul: inner dims differ: {}{} @ {}{}", shape_str(a_in.shape()),
+  TR_CHECK(b.size(-2) == k, "{}: inner dims differ: {}{} @ {}{}", op, shape_str(a_in.shape()),
            trans_a ? "^T" : "", shape_str(b_in.shape()), trans_b ? "^T" : "");
   Shape ab(a.shape().begin(), a.shape().end() - 2), bb(b.shape().begin(), b.shape().end() - 2);
-  Shape batch = broadcast_shapes(ab, bb, "matmul");
+  Shape batch = broadcast_shapes(ab, bb, op);
   Shape ea = batch, eb = batch, out_shape = batch;
   ea.insert(ea.end(), {m, k});
   eb.insert(eb.end(), {k, n});
   out_shape.insert(out_shape.end(), {m, n});
   // Operands are prepared (possibly copied) before the meta check so dry runs count those bytes too.
-  Operand pa = prepare(expand(a, ea), m, k);
-  Operand pb = prepare(expand(b, eb), k, n);
-  Tensor out = empty(out_shape, a.dtype(), a.device());
+  return {prepare(expand(a, ea), m, k), prepare(expand(b, eb), k, n), out_shape, shape_numel(batch), m, n, k};
+}
+
+Tensor matmul_impl(const char* op, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+                   bool f32_out) {
+  MatmulPlan p = plan_matmul(op, a, b, trans_a, trans_b);
+  Tensor out = empty(p.out_shape, product_dtype(a.dtype(), f32_out), a.device());
   if (!runs(out)) return out;
-  run_gemm(pa, pb, out, shape_numel(batch), m, n, k, 1.0, 0.0);
+  run_gemm(p.pa, p.pb, out, p.batch, p.m, p.n, p.k, 1.0, 0.0);
   return out;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  return matmul_impl("matmul", a, b, trans_a, trans_b, false);
+}
+
+Tensor matmul_f32(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  return matmul_impl("matmul_f32", a, b, trans_a, trans_b, true);
+}
+
+void matmul_into(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+                 double alpha, double beta) {
+  MatmulPlan p = plan_matmul("matmul_into", a, b, trans_a, trans_b);
+  check_same("matmul_into", out, a);
+  TR_CHECK(out.shape() == p.out_shape && out.is_contiguous() &&
+               (out.dtype() == a.dtype() || out.dtype() == product_dtype(a.dtype(), true)),
+           "matmul_into: target {} does not fit {} @ {}", out.describe(), a.describe(), b.describe());
+  if (!runs(out)) return;
+  run_gemm(p.pa, p.pb, out, p.batch, p.m, p.n, p.k, alpha, beta);
 }
 
 void addmm_(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha,
@@ -439,6 +478,16 @@ Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset) {
   return y;
 }
 
+namespace {
+
+// On a GPU in bf16/f16 the blocked form runs the products on tensor cores (cuBLASLt); the tiled kernel of
+// the backend covers f32/f64 there and everything on the CPU.
+bool blocked_on_gpu(const Tensor& q) {
+  return q.device().is_cuda() && (q.dtype() == DType::bf16 || q.dtype() == DType::f16);
+}
+
+}  // namespace
+
 AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, bool causal,
                        double scale) {
   TR_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
@@ -456,6 +505,7 @@ AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
                  key_keep.device() == q.device(),
              "attention: key mask {} must be bool [B, S] = [{}, {}] on {}", key_keep.describe(), k.size(0),
              k.size(2), q.device().str());
+  if (blocked_on_gpu(q)) return attention_blocked(q, k, v, key_keep, causal, scale);
   Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v),
          mc = key_keep.defined() ? contiguous(key_keep) : key_keep;
   AttentionOut o{empty(q.shape(), q.dtype(), q.device()),
@@ -469,6 +519,7 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
                                   const Tensor& dout) {
   TR_CHECK(dout.shape() == q.shape(), "attention_backward: grad {} does not match q {}", dout.describe(),
            q.describe());
+  if (blocked_on_gpu(q)) return attention_blocked_backward(q, k, v, key_keep, causal, scale, out, lse, dout);
   Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v), oc = contiguous(out),
          dc = contiguous(dout);
   Tensor mc = key_keep.defined() ? contiguous(key_keep) : key_keep;

@@ -78,6 +78,12 @@ Tensor softmax_backward(const Tensor& y, const Tensor& gy, int64_t dim, bool log
 // ---- matmul
 // a [..., m, k] @ b [..., k, n] with broadcast batch dims; 1-D operands are not promoted (use unsqueeze).
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+// matmul whose product stays f32 for bf16/f16 operands (the accumulator unrounded); as matmul otherwise.
+Tensor matmul_f32(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+// out = alpha * a @ b + beta * out, batched as matmul; out contiguous of the product's shape, in a's dtype or
+// f32 for bf16/f16 operands.
+void matmul_into(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+                 double alpha, double beta);
 // out = alpha * op(a) @ op(b) + beta * out, in place; a, b, out 2-D, out contiguous.
 void addmm_(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
             double alpha = 1.0, double beta = 1.0);
@@ -148,6 +154,15 @@ struct AttentionGrads {
 AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                                   bool causal, double scale, const Tensor& out, const Tensor& lse,
                                   const Tensor& dout);
+// The same attention computed a block of `block` queries at a time (0: about 2^26 score elements per block)
+// with both products as batched GEMMs and the softmax as a row kernel (ops/attention_blocked.cpp); what
+// attention() runs on a GPU in bf16/f16. Same outputs (lse included), so either backward fits either forward.
+AttentionOut attention_blocked(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
+                               bool causal, double scale, int64_t block = 0);
+AttentionGrads attention_blocked_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const Tensor& key_keep, bool causal, double scale,
+                                          const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                          int64_t block = 0);
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
 
 }  // namespace tr::ops

@@ -195,4 +195,93 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
   });
 }
 
+namespace {
+
+// The geometry of a block's rows, and row -> (batch, query) (backend.h AttentionBlock).
+struct BlockRows {
+  backend::AttentionGeometry g;
+  int64_t rows, per_group, t0, tq, sk;
+  BlockRows(const backend::Backend::AttentionBlock& a)
+      : g{a.B,      a.H,     a.KV,
+          a.T,      a.S,     0,
+          a.causal, a.scale, a.key_keep.defined() ? a.key_keep.data<bool>() : nullptr},
+        rows(a.B * a.H * a.tq),
+        per_group(a.H / a.KV * a.tq),
+        t0(a.t0),
+        tq(a.tq),
+        sk(a.sk) {}
+  int64_t batch(int64_t row) const { return row / per_group / g.KV; }
+  int64_t query(int64_t row) const { return t0 + row % per_group % tq; }
+};
+
+}  // namespace
+
+void CpuBackend::attention_block_softmax(const Tensor& scores, const AttentionBlock& a, const Tensor& probs,
+                                         const Tensor& lse) {
+  const BlockRows br(a);
+  dispatch_float(scores.dtype(), "attention_block_softmax", [&]<typename A>() {
+    if constexpr (std::is_same_v<A, float> || std::is_same_v<A, double>) {
+      dispatch_float(probs.dtype(), "attention_block_softmax", [&]<typename P>() {
+        const A* sp = scores.data<A>();
+        P* pp = probs.data<P>();
+        A* lp = lse.data<A>();
+        const A scale = static_cast<A>(a.scale);
+#pragma omp parallel for schedule(static) if (br.rows * br.sk > 65536)
+        for (int64_t r = 0; r < br.rows; ++r) {
+          const int64_t b = br.batch(r), t = br.query(r);
+          const A* x = sp + r * br.sk;
+          P* p = pp + r * br.sk;
+          A m = -std::numeric_limits<A>::infinity();
+          for (int64_t s = 0; s < br.sk; ++s)
+            if (br.g.visible(b, t, s)) m = std::max(m, x[s] * scale);
+          if (m == -std::numeric_limits<A>::infinity()) {
+            for (int64_t s = 0; s < br.sk; ++s) p[s] = P(A(0));
+            lp[r] = m;
+            continue;
+          }
+          A sum = 0;
+          for (int64_t s = 0; s < br.sk; ++s)
+            if (br.g.visible(b, t, s)) sum += std::exp(x[s] * scale - m);
+          const A l = m + std::log(sum);
+          lp[r] = l;
+          for (int64_t s = 0; s < br.sk; ++s)
+            p[s] = P(br.g.visible(b, t, s) ? std::exp(x[s] * scale - l) : A(0));
+        }
+      });
+    } else {
+      fail("attention_block_softmax: scores must be f32 or f64, got {}", dtype_name(scores.dtype()));
+    }
+  });
+}
+
+void CpuBackend::attention_block_grad(const Tensor& scores, const Tensor& dp, const Tensor& lse,
+                                      const Tensor& delta, const AttentionBlock& a, const Tensor& probs,
+                                      const Tensor& dscores) {
+  const BlockRows br(a);
+  dispatch_float(scores.dtype(), "attention_block_grad", [&]<typename A>() {
+    if constexpr (std::is_same_v<A, float> || std::is_same_v<A, double>) {
+      dispatch_float(probs.dtype(), "attention_block_grad", [&]<typename P>() {
+        const A scale = static_cast<A>(a.scale);
+#pragma omp parallel for schedule(static) if (br.rows * br.sk > 65536)
+        for (int64_t r = 0; r < br.rows; ++r) {
+          const int64_t b = br.batch(r), t = br.query(r);
+          const A l = lse.data<A>()[r], d = delta.data<A>()[r];
+          const A* x = scores.data<A>() + r * br.sk;
+          const A* g = dp.data<A>() + r * br.sk;
+          P* p = probs.data<P>() + r * br.sk;
+          P* ds = dscores.data<P>() + r * br.sk;
+          for (int64_t s = 0; s < br.sk; ++s) {
+            const bool on = l != -std::numeric_limits<A>::infinity() && br.g.visible(b, t, s);
+            const A pv = on ? std::exp(x[s] * scale - l) : A(0);
+            p[s] = P(pv);
+            ds[s] = P(pv * (g[s] - d) * scale);
+          }
+        }
+      });
+    } else {
+      fail("attention_block_grad: scores must be f32 or f64, got {}", dtype_name(scores.dtype()));
+    }
+  });
+}
+
 }  // namespace tr::cpu

@@ -97,6 +97,25 @@ void CpuBackend::gemm(const backend::GemmArgs& g) {
       affine(g.c, g.beta, 0.0, g.c);
     return;
   }
+  if (g.c.dtype() == DType::f32 && g.a.dtype() != DType::f32) {
+    // bf16/f16 operands into an f32 product: widened, multiplied, stored without rounding.
+    TR_CHECK(g.a.dtype() == g.b.dtype() && (g.a.dtype() == DType::bf16 || g.a.dtype() == DType::f16),
+             "matmul: an f32 product needs bf16/f16 operands of one dtype, got {} and {}",
+             dtype_name(g.a.dtype()), dtype_name(g.b.dtype()));
+    dispatch_float(g.a.dtype(), "matmul", [&]<typename T>() {
+      if constexpr (std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>) {
+        const int64_t ar = g.trans_a ? g.k : g.m, ac = g.trans_a ? g.m : g.k;
+        const int64_t br = g.trans_b ? g.n : g.k, bc = g.trans_b ? g.k : g.n;
+        const int64_t ba = g.stride_a == 0 ? 1 : g.batch, bb = g.stride_b == 0 ? 1 : g.batch;
+        auto a = widen(static_cast<const T*>(g.a.data_ptr()), ba, g.stride_a, ar, ac, g.lda);
+        auto b = widen(static_cast<const T*>(g.b.data_ptr()), bb, g.stride_b, br, bc, g.ldb);
+        sgemm_batched(g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k, static_cast<float>(g.alpha), a.data(), ac,
+                      ba == 1 ? 0 : ar * ac, b.data(), bc, bb == 1 ? 0 : br * bc, static_cast<float>(g.beta),
+                      static_cast<float*>(g.c.data_ptr()));
+      }
+    });
+    return;
+  }
   switch (g.c.dtype()) {
     case DType::f32: {
       const float* a = static_cast<const float*>(g.a.data_ptr());

@@ -377,6 +377,55 @@ __global__ void __launch_bounds__(kTileThreads)
   }
 }
 
+// ---- blocked attention's row kernels (the products are GEMMs; see Backend::AttentionBlock)
+struct BlockRows {
+  Geo g;
+  int64_t per_group, t0, tq, sk;
+  __device__ int64_t batch(int64_t row) const { return row / per_group / g.KV; }
+  __device__ int64_t query(int64_t row) const { return t0 + row % per_group % tq; }
+};
+
+// One block per row: max, sum, then the probabilities exp(x - lse) of the visible keys.
+template <typename A, typename P>
+__global__ void block_softmax_kernel(BlockRows br, const A* scores, P* probs, A* lse) {
+  __shared__ A sh[32];
+  const int64_t row = blockIdx.x, b = br.batch(row), t = br.query(row);
+  const A* x = scores + row * br.sk;
+  P* p = probs + row * br.sk;
+  const A scale = static_cast<A>(br.g.scale);
+  A m = -INFINITY;
+  for (int64_t s = threadIdx.x; s < br.sk; s += blockDim.x)
+    if (br.g.visible(b, t, s)) m = x[s] * scale > m ? x[s] * scale : m;
+  m = block_max(m, sh);
+  if (m == A(-INFINITY)) {  // nothing visible: zero probabilities, lse -inf (the whole block agrees)
+    for (int64_t s = threadIdx.x; s < br.sk; s += blockDim.x) st(p, s, A(0));
+    if (threadIdx.x == 0) lse[row] = m;
+    return;
+  }
+  A sum = 0;
+  for (int64_t s = threadIdx.x; s < br.sk; s += blockDim.x)
+    if (br.g.visible(b, t, s)) sum += exp(x[s] * scale - m);
+  const A l = m + log(block_sum(sum, sh));
+  if (threadIdx.x == 0) lse[row] = l;
+  for (int64_t s = threadIdx.x; s < br.sk; s += blockDim.x)
+    st(p, s, br.g.visible(b, t, s) ? exp(x[s] * scale - l) : A(0));
+}
+
+template <typename A, typename P>
+__global__ void block_grad_kernel(BlockRows br, int64_t rows, const A* scores, const A* dp, const A* lse,
+                                  const A* delta, P* probs, P* dscores) {
+  const A scale = static_cast<A>(br.g.scale);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * br.sk;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t row = i / br.sk, s = i % br.sk;
+    const A l = lse[row];
+    const bool on = l != A(-INFINITY) && br.g.visible(br.batch(row), br.query(row), s);
+    const A pv = on ? exp(scores[i] * scale - l) : A(0);
+    st(probs, i, pv);
+    st(dscores, i, pv * (dp[i] - delta[row]) * scale);
+  }
+}
+
 // Shared-memory bytes of each tiled kernel, and whether the device grants them (opt-in above 48 KiB).
 template <typename A>
 size_t forward_smem(int64_t D) {
@@ -469,6 +518,51 @@ void attention_backward(DType dt, const void* q, const void* k, const void* v, c
     }
     TR_CUDA_CHECK(cudaFreeAsync(delta, nullptr));
   });
+}
+
+namespace {
+
+// f32/f64 scores (A) with probabilities of any floating dtype (P).
+template <typename F>
+void dispatch_block(DType sdt, DType pdt, F&& f) {
+  if (sdt != DType::f32 && sdt != DType::f64)
+    throw std::runtime_error("blocked attention: scores must be f32/f64");
+  dispatch_float(pdt, [&]<typename P>() {
+    if (sdt == DType::f32)
+      f.template operator()<float, P>();
+    else
+      f.template operator()<double, P>();
+  });
+}
+
+}  // namespace
+
+void attention_block_softmax(DType sdt, DType pdt, const void* scores, void* probs, void* lse,
+                             const bool* keep, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S,
+                             int64_t t0, int64_t tq, int64_t sk, bool causal, double scale) {
+  const int64_t rows = B * H * tq;
+  if (rows == 0) return;
+  const BlockRows br{Geo{B, H, KV, T, S, 0, causal, scale, keep}, H / KV * tq, t0, tq, sk};
+  dispatch_block(sdt, pdt, [&]<typename A, typename P>() {
+    block_softmax_kernel<A, P><<<static_cast<unsigned>(rows), 256>>>(
+        br, static_cast<const A*>(scores), static_cast<P*>(probs), static_cast<A*>(lse));
+  });
+  TR_CUDA_LAUNCH_CHECK("attention_block_softmax");
+}
+
+void attention_block_grad(DType sdt, DType pdt, const void* scores, const void* dp, const void* lse,
+                          const void* delta, void* probs, void* dscores, const bool* keep, int64_t B,
+                          int64_t H, int64_t KV, int64_t T, int64_t S, int64_t t0, int64_t tq, int64_t sk,
+                          bool causal, double scale) {
+  const int64_t rows = B * H * tq;
+  if (rows * sk == 0) return;
+  const BlockRows br{Geo{B, H, KV, T, S, 0, causal, scale, keep}, H / KV * tq, t0, tq, sk};
+  dispatch_block(sdt, pdt, [&]<typename A, typename P>() {
+    block_grad_kernel<A, P><<<blocks_for(rows * sk), 256>>>(
+        br, rows, static_cast<const A*>(scores), static_cast<const A*>(dp), static_cast<const A*>(lse),
+        static_cast<const A*>(delta), static_cast<P*>(probs), static_cast<P*>(dscores));
+  });
+  TR_CUDA_LAUNCH_CHECK("attention_block_grad");
 }
 
 }  // namespace tr::cuda

@@ -417,6 +417,19 @@ class CudaBackend final : public backend::Backend {
                              lse.data_ptr(), dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
                              q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), causal, scale);
   }
+  void attention_block_softmax(const Tensor& scores, const AttentionBlock& a, const Tensor& probs,
+                               const Tensor& lse) override {
+    cuda::attention_block_softmax(scores.dtype(), probs.dtype(), scores.data_ptr(), probs.data_ptr(),
+                                  lse.data_ptr(), a.key_keep.defined() ? a.key_keep.data<bool>() : nullptr,
+                                  a.B, a.H, a.KV, a.T, a.S, a.t0, a.tq, a.sk, a.causal, a.scale);
+  }
+  void attention_block_grad(const Tensor& scores, const Tensor& dp, const Tensor& lse, const Tensor& delta,
+                            const AttentionBlock& a, const Tensor& probs, const Tensor& dscores) override {
+    cuda::attention_block_grad(scores.dtype(), probs.dtype(), scores.data_ptr(), dp.data_ptr(),
+                               lse.data_ptr(), delta.data_ptr(), probs.data_ptr(), dscores.data_ptr(),
+                               a.key_keep.defined() ? a.key_keep.data<bool>() : nullptr, a.B, a.H, a.KV, a.T,
+                               a.S, a.t0, a.tq, a.sk, a.causal, a.scale);
+  }
   void dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, const Tensor& y) override {
     cuda::dropout(x.dtype(), x.data_ptr(), y.data_ptr(), x.numel(), p, seed, offset);
   }
@@ -483,9 +496,9 @@ void CudaBackend::gemm(const backend::GemmArgs& g) {
 
 void CudaBackend::legacy_gemm(const backend::GemmArgs& g) {
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands, keep the flags.
-  cudaDataType_t t;
-  cublasComputeType_t compute;
-  if (!gemm_types(g.c.dtype(), g.tf32, &t, &compute))
+  cudaDataType_t t, tc;
+  cublasComputeType_t compute, unused;
+  if (!gemm_types(g.a.dtype(), g.tf32, &t, &compute) || !gemm_types(g.c.dtype(), g.tf32, &tc, &unused))
     fail("matmul: dtype {} is not supported on cuda", dtype_name(g.c.dtype()));
   const float af = static_cast<float>(g.alpha), bf = static_cast<float>(g.beta);
   const double ad = g.alpha, bd = g.beta;
@@ -497,7 +510,7 @@ void CudaBackend::legacy_gemm(const backend::GemmArgs& g) {
       handle(), g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
       static_cast<int>(g.n), static_cast<int>(g.m), static_cast<int>(g.k), alpha, g.b.data_ptr(), t,
       static_cast<int>(g.ldb), g.stride_b, g.a.data_ptr(), t, static_cast<int>(g.lda), g.stride_a, beta,
-      g.c.data_ptr(), t, static_cast<int>(g.n), g.m * g.n, static_cast<int>(g.batch), compute,
+      g.c.data_ptr(), tc, static_cast<int>(g.n), g.m * g.n, static_cast<int>(g.batch), compute,
       CUBLAS_GEMM_DEFAULT));
 }
 

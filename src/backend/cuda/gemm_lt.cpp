@@ -67,7 +67,7 @@ bool gemm_types(DType dt, bool tf32, cudaDataType_t* data, cublasComputeType_t* 
 }
 
 struct LtGemm::Key {
-  int dtype = 0, compute = 0, epilogue = 0;
+  int dtype = 0, c_dtype = 0, compute = 0, epilogue = 0;
   bool ta = false, tb = false;
   int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, sa = 0, sb = 0, batch = 0;
   uint32_t align_a = 0, align_b = 0, align_c = 0, align_bias = 0, align_aux = 0;
@@ -120,14 +120,15 @@ void* LtGemm::workspace(int device) {
 }
 
 bool LtGemm::run(const backend::GemmArgs& g) {
-  cudaDataType_t t;
-  cublasComputeType_t compute;
-  if (!gemm_types(g.c.dtype(), g.tf32, &t, &compute)) return false;
+  cudaDataType_t t, tc;  // operands' type and the product's (f32 for an unrounded half product)
+  cublasComputeType_t compute, unused;
+  if (!gemm_types(g.a.dtype(), g.tf32, &t, &compute) || !gemm_types(g.c.dtype(), g.tf32, &tc, &unused))
+    return false;
   const cudaDataType_t scale_t = g.c.dtype() == DType::f64 ? CUDA_R_64F : CUDA_R_32F;
   const bool epi = g.epilogue != backend::GemmEpilogue::none;
   const bool gelu = g.epilogue == backend::GemmEpilogue::bias_gelu;
   if (g.k == 0 || g.m == 0 || g.n == 0) return false;
-  if (epi && (g.batch != 1 || g.beta != 0.0 || !g.bias.defined())) return false;
+  if (epi && (g.batch != 1 || g.beta != 0.0 || !g.bias.defined() || g.c.dtype() != g.a.dtype())) return false;
   if (gelu && (!g.aux.defined() || g.n % 8 != 0))
     return false;  // the aux leading dim must be a multiple of 8
   int device = 0;
@@ -135,6 +136,7 @@ bool LtGemm::run(const backend::GemmArgs& g) {
 
   Key key;
   key.dtype = static_cast<int>(t);
+  key.c_dtype = static_cast<int>(tc);
   key.compute = static_cast<int>(compute);
   key.epilogue = static_cast<int>(g.epilogue);
   key.ta = g.trans_a;
@@ -180,7 +182,7 @@ bool LtGemm::run(const backend::GemmArgs& g) {
     const uint64_t rb = op_b == CUBLAS_OP_N ? g.k : g.m, cb = op_b == CUBLAS_OP_N ? g.m : g.k;
     TR_LT_CHECK(cublasLtMatrixLayoutCreate(&p->a, t, ra, ca, g.ldb));
     TR_LT_CHECK(cublasLtMatrixLayoutCreate(&p->b, t, rb, cb, g.lda));
-    TR_LT_CHECK(cublasLtMatrixLayoutCreate(&p->c, t, g.n, g.m, g.n));
+    TR_LT_CHECK(cublasLtMatrixLayoutCreate(&p->c, tc, g.n, g.m, g.n));
     if (g.batch > 1) {
       const int32_t count = static_cast<int32_t>(g.batch);
       const int64_t sa = g.stride_b, sb = g.stride_a, sc = g.m * g.n;

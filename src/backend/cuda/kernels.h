@@ -73,6 +73,17 @@ void attention_backward(DType dt, const void* q, const void* k, const void* v, c
                         const void* out, const void* lse, const void* dout, void* dq, void* dk, void* dv,
                         int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D, bool causal,
                         double scale);
+// Blocked attention's row kernels (Backend::attention_block_softmax / _grad): geometry as the fused kernel
+// (keep [B, S] or null); the block's queries t0 .. t0 + tq - 1 against keys 0 .. sk - 1. sdt: the scores'
+// dtype (f32/f64), pdt: the probabilities'.
+void attention_block_softmax(DType sdt, DType pdt, const void* scores, void* probs, void* lse,
+                             const bool* keep, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S,
+                             int64_t t0, int64_t tq, int64_t sk, bool causal, double scale);
+void attention_block_grad(DType sdt, DType pdt, const void* scores, const void* dp, const void* lse,
+                          const void* delta, void* probs, void* dscores, const bool* keep, int64_t B,
+                          int64_t H, int64_t KV, int64_t T, int64_t S, int64_t t0, int64_t tq, int64_t sk,
+                          bool causal, double scale);
+
 // Multi-tensor passes (Backend::grad_stats / transform_grads / fused_adamw): one launch over a list of
 // 64K-element chunks, one block per chunk; the element math is backend/optim_math.h's. Gradients and weight
 // copies carry their own dtype. The chunk list goes to the device in stream order (no host sync).

@@ -1,0 +1,93 @@
+// Blocked attention (ops::attention_blocked, what a GPU runs in bf16/f16) against the fused CPU kernel: the
+// outputs, the logsumexp and all three gradients, for causal and full attention, grouped-query heads, key
+// padding (including a sequence with no key at all), a key cache longer than the queries, and block sizes
+// that do not divide T. On the CPU here; on a GPU as well when one is present (skipped loudly otherwise).
+#include <cmath>
+
+#include "backend/cuda_api.h"
+#include "test_util.h"
+
+namespace tr {
+namespace {
+
+struct Case {
+  const char* name;
+  int64_t B, H, KV, T, S, D;
+  bool causal, padded;
+  int64_t block;
+};
+
+const Case kCases[] = {
+    {"causal_gqa_blocks_of_3", 2, 4, 2, 7, 7, 8, true, false, 3},
+    {"full_padded_one_empty_row", 3, 2, 2, 5, 6, 4, false, true, 2},
+    {"causal_cache_longer_than_queries", 1, 3, 1, 4, 9, 8, true, true, 3},
+    {"causal_single_block", 2, 2, 1, 6, 6, 16, true, false, 0},
+};
+
+Tensor keep_mask(const Case& c) {
+  Tensor keep = ops::full({c.B, c.S}, 1.0, DType::boolean);
+  if (!c.padded) return Tensor();
+  bool* k = keep.data<bool>();
+  k[1] = false;                                                   // batch 0: one padded key
+  if (c.B > 2)
+    for (int64_t s = 0; s < c.S; ++s) k[2 * c.S + s] = false;  // batch 2: nothing to attend
+  return keep;
+}
+
+std::vector<double> host(const Tensor& t) { return test::values(ops::to_device(t, Device::cpu())); }
+
+// lse: -inf where nothing is visible on both sides, close elsewhere.
+::testing::AssertionResult same_lse(const Tensor& a, const Tensor& b, double tol) {
+  auto x = host(a), y = host(b);
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isinf(x[i]) || std::isinf(y[i])) {
+      if (x[i] != y[i]) return ::testing::AssertionFailure() << "lse " << i << ": " << x[i] << " vs " << y[i];
+      continue;
+    }
+    if (std::abs(x[i] - y[i]) > tol * (1 + std::abs(y[i])))
+      return ::testing::AssertionFailure() << "lse " << i << ": " << x[i] << " vs " << y[i];
+  }
+  return ::testing::AssertionSuccess();
+}
+
+class AttentionBlocked : public ::testing::TestWithParam<std::tuple<Device, DType>> {};
+
+TEST_P(AttentionBlocked, MatchesTheFusedKernelForwardAndBackward) {
+  const auto [dev, dt] = GetParam();
+  if (dev.is_cuda() && !backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: blocked attention NOT tested";
+  const double tol = dt == DType::f64 ? 1e-10 : dt == DType::f32 ? 2e-5 : 3e-2;
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+    // References from the fused CPU kernel in f64 on inputs rounded to the dtype under test.
+    auto make = [&](const Shape& s, uint64_t seed) { return ops::to_dtype(test::randn(s, seed, dt), DType::f64); };
+    Tensor q = make({c.B, c.H, c.T, c.D}, 1), k = make({c.B, c.KV, c.S, c.D}, 2),
+           v = make({c.B, c.KV, c.S, c.D}, 3), dout = make({c.B, c.H, c.T, c.D}, 4);
+    Tensor keep = keep_mask(c);
+    auto ref = ops::attention(q, k, v, keep, c.causal, scale);
+    auto ref_g = ops::attention_backward(q, k, v, keep, c.causal, scale, ref.out, ref.lse, dout);
+    auto on = [&](const Tensor& t) { return ops::to_device(ops::to_dtype(t, dt), dev); };
+    Tensor keep_d = keep.defined() ? ops::to_device(keep, dev) : keep;
+    auto o = ops::attention_blocked(on(q), on(k), on(v), keep_d, c.causal, scale, c.block);
+    auto g = ops::attention_blocked_backward(on(q), on(k), on(v), keep_d, c.causal, scale, o.out, o.lse, on(dout),
+                                             c.block);
+    auto cpu = [](const Tensor& t) { return ops::to_dtype(ops::to_device(t, Device::cpu()), DType::f64); };
+    EXPECT_TRUE(test::all_close(cpu(o.out), ref.out, tol, tol)) << "out";
+    EXPECT_TRUE(same_lse(o.lse, ref.lse, tol));
+    EXPECT_TRUE(test::all_close(cpu(g.dq), ref_g.dq, tol, tol)) << "dq";
+    EXPECT_TRUE(test::all_close(cpu(g.dk), ref_g.dk, tol, tol)) << "dk";
+    EXPECT_TRUE(test::all_close(cpu(g.dv), ref_g.dv, tol, tol)) << "dv";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    DevicesAndDtypes, AttentionBlocked,
+    ::testing::Combine(::testing::Values(Device::cpu(), Device::cuda(0)),
+                       ::testing::Values(DType::f64, DType::f32, DType::bf16)),
+    [](const auto& info) {
+      return std::string(std::get<0>(info.param).is_cpu() ? "cpu_" : "cuda_") +
+             std::string(dtype_name(std::get<1>(info.param)));
+    });
+
+}  // namespace
+}  // namespace tr
