@@ -28,7 +28,7 @@ Tensor keep_mask(const Case& c) {
   Tensor keep = ops::full({c.B, c.S}, 1.0, DType::boolean);
   if (!c.padded) return Tensor();
   bool* k = keep.data<bool>();
-  k[1] = false;                                                   // batch 0: one padded key
+  k[1] = false;  // batch 0: one padded key
   if (c.B > 2)
     for (int64_t s = 0; s < c.S; ++s) k[2 * c.S + s] = false;  // batch 2: nothing to attend
   return keep;
@@ -54,13 +54,16 @@ class AttentionBlocked : public ::testing::TestWithParam<std::tuple<Device, DTyp
 
 TEST_P(AttentionBlocked, MatchesTheFusedKernelForwardAndBackward) {
   const auto [dev, dt] = GetParam();
-  if (dev.is_cuda() && !backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: blocked attention NOT tested";
+  if (dev.is_cuda() && !backend::cuda_available())
+    GTEST_SKIP() << "no CUDA GPU here: blocked attention NOT tested";
   const double tol = dt == DType::f64 ? 1e-10 : dt == DType::f32 ? 2e-5 : 3e-2;
   for (const Case& c : kCases) {
     SCOPED_TRACE(c.name);
     const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
     // References from the fused CPU kernel in f64 on inputs rounded to the dtype under test.
-    auto make = [&](const Shape& s, uint64_t seed) { return ops::to_dtype(test::randn(s, seed, dt), DType::f64); };
+    auto make = [&](const Shape& s, uint64_t seed) {
+      return ops::to_dtype(test::randn(s, seed, dt), DType::f64);
+    };
     Tensor q = make({c.B, c.H, c.T, c.D}, 1), k = make({c.B, c.KV, c.S, c.D}, 2),
            v = make({c.B, c.KV, c.S, c.D}, 3), dout = make({c.B, c.H, c.T, c.D}, 4);
     Tensor keep = keep_mask(c);
@@ -69,8 +72,8 @@ TEST_P(AttentionBlocked, MatchesTheFusedKernelForwardAndBackward) {
     auto on = [&](const Tensor& t) { return ops::to_device(ops::to_dtype(t, dt), dev); };
     Tensor keep_d = keep.defined() ? ops::to_device(keep, dev) : keep;
     auto o = ops::attention_blocked(on(q), on(k), on(v), keep_d, c.causal, scale, c.block);
-    auto g = ops::attention_blocked_backward(on(q), on(k), on(v), keep_d, c.causal, scale, o.out, o.lse, on(dout),
-                                             c.block);
+    auto g = ops::attention_blocked_backward(on(q), on(k), on(v), keep_d, c.causal, scale, o.out, o.lse,
+                                             on(dout), c.block);
     auto cpu = [](const Tensor& t) { return ops::to_dtype(ops::to_device(t, Device::cpu()), DType::f64); };
     EXPECT_TRUE(test::all_close(cpu(o.out), ref.out, tol, tol)) << "out";
     EXPECT_TRUE(same_lse(o.lse, ref.lse, tol));
@@ -80,14 +83,13 @@ TEST_P(AttentionBlocked, MatchesTheFusedKernelForwardAndBackward) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    DevicesAndDtypes, AttentionBlocked,
-    ::testing::Combine(::testing::Values(Device::cpu(), Device::cuda(0)),
-                       ::testing::Values(DType::f64, DType::f32, DType::bf16)),
-    [](const auto& info) {
-      return std::string(std::get<0>(info.param).is_cpu() ? "cpu_" : "cuda_") +
-             std::string(dtype_name(std::get<1>(info.param)));
-    });
+INSTANTIATE_TEST_SUITE_P(DevicesAndDtypes, AttentionBlocked,
+                         ::testing::Combine(::testing::Values(Device::cpu(), Device::cuda(0)),
+                                            ::testing::Values(DType::f64, DType::f32, DType::bf16)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param).is_cpu() ? "cpu_" : "cuda_") +
+                                  std::string(dtype_name(std::get<1>(info.param)));
+                         });
 
 }  // namespace
 }  // namespace tr

@@ -195,5 +195,24 @@ TEST(CudaDevice, FusedAdamWMatchesTheCpuBitForBit) {
   }
 }
 
+// A rope position beyond the tables: the kernel writes zeros instead of reading out of range and the error
+// surfaces at the next synchronization (here: reading the result), naming the op and the position.
+TEST(CudaDevice, RopePositionOutOfRangeIsReportedAtTheNextSync) {
+  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: deferred rope position check NOT tested";
+  const Device gpu = Device::cuda(0);
+  auto tables = ops::rope_tables(4, 8, 10000.0, gpu);
+  Tensor x = ops::to_device(test::randn({1, 2, 3, 8}, 5), gpu);
+  Tensor pos = ops::from_vector<int64_t>({0, 1, 9}, {1, 3}, gpu);
+  Tensor y = ops::rope(x, tables, pos, false, false);
+  try {
+    ops::to_device(y, Device::cpu());
+    FAIL() << "no error for position 9 of 4";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rope: position 9"), std::string::npos) << e.what();
+  }
+  Tensor ok = ops::rope(x, tables, ops::from_vector<int64_t>({0, 1, 2}, {1, 3}, gpu), false, false);
+  EXPECT_NO_THROW(ops::to_device(ok, Device::cpu()));  // the report cleared the flag
+}
+
 }  // namespace
 }  // namespace tr

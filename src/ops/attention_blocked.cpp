@@ -54,8 +54,8 @@ void put_rows(const Tensor& dst, const Tensor& block, const Dims& d, int64_t t0,
   copy_(narrow(view(dst, s5), 3, t0, tq), view(block, b5));
 }
 
-backend::Backend::AttentionBlock block_of(const Dims& d, const Tensor& keep, bool causal, double scale, int64_t t0,
-                                          int64_t tq, int64_t sk) {
+backend::Backend::AttentionBlock block_of(const Dims& d, const Tensor& keep, bool causal, double scale,
+                                          int64_t t0, int64_t tq, int64_t sk) {
   return {d.B, d.H, d.KV, d.T, d.S, t0, tq, sk, causal, scale, keep};
 }
 
@@ -67,9 +67,11 @@ AttentionOut attention_blocked(const Tensor& q, const Tensor& k, const Tensor& v
                                bool causal, double scale, int64_t block) {
   const Dims d = dims_of(q, k);
   auto& be = backend::backend_for(q.device());
-  AttentionOut o{empty(q.shape(), q.dtype(), q.device()), empty({d.B, d.H, d.T}, stat_of(q.dtype()), q.device())};
+  AttentionOut o{empty(q.shape(), q.dtype(), q.device()),
+                 empty({d.B, d.H, d.T}, stat_of(q.dtype()), q.device())};
   if (q.device().is_meta() || q.numel() == 0) return o;
-  const Tensor kf = reshape(contiguous(k), {d.B * d.KV, d.S, d.D}), vf = reshape(contiguous(v), {d.B * d.KV, d.S, d.D});
+  const Tensor kf = reshape(contiguous(k), {d.B * d.KV, d.S, d.D}),
+               vf = reshape(contiguous(v), {d.B * d.KV, d.S, d.D});
   const Tensor keep = key_keep.defined() ? contiguous(key_keep) : key_keep;
   const int64_t bq = block_rows(d, block);
   for (int64_t t0 = 0; t0 < d.T; t0 += bq) {
@@ -91,8 +93,9 @@ AttentionOut attention_blocked(const Tensor& q, const Tensor& k, const Tensor& v
 }
 
 AttentionGrads attention_blocked_backward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                          const Tensor& key_keep, bool causal, double scale, const Tensor& out,
-                                          const Tensor& lse, const Tensor& dout, int64_t block) {
+                                          const Tensor& key_keep, bool causal, double scale,
+                                          const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                          int64_t block) {
   const Dims d = dims_of(q, k);
   auto& be = backend::backend_for(q.device());
   const DType st = stat_of(q.dtype());
@@ -100,11 +103,13 @@ AttentionGrads attention_blocked_backward(const Tensor& q, const Tensor& k, cons
                    empty(v.shape(), v.dtype(), v.device())};
   if (q.device().is_meta()) return g;
   // dk, dv summed over query blocks in f32 (f64), [B * KV, S, D]; rounded to k's dtype at the end.
-  Tensor dk = zeros({d.B * d.KV, d.S, d.D}, st, q.device()), dv = zeros({d.B * d.KV, d.S, d.D}, st, q.device());
+  Tensor dk = zeros({d.B * d.KV, d.S, d.D}, st, q.device()),
+         dv = zeros({d.B * d.KV, d.S, d.D}, st, q.device());
   if (q.numel() > 0) {
     // delta = rowsum(dout * out), as the fused kernel's backward.
-    const Tensor delta = reduce(backend::ReduceOp::sum,
-                                binary(backend::BinaryOp::mul, to_dtype(dout, st), to_dtype(out, st)), {-1}, false);
+    const Tensor delta =
+        reduce(backend::ReduceOp::sum, binary(backend::BinaryOp::mul, to_dtype(dout, st), to_dtype(out, st)),
+               {-1}, false);
     const Tensor kf = reshape(contiguous(k), {d.B * d.KV, d.S, d.D}),
                  vf = reshape(contiguous(v), {d.B * d.KV, d.S, d.D});
     const Tensor keep = key_keep.defined() ? contiguous(key_keep) : key_keep;
@@ -118,12 +123,13 @@ AttentionGrads attention_blocked_backward(const Tensor& q, const Tensor& k, cons
       const Tensor kb = narrow(kf, 1, 0, sk), vb = narrow(vf, 1, 0, sk);
       const Tensor qb = rows_of(q, d, t0, tq), dob = rows_of(dout, d, t0, tq);
       const Tensor scores = matmul_f32(qb, kb, false, true), dp = matmul_f32(dob, vb, false, true);
-      Tensor probs = empty(scores.shape(), q.dtype(), q.device()), ds = empty(scores.shape(), q.dtype(), q.device());
+      Tensor probs = empty(scores.shape(), q.dtype(), q.device()),
+             ds = empty(scores.shape(), q.dtype(), q.device());
       be.attention_block_grad(scores, dp, rows_of(lse, d, t0, tq), rows_of(delta, d, t0, tq),
                               block_of(d, keep, causal, scale, t0, tq, sk), probs, ds);
       put_rows(g.dq, matmul(ds, kb), d, t0, tq);  // dq = ds k (ds carries the scale)
       const Tensor dkb = narrow(dk, 1, 0, sk), dvb = narrow(dv, 1, 0, sk);
-      copy_(dkb, binary(backend::BinaryOp::add, dkb, matmul_f32(ds, qb, true, false)));    // dk += ds^T q
+      copy_(dkb, binary(backend::BinaryOp::add, dkb, matmul_f32(ds, qb, true, false)));      // dk += ds^T q
       copy_(dvb, binary(backend::BinaryOp::add, dvb, matmul_f32(probs, dob, true, false)));  // dv += p^T dout
     }
   }

@@ -176,6 +176,7 @@ class CudaBackend final : public backend::Backend {
     }
   }
   ~CudaBackend() override {
+    if (bad_host_) cudaFreeHost(bad_host_);
     if (blas_) cublasDestroy(blas_);
   }
   const char* name() const override { return "cuda"; }
@@ -184,7 +185,21 @@ class CudaBackend final : public backend::Backend {
              "cuda:{} does not exist ({} GPUs present)", index, allocators_.size());
     return *allocators_[static_cast<size_t>(index)];
   }
-  void synchronize() override { TR_CUDA_CHECK(cudaDeviceSynchronize()); }
+  void synchronize() override {
+    TR_CUDA_CHECK(cudaDeviceSynchronize());
+    report_device_errors();
+  }
+  // Throws for what kernels flagged since the last report (a rope position out of range); call after a
+  // synchronization.
+  void report_device_errors() {
+    if (!bad_host_ || *bad_host_ < 0) return;
+    const int64_t p = *bad_host_;
+    *bad_host_ = -1;
+    fail(
+        "rope: position {} is out of range for {} rows (found on the GPU; reported at the next "
+        "synchronization)",
+        p, rope_rows_);
+  }
 
   void copy(const Tensor& src, const Tensor& dst) override {
     cuda::copy(src.data_ptr(), src.dtype(), dst.data_ptr(), dst.dtype(),
@@ -290,9 +305,11 @@ class CudaBackend final : public backend::Backend {
             bool inverse, const Tensor& y) override {
     const auto& s = x.shape();
     const int64_t H = seq_major ? s[2] : s[1], T = seq_major ? s[1] : s[2];
-    check_ids(positions, cos.shape()[0], "rope", "position", 0, false);
+    // Positions are checked on the device: a bad one is reported at the next synchronization (Llama calls
+    // rope twice per layer; a host sync each time would stall the queue).
+    rope_rows_ = cos.shape()[0];
     cuda::rope(x.dtype(), x.data_ptr(), cos.data<float>(), sin.data<float>(), positions.data<int64_t>(),
-               y.data_ptr(), s[0], H, T, s[3], seq_major, inverse);
+               y.data_ptr(), s[0], H, T, s[3], seq_major, inverse, rope_rows_, bad_position());
   }
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, bool causal,
                  double scale, const Tensor& out, const Tensor& lse) override {
@@ -451,6 +468,20 @@ class CudaBackend final : public backend::Backend {
   std::mutex mu_;
   cublasHandle_t blas_ = nullptr;
   std::unique_ptr<LtGemm> lt_;  // created at the first GEMM (no cuBLASLt handle on a machine without a GPU)
+  // Mapped host memory kernels write a bad index into (-1: none); see report_device_errors().
+  int64_t* bad_host_ = nullptr;
+  int64_t* bad_dev_ = nullptr;
+  int64_t rope_rows_ = 0;
+  int64_t* bad_position() {
+    std::lock_guard<std::mutex> g(mu_);
+    if (!bad_host_) {
+      TR_CUDA_CHECK(
+          cudaHostAlloc(reinterpret_cast<void**>(&bad_host_), sizeof(int64_t), cudaHostAllocMapped));
+      *bad_host_ = -1;
+      TR_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&bad_dev_), bad_host_, 0));
+    }
+    return bad_dev_;
+  }
   void legacy_gemm(const backend::GemmArgs& g);
 };
 
@@ -678,6 +709,7 @@ void cuda_copy_between_devices(const Tensor& src, const Tensor& dst) {
   if (!src.device().is_cpu()) cuda_backend();
   if (!dst.device().is_cpu()) cuda_backend();
   TR_CUDA_CHECK(cudaMemcpy(dst.data_ptr(), src.data_ptr(), src.nbytes(), kind));
+  if (kind == cudaMemcpyDeviceToHost) cuda::instance().report_device_errors();  // the queue has drained
 }
 
 }  // namespace tr::backend

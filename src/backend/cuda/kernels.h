@@ -64,8 +64,10 @@ void embedding(DType dt, const void* weight, const int64_t* ids, void* out, int6
 // order lists row numbers sorted by id (stable), starts[u]..starts[u+1] the rows of unique id uid[u].
 void embedding_backward(DType dt, const void* gy, const int64_t* order, const int64_t* starts,
                         const int64_t* uid, int64_t n_unique, void* gw, int64_t v, int64_t d);
+// A position outside [0, P) gives y = 0 and is written to *bad (mapped host memory the backend reads at its
+// next synchronization), so the check costs no host sync per call.
 void rope(DType dt, const void* x, const float* cos, const float* sin, const int64_t* pos, void* y, int64_t B,
-          int64_t H, int64_t T, int64_t D, bool seq_major, bool inverse);
+          int64_t H, int64_t T, int64_t D, bool seq_major, bool inverse, int64_t P, int64_t* bad);
 // Fused attention (see Backend::attention): q [B, H, T, D], k/v [B, KV, S, D], keep [B, S] or null.
 void attention(DType dt, const void* q, const void* k, const void* v, const bool* keep, void* out, void* lse,
                int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D, bool causal, double scale);

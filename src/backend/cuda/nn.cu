@@ -229,7 +229,8 @@ __global__ void embedding_backward_kernel(const T* gy, const int64_t* order, con
 
 template <typename T>
 __global__ void rope_kernel(const T* x, const float* cs, const float* sn, const int64_t* pos, T* y, int64_t B,
-                            int64_t H, int64_t Tn, int64_t D, bool seq_major, float sign) {
+                            int64_t H, int64_t Tn, int64_t D, bool seq_major, float sign, int64_t P,
+                            int64_t* bad) {
   using A = acc_t<T>;
   const int64_t half = D / 2, total = B * H * Tn * half;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
@@ -250,6 +251,12 @@ __global__ void rope_kernel(const T* x, const float* cs, const float* sn, const 
     }
     const int64_t base = seq_major ? ((b * Tn + t) * H + h) * D : ((b * H + h) * Tn + t) * D;
     const int64_t p = pos[b * Tn + t];
+    if (p < 0 || p >= P) {  // never read the tables out of range; the backend reports it at its next sync
+      *bad = p;
+      st(y, base + i, A(0));
+      st(y, base + i + half, A(0));
+      continue;
+    }
     const A c = static_cast<A>(cs[p * half + i]), s = static_cast<A>(sign * sn[p * half + i]);
     const A x1 = ld(x, base + i), x2 = ld(x, base + i + half);
     st(y, base + i, x1 * c - x2 * s);
@@ -369,11 +376,11 @@ void embedding_backward(DType dt, const void* gy, const int64_t* order, const in
 }
 
 void rope(DType dt, const void* x, const float* cos, const float* sin, const int64_t* pos, void* y, int64_t B,
-          int64_t H, int64_t T, int64_t D, bool seq_major, bool inverse) {
+          int64_t H, int64_t T, int64_t D, bool seq_major, bool inverse, int64_t P, int64_t* bad) {
   dispatch_float(dt, [&]<typename TT>() {
     rope_kernel<TT><<<blocks_for(B * H * T * (D / 2)), 256>>>(static_cast<const TT*>(x), cos, sin, pos,
                                                               static_cast<TT*>(y), B, H, T, D, seq_major,
-                                                              inverse ? -1.0f : 1.0f);
+                                                              inverse ? -1.0f : 1.0f, P, bad);
   });
   TR_CUDA_LAUNCH_CHECK("rope");
 }
