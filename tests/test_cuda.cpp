@@ -195,23 +195,41 @@ TEST(CudaDevice, FusedAdamWMatchesTheCpuBitForBit) {
   }
 }
 
-// A rope position beyond the tables: the kernel writes zeros instead of reading out of range and the error
-// surfaces at the next synchronization (here: reading the result), naming the op and the position.
-TEST(CudaDevice, RopePositionOutOfRangeIsReportedAtTheNextSync) {
-  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: deferred rope position check NOT tested";
+// Index errors found on the GPU (a rope position beyond the tables, an embedding id beyond the vocabulary, a
+// label beyond the logits): the kernels write zeros instead of reading out of range, and the error surfaces
+// at the next synchronization (here: reading a result), naming the op and the value; the report clears it.
+TEST(CudaDevice, IndexErrorsAreReportedAtTheNextSync) {
+  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: deferred index checks NOT tested";
   const Device gpu = Device::cuda(0);
+  auto expect_report = [](auto fn, const std::string& needle) {
+    try {
+      ops::to_device(fn(), Device::cpu());
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
   auto tables = ops::rope_tables(4, 8, 10000.0, gpu);
   Tensor x = ops::to_device(test::randn({1, 2, 3, 8}, 5), gpu);
-  Tensor pos = ops::from_vector<int64_t>({0, 1, 9}, {1, 3}, gpu);
-  Tensor y = ops::rope(x, tables, pos, false, false);
-  try {
-    ops::to_device(y, Device::cpu());
-    FAIL() << "no error for position 9 of 4";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("rope: position 9"), std::string::npos) << e.what();
-  }
+  expect_report(
+      [&] {
+        return ops::rope(x, tables, ops::from_vector<int64_t>({0, 1, 9}, {1, 3}, gpu), false, false);
+      },
+      "rope: position 9");
+  Tensor w = ops::to_device(test::randn({5, 4}, 6), gpu);
+  expect_report(
+      [&] {
+        return ops::embedding(w, ops::from_vector<int64_t>({0, 7}, {2}, gpu));
+      },
+      "embedding: index 7");
+  Tensor logits = ops::to_device(test::randn({2, 3}, 7), gpu);
+  expect_report(
+      [&] {
+        return ops::cross_entropy(logits, ops::from_vector<int64_t>({0, 3}, {2}, gpu), -100).loss;
+      },
+      "cross_entropy: label 3");
   Tensor ok = ops::rope(x, tables, ops::from_vector<int64_t>({0, 1, 2}, {1, 3}, gpu), false, false);
-  EXPECT_NO_THROW(ops::to_device(ok, Device::cpu()));  // the report cleared the flag
+  EXPECT_NO_THROW(ops::to_device(ok, Device::cpu()));  // each report cleared the flag
 }
 
 }  // namespace

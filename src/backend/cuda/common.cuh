@@ -105,6 +105,14 @@ __device__ A block_max(A v, A* shared) {
   return t;
 }
 
+// Flags a bad index for the backend's next synchronization (kernels.h BadIndexKind); any one of several
+// concurrent reports may win.
+__device__ __forceinline__ void report_bad(int64_t* bad, int64_t kind, int64_t value, int64_t limit) {
+  bad[0] = value;
+  bad[2] = limit;
+  bad[1] = kind;
+}
+
 // How many chunks a reduction of length r with m outputs splits into: enough threads to fill a GPU (~64K),
 // chunks of at least 64 elements, at most 4096 of them. 1: one thread per output suffices.
 inline int64_t reduce_chunks(int64_t m, int64_t r) {

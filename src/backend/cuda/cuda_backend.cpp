@@ -149,16 +149,6 @@ int64_t rows_of(const Tensor& t) { return t.numel() / std::max<int64_t>(last_dim
 const void* ptr_or_null(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 void* mut_ptr_or_null(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
-void check_ids(const Tensor& ids, int64_t hi, const char* op, const char* what, int64_t ignore,
-               bool use_ignore) {
-  int64_t bad = first_bad_index(ids.data<int64_t>(), ids.numel(), 0, hi, ignore, use_ignore);
-  if (bad >= 0) {
-    int64_t v = 0;
-    TR_CUDA_CHECK(cudaMemcpy(&v, ids.data<int64_t>() + bad, sizeof v, cudaMemcpyDeviceToHost));
-    fail("{}: {} {} at position {} is out of range for {} rows", op, what, v, bad, hi);
-  }
-}
-
 class CudaBackend final : public backend::Backend {
  public:
   CudaBackend() {
@@ -189,16 +179,17 @@ class CudaBackend final : public backend::Backend {
     TR_CUDA_CHECK(cudaDeviceSynchronize());
     report_device_errors();
   }
-  // Throws for what kernels flagged since the last report (a rope position out of range); call after a
-  // synchronization.
+  // Throws for what kernels flagged since the last report (kernels.h BadIndexKind: an embedding id, a label
+  // or a rope position out of range); call after a synchronization.
   void report_device_errors() {
-    if (!bad_host_ || *bad_host_ < 0) return;
-    const int64_t p = *bad_host_;
-    *bad_host_ = -1;
-    fail(
-        "rope: position {} is out of range for {} rows (found on the GPU; reported at the next "
-        "synchronization)",
-        p, rope_rows_);
+    if (!bad_host_ || bad_host_[1] == cuda::kBadNone) return;
+    const int64_t value = bad_host_[0], kind = bad_host_[1], limit = bad_host_[2];
+    bad_host_[1] = cuda::kBadNone;
+    const char* what = kind == cuda::kBadRopePosition     ? "rope: position"
+                       : kind == cuda::kBadEmbeddingIndex ? "embedding: index"
+                                                          : "cross_entropy: label";
+    fail("{} {} is out of range for {} rows (found on the GPU; reported at the next synchronization)", what,
+         value, limit);
   }
 
   void copy(const Tensor& src, const Tensor& dst) override {
@@ -285,9 +276,9 @@ class CudaBackend final : public backend::Backend {
   }
   void cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index, const Tensor& loss,
                      const Tensor& lse) override {
-    check_ids(labels, last_dim(logits), "cross_entropy", "label", ignore_index, true);
+    // Labels are checked on the device; a bad one is reported at the next synchronization.
     cuda::cross_entropy(logits.dtype(), logits.data_ptr(), labels.data<int64_t>(), loss.data_ptr(),
-                        lse.data_ptr(), rows_of(logits), last_dim(logits), ignore_index);
+                        lse.data_ptr(), rows_of(logits), last_dim(logits), ignore_index, bad_index());
   }
   void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
                               const Tensor& grad_loss, int64_t ignore_index, const Tensor& glogits) override {
@@ -296,9 +287,8 @@ class CudaBackend final : public backend::Backend {
                                  ignore_index);
   }
   void embedding(const Tensor& weight, const Tensor& ids, const Tensor& out) override {
-    check_ids(ids, weight.shape()[0], "embedding", "index", 0, false);
     cuda::embedding(weight.dtype(), weight.data_ptr(), ids.data<int64_t>(), out.data_ptr(), ids.numel(),
-                    weight.shape()[1]);
+                    weight.shape()[0], weight.shape()[1], bad_index());
   }
   void embedding_backward(const Tensor& gy, const Tensor& ids, const Tensor& gweight) override;
   void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions, bool seq_major,
@@ -307,9 +297,8 @@ class CudaBackend final : public backend::Backend {
     const int64_t H = seq_major ? s[2] : s[1], T = seq_major ? s[1] : s[2];
     // Positions are checked on the device: a bad one is reported at the next synchronization (Llama calls
     // rope twice per layer; a host sync each time would stall the queue).
-    rope_rows_ = cos.shape()[0];
     cuda::rope(x.dtype(), x.data_ptr(), cos.data<float>(), sin.data<float>(), positions.data<int64_t>(),
-               y.data_ptr(), s[0], H, T, s[3], seq_major, inverse, rope_rows_, bad_position());
+               y.data_ptr(), s[0], H, T, s[3], seq_major, inverse, cos.shape()[0], bad_index());
   }
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, bool causal,
                  double scale, const Tensor& out, const Tensor& lse) override {
@@ -468,16 +457,16 @@ class CudaBackend final : public backend::Backend {
   std::mutex mu_;
   cublasHandle_t blas_ = nullptr;
   std::unique_ptr<LtGemm> lt_;  // created at the first GEMM (no cuBLASLt handle on a machine without a GPU)
-  // Mapped host memory kernels write a bad index into (-1: none); see report_device_errors().
+  // Mapped host memory kernels flag a bad index in ({value, kind, limit}); see report_device_errors().
   int64_t* bad_host_ = nullptr;
   int64_t* bad_dev_ = nullptr;
-  int64_t rope_rows_ = 0;
-  int64_t* bad_position() {
+  int64_t* bad_index() {
     std::lock_guard<std::mutex> g(mu_);
     if (!bad_host_) {
       TR_CUDA_CHECK(
-          cudaHostAlloc(reinterpret_cast<void**>(&bad_host_), sizeof(int64_t), cudaHostAllocMapped));
-      *bad_host_ = -1;
+          cudaHostAlloc(reinterpret_cast<void**>(&bad_host_), 3 * sizeof(int64_t), cudaHostAllocMapped));
+      bad_host_[0] = bad_host_[2] = 0;
+      bad_host_[1] = cuda::kBadNone;
       TR_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&bad_dev_), bad_host_, 0));
     }
     return bad_dev_;
@@ -551,6 +540,10 @@ void CudaBackend::embedding_backward(const Tensor& gy, const Tensor& ids, const 
   std::vector<int64_t> h(static_cast<size_t>(n));
   TR_CUDA_CHECK(
       cudaMemcpy(h.data(), ids.data<int64_t>(), static_cast<size_t>(n) * 8, cudaMemcpyDeviceToHost));
+  report_device_errors();  // a bad id of the forward stops here, before it indexes the gradient
+  for (int64_t id : h)
+    TR_CHECK(id >= 0 && id < gweight.shape()[0], "embedding backward: index {} is out of range for {} rows",
+             id, gweight.shape()[0]);
   std::vector<int64_t> order(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return h[a] < h[b]; });

@@ -54,18 +54,25 @@ void rms_norm(DType dt, const void* x, const void* w, void* y, void* rstd, int64
               double eps, const void* res, void* sum);
 void rms_norm_backward(DType dt, const void* x, const void* w, const void* rstd, const void* gy, void* gx,
                        void* gw, int64_t rows, int64_t n, const void* gadd);
+// A label outside [0, v) that is not ignore_index is flagged (kBadLabel); its row's loss and gradient are 0.
 void cross_entropy(DType dt, const void* logits, const int64_t* labels, void* loss, void* lse, int64_t rows,
-                   int64_t v, int64_t ignore_index);
+                   int64_t v, int64_t ignore_index, int64_t* bad);
 void cross_entropy_backward(DType dt, const void* logits, const int64_t* labels, const void* lse,
                             const void* grad_loss, void* glogits, int64_t rows, int64_t v,
                             int64_t ignore_index);
-void embedding(DType dt, const void* weight, const int64_t* ids, void* out, int64_t n, int64_t d);
+// An id outside [0, v) is flagged (kBadEmbeddingIndex) and its row is 0.
+void embedding(DType dt, const void* weight, const int64_t* ids, void* out, int64_t n, int64_t v, int64_t d,
+               int64_t* bad);
 // Deterministic scatter-add: rows of gy grouped by id through (order, starts) built on the host:
 // order lists row numbers sorted by id (stable), starts[u]..starts[u+1] the rows of unique id uid[u].
 void embedding_backward(DType dt, const void* gy, const int64_t* order, const int64_t* starts,
                         const int64_t* uid, int64_t n_unique, void* gw, int64_t v, int64_t d);
-// A position outside [0, P) gives y = 0 and is written to *bad (mapped host memory the backend reads at its
-// next synchronization), so the check costs no host sync per call.
+// Index errors kernels flag without a host sync, in `bad` (three int64 of mapped host memory the backend
+// reads at its next synchronization): the value, its kind, the limit it broke. The offending element gets
+// zeros instead of an out-of-range read.
+enum BadIndexKind : int64_t { kBadNone = 0, kBadRopePosition = 1, kBadEmbeddingIndex = 2, kBadLabel = 3 };
+
+// A position outside [0, P) is flagged (kBadRopePosition).
 void rope(DType dt, const void* x, const float* cos, const float* sin, const int64_t* pos, void* y, int64_t B,
           int64_t H, int64_t T, int64_t D, bool seq_major, bool inverse, int64_t P, int64_t* bad);
 // Fused attention (see Backend::attention): q [B, H, T, D], k/v [B, KV, S, D], keep [B, S] or null.
@@ -120,9 +127,5 @@ void adamw_8bit_blockwise(float* p, const float* g, uint8_t* c1, uint8_t* c2, fl
                           int64_t n, const backend::Adam8bitConsts& k, const float* qs, const float* qu);
 void adamw_32bit_state(float* p, const float* g, float* s1, float* s2, int64_t n,
                        const backend::Adam8bitConsts& k);
-
-// Index of the first element outside [lo, hi) that is not `ignore` (-1 if none); synchronizes.
-int64_t first_bad_index(const int64_t* ids, int64_t n, int64_t lo, int64_t hi, int64_t ignore,
-                        bool use_ignore);
 
 }  // namespace tr::cuda

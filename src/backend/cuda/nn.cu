@@ -166,13 +166,17 @@ __global__ void rms_norm_backward_kernel(const T* x, const T* w, const acc_t<T>*
 
 template <typename T>
 __global__ void cross_entropy_kernel(const T* logits, const int64_t* labels, acc_t<T>* loss, acc_t<T>* lse,
-                                     int64_t v, int64_t ignore) {
+                                     int64_t v, int64_t ignore, int64_t* bad) {
   using A = acc_t<T>;
   __shared__ A sh[32];
   const int64_t row = blockIdx.x, base = row * v;
   const int64_t label = labels[row];
-  if (label == ignore) {
-    if (threadIdx.x == 0) loss[row] = lse[row] = 0;
+  const bool out_of_range = label != ignore && (label < 0 || label >= v);
+  if (label == ignore || out_of_range) {  // the whole block takes this branch
+    if (threadIdx.x == 0) {
+      loss[row] = lse[row] = 0;
+      if (out_of_range) report_bad(bad, kBadLabel, label, v);
+    }
     return;
   }
   A mx = -INFINITY;
@@ -197,7 +201,7 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* la
   using A = acc_t<T>;
   const int64_t row = blockIdx.x, base = row * v;
   const int64_t label = labels[row];
-  const bool skip = label == ignore;
+  const bool skip = label == ignore || label < 0 || label >= v;  // out of range: flagged by the forward
   const A gl = skip ? A(0) : grad_loss[row], l = skip ? A(0) : lse[row];
   for (int64_t i = threadIdx.x; i < v; i += blockDim.x) {
     A p = skip ? A(0) : gl * backend::exp_(ld(logits, base + i) - l);
@@ -206,12 +210,18 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* la
 }
 
 template <typename T>
-__global__ void embedding_kernel(const T* w, const int64_t* ids, T* out, int64_t n, int64_t d) {
+__global__ void embedding_kernel(const T* w, const int64_t* ids, T* out, int64_t n, int64_t v, int64_t d,
+                                 int64_t* bad) {
   const int64_t total = n * d;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    const int64_t r = i / d, j = i % d;
-    out[i] = w[ids[r] * d + j];
+    const int64_t r = i / d, j = i % d, id = ids[r];
+    if (id < 0 || id >= v) {
+      if (j == 0) report_bad(bad, kBadEmbeddingIndex, id, v);
+      st(out, i, acc_t<T>(0));
+      continue;
+    }
+    out[i] = w[id * d + j];
   }
 }
 
@@ -252,7 +262,7 @@ __global__ void rope_kernel(const T* x, const float* cs, const float* sn, const 
     const int64_t base = seq_major ? ((b * Tn + t) * H + h) * D : ((b * H + h) * Tn + t) * D;
     const int64_t p = pos[b * Tn + t];
     if (p < 0 || p >= P) {  // never read the tables out of range; the backend reports it at its next sync
-      *bad = p;
+      if (i == 0) report_bad(bad, kBadRopePosition, p, P);
       st(y, base + i, A(0));
       st(y, base + i + half, A(0));
       continue;
@@ -261,16 +271,6 @@ __global__ void rope_kernel(const T* x, const float* cs, const float* sn, const 
     const A x1 = ld(x, base + i), x2 = ld(x, base + i + half);
     st(y, base + i, x1 * c - x2 * s);
     st(y, base + i + half, x2 * c + x1 * s);
-  }
-}
-
-__global__ void first_bad_kernel(const int64_t* ids, int64_t n, int64_t lo, int64_t hi, int64_t ignore,
-                                 bool use_ignore, unsigned long long* first) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    const int64_t v = ids[i];
-    if ((use_ignore && v == ignore) || (v >= lo && v < hi)) continue;
-    atomicMin(first, static_cast<unsigned long long>(i));
   }
 }
 
@@ -332,11 +332,11 @@ void rms_norm_backward(DType dt, const void* x, const void* w, const void* rstd,
 }
 
 void cross_entropy(DType dt, const void* logits, const int64_t* labels, void* loss, void* lse, int64_t rows,
-                   int64_t v, int64_t ignore_index) {
+                   int64_t v, int64_t ignore_index, int64_t* bad) {
   dispatch_float(dt, [&]<typename T>() {
     cross_entropy_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(v)>>>(
         static_cast<const T*>(logits), labels, static_cast<acc_t<T>*>(loss), static_cast<acc_t<T>*>(lse), v,
-        ignore_index);
+        ignore_index, bad);
   });
   TR_CUDA_LAUNCH_CHECK("cross_entropy");
 }
@@ -353,10 +353,11 @@ void cross_entropy_backward(DType dt, const void* logits, const int64_t* labels,
   TR_CUDA_LAUNCH_CHECK("cross_entropy_backward");
 }
 
-void embedding(DType dt, const void* weight, const int64_t* ids, void* out, int64_t n, int64_t d) {
+void embedding(DType dt, const void* weight, const int64_t* ids, void* out, int64_t n, int64_t v, int64_t d,
+               int64_t* bad) {
   dispatch_float(dt, [&]<typename T>() {
     embedding_kernel<T>
-        <<<blocks_for(n * d), 256>>>(static_cast<const T*>(weight), ids, static_cast<T*>(out), n, d);
+        <<<blocks_for(n * d), 256>>>(static_cast<const T*>(weight), ids, static_cast<T*>(out), n, v, d, bad);
   });
   TR_CUDA_LAUNCH_CHECK("embedding");
 }
@@ -383,21 +384,6 @@ void rope(DType dt, const void* x, const float* cos, const float* sin, const int
                                                               inverse ? -1.0f : 1.0f, P, bad);
   });
   TR_CUDA_LAUNCH_CHECK("rope");
-}
-
-int64_t first_bad_index(const int64_t* ids, int64_t n, int64_t lo, int64_t hi, int64_t ignore,
-                        bool use_ignore) {
-  if (n == 0) return -1;
-  unsigned long long* d = nullptr;
-  unsigned long long init = ~0ull, out = 0;
-  TR_CUDA_CHECK(cudaMalloc(&d, sizeof init));
-  TR_CUDA_CHECK(cudaMemcpy(d, &init, sizeof init, cudaMemcpyHostToDevice));
-  first_bad_kernel<<<blocks_for(n), 256>>>(ids, n, lo, hi, ignore, use_ignore, d);
-  cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess) e = cudaMemcpy(&out, d, sizeof out, cudaMemcpyDeviceToHost);
-  cudaFree(d);
-  TR_CUDA_CHECK(e);
-  return out == ~0ull ? -1 : static_cast<int64_t>(out);
 }
 
 }  // namespace tr::cuda
