@@ -83,6 +83,55 @@ TEST_P(AttentionBlocked, MatchesTheFusedKernelForwardAndBackward) {
   }
 }
 
+// Attention dropout through the blocked form draws the mask dropout() draws on the [B, H, T, S]
+// probabilities: output and gradients equal eager attention (softmax, dropout, matmul) from the same
+// generator state, and the generator advances alike.
+TEST_P(AttentionBlocked, DropoutMatchesEagerAttentionFromTheSameGenerator) {
+  const auto [dev, dt] = GetParam();
+  if (dev.is_cuda() && !backend::cuda_available())
+    GTEST_SKIP() << "no CUDA GPU here: blocked attention NOT tested";
+  const double tol = dt == DType::f64 ? 1e-10 : dt == DType::f32 ? 2e-5 : 3e-2;
+  const int64_t B = 2, H = 2, T = 6, D = 8;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D)), p = 0.3;
+  auto make = [&](const Shape& sh, uint64_t seed) {
+    return ops::to_dtype(test::randn(sh, seed, dt), DType::f64);
+  };
+  Tensor q = make({B, H, T, D}, 11), k = make({B, H, T, D}, 12), v = make({B, H, T, D}, 13),
+         dout = make({B, H, T, D}, 14);
+  // Reference: eager attention in f64 on the CPU.
+  Tensor causal = ops::zeros({T, T}, DType::boolean);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t s2 = t + 1; s2 < T; ++s2) causal.data<bool>()[t * T + s2] = true;
+  Generator g1(7);
+  g1.set_state({7, 100});
+  Tensor rq = ops::clone(q), rk = ops::clone(k), rv = ops::clone(v);
+  for (Tensor* t : {&rq, &rk, &rv}) autograd::set_requires_grad(*t, true);
+  Tensor probs = softmax(masked_fill(mul_scalar(matmul(rq, rk, false, true), scale), causal, -INFINITY), -1);
+  Tensor ref = matmul(dropout(probs, p, g1, true), rv);
+  autograd::backward({ref}, {dout});
+  // Blocked, from the same generator state.
+  Generator g2(7);
+  g2.set_state({7, 100});
+  auto on = [&](const Tensor& t) {
+    Tensor x = ops::to_device(ops::to_dtype(t, dt), dev);
+    autograd::set_requires_grad(x, true);
+    return x;
+  };
+  Tensor bq = on(q), bk = on(k), bv = on(v);
+  Tensor out = scaled_dot_product_attention(bq, bk, bv, Tensor(), true, scale, p, &g2);
+  autograd::backward({out}, {ops::to_device(ops::to_dtype(dout, dt), dev)});
+  EXPECT_EQ(g2.state().offset, g1.state().offset);
+  auto cpu = [](const Tensor& t) { return ops::to_dtype(ops::to_device(t, Device::cpu()), DType::f64); };
+  EXPECT_TRUE(test::all_close(cpu(out), ops::to_dtype(ref, DType::f64), tol, tol)) << "out";
+  EXPECT_TRUE(test::all_close(cpu(bq.grad()), rq.grad(), tol, tol)) << "dq";
+  EXPECT_TRUE(test::all_close(cpu(bk.grad()), rk.grad(), tol, tol)) << "dk";
+  EXPECT_TRUE(test::all_close(cpu(bv.grad()), rv.grad(), tol, tol)) << "dv";
+  // Dropout really dropped: the result differs from attention without it.
+  auto plain = ops::attention(ops::to_dtype(q, DType::f64), ops::to_dtype(k, DType::f64),
+                              ops::to_dtype(v, DType::f64), Tensor(), true, scale);
+  EXPECT_FALSE(test::all_close(cpu(out), plain.out, 1e-3, 1e-3));
+}
+
 INSTANTIATE_TEST_SUITE_P(DevicesAndDtypes, AttentionBlocked,
                          ::testing::Combine(::testing::Values(Device::cpu(), Device::cuda(0)),
                                             ::testing::Values(DType::f64, DType::f32, DType::bf16)),

@@ -86,8 +86,11 @@ Tensor embedding(const Tensor& weight, const Tensor& ids);
 Tensor rope(const Tensor& x, const ops::RopeTables& tables, const Tensor& positions, bool seq_major = false);
 // Fused memory-efficient attention: q [B, H, T, D], k/v [B, Hkv, S, D] (grouped-query heads share k/v),
 // key_keep bool [B, S] (false = padding) or undefined. Saves only q, k, v, out and the row logsumexp.
+// dropout_p > 0 (training): attention dropout drawn from `gen` through the blocked form
+// (ops::AttentionDropout).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
-                                    bool causal, double scale);
+                                    bool causal, double scale, double dropout_p = 0.0,
+                                    Generator* gen = nullptr);
 
 // ---- shape
 Tensor view(const Tensor& x, const Shape& shape);

@@ -216,7 +216,26 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
 }
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
-                                    bool causal, double scale) {
+                                    bool causal, double scale, double dropout_p, Generator* gen) {
+  if (dropout_p > 0) {
+    // Attention dropout: the blocked form draws the mask from the generator as dropout() on the [B, H, T, S]
+    // probabilities would, and redraws the same mask in backward.
+    TR_CHECK(gen != nullptr, "attention dropout needs a generator");
+    const ops::AttentionDropout drop{
+        dropout_p, gen->seed(),
+        gen->reserve(static_cast<uint64_t>(q.size(0) * q.size(1) * q.size(2) * k.size(2)))};
+    ops::AttentionOut o = ops::attention_blocked(q, k, v, key_keep, causal, scale, 0, drop);
+    if (needs_grad({&q, &k, &v})) {
+      Tensor out = o.out.as_strided(o.out.shape(), o.out.strides(), o.out.offset()), lse = o.lse;
+      record("attention", {&q, &k, &v}, {&o.out},
+             [q, k, v, key_keep, causal, scale, out, lse, drop](const Grads& g) -> Grads {
+               ops::AttentionGrads r =
+                   ops::attention_blocked_backward(q, k, v, key_keep, causal, scale, out, lse, g[0], 0, drop);
+               return {r.dq, r.dk, r.dv};
+             });
+    }
+    return o.out;
+  }
   ops::AttentionOut o = ops::attention(q, k, v, key_keep, causal, scale);
   if (needs_grad({&q, &k, &v})) {
     Tensor out = o.out.as_strided(o.out.shape(), o.out.strides(), o.out.offset()), lse = o.lse;

@@ -138,13 +138,18 @@ class Backend {
     bool causal;
     double scale;
     Tensor key_keep;  // bool [B, S] or undefined
+    // Attention dropout on the probabilities, as dropout() on the [B, H, T, S] probability tensor would
+    // draw it: element ((b * H + h) * T + t) * S + s kept when uniform(seed, offset, index) >= dropout,
+    // then scaled by 1 / (1 - dropout). 0: none.
+    double dropout = 0.0;
+    uint64_t seed = 0, offset = 0;
   };
-  // probs = softmax(scale * scores) over the keys each query sees (0 elsewhere); lse its logsumexp (-inf and
-  // zero probs for a query that sees nothing).
+  // probs = softmax(scale * scores) over the keys each query sees (0 elsewhere), with the block's dropout
+  // applied; lse the logsumexp (-inf and zero probs for a query that sees nothing).
   virtual void attention_block_softmax(const Tensor& scores, const AttentionBlock& a, const Tensor& probs,
                                        const Tensor& lse) = 0;
-  // The block's backward: probs = exp(scale * scores - lse) where visible (else 0), dscores = probs * (dp -
-  // delta) * scale.
+  // The block's backward: p = exp(scale * scores - lse) where visible (else 0), z the dropout factor (0 or
+  // 1 / (1 - dropout); 1 without dropout); probs = p * z (for dv), dscores = p * (dp * z - delta) * scale.
   virtual void attention_block_grad(const Tensor& scores, const Tensor& dp, const Tensor& lse,
                                     const Tensor& delta, const AttentionBlock& a, const Tensor& probs,
                                     const Tensor& dscores) = 0;

@@ -25,8 +25,10 @@ Tensor CausalLM::attend(const Tensor& q, const Tensor& k, const Tensor& v, const
   const int64_t B = q.size(0), H = q.size(1), D = q.size(3), KV = k.size(1), S = k.size(2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const bool drop = o.training && o.dropout_gen && dropout_p > 0;
-  if (attn_implementation_ != "eager" && !drop)
-    return scaled_dot_product_attention(q, k, v, key_keep, true, scale);
+  // sdpa / flash_attention_2: the fused path; with dropout, the blocked form (same mask as eager's dropout).
+  if (attn_implementation_ != "eager")
+    return scaled_dot_product_attention(q, k, v, key_keep, true, scale, drop ? dropout_p : 0.0,
+                                        o.dropout_gen);
   auto repeat_kv = [&](const Tensor& t) {  // [B, KV, S, D] -> [B, H, S, D]
     if (KV == H) return t;
     return reshape(expand(unsqueeze(t, 2), {B, KV, H / KV, S, D}), {B, H, S, D});

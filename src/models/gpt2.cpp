@@ -83,7 +83,7 @@ class Gpt2 final : public CausalLM {
                                    : ops::from_vector<int64_t>(pv, {T}, device_);
     Tensor h = add(wte_(ids), wpe_(pos));
     if (drop) h = dropout(h, c.embd_pdrop, *o.dropout_gen);
-    const bool eager = attn_implementation_ == "eager" || (o.training && o.dropout_gen && c.attn_pdrop > 0);
+    const bool eager = attn_implementation_ == "eager";  // only eager reads the mask (sdpa: key_keep)
     const Tensor mask = eager ? attention_mask_for(B, T, S, o.attention_mask) : Tensor();
     const Tensor keep = key_keep_for(o.attention_mask);
     for (size_t li = 0; li < blocks_.size(); ++li) {

@@ -104,8 +104,7 @@ class Llama final : public CausalLM {
       for (int64_t t = 0; t < T; ++t) pos[static_cast<size_t>(b * T + t)] = past + t;
     const Tensor positions = device_.is_meta() ? ops::empty({B, T}, DType::i64, device_)
                                                : ops::from_vector<int64_t>(pos, {B, T}, device_);
-    const bool drop = o.training && o.dropout_gen;
-    const bool eager = attn_implementation_ == "eager" || (drop && config_.attn_pdrop > 0);
+    const bool eager = attn_implementation_ == "eager";  // only eager reads the mask (sdpa: key_keep)
     const Tensor mask = eager ? attention_mask_for(B, T, S, o.attention_mask) : Tensor();
     const Tensor keep = key_keep_for(o.attention_mask);
     Tensor h = embed_(ids);

@@ -157,12 +157,18 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
 // The same attention computed a block of `block` queries at a time (0: about 2^26 score elements per block)
 // with both products as batched GEMMs and the softmax as a row kernel (ops/attention_blocked.cpp); what
 // attention() runs on a GPU in bf16/f16. Same outputs (lse included), so either backward fits either forward.
+// Attention dropout with the Philox seed and offset dropout() on the [B, H, T, S] probabilities would use:
+// the same mask in forward and backward.
+struct AttentionDropout {
+  double p = 0.0;
+  uint64_t seed = 0, offset = 0;
+};
 AttentionOut attention_blocked(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
-                               bool causal, double scale, int64_t block = 0);
+                               bool causal, double scale, int64_t block = 0, AttentionDropout dropout = {});
 AttentionGrads attention_blocked_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                           const Tensor& key_keep, bool causal, double scale,
                                           const Tensor& out, const Tensor& lse, const Tensor& dout,
-                                          int64_t block = 0);
+                                          int64_t block = 0, AttentionDropout dropout = {});
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
 
 }  // namespace tr::ops

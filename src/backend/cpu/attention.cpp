@@ -9,6 +9,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/attention_geometry.h"
 #include "backend/cpu/loops.h"
+#include "core/rng.h"
 
 namespace tr::cpu {
 
@@ -201,7 +202,10 @@ namespace {
 struct BlockRows {
   backend::AttentionGeometry g;
   int64_t rows, per_group, t0, tq, sk;
-  BlockRows(const backend::Backend::AttentionBlock& a)
+  float dropout;
+  double keep_scale;
+  uint64_t seed, offset;
+  explicit BlockRows(const backend::Backend::AttentionBlock& a)
       : g{a.B,      a.H,     a.KV,
           a.T,      a.S,     0,
           a.causal, a.scale, a.key_keep.defined() ? a.key_keep.data<bool>() : nullptr},
@@ -209,9 +213,22 @@ struct BlockRows {
         per_group(a.H / a.KV * a.tq),
         t0(a.t0),
         tq(a.tq),
-        sk(a.sk) {}
+        sk(a.sk),
+        dropout(static_cast<float>(a.dropout)),
+        keep_scale(1.0 / (1.0 - a.dropout)),
+        seed(a.seed),
+        offset(a.offset) {}
   int64_t batch(int64_t row) const { return row / per_group / g.KV; }
   int64_t query(int64_t row) const { return t0 + row % per_group % tq; }
+  // The dropout factor of (row, key s): 1 without dropout, else 0 or 1 / (1 - p) from the element's index in
+  // the [B, H, T, S] probabilities (dropout() on that tensor draws the same).
+  double factor(int64_t row, int64_t s) const {
+    if (dropout == 0.0f) return 1.0;
+    const int64_t grp = row / per_group, rr = row % per_group;
+    const int64_t h = grp % g.KV * (g.H / g.KV) + rr / tq;
+    const uint64_t idx = static_cast<uint64_t>(((batch(row) * g.H + h) * g.T + query(row)) * g.S + s);
+    return uniform_from_word(philox_word(seed, offset, idx)) >= dropout ? keep_scale : 0.0;
+  }
 };
 
 }  // namespace
@@ -245,7 +262,8 @@ void CpuBackend::attention_block_softmax(const Tensor& scores, const AttentionBl
           const A l = m + std::log(sum);
           lp[r] = l;
           for (int64_t s = 0; s < br.sk; ++s)
-            p[s] = P(br.g.visible(b, t, s) ? std::exp(x[s] * scale - l) : A(0));
+            p[s] = P(br.g.visible(b, t, s) ? std::exp(x[s] * scale - l) * static_cast<A>(br.factor(r, s))
+                                           : A(0));
         }
       });
     } else {
@@ -272,9 +290,9 @@ void CpuBackend::attention_block_grad(const Tensor& scores, const Tensor& dp, co
           P* ds = dscores.data<P>() + r * br.sk;
           for (int64_t s = 0; s < br.sk; ++s) {
             const bool on = l != -std::numeric_limits<A>::infinity() && br.g.visible(b, t, s);
-            const A pv = on ? std::exp(x[s] * scale - l) : A(0);
-            p[s] = P(pv);
-            ds[s] = P(pv * (g[s] - d) * scale);
+            const A pv = on ? std::exp(x[s] * scale - l) : A(0), z = static_cast<A>(br.factor(r, s));
+            p[s] = P(pv * z);
+            ds[s] = P(pv * (g[s] * z - d) * scale);
           }
         }
       });

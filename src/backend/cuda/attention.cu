@@ -8,6 +8,7 @@
 
 #include "backend/attention_geometry.h"
 #include "backend/cuda/common.cuh"
+#include "core/rng.h"
 
 namespace tr::cuda {
 
@@ -381,8 +382,19 @@ __global__ void __launch_bounds__(kTileThreads)
 struct BlockRows {
   Geo g;
   int64_t per_group, t0, tq, sk;
+  float dropout;
+  double keep_scale;
+  uint64_t seed, offset;
   __device__ int64_t batch(int64_t row) const { return row / per_group / g.KV; }
   __device__ int64_t query(int64_t row) const { return t0 + row % per_group % tq; }
+  // The dropout factor of (row, key s), as the CPU twin: from the element's index in [B, H, T, S].
+  __device__ double factor(int64_t row, int64_t s) const {
+    if (dropout == 0.0f) return 1.0;
+    const int64_t grp = row / per_group, rr = row % per_group;
+    const int64_t h = grp % g.KV * (g.H / g.KV) + rr / tq;
+    const uint64_t idx = static_cast<uint64_t>(((batch(row) * g.H + h) * g.T + query(row)) * g.S + s);
+    return uniform_from_word(philox_word(seed, offset, idx)) >= dropout ? keep_scale : 0.0;
+  }
 };
 
 // One block per row: max, sum, then the probabilities exp(x - lse) of the visible keys.
@@ -408,7 +420,7 @@ __global__ void block_softmax_kernel(BlockRows br, const A* scores, P* probs, A*
   const A l = m + log(block_sum(sum, sh));
   if (threadIdx.x == 0) lse[row] = l;
   for (int64_t s = threadIdx.x; s < br.sk; s += blockDim.x)
-    st(p, s, br.g.visible(b, t, s) ? exp(x[s] * scale - l) : A(0));
+    st(p, s, br.g.visible(b, t, s) ? exp(x[s] * scale - l) * static_cast<A>(br.factor(row, s)) : A(0));
 }
 
 template <typename A, typename P>
@@ -420,9 +432,9 @@ __global__ void block_grad_kernel(BlockRows br, int64_t rows, const A* scores, c
     const int64_t row = i / br.sk, s = i % br.sk;
     const A l = lse[row];
     const bool on = l != A(-INFINITY) && br.g.visible(br.batch(row), br.query(row), s);
-    const A pv = on ? exp(scores[i] * scale - l) : A(0);
-    st(probs, i, pv);
-    st(dscores, i, pv * (dp[i] - delta[row]) * scale);
+    const A pv = on ? exp(scores[i] * scale - l) : A(0), z = static_cast<A>(br.factor(row, s));
+    st(probs, i, pv * z);
+    st(dscores, i, pv * (dp[i] * z - delta[row]) * scale);
   }
 }
 
@@ -539,10 +551,19 @@ void dispatch_block(DType sdt, DType pdt, F&& f) {
 
 void attention_block_softmax(DType sdt, DType pdt, const void* scores, void* probs, void* lse,
                              const bool* keep, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S,
-                             int64_t t0, int64_t tq, int64_t sk, bool causal, double scale) {
+                             int64_t t0, int64_t tq, int64_t sk, bool causal, double scale, double dropout,
+                             uint64_t seed, uint64_t offset) {
   const int64_t rows = B * H * tq;
   if (rows == 0) return;
-  const BlockRows br{Geo{B, H, KV, T, S, 0, causal, scale, keep}, H / KV * tq, t0, tq, sk};
+  const BlockRows br{Geo{B, H, KV, T, S, 0, causal, scale, keep},
+                     H / KV * tq,
+                     t0,
+                     tq,
+                     sk,
+                     static_cast<float>(dropout),
+                     1.0 / (1.0 - dropout),
+                     seed,
+                     offset};
   dispatch_block(sdt, pdt, [&]<typename A, typename P>() {
     block_softmax_kernel<A, P><<<static_cast<unsigned>(rows), 256>>>(
         br, static_cast<const A*>(scores), static_cast<P*>(probs), static_cast<A*>(lse));
@@ -553,10 +574,18 @@ void attention_block_softmax(DType sdt, DType pdt, const void* scores, void* pro
 void attention_block_grad(DType sdt, DType pdt, const void* scores, const void* dp, const void* lse,
                           const void* delta, void* probs, void* dscores, const bool* keep, int64_t B,
                           int64_t H, int64_t KV, int64_t T, int64_t S, int64_t t0, int64_t tq, int64_t sk,
-                          bool causal, double scale) {
+                          bool causal, double scale, double dropout, uint64_t seed, uint64_t offset) {
   const int64_t rows = B * H * tq;
   if (rows * sk == 0) return;
-  const BlockRows br{Geo{B, H, KV, T, S, 0, causal, scale, keep}, H / KV * tq, t0, tq, sk};
+  const BlockRows br{Geo{B, H, KV, T, S, 0, causal, scale, keep},
+                     H / KV * tq,
+                     t0,
+                     tq,
+                     sk,
+                     static_cast<float>(dropout),
+                     1.0 / (1.0 - dropout),
+                     seed,
+                     offset};
   dispatch_block(sdt, pdt, [&]<typename A, typename P>() {
     block_grad_kernel<A, P><<<blocks_for(rows * sk), 256>>>(
         br, rows, static_cast<const A*>(scores), static_cast<const A*>(dp), static_cast<const A*>(lse),

@@ -427,14 +427,15 @@ class CudaBackend final : public backend::Backend {
                                const Tensor& lse) override {
     cuda::attention_block_softmax(scores.dtype(), probs.dtype(), scores.data_ptr(), probs.data_ptr(),
                                   lse.data_ptr(), a.key_keep.defined() ? a.key_keep.data<bool>() : nullptr,
-                                  a.B, a.H, a.KV, a.T, a.S, a.t0, a.tq, a.sk, a.causal, a.scale);
+                                  a.B, a.H, a.KV, a.T, a.S, a.t0, a.tq, a.sk, a.causal, a.scale, a.dropout,
+                                  a.seed, a.offset);
   }
   void attention_block_grad(const Tensor& scores, const Tensor& dp, const Tensor& lse, const Tensor& delta,
                             const AttentionBlock& a, const Tensor& probs, const Tensor& dscores) override {
     cuda::attention_block_grad(scores.dtype(), probs.dtype(), scores.data_ptr(), dp.data_ptr(),
                                lse.data_ptr(), delta.data_ptr(), probs.data_ptr(), dscores.data_ptr(),
                                a.key_keep.defined() ? a.key_keep.data<bool>() : nullptr, a.B, a.H, a.KV, a.T,
-                               a.S, a.t0, a.tq, a.sk, a.causal, a.scale);
+                               a.S, a.t0, a.tq, a.sk, a.causal, a.scale, a.dropout, a.seed, a.offset);
   }
   void dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, const Tensor& y) override {
     cuda::dropout(x.dtype(), x.data_ptr(), y.data_ptr(), x.numel(), p, seed, offset);

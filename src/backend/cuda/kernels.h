@@ -87,11 +87,12 @@ void attention_backward(DType dt, const void* q, const void* k, const void* v, c
 // dtype (f32/f64), pdt: the probabilities'.
 void attention_block_softmax(DType sdt, DType pdt, const void* scores, void* probs, void* lse,
                              const bool* keep, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S,
-                             int64_t t0, int64_t tq, int64_t sk, bool causal, double scale);
+                             int64_t t0, int64_t tq, int64_t sk, bool causal, double scale, double dropout,
+                             uint64_t seed, uint64_t offset);
 void attention_block_grad(DType sdt, DType pdt, const void* scores, const void* dp, const void* lse,
                           const void* delta, void* probs, void* dscores, const bool* keep, int64_t B,
                           int64_t H, int64_t KV, int64_t T, int64_t S, int64_t t0, int64_t tq, int64_t sk,
-                          bool causal, double scale);
+                          bool causal, double scale, double dropout, uint64_t seed, uint64_t offset);
 
 // Multi-tensor passes (Backend::grad_stats / transform_grads / fused_adamw): one launch over a list of
 // 64K-element chunks, one block per chunk; the element math is backend/optim_math.h's. Gradients and weight
