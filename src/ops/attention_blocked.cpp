@@ -61,35 +61,53 @@ backend::Backend::AttentionBlock block_of(const Dims& d, const Tensor& keep, boo
 
 DType stat_of(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 
+// What forward and backward share: keys and values flattened to [B * KV, S, D], the contiguous mask, and the
+// walk over query blocks, fn(t0, tq, sk) with the keys sk the block sees.
+struct Blocks {
+  Tensor kf, vf, keep;
+  int64_t bq;
+  Blocks(const Dims& d, const Tensor& k, const Tensor& v, const Tensor& key_keep, int64_t block,
+         const AttentionDropout& dropout)
+      : kf(reshape(contiguous(k), {d.B * d.KV, d.S, d.D})),
+        vf(reshape(contiguous(v), {d.B * d.KV, d.S, d.D})),
+        keep(key_keep.defined() ? contiguous(key_keep) : key_keep),
+        bq(block_rows(d, block)) {
+    TR_CHECK(dropout.p >= 0 && dropout.p < 1, "attention: dropout {} must be in [0, 1)", dropout.p);
+  }
+  template <typename F>
+  void each(const Dims& d, bool causal, F&& fn) const {
+    for (int64_t t0 = 0; t0 < d.T; t0 += bq) {
+      const int64_t tq = std::min(bq, d.T - t0);
+      fn(t0, tq, keys_seen(d, causal, t0, tq));
+    }
+  }
+};
+
 }  // namespace
 
 AttentionOut attention_blocked(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                                bool causal, double scale, int64_t block, AttentionDropout dropout) {
   const Dims d = dims_of(q, k);
-  TR_CHECK(dropout.p >= 0 && dropout.p < 1, "attention: dropout {} must be in [0, 1)", dropout.p);
   auto& be = backend::backend_for(q.device());
   AttentionOut o{empty(q.shape(), q.dtype(), q.device()),
                  empty({d.B, d.H, d.T}, stat_of(q.dtype()), q.device())};
   if (q.device().is_meta() || q.numel() == 0) return o;
-  const Tensor kf = reshape(contiguous(k), {d.B * d.KV, d.S, d.D}),
-               vf = reshape(contiguous(v), {d.B * d.KV, d.S, d.D});
-  const Tensor keep = key_keep.defined() ? contiguous(key_keep) : key_keep;
-  const int64_t bq = block_rows(d, block);
-  for (int64_t t0 = 0; t0 < d.T; t0 += bq) {
-    const int64_t tq = std::min(bq, d.T - t0), sk = keys_seen(d, causal, t0, tq);
+  const Blocks blocks(d, k, v, key_keep, block, dropout);
+  blocks.each(d, causal, [&](int64_t t0, int64_t tq, int64_t sk) {
     if (sk == 0) {  // no query of the block sees a key: zero output, lse -inf (the fused kernel's rule)
       put_rows(o.out, zeros({d.B * d.KV, d.rep * tq, d.D}, q.dtype(), q.device()), d, t0, tq);
       put_rows(o.lse, full({d.B * d.KV, d.rep * tq}, -INFINITY, o.lse.dtype(), q.device()), d, t0, tq);
-      continue;
+      return;
     }
-    const Tensor kb = narrow(kf, 1, 0, sk), vb = narrow(vf, 1, 0, sk);
+    const Tensor kb = narrow(blocks.kf, 1, 0, sk), vb = narrow(blocks.vf, 1, 0, sk);
     Tensor scores = matmul_f32(rows_of(q, d, t0, tq), kb, false, true);  // [B*KV, rep*tq, sk]
     Tensor probs = empty(scores.shape(), q.dtype(), q.device());
     Tensor lse = empty({d.B * d.KV, d.rep * tq}, scores.dtype(), q.device());
-    be.attention_block_softmax(scores, block_of(d, keep, causal, scale, t0, tq, sk, dropout), probs, lse);
+    be.attention_block_softmax(scores, block_of(d, blocks.keep, causal, scale, t0, tq, sk, dropout), probs,
+                               lse);
     put_rows(o.out, matmul(probs, vb), d, t0, tq);
     put_rows(o.lse, lse, d, t0, tq);
-  }
+  });
   return o;
 }
 
@@ -111,28 +129,24 @@ AttentionGrads attention_blocked_backward(const Tensor& q, const Tensor& k, cons
     const Tensor delta =
         reduce(backend::ReduceOp::sum, binary(backend::BinaryOp::mul, to_dtype(dout, st), to_dtype(out, st)),
                {-1}, false);
-    const Tensor kf = reshape(contiguous(k), {d.B * d.KV, d.S, d.D}),
-                 vf = reshape(contiguous(v), {d.B * d.KV, d.S, d.D});
-    const Tensor keep = key_keep.defined() ? contiguous(key_keep) : key_keep;
-    const int64_t bq = block_rows(d, block);
-    for (int64_t t0 = 0; t0 < d.T; t0 += bq) {
-      const int64_t tq = std::min(bq, d.T - t0), sk = keys_seen(d, causal, t0, tq);
+    const Blocks blocks(d, k, v, key_keep, block, dropout);
+    blocks.each(d, causal, [&](int64_t t0, int64_t tq, int64_t sk) {
       if (sk == 0) {
         put_rows(g.dq, zeros({d.B * d.KV, d.rep * tq, d.D}, q.dtype(), q.device()), d, t0, tq);
-        continue;
+        return;
       }
-      const Tensor kb = narrow(kf, 1, 0, sk), vb = narrow(vf, 1, 0, sk);
+      const Tensor kb = narrow(blocks.kf, 1, 0, sk), vb = narrow(blocks.vf, 1, 0, sk);
       const Tensor qb = rows_of(q, d, t0, tq), dob = rows_of(dout, d, t0, tq);
       const Tensor scores = matmul_f32(qb, kb, false, true), dp = matmul_f32(dob, vb, false, true);
       Tensor probs = empty(scores.shape(), q.dtype(), q.device()),
              ds = empty(scores.shape(), q.dtype(), q.device());
       be.attention_block_grad(scores, dp, rows_of(lse, d, t0, tq), rows_of(delta, d, t0, tq),
-                              block_of(d, keep, causal, scale, t0, tq, sk, dropout), probs, ds);
+                              block_of(d, blocks.keep, causal, scale, t0, tq, sk, dropout), probs, ds);
       put_rows(g.dq, matmul(ds, kb), d, t0, tq);  // dq = ds k (ds carries the scale)
       const Tensor dkb = narrow(dk, 1, 0, sk), dvb = narrow(dv, 1, 0, sk);
       copy_(dkb, binary(backend::BinaryOp::add, dkb, matmul_f32(ds, qb, true, false)));      // dk += ds^T q
       copy_(dvb, binary(backend::BinaryOp::add, dvb, matmul_f32(probs, dob, true, false)));  // dv += p^T dout
-    }
+    });
   }
   copy_(g.dk, view(dk, k.shape()));
   copy_(g.dv, view(dv, v.shape()));

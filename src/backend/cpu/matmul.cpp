@@ -63,6 +63,22 @@ std::vector<float> round_to_tf32(const float* x, int64_t n) {
 }
 }  // namespace
 
+namespace {
+
+// bf16/f16 operands widened to f32 and multiplied into the f32 product c (dense [batch, m, n]).
+template <typename T>
+void widened_gemm(const backend::GemmArgs& g, float* c) {
+  const int64_t ar = g.trans_a ? g.k : g.m, ac = g.trans_a ? g.m : g.k;
+  const int64_t br = g.trans_b ? g.n : g.k, bc = g.trans_b ? g.k : g.n;
+  const int64_t ba = g.stride_a == 0 ? 1 : g.batch, bb = g.stride_b == 0 ? 1 : g.batch;
+  auto a = widen(static_cast<const T*>(g.a.data_ptr()), ba, g.stride_a, ar, ac, g.lda);
+  auto b = widen(static_cast<const T*>(g.b.data_ptr()), bb, g.stride_b, br, bc, g.ldb);
+  sgemm_batched(g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k, static_cast<float>(g.alpha), a.data(), ac,
+                ba == 1 ? 0 : ar * ac, b.data(), bc, bb == 1 ? 0 : br * bc, static_cast<float>(g.beta), c);
+}
+
+}  // namespace
+
 void CpuBackend::gemm(const backend::GemmArgs& g) {
   if (g.epilogue != backend::GemmEpilogue::none) {
     TR_CHECK(g.batch == 1 && g.beta == 0.0 && g.bias.defined() && g.bias.numel() == g.n &&
@@ -103,16 +119,8 @@ void CpuBackend::gemm(const backend::GemmArgs& g) {
              "matmul: an f32 product needs bf16/f16 operands of one dtype, got {} and {}",
              dtype_name(g.a.dtype()), dtype_name(g.b.dtype()));
     dispatch_float(g.a.dtype(), "matmul", [&]<typename T>() {
-      if constexpr (std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>) {
-        const int64_t ar = g.trans_a ? g.k : g.m, ac = g.trans_a ? g.m : g.k;
-        const int64_t br = g.trans_b ? g.n : g.k, bc = g.trans_b ? g.k : g.n;
-        const int64_t ba = g.stride_a == 0 ? 1 : g.batch, bb = g.stride_b == 0 ? 1 : g.batch;
-        auto a = widen(static_cast<const T*>(g.a.data_ptr()), ba, g.stride_a, ar, ac, g.lda);
-        auto b = widen(static_cast<const T*>(g.b.data_ptr()), bb, g.stride_b, br, bc, g.ldb);
-        sgemm_batched(g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k, static_cast<float>(g.alpha), a.data(), ac,
-                      ba == 1 ? 0 : ar * ac, b.data(), bc, bb == 1 ? 0 : br * bc, static_cast<float>(g.beta),
-                      static_cast<float*>(g.c.data_ptr()));
-      }
+      if constexpr (std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>)
+        widened_gemm<T>(g, static_cast<float*>(g.c.data_ptr()));
     });
     return;
   }
@@ -147,15 +155,8 @@ void CpuBackend::gemm(const backend::GemmArgs& g) {
     case DType::f16:
       dispatch_float(g.c.dtype(), "matmul", [&]<typename T>() {
         if constexpr (std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>) {
-          const int64_t ar = g.trans_a ? g.k : g.m, ac = g.trans_a ? g.m : g.k;
-          const int64_t br = g.trans_b ? g.n : g.k, bc = g.trans_b ? g.k : g.n;
-          const int64_t ba = g.stride_a == 0 ? 1 : g.batch, bb = g.stride_b == 0 ? 1 : g.batch;
-          auto a = widen(static_cast<const T*>(g.a.data_ptr()), ba, g.stride_a, ar, ac, g.lda);
-          auto b = widen(static_cast<const T*>(g.b.data_ptr()), bb, g.stride_b, br, bc, g.ldb);
           auto c = widen(static_cast<const T*>(g.c.data_ptr()), g.batch, mn, g.m, g.n, g.n);
-          sgemm_batched(g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k, static_cast<float>(g.alpha), a.data(),
-                        ac, ba == 1 ? 0 : ar * ac, b.data(), bc, bb == 1 ? 0 : br * bc,
-                        static_cast<float>(g.beta), c.data());
+          widened_gemm<T>(g, c.data());
           T* cp = static_cast<T*>(g.c.data_ptr());
           for (int64_t i = 0; i < g.batch * mn; ++i) cp[i] = T(c[static_cast<size_t>(i)]);
         }

@@ -549,21 +549,31 @@ void dispatch_block(DType sdt, DType pdt, F&& f) {
 
 }  // namespace
 
+namespace {
+
+BlockRows block_rows_of(const bool* keep, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t t0,
+                        int64_t tq, int64_t sk, bool causal, double scale, double dropout, uint64_t seed,
+                        uint64_t offset) {
+  return {Geo{B, H, KV, T, S, 0, causal, scale, keep},
+          H / KV * tq,
+          t0,
+          tq,
+          sk,
+          static_cast<float>(dropout),
+          1.0 / (1.0 - dropout),
+          seed,
+          offset};
+}
+
+}  // namespace
+
 void attention_block_softmax(DType sdt, DType pdt, const void* scores, void* probs, void* lse,
                              const bool* keep, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S,
                              int64_t t0, int64_t tq, int64_t sk, bool causal, double scale, double dropout,
                              uint64_t seed, uint64_t offset) {
   const int64_t rows = B * H * tq;
   if (rows == 0) return;
-  const BlockRows br{Geo{B, H, KV, T, S, 0, causal, scale, keep},
-                     H / KV * tq,
-                     t0,
-                     tq,
-                     sk,
-                     static_cast<float>(dropout),
-                     1.0 / (1.0 - dropout),
-                     seed,
-                     offset};
+  const BlockRows br = block_rows_of(keep, B, H, KV, T, S, t0, tq, sk, causal, scale, dropout, seed, offset);
   dispatch_block(sdt, pdt, [&]<typename A, typename P>() {
     block_softmax_kernel<A, P><<<static_cast<unsigned>(rows), 256>>>(
         br, static_cast<const A*>(scores), static_cast<P*>(probs), static_cast<A*>(lse));
@@ -577,15 +587,7 @@ void attention_block_grad(DType sdt, DType pdt, const void* scores, const void* 
                           bool causal, double scale, double dropout, uint64_t seed, uint64_t offset) {
   const int64_t rows = B * H * tq;
   if (rows * sk == 0) return;
-  const BlockRows br{Geo{B, H, KV, T, S, 0, causal, scale, keep},
-                     H / KV * tq,
-                     t0,
-                     tq,
-                     sk,
-                     static_cast<float>(dropout),
-                     1.0 / (1.0 - dropout),
-                     seed,
-                     offset};
+  const BlockRows br = block_rows_of(keep, B, H, KV, T, S, t0, tq, sk, causal, scale, dropout, seed, offset);
   dispatch_block(sdt, pdt, [&]<typename A, typename P>() {
     block_grad_kernel<A, P><<<blocks_for(rows * sk), 256>>>(
         br, rows, static_cast<const A*>(scores), static_cast<const A*>(dp), static_cast<const A*>(lse),
