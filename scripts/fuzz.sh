@@ -1,23 +1,118 @@
 #!/usr/bin/env bash
-# Builds the safetensors-header fuzzer with clang (libFuzzer + ASan + UBSan) and runs it.
-# Usage: scripts/fuzz.sh [seconds=600]. Crashes land in build/fuzz/crash-*; the corpus in build/fuzz/corpus.
-set -euo pipefail
+# Builds the libFuzzer targets (fuzz/fuzz_*.cpp; clang, ASan + UBSan; preset "fuzz" in build/fuzz) and runs
+# each in turn over its seed corpus (fuzz/corpus/<target>) and past findings (fuzz/regressions/<target>).
+# Usage: scripts/fuzz.sh [seconds per target=600] [target...]   (long runs; new inputs kept in
+#          build/fuzz/corpus/<target>, crashes in build/fuzz/artifacts/<target>/, stats in build/fuzz/stats.txt)
+#        scripts/fuzz.sh --smoke [target...]   (ctest's fuzz_smoke: FUZZ_SMOKE_SECONDS=5 each, starting from the
+#          seeds and regressions only; exit 77 = skipped when clang or libFuzzer is missing)
+# Exits 1 if a regression input fails again or any target crashed, leaked, timed out or threw anything but
+# tr::Error.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-secs=${1:-600}
-out=build/fuzz && mkdir -p "$out/corpus"
-clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Isrc \
-  fuzz/fuzz_safetensors_header.cpp src/io/safetensors_header.cpp src/core/tensor.cpp src/core/core_misc.cpp \
-  src/core/allocator.cpp -lfmt -o "$out/fuzz_safetensors_header"
-# Seeds: a valid file and a few near misses.
-python3 - "$out/corpus" <<'PY'
-import json, struct, sys, os
-d = sys.argv[1]
-def put(name, header, data=b""):
-    h = json.dumps(header).encode()
-    open(os.path.join(d, name), "wb").write(struct.pack("<Q", len(h)) + h + data)
-put("ok", {"__metadata__": {"format": "pt"}, "w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}, bytes(16))
-put("two", {"a": {"dtype": "BF16", "shape": [3], "data_offsets": [0, 6]}, "b": {"dtype": "I64", "shape": [1], "data_offsets": [6, 14]}}, bytes(14))
-put("empty", {})
-PY
-"$out/fuzz_safetensors_header" -max_total_time="$secs" -max_len=4096 -timeout=5 -artifact_prefix="$out/" \
-  "$out/corpus" 2>&1 | tail -n 5
+export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}"
+
+smoke=0
+if [[ "${1:-}" == "--smoke" ]]; then smoke=1; shift; fi
+secs=600
+if ((!smoke)) && [[ "${1:-}" =~ ^[0-9]+$ ]]; then secs=$1; shift; fi
+((smoke)) && secs=${FUZZ_SMOKE_SECONDS:-5}
+all_targets=(safetensors_header config_json tokenizer_json checkpoint_state optimizer_state args_file token_shard)
+targets=("$@")
+((${#targets[@]})) || targets=("${all_targets[@]}")
+
+# Inputs longer than max_len are cut, so each must hold the largest seed; JSON targets get the dictionary.
+declare -A max_len=([safetensors_header]=4096 [config_json]=4096 [tokenizer_json]=8192 [checkpoint_state]=4096
+                    [optimizer_state]=4096 [args_file]=4096 [token_shard]=4096)
+declare -A dict=([config_json]=1 [tokenizer_json]=1 [checkpoint_state]=1 [args_file]=1)
+
+# No clang or no libFuzzer runtime: skip, loudly (ctest SKIP_RETURN_CODE 77); scripts/setup.sh installs both.
+probe=$(mktemp -d)
+trap 'rm -rf "$probe"' EXIT
+# The libraries use OpenMP, which under clang is LLVM's libomp.
+echo 'extern "C" int LLVMFuzzerTestOneInput(const char*, unsigned long) { return 0; }' >"$probe/p.cpp"
+if ! command -v clang++ >/dev/null || ! clang++ -fopenmp -fsanitize=fuzzer,address,undefined "$probe/p.cpp" \
+    -o "$probe/p" 2>"$probe/err"; then
+  echo "************************************************************************************************"
+  echo "fuzz: SKIPPED - clang++ with libFuzzer (and libomp) is not available ($(command -v clang++ || echo 'no clang++'))."
+  head -n 3 "$probe/err" 2>/dev/null
+  echo "fuzz: install it with scripts/setup.sh (Debian: clang libclang-rt-14-dev libomp-dev)."
+  echo "************************************************************************************************"
+  exit 77
+fi
+
+out=build/fuzz
+# Configure once; ninja reconfigures by itself when a CMakeLists.txt changes, so reruns only rebuild.
+if [[ ! -f $out/build.ninja ]]; then
+  cmake --preset fuzz >"$probe/cmake.log" 2>&1 || { cat "$probe/cmake.log"; exit 1; }
+fi
+build_targets=()
+for t in "${targets[@]}"; do
+  [[ -n "${max_len[$t]:-}" ]] || { echo "fuzz: unknown target '$t' (${all_targets[*]})"; exit 2; }
+  build_targets+=("fuzz_$t")
+done
+cmake --build "$out" --target "${build_targets[@]}" -j "${FUZZ_BUILD_JOBS:-2}" || exit 1
+
+# libFuzzer's default error exit code is 77, the skip code above: make every finding exit 1. Sanitizers stop
+# at the first report; OpenMP stays on one thread (nothing here is parallel work).
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+export OMP_NUM_THREADS=1
+mkdir -p "$out/logs"
+failed=()
+summary=()
+# One line with the stack top of a failed run's log.
+report() { grep -E 'ERROR|runtime error|terminate called|what\(\)|SUMMARY|Test unit written|^    #[0-9] ' "$1" | head -n "$2"; }
+for t in "${targets[@]}"; do
+  if ((smoke)); then corpus="$out/smoke_corpus/$t" && rm -rf "$corpus"; else corpus="$out/corpus/$t"; fi
+  mkdir -p "$corpus" "$out/artifacts/$t"
+  bin="$out/fuzz_$t"
+  # Past findings one by one, so each that fails again is named; those that pass join the seeds (a failing
+  # one would stop the fuzzing below at its first input; libFuzzer takes folders only, hence the copies).
+  passed="$out/regressions_passed/$t" && rm -rf "$passed" && mkdir -p "$passed"
+  regress_failed=()
+  for f in fuzz/regressions/"$t"/*; do
+    [[ -f $f ]] || continue
+    if "$bin" -error_exitcode=1 -timeout=5 -rss_limit_mb=4096 "$f" >"$out/logs/$t.regression.log" 2>&1; then
+      cp "$f" "$passed/"
+    else
+      regress_failed+=("$f")
+      echo "---- $t: regression $f fails again ----"
+      report "$out/logs/$t.regression.log" 12
+    fi
+  done
+  opts=(-max_total_time="$secs" -max_len="${max_len[$t]}" -timeout=5 -rss_limit_mb=4096 -error_exitcode=1
+        -timeout_exitcode=1 -print_final_stats=1 -artifact_prefix="$out/artifacts/$t/")
+  [[ -n "${dict[$t]:-}" ]] && opts+=(-dict=fuzz/json.dict)
+  log="$out/logs/$t.log"
+  echo "fuzz: $t for ${secs}s"
+  # The first corpus folder receives new inputs; the seeds and the passing regressions are read only.
+  "$bin" "${opts[@]}" "$corpus" fuzz/corpus/"$t" "$passed" >"$log" 2>&1
+  rc=$?
+  done_line=$(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -n 1)
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
+  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log")
+  cov=$(sed -nE 's/.* cov: ([0-9]+) ft: ([0-9]+) corp: ([0-9]+).*/cov \1 ft \2 corpus \3/p' <<<"$done_line")
+  rss=$(sed -n 's/^stat::peak_rss_mb: *//p' "$log")
+  line=$(printf '%-20s execs %-10s exec/s %-7s %s rss %s MB' "$t" "${execs:-?}" "${rate:-?}" "${cov:-cov ?}" "${rss:-?}")
+  if ((${#regress_failed[@]})); then
+    failed+=("$t")
+    line+="  REGRESSIONS FAIL: ${regress_failed[*]}"
+  fi
+  if ((rc != 0)); then
+    ((${#regress_failed[@]})) || failed+=("$t")
+    line+="  FINDING (rc $rc, log $log)"
+    echo "---- $t: finding (from $log) ----"
+    report "$log" 30
+  fi
+  echo "$line"
+  summary+=("$line")
+done
+
+echo "==== fuzz summary ($( ((smoke)) && echo smoke || echo long) run, ${secs}s per target, $(date -u +%FT%TZ)) ===="
+printf '%s\n' "${summary[@]}"
+((smoke)) || { echo "# $(date -u +%FT%TZ) ${secs}s per target"; printf '%s\n' "${summary[@]}"; } >>"$out/stats.txt"
+if ((${#failed[@]})); then
+  echo "fuzz: FAILED: ${failed[*]} (reproduce: $out/fuzz_<target> <file>; new findings in $out/artifacts/)"
+  exit 1
+fi
+echo "fuzz: PASS"

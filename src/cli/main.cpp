@@ -1,10 +1,9 @@
 // The `trainer` command line: train (no arguments: the default run), eval, generate, tokenize, info, flags,
 // version. Only this layer exits; the library throws.
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
-#include <atomic>
 #include <chrono>
-#include <csignal>
 #include <cstdio>
 #include <cmath>
 #include <filesystem>
@@ -12,20 +11,13 @@
 #include "backend/cuda_api.h"
 #include "cli/default_run.h"
 #include "cli/flags.h"
+#include "cli/stop_signals.h"
 #include "data/tokenize.h"
 #include "train/trainer.h"
 #include "io/safetensors.h"
 #include "models/causal_lm.h"
 
 namespace {
-
-// Set by SIGINT/SIGTERM; the training loop finishes its step, saves a checkpoint and returns.
-std::atomic<bool> g_stop_requested{false};
-// The second signal is not caught: a user pressing Ctrl-C again during a long save or eval gets out.
-extern "C" void on_stop_signal(int sig) {
-  g_stop_requested = true;
-  std::signal(sig, SIG_DFL);
-}
 
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KB", "MB", "GB", "TB"};
@@ -92,13 +84,12 @@ int tokenize(const std::string& tokenizer_path, tr::data::TokenizeOptions o) {
   return 0;
 }
 
-int run_train(tr::train::TrainingArguments a, bool default_run) {
-  std::signal(SIGINT, on_stop_signal);
-  std::signal(SIGTERM, on_stop_signal);
+int run_train(tr::train::TrainingArguments a, bool default_run, tr::cli::StopSignals& signals) {
   tr::train::TrainHooks hooks;
-  hooks.should_stop = [] { return g_stop_requested.load(); };
+  hooks.should_stop = [&signals] { return signals.stop_requested(); };
   auto r = tr::train::train(a, hooks);
-  if (r.interrupted) return 0;  // the message saying how to resume was printed
+  signals.set_mode(tr::cli::FirstSignal::exit_now);  // the model is saved; a signal now just ends the sample
+  if (r.interrupted) return 0;                       // the message saying how to resume was printed
   std::printf("trained %lld steps in %.1f s (%.0f tokens/s): loss %.4f -> %.4f; model saved to %s\n",
               static_cast<long long>(r.steps), r.seconds, r.tokens_per_second, r.first_loss, r.last_loss,
               a.output_dir.c_str());
@@ -117,6 +108,12 @@ int run_train(tr::train::TrainingArguments a, bool default_run) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before any thread of ours exists, only this object's thread takes SIGINT/SIGTERM/SIGHUP (see
+  // stop_signals.cpp for the heap corruption a handler caused). `train`: the step in flight finishes, a
+  // checkpoint is saved and the exit status is 0; other subcommands end by the signal.
+  const bool training = argc >= 2 && std::string(argv[1]) == "train";
+  tr::cli::StopSignals signals(training ? tr::cli::FirstSignal::request_stop
+                                        : tr::cli::FirstSignal::exit_now);
   CLI::App app{"trainer: train GPT-2 and Llama models in Hugging Face format, without Python"};
   app.require_subcommand(1);
   std::string dir;
@@ -191,7 +188,7 @@ int main(int argc, char** argv) {
       // The default run may replace its own out/default, never a folder the user named.
       if (default_run && train_flags.given("output_dir") && !train_flags.given("overwrite_output_dir"))
         a.overwrite_output_dir = false;
-      return run_train(a, default_run);
+      return run_train(a, default_run, signals);
     }
     if (*eval_cmd) {
       auto a = eval_flags.resolve();
@@ -213,6 +210,13 @@ int main(int argc, char** argv) {
       std::printf("trainer.cpp; %s\n", tr::backend::cuda_summary().c_str());
       return 0;
     }
+  } catch (const nlohmann::json::exception& e) {
+    // Defense in depth: every file is validated where it is read, so this is a bug; the JSON library's own
+    // wording names no file or field and is not shown.
+    std::fprintf(stderr,
+                 "trainer: error: internal error: a JSON value was read unchecked (%d); please report it\n",
+                 e.id);
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "trainer: error: %s\n", e.what());
     return 1;

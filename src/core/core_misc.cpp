@@ -47,7 +47,7 @@ Device Device::parse(std::string_view s) {
   if (s == "cpu") return cpu();
   if (s == "meta") return meta();
   if (s == "cuda") return cuda(0);
-  if (s.substr(0, 5) == "cuda:" && s.size() > 5 &&
+  if (s.substr(0, 5) == "cuda:" && s.size() > 5 && s.size() <= 9 &&  // up to cuda:9999: no stoi overflow
       std::all_of(s.begin() + 5, s.end(), [](char c) { return c >= '0' && c <= '9'; }))
     return cuda(std::stoi(std::string(s.substr(5))));
   fail("unknown device '{}' (expected cpu, meta, cuda or cuda:N)", s);

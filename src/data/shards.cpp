@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/file_writer.h"
 #include "core/error.h"
 
 namespace tr::data {
@@ -31,21 +32,19 @@ void write_llmc_shard(const std::string& path, const std::vector<uint32_t>& toke
   header[2] = static_cast<int32_t>(tokens.size());
   const std::string tmp = path + ".tmp";
   {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    TR_CHECK(out.is_open(), "{}: cannot create: {}", tmp, std::strerror(errno));
-    out.write(reinterpret_cast<const char*>(header.data()), kHeaderBytes);
+    FileWriter out(tmp);
+    out.write(header.data(), kHeaderBytes);
     if (wide) {
-      out.write(reinterpret_cast<const char*>(tokens.data()),
-                static_cast<std::streamsize>(tokens.size() * 4));
+      out.write(tokens.data(), tokens.size() * 4);
     } else {
       std::vector<uint16_t> t16(tokens.size());
       for (size_t i = 0; i < tokens.size(); ++i) {
         TR_CHECK(tokens[i] < 65536, "{}: token {} does not fit uint16", path, tokens[i]);
         t16[i] = static_cast<uint16_t>(tokens[i]);
       }
-      out.write(reinterpret_cast<const char*>(t16.data()), static_cast<std::streamsize>(t16.size() * 2));
+      out.write(t16.data(), t16.size() * 2);
     }
-    TR_CHECK(out.good(), "{}: write failed", tmp);
+    out.close();
   }
   std::filesystem::rename(tmp, path);
 }
@@ -54,8 +53,10 @@ TokenFile TokenFile::open(const std::string& path, int64_t vocab_size) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   TR_CHECK(fd >= 0, "{}: cannot open: {}", path, std::strerror(errno));
   struct stat st {};
-  ::fstat(fd, &st);
-  const size_t size = static_cast<size_t>(st.st_size);
+  const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);  // a folder opens too, but cannot map
+  const size_t size = regular ? static_cast<size_t>(st.st_size) : 0;
+  if (!regular || size == 0) ::close(fd);
+  TR_CHECK(regular, "{}: not a regular file", path);
   TR_CHECK(size > 0, "{}: the token file is empty", path);
   void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);

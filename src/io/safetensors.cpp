@@ -5,13 +5,18 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_fields.h"
 #include "io/safetensors.h"
+
+#include "core/file_writer.h"
 #include "ops/ops.h"
 
 namespace tr::io {
@@ -25,6 +30,10 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   if (::fstat(fd, &st) != 0) {
     ::close(fd);
     fail("{}: cannot stat: {}", path, std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail("{}: not a regular file", path);
   }
   const size_t size = static_cast<size_t>(st.st_size);
   void* p = nullptr;
@@ -80,23 +89,6 @@ Tensor SafetensorsFile::load(const std::string& name, std::optional<DType> dtype
   return ops::to_device(ops::to_dtype(view, want), device);
 }
 
-namespace {
-
-void write_all(std::ofstream& out, const void* p, size_t n, const std::string& path) {
-  out.write(static_cast<const char*>(p), static_cast<std::streamsize>(n));
-  TR_CHECK(out.good(), "{}: write failed ({} bytes)", path, n);
-}
-
-void fsync_path(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
-
-}  // namespace
-
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header;
@@ -120,18 +112,15 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   hs.append((8 - hs.size() % 8) % 8, ' ');  // pad so the data section starts 8-byte aligned
   const std::string tmp = path + ".tmp";
   {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    TR_CHECK(out.is_open(), "{}: cannot create: {}", tmp, std::strerror(errno));
+    FileWriter out(tmp);  // a full disk says so, with the path
     uint8_t len[8];
     for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(hs.size()) >> (8 * i));
-    write_all(out, len, 8, tmp);
-    write_all(out, hs.data(), hs.size(), tmp);
+    out.write(len, 8);
+    out.write(hs);
     for (const auto& h : host)
-      if (h.nbytes()) write_all(out, h.data_ptr(), h.nbytes(), tmp);
-    out.close();
-    TR_CHECK(!out.fail(), "{}: write failed", tmp);
+      if (h.nbytes()) out.write(h.data_ptr(), h.nbytes());
+    out.close(/*sync=*/true);
   }
-  fsync_path(tmp);
   std::error_code ec;
   fs::rename(tmp, path, ec);
   TR_CHECK(!ec, "{}: cannot rename into place: {}", path, ec.message());
@@ -140,8 +129,11 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
 uint64_t parse_size(const std::string& s) {
   size_t i = 0;
   while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
-  TR_CHECK(i > 0, "size '{}': expected a number such as 5GB, 500MB or 2GiB", s);
-  const double v = std::stod(s.substr(0, i));
+  const std::string number = s.substr(0, i);
+  char* end = nullptr;
+  const double v = i > 0 ? std::strtod(number.c_str(), &end) : 0.0;  // strtod: no exception on "." or 1e999
+  TR_CHECK(i > 0 && end == number.c_str() + number.size() && std::isfinite(v),
+           "size '{}': expected a number such as 5GB, 500MB or 2GiB", s);
   std::string unit = s.substr(i);
   for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   double mul = 1;
@@ -161,6 +153,7 @@ uint64_t parse_size(const std::string& s) {
     mul = 1024.0 * 1024 * 1024;
   else
     fail("size '{}': unknown unit '{}' (use B, KB, MB, GB, KiB, MiB or GiB)", s, s.substr(i));
+  TR_CHECK(v * mul < 1.8e19, "size '{}': more bytes than 64 bits hold", s);  // the cast would be undefined
   return static_cast<uint64_t>(v * mul);
 }
 
@@ -197,11 +190,7 @@ void save_sharded(const std::string& dir, const std::vector<std::pair<std::strin
   j["metadata"] = {{"total_size", total}};
   j["weight_map"] = weight_map;
   const std::string tmp = index.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    TR_CHECK(out.is_open(), "{}: cannot create", tmp);
-    out << j.dump(2) << "\n";
-  }
+  write_file(tmp, j.dump(2) + "\n");
   fs::rename(tmp, index);
   fs::remove(fs::path(dir) / "model.safetensors");
 }
@@ -210,27 +199,24 @@ CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   const fs::path single = fs::path(dir) / "model.safetensors";
   if (fs::exists(index)) {
-    std::ifstream in(index);
-    nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-    TR_CHECK(!j.is_discarded() && j.is_object(), "{}: not valid JSON", index.string());
-    TR_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), "{}: missing field 'weight_map'",
-             index.string());
+    const std::string index_path = index.string();
+    const nlohmann::json j = read_json(index_path);
     std::map<std::string, size_t> file_ix;
-    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-      TR_CHECK(it.value().is_string(), "{}: weight_map entry '{}' is not a file name", index.string(),
-               it.key());
-      const std::string file = it.value().get<std::string>();
-      TR_CHECK(file.find('/') == std::string::npos, "{}: weight_map entry '{}' points outside the folder: {}",
-               index.string(), it.key(), file);
-      if (!file_ix.count(file)) {
-        file_ix[file] = files_.size();
-        files_.push_back(SafetensorsFile::open((fs::path(dir) / file).string()));
-      }
-      const SafetensorsFile& f = files_[file_ix[file]];
-      TR_CHECK(f.contains(it.key()), "{}: index lists tensor '{}' but the shard does not hold it", f.path(),
-               it.key());
-      where_[it.key()] = file_ix[file];
-    }
+    JsonField(j, index_path)
+        .object()["weight_map"]
+        .each_member([&](const std::string& name, const JsonField& e) {
+          const std::string file = e.string();
+          if (file.find('/') != std::string::npos) e.fail("points outside the folder: {}", file);
+          if (file.empty() || file == "." || file == "..") e.fail("must name a shard file, got '{}'", file);
+          if (!file_ix.count(file)) {
+            file_ix[file] = files_.size();
+            files_.push_back(SafetensorsFile::open((fs::path(dir) / file).string()));
+          }
+          const SafetensorsFile& f = files_[file_ix[file]];
+          TR_CHECK(f.contains(name), "{}: index lists tensor '{}' but the shard does not hold it", f.path(),
+                   name);
+          where_[name] = file_ix[file];
+        });
   } else {
     TR_CHECK(fs::exists(single), "{}: no model.safetensors or model.safetensors.index.json", dir);
     files_.push_back(SafetensorsFile::open(single.string()));

@@ -1,5 +1,6 @@
 // Validating parser of the safetensors header (kept free of the ops layer so the fuzzer can build it alone).
 #include <algorithm>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -8,6 +9,8 @@
 namespace tr::io {
 
 namespace {
+
+constexpr size_t kMaxRank = 64;  // far above any real tensor; bounds the work per header entry
 
 std::optional<DType> dtype_from_name(const std::string& s) {
   if (s == "F32") return DType::f32;
@@ -74,12 +77,18 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* data, size_t size, con
     TR_CHECK(dt.has_value(), "{}: tensor '{}': unknown or unsupported dtype '{}'", path, name,
              v["dtype"].get<std::string>());
     t.dtype = *dt;
-    uint64_t elems = 1;
+    TR_CHECK(v["shape"].size() <= kMaxRank, "{}: tensor '{}': shape has {} dimensions, more than {}", path,
+             name, v["shape"].size(), kMaxRank);
+    // The product of the non-zero sizes stays below 2^62, so strides and element counts cannot overflow
+    // int64, even for an empty tensor with huge other dimensions.
+    uint64_t elems = 1, extent = 1;
     for (const auto& d : v["shape"]) {
       TR_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
                "{}: tensor '{}': shape entries must be non-negative integers", path, name);
       const uint64_t s = d.get<uint64_t>();
-      TR_CHECK(s == 0 || elems <= (uint64_t{1} << 62) / s, "{}: tensor '{}': shape overflows", path, name);
+      TR_CHECK(s <= 1 || extent <= (uint64_t{1} << 62) / s, "{}: tensor '{}': shape overflows (over 2^62)",
+               path, name);
+      extent *= std::max<uint64_t>(s, 1);
       elems *= s;
       t.shape.push_back(static_cast<int64_t>(s));
     }
@@ -93,6 +102,10 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* data, size_t size, con
     TR_CHECK(t.end <= data_size,
              "{}: tensor '{}': data_offsets end {} is past the end of the data ({} bytes)", path, name, t.end,
              data_size);
+    // elems * dtype_size must not wrap around (2^61 F64 elements would "need" 0 bytes).
+    TR_CHECK(elems <= std::numeric_limits<uint64_t>::max() / dtype_size(t.dtype),
+             "{}: tensor '{}': shape {} of {} needs more than 2^64 bytes", path, name, shape_str(t.shape),
+             safetensors_dtype_name(t.dtype));
     TR_CHECK(t.end - t.begin == elems * dtype_size(t.dtype),
              "{}: tensor '{}': {} bytes in data_offsets, but shape {} of {} needs {}", path, name,
              t.end - t.begin, shape_str(t.shape), safetensors_dtype_name(t.dtype),

@@ -1,6 +1,6 @@
 // Model configuration from Hugging Face config.json (model_type gpt2, llama, mistral, qwen2), validated:
-// missing or contradictory fields throw naming the file and the field. The original JSON is kept so a
-// saved config.json round-trips fields we do not use.
+// missing, mistyped, out-of-range or contradictory fields throw naming the file and the field. The original
+// JSON is kept so a saved config.json round-trips fields we do not use.
 #pragma once
 #include <string>
 
@@ -9,6 +9,12 @@
 namespace tr::models {
 
 enum class Family { gpt2, llama };
+
+// Size limits of a config: every shape product stays far from int64 overflow, and a hostile config.json is
+// refused before anything is allocated. The largest published models are well inside them.
+inline constexpr int64_t kMaxModelSize = int64_t{1} << 24;        // vocab, widths, positions, head_dim
+inline constexpr int64_t kMaxModelCount = int64_t{1} << 16;       // layers, heads
+inline constexpr int64_t kMaxModelParameters = int64_t{1} << 40;  // about 1.1 trillion
 
 struct RopeScaling {
   std::string type = "default";  // default | linear | llama3

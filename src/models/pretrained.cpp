@@ -3,6 +3,7 @@
 #include <fstream>
 #include <set>
 
+#include "core/file_writer.h"
 #include "backend/cuda_api.h"
 #include "io/safetensors.h"
 #include "models/gpt2.h"
@@ -92,7 +93,13 @@ void save_pretrained(CausalLM& model, const std::string& dir, const std::string&
     if (model.transposed_on_disk(name)) t = ops::contiguous(ops::transpose(t, 0, 1));
     tensors.emplace_back(name, t);
   }
-  io::save_sharded(tmp_dir.string(), tensors, io::parse_size(max_shard_size));
+  try {
+    io::save_sharded(tmp_dir.string(), tensors, io::parse_size(max_shard_size));
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp_dir, ec);  // a partial save holds space a full disk needs back
+    throw;
+  }
   nlohmann::json cfg = model.config().to_json();
   cfg["torch_dtype"] = std::string(dtype_name(model.dtype()));
   if (!cfg.contains("architectures"))
@@ -100,11 +107,7 @@ void save_pretrained(CausalLM& model, const std::string& dir, const std::string&
                             : model.config().model_type == "qwen2"   ? "Qwen2ForCausalLM"
                             : model.config().model_type == "mistral" ? "MistralForCausalLM"
                                                                      : "LlamaForCausalLM"};
-  {
-    std::ofstream out(tmp_dir / "config.json");
-    TR_CHECK(out.is_open(), "{}: cannot write config.json", tmp_dir.string());
-    out << cfg.dump(2) << "\n";
-  }
+  write_file((tmp_dir / "config.json").string(), cfg.dump(2) + "\n");
   // Swap in. Files we do not own (tokenizer, training state) stay; the previous model files are moved aside
   // first and deleted only once the new ones are in place.
   fs::create_directories(final_dir);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <regex>
 
@@ -202,7 +203,12 @@ void load_entry(const std::map<std::string, Tensor>& state, const std::string& k
 int64_t load_step(const std::map<std::string, Tensor>& state, const char* optimizer) {
   const Tensor& t = state_entry(state, "step", optimizer);
   TR_CHECK(t.numel() == 1, "{} state: 'step' must hold one number, got {}", optimizer, t.describe());
-  return static_cast<int64_t>(t.item());
+  // Checked before the cast: a NaN or huge float step is undefined behaviour there, a negative one turns the
+  // bias corrections into beta^-n.
+  const double step = t.item();
+  TR_CHECK(std::isfinite(step) && step >= 0 && step <= 9007199254740992.0 && step == std::floor(step),
+           "{} state: 'step' must be a whole number in [0, 2^53], got {}", optimizer, step);
+  return static_cast<int64_t>(step);
 }
 
 Tensor step_tensor(int64_t step) { return ops::from_vector<int64_t>({step}, {}); }

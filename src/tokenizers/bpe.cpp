@@ -1,5 +1,5 @@
-// Byte-level BPE: loading (tokenizer.json, vocab.json + merges.txt), PCRE2 pre-tokenization, merging,
-// added tokens, decoding, and saving tokenizer.json.
+// Byte-level BPE: loading (tokenizer.json, vocab.json + merges.txt; every field and id checked), PCRE2
+// pre-tokenization, merging, added tokens, decoding, and saving tokenizer.json.
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tokenizers/bpe.h"
 
@@ -12,7 +12,9 @@
 #include <mutex>
 #include <sstream>
 
+#include "core/file_writer.h"
 #include "core/error.h"
+#include "core/json_fields.h"
 
 namespace tr::tokenizers {
 
@@ -249,41 +251,150 @@ std::unordered_map<uint32_t, uint8_t> inverse_byte_map() {
   return inv;
 }
 
-void add_merges(Tokenizer::Impl& t, const std::vector<std::pair<std::string, std::string>>& list) {
+using MergeList = std::vector<std::pair<std::string, std::string>>;
+
+// A token as a JSON string literal for messages (escaped, so the message stays one line; cut at 60 bytes).
+std::string shown(const std::string& token) {
+  return nlohmann::json(token.substr(0, 60)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// Adds the merges in rank order. Returns the index of the first merge whose tokens or merged token are not in
+// the vocabulary (the caller names it in its file), or list.size().
+size_t add_merges(Tokenizer::Impl& t, const MergeList& list) {
   int32_t rank = 0;
   for (const auto& [a, b] : list) {
     auto ia = t.token_to_id.find(a), ib = t.token_to_id.find(b), im = t.token_to_id.find(a + b);
-    TR_CHECK(ia != t.token_to_id.end() && ib != t.token_to_id.end() && im != t.token_to_id.end(),
-             "{}: merge {} '{} {}' uses tokens missing from the vocabulary", t.source, rank, a, b);
+    if (ia == t.token_to_id.end() || ib == t.token_to_id.end() || im == t.token_to_id.end())
+      return static_cast<size_t>(rank);
     const uint64_t key =
         (static_cast<uint64_t>(static_cast<uint32_t>(ia->second)) << 32) | static_cast<uint32_t>(ib->second);
     t.merges.emplace(key, std::make_pair(rank, im->second));  // the first (lowest) rank wins on duplicates
     ++rank;
   }
   t.merge_list = list;
+  return list.size();
 }
 
-void set_vocab(Tokenizer::Impl& t, const nlohmann::json& vocab) {
-  TR_CHECK(vocab.is_object(), "{}: the vocabulary must be an object of token -> id", t.source);
+// The vocabulary (token -> id). Ids must be below `id_limit`, the number of tokens the file defines (so no
+// id can size the tables beyond the file), and each id belongs to one token.
+void set_vocab(Tokenizer::Impl& t, const JsonField& vocab, int64_t id_limit) {
   const auto inv = inverse_byte_map();
-  int32_t max_id = -1;
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    TR_CHECK(it.value().is_number_integer() && it.value().get<int64_t>() >= 0,
-             "{}: token '{}' has no valid id", t.source, it.key());
-    max_id = std::max<int32_t>(max_id, it.value().get<int32_t>());
+  vocab.object();
+  t.id_bytes.assign(static_cast<size_t>(id_limit), std::string());
+  t.id_token.assign(static_cast<size_t>(id_limit), std::string());
+  int64_t max_id = -1;
+  vocab.each_member([&](const std::string& token, const JsonField& f) {
+    const int64_t id = f.integer(0, id_limit - 1);
+    if (token.empty()) f.fail("is an empty token");
+    auto raw = byte_level_decode(token, inv);
+    if (!raw) f.fail("is not byte-level encoded (only byte-level BPE is supported)");
+    auto& slot = t.id_token[static_cast<size_t>(id)];
+    if (!slot.empty()) f.fail("has id {}, as has field '{}'", id, vocab[slot].path());
+    slot = token;
+    t.id_bytes[static_cast<size_t>(id)] = *raw;
+    t.bytes_to_id[*raw] = static_cast<int32_t>(id);
+    t.token_to_id[token] = static_cast<int32_t>(id);
+    max_id = std::max(max_id, id);
+  });
+  t.id_bytes.resize(static_cast<size_t>(max_id + 1));
+  t.id_token.resize(static_cast<size_t>(max_id + 1));
+}
+
+// model.merges of tokenizer.json: "a b" strings or [a, b] pairs of vocabulary tokens.
+void read_merges(Tokenizer::Impl& t, const JsonField& merges) {
+  MergeList list;
+  list.reserve(merges.array().size());
+  merges.each_element([&](const JsonField& e) {
+    if (e.raw().is_string()) {
+      const std::string s = e.string();
+      const auto sp = s.find(' ');
+      if (sp == std::string::npos || sp == 0 || sp + 1 == s.size())
+        e.fail("must be a merge 'a b' or [a, b], got {}", describe_json(e.raw()));
+      list.emplace_back(s.substr(0, sp), s.substr(sp + 1));
+    } else {
+      if (!e.raw().is_array() || e.size() != 2) e.fail_expected("a merge 'a b' or [a, b]");
+      list.emplace_back(e[0].string(), e[1].string());
+    }
+  });
+  const size_t bad = add_merges(t, list);
+  if (bad < list.size())
+    merges[bad].fail("merges {} and {}, which (or whose merged token) are not in the vocabulary",
+                     shown(list[bad].first), shown(list[bad].second));
+}
+
+// added_tokens: matched in the text before pre-tokenization. Each id is below `id_limit` and used once; an id
+// inside the BPE vocabulary must be that token's own (as GPT-2's <|endoftext|> is).
+void read_added_tokens(Tokenizer::Impl& t, const JsonField& added, int64_t id_limit) {
+  const size_t vocab_ids = t.id_bytes.size();
+  std::vector<bool> taken(static_cast<size_t>(id_limit), false);
+  std::unordered_map<std::string, int32_t> contents;
+  added.each_element([&](const JsonField& a) {
+    a.object();
+    const auto id = static_cast<int32_t>(a["id"].integer(0, id_limit - 1));
+    const std::string content = a["content"].string();
+    if (content.empty()) a["content"].fail("is empty (an empty token would match everywhere)");
+    const bool special = a["special"].boolean_or(false);
+    if (taken[static_cast<size_t>(id)]) a["id"].fail("repeats id {} of an earlier added token", id);
+    taken[static_cast<size_t>(id)] = true;
+    if (!contents.emplace(content, id).second)
+      a["content"].fail("repeats the added token {} (id {})", shown(content), contents[content]);
+    const size_t i = static_cast<size_t>(id);
+    if (i < vocab_ids && !t.id_token[i].empty() && t.id_bytes[i] != content)
+      a["id"].fail("{} is the vocabulary's token {}, not {}", id, shown(t.id_token[i]), shown(content));
+    if (i >= t.id_bytes.size()) {
+      t.id_bytes.resize(i + 1);
+      t.id_token.resize(i + 1);
+    }
+    t.id_bytes[i] = content;
+    t.id_token[i] = content;
+    t.token_to_id[content] = id;
+    t.added.push_back({content, id, special});
+  });
+  t.added_json = added.present() ? added.raw() : nlohmann::json::array();
+}
+
+// Pre-tokenizer: ByteLevel (GPT-2 regex) or Sequence[Split(regex, Isolated), ByteLevel(use_regex=false)].
+void read_pre_tokenizer(Tokenizer::Impl& t, const JsonField& pt) {
+  t.pre_tokenizer = pt.object().raw();
+  const std::string type = pt["type"].one_of({"ByteLevel", "Sequence"});
+  if (type == "ByteLevel") {
+    if (!pt["use_regex"].boolean_or(true)) pt["use_regex"].fail("false needs a Split before the ByteLevel");
+    if (pt["add_prefix_space"].boolean_or(false)) pt["add_prefix_space"].fail("true is not supported");
+    t.compile(kGpt2Pattern);
+    return;
   }
-  t.id_bytes.assign(static_cast<size_t>(max_id + 1), std::string());
-  t.id_token.assign(static_cast<size_t>(max_id + 1), std::string());
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    const int32_t id = it.value().get<int32_t>();
-    auto raw = byte_level_decode(it.key(), inv);
-    TR_CHECK(raw.has_value(), "{}: token '{}' is not byte-level encoded (only byte-level BPE is supported)",
-             t.source, it.key());
-    t.id_bytes[id] = *raw;
-    t.id_token[id] = it.key();
-    t.bytes_to_id[*raw] = id;
-    t.token_to_id[it.key()] = id;
-  }
+  const JsonField seq = pt["pretokenizers"];
+  if (seq.array().size() != 2) seq.fail("must hold [Split, ByteLevel], got {} pre-tokenizers", seq.size());
+  const JsonField split = seq[0], byte_level = seq[1];
+  split["type"].one_of({"Split"});
+  byte_level["type"].one_of({"ByteLevel"});
+  split["behavior"].one_of({"Isolated"});
+  if (split["invert"].boolean_or(false)) split["invert"].fail("true is not supported");
+  if (byte_level["use_regex"].boolean_or(true)) byte_level["use_regex"].fail("must be false after a Split");
+  if (byte_level["add_prefix_space"].boolean_or(false))
+    byte_level["add_prefix_space"].fail("true is not supported");
+  t.compile(split["pattern"]["Regex"].string());
+}
+
+// BOS from a TemplateProcessing post-processor ("single": [SpecialToken BOS, Sequence A]); the ids of its
+// special_tokens must be ids of this tokenizer.
+std::optional<int32_t> read_post_processor(Tokenizer::Impl& t, const JsonField& pp) {
+  t.post_processor = pp.present() ? pp.raw() : nlohmann::json();
+  if (!pp.present() || pp["type"].string() != "TemplateProcessing") return std::nullopt;
+  const auto vocab = static_cast<int64_t>(t.id_bytes.size());
+  if (pp["special_tokens"].present())
+    pp["special_tokens"].each_member([&](const std::string&, const JsonField& s) {
+      if (s.object()["ids"].present())
+        s["ids"].each_element([&](const JsonField& id) { id.integer(0, vocab - 1); });
+    });
+  const JsonField single = pp["single"];
+  if (!single.present() || single.array().size() == 0 || !single[0].object()["SpecialToken"].present())
+    return std::nullopt;
+  const JsonField id = single[0]["SpecialToken"]["id"];
+  const std::string bos = id.string();
+  const auto it = t.token_to_id.find(bos);
+  if (it == t.token_to_id.end()) id.fail("names {}, which is not a token of this tokenizer", shown(bos));
+  return it->second;
 }
 
 }  // namespace
@@ -292,10 +403,11 @@ Tokenizer Tokenizer::from_vocab_merges(const std::string& vocab_file, const std:
   Tokenizer tk;
   Impl& t = *tk.impl_;
   t.source = vocab_file;
-  nlohmann::json vocab = nlohmann::json::parse(read_file(vocab_file), nullptr, false);
-  TR_CHECK(!vocab.is_discarded(), "{}: not valid JSON", vocab_file);
-  set_vocab(t, vocab);
-  std::vector<std::pair<std::string, std::string>> list;
+  const nlohmann::json vocab = parse_json(read_file(vocab_file), vocab_file);
+  const JsonField root(vocab, vocab_file);
+  set_vocab(t, root, static_cast<int64_t>(root.object().size()));
+  MergeList list;
+  std::vector<int64_t> lines;
   std::istringstream in(read_file(merges_file));
   std::string line;
   int64_t lineno = 0;
@@ -305,12 +417,14 @@ Tokenizer Tokenizer::from_vocab_merges(const std::string& vocab_file, const std:
     if (line.empty() || (lineno == 1 && line.rfind("#version", 0) == 0)) continue;
     const auto sp = line.find(' ');
     TR_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < line.size(),
-             "{}: line {} is not a merge 'a b': {}", merges_file, lineno, line);
+             "{}: line {} is not a merge 'a b': {}", merges_file, lineno, line.substr(0, 80));
     list.emplace_back(line.substr(0, sp), line.substr(sp + 1));
+    lines.push_back(lineno);
   }
-  t.source = merges_file;
-  add_merges(t, list);
-  t.source = vocab_file;
+  const size_t bad = add_merges(t, list);
+  TR_CHECK(bad == list.size(), "{}: line {}: merge '{} {}' uses tokens missing from {}", merges_file,
+           bad < lines.size() ? lines[bad] : 0, bad < list.size() ? list[bad].first : "",
+           bad < list.size() ? list[bad].second : "", vocab_file);
   t.compile(kGpt2Pattern);
   t.pre_tokenizer = {
       {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
@@ -331,73 +445,27 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& file) {
   Tokenizer tk;
   Impl& t = *tk.impl_;
   t.source = file;
-  nlohmann::json j = nlohmann::json::parse(read_file(file), nullptr, false);
-  TR_CHECK(!j.is_discarded() && j.is_object(), "{}: not valid JSON", file);
-  TR_CHECK(j.contains("model") && j["model"].is_object(), "{}: missing field 'model'", file);
-  const auto& m = j["model"];
-  const std::string type = m.value("type", "");
-  TR_CHECK(type == "BPE", "{}: model.type '{}' is not supported (byte-level BPE only)", file, type);
-  TR_CHECK(!m.value("byte_fallback", false),
-           "{}: byte_fallback BPE (SentencePiece style, e.g. Llama 2) is not supported", file);
-  TR_CHECK(!j.contains("normalizer") || j["normalizer"].is_null(), "{}: normalizers are not supported", file);
-  TR_CHECK(m.contains("vocab") && m.contains("merges"), "{}: model needs 'vocab' and 'merges'", file);
-  set_vocab(t, m["vocab"]);
-  std::vector<std::pair<std::string, std::string>> list;
-  for (const auto& e : m["merges"]) {
-    if (e.is_string()) {
-      const std::string s = e.get<std::string>();
-      const auto sp = s.find(' ');
-      TR_CHECK(sp != std::string::npos, "{}: merge '{}' is not 'a b'", file, s);
-      list.emplace_back(s.substr(0, sp), s.substr(sp + 1));
-    } else {
-      TR_CHECK(e.is_array() && e.size() == 2, "{}: a merge must be 'a b' or [a, b]", file);
-      list.emplace_back(e[0].get<std::string>(), e[1].get<std::string>());
-    }
-  }
-  add_merges(t, list);
-  t.ignore_merges = m.value("ignore_merges", false);
-  // Pre-tokenizer: ByteLevel (GPT-2 regex) or Sequence[Split(regex, Isolated), ByteLevel(use_regex=false)].
-  const auto& pt = j.value("pre_tokenizer", nlohmann::json());
-  t.pre_tokenizer = pt;
-  const std::string ptype = pt.is_object() ? pt.value("type", "") : "";
-  if (ptype == "ByteLevel") {
-    TR_CHECK(pt.value("use_regex", true), "{}: ByteLevel without use_regex needs a Split before it", file);
-    TR_CHECK(!pt.value("add_prefix_space", false), "{}: add_prefix_space is not supported", file);
-    t.compile(kGpt2Pattern);
-  } else if (ptype == "Sequence" && pt.contains("pretokenizers") && pt["pretokenizers"].size() == 2 &&
-             pt["pretokenizers"][0].value("type", "") == "Split" &&
-             pt["pretokenizers"][1].value("type", "") == "ByteLevel") {
-    const auto& split = pt["pretokenizers"][0];
-    TR_CHECK(split.value("behavior", "") == "Isolated" && !split.value("invert", false),
-             "{}: only Split with behavior Isolated is supported", file);
-    TR_CHECK(split.contains("pattern") && split["pattern"].contains("Regex"),
-             "{}: Split needs a Regex pattern", file);
-    t.compile(split["pattern"]["Regex"].get<std::string>());
-  } else {
-    fail("{}: pre_tokenizer '{}' is not supported (ByteLevel, or Split + ByteLevel)", file, pt.dump());
-  }
-  // Added tokens: matched in the text before pre-tokenization.
-  t.added_json = j.value("added_tokens", nlohmann::json::array());
-  for (const auto& a : t.added_json) {
-    const int32_t id = a.at("id").get<int32_t>();
-    const std::string content = a.at("content").get<std::string>();
-    if (id >= static_cast<int32_t>(t.id_bytes.size())) {
-      t.id_bytes.resize(static_cast<size_t>(id + 1));
-      t.id_token.resize(static_cast<size_t>(id + 1));
-    }
-    t.id_bytes[id] = content;
-    t.id_token[id] = content;
-    t.token_to_id[content] = id;
-    t.added.push_back({content, id, a.value("special", false)});
-  }
-  // BOS from a TemplateProcessing post-processor ("single": [SpecialToken BOS, Sequence A]).
-  t.post_processor = j.value("post_processor", nlohmann::json());
-  const auto& pp = t.post_processor;
-  if (pp.is_object() && pp.value("type", "") == "TemplateProcessing" && pp.contains("single") &&
-      !pp["single"].empty() && pp["single"][0].contains("SpecialToken")) {
-    const std::string bos = pp["single"][0]["SpecialToken"].value("id", "");
-    if (auto it = t.token_to_id.find(bos); it != t.token_to_id.end()) tk.bos_ = it->second;
-  }
+  const nlohmann::json j = parse_json(read_file(file), file);
+  const JsonField root(j, file);
+  const JsonField m = root.object()["model"];
+  m.object()["type"].one_of({"BPE"});
+  if (m["byte_fallback"].boolean_or(false))
+    m["byte_fallback"].fail("true (SentencePiece style, e.g. Llama 2) is not supported");
+  if (m["dropout"].number_or(0.0, 0.0, 1.0) > 0.0)
+    m["dropout"].fail("above 0 (BPE dropout) is not supported");
+  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (!m[k].string_or("").empty()) m[k].fail("is not supported (byte-level BPE has none)");
+  if (root["normalizer"].present()) root["normalizer"].fail("is not supported (must be null)");
+  // Ids index per-token tables: they may not exceed the count of tokens this file defines.
+  const JsonField added = root["added_tokens"];
+  const auto id_limit =
+      static_cast<int64_t>(m["vocab"].object().size() + (added.present() ? added.array().size() : 0));
+  set_vocab(t, m["vocab"], id_limit);
+  read_merges(t, m["merges"]);
+  t.ignore_merges = m["ignore_merges"].boolean_or(false);
+  read_pre_tokenizer(t, root["pre_tokenizer"]);
+  if (added.present()) read_added_tokens(t, added, id_limit);
+  tk.bos_ = read_post_processor(t, root["post_processor"]);
   for (const char* eos : {"<|end_of_text|>", "<|endoftext|>", "</s>"})
     if (auto it = t.token_to_id.find(eos); it != t.token_to_id.end() && !tk.eos_) tk.eos_ = it->second;
   t.finish();
@@ -557,11 +625,7 @@ void Tokenizer::save(const std::string& file) const {
                 {"vocab", vocab},
                 {"merges", merges}};
   const std::string tmp = file + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    TR_CHECK(out.is_open(), "{}: cannot write", tmp);
-    out << j.dump(2, ' ', false, nlohmann::json::error_handler_t::strict) << "\n";
-  }
+  write_file(tmp, j.dump(2, ' ', false, nlohmann::json::error_handler_t::strict) + "\n");
   fs::rename(tmp, file);
 }
 

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json_fields.h"
 #include "core/suggest.h"
 #include "optim/optimizer.h"
 
@@ -168,13 +170,18 @@ nlohmann::json TrainingArguments::to_json() const {
 
 void TrainingArguments::update_from_json(const nlohmann::json& j, const std::string& source) {
   TR_CHECK(j.is_object(), "{}: expected a JSON object of flag names and values", source);
+  const JsonField root(j, source);
   const auto names = argument_names();
-  for (const auto& [key, value] : j.items()) {
+  // Not a structured binding: the lambdas below capture key and value (C++20 clang refuses bindings there).
+  for (auto item = j.begin(); item != j.end(); ++item) {
+    const std::string& key = item.key();
+    const nlohmann::json& value = item.value();
     auto it = std::find_if(argument_specs().begin(), argument_specs().end(),
                            [&](const ArgSpec& s) { return s.name == key; });
     TR_CHECK(it != argument_specs().end(), "{}: unknown argument '{}'{}", source, key,
              did_you_mean(key, names));
     if (value.is_null()) continue;  // HF writes None for unset optionals: keep our default
+    const JsonField f = root[key];
     std::visit(
         [&](auto m) {
           using T = std::decay_t<decltype(this->*m)>;
@@ -183,37 +190,30 @@ void TrainingArguments::update_from_json(const nlohmann::json& j, const std::str
             ok = value.is_boolean();
           else if constexpr (std::is_same_v<T, std::string>)
             ok = value.is_string() || value.is_boolean();  // resume_from_checkpoint: true
-          else if constexpr (std::is_integral_v<T>)
-            ok = value.is_number_integer() ||
-                 (value.is_number_float() && std::floor(value.get<double>()) == value.get<double>());
           else
             ok = value.is_number();
           TR_CHECK(ok, "{}: '{}' has the wrong type ({})", source, key, value.type_name());
+          // Ranges are checked before any conversion: a value an integer flag cannot hold is an error, not
+          // a wrapped or truncated number. (Flag-specific ranges are validate()'s.)
           if constexpr (std::is_same_v<T, std::string>)
-            this->*m = value.is_boolean() ? (value.get<bool>() ? "true" : "false") : value.get<std::string>();
-          else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-            // integers stay integers (a seed above 2^53 must not round); 3.0 is accepted as 3
-            if (value.is_number_float()) {
-              this->*m = static_cast<T>(value.get<double>());
-            } else {
-              TR_CHECK(std::is_signed_v<T> || !value.is_number_integer() || value.is_number_unsigned() ||
-                           value.get<int64_t>() >= 0,
-                       "{}: '{}' must not be negative", source, key);
-              this->*m = value.get<T>();
-            }
-          } else
-            this->*m = value.get<T>();
+            this->*m = value.is_boolean() ? (value.get<bool>() ? "true" : "false") : f.string();
+          else if constexpr (std::is_same_v<T, bool>)
+            this->*m = f.boolean();
+          else if constexpr (std::is_same_v<T, uint64_t>)
+            this->*m = f.unsigned_integer();
+          else if constexpr (std::is_integral_v<T>)
+            this->*m = f.integer(std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
+          else
+            this->*m =
+                f.number(-std::numeric_limits<double>::infinity(), std::numeric_limits<double>::infinity());
         },
         it->member);
   }
 }
 
 void TrainingArguments::update_from_file(const std::string& path) {
-  std::ifstream in(path);
-  TR_CHECK(in.good(), "{}: cannot open the arguments file", path);
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-  TR_CHECK(!j.is_discarded(), "{}: not valid JSON", path);
-  update_from_json(j, path);
+  TR_CHECK(std::ifstream(path).good(), "{}: cannot open the arguments file", path);
+  update_from_json(read_json(path), path);
 }
 
 std::string flags_markdown() {

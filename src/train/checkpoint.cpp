@@ -7,7 +7,12 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <sstream>
+#include <tuple>
 
+#include "core/file_writer.h"
+#include "core/json_fields.h"
 #include "io/safetensors.h"
 
 namespace tr::train {
@@ -16,18 +21,20 @@ namespace fs = std::filesystem;
 
 namespace {
 
-void write_json(const fs::path& p, const nlohmann::json& j) {
-  std::ofstream out(p);
-  out << j.dump(2) << "\n";
-  out.flush();
-  TR_CHECK(out.good(), "{}: write failed", p.string());
-}
+constexpr double kMaxFinite = std::numeric_limits<double>::max();
+constexpr int64_t kMaxBatchField = (int64_t{1} << 31) - 1;
 
+void write_json(const fs::path& p, const nlohmann::json& j) { write_file(p.string(), j.dump(2) + "\n"); }
+
+// N of a checkpoint-N folder name, or -1 (also for a number too long to be a step: no stoll overflow).
 int64_t checkpoint_step(const std::string& name) {
-  if (name.rfind("checkpoint-", 0) != 0 || name.size() == 11) return -1;
-  for (size_t i = 11; i < name.size(); ++i)
+  if (name.rfind("checkpoint-", 0) != 0 || name.size() == 11 || name.size() > 11 + 18) return -1;
+  int64_t n = 0;
+  for (size_t i = 11; i < name.size(); ++i) {
     if (!std::isdigit(static_cast<unsigned char>(name[i]))) return -1;
-  return std::stoll(name.substr(11));
+    n = n * 10 + (name[i] - '0');
+  }
+  return n;
 }
 
 const char* const kCheckpointFiles[] = {"config.json",    "optimizer.safetensors", "scheduler.json",
@@ -54,10 +61,12 @@ void remove_atomically(const fs::path& dir) {
 }  // namespace
 
 nlohmann::json read_json_file(const std::string& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   TR_CHECK(in.good(), "{}: missing or unreadable", path);
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-  TR_CHECK(!j.is_discarded() && j.is_object(), "{}: corrupt (not a JSON object)", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json j = parse_json(text.view(), path, "corrupt: not valid JSON");
+  TR_CHECK(j.is_object(), "{}: corrupt (not a JSON object)", path);
   return j;
 }
 
@@ -75,12 +84,12 @@ std::string latest_checkpoint(const std::string& dir) {
   return path;
 }
 
-std::string save_checkpoint(models::CausalLM& model, MixedPrecision& mp, const optim::Optimizer& opt,
-                            const tokenizers::Tokenizer& tok, const TrainerState& st,
-                            const TrainingArguments& a, const SaveProbe& probe) {
-  const std::string name = "checkpoint-" + std::to_string(st.global_step);
-  const fs::path final_dir = fs::path(a.output_dir) / name;
-  const fs::path tmp = fs::path(a.output_dir) / (".tmp-" + name);
+namespace {
+
+// Every file of checkpoint-N into its temporary folder `tmp`.
+void write_checkpoint_files(const fs::path& tmp, models::CausalLM& model, MixedPrecision& mp,
+                            const optim::Optimizer& opt, const tokenizers::Tokenizer& tok,
+                            const TrainerState& st, const TrainingArguments& a, const SaveProbe& probe) {
   fs::remove_all(tmp);
   fs::create_directories(tmp);
   mp.swap_masters();  // fp32 weights on disk, as HF saves under autocast
@@ -119,6 +128,35 @@ std::string save_checkpoint(models::CausalLM& model, MixedPrecision& mp, const o
   if (probe) probe("rename");
   for (const auto& e : fs::directory_iterator(tmp)) sync_to_disk(e.path());
   sync_to_disk(tmp);
+}
+
+// Why a save failed, in one line naming the path ("...: write failed: No space left on device").
+std::string save_failure(const std::exception& e) {
+  if (const auto* fe = dynamic_cast<const fs::filesystem_error*>(&e))
+    return fmt::format("{}: {}", fe->path1().string(), fe->code().message());
+  return e.what();
+}
+
+}  // namespace
+
+std::string save_checkpoint(models::CausalLM& model, MixedPrecision& mp, const optim::Optimizer& opt,
+                            const tokenizers::Tokenizer& tok, const TrainerState& st,
+                            const TrainingArguments& a, const SaveProbe& probe) {
+  const std::string name = "checkpoint-" + std::to_string(st.global_step);
+  const fs::path final_dir = fs::path(a.output_dir) / name;
+  const fs::path tmp = fs::path(a.output_dir) / (".tmp-" + name);
+  try {
+    write_checkpoint_files(tmp, model, mp, opt, tok, st, a, probe);
+  } catch (const std::exception& e) {
+    // A partial save is worth nothing and, on a full disk, holds the space the next try needs.
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    fs::remove_all(tmp.string() + ".tmp-save", ec);
+    if (dynamic_cast<const OutOfMemoryError*>(&e)) throw;
+    const std::string prev = latest_checkpoint(a.output_dir);
+    fail("saving {} failed: {}; {}", final_dir.string(), save_failure(e),
+         prev.empty() ? "no earlier checkpoint exists" : "the previous checkpoint " + prev + " is intact");
+  }
   // An existing checkpoint-N (the same step saved again) is renamed away, not deleted, until the new one is
   // in.
   const fs::path old = fs::path(a.output_dir) / (".trash-" + name);
@@ -144,6 +182,47 @@ std::string save_checkpoint(models::CausalLM& model, MixedPrecision& mp, const o
   return final_dir.string();
 }
 
+namespace {
+
+// trainer_state.json's fields into `st`; errors name the file and the field.
+void read_trainer_state(const nlohmann::json& ts, const std::string& path, TrainerState& st) {
+  const JsonField f(ts, path);
+  st.global_step = f["global_step"].integer(0, kMaxJsonCounter);
+  st.position = {f["data_position"]["epoch"].integer(0, kMaxJsonCounter),
+                 f["data_position"]["batch"].integer(0, kMaxJsonCounter)};
+  // The trainer reads the entries' "step" and looks for "eval_loss": objects, with an integer step if any.
+  f["log_history"].each_element([](const JsonField& e) {
+    if (e.object()["step"].exists()) e["step"].integer(0, kMaxJsonCounter);
+  });
+  st.log_history = ts["log_history"];
+  st.skipped_steps = f["skipped_steps"].integer_or(0, 0, kMaxJsonCounter);
+  std::tie(st.train_batch_size, st.gradient_accumulation_steps) = read_batch_split(ts, path);
+  st.train_tokens = f["train_tokens"].integer_or(0, 0, kMaxJsonCounter);
+  st.has_best = f["best_metric"].present();
+  if (st.has_best) st.best_metric = f["best_metric"].number(-kMaxFinite, kMaxFinite);
+  st.best_model_checkpoint = f["best_model_checkpoint"].string_or("");
+}
+
+}  // namespace
+
+std::pair<int64_t, int64_t> read_batch_split(const nlohmann::json& ts, const std::string& path) {
+  const JsonField f(ts, path);
+  f.object();
+  // Required: resume compares them with this run's. Bounded so that their product (the effective batch)
+  // cannot overflow.
+  return {f["train_batch_size"].integer(1, kMaxBatchField),
+          f["gradient_accumulation_steps"].integer(1, kMaxBatchField)};
+}
+
+bool metrics_line_kept(const std::string& line, int64_t global_step) {
+  const auto j = nlohmann::json::parse(line, nullptr, false);
+  if (!j.is_object()) return false;  // cut short by a kill, or not ours
+  const auto it = j.find("step");
+  if (it == j.end()) return true;
+  if (it->is_number_unsigned()) return it->get<uint64_t>() <= static_cast<uint64_t>(global_step);
+  return false;  // a negative or non-integer step is no step of this run
+}
+
 TrainerState load_checkpoint_state(const std::string& dir, optim::Optimizer& opt, MixedPrecision& mp) {
   TR_CHECK(fs::is_directory(dir), "--resume_from_checkpoint {}: no such folder", dir);
   for (const char* f : kCheckpointFiles)
@@ -160,34 +239,14 @@ TrainerState load_checkpoint_state(const std::string& dir, optim::Optimizer& opt
     }
   }
   const std::string ts_path = (fs::path(dir) / "trainer_state.json").string();
-  auto ts = read_json_file(ts_path);
-  for (const char* k : {"global_step", "data_position", "log_history"})
-    TR_CHECK(ts.contains(k), "{}: missing '{}'", ts_path, k);
-  TR_CHECK(ts["data_position"].contains("epoch") && ts["data_position"].contains("batch"),
-           "{}: data_position needs epoch and batch", ts_path);
-  st.global_step = ts["global_step"].get<int64_t>();
-  st.position = {ts["data_position"]["epoch"].get<int64_t>(), ts["data_position"]["batch"].get<int64_t>()};
-  st.log_history = ts["log_history"];
-  st.skipped_steps = ts.value("skipped_steps", int64_t{0});
-  st.train_batch_size = ts.value("train_batch_size", int64_t{0});
-  st.gradient_accumulation_steps = ts.value("gradient_accumulation_steps", int64_t{0});
-  st.train_tokens = ts.value("train_tokens", int64_t{0});
-  if (ts.contains("best_metric") && ts["best_metric"].is_number()) {
-    st.has_best = true;
-    st.best_metric = ts["best_metric"].get<double>();
-  }
-  if (ts.contains("best_model_checkpoint") && ts["best_model_checkpoint"].is_string())
-    st.best_model_checkpoint = ts["best_model_checkpoint"].get<std::string>();
+  read_trainer_state(read_json_file(ts_path), ts_path, st);
   const std::string sch_path = (fs::path(dir) / "scheduler.json").string();
-  auto sch = read_json_file(sch_path);
-  TR_CHECK(sch.contains("last_epoch") && sch["last_epoch"].is_number_integer(), "{}: missing 'last_epoch'",
-           sch_path);
-  st.scheduler_step = sch["last_epoch"].get<int64_t>();
+  const nlohmann::json sch = read_json_file(sch_path);
+  st.scheduler_step = JsonField(sch, sch_path)["last_epoch"].integer(0, kMaxJsonCounter);
   const std::string rng_path = (fs::path(dir) / "rng_state.json").string();
-  auto rng = read_json_file(rng_path);
-  TR_CHECK(rng.contains("dropout") && rng["dropout"].contains("seed") && rng["dropout"].contains("offset"),
-           "{}: missing 'dropout' seed/offset", rng_path);
-  st.dropout_rng = {rng["dropout"]["seed"].get<uint64_t>(), rng["dropout"]["offset"].get<uint64_t>()};
+  const nlohmann::json rng = read_json_file(rng_path);
+  const JsonField dropout = JsonField(rng, rng_path)["dropout"];
+  st.dropout_rng = {dropout["seed"].unsigned_integer(), dropout["offset"].unsigned_integer()};
   if (mp.loss_scaling()) {
     const std::string sc = (fs::path(dir) / "scaler.json").string();
     TR_CHECK(fs::exists(sc), "checkpoint {}: missing scaler.json (was it saved by an fp16 run?)", dir);

@@ -5,6 +5,7 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -50,6 +51,14 @@ TrainerState load_checkpoint_state(const std::string& dir, optim::Optimizer& opt
 // Newest checkpoint-N folder in dir (complete or not), or "".
 std::string latest_checkpoint(const std::string& dir);
 
+// A JSON file that must hold an object; throws naming the file when it is missing or corrupt.
 nlohmann::json read_json_file(const std::string& path);
+
+// trainer_state.json's train_batch_size and gradient_accumulation_steps, validated (both required).
+std::pair<int64_t, int64_t> read_batch_split(const nlohmann::json& trainer_state, const std::string& path);
+
+// Whether a metrics.jsonl line survives a resume at `global_step`: a record of a step up to it, or one
+// without a step. A line cut short by a kill, or any other unreadable line, is dropped.
+bool metrics_line_kept(const std::string& line, int64_t global_step);
 
 }  // namespace tr::train

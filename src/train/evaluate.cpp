@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/file_writer.h"
 #include "autograd/node.h"
 #include "data/loader.h"
 #include "train/setup.h"
@@ -95,7 +96,7 @@ EvalResult evaluate_command(const TrainingArguments& a) {
   auto r = evaluate(*model, streams.validation, a.block_size, a.per_device_eval_batch_size,
                     !a.validation_file.empty() ? a.validation_file : a.train_file);
   fs::create_directories(a.output_dir);
-  std::ofstream(fs::path(a.output_dir) / "eval_results.json") << r.to_json().dump(2) << "\n";
+  write_file((fs::path(a.output_dir) / "eval_results.json").string(), r.to_json().dump(2) + "\n");
   return r;
 }
 

@@ -2,8 +2,11 @@
 // see mixed_precision.h.
 #include "train/mixed_precision.h"
 
+#include <limits>
+
 #include "autograd/node.h"
 #include "core/error.h"
+#include "core/json_fields.h"
 #include "ops/ops.h"
 
 namespace tr::train {
@@ -27,13 +30,15 @@ nlohmann::json GradScaler::to_json() const {
 }
 
 void GradScaler::load_json(const nlohmann::json& j, const std::string& source) {
-  for (const char* k : {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"})
-    TR_CHECK(j.contains(k) && j[k].is_number(), "{}: missing or non-numeric '{}'", source, k);
-  scale = j["scale"].get<double>();
-  growth_factor = j["growth_factor"].get<double>();
-  backoff_factor = j["backoff_factor"].get<double>();
-  growth_interval = j["growth_interval"].get<int64_t>();
-  growth_tracker = j["_growth_tracker"].get<int64_t>();
+  // The ranges torch's GradScaler accepts; the scale also multiplies f32 losses, so it must be a finite f32.
+  const JsonField f(j, source);
+  constexpr double kMaxF32 = std::numeric_limits<float>::max();
+  // At least the smallest normal f32: the scale multiplies the loss in f32, and a smaller one rounds to zero.
+  scale = f["scale"].number(std::numeric_limits<float>::min(), kMaxF32);
+  growth_factor = f["growth_factor"].number(1.0, kMaxF32, Bounds::open_low);
+  backoff_factor = f["backoff_factor"].number(0.0, 1.0, Bounds::open);
+  growth_interval = f["growth_interval"].integer(1, std::numeric_limits<int32_t>::max());
+  growth_tracker = f["_growth_tracker"].integer(0, growth_interval - 1);
 }
 
 MixedPrecision::MixedPrecision(const nn::ParamList& model_params, DType half, bool loss_scaling)

@@ -1,9 +1,11 @@
 // The training loop; see trainer.h.
 #include "train/trainer.h"
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -11,11 +13,13 @@
 #include "autograd/node.h"
 #include "backend/backend.h"
 #include "core/allocator.h"
+#include "core/file_writer.h"
 #include "data/loader.h"
 #include "models/causal_lm.h"
 #include "optim/optimizer.h"
 #include "tokenizers/bpe.h"
 #include "train/mixed_precision.h"
+#include "train/run_lock.h"
 #include "train/setup.h"
 
 namespace tr::train {
@@ -74,7 +78,8 @@ int64_t smaller_batch(int64_t bs, int64_t effective) {
   return 0;
 }
 
-void write_json(const fs::path& p, const nlohmann::json& j) { std::ofstream(p) << j.dump(2) << "\n"; }
+// Checked: a full disk is an error naming the file and the reason, never a silently truncated result.
+void write_json(const fs::path& p, const nlohmann::json& j) { write_file(p.string(), j.dump(2) + "\n"); }
 
 // The checkpoint --resume_from_checkpoint names ("true": the newest in output_dir), or "" for a fresh run.
 std::string resume_dir(const TrainingArguments& a) {
@@ -148,16 +153,22 @@ TrainResult train_once(const TrainingArguments& a, const TrainHooks& hooks) {
   Generator dropout_gen(a.seed);
   if (!resume.empty()) {
     st = load_checkpoint_state(resume, *opt, mp);
+    // The checks name trainer_state.json, where the values come from (a damaged file reads as a mismatch).
+    const std::string state_file = (fs::path(resume) / "trainer_state.json").string();
     TR_CHECK(
         st.train_batch_size == a.per_device_train_batch_size && st.gradient_accumulation_steps == ga,
         "{}: saved with per_device_train_batch_size {} and gradient_accumulation_steps {}; resume with the "
         "same values (got {} and {})",
-        resume, st.train_batch_size, st.gradient_accumulation_steps, a.per_device_train_batch_size, ga);
+        state_file, st.train_batch_size, st.gradient_accumulation_steps, a.per_device_train_batch_size, ga);
     TR_CHECK(
         st.train_tokens == 0 || st.train_tokens == streams.train->size(),
         "{}: saved while training on {} tokens, this run's training stream has {} (a different --train_file, "
         "--validation_split_percentage or evaluation setting?); the data position would not match",
-        resume, st.train_tokens, streams.train->size());
+        state_file, st.train_tokens, streams.train->size());
+    TR_CHECK(st.global_step <= total,
+             "{}: global_step {} is past this run's {} optimizer steps (raise --max_steps or "
+             "--num_train_epochs to continue)",
+             state_file, st.global_step, total);
     st.train_tokens = streams.train->size();
     loader.seek(st.position);
     dropout_gen.set_state(st.dropout_rng);
@@ -169,13 +180,17 @@ TrainResult train_once(const TrainingArguments& a, const TrainHooks& hooks) {
     std::ifstream in(metrics_path);
     std::string kept;
     for (std::string line; std::getline(in, line);) {
-      auto j = nlohmann::json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.value("step", int64_t{0}) <= st.global_step) kept += line + "\n";
+      if (metrics_line_kept(line, st.global_step)) kept += line + "\n";
     }
     in.close();
-    std::ofstream(metrics_path, std::ios::trunc) << kept;
+    write_file(metrics_path.string(), kept);
   }
   std::ofstream metrics(metrics_path, resume.empty() ? std::ios::trunc : std::ios::app);
+  auto log_metrics = [&](const nlohmann::json& entry) {
+    metrics << entry.dump() << "\n";
+    metrics.flush();
+    TR_CHECK(metrics.good(), "{}: write failed: {}", metrics_path.string(), std::strerror(errno));
+  };
   write_json(fs::path(a.output_dir) / "training_args.json", a.to_json());
   std::fprintf(
       stderr,
@@ -205,8 +220,7 @@ TrainResult train_once(const TrainingArguments& a, const TrainHooks& hooks) {
     nlohmann::json entry = e.to_json();
     entry["step"] = step;
     entry["epoch"] = static_cast<double>(step) / updates_per_epoch;
-    metrics << entry.dump() << "\n";
-    metrics.flush();
+    log_metrics(entry);
     st.log_history.push_back(entry);
     std::fprintf(stderr, "\neval: step %lld  eval_loss %.4f  perplexity %.2f  (unigram baseline %.4f)\n",
                  static_cast<long long>(step), e.loss, e.perplexity, r.unigram_baseline);
@@ -216,7 +230,12 @@ TrainResult train_once(const TrainingArguments& a, const TrainHooks& hooks) {
   auto save = [&]() {
     st.dropout_rng = dropout_gen.state();
     st.position = loader.position();
-    r.last_checkpoint = save_checkpoint(*model, mp, *opt, tok, st, a, hooks.save_probe);
+    try {
+      r.last_checkpoint = save_checkpoint(*model, mp, *opt, tok, st, a, hooks.save_probe);
+    } catch (...) {
+      std::fprintf(stderr, "\n");  // the error starts its own line, not the progress bar's
+      throw;
+    }
   };
 
   ops::allocator_for(dev).reset_peak();
@@ -330,8 +349,7 @@ TrainResult train_once(const TrainingArguments& a, const TrainHooks& hooks) {
         entry["loss_scale"] = mp.loss_scale();
         entry["skipped_steps"] = st.skipped_steps;
       }
-      metrics << entry.dump() << "\n";
-      metrics.flush();
+      log_metrics(entry);
       st.log_history.push_back(entry);
       loss_since_log = 0;
       steps_since_log = 0;
@@ -409,15 +427,15 @@ TrainResult train(const TrainingArguments& args, const TrainHooks& hooks) {
   // --tf32: f32 matmuls read TF32 inputs (tensor cores on a GPU; emulated by rounding on the CPU).
   backend::Tf32Scope tf32(args.tf32);
   const bool resuming = !args.resume_from_checkpoint.empty() && args.resume_from_checkpoint != "false";
+  // Before anything in output_dir is read or replaced: a second trainer on the same folder is refused.
+  const OutputDirLock lock(args.output_dir);
   check_output_dir(args, resuming);
   TrainingArguments a = args;
   const int64_t effective = a.per_device_train_batch_size * a.gradient_accumulation_steps;
   if (resuming && a.auto_find_batch_size) {  // continue with the batch split the search settled on (as HF)
     const fs::path state = fs::path(resume_dir(a)) / "trainer_state.json";
     if (fs::exists(state)) {
-      const auto ts = read_json_file(state.string());
-      const int64_t bs = ts.value("train_batch_size", int64_t{0}),
-                    ga = ts.value("gradient_accumulation_steps", int64_t{0});
+      const auto [bs, ga] = read_batch_split(read_json_file(state.string()), state.string());
       if (bs > 0 && ga > 0 && bs * ga == effective) {
         a.per_device_train_batch_size = bs;
         a.gradient_accumulation_steps = ga;

@@ -108,7 +108,9 @@ void CpuBackend::transform_grads(const std::vector<std::pair<Tensor, Tensor>>& s
   const int64_t total = static_cast<int64_t>(work.size());
 #pragma omp parallel for schedule(dynamic, 1) if (total > 1)
   for (int64_t w = 0; w < total; ++w) {
-    const auto& [src, dst] = src_dst[work[w].tensor];
+    // Named references, not a structured binding: clang before 16 cannot capture bindings in the lambdas.
+    const Tensor& src = src_dst[work[w].tensor].first;
+    const Tensor& dst = src_dst[work[w].tensor].second;
     dispatch_float(src.dtype(), "transform_grads", [&]<typename G>() {
       dispatch_float(dst.dtype(), "transform_grads", [&]<typename T>() {
         if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
