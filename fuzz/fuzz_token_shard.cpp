@@ -14,7 +14,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (int64_t vocab : {int64_t{0}, int64_t{50257}}) {
     try {
       tr::data::TokenStream s({path, path}, vocab);
-      if (s.size() <= 0 || static_cast<size_t>(s.size()) > size) __builtin_trap();  // two files, >= 2 bytes each
+      if (s.size() <= 0 || static_cast<size_t>(s.size()) > size)
+        __builtin_trap();  // two files, >= 2 bytes each
       std::vector<int64_t> out(static_cast<size_t>(s.size()));
       s.read(0, s.size(), out.data());
       for (int64_t id : out)

@@ -13,7 +13,8 @@
 namespace {
 
 // Words, digits, spaces of both kinds, multi-byte UTF-8 and GPT-2's end-of-text marker.
-constexpr std::string_view kText = "Hello world!  It's 2024:\n\tcaf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac<|endoftext|> x";
+constexpr std::string_view kText =
+    "Hello world!  It's 2024:\n\tcaf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac<|endoftext|> x";
 
 }  // namespace
 

@@ -4,7 +4,7 @@
 # Usage: scripts/fuzz.sh [seconds per target=600] [target...]   (long runs; new inputs kept in
 #          build/fuzz/corpus/<target>, crashes in build/fuzz/artifacts/<target>/, stats in build/fuzz/stats.txt)
 #        scripts/fuzz.sh --smoke [target...]   (ctest's fuzz_smoke: FUZZ_SMOKE_SECONDS=5 each, starting from the
-#          seeds and regressions only; exit 77 = skipped when clang or libFuzzer is missing)
+#          seeds and regressions only, files under build/fuzz/smoke/; exit 77 = skipped without clang/libFuzzer)
 # Exits 1 if a regression input fails again or any target crashed, leaked, timed out or threw anything but
 # tr::Error.
 set -uo pipefail
@@ -41,58 +41,87 @@ if ! command -v clang++ >/dev/null || ! clang++ -fopenmp -fsanitize=fuzzer,addre
 fi
 
 out=build/fuzz
-# Configure once; ninja reconfigures by itself when a CMakeLists.txt changes, so reruns only rebuild.
-if [[ ! -f $out/build.ninja ]]; then
-  cmake --preset fuzz >"$probe/cmake.log" 2>&1 || { cat "$probe/cmake.log"; exit 1; }
-fi
 build_targets=()
 for t in "${targets[@]}"; do
   [[ -n "${max_len[$t]:-}" ]] || { echo "fuzz: unknown target '$t' (${all_targets[*]})"; exit 2; }
   build_targets+=("fuzz_$t")
 done
-cmake --build "$out" --target "${build_targets[@]}" -j "${FUZZ_BUILD_JOBS:-2}" || exit 1
+# Configure once; ninja reconfigures by itself when a CMakeLists.txt changes, so reruns only rebuild. The lock
+# serializes builds of concurrent runs (a long run and ctest's smoke run, say) in the one build folder.
+mkdir -p "$out"
+(
+  flock 9
+  if [[ ! -f $out/build.ninja ]]; then
+    cmake --preset fuzz >"$probe/cmake.log" 2>&1 || { cat "$probe/cmake.log"; exit 1; }
+  fi
+  cmake --build "$out" --target "${build_targets[@]}" -j "${FUZZ_BUILD_JOBS:-2}"
+) 9>"$out/.build.lock" || exit 1
+
+# Smoke and long runs keep their corpora, logs and artifacts apart; runs of one kind take turns.
+run_dir=$out
+((smoke)) && run_dir=$out/smoke
+mkdir -p "$run_dir/logs"
+exec 8>"$run_dir/.run.lock"
+flock -n 8 || { echo "fuzz: waiting for another $( ((smoke)) && echo smoke || echo long) run"; flock 8; }
 
 # libFuzzer's default error exit code is 77, the skip code above: make every finding exit 1. Sanitizers stop
 # at the first report; OpenMP stays on one thread (nothing here is parallel work).
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 export OMP_NUM_THREADS=1
-mkdir -p "$out/logs"
 failed=()
 summary=()
-# One line with the stack top of a failed run's log.
-report() { grep -E 'ERROR|runtime error|terminate called|what\(\)|SUMMARY|Test unit written|^    #[0-9] ' "$1" | head -n "$2"; }
+# Runs a fuzzer ($1: log, then the command) and returns its status. libFuzzer ends with _Exit, so the process
+# leaves its scratch folder and libomp's registration file in /dev/shm behind: they go here, by its pid. It
+# runs in the background to know that pid, where it ignores SIGINT: an interrupted script passes on SIGTERM.
+cur=""
+tidy() { rm -rf "/dev/shm/trainer-fuzz-$cur" "${TMPDIR:-/tmp}/trainer-fuzz-$cur" /dev/shm/__KMP_REGISTERED_LIB_"$cur"_*; }
+trap 'if [[ -n $cur ]]; then kill -TERM "$cur" 2>/dev/null; wait "$cur"; tidy; fi; exit 130' INT TERM
+run() {
+  local log=$1 rc
+  shift
+  "$@" >"$log" 2>&1 &
+  cur=$!
+  wait "$cur"
+  rc=$?
+  tidy
+  cur=""
+  return "$rc"
+}
+# The lines of a failed run's log that say what failed and where.
+report() { grep -aE 'ERROR|runtime error|terminate called|what\(\)|SUMMARY|Test unit written|^    #[0-9] ' "$1" | head -n "$2"; }
 for t in "${targets[@]}"; do
-  if ((smoke)); then corpus="$out/smoke_corpus/$t" && rm -rf "$corpus"; else corpus="$out/corpus/$t"; fi
-  mkdir -p "$corpus" "$out/artifacts/$t"
+  corpus="$run_dir/corpus/$t"
+  ((smoke)) && rm -rf "$corpus"  # the smoke run starts from the seeds each time: its length stays fixed
+  mkdir -p "$corpus" "$run_dir/artifacts/$t"
   bin="$out/fuzz_$t"
   # Past findings one by one, so each that fails again is named; those that pass join the seeds (a failing
   # one would stop the fuzzing below at its first input; libFuzzer takes folders only, hence the copies).
-  passed="$out/regressions_passed/$t" && rm -rf "$passed" && mkdir -p "$passed"
+  passed="$run_dir/regressions_passed/$t" && rm -rf "$passed" && mkdir -p "$passed"
   regress_failed=()
   for f in fuzz/regressions/"$t"/*; do
     [[ -f $f ]] || continue
-    if "$bin" -error_exitcode=1 -timeout=5 -rss_limit_mb=4096 "$f" >"$out/logs/$t.regression.log" 2>&1; then
+    if run "$run_dir/logs/$t.regression.log" "$bin" -error_exitcode=1 -timeout=5 -rss_limit_mb=4096 "$f"; then
       cp "$f" "$passed/"
     else
       regress_failed+=("$f")
       echo "---- $t: regression $f fails again ----"
-      report "$out/logs/$t.regression.log" 12
+      report "$run_dir/logs/$t.regression.log" 12
     fi
   done
   opts=(-max_total_time="$secs" -max_len="${max_len[$t]}" -timeout=5 -rss_limit_mb=4096 -error_exitcode=1
-        -timeout_exitcode=1 -print_final_stats=1 -artifact_prefix="$out/artifacts/$t/")
+        -timeout_exitcode=1 -print_final_stats=1 -artifact_prefix="$run_dir/artifacts/$t/")
   [[ -n "${dict[$t]:-}" ]] && opts+=(-dict=fuzz/json.dict)
-  log="$out/logs/$t.log"
+  log="$run_dir/logs/$t.log"
   echo "fuzz: $t for ${secs}s"
   # The first corpus folder receives new inputs; the seeds and the passing regressions are read only.
-  "$bin" "${opts[@]}" "$corpus" fuzz/corpus/"$t" "$passed" >"$log" 2>&1
+  run "$log" "$bin" "${opts[@]}" "$corpus" fuzz/corpus/"$t" "$passed"
   rc=$?
-  done_line=$(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -n 1)
-  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
-  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log")
+  done_line=$(grep -aE '^#[0-9]+[[:space:]]+DONE' "$log" | tail -n 1)
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
+  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -n 1)
   cov=$(sed -nE 's/.* cov: ([0-9]+) ft: ([0-9]+) corp: ([0-9]+).*/cov \1 ft \2 corpus \3/p' <<<"$done_line")
-  rss=$(sed -n 's/^stat::peak_rss_mb: *//p' "$log")
+  rss=$(sed -n 's/^stat::peak_rss_mb: *//p' "$log" | tail -n 1)
   line=$(printf '%-20s execs %-10s exec/s %-7s %s rss %s MB' "$t" "${execs:-?}" "${rate:-?}" "${cov:-cov ?}" "${rss:-?}")
   if ((${#regress_failed[@]})); then
     failed+=("$t")
@@ -112,7 +141,7 @@ echo "==== fuzz summary ($( ((smoke)) && echo smoke || echo long) run, ${secs}s 
 printf '%s\n' "${summary[@]}"
 ((smoke)) || { echo "# $(date -u +%FT%TZ) ${secs}s per target"; printf '%s\n' "${summary[@]}"; } >>"$out/stats.txt"
 if ((${#failed[@]})); then
-  echo "fuzz: FAILED: ${failed[*]} (reproduce: $out/fuzz_<target> <file>; new findings in $out/artifacts/)"
+  echo "fuzz: FAILED: ${failed[*]} (reproduce: $out/fuzz_<target> <file>; new findings in $run_dir/artifacts/)"
   exit 1
 fi
 echo "fuzz: PASS"

@@ -60,7 +60,8 @@ check_thread_masks() {
 masks_checked=0 phases=(start-up steps save eval last-step)
 declare -A by_phase
 for i in $(seq 1 "$runs"); do
-  workers=$((i % 5)) phase=${phases[$((i % 5))]} sig=TERM
+  # Every phase meets every worker count: phase i mod 5, workers (i + i/5) mod 5.
+  workers=$(((i + i / 5) % 5)) phase=${phases[$((i % 5))]} sig=TERM
   ((RANDOM % 2)) && sig=INT
   out="$work/run$i" log="$work/log$i.txt"
   "$trainer" "${common[@]}" --output_dir "$out" --dataloader_num_workers "$workers" >"$log" 2>&1 &
