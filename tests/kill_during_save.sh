@@ -31,7 +31,14 @@ for i in 1 2 3 4 5 6; do
   compgen -G "$work/run/checkpoint-*" >/dev/null && resume=(--resume_from_checkpoint true)
   "$trainer" "${common[@]}" "${resume[@]}" --overwrite_output_dir >"$work/log$i.txt" 2>&1 &
   pid=$!
-  sleep "$((2 + RANDOM % 3)).$((RANDOM % 10))"
+  # Kill at a random moment after set-up (the line before the first step; every step saves): a fixed delay
+  # from launch killed loaded machines' runs before their first step.
+  for _ in $(seq 1 1500); do
+    grep -q "^train: gpt2" "$work/log$i.txt" 2>/dev/null && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.04
+  done
+  sleep "$((1 + RANDOM % 2)).$((RANDOM % 10))"
   kill -9 "$pid"
   wait "$pid" 2>/dev/null || true
   check "$i"
