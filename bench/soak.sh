@@ -29,8 +29,8 @@ wait "$pid" || { tail -n 20 "$work/log.txt"; echo "FAIL: the run failed"; exit 1
 tail -n 3 "$work/log.txt"
 # Windows by step: warm = second tenth of the run, end = last tenth. Medians, to ignore a sample taken mid-save.
 awk -F, -v steps="$steps" 'NR > 1 {
-    if ($2 >= steps * 0.1 && $2 < steps * 0.2) { w[++nw] = $3; if ($4 > fw) fw = $4 }
-    if ($2 >= steps * 0.9) { e[++ne] = $3; if ($4 > fe) fe = $4 }
+    if ($2 >= steps * 0.1 && $2 < steps * 0.2) { w[++nw] = $3; wf[nw] = $4 }
+    if ($2 >= steps * 0.9) { e[++ne] = $3; ef[ne] = $4 }
     if ($3 > peak) peak = $3
   }
   function median(a, n,   i, j, t) {
@@ -40,7 +40,8 @@ awk -F, -v steps="$steps" 'NR > 1 {
   END {
     if (nw == 0 || ne == 0) { print "FAIL: too few samples"; exit 1 }
     mw = median(w, nw); me = median(e, ne); g = (me - mw) / mw * 100
-    printf "samples %d + %d; RSS warm %.1f MiB, end %.1f MiB (growth %+.2f%%), peak %.1f MiB; open fds (max) warm %d, end %d\n",
+    fw = median(wf, nw); fe = median(ef, ne)  # medians: a save holds one more descriptor for a moment
+    printf "samples %d + %d; RSS warm %.1f MiB, end %.1f MiB (growth %+.2f%%), peak %.1f MiB; open fds (median) warm %d, end %d\n",
       nw, ne, mw / 1024, me / 1024, g, peak / 1024, fw, fe
     if (g >= 1 || fe > fw) { print "FAIL: resident memory or descriptors grow"; exit 1 }
     print "PASS: flat after warm-up"
