@@ -57,12 +57,11 @@ mkdir -p "$out"
   cmake --build "$out" --target "${build_targets[@]}" -j "${FUZZ_BUILD_JOBS:-2}"
 ) 9>"$out/.build.lock" || exit 1
 
-# Smoke and long runs keep their corpora, logs and artifacts apart; runs of one kind take turns.
+# Smoke and long runs keep their corpora, logs and artifacts apart; runs of one kind take turns on a target
+# (two long runs of different targets may share the machine, one core each).
 run_dir=$out
 ((smoke)) && run_dir=$out/smoke
 mkdir -p "$run_dir/logs"
-exec 8>"$run_dir/.run.lock"
-flock -n 8 || { echo "fuzz: waiting for another $( ((smoke)) && echo smoke || echo long) run"; flock 8; }
 
 # libFuzzer's default error exit code is 77, the skip code above: make every finding exit 1. Sanitizers stop
 # at the first report; OpenMP stays on one thread (nothing here is parallel work).
@@ -90,7 +89,13 @@ run() {
 }
 # The lines of a failed run's log that say what failed and where.
 report() { grep -aE 'ERROR|runtime error|terminate called|what\(\)|SUMMARY|Test unit written|^    #[0-9] ' "$1" | head -n "$2"; }
+# CPU seconds of the children this shell has waited for (utime + stime, in clock ticks, fields 16 and 17 of
+# /proc/PID/stat): libFuzzer's -max_total_time is wall time, the runs are reported in CPU time.
+tick=$(getconf CLK_TCK)
+children_cpu() { local f; read -ra f <"/proc/$$/stat"; echo $(((f[15] + f[16]) / tick)); }
 for t in "${targets[@]}"; do
+  exec 8>"$run_dir/.run.lock.$t"
+  flock -n 8 || { echo "fuzz: waiting for another $( ((smoke)) && echo smoke || echo long) run of $t"; flock 8; }
   corpus="$run_dir/corpus/$t"
   ((smoke)) && rm -rf "$corpus"  # the smoke run starts from the seeds each time: its length stays fixed
   mkdir -p "$corpus" "$run_dir/artifacts/$t"
@@ -115,14 +120,17 @@ for t in "${targets[@]}"; do
   log="$run_dir/logs/$t.log"
   echo "fuzz: $t for ${secs}s"
   # The first corpus folder receives new inputs; the seeds and the passing regressions are read only.
+  cpu0=$(children_cpu)
   run "$log" "$bin" "${opts[@]}" "$corpus" fuzz/corpus/"$t" "$passed"
   rc=$?
+  cpu=$(($(children_cpu) - cpu0))
   done_line=$(grep -aE '^#[0-9]+[[:space:]]+DONE' "$log" | tail -n 1)
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -n 1)
   cov=$(sed -nE 's/.* cov: ([0-9]+) ft: ([0-9]+) corp: ([0-9]+).*/cov \1 ft \2 corpus \3/p' <<<"$done_line")
   rss=$(sed -n 's/^stat::peak_rss_mb: *//p' "$log" | tail -n 1)
-  line=$(printf '%-20s execs %-10s exec/s %-7s %s rss %s MB' "$t" "${execs:-?}" "${rate:-?}" "${cov:-cov ?}" "${rss:-?}")
+  line=$(printf '%-20s cpu %5s s execs %-10s exec/s %-7s %s rss %s MB' "$t" "$cpu" "${execs:-?}" "${rate:-?}" \
+    "${cov:-cov ?}" "${rss:-?}")
   if ((${#regress_failed[@]})); then
     failed+=("$t")
     line+="  REGRESSIONS FAIL: ${regress_failed[*]}"

@@ -171,4 +171,15 @@ AttentionGrads attention_blocked_backward(const Tensor& q, const Tensor& k, cons
                                           int64_t block = 0, AttentionDropout dropout = {});
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
 
+// ---- optimizer passes (ops/optim.cpp; the semantics are backend.h's)
+// {sum of squares of the unscaled gradients, count of non-finite values}, f64 [2] on `device` (undefined
+// gradients are skipped).
+Tensor grad_stats(const std::vector<Tensor>& grads, double inv_scale, Device device);
+void transform_grads(const std::vector<std::pair<Tensor, Tensor>>& src_dst,
+                     const backend::Backend::GradTransform& t);
+void fused_adamw(const std::vector<backend::Backend::AdamWTensors>& tensors,
+                 const backend::Backend::AdamWHyper& h, const backend::Backend::GradTransform& t);
+void adamw_8bit(const std::vector<backend::Backend::AdamW8bitTensors>& tensors, const Tensor& signed_map,
+                const Tensor& unsigned_map);
+
 }  // namespace tr::ops

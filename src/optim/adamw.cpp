@@ -52,13 +52,12 @@ void AdamW::run(const std::vector<backend::Backend::AdamWTensors>& list,
   // The backend's pass (OpenMP over 64K-element chunks on the CPU, one kernel on a GPU) with the element math
   // of backend/optim_math.h: per tensor (adamw_torch) or all tensors at once (the fused flavours) give the
   // same bits.
-  auto& be = backend::backend_for(list[0].param.device());
   const backend::Backend::AdamWHyper h{opts_.lr,    opts_.weight_decay, opts_.beta1,
                                        opts_.beta2, opts_.eps,          step_};
   if (multi_tensor_) {
-    be.fused_adamw(list, h, t);
+    ops::fused_adamw(list, h, t);
   } else {
-    for (const auto& x : list) be.fused_adamw({x}, h, t);
+    for (const auto& x : list) ops::fused_adamw({x}, h, t);
   }
 }
 

@@ -123,8 +123,7 @@ void AdamW8bit::step() {
         .decays = wd > 0.0f};
     list.push_back({*s.param, g, s.state1, s.state2, s.absmax1, s.absmax2, s.eight_bit, k});
   }
-  if (list.empty()) return;
-  backend::backend_for(list[0].param.device()).adamw_8bit(list, signed_map_, unsigned_map_);
+  ops::adamw_8bit(list, signed_map_, unsigned_map_);
 }
 
 std::vector<std::pair<std::string, Tensor>> AdamW8bit::state_dict() const {

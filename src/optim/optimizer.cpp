@@ -50,7 +50,7 @@ void Optimizer::step(const std::vector<Tensor>& grads, const backend::Backend::G
     if (!(identity && in_place)) pairs.emplace_back(g, dst);
     autograd::set_grad(p, dst);
   }
-  if (!pairs.empty()) backend::backend_for(pairs[0].first.device()).transform_grads(pairs, t);
+  ops::transform_grads(pairs, t);
   step();
   if (copies.empty()) return;
   for (size_t i = 0; i < grads.size(); ++i)

@@ -7,17 +7,16 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <memory>
 
-#include "autograd/functions.h"
-#include "autograd/node.h"
 #include "backend/backend.h"
-#include "core/allocator.h"
 #include "core/file_writer.h"
 #include "data/loader.h"
 #include "models/causal_lm.h"
+#include "ops/ops.h"
 #include "optim/optimizer.h"
 #include "tokenizers/bpe.h"
+#include "train/metrics_log.h"
 #include "train/mixed_precision.h"
 #include "train/run_lock.h"
 #include "train/setup.h"
@@ -26,27 +25,9 @@ namespace tr::train {
 
 namespace fs = std::filesystem;
 
-int64_t count_label_tokens(const Tensor& labels) {
-  TR_CHECK(labels.dim() == 2 && labels.dtype() == DType::i64,
-           "count_label_tokens: labels must be int64 [B, T]");
-  Tensor l = ops::contiguous(ops::to_device(labels, Device::cpu()));  // a GPU batch: one small copy
-  const int64_t* d = l.data<int64_t>();
-  const int64_t B = l.size(0), T = l.size(1);
-  int64_t n = 0;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 1; t < T; ++t) n += d[b * T + t] != -100;
-  return n;
-}
-
 namespace {
 
 using clock = std::chrono::steady_clock;
-
-// Reads a small device tensor on the host (the one synchronization of a step).
-std::vector<double> host_values(const Tensor& t) {
-  Tensor h = ops::contiguous(ops::to_dtype(ops::to_device(t, Device::cpu()), DType::f64));
-  return {h.data<double>(), h.data<double>() + h.numel()};
-}
 
 // A step count given as N >= 1, or as a ratio of `total` below 1 (HF's logging/save/eval_steps).
 int64_t steps_of(double v, int64_t total) {
@@ -90,53 +71,96 @@ std::string resume_dir(const TrainingArguments& a) {
   return last;
 }
 
-TrainResult train_once(const TrainingArguments& a, const TrainHooks& hooks) {
-  fs::create_directories(a.output_dir);
-  auto tok = load_tokenizer(a);
-  const std::string resume = resume_dir(a);
-  const Device dev = training_device(a);
-  Generator init_gen(a.seed);
-  auto model = load_model(a, resume, init_gen, dev);
-  const int64_t vocab = model->config().vocab_size;
-  TR_CHECK(tok.vocab_size() <= vocab, "tokenizer {} has {} tokens, more than the model's vocab_size {}",
-           a.tokenizer_name.empty() ? a.model_name_or_path : a.tokenizer_name, tok.vocab_size(), vocab);
-  TR_CHECK(a.block_size <= model->config().max_position_embeddings,
-           "--block_size {} exceeds the model's {} positions", a.block_size,
-           model->config().max_position_embeddings);
-  const bool want_eval = a.do_eval || a.eval_strategy != "no";
-  auto streams = load_streams(a, tok, vocab, want_eval);
-  data::DatasetOptions dopt;
-  dopt.block_size = a.block_size;
-  dopt.seed = a.seed;
-  dopt.vocab_size = vocab;
-  TR_CHECK(streams.train->size() >= a.block_size, "{}: {} tokens, fewer than one block of --block_size {}",
-           a.train_file, streams.train->size(), a.block_size);
-  auto ds = std::make_shared<data::SequenceDataset>(streams.train, dopt);
-  data::DataLoaderOptions lopt;
-  lopt.batch_size = a.per_device_train_batch_size;
-  lopt.num_workers = static_cast<int>(a.dataloader_num_workers);
-  lopt.pin_memory = a.dataloader_pin_memory;
-  lopt.device = dev;
-  lopt.drop_last = a.dataloader_drop_last;
-  data::DataLoader loader(ds, lopt);
-  TR_CHECK(loader.batches_per_epoch() >= 1,
-           "{}: {} blocks of {} tokens, fewer than one batch of {} (dataloader_drop_last)", a.train_file,
-           ds->num_samples(), a.block_size, a.per_device_train_batch_size);
-  const int64_t ga = a.gradient_accumulation_steps;
-  const int64_t updates_per_epoch = (loader.batches_per_epoch() + ga - 1) / ga;
-  const int64_t total =
-      a.max_steps > 0 ? a.max_steps : static_cast<int64_t>(std::ceil(a.num_train_epochs * updates_per_epoch));
-  const int64_t warmup = a.warmup_steps >= 1  ? static_cast<int64_t>(a.warmup_steps)
-                         : a.warmup_steps > 0 ? static_cast<int64_t>(std::ceil(a.warmup_steps * total))
-                                              : static_cast<int64_t>(std::ceil(a.warmup_ratio * total));
-  const int64_t log_every = steps_of(a.logging_steps, total), save_every = steps_of(a.save_steps, total);
-  const int64_t eval_every = steps_of(a.eval_steps > 0 ? a.eval_steps : a.logging_steps, total);
+// The step counts of a run (HF's: updates per epoch round up, warmup_steps as a count or a ratio).
+struct Schedule {
+  int64_t ga = 1, updates_per_epoch = 1, total = 0, warmup = 0, log_every = 1, save_every = 1, eval_every = 1;
+  double epoch(int64_t step) const { return static_cast<double>(step) / updates_per_epoch; }
+};
 
+Schedule make_schedule(const TrainingArguments& a, int64_t batches_per_epoch) {
+  Schedule s;
+  s.ga = a.gradient_accumulation_steps;
+  s.updates_per_epoch = (batches_per_epoch + s.ga - 1) / s.ga;
+  s.total = a.max_steps > 0 ? a.max_steps
+                            : static_cast<int64_t>(std::ceil(a.num_train_epochs * s.updates_per_epoch));
+  s.warmup = a.warmup_steps >= 1  ? static_cast<int64_t>(a.warmup_steps)
+             : a.warmup_steps > 0 ? static_cast<int64_t>(std::ceil(a.warmup_steps * s.total))
+                                  : static_cast<int64_t>(std::ceil(a.warmup_ratio * s.total));
+  s.log_every = steps_of(a.logging_steps, s.total);
+  s.save_every = steps_of(a.save_steps, s.total);
+  s.eval_every = steps_of(a.eval_steps > 0 ? a.eval_steps : a.logging_steps, s.total);
+  return s;
+}
+
+// One call of train(): what is set up before the first step (model, data, optimizer, resumed state) and
+// the loop around the step - logging, evaluation, saving, stopping - and the files of a finished run.
+class Run {
+ public:
+  Run(const TrainingArguments& a, const TrainHooks& hooks);
+  TrainResult train();
+
+ private:
+  std::unique_ptr<data::DataLoader> make_loader();
+  void resume();
+  void announce() const;
+  std::vector<data::Batch> next_micro_batches();
+  void after_step(int64_t step, const StepResult& s, double lr, int64_t start_step);
+  void evaluate_at(int64_t step);
+  void save();
+  void finish();
+
+  const TrainingArguments& a_;
+  const TrainHooks& hooks_;
+  tokenizers::Tokenizer tok_;
+  std::string resume_;
+  Device dev_;
+  Generator init_gen_;
+  std::unique_ptr<models::CausalLM> model_;
+  int64_t vocab_ = 0;
+  Streams streams_;
+  std::unique_ptr<data::DataLoader> loader_;
+  Schedule sched_;
+  DType compute_ = DType::f32;
+  std::unique_ptr<MixedPrecision> mp_;
+  std::unique_ptr<optim::Optimizer> opt_;
+  TrainerState st_;
+  Generator dropout_gen_;
+  std::unique_ptr<MetricsLog> metrics_;
+  std::unique_ptr<StepWindow> window_;
+  TrainResult r_;
+  double eval_seconds_ = 0;  // kept out of the training throughput
+  int64_t tokens_ = 0;
+  clock::time_point train_start_;
+};
+
+// The run's first acts: output_dir made, the tokenizer read (its errors come before the model's).
+tokenizers::Tokenizer start_run(const TrainingArguments& a) {
+  fs::create_directories(a.output_dir);
+  return load_tokenizer(a);
+}
+
+Run::Run(const TrainingArguments& a, const TrainHooks& hooks)
+    : a_(a),
+      hooks_(hooks),
+      tok_(start_run(a)),
+      resume_(resume_dir(a)),
+      dev_(training_device(a)),
+      init_gen_(a.seed),
+      dropout_gen_(a.seed) {
+  model_ = load_model(a, resume_, init_gen_, dev_);
+  vocab_ = model_->config().vocab_size;
+  TR_CHECK(tok_.vocab_size() <= vocab_, "tokenizer {} has {} tokens, more than the model's vocab_size {}",
+           a.tokenizer_name.empty() ? a.model_name_or_path : a.tokenizer_name, tok_.vocab_size(), vocab_);
+  TR_CHECK(a.block_size <= model_->config().max_position_embeddings,
+           "--block_size {} exceeds the model's {} positions", a.block_size,
+           model_->config().max_position_embeddings);
+  streams_ = load_streams(a, tok_, vocab_, a.do_eval || a.eval_strategy != "no");
+  loader_ = make_loader();
+  sched_ = make_schedule(a, loader_->batches_per_epoch());
   // Mixed precision: the model computes in half precision, the optimizer updates fp32 masters.
-  const DType compute = a.bf16 ? DType::bf16 : a.fp16 ? DType::f16 : DType::f32;
-  const nn::ParamList model_params = model->named_parameters();
-  MixedPrecision mp(model_params, compute, a.fp16);
-  model->set_dtype(compute);
+  compute_ = a.bf16 ? DType::bf16 : a.fp16 ? DType::f16 : DType::f32;
+  mp_ = std::make_unique<MixedPrecision>(model_->named_parameters(), compute_, a.fp16);
+  model_->set_dtype(compute_);
   optim::OptimizerOptions oo;
   oo.lr = a.learning_rate;
   oo.beta1 = a.adam_beta1;
@@ -144,280 +168,244 @@ TrainResult train_once(const TrainingArguments& a, const TrainHooks& hooks) {
   oo.eps = a.adam_epsilon;
   oo.weight_decay = a.weight_decay;
   oo.args = optim::parse_optim_args(a.optim_args);
-  auto opt = optim::make_optimizer(a.optim, mp.master_params(), oo);
-
-  TrainerState st;
-  st.train_tokens = streams.train->size();
-  st.train_batch_size = a.per_device_train_batch_size;
-  st.gradient_accumulation_steps = ga;
-  Generator dropout_gen(a.seed);
-  if (!resume.empty()) {
-    st = load_checkpoint_state(resume, *opt, mp);
-    // The checks name trainer_state.json, where the values come from (a damaged file reads as a mismatch).
-    const std::string state_file = (fs::path(resume) / "trainer_state.json").string();
-    TR_CHECK(
-        st.train_batch_size == a.per_device_train_batch_size && st.gradient_accumulation_steps == ga,
-        "{}: saved with per_device_train_batch_size {} and gradient_accumulation_steps {}; resume with the "
-        "same values (got {} and {})",
-        state_file, st.train_batch_size, st.gradient_accumulation_steps, a.per_device_train_batch_size, ga);
-    TR_CHECK(
-        st.train_tokens == 0 || st.train_tokens == streams.train->size(),
-        "{}: saved while training on {} tokens, this run's training stream has {} (a different --train_file, "
-        "--validation_split_percentage or evaluation setting?); the data position would not match",
-        state_file, st.train_tokens, streams.train->size());
-    TR_CHECK(st.global_step <= total,
-             "{}: global_step {} is past this run's {} optimizer steps (raise --max_steps or "
-             "--num_train_epochs to continue)",
-             state_file, st.global_step, total);
-    st.train_tokens = streams.train->size();
-    loader.seek(st.position);
-    dropout_gen.set_state(st.dropout_rng);
-    std::fprintf(stderr, "train: resumed from %s at step %lld\n", resume.c_str(),
-                 static_cast<long long>(st.global_step));
-  }
-  const fs::path metrics_path = fs::path(a.output_dir) / "metrics.jsonl";
-  if (!resume.empty() && fs::exists(metrics_path)) {  // drop lines logged after the checkpoint (they rerun)
-    std::ifstream in(metrics_path);
-    std::string kept;
-    for (std::string line; std::getline(in, line);) {
-      if (metrics_line_kept(line, st.global_step)) kept += line + "\n";
-    }
-    in.close();
-    write_file(metrics_path.string(), kept);
-  }
-  std::ofstream metrics(metrics_path, resume.empty() ? std::ios::trunc : std::ios::app);
-  auto log_metrics = [&](const nlohmann::json& entry) {
-    metrics << entry.dump() << "\n";
-    metrics.flush();
-    TR_CHECK(metrics.good(), "{}: write failed: {}", metrics_path.string(), std::strerror(errno));
-  };
+  opt_ = optim::make_optimizer(a.optim, mp_->master_params(), oo);
+  st_.train_tokens = streams_.train->size();
+  st_.train_batch_size = a.per_device_train_batch_size;
+  st_.gradient_accumulation_steps = sched_.ga;
+  if (!resume_.empty()) resume();
+  metrics_ = std::make_unique<MetricsLog>(a.output_dir, !resume_.empty(), st_.global_step);
   write_json(fs::path(a.output_dir) / "training_args.json", a.to_json());
+  announce();
+  r_.per_device_train_batch_size = a.per_device_train_batch_size;
+  r_.gradient_accumulation_steps = sched_.ga;
+  if (streams_.validation)
+    r_.unigram_baseline = unigram_cross_entropy(*streams_.train, *streams_.validation, vocab_);
+}
+
+std::unique_ptr<data::DataLoader> Run::make_loader() {
+  data::DatasetOptions dopt;
+  dopt.block_size = a_.block_size;
+  dopt.seed = a_.seed;
+  dopt.vocab_size = vocab_;
+  TR_CHECK(streams_.train->size() >= a_.block_size, "{}: {} tokens, fewer than one block of --block_size {}",
+           a_.train_file, streams_.train->size(), a_.block_size);
+  auto ds = std::make_shared<data::SequenceDataset>(streams_.train, dopt);
+  data::DataLoaderOptions lopt;
+  lopt.batch_size = a_.per_device_train_batch_size;
+  lopt.num_workers = static_cast<int>(a_.dataloader_num_workers);
+  lopt.pin_memory = a_.dataloader_pin_memory;
+  lopt.device = dev_;
+  lopt.drop_last = a_.dataloader_drop_last;
+  auto loader = std::make_unique<data::DataLoader>(ds, lopt);
+  TR_CHECK(loader->batches_per_epoch() >= 1,
+           "{}: {} blocks of {} tokens, fewer than one batch of {} (dataloader_drop_last)", a_.train_file,
+           ds->num_samples(), a_.block_size, a_.per_device_train_batch_size);
+  return loader;
+}
+
+void Run::resume() {
+  st_ = load_checkpoint_state(resume_, *opt_, *mp_);
+  // The checks name trainer_state.json, where the values come from (a damaged file reads as a mismatch).
+  const std::string state_file = (fs::path(resume_) / "trainer_state.json").string();
+  TR_CHECK(
+      st_.train_batch_size == a_.per_device_train_batch_size && st_.gradient_accumulation_steps == sched_.ga,
+      "{}: saved with per_device_train_batch_size {} and gradient_accumulation_steps {}; resume with the "
+      "same values (got {} and {})",
+      state_file, st_.train_batch_size, st_.gradient_accumulation_steps, a_.per_device_train_batch_size,
+      sched_.ga);
+  TR_CHECK(
+      st_.train_tokens == 0 || st_.train_tokens == streams_.train->size(),
+      "{}: saved while training on {} tokens, this run's training stream has {} (a different --train_file, "
+      "--validation_split_percentage or evaluation setting?); the data position would not match",
+      state_file, st_.train_tokens, streams_.train->size());
+  TR_CHECK(st_.global_step <= sched_.total,
+           "{}: global_step {} is past this run's {} optimizer steps (raise --max_steps or "
+           "--num_train_epochs to continue)",
+           state_file, st_.global_step, sched_.total);
+  st_.train_tokens = streams_.train->size();
+  loader_->seek(st_.position);
+  dropout_gen_.set_state(st_.dropout_rng);
+  std::fprintf(stderr, "train: resumed from %s at step %lld\n", resume_.c_str(),
+               static_cast<long long>(st_.global_step));
+}
+
+void Run::announce() const {
   std::fprintf(
       stderr,
       "train: %s, %.1fM parameters, %s, optim %s; %lld tokens; %lld optimizer steps of %lld x %lld x %lld "
       "tokens\n",
-      model->config().model_type.c_str(), model->num_parameters() / 1e6, dtype_name(compute).data(),
-      a.optim.c_str(), static_cast<long long>(streams.train->size()), static_cast<long long>(total),
-      static_cast<long long>(ga), static_cast<long long>(a.per_device_train_batch_size),
-      static_cast<long long>(a.block_size));
+      model_->config().model_type.c_str(), model_->num_parameters() / 1e6, dtype_name(compute_).data(),
+      a_.optim.c_str(), static_cast<long long>(streams_.train->size()), static_cast<long long>(sched_.total),
+      static_cast<long long>(sched_.ga), static_cast<long long>(a_.per_device_train_batch_size),
+      static_cast<long long>(a_.block_size));
+}
 
-  TrainResult r;
-  double eval_seconds = 0;  // kept out of the training throughput
-  r.per_device_train_batch_size = a.per_device_train_batch_size;
-  r.gradient_accumulation_steps = ga;
-  if (streams.validation)
-    r.unigram_baseline = unigram_cross_entropy(*streams.train, *streams.validation, vocab);
-  auto run_eval = [&](int64_t step) {
-    EvalResult e;
-    try {
-      e = evaluate(*model, streams.validation, a.block_size, a.per_device_eval_batch_size,
-                   a.validation_file.empty() ? a.train_file + " (validation split)" : a.validation_file);
-    } catch (const OutOfMemoryError& oom) {
-      // Not the training batch's fault: auto_find_batch_size must not shrink it (HF's known pain).
-      fail("evaluation ran out of memory; lower --per_device_eval_batch_size ({}): {}",
-           a.per_device_eval_batch_size, oom.what());
-    }
-    nlohmann::json entry = e.to_json();
-    entry["step"] = step;
-    entry["epoch"] = static_cast<double>(step) / updates_per_epoch;
-    log_metrics(entry);
-    st.log_history.push_back(entry);
-    std::fprintf(stderr, "\neval: step %lld  eval_loss %.4f  perplexity %.2f  (unigram baseline %.4f)\n",
-                 static_cast<long long>(step), e.loss, e.perplexity, r.unigram_baseline);
-    r.evals.push_back(e);
-    eval_seconds += e.seconds;
-  };
-  auto save = [&]() {
-    st.dropout_rng = dropout_gen.state();
-    st.position = loader.position();
-    try {
-      r.last_checkpoint = save_checkpoint(*model, mp, *opt, tok, st, a, hooks.save_probe);
-    } catch (...) {
-      std::fprintf(stderr, "\n");  // the error starts its own line, not the progress bar's
-      throw;
-    }
-  };
+// The micro-batches of the next optimizer step: gradient_accumulation_steps of them, fewer at the end of an
+// epoch (a shorter last step, as HF).
+std::vector<data::Batch> Run::next_micro_batches() {
+  std::vector<data::Batch> micro;
+  while (static_cast<int64_t>(micro.size()) < sched_.ga) {
+    auto b = loader_->next();
+    if (b)
+      micro.push_back(std::move(*b));
+    else if (!micro.empty())
+      break;
+  }
+  return micro;
+}
 
-  ops::allocator_for(dev).reset_peak();
-  double loss_since_log = 0, loss_total = 0;
-  int64_t steps_since_log = 0, tokens = 0, tokens_at_start = 0;
-  const int64_t start_step = st.global_step;
-  const auto train_start = clock::now();
+void Run::evaluate_at(int64_t step) {
+  EvalResult e;
+  try {
+    e = evaluate(*model_, streams_.validation, a_.block_size, a_.per_device_eval_batch_size,
+                 a_.validation_file.empty() ? a_.train_file + " (validation split)" : a_.validation_file);
+  } catch (const OutOfMemoryError& oom) {
+    // Not the training batch's fault: auto_find_batch_size must not shrink it (HF's known pain).
+    fail("evaluation ran out of memory; lower --per_device_eval_batch_size ({}): {}",
+         a_.per_device_eval_batch_size, oom.what());
+  }
+  nlohmann::json entry = e.to_json();
+  entry["step"] = step;
+  entry["epoch"] = sched_.epoch(step);
+  metrics_->write(entry);
+  st_.log_history.push_back(entry);
+  std::fprintf(stderr, "\neval: step %lld  eval_loss %.4f  perplexity %.2f  (unigram baseline %.4f)\n",
+               static_cast<long long>(step), e.loss, e.perplexity, r_.unigram_baseline);
+  r_.evals.push_back(e);
+  eval_seconds_ += e.seconds;
+}
+
+void Run::save() {
+  st_.dropout_rng = dropout_gen_.state();
+  st_.position = loader_->position();
+  try {
+    r_.last_checkpoint = save_checkpoint(*model_, *mp_, *opt_, tok_, st_, a_, hooks_.save_probe);
+  } catch (...) {
+    std::fprintf(stderr, "\n");  // the error starts its own line, not the progress bar's
+    throw;
+  }
+}
+
+// The bookkeeping of a finished step (0-based `step`): state, losses, the log line and metrics entry.
+void Run::after_step(int64_t step, const StepResult& s, double lr, int64_t start_step) {
+  if (s.skipped)
+    ++st_.skipped_steps;
+  else
+    ++st_.scheduler_step;
+  st_.global_step = step + 1;
+  tokens_ += s.tokens;
+  r_.cache_releases += s.cache_releases;
+  r_.cache_bytes_released += s.cache_bytes_released;
+  if (step == start_step) r_.first_loss = s.loss;
+  r_.losses.push_back(s.loss);
+  r_.last_loss = s.loss;
+  window_->add(s.loss);
+  if ((step + 1) % sched_.log_every != 0 && step + 1 != sched_.total && !(a_.logging_first_step && step == 0))
+    return;
+  const double secs = std::chrono::duration<double>(clock::now() - train_start_).count() - eval_seconds_;
+  const double tps = tokens_ / secs;
+  const double mean = window_->flush(step + 1, lr, s.grad_norm, secs, tps);
+  nlohmann::json entry{{"step", step + 1},
+                       {"loss", mean},
+                       {"learning_rate", lr},
+                       {"grad_norm", s.grad_norm},
+                       {"epoch", sched_.epoch(step + 1)},
+                       {"tokens_per_second", tps}};
+  if (mp_->loss_scaling()) {
+    entry["loss_scale"] = mp_->loss_scale();
+    entry["skipped_steps"] = st_.skipped_steps;
+  }
+  metrics_->write(entry);
+  st_.log_history.push_back(entry);
+}
+
+TrainResult Run::train() {
+  StepOptions so;
+  so.gradient_checkpointing = a_.gradient_checkpointing;
+  so.max_grad_norm = a_.max_grad_norm;
+  so.torch_empty_cache_steps = a_.torch_empty_cache_steps;
+  so.device = dev_;
+  so.on_micro_batch = hooks_.on_micro_batch;
+  so.after_backward = hooks_.after_backward;
+  const auto step_fn = make_eager_step({*model_, *mp_, *opt_, dropout_gen_}, so);
+  ops::allocator_for(dev_).reset_peak();
+  const int64_t start_step = st_.global_step, total = sched_.total;
+  window_ = std::make_unique<StepWindow>(start_step, total);
+  train_start_ = clock::now();
   for (int64_t step = start_step; step < total; ++step) {
-    std::vector<data::Batch> micro;
-    while (static_cast<int64_t>(micro.size()) < ga) {
-      auto b = loader.next();
-      if (b)
-        micro.push_back(std::move(*b));
-      else if (!micro.empty())
-        break;  // epoch end: a shorter last step, as HF
-    }
-    // num_items_in_batch: label tokens of the whole step (accumulation-exact normalization).
-    double items = 0;
-    for (const auto& b : micro)
-      items += static_cast<double>(count_label_tokens(b.host_labels.defined() ? b.host_labels : b.labels));
-    Tensor step_loss_acc;  // summed on the device (f64): read once per step, not once per micro-batch
-    mp.begin_step(static_cast<int64_t>(micro.size()));
-    for (const auto& b : micro) {
-      if (hooks.on_micro_batch) hooks.on_micro_batch(step, b.input_ids);
-      models::ForwardOptions fo;
-      fo.labels = b.labels;
-      fo.num_items_in_batch = items;
-      fo.return_logits = false;
-      fo.gradient_checkpointing = a.gradient_checkpointing;
-      fo.training = true;
-      fo.dropout_gen = &dropout_gen;
-      Tensor loss = model->forward(b.input_ids, fo).loss;
-      if (a.torch_empty_cache_steps > 0 && (step + 1) % a.torch_empty_cache_steps == 0 &&
-          &b == &micro.front()) {
-        // HF's point: after the forward, before the backward (the activations stay, the cache goes).
-        const int64_t cached = dev.is_cpu() ? static_cast<int64_t>(cpu_allocator().cached_bytes()) : 0;
-        ops::allocator_for(dev).empty_cache();
-        ++r.cache_releases;
-        r.cache_bytes_released += cached;
-      }
-      if (mp.loss_scaling())
-        autograd::backward({loss}, {ops::full({}, mp.loss_scale(), DType::f32, dev)});
-      else
-        autograd::backward({loss});
-      {
-        autograd::NoGradGuard no_grad;
-        Tensor l = ops::to_dtype(detach(loss), DType::f64);
-        step_loss_acc = step_loss_acc.defined() ? ops::binary(backend::BinaryOp::add, step_loss_acc, l) : l;
-      }
-      tokens += b.input_ids.numel();
-    }
-    if (hooks.after_backward) hooks.after_backward(step, model_params);
-    // Unscale, global norm, clip and the fp16 inf check without a host sync per tensor: one statistics pass
-    // over the model's gradients (half under mixed precision), then the optimizer reads them through the
-    // transform (AdamW: unscale, clip, update and the half weight copy in one pass).
-    const std::vector<Tensor> grads = mp.model_grads();
-    std::vector<Tensor> present;
-    for (const Tensor& g : grads)
-      if (g.defined()) present.push_back(ops::contiguous(g));
-    Tensor stats = ops::zeros({2}, DType::f64, dev);
-    const double inv_scale = 1.0 / mp.loss_scale();
-    backend::backend_for(dev).grad_stats(present, inv_scale, stats);
-    const backend::Backend::GradTransform transform{inv_scale, a.max_grad_norm, stats};
-    const double lr = lr_at(a.lr_scheduler_type, a.learning_rate, st.scheduler_step, warmup, total);
-    std::vector<double> host_stats;
-    bool found_inf = false;
-    if (mp.loss_scaling()) {  // the skip decision is the host's (torch's GradScaler syncs here as well)
-      host_stats = host_values(stats);
-      found_inf = host_stats[1] != 0;
-    }
-    if (found_inf) {
-      // fp16 overflow: skip the update, do not step the scheduler, lower the scale (torch's GradScaler)
-      ++st.skipped_steps;
-    } else {
-      opt->set_lr(lr);
-      opt->step(grads, transform, mp.weight_copies());
-      ++st.scheduler_step;
-    }
-    opt->zero_grad();
-    mp.after_step(found_inf);
-    if (host_stats.empty()) host_stats = host_values(stats);
-    const double norm = std::sqrt(host_stats[0]);
-    const double step_loss = step_loss_acc.defined() ? host_values(step_loss_acc)[0] : 0.0;
-    st.global_step = step + 1;
-    if (step == start_step) r.first_loss = step_loss;
-    r.losses.push_back(step_loss);
-    r.last_loss = step_loss;
-    // HF's logging_nan_inf_filter: a non-finite step loss counts as the mean of the window so far.
-    const double logged = std::isfinite(step_loss) ? step_loss
-                          : steps_since_log > 0    ? loss_since_log / steps_since_log
-                                                   : 0.0;
-    loss_since_log += logged;
-    loss_total += logged;
-    ++steps_since_log;
-    const bool epoch_end = (step + 1) % updates_per_epoch == 0;
-    const double epoch = static_cast<double>(step + 1) / updates_per_epoch;
-    if ((step + 1) % log_every == 0 || step + 1 == total || (a.logging_first_step && step == 0)) {
-      const double secs = std::chrono::duration<double>(clock::now() - train_start).count() - eval_seconds;
-      const double tps = (tokens - tokens_at_start) / secs;
-      const double eta = secs / (step + 1 - start_step) * (total - step - 1);
-      const double mean = loss_since_log / steps_since_log;
-      const int width = 24, fill = static_cast<int>(width * (step + 1) / total);
-      std::fprintf(
-          stderr, "\r[%s%s] step %lld/%lld  loss %.4f  lr %.3g  grad_norm %.3f  %.0f tok/s  ETA %s   ",
-          std::string(fill, '#').c_str(), std::string(width - fill, '.').c_str(),
-          static_cast<long long>(step + 1), static_cast<long long>(total), mean, lr, norm, tps,
-          eta >= 120 ? fmt::format("{:.1f} min", eta / 60).c_str() : fmt::format("{:.0f} s", eta).c_str());
-      nlohmann::json entry{{"step", step + 1},  {"loss", mean},   {"learning_rate", lr},
-                           {"grad_norm", norm}, {"epoch", epoch}, {"tokens_per_second", tps}};
-      if (mp.loss_scaling()) {
-        entry["loss_scale"] = mp.loss_scale();
-        entry["skipped_steps"] = st.skipped_steps;
-      }
-      log_metrics(entry);
-      st.log_history.push_back(entry);
-      loss_since_log = 0;
-      steps_since_log = 0;
-    }
-    if (streams.validation && ((a.eval_strategy == "steps" && (step + 1) % eval_every == 0) ||
-                               (a.eval_strategy == "epoch" && epoch_end)))
-      run_eval(step + 1);
-    const bool stop = hooks.should_stop && hooks.should_stop();
-    const bool save_now = (a.save_strategy == "steps" && (step + 1) % save_every == 0) ||
-                          (a.save_strategy == "epoch" && epoch_end) ||
-                          (a.save_strategy != "no" && step + 1 == total) || stop;
-    if (save_now) save();
+    const double lr = lr_at(a_.lr_scheduler_type, a_.learning_rate, st_.scheduler_step, sched_.warmup, total);
+    const StepResult s = step_fn->run(step, next_micro_batches(), lr);
+    after_step(step, s, lr, start_step);
+    const bool epoch_end = (step + 1) % sched_.updates_per_epoch == 0;
+    if (streams_.validation && ((a_.eval_strategy == "steps" && (step + 1) % sched_.eval_every == 0) ||
+                                (a_.eval_strategy == "epoch" && epoch_end)))
+      evaluate_at(step + 1);
+    const bool stop = hooks_.should_stop && hooks_.should_stop();
+    if ((a_.save_strategy == "steps" && (step + 1) % sched_.save_every == 0) ||
+        (a_.save_strategy == "epoch" && epoch_end) || (a_.save_strategy != "no" && step + 1 == total) || stop)
+      save();
     if (stop && step + 1 < total) {
       std::fprintf(
           stderr, "\ntrain: interrupted after step %lld; saved %s. Resume with --resume_from_checkpoint %s\n",
-          static_cast<long long>(step + 1), r.last_checkpoint.c_str(), r.last_checkpoint.c_str());
-      r.interrupted = true;
-      r.steps = step + 1 - start_step;
-      return r;
+          static_cast<long long>(step + 1), r_.last_checkpoint.c_str(), r_.last_checkpoint.c_str());
+      r_.interrupted = true;
+      r_.steps = step + 1 - start_step;
+      return r_;
     }
   }
   std::fprintf(stderr, "\n");
-  r.steps = total - start_step;
-  r.seconds = std::chrono::duration<double>(clock::now() - train_start).count() - eval_seconds;
-  r.tokens_per_second = tokens / r.seconds;
-  r.train_loss = loss_total / std::max<int64_t>(1, r.steps);
-  r.skipped_steps = st.skipped_steps;
-  r.peak_bytes = ops::allocator_for(dev).stats().peak_bytes;
-  if (st.skipped_steps > 0)
+  r_.steps = total - start_step;
+  r_.seconds = std::chrono::duration<double>(clock::now() - train_start_).count() - eval_seconds_;
+  r_.tokens_per_second = tokens_ / r_.seconds;
+  r_.train_loss = window_->counted_sum() / std::max<int64_t>(1, r_.steps);
+  r_.skipped_steps = st_.skipped_steps;
+  r_.peak_bytes = ops::allocator_for(dev_).stats().peak_bytes;
+  finish();
+  return r_;
+}
+
+// The files of a finished run, as HF's Trainer leaves them: results, the final model and tokenizer, state.
+void Run::finish() {
+  const int64_t total = sched_.total;
+  if (st_.skipped_steps > 0)
     std::fprintf(stderr,
                  "train: %lld of %lld fp16 steps skipped for inf/nan gradients (final loss scale %g)\n",
-                 static_cast<long long>(st.skipped_steps), static_cast<long long>(total), mp.loss_scale());
-  nlohmann::json all = {{"train_loss", r.train_loss},
-                        {"train_runtime", r.seconds},
-                        {"train_samples_per_second", (tokens / a.block_size) / r.seconds},
-                        {"train_steps_per_second", r.steps / r.seconds},
-                        {"train_tokens_per_second", r.tokens_per_second},
-                        {"epoch", static_cast<double>(total) / updates_per_epoch},
+                 static_cast<long long>(st_.skipped_steps), static_cast<long long>(total), mp_->loss_scale());
+  nlohmann::json all = {{"train_loss", r_.train_loss},
+                        {"train_runtime", r_.seconds},
+                        {"train_samples_per_second", (tokens_ / a_.block_size) / r_.seconds},
+                        {"train_steps_per_second", r_.steps / r_.seconds},
+                        {"train_tokens_per_second", r_.tokens_per_second},
+                        {"epoch", sched_.epoch(total)},
                         {"global_step", total},
-                        {"train_peak_memory_gib", static_cast<double>(r.peak_bytes) / (1 << 30)}};
-  write_json(fs::path(a.output_dir) / "train_results.json", all);
-  if (a.do_eval && streams.validation) {
-    if (r.evals.empty() || st.log_history.back().value("step", int64_t{-1}) != total ||
-        !st.log_history.back().contains("eval_loss"))
-      run_eval(total);
-    auto e = r.evals.back().to_json();
-    e["epoch"] = static_cast<double>(total) / updates_per_epoch;
-    write_json(fs::path(a.output_dir) / "eval_results.json", e);
+                        {"train_peak_memory_gib", static_cast<double>(r_.peak_bytes) / (1 << 30)}};
+  write_json(fs::path(a_.output_dir) / "train_results.json", all);
+  if (a_.do_eval && streams_.validation) {
+    if (r_.evals.empty() || st_.log_history.back().value("step", int64_t{-1}) != total ||
+        !st_.log_history.back().contains("eval_loss"))
+      evaluate_at(total);
+    auto e = r_.evals.back().to_json();
+    e["epoch"] = sched_.epoch(total);
+    write_json(fs::path(a_.output_dir) / "eval_results.json", e);
     all.update(e);
   }
-  write_json(fs::path(a.output_dir) / "all_results.json", all);
-  mp.swap_masters();  // the final model in fp32, as HF saves it
-  model->set_dtype(DType::f32);
-  models::save_pretrained(*model, a.output_dir);
-  mp.swap_masters();
-  tok.save((fs::path(a.output_dir) / "tokenizer.json").string());
-  write_json(fs::path(a.output_dir) / "trainer_state.json",
+  write_json(fs::path(a_.output_dir) / "all_results.json", all);
+  mp_->swap_masters();  // the final model in fp32, as HF saves it
+  model_->set_dtype(DType::f32);
+  models::save_pretrained(*model_, a_.output_dir);
+  mp_->swap_masters();
+  tok_.save((fs::path(a_.output_dir) / "tokenizer.json").string());
+  write_json(fs::path(a_.output_dir) / "trainer_state.json",
              {{"global_step", total},
-              {"epoch", static_cast<double>(total) / updates_per_epoch},
+              {"epoch", sched_.epoch(total)},
               {"max_steps", total},
-              {"num_train_epochs", a.num_train_epochs},
-              {"logging_steps", log_every},
-              {"eval_steps", eval_every},
-              {"save_steps", save_every},
-              {"train_batch_size", a.per_device_train_batch_size},
-              {"skipped_steps", st.skipped_steps},
-              {"log_history", st.log_history}});
-  return r;
+              {"num_train_epochs", a_.num_train_epochs},
+              {"logging_steps", sched_.log_every},
+              {"eval_steps", sched_.eval_every},
+              {"save_steps", sched_.save_every},
+              {"train_batch_size", a_.per_device_train_batch_size},
+              {"skipped_steps", st_.skipped_steps},
+              {"log_history", st_.log_history}});
 }
 
 }  // namespace
@@ -444,7 +432,7 @@ TrainResult train(const TrainingArguments& args, const TrainHooks& hooks) {
   }
   for (;;) {
     try {
-      return train_once(a, hooks);
+      return Run(a, hooks).train();
     } catch (const OutOfMemoryError& e) {
       if (!a.auto_find_batch_size) throw;
       const int64_t bs = smaller_batch(a.per_device_train_batch_size, effective);

@@ -1,8 +1,8 @@
-// The training loop: data -> model -> optimizer with HF's accumulation-exact loss normalization, mixed
-// precision (fp32 masters, fp16 loss scaling), gradient clipping, LR schedules, evaluation, progress bar and
-// JSON-lines metrics, checkpoint-N saves with bit-exact resume, auto_find_batch_size and
-// torch_empty_cache_steps. A finished run leaves HF's files in output_dir: the model and tokenizer,
-// train_results.json, eval_results.json, all_results.json, trainer_state.json.
+// The training loop around a TrainStep (train_step.h): data -> model -> optimizer with HF's
+// accumulation-exact loss normalization, mixed precision (fp32 masters, fp16 loss scaling), gradient
+// clipping, LR schedules, evaluation, progress bar and JSON-lines metrics, checkpoint-N saves with bit-exact
+// resume, auto_find_batch_size and torch_empty_cache_steps. A finished run leaves HF's files in output_dir:
+// the model and tokenizer, train_results.json, eval_results.json, all_results.json, trainer_state.json.
 #pragma once
 #include <functional>
 #include <string>
@@ -11,6 +11,7 @@
 #include "train/args.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
+#include "train/train_step.h"
 
 namespace tr::train {
 
@@ -43,9 +44,5 @@ struct TrainHooks {
 };
 
 TrainResult train(const TrainingArguments& args, const TrainHooks& hooks = {});
-
-// Label tokens a causal LM predicts in `labels` [B, T] (shifted by one; -100 ignored): HF's
-// num_items_in_batch for one micro-batch.
-int64_t count_label_tokens(const Tensor& labels);
 
 }  // namespace tr::train

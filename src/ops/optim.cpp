@@ -1,0 +1,124 @@
+// The optimizer passes (gradient statistics and transform, multi-tensor AdamW, 8-bit AdamW): the checks the
+// backends rely on - one device, contiguous operands, sizes and dtypes as backend.h documents - then dispatch.
+// Optimizers and the Trainer call these, never a backend directly.
+#include <cmath>
+
+#include "ops/ops.h"
+
+namespace tr::ops {
+
+namespace {
+
+bool is_float(DType d) { return d == DType::f32 || d == DType::f64 || d == DType::bf16 || d == DType::f16; }
+bool is_master(DType d) { return d == DType::f32 || d == DType::f64; }
+
+// Every tensor of a multi-tensor pass on `device`, contiguous, `numel` elements.
+void check_operand(const char* op, const char* role, const Tensor& t, Device device, int64_t numel) {
+  TR_CHECK(t.defined(), "{}: {} is missing", op, role);
+  TR_CHECK(t.device() == device, "{}: {} {} is not on {} like the first tensor", op, role, t.describe(),
+           device.str());
+  TR_CHECK(t.is_contiguous(), "{}: {} {} is not contiguous", op, role, t.describe());
+  TR_CHECK(numel < 0 || t.numel() == numel, "{}: {} {} has {} elements, expected {}", op, role, t.describe(),
+           t.numel(), numel);
+}
+
+void check_stats(const char* op, const Tensor& stats, Device device) {
+  TR_CHECK(stats.defined() && stats.dtype() == DType::f64 && stats.numel() == 2 && stats.is_contiguous(),
+           "{}: the statistics must be a contiguous f64 tensor of 2 elements, got {}", op,
+           stats.defined() ? stats.describe() : std::string("none"));
+  TR_CHECK(stats.device() == device, "{}: the statistics {} are not on {}", op, stats.describe(),
+           device.str());
+}
+
+void check_transform(const char* op, const backend::Backend::GradTransform& t, Device device) {
+  TR_CHECK(std::isfinite(t.inv_scale) && t.inv_scale > 0, "{}: inverse loss scale {} is not positive", op,
+           t.inv_scale);
+  if (t.max_norm > 0) check_stats(op, t.stats, device);
+}
+
+}  // namespace
+
+Tensor grad_stats(const std::vector<Tensor>& grads, double inv_scale, Device device) {
+  Tensor stats = zeros({2}, DType::f64, device);
+  std::vector<Tensor> present;
+  present.reserve(grads.size());
+  for (const Tensor& g : grads) {
+    if (!g.defined()) continue;
+    TR_CHECK(is_float(g.dtype()), "grad_stats: gradient {} is not floating point", g.describe());
+    TR_CHECK(g.device() == device, "grad_stats: gradient {} is not on {}", g.describe(), device.str());
+    present.push_back(contiguous(g));
+  }
+  TR_CHECK(std::isfinite(inv_scale) && inv_scale > 0, "grad_stats: inverse loss scale {} is not positive",
+           inv_scale);
+  if (!device.is_meta() && !present.empty())
+    backend::backend_for(device).grad_stats(present, inv_scale, stats);
+  return stats;
+}
+
+void transform_grads(const std::vector<std::pair<Tensor, Tensor>>& src_dst,
+                     const backend::Backend::GradTransform& t) {
+  if (src_dst.empty()) return;
+  const Device device = src_dst.front().first.device();
+  check_transform("transform_grads", t, device);
+  for (const auto& [src, dst] : src_dst) {
+    check_operand("transform_grads", "gradient", src, device, -1);
+    TR_CHECK(is_float(src.dtype()), "transform_grads: gradient {} is not floating point", src.describe());
+    check_operand("transform_grads", "destination", dst, device, src.numel());
+    TR_CHECK(is_master(dst.dtype()), "transform_grads: destination {} must be f32 or f64", dst.describe());
+  }
+  if (!device.is_meta()) backend::backend_for(device).transform_grads(src_dst, t);
+}
+
+void fused_adamw(const std::vector<backend::Backend::AdamWTensors>& tensors,
+                 const backend::Backend::AdamWHyper& h, const backend::Backend::GradTransform& t) {
+  if (tensors.empty()) return;
+  const Device device = tensors.front().param.device();
+  check_transform("fused_adamw", t, device);
+  TR_CHECK(h.step >= 1, "fused_adamw: step {} (bias correction needs a step count from 1)", h.step);
+  for (const auto& x : tensors) {
+    const int64_t n = x.param.defined() ? x.param.numel() : -1;
+    check_operand("fused_adamw", "parameter", x.param, device, -1);
+    TR_CHECK(is_master(x.param.dtype()), "fused_adamw: parameter {} must be f32 or f64", x.param.describe());
+    check_operand("fused_adamw", "gradient", x.grad, device, n);
+    TR_CHECK(is_float(x.grad.dtype()), "fused_adamw: gradient {} is not floating point", x.grad.describe());
+    check_operand("fused_adamw", "exp_avg", x.exp_avg, device, n);
+    check_operand("fused_adamw", "exp_avg_sq", x.exp_avg_sq, device, n);
+    TR_CHECK(x.exp_avg.dtype() == x.param.dtype() && x.exp_avg_sq.dtype() == x.param.dtype(),
+             "fused_adamw: moments {} and {} must have the parameter's dtype {}", x.exp_avg.describe(),
+             x.exp_avg_sq.describe(), dtype_name(x.param.dtype()));
+    if (x.param_copy.defined()) check_operand("fused_adamw", "parameter copy", x.param_copy, device, n);
+  }
+  if (!device.is_meta()) backend::backend_for(device).fused_adamw(tensors, h, t);
+}
+
+void adamw_8bit(const std::vector<backend::Backend::AdamW8bitTensors>& tensors, const Tensor& signed_map,
+                const Tensor& unsigned_map) {
+  if (tensors.empty()) return;
+  const Device device = tensors.front().param.device();
+  for (const Tensor* map : {&signed_map, &unsigned_map}) {
+    check_operand("adamw_8bit", "code map", *map, device, 256);
+    TR_CHECK(map->dtype() == DType::f32, "adamw_8bit: code map {} must be f32", map->describe());
+  }
+  for (const auto& x : tensors) {
+    const int64_t n = x.param.defined() ? x.param.numel() : -1;
+    check_operand("adamw_8bit", "parameter", x.param, device, -1);
+    check_operand("adamw_8bit", "gradient", x.grad, device, n);
+    TR_CHECK(x.param.dtype() == DType::f32 && x.grad.dtype() == DType::f32,
+             "adamw_8bit: parameter {} and gradient {} must be f32", x.param.describe(), x.grad.describe());
+    const DType state = x.eight_bit ? DType::u8 : DType::f32;
+    check_operand("adamw_8bit", "state1", x.state1, device, n);
+    check_operand("adamw_8bit", "state2", x.state2, device, n);
+    TR_CHECK(x.state1.dtype() == state && x.state2.dtype() == state, "adamw_8bit: states {} and {} must be {}",
+             x.state1.describe(), x.state2.describe(), dtype_name(state));
+    if (x.eight_bit) {
+      const int64_t blocks = (n + 255) / 256;
+      check_operand("adamw_8bit", "absmax1", x.absmax1, device, blocks);
+      check_operand("adamw_8bit", "absmax2", x.absmax2, device, blocks);
+      TR_CHECK(x.absmax1.dtype() == DType::f32 && x.absmax2.dtype() == DType::f32,
+               "adamw_8bit: absmax {} and {} must be f32", x.absmax1.describe(), x.absmax2.describe());
+    }
+  }
+  if (!device.is_meta()) backend::backend_for(device).adamw_8bit(tensors, signed_map, unsigned_map);
+}
+
+}  // namespace tr::ops

@@ -1,0 +1,60 @@
+// One optimizer step as an object of its own: the micro-batches of the step in; the loss, gradient norm and
+// skip decision out. The loop around it (trainer.cpp) owns the schedule, logging, evaluation, saving and
+// stopping, so an eager step and a captured one (torch_compile) are two implementations of one interface.
+#pragma once
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/rng.h"
+#include "data/loader.h"
+#include "models/causal_lm.h"
+#include "optim/optimizer.h"
+#include "train/mixed_precision.h"
+
+namespace tr::train {
+
+struct StepResult {
+  double loss = 0;       // sum over the micro-batches (each normalized by the label tokens of the whole step)
+  double grad_norm = 0;  // global norm of the unscaled gradients, before clipping
+  bool skipped = false;  // fp16: inf/nan gradients, no update (the scheduler does not advance)
+  int64_t tokens = 0;    // input tokens of the step
+  int64_t cache_releases = 0, cache_bytes_released = 0;  // torch_empty_cache_steps
+};
+
+// What a step reads and updates; owned by the run.
+struct StepState {
+  models::CausalLM& model;
+  MixedPrecision& mp;
+  optim::Optimizer& opt;
+  Generator& dropout_gen;
+};
+
+struct StepOptions {
+  bool gradient_checkpointing = false;
+  double max_grad_norm = 0;  // <= 0: no clipping
+  int64_t torch_empty_cache_steps = 0;
+  Device device = Device::cpu();
+  // Called before each micro-batch's forward (tests inspect the data order).
+  std::function<void(int64_t step, const Tensor& input_ids)> on_micro_batch;
+  // Called after the step's backward passes with the model's parameters (tests poison a gradient there).
+  std::function<void(int64_t step, const nn::ParamList& model_params)> after_backward;
+};
+
+class TrainStep {
+ public:
+  virtual ~TrainStep() = default;
+  // Optimizer step `step` (0-based) over `micro` (1 .. gradient_accumulation_steps batches) at learning rate
+  // `lr`: forward and backward of each micro-batch, gradient statistics, the update (or the fp16 skip), the
+  // gradients dropped. Reads the loss and statistics on the host once.
+  virtual StepResult run(int64_t step, const std::vector<data::Batch>& micro, double lr) = 0;
+};
+
+// The step as the ops run it, one after another (the reference every other implementation must equal).
+std::unique_ptr<TrainStep> make_eager_step(StepState state, StepOptions options);
+
+// Label tokens a causal LM predicts in `labels` [B, T] (shifted by one; -100 ignored): HF's
+// num_items_in_batch for one micro-batch.
+int64_t count_label_tokens(const Tensor& labels);
+
+}  // namespace tr::train
