@@ -57,17 +57,18 @@ CausalLMOutput CausalLM::head_and_loss(const Tensor& h, const Tensor& w, const F
   const Tensor& labels = opts.labels;
   TR_CHECK(labels.dtype() == DType::i64 && labels.shape() == Shape({B, T}),
            "loss: labels must be int64 [{}, {}] like input_ids, got {}", B, T, labels.describe());
-  // shift: position t predicts label t+1; the last position has nothing to predict
-  std::vector<int64_t> l = ops::to_vector<int64_t>(labels), shifted(static_cast<size_t>(B * T), -100);
-  int64_t count = 0;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t + 1 < T; ++t) {
-      const int64_t v = l[static_cast<size_t>(b * T + t + 1)];
-      shifted[static_cast<size_t>(b * T + t)] = v;
-      count += v != -100;
-    }
-  Tensor sl = ops::from_vector<int64_t>(shifted, {B * T}, h.device());
-  const double denom = opts.num_items_in_batch > 0 ? opts.num_items_in_batch : static_cast<double>(count);
+  // Shift on the device (a fill and a strided copy; no host round trip, so a captured step replays it):
+  // position t predicts label t+1, the last position has nothing to predict.
+  Tensor sl = ops::full({B, T}, -100.0, DType::i64, h.device());
+  if (T > 1) ops::copy_(ops::narrow(sl, 1, 0, T - 1), ops::narrow(labels, 1, 1, T - 1));
+  sl = ops::view(sl, {B * T});
+  double denom = opts.num_items_in_batch;
+  if (denom <= 0) {  // the labels' own count (evaluation, direct calls): read on the host
+    denom = 0;
+    const std::vector<int64_t> l = ops::to_vector<int64_t>(labels);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 1; t < T; ++t) denom += l[static_cast<size_t>(b * T + t)] != -100;
+  }
   Tensor sum_loss;
   if (out.logits.defined()) {
     Tensor lf = cast(reshape(out.logits, {B * T, out.logits.size(2)}),

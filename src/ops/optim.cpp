@@ -1,6 +1,6 @@
 // The optimizer passes (gradient statistics and transform, multi-tensor AdamW, 8-bit AdamW): the checks the
-// backends rely on - one device, contiguous operands, sizes and dtypes as backend.h documents - then dispatch.
-// Optimizers and the Trainer call these, never a backend directly.
+// backends rely on - one device, contiguous operands, sizes and dtypes as backend.h documents - then
+// dispatch. Optimizers and the Trainer call these, never a backend directly.
 #include <cmath>
 
 #include "ops/ops.h"
@@ -108,8 +108,9 @@ void adamw_8bit(const std::vector<backend::Backend::AdamW8bitTensors>& tensors, 
     const DType state = x.eight_bit ? DType::u8 : DType::f32;
     check_operand("adamw_8bit", "state1", x.state1, device, n);
     check_operand("adamw_8bit", "state2", x.state2, device, n);
-    TR_CHECK(x.state1.dtype() == state && x.state2.dtype() == state, "adamw_8bit: states {} and {} must be {}",
-             x.state1.describe(), x.state2.describe(), dtype_name(state));
+    TR_CHECK(x.state1.dtype() == state && x.state2.dtype() == state,
+             "adamw_8bit: states {} and {} must be {}", x.state1.describe(), x.state2.describe(),
+             dtype_name(state));
     if (x.eight_bit) {
       const int64_t blocks = (n + 255) / 256;
       check_operand("adamw_8bit", "absmax1", x.absmax1, device, blocks);

@@ -63,7 +63,8 @@ class EagerStep final : public TrainStep {
       fo.training = true;
       fo.dropout_gen = &s_.dropout_gen;
       Tensor loss = s_.model.forward(b.input_ids, fo).loss;
-      if (o_.torch_empty_cache_steps > 0 && (step + 1) % o_.torch_empty_cache_steps == 0 && &b == &micro.front())
+      if (o_.torch_empty_cache_steps > 0 && (step + 1) % o_.torch_empty_cache_steps == 0 &&
+          &b == &micro.front())
         empty_cache(r);
       if (s_.mp.loss_scaling())
         autograd::backward({loss}, {ops::full({}, s_.mp.loss_scale(), DType::f32, o_.device)});
