@@ -9,7 +9,9 @@
 namespace tr::compile {
 namespace {
 
-bool live_together(const PlanBuffer& a, const PlanBuffer& b) { return a.first <= b.last && b.first <= a.last; }
+bool live_together(const PlanBuffer& a, const PlanBuffer& b) {
+  return a.first <= b.last && b.first <= a.last;
+}
 
 // Buffers alive at the same time never share a byte; offsets are aligned; the arena holds every buffer.
 void expect_valid(const std::vector<PlanBuffer>& bufs, const MemoryPlan& p, int64_t align) {
@@ -19,7 +21,8 @@ void expect_valid(const std::vector<PlanBuffer>& bufs, const MemoryPlan& p, int6
     EXPECT_LE(p.offsets[i] + bufs[i].bytes, p.arena_bytes) << i;
     for (size_t j = i + 1; j < bufs.size(); ++j) {
       if (!live_together(bufs[i], bufs[j]) || bufs[i].bytes == 0 || bufs[j].bytes == 0) continue;
-      const bool apart = p.offsets[i] + bufs[i].bytes <= p.offsets[j] || p.offsets[j] + bufs[j].bytes <= p.offsets[i];
+      const bool apart =
+          p.offsets[i] + bufs[i].bytes <= p.offsets[j] || p.offsets[j] + bufs[j].bytes <= p.offsets[i];
       EXPECT_TRUE(apart) << "buffers " << i << " and " << j << " overlap";
     }
   }

@@ -222,8 +222,24 @@ class Tf32Scope {
   bool previous_;
 };
 
-// The backend that runs tensors of `device` (cpu, cuda, meta -> cpu for geometry only).
+// The backend that runs tensors of `device` (cpu, cuda, meta -> cpu for geometry only), or the interposer
+// of an InterposeScope of this thread for that device.
 Backend& backend_for(Device device);
+
+// While alive, backend_for(device) on this thread returns `interposer` (torch_compile's capture records
+// every kernel call of a step through one). Per thread, so DataLoader workers are never captured; scopes
+// nest and restore the previous one.
+class InterposeScope {
+ public:
+  InterposeScope(Device device, Backend& interposer);
+  ~InterposeScope();
+  InterposeScope(const InterposeScope&) = delete;
+  InterposeScope& operator=(const InterposeScope&) = delete;
+
+ private:
+  Device device_;
+  Backend* previous_;
+};
 // True when this build has CUDA kernels and a GPU is present.
 bool cuda_available();
 int cuda_device_count();

@@ -47,7 +47,21 @@ std::atomic<bool> g_allow_tf32{false};  // process-wide by design, as torch's fl
 void set_allow_tf32(bool on) { g_allow_tf32 = on; }
 bool allow_tf32() { return g_allow_tf32.load(); }
 
+namespace {
+// The interposers of this thread's InterposeScopes, by device type (every index of a type).
+thread_local Backend* t_interposer[3] = {nullptr, nullptr, nullptr};
+size_t slot(Device d) { return static_cast<size_t>(d.type); }
+}  // namespace
+
+InterposeScope::InterposeScope(Device device, Backend& interposer)
+    : device_(device), previous_(t_interposer[slot(device)]) {
+  t_interposer[slot(device)] = &interposer;
+}
+
+InterposeScope::~InterposeScope() { t_interposer[slot(device_)] = previous_; }
+
 Backend& backend_for(Device device) {
+  if (Backend* b = t_interposer[slot(device)]) return *b;
   switch (device.type) {
     case DeviceType::cpu:
     case DeviceType::meta: return cpu::cpu_backend();

@@ -34,12 +34,13 @@ int64_t live_peak(const std::vector<PlanBuffer>& bufs, const std::vector<int64_t
 }  // namespace
 
 MemoryPlan plan_memory(const std::vector<PlanBuffer>& buffers, int64_t alignment) {
-  TR_CHECK(alignment > 0 && (alignment & (alignment - 1)) == 0, "plan_memory: alignment {} is not a power of 2",
-           alignment);
+  TR_CHECK(alignment > 0 && (alignment & (alignment - 1)) == 0,
+           "plan_memory: alignment {} is not a power of 2", alignment);
   std::vector<int64_t> sizes(buffers.size());
   for (size_t i = 0; i < buffers.size(); ++i) {
     const PlanBuffer& b = buffers[i];
-    TR_CHECK(b.bytes >= 0 && b.bytes <= (int64_t{1} << 50), "plan_memory: buffer {} has {} bytes", i, b.bytes);
+    TR_CHECK(b.bytes >= 0 && b.bytes <= (int64_t{1} << 50), "plan_memory: buffer {} has {} bytes", i,
+             b.bytes);
     TR_CHECK(b.first >= 0 && b.first <= b.last, "plan_memory: buffer {} lives from {} to {}", i, b.first,
              b.last);
     sizes[i] = round_up(b.bytes, alignment);

@@ -102,6 +102,15 @@ const std::vector<ArgSpec>& argument_specs() {
        "on out-of-memory retry with a smaller batch, raising gradient_accumulation_steps to keep the "
        "effective batch",
        "precision and memory"},
+      {"torch_compile", &A::torch_compile,
+       "capture the training step once per shape and replay it (static memory plan; same numbers as eager)",
+       "precision and memory"},
+      {"torch_compile_backend", &A::torch_compile_backend,
+       "inductor (default), cudagraphs, aot_cudagraphs, aot_eager or eager; setting it turns compile on",
+       "precision and memory"},
+      {"torch_compile_mode", &A::torch_compile_mode,
+       "default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs; setting it turns compile on",
+       "precision and memory"},
   };
   return specs;
 }
@@ -124,6 +133,38 @@ void check_one_of(const std::string& flag, const std::string& v, const std::vect
   std::string list;
   for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
   fail("--{} '{}' is not one of {}{}", flag, v, list, did_you_mean(v, allowed));
+}
+
+}  // namespace
+
+namespace {
+
+// torch.compile's backends that train here, and why the other names torch users meet are not among them.
+void check_compile_backend(const std::string& name) {
+  if (name.empty()) return;
+  static const std::vector<std::string> valid = {"inductor", "cudagraphs", "aot_cudagraphs", "aot_eager",
+                                                 "eager"};
+  if (std::find(valid.begin(), valid.end(), name) != valid.end()) return;
+  static const std::vector<std::pair<std::string, const char*>> refused = {
+      {"nvfuser", "retired in PyTorch 2 with TorchScript's nvFuser"},
+      {"aot_nvfuser", "retired in PyTorch 2 with TorchScript's nvFuser"},
+      {"aot_ts_nvfuser", "retired in PyTorch 2 with TorchScript's nvFuser"},
+      {"aot_ts", "retired in PyTorch 2 with TorchScript"},
+      {"ofi", "inference-only (TorchScript's optimize_for_inference)"},
+      {"fx2trt", "inference-only (TensorRT)"},
+      {"tensorrt", "inference-only (TensorRT)"},
+      {"torch_tensorrt", "inference-only (TensorRT)"},
+      {"onnxrt", "inference-only (ONNX Runtime)"},
+      {"tvm", "inference-only (Apache TVM)"},
+      {"ipex", "inference-only (Intel Extension for PyTorch)"},
+      {"openxla", "for XLA devices (torch_xla), not this Trainer's CPU or CUDA"},
+      {"openxla_eval", "inference-only, for XLA devices"},
+  };
+  const std::string list = "inductor, cudagraphs, aot_cudagraphs, aot_eager, eager";
+  for (const auto& [n, why] : refused)
+    TR_CHECK(n != name, "--torch_compile_backend {}: not a training backend here: {}; valid: {}", name, why,
+             list);
+  fail("--torch_compile_backend: unknown backend '{}'{}; valid: {}", name, did_you_mean(name, valid), list);
 }
 
 }  // namespace
@@ -160,6 +201,16 @@ void TrainingArguments::validate() const {
   check_one_of("save_strategy", save_strategy, {"no", "steps", "epoch"});
   check_one_of("optim", optim, optim::optimizer_names());
   optim::parse_optim_args(optim_args);  // throws on a malformed entry
+  check_compile_backend(torch_compile_backend);
+  if (!torch_compile_mode.empty())
+    check_one_of("torch_compile_mode", torch_compile_mode,
+                 {"default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"});
+}
+
+void TrainingArguments::apply_compile_defaults() {
+  torch_compile = torch_compile || !torch_compile_backend.empty() || !torch_compile_mode.empty();
+  if (torch_compile && torch_compile_backend.empty()) torch_compile_backend = "inductor";
+  if (torch_compile && torch_compile_mode.empty()) torch_compile_mode = "default";
 }
 
 nlohmann::json TrainingArguments::to_json() const {

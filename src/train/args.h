@@ -49,6 +49,12 @@ struct TrainingArguments {
   bool dataloader_drop_last = false;
   int64_t torch_empty_cache_steps = 0;  // 0: never
   bool auto_find_batch_size = false;
+  // torch_compile as HF: a backend or a mode turns it on; on, the backend defaults to inductor.
+  bool torch_compile = false;
+  std::string torch_compile_backend, torch_compile_mode;
+
+  // HF's __post_init__ for compile: torch_compile set by a backend or mode, the backend defaulted.
+  void apply_compile_defaults();
 
   // Throws naming the flag for contradictory or out-of-range values, suggesting the nearest valid name.
   void validate() const;

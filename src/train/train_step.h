@@ -52,6 +52,10 @@ class TrainStep {
 
 // The step as the ops run it, one after another (the reference every other implementation must equal).
 std::unique_ptr<TrainStep> make_eager_step(StepState state, StepOptions options);
+// torch_compile's step: the first step of each shape is captured (forward and backward recorded through the
+// backend), planned into one arena and replayed by later steps of that shape; bit-identical to the eager
+// step. Up to 8 shapes; a shape that cannot be captured, or one past the cap, runs eagerly (said once).
+std::unique_ptr<TrainStep> make_compiled_step(StepState state, StepOptions options);
 
 // Label tokens a causal LM predicts in `labels` [B, T] (shifted by one; -100 ignored): HF's
 // num_items_in_batch for one micro-batch.

@@ -327,7 +327,14 @@ TrainResult Run::train() {
   so.device = dev_;
   so.on_micro_batch = hooks_.on_micro_batch;
   so.after_backward = hooks_.after_backward;
-  const auto step_fn = make_eager_step({*model_, *mp_, *opt_, dropout_gen_}, so);
+  const StepState ss{*model_, *mp_, *opt_, dropout_gen_};
+  if (a_.torch_compile)
+    std::fprintf(
+        stderr,
+        "torch_compile: backend %s, mode %s: the step is captured per shape, planned into one arena and "
+        "replayed (elementwise fusion and CUDA graphs are not built yet)\n",
+        a_.torch_compile_backend.c_str(), a_.torch_compile_mode.c_str());
+  const auto step_fn = a_.torch_compile ? make_compiled_step(ss, so) : make_eager_step(ss, so);
   ops::allocator_for(dev_).reset_peak();
   const int64_t start_step = st_.global_step, total = sched_.total;
   window_ = std::make_unique<StepWindow>(start_step, total);
@@ -419,6 +426,7 @@ TrainResult train(const TrainingArguments& args, const TrainHooks& hooks) {
   const OutputDirLock lock(args.output_dir);
   check_output_dir(args, resuming);
   TrainingArguments a = args;
+  a.apply_compile_defaults();
   const int64_t effective = a.per_device_train_batch_size * a.gradient_accumulation_steps;
   if (resuming && a.auto_find_batch_size) {  // continue with the batch split the search settled on (as HF)
     const fs::path state = fs::path(resume_dir(a)) / "trainer_state.json";

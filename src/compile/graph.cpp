@@ -1,0 +1,76 @@
+// Planning and replaying a captured region; see graph.h.
+#include "compile/graph.h"
+
+namespace tr::compile {
+
+Graph::Graph(Recorder& recorder, const std::vector<Tensor>& outputs, Device device) {
+  std::vector<int32_t> out_ids;
+  for (const Tensor& t : outputs) {
+    const int32_t id = recorder.buffer_of(t);
+    TR_CHECK(!t.defined() || id >= 0, "compile: output {} was not produced by the captured region", t.describe());
+    out_ids.push_back(id);
+  }
+  calls_ = recorder.take_calls();
+  buffers_ = recorder.take_buffers();
+  const auto end = static_cast<int64_t>(calls_.size());
+  for (int32_t id : out_ids)
+    if (id >= 0) buffers_[static_cast<size_t>(id)].last = end;  // read after the region
+  // Only the region's own buffers are planned; externals keep their storage (and count apart).
+  std::vector<PlanBuffer> planned;
+  std::vector<size_t> planned_id;
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    const Buffer& b = buffers_[i];
+    TR_CHECK(b.device == device, "compile: the captured region touched a buffer on {} (capturing {})",
+             b.device.str(), device.str());
+    if (b.external) {
+      external_bytes_ += b.bytes;
+      continue;
+    }
+    planned.push_back({b.bytes, b.first, b.last});
+    planned_id.push_back(i);
+  }
+  plan_ = plan_memory(planned);
+  offset_of_.assign(buffers_.size(), -1);
+  for (size_t j = 0; j < planned.size(); ++j) offset_of_[planned_id[j]] = plan_.offsets[j];
+  Allocator& alloc = backend::backend_for(device).allocator(device.index);
+  arena_ = std::make_shared<Storage>(static_cast<size_t>(std::max<int64_t>(plan_.arena_bytes, 1)), alloc);
+  bound_.reserve(calls_.size());
+  for (const Call& c : calls_) {
+    std::vector<Tensor> t;
+    t.reserve(c.args.size());
+    for (const Arg& a : c.args) t.push_back(bind(a));
+    bound_.push_back(std::move(t));
+  }
+  // The outputs as the region's last call left them: find each one's view among the calls' arguments.
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    Tensor v;
+    if (out_ids[k] >= 0) {
+      const Tensor& o = outputs[k];
+      v = bind(Arg{out_ids[k], o.shape(), o.strides(), o.offset(), o.dtype(), Access::read});
+    }
+    outputs_.push_back(v);
+  }
+}
+
+Tensor Graph::bind(const Arg& a) const {
+  if (a.buffer < 0) return Tensor();
+  const Buffer& b = buffers_[static_cast<size_t>(a.buffer)];
+  std::shared_ptr<Storage> s = b.storage;
+  if (!b.external) {
+    auto* base = static_cast<char*>(arena_->data()) + offset_of_[static_cast<size_t>(a.buffer)];
+    s = std::make_shared<Storage>(base, static_cast<size_t>(b.bytes), b.device, arena_);
+  }
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::move(s);
+  impl->shape = a.shape;
+  impl->strides = a.strides;
+  impl->offset = a.offset;
+  impl->dtype = a.dtype;
+  return Tensor(std::move(impl));
+}
+
+void Graph::replay(backend::Backend& b, uint64_t philox_shift) const {
+  for (size_t i = 0; i < calls_.size(); ++i) calls_[i].run(b, bound_[i], philox_shift);
+}
+
+}  // namespace tr::compile

@@ -1,0 +1,39 @@
+// A captured region planned for replay: the recorded calls with every tensor rebound once - buffers the
+// region creates to fixed offsets of one arena (compile/memory_plan.h), buffers that existed before it
+// (parameters, inputs, model constants) to themselves - so a replay is the flat list of kernel calls, with
+// no ops layer, autograd, shape checks or allocator calls.
+#pragma once
+#include <vector>
+
+#include "compile/memory_plan.h"
+#include "compile/recorder.h"
+
+namespace tr::compile {
+
+class Graph {
+ public:
+  // `outputs`: tensors the caller reads after the region (the gradients, the loss); their buffers are kept
+  // to the end of the region, and outputs() gives them as views of the arena.
+  Graph(Recorder& recorder, const std::vector<Tensor>& outputs, Device device);
+  // Runs every call on `b` (the device's backend) with Philox offsets moved by `philox_shift`.
+  void replay(backend::Backend& b, uint64_t philox_shift) const;
+  const std::vector<Tensor>& outputs() const { return outputs_; }
+  size_t num_calls() const { return calls_.size(); }
+  int64_t arena_bytes() const { return plan_.arena_bytes; }
+  int64_t live_peak() const { return plan_.live_peak; }
+  int64_t external_bytes() const { return external_bytes_; }
+
+ private:
+  Tensor bind(const Arg& a) const;
+
+  std::vector<Call> calls_;
+  std::vector<Buffer> buffers_;
+  MemoryPlan plan_;
+  std::vector<int64_t> offset_of_;  // per buffer: arena offset, -1 for externals
+  std::shared_ptr<Storage> arena_;
+  std::vector<std::vector<Tensor>> bound_;  // per call, its tensors
+  std::vector<Tensor> outputs_;
+  int64_t external_bytes_ = 0;
+};
+
+}  // namespace tr::compile

@@ -1,0 +1,143 @@
+// The captured training step (torch_compile); see train_step.h. The first step of each shape runs eagerly
+// under a compile::Recorder; its forward and backward become a planned compile::Graph that later steps of
+// that shape replay, copying the batch into the graph's static inputs. Gradient statistics and the
+// optimizer run after the replay as in the eager step, so the two give the same bits.
+#include <cstdio>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "autograd/node.h"
+#include "compile/graph.h"
+#include "ops/ops.h"
+#include "train/step_core.h"
+
+namespace tr::train {
+
+namespace {
+
+constexpr size_t kMaxPlans = 8;  // torch._dynamo's cache_size_limit
+
+// What a plan is valid for: the micro-batch shapes, and the host values the captured calls hold as
+// constants - the label-token count (the loss's divisor) and the fp16 loss scale (the backward's seed).
+std::string shape_key(const std::vector<data::Batch>& micro, double items, double loss_scale) {
+  std::string k = fmt::format("{} x", micro.size());
+  for (const auto& b : micro) k += fmt::format(" [{}, {}]", b.input_ids.size(0), b.input_ids.size(1));
+  return k + fmt::format(", {} label tokens, loss scale {}", items, loss_scale);
+}
+
+double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+struct Plan {
+  std::vector<data::Batch> inputs;  // static: each step's batch is copied here
+  std::unique_ptr<compile::Graph> graph;
+  uint64_t philox_base = 0, philox_used = 0;  // the dropout generator at capture, and what a step draws
+};
+
+class CompiledStep final : public TrainStep {
+ public:
+  CompiledStep(StepState s, StepOptions o) : core_(s, std::move(o)) {}
+
+  StepResult run(int64_t step, const std::vector<data::Batch>& micro, double lr) override {
+    double items = 0;
+    for (const auto& b : micro)
+      items += static_cast<double>(count_label_tokens(b.host_labels.defined() ? b.host_labels : b.labels));
+    const std::string key = shape_key(micro, items, core_.state().mp.loss_scale());
+    if (auto it = plans_.find(key); it != plans_.end()) {
+      if (it->second.graph) return replay(it->second, step, micro, lr);
+      return eager(step, micro, lr);  // this shape could not be captured (said once)
+    }
+    if (plans_.size() >= kMaxPlans) {
+      if (!said_cap_)
+        std::fprintf(stderr, "\ntorch_compile: %zu step shapes captured (the cap); new shapes run eagerly\n",
+                     kMaxPlans);
+      said_cap_ = true;
+      return eager(step, micro, lr);
+    }
+    return capture(key, step, micro, lr);
+  }
+
+ private:
+  StepResult eager(int64_t step, const std::vector<data::Batch>& micro, double lr) {
+    StepResult r;
+    const Tensor loss = core_.forward_backward(step, micro, r);
+    core_.finish(step, lr, loss, r);
+    return r;
+  }
+
+  StepResult capture(const std::string& key, int64_t step, const std::vector<data::Batch>& micro, double lr) {
+    Plan& p = plans_[key];
+    for (const auto& b : micro) {  // the graph reads its inputs from buffers it owns
+      data::Batch s = b;
+      s.input_ids = ops::clone(b.input_ids);
+      s.labels = ops::clone(b.labels);
+      p.inputs.push_back(std::move(s));
+    }
+    const Device dev = core_.options().device;
+    Generator& gen = core_.state().dropout_gen;
+    compile::Recorder rec(backend::backend_for(dev));
+    p.philox_base = gen.state().offset;
+    StepResult r;
+    Tensor loss;
+    {
+      const backend::InterposeScope scope(dev, rec);
+      loss = core_.forward_backward(step, p.inputs, r);
+    }
+    p.philox_used = gen.state().offset - p.philox_base;
+    std::string why = rec.break_reason();
+    if (why.empty()) {
+      std::vector<Tensor> outputs = core_.state().mp.model_grads();
+      outputs.push_back(loss);
+      try {
+        p.graph = std::make_unique<compile::Graph>(rec, outputs, dev);
+      } catch (const Error& e) {
+        why = e.what();
+      }
+    }
+    if (p.graph)
+      std::fprintf(stderr,
+                   "\ntorch_compile: captured the step for %s: %zu kernel calls, arena %.1f MiB (live peak %.1f "
+                   "MiB), %.1f MiB read in place\n",
+                   key.c_str(), p.graph->num_calls(), mib(p.graph->arena_bytes()), mib(p.graph->live_peak()),
+                   mib(p.graph->external_bytes()));
+    else
+      std::fprintf(stderr, "\ntorch_compile: the step for %s runs eagerly: %s\n", key.c_str(), why.c_str());
+    core_.finish(step, lr, loss, r);  // this step's own result: the capture ran it
+    return r;
+  }
+
+  StepResult replay(const Plan& p, int64_t step, const std::vector<data::Batch>& micro, double lr) {
+    const Device dev = core_.options().device;
+    StepResult r;
+    for (size_t i = 0; i < micro.size(); ++i) {
+      if (core_.options().on_micro_batch) core_.options().on_micro_batch(step, micro[i].input_ids);
+      ops::copy_(p.inputs[i].input_ids, micro[i].input_ids);
+      ops::copy_(p.inputs[i].labels, micro[i].labels);
+      r.tokens += micro[i].input_ids.numel();
+    }
+    Generator& gen = core_.state().dropout_gen;
+    const Generator::State g = gen.state();
+    p.graph->replay(backend::backend_for(dev), g.offset - p.philox_base);
+    gen.set_state({g.seed, g.offset + p.philox_used});
+    if (core_.empties_cache(step)) core_.empty_cache(r);
+    // The gradients back in the parameters' slots, as the backward left them; the loss is the last output.
+    const std::vector<Tensor>& out = p.graph->outputs();
+    const nn::ParamList& params = core_.params();
+    for (size_t i = 0; i + 1 < out.size(); ++i)
+      if (out[i].defined()) autograd::set_grad(*params[i].second, out[i]);
+    core_.finish(step, lr, out.back(), r);
+    return r;
+  }
+
+  StepCore core_;
+  std::map<std::string, Plan> plans_;
+  bool said_cap_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainStep> make_compiled_step(StepState state, StepOptions options) {
+  return std::make_unique<CompiledStep>(state, std::move(options));
+}
+
+}  // namespace tr::train

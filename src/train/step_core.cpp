@@ -1,0 +1,85 @@
+// The shared parts of the eager and compiled steps; see step_core.h.
+#include "train/step_core.h"
+
+#include <cmath>
+
+#include "autograd/functions.h"
+#include "autograd/node.h"
+#include "core/allocator.h"
+#include "ops/ops.h"
+
+namespace tr::train {
+
+std::vector<double> host_values(const Tensor& t) {
+  Tensor h = ops::contiguous(ops::to_dtype(ops::to_device(t, Device::cpu()), DType::f64));
+  return {h.data<double>(), h.data<double>() + h.numel()};
+}
+
+Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& micro, StepResult& r) {
+  // num_items_in_batch: label tokens of the whole step (accumulation-exact normalization).
+  double items = 0;
+  for (const auto& b : micro)
+    items += static_cast<double>(count_label_tokens(b.host_labels.defined() ? b.host_labels : b.labels));
+  Tensor sum;
+  s_.mp.begin_step(static_cast<int64_t>(micro.size()));
+  for (const auto& b : micro) {
+    if (o_.on_micro_batch) o_.on_micro_batch(step, b.input_ids);
+    models::ForwardOptions fo;
+    fo.labels = b.labels;
+    fo.num_items_in_batch = items;
+    fo.return_logits = false;
+    fo.gradient_checkpointing = o_.gradient_checkpointing;
+    fo.training = true;
+    fo.dropout_gen = &s_.dropout_gen;
+    Tensor loss = s_.model.forward(b.input_ids, fo).loss;
+    if (empties_cache(step) && &b == &micro.front()) empty_cache(r);
+    if (s_.mp.loss_scaling())
+      autograd::backward({loss}, {ops::full({}, s_.mp.loss_scale(), DType::f32, o_.device)});
+    else
+      autograd::backward({loss});
+    autograd::NoGradGuard no_grad;
+    Tensor l = ops::to_dtype(detach(loss), DType::f64);
+    sum = sum.defined() ? ops::binary(backend::BinaryOp::add, sum, l) : l;
+    r.tokens += b.input_ids.numel();
+  }
+  return sum;
+}
+
+bool StepCore::empties_cache(int64_t step) const {
+  return o_.torch_empty_cache_steps > 0 && (step + 1) % o_.torch_empty_cache_steps == 0;
+}
+
+// HF's point: after the forward, before the backward (the activations stay, the cache goes).
+void StepCore::empty_cache(StepResult& r) {
+  const int64_t cached = o_.device.is_cpu() ? static_cast<int64_t>(cpu_allocator().cached_bytes()) : 0;
+  ops::allocator_for(o_.device).empty_cache();
+  ++r.cache_releases;
+  r.cache_bytes_released += cached;
+}
+
+// Unscale, global norm, clip and the fp16 inf check without a host sync per tensor: one statistics pass over
+// the model's gradients (half under mixed precision), then the optimizer reads them through the transform
+// (AdamW: unscale, clip, update and the half weight copy in one pass).
+void StepCore::finish(int64_t step, double lr, const Tensor& loss, StepResult& r) {
+  if (o_.after_backward) o_.after_backward(step, params_);
+  const std::vector<Tensor> grads = s_.mp.model_grads();
+  const double inv_scale = 1.0 / s_.mp.loss_scale();
+  const Tensor stats = ops::grad_stats(grads, inv_scale, o_.device);
+  const backend::Backend::GradTransform transform{inv_scale, o_.max_grad_norm, stats};
+  std::vector<double> host_stats;
+  if (s_.mp.loss_scaling()) {  // the skip decision is the host's (torch's GradScaler syncs here as well)
+    host_stats = host_values(stats);
+    r.skipped = host_stats[1] != 0;
+  }
+  if (!r.skipped) {  // fp16 overflow skips the update and lowers the scale (torch's GradScaler)
+    s_.opt.set_lr(lr);
+    s_.opt.step(grads, transform, s_.mp.weight_copies());
+  }
+  s_.opt.zero_grad();
+  s_.mp.after_step(r.skipped);
+  if (host_stats.empty()) host_stats = host_values(stats);
+  r.grad_norm = std::sqrt(host_stats[0]);
+  r.loss = loss.defined() ? host_values(loss)[0] : 0.0;
+}
+
+}  // namespace tr::train

@@ -1,0 +1,36 @@
+// The parts of a training step both implementations share (internal to src/train): the micro-batches'
+// forward and backward, and the finish - gradient statistics, the update or the fp16 skip, the gradients
+// dropped, the loss and statistics read on the host once.
+#pragma once
+#include <vector>
+
+#include "train/train_step.h"
+
+namespace tr::train {
+
+// A small device tensor read on the host (the one synchronization of a step).
+std::vector<double> host_values(const Tensor& t);
+
+class StepCore {
+ public:
+  StepCore(StepState s, StepOptions o) : s_(s), o_(std::move(o)), params_(s.model.named_parameters()) {}
+  // Every micro-batch's forward and backward (each loss normalized by the label tokens of the whole step);
+  // returns the step's loss summed on the device (f64).
+  Tensor forward_backward(int64_t step, const std::vector<data::Batch>& micro, StepResult& r);
+  // The after_backward hook, the update at `lr` from the model's gradients, and the host reads.
+  void finish(int64_t step, double lr, const Tensor& loss, StepResult& r);
+  // torch_empty_cache_steps: whether `step` releases the cache, and the release.
+  bool empties_cache(int64_t step) const;
+  void empty_cache(StepResult& r);
+
+  StepState& state() { return s_; }
+  const StepOptions& options() const { return o_; }
+  const nn::ParamList& params() const { return params_; }
+
+ private:
+  StepState s_;
+  StepOptions o_;
+  nn::ParamList params_;
+};
+
+}  // namespace tr::train

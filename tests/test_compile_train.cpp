@@ -1,0 +1,229 @@
+// torch_compile end to end: a compiled run equals the eager run bit for bit (losses, gradient norms, final
+// weights) across precisions, accumulation with an uneven last step, checkpointing, dropout, every optimizer,
+// evaluation and resume in either direction; shapes re-plan; bad backends are refused; capture and replay
+// of ops through the recording backend on their own.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "autograd/functions.h"
+#include "compile/graph.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "ops/ops.h"
+#include "optim/optimizer.h"
+#include "train/trainer.h"
+#include "train_scratch.h"
+
+namespace tr {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+// One metric of every metrics.jsonl line holding it, as written (a skipped fp16 step's norm is null).
+std::vector<std::string> logged(const std::string& out, const char* key) {
+  std::vector<std::string> v;
+  std::ifstream in(fs::path(out) / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains(key)) v.push_back(j[key].dump());
+  }
+  return v;
+}
+
+struct Case {
+  const char* name;
+  std::function<void(train::TrainingArguments&, train::TrainHooks&)> setup;
+  double dropout = 0.0;
+  bool llama = false;
+};
+
+void write_llama_config(const fs::path& dir) {
+  std::ofstream(dir / "llama.json")
+      << R"({"model_type": "llama", "vocab_size": 50257, "hidden_size": 32, "intermediate_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
+    "tie_word_embeddings": true})";
+}
+
+// The eager and the compiled run of one configuration; both must give the same bits.
+void expect_compiled_equals_eager(const Case& c) {
+  Scratch s(std::string("compile_") + c.name, c.dropout);
+  train::TrainingArguments a = s.args("eager");
+  a.max_steps = 6;
+  train::TrainHooks hooks;
+  if (c.llama) {
+    write_llama_config(s.dir);
+    a.config_name = (s.dir / "llama.json").string();
+  }
+  c.setup(a, hooks);
+  const auto eager = train::train(a, hooks);
+  train::TrainingArguments b = a;
+  b.output_dir = (s.dir / "compiled").string();
+  b.torch_compile = true;
+  const auto compiled = train::train(b, hooks);
+  EXPECT_EQ(compiled.losses, eager.losses) << c.name;
+  EXPECT_EQ(logged(b.output_dir, "grad_norm"), logged(a.output_dir, "grad_norm")) << c.name;
+  EXPECT_EQ(logged(b.output_dir, "eval_loss"), logged(a.output_dir, "eval_loss")) << c.name;
+  EXPECT_EQ(compiled.skipped_steps, eager.skipped_steps) << c.name;
+  EXPECT_TRUE(file_bytes(fs::path(b.output_dir) / "model.safetensors") ==
+              file_bytes(fs::path(a.output_dir) / "model.safetensors"))
+      << c.name << ": the final weights differ";
+}
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> v = {
+      {"gpt2_fp32", [](auto&, auto&) {}},
+      {"gpt2_bf16", [](auto& a, auto&) { a.bf16 = true; }},
+      {"gpt2_fp16_overflow",
+       [](auto& a, auto& h) {
+         a.fp16 = true;
+         h.after_backward = [](int64_t step, const nn::ParamList& params) {
+           if (step != 2) return;  // one inf gradient: the step is skipped and the scale halves (a new plan)
+           Tensor g = params[0].second->grad();
+           g.data<Half>()[0] = Half(std::numeric_limits<float>::infinity());
+         };
+       }},
+      {"gpt2_accumulation_uneven_last_step",
+       [](auto& a, auto&) {
+         a.max_steps = -1;
+         a.num_train_epochs = 1;
+         a.per_device_train_batch_size = 8;
+         a.gradient_accumulation_steps = 4;  // the epoch's batches are not a multiple of 4: a shorter last step
+       }},
+      {"gpt2_gradient_checkpointing", [](auto& a, auto&) { a.gradient_checkpointing = true; }},
+      {"gpt2_dropout", [](auto&, auto&) {}, 0.1},
+      {"gpt2_dropout_eager_attention", [](auto& a, auto&) { a.attn_implementation = "eager"; }, 0.1},
+      {"gpt2_eval_inside_training",
+       [](auto& a, auto&) {
+         a.eval_strategy = "steps";
+         a.eval_steps = 2;
+         a.validation_split_percentage = 20;
+       }},
+      {"llama_fp32", [](auto&, auto&) {}, 0.0, true},
+      {"llama_bf16_accumulation",
+       [](auto& a, auto&) {
+         a.bf16 = true;
+         a.gradient_accumulation_steps = 2;
+       },
+       0.0, true},
+  };
+  return v;
+}
+
+class CompiledEqualsEager : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(CompiledEqualsEager, BitForBit) { expect_compiled_equals_eager(cases()[GetParam()]); }
+
+INSTANTIATE_TEST_SUITE_P(Compile, CompiledEqualsEager, ::testing::Range(size_t{0}, cases().size()),
+                         [](const auto& info) { return std::string(cases()[info.param].name); });
+
+TEST(Compile, EveryOptimizerEqualsEager) {
+  for (const auto& name : optim::optimizer_names()) {
+    expect_compiled_equals_eager({name.c_str(), [&](auto& a, auto&) {
+                                    a.optim = name;
+                                    a.weight_decay = 0.01;
+                                    if (name == "sgd") a.optim_args = "momentum=0.9";
+                                  }});
+  }
+}
+
+// A checkpoint of an eager run continues compiled, and the reverse, to the same weights as one straight run.
+TEST(Compile, ResumeAcrossEagerAndCompiledIsExact) {
+  Scratch s("compile_resume", 0.1);  // dropout on: the generator's position goes through the checkpoint too
+  train::TrainingArguments a = s.args("straight");
+  a.max_steps = 6;
+  train::train(a);
+  const std::string want = file_bytes(fs::path(a.output_dir) / "model.safetensors");
+  for (const bool first_compiled : {false, true}) {
+    train::TrainingArguments b = a;
+    b.output_dir = (s.dir / (first_compiled ? "compiled_then_eager" : "eager_then_compiled")).string();
+    b.torch_compile = first_compiled;
+    train::TrainHooks stop_at_3;
+    int steps = 0;
+    stop_at_3.should_stop = [&] { return ++steps == 3; };  // as a SIGTERM would: checkpoint-3, same schedule
+    EXPECT_TRUE(train::train(b, stop_at_3).interrupted);
+    b.torch_compile = !first_compiled;
+    b.resume_from_checkpoint = "true";
+    train::train(b);
+    EXPECT_TRUE(file_bytes(fs::path(b.output_dir) / "model.safetensors") == want) << b.output_dir;
+  }
+}
+
+TEST(Compile, BackendsAndModesAreCheckedBeforeAnyWork) {
+  Scratch s("compile_flags");
+  train::TrainingArguments a = s.args("out");
+  a.torch_compile_backend = "nvfuser";
+  try {
+    a.validate();
+    ADD_FAILURE() << "nvfuser accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("retired in PyTorch 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("inductor, cudagraphs, aot_cudagraphs, aot_eager, eager"),
+              std::string::npos)
+        << e.what();
+  }
+  a.torch_compile_backend = "onnxrt";
+  EXPECT_THROW(a.validate(), Error);
+  a.torch_compile_backend = "inductr";
+  try {
+    a.validate();
+    ADD_FAILURE() << "inductr accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("did you mean"), std::string::npos) << e.what();
+  }
+  a.torch_compile_backend = "aot_eager";
+  a.torch_compile_mode = "fastest";
+  EXPECT_THROW(a.validate(), Error);
+  a.torch_compile_mode = "reduce-overhead";
+  EXPECT_NO_THROW(a.validate());
+  // HF: a backend or a mode turns compile on; the backend defaults to inductor.
+  train::TrainingArguments m;
+  m.torch_compile_mode = "max-autotune";
+  m.apply_compile_defaults();
+  EXPECT_TRUE(m.torch_compile);
+  EXPECT_EQ(m.torch_compile_backend, "inductor");
+}
+
+// The capture layer alone: ops recorded through the interposer, then replayed on new input values, give
+// what running the ops again gives; buffers the region makes are planned, the input is read in place.
+TEST(Compile, ARecordedRegionReplaysOnNewInputs) {
+  Generator g1(1), g2(2), g3(3);
+  const Tensor x = ops::randn({64, 48}, g1);
+  const Tensor w = ops::randn({48, 32}, g2);
+  auto region = [&] {
+    Tensor h = ops::unary(backend::UnaryOp::gelu_tanh, ops::matmul(x, w));
+    return ops::reduce(backend::ReduceOp::sum, ops::softmax(h, 1), {0}, false);
+  };
+  compile::Recorder rec(backend::backend_for(Device::cpu()));
+  Tensor out;
+  {
+    const backend::InterposeScope scope(Device::cpu(), rec);
+    out = region();
+  }
+  EXPECT_TRUE(rec.break_reason().empty());
+  const compile::Graph g(rec, {out}, Device::cpu());
+  EXPECT_GE(g.num_calls(), 4u);
+  EXPECT_EQ(g.external_bytes(), (64 * 48 + 48 * 32) * 4);  // x and w, read where they are
+  ops::copy_(x, ops::randn({64, 48}, g3));  // new input values
+  g.replay(backend::backend_for(Device::cpu()), 0);
+  EXPECT_EQ(ops::to_vector<float>(g.outputs()[0]), ops::to_vector<float>(region()));
+}
+
+TEST(Compile, TheOptimizerPassesEndACapture) {
+  compile::Recorder rec(backend::backend_for(Device::cpu()));
+  {
+    const backend::InterposeScope scope(Device::cpu(), rec);
+    ops::grad_stats({ops::ones({8})}, 1.0, Device::cpu());
+  }
+  EXPECT_NE(rec.break_reason().find("grad_stats"), std::string::npos) << rec.break_reason();
+}
+
+}  // namespace
+}  // namespace tr
