@@ -95,7 +95,8 @@ const std::vector<Case>& cases() {
          a.max_steps = -1;
          a.num_train_epochs = 1;
          a.per_device_train_batch_size = 8;
-         a.gradient_accumulation_steps = 4;  // the epoch's batches are not a multiple of 4: a shorter last step
+         a.gradient_accumulation_steps =
+             4;  // the epoch's batches are not a multiple of 4: a shorter last step
        }},
       {"gpt2_gradient_checkpointing", [](auto& a, auto&) { a.gradient_checkpointing = true; }},
       {"gpt2_dropout", [](auto&, auto&) {}, 0.1},
@@ -208,10 +209,10 @@ TEST(Compile, ARecordedRegionReplaysOnNewInputs) {
     out = region();
   }
   EXPECT_TRUE(rec.break_reason().empty());
-  const compile::Graph g(rec, {out}, Device::cpu());
+  compile::Graph g(rec, {out}, Device::cpu());
   EXPECT_GE(g.num_calls(), 4u);
   EXPECT_EQ(g.external_bytes(), (64 * 48 + 48 * 32) * 4);  // x and w, read where they are
-  ops::copy_(x, ops::randn({64, 48}, g3));  // new input values
+  ops::copy_(x, ops::randn({64, 48}, g3));                 // new input values
   g.replay(backend::backend_for(Device::cpu()), 0);
   EXPECT_EQ(ops::to_vector<float>(g.outputs()[0]), ops::to_vector<float>(region()));
 }

@@ -7,7 +7,8 @@ Graph::Graph(Recorder& recorder, const std::vector<Tensor>& outputs, Device devi
   std::vector<int32_t> out_ids;
   for (const Tensor& t : outputs) {
     const int32_t id = recorder.buffer_of(t);
-    TR_CHECK(!t.defined() || id >= 0, "compile: output {} was not produced by the captured region", t.describe());
+    TR_CHECK(!t.defined() || id >= 0, "compile: output {} was not produced by the captured region",
+             t.describe());
     out_ids.push_back(id);
   }
   calls_ = recorder.take_calls();
@@ -32,7 +33,18 @@ Graph::Graph(Recorder& recorder, const std::vector<Tensor>& outputs, Device devi
   plan_ = plan_memory(planned);
   offset_of_.assign(buffers_.size(), -1);
   for (size_t j = 0; j < planned.size(); ++j) offset_of_[planned_id[j]] = plan_.offsets[j];
-  Allocator& alloc = backend::backend_for(device).allocator(device.index);
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    const Tensor& o = outputs[k];
+    output_args_.push_back(
+        out_ids[k] < 0 ? Arg{}
+                       : Arg{out_ids[k], o.shape(), o.strides(), o.offset(), o.dtype(), Access::read});
+  }
+  device_ = device;
+}
+
+// The arena, and every call's tensors rebound to it once.
+void Graph::materialize() {
+  Allocator& alloc = backend::backend_for(device_).allocator(device_.index);
   arena_ = std::make_shared<Storage>(static_cast<size_t>(std::max<int64_t>(plan_.arena_bytes, 1)), alloc);
   bound_.reserve(calls_.size());
   for (const Call& c : calls_) {
@@ -41,15 +53,7 @@ Graph::Graph(Recorder& recorder, const std::vector<Tensor>& outputs, Device devi
     for (const Arg& a : c.args) t.push_back(bind(a));
     bound_.push_back(std::move(t));
   }
-  // The outputs as the region's last call left them: find each one's view among the calls' arguments.
-  for (size_t k = 0; k < outputs.size(); ++k) {
-    Tensor v;
-    if (out_ids[k] >= 0) {
-      const Tensor& o = outputs[k];
-      v = bind(Arg{out_ids[k], o.shape(), o.strides(), o.offset(), o.dtype(), Access::read});
-    }
-    outputs_.push_back(v);
-  }
+  for (const Arg& a : output_args_) outputs_.push_back(bind(a));
 }
 
 Tensor Graph::bind(const Arg& a) const {
@@ -69,7 +73,8 @@ Tensor Graph::bind(const Arg& a) const {
   return Tensor(std::move(impl));
 }
 
-void Graph::replay(backend::Backend& b, uint64_t philox_shift) const {
+void Graph::replay(backend::Backend& b, uint64_t philox_shift) {
+  if (!arena_) materialize();
   for (size_t i = 0; i < calls_.size(); ++i) calls_[i].run(b, bound_[i], philox_shift);
 }
 

@@ -13,10 +13,12 @@ namespace tr::compile {
 class Graph {
  public:
   // `outputs`: tensors the caller reads after the region (the gradients, the loss); their buffers are kept
-  // to the end of the region, and outputs() gives them as views of the arena.
+  // to the end of the region, and outputs() gives them as views of the arena. Plans only: the arena is
+  // allocated by the first replay, once the capture's own buffers are gone, so the two never add up.
   Graph(Recorder& recorder, const std::vector<Tensor>& outputs, Device device);
   // Runs every call on `b` (the device's backend) with Philox offsets moved by `philox_shift`.
-  void replay(backend::Backend& b, uint64_t philox_shift) const;
+  void replay(backend::Backend& b, uint64_t philox_shift);
+  // Valid after the first replay.
   const std::vector<Tensor>& outputs() const { return outputs_; }
   size_t num_calls() const { return calls_.size(); }
   int64_t arena_bytes() const { return plan_.arena_bytes; }
@@ -25,6 +27,7 @@ class Graph {
 
  private:
   Tensor bind(const Arg& a) const;
+  void materialize();
 
   std::vector<Call> calls_;
   std::vector<Buffer> buffers_;
@@ -32,7 +35,9 @@ class Graph {
   std::vector<int64_t> offset_of_;  // per buffer: arena offset, -1 for externals
   std::shared_ptr<Storage> arena_;
   std::vector<std::vector<Tensor>> bound_;  // per call, its tensors
+  std::vector<Arg> output_args_;
   std::vector<Tensor> outputs_;
+  Device device_;
   int64_t external_bytes_ = 0;
 };
 

@@ -45,14 +45,16 @@ void Recorder::add(const char* name, const std::vector<Tensor>& t, const std::ve
   for (const bool writes : {false, true})
     for (size_t i = 0; i < t.size(); ++i) {
       if (!t[i].defined() || (a[i] == Access::write) != writes) continue;
-      c.args[i] = Arg{buffer_for(t[i], a[i]), t[i].shape(), t[i].strides(), t[i].offset(), t[i].dtype(), a[i]};
+      c.args[i] =
+          Arg{buffer_for(t[i], a[i]), t[i].shape(), t[i].strides(), t[i].offset(), t[i].dtype(), a[i]};
     }
   calls_.push_back(std::move(c));
 }
 
 void Recorder::refuse(const char* name) {
   if (break_reason_.empty())
-    break_reason_ = fmt::format("the kernel '{}' ran inside the captured region (call {})", name, calls_.size());
+    break_reason_ =
+        fmt::format("the kernel '{}' ran inside the captured region (call {})", name, calls_.size());
 }
 
 void Recorder::copy(const Tensor& src, const Tensor& dst) {
@@ -68,8 +70,9 @@ void Recorder::arange(const Tensor& out, double start, double step) {
 }
 
 void Recorder::random_normal(const Tensor& out, double mean, double std, uint64_t seed, uint64_t offset) {
-  add("random_normal", {out}, {W},
-      [=](Backend& b, const T& t, uint64_t shift) { b.random_normal(t[0], mean, std, seed, offset + shift); });
+  add("random_normal", {out}, {W}, [=](Backend& b, const T& t, uint64_t shift) {
+    b.random_normal(t[0], mean, std, seed, offset + shift);
+  });
 }
 
 void Recorder::random_uniform(const Tensor& out, double lo, double hi, uint64_t seed, uint64_t offset) {
@@ -92,7 +95,8 @@ void Recorder::binary(backend::BinaryOp op, const Tensor& a, const Tensor& bt, c
 }
 
 void Recorder::affine(const Tensor& x, double alpha, double beta, const Tensor& out) {
-  add("affine", {x, out}, {R, W}, [=](Backend& b, const T& t, uint64_t) { b.affine(t[0], alpha, beta, t[1]); });
+  add("affine", {x, out}, {R, W},
+      [=](Backend& b, const T& t, uint64_t) { b.affine(t[0], alpha, beta, t[1]); });
 }
 
 void Recorder::pow_scalar(const Tensor& x, double exponent, const Tensor& out) {
@@ -112,7 +116,8 @@ void Recorder::reduce(backend::ReduceOp op, const Tensor& x, int64_t outer, int6
 }
 
 void Recorder::argmax(const Tensor& x, int64_t outer, int64_t r, int64_t inner, const Tensor& out) {
-  add("argmax", {x, out}, {R, W}, [=](Backend& b, const T& t, uint64_t) { b.argmax(t[0], outer, r, inner, t[1]); });
+  add("argmax", {x, out}, {R, W},
+      [=](Backend& b, const T& t, uint64_t) { b.argmax(t[0], outer, r, inner, t[1]); });
 }
 
 void Recorder::topk(const Tensor& x, int64_t k, const Tensor& values, const Tensor& indices) {
@@ -148,7 +153,9 @@ void Recorder::gemm(const backend::GemmArgs& args) {
 void Recorder::layer_norm(const Tensor& x, const Tensor& w, const Tensor& bt, double eps, const Tensor& y,
                           const Tensor& mean, const Tensor& rstd, const Tensor& residual, const Tensor& sum) {
   add("layer_norm", {x, w, bt, y, mean, rstd, residual, sum}, {R, R, R, W, W, W, R, W},
-      [eps](Backend& b, const T& t, uint64_t) { b.layer_norm(t[0], t[1], t[2], eps, t[3], t[4], t[5], t[6], t[7]); });
+      [eps](Backend& b, const T& t, uint64_t) {
+        b.layer_norm(t[0], t[1], t[2], eps, t[3], t[4], t[5], t[6], t[7]);
+      });
 }
 
 void Recorder::layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
@@ -169,13 +176,17 @@ void Recorder::rms_norm(const Tensor& x, const Tensor& w, double eps, const Tens
 void Recorder::rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& gy,
                                  const Tensor& gx, const Tensor& gw, const Tensor& gx_add) {
   add("rms_norm_backward", {x, w, rstd, gy, gx, gw, gx_add}, {R, R, R, R, W, W, R},
-      [](Backend& b, const T& t, uint64_t) { b.rms_norm_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6]); });
+      [](Backend& b, const T& t, uint64_t) {
+        b.rms_norm_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6]);
+      });
 }
 
-void Recorder::cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index, const Tensor& loss,
-                             const Tensor& lse) {
+void Recorder::cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
+                             const Tensor& loss, const Tensor& lse) {
   add("cross_entropy", {logits, labels, loss, lse}, {R, R, W, W},
-      [ignore_index](Backend& b, const T& t, uint64_t) { b.cross_entropy(t[0], t[1], ignore_index, t[2], t[3]); });
+      [ignore_index](Backend& b, const T& t, uint64_t) {
+        b.cross_entropy(t[0], t[1], ignore_index, t[2], t[3]);
+      });
 }
 
 void Recorder::cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
@@ -187,7 +198,8 @@ void Recorder::cross_entropy_backward(const Tensor& logits, const Tensor& labels
 }
 
 void Recorder::embedding(const Tensor& weight, const Tensor& ids, const Tensor& out) {
-  add("embedding", {weight, ids, out}, {R, R, W}, [](Backend& b, const T& t, uint64_t) { b.embedding(t[0], t[1], t[2]); });
+  add("embedding", {weight, ids, out}, {R, R, W},
+      [](Backend& b, const T& t, uint64_t) { b.embedding(t[0], t[1], t[2]); });
 }
 
 void Recorder::embedding_backward(const Tensor& gy, const Tensor& ids, const Tensor& gweight) {
@@ -195,15 +207,14 @@ void Recorder::embedding_backward(const Tensor& gy, const Tensor& ids, const Ten
       [](Backend& b, const T& t, uint64_t) { b.embedding_backward(t[0], t[1], t[2]); });
 }
 
-void Recorder::rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions, bool seq_major,
-                    bool inverse, const Tensor& y) {
-  add("rope", {x, cos, sin, positions, y}, {R, R, R, R, W}, [=](Backend& b, const T& t, uint64_t) {
-    b.rope(t[0], t[1], t[2], t[3], seq_major, inverse, t[4]);
-  });
+void Recorder::rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions,
+                    bool seq_major, bool inverse, const Tensor& y) {
+  add("rope", {x, cos, sin, positions, y}, {R, R, R, R, W},
+      [=](Backend& b, const T& t, uint64_t) { b.rope(t[0], t[1], t[2], t[3], seq_major, inverse, t[4]); });
 }
 
-void Recorder::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, bool causal,
-                         double scale, const Tensor& out, const Tensor& lse) {
+void Recorder::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
+                         bool causal, double scale, const Tensor& out, const Tensor& lse) {
   add("attention", {q, k, v, key_keep, out, lse}, {R, R, R, R, W, W}, [=](Backend& b, const T& t, uint64_t) {
     b.attention(t[0], t[1], t[2], t[3], causal, scale, t[4], t[5]);
   });
@@ -237,8 +248,9 @@ void Recorder::attention_block_softmax(const Tensor& scores, const AttentionBloc
       });
 }
 
-void Recorder::attention_block_grad(const Tensor& scores, const Tensor& dp, const Tensor& lse, const Tensor& delta,
-                                    const AttentionBlock& a, const Tensor& probs, const Tensor& dscores) {
+void Recorder::attention_block_grad(const Tensor& scores, const Tensor& dp, const Tensor& lse,
+                                    const Tensor& delta, const AttentionBlock& a, const Tensor& probs,
+                                    const Tensor& dscores) {
   AttentionBlock g = a;
   g.key_keep = Tensor();
   add("attention_block_grad", {scores, dp, lse, delta, a.key_keep, probs, dscores}, {R, R, R, R, R, W, W},
@@ -258,12 +270,14 @@ void Recorder::grad_stats(const std::vector<Tensor>& grads, double inv_scale, co
   inner_.grad_stats(grads, inv_scale, stats);
 }
 
-void Recorder::transform_grads(const std::vector<std::pair<Tensor, Tensor>>& src_dst, const GradTransform& t) {
+void Recorder::transform_grads(const std::vector<std::pair<Tensor, Tensor>>& src_dst,
+                               const GradTransform& t) {
   refuse("transform_grads");
   inner_.transform_grads(src_dst, t);
 }
 
-void Recorder::fused_adamw(const std::vector<AdamWTensors>& tensors, const AdamWHyper& h, const GradTransform& t) {
+void Recorder::fused_adamw(const std::vector<AdamWTensors>& tensors, const AdamWHyper& h,
+                           const GradTransform& t) {
   refuse("fused_adamw");
   inner_.fused_adamw(tensors, h, t);
 }

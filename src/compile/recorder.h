@@ -105,14 +105,16 @@ class Recorder final : public backend::Backend {
                             const AttentionBlock& a, const Tensor& probs, const Tensor& dscores) override;
   void dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, const Tensor& y) override;
   void grad_stats(const std::vector<Tensor>& grads, double inv_scale, const Tensor& stats) override;
-  void transform_grads(const std::vector<std::pair<Tensor, Tensor>>& src_dst, const GradTransform& t) override;
+  void transform_grads(const std::vector<std::pair<Tensor, Tensor>>& src_dst,
+                       const GradTransform& t) override;
   void fused_adamw(const std::vector<AdamWTensors>& tensors, const AdamWHyper& h,
                    const GradTransform& t) override;
   void adamw_8bit(const std::vector<AdamW8bitTensors>& tensors, const Tensor& signed_map,
                   const Tensor& unsigned_map) override;
 
  private:
-  void add(const char* name, const std::vector<Tensor>& t, const std::vector<Access>& a, decltype(Call::run) run);
+  void add(const char* name, const std::vector<Tensor>& t, const std::vector<Access>& a,
+           decltype(Call::run) run);
   void refuse(const char* name);
   int32_t buffer_for(const Tensor& t, Access first_access);
 

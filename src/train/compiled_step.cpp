@@ -95,18 +95,19 @@ class CompiledStep final : public TrainStep {
       }
     }
     if (p.graph)
-      std::fprintf(stderr,
-                   "\ntorch_compile: captured the step for %s: %zu kernel calls, arena %.1f MiB (live peak %.1f "
-                   "MiB), %.1f MiB read in place\n",
-                   key.c_str(), p.graph->num_calls(), mib(p.graph->arena_bytes()), mib(p.graph->live_peak()),
-                   mib(p.graph->external_bytes()));
+      std::fprintf(
+          stderr,
+          "\ntorch_compile: captured the step for %s: %zu kernel calls, arena %.1f MiB (live peak %.1f "
+          "MiB), %.1f MiB read in place\n",
+          key.c_str(), p.graph->num_calls(), mib(p.graph->arena_bytes()), mib(p.graph->live_peak()),
+          mib(p.graph->external_bytes()));
     else
       std::fprintf(stderr, "\ntorch_compile: the step for %s runs eagerly: %s\n", key.c_str(), why.c_str());
     core_.finish(step, lr, loss, r);  // this step's own result: the capture ran it
     return r;
   }
 
-  StepResult replay(const Plan& p, int64_t step, const std::vector<data::Batch>& micro, double lr) {
+  StepResult replay(Plan& p, int64_t step, const std::vector<data::Batch>& micro, double lr) {
     const Device dev = core_.options().device;
     StepResult r;
     for (size_t i = 0; i < micro.size(); ++i) {
