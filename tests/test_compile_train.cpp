@@ -10,6 +10,7 @@
 
 #include "autograd/functions.h"
 #include "compile/graph.h"
+#include "core/allocator.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "ops/ops.h"
@@ -213,8 +214,11 @@ TEST(Compile, ARecordedRegionReplaysOnNewInputs) {
   EXPECT_GE(g.num_calls(), 4u);
   EXPECT_EQ(g.external_bytes(), (64 * 48 + 48 * 32) * 4);  // x and w, read where they are
   ops::copy_(x, ops::randn({64, 48}, g3));                 // new input values
-  g.replay(backend::backend_for(Device::cpu()), 0);
+  g.replay(backend::backend_for(Device::cpu()), 0);        // the first replay allocates the arena, once
   EXPECT_EQ(ops::to_vector<float>(g.outputs()[0]), ops::to_vector<float>(region()));
+  const int64_t allocs = cpu_allocator().stats().num_allocs;
+  g.replay(backend::backend_for(Device::cpu()), 0);
+  EXPECT_EQ(cpu_allocator().stats().num_allocs, allocs) << "a replay called the allocator";
 }
 
 TEST(Compile, TheOptimizerPassesEndACapture) {

@@ -1,6 +1,8 @@
 // Planning and replaying a captured region; see graph.h.
 #include "compile/graph.h"
 
+#include <algorithm>
+
 namespace tr::compile {
 
 Graph::Graph(Recorder& recorder, const std::vector<Tensor>& outputs, Device device) {
@@ -42,10 +44,18 @@ Graph::Graph(Recorder& recorder, const std::vector<Tensor>& outputs, Device devi
   device_ = device;
 }
 
-// The arena, and every call's tensors rebound to it once.
-void Graph::materialize() {
-  Allocator& alloc = backend::backend_for(device_).allocator(device_.index);
-  arena_ = std::make_shared<Storage>(static_cast<size_t>(std::max<int64_t>(plan_.arena_bytes, 1)), alloc);
+// Every call's tensors bound to `arena` once (a new one when null).
+void Graph::materialize(std::shared_ptr<Storage> arena) {
+  if (!arena) {
+    Allocator& alloc = backend::backend_for(device_).allocator(device_.index);
+    arena = std::make_shared<Storage>(static_cast<size_t>(std::max<int64_t>(plan_.arena_bytes, 1)), alloc);
+  }
+  TR_CHECK(static_cast<int64_t>(arena->nbytes()) >= plan_.arena_bytes && arena->device() == device_,
+           "compile: an arena of {} bytes on {} for a plan of {} bytes on {}", arena->nbytes(),
+           arena->device().str(), plan_.arena_bytes, device_.str());
+  arena_ = std::move(arena);
+  bound_.clear();
+  outputs_.clear();
   bound_.reserve(calls_.size());
   for (const Call& c : calls_) {
     std::vector<Tensor> t;
@@ -73,8 +83,8 @@ Tensor Graph::bind(const Arg& a) const {
   return Tensor(std::move(impl));
 }
 
-void Graph::replay(backend::Backend& b, uint64_t philox_shift) {
-  if (!arena_) materialize();
+void Graph::replay(backend::Backend& b, uint64_t philox_shift, const std::shared_ptr<Storage>& arena) {
+  if (!arena_ || (arena && arena != arena_)) materialize(arena);
   for (size_t i = 0; i < calls_.size(); ++i) calls_[i].run(b, bound_[i], philox_shift);
 }
 

@@ -16,8 +16,10 @@ class Graph {
   // to the end of the region, and outputs() gives them as views of the arena. Plans only: the arena is
   // allocated by the first replay, once the capture's own buffers are gone, so the two never add up.
   Graph(Recorder& recorder, const std::vector<Tensor>& outputs, Device device);
-  // Runs every call on `b` (the device's backend) with Philox offsets moved by `philox_shift`.
-  void replay(backend::Backend& b, uint64_t philox_shift);
+  // Runs every call on `b` (the device's backend) with Philox offsets moved by `philox_shift`, in `arena`
+  // (at least arena_bytes() on the device; graphs that never run at once may share one) or, when null, in
+  // an arena of its own allocated by the first replay.
+  void replay(backend::Backend& b, uint64_t philox_shift, const std::shared_ptr<Storage>& arena = nullptr);
   // Valid after the first replay.
   const std::vector<Tensor>& outputs() const { return outputs_; }
   size_t num_calls() const { return calls_.size(); }
@@ -27,7 +29,7 @@ class Graph {
 
  private:
   Tensor bind(const Arg& a) const;
-  void materialize();
+  void materialize(std::shared_ptr<Storage> arena);
 
   std::vector<Call> calls_;
   std::vector<Buffer> buffers_;

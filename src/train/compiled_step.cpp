@@ -2,6 +2,7 @@
 // under a compile::Recorder; its forward and backward become a planned compile::Graph that later steps of
 // that shape replay, copying the batch into the graph's static inputs. Gradient statistics and the
 // optimizer run after the replay as in the eager step, so the two give the same bits.
+#include <algorithm>
 #include <cstdio>
 #include <map>
 
@@ -94,16 +95,21 @@ class CompiledStep final : public TrainStep {
         why = e.what();
       }
     }
-    if (p.graph)
+    core_.finish(step, lr, loss, r);  // this step's own result: the capture ran it
+    if (p.graph) {
+      // Between steps only what outlives a step is allocated (parameters, optimizer state, static inputs,
+      // the arena of earlier shapes): with this shape's growth of the arena, the planned peak of a replay.
+      const int64_t shared = arena_ ? static_cast<int64_t>(arena_->nbytes()) : 0;
+      const int64_t held = ops::allocator_for(dev).stats().current_bytes - shared;
       std::fprintf(
           stderr,
-          "\ntorch_compile: captured the step for %s: %zu kernel calls, arena %.1f MiB (live peak %.1f "
-          "MiB), %.1f MiB read in place\n",
-          key.c_str(), p.graph->num_calls(), mib(p.graph->arena_bytes()), mib(p.graph->live_peak()),
-          mib(p.graph->external_bytes()));
-    else
+          "\ntorch_compile: captured the step for %s: %zu kernel calls; planned peak %.1f MiB = arena "
+          "%.1f MiB (live peak %.1f MiB) + %.1f MiB held between steps\n",
+          key.c_str(), p.graph->num_calls(), mib(held + p.graph->arena_bytes()), mib(p.graph->arena_bytes()),
+          mib(p.graph->live_peak()), mib(held));
+    } else {
       std::fprintf(stderr, "\ntorch_compile: the step for %s runs eagerly: %s\n", key.c_str(), why.c_str());
-    core_.finish(step, lr, loss, r);  // this step's own result: the capture ran it
+    }
     return r;
   }
 
@@ -118,7 +124,13 @@ class CompiledStep final : public TrainStep {
     }
     Generator& gen = core_.state().dropout_gen;
     const Generator::State g = gen.state();
-    p.graph->replay(backend::backend_for(dev), g.offset - p.philox_base);
+    // One arena for every plan (one replays at a time), grown to the largest.
+    if (!arena_ || static_cast<int64_t>(arena_->nbytes()) < p.graph->arena_bytes()) {
+      arena_.reset();  // plans bound to the old one keep it until they rebind
+      arena_ = std::make_shared<Storage>(static_cast<size_t>(std::max<int64_t>(p.graph->arena_bytes(), 1)),
+                                         ops::allocator_for(dev));
+    }
+    p.graph->replay(backend::backend_for(dev), g.offset - p.philox_base, arena_);
     gen.set_state({g.seed, g.offset + p.philox_used});
     if (core_.empties_cache(step)) core_.empty_cache(r);
     // The gradients back in the parameters' slots, as the backward left them; the loss is the last output.
@@ -132,6 +144,7 @@ class CompiledStep final : public TrainStep {
 
   StepCore core_;
   std::map<std::string, Plan> plans_;
+  std::shared_ptr<Storage> arena_;
   bool said_cap_ = false;
 };
 
