@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # torch_compile against eager in one run, alternating (eager, compiled) ROUNDS times per model, on the CPU:
-# (a) an overhead-bound tiny GPT-2 (n_embd 64, 2 layers, a 257-token byte-level vocabulary, block 64,
+# (a) an overhead-bound tiny GPT-2 (n_embd 64, 2 layers, no dropout, a 257-token byte-level vocabulary, block 64,
 # batch 4), (b) the side-by-side model (n_embd 256, 4 layers, GPT-2's vocabulary, block 128, batch 8).
 # Prints tokens/s (train_results.json's, evaluation excluded), peak memory and the compiled / eager ratio, and
 # checks the two runs ended on the same weights.
@@ -25,7 +25,7 @@ json.dump({"version": "1.0", "added_tokens": [eot], "normalizer": None,
            "post_processor": None, "decoder": {"type": "ByteLevel"},
            "model": {"type": "BPE", "vocab": vocab, "merges": []}}, open(sys.argv[1], "w"))
 PY
-echo '{"model_type": "gpt2", "vocab_size": 257, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64}' \
+echo '{"model_type": "gpt2", "vocab_size": 257, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64, "embd_pdrop": 0, "resid_pdrop": 0, "attn_pdrop": 0}' \
   >"$work/tiny.json"
 echo '{"model_type": "gpt2", "vocab_size": 50257, "n_embd": 256, "n_layer": 4, "n_head": 4, "n_positions": 128}' \
   >"$work/side.json"
