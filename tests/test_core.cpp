@@ -1,9 +1,12 @@
 // Core layer: dtype conversions (RNE, NaN, Inf, subnormals), views, allocator accounting, devices.
 #include <immintrin.h>
 
+#include <bit>
 #include <limits>
 
 #include "backend/cpu/vec_math.h"
+#include "backend/cpu/vec_unary.h"
+#include "backend/unary_math.h"
 #include "test_util.h"
 
 namespace tr {
@@ -252,6 +255,80 @@ TEST(VecMath, FastExpExpm1TanhAreAccurate) {
   EXPECT_EQ(cpu::fast_tanhf(50.0f), 1.0f);
   EXPECT_EQ(cpu::fast_tanhf(-50.0f), -1.0f);
   EXPECT_EQ(cpu::fast_tanhf(0.0f), 0.0f);
+}
+
+// The AVX2 row kernels of the unary ops (vec_unary.h) against their formulas in double, and an element's bits
+// independent of its place in a row (the tail runs the same 8-lane code).
+template <backend::UnaryOp OP>
+void check_vec_unary(double (*f)(double), double (*df)(double), double lo, double hi) {
+  const int n = 40001;
+  std::vector<float> x(n), y(n), g(n), ones(n, 1.0f);
+  for (int i = 0; i < n; ++i) x[i] = static_cast<float>(lo + (hi - lo) * i / (n - 1));
+  cpu::unary_row<OP>(x.data(), y.data(), n);
+  cpu::unary_grad_row<OP>(x.data(), ones.data(), g.data(), n);
+  // Errors relative to the value, or to 1e-2 (1 + |x|) where the value is small: f32 formulas cancel there
+  // (1 - tanh^2 near saturation). The bound is the scalar formula's own (unary_math.h, the code these
+  // replace) with a little slack.
+  double worst_f = 0, worst_g = 0, scalar_f = 0, scalar_g = 0;
+  for (int i = 0; i < n; ++i) {
+    const double xd = x[i], floor = 1e-2 * (1 + std::abs(xd));
+    const double fd = f(xd), gd = df(xd), nf = std::max(std::abs(fd), floor),
+                 ng = std::max(std::abs(gd), floor);
+    worst_f = std::max(worst_f, std::abs(y[i] - fd) / nf);
+    worst_g = std::max(worst_g, std::abs(g[i] - gd) / ng);
+    scalar_f = std::max(scalar_f, std::abs(backend::unary_fn(OP, x[i]) - fd) / nf);
+    scalar_g = std::max(scalar_g, std::abs(backend::unary_grad(OP, x[i]) - gd) / ng);
+  }
+  EXPECT_LT(worst_f, 1.5 * scalar_f + 5e-7) << backend::unary_name(OP) << " (scalar " << scalar_f << ")";
+  EXPECT_LT(worst_g, 1.5 * scalar_g + 5e-7) << backend::unary_name(OP) << " (scalar " << scalar_g << ")";
+  EXPECT_LT(std::max(worst_f, worst_g), 5e-5) << backend::unary_name(OP);
+  std::printf("%-10s worst relative error: f %.2e (scalar %.2e), f' %.2e (scalar %.2e)\n",
+              backend::unary_name(OP), worst_f, scalar_f, worst_g, scalar_g);
+  for (int len : {1, 3, 8, 13}) {  // rows of other lengths at other offsets give the same bits
+    for (int start = 0; start + len <= 64; start += 5) {
+      std::vector<float> yr(len), gr(len);
+      cpu::unary_row<OP>(x.data() + 1000 + start, yr.data(), len);
+      cpu::unary_grad_row<OP>(x.data() + 1000 + start, ones.data(), gr.data(), len);
+      for (int j = 0; j < len; ++j) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(yr[j]), std::bit_cast<uint32_t>(y[1000 + start + j]));
+        ASSERT_EQ(std::bit_cast<uint32_t>(gr[j]), std::bit_cast<uint32_t>(g[1000 + start + j]));
+      }
+    }
+  }
+  float nan = NAN, out = 0;
+  cpu::unary_row<OP>(&nan, &out, 1);
+  EXPECT_TRUE(std::isnan(out)) << backend::unary_name(OP);
+}
+
+double gelu_tanh_d(double x) {
+  return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+double gelu_tanh_grad_d(double x) {
+  const double t = std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x));
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * 0.7978845608028654 * (1 + 3 * 0.044715 * x * x);
+}
+double sigmoid_d(double x) { return 1 / (1 + std::exp(-x)); }
+double silu_d(double x) { return x * sigmoid_d(x); }
+double silu_grad_d(double x) { return sigmoid_d(x) * (1 + x * (1 - sigmoid_d(x))); }
+double sigmoid_grad_d(double x) { return sigmoid_d(x) * (1 - sigmoid_d(x)); }
+double tanh_d(double x) { return std::tanh(x); }
+double tanh_grad_d(double x) { return 1 - std::tanh(x) * std::tanh(x); }
+double exp_d(double x) { return std::exp(x); }
+
+TEST(VecMath, UnaryRowKernelsMatchTheirFormulas) {
+  check_vec_unary<backend::UnaryOp::gelu_tanh>(gelu_tanh_d, gelu_tanh_grad_d, -12, 12);
+  check_vec_unary<backend::UnaryOp::silu>(silu_d, silu_grad_d, -30, 30);
+  check_vec_unary<backend::UnaryOp::sigmoid>(sigmoid_d, sigmoid_grad_d, -30, 30);
+  check_vec_unary<backend::UnaryOp::tanh>(tanh_d, tanh_grad_d, -12, 12);
+  check_vec_unary<backend::UnaryOp::exp>(exp_d, exp_d, -80, 80);
+  float x[3] = {-INFINITY, INFINITY, -1e30f}, y[3];
+  cpu::unary_row<backend::UnaryOp::exp>(x, y, 3);
+  EXPECT_EQ(y[0], 0.0f);  // masked attention scores
+  EXPECT_TRUE(std::isinf(y[1]));
+  EXPECT_EQ(y[2], 0.0f);
+  cpu::unary_row<backend::UnaryOp::tanh>(x, y, 2);
+  EXPECT_EQ(y[0], -1.0f);
+  EXPECT_EQ(y[1], 1.0f);
 }
 
 }  // namespace

@@ -157,6 +157,28 @@ class Backend {
   // y = x * keep / (1 - p), keep[i] = uniform(seed, offset, i) >= p. x, y contiguous.
   virtual void dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, const Tensor& y) = 0;
 
+  // A chain of elementwise calls run as one pass (torch_compile's inductor fusion). Stage k computes what
+  // the unfused call would (same element math, its value rounded to the dtype) from operands that are
+  // tensors of `t` or earlier stages' values, and stores it into a tensor of `t` unless no one reads it
+  // after the chain. Every tensor is contiguous, of one floating dtype and one element count; tensors
+  // shared by stages are read and written at the same elements. Backends that run it say so.
+  struct FusedStage {
+    enum class Kind : uint8_t { unary, unary_backward, binary, affine, dropout };
+    Kind kind = Kind::binary;
+    UnaryOp unary = UnaryOp::neg;     // unary, unary_backward (operands x, gy)
+    BinaryOp binary = BinaryOp::add;  // binary (operands a, b)
+    double alpha = 1.0, beta = 0.0;   // affine: alpha x + beta; dropout: alpha = p
+    uint64_t seed = 0, offset = 0;    // dropout's Philox stream
+    int32_t in[2] = {0, 0};           // operand: a tensor index >= 0, or -1 - k for stage k's value
+    int32_t out = -1;                 // the tensor the value is stored into; -1: not stored
+  };
+  virtual bool fuses_elementwise() const { return false; }
+  virtual void fused_elementwise(const std::vector<FusedStage>& stages, const std::vector<Tensor>& t) {
+    (void)stages;
+    (void)t;
+    fail("fused_elementwise: the {} backend does not fuse elementwise calls", name());
+  }
+
   // How an optimizer reads its gradients, so that mixed precision and clipping need no host sync and no f32
   // copy of half gradients: in the parameter's precision T (f32, or f64 for f64 parameters) each element is
   // g = T(grad) * T(inv_scale), then g *= T(coef) with coef = max_norm / (sqrt(stats[0]) + 1e-6) when

@@ -5,7 +5,7 @@
 
 namespace tr::compile {
 
-Graph::Graph(Recorder& recorder, const std::vector<Tensor>& outputs, Device device) {
+Graph::Graph(Recorder& recorder, const std::vector<Tensor>& outputs, Device device, bool fuse) {
   std::vector<int32_t> out_ids;
   for (const Tensor& t : outputs) {
     const int32_t id = recorder.buffer_of(t);
@@ -18,6 +18,11 @@ Graph::Graph(Recorder& recorder, const std::vector<Tensor>& outputs, Device devi
   const auto end = static_cast<int64_t>(calls_.size());
   for (int32_t id : out_ids)
     if (id >= 0) buffers_[static_cast<size_t>(id)].last = end;  // read after the region
+  if (fuse) {
+    TR_CHECK(backend::backend_for(device).fuses_elementwise(),
+             "compile: the {} backend does not run fused elementwise calls", device.str());
+    fusion_ = fuse_elementwise(calls_, buffers_);
+  }
   // Only the region's own buffers are planned; externals keep their storage (and count apart).
   std::vector<PlanBuffer> planned;
   std::vector<size_t> planned_id;
@@ -29,6 +34,7 @@ Graph::Graph(Recorder& recorder, const std::vector<Tensor>& outputs, Device devi
       external_bytes_ += b.bytes;
       continue;
     }
+    if (b.elided) continue;
     planned.push_back({b.bytes, b.first, b.last});
     planned_id.push_back(i);
   }
@@ -81,6 +87,12 @@ Tensor Graph::bind(const Arg& a) const {
   impl->offset = a.offset;
   impl->dtype = a.dtype;
   return Tensor(std::move(impl));
+}
+
+void Graph::release() {
+  arena_.reset();
+  bound_.clear();
+  outputs_.clear();
 }
 
 void Graph::replay(backend::Backend& b, uint64_t philox_shift, const std::shared_ptr<Storage>& arena) {

@@ -5,6 +5,7 @@
 #pragma once
 #include <vector>
 
+#include "compile/fuse.h"
 #include "compile/memory_plan.h"
 #include "compile/recorder.h"
 
@@ -15,17 +16,21 @@ class Graph {
   // `outputs`: tensors the caller reads after the region (the gradients, the loss); their buffers are kept
   // to the end of the region, and outputs() gives them as views of the arena. Plans only: the arena is
   // allocated by the first replay, once the capture's own buffers are gone, so the two never add up.
-  Graph(Recorder& recorder, const std::vector<Tensor>& outputs, Device device);
+  // `fuse`: merge elementwise chains (compile/fuse.h); the device's backend must run fused calls.
+  Graph(Recorder& recorder, const std::vector<Tensor>& outputs, Device device, bool fuse = false);
   // Runs every call on `b` (the device's backend) with Philox offsets moved by `philox_shift`, in `arena`
   // (at least arena_bytes() on the device; graphs that never run at once may share one) or, when null, in
   // an arena of its own allocated by the first replay.
   void replay(backend::Backend& b, uint64_t philox_shift, const std::shared_ptr<Storage>& arena = nullptr);
+  // Drops the binding to the arena (the next replay binds again), so that the arena can be freed.
+  void release();
   // Valid after the first replay.
   const std::vector<Tensor>& outputs() const { return outputs_; }
   size_t num_calls() const { return calls_.size(); }
   int64_t arena_bytes() const { return plan_.arena_bytes; }
   int64_t live_peak() const { return plan_.live_peak; }
   int64_t external_bytes() const { return external_bytes_; }
+  const FuseResult& fusion() const { return fusion_; }
 
  private:
   Tensor bind(const Arg& a) const;
@@ -41,6 +46,7 @@ class Graph {
   std::vector<Tensor> outputs_;
   Device device_;
   int64_t external_bytes_ = 0;
+  FuseResult fusion_;
 };
 
 }  // namespace tr::compile

@@ -39,7 +39,7 @@ int32_t Recorder::buffer_for(const Tensor& t, Access first_access) {
 void Recorder::add(const char* name, const std::vector<Tensor>& t, const std::vector<Access>& a,
                    decltype(Call::run) run) {
   run(inner_, t, 0);  // first, so a call that throws is not recorded
-  Call c{name, {}, std::move(run)};
+  Call c{name, {}, std::move(run), std::nullopt};
   c.args.resize(t.size());
   // Reads before writes: a call that reads and writes one new buffer (in place) found it holding data.
   for (const bool writes : {false, true})
@@ -49,6 +49,14 @@ void Recorder::add(const char* name, const std::vector<Tensor>& t, const std::ve
           Arg{buffer_for(t[i], a[i]), t[i].shape(), t[i].strides(), t[i].offset(), t[i].dtype(), a[i]};
     }
   calls_.push_back(std::move(c));
+}
+
+void Recorder::pointwise(const std::vector<Tensor>& t, backend::Backend::FusedStage s) {
+  for (const Tensor& x : t)
+    if (!x.defined() || !x.is_contiguous() || x.numel() != t[0].numel() || x.dtype() != t[0].dtype() ||
+        !is_floating(x.dtype()))
+      return;
+  calls_.back().pointwise = s;
 }
 
 void Recorder::refuse(const char* name) {
@@ -80,23 +88,30 @@ void Recorder::random_uniform(const Tensor& out, double lo, double hi, uint64_t 
       [=](Backend& b, const T& t, uint64_t shift) { b.random_uniform(t[0], lo, hi, seed, offset + shift); });
 }
 
+using Stage = Backend::FusedStage;
+
 void Recorder::unary(backend::UnaryOp op, const Tensor& x, const Tensor& out) {
   add("unary", {x, out}, {R, W}, [op](Backend& b, const T& t, uint64_t) { b.unary(op, t[0], t[1]); });
+  pointwise({x, out}, Stage{.kind = Stage::Kind::unary, .unary = op, .in = {0, 0}, .out = 1});
 }
 
 void Recorder::unary_backward(backend::UnaryOp op, const Tensor& x, const Tensor& gy, const Tensor& gx) {
   add("unary_backward", {x, gy, gx}, {R, R, W},
       [op](Backend& b, const T& t, uint64_t) { b.unary_backward(op, t[0], t[1], t[2]); });
+  pointwise({x, gy, gx}, Stage{.kind = Stage::Kind::unary_backward, .unary = op, .in = {0, 1}, .out = 2});
 }
 
 void Recorder::binary(backend::BinaryOp op, const Tensor& a, const Tensor& bt, const Tensor& out) {
   add("binary", {a, bt, out}, {R, R, W},
       [op](Backend& b, const T& t, uint64_t) { b.binary(op, t[0], t[1], t[2]); });
+  pointwise({a, bt, out}, Stage{.kind = Stage::Kind::binary, .binary = op, .in = {0, 1}, .out = 2});
 }
 
 void Recorder::affine(const Tensor& x, double alpha, double beta, const Tensor& out) {
   add("affine", {x, out}, {R, W},
       [=](Backend& b, const T& t, uint64_t) { b.affine(t[0], alpha, beta, t[1]); });
+  pointwise({x, out},
+            Stage{.kind = Stage::Kind::affine, .alpha = alpha, .beta = beta, .in = {0, 0}, .out = 1});
 }
 
 void Recorder::pow_scalar(const Tensor& x, double exponent, const Tensor& out) {
@@ -262,6 +277,10 @@ void Recorder::attention_block_grad(const Tensor& scores, const Tensor& dp, cons
 void Recorder::dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, const Tensor& y) {
   add("dropout", {x, y}, {R, W},
       [=](Backend& b, const T& t, uint64_t shift) { b.dropout(t[0], p, seed, offset + shift, t[1]); });
+  pointwise(
+      {x, y},
+      Stage{
+          .kind = Stage::Kind::dropout, .alpha = p, .seed = seed, .offset = offset, .in = {0, 0}, .out = 1});
 }
 
 // The optimizer passes run after the captured region, eagerly: inside it they end the capture.

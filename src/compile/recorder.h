@@ -5,6 +5,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -32,6 +33,9 @@ struct Call {
   // Runs the call on `b` with tensors `t` (one per arg, by position); Philox offsets (dropout, random
   // fills) move by `philox_shift` counters.
   std::function<void(backend::Backend& b, const std::vector<Tensor>& t, uint64_t philox_shift)> run;
+  // For an elementwise call the fusion pass may merge (compile/fuse.h): the call as a fused stage, operands
+  // and output naming args by position.
+  std::optional<backend::Backend::FusedStage> pointwise;
 };
 
 // A storage the recorded calls touch. One whose first touch reads it existed before the region (a parameter,
@@ -42,6 +46,7 @@ struct Buffer {
   bool external = false;
   std::shared_ptr<Storage> storage;  // externals only: the region reads what is there
   int64_t first = 0, last = 0;       // the first and last call touching it
+  bool elided = false;               // fusion keeps its values in registers: no memory
 };
 
 class Recorder final : public backend::Backend {
@@ -116,6 +121,8 @@ class Recorder final : public backend::Backend {
   void add(const char* name, const std::vector<Tensor>& t, const std::vector<Access>& a,
            decltype(Call::run) run);
   void refuse(const char* name);
+  // Marks the call just added as fusable as `s` when its tensors allow (contiguous, one size and dtype).
+  void pointwise(const std::vector<Tensor>& t, backend::Backend::FusedStage s);
   int32_t buffer_for(const Tensor& t, Access first_access);
 
   backend::Backend& inner_;

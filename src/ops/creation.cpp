@@ -14,6 +14,8 @@ Allocator& allocator_for(Device device) {
   fail("no allocator for device {}", device.str());
 }
 
+bool fuses_elementwise(Device device) { return backend::backend_for(device).fuses_elementwise(); }
+
 Tensor empty(const Shape& shape, DType dtype, Device device) {
   return Tensor::empty(shape, dtype, allocator_for(device));
 }

@@ -40,33 +40,47 @@ class CompiledStep final : public TrainStep {
   CompiledStep(StepState s, StepOptions o) : core_(s, std::move(o)) {}
 
   StepResult run(int64_t step, const std::vector<data::Batch>& micro, double lr) override {
-    double items = 0;
-    for (const auto& b : micro)
-      items += static_cast<double>(count_label_tokens(b.host_labels.defined() ? b.host_labels : b.labels));
+    const double items = step_label_tokens(micro);
     const std::string key = shape_key(micro, items, core_.state().mp.loss_scale());
     if (auto it = plans_.find(key); it != plans_.end()) {
       if (it->second.graph) return replay(it->second, step, micro, lr);
-      return eager(step, micro, lr);  // this shape could not be captured (said once)
+      return eager(step, micro, items, lr);  // this shape could not be captured (said once)
     }
     if (plans_.size() >= kMaxPlans) {
       if (!said_cap_)
         std::fprintf(stderr, "\ntorch_compile: %zu step shapes captured (the cap); new shapes run eagerly\n",
                      kMaxPlans);
       said_cap_ = true;
-      return eager(step, micro, lr);
+      return eager(step, micro, items, lr);
     }
-    return capture(key, step, micro, lr);
+    return capture(key, step, micro, items, lr);
+  }
+
+  // The shared arena's size: the largest plan's.
+  int64_t largest_arena() const {
+    int64_t m = 0;
+    for (const auto& [key, plan] : plans_)
+      if (plan.graph) m = std::max(m, plan.graph->arena_bytes());
+    return m;
+  }
+
+  void release_memory() override {
+    for (auto& [key, plan] : plans_)
+      if (plan.graph) plan.graph->release();
+    arena_.reset();
   }
 
  private:
-  StepResult eager(int64_t step, const std::vector<data::Batch>& micro, double lr) {
+  StepResult eager(int64_t step, const std::vector<data::Batch>& micro, double items, double lr) {
     StepResult r;
-    const Tensor loss = core_.forward_backward(step, micro, r);
+    const Tensor loss = core_.forward_backward(step, micro, items, r);
     core_.finish(step, lr, loss, r);
     return r;
   }
 
-  StepResult capture(const std::string& key, int64_t step, const std::vector<data::Batch>& micro, double lr) {
+  StepResult capture(const std::string& key, int64_t step, const std::vector<data::Batch>& micro,
+                     double items, double lr) {
+    release_memory();  // the capture runs eagerly: with eager's memory, not beside the arena
     Plan& p = plans_[key];
     for (const auto& b : micro) {  // the graph reads its inputs from buffers it owns
       data::Batch s = b;
@@ -82,7 +96,7 @@ class CompiledStep final : public TrainStep {
     Tensor loss;
     {
       const backend::InterposeScope scope(dev, rec);
-      loss = core_.forward_backward(step, p.inputs, r);
+      loss = core_.forward_backward(step, p.inputs, items, r);
     }
     p.philox_used = gen.state().offset - p.philox_base;
     std::string why = rec.break_reason();
@@ -90,7 +104,7 @@ class CompiledStep final : public TrainStep {
       std::vector<Tensor> outputs = core_.state().mp.model_grads();
       outputs.push_back(loss);
       try {
-        p.graph = std::make_unique<compile::Graph>(rec, outputs, dev);
+        p.graph = std::make_unique<compile::Graph>(rec, outputs, dev, core_.options().fuse_elementwise);
       } catch (const Error& e) {
         why = e.what();
       }
@@ -99,13 +113,17 @@ class CompiledStep final : public TrainStep {
     if (p.graph) {
       // Between steps only what outlives a step is allocated (parameters, optimizer state, static inputs,
       // the arena of earlier shapes): with this shape's growth of the arena, the planned peak of a replay.
-      const int64_t shared = arena_ ? static_cast<int64_t>(arena_->nbytes()) : 0;
-      const int64_t held = ops::allocator_for(dev).stats().current_bytes - shared;
+      const int64_t held = ops::allocator_for(dev).stats().current_bytes;  // the arena is released
+      const compile::FuseResult& fu = p.graph->fusion();
+      const std::string fused = fu.chains
+                                    ? fmt::format(" ({} elementwise calls fused into {}, {} buffers elided)",
+                                                  fu.calls_fused, fu.chains, fu.buffers_elided)
+                                    : "";
       std::fprintf(
           stderr,
-          "\ntorch_compile: captured the step for %s: %zu kernel calls; planned peak %.1f MiB = arena "
+          "\ntorch_compile: captured the step for %s: %zu kernel calls%s; planned peak %.1f MiB = arena "
           "%.1f MiB (live peak %.1f MiB) + %.1f MiB held between steps\n",
-          key.c_str(), p.graph->num_calls(), mib(held + p.graph->arena_bytes()), mib(p.graph->arena_bytes()),
+          key.c_str(), p.graph->num_calls(), fused.c_str(), mib(held + largest_arena()), mib(largest_arena()),
           mib(p.graph->live_peak()), mib(held));
     } else {
       std::fprintf(stderr, "\ntorch_compile: the step for %s runs eagerly: %s\n", key.c_str(), why.c_str());
@@ -126,7 +144,7 @@ class CompiledStep final : public TrainStep {
     const Generator::State g = gen.state();
     // One arena for every plan (one replays at a time), grown to the largest.
     if (!arena_ || static_cast<int64_t>(arena_->nbytes()) < p.graph->arena_bytes()) {
-      arena_.reset();  // plans bound to the old one keep it until they rebind
+      arena_.reset();  // (after a capture, which released every binding: the old one is freed first)
       arena_ = std::make_shared<Storage>(static_cast<size_t>(std::max<int64_t>(p.graph->arena_bytes(), 1)),
                                          ops::allocator_for(dev));
     }

@@ -15,11 +15,15 @@ std::vector<double> host_values(const Tensor& t) {
   return {h.data<double>(), h.data<double>() + h.numel()};
 }
 
-Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& micro, StepResult& r) {
-  // num_items_in_batch: label tokens of the whole step (accumulation-exact normalization).
+double step_label_tokens(const std::vector<data::Batch>& micro) {
   double items = 0;
   for (const auto& b : micro)
     items += static_cast<double>(count_label_tokens(b.host_labels.defined() ? b.host_labels : b.labels));
+  return items;
+}
+
+Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& micro, double items,
+                                  StepResult& r) {
   Tensor sum;
   s_.mp.begin_step(static_cast<int64_t>(micro.size()));
   for (const auto& b : micro) {

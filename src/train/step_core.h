@@ -10,13 +10,15 @@ namespace tr::train {
 
 // A small device tensor read on the host (the one synchronization of a step).
 std::vector<double> host_values(const Tensor& t);
+// The label tokens of a whole step (accumulation-exact normalization), counted on the host.
+double step_label_tokens(const std::vector<data::Batch>& micro);
 
 class StepCore {
  public:
   StepCore(StepState s, StepOptions o) : s_(s), o_(std::move(o)), params_(s.model.named_parameters()) {}
-  // Every micro-batch's forward and backward (each loss normalized by the label tokens of the whole step);
-  // returns the step's loss summed on the device (f64).
-  Tensor forward_backward(int64_t step, const std::vector<data::Batch>& micro, StepResult& r);
+  // Every micro-batch's forward and backward, each loss normalized by `items` (step_label_tokens: HF's
+  // num_items_in_batch); returns the step's loss summed on the device (f64).
+  Tensor forward_backward(int64_t step, const std::vector<data::Batch>& micro, double items, StepResult& r);
   // The after_backward hook, the update at `lr` from the model's gradients, and the host reads.
   void finish(int64_t step, double lr, const Tensor& loss, StepResult& r);
   // torch_empty_cache_steps: whether `step` releases the cache, and the release.

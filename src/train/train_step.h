@@ -35,6 +35,9 @@ struct StepOptions {
   double max_grad_norm = 0;  // <= 0: no clipping
   int64_t torch_empty_cache_steps = 0;
   Device device = Device::cpu();
+  // torch_compile's inductor backend: the captured step's elementwise chains fused (where the device's
+  // backend runs fused calls).
+  bool fuse_elementwise = false;
   // Called before each micro-batch's forward (tests inspect the data order).
   std::function<void(int64_t step, const Tensor& input_ids)> on_micro_batch;
   // Called after the step's backward passes with the model's parameters (tests poison a gradient there).
@@ -48,6 +51,9 @@ class TrainStep {
   // `lr`: forward and backward of each micro-batch, gradient statistics, the update (or the fp16 skip), the
   // gradients dropped. Reads the loss and statistics on the host once.
   virtual StepResult run(int64_t step, const std::vector<data::Batch>& micro, double lr) = 0;
+  // Frees what the step keeps between steps for speed alone (the compiled step's arena), before work that
+  // needs memory of its own (evaluation, a save), so that peak memory stays the eager step's.
+  virtual void release_memory() {}
 };
 
 // The step as the ops run it, one after another (the reference every other implementation must equal).

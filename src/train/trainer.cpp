@@ -327,13 +327,15 @@ TrainResult Run::train() {
   so.device = dev_;
   so.on_micro_batch = hooks_.on_micro_batch;
   so.after_backward = hooks_.after_backward;
+  // inductor fuses; cudagraphs and the debugging backends (eager, aot_eager) replay the calls as recorded.
+  so.fuse_elementwise = a_.torch_compile_backend == "inductor" && ops::fuses_elementwise(dev_);
   const StepState ss{*model_, *mp_, *opt_, dropout_gen_};
   if (a_.torch_compile)
-    std::fprintf(
-        stderr,
-        "torch_compile: backend %s, mode %s: the step is captured per shape, planned into one arena and "
-        "replayed (elementwise fusion and CUDA graphs are not built yet)\n",
-        a_.torch_compile_backend.c_str(), a_.torch_compile_mode.c_str());
+    std::fprintf(stderr,
+                 "torch_compile: backend %s, mode %s: the step is captured per shape, planned into one arena "
+                 "and replayed%s (CUDA graphs are not built yet)\n",
+                 a_.torch_compile_backend.c_str(), a_.torch_compile_mode.c_str(),
+                 so.fuse_elementwise ? ", elementwise chains fused" : "");
   const auto step_fn = a_.torch_compile ? make_compiled_step(ss, so) : make_eager_step(ss, so);
   ops::allocator_for(dev_).reset_peak();
   const int64_t start_step = st_.global_step, total = sched_.total;
@@ -345,12 +347,17 @@ TrainResult Run::train() {
     after_step(step, s, lr, start_step);
     const bool epoch_end = (step + 1) % sched_.updates_per_epoch == 0;
     if (streams_.validation && ((a_.eval_strategy == "steps" && (step + 1) % sched_.eval_every == 0) ||
-                                (a_.eval_strategy == "epoch" && epoch_end)))
+                                (a_.eval_strategy == "epoch" && epoch_end))) {
+      step_fn->release_memory();
       evaluate_at(step + 1);
+    }
     const bool stop = hooks_.should_stop && hooks_.should_stop();
     if ((a_.save_strategy == "steps" && (step + 1) % sched_.save_every == 0) ||
-        (a_.save_strategy == "epoch" && epoch_end) || (a_.save_strategy != "no" && step + 1 == total) || stop)
+        (a_.save_strategy == "epoch" && epoch_end) || (a_.save_strategy != "no" && step + 1 == total) ||
+        stop) {
+      step_fn->release_memory();
       save();
+    }
     if (stop && step + 1 < total) {
       std::fprintf(
           stderr, "\ntrain: interrupted after step %lld; saved %s. Resume with --resume_from_checkpoint %s\n",
@@ -367,6 +374,7 @@ TrainResult Run::train() {
   r_.train_loss = window_->counted_sum() / std::max<int64_t>(1, r_.steps);
   r_.skipped_steps = st_.skipped_steps;
   r_.peak_bytes = ops::allocator_for(dev_).stats().peak_bytes;
+  step_fn->release_memory();
   finish();
   return r_;
 }

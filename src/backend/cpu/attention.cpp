@@ -9,6 +9,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/attention_geometry.h"
 #include "backend/cpu/loops.h"
+#include "backend/cpu/vec_unary.h"
 #include "core/rng.h"
 
 namespace tr::cpu {
@@ -69,8 +70,14 @@ void forward_kernel(const Geo& g, const T* q, const T* k, const T* v, T* out, ac
               A* ai = acc.data() + i * g.D;
               A rowsum = 0;
               for (int64_t c = 0; c < g.D; ++c) ai[c] *= corr;
+              // The block's probabilities (unnormalized) at once: a vector exp for f32.
+              for (int64_t j = 0; j < ns; ++j) si[j] -= mx;
+              if constexpr (std::is_same_v<A, float>)
+                unary_row<backend::UnaryOp::exp>(si, si, ns);
+              else
+                for (int64_t j = 0; j < ns; ++j) si[j] = std::exp(si[j]);
               for (int64_t j = 0; j < ns; ++j) {
-                const A p = std::exp(si[j] - mx);
+                const A p = si[j];
                 if (p == A(0)) continue;
                 rowsum += p;
                 const A* vj = vb.data() + j * g.D;
@@ -102,7 +109,8 @@ void backward_kernel(const Geo& g, const T* q, const T* k, const T* v, const T* 
     std::vector<A> dka(static_cast<size_t>(g.S * g.D)), dva(static_cast<size_t>(g.S * g.D)),
         dqa(static_cast<size_t>(g.T * g.D)), delta(static_cast<size_t>(g.T)),
         kf(static_cast<size_t>(g.S * g.D)), vf(static_cast<size_t>(g.S * g.D)),
-        qrow(static_cast<size_t>(g.D)), dorow(static_cast<size_t>(g.D));
+        qrow(static_cast<size_t>(g.D)), dorow(static_cast<size_t>(g.D)), prow(static_cast<size_t>(g.S)),
+        dprow(static_cast<size_t>(g.S));
 #pragma omp for collapse(2) schedule(dynamic)
     for (int64_t b = 0; b < g.B; ++b)
       for (int64_t kvh = 0; kvh < g.KV; ++kvh) {
@@ -131,8 +139,13 @@ void backward_kernel(const Geo& g, const T* q, const T* k, const T* v, const T* 
             }
             A* dqt = dqa.data() + t * g.D;
             const int64_t s_end = g.last_key(t) + 1;
+            // The row's scores and dO.V first, then its probabilities in one vector exp (f32), then the
+            // accumulation in key order.
             for (int64_t s = 0; s < s_end; ++s) {
-              if (!g.visible(b, t, s)) continue;
+              if (!g.visible(b, t, s)) {
+                prow[s] = -std::numeric_limits<A>::infinity();
+                continue;
+              }
               const A* ks = kf.data() + s * g.D;
               const A* vs = vf.data() + s * g.D;
               A sc = 0, dp = 0;
@@ -141,7 +154,17 @@ void backward_kernel(const Geo& g, const T* q, const T* k, const T* v, const T* 
                 sc += qrow[c] * ks[c];
                 dp += dorow[c] * vs[c];
               }
-              const A p = std::exp(sc * static_cast<A>(g.scale) - lp[t]);
+              prow[s] = sc * static_cast<A>(g.scale) - lp[t];
+              dprow[s] = dp;
+            }
+            if constexpr (std::is_same_v<A, float>)
+              unary_row<backend::UnaryOp::exp>(prow.data(), prow.data(), s_end);
+            else
+              for (int64_t s = 0; s < s_end; ++s) prow[s] = std::exp(prow[s]);
+            for (int64_t s = 0; s < s_end; ++s) {
+              if (!g.visible(b, t, s)) continue;
+              const A* ks = kf.data() + s * g.D;
+              const A p = prow[s], dp = dprow[s];
               const A ds = p * (dp - delta[t]) * static_cast<A>(g.scale);
               A* dks = dka.data() + s * g.D;
               A* dvs = dva.data() + s * g.D;

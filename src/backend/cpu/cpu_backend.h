@@ -1,5 +1,6 @@
-// The CPU backend: OpenMP-parallel kernels, OpenBLAS for GEMM. Method bodies live in mirror-named files
-// (elementwise.cpp, reduce.cpp, matmul.cpp, norm.cpp, loss.cpp, optim.cpp, attention.cpp).
+// The CPU backend: OpenMP-parallel kernels, GEMM through oneDNN (f32) and OpenBLAS (f64). Method bodies live
+// in mirror-named files (elementwise.cpp, fused.cpp, reduce.cpp, matmul.cpp, norm.cpp, loss.cpp, optim.cpp,
+// attention.cpp).
 #pragma once
 #include "backend/backend.h"
 
@@ -46,6 +47,8 @@ class CpuBackend final : public backend::Backend {
   void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions, bool seq_major,
             bool inverse, const Tensor& y) override;
   void dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, const Tensor& y) override;
+  bool fuses_elementwise() const override { return true; }
+  void fused_elementwise(const std::vector<FusedStage>& stages, const std::vector<Tensor>& t) override;
   void attention_block_softmax(const Tensor& scores, const AttentionBlock& a, const Tensor& probs,
                                const Tensor& lse) override;
   void attention_block_grad(const Tensor& scores, const Tensor& dp, const Tensor& lse, const Tensor& delta,

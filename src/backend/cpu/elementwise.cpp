@@ -3,9 +3,8 @@
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/elementwise_kernels.h"
 #include "backend/cpu/loops.h"
-#include "backend/unary_math.h"
-#include "core/rng.h"
 
 namespace tr::cpu {
 
@@ -13,45 +12,6 @@ using backend::BinaryOp;
 using backend::UnaryOp;
 
 namespace {
-
-// Calls f.template operator()<OP>() with the op as a compile-time constant so the inner loops specialize.
-template <typename F>
-void dispatch_unary(UnaryOp op, F&& f) {
-  switch (op) {
-#define TR_CASE(o) \
-  case UnaryOp::o: f.template operator()<UnaryOp::o>(); return;
-    // clang-format off
-    TR_CASE(neg)
-    TR_CASE(exp)
-    TR_CASE(log)
-    TR_CASE(sqrt)
-    TR_CASE(rsqrt)
-    TR_CASE(tanh)
-    TR_CASE(sigmoid)
-    TR_CASE(relu)
-    TR_CASE(gelu_tanh)
-    TR_CASE(gelu_erf)
-    TR_CASE(silu)
-    TR_CASE(abs)
-    TR_CASE(square)
-    TR_CASE(reciprocal)
-    // clang-format on
-#undef TR_CASE
-  }
-}
-
-template <typename F>
-void dispatch_binary(BinaryOp op, F&& f) {
-  switch (op) {
-    case BinaryOp::add: f.template operator()<BinaryOp::add>(); return;
-    case BinaryOp::sub: f.template operator()<BinaryOp::sub>(); return;
-    case BinaryOp::mul: f.template operator()<BinaryOp::mul>(); return;
-    case BinaryOp::div: f.template operator()<BinaryOp::div>(); return;
-    case BinaryOp::maximum: f.template operator()<BinaryOp::maximum>(); return;
-    case BinaryOp::minimum: f.template operator()<BinaryOp::minimum>(); return;
-    case BinaryOp::eq: f.template operator()<BinaryOp::eq>(); return;
-  }
-}
 
 template <typename S, typename D>
 inline D convert(S v) {
@@ -69,23 +29,6 @@ inline D convert(S v) {
     return static_cast<D>(static_cast<float>(v));
   } else {
     return static_cast<D>(v);
-  }
-}
-
-// Parallel loop over a contiguous range.
-template <typename F>
-void parallel_range(int64_t n, F&& f) {
-  const int nt = threads_for(n);
-  if (nt == 1) {
-    f(int64_t{0}, n);
-    return;
-  }
-#pragma omp parallel num_threads(nt)
-  {
-    int t = omp_get_thread_num(), T = omp_get_num_threads();
-    int64_t chunk = (n + T - 1) / T;
-    int64_t lo = std::min<int64_t>(n, t * chunk), hi = std::min<int64_t>(n, lo + chunk);
-    if (lo < hi) f(lo, hi);
   }
 }
 
@@ -170,13 +113,17 @@ void CpuBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out) {
     dispatch_unary(op, [&]<UnaryOp OP>() {
       const T* xp = static_cast<const T*>(x.data_ptr());
       T* yp = static_cast<T*>(out.data_ptr());
+      if (x.is_contiguous()) {  // out is
+        parallel_range(x.numel(),
+                       [&](int64_t lo, int64_t hi) { unary_kernel<T, OP>(xp + lo, yp + lo, hi - lo); });
+        return;
+      }
       strided_loop<2>(shape, st,
                       [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& in) {
                         const T* a = xp + off[0];
                         T* y = yp + off[1];
                         if (in[0] == 1 && in[1] == 1) {
-#pragma omp simd
-                          for (int64_t i = 0; i < n; ++i) store(y, i, backend::unary_fn(OP, load(a, i)));
+                          unary_kernel<T, OP>(a, y, n);
                         } else {
                           for (int64_t i = 0; i < n; ++i)
                             store(y, i * in[1], backend::unary_fn(OP, load(a, i * in[0])));
@@ -193,8 +140,7 @@ void CpuBackend::unary_backward(UnaryOp op, const Tensor& x, const Tensor& gy, c
       const T* gp = static_cast<const T*>(gy.data_ptr());
       T* op_ = static_cast<T*>(gx.data_ptr());
       parallel_range(x.numel(), [&](int64_t lo, int64_t hi) {
-#pragma omp simd
-        for (int64_t i = lo; i < hi; ++i) store(op_, i, load(gp, i) * backend::unary_grad(OP, load(xp, i)));
+        unary_grad_kernel<T, OP>(xp + lo, gp + lo, op_ + lo, hi - lo);
       });
     });
   });
@@ -215,8 +161,7 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Ten
             const T* x1 = bp + off[1];
             T* y = yp + off[2];
             if (in[0] == 1 && in[1] == 1 && in[2] == 1) {
-#pragma omp simd
-              for (int64_t i = 0; i < n; ++i) store(y, i, backend::binary_fn(OP, load(x0, i), load(x1, i)));
+              binary_kernel<T, OP>(x0, x1, y, n);
             } else if (in[0] == 1 && in[1] == 0 && in[2] == 1) {
               auto c = load(x1, 0);
               for (int64_t i = 0; i < n; ++i) store(y, i, backend::binary_fn(OP, load(x0, i), c));
@@ -231,13 +176,10 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Ten
 
 void CpuBackend::affine(const Tensor& x, double alpha, double beta, const Tensor& out) {
   dispatch_float(x.dtype(), "affine", [&]<typename T>() {
-    using A = acc_t<T>;
     const T* xp = static_cast<const T*>(x.data_ptr());
     T* yp = static_cast<T*>(out.data_ptr());
-    A al = static_cast<A>(alpha), be = static_cast<A>(beta);
-    parallel_range(x.numel(), [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) store(yp, i, al * load(xp, i) + be);
-    });
+    parallel_range(x.numel(),
+                   [&](int64_t lo, int64_t hi) { affine_kernel(xp + lo, yp + lo, hi - lo, alpha, beta); });
   });
 }
 
@@ -273,17 +215,10 @@ void CpuBackend::masked_fill(const Tensor& x, const Tensor& mask, double value, 
 
 void CpuBackend::dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, const Tensor& y) {
   dispatch_float(x.dtype(), "dropout", [&]<typename T>() {
-    using A = acc_t<T>;
     const T* xp = static_cast<const T*>(x.data_ptr());
     T* yp = static_cast<T*>(y.data_ptr());
-    const float pf = static_cast<float>(p);
-    const A scale = static_cast<A>(1.0 / (1.0 - p));
-    parallel_range(x.numel(), [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) {
-        bool keep = uniform_from_word(philox_word(seed, offset, static_cast<uint64_t>(i))) >= pf;
-        store(yp, i, keep ? load(xp, i) * scale : A(0));
-      }
-    });
+    parallel_range(x.numel(),
+                   [&](int64_t lo, int64_t hi) { dropout_kernel(xp, yp, lo, hi, p, seed, offset); });
   });
 }
 

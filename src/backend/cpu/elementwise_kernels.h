@@ -1,0 +1,122 @@
+// The CPU elementwise kernels over contiguous ranges, shared by the backend's unfused calls and the fused
+// chains of torch_compile (fused.cpp), so that a fused element is computed by the very same code and gets
+// the same bits. All are bound by memory bandwidth except the transcendental unary ops (vec_unary.h).
+#pragma once
+#include <type_traits>
+
+#include "backend/cpu/loops.h"
+#include "backend/cpu/vec_unary.h"
+#include "backend/unary_math.h"
+#include "core/rng.h"
+
+namespace tr::cpu {
+
+// y[i] = f(x[i]), i < n.
+template <typename T, backend::UnaryOp OP>
+inline void unary_kernel(const T* x, T* y, int64_t n) {
+  if constexpr (std::is_same_v<T, float> && has_vec_unary<OP>) {
+    unary_row<OP>(x, y, n);
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) store(y, i, backend::unary_fn(OP, load(x, i)));
+  }
+}
+
+// gx[i] = gy[i] * f'(x[i]), i < n.
+template <typename T, backend::UnaryOp OP>
+inline void unary_grad_kernel(const T* x, const T* gy, T* gx, int64_t n) {
+  if constexpr (std::is_same_v<T, float> && has_vec_unary<OP>) {
+    unary_grad_row<OP>(x, gy, gx, n);
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) store(gx, i, load(gy, i) * backend::unary_grad(OP, load(x, i)));
+  }
+}
+
+// y[i] = a[i] op b[i], i < n.
+template <typename T, backend::BinaryOp OP>
+inline void binary_kernel(const T* a, const T* b, T* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) store(y, i, backend::binary_fn(OP, load(a, i), load(b, i)));
+}
+
+// y[i] = alpha x[i] + beta in the accumulation type.
+template <typename T>
+inline void affine_kernel(const T* x, T* y, int64_t n, double alpha, double beta) {
+  using A = acc_t<T>;
+  const A al = static_cast<A>(alpha), be = static_cast<A>(beta);
+  for (int64_t i = 0; i < n; ++i) store(y, i, al * load(x, i) + be);
+}
+
+// Dropout of the elements [lo, hi) of a tensor (x, y point at element 0): element i is kept when the uniform
+// of Philox word i of (seed, offset) is >= p, and scaled by 1 / (1 - p). Bound by the Philox rounds.
+template <typename T>
+inline void dropout_kernel(const T* x, T* y, int64_t lo, int64_t hi, double p, uint64_t seed, uint64_t offset) {
+  using A = acc_t<T>;
+  const float pf = static_cast<float>(p);
+  const A scale = static_cast<A>(1.0 / (1.0 - p));
+  for (int64_t i = lo; i < hi; ++i) {
+    const bool keep = uniform_from_word(philox_word(seed, offset, static_cast<uint64_t>(i))) >= pf;
+    store(y, i, keep ? load(x, i) * scale : A(0));
+  }
+}
+
+// Calls f.template operator()<OP>() with the op as a compile-time constant so the inner loops specialize.
+template <typename F>
+void dispatch_unary(backend::UnaryOp op, F&& f) {
+  using backend::UnaryOp;
+  switch (op) {
+#define TR_CASE(o) \
+  case UnaryOp::o: f.template operator()<UnaryOp::o>(); return;
+    // clang-format off
+    TR_CASE(neg)
+    TR_CASE(exp)
+    TR_CASE(log)
+    TR_CASE(sqrt)
+    TR_CASE(rsqrt)
+    TR_CASE(tanh)
+    TR_CASE(sigmoid)
+    TR_CASE(relu)
+    TR_CASE(gelu_tanh)
+    TR_CASE(gelu_erf)
+    TR_CASE(silu)
+    TR_CASE(abs)
+    TR_CASE(square)
+    TR_CASE(reciprocal)
+    // clang-format on
+#undef TR_CASE
+  }
+}
+
+template <typename F>
+void dispatch_binary(backend::BinaryOp op, F&& f) {
+  using backend::BinaryOp;
+  switch (op) {
+    case BinaryOp::add: f.template operator()<BinaryOp::add>(); return;
+    case BinaryOp::sub: f.template operator()<BinaryOp::sub>(); return;
+    case BinaryOp::mul: f.template operator()<BinaryOp::mul>(); return;
+    case BinaryOp::div: f.template operator()<BinaryOp::div>(); return;
+    case BinaryOp::maximum: f.template operator()<BinaryOp::maximum>(); return;
+    case BinaryOp::minimum: f.template operator()<BinaryOp::minimum>(); return;
+    case BinaryOp::eq: f.template operator()<BinaryOp::eq>(); return;
+  }
+}
+
+// Parallel loop over a contiguous range: f(lo, hi) per thread.
+template <typename F>
+void parallel_range(int64_t n, F&& f) {
+  const int nt = threads_for(n);
+  if (nt == 1) {
+    f(int64_t{0}, n);
+    return;
+  }
+#pragma omp parallel num_threads(nt)
+  {
+    int t = omp_get_thread_num(), T = omp_get_num_threads();
+    int64_t chunk = (n + T - 1) / T;
+    int64_t lo = std::min<int64_t>(n, t * chunk), hi = std::min<int64_t>(n, lo + chunk);
+    if (lo < hi) f(lo, hi);
+  }
+}
+
+}  // namespace tr::cpu
