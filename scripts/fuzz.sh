@@ -5,6 +5,7 @@
 #          build/fuzz/corpus/<target>, crashes in build/fuzz/artifacts/<target>/, stats in build/fuzz/stats.txt)
 #        scripts/fuzz.sh --smoke [target...]   (ctest's fuzz_smoke: FUZZ_SMOKE_SECONDS=5 each, starting from the
 #          seeds and regressions only, files under build/fuzz/smoke/; exit 77 = skipped without clang/libFuzzer)
+# FUZZ_NO_BUILD=1 runs the binaries as they are (to continue a long run on the code it started with).
 # Exits 1 if a regression input fails again or any target crashed, leaked, timed out or threw anything but
 # tr::Error.
 set -uo pipefail
@@ -51,6 +52,11 @@ done
 mkdir -p "$out"
 (
   flock 9
+  # FUZZ_NO_BUILD=1: run the targets as built (a long run continued on the binaries of its first part).
+  if [[ -n "${FUZZ_NO_BUILD:-}" ]]; then
+    for t in "${build_targets[@]}"; do [[ -x $out/$t ]] || { echo "fuzz: $out/$t is not built"; exit 1; }; done
+    exit 0
+  fi
   if [[ ! -f $out/build.ninja ]]; then
     cmake --preset fuzz >"$probe/cmake.log" 2>&1 || { cat "$probe/cmake.log"; exit 1; }
   fi

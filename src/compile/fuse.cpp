@@ -11,9 +11,7 @@ namespace {
 
 using Stage = backend::Backend::FusedStage;
 
-int operands(Stage::Kind k) {
-  return k == Stage::Kind::binary || k == Stage::Kind::unary_backward ? 2 : 1;
-}
+int operands(Stage::Kind k) { return k == Stage::Kind::binary || k == Stage::Kind::unary_backward ? 2 : 1; }
 
 int64_t numel_of(const Arg& a) { return shape_numel(a.shape); }
 
@@ -102,7 +100,8 @@ Call fuse_run(const std::vector<Call>& calls, size_t i, size_t j, const std::vec
       b.fused_elementwise(stages, t);
     };
   } else {  // Philox offsets move by the replay's shift; the working copy avoids an allocation per replay
-    f.run = [stages, work = stages](backend::Backend& b, const std::vector<Tensor>& t, uint64_t shift) mutable {
+    f.run = [stages, work = stages](backend::Backend& b, const std::vector<Tensor>& t,
+                                    uint64_t shift) mutable {
       for (size_t k = 0; k < stages.size(); ++k) work[k].offset = stages[k].offset + shift;
       b.fused_elementwise(work, t);
     };

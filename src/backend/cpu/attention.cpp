@@ -221,6 +221,12 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
 
 namespace {
 
+// a[i] = exp(a[i]): the AVX2 kernel for f32, libm for f64.
+inline void exp_in_place(float* a, int64_t n) { unary_row<backend::UnaryOp::exp>(a, a, n); }
+inline void exp_in_place(double* a, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) a[i] = std::exp(a[i]);
+}
+
 // The geometry of a block's rows, and row -> (batch, query) (backend.h AttentionBlock).
 struct BlockRows {
   backend::AttentionGeometry g;
@@ -266,27 +272,34 @@ void CpuBackend::attention_block_softmax(const Tensor& scores, const AttentionBl
         P* pp = probs.data<P>();
         A* lp = lse.data<A>();
         const A scale = static_cast<A>(a.scale);
-#pragma omp parallel for schedule(static) if (br.rows * br.sk > 65536)
-        for (int64_t r = 0; r < br.rows; ++r) {
-          const int64_t b = br.batch(r), t = br.query(r);
-          const A* x = sp + r * br.sk;
-          P* p = pp + r * br.sk;
-          A m = -std::numeric_limits<A>::infinity();
-          for (int64_t s = 0; s < br.sk; ++s)
-            if (br.g.visible(b, t, s)) m = std::max(m, x[s] * scale);
-          if (m == -std::numeric_limits<A>::infinity()) {
-            for (int64_t s = 0; s < br.sk; ++s) p[s] = P(A(0));
-            lp[r] = m;
-            continue;
+        constexpr A kNegInf = -std::numeric_limits<A>::infinity();
+#pragma omp parallel if (br.rows * br.sk > 65536)
+        {
+          std::vector<A> e(static_cast<size_t>(br.sk));  // a row's exponents, then their exponentials
+#pragma omp for schedule(static)
+          for (int64_t r = 0; r < br.rows; ++r) {
+            const int64_t b = br.batch(r), t = br.query(r);
+            const A* x = sp + r * br.sk;
+            P* p = pp + r * br.sk;
+            A m = kNegInf;
+            for (int64_t s = 0; s < br.sk; ++s)
+              if (br.g.visible(b, t, s)) m = std::max(m, x[s] * scale);
+            if (m == kNegInf) {
+              for (int64_t s = 0; s < br.sk; ++s) p[s] = P(A(0));
+              lp[r] = m;
+              continue;
+            }
+            // Masked keys get exp(-inf) = 0: they add nothing to the sum, in key order as before.
+            for (int64_t s = 0; s < br.sk; ++s) e[s] = br.g.visible(b, t, s) ? x[s] * scale - m : kNegInf;
+            exp_in_place(e.data(), br.sk);
+            A sum = 0;
+            for (int64_t s = 0; s < br.sk; ++s) sum += e[s];
+            const A l = m + std::log(sum);
+            lp[r] = l;
+            for (int64_t s = 0; s < br.sk; ++s) e[s] = br.g.visible(b, t, s) ? x[s] * scale - l : kNegInf;
+            exp_in_place(e.data(), br.sk);
+            for (int64_t s = 0; s < br.sk; ++s) p[s] = P(e[s] * static_cast<A>(br.factor(r, s)));
           }
-          A sum = 0;
-          for (int64_t s = 0; s < br.sk; ++s)
-            if (br.g.visible(b, t, s)) sum += std::exp(x[s] * scale - m);
-          const A l = m + std::log(sum);
-          lp[r] = l;
-          for (int64_t s = 0; s < br.sk; ++s)
-            p[s] = P(br.g.visible(b, t, s) ? std::exp(x[s] * scale - l) * static_cast<A>(br.factor(r, s))
-                                           : A(0));
         }
       });
     } else {
@@ -303,19 +316,26 @@ void CpuBackend::attention_block_grad(const Tensor& scores, const Tensor& dp, co
     if constexpr (std::is_same_v<A, float> || std::is_same_v<A, double>) {
       dispatch_float(probs.dtype(), "attention_block_grad", [&]<typename P>() {
         const A scale = static_cast<A>(a.scale);
-#pragma omp parallel for schedule(static) if (br.rows * br.sk > 65536)
-        for (int64_t r = 0; r < br.rows; ++r) {
-          const int64_t b = br.batch(r), t = br.query(r);
-          const A l = lse.data<A>()[r], d = delta.data<A>()[r];
-          const A* x = scores.data<A>() + r * br.sk;
-          const A* g = dp.data<A>() + r * br.sk;
-          P* p = probs.data<P>() + r * br.sk;
-          P* ds = dscores.data<P>() + r * br.sk;
-          for (int64_t s = 0; s < br.sk; ++s) {
-            const bool on = l != -std::numeric_limits<A>::infinity() && br.g.visible(b, t, s);
-            const A pv = on ? std::exp(x[s] * scale - l) : A(0), z = static_cast<A>(br.factor(r, s));
-            p[s] = P(pv * z);
-            ds[s] = P(pv * (g[s] * z - d) * scale);
+        constexpr A kNegInf = -std::numeric_limits<A>::infinity();
+#pragma omp parallel if (br.rows * br.sk > 65536)
+        {
+          std::vector<A> e(static_cast<size_t>(br.sk));  // the row's probabilities, by one vector exp
+#pragma omp for schedule(static)
+          for (int64_t r = 0; r < br.rows; ++r) {
+            const int64_t b = br.batch(r), t = br.query(r);
+            const A l = lse.data<A>()[r], d = delta.data<A>()[r];
+            const A* x = scores.data<A>() + r * br.sk;
+            const A* g = dp.data<A>() + r * br.sk;
+            P* p = probs.data<P>() + r * br.sk;
+            P* ds = dscores.data<P>() + r * br.sk;
+            for (int64_t s = 0; s < br.sk; ++s)
+              e[s] = l != kNegInf && br.g.visible(b, t, s) ? x[s] * scale - l : kNegInf;
+            exp_in_place(e.data(), br.sk);
+            for (int64_t s = 0; s < br.sk; ++s) {
+              const A pv = e[s], z = static_cast<A>(br.factor(r, s));
+              p[s] = P(pv * z);
+              ds[s] = P(pv * (g[s] * z - d) * scale);
+            }
           }
         }
       });

@@ -51,7 +51,8 @@ inline void affine_kernel(const T* x, T* y, int64_t n, double alpha, double beta
 // Dropout of the elements [lo, hi) of a tensor (x, y point at element 0): element i is kept when the uniform
 // of Philox word i of (seed, offset) is >= p, and scaled by 1 / (1 - p). Bound by the Philox rounds.
 template <typename T>
-inline void dropout_kernel(const T* x, T* y, int64_t lo, int64_t hi, double p, uint64_t seed, uint64_t offset) {
+inline void dropout_kernel(const T* x, T* y, int64_t lo, int64_t hi, double p, uint64_t seed,
+                           uint64_t offset) {
   using A = acc_t<T>;
   const float pf = static_cast<float>(p);
   const A scale = static_cast<A>(1.0 / (1.0 - p));

@@ -35,9 +35,7 @@ void run_stage(const Stage& s, const T* const* in, T* out, int64_t lo, int64_t n
   }
 }
 
-int operands(Stage::Kind k) {
-  return k == Stage::Kind::binary || k == Stage::Kind::unary_backward ? 2 : 1;
-}
+int operands(Stage::Kind k) { return k == Stage::Kind::binary || k == Stage::Kind::unary_backward ? 2 : 1; }
 
 }  // namespace
 
@@ -55,15 +53,15 @@ void CpuBackend::fused_elementwise(const std::vector<Stage>& stages, const std::
     const Stage& s = stages[static_cast<size_t>(k)];
     for (int j = 0; j < operands(s.kind); ++j)
       TR_CHECK(s.in[j] < nt && (s.in[j] >= 0 || -1 - s.in[j] < k),
-               "fused_elementwise: stage {} reads operand {} (tensors: {}, earlier stages: {})", k, s.in[j], nt,
-               k);
+               "fused_elementwise: stage {} reads operand {} (tensors: {}, earlier stages: {})", k, s.in[j],
+               nt, k);
     TR_CHECK(s.out < nt, "fused_elementwise: stage {} stores into tensor {} of {}", k, s.out, nt);
   }
   dispatch_float(dt, "fused_elementwise", [&]<typename T>() {
     std::vector<T*> base(t.size());
     for (size_t i = 0; i < t.size(); ++i) base[i] = static_cast<T*>(t[i].data_ptr());
     const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel num_threads(threads_for(n * ns))
+#pragma omp parallel num_threads(threads_for(n* ns))
     {
       // A value that is not stored lives in the chunk buffer of its stage.
       std::vector<T> scratch(static_cast<size_t>(ns * kChunk));
@@ -75,7 +73,8 @@ void CpuBackend::fused_elementwise(const std::vector<Stage>& stages, const std::
           const Stage& s = stages[static_cast<size_t>(k)];
           const T* in[2] = {nullptr, nullptr};
           for (int j = 0; j < operands(s.kind); ++j)
-            in[j] = s.in[j] >= 0 ? base[static_cast<size_t>(s.in[j])] + lo : value[static_cast<size_t>(-1 - s.in[j])];
+            in[j] = s.in[j] >= 0 ? base[static_cast<size_t>(s.in[j])] + lo
+                                 : value[static_cast<size_t>(-1 - s.in[j])];
           T* out = s.out >= 0 ? base[static_cast<size_t>(s.out)] + lo : scratch.data() + k * kChunk;
           value[static_cast<size_t>(k)] = out;
           run_stage(s, in, out, lo, len);

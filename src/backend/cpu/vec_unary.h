@@ -44,9 +44,9 @@ inline __m256 sigmoid8(__m256 x) {
 
 // The ops with a vector form here.
 template <backend::UnaryOp OP>
-constexpr bool has_vec_unary = OP == backend::UnaryOp::gelu_tanh || OP == backend::UnaryOp::silu ||
-                               OP == backend::UnaryOp::sigmoid || OP == backend::UnaryOp::tanh ||
-                               OP == backend::UnaryOp::exp;
+constexpr bool has_vec_unary =
+    OP == backend::UnaryOp::gelu_tanh || OP == backend::UnaryOp::silu || OP == backend::UnaryOp::sigmoid ||
+    OP == backend::UnaryOp::tanh || OP == backend::UnaryOp::exp;
 
 // gelu_tanh's inner argument sqrt(2/pi) (x + 0.044715 x^3) and its tanh.
 inline __m256 gelu_tanh_t(__m256 x, __m256 x2) {
