@@ -303,6 +303,19 @@ TEST(Compile, FusionStopsAtAShiftedView) {
   EXPECT_STREQ(calls[0].name, "fused_elementwise");
   EXPECT_STREQ(calls[1].name, "binary");
   EXPECT_EQ(buffers[4].last, 2);  // lifetimes follow the new list; the output is still read after it
+
+  // One call reading a buffer at two offsets (x[0:8] + x[8:16]) starts no run: the fused call would have one
+  // tensor for both.
+  std::vector<compile::Buffer> b2(4);
+  for (auto& b : b2) b.bytes = 8 * 4;
+  b2[0].bytes = 16 * 4;
+  b2[0].external = b2[1].external = true;
+  b2[2].first = 0, b2[2].last = 1;
+  b2[3].first = 1, b2[3].last = 2;
+  std::vector<compile::Call> c2 = {call({arg(0, 0, R), arg(0, 8, R), arg(2, 0, W)}),
+                                   call({arg(2, 0, R), arg(1, 0, R), arg(3, 0, W)})};
+  EXPECT_EQ(compile::fuse_elementwise(c2, b2).chains, 0);
+  EXPECT_EQ(c2.size(), 2u);
 }
 
 TEST(Compile, TheOptimizerPassesEndACapture) {

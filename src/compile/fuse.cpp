@@ -23,11 +23,16 @@ size_t run_end(const std::vector<Call>& calls, size_t i) {
   const int64_t n = numel_of(a0);
   std::unordered_map<int32_t, int64_t> offset;  // buffer -> offset seen
   std::vector<int32_t> written;
+  // A buffer seen at two offsets (by the run or within the call itself: x[0:n] + x[n:2n]) would have one
+  // stage's chunk meet other elements in another's.
   auto consistent = [&](const Call& c) {
-    for (const Arg& a : c.args) {
+    for (size_t k = 0; k < c.args.size(); ++k) {
+      const Arg& a = c.args[k];
       if (numel_of(a) != n || a.dtype != a0.dtype) return false;
       const auto it = offset.find(a.buffer);
       if (it != offset.end() && it->second != a.offset) return false;
+      for (size_t m = 0; m < k; ++m)
+        if (c.args[m].buffer == a.buffer && c.args[m].offset != a.offset) return false;
     }
     return true;
   };
@@ -37,6 +42,7 @@ size_t run_end(const std::vector<Call>& calls, size_t i) {
       if (a.access != Access::read) written.push_back(a.buffer);
     }
   };
+  if (!consistent(calls[i])) return i + 1;
   note(calls[i]);
   size_t j = i + 1;
   for (; j < calls.size() && calls[j].pointwise && consistent(calls[j]); ++j) {

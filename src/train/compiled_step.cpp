@@ -72,6 +72,7 @@ class CompiledStep final : public TrainStep {
 
  private:
   StepResult eager(int64_t step, const std::vector<data::Batch>& micro, double items, double lr) {
+    release_memory();  // with eager's memory, not beside the arena
     StepResult r;
     const Tensor loss = core_.forward_backward(step, micro, items, r);
     core_.finish(step, lr, loss, r);
@@ -142,10 +143,10 @@ class CompiledStep final : public TrainStep {
     }
     Generator& gen = core_.state().dropout_gen;
     const Generator::State g = gen.state();
-    // One arena for every plan (one replays at a time), grown to the largest.
-    if (!arena_ || static_cast<int64_t>(arena_->nbytes()) < p.graph->arena_bytes()) {
-      arena_.reset();  // (after a capture, which released every binding: the old one is freed first)
-      arena_ = std::make_shared<Storage>(static_cast<size_t>(std::max<int64_t>(p.graph->arena_bytes(), 1)),
+    // One arena for every plan (one replays at a time), sized for the largest: after a release (capture,
+    // evaluation, save) it comes back at that size, so it never grows while a smaller one is still bound.
+    if (!arena_) {
+      arena_ = std::make_shared<Storage>(static_cast<size_t>(std::max<int64_t>(largest_arena(), 1)),
                                          ops::allocator_for(dev));
     }
     p.graph->replay(backend::backend_for(dev), g.offset - p.philox_base, arena_);

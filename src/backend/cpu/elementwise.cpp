@@ -217,8 +217,9 @@ void CpuBackend::dropout(const Tensor& x, double p, uint64_t seed, uint64_t offs
   dispatch_float(x.dtype(), "dropout", [&]<typename T>() {
     const T* xp = static_cast<const T*>(x.data_ptr());
     T* yp = static_cast<T*>(y.data_ptr());
-    parallel_range(x.numel(),
-                   [&](int64_t lo, int64_t hi) { dropout_kernel(xp, yp, lo, hi, p, seed, offset); });
+    parallel_range(x.numel(), [&](int64_t lo, int64_t hi) {
+      dropout_kernel(xp + lo, yp + lo, hi - lo, lo, p, seed, offset);
+    });
   });
 }
 

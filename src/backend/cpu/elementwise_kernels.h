@@ -48,16 +48,17 @@ inline void affine_kernel(const T* x, T* y, int64_t n, double alpha, double beta
   for (int64_t i = 0; i < n; ++i) store(y, i, al * load(x, i) + be);
 }
 
-// Dropout of the elements [lo, hi) of a tensor (x, y point at element 0): element i is kept when the uniform
-// of Philox word i of (seed, offset) is >= p, and scaled by 1 / (1 - p). Bound by the Philox rounds.
+// Dropout of n elements that sit at index `first` onward in their tensor: the element of index i is kept
+// when the uniform of Philox word i of (seed, offset) is >= p, and scaled by 1 / (1 - p). Bound by the
+// Philox rounds.
 template <typename T>
-inline void dropout_kernel(const T* x, T* y, int64_t lo, int64_t hi, double p, uint64_t seed,
+inline void dropout_kernel(const T* x, T* y, int64_t n, int64_t first, double p, uint64_t seed,
                            uint64_t offset) {
   using A = acc_t<T>;
   const float pf = static_cast<float>(p);
   const A scale = static_cast<A>(1.0 / (1.0 - p));
-  for (int64_t i = lo; i < hi; ++i) {
-    const bool keep = uniform_from_word(philox_word(seed, offset, static_cast<uint64_t>(i))) >= pf;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool keep = uniform_from_word(philox_word(seed, offset, static_cast<uint64_t>(first + i))) >= pf;
     store(y, i, keep ? load(x, i) * scale : A(0));
   }
 }

@@ -28,9 +28,8 @@ void run_stage(const Stage& s, const T* const* in, T* out, int64_t lo, int64_t n
       dispatch_binary(s.binary, [&]<backend::BinaryOp OP>() { binary_kernel<T, OP>(in[0], in[1], out, n); });
       return;
     case Stage::Kind::affine: affine_kernel(in[0], out, n, s.alpha, s.beta); return;
-    case Stage::Kind::dropout:
-      // The kernel indexes by the element's place in the tensor (its Philox word): shift the pointers back.
-      dropout_kernel(in[0] - lo, out - lo, lo, lo + n, s.alpha, s.seed, s.offset);
+    case Stage::Kind::dropout:  // an element's Philox word is its index in the tensor
+      dropout_kernel(in[0], out, n, lo, s.alpha, s.seed, s.offset);
       return;
   }
 }
@@ -55,7 +54,8 @@ void CpuBackend::fused_elementwise(const std::vector<Stage>& stages, const std::
       TR_CHECK(s.in[j] < nt && (s.in[j] >= 0 || -1 - s.in[j] < k),
                "fused_elementwise: stage {} reads operand {} (tensors: {}, earlier stages: {})", k, s.in[j],
                nt, k);
-    TR_CHECK(s.out < nt, "fused_elementwise: stage {} stores into tensor {} of {}", k, s.out, nt);
+    TR_CHECK(s.out >= -1 && s.out < nt, "fused_elementwise: stage {} stores into tensor {} of {}", k, s.out,
+             nt);
   }
   dispatch_float(dt, "fused_elementwise", [&]<typename T>() {
     std::vector<T*> base(t.size());
