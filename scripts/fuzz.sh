@@ -17,14 +17,15 @@ if [[ "${1:-}" == "--smoke" ]]; then smoke=1; shift; fi
 secs=600
 if ((!smoke)) && [[ "${1:-}" =~ ^[0-9]+$ ]]; then secs=$1; shift; fi
 ((smoke)) && secs=${FUZZ_SMOKE_SECONDS:-5}
-all_targets=(safetensors_header config_json tokenizer_json checkpoint_state optimizer_state args_file token_shard)
+all_targets=(safetensors_header config_json tokenizer_json checkpoint_state optimizer_state args_file token_shard
+             metrics_jsonl)
 targets=("$@")
 ((${#targets[@]})) || targets=("${all_targets[@]}")
 
 # Inputs longer than max_len are cut, so each must hold the largest seed; JSON targets get the dictionary.
 declare -A max_len=([safetensors_header]=4096 [config_json]=4096 [tokenizer_json]=8192 [checkpoint_state]=4096
-                    [optimizer_state]=4096 [args_file]=4096 [token_shard]=4096)
-declare -A dict=([config_json]=1 [tokenizer_json]=1 [checkpoint_state]=1 [args_file]=1)
+                    [optimizer_state]=4096 [args_file]=4096 [token_shard]=4096 [metrics_jsonl]=4096)
+declare -A dict=([config_json]=1 [tokenizer_json]=1 [checkpoint_state]=1 [args_file]=1 [metrics_jsonl]=1)
 
 # No clang or no libFuzzer runtime: skip, loudly (ctest SKIP_RETURN_CODE 77); scripts/setup.sh installs both.
 probe=$(mktemp -d)
@@ -73,6 +74,7 @@ mkdir -p "$run_dir/logs"
 # at the first report; OpenMP stays on one thread (nothing here is parallel work).
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$PWD/fuzz/lsan.supp:print_suppressions=0}"
 export OMP_NUM_THREADS=1
 failed=()
 summary=()

@@ -39,6 +39,8 @@ class CopyStream {
 
 // cuda:0 when a GPU is usable, else the CPU (a CUDA build without a GPU says so once on stderr).
 Device default_device();
+// cuda:<index>'s name ("NVIDIA H200"); empty when there is no such GPU or no CUDA.
+std::string cuda_device_name(int index);
 // One line about the CUDA runtime, driver and devices (or why there is none).
 std::string cuda_summary();
 

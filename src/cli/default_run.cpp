@@ -53,6 +53,7 @@ train::TrainingArguments default_run_arguments() {
   a.weight_decay = 0.1;
   a.max_steps = 500;  // about 1.7 epochs of Moby-Dick: 4-5 minutes on 2 cores
   a.logging_steps = 10;
+  a.report_to = "tensorboard";  // out/default/runs/<time>_<host>: `tensorboard --logdir out/default/runs`
   a.eval_strategy = "steps";
   a.eval_steps = 100;
   a.do_eval = true;

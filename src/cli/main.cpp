@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cmath>
 #include <filesystem>
+#include <sstream>
 
 #include "backend/cuda_api.h"
 #include "cli/default_run.h"
@@ -16,6 +17,8 @@
 #include "train/trainer.h"
 #include "io/safetensors.h"
 #include "models/causal_lm.h"
+#include "report/plot.h"
+#include "report/summary.h"
 
 namespace {
 
@@ -84,6 +87,45 @@ int tokenize(const std::string& tokenizer_path, tr::data::TokenizeOptions o) {
   return 0;
 }
 
+tr::report::RunSummary run_summary(const tr::train::TrainingArguments& a, const tr::train::TrainResult& r) {
+  tr::report::RunSummary s;
+  s.steps = r.steps;
+  s.global_step = r.global_step;
+  s.tokens = r.tokens;
+  s.seconds = r.seconds;
+  s.eval_seconds = r.eval_seconds;
+  s.tokens_per_second = r.tokens_per_second;
+  s.flops_per_token = r.flops_per_token;
+  s.device = r.device_name;
+  s.compute = a.bf16 ? tr::DType::bf16 : a.fp16 ? tr::DType::f16 : tr::DType::f32;
+  s.tf32 = a.tf32;
+  s.peak_bytes = r.peak_bytes;
+  s.train_loss = r.train_loss;
+  s.last_logged_loss = r.last_loss;
+  s.has_eval = !r.evals.empty();
+  if (s.has_eval) s.eval_loss = r.evals.back().loss;
+  s.unigram_baseline = r.unigram_baseline;
+  s.output_dir = a.output_dir;
+  s.curves = r.curves;
+  s.logging_dir = r.logging_dir;
+  return s;
+}
+
+// `trainer plot`: the runs' metrics.jsonl curves in one picture.
+int plot(const std::vector<std::string>& run_dirs, const std::string& output, const std::string& metrics,
+         bool log_scale) {
+  std::vector<tr::report::RunMetrics> runs;
+  for (const auto& d : run_dirs) runs.push_back(tr::report::read_run_metrics(d));
+  tr::report::PlotOptions o;
+  o.log_scale_loss = log_scale;
+  std::stringstream in(metrics);
+  for (std::string m; std::getline(in, m, ',');)
+    if (!m.empty()) o.metrics.push_back(m);
+  tr::report::plot_runs(runs, o, output);
+  std::printf("wrote %s (%zu run%s)\n", output.c_str(), runs.size(), runs.size() == 1 ? "" : "s");
+  return 0;
+}
+
 int run_train(tr::train::TrainingArguments a, bool default_run, tr::cli::StopSignals& signals) {
   tr::train::TrainHooks hooks;
   hooks.should_stop = [&signals] { return signals.stop_requested(); };
@@ -97,6 +139,7 @@ int run_train(tr::train::TrainingArguments a, bool default_run, tr::cli::StopSig
     std::printf("eval_loss %.4f (perplexity %.1f) vs the unigram baseline %.4f (perplexity %.1f)\n",
                 r.evals.back().loss, r.evals.back().perplexity, r.unigram_baseline,
                 std::exp(r.unigram_baseline));
+  std::printf("%s", tr::report::summary_table(run_summary(a, r)).c_str());
   if (default_run) {
     const std::string prompt = "Call me Ishmael.";
     std::printf("sample: %s\n",
@@ -145,6 +188,18 @@ int main(int argc, char** argv) {
   gen_cmd->add_option("--top_k", top_k);
   gen_cmd->add_option("--top_p", top_p);
   gen_cmd->add_option("--seed", gen_seed);
+  auto* plot_cmd = app.add_subcommand("plot", "draw runs' training curves (metrics.jsonl) into a PNG or SVG");
+  std::vector<std::string> plot_runs;
+  std::string plot_output = "training_curves.png", plot_metrics;
+  bool plot_log = false;
+  plot_cmd->add_option("run_dirs", plot_runs, "trainer output_dirs (or metrics.jsonl files), overlaid")
+      ->required();
+  plot_cmd->add_option("--output", plot_output,
+                       "the picture: FILE.png or FILE.svg (default training_curves.png)");
+  plot_cmd->add_option("--metrics", plot_metrics,
+                       "comma-separated panels (default: loss,eval_loss,learning_rate,grad_norm,"
+                       "tokens_per_second, those logged)");
+  plot_cmd->add_flag("--log_scale", plot_log, "loss panels on a log axis");
   auto* tok_cmd = app.add_subcommand("tokenize", "text files -> llm.c token shards (train_*.bin, val_*.bin)");
   std::string tokenizer_path;
   tr::data::TokenizeOptions topts;
@@ -174,6 +229,7 @@ int main(int argc, char** argv) {
   try {
     if (*info_cmd) return info(dir);
     if (*tok_cmd) return tokenize(tokenizer_path, topts);
+    if (*plot_cmd) return plot(plot_runs, plot_output, plot_metrics, plot_log);
     if (*flags_cmd) {
       std::printf("%s", tr::train::flags_markdown().c_str());
       return 0;

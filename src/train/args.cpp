@@ -82,6 +82,12 @@ const std::vector<ArgSpec>& argument_specs() {
        "evaluation and saving"},
       {"logging_steps", &A::logging_steps, "log every N steps (ratio below 1)", "evaluation and saving"},
       {"logging_first_step", &A::logging_first_step, "also log the first step", "evaluation and saving"},
+      {"report_to", &A::report_to,
+       "tensorboard, jsonl, all or none, or a comma-separated list (metrics.jsonl is always written)",
+       "evaluation and saving"},
+      {"logging_dir", &A::logging_dir,
+       "TensorBoard's folder (default: output_dir/runs/<Mon DD_HH-MM-SS>_<host>; a resume keeps the run's)",
+       "evaluation and saving"},
       {"save_strategy", &A::save_strategy, "no, steps or epoch (a checkpoint is also saved at the end)",
        "evaluation and saving"},
       {"save_steps", &A::save_steps, "checkpoint every N steps (ratio below 1)", "evaluation and saving"},
@@ -167,7 +173,39 @@ void check_compile_backend(const std::string& name) {
   fail("--torch_compile_backend: unknown backend '{}'{}; valid: {}", name, did_you_mean(name, valid), list);
 }
 
+// report_to's names: ours, and why HF's other integrations are not (each is a Python library).
+std::vector<std::string> report_names(const std::string& report_to) {
+  static const std::vector<std::string> valid = {"tensorboard", "jsonl", "all", "none"};
+  static const std::vector<std::string> python = {"wandb",      "mlflow",   "comet_ml", "neptune",
+                                                  "clearml",    "dagshub",  "dvclive",  "flyte",
+                                                  "codecarbon", "azure_ml", "swanlab",  "trackio"};
+  std::vector<std::string> names;
+  std::stringstream in(report_to);
+  for (std::string n; std::getline(in, n, ',');) {
+    n.erase(0, n.find_first_not_of(" "));
+    n.erase(n.find_last_not_of(" ") + 1);
+    if (n.empty()) continue;
+    TR_CHECK(std::find(python.begin(), python.end(), n) == python.end(),
+             "--report_to {}: HF's {} integration is a Python library, not available here; valid: "
+             "tensorboard, jsonl, all, none (metrics.jsonl is always written)",
+             n, n);
+    TR_CHECK(std::find(valid.begin(), valid.end(), n) != valid.end(),
+             "--report_to: unknown integration '{}'{}; valid: tensorboard, jsonl, all, none", n,
+             did_you_mean(n, valid));
+    names.push_back(n);
+  }
+  TR_CHECK(names.size() <= 1 || std::find(names.begin(), names.end(), "none") == names.end(),
+           "--report_to {}: 'none' cannot be combined with other integrations", report_to);
+  return names;
+}
+
 }  // namespace
+
+bool TrainingArguments::reports_tensorboard() const {
+  for (const auto& n : report_names(report_to))
+    if (n == "tensorboard" || n == "all") return true;
+  return false;
+}
 
 void TrainingArguments::validate() const {
   TR_CHECK(!output_dir.empty(), "--output_dir is required");
@@ -202,6 +240,7 @@ void TrainingArguments::validate() const {
   check_one_of("optim", optim, optim::optimizer_names());
   optim::parse_optim_args(optim_args);  // throws on a malformed entry
   check_compile_backend(torch_compile_backend);
+  report_names(report_to);  // throws on an unknown integration
   if (!torch_compile_mode.empty())
     check_one_of("torch_compile_mode", torch_compile_mode,
                  {"default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"});
@@ -231,7 +270,16 @@ void TrainingArguments::update_from_json(const nlohmann::json& j, const std::str
                            [&](const ArgSpec& s) { return s.name == key; });
     TR_CHECK(it != argument_specs().end(), "{}: unknown argument '{}'{}", source, key,
              did_you_mean(key, names));
-    if (value.is_null()) continue;  // HF writes None for unset optionals: keep our default
+    if (value.is_null()) continue;                 // HF writes None for unset optionals: keep our default
+    if (key == "report_to" && value.is_array()) {  // HF's training_args.json holds a list
+      std::string joined;
+      for (size_t i = 0; i < value.size(); ++i) {
+        TR_CHECK(value[i].is_string(), "{}: 'report_to'[{}]: expected a string", source, i);
+        joined += (i ? "," : "") + value[i].get<std::string>();
+      }
+      report_to = joined.empty() ? "none" : joined;
+      continue;
+    }
     const JsonField f = root[key];
     std::visit(
         [&](auto m) {

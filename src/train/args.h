@@ -32,6 +32,8 @@ struct TrainingArguments {
   double warmup_ratio = 0;
   double logging_steps = 500;
   bool logging_first_step = false;
+  std::string report_to = "none";    // tensorboard, jsonl, all, none, or a comma-separated list
+  std::string logging_dir;           // empty: output_dir/runs/<time>_<host> (HF's default)
   std::string eval_strategy = "no";  // no | steps | epoch
   double eval_steps = 0;             // 0: logging_steps
   std::string save_strategy = "steps";
@@ -55,6 +57,9 @@ struct TrainingArguments {
 
   // HF's __post_init__ for compile: torch_compile set by a backend or mode, the backend defaulted.
   void apply_compile_defaults();
+
+  // Whether report_to asks for TensorBoard event files ("tensorboard" or "all").
+  bool reports_tensorboard() const;
 
   // Throws naming the flag for contradictory or out-of-range values, suggesting the nearest valid name.
   void validate() const;

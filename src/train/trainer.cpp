@@ -7,14 +7,18 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 
 #include "backend/backend.h"
+#include "backend/cuda_api.h"
 #include "core/file_writer.h"
 #include "data/loader.h"
 #include "models/causal_lm.h"
 #include "ops/ops.h"
 #include "optim/optimizer.h"
+#include "report/plot.h"
+#include "report/tensorboard.h"
 #include "tokenizers/bpe.h"
 #include "train/metrics_log.h"
 #include "train/mixed_precision.h"
@@ -71,6 +75,22 @@ std::string resume_dir(const TrainingArguments& a) {
   return last;
 }
 
+// HF's default logging_dir (output_dir/runs/<time>_<host>); a resumed run keeps the one its output_dir's
+// training_args.json names, so its new event file joins the old ones in one TensorBoard run.
+void resolve_logging_dir(TrainingArguments& a, bool resuming) {
+  if (!a.logging_dir.empty()) return;
+  const fs::path saved = fs::path(a.output_dir) / "training_args.json";
+  if (resuming && fs::exists(saved)) {
+    const auto j = nlohmann::json::parse(std::ifstream(saved), nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("logging_dir") && j["logging_dir"].is_string() &&
+        !j["logging_dir"].get<std::string>().empty()) {
+      a.logging_dir = j["logging_dir"].get<std::string>();
+      return;
+    }
+  }
+  a.logging_dir = report::default_logging_dir(a.output_dir);
+}
+
 // The step counts of a run (HF's: updates per epoch round up, warmup_steps as a count or a ratio).
 struct Schedule {
   int64_t ga = 1, updates_per_epoch = 1, total = 0, warmup = 0, log_every = 1, save_every = 1, eval_every = 1;
@@ -106,8 +126,10 @@ class Run {
   std::vector<data::Batch> next_micro_batches();
   void after_step(int64_t step, const StepResult& s, double lr, int64_t start_step);
   void evaluate_at(int64_t step);
+  void log(const nlohmann::json& entry);
   void save();
   void finish();
+  void draw_curves();
 
   const TrainingArguments& a_;
   const TrainHooks& hooks_;
@@ -126,6 +148,7 @@ class Run {
   TrainerState st_;
   Generator dropout_gen_;
   std::unique_ptr<MetricsLog> metrics_;
+  std::unique_ptr<report::TensorBoardLog> tb_;  // with --report_to tensorboard
   std::unique_ptr<StepWindow> window_;
   TrainResult r_;
   double eval_seconds_ = 0;  // kept out of the training throughput
@@ -175,6 +198,11 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks)
   if (!resume_.empty()) resume();
   metrics_ = std::make_unique<MetricsLog>(a.output_dir, !resume_.empty(), st_.global_step);
   write_json(fs::path(a.output_dir) / "training_args.json", a.to_json());
+  if (a.reports_tensorboard()) {  // as HF's TensorBoardCallback: the arguments and model config as text
+    tb_ = std::make_unique<report::TensorBoardLog>(a.logging_dir, resume_.empty() ? -1 : st_.global_step);
+    tb_->text("args", a.to_json().dump(2));
+    tb_->text("model_config", model_->config().to_json().dump(2));
+  }
   announce();
   r_.per_device_train_batch_size = a.per_device_train_batch_size;
   r_.gradient_accumulation_steps = sched_.ga;
@@ -267,8 +295,7 @@ void Run::evaluate_at(int64_t step) {
   nlohmann::json entry = e.to_json();
   entry["step"] = step;
   entry["epoch"] = sched_.epoch(step);
-  metrics_->write(entry);
-  st_.log_history.push_back(entry);
+  log(entry);
   std::fprintf(stderr, "\neval: step %lld  eval_loss %.4f  perplexity %.2f  (unigram baseline %.4f)\n",
                static_cast<long long>(step), e.loss, e.perplexity, r_.unigram_baseline);
   r_.evals.push_back(e);
@@ -315,7 +342,14 @@ void Run::after_step(int64_t step, const StepResult& s, double lr, int64_t start
     entry["loss_scale"] = mp_->loss_scale();
     entry["skipped_steps"] = st_.skipped_steps;
   }
+  entry["peak_memory_gib"] = static_cast<double>(ops::allocator_for(dev_).stats().peak_bytes) / (1 << 30);
+  log(entry);
+}
+
+// One log entry to everything that records it: metrics.jsonl, TensorBoard, trainer_state's log_history.
+void Run::log(const nlohmann::json& entry) {
   metrics_->write(entry);
+  if (tb_) tb_->log(entry);
   st_.log_history.push_back(entry);
 }
 
@@ -374,9 +408,30 @@ TrainResult Run::train() {
   r_.train_loss = window_->counted_sum() / std::max<int64_t>(1, r_.steps);
   r_.skipped_steps = st_.skipped_steps;
   r_.peak_bytes = ops::allocator_for(dev_).stats().peak_bytes;
+  r_.tokens = tokens_;
+  r_.eval_seconds = eval_seconds_;
+  r_.global_step = total;
+  r_.device_name = dev_.is_cuda() ? backend::cuda_device_name(dev_.index) : "cpu";
+  const auto& c = model_->config();  // nanoGPT's/PaLM's model FLOPs per token: 6N + 12 L H T
+  r_.flops_per_token = 6.0 * static_cast<double>(model_->num_parameters()) +
+                       12.0 * c.num_layers * c.num_heads * c.head_dim * a_.block_size;
+  if (tb_) r_.logging_dir = a_.logging_dir;
   step_fn->release_memory();
   finish();
   return r_;
+}
+
+// output_dir/training_curves.png from metrics.jsonl. The run's results are saved by now, so a picture that
+// cannot be drawn is a warning, not a failed run.
+void Run::draw_curves() {
+  const std::string png = (fs::path(a_.output_dir) / "training_curves.png").string();
+  try {
+    report::PlotOptions po;
+    report::plot_runs({report::read_run_metrics(a_.output_dir)}, po, png);
+    r_.curves = png;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "train: warning: no training_curves.png: %s\n", e.what());
+  }
 }
 
 // The files of a finished run, as HF's Trainer leaves them: results, the final model and tokenizer, state.
@@ -410,6 +465,7 @@ void Run::finish() {
   models::save_pretrained(*model_, a_.output_dir);
   mp_->swap_masters();
   tok_.save((fs::path(a_.output_dir) / "tokenizer.json").string());
+  draw_curves();
   write_json(fs::path(a_.output_dir) / "trainer_state.json",
              {{"global_step", total},
               {"epoch", sched_.epoch(total)},
@@ -435,6 +491,7 @@ TrainResult train(const TrainingArguments& args, const TrainHooks& hooks) {
   check_output_dir(args, resuming);
   TrainingArguments a = args;
   a.apply_compile_defaults();
+  resolve_logging_dir(a, resuming);
   const int64_t effective = a.per_device_train_batch_size * a.gradient_accumulation_steps;
   if (resuming && a.auto_find_batch_size) {  // continue with the batch split the search settled on (as HF)
     const fs::path state = fs::path(resume_dir(a)) / "trainer_state.json";

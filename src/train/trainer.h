@@ -28,6 +28,12 @@ struct TrainResult {
   int64_t per_device_train_batch_size = 0, gradient_accumulation_steps = 0;  // after auto_find_batch_size
   int64_t peak_bytes = 0;       // the training device's allocator peak during training
   double unigram_baseline = 0;  // eval-set cross-entropy of the train-set unigram model (with an eval)
+  int64_t tokens = 0, global_step = 0;
+  double eval_seconds = 0;     // evaluation time, kept out of `seconds`
+  double flops_per_token = 0;  // model FLOPs per trained token (6N + 12 L H T)
+  std::string device_name;     // "cpu" or the GPU's name
+  std::string curves;          // output_dir/training_curves.png when drawn
+  std::string logging_dir;     // TensorBoard's folder when --report_to tensorboard
 };
 
 struct TrainHooks {

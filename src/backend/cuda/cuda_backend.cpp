@@ -609,6 +609,15 @@ Backend& cuda_backend() {
   return cuda::instance();
 }
 
+std::string cuda_device_name(int index) {
+  cudaDeviceProp p{};
+  if (!cuda_available() || cudaGetDeviceProperties(&p, index) != cudaSuccess) {
+    cudaGetLastError();
+    return "";
+  }
+  return p.name;
+}
+
 std::string cuda_summary() {
   int rt = 0, drv = 0;
   cudaRuntimeGetVersion(&rt);
