@@ -102,7 +102,10 @@ TEST(Report, EventFileHoldsExactlyTheEncodedRecords) {
   EXPECT_EQ(recs[0].substr(9), std::string("\x1a\x0d") + "brain.Event:2");
   // Event{wall_time 0.5, step 3, summary{value{tag "a", simple_value 1.0f}}}, byte for byte.
   const std::string half("\x09\x00\x00\x00\x00\x00\x00\xe0\x3f", 9);
-  EXPECT_EQ(recs[1], half + std::string("\x10\x03\x2a\x0a\x0a\x08\x0a\x01" "a" "\x15\x00\x00\x80\x3f", 14));
+  EXPECT_EQ(recs[1], half + std::string("\x10\x03\x2a\x0a\x0a\x08\x0a\x01"
+                                        "a"
+                                        "\x15\x00\x00\x80\x3f",
+                                        14));
   // Event{wall_time 0.5, step 7, session_log{status START}}.
   EXPECT_EQ(recs[2], half + std::string("\x10\x07\x3a\x02\x08\x01", 6));
   // A second writer in the same second takes the next suffix instead of truncating the first file.
@@ -118,7 +121,8 @@ TEST(Report, TagsAndFolderFollowHuggingFace) {
   EXPECT_EQ(m, (std::map<std::string, double>{
                    {"train/loss", 2.5}, {"eval/loss", 3.0}, {"test/x", 1}, {"train/epoch", 0.5}}));
   const std::string dir = report::default_logging_dir("out");
-  EXPECT_TRUE(std::regex_match(dir, std::regex(R"(out/runs/[A-Z][a-z]{2}\d{2}_\d{2}-\d{2}-\d{2}_.+)"))) << dir;
+  EXPECT_TRUE(std::regex_match(dir, std::regex(R"(out/runs/[A-Z][a-z]{2}\d{2}_\d{2}-\d{2}-\d{2}_.+)")))
+      << dir;
 }
 
 TEST(Report, ReportToAcceptsHfNamesAndListsAndRefusesTheRest) {
@@ -147,8 +151,9 @@ TEST(Report, ReportToAcceptsHfNamesAndListsAndRefusesTheRest) {
 
 TEST(Report, MetricsFileReadBackWithClearErrors) {
   const fs::path d = fresh_dir("metrics");
-  write_file((d / "metrics.jsonl").string(),
-             "{\"step\": 2, \"loss\": 3.5, \"learning_rate\": 0.001}\n\n{\"step\": 4, \"eval_loss\": 3.25}\n");
+  write_file(
+      (d / "metrics.jsonl").string(),
+      "{\"step\": 2, \"loss\": 3.5, \"learning_rate\": 0.001}\n\n{\"step\": 4, \"eval_loss\": 3.25}\n");
   const auto r = report::read_run_metrics(d.string());
   EXPECT_EQ(r.name, "trainer_report_metrics");
   EXPECT_EQ(r.series.at("loss"), (std::vector<std::pair<double, double>>{{2, 3.5}}));

@@ -353,8 +353,30 @@ TEST(TrainerMemory, AutoFindBatchSizeKeepsTheEffectiveBatch) {
   cpu_allocator().set_limit(0);
   EXPECT_EQ(r.per_device_train_batch_size, 4);
   EXPECT_EQ(r.gradient_accumulation_steps, 2);
+  EXPECT_EQ(r.batch_retries, 0) << "the estimate picks the fitting split before any out-of-memory";
   ASSERT_EQ(r.losses.size(), ref.losses.size());
   for (size_t i = 0; i < ref.losses.size(); ++i) EXPECT_NEAR(r.losses[i], ref.losses[i], 1e-5) << i;
+  // A prediction that is wrong (here: a hook holds extra memory while batch-4 steps run) still ends in the
+  // out-of-memory retries: batch 4 fails, batch 2 with 4 accumulation steps trains.
+  train::TrainHooks ballast;
+  Tensor held;
+  ballast.on_micro_batch = [&](int64_t, const Tensor& ids) {
+    held = ids.size(0) == 4 ? ops::empty({cap - peak4 + (1 << 20)}, DType::u8, Device::cpu()) : Tensor();
+  };
+  auto c = b;
+  c.output_dir = (s.dir / "mispredicted").string();
+  cpu_allocator().set_limit(cap);
+  try {
+    r = train::train(c, ballast);
+  } catch (...) {
+    cpu_allocator().set_limit(0);
+    throw;
+  }
+  cpu_allocator().set_limit(0);
+  held = Tensor();
+  EXPECT_EQ(r.per_device_train_batch_size, 2);
+  EXPECT_EQ(r.gradient_accumulation_steps, 4);
+  EXPECT_EQ(r.batch_retries, 1);
   b.auto_find_batch_size = false;  // without it, the cap is an error naming the memory
   b.output_dir = (s.dir / "capped_plain").string();
   cpu_allocator().set_limit(cap);

@@ -14,6 +14,7 @@
 #include "cli/flags.h"
 #include "cli/stop_signals.h"
 #include "data/tokenize.h"
+#include "train/estimate.h"
 #include "train/trainer.h"
 #include "io/safetensors.h"
 #include "models/causal_lm.h"
@@ -111,6 +112,65 @@ tr::report::RunSummary run_summary(const tr::train::TrainingArguments& a, const 
   return s;
 }
 
+// `trainer estimate`: the peak memory of a training step, from a dry run on the meta device.
+int estimate(const tr::train::TrainingArguments& a, const std::string& device, const std::string& memory,
+             bool json) {
+  TR_CHECK(device == "cpu",
+           "--device {}: only the CPU's memory is modelled so far (the CUDA caching allocator's rounding is "
+           "not); use --device cpu",
+           device);
+  const auto e = tr::train::estimate_memory(a);
+  const int64_t budget = memory.empty() ? 0 : tr::train::parse_memory_size(memory, "device_memory");
+  const int64_t max_batch = budget > 0 ? tr::train::max_fitting_batch(a, budget) : 0;
+  const auto knobs = budget > 0 ? tr::train::knob_table(a) : std::vector<tr::train::KnobRow>{};
+  auto gib = [](int64_t b) {
+    return fmt::format("{:>10.3f} GiB  {:>15} B", static_cast<double>(b) / (1 << 30), b);
+  };
+  if (json) {
+    nlohmann::json b = nlohmann::json::object();
+    for (const auto& [name, bytes] : e.breakdown) b[name] = bytes;
+    nlohmann::json j{{"device", device},
+                     {"parameters", e.parameters},
+                     {"peak_bytes", e.peak_bytes},
+                     {"peak_at", e.peak_at},
+                     {"eval_peak_bytes", e.eval_peak_bytes},
+                     {"per_device_train_batch_size", e.per_device_train_batch_size},
+                     {"gradient_accumulation_steps", e.gradient_accumulation_steps},
+                     {"breakdown", b}};
+    if (budget > 0) {
+      j["device_memory"] = budget;
+      j["max_per_device_train_batch_size"] = max_batch;
+      for (const auto& k : knobs) j["knobs"][k.knob] = k.peak_bytes;
+    }
+    std::printf("%s\n", j.dump().c_str());
+    return max_batch == 0 && budget > 0 ? 1 : 0;
+  }
+  std::printf("parameters        %lld (%.1fM)\n", static_cast<long long>(e.parameters), e.parameters / 1e6);
+  for (const auto& [name, bytes] : e.breakdown) std::printf("  %-50s %s\n", name.c_str(), gib(bytes).c_str());
+  std::printf("peak              %s  (%s)\n", gib(e.peak_bytes).c_str(), e.peak_at.c_str());
+  if (e.eval_peak_bytes > 0) std::printf("evaluation peak   %s\n", gib(e.eval_peak_bytes).c_str());
+  if (budget == 0) return 0;
+  std::printf("\nwith %s of device memory (%.2f GiB):\n", memory.c_str(),
+              static_cast<double>(budget) / (1 << 30));
+  for (const auto& k : knobs)
+    std::printf("  %-34s %s  %5.2fx  %s\n", k.knob.c_str(), gib(k.peak_bytes).c_str(),
+                static_cast<double>(k.peak_bytes) / static_cast<double>(knobs.front().peak_bytes),
+                k.peak_bytes <= budget ? "fits" : "does not fit");
+  TR_CHECK(
+      max_batch > 0,
+      "no per_device_train_batch_size fits in --device_memory {}: batch 1 needs {:.3f} GiB (table above)",
+      memory,
+      static_cast<double>(tr::train::estimate_memory([&] {
+                            auto t = a;
+                            t.per_device_train_batch_size = 1;
+                            return t;
+                          }())
+                              .peak_bytes) /
+          (1 << 30));
+  std::printf("largest per_device_train_batch_size that fits: %lld\n", static_cast<long long>(max_batch));
+  return 0;
+}
+
 // `trainer plot`: the runs' metrics.jsonl curves in one picture.
 int plot(const std::vector<std::string>& run_dirs, const std::string& output, const std::string& metrics,
          bool log_scale) {
@@ -172,6 +232,17 @@ int main(int argc, char** argv) {
   auto* eval_cmd = app.add_subcommand("eval", "evaluate a model folder: eval_loss and perplexity");
   tr::cli::TrainingFlags eval_flags;
   tr::cli::add_training_flags(eval_cmd, eval_flags);
+  auto* est_cmd = app.add_subcommand(
+      "estimate",
+      "the peak memory of a training step before running it (train's flags; no data, no weights)");
+  tr::cli::TrainingFlags est_flags;
+  tr::cli::add_training_flags(est_cmd, est_flags);
+  std::string est_device = "cpu", est_memory;
+  bool est_json = false;
+  est_cmd->add_option("--device", est_device, "whose memory: cpu");
+  est_cmd->add_flag("--json", est_json, "one JSON object instead of the table");
+  est_cmd->add_option("--device_memory", est_memory,
+                      "memory to fit in (80GB, 24GiB): the largest batch that fits and what each knob buys");
   auto* gen_cmd = app.add_subcommand("generate", "continue a prompt with a model folder");
   std::string gen_model, prompt;
   int64_t max_new_tokens = 50, top_k = 0;
@@ -213,9 +284,12 @@ int main(int argc, char** argv) {
   tok_cmd->add_option("--shard_size", topts.shard_tokens, "tokens per shard (default 100M)");
   tok_cmd->add_option("--num_proc", topts.threads, "threads (default: all)");
   // Unknown train/eval flags get a suggestion (CLI11 only says "not expected").
-  if (argc >= 2 && (std::string(argv[1]) == "train" || std::string(argv[1]) == "eval")) {
-    const std::string msg = tr::cli::unknown_flag_message(std::vector<std::string>(argv + 2, argv + argc),
-                                                          tr::train::argument_names());
+  const std::string sub = argc >= 2 ? argv[1] : "";
+  if (sub == "train" || sub == "eval" || sub == "estimate") {
+    auto names = tr::train::argument_names();
+    if (sub == "estimate") names.insert(names.end(), {"device", "json", "device_memory"});
+    const std::string msg =
+        tr::cli::unknown_flag_message(std::vector<std::string>(argv + 2, argv + argc), names);
     if (!msg.empty()) {
       std::fprintf(stderr, "trainer %s: %s\n", argv[1], msg.c_str());
       return 2;
@@ -230,6 +304,7 @@ int main(int argc, char** argv) {
     if (*info_cmd) return info(dir);
     if (*tok_cmd) return tokenize(tokenizer_path, topts);
     if (*plot_cmd) return plot(plot_runs, plot_output, plot_metrics, plot_log);
+    if (*est_cmd) return estimate(est_flags.resolve(), est_device, est_memory, est_json);
     if (*flags_cmd) {
       std::printf("%s", tr::train::flags_markdown().c_str());
       return 0;

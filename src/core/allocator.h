@@ -38,6 +38,9 @@ class Allocator {
   // beyond it throws OutOfMemoryError with the breakdown. auto_find_batch_size and its tests use it.
   void set_limit(int64_t bytes);
   int64_t limit() const;
+  // Bytes this device can hold at most, where known (a GPU's memory, under its memory fraction); 0 for the
+  // host and meta devices. auto_find_batch_size sizes its first batch from limit() or this.
+  virtual int64_t capacity() const { return 0; }
 
  protected:
   // Throws OutOfMemoryError when `nbytes` more would pass the cap.

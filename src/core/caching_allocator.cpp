@@ -195,6 +195,8 @@ void CachingAllocatorCore::empty_cache() {
   release_free_segments();
 }
 
+size_t CachingAllocatorCore::capacity() const { return limit_ ? limit_ : backend_.total_memory; }
+
 void CachingAllocatorCore::set_memory_fraction(double fraction) {
   TR_CHECK(fraction > 0 && fraction <= 1, "memory fraction must be in (0, 1], got {}", fraction);
   std::lock_guard<std::mutex> g(mu_);

@@ -63,6 +63,8 @@ class CachingAllocatorCore {
   void empty_cache();
   // Caps reserved memory at fraction x total_memory (0 < fraction <= 1; 1: no cap beyond the device).
   void set_memory_fraction(double fraction);
+  // What reserved memory may grow to: the memory-fraction cap, else the device's memory.
+  size_t capacity() const;
   CachingAllocatorStats stats() const;
   void reset_peak();
   // Size of the block behind ptr (rounded), for accounting.

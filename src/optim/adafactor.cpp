@@ -230,6 +230,9 @@ void Adafactor::step() {
   for (auto& s : slots_) {
     const Tensor g = detail::gradient("Adafactor", s.name, *s.param);
     if (!g.defined()) continue;  // as transformers: parameters without a gradient are skipped
+    // A meta dry run (`trainer estimate`) models the CPU, whose update below allocates its scratch outside
+    // the allocator: nothing to count. (A GPU estimate would follow update_with_ops instead.)
+    if (s.param->device().is_meta()) continue;
     if (tensor_ops_ || !s.param->device().is_cpu())
       update_with_ops(s, g);
     else if (s.param->dtype() == DType::f32)

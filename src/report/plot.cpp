@@ -50,10 +50,11 @@ std::vector<double> linear_ticks(double lo, double hi, int target) {
 std::vector<double> log_ticks(double lo, double hi) {
   std::vector<double> t;
   if (!(lo > 0) || !(hi >= lo) || !std::isfinite(hi)) return t;
-  for (const auto& mantissas : {std::vector<double>{1, 2, 5}, std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8, 9}}) {
+  for (const auto& mantissas :
+       {std::vector<double>{1, 2, 5}, std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8, 9}}) {
     t.clear();
-    for (int k = static_cast<int>(std::floor(std::log10(lo))); k <= static_cast<int>(std::ceil(std::log10(hi)));
-         ++k)
+    for (int k = static_cast<int>(std::floor(std::log10(lo)));
+         k <= static_cast<int>(std::ceil(std::log10(hi))); ++k)
       for (double m : mantissas) {
         const double v = m * std::pow(10.0, k);
         if (v >= lo * (1 - 1e-9) && v <= hi * (1 + 1e-9)) t.push_back(v);
@@ -124,14 +125,22 @@ Axes panel_axes(const std::vector<RunMetrics>& runs, const std::string& metric, 
   }
   // A margin inside the frame, so end points and their markers are not cut by it.
   const double xpad = (xr.hi - xr.lo) * 0.02, ypad = (yr.hi - yr.lo) * 0.05;
-  return {ox + 72, oy + 34, o.panel_width - 72.0 - 18, o.panel_height - 34.0 - 46, xr.lo - xpad, xr.hi + xpad,
-          yr.lo - ypad, yr.hi + ypad, log_y};
+  return {ox + 72,
+          oy + 34,
+          o.panel_width - 72.0 - 18,
+          o.panel_height - 34.0 - 46,
+          xr.lo - xpad,
+          xr.hi + xpad,
+          yr.lo - ypad,
+          yr.hi + ypad,
+          log_y};
 }
 
 void draw_frame(cairo_t* cr, const Axes& a, const std::string& metric) {
   // Grid and ticks.
   const auto xt = linear_ticks(a.x0, a.x1, 6);
-  const auto yt = a.log_y ? log_ticks(std::pow(10.0, a.y0), std::pow(10.0, a.y1)) : linear_ticks(a.y0, a.y1, 5);
+  const auto yt =
+      a.log_y ? log_ticks(std::pow(10.0, a.y0), std::pow(10.0, a.y1)) : linear_ticks(a.y0, a.y1, 5);
   cairo_set_line_width(cr, 1);
   cairo_set_source_rgb(cr, 0.88, 0.88, 0.88);
   for (double x : xt) {
@@ -233,8 +242,8 @@ const std::vector<std::string>& default_plot_metrics() {
 }
 
 std::array<double, 3> run_colour(size_t i) {
-  static const int rgb[10][3] = {{31, 119, 180}, {255, 127, 14}, {44, 160, 44},   {214, 39, 40},
-                                 {148, 103, 189}, {140, 86, 75}, {227, 119, 194}, {127, 127, 127},
+  static const int rgb[10][3] = {{31, 119, 180},  {255, 127, 14}, {44, 160, 44},   {214, 39, 40},
+                                 {148, 103, 189}, {140, 86, 75},  {227, 119, 194}, {127, 127, 127},
                                  {188, 189, 34},  {23, 190, 207}};
   const int* c = rgb[i % 10];
   return {c[0] / 255.0, c[1] / 255.0, c[2] / 255.0};
@@ -249,10 +258,10 @@ void plot_runs(const std::vector<RunMetrics>& runs, const PlotOptions& o, const 
   const double legend = 36, width = cols * o.panel_width, height = legend + rows * o.panel_height;
   std::string bytes;
   using SurfacePtr = std::unique_ptr<cairo_surface_t, decltype(&cairo_surface_destroy)>;
-  SurfacePtr surface(svg ? cairo_svg_surface_create_for_stream(append_bytes, &bytes, width, height)
-                         : cairo_image_surface_create(CAIRO_FORMAT_RGB24, static_cast<int>(width),
-                                                      static_cast<int>(height)),
-                     cairo_surface_destroy);
+  SurfacePtr surface(
+      svg ? cairo_svg_surface_create_for_stream(append_bytes, &bytes, width, height)
+          : cairo_image_surface_create(CAIRO_FORMAT_RGB24, static_cast<int>(width), static_cast<int>(height)),
+      cairo_surface_destroy);
   TR_CHECK(cairo_surface_status(surface.get()) == CAIRO_STATUS_SUCCESS, "plot: cairo cannot make a {}x{} {}",
            width, height, svg ? "SVG" : "PNG");
   {

@@ -33,8 +33,8 @@ RunMetrics read_run_metrics(const std::string& run_dir) {
     const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     TR_CHECK(j.is_object(), "{}:{}: not a JSON object (a metrics.jsonl line is one)", r.file, line_no);
     const auto step = j.find("step");
-    TR_CHECK(step != j.end() && step->is_number_integer(), "{}:{}: field 'step': expected an integer",
-             r.file, line_no);
+    TR_CHECK(step != j.end() && step->is_number_integer(), "{}:{}: field 'step': expected an integer", r.file,
+             line_no);
     const double x = static_cast<double>(step->get<int64_t>());
     for (auto it = j.begin(); it != j.end(); ++it)
       if (it.key() != "step" && it.value().is_number())

@@ -15,9 +15,9 @@ double peak_flops(const std::string& device, DType compute, bool tf32) {
     double half, tf32, f32;
   };
   static const Peak table[] = {
-      {"H200", 989.4e12, 494.7e12, 66.9e12},     {"H100 PCIe", 756.0e12, 378.0e12, 51.2e12},
-      {"H100", 989.4e12, 494.7e12, 66.9e12},     {"A100", 312.0e12, 156.0e12, 19.5e12},
-      {"L40S", 362.1e12, 183.0e12, 91.6e12},     {"L4", 121.0e12, 60.0e12, 30.3e12},
+      {"H200", 989.4e12, 494.7e12, 66.9e12}, {"H100 PCIe", 756.0e12, 378.0e12, 51.2e12},
+      {"H100", 989.4e12, 494.7e12, 66.9e12}, {"A100", 312.0e12, 156.0e12, 19.5e12},
+      {"L40S", 362.1e12, 183.0e12, 91.6e12}, {"L4", 121.0e12, 60.0e12, 30.3e12},
   };
   for (const auto& p : table)
     if (device.find(p.name) != std::string::npos)
@@ -37,30 +37,34 @@ std::string duration(double s) {
 
 std::string summary_table(const RunSummary& s) {
   std::string t = "\nrun summary\n";
-  auto row = [&](const char* name, const std::string& value) { t += fmt::format("  {:<13}{}\n", name, value); };
+  auto row = [&](const char* name, const std::string& value) {
+    t += fmt::format("  {:<13}{}\n", name, value);
+  };
   row("steps", fmt::format("{} (global step {})", s.steps, s.global_step));
   row("tokens", fmt::format("{}", s.tokens));
-  row("wall time", duration(s.seconds) + (s.eval_seconds > 0 ? fmt::format(" training, {} evaluation",
-                                                                             duration(s.eval_seconds))
-                                                              : std::string(" training")));
+  row("wall time", duration(s.seconds) +
+                       (s.eval_seconds > 0 ? fmt::format(" training, {} evaluation", duration(s.eval_seconds))
+                                           : std::string(" training")));
   row("tokens/s", fmt::format("{:.0f}", s.tokens_per_second));
   const double peak = peak_flops(s.device, s.compute, s.tf32);
   const std::string precision = s.compute == DType::f32    ? (s.tf32 ? "tf32" : "fp32")
                                 : s.compute == DType::bf16 ? "bf16"
                                                            : "fp16";
   if (peak > 0 && s.flops_per_token > 0)
-    row("MFU", fmt::format("{:.1f}% of {}'s {:.0f} TFLOP/s ({})",
-                           100 * s.tokens_per_second * s.flops_per_token / peak, s.device, peak / 1e12,
-                           precision));
+    row("MFU",
+        fmt::format("{:.1f}% of {}'s {:.0f} TFLOP/s ({})",
+                    100 * s.tokens_per_second * s.flops_per_token / peak, s.device, peak / 1e12, precision));
   else
     row("MFU", fmt::format("n/a: the peak FLOP/s of {} is not known ({:.3g} GFLOP/s of model math done)",
                            s.device, s.tokens_per_second * s.flops_per_token / 1e9));
-  row("peak memory", fmt::format("{:.3f} GiB on {}", static_cast<double>(s.peak_bytes) / (1 << 30), s.device));
-  row("train loss", fmt::format("{:.4f} (mean of the run; last logged {:.4f})", s.train_loss, s.last_logged_loss));
+  row("peak memory",
+      fmt::format("{:.3f} GiB on {}", static_cast<double>(s.peak_bytes) / (1 << 30), s.device));
+  row("train loss",
+      fmt::format("{:.4f} (mean of the run; last logged {:.4f})", s.train_loss, s.last_logged_loss));
   if (s.has_eval)
-    row("eval loss", fmt::format("{:.4f} vs the unigram baseline {:.4f} (perplexity {:.1f} vs {:.1f})",
-                                 s.eval_loss, s.unigram_baseline, std::exp(s.eval_loss),
-                                 std::exp(s.unigram_baseline)));
+    row("eval loss",
+        fmt::format("{:.4f} vs the unigram baseline {:.4f} (perplexity {:.1f} vs {:.1f})", s.eval_loss,
+                    s.unigram_baseline, std::exp(s.eval_loss), std::exp(s.unigram_baseline)));
   row("model", s.output_dir);
   row("metrics", s.output_dir + "/metrics.jsonl");
   if (!s.curves.empty()) row("curves", s.curves);

@@ -29,7 +29,9 @@ void put_varint(std::string& out, uint64_t v) {
   out.push_back(static_cast<char>(v));
 }
 
-void put_key(std::string& out, int field, int wire) { put_varint(out, static_cast<uint64_t>(field) << 3 | wire); }
+void put_key(std::string& out, int field, int wire) {
+  put_varint(out, static_cast<uint64_t>(field) << 3 | wire);
+}
 
 void put_int(std::string& out, int field, int64_t v) {
   put_key(out, field, 0);
@@ -111,7 +113,8 @@ void EventFileWriter::add_text(const std::string& tag, const std::string& text, 
   std::string plugin, metadata;
   put_bytes(plugin, 1, "text");
   put_bytes(metadata, 1, plugin);
-  // TensorProto { dtype = 1 (DT_STRING = 7), tensor_shape = 2: { dim = 2: { size = 1: 1 } }, string_val = 8 }.
+  // TensorProto { dtype = 1 (DT_STRING = 7), tensor_shape = 2: { dim = 2: { size = 1: 1 } }, string_val = 8
+  // }.
   std::string dim, shape, tensor;
   put_int(dim, 1, 1);
   put_bytes(shape, 2, dim);

@@ -10,14 +10,16 @@ namespace tr::train {
 
 namespace fs = std::filesystem;
 
-namespace {
-
 models::ModelConfig config_for(const std::string& name) {
   if (fs::is_directory(name))
     return models::ModelConfig::from_file((fs::path(name) / "config.json").string());
-  if (fs::is_regular_file(name)) return models::ModelConfig::from_file(name);
+  // A path (a file that may be missing) is read as one, so its error names the file, not the built-ins.
+  if (fs::is_regular_file(name) || name.find('/') != std::string::npos || name.ends_with(".json"))
+    return models::ModelConfig::from_file(name);
   return models::ModelConfig::builtin(name);
 }
+
+namespace {
 
 bool is_shards(const std::string& f) { return f.size() > 4 && f.substr(f.size() - 4) == ".bin"; }
 

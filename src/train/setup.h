@@ -15,6 +15,9 @@
 namespace tr::train {
 
 tokenizers::Tokenizer load_tokenizer(const TrainingArguments& a);
+// A model's config: an HF folder's config.json, a config.json file, or a built-in name (gpt2, llama-60m,
+// ...).
+models::ModelConfig config_for(const std::string& name);
 
 // From `weights_dir` when given (a checkpoint or HF folder), else from --model_name_or_path, else a fresh
 // model of --config_name initialized from `gen` (Philox: the same bits on every device). Always f32 (mixed

@@ -11,6 +11,8 @@
 namespace tr::train {
 
 std::vector<double> host_values(const Tensor& t) {
+  // A dry run (`trainer estimate`) has no values: its statistics read as zeros (no skip, no clipping).
+  if (t.device().is_meta()) return std::vector<double>(static_cast<size_t>(t.numel()), 0.0);
   Tensor h = ops::contiguous(ops::to_dtype(ops::to_device(t, Device::cpu()), DType::f64));
   return {h.data<double>(), h.data<double>() + h.numel()};
 }

@@ -23,6 +23,7 @@
 #include "train/metrics_log.h"
 #include "train/mixed_precision.h"
 #include "train/run_lock.h"
+#include "train/estimate.h"
 #include "train/setup.h"
 
 namespace tr::train {
@@ -73,6 +74,36 @@ std::string resume_dir(const TrainingArguments& a) {
   const std::string last = latest_checkpoint(a.output_dir);
   TR_CHECK(!last.empty(), "--resume_from_checkpoint true: no checkpoint-N folder in {}", a.output_dir);
   return last;
+}
+
+// auto_find_batch_size, with a memory budget (the allocator's cap less what the process holds, or a GPU's
+// memory): the largest divisor of the effective batch, up to the batch given, whose estimated peak fits
+// becomes the first try, so the search starts where it would end instead of at an OOM. Returns that peak (0:
+// no budget, or nothing fits - the OOM retries decide then).
+int64_t predict_batch_split(TrainingArguments& a, int64_t effective) {
+  const Allocator& al = ops::allocator_for(training_device(a));
+  const int64_t budget = al.limit() > 0 ? al.limit() - al.stats().current_bytes : al.capacity();
+  if (budget <= 0) return 0;
+  for (int64_t bs = a.per_device_train_batch_size; bs >= 1; --bs) {  // as HF: the batch given, or smaller
+    if (effective % bs != 0) continue;
+    TrainingArguments t = a;
+    t.per_device_train_batch_size = bs;
+    t.gradient_accumulation_steps = effective / bs;
+    const int64_t peak = estimate_memory(t).peak_bytes;
+    if (peak > budget) continue;
+    std::fprintf(stderr,
+                 "auto_find_batch_size: per_device_train_batch_size %lld x gradient_accumulation_steps %lld "
+                 "(estimated peak %.3f GiB of %.3f GiB)\n",
+                 static_cast<long long>(bs), static_cast<long long>(effective / bs),
+                 static_cast<double>(peak) / (1 << 30), static_cast<double>(budget) / (1 << 30));
+    a.per_device_train_batch_size = bs;
+    a.gradient_accumulation_steps = effective / bs;
+    return peak;
+  }
+  std::fprintf(stderr,
+               "auto_find_batch_size: no split of the batch of %lld is estimated to fit in %.3f GiB\n",
+               static_cast<long long>(effective), static_cast<double>(budget) / (1 << 30));
+  return 0;
 }
 
 // HF's default logging_dir (output_dir/runs/<time>_<host>); a resumed run keeps the one its output_dir's
@@ -503,19 +534,30 @@ TrainResult train(const TrainingArguments& args, const TrainHooks& hooks) {
       }
     }
   }
-  for (;;) {
+  int64_t predicted = 0;  // the estimate's peak for the split it chose (auto_find_batch_size with a budget)
+  if (a.auto_find_batch_size && !resuming) predicted = predict_batch_split(a, effective);
+  for (int64_t retries = 0;; ++retries) {
     try {
-      return Run(a, hooks).train();
+      TrainResult r = Run(a, hooks).train();
+      r.batch_retries = retries;
+      return r;
     } catch (const OutOfMemoryError& e) {
       if (!a.auto_find_batch_size) throw;
       const int64_t bs = smaller_batch(a.per_device_train_batch_size, effective);
       if (bs == 0) throw;
+      // A wrong prediction says by how much: the estimate against what was in use when the allocation failed.
+      const std::string note =
+          predicted > 0 ? fmt::format("; the estimate predicted a peak of {:.3f} GiB for this split",
+                                      static_cast<double>(predicted) / (1 << 30))
+                        : "";
+      predicted = 0;
       std::fprintf(
           stderr,
-          "\nauto_find_batch_size: out of memory with per_device_train_batch_size %lld (%s); retrying "
+          "\nauto_find_batch_size: out of memory with per_device_train_batch_size %lld (%s%s); retrying "
           "with %lld and gradient_accumulation_steps %lld (effective batch %lld kept)\n",
-          static_cast<long long>(a.per_device_train_batch_size), e.what(), static_cast<long long>(bs),
-          static_cast<long long>(effective / bs), static_cast<long long>(effective));
+          static_cast<long long>(a.per_device_train_batch_size), e.what(), note.c_str(),
+          static_cast<long long>(bs), static_cast<long long>(effective / bs),
+          static_cast<long long>(effective));
       a.per_device_train_batch_size = bs;
       a.gradient_accumulation_steps = effective / bs;
       ops::allocator_for(training_device(a)).empty_cache();

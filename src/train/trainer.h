@@ -26,6 +26,7 @@ struct TrainResult {
   int64_t cache_releases = 0;     // torch_empty_cache_steps releases
   int64_t cache_bytes_released = 0;
   int64_t per_device_train_batch_size = 0, gradient_accumulation_steps = 0;  // after auto_find_batch_size
+  int64_t batch_retries = 0;    // auto_find_batch_size: runs restarted after an out-of-memory
   int64_t peak_bytes = 0;       // the training device's allocator peak during training
   double unigram_baseline = 0;  // eval-set cross-entropy of the train-set unigram model (with an eval)
   int64_t tokens = 0, global_step = 0;

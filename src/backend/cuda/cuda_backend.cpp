@@ -73,6 +73,7 @@ class CudaAllocator final : public Allocator {
   }
   Device device() const override { return Device::cuda(index_); }
   void empty_cache() override { core_.empty_cache(); }
+  int64_t capacity() const override { return static_cast<int64_t>(core_.capacity()); }
   CachingAllocatorCore& core() { return core_; }
 
  private:

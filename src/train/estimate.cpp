@@ -1,0 +1,221 @@
+// `trainer estimate` on the meta device; see estimate.h.
+#include "train/estimate.h"
+
+#include <fmt/format.h>
+
+#include <cctype>
+#include <string>
+
+#include "autograd/node.h"
+#include "core/allocator.h"
+#include "ops/ops.h"
+#include "train/mixed_precision.h"
+#include "train/setup.h"
+#include "train/train_step.h"
+
+namespace tr::train {
+
+namespace {
+
+int64_t bytes_of(const std::vector<Tensor>& ts) {
+  int64_t n = 0;
+  for (const auto& t : ts)
+    if (t.defined()) n += static_cast<int64_t>(t.nbytes());
+  return n;
+}
+
+// A micro-batch as the DataLoader hands it to the step: one int64 [B, T] tensor on the device (input_ids ==
+// labels), its labels on the host for the label count (all predicted: no -100 in packed blocks).
+data::Batch meta_batch(int64_t batch, int64_t block) {
+  data::Batch b;
+  b.input_ids = b.labels = ops::empty({batch, block}, DType::i64, Device::meta());
+  b.host_labels = ops::zeros({batch, block}, DType::i64, Device::cpu());
+  return b;
+}
+
+// Where the meta allocator's peak rose: call mark(label) at the end of each phase.
+class PeakTracker {
+ public:
+  void mark(const std::string& phase) {
+    const int64_t peak = meta_allocator().stats().peak_bytes;
+    if (peak > last_) {
+      last_ = peak;
+      where_ = phase;
+    }
+  }
+  int64_t peak() const { return last_; }
+  const std::string& where() const { return where_; }
+
+ private:
+  int64_t last_ = 0;
+  std::string where_ = "set-up";
+};
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const TrainingArguments& args) {
+  TrainingArguments a = args;
+  a.apply_compile_defaults();
+  TR_CHECK(a.model_name_or_path.empty() != a.config_name.empty(),
+           "give exactly one of --model_name_or_path (its config.json is read, not its weights) and "
+           "--config_name");
+  // What validate() checks, less the files estimate does not read.
+  if (a.output_dir.empty()) a.output_dir = "estimate";
+  if (a.train_file.empty()) a.train_file = "(not read)";
+  a.validate();
+  const auto config = config_for(!a.config_name.empty() ? a.config_name : a.model_name_or_path);
+  TR_CHECK(a.block_size <= config.max_position_embeddings, "--block_size {} exceeds the model's {} positions",
+           a.block_size, config.max_position_embeddings);
+
+  MetaAllocator& meta = meta_allocator();
+  meta.reset_peak();
+  const int64_t base = meta.stats().current_bytes;  // meta tensors of the caller, not of this run
+  MemoryEstimate e;
+  e.per_device_train_batch_size = a.per_device_train_batch_size;
+  e.gradient_accumulation_steps = a.gradient_accumulation_steps;
+  Generator init(a.seed), dropout(a.seed);
+  auto model = models::create_causal_lm(config, Device::meta(), DType::f32, init, a.attn_implementation);
+  e.parameters = model->num_parameters();
+  const DType compute = a.bf16 ? DType::bf16 : a.fp16 ? DType::f16 : DType::f32;
+  MixedPrecision mp(model->named_parameters(), compute, a.fp16);
+  model->set_dtype(compute);
+  optim::OptimizerOptions oo;
+  oo.lr = a.learning_rate;
+  oo.weight_decay = a.weight_decay;
+  oo.args = optim::parse_optim_args(a.optim_args);
+  auto opt = optim::make_optimizer(a.optim, mp.master_params(), oo);
+
+  std::vector<Tensor> weights, masters;
+  for (const auto& [name, p] : model->named_parameters()) weights.push_back(*p);
+  if (mp.enabled())
+    for (const auto& [name, p] : mp.master_params()) masters.push_back(*p);
+
+  PeakTracker tracker;
+  tracker.mark("set-up (weights, masters)");
+  StepOptions so;
+  so.gradient_checkpointing = a.gradient_checkpointing;
+  so.max_grad_norm = a.max_grad_norm;
+  so.device = Device::meta();
+  int64_t micro_now = 0;
+  so.on_micro_batch = [&](int64_t step, const Tensor&) {
+    if (micro_now > 0)
+      tracker.mark(fmt::format("forward/backward of micro-batch {} of step {}", micro_now, step + 1));
+    ++micro_now;
+  };
+  so.after_backward = [&](int64_t step, const nn::ParamList&) {
+    tracker.mark(fmt::format("forward/backward of micro-batch {} of step {}", micro_now, step + 1));
+  };
+  const StepState ss{*model, mp, *opt, dropout};
+  auto step_fn = make_eager_step(ss, so);
+  // Two steps: the first makes the optimizer state, the second is the steady state with it.
+  for (int64_t step = 0; step < 2; ++step) {
+    micro_now = 0;
+    std::vector<data::Batch> micro;
+    for (int64_t m = 0; m < a.gradient_accumulation_steps; ++m)
+      micro.push_back(meta_batch(a.per_device_train_batch_size, a.block_size));
+    step_fn->run(step, micro, a.learning_rate);
+    tracker.mark(fmt::format("optimizer step {} (gradient statistics, update, half copies)", step + 1));
+  }
+  const int64_t state = opt->state_bytes();
+  // Loader workers hold up to prefetch_factor (2) queued batches each, plus the one each builds (host memory:
+  // the device's on the CPU).
+  const int64_t batch_bytes = a.per_device_train_batch_size * a.block_size * 8;
+  const int64_t prefetch = a.dataloader_num_workers * (2 + 1) * batch_bytes;
+  if (a.do_eval || a.eval_strategy != "no") {  // a no-grad forward of one evaluation batch
+    meta.reset_peak();
+    {
+      autograd::NoGradGuard no_grad;
+      const data::Batch b = meta_batch(a.per_device_eval_batch_size, a.block_size);
+      models::ForwardOptions fo;
+      fo.labels = b.labels;
+      fo.num_items_in_batch = 1.0;
+      fo.return_logits = false;
+      model->forward(b.input_ids, fo);
+    }
+    // The loader's workers are still holding their batches while an evaluation runs inside the loop.
+    e.eval_peak_bytes = meta.stats().peak_bytes - base + prefetch;
+    // Evaluations inside the loop (eval_strategy) count in train_peak_memory_gib; the final one of --do_eval
+    // runs after it is taken.
+  }
+  e.peak_bytes = tracker.peak() - base + prefetch;
+  e.peak_at = tracker.where();
+  if (a.eval_strategy != "no" && e.eval_peak_bytes > e.peak_bytes) {
+    e.peak_bytes = e.eval_peak_bytes;
+    e.peak_at = "evaluation forward (eval_strategy)";
+  }
+  const int64_t grads = bytes_of(weights);  // one gradient per parameter, in the compute dtype
+  e.breakdown = {{"weights", bytes_of(weights)},
+                 {"fp32 masters", bytes_of(masters)},
+                 {"optimizer state", state},
+                 {"data batches (one step)", a.gradient_accumulation_steps * batch_bytes},
+                 {"data loader prefetch", prefetch}};
+  int64_t persistent = 0;
+  for (const auto& [name, b] : e.breakdown) persistent += b;
+  e.breakdown.emplace_back("gradients (all, for reference)", grads);
+  e.breakdown.emplace_back("activations, gradients and workspace at the peak", e.peak_bytes - persistent);
+  return e;
+}
+
+int64_t parse_memory_size(const std::string& text, const std::string& flag) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = text.substr(used);
+  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  static const std::vector<std::pair<std::string, double>> units = {
+      {"", 1},          {"B", 1},           {"KB", 1e3},          {"MB", 1e6},         {"GB", 1e9},
+      {"TB", 1e12},     {"KIB", 1024.0},    {"MIB", 1048576.0},   {"GIB", 1073741824.0},
+      {"TIB", 1099511627776.0}};
+  for (const auto& [name, scale] : units)
+    if (used > 0 && unit == name && v > 0 && v * scale < 9.2e18) return static_cast<int64_t>(v * scale);
+  fail("--{} '{}': expected a positive size such as 80GB, 24GiB or 512MB", flag, text);
+}
+
+int64_t max_fitting_batch(const TrainingArguments& a, int64_t budget) {
+  auto fits = [&](int64_t b) {
+    TrainingArguments t = a;
+    t.per_device_train_batch_size = b;
+    return estimate_memory(t).peak_bytes <= budget;
+  };
+  if (!fits(1)) return 0;
+  int64_t lo = 1, hi = 2;  // fits(lo), and hi is the next candidate
+  while (hi <= (int64_t{1} << 20) && fits(hi)) {
+    lo = hi;
+    hi *= 2;
+  }
+  while (hi - lo > 1) {  // fits(lo), !fits(hi)
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+std::vector<KnobRow> knob_table(const TrainingArguments& a) {
+  std::vector<std::pair<std::string, TrainingArguments>> rows = {{"as given", a}};
+  auto with = [&](const std::string& knob, auto change) {
+    TrainingArguments t = a;
+    change(t);
+    rows.emplace_back(knob, t);
+  };
+  if (!a.gradient_checkpointing) with("gradient_checkpointing", [](auto& t) { t.gradient_checkpointing = true; });
+  if (!a.bf16 && !a.fp16) with("bf16", [](auto& t) { t.bf16 = true; });
+  if (a.optim != "adamw_bnb_8bit" && a.optim != "adamw_8bit")
+    with("optim adamw_bnb_8bit", [](auto& t) { t.optim = "adamw_bnb_8bit"; });
+  if (a.optim != "adafactor") with("optim adafactor", [](auto& t) { t.optim = "adafactor"; });
+  if (a.per_device_train_batch_size % 2 == 0)
+    with(fmt::format("batch {} x accumulation {}", a.per_device_train_batch_size / 2,
+                     a.gradient_accumulation_steps * 2),
+         [](auto& t) {
+           t.per_device_train_batch_size /= 2;
+           t.gradient_accumulation_steps *= 2;
+         });
+  std::vector<KnobRow> out;
+  for (const auto& [knob, t] : rows) out.push_back({knob, estimate_memory(t).peak_bytes});
+  return out;
+}
+
+}  // namespace tr::train

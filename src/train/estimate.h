@@ -1,0 +1,46 @@
+// `trainer estimate`: the memory of a training step before it runs. The model is built on the meta device
+// (every op allocates exactly what it would on the CPU, no data, no weights) and two full optimizer steps
+// run there - forward and backward of every micro-batch, gradient statistics, the optimizer (its state made
+// on the first step), the half weight copies - plus an evaluation forward when the run evaluates. The meta
+// allocator's peak is the CPU run's train_peak_memory_gib x 2^30.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "train/args.h"
+
+namespace tr::train {
+
+struct MemoryEstimate {
+  int64_t parameters = 0;
+  int64_t peak_bytes = 0;   // what train_results.json's train_peak_memory_gib measures (x 2^30)
+  std::string peak_at;      // the phase holding the peak ("forward/backward of micro-batch 2 of step 1", ...)
+  int64_t eval_peak_bytes = 0;  // during an evaluation (0 without one); in peak_bytes with eval_strategy only,
+                                // as the final --do_eval evaluation runs after train_peak_memory_gib is taken
+  // name -> bytes, in the order printed: weights, fp32 masters, gradients, optimizer state, data batches,
+  // activations and workspace at the peak (the rest of the peak).
+  std::vector<std::pair<std::string, int64_t>> breakdown;
+  int64_t per_device_train_batch_size = 0, gradient_accumulation_steps = 0;
+};
+
+// The estimate for `a` (validated as `trainer train` would, less the data and tokenizer files, which it does
+// not need). Throws naming the flag for a config that cannot be built.
+MemoryEstimate estimate_memory(const TrainingArguments& a);
+
+// "80GB" (10^9), "24GiB" (2^30), "512MB", "1.5TB", or plain bytes; throws naming `flag` otherwise.
+int64_t parse_memory_size(const std::string& text, const std::string& flag);
+
+// The largest per_device_train_batch_size (other flags as given) whose estimate fits in `budget` bytes,
+// searched over predictions (doubling, then bisection); 0 when not even batch 1 fits.
+int64_t max_fitting_batch(const TrainingArguments& a, int64_t budget);
+
+// The guide's knobs, one at a time on top of `a`: the predicted peak of each (first row: `a` itself).
+struct KnobRow {
+  std::string knob;
+  int64_t peak_bytes = 0;
+};
+std::vector<KnobRow> knob_table(const TrainingArguments& a);
+
+}  // namespace tr::train

@@ -1,0 +1,168 @@
+// `trainer estimate` (issue 13): the meta-device dry run predicts the peak a real CPU run measures
+// (train_peak_memory_gib x 2^30), exactly, across models, precisions, optimizers, checkpointing,
+// accumulation, loader workers and evaluation; the batch search and the knob table agree with real runs.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "core/allocator.h"
+#include "core/error.h"
+#include "train/estimate.h"
+#include "train/trainer.h"
+#include "train_scratch.h"
+
+using namespace tr;
+
+namespace {
+
+struct EstimateCase {
+  const char* name;
+  bool llama;
+  void (*setup)(train::TrainingArguments&);
+};
+
+const char* kLlama = R"({"model_type": "llama", "vocab_size": 50257, "hidden_size": 32, "intermediate_size": 64,
+  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
+  "tie_word_embeddings": false})";
+
+class EstimateMatchesRun : public ::testing::TestWithParam<EstimateCase> {};
+
+TEST_P(EstimateMatchesRun, PeakBytesExactly) {
+  const auto& c = GetParam();
+  Scratch s(std::string("estimate_") + c.name);
+  if (c.llama) std::ofstream(s.dir / "config.json") << kLlama;
+  auto a = s.args("run");
+  a.max_steps = 3;
+  c.setup(a);
+  const auto e = train::estimate_memory(a);
+  const auto r = train::train(a);
+  EXPECT_EQ(e.peak_bytes, r.peak_bytes) << c.name << ": predicted at " << e.peak_at;
+  EXPECT_GT(e.parameters, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cpu, EstimateMatchesRun,
+    ::testing::Values(
+        EstimateCase{"gpt2_fp32_adamw", false, [](train::TrainingArguments&) {}},
+        EstimateCase{"gpt2_bf16_checkpointing", false,
+                     [](train::TrainingArguments& a) {
+                       a.bf16 = true;
+                       a.gradient_checkpointing = true;
+                     }},
+        EstimateCase{"gpt2_fp16_accumulation", false,
+                     [](train::TrainingArguments& a) {
+                       a.fp16 = true;
+                       a.gradient_accumulation_steps = 3;
+                     }},
+        EstimateCase{"gpt2_adafactor_checkpointing", false,
+                     [](train::TrainingArguments& a) {
+                       a.optim = "adafactor";
+                       a.gradient_checkpointing = true;
+                     }},
+        EstimateCase{"gpt2_sgd_bf16", false,
+                     [](train::TrainingArguments& a) {
+                       a.optim = "sgd";
+                       a.bf16 = true;
+                     }},
+        EstimateCase{"gpt2_8bit_eager_attention", false,
+                     [](train::TrainingArguments& a) {
+                       a.optim = "adamw_bnb_8bit";
+                       a.attn_implementation = "eager";
+                     }},
+        EstimateCase{"gpt2_eval_steps_workers", false,
+                     [](train::TrainingArguments& a) {
+                       a.eval_strategy = "steps";
+                       a.eval_steps = 2;
+                       a.per_device_eval_batch_size = 4;  // full batches: the split holds 7 blocks
+                       a.dataloader_num_workers = 2;
+                     }},
+        EstimateCase{"llama_fp32_adamw", true, [](train::TrainingArguments&) {}},
+        EstimateCase{"llama_bf16_8bit_checkpointing", true,
+                     [](train::TrainingArguments& a) {
+                       a.bf16 = true;
+                       a.optim = "adamw_bnb_8bit";
+                       a.gradient_checkpointing = true;
+                     }},
+        EstimateCase{"llama_fp16_adafactor_accumulation", true,
+                     [](train::TrainingArguments& a) {
+                       a.fp16 = true;
+                       a.optim = "adafactor";
+                       a.gradient_accumulation_steps = 2;
+                     }}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// The largest batch the search predicts trains under an allocator cap of that budget; one more runs out.
+TEST(Estimate, TheLargestFittingBatchFitsAndTheNextDoesNot) {
+  Scratch s("estimate_fit");
+  auto a = s.args("run");
+  a.max_steps = 2;
+  a.save_strategy = "no";
+  const int64_t budget = train::estimate_memory(a).peak_bytes * 3;  // room for a few times the batch
+  const int64_t best = train::max_fitting_batch(a, budget);
+  ASSERT_GT(best, a.per_device_train_batch_size);
+  auto at = a;
+  at.per_device_train_batch_size = best;
+  auto over = a;
+  over.per_device_train_batch_size = best + 1;
+  over.output_dir += "_over";
+  EXPECT_LE(train::estimate_memory(at).peak_bytes, budget);
+  EXPECT_GT(train::estimate_memory(over).peak_bytes, budget);
+  Allocator& cpu = cpu_allocator();
+  cpu.set_limit(budget + cpu.stats().current_bytes);  // what this process holds already is not the run's
+  EXPECT_NO_THROW(train::train(at));
+  EXPECT_THROW(train::train(over), OutOfMemoryError);
+  cpu.set_limit(0);
+  EXPECT_EQ(train::max_fitting_batch(a, 1000), 0) << "nothing fits in 1000 bytes";
+}
+
+// auto_find_batch_size under a cap starts from the largest split the estimate fits: no out-of-memory first.
+TEST(Estimate, AutoFindBatchSizeStartsFromThePrediction) {
+  Scratch s("estimate_auto");
+  auto a = s.args("run");
+  a.max_steps = 2;
+  a.save_strategy = "no";
+  a.per_device_train_batch_size = 16;
+  a.auto_find_batch_size = true;
+  auto split = [&](int64_t bs) {
+    auto t = a;
+    t.per_device_train_batch_size = bs;
+    t.gradient_accumulation_steps = 16 / bs;
+    return train::estimate_memory(t).peak_bytes;
+  };
+  const int64_t budget = (split(4) + split(8)) / 2;
+  ASSERT_LT(split(4), budget);
+  Allocator& cpu = cpu_allocator();
+  cpu.set_limit(budget + cpu.stats().current_bytes);
+  train::TrainResult r;
+  try {
+    r = train::train(a);
+  } catch (...) {
+    cpu.set_limit(0);
+    throw;
+  }
+  cpu.set_limit(0);
+  EXPECT_EQ(r.per_device_train_batch_size, 4);
+  EXPECT_EQ(r.gradient_accumulation_steps, 4);
+  EXPECT_EQ(r.batch_retries, 0);
+  EXPECT_EQ(r.peak_bytes, split(4));
+}
+
+TEST(Estimate, KnobTableAndSizes) {
+  Scratch s("estimate_knobs");
+  auto a = s.args("run");
+  a.per_device_train_batch_size = 8;
+  const auto rows = train::knob_table(a);
+  ASSERT_EQ(rows.size(), 6u);
+  EXPECT_EQ(rows[0].knob, "as given");
+  EXPECT_EQ(rows[0].peak_bytes, train::estimate_memory(a).peak_bytes);
+  for (const auto& r : rows) EXPECT_GT(r.peak_bytes, 0) << r.knob;
+  EXPECT_LT(rows[5].peak_bytes, rows[0].peak_bytes) << rows[5].knob << ": half the batch holds less";
+  EXPECT_EQ(train::parse_memory_size("80GB", "device_memory"), 80'000'000'000);
+  EXPECT_EQ(train::parse_memory_size("24GiB", "device_memory"), int64_t{24} << 30);
+  EXPECT_EQ(train::parse_memory_size("1.5gb", "device_memory"), 1'500'000'000);
+  EXPECT_EQ(train::parse_memory_size("4096", "device_memory"), 4096);
+  for (const char* bad : {"", "lots", "80XB", "-1GB", "GB", "1e30TB"})
+    EXPECT_THROW(train::parse_memory_size(bad, "device_memory"), Error) << bad;
+}
+
+}  // namespace
