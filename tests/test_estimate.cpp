@@ -21,7 +21,8 @@ struct EstimateCase {
   void (*setup)(train::TrainingArguments&);
 };
 
-const char* kLlama = R"({"model_type": "llama", "vocab_size": 50257, "hidden_size": 32, "intermediate_size": 64,
+const char* kLlama =
+    R"({"model_type": "llama", "vocab_size": 50257, "hidden_size": 32, "intermediate_size": 64,
   "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
   "tie_word_embeddings": false})";
 
@@ -42,53 +43,53 @@ TEST_P(EstimateMatchesRun, PeakBytesExactly) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cpu, EstimateMatchesRun,
-    ::testing::Values(
-        EstimateCase{"gpt2_fp32_adamw", false, [](train::TrainingArguments&) {}},
-        EstimateCase{"gpt2_bf16_checkpointing", false,
-                     [](train::TrainingArguments& a) {
-                       a.bf16 = true;
-                       a.gradient_checkpointing = true;
-                     }},
-        EstimateCase{"gpt2_fp16_accumulation", false,
-                     [](train::TrainingArguments& a) {
-                       a.fp16 = true;
-                       a.gradient_accumulation_steps = 3;
-                     }},
-        EstimateCase{"gpt2_adafactor_checkpointing", false,
-                     [](train::TrainingArguments& a) {
-                       a.optim = "adafactor";
-                       a.gradient_checkpointing = true;
-                     }},
-        EstimateCase{"gpt2_sgd_bf16", false,
-                     [](train::TrainingArguments& a) {
-                       a.optim = "sgd";
-                       a.bf16 = true;
-                     }},
-        EstimateCase{"gpt2_8bit_eager_attention", false,
-                     [](train::TrainingArguments& a) {
-                       a.optim = "adamw_bnb_8bit";
-                       a.attn_implementation = "eager";
-                     }},
-        EstimateCase{"gpt2_eval_steps_workers", false,
-                     [](train::TrainingArguments& a) {
-                       a.eval_strategy = "steps";
-                       a.eval_steps = 2;
-                       a.per_device_eval_batch_size = 4;  // full batches: the split holds 7 blocks
-                       a.dataloader_num_workers = 2;
-                     }},
-        EstimateCase{"llama_fp32_adamw", true, [](train::TrainingArguments&) {}},
-        EstimateCase{"llama_bf16_8bit_checkpointing", true,
-                     [](train::TrainingArguments& a) {
-                       a.bf16 = true;
-                       a.optim = "adamw_bnb_8bit";
-                       a.gradient_checkpointing = true;
-                     }},
-        EstimateCase{"llama_fp16_adafactor_accumulation", true,
-                     [](train::TrainingArguments& a) {
-                       a.fp16 = true;
-                       a.optim = "adafactor";
-                       a.gradient_accumulation_steps = 2;
-                     }}),
+    ::testing::Values(EstimateCase{"gpt2_fp32_adamw", false, [](train::TrainingArguments&) {}},
+                      EstimateCase{"gpt2_bf16_checkpointing", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.bf16 = true;
+                                     a.gradient_checkpointing = true;
+                                   }},
+                      EstimateCase{"gpt2_fp16_accumulation", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.fp16 = true;
+                                     a.gradient_accumulation_steps = 3;
+                                   }},
+                      EstimateCase{"gpt2_adafactor_checkpointing", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.optim = "adafactor";
+                                     a.gradient_checkpointing = true;
+                                   }},
+                      EstimateCase{"gpt2_sgd_bf16", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.optim = "sgd";
+                                     a.bf16 = true;
+                                   }},
+                      EstimateCase{"gpt2_8bit_eager_attention", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.optim = "adamw_bnb_8bit";
+                                     a.attn_implementation = "eager";
+                                   }},
+                      EstimateCase{"gpt2_eval_steps_workers", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.eval_strategy = "steps";
+                                     a.eval_steps = 2;
+                                     a.per_device_eval_batch_size =
+                                         4;  // full batches: the split holds 7 blocks
+                                     a.dataloader_num_workers = 2;
+                                   }},
+                      EstimateCase{"llama_fp32_adamw", true, [](train::TrainingArguments&) {}},
+                      EstimateCase{"llama_bf16_8bit_checkpointing", true,
+                                   [](train::TrainingArguments& a) {
+                                     a.bf16 = true;
+                                     a.optim = "adamw_bnb_8bit";
+                                     a.gradient_checkpointing = true;
+                                   }},
+                      EstimateCase{"llama_fp16_adafactor_accumulation", true,
+                                   [](train::TrainingArguments& a) {
+                                     a.fp16 = true;
+                                     a.optim = "adafactor";
+                                     a.gradient_accumulation_steps = 2;
+                                   }}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // The largest batch the search predicts trains under an allocator cap of that budget; one more runs out.
@@ -145,6 +146,50 @@ TEST(Estimate, AutoFindBatchSizeStartsFromThePrediction) {
   EXPECT_EQ(r.gradient_accumulation_steps, 4);
   EXPECT_EQ(r.batch_retries, 0);
   EXPECT_EQ(r.peak_bytes, split(4));
+}
+
+// --per_device_train_batch_size auto with --total_batch_size: the largest power of two that fits the cap, the
+// accumulation making up the total.
+TEST(Estimate, AutoBatchIsTheLargestFittingPowerOfTwo) {
+  Scratch s("estimate_auto_pow2");
+  auto a = s.args("run");
+  a.max_steps = 2;
+  a.save_strategy = "no";
+  a.per_device_train_batch_size = train::kAutoBatch;
+  a.total_batch_size = "512tokens";  // 16 sequences of 32
+  EXPECT_EQ(a.total_batch_sequences(), 16);
+  auto split = [&](int64_t bs) {
+    auto t = a;
+    t.per_device_train_batch_size = bs;
+    t.gradient_accumulation_steps = 16 / bs;
+    return train::estimate_memory(t).peak_bytes;
+  };
+  const int64_t budget = (split(4) + split(8)) / 2;
+  const auto c = train::auto_batch(a, budget);
+  EXPECT_EQ(c.batch, 4);
+  EXPECT_EQ(c.accumulation, 4);
+  Allocator& cpu = cpu_allocator();
+  cpu.set_limit(budget + cpu.stats().current_bytes);
+  train::TrainResult r;
+  try {
+    r = train::train(a);
+  } catch (...) {
+    cpu.set_limit(0);
+    throw;
+  }
+  cpu.set_limit(0);
+  EXPECT_EQ(r.per_device_train_batch_size, 4);
+  EXPECT_EQ(r.gradient_accumulation_steps, 4);
+  EXPECT_EQ(r.peak_bytes, split(4));
+  // The flag's forms, and what is refused.
+  a.update_from_json({{"per_device_train_batch_size", "auto"}, {"total_batch_size", "64"}}, "args.json");
+  EXPECT_EQ(a.per_device_train_batch_size, train::kAutoBatch);
+  EXPECT_EQ(a.total_batch_sequences(), 64);
+  EXPECT_THROW(a.update_from_json({{"per_device_train_batch_size", "many"}}, "args.json"), Error);
+  for (const char* bad : {"abc", "0", "-8", "100tokens", "16 sequences"}) {
+    a.total_batch_size = bad;
+    EXPECT_THROW(a.total_batch_sequences(), Error) << bad;
+  }
 }
 
 TEST(Estimate, KnobTableAndSizes) {

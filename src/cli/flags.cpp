@@ -15,6 +15,8 @@ void add_training_flags(CLI::App* cmd, TrainingFlags& f) {
           opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // argparse: the last one wins
           if constexpr (std::is_same_v<T, bool>)  // `--bf16` alone means true; the help shows the choice
             opt->expected(0, 1)->default_str("true")->option_text("[true|false]");
+          if (s.name == "per_device_train_batch_size")  // `auto` (ours): chosen by the memory estimate
+            opt->transform([](std::string v) { return v == "auto" ? std::to_string(train::kAutoBatch) : v; });
           return opt;
         },
         s.member);

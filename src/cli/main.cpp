@@ -113,14 +113,23 @@ tr::report::RunSummary run_summary(const tr::train::TrainingArguments& a, const 
 }
 
 // `trainer estimate`: the peak memory of a training step, from a dry run on the meta device.
-int estimate(const tr::train::TrainingArguments& a, const std::string& device, const std::string& memory,
+int estimate(tr::train::TrainingArguments a, const std::string& device, const std::string& memory,
              bool json) {
   TR_CHECK(device == "cpu",
            "--device {}: only the CPU's memory is modelled so far (the CUDA caching allocator's rounding is "
            "not); use --device cpu",
            device);
-  const auto e = tr::train::estimate_memory(a);
   const int64_t budget = memory.empty() ? 0 : tr::train::parse_memory_size(memory, "device_memory");
+  if (a.per_device_train_batch_size == tr::train::kAutoBatch && budget > 0) {  // what `train` would pick
+    const auto c = tr::train::auto_batch(a, budget);
+    TR_CHECK(c.batch > 0, "--per_device_train_batch_size auto: not even batch 1 fits in --device_memory {}",
+             memory);
+    a.per_device_train_batch_size = c.batch;
+    a.gradient_accumulation_steps = c.accumulation;
+  } else if (a.total_batch_sequences() > 0 && a.per_device_train_batch_size > 0) {
+    a.gradient_accumulation_steps = a.total_batch_sequences() / a.per_device_train_batch_size;
+  }
+  const auto e = tr::train::estimate_memory(a);
   const int64_t max_batch = budget > 0 ? tr::train::max_fitting_batch(a, budget) : 0;
   const auto knobs = budget > 0 ? tr::train::knob_table(a) : std::vector<tr::train::KnobRow>{};
   auto gib = [](int64_t b) {

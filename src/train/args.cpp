@@ -42,7 +42,13 @@ const std::vector<ArgSpec>& argument_specs() {
        "training"},
       {"overwrite_output_dir", &A::overwrite_output_dir,
        "allow an output_dir that already holds a trained model or checkpoints", "training"},
-      {"per_device_train_batch_size", &A::per_device_train_batch_size, "sequences per micro-batch",
+      {"per_device_train_batch_size", &A::per_device_train_batch_size,
+       "sequences per micro-batch, or auto: the largest power of two the memory estimate fits (a GPU's "
+       "memory; on the CPU the allocator's cap or the memory available)",
+       "training"},
+      {"total_batch_size", &A::total_batch_size,
+       "ours: sequences (64) or tokens (65536tokens) per optimizer step; gradient_accumulation_steps becomes "
+       "it divided by per_device_train_batch_size",
        "training"},
       {"gradient_accumulation_steps", &A::gradient_accumulation_steps,
        "micro-batches per optimizer step (loss normalized by the label tokens of the whole step)",
@@ -201,6 +207,27 @@ std::vector<std::string> report_names(const std::string& report_to) {
 
 }  // namespace
 
+int64_t TrainingArguments::total_batch_sequences() const {
+  if (total_batch_size.empty()) return 0;
+  size_t used = 0;
+  int64_t n = 0;
+  try {
+    n = std::stoll(total_batch_size, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = total_batch_size.substr(used);
+  unit.erase(0, unit.find_first_not_of(' '));
+  TR_CHECK(used > 0 && n > 0 && (unit.empty() || unit == "tokens"),
+           "--total_batch_size '{}': expected a positive number of sequences (64) or of tokens (65536tokens)",
+           total_batch_size);
+  if (unit.empty()) return n;
+  TR_CHECK(n % block_size == 0,
+           "--total_batch_size {}: {} tokens are not a whole number of --block_size {} sequences",
+           total_batch_size, n, block_size);
+  return n / block_size;
+}
+
 bool TrainingArguments::reports_tensorboard() const {
   for (const auto& n : report_names(report_to))
     if (n == "tensorboard" || n == "all") return true;
@@ -212,8 +239,13 @@ void TrainingArguments::validate() const {
   TR_CHECK(model_name_or_path.empty() != config_name.empty(),
            "give exactly one of --model_name_or_path (fine-tune) and --config_name (train from scratch)");
   TR_CHECK(!train_file.empty(), "--train_file is required");
-  TR_CHECK(per_device_train_batch_size > 0, "--per_device_train_batch_size must be positive, got {}",
-           per_device_train_batch_size);
+  TR_CHECK(per_device_train_batch_size > 0 || per_device_train_batch_size == kAutoBatch,
+           "--per_device_train_batch_size must be positive or auto, got {}", per_device_train_batch_size);
+  const int64_t total = total_batch_sequences();  // throws on a malformed value
+  TR_CHECK(
+      total == 0 || per_device_train_batch_size == kAutoBatch || total % per_device_train_batch_size == 0,
+      "--total_batch_size {} ({} sequences) is not a multiple of --per_device_train_batch_size {}",
+      total_batch_size, total, per_device_train_batch_size);
   TR_CHECK(per_device_eval_batch_size > 0, "--per_device_eval_batch_size must be positive, got {}",
            per_device_eval_batch_size);
   TR_CHECK(gradient_accumulation_steps > 0, "--gradient_accumulation_steps must be positive, got {}",
@@ -270,7 +302,13 @@ void TrainingArguments::update_from_json(const nlohmann::json& j, const std::str
                            [&](const ArgSpec& s) { return s.name == key; });
     TR_CHECK(it != argument_specs().end(), "{}: unknown argument '{}'{}", source, key,
              did_you_mean(key, names));
-    if (value.is_null()) continue;                 // HF writes None for unset optionals: keep our default
+    if (value.is_null()) continue;  // HF writes None for unset optionals: keep our default
+    if (key == "per_device_train_batch_size" && value.is_string()) {
+      TR_CHECK(value.get<std::string>() == "auto",
+               "{}: 'per_device_train_batch_size': expected a number or \"auto\"", source);
+      per_device_train_batch_size = kAutoBatch;
+      continue;
+    }
     if (key == "report_to" && value.is_array()) {  // HF's training_args.json holds a list
       std::string joined;
       for (size_t i = 0; i < value.size(); ++i) {

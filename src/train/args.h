@@ -11,6 +11,9 @@
 
 namespace tr::train {
 
+// --per_device_train_batch_size auto: the largest power of two the memory estimate fits (trainer.cpp).
+inline constexpr int64_t kAutoBatch = -1;
+
 struct TrainingArguments {
   // model and data (run_clm's names)
   std::string model_name_or_path, config_name, tokenizer_name, train_file, validation_file;
@@ -21,7 +24,8 @@ struct TrainingArguments {
   std::string output_dir;
   bool overwrite_output_dir = false;
   bool do_eval = false;
-  int64_t per_device_train_batch_size = 8, per_device_eval_batch_size = 8;
+  int64_t per_device_train_batch_size = 8, per_device_eval_batch_size = 8;  // train: kAutoBatch = "auto"
+  std::string total_batch_size;  // ours: sequences ("64") or tokens ("65536tokens") per optimizer step
   int64_t gradient_accumulation_steps = 1;
   double learning_rate = 5e-5, weight_decay = 0.0, adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;
   double max_grad_norm = 1.0;
@@ -58,6 +62,8 @@ struct TrainingArguments {
   // HF's __post_init__ for compile: torch_compile set by a backend or mode, the backend defaulted.
   void apply_compile_defaults();
 
+  // --total_batch_size in sequences (tokens / block_size); 0 when not given. Throws naming the flag.
+  int64_t total_batch_sequences() const;
   // Whether report_to asks for TensorBoard event files ("tensorboard" or "all").
   bool reports_tensorboard() const;
 

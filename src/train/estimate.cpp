@@ -62,7 +62,11 @@ MemoryEstimate estimate_memory(const TrainingArguments& args) {
   // What validate() checks, less the files estimate does not read.
   if (a.output_dir.empty()) a.output_dir = "estimate";
   if (a.train_file.empty()) a.train_file = "(not read)";
+  a.total_batch_size.clear();  // the batch and accumulation are taken as given (callers resolved the total)
   a.validate();
+  TR_CHECK(a.per_device_train_batch_size > 0,
+           "--per_device_train_batch_size auto is chosen against a memory budget: give --device_memory, or a "
+           "number");
   const auto config = config_for(!a.config_name.empty() ? a.config_name : a.model_name_or_path);
   TR_CHECK(a.block_size <= config.max_position_embeddings, "--block_size {} exceeds the model's {} positions",
            a.block_size, config.max_position_embeddings);
@@ -167,9 +171,8 @@ int64_t parse_memory_size(const std::string& text, const std::string& flag) {
   std::string unit = text.substr(used);
   for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   static const std::vector<std::pair<std::string, double>> units = {
-      {"", 1},          {"B", 1},           {"KB", 1e3},          {"MB", 1e6},         {"GB", 1e9},
-      {"TB", 1e12},     {"KIB", 1024.0},    {"MIB", 1048576.0},   {"GIB", 1073741824.0},
-      {"TIB", 1099511627776.0}};
+      {"", 1},      {"B", 1},        {"KB", 1e3},        {"MB", 1e6},           {"GB", 1e9},
+      {"TB", 1e12}, {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}, {"TIB", 1099511627776.0}};
   for (const auto& [name, scale] : units)
     if (used > 0 && unit == name && v > 0 && v * scale < 9.2e18) return static_cast<int64_t>(v * scale);
   fail("--{} '{}': expected a positive size such as 80GB, 24GiB or 512MB", flag, text);
@@ -194,6 +197,21 @@ int64_t max_fitting_batch(const TrainingArguments& a, int64_t budget) {
   return lo;
 }
 
+BatchChoice auto_batch(const TrainingArguments& a, int64_t budget) {
+  const int64_t total = a.total_batch_sequences();
+  BatchChoice best;
+  for (int64_t b = 1; b <= (total > 0 ? total : int64_t{1} << 20); b *= 2) {
+    if (total > 0 && total % b != 0) break;  // powers of two past the largest one dividing the total
+    TrainingArguments t = a;
+    t.per_device_train_batch_size = b;
+    t.gradient_accumulation_steps = total > 0 ? total / b : a.gradient_accumulation_steps;
+    const int64_t peak = estimate_memory(t).peak_bytes;
+    if (peak > budget) break;  // the peak grows with the batch
+    best = {b, t.gradient_accumulation_steps, peak};
+  }
+  return best;
+}
+
 std::vector<KnobRow> knob_table(const TrainingArguments& a) {
   std::vector<std::pair<std::string, TrainingArguments>> rows = {{"as given", a}};
   auto with = [&](const std::string& knob, auto change) {
@@ -201,7 +219,8 @@ std::vector<KnobRow> knob_table(const TrainingArguments& a) {
     change(t);
     rows.emplace_back(knob, t);
   };
-  if (!a.gradient_checkpointing) with("gradient_checkpointing", [](auto& t) { t.gradient_checkpointing = true; });
+  if (!a.gradient_checkpointing)
+    with("gradient_checkpointing", [](auto& t) { t.gradient_checkpointing = true; });
   if (!a.bf16 && !a.fp16) with("bf16", [](auto& t) { t.bf16 = true; });
   if (a.optim != "adamw_bnb_8bit" && a.optim != "adamw_8bit")
     with("optim adamw_bnb_8bit", [](auto& t) { t.optim = "adamw_bnb_8bit"; });

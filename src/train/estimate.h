@@ -15,10 +15,11 @@ namespace tr::train {
 
 struct MemoryEstimate {
   int64_t parameters = 0;
-  int64_t peak_bytes = 0;   // what train_results.json's train_peak_memory_gib measures (x 2^30)
-  std::string peak_at;      // the phase holding the peak ("forward/backward of micro-batch 2 of step 1", ...)
-  int64_t eval_peak_bytes = 0;  // during an evaluation (0 without one); in peak_bytes with eval_strategy only,
-                                // as the final --do_eval evaluation runs after train_peak_memory_gib is taken
+  int64_t peak_bytes = 0;  // what train_results.json's train_peak_memory_gib measures (x 2^30)
+  std::string peak_at;     // the phase holding the peak ("forward/backward of micro-batch 2 of step 1", ...)
+  int64_t eval_peak_bytes =
+      0;  // during an evaluation (0 without one); in peak_bytes with eval_strategy only,
+          // as the final --do_eval evaluation runs after train_peak_memory_gib is taken
   // name -> bytes, in the order printed: weights, fp32 masters, gradients, optimizer state, data batches,
   // activations and workspace at the peak (the rest of the peak).
   std::vector<std::pair<std::string, int64_t>> breakdown;
@@ -35,6 +36,14 @@ int64_t parse_memory_size(const std::string& text, const std::string& flag);
 // The largest per_device_train_batch_size (other flags as given) whose estimate fits in `budget` bytes,
 // searched over predictions (doubling, then bisection); 0 when not even batch 1 fits.
 int64_t max_fitting_batch(const TrainingArguments& a, int64_t budget);
+
+// --per_device_train_batch_size auto: the largest power of two whose estimate fits in `budget` bytes, with
+// gradient_accumulation_steps from --total_batch_size when given (the batch must divide it), else as given.
+// batch 0 when not even 1 fits.
+struct BatchChoice {
+  int64_t batch = 0, accumulation = 1, peak_bytes = 0;
+};
+BatchChoice auto_batch(const TrainingArguments& a, int64_t budget);
 
 // The guide's knobs, one at a time on top of `a`: the predicted peak of each (first row: `a` itself).
 struct KnobRow {

@@ -106,6 +106,55 @@ int64_t predict_batch_split(TrainingArguments& a, int64_t effective) {
   return 0;
 }
 
+// What a run may use for --per_device_train_batch_size auto: the allocator's cap less what is held, a GPU's
+// memory, or on the host what the kernel reports available (MemAvailable).
+int64_t auto_batch_budget(Device dev) {
+  const Allocator& al = ops::allocator_for(dev);
+  if (al.limit() > 0) return al.limit() - al.stats().current_bytes;
+  if (al.capacity() > 0) return al.capacity();
+  std::ifstream in("/proc/meminfo");
+  for (std::string key; in >> key;) {
+    int64_t kib = 0;
+    in >> kib;
+    if (key == "MemAvailable:") return kib * 1024;
+    in.ignore(1 << 10, '\n');
+  }
+  return 0;
+}
+
+// --per_device_train_batch_size auto and --total_batch_size (ours) into a batch and an accumulation.
+void resolve_batch(TrainingArguments& a, bool resuming) {
+  const int64_t total = a.total_batch_sequences();
+  if (a.per_device_train_batch_size != kAutoBatch) {
+    if (total > 0) a.gradient_accumulation_steps = total / a.per_device_train_batch_size;
+    return;
+  }
+  if (resuming) {  // the split the run started with (its memory may differ now; the data order must not)
+    const fs::path state = fs::path(resume_dir(a)) / "trainer_state.json";
+    const auto [bs, ga] = read_batch_split(read_json_file(state.string()), state.string());
+    TR_CHECK(bs > 0 && ga > 0, "{}: no train_batch_size to resume --per_device_train_batch_size auto with",
+             state.string());
+    a.per_device_train_batch_size = bs;
+    a.gradient_accumulation_steps = ga;
+    return;
+  }
+  const int64_t budget = auto_batch_budget(training_device(a));
+  TR_CHECK(budget > 0, "--per_device_train_batch_size auto: no memory budget is known for {}; give a number",
+           training_device(a).str());
+  const BatchChoice c = auto_batch(a, budget);
+  TR_CHECK(c.batch > 0,
+           "--per_device_train_batch_size auto: not even batch 1 is estimated to fit in {:.3f} GiB",
+           static_cast<double>(budget) / (1 << 30));
+  std::fprintf(
+      stderr,
+      "per_device_train_batch_size auto: %lld x gradient_accumulation_steps %lld (estimated peak %.3f GiB "
+      "of %.3f GiB)\n",
+      static_cast<long long>(c.batch), static_cast<long long>(c.accumulation),
+      static_cast<double>(c.peak_bytes) / (1 << 30), static_cast<double>(budget) / (1 << 30));
+  a.per_device_train_batch_size = c.batch;
+  a.gradient_accumulation_steps = c.accumulation;
+}
+
 // HF's default logging_dir (output_dir/runs/<time>_<host>); a resumed run keeps the one its output_dir's
 // training_args.json names, so its new event file joins the old ones in one TensorBoard run.
 void resolve_logging_dir(TrainingArguments& a, bool resuming) {
@@ -523,6 +572,7 @@ TrainResult train(const TrainingArguments& args, const TrainHooks& hooks) {
   TrainingArguments a = args;
   a.apply_compile_defaults();
   resolve_logging_dir(a, resuming);
+  resolve_batch(a, resuming);
   const int64_t effective = a.per_device_train_batch_size * a.gradient_accumulation_steps;
   if (resuming && a.auto_find_batch_size) {  // continue with the batch split the search settled on (as HF)
     const fs::path state = fs::path(resume_dir(a)) / "trainer_state.json";
