@@ -23,13 +23,17 @@ F = descriptor_pb2.FieldDescriptorProto
 def schema():
     fdp = descriptor_pb2.FileDescriptorProto(name="tb_test.proto", package="tbtest", syntax="proto3")
 
-    def message(name, fields):
+    def message(name, fields, oneof=None):
         m = fdp.message_type.add(name=name)
+        if oneof:  # TensorFlow's oneofs keep a zero value on the wire (a 0.0 simple_value is encoded)
+            m.oneof_decl.add(name=oneof[0])
         for fname, number, ftype, repeated, type_name in fields:
             f = m.field.add(name=fname, number=number, type=ftype,
                             label=F.LABEL_REPEATED if repeated else F.LABEL_OPTIONAL)
             if type_name:
                 f.type_name = ".tbtest." + type_name
+            if oneof and fname in oneof[1]:
+                f.oneof_index = 0
 
     message("Dim", [("size", 1, F.TYPE_INT64, False, None), ("name", 2, F.TYPE_STRING, False, None)])
     message("Shape", [("dim", 2, F.TYPE_MESSAGE, True, "Dim")])
@@ -38,15 +42,18 @@ def schema():
     message("PluginData", [("plugin_name", 1, F.TYPE_STRING, False, None), ("content", 2, F.TYPE_BYTES, False, None)])
     message("Metadata", [("plugin_data", 1, F.TYPE_MESSAGE, False, "PluginData"),
                          ("display_name", 2, F.TYPE_STRING, False, None)])
-    message("Value", [("tag", 1, F.TYPE_STRING, False, None), ("simple_value", 2, F.TYPE_FLOAT, False, None),
-                      ("node_name", 7, F.TYPE_STRING, False, None), ("tensor", 8, F.TYPE_MESSAGE, False, "Tensor"),
-                      ("metadata", 9, F.TYPE_MESSAGE, False, "Metadata")])
+    # Declaration order puts the oneof's members together (protobuf requires it); the wire order is by number.
+    message("Value", [("tag", 1, F.TYPE_STRING, False, None), ("node_name", 7, F.TYPE_STRING, False, None),
+                      ("metadata", 9, F.TYPE_MESSAGE, False, "Metadata"),
+                      ("simple_value", 2, F.TYPE_FLOAT, False, None), ("tensor", 8, F.TYPE_MESSAGE, False, "Tensor")],
+            oneof=("value", {"simple_value", "tensor"}))
     message("Summary", [("value", 1, F.TYPE_MESSAGE, True, "Value")])
     message("SessionLog", [("status", 1, F.TYPE_INT32, False, None), ("checkpoint_path", 2, F.TYPE_STRING, False, None),
                            ("msg", 3, F.TYPE_STRING, False, None)])
     message("Event", [("wall_time", 1, F.TYPE_DOUBLE, False, None), ("step", 2, F.TYPE_INT64, False, None),
                       ("file_version", 3, F.TYPE_STRING, False, None), ("summary", 5, F.TYPE_MESSAGE, False, "Summary"),
-                      ("session_log", 7, F.TYPE_MESSAGE, False, "SessionLog")])
+                      ("session_log", 7, F.TYPE_MESSAGE, False, "SessionLog")],
+            oneof=("what", {"file_version", "summary", "session_log"}))
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fdp)
     desc = pool.FindMessageTypeByName("tbtest.Event")
@@ -91,6 +98,11 @@ def read_events(path, truncated_ok):
             fail(f"{path}: data CRC mismatch at offset {pos}")
         ev = Event()
         ev.ParseFromString(data)
+        try:  # fields this schema does not know (protobuf 4.21 has UnknownFields; later ones may not)
+            if len(ev.UnknownFields()) or any(len(v.UnknownFields()) for v in ev.summary.value):
+                fail(f"{path}: record at offset {pos} holds fields TensorBoard's schema does not have")
+        except AttributeError:
+            pass
         if ev.SerializeToString(deterministic=True) != data:
             fail(f"{path}: record at offset {pos} does not re-encode to its bytes (unknown or misordered fields)")
         events.append(ev)
@@ -113,6 +125,7 @@ def main():
     ap.add_argument("--files", type=int, default=0, help="expected number of event files (0: any >= 1)")
     ap.add_argument("--truncated-ok", action="store_true", help="a killed run: the last record may be cut")
     ap.add_argument("--require", default="", help="comma-separated tags that must appear")
+    ap.add_argument("--session-starts", default=None, help="comma-separated steps of the SessionLog STARTs expected")
     a = ap.parse_args()
     files = glob.glob(os.path.join(a.logging_dir, "events.out.tfevents.*"))
     if not files or (a.files and len(files) != a.files):
@@ -127,11 +140,12 @@ def main():
             fail(f"{f}: the first event is not file_version brain.Event:2")
         per_file.append((evs[0].wall_time, f, evs))
     per_file.sort()  # the order the files were written in
-    scalars, texts, records = {}, {}, 0
+    scalars, texts, records, starts = {}, {}, 0, []
     for _, f, evs in per_file:
         for ev in evs[1:]:
             records += 1
             if ev.session_log.status == 1:  # START: TensorBoard drops earlier data at steps >= this one
+                starts.append(ev.step)
                 scalars = {k: v for k, v in scalars.items() if k[1] < ev.step}
                 continue
             for v in ev.summary.value:
@@ -152,6 +166,10 @@ def main():
         for k, v in entry.items():
             if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
                 expected[(rewrite(k), entry["step"])] = struct.unpack("<f", struct.pack("<f", v))[0]
+    if a.session_starts is not None and starts != [int(s) for s in a.session_starts.split(",") if s]:
+        fail(f"SessionLog START events at steps {starts}, expected {a.session_starts}")
+    if not expected:
+        fail("metrics.jsonl holds no numbers")
     if a.truncated_ok:  # a kill between the metrics.jsonl line and the event flush loses the last step only
         last = max(s for _, s in expected)
         missing = set(expected) - set(scalars)

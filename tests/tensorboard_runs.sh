@@ -25,7 +25,7 @@ fail() { echo "tensorboard_runs: FAIL: $*"; exit 1; }
   { cat "$work/a.log"; fail "run a"; }
 logdir=$(ls -d "$work"/a/runs/*)
 [[ $(basename "$logdir") =~ ^[A-Z][a-z]{2}[0-9]{2}_[0-9]{2}-[0-9]{2}-[0-9]{2}_ ]] || fail "logging_dir name $logdir"
-"$py" "$here/read_tfevents.py" "$logdir" "$work/a" --files 1 \
+"$py" "$here/read_tfevents.py" "$logdir" "$work/a" --files 1 --session-starts "" \
   --require train/loss,train/learning_rate,train/grad_norm,train/epoch,train/tokens_per_second,train/peak_memory_gib,eval/loss,eval/perplexity,eval/runtime,args/text_summary
 grep -q "tensorboard  $logdir" "$work/a.log" || fail "the summary does not name the logging_dir"
 [[ -s "$work/a/training_curves.png" ]] || fail "no training_curves.png"
@@ -35,7 +35,7 @@ grep -q "tensorboard  $logdir" "$work/a.log" || fail "the summary does not name 
   --eval_steps 5 --do_eval --validation_split_percentage 10 --save_steps 5 \
   --resume_from_checkpoint "$work/a/checkpoint-5" >"$work/a2.log" 2>&1 || { cat "$work/a2.log"; fail "resume"; }
 [[ $(ls -d "$work"/a/runs/* | wc -l) == 1 ]] || fail "the resumed run made a second logging_dir"
-"$py" "$here/read_tfevents.py" "$logdir" "$work/a" --files 2 --require train/loss,eval/loss
+"$py" "$here/read_tfevents.py" "$logdir" "$work/a" --files 2 --require train/loss,eval/loss --session-starts 6
 
 # 3. Killed mid-run: whatever was flushed reads back.
 "$trainer" train "${common[@]}" "${tb[@]}" --output_dir "$work/k" --max_steps 100000 --logging_steps 1 --save_steps 100000 \
@@ -45,6 +45,7 @@ for _ in $(seq 600); do
   [[ -f "$work/k/metrics.jsonl" ]] && (($(wc -l <"$work/k/metrics.jsonl") >= 6)) && break
   sleep 0.1
 done
+(($(wc -l <"$work/k/metrics.jsonl" 2>/dev/null || echo 0) >= 6)) || { cat "$work/k.log"; fail "6 logged steps never came"; }
 kill -9 "$pid" 2>/dev/null || fail "the run ended before it was killed"
 wait "$pid" 2>/dev/null || true
 "$py" "$here/read_tfevents.py" "$work/k_tb" "$work/k" --files 1 --truncated-ok --require train/loss

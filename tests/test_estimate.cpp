@@ -186,6 +186,14 @@ TEST(Estimate, AutoBatchIsTheLargestFittingPowerOfTwo) {
   EXPECT_EQ(a.per_device_train_batch_size, train::kAutoBatch);
   EXPECT_EQ(a.total_batch_sequences(), 64);
   EXPECT_THROW(a.update_from_json({{"per_device_train_batch_size", "many"}}, "args.json"), Error);
+  auto minus_one = a;
+  minus_one.per_device_train_batch_size = -1;  // an error as in HF, not another spelling of auto
+  minus_one.total_batch_size.clear();
+  EXPECT_THROW(minus_one.validate(), Error);
+  a.block_size = 0;  // checked before it divides
+  a.total_batch_size = "64tokens";
+  EXPECT_THROW(a.total_batch_sequences(), Error);
+  a.block_size = 32;
   for (const char* bad : {"abc", "0", "-8", "100tokens", "16 sequences"}) {
     a.total_batch_size = bad;
     EXPECT_THROW(a.total_batch_sequences(), Error) << bad;
@@ -206,7 +214,7 @@ TEST(Estimate, KnobTableAndSizes) {
   EXPECT_EQ(train::parse_memory_size("24GiB", "device_memory"), int64_t{24} << 30);
   EXPECT_EQ(train::parse_memory_size("1.5gb", "device_memory"), 1'500'000'000);
   EXPECT_EQ(train::parse_memory_size("4096", "device_memory"), 4096);
-  for (const char* bad : {"", "lots", "80XB", "-1GB", "GB", "1e30TB"})
+  for (const char* bad : {"", "lots", "80XB", "-1GB", "GB", "1e30TB", "0.5", "1e-4KB"})
     EXPECT_THROW(train::parse_memory_size(bad, "device_memory"), Error) << bad;
 }
 

@@ -3,6 +3,7 @@
 // an independent (Python) reader.
 #include <cairo.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -36,7 +37,8 @@ uint32_t crc32c_bitwise(const unsigned char* p, size_t n) {
 }
 
 fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("trainer_report_" + name);
+  const fs::path d =
+      fs::temp_directory_path() / ("trainer_report_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
@@ -54,8 +56,15 @@ std::vector<std::string> records_of(const std::string& raw) {
   while (pos < raw.size()) {
     uint64_t len;
     uint32_t len_crc, data_crc;
-    EXPECT_LE(pos + 12, raw.size());
+    if (pos + 12 > raw.size()) {
+      ADD_FAILURE() << "a record header runs past the end at " << pos;
+      break;
+    }
     std::memcpy(&len, raw.data() + pos, 8);
+    if (len > raw.size() - pos - 16) {
+      ADD_FAILURE() << "a record of " << len << " bytes runs past the end at " << pos;
+      break;
+    }
     std::memcpy(&len_crc, raw.data() + pos + 8, 4);
     EXPECT_EQ(len_crc, report::masked_crc32c(raw.data() + pos, 8));
     std::string data = raw.substr(pos + 12, len);
@@ -155,7 +164,7 @@ TEST(Report, MetricsFileReadBackWithClearErrors) {
       (d / "metrics.jsonl").string(),
       "{\"step\": 2, \"loss\": 3.5, \"learning_rate\": 0.001}\n\n{\"step\": 4, \"eval_loss\": 3.25}\n");
   const auto r = report::read_run_metrics(d.string());
-  EXPECT_EQ(r.name, "trainer_report_metrics");
+  EXPECT_EQ(r.name, d.filename().string());
   EXPECT_EQ(r.series.at("loss"), (std::vector<std::pair<double, double>>{{2, 3.5}}));
   EXPECT_EQ(r.series.at("eval_loss"), (std::vector<std::pair<double, double>>{{4, 3.25}}));
   EXPECT_EQ(r.series.count("step"), 0u);
@@ -233,6 +242,15 @@ TEST(Report, CurvesAreDrawnInEachRunsColour) {
   }
   o.metrics.clear();
   EXPECT_THROW(report::plot_runs(runs, o, (d / "curves.jpg").string()), Error);
+  // Values a few ULPs apart and steps near 2^53 are drawn (once a tick loop that never advanced).
+  report::RunMetrics flat;
+  flat.name = "flat";
+  flat.series["loss"] = {{1, 1.0}, {2, std::nextafter(1.0, 2.0)}};
+  flat.series["grad_norm"] = {{9007199254740992.0, 3.0}, {9007199254740992.0, 3.0}};
+  for (bool log : {false, true}) {
+    o.log_scale_loss = log;
+    EXPECT_NO_THROW(report::plot_runs({flat}, o, (d / "flat.svg").string()));
+  }
 }
 
 TEST(Report, SummaryGivesMfuWhereThePeakIsKnown) {

@@ -127,7 +127,11 @@ int estimate(tr::train::TrainingArguments a, const std::string& device, const st
     a.per_device_train_batch_size = c.batch;
     a.gradient_accumulation_steps = c.accumulation;
   } else if (a.total_batch_sequences() > 0 && a.per_device_train_batch_size > 0) {
-    a.gradient_accumulation_steps = a.total_batch_sequences() / a.per_device_train_batch_size;
+    const int64_t total = a.total_batch_sequences();
+    TR_CHECK(total % a.per_device_train_batch_size == 0,
+             "--total_batch_size {} ({} sequences) is not a multiple of --per_device_train_batch_size {}",
+             a.total_batch_size, total, a.per_device_train_batch_size);
+    a.gradient_accumulation_steps = total / a.per_device_train_batch_size;
   }
   const auto e = tr::train::estimate_memory(a);
   const int64_t max_batch = budget > 0 ? tr::train::max_fitting_batch(a, budget) : 0;

@@ -38,10 +38,15 @@ std::vector<double> linear_ticks(double lo, double hi, int target) {
   const double norm = raw / mag;
   const double step = (norm < 1.5 ? 1 : norm < 3 ? 2 : norm < 7 ? 5 : 10) * mag;
   std::vector<double> t;
-  // Ranges at the ends of double (denormal widths, spans that overflow) get no ticks rather than a loop.
+  // Ranges at the ends of double (denormal widths, spans that overflow) get no ticks rather than a loop; an
+  // integer index bounds the loop even where adding the step no longer changes the value.
   if (!(step > 0) || !std::isfinite(step) || !std::isfinite(lo) || (hi - lo) / step > 100) return t;
-  for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step)
+  const double first = std::ceil(lo / step);
+  for (int k = 0; k <= 100; ++k) {
+    const double v = (first + k) * step;
+    if (!(v <= hi + step * 1e-9)) break;
     t.push_back(std::abs(v) < step * 1e-9 ? 0.0 : v);
+  }
   return t;
 }
 
@@ -118,8 +123,14 @@ Axes panel_axes(const std::vector<RunMetrics>& runs, const std::string& metric, 
   }
   if (xr.empty()) xr = {0, 1};
   if (yr.empty()) yr = {0, 1};
-  if (xr.hi == xr.lo) xr = {xr.lo - 1, xr.hi + 1};
-  if (yr.hi == yr.lo) {
+  // Ranges narrower than a few ULPs of their values are flat: widened relative to the value, so the axis maps
+  // to finite coordinates (x +-1 is lost on steps near 2^53).
+  auto flat = [](const Range& r) { return r.hi - r.lo <= 1e-9 * std::max(std::abs(r.lo), std::abs(r.hi)); };
+  if (flat(xr)) {
+    const double pad = std::max(1.0, std::abs(xr.lo) * 1e-6);
+    xr = {xr.lo - pad, xr.hi + pad};
+  }
+  if (flat(yr)) {
     const double pad = log_y ? 0.1 : std::max(std::abs(yr.lo) * 0.1, 1e-12);
     yr = {yr.lo - pad, yr.hi + pad};
   }

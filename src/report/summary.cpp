@@ -19,16 +19,24 @@ double peak_flops(const std::string& device, DType compute, bool tf32) {
       {"H100", 989.4e12, 494.7e12, 66.9e12}, {"A100", 312.0e12, 156.0e12, 19.5e12},
       {"L40S", 362.1e12, 183.0e12, 91.6e12}, {"L4", 121.0e12, 60.0e12, 30.3e12},
   };
-  for (const auto& p : table)
-    if (device.find(p.name) != std::string::npos)
-      return compute == DType::f32 ? (tf32 ? p.tf32 : p.f32) : p.half;
+  // Whole words of the name ("NVIDIA L4" is not "NVIDIA L40S"; "H100 NVL" is not listed: unknown).
+  const std::string padded = " " + device + " ";
+  for (const auto& p : table) {
+    const std::string n = p.name;
+    for (const std::string sep : {" ", "-"})
+      if (padded.find(" " + n + sep) != std::string::npos && padded.find(" H100 NVL") == std::string::npos)
+        return compute == DType::f32 ? (tf32 ? p.tf32 : p.f32) : p.half;
+  }
   return 0;
 }
 
 namespace {
 
 std::string duration(double s) {
-  if (s >= 3600) return fmt::format("{:.0f} h {:02.0f} min", std::floor(s / 3600), std::fmod(s, 3600) / 60);
+  if (s >= 3600) {
+    const auto minutes = static_cast<int64_t>(std::llround(s / 60));  // rounded first: never "1 h 60 min"
+    return fmt::format("{} h {:02} min", minutes / 60, minutes % 60);
+  }
   if (s >= 120) return fmt::format("{:.1f} min", s / 60);
   return fmt::format("{:.1f} s", s);
 }

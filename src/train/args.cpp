@@ -222,6 +222,7 @@ int64_t TrainingArguments::total_batch_sequences() const {
            "--total_batch_size '{}': expected a positive number of sequences (64) or of tokens (65536tokens)",
            total_batch_size);
   if (unit.empty()) return n;
+  TR_CHECK(block_size > 0, "--block_size must be positive, got {}", block_size);
   TR_CHECK(n % block_size == 0,
            "--total_batch_size {}: {} tokens are not a whole number of --block_size {} sequences",
            total_batch_size, n, block_size);

@@ -2,6 +2,7 @@
 // model and data arguments. One table (argument_specs) defines every flag: the CLI, the JSON args file,
 // training_args.json and the flag reference (docs/FLAGS.md) are all generated from it.
 #pragma once
+#include <climits>
 #include <cstdint>
 #include <string>
 #include <variant>
@@ -12,7 +13,8 @@
 namespace tr::train {
 
 // --per_device_train_batch_size auto: the largest power of two the memory estimate fits (trainer.cpp).
-inline constexpr int64_t kAutoBatch = -1;
+// (INT64_MIN: no number a user would type; -1 stays an error as in HF.)
+inline constexpr int64_t kAutoBatch = INT64_MIN;
 
 struct TrainingArguments {
   // model and data (run_clm's names)

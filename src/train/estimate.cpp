@@ -25,11 +25,11 @@ int64_t bytes_of(const std::vector<Tensor>& ts) {
 }
 
 // A micro-batch as the DataLoader hands it to the step: one int64 [B, T] tensor on the device (input_ids ==
-// labels), its labels on the host for the label count (all predicted: no -100 in packed blocks).
+// labels). No host labels: the step counts a meta batch's labels as B x (T - 1) (packed blocks have no -100),
+// so a dry run allocates nothing on the host (where an allocator cap may be set).
 data::Batch meta_batch(int64_t batch, int64_t block) {
   data::Batch b;
   b.input_ids = b.labels = ops::empty({batch, block}, DType::i64, Device::meta());
-  b.host_labels = ops::zeros({batch, block}, DType::i64, Device::cpu());
   return b;
 }
 
@@ -111,11 +111,14 @@ MemoryEstimate estimate_memory(const TrainingArguments& args) {
   };
   const StepState ss{*model, mp, *opt, dropout};
   auto step_fn = make_eager_step(ss, so);
-  // Two steps: the first makes the optimizer state, the second is the steady state with it.
+  // Two steps: the first makes the optimizer state, the second is the steady state with it. Micro-batches
+  // after the second repeat its memory exactly (gradients accumulate in place), so at most two run; the
+  // others' input tensors, alive for the whole step, are added below.
+  const int64_t simulated = std::min<int64_t>(a.gradient_accumulation_steps, 2);
   for (int64_t step = 0; step < 2; ++step) {
     micro_now = 0;
     std::vector<data::Batch> micro;
-    for (int64_t m = 0; m < a.gradient_accumulation_steps; ++m)
+    for (int64_t m = 0; m < simulated; ++m)
       micro.push_back(meta_batch(a.per_device_train_batch_size, a.block_size));
     step_fn->run(step, micro, a.learning_rate);
     tracker.mark(fmt::format("optimizer step {} (gradient statistics, update, half copies)", step + 1));
@@ -141,7 +144,7 @@ MemoryEstimate estimate_memory(const TrainingArguments& args) {
     // Evaluations inside the loop (eval_strategy) count in train_peak_memory_gib; the final one of --do_eval
     // runs after it is taken.
   }
-  e.peak_bytes = tracker.peak() - base + prefetch;
+  e.peak_bytes = tracker.peak() - base + prefetch + (a.gradient_accumulation_steps - simulated) * batch_bytes;
   e.peak_at = tracker.where();
   if (a.eval_strategy != "no" && e.eval_peak_bytes > e.peak_bytes) {
     e.peak_bytes = e.eval_peak_bytes;
@@ -174,7 +177,8 @@ int64_t parse_memory_size(const std::string& text, const std::string& flag) {
       {"", 1},      {"B", 1},        {"KB", 1e3},        {"MB", 1e6},           {"GB", 1e9},
       {"TB", 1e12}, {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}, {"TIB", 1099511627776.0}};
   for (const auto& [name, scale] : units)
-    if (used > 0 && unit == name && v > 0 && v * scale < 9.2e18) return static_cast<int64_t>(v * scale);
+    if (used > 0 && unit == name && v * scale >= 1 && v * scale < 9.2e18)
+      return static_cast<int64_t>(v * scale);
   fail("--{} '{}': expected a positive size such as 80GB, 24GiB or 512MB", flag, text);
 }
 

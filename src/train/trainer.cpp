@@ -82,7 +82,10 @@ std::string resume_dir(const TrainingArguments& a) {
 // no budget, or nothing fits - the OOM retries decide then).
 int64_t predict_batch_split(TrainingArguments& a, int64_t effective) {
   const Allocator& al = ops::allocator_for(training_device(a));
-  const int64_t budget = al.limit() > 0 ? al.limit() - al.stats().current_bytes : al.capacity();
+  // A GPU keeps 10% back: the context, library workspaces and the caching allocator's rounding are not in the
+  // estimate yet (issue 13).
+  const int64_t budget = al.limit() > 0 ? al.limit() - al.stats().current_bytes
+                                        : al.capacity() / 10 * 9 - al.stats().current_bytes;
   if (budget <= 0) return 0;
   for (int64_t bs = a.per_device_train_batch_size; bs >= 1; --bs) {  // as HF: the batch given, or smaller
     if (effective % bs != 0) continue;
@@ -110,23 +113,39 @@ int64_t predict_batch_split(TrainingArguments& a, int64_t effective) {
 // memory, or on the host what the kernel reports available (MemAvailable).
 int64_t auto_batch_budget(Device dev) {
   const Allocator& al = ops::allocator_for(dev);
-  if (al.limit() > 0) return al.limit() - al.stats().current_bytes;
-  if (al.capacity() > 0) return al.capacity();
+  const int64_t held = al.stats().current_bytes;
+  if (al.limit() > 0) return al.limit() - held;
+  if (al.capacity() > 0) return al.capacity() / 10 * 9 - held;  // as predict_batch_split: 10% kept back
+  int64_t avail = 0;
   std::ifstream in("/proc/meminfo");
   for (std::string key; in >> key;) {
     int64_t kib = 0;
     in >> kib;
-    if (key == "MemAvailable:") return kib * 1024;
+    if (key == "MemAvailable:") avail = kib * 1024;
     in.ignore(1 << 10, '\n');
   }
-  return 0;
+  // A container's cgroup limit (v2) binds before the machine's memory does.
+  std::ifstream cg("/sys/fs/cgroup/memory.max"), cur("/sys/fs/cgroup/memory.current");
+  int64_t max_b = 0, used_b = 0;
+  if (cg >> max_b && cur >> used_b && max_b > used_b)
+    avail = avail > 0 ? std::min(avail, max_b - used_b) : max_b - used_b;
+  return avail;
 }
 
 // --per_device_train_batch_size auto and --total_batch_size (ours) into a batch and an accumulation.
 void resolve_batch(TrainingArguments& a, bool resuming) {
   const int64_t total = a.total_batch_sequences();
   if (a.per_device_train_batch_size != kAutoBatch) {
-    if (total > 0) a.gradient_accumulation_steps = total / a.per_device_train_batch_size;
+    if (total > 0) {
+      const int64_t ga = total / a.per_device_train_batch_size;
+      if (a.gradient_accumulation_steps != 1 && a.gradient_accumulation_steps != ga)
+        std::fprintf(
+            stderr,
+            "train: --total_batch_size %s sets gradient_accumulation_steps to %lld (not the %lld given)\n",
+            a.total_batch_size.c_str(), static_cast<long long>(ga),
+            static_cast<long long>(a.gradient_accumulation_steps));
+      a.gradient_accumulation_steps = ga;
+    }
     return;
   }
   if (resuming) {  // the split the run started with (its memory may differ now; the data order must not)
@@ -148,9 +167,10 @@ void resolve_batch(TrainingArguments& a, bool resuming) {
   std::fprintf(
       stderr,
       "per_device_train_batch_size auto: %lld x gradient_accumulation_steps %lld (estimated peak %.3f GiB "
-      "of %.3f GiB)\n",
+      "of %.3f GiB)%s\n",
       static_cast<long long>(c.batch), static_cast<long long>(c.accumulation),
-      static_cast<double>(c.peak_bytes) / (1 << 30), static_cast<double>(budget) / (1 << 30));
+      static_cast<double>(c.peak_bytes) / (1 << 30), static_cast<double>(budget) / (1 << 30),
+      total > 0 ? "" : "; without --total_batch_size the effective batch depends on this machine's memory");
   a.per_device_train_batch_size = c.batch;
   a.gradient_accumulation_steps = c.accumulation;
 }
@@ -572,6 +592,9 @@ TrainResult train(const TrainingArguments& args, const TrainHooks& hooks) {
   TrainingArguments a = args;
   a.apply_compile_defaults();
   resolve_logging_dir(a, resuming);
+  // An automatic batch keeps the out-of-memory retries as its safety net, as auto_find_batch_size does.
+  const bool auto_batch = a.per_device_train_batch_size == kAutoBatch;
+  if (auto_batch) a.auto_find_batch_size = true;
   resolve_batch(a, resuming);
   const int64_t effective = a.per_device_train_batch_size * a.gradient_accumulation_steps;
   if (resuming && a.auto_find_batch_size) {  // continue with the batch split the search settled on (as HF)
@@ -585,7 +608,7 @@ TrainResult train(const TrainingArguments& args, const TrainHooks& hooks) {
     }
   }
   int64_t predicted = 0;  // the estimate's peak for the split it chose (auto_find_batch_size with a budget)
-  if (a.auto_find_batch_size && !resuming) predicted = predict_batch_split(a, effective);
+  if (a.auto_find_batch_size && !resuming && !auto_batch) predicted = predict_batch_split(a, effective);
   for (int64_t retries = 0;; ++retries) {
     try {
       TrainResult r = Run(a, hooks).train();
