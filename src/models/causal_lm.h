@@ -64,7 +64,8 @@ class CausalLM {
   std::pair<Tensor, Tensor> cached_kv(const ForwardOptions& o, size_t layer, const Tensor& k,
                                       const Tensor& v) const;
   // Attention over q [B, H, T, D] and k/v [B, KV, T, D]: eager (with `mask`, k/v repeated to H heads) or the
-  // fused kernel (causal + `key_keep`). Attention dropout in training uses the eager path.
+  // fused kernel (causal + `key_keep`). With attention dropout in training, sdpa takes the blocked form
+  // (GEMMs + row softmax per query block), whose dropout mask equals eager's from the same generator.
   Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& key_keep,
                 double dropout_p, const ForwardOptions& o) const;
   // One decoder layer, as a checkpoint region when o.gradient_checkpointing (dropout replayed exactly).
