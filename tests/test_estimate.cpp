@@ -92,6 +92,23 @@ INSTANTIATE_TEST_SUITE_P(
                                    }}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// The CPU allocator capped at `budget` bytes beyond what this process already holds, for the scope.
+struct CpuCap {
+  explicit CpuCap(int64_t budget) {
+    cpu_allocator().set_limit(budget + cpu_allocator().stats().current_bytes);
+  }
+  ~CpuCap() { cpu_allocator().set_limit(0); }
+  CpuCap(const CpuCap&) = delete;
+  CpuCap& operator=(const CpuCap&) = delete;
+};
+
+// The predicted peak of `a` split into batch `bs` x accumulation `effective / bs`.
+int64_t split_peak(train::TrainingArguments a, int64_t bs, int64_t effective) {
+  a.per_device_train_batch_size = bs;
+  a.gradient_accumulation_steps = effective / bs;
+  return train::estimate_memory(a).peak_bytes;
+}
+
 // The largest batch the search predicts trains under an allocator cap of that budget; one more runs out.
 TEST(Estimate, TheLargestFittingBatchFitsAndTheNextDoesNot) {
   Scratch s("estimate_fit");
@@ -108,11 +125,11 @@ TEST(Estimate, TheLargestFittingBatchFitsAndTheNextDoesNot) {
   over.output_dir += "_over";
   EXPECT_LE(train::estimate_memory(at).peak_bytes, budget);
   EXPECT_GT(train::estimate_memory(over).peak_bytes, budget);
-  Allocator& cpu = cpu_allocator();
-  cpu.set_limit(budget + cpu.stats().current_bytes);  // what this process holds already is not the run's
-  EXPECT_NO_THROW(train::train(at));
-  EXPECT_THROW(train::train(over), OutOfMemoryError);
-  cpu.set_limit(0);
+  {
+    const CpuCap cap(budget);
+    EXPECT_NO_THROW(train::train(at));
+    EXPECT_THROW(train::train(over), OutOfMemoryError);
+  }
   EXPECT_EQ(train::max_fitting_batch(a, 1000), 0) << "nothing fits in 1000 bytes";
 }
 
@@ -124,24 +141,14 @@ TEST(Estimate, AutoFindBatchSizeStartsFromThePrediction) {
   a.save_strategy = "no";
   a.per_device_train_batch_size = 16;
   a.auto_find_batch_size = true;
-  auto split = [&](int64_t bs) {
-    auto t = a;
-    t.per_device_train_batch_size = bs;
-    t.gradient_accumulation_steps = 16 / bs;
-    return train::estimate_memory(t).peak_bytes;
-  };
+  auto split = [&](int64_t bs) { return split_peak(a, bs, 16); };
   const int64_t budget = (split(4) + split(8)) / 2;
   ASSERT_LT(split(4), budget);
-  Allocator& cpu = cpu_allocator();
-  cpu.set_limit(budget + cpu.stats().current_bytes);
   train::TrainResult r;
-  try {
+  {
+    const CpuCap cap(budget);
     r = train::train(a);
-  } catch (...) {
-    cpu.set_limit(0);
-    throw;
   }
-  cpu.set_limit(0);
   EXPECT_EQ(r.per_device_train_batch_size, 4);
   EXPECT_EQ(r.gradient_accumulation_steps, 4);
   EXPECT_EQ(r.batch_retries, 0);
@@ -158,26 +165,16 @@ TEST(Estimate, AutoBatchIsTheLargestFittingPowerOfTwo) {
   a.per_device_train_batch_size = train::kAutoBatch;
   a.total_batch_size = "512tokens";  // 16 sequences of 32
   EXPECT_EQ(a.total_batch_sequences(), 16);
-  auto split = [&](int64_t bs) {
-    auto t = a;
-    t.per_device_train_batch_size = bs;
-    t.gradient_accumulation_steps = 16 / bs;
-    return train::estimate_memory(t).peak_bytes;
-  };
+  auto split = [&](int64_t bs) { return split_peak(a, bs, 16); };
   const int64_t budget = (split(4) + split(8)) / 2;
   const auto c = train::auto_batch(a, budget);
   EXPECT_EQ(c.batch, 4);
   EXPECT_EQ(c.accumulation, 4);
-  Allocator& cpu = cpu_allocator();
-  cpu.set_limit(budget + cpu.stats().current_bytes);
   train::TrainResult r;
-  try {
+  {
+    const CpuCap cap(budget);
     r = train::train(a);
-  } catch (...) {
-    cpu.set_limit(0);
-    throw;
   }
-  cpu.set_limit(0);
   EXPECT_EQ(r.per_device_train_batch_size, 4);
   EXPECT_EQ(r.gradient_accumulation_steps, 4);
   EXPECT_EQ(r.peak_bytes, split(4));

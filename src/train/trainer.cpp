@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <utility>
 
 #include "backend/backend.h"
 #include "backend/cuda_api.h"
@@ -76,16 +77,29 @@ std::string resume_dir(const TrainingArguments& a) {
   return last;
 }
 
+// What an allocator may still hand out: its cap less what is held, or a GPU's memory less what is held with
+// 10% kept back (the context, library workspaces and the caching allocator's rounding are not in the
+// estimate yet, issue 13); 0 when neither is known (the host without a cap).
+int64_t allocator_budget(const Allocator& al) {
+  const int64_t held = al.stats().current_bytes;
+  if (al.limit() > 0) return al.limit() - held;
+  if (al.capacity() > 0) return al.capacity() / 10 * 9 - held;
+  return 0;
+}
+
+// The batch split a resumed checkpoint's trainer_state.json recorded ({0, 0} without the file).
+std::pair<int64_t, int64_t> saved_batch_split(const TrainingArguments& a) {
+  const fs::path state = fs::path(resume_dir(a)) / "trainer_state.json";
+  if (!fs::exists(state)) return {0, 0};
+  return read_batch_split(read_json_file(state.string()), state.string());
+}
+
 // auto_find_batch_size, with a memory budget (the allocator's cap less what the process holds, or a GPU's
 // memory): the largest divisor of the effective batch, up to the batch given, whose estimated peak fits
 // becomes the first try, so the search starts where it would end instead of at an OOM. Returns that peak (0:
 // no budget, or nothing fits - the OOM retries decide then).
 int64_t predict_batch_split(TrainingArguments& a, int64_t effective) {
-  const Allocator& al = ops::allocator_for(training_device(a));
-  // A GPU keeps 10% back: the context, library workspaces and the caching allocator's rounding are not in the
-  // estimate yet (issue 13).
-  const int64_t budget = al.limit() > 0 ? al.limit() - al.stats().current_bytes
-                                        : al.capacity() / 10 * 9 - al.stats().current_bytes;
+  const int64_t budget = allocator_budget(ops::allocator_for(training_device(a)));
   if (budget <= 0) return 0;
   for (int64_t bs = a.per_device_train_batch_size; bs >= 1; --bs) {  // as HF: the batch given, or smaller
     if (effective % bs != 0) continue;
@@ -109,13 +123,11 @@ int64_t predict_batch_split(TrainingArguments& a, int64_t effective) {
   return 0;
 }
 
-// What a run may use for --per_device_train_batch_size auto: the allocator's cap less what is held, a GPU's
-// memory, or on the host what the kernel reports available (MemAvailable).
+// What a run may use for --per_device_train_batch_size auto: allocator_budget, or on the host what the kernel
+// reports available (MemAvailable).
 int64_t auto_batch_budget(Device dev) {
   const Allocator& al = ops::allocator_for(dev);
-  const int64_t held = al.stats().current_bytes;
-  if (al.limit() > 0) return al.limit() - held;
-  if (al.capacity() > 0) return al.capacity() / 10 * 9 - held;  // as predict_batch_split: 10% kept back
+  if (al.limit() > 0 || al.capacity() > 0) return allocator_budget(al);
   int64_t avail = 0;
   std::ifstream in("/proc/meminfo");
   for (std::string key; in >> key;) {
@@ -149,10 +161,10 @@ void resolve_batch(TrainingArguments& a, bool resuming) {
     return;
   }
   if (resuming) {  // the split the run started with (its memory may differ now; the data order must not)
-    const fs::path state = fs::path(resume_dir(a)) / "trainer_state.json";
-    const auto [bs, ga] = read_batch_split(read_json_file(state.string()), state.string());
-    TR_CHECK(bs > 0 && ga > 0, "{}: no train_batch_size to resume --per_device_train_batch_size auto with",
-             state.string());
+    const auto [bs, ga] = saved_batch_split(a);
+    TR_CHECK(bs > 0 && ga > 0,
+             "{}/trainer_state.json: no train_batch_size to resume --per_device_train_batch_size auto with",
+             resume_dir(a));
     a.per_device_train_batch_size = bs;
     a.gradient_accumulation_steps = ga;
     return;
@@ -598,13 +610,10 @@ TrainResult train(const TrainingArguments& args, const TrainHooks& hooks) {
   resolve_batch(a, resuming);
   const int64_t effective = a.per_device_train_batch_size * a.gradient_accumulation_steps;
   if (resuming && a.auto_find_batch_size) {  // continue with the batch split the search settled on (as HF)
-    const fs::path state = fs::path(resume_dir(a)) / "trainer_state.json";
-    if (fs::exists(state)) {
-      const auto [bs, ga] = read_batch_split(read_json_file(state.string()), state.string());
-      if (bs > 0 && ga > 0 && bs * ga == effective) {
-        a.per_device_train_batch_size = bs;
-        a.gradient_accumulation_steps = ga;
-      }
+    const auto [bs, ga] = saved_batch_split(a);
+    if (bs > 0 && ga > 0 && bs * ga == effective) {
+      a.per_device_train_batch_size = bs;
+      a.gradient_accumulation_steps = ga;
     }
   }
   int64_t predicted = 0;  // the estimate's peak for the split it chose (auto_find_batch_size with a budget)
