@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "bench_util.h"
-#include "tokenizers/bpe.h"
+#include "tokenizers/tokenizer.h"
 
 namespace {
 

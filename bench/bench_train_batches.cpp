@@ -25,7 +25,7 @@
 #include "data/loader.h"
 #include "data/shards.h"
 #include "data/tokenize.h"
-#include "tokenizers/bpe.h"
+#include "tokenizers/tokenizer.h"
 
 namespace fs = std::filesystem;
 using namespace tr;

@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 #include "fuzz_util.h"
-#include "tokenizers/bpe.h"
+#include "tokenizers/tokenizer.h"
 
 namespace {
 

@@ -7,6 +7,8 @@ pkgs=(build-essential cmake ninja-build pkg-config libopenblas-dev libfmt-dev li
 # Watching runs: cairo draws the curves (PNG/SVG with text, DejaVu fonts); the tests read TensorBoard files
 # back with Debian's Python protobuf and crc32c (an independent reader).
 pkgs+=(libcairo2-dev fonts-dejavu-core python3-protobuf python3-crc32c)
+# Tokenizers: ICU for Unicode normalization forms and character classes.
+pkgs+=(libicu-dev)
 # The fuzz targets (scripts/fuzz.sh, ctest fuzz_smoke): clang, its libFuzzer/sanitizer runtimes, and LLVM's
 # OpenMP (CMake's FindOpenMP under clang wants libomp).
 pkgs+=(clang libclang-rt-14-dev libomp-dev)

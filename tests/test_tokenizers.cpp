@@ -1,17 +1,19 @@
 // Tokenizers: ids equal to npm gpt-3-encoder's and tiktoken's GPT-2 encodings on tricky strings and on all of
 // Moby-Dick; the Llama 3 tokenizer.json equal to a tiktoken encoding built from the same ranks and regex;
+// Llama 2 (Mistral's ids), Qwen3 and Gemma 3 equal to @lenml/tokenizers (transformers.js) on both texts;
 // exact round trips, decoding arbitrary ids, saving tokenizer.json, and bad input.
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "tokenizers/bpe.h"
+#include "tokenizers/tokenizer.h"
 
 namespace tr {
 namespace {
@@ -120,6 +122,59 @@ TEST_F(TokenizerData, Llama3MatchesTiktokenBuiltFromTheSameRanks) {
   EXPECT_EQ(with.back(), 128001);
   EXPECT_EQ(llama3().eos_token_id(), 128001);
   EXPECT_GT(llama3().encode_ordinary("<|begin_of_text|>").size(), 1u);
+}
+
+// The SentencePiece-style and NFC families against transformers.js's tokenizers (live, both texts), with the
+// special tokens each family's files define.
+struct Family {
+  const char* name;
+  int32_t vocab_size;
+  std::optional<int32_t> bos, eos;
+};
+
+class FamilyTokenizer : public ::testing::TestWithParam<Family> {};
+
+TEST_P(FamilyTokenizer, MatchesTransformersJsOnTrickyTextAndMobyDick) {
+  const Family f = GetParam();
+  const std::string dir = kData + "/tokenizer-" + f.name + "/package/models";
+  ASSERT_TRUE(fs::exists(dir + "/tokenizer.json")) << "run scripts/fetch_data.sh";
+  const auto t = tokenizers::Tokenizer::from_pretrained(dir);
+  EXPECT_EQ(t.vocab_size(), f.vocab_size);
+  EXPECT_EQ(t.bos_token_id(), f.bos);
+  EXPECT_EQ(t.eos_token_id(), f.eos);
+  for (const std::string& file :
+       {kSrc + "/tests/data/tricky.txt", kData + "/moby-dick/package/data/data.txt"}) {
+    const std::string text = slurp(file);
+    const auto ours = t.encode(text, false);
+    const auto want = reference_ids(std::string("lenml-") + f.name, file);
+    EXPECT_EQ(ours.size(), want.size()) << file;
+    EXPECT_EQ(first_difference(ours, want), want.size()) << file;
+    EXPECT_EQ(t.decode(ours), text) << "lossless round trip of " << file;
+  }
+  const auto with = t.encode("Hello", true), without = t.encode("Hello", false);
+  EXPECT_EQ(with.size(), without.size() + (f.bos ? 1 : 0));
+  if (f.bos) EXPECT_EQ(with.front(), *f.bos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, FamilyTokenizer,
+                         ::testing::Values(Family{"llama2", 32000, 1, 2}, Family{"qwen3", 151669, {}, 151643},
+                                           Family{"gemma3", 262145, 2, 1}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST_F(TokenizerData, Llama2IdsAreMistralsAndSpecialTokensFollowTheConfig) {
+  const auto t = tokenizers::Tokenizer::from_pretrained(kData + "/tokenizer-llama2/package/models");
+  EXPECT_EQ(t.encode("Hello", false), std::vector<int32_t>{22557});  // Mistral-7B's id for "Hello" as well
+  // Special-token text is matched by encode(), ordinary text in training data (encode_ordinary).
+  EXPECT_EQ(t.encode("</s>", false), std::vector<int32_t>{2});
+  EXPECT_GT(t.encode_ordinary("</s>").size(), 1u);
+  // byte_fallback: a character outside the 32000 pieces becomes its UTF-8 bytes <0xNN>.
+  const auto ids = t.encode("\xF0\x9F\xA6\x80", false);  // U+1F980, not a piece of the vocabulary
+  ASSERT_EQ(ids.size(), 5u);
+  EXPECT_EQ(std::vector<int32_t>(ids.begin() + 1, ids.end()),
+            (std::vector<int32_t>{3 + 0xF0, 3 + 0x9F, 3 + 0xA6, 3 + 0x80}));
+  EXPECT_EQ(t.decode(ids), "\xF0\x9F\xA6\x80");
+  EXPECT_EQ(t.decode({3 + 0xF0, 3 + 0x9F}),
+            "\xEF\xBF\xBD\xEF\xBF\xBD");  // a cut sequence: one U+FFFD per byte
 }
 
 TEST_F(TokenizerData, BatchEncodingDoesNotDependOnThreads) {

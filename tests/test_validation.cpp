@@ -18,7 +18,8 @@
 #include "models/causal_lm.h"
 #include "models/config.h"
 #include "optim/optimizer.h"
-#include "tokenizers/bpe.h"
+#include "tokenizers/pipeline.h"
+#include "tokenizers/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 
@@ -368,6 +369,7 @@ json tiny_tokenizer_json() {
   j["added_tokens"] = json::array({{{"id", 258}, {"content", "<|endoftext|>"}, {"special", true}}});
   j["normalizer"] = nullptr;
   j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  j["decoder"] = {{"type", "ByteLevel"}};
   j["post_processor"] = {
       {"type", "TemplateProcessing"},
       {"single", json::array({{{"SpecialToken", {{"id", "<|endoftext|>"}, {"type_id", 0}}}},
@@ -398,14 +400,14 @@ TEST(Validation, TokenizerJsonFields) {
       {"/model/byte_fallback", "model.byte_fallback", kUnset},
       {"/model/ignore_merges", "model.ignore_merges", kUnset},
       {"/model/dropout", "model.dropout", kZero | kUnset},
-      {"/model/continuing_subword_prefix", "model.continuing_subword_prefix", kUnset},
+      {"/model/continuing_subword_prefix", "model.continuing_subword_prefix", kUnset | kString},
       {"/added_tokens", "added_tokens", kUnset},  // then the post-processor's BOS is unknown
       {"/added_tokens/0", "added_tokens[0]", kMissing},
       {"/added_tokens/0/id", "added_tokens[0].id"},
       {"/added_tokens/0/content", "added_tokens[0].content", kString},
       {"/added_tokens/0/special", "added_tokens[0].special", kUnset},
       {"/normalizer", "normalizer", kUnset},
-      {"/pre_tokenizer", "pre_tokenizer"},
+      {"/pre_tokenizer", "pre_tokenizer", kUnset},  // no pre-tokenizer: one piece
       {"/pre_tokenizer/type", "pre_tokenizer.type"},
       {"/pre_tokenizer/use_regex", "pre_tokenizer.use_regex", kUnset},
       {"/pre_tokenizer/add_prefix_space", "pre_tokenizer.add_prefix_space", kUnset},
@@ -433,9 +435,8 @@ TEST(Validation, TokenizerJsonFields) {
       {"/pre_tokenizer/pretokenizers/0/type", "pre_tokenizer.pretokenizers[0].type"},
       {"/pre_tokenizer/pretokenizers/0/behavior", "pre_tokenizer.pretokenizers[0].behavior"},
       {"/pre_tokenizer/pretokenizers/0/invert", "pre_tokenizer.pretokenizers[0].invert", kUnset},
-      {"/pre_tokenizer/pretokenizers/0/pattern/Regex", "pre_tokenizer.pretokenizers[0].pattern.Regex",
-       kString},
-      {"/pre_tokenizer/pretokenizers/1/use_regex", "pre_tokenizer.pretokenizers[1].use_regex"},
+      {"/pre_tokenizer/pretokenizers/0/pattern/Regex", "pre_tokenizer.pretokenizers[0].pattern", kString},
+      {"/pre_tokenizer/pretokenizers/1/use_regex", "pre_tokenizer.pretokenizers[1].use_regex", kUnset},
   };
   run_table(seq, seq_fields, path, [&] { tokenizers::Tokenizer::from_tokenizer_json(path); });
 }

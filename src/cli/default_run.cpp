@@ -6,7 +6,7 @@
 
 #include "core/error.h"
 #include "models/generate.h"
-#include "tokenizers/bpe.h"
+#include "tokenizers/tokenizer.h"
 
 namespace tr::cli {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "tokenizers/bpe.h"
+#include "tokenizers/tokenizer.h"
 
 namespace tr::data {
 

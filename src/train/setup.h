@@ -9,7 +9,7 @@
 #include "core/rng.h"
 #include "data/shards.h"
 #include "models/causal_lm.h"
-#include "tokenizers/bpe.h"
+#include "tokenizers/tokenizer.h"
 #include "train/args.h"
 
 namespace tr::train {

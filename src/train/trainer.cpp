@@ -20,7 +20,7 @@
 #include "optim/optimizer.h"
 #include "report/plot.h"
 #include "report/tensorboard.h"
-#include "tokenizers/bpe.h"
+#include "tokenizers/tokenizer.h"
 #include "train/metrics_log.h"
 #include "train/mixed_precision.h"
 #include "train/run_lock.h"
@@ -576,7 +576,7 @@ void Run::finish() {
   model_->set_dtype(DType::f32);
   models::save_pretrained(*model_, a_.output_dir);
   mp_->swap_masters();
-  tok_.save((fs::path(a_.output_dir) / "tokenizer.json").string());
+  tok_.save_pretrained(a_.output_dir);
   draw_curves();
   write_json(fs::path(a_.output_dir) / "trainer_state.json",
              {{"global_step", total},
