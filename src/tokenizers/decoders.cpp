@@ -77,12 +77,16 @@ class FuseDecoder : public Decoder {
 
 class StripDecoder : public Decoder {
  public:
-  StripDecoder(std::string content, size_t start, size_t stop) : content_(std::move(content)), start_(start), stop_(stop) {}
+  StripDecoder(std::string content, size_t start, size_t stop)
+      : content_(std::move(content)), start_(start), stop_(stop) {}
   void apply(std::vector<std::string>& tokens) const override {
     for (std::string& t : tokens) {
       size_t b = 0, e = t.size();
-      for (size_t i = 0; i < start_ && t.compare(b, content_.size(), content_) == 0 && b < e; ++i) b += content_.size();
-      for (size_t i = 0; i < stop_ && e >= b + content_.size() && t.compare(e - content_.size(), content_.size(), content_) == 0; ++i)
+      for (size_t i = 0; i < start_ && t.compare(b, content_.size(), content_) == 0 && b < e; ++i)
+        b += content_.size();
+      for (size_t i = 0; i < stop_ && e >= b + content_.size() &&
+                         t.compare(e - content_.size(), content_.size(), content_) == 0;
+           ++i)
         e -= content_.size();
       t = t.substr(b, e - b);
     }
@@ -108,7 +112,8 @@ class ReplaceDecoder : public Decoder {
 
 class MetaspaceDecoder : public Decoder {
  public:
-  MetaspaceDecoder(std::string replacement, bool prepend) : replacement_(std::move(replacement)), prepend_(prepend) {}
+  MetaspaceDecoder(std::string replacement, bool prepend)
+      : replacement_(std::move(replacement)), prepend_(prepend) {}
   void apply(std::vector<std::string>& tokens) const override {
     for (size_t i = 0; i < tokens.size(); ++i) {
       std::string out;
@@ -145,8 +150,8 @@ class SequenceDecoder : public Decoder {
 
 std::unique_ptr<Decoder> read_decoder(const JsonField& f) {
   if (!f.present()) return nullptr;
-  const std::string type = f.object()["type"].one_of({"Sequence", "ByteLevel", "ByteFallback", "Fuse", "Strip",
-                                                      "Replace", "Metaspace"});
+  const std::string type = f.object()["type"].one_of(
+      {"Sequence", "ByteLevel", "ByteFallback", "Fuse", "Strip", "Replace", "Metaspace"});
   if (type == "Sequence") {
     std::vector<std::unique_ptr<Decoder>> parts;
     f["decoders"].array().each_element([&](const JsonField& e) {
@@ -158,12 +163,15 @@ std::unique_ptr<Decoder> read_decoder(const JsonField& f) {
   if (type == "ByteFallback") return std::make_unique<ByteFallbackDecoder>();
   if (type == "Fuse") return std::make_unique<FuseDecoder>();
   if (type == "Strip")
-    return std::make_unique<StripDecoder>(f["content"].string(), static_cast<size_t>(f["start"].integer(0, 1 << 20)),
+    return std::make_unique<StripDecoder>(f["content"].string(),
+                                          static_cast<size_t>(f["start"].integer(0, 1 << 20)),
                                           static_cast<size_t>(f["stop"].integer(0, 1 << 20)));
-  if (type == "Replace") return std::make_unique<ReplaceDecoder>(Pattern(f["pattern"]), f["content"].string());
+  if (type == "Replace")
+    return std::make_unique<ReplaceDecoder>(Pattern(f["pattern"]), f["content"].string());
   bool prepend = f["add_prefix_space"].boolean_or(true);
-    if (f["prepend_scheme"].present()) prepend = f["prepend_scheme"].one_of({"always", "first", "never"}) != "never";
-    return std::make_unique<MetaspaceDecoder>(f["replacement"].string(), prepend);
+  if (f["prepend_scheme"].present())
+    prepend = f["prepend_scheme"].one_of({"always", "first", "never"}) != "never";
+  return std::make_unique<MetaspaceDecoder>(f["replacement"].string(), prepend);
 }
 
 }  // namespace tr::tokenizers

@@ -24,8 +24,8 @@ MatchScratch::~MatchScratch() {
 Regex::Regex(const std::string& pattern, const std::string& where) : where_(where) {
   int err = 0;
   PCRE2_SIZE off = 0;
-  re_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(), PCRE2_UTF | PCRE2_UCP, &err,
-                      &off, nullptr);
+  re_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(), PCRE2_UTF | PCRE2_UCP,
+                      &err, &off, nullptr);
   if (!re_) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof msg);
@@ -36,15 +36,18 @@ Regex::Regex(const std::string& pattern, const std::string& where) : where_(wher
 
 Regex::~Regex() { pcre2_code_free(re_); }
 
-void Regex::find(std::string_view s, MatchScratch& scratch, std::vector<std::pair<size_t, size_t>>& out) const {
+void Regex::find(std::string_view s, MatchScratch& scratch,
+                 std::vector<std::pair<size_t, size_t>>& out) const {
   const auto* subj = reinterpret_cast<PCRE2_SPTR>(s.data());
   size_t pos = 0;
   while (pos < s.size()) {
-    const int rc = pcre2_match(re_, subj, s.size(), pos, PCRE2_NO_UTF_CHECK, scratch.data(), scratch.context());
+    const int rc =
+        pcre2_match(re_, subj, s.size(), pos, PCRE2_NO_UTF_CHECK, scratch.data(), scratch.context());
     if (rc == PCRE2_ERROR_NOMATCH) return;
     TR_CHECK(rc >= 0, "{}: regex matching failed with PCRE2 error {}", where_, rc);
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(scratch.data());
-    if (ov[1] == ov[0]) {  // an empty match cuts nothing (HF drops empty pieces): search on from the next character
+    if (ov[1] ==
+        ov[0]) {  // an empty match cuts nothing (HF drops empty pieces): search on from the next character
       pos = ov[0] + utf8_length(static_cast<unsigned char>(s[std::min(ov[0], s.size() - 1)]));
       continue;
     }
@@ -70,7 +73,8 @@ std::vector<Span> Pattern::spans(std::string_view s, MatchScratch& scratch) cons
   if (regex_) {
     regex_->find(s, scratch, hits);
   } else {
-    for (size_t at = s.find(literal_); at != std::string_view::npos; at = s.find(literal_, at + literal_.size()))
+    for (size_t at = s.find(literal_); at != std::string_view::npos;
+         at = s.find(literal_, at + literal_.size()))
       hits.emplace_back(at, at + literal_.size());
   }
   std::vector<Span> out;
@@ -158,7 +162,8 @@ class PrependNormalizer : public Normalizer {
 
 class ReplaceNormalizer : public Normalizer {
  public:
-  ReplaceNormalizer(Pattern pattern, std::string content) : pattern_(std::move(pattern)), content_(std::move(content)) {}
+  ReplaceNormalizer(Pattern pattern, std::string content)
+      : pattern_(std::move(pattern)), content_(std::move(content)) {}
   std::string apply(std::string s, MatchScratch& scratch) const override {
     return pattern_.replace(s, content_, scratch);
   }
@@ -238,9 +243,9 @@ std::string base64_decode(const std::string& in) {
 
 std::unique_ptr<Normalizer> read_normalizer(const JsonField& f) {
   if (!f.present()) return nullptr;
-  const std::string type = f.object()["type"].one_of(
-      {"Sequence", "Prepend", "Replace", "NFC", "NFD", "NFKC", "NFKD", "Lowercase", "Strip", "StripAccents",
-       "Precompiled"});
+  const std::string type =
+      f.object()["type"].one_of({"Sequence", "Prepend", "Replace", "NFC", "NFD", "NFKC", "NFKD", "Lowercase",
+                                 "Strip", "StripAccents", "Precompiled"});
   if (type == "Sequence") {
     std::vector<std::unique_ptr<Normalizer>> parts;
     f["normalizers"].array().each_element([&](const JsonField& e) {
@@ -249,21 +254,25 @@ std::unique_ptr<Normalizer> read_normalizer(const JsonField& f) {
     return std::make_unique<SequenceNormalizer>(std::move(parts));
   }
   if (type == "Prepend") return std::make_unique<PrependNormalizer>(f["prepend"].string());
-  if (type == "Replace") return std::make_unique<ReplaceNormalizer>(Pattern(f["pattern"]), f["content"].string());
+  if (type == "Replace")
+    return std::make_unique<ReplaceNormalizer>(Pattern(f["pattern"]), f["content"].string());
   if (type == "NFC") return std::make_unique<FormNormalizer>(NormalForm::nfc);
   if (type == "NFD") return std::make_unique<FormNormalizer>(NormalForm::nfd);
   if (type == "NFKC") return std::make_unique<FormNormalizer>(NormalForm::nfkc);
   if (type == "NFKD") return std::make_unique<FormNormalizer>(NormalForm::nfkd);
   if (type == "Lowercase") return std::make_unique<LowercaseNormalizer>();
   if (type == "StripAccents") return std::make_unique<StripAccentsNormalizer>();
-  if (type == "Strip") return std::make_unique<StripNormalizer>(f["strip_left"].boolean_or(true), f["strip_right"].boolean_or(true));
+  if (type == "Strip")
+    return std::make_unique<StripNormalizer>(f["strip_left"].boolean_or(true),
+                                             f["strip_right"].boolean_or(true));
   if (type == "Precompiled") {
     // SentencePiece's charsmap: a trie of replacement strings. An empty map changes nothing; a real one is
     // NFKC plus SentencePiece's own rules, which we do not reproduce bit for bit.
     const std::string map = base64_decode(f["precompiled_charsmap"].string_or(""));
     if (!map.empty())
       f["precompiled_charsmap"].fail(
-          "holds a SentencePiece normalization map ({} bytes), which is not supported: use a tokenizer.json whose "
+          "holds a SentencePiece normalization map ({} bytes), which is not supported: use a tokenizer.json "
+          "whose "
           "normalizer is NFKC, or none",
           map.size());
   }

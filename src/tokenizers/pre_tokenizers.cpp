@@ -14,7 +14,8 @@ const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p
 enum class Behavior { isolated, removed, merged_with_previous, merged_with_next, contiguous };
 
 Behavior read_behavior(const JsonField& f) {
-  const std::string b = f.one_of({"Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"});
+  const std::string b =
+      f.one_of({"Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"});
   return b == "Isolated"             ? Behavior::isolated
          : b == "Removed"            ? Behavior::removed
          : b == "MergedWithPrevious" ? Behavior::merged_with_previous
@@ -34,19 +35,11 @@ std::vector<std::pair<size_t, size_t>> apply_behavior(const std::vector<Span>& s
       for (const Span& s : spans)
         if (!s.match) out.emplace_back(s.begin, s.end);
       break;
-    case Behavior::contiguous:
+    case Behavior::contiguous:            // runs of equal kind joined
+    case Behavior::merged_with_previous:  // a match joined to what precedes it
       for (const Span& s : spans) {
-        if (s.match == prev_match && !out.empty()) {
-          out.back().second = s.end;
-        } else {
-          out.emplace_back(s.begin, s.end);
-        }
-        prev_match = s.match;
-      }
-      break;
-    case Behavior::merged_with_previous:
-      for (const Span& s : spans) {
-        if (s.match && !prev_match && !out.empty()) {
+        const bool join = b == Behavior::contiguous ? s.match == prev_match : s.match && !prev_match;
+        if (join && !out.empty()) {
           out.back().second = s.end;
         } else {
           out.emplace_back(s.begin, s.end);
@@ -119,7 +112,9 @@ class SplitPre : public PreTokenizer {
   void apply(std::vector<Piece>& pieces, MatchScratch& scratch) const override {
     split_pieces(
         pieces,
-        [&](std::string_view s) { return invert_ ? inverted(pattern_.spans(s, scratch)) : pattern_.spans(s, scratch); },
+        [&](std::string_view s) {
+          return invert_ ? inverted(pattern_.spans(s, scratch)) : pattern_.spans(s, scratch);
+        },
         behavior_);
   }
 
@@ -131,7 +126,8 @@ class SplitPre : public PreTokenizer {
 
 class RegexPre : public PreTokenizer {  // Whitespace: the runs of \w and of other non-space characters
  public:
-  RegexPre(const char* pattern, bool invert, Behavior b) : regex_(pattern, "pre-tokenizer"), invert_(invert), behavior_(b) {}
+  RegexPre(const char* pattern, bool invert, Behavior b)
+      : regex_(pattern, "pre-tokenizer"), invert_(invert), behavior_(b) {}
   void apply(std::vector<Piece>& pieces, MatchScratch& scratch) const override {
     split_pieces(
         pieces,
@@ -161,7 +157,8 @@ class CharClassPre : public PreTokenizer {  // Digits, Punctuation, WhitespaceSp
  public:
   CharClassPre(bool (*pred)(uint32_t), Behavior b) : pred_(pred), behavior_(b) {}
   void apply(std::vector<Piece>& pieces, MatchScratch&) const override {
-    split_pieces(pieces, [&](std::string_view s) { return char_spans(s, pred_); }, behavior_);
+    split_pieces(
+        pieces, [&](std::string_view s) { return char_spans(s, pred_); }, behavior_);
   }
 
  private:
@@ -172,7 +169,8 @@ class CharClassPre : public PreTokenizer {  // Digits, Punctuation, WhitespaceSp
 class ByteLevelPre : public PreTokenizer {
  public:
   ByteLevelPre(bool add_prefix_space, bool use_regex)
-      : add_prefix_space_(add_prefix_space), regex_(use_regex ? std::make_unique<Regex>(kGpt2Pattern, "ByteLevel") : nullptr) {}
+      : add_prefix_space_(add_prefix_space),
+        regex_(use_regex ? std::make_unique<Regex>(kGpt2Pattern, "ByteLevel") : nullptr) {}
   void apply(std::vector<Piece>& pieces, MatchScratch& scratch) const override {
     std::vector<Piece> out;
     std::vector<std::pair<size_t, size_t>> hits;
@@ -186,7 +184,9 @@ class ByteLevelPre : public PreTokenizer {
       hits.clear();
       regex_->find(p.text, scratch, hits);
       size_t prev = 0;
-      auto emit = [&](size_t b, size_t e) { out.push_back({p.text.substr(b, e - b), true, p.at_start && b == 0}); };
+      auto emit = [&](size_t b, size_t e) {
+        out.push_back({p.text.substr(b, e - b), true, p.at_start && b == 0});
+      };
       for (auto [b, e] : hits) {
         if (b > prev) emit(prev, b);
         emit(b, e);
@@ -229,7 +229,8 @@ class MetaspacePre : public PreTokenizer {
       }
       // split on the replacement, each occurrence merged with what follows it
       size_t b = 0;
-      for (size_t at = s.find(replacement_, 1); at != std::string::npos; at = s.find(replacement_, at + replacement_.size())) {
+      for (size_t at = s.find(replacement_, 1); at != std::string::npos;
+           at = s.find(replacement_, at + replacement_.size())) {
         if (at > b) out.push_back({s.substr(b, at - b), false, p.at_start && b == 0});
         b = at;
       }
@@ -280,26 +281,33 @@ std::unique_ptr<PreTokenizer> read_pre_tokenizer(const JsonField& f) {
     return std::make_unique<SequencePre>(std::move(parts));
   }
   if (type == "Split")
-    return std::make_unique<SplitPre>(Pattern(f["pattern"]), read_behavior(f["behavior"]), f["invert"].boolean_or(false));
+    return std::make_unique<SplitPre>(Pattern(f["pattern"]), read_behavior(f["behavior"]),
+                                      f["invert"].boolean_or(false));
   if (type == "ByteLevel")
-    return std::make_unique<ByteLevelPre>(f["add_prefix_space"].boolean_or(true), f["use_regex"].boolean_or(true));
+    return std::make_unique<ByteLevelPre>(f["add_prefix_space"].boolean_or(true),
+                                          f["use_regex"].boolean_or(true));
   if (type == "Metaspace") {
     auto prepend = MetaspacePre::Prepend::always;
     if (f["prepend_scheme"].present()) {
       const std::string s = f["prepend_scheme"].one_of({"always", "first", "never"});
-      prepend = s == "always" ? MetaspacePre::Prepend::always : s == "first" ? MetaspacePre::Prepend::first : MetaspacePre::Prepend::never;
+      prepend = s == "always"  ? MetaspacePre::Prepend::always
+                : s == "first" ? MetaspacePre::Prepend::first
+                               : MetaspacePre::Prepend::never;
     } else if (!f["add_prefix_space"].boolean_or(true)) {  // files older than prepend_scheme
       prepend = MetaspacePre::Prepend::never;
     }
     return std::make_unique<MetaspacePre>(one_char(f["replacement"]), prepend, f["split"].boolean_or(true));
   }
   if (type == "Digits")
-    return std::make_unique<CharClassPre>(is_numeric, f["individual_digits"].boolean_or(false) ? Behavior::isolated : Behavior::contiguous);
+    return std::make_unique<CharClassPre>(
+        is_numeric, f["individual_digits"].boolean_or(false) ? Behavior::isolated : Behavior::contiguous);
   if (type == "Punctuation")
-    return std::make_unique<CharClassPre>(is_punctuation, f["behavior"].present() ? read_behavior(f["behavior"]) : Behavior::isolated);
+    return std::make_unique<CharClassPre>(
+        is_punctuation, f["behavior"].present() ? read_behavior(f["behavior"]) : Behavior::isolated);
   if (type == "WhitespaceSplit") return std::make_unique<CharClassPre>(is_whitespace, Behavior::removed);
   // Whitespace; Oniguruma's \w spelled out (PCRE2's \w lacks marks)
-  return std::make_unique<RegexPre>(R"([\p{L}\p{M}\p{Nd}\p{Pc}]+|[^\p{L}\p{M}\p{Nd}\p{Pc}\s]+)", true, Behavior::removed);
+  return std::make_unique<RegexPre>(R"([\p{L}\p{M}\p{Nd}\p{Pc}]+|[^\p{L}\p{M}\p{Nd}\p{Pc}\s]+)", true,
+                                    Behavior::removed);
 }
 
 }  // namespace tr::tokenizers

@@ -90,7 +90,8 @@ class AddedMatcher {
       }
       size_t start = pos, stop = pos + hit->content.size();
       pos = stop;
-      if (hit->single_word && !(word_boundary_before(text, start) && word_boundary_after(text, stop))) continue;
+      if (hit->single_word && !(word_boundary_before(text, start) && word_boundary_after(text, stop)))
+        continue;
       if (hit->lstrip) {
         size_t s = start;
         while (s > 0) {
@@ -109,11 +110,14 @@ class AddedMatcher {
         }
         pos = stop;
       }
-      if (start_offset < start) out.push_back({std::string(text.substr(start_offset, start - start_offset)), base + start_offset, -1});
+      if (start_offset < start)
+        out.push_back(
+            {std::string(text.substr(start_offset, start - start_offset)), base + start_offset, -1});
       out.push_back({std::string(), base + start, hit->id});
       start_offset = stop;
     }
-    if (start_offset < text.size()) out.push_back({std::string(text.substr(start_offset)), base + start_offset, -1});
+    if (start_offset < text.size())
+      out.push_back({std::string(text.substr(start_offset)), base + start_offset, -1});
   }
 
  private:
@@ -162,7 +166,7 @@ struct Tokenizer::Impl {
   std::vector<AddedToken> added;
   // [normalized?][special tokens matched?]
   AddedMatcher matchers[2][2];
-  std::vector<std::string> id_token;  // id -> token string for decoding (model token or added content)
+  std::vector<std::string> id_token;    // id -> token string for decoding (model token or added content)
   std::vector<int32_t> prefix, suffix;  // the post-processor's tokens around one sequence
   std::optional<int32_t> eos;
 
@@ -185,7 +189,8 @@ struct Tokenizer::Impl {
         out.push_back(seg.id);
         continue;
       }
-      std::string normalized = normalizer ? normalizer->apply(std::move(seg.text), scratch) : std::move(seg.text);
+      std::string normalized =
+          normalizer ? normalizer->apply(std::move(seg.text), scratch) : std::move(seg.text);
       norm.clear();
       matchers[1][match_special].split(normalized, 0, norm);
       for (Segment& sub : norm) {
@@ -275,8 +280,8 @@ std::vector<int32_t> special_ids(const Tokenizer& tk, const JsonField& specials,
 // The tokens a post-processor adds around a single sequence.
 void read_post_processor(Tokenizer::Impl& t, const Tokenizer& tk, const JsonField& pp, int64_t vocab) {
   if (!pp.present()) return;
-  const std::string type =
-      pp.object()["type"].one_of({"TemplateProcessing", "ByteLevel", "Sequence", "RobertaProcessing", "BertProcessing"});
+  const std::string type = pp.object()["type"].one_of(
+      {"TemplateProcessing", "ByteLevel", "Sequence", "RobertaProcessing", "BertProcessing"});
   if (type == "Sequence") {
     pp["processors"].array().each_element([&](const JsonField& e) { read_post_processor(t, tk, e, vocab); });
   } else if (type == "TemplateProcessing") {
@@ -317,22 +322,17 @@ void read_config(Tokenizer::Impl& t, const std::string& file, const Tokenizer& t
   const nlohmann::json j = parse_json(t.config_text, file);
   const JsonField root(j, file);
   root.object();
-  if (root["add_bos_token"].present()) {
-    t.prefix.clear();
-    if (root["add_bos_token"].boolean()) {
-      const auto bos = config_token(t, root["bos_token"], tk);
-      if (!bos) root["add_bos_token"].fail("is true, but bos_token is not set");
-      t.prefix.push_back(*bos);
-    }
-  }
-  if (root["add_eos_token"].present()) {
-    t.suffix.clear();
-    if (root["add_eos_token"].boolean()) {
-      const auto eos = config_token(t, root["eos_token"], tk);
-      if (!eos) root["add_eos_token"].fail("is true, but eos_token is not set");
-      t.suffix.push_back(*eos);
-    }
-  }
+  // add_X_token present: the config decides that side of the template, with X_token as its one token.
+  auto side = [&](const char* add, const char* token, std::vector<int32_t>& ids) {
+    if (!root[add].present()) return;
+    ids.clear();
+    if (!root[add].boolean()) return;
+    const auto id = config_token(t, root[token], tk);
+    if (!id) root[add].fail("is true, but {} is not set", token);
+    ids.push_back(*id);
+  };
+  side("add_bos_token", "bos_token", t.prefix);
+  side("add_eos_token", "eos_token", t.suffix);
   if (!t.eos && root["eos_token"].present()) t.eos = config_token(t, root["eos_token"], tk);
 }
 
@@ -371,8 +371,8 @@ Tokenizer Tokenizer::from_vocab_merges(const std::string& vocab_file, const std:
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty() || (lineno == 1 && line.rfind("#version", 0) == 0)) continue;
     const auto sp = line.find(' ');
-    TR_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < line.size(), "{}: line {} is not a merge 'a b': {}",
-             merges_file, lineno, line.substr(0, 80));
+    TR_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < line.size(),
+             "{}: line {} is not a merge 'a b': {}", merges_file, lineno, line.substr(0, 80));
     list.emplace_back(line.substr(0, sp), line.substr(sp + 1));
     lines.push_back(lineno);
   }
@@ -384,7 +384,8 @@ Tokenizer Tokenizer::from_vocab_merges(const std::string& vocab_file, const std:
   const nlohmann::json byte_level = {{"type", "ByteLevel"}};
   t.decoder = read_decoder(JsonField(byte_level, vocab_file));
   // GPT-2's <|endoftext|> is in the vocabulary; HF's GPT2Tokenizer treats it as a special token.
-  if (auto id = t.model.id("<|endoftext|>")) t.added.push_back({"<|endoftext|>", *id, true, false, false, false, false});
+  if (auto id = t.model.id("<|endoftext|>"))
+    t.added.push_back({"<|endoftext|>", *id, true, false, false, false, false});
   finish(t);
   return tk;
 }
@@ -399,7 +400,8 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& file, const std::str
   const JsonField m = root.object()["model"];
   m.object()["type"].one_of({"BPE"});
   if (m["dropout"].number_or(0.0, 0.0, 1.0) > 0.0)
-    m["dropout"].fail("above 0 (BPE dropout) is not supported: training data must encode the same every time");
+    m["dropout"].fail(
+        "above 0 (BPE dropout) is not supported: training data must encode the same every time");
   t.model.byte_fallback = m["byte_fallback"].boolean_or(false);
   t.model.fuse_unk = m["fuse_unk"].boolean_or(false);
   t.model.ignore_merges = m["ignore_merges"].boolean_or(false);
@@ -426,12 +428,14 @@ Tokenizer Tokenizer::from_pretrained(const std::string& path) {
   const fs::path p(path);
   if (fs::is_regular_file(p)) {
     const fs::path config = p.parent_path() / "tokenizer_config.json";
-    return from_tokenizer_json(path, p.filename() == "tokenizer.json" && fs::exists(config) ? config.string() : "");
+    return from_tokenizer_json(path,
+                               p.filename() == "tokenizer.json" && fs::exists(config) ? config.string() : "");
   }
   TR_CHECK(fs::is_directory(p), "{}: no such tokenizer file or folder", path);
   if (fs::exists(p / "tokenizer.json"))
-    return from_tokenizer_json((p / "tokenizer.json").string(),
-                               fs::exists(p / "tokenizer_config.json") ? (p / "tokenizer_config.json").string() : "");
+    return from_tokenizer_json((p / "tokenizer.json").string(), fs::exists(p / "tokenizer_config.json")
+                                                                    ? (p / "tokenizer_config.json").string()
+                                                                    : "");
   if (fs::exists(p / "vocab.json") && fs::exists(p / "merges.txt"))
     return from_vocab_merges((p / "vocab.json").string(), (p / "merges.txt").string());
   if (fs::exists(p / "encoder.json") && fs::exists(p / "vocab.bpe"))
@@ -451,8 +455,9 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
   return out;
 }
 
-std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std::string_view>& texts, int threads,
-                                                          bool allow_special, bool add_special_tokens) const {
+std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std::string_view>& texts,
+                                                          int threads, bool allow_special,
+                                                          bool add_special_tokens) const {
   std::vector<std::vector<int32_t>> out(texts.size());
   std::vector<std::string> errors(texts.size());
   const int nt = threads > 0 ? threads : omp_get_max_threads();
@@ -503,7 +508,9 @@ std::optional<int32_t> Tokenizer::bos_token_id() const {
 
 std::optional<int32_t> Tokenizer::eos_token_id() const { return impl_->eos; }
 
-bool Tokenizer::adds_eos() const { return impl_->eos && !impl_->suffix.empty() && impl_->suffix.back() == *impl_->eos; }
+bool Tokenizer::adds_eos() const {
+  return impl_->eos && !impl_->suffix.empty() && impl_->suffix.back() == *impl_->eos;
+}
 
 void Tokenizer::save(const std::string& file) const {
   const Impl& t = *impl_;
@@ -515,22 +522,37 @@ void Tokenizer::save(const std::string& file) const {
     j["padding"] = nullptr;
     nlohmann::ordered_json added = nlohmann::ordered_json::array();
     for (const auto& a : t.added)
-      added.push_back({{"id", a.id}, {"content", a.content}, {"single_word", false}, {"lstrip", false},
-                       {"rstrip", false}, {"normalized", false}, {"special", a.special}});
+      added.push_back({{"id", a.id},
+                       {"content", a.content},
+                       {"single_word", false},
+                       {"lstrip", false},
+                       {"rstrip", false},
+                       {"normalized", false},
+                       {"special", a.special}});
     j["added_tokens"] = added;
     j["normalizer"] = nullptr;
-    j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
-    j["post_processor"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}};
-    j["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
+    j["pre_tokenizer"] = {
+        {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+    j["post_processor"] = {
+        {"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}};
+    j["decoder"] = {
+        {"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
     nlohmann::json vocab = nlohmann::json::object();  // a std::map: ordered_json would insert in O(n) each
     const auto& tokens = t.model.tokens();
     for (size_t id = 0; id < tokens.size(); ++id)
       if (!tokens[id].empty()) vocab[tokens[id]] = id;
     nlohmann::ordered_json merges = nlohmann::ordered_json::array();
     for (const auto& [a, b] : t.model.merges()) merges.push_back({a, b});
-    j["model"] = {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
-                  {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false},
-                  {"ignore_merges", false}, {"vocab", vocab}, {"merges", merges}};
+    j["model"] = {{"type", "BPE"},
+                  {"dropout", nullptr},
+                  {"unk_token", nullptr},
+                  {"continuing_subword_prefix", nullptr},
+                  {"end_of_word_suffix", nullptr},
+                  {"fuse_unk", false},
+                  {"byte_fallback", false},
+                  {"ignore_merges", false},
+                  {"vocab", vocab},
+                  {"merges", merges}};
     text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::strict) + "\n";
   }
   const std::string tmp = file + ".tmp";

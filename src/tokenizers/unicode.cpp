@@ -79,13 +79,20 @@ std::string utf8_lossy(std::string_view s) {
     // Unicode's table 3-7: the range of the second byte depends on the first; later ones are 80..BF.
     size_t n = 0;
     unsigned char lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) n = 2;
-    else if (c == 0xE0) n = 3, lo = 0xA0;
-    else if (c == 0xED) n = 3, hi = 0x9F;
-    else if (c >= 0xE1 && c <= 0xEF) n = 3;
-    else if (c == 0xF0) n = 4, lo = 0x90;
-    else if (c == 0xF4) n = 4, hi = 0x8F;
-    else if (c >= 0xF1 && c <= 0xF3) n = 4;
+    if (c >= 0xC2 && c <= 0xDF)
+      n = 2;
+    else if (c == 0xE0)
+      n = 3, lo = 0xA0;
+    else if (c == 0xED)
+      n = 3, hi = 0x9F;
+    else if (c >= 0xE1 && c <= 0xEF)
+      n = 3;
+    else if (c == 0xF0)
+      n = 4, lo = 0x90;
+    else if (c == 0xF4)
+      n = 4, hi = 0x8F;
+    else if (c >= 0xF1 && c <= 0xF3)
+      n = 4;
     size_t k = 1;
     while (n && k < n && i + k < s.size()) {
       const auto d = static_cast<unsigned char>(s[i + k]);
