@@ -9,6 +9,8 @@ pkgs=(build-essential cmake ninja-build pkg-config libopenblas-dev libfmt-dev li
 pkgs+=(libcairo2-dev fonts-dejavu-core python3-protobuf python3-crc32c)
 # Tokenizers: ICU for Unicode normalization forms and character classes.
 pkgs+=(libicu-dev)
+# Distributed training on CPUs: Gloo collectives over TCP.
+pkgs+=(libgloo-dev)
 # The fuzz targets (scripts/fuzz.sh, ctest fuzz_smoke): clang, its libFuzzer/sanitizer runtimes, and LLVM's
 # OpenMP (CMake's FindOpenMP under clang wants libomp).
 pkgs+=(clang libclang-rt-14-dev libomp-dev)

@@ -14,6 +14,8 @@
 #include "cli/flags.h"
 #include "cli/stop_signals.h"
 #include "data/tokenize.h"
+#include "dist/env.h"
+#include "dist/launcher.h"
 #include "train/estimate.h"
 #include "train/trainer.h"
 #include "io/safetensors.h"
@@ -205,6 +207,7 @@ int run_train(tr::train::TrainingArguments a, bool default_run, tr::cli::StopSig
   auto r = tr::train::train(a, hooks);
   signals.set_mode(tr::cli::FirstSignal::exit_now);  // the model is saved; a signal now just ends the sample
   if (r.interrupted) return 0;                       // the message saying how to resume was printed
+  if (tr::dist::read_dist_env().rank != 0) return 0;  // rank 0 reports for the run
   std::printf("trained %lld steps in %.1f s (%.0f tokens/s): loss %.4f -> %.4f; model saved to %s\n",
               static_cast<long long>(r.steps), r.seconds, r.tokens_per_second, r.first_loss, r.last_loss,
               a.output_dir.c_str());
@@ -221,18 +224,52 @@ int run_train(tr::train::TrainingArguments a, bool default_run, tr::cli::StopSig
   return 0;
 }
 
+constexpr const char* kLaunchUsage =
+    "usage: trainer launch [--nnodes N] [--node_rank R] [--nproc_per_node P] [--master_addr A]\n"
+    "                      [--master_port 29500] [--max_restarts 0] [--rdzv_id ID] SUBCOMMAND ARGS...\n"
+    "Starts P processes of `trainer SUBCOMMAND ARGS...` on this node with torchrun's environment (RANK,\n"
+    "LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID;\n"
+    "OMP_NUM_THREADS split across them unless set). Rank 0's output is shown as is, the others' behind\n"
+    "[rank N]. SIGINT/SIGTERM: every rank finishes its step and saves a checkpoint. When a process fails,\n"
+    "the others are stopped and the launcher exits 1 naming the rank.\n";
+
+// `trainer launch`: torchrun's flags, then a subcommand of ours run by every local process.
+int launch_command(int argc, char** argv, tr::cli::StopSignals& signals) {
+  const std::vector<std::string> args(argv + 2, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    std::printf("%s", kLaunchUsage);
+    return args.empty() ? 2 : 0;
+  }
+  auto o = tr::dist::parse_launch_args(args);
+  std::error_code ec;
+  o.program = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  TR_CHECK(!ec, "trainer launch: cannot find this program's path (/proc/self/exe): {}", ec.message());
+  o.stop_requested = [&signals] { return signals.stop_requested(); };
+  return tr::dist::launch(o);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   // Before any thread of ours exists, only this object's thread takes SIGINT/SIGTERM/SIGHUP (see
   // stop_signals.cpp for the heap corruption a handler caused). `train`: the step in flight finishes, a
   // checkpoint is saved and the exit status is 0; other subcommands end by the signal.
-  const bool training = argc >= 2 && std::string(argv[1]) == "train";
+  // `launch`: the first signal is forwarded to the ranks, which finish their step and save.
+  const bool training = argc >= 2 && (std::string(argv[1]) == "train" || std::string(argv[1]) == "launch");
   tr::cli::StopSignals signals(training ? tr::cli::FirstSignal::request_stop
                                         : tr::cli::FirstSignal::exit_now);
   CLI::App app{"trainer: train GPT-2 and Llama models in Hugging Face format, without Python"};
   app.require_subcommand(1);
   std::string dir;
+  if (argc >= 2 && std::string(argv[1]) == "launch") {
+    try {
+      return launch_command(argc, argv, signals);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "trainer: error: %s\n", e.what());
+      return 1;
+    }
+  }
+  app.add_subcommand("launch", "run a subcommand in N processes (torchrun's flags; trainer launch --help)");
   auto* info_cmd = app.add_subcommand("info", "print a model folder's type, parameter count, dtype and size");
   info_cmd->add_option("model_dir", dir, "a Hugging Face model folder (config.json + model.safetensors)")
       ->required();

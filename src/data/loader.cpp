@@ -15,6 +15,7 @@ SequenceDataset::SequenceDataset(std::shared_ptr<const TokenStream> stream, Data
   TR_CHECK(opts_.block_size > 0, "dataset: block_size must be positive, got {}", opts_.block_size);
   TR_CHECK(opts_.world_size > 0 && opts_.rank >= 0 && opts_.rank < opts_.world_size,
            "dataset: rank {} outside world size {}", opts_.rank, opts_.world_size);
+  TR_CHECK(opts_.rank_slice > 0, "dataset: rank_slice must be positive, got {}", opts_.rank_slice);
   num_samples_ = stream_->size() / opts_.block_size;
   TR_CHECK(num_samples_ > 0, "dataset: {} tokens are fewer than one block of {}", stream_->size(),
            opts_.block_size);
@@ -33,10 +34,12 @@ std::vector<int64_t> SequenceDataset::epoch_order(int64_t epoch) const {
       std::swap(all[static_cast<size_t>(i)], all[static_cast<size_t>(w % static_cast<uint64_t>(i + 1))]);
     }
   }
-  // Rank r takes every world_size-th sample: shares are disjoint and together cover the epoch.
+  // Rank r takes the r-th slice of every round of world_size slices: shares are disjoint and together cover
+  // the epoch in its order.
   std::vector<int64_t> mine;
-  for (size_t i = static_cast<size_t>(opts_.rank); i < all.size(); i += static_cast<size_t>(opts_.world_size))
-    mine.push_back(all[i]);
+  const int64_t s = opts_.rank_slice, round = s * opts_.world_size;
+  for (int64_t i = opts_.rank * s; i < num_samples_; i += round)
+    for (int64_t j = i; j < std::min(i + s, num_samples_); ++j) mine.push_back(all[static_cast<size_t>(j)]);
   return mine;
 }
 
@@ -79,14 +82,20 @@ DataLoader::~DataLoader() {
 }
 
 int64_t DataLoader::batches_per_epoch() const {
-  const auto n = static_cast<int64_t>(order_.size());
-  return opts_.drop_last ? n / opts_.batch_size : (n + opts_.batch_size - 1) / opts_.batch_size;
+  const int64_t world = ds_->options().world_size;
+  if (world == 1 || ds_->options().rank_slice != opts_.batch_size) {  // this rank's own samples
+    const auto n = static_cast<int64_t>(order_.size());
+    return opts_.drop_last ? n / opts_.batch_size : (n + opts_.batch_size - 1) / opts_.batch_size;
+  }
+  const int64_t n = ds_->num_samples(), global = opts_.batch_size * world;  // batches sliced across ranks
+  return opts_.drop_last ? n / global : (n + global - 1) / global;
 }
 
 Batch DataLoader::make_batch(int64_t epoch, int64_t b) const {
   const int64_t T = ds_->options().block_size;
   const int64_t first = b * opts_.batch_size;
-  const int64_t n = std::min<int64_t>(opts_.batch_size, static_cast<int64_t>(order_.size()) - first);
+  const int64_t n =
+      std::clamp<int64_t>(static_cast<int64_t>(order_.size()) - first, 0, opts_.batch_size);
   Allocator& host =
       opts_.pin_memory && opts_.device.is_cuda() ? backend::pinned_host_allocator() : cpu_allocator();
   Tensor ids = Tensor::empty({n, T}, DType::i64, host);

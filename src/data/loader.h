@@ -29,6 +29,10 @@ struct DatasetOptions {
   bool shuffle = true;
   uint64_t seed = 42;
   int rank = 0, world_size = 1;  // distributed: this rank's disjoint share of every epoch
+  // Consecutive samples a rank takes per round: the per-device batch size makes rank r's batch k the r-th
+  // slice of the batch a single process with world_size x the batch would draw at k (1: every
+  // world_size-th sample, torch's DistributedSampler).
+  int64_t rank_slice = 1;
   int64_t vocab_size = 0;        // > 0: every id read is checked against the model's vocabulary
 };
 
@@ -77,6 +81,8 @@ class DataLoader {
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
+  // The same on every rank: the global batches of an epoch (a rank whose slice of the last one is empty
+  // gets an empty batch for it).
   int64_t batches_per_epoch() const;
   // The next batch of the current epoch, or nullopt at its end (the position then moves to the next epoch).
   // A worker's error is rethrown here.

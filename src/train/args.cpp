@@ -123,6 +123,22 @@ const std::vector<ArgSpec>& argument_specs() {
       {"torch_compile_mode", &A::torch_compile_mode,
        "default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs; setting it turns compile on",
        "precision and memory"},
+      {"ddp_backend", &A::ddp_backend, "gloo (CPUs) or nccl (GPUs); default: by device", "distributed"},
+      {"ddp_timeout", &A::ddp_timeout,
+       "seconds a rank waits for the others (rendezvous and every collective) before failing", "distributed"},
+      {"ddp_bucket_cap_mb", &A::ddp_bucket_cap_mb, "MB of gradients per all-reduce bucket", "distributed"},
+      {"ddp_find_unused_parameters", &A::ddp_find_unused_parameters,
+       "accepted for HF compatibility: every parameter of our models gets a gradient", "distributed"},
+      {"ddp_broadcast_buffers", &A::ddp_broadcast_buffers,
+       "accepted for HF compatibility: our models hold no buffers that training changes", "distributed"},
+      {"fsdp", &A::fsdp,
+       "sharding: full_shard, shard_grad_op, hybrid_shard, hybrid_shard_zero2, offload, auto_wrap, no_shard "
+       "(space-separated)",
+       "distributed"},
+      {"fsdp_config", &A::fsdp_config, "a JSON file of FSDP options", "distributed"},
+      {"average_tokens_across_devices", &A::average_tokens_across_devices,
+       "normalize the loss by the label tokens of all ranks (false: each rank by its own, gradients averaged)",
+       "distributed"},
   };
   return specs;
 }
@@ -273,10 +289,27 @@ void TrainingArguments::validate() const {
   check_one_of("optim", optim, optim::optimizer_names());
   optim::parse_optim_args(optim_args);  // throws on a malformed entry
   check_compile_backend(torch_compile_backend);
+  if (!ddp_backend.empty()) check_one_of("ddp_backend", ddp_backend, {"gloo", "nccl"});
+  TR_CHECK(ddp_timeout > 0, "--ddp_timeout must be positive (seconds), got {}", ddp_timeout);
+  TR_CHECK(ddp_bucket_cap_mb > 0, "--ddp_bucket_cap_mb must be positive, got {}", ddp_bucket_cap_mb);
+  fsdp_options();  // throws on an unknown option
   report_names(report_to);  // throws on an unknown integration
   if (!torch_compile_mode.empty())
     check_one_of("torch_compile_mode", torch_compile_mode,
                  {"default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"});
+}
+
+std::vector<std::string> TrainingArguments::fsdp_options() const {
+  static const std::vector<std::string> known{"full_shard",         "shard_grad_op", "hybrid_shard",
+                                              "hybrid_shard_zero2", "offload",       "auto_wrap",
+                                              "no_shard"};
+  std::vector<std::string> out;
+  std::stringstream in(fsdp);
+  for (std::string o; in >> o;) {
+    check_one_of("fsdp", o, known);
+    out.push_back(o);
+  }
+  return out;
 }
 
 void TrainingArguments::apply_compile_defaults() {
@@ -364,7 +397,7 @@ std::string flags_markdown() {
        "Every flag works as `--name value` or `--name=value`; booleans also as a bare `--name`. The same\n"
        "names are the keys of a JSON arguments file: `trainer train args.json` (flags after it override).\n";
   for (const std::string group :
-       {"model and data", "training", "evaluation and saving", "precision and memory"}) {
+       {"model and data", "training", "evaluation and saving", "precision and memory", "distributed"}) {
     o << "\n## " << static_cast<char>(std::toupper(group[0])) << group.substr(1) << "\n\n";
     o << "| flag | type | default | meaning |\n|---|---|---|---|\n";
     for (const auto& s : argument_specs()) {

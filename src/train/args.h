@@ -60,12 +60,23 @@ struct TrainingArguments {
   // torch_compile as HF: a backend or a mode turns it on; on, the backend defaults to inductor.
   bool torch_compile = false;
   std::string torch_compile_backend, torch_compile_mode;
+  // Distributed training (read when the launcher's environment says WORLD_SIZE > 1; a single process accepts
+  // and ignores them, as HF does).
+  std::string ddp_backend;  // gloo | nccl; empty: nccl on GPUs, gloo on CPUs
+  int64_t ddp_timeout = 1800;  // seconds, on every rendezvous wait and collective
+  int64_t ddp_bucket_cap_mb = 25;
+  bool ddp_find_unused_parameters = false, ddp_broadcast_buffers = false;
+  std::string fsdp;         // space-separated: full_shard shard_grad_op hybrid_shard offload auto_wrap ...
+  std::string fsdp_config;  // a JSON file of FSDP options
+  bool average_tokens_across_devices = true;  // the loss normalized by the label tokens of every rank
 
   // HF's __post_init__ for compile: torch_compile set by a backend or mode, the backend defaulted.
   void apply_compile_defaults();
 
   // --total_batch_size in sequences (tokens / block_size); 0 when not given. Throws naming the flag.
   int64_t total_batch_sequences() const;
+  // --fsdp's options, validated (empty: no sharding).
+  std::vector<std::string> fsdp_options() const;
   // Whether report_to asks for TensorBoard event files ("tensorboard" or "all").
   bool reports_tensorboard() const;
 
@@ -86,7 +97,7 @@ struct ArgSpec {
   std::string name;
   Member member;
   std::string help;
-  std::string group;  // "model and data" | "training" | "evaluation and saving" | "precision and memory"
+  std::string group;  // "model and data" | "training" | "evaluation and saving" | "precision and memory" | "distributed"
 };
 const std::vector<ArgSpec>& argument_specs();
 std::vector<std::string> argument_names();

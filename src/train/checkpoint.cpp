@@ -118,6 +118,7 @@ void write_checkpoint_files(const fs::path& tmp, models::CausalLM& model, MixedP
        {"skipped_steps", st.skipped_steps},
        {"train_batch_size", st.train_batch_size},
        {"gradient_accumulation_steps", st.gradient_accumulation_steps},
+       {"world_size", st.world_size},
        {"train_tokens", st.train_tokens},
        {"best_metric", st.has_best ? nlohmann::json(st.best_metric) : nlohmann::json(nullptr)},
        {"best_model_checkpoint", st.best_model_checkpoint.empty() ? nlohmann::json(nullptr)
@@ -198,6 +199,7 @@ void read_trainer_state(const nlohmann::json& ts, const std::string& path, Train
   st.skipped_steps = f["skipped_steps"].integer_or(0, 0, kMaxJsonCounter);
   std::tie(st.train_batch_size, st.gradient_accumulation_steps) = read_batch_split(ts, path);
   st.train_tokens = f["train_tokens"].integer_or(0, 0, kMaxJsonCounter);
+  st.world_size = f["world_size"].integer_or(1, 1, kMaxBatchField);
   st.has_best = f["best_metric"].present();
   if (st.has_best) st.best_metric = f["best_metric"].number(-kMaxFinite, kMaxFinite);
   st.best_model_checkpoint = f["best_model_checkpoint"].string_or("");

@@ -40,7 +40,7 @@ class CompiledStep final : public TrainStep {
   CompiledStep(StepState s, StepOptions o) : core_(s, std::move(o)) {}
 
   StepResult run(int64_t step, const std::vector<data::Batch>& micro, double lr) override {
-    const double items = step_label_tokens(micro);
+    const double items = core_.label_tokens(micro);
     const std::string key = shape_key(micro, items, core_.state().mp.loss_scale());
     if (auto it = plans_.find(key); it != plans_.end()) {
       if (it->second.graph) return replay(it->second, step, micro, lr);

@@ -24,7 +24,8 @@ nlohmann::json EvalResult::to_json(const std::string& prefix) const {
 }
 
 EvalResult evaluate(models::CausalLM& model, std::shared_ptr<const data::TokenStream> stream,
-                    int64_t block_size, int64_t batch_size, const std::string& source) {
+                    int64_t block_size, int64_t batch_size, const std::string& source,
+                    dist::ProcessGroup* group) {
   TR_CHECK(stream && stream->size() >= block_size,
            "{}: {} validation tokens, fewer than one block of --block_size {}", source,
            stream ? stream->size() : 0, block_size);
@@ -33,6 +34,11 @@ EvalResult evaluate(models::CausalLM& model, std::shared_ptr<const data::TokenSt
   dopt.block_size = block_size;
   dopt.shuffle = false;
   dopt.vocab_size = model.config().vocab_size;
+  if (group) {  // rank r's batch k is the single process's batch k x size() + r
+    dopt.rank = group->rank();
+    dopt.world_size = group->size();
+    dopt.rank_slice = batch_size;
+  }
   auto ds = std::make_shared<data::SequenceDataset>(stream, dopt);
   data::DataLoaderOptions lopt;
   lopt.batch_size = batch_size;
@@ -43,6 +49,7 @@ EvalResult evaluate(models::CausalLM& model, std::shared_ptr<const data::TokenSt
   double sum = 0;
   while (auto b = loader.next()) {
     if (b->epoch > 0) break;
+    if (b->input_ids.size(0) == 0) continue;  // this rank's slice of the last batches is empty
     models::ForwardOptions fo;
     fo.labels = b->labels;
     fo.num_items_in_batch = 1.0;  // loss = sum of token losses
@@ -50,6 +57,13 @@ EvalResult evaluate(models::CausalLM& model, std::shared_ptr<const data::TokenSt
     sum += ops::to_device(model.forward(b->input_ids, fo).loss, Device::cpu()).item();
     r.samples += b->input_ids.size(0);
     r.tokens += b->input_ids.size(0) * (b->input_ids.size(1) - 1);
+  }
+  if (group) {
+    double v[3] = {sum, static_cast<double>(r.samples), static_cast<double>(r.tokens)};
+    group->all_reduce_sum(v, 3);
+    sum = v[0];
+    r.samples = static_cast<int64_t>(v[1]);
+    r.tokens = static_cast<int64_t>(v[2]);
   }
   r.loss = sum / static_cast<double>(r.tokens);
   r.perplexity = std::exp(r.loss);

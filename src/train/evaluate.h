@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/shards.h"
+#include "dist/process_group.h"
 #include "models/causal_lm.h"
 #include "train/args.h"
 
@@ -18,9 +19,12 @@ struct EvalResult {
   nlohmann::json to_json(const std::string& prefix = "eval_") const;
 };
 
-// No gradients are recorded. Throws when the stream holds fewer tokens than one block.
+// No gradients are recorded. Throws when the stream holds fewer tokens than one block. With a `group`, rank r
+// evaluates every size()-th batch from the r-th and the sums are gathered: every rank returns the global
+// result.
 EvalResult evaluate(models::CausalLM& model, std::shared_ptr<const data::TokenStream> stream,
-                    int64_t block_size, int64_t batch_size, const std::string& source);
+                    int64_t block_size, int64_t batch_size, const std::string& source,
+                    dist::ProcessGroup* group = nullptr);
 
 // Cross-entropy (nats/token) of `eval` under the add-one-smoothed unigram distribution of `train`.
 double unigram_cross_entropy(const data::TokenStream& train, const data::TokenStream& eval, int64_t vocab);

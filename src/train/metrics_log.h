@@ -26,7 +26,9 @@ class MetricsLog {
 // The loss window between two logging steps and the progress line.
 class StepWindow {
  public:
-  StepWindow(int64_t start_step, int64_t total_steps) : start_(start_step), total_(total_steps) {}
+  // `show`: print the progress line (rank 0 of a distributed run; the others keep only the numbers).
+  StepWindow(int64_t start_step, int64_t total_steps, bool show = true)
+      : start_(start_step), total_(total_steps), show_(show) {}
   // A finished step's loss: a non-finite one counts as the mean of the window so far (HF's
   // logging_nan_inf_filter), 0 in an empty window.
   void add(double loss);
@@ -38,6 +40,7 @@ class StepWindow {
 
  private:
   int64_t start_, total_;
+  bool show_;
   double window_ = 0, all_ = 0;
   int64_t window_n_ = 0;
 };

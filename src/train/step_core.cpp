@@ -29,11 +29,25 @@ double step_label_tokens(const std::vector<data::Batch>& micro) {
   return items;
 }
 
+StepCore::StepCore(StepState s, StepOptions o)
+    : s_(s), o_(std::move(o)), params_(s.model.named_parameters()) {
+  if (o_.group != nullptr)
+    reducer_ = std::make_unique<GradReducer>(
+        *o_.group, o_.ddp_bucket_cap_bytes, o_.average_tokens_across_devices ? 1.0 : 1.0 / o_.group->size());
+}
+
+double StepCore::label_tokens(const std::vector<data::Batch>& micro) const {
+  double items = step_label_tokens(micro);
+  if (o_.group != nullptr && o_.average_tokens_across_devices) o_.group->all_reduce_sum(&items, 1);
+  return items;
+}
+
 Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& micro, double items,
                                   StepResult& r) {
   Tensor sum;
   s_.mp.begin_step(static_cast<int64_t>(micro.size()));
   for (const auto& b : micro) {
+    if (b.input_ids.size(0) == 0) continue;
     if (o_.on_micro_batch) o_.on_micro_batch(step, b.input_ids);
     models::ForwardOptions fo;
     fo.labels = b.labels;
@@ -73,6 +87,7 @@ void StepCore::empty_cache(StepResult& r) {
 // (AdamW: unscale, clip, update and the half weight copy in one pass).
 void StepCore::finish(int64_t step, double lr, const Tensor& loss, StepResult& r) {
   if (o_.after_backward) o_.after_backward(step, params_);
+  if (reducer_) reducer_->reduce(params_);
   const std::vector<Tensor> grads = s_.mp.model_grads();
   const double inv_scale = 1.0 / s_.mp.loss_scale();
   const Tensor stats = ops::grad_stats(grads, inv_scale, o_.device);
@@ -91,6 +106,12 @@ void StepCore::finish(int64_t step, double lr, const Tensor& loss, StepResult& r
   if (host_stats.empty()) host_stats = host_values(stats);
   r.grad_norm = std::sqrt(host_stats[0]);
   r.loss = loss.defined() ? host_values(loss)[0] : 0.0;
+  if (o_.group != nullptr) {  // the global loss (each rank's share already normalized) and token count
+    double v[2] = {r.loss, static_cast<double>(r.tokens)};
+    o_.group->all_reduce_sum(v, 2);
+    r.loss = o_.average_tokens_across_devices ? v[0] : v[0] / o_.group->size();
+    r.tokens = static_cast<int64_t>(v[1]);
+  }
 }
 
 }  // namespace tr::train

@@ -2,8 +2,10 @@
 // forward and backward, and the finish - gradient statistics, the update or the fp16 skip, the gradients
 // dropped, the loss and statistics read on the host once.
 #pragma once
+#include <memory>
 #include <vector>
 
+#include "train/ddp.h"
 #include "train/train_step.h"
 
 namespace tr::train {
@@ -15,8 +17,11 @@ double step_label_tokens(const std::vector<data::Batch>& micro);
 
 class StepCore {
  public:
-  StepCore(StepState s, StepOptions o) : s_(s), o_(std::move(o)), params_(s.model.named_parameters()) {}
-  // Every micro-batch's forward and backward, each loss normalized by `items` (step_label_tokens: HF's
+  StepCore(StepState s, StepOptions o);
+  // The label tokens the step's losses are normalized by: this rank's micro-batches, summed over the ranks
+  // in a distributed run (average_tokens_across_devices).
+  double label_tokens(const std::vector<data::Batch>& micro) const;
+  // Every micro-batch's forward and backward (an empty one - a rank past an epoch's last sample - is skipped), each loss normalized by `items` (step_label_tokens: HF's
   // num_items_in_batch); returns the step's loss summed on the device (f64).
   Tensor forward_backward(int64_t step, const std::vector<data::Batch>& micro, double items, StepResult& r);
   // The after_backward hook, the update at `lr` from the model's gradients, and the host reads.
@@ -33,6 +38,7 @@ class StepCore {
   StepState s_;
   StepOptions o_;
   nn::ParamList params_;
+  std::unique_ptr<GradReducer> reducer_;  // distributed runs
 };
 
 }  // namespace tr::train

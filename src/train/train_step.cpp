@@ -27,7 +27,7 @@ class EagerStep final : public TrainStep {
 
   StepResult run(int64_t step, const std::vector<data::Batch>& micro, double lr) override {
     StepResult r;
-    const Tensor loss = core_.forward_backward(step, micro, step_label_tokens(micro), r);
+    const Tensor loss = core_.forward_backward(step, micro, core_.label_tokens(micro), r);
     core_.finish(step, lr, loss, r);
     return r;
   }

@@ -8,6 +8,7 @@
 
 #include "core/rng.h"
 #include "data/loader.h"
+#include "dist/process_group.h"
 #include "models/causal_lm.h"
 #include "optim/optimizer.h"
 #include "train/mixed_precision.h"
@@ -18,7 +19,7 @@ struct StepResult {
   double loss = 0;       // sum over the micro-batches (each normalized by the label tokens of the whole step)
   double grad_norm = 0;  // global norm of the unscaled gradients, before clipping
   bool skipped = false;  // fp16: inf/nan gradients, no update (the scheduler does not advance)
-  int64_t tokens = 0;    // input tokens of the step
+  int64_t tokens = 0;    // input tokens of the step (of every rank in a distributed run)
   int64_t cache_releases = 0, cache_bytes_released = 0;  // torch_empty_cache_steps
 };
 
@@ -38,6 +39,13 @@ struct StepOptions {
   // torch_compile's inductor backend: the captured step's elementwise chains fused (where the device's
   // backend runs fused calls).
   bool fuse_elementwise = false;
+  // Distributed data parallel: the step's label tokens counted over every rank, the gradients summed over
+  // the ranks after the last micro-batch (ddp.h), the loss and token count reported globally. Null: alone.
+  dist::ProcessGroup* group = nullptr;
+  int64_t ddp_bucket_cap_bytes = int64_t{25} << 20;
+  // HF's average_tokens_across_devices: false normalizes each rank's loss by its own label tokens and
+  // averages the gradients instead of summing them.
+  bool average_tokens_across_devices = true;
   // Called before each micro-batch's forward (tests inspect the data order).
   std::function<void(int64_t step, const Tensor& input_ids)> on_micro_batch;
   // Called after the step's backward passes with the model's parameters (tests poison a gradient there).

@@ -9,12 +9,15 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "backend/backend.h"
 #include "backend/cuda_api.h"
 #include "core/file_writer.h"
 #include "data/loader.h"
+#include "dist/env.h"
+#include "dist/process_group.h"
 #include "models/causal_lm.h"
 #include "ops/ops.h"
 #include "optim/optimizer.h"
@@ -25,6 +28,7 @@
 #include "train/mixed_precision.h"
 #include "train/run_lock.h"
 #include "train/estimate.h"
+#include "train/ddp.h"
 #include "train/setup.h"
 
 namespace tr::train {
@@ -228,7 +232,8 @@ Schedule make_schedule(const TrainingArguments& a, int64_t batches_per_epoch) {
 // the loop around the step - logging, evaluation, saving, stopping - and the files of a finished run.
 class Run {
  public:
-  Run(const TrainingArguments& a, const TrainHooks& hooks);
+  // `group`: the ranks of a distributed run (null: one process). Rank 0 alone writes files and prints.
+  Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup* group);
   TrainResult train();
 
  private:
@@ -242,9 +247,12 @@ class Run {
   void save();
   void finish();
   void draw_curves();
+  bool stop_requested();
 
   const TrainingArguments& a_;
   const TrainHooks& hooks_;
+  dist::ProcessGroup* group_;
+  bool main_;  // rank 0 (or the only process)
   tokenizers::Tokenizer tok_;
   std::string resume_;
   Device dev_;
@@ -274,15 +282,18 @@ tokenizers::Tokenizer start_run(const TrainingArguments& a) {
   return load_tokenizer(a);
 }
 
-Run::Run(const TrainingArguments& a, const TrainHooks& hooks)
+Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup* group)
     : a_(a),
       hooks_(hooks),
+      group_(group),
+      main_(group == nullptr || group->rank() == 0),
       tok_(start_run(a)),
       resume_(resume_dir(a)),
       dev_(training_device(a)),
       init_gen_(a.seed),
       dropout_gen_(a.seed) {
   model_ = load_model(a, resume_, init_gen_, dev_);
+  if (group_) broadcast_parameters(*group_, model_->named_parameters());  // DDP: rank 0's weights everywhere
   vocab_ = model_->config().vocab_size;
   TR_CHECK(tok_.vocab_size() <= vocab_, "tokenizer {} has {} tokens, more than the model's vocab_size {}",
            a.tokenizer_name.empty() ? a.model_name_or_path : a.tokenizer_name, tok_.vocab_size(), vocab_);
@@ -308,14 +319,17 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks)
   st_.train_batch_size = a.per_device_train_batch_size;
   st_.gradient_accumulation_steps = sched_.ga;
   if (!resume_.empty()) resume();
-  metrics_ = std::make_unique<MetricsLog>(a.output_dir, !resume_.empty(), st_.global_step);
-  write_json(fs::path(a.output_dir) / "training_args.json", a.to_json());
-  if (a.reports_tensorboard()) {  // as HF's TensorBoardCallback: the arguments and model config as text
+  st_.world_size = group_ ? group_->size() : 1;
+  if (main_) {
+    metrics_ = std::make_unique<MetricsLog>(a.output_dir, !resume_.empty(), st_.global_step);
+    write_json(fs::path(a.output_dir) / "training_args.json", a.to_json());
+  }
+  if (main_ && a.reports_tensorboard()) {  // as HF's TensorBoardCallback: the arguments and model config as text
     tb_ = std::make_unique<report::TensorBoardLog>(a.logging_dir, resume_.empty() ? -1 : st_.global_step);
     tb_->text("args", a.to_json().dump(2));
     tb_->text("model_config", model_->config().to_json().dump(2));
   }
-  announce();
+  if (main_) announce();
   r_.per_device_train_batch_size = a.per_device_train_batch_size;
   r_.gradient_accumulation_steps = sched_.ga;
   if (streams_.validation)
@@ -327,6 +341,11 @@ std::unique_ptr<data::DataLoader> Run::make_loader() {
   dopt.block_size = a_.block_size;
   dopt.seed = a_.seed;
   dopt.vocab_size = vocab_;
+  if (group_) {  // each rank its slice of every global batch: the sample order of one process
+    dopt.rank = group_->rank();
+    dopt.world_size = group_->size();
+    dopt.rank_slice = a_.per_device_train_batch_size;
+  }
   TR_CHECK(streams_.train->size() >= a_.block_size, "{}: {} tokens, fewer than one block of --block_size {}",
            a_.train_file, streams_.train->size(), a_.block_size);
   auto ds = std::make_shared<data::SequenceDataset>(streams_.train, dopt);
@@ -347,12 +366,16 @@ void Run::resume() {
   st_ = load_checkpoint_state(resume_, *opt_, *mp_);
   // The checks name trainer_state.json, where the values come from (a damaged file reads as a mismatch).
   const std::string state_file = (fs::path(resume_) / "trainer_state.json").string();
+  // The data position counts global batches: any world size whose ranks together draw the saved batch
+  // continues where the run stopped (DDP state is the same on every rank).
+  const int64_t world = group_ ? group_->size() : 1;
   TR_CHECK(
-      st_.train_batch_size == a_.per_device_train_batch_size && st_.gradient_accumulation_steps == sched_.ga,
-      "{}: saved with per_device_train_batch_size {} and gradient_accumulation_steps {}; resume with the "
-      "same values (got {} and {})",
-      state_file, st_.train_batch_size, st_.gradient_accumulation_steps, a_.per_device_train_batch_size,
-      sched_.ga);
+      st_.train_batch_size * st_.world_size == a_.per_device_train_batch_size * world &&
+          st_.gradient_accumulation_steps == sched_.ga,
+      "{}: saved with per_device_train_batch_size {} x {} process(es) and gradient_accumulation_steps {}; "
+      "resume with the same global batch (got {} x {} and {})",
+      state_file, st_.train_batch_size, st_.world_size, st_.gradient_accumulation_steps,
+      a_.per_device_train_batch_size, world, sched_.ga);
   TR_CHECK(
       st_.train_tokens == 0 || st_.train_tokens == streams_.train->size(),
       "{}: saved while training on {} tokens, this run's training stream has {} (a different --train_file, "
@@ -370,14 +393,18 @@ void Run::resume() {
 }
 
 void Run::announce() const {
+  const std::string world =
+      group_ ? fmt::format(" x {} processes (DDP over {}, buckets of {} MB)", group_->size(),
+                           group_->backend_name(), a_.ddp_bucket_cap_mb)
+             : "";
   std::fprintf(
       stderr,
       "train: %s, %.1fM parameters, %s, optim %s; %lld tokens; %lld optimizer steps of %lld x %lld x %lld "
-      "tokens\n",
+      "tokens%s\n",
       model_->config().model_type.c_str(), model_->num_parameters() / 1e6, dtype_name(compute_).data(),
       a_.optim.c_str(), static_cast<long long>(streams_.train->size()), static_cast<long long>(sched_.total),
       static_cast<long long>(sched_.ga), static_cast<long long>(a_.per_device_train_batch_size),
-      static_cast<long long>(a_.block_size));
+      static_cast<long long>(a_.block_size), world.c_str());
 }
 
 // The micro-batches of the next optimizer step: gradient_accumulation_steps of them, fewer at the end of an
@@ -398,7 +425,8 @@ void Run::evaluate_at(int64_t step) {
   EvalResult e;
   try {
     e = evaluate(*model_, streams_.validation, a_.block_size, a_.per_device_eval_batch_size,
-                 a_.validation_file.empty() ? a_.train_file + " (validation split)" : a_.validation_file);
+                 a_.validation_file.empty() ? a_.train_file + " (validation split)" : a_.validation_file,
+                 group_);
   } catch (const OutOfMemoryError& oom) {
     // Not the training batch's fault: auto_find_batch_size must not shrink it (HF's known pain).
     fail("evaluation ran out of memory; lower --per_device_eval_batch_size ({}): {}",
@@ -408,8 +436,9 @@ void Run::evaluate_at(int64_t step) {
   entry["step"] = step;
   entry["epoch"] = sched_.epoch(step);
   log(entry);
-  std::fprintf(stderr, "\neval: step %lld  eval_loss %.4f  perplexity %.2f  (unigram baseline %.4f)\n",
-               static_cast<long long>(step), e.loss, e.perplexity, r_.unigram_baseline);
+  if (main_)
+    std::fprintf(stderr, "\neval: step %lld  eval_loss %.4f  perplexity %.2f  (unigram baseline %.4f)\n",
+                 static_cast<long long>(step), e.loss, e.perplexity, r_.unigram_baseline);
   r_.evals.push_back(e);
   eval_seconds_ += e.seconds;
 }
@@ -417,12 +446,26 @@ void Run::evaluate_at(int64_t step) {
 void Run::save() {
   st_.dropout_rng = dropout_gen_.state();
   st_.position = loader_->position();
+  if (!main_) {  // DDP: every rank holds the same state; rank 0 writes it, the others wait until it is there
+    group_->barrier();
+    r_.last_checkpoint = (fs::path(a_.output_dir) / ("checkpoint-" + std::to_string(st_.global_step))).string();
+    return;
+  }
   try {
     r_.last_checkpoint = save_checkpoint(*model_, *mp_, *opt_, tok_, st_, a_, hooks_.save_probe);
   } catch (...) {
     std::fprintf(stderr, "\n");  // the error starts its own line, not the progress bar's
     throw;
   }
+  if (group_) group_->barrier();
+}
+
+// Whether to stop after this step: the hook (a signal), on any rank - every rank must stop at the same step,
+// or the others would wait in the next step's collectives for a rank that left.
+bool Run::stop_requested() {
+  double stop = hooks_.should_stop && hooks_.should_stop() ? 1 : 0;
+  if (group_) group_->all_reduce_sum(&stop, 1);
+  return stop > 0;
 }
 
 // The bookkeeping of a finished step (0-based `step`): state, losses, the log line and metrics entry.
@@ -460,9 +503,10 @@ void Run::after_step(int64_t step, const StepResult& s, double lr, int64_t start
 
 // One log entry to everything that records it: metrics.jsonl, TensorBoard, trainer_state's log_history.
 void Run::log(const nlohmann::json& entry) {
+  st_.log_history.push_back(entry);
+  if (!main_) return;
   metrics_->write(entry);
   if (tb_) tb_->log(entry);
-  st_.log_history.push_back(entry);
 }
 
 TrainResult Run::train() {
@@ -473,6 +517,9 @@ TrainResult Run::train() {
   so.device = dev_;
   so.on_micro_batch = hooks_.on_micro_batch;
   so.after_backward = hooks_.after_backward;
+  so.group = group_;
+  so.ddp_bucket_cap_bytes = a_.ddp_bucket_cap_mb << 20;
+  so.average_tokens_across_devices = a_.average_tokens_across_devices;
   // inductor fuses; cudagraphs and the debugging backends (eager, aot_eager) replay the calls as recorded.
   so.fuse_elementwise = a_.torch_compile_backend == "inductor" && ops::fuses_elementwise(dev_);
   const StepState ss{*model_, *mp_, *opt_, dropout_gen_};
@@ -485,7 +532,7 @@ TrainResult Run::train() {
   const auto step_fn = a_.torch_compile ? make_compiled_step(ss, so) : make_eager_step(ss, so);
   ops::allocator_for(dev_).reset_peak();
   const int64_t start_step = st_.global_step, total = sched_.total;
-  window_ = std::make_unique<StepWindow>(start_step, total);
+  window_ = std::make_unique<StepWindow>(start_step, total, main_);
   train_start_ = clock::now();
   for (int64_t step = start_step; step < total; ++step) {
     const double lr = lr_at(a_.lr_scheduler_type, a_.learning_rate, st_.scheduler_step, sched_.warmup, total);
@@ -497,7 +544,7 @@ TrainResult Run::train() {
       step_fn->release_memory();
       evaluate_at(step + 1);
     }
-    const bool stop = hooks_.should_stop && hooks_.should_stop();
+    const bool stop = stop_requested();
     if ((a_.save_strategy == "steps" && (step + 1) % sched_.save_every == 0) ||
         (a_.save_strategy == "epoch" && epoch_end) || (a_.save_strategy != "no" && step + 1 == total) ||
         stop) {
@@ -505,7 +552,8 @@ TrainResult Run::train() {
       save();
     }
     if (stop && step + 1 < total) {
-      std::fprintf(
+      if (main_)
+        std::fprintf(
           stderr, "\ntrain: interrupted after step %lld; saved %s. Resume with --resume_from_checkpoint %s\n",
           static_cast<long long>(step + 1), r_.last_checkpoint.c_str(), r_.last_checkpoint.c_str());
       r_.interrupted = true;
@@ -513,7 +561,7 @@ TrainResult Run::train() {
       return r_;
     }
   }
-  std::fprintf(stderr, "\n");
+  if (main_) std::fprintf(stderr, "\n");
   r_.steps = total - start_step;
   r_.seconds = std::chrono::duration<double>(clock::now() - train_start_).count() - eval_seconds_;
   r_.tokens_per_second = tokens_ / r_.seconds;
@@ -549,6 +597,11 @@ void Run::draw_curves() {
 // The files of a finished run, as HF's Trainer leaves them: results, the final model and tokenizer, state.
 void Run::finish() {
   const int64_t total = sched_.total;
+  const bool final_eval = a_.do_eval && streams_.validation;
+  if (final_eval && (r_.evals.empty() || st_.log_history.back().value("step", int64_t{-1}) != total ||
+                     !st_.log_history.back().contains("eval_loss")))
+    evaluate_at(total);  // on every rank: the evaluation is split across them
+  if (!main_) return;
   if (st_.skipped_steps > 0)
     std::fprintf(stderr,
                  "train: %lld of %lld fp16 steps skipped for inf/nan gradients (final loss scale %g)\n",
@@ -561,11 +614,12 @@ void Run::finish() {
                         {"epoch", sched_.epoch(total)},
                         {"global_step", total},
                         {"train_peak_memory_gib", static_cast<double>(r_.peak_bytes) / (1 << 30)}};
+  if (group_) {  // the memory is rank 0's; every rank holds the same replicas under DDP
+    all["world_size"] = group_->size();
+    all["ddp_backend"] = group_->backend_name();
+  }
   write_json(fs::path(a_.output_dir) / "train_results.json", all);
-  if (a_.do_eval && streams_.validation) {
-    if (r_.evals.empty() || st_.log_history.back().value("step", int64_t{-1}) != total ||
-        !st_.log_history.back().contains("eval_loss"))
-      evaluate_at(total);
+  if (final_eval) {
     auto e = r_.evals.back().to_json();
     e["epoch"] = sched_.epoch(total);
     write_json(fs::path(a_.output_dir) / "eval_results.json", e);
@@ -587,20 +641,45 @@ void Run::finish() {
               {"eval_steps", sched_.eval_every},
               {"save_steps", sched_.save_every},
               {"train_batch_size", a_.per_device_train_batch_size},
+              {"world_size", st_.world_size},
               {"skipped_steps", st_.skipped_steps},
               {"log_history", st_.log_history}});
 }
 
 }  // namespace
 
+// The process group of a run started by a launcher (torchrun, trainer launch, srun, mpirun), or null.
+std::unique_ptr<dist::ProcessGroup> join_group(const TrainingArguments& a) {
+  const dist::DistEnv env = dist::read_dist_env();
+  if (!env.distributed()) return nullptr;
+  TR_CHECK(a.fsdp_options().empty() || a.fsdp == "no_shard",
+           "--fsdp {}: sharded data parallelism (ZeRO-2/3) is not built yet; without --fsdp the {} processes "
+           "train with DDP (replicated weights and optimizer state)",
+           a.fsdp, env.world_size);
+  TR_CHECK(!a.auto_find_batch_size && a.per_device_train_batch_size != kAutoBatch,
+           "--auto_find_batch_size / --per_device_train_batch_size auto with WORLD_SIZE {}: the ranks would "
+           "retry on their own; give the batch size",
+           env.world_size);
+  const std::string backend = a.ddp_backend.empty() ? (training_device(a).is_cuda() ? "nccl" : "gloo")
+                                                    : a.ddp_backend;
+  return dist::init_process_group(env, dist::parse_comm_backend(backend),
+                                  std::chrono::milliseconds(a.ddp_timeout * 1000));
+}
+
 TrainResult train(const TrainingArguments& args, const TrainHooks& hooks) {
   args.validate();
   // --tf32: f32 matmuls read TF32 inputs (tensor cores on a GPU; emulated by rounding on the CPU).
   backend::Tf32Scope tf32(args.tf32);
   const bool resuming = !args.resume_from_checkpoint.empty() && args.resume_from_checkpoint != "false";
+  const auto group = join_group(args);
   // Before anything in output_dir is read or replaced: a second trainer on the same folder is refused.
-  const OutputDirLock lock(args.output_dir);
-  check_output_dir(args, resuming);
+  // Rank 0 holds the lock for the run; the others start once it has checked and cleaned the folder.
+  std::optional<OutputDirLock> lock;
+  if (!group || group->rank() == 0) {
+    lock.emplace(args.output_dir);
+    check_output_dir(args, resuming);
+  }
+  if (group) group->barrier();
   TrainingArguments a = args;
   a.apply_compile_defaults();
   resolve_logging_dir(a, resuming);
@@ -620,7 +699,7 @@ TrainResult train(const TrainingArguments& args, const TrainHooks& hooks) {
   if (a.auto_find_batch_size && !resuming && !auto_batch) predicted = predict_batch_split(a, effective);
   for (int64_t retries = 0;; ++retries) {
     try {
-      TrainResult r = Run(a, hooks).train();
+      TrainResult r = Run(a, hooks, group.get()).train();
       r.batch_retries = retries;
       return r;
     } catch (const OutOfMemoryError& e) {

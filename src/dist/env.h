@@ -1,0 +1,29 @@
+// The distributed environment a process was started into, read in one place: torchrun's contract (RANK,
+// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT; `trainer launch` sets the
+// same), Slurm's srun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID + MASTER_ADDR) and Open MPI's
+// mpirun (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE + MASTER_ADDR).
+#pragma once
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace tr::dist {
+
+struct DistEnv {
+  int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1, group_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string launcher = "none";  // torchrun (trainer launch, torchrun), slurm, mpirun, or none
+  bool distributed() const { return world_size > 1; }
+  bool is_main() const { return rank == 0; }
+};
+
+// A variable's value, or nullopt when it is not set.
+using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
+
+// Throws naming the variable when a value is not a number, out of range, or contradicts another.
+DistEnv read_dist_env(const EnvLookup& env);
+// The process's own environment.
+DistEnv read_dist_env();
+
+}  // namespace tr::dist

@@ -1,0 +1,235 @@
+// The rendezvous and the Gloo process group; see process_group.h.
+#include "dist/process_group.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include "core/error.h"
+#include "dist/store.h"
+
+namespace tr::dist {
+
+CommBackend parse_comm_backend(const std::string& name) {
+  if (name == "gloo") return CommBackend::gloo;
+  if (name == "nccl") return CommBackend::nccl;
+  fail("--ddp_backend {}: expected gloo (CPUs; any device through host copies) or nccl (GPUs)", name);
+}
+
+const char* comm_backend_name(CommBackend b) { return b == CommBackend::gloo ? "gloo" : "nccl"; }
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Gloo's rendezvous reads and writes keys through this adapter onto our TCP store, under a prefix.
+class GlooStore final : public gloo::rendezvous::Store {
+ public:
+  GlooStore(StoreClient& c, Millis timeout) : c_(c), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    c_.set("gloo/" + key, std::string(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    const auto v = c_.get("gloo/" + key, timeout_);
+    TR_CHECK(v.has_value(), "rendezvous: Gloo's key {} did not appear in the store at {} within {} s", key,
+             c_.endpoint(), timeout_.count() / 1000.0);
+    return {v->begin(), v->end()};
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    std::vector<std::string> prefixed;
+    for (const auto& k : keys) prefixed.push_back("gloo/" + k);
+    const auto missing = c_.wait(prefixed, timeout);
+    TR_CHECK(missing.empty(), "rendezvous: Gloo's key {} did not appear in the store at {} within {} s",
+             missing.empty() ? "" : missing.front(), c_.endpoint(), timeout.count() / 1000.0);
+  }
+
+ private:
+  StoreClient& c_;
+  Millis timeout_;
+};
+
+// The address of this host that reaches `master` (the source address of a route to it): what peers on other
+// nodes can connect to. GLOO_SOCKET_IFNAME (torch's name) picks an interface instead.
+gloo::transport::tcp::attr transport_attr(const std::string& master, int port) {
+  gloo::transport::tcp::attr attr;
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname != '\0') {
+    attr.iface = ifname;
+    return attr;
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  TR_CHECK(::getaddrinfo(master.c_str(), std::to_string(port).c_str(), &hints, &res) == 0 && res != nullptr,
+           "MASTER_ADDR {}: cannot resolve the host name", master);
+  const int fd = ::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_storage local{};
+  socklen_t len = sizeof local;
+  const bool ok = fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0;
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(res);
+  TR_CHECK(ok, "MASTER_ADDR {}: no route from this host ({})", master, std::strerror(errno));
+  char host[NI_MAXHOST];
+  TR_CHECK(::getnameinfo(reinterpret_cast<sockaddr*>(&local), len, host, sizeof host, nullptr, 0,
+                         NI_NUMERICHOST) == 0,
+           "cannot name this host's address towards MASTER_ADDR {}", master);
+  attr.hostname = host;
+  return attr;
+}
+
+// Every rank announces itself with its world size; all must arrive within the timeout, agree on the size,
+// and no rank may be claimed twice.
+void check_in(StoreClient& c, const DistEnv& env, Millis timeout) {
+  const std::string me = std::to_string(env.rank);
+  const int64_t claims = c.add("claim/" + me, 1);
+  TR_CHECK(claims == 1, "rendezvous at {}: RANK {} was started twice (check the launcher's ranks)",
+           c.endpoint(), env.rank);
+  c.set("arrived/" + me, std::to_string(env.world_size));
+  std::vector<std::string> keys;
+  for (int r = 0; r < env.world_size; ++r) keys.push_back("arrived/" + std::to_string(r));
+  const auto missing = c.wait(keys, timeout);
+  if (!missing.empty()) {
+    std::string who;
+    for (const auto& k : missing) who += (who.empty() ? "" : ", ") + k.substr(k.find('/') + 1);
+    fail("rendezvous at {}: rank{} {} of {} did not arrive within --ddp_timeout {} s", c.endpoint(),
+         missing.size() > 1 ? "s" : "", who, env.world_size, timeout.count() / 1000.0);
+  }
+  for (int r = 0; r < env.world_size; ++r) {
+    const auto w = c.get("arrived/" + std::to_string(r), timeout);
+    TR_CHECK(w && *w == std::to_string(env.world_size),
+             "rendezvous at {}: rank {} was started with WORLD_SIZE {}, rank {} with {}", c.endpoint(), r,
+             w ? *w : "?", env.rank, env.world_size);
+  }
+}
+
+class GlooGroup final : public ProcessGroup {
+ public:
+  GlooGroup(const DistEnv& env, Millis timeout) : env_(env), timeout_(timeout) {
+    if (env.rank == 0) server_ = std::make_unique<StoreServer>(env.master_port);
+    client_ = std::make_unique<StoreClient>(env.master_addr, env.master_port, timeout);
+    check_in(*client_, env, timeout);
+    try {
+      auto dev = gloo::transport::tcp::CreateDevice(transport_attr(env.master_addr, env.master_port));
+      auto ctx = std::make_shared<gloo::rendezvous::Context>(env.rank, env.world_size);
+      ctx->setTimeout(timeout);
+      GlooStore store(*client_, timeout);
+      ctx->connectFullMesh(store, dev);
+      ctx_ = ctx;
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      fail("rendezvous (gloo, rank {} of {}): connecting the ranks failed: {}", env.rank, env.world_size,
+           e.what());
+    }
+  }
+  ~GlooGroup() override {
+    // Rank 0's store must outlive the other ranks' last use of it: they say goodbye first.
+    try {
+      client_->set("bye/" + std::to_string(env_.rank), "1");
+      if (server_) {
+        std::vector<std::string> keys;
+        for (int r = 1; r < env_.world_size; ++r) keys.push_back("bye/" + std::to_string(r));
+        client_->wait(keys, Millis(10000));
+      }
+    } catch (const std::exception&) {  // a peer or rank 0 already gone: nothing left to coordinate
+    }
+  }
+
+  int rank() const override { return env_.rank; }
+  int size() const override { return env_.world_size; }
+  const char* backend_name() const override { return "gloo"; }
+
+  void all_reduce_sum(float* data, size_t n) override { reduce(data, n); }
+  void all_reduce_sum(double* data, size_t n) override { reduce(data, n); }
+
+  void broadcast(void* data, size_t bytes, int root) override {
+    run("broadcast", bytes, [&] {
+      gloo::BroadcastOptions o(ctx_);
+      o.setOutput(static_cast<char*>(data), bytes);
+      o.setRoot(root);
+      o.setTimeout(timeout_);
+      gloo::broadcast(o);
+    });
+  }
+  void all_gather(const void* in, void* out, size_t bytes) override {
+    run("all_gather", bytes, [&] {
+      gloo::AllgatherOptions o(ctx_);
+      o.setInput(const_cast<char*>(static_cast<const char*>(in)), bytes);
+      o.setOutput(static_cast<char*>(out), bytes * static_cast<size_t>(env_.world_size));
+      o.setTimeout(timeout_);
+      gloo::allgather(o);
+    });
+  }
+  void barrier() override {
+    run("barrier", 0, [&] {
+      gloo::BarrierOptions o(ctx_);
+      o.setTimeout(timeout_);
+      gloo::barrier(o);
+    });
+  }
+
+ private:
+  template <typename T>
+  void reduce(T* data, size_t n) {
+    if (n == 0) return;
+    run("all_reduce", n * sizeof(T), [&] {
+      gloo::AllreduceOptions o(ctx_);
+      o.setOutput(data, n);
+      o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<T>));
+      o.setTimeout(timeout_);
+      gloo::allreduce(o);
+    });
+  }
+  // Gloo reports a dead or stalled peer as an exception of its own: said here with the collective and the
+  // timeout that applied.
+  template <typename F>
+  void run(const char* what, size_t bytes, F&& f) {
+    const auto t0 = Clock::now();
+    try {
+      f();
+    } catch (const std::exception& e) {
+      fail("{} (gloo, rank {} of {}) failed: a peer process ended, or stalled for more than --ddp_timeout "
+           "{} s: {}",
+           what, env_.rank, env_.world_size, timeout_.count() / 1000.0, e.what());
+    }
+    stats_.calls += 1;
+    stats_.bytes += static_cast<int64_t>(bytes);
+    stats_.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+
+  DistEnv env_;
+  Millis timeout_;
+  std::unique_ptr<StoreServer> server_;
+  std::unique_ptr<StoreClient> client_;
+  std::shared_ptr<gloo::Context> ctx_;
+};
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> init_process_group(const DistEnv& env, CommBackend backend, Millis timeout) {
+  TR_CHECK(env.distributed(), "init_process_group: a world of one process needs no group");
+  TR_CHECK(backend == CommBackend::gloo,
+           "--ddp_backend nccl: this build has no NCCL process group yet; use --ddp_backend gloo");
+  // A peer that dies mid-send would raise SIGPIPE in Gloo's socket writes and end this process without a
+  // word; ignored, the write fails and the collective reports the dead peer (Python does the same).
+  std::signal(SIGPIPE, SIG_IGN);
+  return std::make_unique<GlooGroup>(env, timeout);
+}
+
+}  // namespace tr::dist

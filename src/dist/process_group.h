@@ -1,0 +1,53 @@
+// A process group: the ranks of one training run and the collectives between them (HF/torch's
+// torch.distributed process group). `init_process_group` runs the rendezvous through rank 0's TCP store
+// (every rank checked in, one world size, no rank twice) and connects the backend: Gloo over TCP for host
+// memory. Collectives are blocking and have the group's timeout (--ddp_timeout): a peer that died or hangs
+// is an error naming the collective, never a silent hang.
+#pragma once
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "dist/env.h"
+
+namespace tr::dist {
+
+enum class CommBackend { gloo, nccl };
+// "gloo" / "nccl"; throws naming --ddp_backend otherwise.
+CommBackend parse_comm_backend(const std::string& name);
+const char* comm_backend_name(CommBackend b);
+
+// What the collectives of a group moved and how long the caller waited in them (benchmarks, logs).
+struct CommStats {
+  int64_t calls = 0, bytes = 0;  // bytes: this rank's payload handed to collectives
+  double seconds = 0;
+};
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* backend_name() const = 0;
+  // Element-wise sums over the ranks, in place (host memory). Every rank gets the same bits.
+  virtual void all_reduce_sum(float* data, size_t n) = 0;
+  virtual void all_reduce_sum(double* data, size_t n) = 0;
+  // Rank `root`'s bytes to every rank.
+  virtual void broadcast(void* data, size_t bytes, int root) = 0;
+  // Every rank's `bytes` from `in`, concatenated by rank into `out` (size() * bytes).
+  virtual void all_gather(const void* in, void* out, size_t bytes) = 0;
+  virtual void barrier() = 0;
+  const CommStats& stats() const { return stats_; }
+
+ protected:
+  CommStats stats_;
+};
+
+// The group of a distributed environment (env.distributed() must hold). Rank 0 serves the store at
+// MASTER_PORT for the group's lifetime. Throws naming the ranks that did not arrive within `timeout`.
+std::unique_ptr<ProcessGroup> init_process_group(const DistEnv& env, CommBackend backend,
+                                                 std::chrono::milliseconds timeout);
+
+}  // namespace tr::dist

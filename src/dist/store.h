@@ -1,0 +1,63 @@
+// The rendezvous key-value store, served over TCP by rank 0 at MASTER_ADDR:MASTER_PORT (torch's TCPStore
+// role; Gloo's packaged stores are file/hash/redis only). Ranks publish and wait for keys through it: their
+// arrival, their world size, and Gloo's transport addresses. Every wait has a deadline and names what is
+// missing when it passes.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace tr::dist {
+
+using Millis = std::chrono::milliseconds;
+
+// Rank 0's server: a listening socket on all interfaces, a thread per connection.
+class StoreServer {
+ public:
+  // Throws naming the port when it cannot be bound (in use by another run, or privileged).
+  explicit StoreServer(int port);
+  ~StoreServer();
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+  int port() const { return port_; }
+
+ private:
+  struct State;
+  void accept_loop();
+  int port_ = 0;
+  int listen_fd_ = -1;
+  std::shared_ptr<State> state_;
+  std::thread acceptor_;
+};
+
+// One rank's connection to the server.
+class StoreClient {
+ public:
+  // Connects to host:port, retrying until `timeout` (rank 0 may start later than this rank).
+  StoreClient(const std::string& host, int port, Millis timeout);
+  ~StoreClient();
+  StoreClient(const StoreClient&) = delete;
+  StoreClient& operator=(const StoreClient&) = delete;
+
+  void set(const std::string& key, const std::string& value);
+  // The key's value once it is set, or nullopt when `timeout` passes first.
+  std::optional<std::string> get(const std::string& key, Millis timeout);
+  // Adds `delta` to the integer stored at key (absent: 0) and returns the sum.
+  int64_t add(const std::string& key, int64_t delta);
+  // Waits until every key is set; returns the keys still missing when `timeout` passed (empty: all there).
+  std::vector<std::string> wait(const std::vector<std::string>& keys, Millis timeout);
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  std::optional<std::string> request(char op, const std::string& key, const std::string& value, int64_t arg);
+  std::mutex mu_;  // one request at a time on the socket
+  int fd_ = -1;
+  std::string endpoint_;
+};
+
+}  // namespace tr::dist
