@@ -255,9 +255,10 @@ int main(int argc, char** argv) {
   // stop_signals.cpp for the heap corruption a handler caused). `train`: the step in flight finishes, a
   // checkpoint is saved and the exit status is 0; other subcommands end by the signal.
   // `launch`: the first signal is forwarded to the ranks, which finish their step and save.
-  const bool training = argc >= 2 && (std::string(argv[1]) == "train" || std::string(argv[1]) == "launch");
-  tr::cli::StopSignals signals(training ? tr::cli::FirstSignal::request_stop
-                                        : tr::cli::FirstSignal::exit_now);
+  const std::string first_arg = argc >= 2 ? argv[1] : "";
+  tr::cli::StopSignals signals(first_arg == "train"    ? tr::cli::FirstSignal::request_stop
+                               : first_arg == "launch" ? tr::cli::FirstSignal::forward
+                                                       : tr::cli::FirstSignal::exit_now);
   CLI::App app{"trainer: train GPT-2 and Llama models in Hugging Face format, without Python"};
   app.require_subcommand(1);
   std::string dir;

@@ -86,7 +86,15 @@ void StopSignals::wait_loop() {
     int sig = 0;
     if (sigwait(&s, &sig) != 0) continue;
     if (closing_) return;
-    if (++received == 1 && first_.load() == FirstSignal::request_stop) {
+    if (++received == 1 && first_.load() == FirstSignal::forward) {
+      std::fprintf(stderr,
+                   "\ntrainer launch: %s received: every rank finishes its step and saves a checkpoint (send it "
+                   "again to end them at once)\n",
+                   signal_name(sig));
+      stop_ = true;
+      continue;
+    }
+    if (received == 1 && first_.load() == FirstSignal::request_stop) {
       std::fprintf(stderr,
                    "\ntrainer: %s received: finishing this step, then saving a checkpoint (send it again to "
                    "exit at once; the last saved checkpoint stays intact)\n",

@@ -11,7 +11,9 @@ namespace tr::cli {
 // What the first signal does. `request_stop`: `trainer train` finishes its step, saves a checkpoint and
 // exits 0; a second signal exits at once (the last checkpoint is intact: saves are renamed into place).
 // `exit_now`: the process ends by the signal, as it would by default (eval, generate, tokenize, info).
-enum class FirstSignal { request_stop, exit_now };
+// `forward`: `trainer launch` - the request is handed to the ranks (each finishes its step and saves); a
+// second signal ends the launcher and with it every rank.
+enum class FirstSignal { request_stop, exit_now, forward };
 
 class StopSignals {
  public:

@@ -96,6 +96,7 @@ void start(const LaunchOptions& o, Worker& w, int restart) {
   if (pid == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // no process outlives the launcher
     if (::getppid() != parent) ::_exit(127);
+    ::setpgid(0, 0);  // a terminal's Ctrl-C reaches the launcher alone, which forwards it once
     if (!direct) {
       ::dup2(fds[1], STDOUT_FILENO);
       ::dup2(fds[1], STDERR_FILENO);
@@ -197,8 +198,6 @@ std::string run_group(const LaunchOptions& o, std::vector<Worker>& ws, int resta
     }
     if (!forwarded && o.stop_requested && o.stop_requested()) {  // each rank finishes its step and saves
       forwarded = true;
-      std::fprintf(stderr, "trainer launch: stop requested; forwarding SIGTERM to %zu process(es)\n",
-                   ws.size());
       signal_all(ws, SIGTERM);
     }
     if (any_running && Clock::now() >= kill_at) {

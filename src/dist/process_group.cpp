@@ -131,6 +131,10 @@ class GlooGroup final : public ProcessGroup {
       GlooStore store(*client_, timeout);
       ctx->connectFullMesh(store, dev);
       ctx_ = ctx;
+      // Past this barrier no rank reads the store again, so rank 0 may close it whenever it ends.
+      gloo::BarrierOptions o(ctx_);
+      o.setTimeout(timeout);
+      gloo::barrier(o);
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
@@ -138,19 +142,6 @@ class GlooGroup final : public ProcessGroup {
            e.what());
     }
   }
-  ~GlooGroup() override {
-    // Rank 0's store must outlive the other ranks' last use of it: they say goodbye first.
-    try {
-      client_->set("bye/" + std::to_string(env_.rank), "1");
-      if (server_) {
-        std::vector<std::string> keys;
-        for (int r = 1; r < env_.world_size; ++r) keys.push_back("bye/" + std::to_string(r));
-        client_->wait(keys, Millis(10000));
-      }
-    } catch (const std::exception&) {  // a peer or rank 0 already gone: nothing left to coordinate
-    }
-  }
-
   int rank() const override { return env_.rank; }
   int size() const override { return env_.world_size; }
   const char* backend_name() const override { return "gloo"; }

@@ -1,0 +1,354 @@
+// The distributed layer in one process: the launcher environment (torchrun, srun, mpirun and their errors),
+// rank 0's TCP store, a Gloo group of threads on 127.0.0.1 (collectives, rendezvous failures), the sampler's
+// rank slices, and DDP's gradient reduction against a single process's sum.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <future>
+#include <map>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "data/loader.h"
+#include "dist/env.h"
+#include "dist/launcher.h"
+#include "dist/process_group.h"
+#include "dist/store.h"
+#include "ops/ops.h"
+#include "autograd/node.h"
+#include "train/ddp.h"
+
+namespace {
+
+using namespace tr;
+using Env = std::map<std::string, std::string>;
+
+dist::DistEnv env_of(const Env& e) {
+  return dist::read_dist_env([&](const std::string& n) -> std::optional<std::string> {
+    auto it = e.find(n);
+    if (it == e.end()) return std::nullopt;
+    return it->second;
+  });
+}
+
+std::string error_of(const Env& e) {
+  try {
+    env_of(e);
+  } catch (const Error& x) {
+    return x.what();
+  }
+  return "";
+}
+
+// A port no other test of this run uses: the pid spreads parallel ctest processes apart.
+int test_port(int k) { return 20000 + (static_cast<int>(::getpid()) * 7 + k * 131) % 30000; }
+
+TEST(DistEnv, ReadsEachLaunchersContract) {
+  EXPECT_FALSE(env_of({}).distributed());
+  EXPECT_EQ(env_of({}).launcher, "none");
+  auto t = env_of({{"WORLD_SIZE", "4"}, {"RANK", "3"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
+                   {"GROUP_RANK", "1"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "1234"}});
+  EXPECT_EQ(t.launcher, "torchrun");
+  EXPECT_EQ(t.rank, 3);
+  EXPECT_EQ(t.world_size, 4);
+  EXPECT_EQ(t.local_rank, 1);
+  EXPECT_EQ(t.local_world_size, 2);
+  EXPECT_EQ(t.group_rank, 1);
+  EXPECT_EQ(t.master_addr, "node0");
+  EXPECT_EQ(t.master_port, 1234);
+  auto s = env_of({{"SLURM_NTASKS", "8"}, {"SLURM_PROCID", "5"}, {"SLURM_LOCALID", "1"},
+                   {"SLURM_NTASKS_PER_NODE", "4(x2)"}, {"SLURM_NODEID", "1"}, {"MASTER_ADDR", "n1"}});
+  EXPECT_EQ(s.launcher, "slurm");
+  EXPECT_EQ(s.rank, 5);
+  EXPECT_EQ(s.world_size, 8);
+  EXPECT_EQ(s.local_world_size, 4);
+  EXPECT_EQ(s.group_rank, 1);
+  EXPECT_EQ(s.master_port, 29500);
+  auto m = env_of({{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_RANK", "2"},
+                   {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                   {"MASTER_ADDR", "10.0.0.1"}});
+  EXPECT_EQ(m.launcher, "mpirun");
+  EXPECT_EQ(m.rank, 2);
+  EXPECT_EQ(m.group_rank, 1);
+  // torchrun's variables win over a Slurm allocation the job runs inside.
+  EXPECT_EQ(env_of({{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"SLURM_NTASKS", "1"}, {"SLURM_PROCID", "0"}}).rank, 1);
+}
+
+TEST(DistEnv, BadValuesNameTheVariable) {
+  const std::vector<std::pair<Env, std::string>> cases{
+      {{{"WORLD_SIZE", "two"}, {"RANK", "0"}}, "WORLD_SIZE=\"two\": expected an integer"},
+      {{{"WORLD_SIZE", "2"}, {"RANK", "2"}}, "rank 2 (from the torchrun environment) is not below the world size 2"},
+      {{{"WORLD_SIZE", "2"}}, "WORLD_SIZE=2 is set but RANK is not"},
+      {{{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_PORT", "70000"}}, "MASTER_PORT=70000: expected a value in [1, 65535]"},
+      {{{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_ADDR", ""}}, "MASTER_ADDR is empty"},
+      {{{"SLURM_NTASKS", "2"}, {"SLURM_PROCID", "0"}}, "srun started 2 tasks but MASTER_ADDR is not set"},
+      {{{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "0"}}, "pass -x MASTER_ADDR"},
+      {{{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"LOCAL_RANK", "3"}, {"LOCAL_WORLD_SIZE", "2"}},
+       "local rank 3 of 2 local processes"},
+  };
+  for (const auto& [env, want] : cases) EXPECT_NE(error_of(env).find(want), std::string::npos) << error_of(env);
+}
+
+TEST(DistStore, SetGetAddWaitAcrossClients) {
+  const int port = test_port(1);
+  dist::StoreServer server(port);
+  dist::StoreClient a("127.0.0.1", port, dist::Millis(5000)), b("localhost", port, dist::Millis(5000));
+  auto later = std::async(std::launch::async, [&] { return b.get("k", dist::Millis(5000)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  a.set("k", std::string("v\0w", 3));  // values are bytes
+  EXPECT_EQ(later.get(), std::string("v\0w", 3));
+  EXPECT_EQ(a.add("n", 2), 2);
+  EXPECT_EQ(b.add("n", 3), 5);
+  EXPECT_FALSE(a.get("absent", dist::Millis(100)).has_value());
+  EXPECT_EQ(a.wait({"k", "absent", "n"}, dist::Millis(100)), std::vector<std::string>{"absent"});
+}
+
+TEST(DistStore, UnreachableServerAndBusyPortAreNamed) {
+  const int port = test_port(2);
+  try {
+    dist::StoreClient c("127.0.0.1", port, dist::Millis(300));
+    ADD_FAILURE() << "connected to nothing";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("could not reach the rendezvous store at 127.0.0.1:" +
+                                         std::to_string(port) + " within 0.3 s"),
+              std::string::npos)
+        << e.what();
+  }
+  dist::StoreServer s(port);
+  try {
+    dist::StoreServer twice(port);
+    ADD_FAILURE() << "bound a port twice";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("another run or process holds it"), std::string::npos) << e.what();
+  }
+}
+
+// Runs fn(rank, group) on `world` threads, each a rank of one Gloo group on 127.0.0.1.
+template <typename F>
+void with_group(int world, int port, F fn) {
+  std::vector<std::thread> ts;
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        dist::DistEnv e;
+        e.rank = r;
+        e.world_size = world;
+        e.master_port = port;
+        auto g = dist::init_process_group(e, dist::CommBackend::gloo, dist::Millis(20000));
+        fn(r, *g);
+      } catch (const std::exception& x) {
+        errors[static_cast<size_t>(r)] = x.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+}
+
+TEST(DistGloo, CollectivesOfThreeRanks) {
+  with_group(3, test_port(3), [](int r, dist::ProcessGroup& g) {
+    EXPECT_EQ(g.rank(), r);
+    EXPECT_EQ(g.size(), 3);
+    std::vector<float> f(1000);
+    for (size_t i = 0; i < f.size(); ++i) f[i] = static_cast<float>(i) + 0.25f * static_cast<float>(r);
+    g.all_reduce_sum(f.data(), f.size());
+    for (size_t i = 0; i < f.size(); ++i) ASSERT_FLOAT_EQ(f[i], 3.0f * static_cast<float>(i) + 0.75f);
+    double d[2] = {1.0 * r, 1e300};
+    g.all_reduce_sum(d, 1);
+    EXPECT_EQ(d[0], 3.0);
+    EXPECT_EQ(d[1], 1e300);  // only n elements are touched
+    int64_t v = r == 1 ? 4242 : -1;
+    g.broadcast(&v, sizeof v, 1);
+    EXPECT_EQ(v, 4242);
+    int32_t mine = 10 * r, all[3] = {};
+    g.all_gather(&mine, all, sizeof mine);
+    EXPECT_EQ(all[0], 0);
+    EXPECT_EQ(all[1], 10);
+    EXPECT_EQ(all[2], 20);
+    g.barrier();
+    EXPECT_GE(g.stats().calls, 5);
+  });
+}
+
+std::string rendezvous_error(int world, std::vector<std::pair<int, int>> rank_and_world, int port,
+                             int timeout_ms) {
+  std::vector<std::string> errors(rank_and_world.size());
+  std::vector<std::thread> ts;
+  for (size_t i = 0; i < rank_and_world.size(); ++i)
+    ts.emplace_back([&, i] {
+      try {
+        dist::DistEnv e;
+        e.rank = rank_and_world[i].first;
+        e.world_size = rank_and_world[i].second;
+        e.master_port = port;
+        auto g = dist::init_process_group(e, dist::CommBackend::gloo, dist::Millis(timeout_ms));
+      } catch (const std::exception& x) {
+        errors[i] = x.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  (void)world;
+  return errors[0];  // rank 0's view
+}
+
+TEST(DistGloo, RendezvousNamesWhoDidNotArriveOrDisagrees) {
+  // Ranks 0 and 1 of a world of 3 come; rank 2 never does.
+  EXPECT_NE(rendezvous_error(3, {{0, 3}, {1, 3}}, test_port(4), 800)
+                .find("rank 2 of 3 did not arrive within --ddp_timeout 0.8 s"),
+            std::string::npos);
+  // Rank 1 was told the world has 3 processes, rank 0 that it has 2.
+  const std::string w = rendezvous_error(2, {{0, 2}, {1, 3}}, test_port(5), 1500);
+  EXPECT_NE(w.find("was started with WORLD_SIZE"), std::string::npos) << w;
+  // Two processes claim rank 1.
+  std::vector<std::string> errs(3);
+  {
+    const int port = test_port(6);
+    std::vector<std::thread> ts;
+    for (int i = 0; i < 3; ++i)
+      ts.emplace_back([&, i] {
+        try {
+          dist::DistEnv e;
+          e.rank = i == 0 ? 0 : 1;
+          e.world_size = 2;
+          e.master_port = port;
+          auto g = dist::init_process_group(e, dist::CommBackend::gloo, dist::Millis(1500));
+        } catch (const std::exception& x) {
+          errs[static_cast<size_t>(i)] = x.what();
+        }
+      });
+    for (auto& t : ts) t.join();
+  }
+  // Whichever of the two claims came second is refused (the other completes the rendezvous with rank 0).
+  EXPECT_TRUE(errs[1].find("RANK 1 was started twice") != std::string::npos ||
+              errs[2].find("RANK 1 was started twice") != std::string::npos)
+      << errs[1] << " | " << errs[2];
+}
+
+TEST(DistGloo, NcclIsRefusedClearlyOnThisBuild) {
+  dist::DistEnv e;
+  e.world_size = 2;
+  try {
+    dist::init_process_group(e, dist::CommBackend::nccl, dist::Millis(100));
+    ADD_FAILURE();
+  } catch (const Error& x) {
+    EXPECT_NE(std::string(x.what()).find("use --ddp_backend gloo"), std::string::npos);
+  }
+}
+
+// Rank r's batch k, concatenated over the ranks, is the single process's batch k: the order does not
+// depend on the world size.
+TEST(DistSampler, RankSlicesMakeTheSingleProcessBatches) {
+  auto stream = std::make_shared<data::TokenStream>(std::vector<uint32_t>(37 * 4, 1));  // 37 samples of 4
+  for (int world : {2, 3, 5}) {
+    const int64_t b = 3;
+    data::DatasetOptions one;
+    one.block_size = 4;
+    one.seed = 7;
+    const auto all = data::SequenceDataset(stream, one).epoch_order(1);
+    std::vector<std::vector<int64_t>> mine;
+    for (int r = 0; r < world; ++r) {
+      data::DatasetOptions o = one;
+      o.rank = r;
+      o.world_size = world;
+      o.rank_slice = b;
+      mine.push_back(data::SequenceDataset(stream, o).epoch_order(1));
+    }
+    std::vector<int64_t> joined;
+    for (int64_t k = 0; k * b * world < 37; ++k)
+      for (int r = 0; r < world; ++r)
+        for (int64_t j = k * b; j < std::min<int64_t>((k + 1) * b, static_cast<int64_t>(mine[r].size())); ++j)
+          joined.push_back(mine[static_cast<size_t>(r)][static_cast<size_t>(j)]);
+    EXPECT_EQ(joined, all) << "world " << world;
+  }
+}
+
+// Every rank's loader has the same number of batches; a rank past the last sample gets empty ones.
+TEST(DistSampler, LoadersAgreeOnBatchesPerEpoch) {
+  auto stream = std::make_shared<data::TokenStream>(std::vector<uint32_t>(13 * 4, 1));
+  for (bool drop_last : {false, true}) {
+    std::vector<int64_t> sizes;
+    for (int r = 0; r < 3; ++r) {
+      data::DatasetOptions o;
+      o.block_size = 4;
+      o.rank = r;
+      o.world_size = 3;
+      o.rank_slice = 2;
+      data::DataLoaderOptions lo;
+      lo.batch_size = 2;
+      lo.drop_last = drop_last;
+      data::DataLoader l(std::make_shared<data::SequenceDataset>(stream, o), lo);
+      EXPECT_EQ(l.batches_per_epoch(), drop_last ? 2 : 3);
+      int64_t n = 0;
+      while (auto batch = l.next()) n += batch->input_ids.size(0);
+      sizes.push_back(n);
+    }
+    // 13 samples in global batches of 6: 6 + 6 + 1 (rank 0 takes the last one) or 6 + 6 with drop_last.
+    EXPECT_EQ(sizes, drop_last ? std::vector<int64_t>({4, 4, 4}) : std::vector<int64_t>({5, 4, 4}));
+  }
+}
+
+// The reducer's sum equals the sum of the ranks' gradients for f32 and bf16, across bucket boundaries
+// (a 5-element cap splits tensors), and a missing gradient counts as zeros.
+TEST(DistDdp, GradReducerSumsAcrossBucketsAndDtypes) {
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const int world = 2;
+    auto grad_of = [](int r, int64_t i, int64_t k) { return static_cast<float>((r + 1) * (i + 1)) + 0.5f * k; };
+    with_group(world, test_port(7 + static_cast<int>(dt)), [&](int r, dist::ProcessGroup& g) {
+      std::vector<Tensor> ps{ops::zeros({7}, dt), ops::zeros({2, 3}, dt), ops::zeros({3}, dt)};
+      nn::ParamList list;
+      std::vector<std::string> names{"a", "b", "c"};
+      for (size_t i = 0; i < ps.size(); ++i) list.emplace_back(names[i], &ps[i]);
+      for (int64_t i = 0; i < 3; ++i) {
+        if (r == 1 && i == 2) continue;  // rank 1 has no gradient for c
+        Tensor gr = ops::empty(ps[static_cast<size_t>(i)].shape(), DType::f32);
+        for (int64_t k = 0; k < gr.numel(); ++k) gr.data<float>()[k] = grad_of(r, i, k);
+        autograd::set_grad(ps[static_cast<size_t>(i)], ops::to_dtype(gr, dt));
+      }
+      train::GradReducer red(g, 5 * 4);
+      red.reduce(list);
+      EXPECT_EQ(red.buckets(), 4);  // 16 elements in buckets of 5
+      for (int64_t i = 0; i < 3; ++i) {
+        Tensor got = ops::to_dtype(ps[static_cast<size_t>(i)].grad(), DType::f32);
+        for (int64_t k = 0; k < got.numel(); ++k) {
+          float want = 0;
+          for (int q = 0; q < world; ++q) {
+            if (q == 1 && i == 2) continue;
+            // each rank's contribution as its dtype held it
+            want += ops::to_dtype(ops::full({}, grad_of(q, i, k), DType::f32), dt).item() * 1.0f;
+          }
+          const float rounded = ops::to_dtype(ops::full({}, want, DType::f32), dt).item();
+          ASSERT_EQ(got.data<float>()[k], rounded) << "tensor " << i << " element " << k;
+        }
+      }
+    });
+  }
+}
+
+TEST(DistLaunch, ParsesTorchrunsFlags) {
+  auto o = dist::parse_launch_args({"--nnodes=2", "--node-rank", "1", "--nproc_per_node", "4", "--master_addr",
+                                    "h0", "--master_port=1234", "train", "--max_steps", "3"});
+  EXPECT_EQ(o.nnodes, 2);
+  EXPECT_EQ(o.node_rank, 1);
+  EXPECT_EQ(o.nproc_per_node, 4);
+  EXPECT_EQ(o.master_addr, "h0");
+  EXPECT_EQ(o.master_port, 1234);
+  EXPECT_EQ(o.args, (std::vector<std::string>{"train", "--max_steps", "3"}));
+  EXPECT_FALSE(o.rdzv_id.empty());
+  auto err = [](std::vector<std::string> a) {
+    try {
+      dist::parse_launch_args(a);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(err({"--nproc_per_node", "0", "train"}).find("--nproc_per_node 0: expected an integer in [1, 1024]"),
+            std::string::npos);
+  EXPECT_NE(err({"--nprocs", "2", "train"}).find("unknown flag --nprocs"), std::string::npos);
+  EXPECT_NE(err({"--nproc_per_node", "2"}).find("no subcommand given"), std::string::npos);
+  EXPECT_NE(err({"--nnodes", "2", "--node_rank", "2", "train"}).find("--node_rank 2: expected a value below"),
+            std::string::npos);
+}
+
+}  // namespace
