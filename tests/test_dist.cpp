@@ -16,7 +16,10 @@
 #include "dist/process_group.h"
 #include "dist/store.h"
 #include "ops/ops.h"
+#include "autograd/checkpoint.h"
+#include "autograd/functions.h"
 #include "autograd/node.h"
+#include "core/rng.h"
 #include "train/ddp.h"
 
 namespace {
@@ -323,6 +326,90 @@ TEST(DistDdp, GradReducerSumsAcrossBucketsAndDtypes) {
       }
     });
   }
+}
+
+Tensor random_param(const Shape& shape, uint64_t seed) {
+  Tensor t = ops::empty(shape, DType::f32);
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::normal_distribution<float> n(0.0f, 0.5f);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = n(rng);
+  autograd::set_requires_grad(t, true);
+  return t;
+}
+
+// The engine reports each leaf once, after its last use: a weight used twice (tied) only after both, the
+// leaves of a checkpointed region from the region's own pass; every leaf of the graph exactly once.
+TEST(DistDdp, GradReadyReportsEachLeafOnceAfterItsLastUse) {
+  Tensor w_in = random_param({4, 4}, 1), w_mid = random_param({4, 4}, 2), x = random_param({3, 4}, 3);
+  std::map<const TensorImpl*, int> seen;
+  std::map<const TensorImpl*, std::vector<float>> at_report;
+  {
+    autograd::GradReadyScope scope([&](const TensorImpl* leaf) {
+      ++seen[leaf];
+      Tensor g(leaf->grad);
+      if (g.defined()) at_report[leaf].assign(g.data<float>(), g.data<float>() + g.numel());
+    });
+    Tensor h = matmul(x, w_in);  // w_in is used here and again at the end (tied)
+    h = autograd::checkpoint(
+        [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{tanh(matmul(in[0], w_mid))}; }, {h})[0];
+    autograd::backward({sum(matmul(h, w_in, false, true))});
+  }
+  for (const Tensor* t : {&w_in, &w_mid, &x}) {
+    EXPECT_EQ(seen[t->impl_ptr().get()], 1);
+    // Reported with its final gradient: for w_in, both contributions were in.
+    EXPECT_EQ(at_report[t->impl_ptr().get()],
+              std::vector<float>(t->grad().data<float>(), t->grad().data<float>() + t->numel()));
+  }
+  autograd::GradReadyScope a([](const TensorImpl*) {});
+  EXPECT_THROW(autograd::GradReadyScope b([](const TensorImpl*) {}), Error);  // scopes do not nest
+}
+
+// Buckets all-reduced while backward runs give the same bits as all of them after it, on 3 ranks with
+// a bucket per weight so that the first one is ready after the first weight gradient.
+TEST(DistDdp, OverlappedBucketsEqualReducingAfterBackward) {
+  with_group(3, test_port(11), [](int r, dist::ProcessGroup& g) {
+    auto run = [&](bool overlap) {
+      std::vector<Tensor> ws;
+      for (int i = 0; i < 6; ++i) ws.push_back(random_param({8, 8}, 100 + static_cast<uint64_t>(i)));
+      nn::ParamList list;
+      std::vector<std::string> names(ws.size(), "w");
+      for (size_t i = 0; i < ws.size(); ++i) list.emplace_back(names[i], &ws[i]);
+      Tensor x = random_param({5, 8}, 7 + static_cast<uint64_t>(r));  // each rank its own data
+      train::GradReducer red(g, 64 * 4);  // a bucket per weight
+      Tensor h = x;
+      for (auto& w : ws) h = tanh(matmul(h, w));
+      Tensor loss = sum(h);
+      if (overlap) {
+        red.begin(list);
+        {
+          // The first report waits (inside backward) until the first bucket is reduced: proof that buckets
+          // run while backward still has work left, without depending on thread timing.
+          bool first = true;
+          autograd::GradReadyScope scope([&](const TensorImpl* leaf) {
+            red.grad_ready(leaf);
+            if (!first || leaf == x.impl_ptr().get()) return;
+            first = false;
+            for (int i = 0; i < 5000 && red.buckets() == 0; ++i)
+              std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            EXPECT_GE(red.buckets(), 1) << "no bucket was reduced during backward";
+          });
+          autograd::backward({loss});
+        }
+        red.finish();
+      } else {
+        autograd::backward({loss});
+        red.reduce(list);
+      }
+      std::vector<std::vector<float>> out;
+      for (auto& w : ws) out.emplace_back(w.grad().data<float>(), w.grad().data<float>() + w.numel());
+      return std::make_pair(out, red.launched_early());
+    };
+    const auto [sync, none] = run(false);
+    const auto [over, early] = run(true);
+    EXPECT_EQ(none, 0);
+    EXPECT_GT(early, 0);  // buckets did start before backward ended
+    EXPECT_EQ(sync, over) << "rank " << r;
+  });
 }
 
 TEST(DistLaunch, ParsesTorchrunsFlags) {

@@ -14,7 +14,17 @@ namespace tr::autograd {
 namespace {
 std::atomic<uint64_t> next_seq{0};
 thread_local bool t_grad_enabled = true;
+thread_local GradReadyHook* t_grad_ready = nullptr;
 }  // namespace
+
+GradReadyScope::GradReadyScope(GradReadyHook hook) {
+  TR_CHECK(t_grad_ready == nullptr, "GradReadyScope: a scope is already active on this thread");
+  t_grad_ready = new GradReadyHook(std::move(hook));
+}
+GradReadyScope::~GradReadyScope() {
+  delete t_grad_ready;
+  t_grad_ready = nullptr;
+}
 
 Node::Node(std::string name, uint32_t num_outputs)
     : name_(std::move(name)), num_outputs_(num_outputs), seq_(next_seq.fetch_add(1)) {}
@@ -165,6 +175,17 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
   std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, decltype(cmp)> ready(cmp);
   for (const auto& [ptr, node] : keep)
     if (deps[ptr] == 0 && buffers.count(ptr)) ready.push(node);
+  // With a gradient-ready hook: how many AccumulateGrad nodes of this graph feed each leaf.
+  GradReadyHook* const hook = t_grad_ready;
+  std::unordered_map<const TensorImpl*, int> pending_leaf;
+  if (hook)
+    for (const auto& [ptr, node] : keep)
+      if (auto* acc = dynamic_cast<AccumulateGrad*>(ptr)) ++pending_leaf[acc->leaf()];
+  // A node that never runs (no gradient reached it) still finishes its leaf's count.
+  auto leaf_done = [&](Node* n) {
+    auto* acc = hook ? dynamic_cast<AccumulateGrad*>(n) : nullptr;
+    if (acc && --pending_leaf[acc->leaf()] == 0) (*hook)(acc->leaf());
+  };
   while (!ready.empty()) {
     auto node = ready.top();
     ready.pop();
@@ -173,6 +194,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     // No gradient reached this node (e.g. an unused output of split or checkpoint): nothing flows on.
     const bool any = std::any_of(in.begin(), in.end(), [](const Tensor& t) { return t.defined(); });
     Grads out = any ? node->apply(std::move(in)) : Grads{};
+    leaf_done(node.get());
     TR_CHECK(out.size() == node->next_edges.size() || out.empty(),
              "autograd: '{}' returned {} gradients for {} inputs", node->name(), out.size(),
              node->next_edges.size());

@@ -43,6 +43,7 @@ class AccumulateGrad final : public Node {
  public:
   explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf);
   Grads apply(Grads&& grad_outputs) override;
+  const TensorImpl* leaf() const { return leaf_.get(); }
 
  private:
   std::shared_ptr<TensorImpl> leaf_;
@@ -100,5 +101,19 @@ void zero_grad(const Tensor& t);  // drops .grad, freeing its memory
 
 // Runs backward from `roots` with the given gradients (undefined: ones for one-element roots).
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads = {});
+
+// ---- gradient-ready notifications (DDP launches a bucket's all-reduce while backward goes on)
+// While a scope is alive on a thread, each backward pass on that thread calls `hook(leaf)` once for every leaf
+// whose gradient that pass has finished: right after the last of the pass's AccumulateGrad nodes for it ran
+// (a leaf used twice - tied embeddings - is reported after both uses). A nested pass (a checkpointed region
+// rerun in backward) reports the leaves of its own graph. Scopes do not nest.
+using GradReadyHook = std::function<void(const TensorImpl* leaf)>;
+class GradReadyScope {
+ public:
+  explicit GradReadyScope(GradReadyHook hook);
+  ~GradReadyScope();
+  GradReadyScope(const GradReadyScope&) = delete;
+  GradReadyScope& operator=(const GradReadyScope&) = delete;
+};
 
 }  // namespace tr::autograd

@@ -37,7 +37,8 @@ struct Plan {
 
 class CompiledStep final : public TrainStep {
  public:
-  CompiledStep(StepState s, StepOptions o) : core_(s, std::move(o)) {}
+  // DDP buckets go after backward: a replay runs no autograd engine to report gradients ready.
+  CompiledStep(StepState s, StepOptions o) : core_(s, std::move(o), /*overlap=*/false) {}
 
   StepResult run(int64_t step, const std::vector<data::Batch>& micro, double lr) override {
     const double items = core_.label_tokens(micro);

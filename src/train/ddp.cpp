@@ -1,4 +1,4 @@
-// Parameter broadcast and bucketed gradient all-reduce; see ddp.h.
+// Parameter broadcast and bucketed gradient all-reduce overlapping backward; see ddp.h.
 #include "train/ddp.h"
 
 #include <algorithm>
@@ -16,12 +16,6 @@ Tensor host_f32(const Tensor& t) {
   return ops::contiguous(ops::to_dtype(ops::to_device(t, Device::cpu()), DType::f32));
 }
 
-// Writes `h` (host f32) back into `t` unless it is `t`'s own storage.
-void write_back(const Tensor& t, const Tensor& h) {
-  if (h.impl_ptr() == t.impl_ptr()) return;
-  ops::copy_(t, ops::to_device(ops::to_dtype(h, t.dtype()), t.device()));
-}
-
 }  // namespace
 
 void broadcast_parameters(dist::ProcessGroup& group, const nn::ParamList& params) {
@@ -33,67 +27,127 @@ void broadcast_parameters(dist::ProcessGroup& group, const nn::ParamList& params
   }
 }
 
-// A gradient whose elements sit in one or more buckets: its host f32 copy, and how many of them are summed.
-struct GradReducer::Pending {
-  Tensor grad, host;
-  int64_t summed = 0;
-};
-
 GradReducer::GradReducer(dist::ProcessGroup& group, int64_t bucket_cap_bytes, double scale)
     : group_(group),
       cap_elems_(std::max<int64_t>(1, bucket_cap_bytes / static_cast<int64_t>(sizeof(float)))),
       scale_(static_cast<float>(scale)) {}
 
-void GradReducer::reduce(const nn::ParamList& params) {
-  bucket_.resize(static_cast<size_t>(cap_elems_));
-  // Segments of the current bucket: (pending index, element offset in the gradient, count, bucket offset).
-  struct Segment {
-    size_t pending;
-    int64_t at, n, slot;
-  };
-  std::vector<Pending> pending;
-  std::vector<Segment> segs;
-  int64_t fill = 0;
-  auto flush = [&] {
-    if (fill == 0) return;
-    group_.all_reduce_sum(bucket_.data(), static_cast<size_t>(fill));
-    ++buckets_;
-    if (scale_ != 1.0f)
-      for (int64_t i = 0; i < fill; ++i) bucket_[static_cast<size_t>(i)] *= scale_;
-    for (const auto& s : segs) {
-      Pending& p = pending[s.pending];
-      std::memcpy(p.host.data<float>() + s.at, bucket_.data() + s.slot, static_cast<size_t>(s.n) * 4);
-      p.summed += s.n;
-      if (p.summed == p.host.numel()) {
-        write_back(p.grad, p.host);
-        p.host = Tensor();  // a half gradient's f32 copy lives only while its buckets are in flight
-        p.grad = Tensor();
+GradReducer::~GradReducer() {
+  if (comm_.joinable()) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      abort_ = true;
+    }
+    cv_.notify_all();
+    comm_.join();
+  }
+}
+
+// Buckets fill with the parameters in reverse (backward finishes the last layers first); a gradient larger
+// than what is left of a bucket continues in the next one, so no bucket exceeds the cap.
+void GradReducer::begin(const nn::ParamList& params) {
+  TR_CHECK(!comm_.joinable(), "GradReducer::begin: the previous step's reduction is still running");
+  params_.clear();
+  index_.clear();
+  plan_.clear();
+  for (const auto& [name, p] : params) params_.push_back(p);
+  const size_t n = params_.size();
+  host_.assign(n, Tensor());
+  summed_.assign(n, 0);
+  buckets_of_.assign(n, {});
+  plan_.emplace_back();
+  for (size_t k = n; k-- > 0;) {
+    index_[params_[k]->impl_ptr().get()] = k;
+    for (int64_t at = 0, total = params_[k]->numel(); at < total;) {
+      if (plan_.back().elems == cap_elems_) plan_.emplace_back();
+      Bucket& b = plan_.back();
+      const int64_t take = std::min(total - at, cap_elems_ - b.elems);
+      b.segs.push_back({k, at, take, b.elems});
+      if (buckets_of_[k].empty() || buckets_of_[k].back() != plan_.size() - 1) {
+        buckets_of_[k].push_back(plan_.size() - 1);
+        ++b.waiting;
       }
-    }
-    segs.clear();
-    fill = 0;
-  };
-  pending.reserve(params.size());
-  for (auto it = params.rbegin(); it != params.rend(); ++it) {  // backward finishes the last layers first
-    const Tensor& param = *it->second;
-    Tensor g = param.grad();
-    if (!g.defined()) {
-      g = ops::zeros(param.shape(), param.dtype(), param.device());
-      autograd::set_grad(param, g);
-    }
-    if (g.numel() == 0) continue;
-    pending.push_back({g, host_f32(g), 0});
-    const size_t k = pending.size() - 1;
-    for (int64_t at = 0; at < g.numel();) {
-      if (fill == cap_elems_) flush();
-      const int64_t n = std::min(g.numel() - at, cap_elems_ - fill);
-      std::memcpy(bucket_.data() + fill, pending[k].host.data<float>() + at, static_cast<size_t>(n) * 4);
-      segs.push_back({k, at, n, fill});
-      fill += n;
-      at += n;
+      b.elems += take;
+      at += take;
     }
   }
-  flush();
+  if (plan_.back().elems == 0) plan_.pop_back();
+  int64_t largest = 0;
+  for (const auto& b : plan_) largest = std::max(largest, b.elems);
+  buffer_.resize(static_cast<size_t>(largest));
+  finishing_ = abort_ = false;
+  error_ = nullptr;
+  comm_ = std::thread([this] { run_buckets(); });
+}
+
+void GradReducer::grad_ready(const TensorImpl* leaf) {
+  const auto it = index_.find(leaf);
+  if (it == index_.end()) return;  // not a parameter of this model (a test's input, say)
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (size_t b : buckets_of_[it->second]) --plan_[b].waiting;
+  }
+  cv_.notify_all();
+}
+
+void GradReducer::finish() {
+  if (!comm_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    finishing_ = true;
+  }
+  cv_.notify_all();
+  comm_.join();
+  if (error_) std::rethrow_exception(error_);
+}
+
+// The communication thread: bucket k is reduced after k - 1 on every rank (collectives pair up by order),
+// once its gradients are final or backward has ended.
+void GradReducer::run_buckets() {
+  try {
+    for (auto& b : plan_) {
+      bool early = false;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return b.waiting <= 0 || finishing_ || abort_; });
+        if (abort_) return;
+        early = b.waiting <= 0 && !finishing_;
+      }
+      early_ += early ? 1 : 0;
+      reduce_bucket(b);
+    }
+  } catch (...) {
+    error_ = std::current_exception();
+  }
+}
+
+void GradReducer::reduce_bucket(Bucket& b) {
+  for (const auto& s : b.segs) {
+    if (s.at == 0) {  // the gradient's first bucket: its host f32 copy (a missing gradient: zeros)
+      const Tensor& p = *params_[s.param];
+      Tensor g = p.grad();
+      if (!g.defined()) {
+        g = ops::zeros(p.shape(), p.dtype(), p.device());
+        autograd::set_grad(p, g);
+      }
+      host_[s.param] = host_f32(g);
+    }
+    std::memcpy(buffer_.data() + s.slot, host_[s.param].data<float>() + s.at, static_cast<size_t>(s.n) * 4);
+  }
+  group_.all_reduce_sum(buffer_.data(), static_cast<size_t>(b.elems));
+  ++buckets_;
+  if (scale_ != 1.0f)
+    for (int64_t i = 0; i < b.elems; ++i) buffer_[static_cast<size_t>(i)] *= scale_;
+  for (const auto& s : b.segs) {
+    Tensor& h = host_[s.param];
+    std::memcpy(h.data<float>() + s.at, buffer_.data() + s.slot, static_cast<size_t>(s.n) * 4);
+    summed_[s.param] += s.n;
+    if (summed_[s.param] == h.numel()) {  // the whole gradient is summed: back into its own dtype and device
+      const Tensor g = params_[s.param]->grad();
+      if (h.impl_ptr() != g.impl_ptr()) ops::copy_(g, ops::to_device(ops::to_dtype(h, g.dtype()), g.device()));
+      h = Tensor();
+    }
+  }
 }
 
 }  // namespace tr::train

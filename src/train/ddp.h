@@ -1,11 +1,17 @@
 // DistributedDataParallel's two duties, for the Trainer: the parameters made identical on every rank at the
 // start (rank 0's broadcast), and each optimizer step's gradients summed over the ranks in buckets of
-// --ddp_bucket_cap_mb, last parameters first (the order backward finishes them). Buckets travel as f32 on
-// the host whatever the gradients' dtype: half gradients are summed in f32 and rounded once, the same bits on
-// every rank. The reduction runs after the step's last micro-batch (accumulation micro-batches reduce
-// nothing: DDP's no_sync), so the optimizer sees the global gradient; clipping and the fp16 skip then read
-// the same statistics on every rank.
+// --ddp_bucket_cap_mb, last parameters first (the order backward finishes them). During the step's last
+// backward a communication thread all-reduces each bucket as soon as the autograd engine reports all of its
+// gradients final (autograd::GradReadyScope), overlapping the rest of backward; accumulation micro-batches
+// before it reduce nothing (DDP's no_sync). Buckets travel as f32 on the host whatever the gradients' dtype:
+// half gradients are summed in f32 and rounded once, the same bits on every rank. The optimizer then sees
+// the global gradient, so clipping and the fp16 skip read the same statistics on every rank.
 #pragma once
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "dist/process_group.h"
@@ -20,18 +26,56 @@ class GradReducer {
  public:
   // `scale` multiplies the sums (1 / world size when each rank normalized its loss by its own tokens).
   GradReducer(dist::ProcessGroup& group, int64_t bucket_cap_bytes, double scale = 1.0);
-  // Sums every parameter's gradient over the ranks, in place. A parameter without a gradient on this rank
-  // (a rank whose micro-batches were empty at an epoch's end) contributes zeros and gets the sum.
-  void reduce(const nn::ParamList& params);
-  int64_t buckets() const { return buckets_; }  // all-reduce calls so far
+  ~GradReducer();
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
+
+  // Before the step's last backward: buckets of `params` are launched as grad_ready() reports them.
+  void begin(const nn::ParamList& params);
+  // The autograd engine's report that `leaf`'s gradient is final (installed with autograd::GradReadyScope).
+  void grad_ready(const TensorImpl* leaf);
+  // After backward: the buckets not launched yet go too (a parameter without a gradient on this rank - one
+  // whose micro-batches were empty at an epoch's end - contributes zeros and gets the sum); returns when
+  // every gradient holds its sum. Rethrows a collective's error.
+  void finish();
+  // begin + finish: every bucket after backward (the compiled step's replays report no gradients).
+  void reduce(const nn::ParamList& params) {
+    begin(params);
+    finish();
+  }
+  int64_t buckets() const { return buckets_; }           // all-reduce calls so far
+  int64_t launched_early() const { return early_; }      // of them, started before finish()
 
  private:
-  struct Pending;
+  struct Segment {  // elements [at, at + n) of params_[param] at [slot, slot + n) of its bucket
+    size_t param;
+    int64_t at, n, slot;
+  };
+  struct Bucket {
+    std::vector<Segment> segs;
+    int64_t elems = 0;
+    int waiting = 0;  // parameters of this bucket not reported ready yet
+  };
+  void run_buckets();
+  void reduce_bucket(Bucket& b);
+
   dist::ProcessGroup& group_;
   int64_t cap_elems_;
   float scale_;
-  std::vector<float> bucket_;
-  int64_t buckets_ = 0;
+  std::vector<float> buffer_;
+  std::vector<const Tensor*> params_;
+  std::vector<Tensor> host_;  // a gradient's host f32 copy while its buckets are in flight
+  std::vector<int64_t> summed_;
+  std::vector<std::vector<size_t>> buckets_of_;  // per parameter: the buckets holding it
+  std::unordered_map<const TensorImpl*, size_t> index_;
+  std::vector<Bucket> plan_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool finishing_ = false;
+  bool abort_ = false;  // destroyed mid-step (an error unwinding): reduce nothing more
+  std::exception_ptr error_;
+  std::thread comm_;
+  std::atomic<int64_t> buckets_{0}, early_{0};
 };
 
 }  // namespace tr::train

@@ -2,6 +2,7 @@
 #include "train/step_core.h"
 
 #include <cmath>
+#include <optional>
 
 #include "autograd/functions.h"
 #include "autograd/node.h"
@@ -29,8 +30,8 @@ double step_label_tokens(const std::vector<data::Batch>& micro) {
   return items;
 }
 
-StepCore::StepCore(StepState s, StepOptions o)
-    : s_(s), o_(std::move(o)), params_(s.model.named_parameters()) {
+StepCore::StepCore(StepState s, StepOptions o, bool overlap)
+    : s_(s), o_(std::move(o)), params_(s.model.named_parameters()), overlap_(overlap) {
   if (o_.group != nullptr)
     reducer_ = std::make_unique<GradReducer>(
         *o_.group, o_.ddp_bucket_cap_bytes, o_.average_tokens_across_devices ? 1.0 : 1.0 / o_.group->size());
@@ -58,6 +59,13 @@ Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& 
     fo.dropout_gen = &s_.dropout_gen;
     Tensor loss = s_.model.forward(b.input_ids, fo).loss;
     if (empties_cache(step) && &b == &micro.front()) empty_cache(r);
+    // DDP: the last backward launches each bucket's all-reduce as soon as its gradients are final.
+    std::optional<autograd::GradReadyScope> ready;
+    if (reducer_ && overlap_ && &b == &micro.back()) {
+      reducer_->begin(params_);
+      reducing_ = true;
+      ready.emplace([this](const TensorImpl* leaf) { reducer_->grad_ready(leaf); });
+    }
     if (s_.mp.loss_scaling())
       autograd::backward({loss}, {ops::full({}, s_.mp.loss_scale(), DType::f32, o_.device)});
     else
@@ -86,8 +94,10 @@ void StepCore::empty_cache(StepResult& r) {
 // the model's gradients (half under mixed precision), then the optimizer reads them through the transform
 // (AdamW: unscale, clip, update and the half weight copy in one pass).
 void StepCore::finish(int64_t step, double lr, const Tensor& loss, StepResult& r) {
+  if (reducer_ && reducing_) reducer_->finish();
+  if (reducer_ && !reducing_) reducer_->reduce(params_);
+  reducing_ = false;
   if (o_.after_backward) o_.after_backward(step, params_);
-  if (reducer_) reducer_->reduce(params_);
   const std::vector<Tensor> grads = s_.mp.model_grads();
   const double inv_scale = 1.0 / s_.mp.loss_scale();
   const Tensor stats = ops::grad_stats(grads, inv_scale, o_.device);

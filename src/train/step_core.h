@@ -17,7 +17,9 @@ double step_label_tokens(const std::vector<data::Batch>& micro);
 
 class StepCore {
  public:
-  StepCore(StepState s, StepOptions o);
+  // `overlap`: DDP buckets start during the last backward (the eager step); off, they all go after it (the
+  // compiled step, whose replays run no autograd engine).
+  StepCore(StepState s, StepOptions o, bool overlap = true);
   // The label tokens the step's losses are normalized by: this rank's micro-batches, summed over the ranks
   // in a distributed run (average_tokens_across_devices).
   double label_tokens(const std::vector<data::Batch>& micro) const;
@@ -39,6 +41,8 @@ class StepCore {
   StepOptions o_;
   nn::ParamList params_;
   std::unique_ptr<GradReducer> reducer_;  // distributed runs
+  bool overlap_ = true;
+  bool reducing_ = false;  // the reducer's buckets were begun during this step's backward
 };
 
 }  // namespace tr::train
