@@ -2,7 +2,8 @@
 # Distributed data parallel end to end on 127.0.0.1 (Gloo over TCP), `trainer launch` starting the ranks:
 #  1. 2 and 3 ranks vs 1 process with the same global batch (gradient accumulation, an epoch boundary with
 #     an uneven last batch, split evaluation): losses, grad norms and eval_loss within 1e-5 relative per step,
-#     GPT-2 (tied head) and Llama (grouped-query attention, untied head); bf16 within bf16's bounds;
+#     GPT-2 (tied head; with and without dropout) and Llama (grouped-query attention, untied head); bf16
+#     within bf16's bounds; gradient checkpointing and torch_compile bit-identical to eager DDP;
 #  2. two runs of world size 2 bit-identical; two "nodes" (two launchers, --nnodes 2) equal to one node;
 #  3. resume: a world-size-2 checkpoint continued at world size 2 (bit-exact), 1 and 3 (within 1e-5);
 #  4. SIGTERM to the launcher: every rank stops at the same step, one checkpoint, exit 0, and it resumes;
@@ -69,6 +70,12 @@ many gpt2_w3 3 2 --config_name gpt2.json
 grep -q "x 3 processes (DDP over gloo" gpt2_w3.log || fail "the DDP run does not say so"
 compare gpt2_w1 gpt2_w2 1e-5
 compare gpt2_w1 gpt2_w3 1e-5
+# With dropout (GPT-2's 0.1 everywhere): each rank draws its rows' part of the single process's masks.
+sed 's/"resid_pdrop": 0, "embd_pdrop": 0, "attn_pdrop": 0/"resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1/' \
+  gpt2.json >dropout.json
+one drop_w1 6 --config_name dropout.json
+many drop_w3 3 2 --config_name dropout.json
+compare drop_w1 drop_w3 1e-5
 one llama_w1 6 --config_name llama.json
 many llama_w2 2 3 --config_name llama.json
 compare llama_w1 llama_w2 1e-5
@@ -82,6 +89,13 @@ compare bf16_w1 bf16_w2 1e-3 1 loss,eval_loss
 python3 -c "import json,sys; r=json.load(open('gpt2_w3/train_results.json')); sys.exit(r['world_size']!=3)" ||
   fail "train_results.json lacks world_size 3"
 [[ -s gpt2_w3/model.safetensors && -s gpt2_w3/checkpoint-8/optimizer.safetensors ]] || fail "rank 0's files"
+
+# Gradient checkpointing (leaves reported from the recomputed regions' own backward) and torch_compile
+# (buckets after the replayed backward) give world 2's bits.
+many ckpt_w2 2 3 --config_name gpt2.json --gradient_checkpointing
+compare gpt2_w2 ckpt_w2 0
+many compile_w2 2 3 --config_name gpt2.json --torch_compile
+compare gpt2_w2 compile_w2 0
 
 # 2. Bit-identical reruns; two launchers as two nodes equal one node.
 many gpt2_w2b 2 3 --config_name gpt2.json

@@ -207,6 +207,7 @@ TEST(DistGloo, RendezvousNamesWhoDidNotArriveOrDisagrees) {
   std::vector<std::string> errs(3);
   {
     const int port = test_port(6);
+    std::atomic<int> done{0};
     std::vector<std::thread> ts;
     for (int i = 0; i < 3; ++i)
       ts.emplace_back([&, i] {
@@ -216,9 +217,12 @@ TEST(DistGloo, RendezvousNamesWhoDidNotArriveOrDisagrees) {
           e.world_size = 2;
           e.master_port = port;
           auto g = dist::init_process_group(e, dist::CommBackend::gloo, dist::Millis(1500));
+          // Rank 0 keeps the store up until both claimants of rank 1 are done.
+          while (i == 0 && done.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
         } catch (const std::exception& x) {
           errs[static_cast<size_t>(i)] = x.what();
         }
+        if (i != 0) ++done;
       });
     for (auto& t : ts) t.join();
   }
@@ -410,6 +414,30 @@ TEST(DistDdp, OverlappedBucketsEqualReducingAfterBackward) {
     EXPECT_GT(early, 0);  // buckets did start before backward ended
     EXPECT_EQ(sync, over) << "rank " << r;
   });
+}
+
+// Shards of a draw are the slices of the whole batch's draw, and every shard leaves the generator where the
+// whole draw would (so dropout under DDP is the single process's mask, split by rows).
+TEST(DistDdp, GeneratorShardsAreSlicesOfTheWholeDraw) {
+  const uint64_t per = 12, total = 5;
+  Generator whole(9);
+  whole.reserve(7);  // some earlier draw
+  const Generator::State before = whole.state();
+  const uint64_t w0 = whole.reserve(per * total);
+  for (auto [first, count] : std::vector<std::pair<int64_t, int64_t>>{{0, 2}, {2, 2}, {4, 1}}) {
+    Generator g(9);
+    g.set_state(before);
+    g.set_shard({first, count, static_cast<int64_t>(total)});
+    const uint64_t w = g.reserve(per * static_cast<uint64_t>(count));
+    for (uint64_t j = 0; j < per * static_cast<uint64_t>(count); ++j)
+      ASSERT_EQ(philox_word(9, w, j), philox_word(9, w0, per * static_cast<uint64_t>(first) + j));
+    EXPECT_EQ(g.state(), whole.state());
+  }
+  // A part that does not start on a counter boundary draws as a process alone would (no shift).
+  Generator g(9);
+  g.set_state(before);
+  g.set_shard({1, 1, 5});
+  EXPECT_EQ(g.reserve(3), before.offset);
 }
 
 TEST(DistLaunch, ParsesTorchrunsFlags) {

@@ -47,13 +47,31 @@ class Generator {
     bool operator==(const State&) const = default;
   };
 
+  // This process's part of a batch split across processes (distributed data parallel): samples [first,
+  // first + count) of a batch of `total`. While set, a draw of n words for the local batch (n / count words
+  // per sample) starts where the whole batch's draw would have put this part, and the generator advances by
+  // the whole batch's draw: each process's dropout is its slice of the single-process mask.
+  struct Shard {
+    int64_t first = 0, count = 0, total = 0;
+  };
+
   explicit Generator(uint64_t seed = 42) : state_{seed, 0} {}
   // Reserves room for `n` random words and returns the counter offset where they start.
   uint64_t reserve(uint64_t n) {
-    uint64_t start = state_.offset;
-    state_.offset += (n + 3) / 4;
+    uint64_t start = state_.offset, words = n;
+    // The part's first word must start a counter (4 words) to be reachable by an offset alone.
+    if (shard_.count > 0 && n % static_cast<uint64_t>(shard_.count) == 0) {
+      const uint64_t per = n / static_cast<uint64_t>(shard_.count), base = per * static_cast<uint64_t>(shard_.first);
+      if (base % 4 == 0) {
+        start += base / 4;
+        words = per * static_cast<uint64_t>(shard_.total);
+      }
+    }
+    state_.offset += (words + 3) / 4;
     return start;
   }
+  void set_shard(Shard s) { shard_ = s; }
+  void clear_shard() { shard_ = {}; }
   uint64_t seed() const { return state_.seed; }
   State state() const { return state_; }
   void set_state(State s) { state_ = s; }
@@ -61,6 +79,7 @@ class Generator {
 
  private:
   State state_;
+  Shard shard_;
 };
 
 }  // namespace tr

@@ -101,7 +101,15 @@ Batch DataLoader::make_batch(int64_t epoch, int64_t b) const {
   Tensor ids = Tensor::empty({n, T}, DType::i64, host);
   int64_t* p = ids.data<int64_t>();
   for (int64_t r = 0; r < n; ++r) ds_->sample(epoch, order_[static_cast<size_t>(first + r)], p + r * T);
-  return {ids, ids, ids, epoch, b};
+  Batch out{ids, ids, ids, epoch, b};
+  out.global_size = n;
+  const auto& d = ds_->options();
+  if (d.world_size > 1 && d.rank_slice == opts_.batch_size) {  // a slice of the global batch b
+    const int64_t global = opts_.batch_size * d.world_size;
+    out.global_first = d.rank * opts_.batch_size;
+    out.global_size = std::min(global, ds_->num_samples() - b * global);
+  }
+  return out;
 }
 
 void DataLoader::start_workers() {

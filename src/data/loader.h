@@ -56,6 +56,9 @@ struct Batch {
   Tensor input_ids, labels;  // int64 [B, T] on the loader's device; labels == input_ids (the model shifts)
   Tensor host_labels;        // the labels on the CPU (what the Trainer counts without a device sync)
   int64_t epoch = 0, index = 0;
+  // Distributed: this batch's rows are rows [global_first, global_first + B) of a global batch of
+  // global_size sequences (the batch one process would have drawn); alone: 0 and B.
+  int64_t global_first = 0, global_size = 0;
 };
 
 // Where the loader is: the next batch to hand out. Saved in checkpoints; seek() resumes there directly.

@@ -1,6 +1,7 @@
 // The shared parts of the eager and compiled steps; see step_core.h.
 #include "train/step_core.h"
 
+#include <chrono>
 #include <cmath>
 #include <optional>
 
@@ -39,7 +40,11 @@ StepCore::StepCore(StepState s, StepOptions o, bool overlap)
 
 double StepCore::label_tokens(const std::vector<data::Batch>& micro) const {
   double items = step_label_tokens(micro);
-  if (o_.group != nullptr && o_.average_tokens_across_devices) o_.group->all_reduce_sum(&items, 1);
+  if (o_.group != nullptr && o_.average_tokens_across_devices) {
+    const auto t0 = std::chrono::steady_clock::now();
+    o_.group->all_reduce_sum(&items, 1);
+    wait_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
   return items;
 }
 
@@ -57,6 +62,8 @@ Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& 
     fo.gradient_checkpointing = o_.gradient_checkpointing;
     fo.training = true;
     fo.dropout_gen = &s_.dropout_gen;
+    // DDP: each rank draws its rows' part of the global batch's dropout masks (the single process's bits).
+    if (o_.group != nullptr) s_.dropout_gen.set_shard({b.global_first, b.input_ids.size(0), b.global_size});
     Tensor loss = s_.model.forward(b.input_ids, fo).loss;
     if (empties_cache(step) && &b == &micro.front()) empty_cache(r);
     // DDP: the last backward launches each bucket's all-reduce as soon as its gradients are final.
@@ -70,6 +77,7 @@ Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& 
       autograd::backward({loss}, {ops::full({}, s_.mp.loss_scale(), DType::f32, o_.device)});
     else
       autograd::backward({loss});
+    s_.dropout_gen.clear_shard();
     autograd::NoGradGuard no_grad;
     Tensor l = ops::to_dtype(detach(loss), DType::f64);
     sum = sum.defined() ? ops::binary(backend::BinaryOp::add, sum, l) : l;
@@ -94,9 +102,11 @@ void StepCore::empty_cache(StepResult& r) {
 // the model's gradients (half under mixed precision), then the optimizer reads them through the transform
 // (AdamW: unscale, clip, update and the half weight copy in one pass).
 void StepCore::finish(int64_t step, double lr, const Tensor& loss, StepResult& r) {
+  const auto t0 = std::chrono::steady_clock::now();
   if (reducer_ && reducing_) reducer_->finish();
   if (reducer_ && !reducing_) reducer_->reduce(params_);
   reducing_ = false;
+  const auto t1 = std::chrono::steady_clock::now();
   if (o_.after_backward) o_.after_backward(step, params_);
   const std::vector<Tensor> grads = s_.mp.model_grads();
   const double inv_scale = 1.0 / s_.mp.loss_scale();
@@ -121,6 +131,15 @@ void StepCore::finish(int64_t step, double lr, const Tensor& loss, StepResult& r
     o_.group->all_reduce_sum(v, 2);
     r.loss = o_.average_tokens_across_devices ? v[0] : v[0] / o_.group->size();
     r.tokens = static_cast<int64_t>(v[1]);
+    // A rank whose last micro-batch was empty drew nothing for it: rank 0 (never empty) has the stream's
+    // position every rank must continue from.
+    Generator::State gs = s_.dropout_gen.state();
+    o_.group->broadcast(&gs.offset, sizeof gs.offset, 0);
+    s_.dropout_gen.set_state(gs);
+    r.comm_wait_seconds = wait_ + std::chrono::duration<double>(t1 - t0).count();
+    r.comm_bytes = o_.group->stats().bytes - bytes_at_start_;
+    bytes_at_start_ = o_.group->stats().bytes;
+    wait_ = 0;
   }
 }
 

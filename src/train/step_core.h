@@ -43,6 +43,8 @@ class StepCore {
   std::unique_ptr<GradReducer> reducer_;  // distributed runs
   bool overlap_ = true;
   bool reducing_ = false;  // the reducer's buckets were begun during this step's backward
+  mutable double wait_ = 0;  // collective waits of the step so far (label_tokens runs before the result)
+  int64_t bytes_at_start_ = 0;
 };
 
 }  // namespace tr::train

@@ -21,6 +21,10 @@ struct StepResult {
   bool skipped = false;  // fp16: inf/nan gradients, no update (the scheduler does not advance)
   int64_t tokens = 0;    // input tokens of the step (of every rank in a distributed run)
   int64_t cache_releases = 0, cache_bytes_released = 0;  // torch_empty_cache_steps
+  // DDP: seconds this thread waited on collectives (the token count, buckets still in flight when backward
+  // ended, the loss), and this rank's bytes handed to them.
+  double comm_wait_seconds = 0;
+  int64_t comm_bytes = 0;
 };
 
 // What a step reads and updates; owned by the run.

@@ -478,6 +478,8 @@ void Run::after_step(int64_t step, const StepResult& s, double lr, int64_t start
   tokens_ += s.tokens;
   r_.cache_releases += s.cache_releases;
   r_.cache_bytes_released += s.cache_bytes_released;
+  r_.comm_wait_seconds += s.comm_wait_seconds;
+  r_.comm_bytes += s.comm_bytes;
   if (step == start_step) r_.first_loss = s.loss;
   r_.losses.push_back(s.loss);
   r_.last_loss = s.loss;
@@ -571,6 +573,7 @@ TrainResult Run::train() {
   r_.tokens = tokens_;
   r_.eval_seconds = eval_seconds_;
   r_.global_step = total;
+  r_.world_size = group_ ? group_->size() : 1;
   r_.device_name = dev_.is_cuda() ? backend::cuda_device_name(dev_.index) : "cpu";
   const auto& c = model_->config();  // nanoGPT's/PaLM's model FLOPs per token: 6N + 12 L H T
   r_.flops_per_token = 6.0 * static_cast<double>(model_->num_parameters()) +
@@ -617,6 +620,9 @@ void Run::finish() {
   if (group_) {  // the memory is rank 0's; every rank holds the same replicas under DDP
     all["world_size"] = group_->size();
     all["ddp_backend"] = group_->backend_name();
+    all["ddp_comm_bytes_per_step"] = r_.comm_bytes / std::max<int64_t>(1, r_.steps);
+    all["ddp_comm_wait_seconds"] = r_.comm_wait_seconds;
+    all["ddp_comm_wait_share"] = r_.comm_wait_seconds / r_.seconds;
   }
   write_json(fs::path(a_.output_dir) / "train_results.json", all);
   if (final_eval) {

@@ -35,6 +35,9 @@ struct TrainResult {
   std::string device_name;     // "cpu" or the GPU's name
   std::string curves;          // output_dir/training_curves.png when drawn
   std::string logging_dir;     // TensorBoard's folder when --report_to tensorboard
+  int world_size = 1;          // processes that trained together (DDP)
+  double comm_wait_seconds = 0;  // DDP: time the training thread waited on collectives
+  int64_t comm_bytes = 0;        // DDP: this rank's bytes handed to collectives during training
 };
 
 struct TrainHooks {
