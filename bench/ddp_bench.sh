@@ -14,7 +14,7 @@ common=(--config_name "$work/config.json" --tokenizer_name "$tok" --train_file "
         --learning_rate 6e-4 --max_steps "$steps" --logging_steps 10 --save_strategy no --use_cpu)
 "$trainer" train "${common[@]}" --per_device_train_batch_size 8 --output_dir "$work/one" >"$work/one.log" 2>&1 ||
   { tail "$work/one.log"; exit 1; }
-"$trainer" launch --nproc_per_node "$nproc" --master_port $((20000 + $$ % 30000)) train "${common[@]}" \
+"$trainer" launch --nproc_per_node "$nproc" --master_port $((20000 + $$ % 12000)) train "${common[@]}" \
   --per_device_train_batch_size $((8 / nproc)) --output_dir "$work/ddp" >"$work/ddp.log" 2>&1 ||
   { tail "$work/ddp.log"; exit 1; }
 python3 - "$work" "$nproc" <<'PY'

@@ -11,6 +11,8 @@ pkgs+=(libcairo2-dev fonts-dejavu-core python3-protobuf python3-crc32c)
 pkgs+=(libicu-dev)
 # Distributed training on CPUs: Gloo collectives over TCP.
 pkgs+=(libgloo-dev)
+# Data files: .gz (zlib) and .zst (zstd) inputs.
+pkgs+=(zlib1g-dev libzstd-dev)
 # The fuzz targets (scripts/fuzz.sh, ctest fuzz_smoke): clang, its libFuzzer/sanitizer runtimes, and LLVM's
 # OpenMP (CMake's FindOpenMP under clang wants libomp).
 pkgs+=(clang libclang-rt-14-dev libomp-dev)

@@ -14,7 +14,8 @@ set -euo pipefail
 trainer=$1 tok=$2 text=$3 work=$4
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
 fail() { echo "ddp_runs: FAIL: $*"; exit 1; }
-port=$((20000 + ($$ * 13) % 30000))
+# Below the kernel's ephemeral range (32768+), where a connection of another test could hold the port.
+port=$((20000 + ($$ * 13) % 12000))
 next_port() { port=$((port + 1)); }
 echo '{"model_type": "gpt2", "vocab_size": 50257, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64,
   "resid_pdrop": 0, "embd_pdrop": 0, "attn_pdrop": 0}' >gpt2.json

@@ -45,7 +45,7 @@ std::string error_of(const Env& e) {
 }
 
 // A port no other test of this run uses: the pid spreads parallel ctest processes apart.
-int test_port(int k) { return 20000 + (static_cast<int>(::getpid()) * 7 + k * 131) % 30000; }
+int test_port(int k) { return 20000 + (static_cast<int>(::getpid()) * 7 + k * 131) % 12000; }
 
 TEST(DistEnv, ReadsEachLaunchersContract) {
   EXPECT_FALSE(env_of({}).distributed());

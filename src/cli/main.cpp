@@ -111,6 +111,10 @@ tr::report::RunSummary run_summary(const tr::train::TrainingArguments& a, const 
   s.output_dir = a.output_dir;
   s.curves = r.curves;
   s.logging_dir = r.logging_dir;
+  s.world_size = r.world_size;
+  s.comm_backend = r.comm_backend;
+  s.comm_wait_seconds = r.comm_wait_seconds;
+  s.comm_bytes_per_step = static_cast<double>(r.comm_bytes) / std::max<int64_t>(1, r.steps);
   return s;
 }
 
@@ -327,13 +331,17 @@ int main(int argc, char** argv) {
   tr::data::TokenizeOptions topts;
   tok_cmd->add_option("--tokenizer_name_or_path", tokenizer_path, "tokenizer.json, or a folder with one")
       ->required();
-  tok_cmd->add_option("--input", topts.inputs, "text files or glob patterns (each file is a document)")
+  tok_cmd->add_option("--input", topts.inputs,
+                      "data files or glob patterns: .txt (a document each), .jsonl/.json/.csv/.tsv (a document per "
+                      "row), also .gz/.zst")
       ->required();
   tok_cmd->add_option("--output_dir", topts.output_dir, "where the shards go")->required();
   tok_cmd->add_option("--validation_split_percentage", topts.validation_split_percentage,
                       "percent of the token stream (from its start) for validation shards");
   tok_cmd->add_option("--shard_size", topts.shard_tokens, "tokens per shard (default 100M)");
   tok_cmd->add_option("--num_proc", topts.threads, "threads (default: all)");
+  tok_cmd->add_option("--text_column_name", topts.documents.text_column,
+                      "the column of .jsonl/.json/.csv/.tsv inputs holding the text (default: text, else the first)");
   // Unknown train/eval flags get a suggestion (CLI11 only says "not expected").
   const std::string sub = argc >= 2 ? argv[1] : "";
   if (sub == "train" || sub == "eval" || sub == "estimate") {

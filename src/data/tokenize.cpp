@@ -32,20 +32,23 @@ namespace {
 
 // Reads and encodes the inputs into one stream with an EOS between documents.
 std::vector<uint32_t> encode_files(const tokenizers::Tokenizer& tok, const std::vector<std::string>& patterns,
-                                   int threads, TokenizeResult& r,
+                                   int threads, const DocumentOptions& dopts, TokenizeResult& r,
                                    const std::function<void(int64_t, int64_t)>& progress) {
   const auto eos = tok.eos_token_id();
   TR_CHECK(eos.has_value(), "tokenize: the tokenizer has no end-of-text token to separate documents");
   const auto files = expand_inputs(patterns);
   std::vector<std::string> texts;
-  for (const auto& f : files) {
-    std::ifstream in(f, std::ios::binary);
-    TR_CHECK(in.is_open(), "{}: cannot open", f);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    texts.push_back(ss.str());
-    TR_CHECK(!texts.back().empty(), "{}: the file is empty", f);
-    r.bytes += static_cast<int64_t>(texts.back().size());
+  std::vector<size_t> file_of;  // each document's file, for error messages
+  for (size_t fi = 0; fi < files.size(); ++fi) {
+    const auto& f = files[fi];
+    auto docs = read_documents(f, dopts);
+    TR_CHECK(!docs.empty() && !(docs.size() == 1 && docs[0].empty()),
+             "{}: {}", f, is_table_file(f) ? "no rows" : "the file is empty");
+    for (auto& d : docs) {
+      r.bytes += static_cast<int64_t>(d.size());
+      texts.push_back(std::move(d));
+      file_of.push_back(fi);
+    }
   }
   r.documents = static_cast<int64_t>(texts.size());
   // Encode in groups so progress can be reported; each group is encoded in parallel over its documents.
@@ -59,7 +62,7 @@ std::vector<uint32_t> encode_files(const tokenizers::Tokenizer& tok, const std::
     try {
       ids = tok.encode_batch(views, threads, false);
     } catch (const Error& e) {
-      fail("tokenize: {} (documents from {})", e.what(), files[g0]);
+      fail("tokenize: {} (documents from {})", e.what(), files[file_of[g0]]);
     }
     for (size_t k = 0; k < ids.size(); ++k) {
       if (!stream.empty()) stream.push_back(static_cast<uint32_t>(*eos));
@@ -74,9 +77,10 @@ std::vector<uint32_t> encode_files(const tokenizers::Tokenizer& tok, const std::
 }  // namespace
 
 std::vector<uint32_t> tokenize_text_files(const tokenizers::Tokenizer& tok,
-                                          const std::vector<std::string>& inputs, int threads) {
+                                          const std::vector<std::string>& inputs, int threads,
+                                          const DocumentOptions& documents) {
   TokenizeResult r;
-  return encode_files(tok, inputs, threads, r, {});
+  return encode_files(tok, inputs, threads, documents, r, {});
 }
 
 TokenizeResult tokenize_files(const tokenizers::Tokenizer& tok, const TokenizeOptions& o,
@@ -87,7 +91,7 @@ TokenizeResult tokenize_files(const tokenizers::Tokenizer& tok, const TokenizeOp
            o.validation_split_percentage);
   TR_CHECK(o.shard_tokens > 0, "tokenize: shard size must be positive");
   TokenizeResult r;
-  std::vector<uint32_t> stream = encode_files(tok, o.inputs, o.threads, r, progress);
+  std::vector<uint32_t> stream = encode_files(tok, o.inputs, o.threads, o.documents, r, progress);
   fs::create_directories(o.output_dir);
   const auto n_val =
       static_cast<int64_t>(static_cast<double>(stream.size()) * o.validation_split_percentage / 100.0);

@@ -1,5 +1,5 @@
-// `trainer tokenize`: text files -> llm.c token shards (train_NNNNNN.bin, val_NNNNNN.bin), one EOS between
-// documents (each input file is a document). The first validation_split_percentage % of the token stream goes
+// `trainer tokenize`: data files -> llm.c token shards (train_NNNNNN.bin, val_NNNNNN.bin), one EOS between
+// documents (a .txt file is one document, a .jsonl/.json/.csv/.tsv file one per row: data/documents.h). The first validation_split_percentage % of the token stream goes
 // to the validation shards (HF's percentage split, taken over tokens so a single book can be split too).
 // Output is the same whatever the thread count.
 #pragma once
@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "data/documents.h"
 #include "tokenizers/tokenizer.h"
 
 namespace tr::data {
@@ -17,6 +18,7 @@ struct TokenizeOptions {
   double validation_split_percentage = 0.0;
   int64_t shard_tokens = 100'000'000;
   int threads = 0;  // 0: all
+  DocumentOptions documents;  // which column of a table holds the text
 };
 
 struct TokenizeResult {
@@ -28,9 +30,10 @@ struct TokenizeResult {
 TokenizeResult tokenize_files(const tokenizers::Tokenizer& tok, const TokenizeOptions& opts,
                               const std::function<void(int64_t, int64_t)>& progress = {});
 
-// Small text inputs tokenized in memory (one EOS between files), for training without a tokenize step.
+// Small inputs tokenized in memory (one EOS between documents), for training without a tokenize step.
 std::vector<uint32_t> tokenize_text_files(const tokenizers::Tokenizer& tok,
-                                          const std::vector<std::string>& inputs, int threads = 0);
+                                          const std::vector<std::string>& inputs, int threads = 0,
+                                          const DocumentOptions& documents = {});
 
 // Expands glob patterns (sorted); a pattern matching nothing is an error naming it.
 std::vector<std::string> expand_inputs(const std::vector<std::string>& patterns);

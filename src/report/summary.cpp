@@ -1,6 +1,7 @@
 // The end-of-training table (see summary.h).
 #include "report/summary.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -53,7 +54,13 @@ std::string summary_table(const RunSummary& s) {
   row("wall time", duration(s.seconds) +
                        (s.eval_seconds > 0 ? fmt::format(" training, {} evaluation", duration(s.eval_seconds))
                                            : std::string(" training")));
-  row("tokens/s", fmt::format("{:.0f}", s.tokens_per_second));
+  row("tokens/s", fmt::format("{:.0f}", s.tokens_per_second) +
+                      (s.world_size > 1 ? fmt::format(" ({} processes)", s.world_size) : std::string()));
+  if (s.world_size > 1)
+    row("DDP", fmt::format("{}: {:.1f} MB all-reduced per step; {:.1f}% of training time waiting on collectives",
+                           s.comm_backend, s.comm_bytes_per_step / 1e6,
+                           s.seconds > 0 ? 100 * s.comm_wait_seconds / s.seconds : 0.0));
+  const double per_process = s.tokens_per_second / std::max(1, s.world_size);
   const double peak = peak_flops(s.device, s.compute, s.tf32);
   const std::string precision = s.compute == DType::f32    ? (s.tf32 ? "tf32" : "fp32")
                                 : s.compute == DType::bf16 ? "bf16"
@@ -61,12 +68,13 @@ std::string summary_table(const RunSummary& s) {
   if (peak > 0 && s.flops_per_token > 0)
     row("MFU",
         fmt::format("{:.1f}% of {}'s {:.0f} TFLOP/s ({})",
-                    100 * s.tokens_per_second * s.flops_per_token / peak, s.device, peak / 1e12, precision));
+                    100 * per_process * s.flops_per_token / peak, s.device, peak / 1e12, precision));
   else
     row("MFU", fmt::format("n/a: the peak FLOP/s of {} is not known ({:.3g} GFLOP/s of model math done)",
-                           s.device, s.tokens_per_second * s.flops_per_token / 1e9));
+                           s.device, per_process * s.flops_per_token / 1e9));
   row("peak memory",
-      fmt::format("{:.3f} GiB on {}", static_cast<double>(s.peak_bytes) / (1 << 30), s.device));
+      fmt::format("{:.3f} GiB on {}{}", static_cast<double>(s.peak_bytes) / (1 << 30), s.device,
+                  s.world_size > 1 ? " (rank 0)" : ""));
   row("train loss",
       fmt::format("{:.4f} (mean of the run; last logged {:.4f})", s.train_loss, s.last_logged_loss));
   if (s.has_eval)

@@ -20,6 +20,11 @@ struct RunSummary {
   bool has_eval = false;
   double eval_loss = 0, unigram_baseline = 0;
   std::string output_dir, curves, logging_dir;  // empty curves/logging_dir: not written
+  // Distributed runs: processes (tokens/s counts all of them; MFU and peak memory are per process), the
+  // training thread's wait on collectives and rank 0's bytes handed to them per step.
+  int world_size = 1;
+  std::string comm_backend;
+  double comm_wait_seconds = 0, comm_bytes_per_step = 0;
 };
 
 // Dense peak FLOP/s of a GPU (by its CUDA name) for matmuls in `compute` (tf32 for f32 when `tf32`); 0 when

@@ -22,6 +22,7 @@ struct TrainingArguments {
   int64_t block_size = 256;
   int64_t validation_split_percentage = 5;
   std::string attn_implementation = "sdpa";
+  std::string text_column_name;  // ours: the column of .jsonl/.json/.csv/.tsv files (empty: "text" or the first)
   // TrainingArguments
   std::string output_dir;
   bool overwrite_output_dir = false;

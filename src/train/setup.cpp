@@ -24,9 +24,9 @@ namespace {
 bool is_shards(const std::string& f) { return f.size() > 4 && f.substr(f.size() - 4) == ".bin"; }
 
 std::shared_ptr<const data::TokenStream> stream_of(const std::string& file, const tokenizers::Tokenizer& tok,
-                                                   int64_t vocab) {
+                                                   int64_t vocab, const std::string& text_column) {
   if (is_shards(file)) return std::make_shared<data::TokenStream>(data::expand_inputs({file}), vocab);
-  auto ids = data::tokenize_text_files(tok, {file});
+  auto ids = data::tokenize_text_files(tok, {file}, 0, data::DocumentOptions{text_column});
   TR_CHECK(!ids.empty(), "{}: no tokens (empty file?)", file);
   return std::make_shared<data::TokenStream>(std::move(ids));
 }
@@ -60,14 +60,14 @@ Streams load_streams(const TrainingArguments& a, const tokenizers::Tokenizer& to
                      bool want_validation) {
   Streams s;
   TR_CHECK(!a.train_file.empty(), "--train_file is required");
-  auto all = stream_of(a.train_file, tok, vocab);
+  auto all = stream_of(a.train_file, tok, vocab, a.text_column_name);
   if (!want_validation) {
     s.train = all;
     return s;
   }
   if (!a.validation_file.empty()) {
     s.train = all;
-    s.validation = stream_of(a.validation_file, tok, vocab);
+    s.validation = stream_of(a.validation_file, tok, vocab, a.text_column_name);
     return s;
   }
   TR_CHECK(a.validation_split_percentage > 0,

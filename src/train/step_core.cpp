@@ -68,7 +68,8 @@ Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& 
     if (empties_cache(step) && &b == &micro.front()) empty_cache(r);
     // DDP: the last backward launches each bucket's all-reduce as soon as its gradients are final.
     std::optional<autograd::GradReadyScope> ready;
-    if (reducer_ && overlap_ && &b == &micro.back()) {
+    // (CPU tensors only: the comm thread would need a stream of its own and events on a GPU.)
+    if (reducer_ && overlap_ && o_.device.is_cpu() && &b == &micro.back()) {
       reducer_->begin(params_);
       reducing_ = true;
       ready.emplace([this](const TensorImpl* leaf) { reducer_->grad_ready(leaf); });

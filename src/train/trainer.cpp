@@ -574,6 +574,7 @@ TrainResult Run::train() {
   r_.eval_seconds = eval_seconds_;
   r_.global_step = total;
   r_.world_size = group_ ? group_->size() : 1;
+  r_.comm_backend = group_ ? group_->backend_name() : "";
   r_.device_name = dev_.is_cuda() ? backend::cuda_device_name(dev_.index) : "cpu";
   const auto& c = model_->config();  // nanoGPT's/PaLM's model FLOPs per token: 6N + 12 L H T
   r_.flops_per_token = 6.0 * static_cast<double>(model_->num_parameters()) +

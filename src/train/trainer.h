@@ -36,6 +36,7 @@ struct TrainResult {
   std::string curves;          // output_dir/training_curves.png when drawn
   std::string logging_dir;     // TensorBoard's folder when --report_to tensorboard
   int world_size = 1;          // processes that trained together (DDP)
+  std::string comm_backend;    // their collectives' library (gloo)
   double comm_wait_seconds = 0;  // DDP: time the training thread waited on collectives
   int64_t comm_bytes = 0;        // DDP: this rank's bytes handed to collectives during training
 };

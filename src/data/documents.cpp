@@ -1,0 +1,296 @@
+// Data files as documents; see documents.h.
+#include "data/documents.h"
+
+#include <zlib.h>
+#include <zstd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace tr::data {
+
+namespace {
+
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The name without a compression suffix: what decides the format.
+std::string base_name(const std::string& name) {
+  for (std::string_view z : {".gz", ".zst"})
+    if (ends_with(name, z)) return name.substr(0, name.size() - z.size());
+  return name;
+}
+
+enum class Format { text, json, jsonl, csv, tsv };
+
+Format format_of(const std::string& name) {
+  const std::string b = base_name(name);
+  if (ends_with(b, ".jsonl")) return Format::jsonl;
+  if (ends_with(b, ".json")) return Format::json;
+  if (ends_with(b, ".csv")) return Format::csv;
+  if (ends_with(b, ".tsv")) return Format::tsv;
+  return Format::text;
+}
+
+// Byte offset of the first invalid UTF-8 sequence in `s`, or npos.
+size_t invalid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return i;
+    uint32_t cp = n == 1 ? c : n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : c & 0x07;
+    for (size_t k = 1; k < n; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      if ((d >> 6) != 0x2) return i;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    // Overlong forms, UTF-16 surrogates and values past U+10FFFF are not UTF-8.
+    if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
+        (cp >= 0xD800 && cp <= 0xDFFF))
+      return i;
+    i += n;
+  }
+  return std::string_view::npos;
+}
+
+// `where` names the line already (a JSON line), or `whole` says the text is a whole file whose line is found.
+void check_utf8(std::string_view text, const std::string& where, bool whole = false) {
+  const size_t bad = invalid_utf8(text);
+  if (bad == std::string_view::npos) return;
+  if (!whole) fail("{}: invalid UTF-8 at byte {} of the line", where, bad);
+  const int64_t line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(bad), '\n');
+  fail("{}:{}: invalid UTF-8 (byte offset {} of the file)", where, line, bad);
+}
+
+std::string line_of(const std::string& name, int64_t line) { return fmt::format("{}:{}", name, line); }
+
+// The column a table's documents come from, given its columns in order.
+std::string pick_column(const std::vector<std::string>& columns, const DocumentOptions& o, const std::string& where) {
+  auto has = [&](const std::string& c) { return std::find(columns.begin(), columns.end(), c) != columns.end(); };
+  std::string list;
+  for (const auto& c : columns) list += (list.empty() ? "" : ", ") + c;
+  if (!o.text_column.empty()) {
+    TR_CHECK(has(o.text_column), "{}: no column '{}' (--text_column_name); the columns are {}", where,
+             o.text_column, list);
+    return o.text_column;
+  }
+  if (has("text")) return "text";
+  TR_CHECK(!columns.empty(), "{}: the table has no columns", where);
+  return columns.front();
+}
+
+// One JSON row's document.
+std::string json_row_text(const nlohmann::json& row, std::string& column, const DocumentOptions& o,
+                          const std::string& where) {
+  TR_CHECK(row.is_object(), "{}: expected a JSON object per row, got {}", where, row.type_name());
+  if (column.empty()) {
+    std::vector<std::string> cols;
+    for (auto it = row.begin(); it != row.end(); ++it) cols.push_back(it.key());
+    if (o.text_column.empty() && !row.contains("text"))  // the first column holding a string
+      for (auto it = row.begin(); it != row.end(); ++it)
+        if (it->is_string()) {
+          cols.insert(cols.begin(), it.key());
+          break;
+        }
+    column = pick_column(cols, o, where);
+  }
+  const auto it = row.find(column);
+  TR_CHECK(it != row.end(), "{}: the row has no field '{}'", where, column);
+  TR_CHECK(it->is_string(), "{}: field '{}' is {}, expected a string", where, column, it->type_name());
+  return it->get<std::string>();
+}
+
+std::vector<std::string> json_lines(std::string_view bytes, const std::string& name, const DocumentOptions& o) {
+  std::vector<std::string> docs;
+  std::string column;
+  int64_t line = 0;
+  for (size_t at = 0; at < bytes.size();) {
+    size_t end = bytes.find('\n', at);
+    if (end == std::string_view::npos) end = bytes.size();
+    std::string_view l = bytes.substr(at, end - at);
+    at = end + 1;
+    ++line;
+    if (l.find_first_not_of(" \t\r") == std::string_view::npos) continue;  // blank lines
+    const std::string where = line_of(name, line);
+    check_utf8(l, where);
+    const auto j = nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
+    TR_CHECK(!j.is_discarded(), "{}: not a JSON value (one JSON object per line is expected)", where);
+    docs.push_back(json_row_text(j, column, o, where));
+  }
+  return docs;
+}
+
+std::vector<std::string> json_array(std::string_view bytes, const std::string& name, const DocumentOptions& o) {
+  check_utf8(bytes, name, true);
+  const auto j = nlohmann::json::parse(bytes, nullptr, /*allow_exceptions=*/false);
+  TR_CHECK(!j.is_discarded(), "{}: not valid JSON", name);
+  TR_CHECK(j.is_array(), "{}: expected an array of objects (or one object per line), got {}", name, j.type_name());
+  std::vector<std::string> docs;
+  std::string column;
+  for (size_t i = 0; i < j.size(); ++i)
+    docs.push_back(json_row_text(j[i], column, o, fmt::format("{}: element {}", name, i)));
+  return docs;
+}
+
+// RFC 4180 records: fields split at `sep`, a quoted field may hold separators, "" and line breaks; a record
+// ends at an unquoted line break (\n or \r\n). Each record comes with the line it starts on.
+std::vector<std::pair<int64_t, std::vector<std::string>>> csv_records(std::string_view s, char sep,
+                                                                      const std::string& name) {
+  std::vector<std::pair<int64_t, std::vector<std::string>>> out;
+  std::vector<std::string> rec;
+  std::string field;
+  int64_t line = 1, rec_line = 1, quote_line = 0;
+  bool quoted = false, after_quote = false, any = false;
+  auto end_field = [&] {
+    rec.push_back(std::move(field));
+    field.clear();
+    after_quote = false;
+  };
+  auto end_record = [&] {
+    end_field();
+    if (!(rec.size() == 1 && rec[0].empty() && !any)) out.emplace_back(rec_line, std::move(rec));  // blank line
+    rec.clear();
+    any = false;
+  };
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (quoted) {
+      if (c == '"') {
+        if (i + 1 < s.size() && s[i + 1] == '"') {
+          field += '"';
+          ++i;
+        } else {
+          quoted = false;
+          after_quote = true;
+        }
+      } else {
+        if (c == '\n') ++line;
+        field += c;
+      }
+      continue;
+    }
+    if (c == sep) {
+      end_field();
+      any = true;
+    } else if (c == '\n' || (c == '\r' && i + 1 < s.size() && s[i + 1] == '\n')) {
+      if (c == '\r') ++i;
+      end_record();
+      ++line;
+      rec_line = line;
+    } else if (c == '"' && field.empty() && !after_quote) {
+      quoted = true;
+      quote_line = line;
+      any = true;
+    } else {
+      TR_CHECK(!after_quote, "{}: text after a closing quote (a quote inside a field must be written \"\")",
+               line_of(name, line));
+      field += c;
+      any = true;
+    }
+  }
+  TR_CHECK(!quoted, "{}: a quoted field opened on line {} is never closed", name, quote_line);
+  if (any || !field.empty() || !rec.empty()) end_record();
+  return out;
+}
+
+std::vector<std::string> table(std::string_view bytes, char sep, const std::string& name, const DocumentOptions& o) {
+  if (bytes.substr(0, 3) == "\xEF\xBB\xBF") bytes.remove_prefix(3);  // a spreadsheet's byte-order mark
+  check_utf8(bytes, name, true);
+  const auto recs = csv_records(bytes, sep, name);
+  TR_CHECK(!recs.empty(), "{}: no header row", name);
+  const std::vector<std::string>& header = recs.front().second;
+  const std::string column = pick_column(header, o, line_of(name, 1));
+  const size_t k = static_cast<size_t>(std::find(header.begin(), header.end(), column) - header.begin());
+  std::vector<std::string> docs;
+  for (size_t r = 1; r < recs.size(); ++r) {
+    const auto& [line, fields] = recs[r];
+    TR_CHECK(fields.size() == header.size(), "{}: {} fields, the header has {}", line_of(name, line),
+             fields.size(), header.size());
+    docs.push_back(fields[k]);
+  }
+  return docs;
+}
+
+std::string gunzip(const std::string& path) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  TR_CHECK(f != nullptr, "{}: cannot open", path);
+  std::string out;
+  char buf[1 << 16];
+  for (;;) {
+    const int n = gzread(f, buf, sizeof buf);
+    if (n < 0) {
+      int code = 0;
+      const std::string why = gzerror(f, &code);
+      gzclose(f);
+      fail("{}: not a readable gzip file ({})", path, why);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  gzclose(f);
+  return out;
+}
+
+std::string unzstd(const std::string& path, const std::string& packed) {
+  ZSTD_DCtx* d = ZSTD_createDCtx();
+  std::string out;
+  std::vector<char> buf(ZSTD_DStreamOutSize());
+  ZSTD_inBuffer in{packed.data(), packed.size(), 0};
+  size_t last = 0;
+  while (in.pos < in.size) {
+    ZSTD_outBuffer o{buf.data(), buf.size(), 0};
+    last = ZSTD_decompressStream(d, &o, &in);
+    if (ZSTD_isError(last)) {
+      const std::string why = ZSTD_getErrorName(last);
+      ZSTD_freeDCtx(d);
+      fail("{}: not a readable zstd file ({})", path, why);
+    }
+    out.append(buf.data(), o.pos);
+  }
+  ZSTD_freeDCtx(d);
+  TR_CHECK(last == 0, "{}: the zstd stream is cut short", path);
+  return out;
+}
+
+}  // namespace
+
+bool is_table_file(const std::string& path) { return format_of(path) != Format::text; }
+
+std::vector<std::string> parse_documents(std::string_view bytes, const std::string& name, const DocumentOptions& o) {
+  switch (format_of(name)) {
+    case Format::jsonl: return json_lines(bytes, name, o);
+    case Format::json: {
+      const size_t first = bytes.find_first_not_of(" \t\r\n");
+      if (first != std::string_view::npos && bytes[first] == '[') return json_array(bytes, name, o);
+      return json_lines(bytes, name, o);  // HF's json loader reads JSON lines from .json too
+    }
+    case Format::csv: return table(bytes, ',', name, o);
+    case Format::tsv: return table(bytes, '\t', name, o);
+    case Format::text: break;
+  }
+  check_utf8(bytes, name, true);
+  return {std::string(bytes)};
+}
+
+std::vector<std::string> read_documents(const std::string& path, const DocumentOptions& o) {
+  std::string bytes;
+  if (ends_with(path, ".gz")) {
+    bytes = gunzip(path);
+  } else {
+    std::ifstream in(path, std::ios::binary);
+    TR_CHECK(in.is_open(), "{}: cannot open", path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    bytes = ss.str();
+    if (ends_with(path, ".zst")) bytes = unzstd(path, bytes);
+  }
+  return parse_documents(bytes, path, o);
+}
+
+}  // namespace tr::data
