@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run_clm's data files end to end: the same paragraphs as .jsonl, .json (array), .csv, .tsv and .jsonl.gz
 # train to the same losses (one EOS between rows, the same token stream), `trainer tokenize` reads a table,
-# --text_column_name picks a column, and bad files fail with one message naming the file and line.
+# --text_column_name picks a column, token shards train and evaluate without tokenizer files, and bad files
+# fail with one message naming the file and line.
 # Usage: data_files.sh TRAINER TOKENIZER_DIR TEXT WORK_DIR
 set -euo pipefail
 trainer=$1 tok=$2 text=$3 work=$4
@@ -40,20 +41,35 @@ done
   { cat tokenize.log; fail "tokenize rows.csv"; }
 rows=$(($(wc -l <rows.jsonl)))
 grep -q "documents $rows," tokenize.log || { cat tokenize.log; fail "tokenize did not read $rows rows"; }
+# Token shards need no tokenizer: train (with a checkpoint and a resume) and evaluate on .bin files alone.
+"$trainer" train --config_name tiny.json --train_file 'shards/train_*.bin' --block_size 16 --per_device_train_batch_size 4 \
+  --max_steps 4 --save_steps 2 --output_dir notok --use_cpu >notok.log 2>&1 || { tail notok.log; fail "train on shards"; }
+[[ ! -e notok/tokenizer.json && ! -e notok/checkpoint-2/tokenizer.json ]] || fail "tokenizer files without a tokenizer"
+"$trainer" train --config_name tiny.json --train_file 'shards/train_*.bin' --block_size 16 --per_device_train_batch_size 4 \
+  --max_steps 6 --save_steps 2 --output_dir notok --use_cpu --resume_from_checkpoint true >notok2.log 2>&1 ||
+  { tail notok2.log; fail "resume on shards"; }
+grep -q "resumed from notok/checkpoint-4" notok2.log || fail "the tokenizer-less resume"
+"$trainer" eval --model_name_or_path notok --validation_file shards/train_000000.bin --block_size 16 --use_cpu \
+  --output_dir notok_eval >notok_eval.log 2>&1 || { cat notok_eval.log; fail "eval on shards without a tokenizer"; }
+rc=0; "$trainer" train --config_name tiny.json --train_file rows.csv --block_size 16 --output_dir notok_text --use_cpu \
+  >notok_text.log 2>&1 || rc=$?
+[[ $rc == 1 ]] && grep -q "tokenizer_name is required when training from --config_name" notok_text.log ||
+  { cat notok_text.log; fail "text without a tokenizer"; }
+
 # Bad files: one message naming file and line, exit 1.
 printf '{"text": "ok"}\n{"text": "cut\n' >bad.jsonl
 printf 'id,text\n1,"never closed\n' >bad.csv
 printf '{"id": 1}\n' >notext.jsonl
 printf 'text\nbad \xff byte\n' >badutf8.csv
 for pair in "bad.jsonl|bad.jsonl:2: not a JSON value" "bad.csv|bad.csv: a quoted field opened on line 2 is never closed" \
-            "notext.jsonl|notext.jsonl:1: the row has no field 'id'" "badutf8.csv|badutf8.csv:2: invalid UTF-8"; do
+            "notext.jsonl|notext.jsonl:1: no column 'missing' (--text_column_name); the columns are id" \
+            "badutf8.csv|badutf8.csv:2: invalid UTF-8"; do
   file=${pair%%|*} want=${pair#*|}
   [[ $file == notext.jsonl ]] && extra=(--text_column_name missing) || extra=()
   rc=0
   "$trainer" train --config_name tiny.json --tokenizer_name "$tok" --train_file "$file" --output_dir "out_$file" --block_size 16 \
     --use_cpu --max_steps 1 "${extra[@]}" >"$file.log" 2>&1 || rc=$?
   [[ $rc == 1 ]] || fail "$file: exit $rc"
-  [[ $file == notext.jsonl ]] && want="notext.jsonl:1: no column 'missing' (--text_column_name); the columns are id"
   grep -qF "$want" "$file.log" || { cat "$file.log"; fail "$file: expected '$want'"; }
 done
 echo "data_files: OK"

@@ -91,6 +91,19 @@ python3 -c "import json,sys; r=json.load(open('gpt2_w3/train_results.json')); sy
   fail "train_results.json lacks world_size 3"
 [[ -s gpt2_w3/model.safetensors && -s gpt2_w3/checkpoint-8/optimizer.safetensors ]] || fail "rank 0's files"
 
+# --total_batch_size counts every rank's sequences: 12 = 3 per rank x 2 ranks x 2 accumulation steps.
+next_port
+"$trainer" launch --nproc_per_node 2 --master_port "$port" train "${common[@]}" \
+  --config_name gpt2.json --per_device_train_batch_size 3 --total_batch_size 12 --output_dir total_w2 >total_w2.log 2>&1 ||
+  { tail total_w2.log; fail "--total_batch_size under DDP"; }
+compare gpt2_w2 total_w2 0
+# average_tokens_across_devices false: each rank normalizes by its own label tokens and the gradients are
+# averaged - the single process's numbers when every rank holds as many tokens (drop_last keeps the epoch's
+# end even; an uneven last step weighs each rank's mean equally, as HF does).
+one avg_w1 6 --config_name gpt2.json --average_tokens_across_devices false --dataloader_drop_last
+many avg_w3 3 2 --config_name gpt2.json --average_tokens_across_devices false --dataloader_drop_last
+compare avg_w1 avg_w3 1e-5
+
 # Gradient checkpointing (leaves reported from the recomputed regions' own backward) and torch_compile
 # (buckets after the replayed backward) give world 2's bits.
 many ckpt_w2 2 3 --config_name gpt2.json --gradient_checkpointing

@@ -1,7 +1,11 @@
 // The distributed layer in one process: the launcher environment (torchrun, srun, mpirun and their errors),
 // rank 0's TCP store, a Gloo group of threads on 127.0.0.1 (collectives, rendezvous failures), the sampler's
 // rank slices, and DDP's gradient reduction against a single process's sum.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <future>
@@ -60,8 +64,9 @@ TEST(DistEnv, ReadsEachLaunchersContract) {
   EXPECT_EQ(t.group_rank, 1);
   EXPECT_EQ(t.master_addr, "node0");
   EXPECT_EQ(t.master_port, 1234);
-  auto s = env_of({{"SLURM_NTASKS", "8"}, {"SLURM_PROCID", "5"}, {"SLURM_LOCALID", "1"},
-                   {"SLURM_NTASKS_PER_NODE", "4(x2)"}, {"SLURM_NODEID", "1"}, {"MASTER_ADDR", "n1"}});
+  auto s = env_of({{"SLURM_NTASKS", "8"}, {"SLURM_STEP_NUM_TASKS", "8"}, {"SLURM_PROCID", "5"},
+                   {"SLURM_LOCALID", "1"}, {"SLURM_STEP_TASKS_PER_NODE", "4(x2)"}, {"SLURM_NODEID", "1"},
+                   {"MASTER_ADDR", "n1"}});
   EXPECT_EQ(s.launcher, "slurm");
   EXPECT_EQ(s.rank, 5);
   EXPECT_EQ(s.world_size, 8);
@@ -74,6 +79,8 @@ TEST(DistEnv, ReadsEachLaunchersContract) {
   EXPECT_EQ(m.launcher, "mpirun");
   EXPECT_EQ(m.rank, 2);
   EXPECT_EQ(m.group_rank, 1);
+  // A batch script outside any srun step is one process, whatever its allocation.
+  EXPECT_FALSE(env_of({{"SLURM_NTASKS", "4"}, {"SLURM_PROCID", "0"}}).distributed());
   // torchrun's variables win over a Slurm allocation the job runs inside.
   EXPECT_EQ(env_of({{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"SLURM_NTASKS", "1"}, {"SLURM_PROCID", "0"}}).rank, 1);
 }
@@ -85,7 +92,7 @@ TEST(DistEnv, BadValuesNameTheVariable) {
       {{{"WORLD_SIZE", "2"}}, "WORLD_SIZE=2 is set but RANK is not"},
       {{{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_PORT", "70000"}}, "MASTER_PORT=70000: expected a value in [1, 65535]"},
       {{{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_ADDR", ""}}, "MASTER_ADDR is empty"},
-      {{{"SLURM_NTASKS", "2"}, {"SLURM_PROCID", "0"}}, "srun started 2 tasks but MASTER_ADDR is not set"},
+      {{{"SLURM_STEP_NUM_TASKS", "2"}, {"SLURM_PROCID", "0"}}, "srun started 2 tasks but MASTER_ADDR is not set"},
       {{{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "0"}}, "pass -x MASTER_ADDR"},
       {{{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"LOCAL_RANK", "3"}, {"LOCAL_WORLD_SIZE", "2"}},
        "local rank 3 of 2 local processes"},
@@ -105,6 +112,30 @@ TEST(DistStore, SetGetAddWaitAcrossClients) {
   EXPECT_EQ(b.add("n", 3), 5);
   EXPECT_FALSE(a.get("absent", dist::Millis(100)).has_value());
   EXPECT_EQ(a.wait({"k", "absent", "n"}, dist::Millis(100)), std::vector<std::string>{"absent"});
+}
+
+// A stray client (an HTTP probe, random bytes, a huge length) is dropped; the store goes on serving.
+TEST(DistStore, GarbageFromAStrayClientIsDropped) {
+  const int port = test_port(12);
+  dist::StoreServer server(port);
+  auto send_raw = [&](const std::string& bytes) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+    char c;
+    EXPECT_LE(::recv(fd, &c, 1, 0), 0);  // the server hangs up instead of answering
+    ::close(fd);
+  };
+  send_raw("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+  send_raw(std::string("s\xff\xff\xff\x7f", 5));                      // a 2 GiB key
+  send_raw(std::string("s\x01\x00\x00\x00k\xff\xff\xff\xff\xff\xff\xff\x7f", 14));  // an endless value
+  dist::StoreClient c("127.0.0.1", port, dist::Millis(2000));
+  c.set("after", "still serving");
+  EXPECT_EQ(c.get("after", dist::Millis(1000)), "still serving");
 }
 
 TEST(DistStore, UnreachableServerAndBusyPortAreNamed) {
@@ -424,20 +455,28 @@ TEST(DistDdp, GeneratorShardsAreSlicesOfTheWholeDraw) {
   whole.reserve(7);  // some earlier draw
   const Generator::State before = whole.state();
   const uint64_t w0 = whole.reserve(per * total);
+  // Slices of 2 samples (the last rank holds 1): each rank's words are its rows of the whole draw.
   for (auto [first, count] : std::vector<std::pair<int64_t, int64_t>>{{0, 2}, {2, 2}, {4, 1}}) {
     Generator g(9);
     g.set_state(before);
-    g.set_shard({first, count, static_cast<int64_t>(total)});
+    g.set_shard({first, count, static_cast<int64_t>(total), 2});
     const uint64_t w = g.reserve(per * static_cast<uint64_t>(count));
     for (uint64_t j = 0; j < per * static_cast<uint64_t>(count); ++j)
       ASSERT_EQ(philox_word(9, w, j), philox_word(9, w0, per * static_cast<uint64_t>(first) + j));
     EXPECT_EQ(g.state(), whole.state());
   }
-  // A part that does not start on a counter boundary draws as a process alone would (no shift).
-  Generator g(9);
-  g.set_state(before);
-  g.set_shard({1, 1, 5});
-  EXPECT_EQ(g.reserve(3), before.offset);
+  // 3 words per sample, one sample per rank: no slice but the first starts on a counter, so each rank takes
+  // its own counter; the streams are disjoint and every rank ends at the same offset.
+  std::vector<uint64_t> starts, ends;
+  for (int64_t r = 0; r < 3; ++r) {
+    Generator g(9);
+    g.set_state(before);
+    g.set_shard({r, 1, 3, 1});
+    starts.push_back(g.reserve(3));
+    ends.push_back(g.state().offset);
+  }
+  EXPECT_EQ(starts, (std::vector<uint64_t>{before.offset, before.offset + 1, before.offset + 2}));
+  EXPECT_EQ(ends, (std::vector<uint64_t>(3, before.offset + 3)));
 }
 
 TEST(DistLaunch, ParsesTorchrunsFlags) {

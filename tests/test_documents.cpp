@@ -28,6 +28,7 @@ TEST(Documents, EachFormatYieldsItsRows) {
       {"a.jsonl", "{\"id\": 1, \"body\": \"first string column\"}\n{\"id\": 2, \"body\": \"b\"}", "",
        {"first string column", "b"}},
       {"a.jsonl", "{\"title\": \"t\", \"body\": \"x\"}", "body", {"x"}},
+      {"a.jsonl", "{\"title\": \"first in the file\", \"body\": \"x\"}", "", {"first in the file"}},
       {"a.json", "[{\"text\": \"x\"}, {\"text\": \"y\\nz\"}]", "", {"x", "y\nz"}},
       {"a.json", "{\"text\": \"json lines in a .json file\"}\n", "", {"json lines in a .json file"}},
       {"a.csv", "id,text\n1,hello\n2,\"quoted, with comma\"\n3,\"two\nlines and \"\"quotes\"\"\"\n", "",
@@ -93,9 +94,16 @@ TEST(Documents, CompressedFilesReadAsTheirContent) {
   EXPECT_EQ(tr::data::read_documents(gz), want);
   EXPECT_EQ(tr::data::read_documents(zst), want);
   std::ofstream(dir / "bad.jsonl.zst", std::ios::binary) << "not zstd at all";
+  std::ofstream(dir / "plain.csv.gz", std::ios::binary) << csv;  // a .gz name without gzip inside
+  {
+    std::ifstream in(gz, std::ios::binary);
+    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(dir / "cut.csv.gz", std::ios::binary) << all.substr(0, all.size() - 12);
+  }
   std::ofstream(dir / "cut.csv.zst", std::ios::binary) << packed.substr(0, packed.size() / 2);
   for (const auto& [file, want_msg] : std::vector<std::pair<std::string, std::string>>{
            {"bad.jsonl.zst", "not a readable zstd file"}, {"cut.csv.zst", "the zstd stream is cut short"},
+           {"plain.csv.gz", "not a gzip file"}, {"cut.csv.gz", "the gzip stream is cut short"},
            {"missing.jsonl.gz", "missing.jsonl.gz: cannot open"}, {"missing.csv", "missing.csv: cannot open"}}) {
     try {
       tr::data::read_documents((dir / file).string());

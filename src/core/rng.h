@@ -48,26 +48,33 @@ class Generator {
   };
 
   // This process's part of a batch split across processes (distributed data parallel): samples [first,
-  // first + count) of a batch of `total`. While set, a draw of n words for the local batch (n / count words
-  // per sample) starts where the whole batch's draw would have put this part, and the generator advances by
-  // the whole batch's draw: each process's dropout is its slice of the single-process mask.
+  // first + count) of a batch of `total`, cut into slices of `unit` samples per process. While set, a draw of
+  // n words for the local batch (n / count words per sample) starts where the whole batch's draw would have
+  // put this part and the generator advances by the whole batch's draw: each process's dropout is its slice
+  // of the single-process mask. An offset moves by whole 4-word counters, so when a slice's words are not a
+  // multiple of 4 each process instead takes the next free counter after the slices before it: disjoint
+  // streams, the same advance everywhere, but not the single process's bits.
   struct Shard {
-    int64_t first = 0, count = 0, total = 0;
+    int64_t first = 0, count = 0, total = 0, unit = 0;
   };
 
   explicit Generator(uint64_t seed = 42) : state_{seed, 0} {}
   // Reserves room for `n` random words and returns the counter offset where they start.
   uint64_t reserve(uint64_t n) {
-    uint64_t start = state_.offset, words = n;
-    // The part's first word must start a counter (4 words) to be reachable by an offset alone.
-    if (shard_.count > 0 && n % static_cast<uint64_t>(shard_.count) == 0) {
-      const uint64_t per = n / static_cast<uint64_t>(shard_.count), base = per * static_cast<uint64_t>(shard_.first);
-      if (base % 4 == 0) {
-        start += base / 4;
-        words = per * static_cast<uint64_t>(shard_.total);
+    uint64_t start = state_.offset, counters = (n + 3) / 4;
+    if (shard_.count > 0 && shard_.unit > 0 && n % static_cast<uint64_t>(shard_.count) == 0) {
+      const uint64_t per = n / static_cast<uint64_t>(shard_.count), unit = static_cast<uint64_t>(shard_.unit);
+      const uint64_t first = static_cast<uint64_t>(shard_.first), total = static_cast<uint64_t>(shard_.total);
+      if (per * unit % 4 == 0) {  // every slice starts on a counter: the single process's words
+        start += per * first / 4;
+        counters = (per * total + 3) / 4;
+      } else {
+        const uint64_t stride = (per * unit + 3) / 4;
+        start += first / unit * stride;
+        counters = (total + unit - 1) / unit * stride;
       }
     }
-    state_.offset += (words + 3) / 4;
+    state_.offset += counters;
     return start;
   }
   void set_shard(Shard s) { shard_ = s; }

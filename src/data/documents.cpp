@@ -85,8 +85,11 @@ std::string pick_column(const std::vector<std::string>& columns, const DocumentO
   return columns.front();
 }
 
+// Objects keep their keys in file order: "the first column" is the file's first, as run_clm's.
+using Json = nlohmann::ordered_json;
+
 // One JSON row's document.
-std::string json_row_text(const nlohmann::json& row, std::string& column, const DocumentOptions& o,
+std::string json_row_text(const Json& row, std::string& column, const DocumentOptions& o,
                           const std::string& where) {
   TR_CHECK(row.is_object(), "{}: expected a JSON object per row, got {}", where, row.type_name());
   if (column.empty()) {
@@ -119,7 +122,7 @@ std::vector<std::string> json_lines(std::string_view bytes, const std::string& n
     if (l.find_first_not_of(" \t\r") == std::string_view::npos) continue;  // blank lines
     const std::string where = line_of(name, line);
     check_utf8(l, where);
-    const auto j = nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
+    const auto j = Json::parse(l, nullptr, /*allow_exceptions=*/false);
     TR_CHECK(!j.is_discarded(), "{}: not a JSON value (one JSON object per line is expected)", where);
     docs.push_back(json_row_text(j, column, o, where));
   }
@@ -128,7 +131,7 @@ std::vector<std::string> json_lines(std::string_view bytes, const std::string& n
 
 std::vector<std::string> json_array(std::string_view bytes, const std::string& name, const DocumentOptions& o) {
   check_utf8(bytes, name, true);
-  const auto j = nlohmann::json::parse(bytes, nullptr, /*allow_exceptions=*/false);
+  const auto j = Json::parse(bytes, nullptr, /*allow_exceptions=*/false);
   TR_CHECK(!j.is_discarded(), "{}: not valid JSON", name);
   TR_CHECK(j.is_array(), "{}: expected an array of objects (or one object per line), got {}", name, j.type_name());
   std::vector<std::string> docs;
@@ -233,7 +236,12 @@ std::string gunzip(const std::string& path) {
     if (n == 0) break;
     out.append(buf, static_cast<size_t>(n));
   }
+  int code = Z_OK;
+  gzerror(f, &code);
+  const bool plain = gzdirect(f) == 1;  // zlib passes data that is not gzip through as it is
   gzclose(f);
+  TR_CHECK(!plain, "{}: not a gzip file (a .gz name, but no gzip header)", path);
+  TR_CHECK(code != Z_BUF_ERROR, "{}: the gzip stream is cut short", path);
   return out;
 }
 

@@ -107,6 +107,7 @@ Batch DataLoader::make_batch(int64_t epoch, int64_t b) const {
   if (d.world_size > 1 && d.rank_slice == opts_.batch_size) {  // a slice of the global batch b
     const int64_t global = opts_.batch_size * d.world_size;
     out.global_first = d.rank * opts_.batch_size;
+    out.global_unit = opts_.batch_size;
     out.global_size = std::min(global, ds_->num_samples() - b * global);
   }
   return out;

@@ -59,6 +59,7 @@ struct Batch {
   // Distributed: this batch's rows are rows [global_first, global_first + B) of a global batch of
   // global_size sequences (the batch one process would have drawn); alone: 0 and B.
   int64_t global_first = 0, global_size = 0;
+  int64_t global_unit = 0;  // sequences per rank slice (the per-device batch size); 0 alone
 };
 
 // Where the loader is: the next batch to hand out. Saved in checkpoints; seek() resumes there directly.

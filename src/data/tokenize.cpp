@@ -62,7 +62,9 @@ std::vector<uint32_t> encode_files(const tokenizers::Tokenizer& tok, const std::
     try {
       ids = tok.encode_batch(views, threads, false);
     } catch (const Error& e) {
-      fail("tokenize: {} (documents from {})", e.what(), files[file_of[g0]]);
+      const std::string& first = files[file_of[g0]];
+      const std::string& last = files[file_of[g0 + views.size() - 1]];
+      fail("tokenize: {} (documents from {})", e.what(), first == last ? first : first + " to " + last);
     }
     for (size_t k = 0; k < ids.size(); ++k) {
       if (!stream.empty()) stream.push_back(static_cast<uint32_t>(*eos));

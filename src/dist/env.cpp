@@ -47,12 +47,15 @@ DistEnv read_dist_env(const EnvLookup& env) {
     d.group_rank = int_var(env, "GROUP_RANK", 0, 0, kMax);
     TR_CHECK(d.world_size == 1 || env("RANK"), "environment variable WORLD_SIZE={} is set but RANK is not",
              d.world_size);
-  } else if (env("SLURM_NTASKS") && env("SLURM_PROCID")) {
+  } else if (env("SLURM_STEP_NUM_TASKS") && env("SLURM_PROCID")) {
+    // srun's job step (a batch script itself also sees SLURM_NTASKS and SLURM_PROCID=0, but no step: a
+    // plain `trainer train` there is one process, not rank 0 of SLURM_NTASKS).
     d.launcher = "slurm";
-    d.world_size = int_var(env, "SLURM_NTASKS", 1, 1, kMax);
+    d.world_size = int_var(env, "SLURM_STEP_NUM_TASKS", 1, 1, kMax);
     d.rank = int_var(env, "SLURM_PROCID", 0, 0, kMax);
     d.local_rank = int_var(env, "SLURM_LOCALID", 0, 0, kMax);
-    d.local_world_size = int_var(env, "SLURM_NTASKS_PER_NODE", d.world_size, 1, kMax);
+    const char* per_node = env("SLURM_STEP_TASKS_PER_NODE") ? "SLURM_STEP_TASKS_PER_NODE" : "SLURM_NTASKS_PER_NODE";
+    d.local_world_size = int_var(env, per_node, d.world_size, 1, kMax);  // "4(x2)": 4 per node
     d.group_rank = int_var(env, "SLURM_NODEID", 0, 0, kMax);
     TR_CHECK(d.world_size == 1 || env("MASTER_ADDR"),
              "srun started {} tasks but MASTER_ADDR is not set: export rank 0's host name, e.g. "

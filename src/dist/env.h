@@ -1,7 +1,8 @@
 // The distributed environment a process was started into, read in one place: torchrun's contract (RANK,
 // WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT; `trainer launch` sets the
 // same), Slurm's srun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID + MASTER_ADDR) and Open MPI's
-// mpirun (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE + MASTER_ADDR).
+// mpirun (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE + MASTER_ADDR; node = rank / local size,
+// as with --map-by node's default slot filling). Slurm's world is the srun step's SLURM_STEP_NUM_TASKS.
 #pragma once
 #include <functional>
 #include <optional>

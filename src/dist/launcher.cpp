@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -109,6 +110,7 @@ void start(const LaunchOptions& o, Worker& w, int restart) {
     [[maybe_unused]] auto n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
     ::_exit(127);
   }
+  ::setpgid(pid, pid);  // also here: a Ctrl-C before the child's own call must not reach it
   if (!direct) {
     ::close(fds[1]);
     w.out_fd = fds[0];
@@ -182,7 +184,8 @@ std::string run_group(const LaunchOptions& o, std::vector<Worker>& ws, int resta
       if (!w.running) continue;
       int status = 0;
       const pid_t r = ::waitpid(w.pid, &status, WNOHANG);
-      if (r == w.pid) {
+      if (r < 0 && errno != EINTR) status = 0xff00;  // not ours to wait for any more (ECHILD): ended, unknown
+      if (r == w.pid || (r < 0 && errno != EINTR)) {
         w.running = false;
         w.status = status;
         if (failed(status) && first_failure.empty()) {

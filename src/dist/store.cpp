@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -45,8 +46,11 @@ bool read_all(int fd, void* p, size_t n) {
   return true;
 }
 
+// Our keys are short and values at most a few KiB (Gloo's addresses): anything larger is not one of ours.
+constexpr uint64_t kMaxKey = 4096, kMaxValue = uint64_t{16} << 20;
+
 bool read_string(int fd, std::string& s, uint64_t n) {
-  if (n > (uint64_t{1} << 30)) return false;  // no key or value is that large: a stray client
+  if (n > kMaxValue) return false;
   s.resize(n);
   return n == 0 || read_all(fd, s.data(), n);
 }
@@ -74,9 +78,11 @@ struct StoreServer::State {
       uint64_t vlen = 0;
       int64_t arg = 0;
       std::string key, value;
-      if (!read_all(fd, &op, 1) || !read_all(fd, &klen, 4) || !read_string(fd, key, klen) ||
-          !read_all(fd, &vlen, 8) || !read_string(fd, value, vlen) || !read_all(fd, &arg, 8))
-        return;  // the client is gone (or not one of ours)
+      // A stray client (a port scanner, an HTTP probe) is dropped at its first byte that is not ours.
+      if (!read_all(fd, &op, 1) || (op != 's' && op != 'g' && op != 'a') || !read_all(fd, &klen, 4) ||
+          klen > kMaxKey || !read_string(fd, key, klen) || !read_all(fd, &vlen, 8) ||
+          !read_string(fd, value, vlen) || !read_all(fd, &arg, 8))
+        return;
       std::unique_lock<std::mutex> lk(mu);
       bool ok = true;
       std::string reply;
@@ -89,11 +95,10 @@ struct StoreServer::State {
         reply = kv[key] = std::to_string(sum);
         cv.notify_all();
       } else if (op == 'g') {
-        const auto deadline = std::chrono::steady_clock::now() + Millis(arg);
+        const auto deadline = std::chrono::steady_clock::now() +
+                              Millis(std::clamp<int64_t>(arg, 0, int64_t{1} << 40));  // no overflow
         ok = cv.wait_until(lk, deadline, [&] { return closing || kv.count(key) > 0; }) && !closing;
         if (ok) reply = kv[key];
-      } else {
-        return;
       }
       lk.unlock();
       if (!write_reply(fd, ok, reply)) return;
@@ -137,6 +142,12 @@ void StoreServer::accept_loop() {
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {  // wait for room
+        std::this_thread::sleep_for(Millis(50));
+        std::lock_guard<std::mutex> g(state_->mu);
+        if (state_->closing) return;
+        continue;
+      }
       return;  // shut down
     }
     const int one = 1;
@@ -147,7 +158,13 @@ void StoreServer::accept_loop() {
       return;
     }
     state_->fds.push_back(fd);
-    state_->handlers.emplace_back([s = state_, fd] { s->serve(fd); });
+    state_->handlers.emplace_back([s = state_, fd] {
+      try {
+        s->serve(fd);
+      } catch (const std::exception&) {  // out of memory for a request: that connection ends, not rank 0
+      }
+      ::shutdown(fd, SHUT_RDWR);  // the client sees the end; the descriptor is closed with the server
+    });
   }
 }
 

@@ -293,8 +293,10 @@ void TrainingArguments::validate() const {
   optim::parse_optim_args(optim_args);  // throws on a malformed entry
   check_compile_backend(torch_compile_backend);
   if (!ddp_backend.empty()) check_one_of("ddp_backend", ddp_backend, {"gloo", "nccl"});
-  TR_CHECK(ddp_timeout > 0, "--ddp_timeout must be positive (seconds), got {}", ddp_timeout);
-  TR_CHECK(ddp_bucket_cap_mb > 0, "--ddp_bucket_cap_mb must be positive, got {}", ddp_bucket_cap_mb);
+  TR_CHECK(ddp_timeout > 0 && ddp_timeout <= 30 * 86400,
+           "--ddp_timeout must be in [1, 2592000] seconds (30 days), got {}", ddp_timeout);
+  TR_CHECK(ddp_bucket_cap_mb > 0 && ddp_bucket_cap_mb <= 65536, "--ddp_bucket_cap_mb must be in [1, 65536], got {}",
+           ddp_bucket_cap_mb);
   fsdp_options();  // throws on an unknown option
   report_names(report_to);  // throws on an unknown integration
   if (!torch_compile_mode.empty())

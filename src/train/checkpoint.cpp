@@ -88,7 +88,7 @@ namespace {
 
 // Every file of checkpoint-N into its temporary folder `tmp`.
 void write_checkpoint_files(const fs::path& tmp, models::CausalLM& model, MixedPrecision& mp,
-                            const optim::Optimizer& opt, const tokenizers::Tokenizer& tok,
+                            const optim::Optimizer& opt, const tokenizers::Tokenizer* tok,
                             const TrainerState& st, const TrainingArguments& a, const SaveProbe& probe) {
   fs::remove_all(tmp);
   fs::create_directories(tmp);
@@ -125,7 +125,7 @@ void write_checkpoint_files(const fs::path& tmp, models::CausalLM& model, MixedP
                                                                   : nlohmann::json(st.best_model_checkpoint)},
        {"log_history", st.log_history}});
   write_json(tmp / "training_args.json", a.to_json());
-  tok.save_pretrained(tmp.string());
+  if (tok) tok->save_pretrained(tmp.string());
   if (probe) probe("rename");
   for (const auto& e : fs::directory_iterator(tmp)) sync_to_disk(e.path());
   sync_to_disk(tmp);
@@ -141,7 +141,7 @@ std::string save_failure(const std::exception& e) {
 }  // namespace
 
 std::string save_checkpoint(models::CausalLM& model, MixedPrecision& mp, const optim::Optimizer& opt,
-                            const tokenizers::Tokenizer& tok, const TrainerState& st,
+                            const tokenizers::Tokenizer* tok, const TrainerState& st,
                             const TrainingArguments& a, const SaveProbe& probe) {
   const std::string name = "checkpoint-" + std::to_string(st.global_step);
   const fs::path final_dir = fs::path(a.output_dir) / name;
@@ -225,10 +225,12 @@ bool metrics_line_kept(const std::string& line, int64_t global_step) {
   return false;  // a negative or non-integer step is no step of this run
 }
 
-TrainerState load_checkpoint_state(const std::string& dir, optim::Optimizer& opt, MixedPrecision& mp) {
+TrainerState load_checkpoint_state(const std::string& dir, optim::Optimizer& opt, MixedPrecision& mp,
+                                   bool with_tokenizer) {
   TR_CHECK(fs::is_directory(dir), "--resume_from_checkpoint {}: no such folder", dir);
   for (const char* f : kCheckpointFiles)
-    TR_CHECK(fs::exists(fs::path(dir) / f), "checkpoint {}: missing {}", dir, f);
+    TR_CHECK(fs::exists(fs::path(dir) / f) || (!with_tokenizer && std::string_view(f) == "tokenizer.json"),
+             "checkpoint {}: missing {}", dir, f);
   TrainerState st;
   {
     auto f = io::SafetensorsFile::open((fs::path(dir) / "optimizer.safetensors").string());

@@ -41,13 +41,16 @@ using SaveProbe = std::function<void(const std::string& stage)>;
 
 // Writes output_dir/checkpoint-{global_step} (masters swapped in so the weights are fp32) and rotates
 // (save_total_limit keeps the newest, and the best when one is tracked). Returns the folder.
+// `tok` null: a run on token shards without a tokenizer (the checkpoint then has no tokenizer files).
 std::string save_checkpoint(models::CausalLM& model, MixedPrecision& mp, const optim::Optimizer& opt,
-                            const tokenizers::Tokenizer& tok, const TrainerState& state,
+                            const tokenizers::Tokenizer* tok, const TrainerState& state,
                             const TrainingArguments& args, const SaveProbe& probe = {});
 
 // Checks that `dir` holds every file of a checkpoint and reads the non-weight state; errors name the file
 // and field. The optimizer state is loaded into `opt`, the scaler into `mp`.
-TrainerState load_checkpoint_state(const std::string& dir, optim::Optimizer& opt, MixedPrecision& mp);
+// `with_tokenizer`: the checkpoint must hold tokenizer.json (false for a run without a tokenizer).
+TrainerState load_checkpoint_state(const std::string& dir, optim::Optimizer& opt, MixedPrecision& mp,
+                                   bool with_tokenizer = true);
 
 // Newest checkpoint-N folder in dir (complete or not), or "".
 std::string latest_checkpoint(const std::string& dir);

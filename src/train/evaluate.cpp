@@ -97,12 +97,12 @@ EvalResult evaluate_command(const TrainingArguments& a) {
   TR_CHECK(!a.output_dir.empty(), "trainer eval: --output_dir is required");
   TR_CHECK(!a.validation_file.empty() || !a.train_file.empty(),
            "trainer eval: give --validation_file (or --train_file to evaluate its validation split)");
-  auto tok = load_tokenizer(a);
+  const auto tok = load_tokenizer_for_data(a);
   Generator gen(a.seed);
   auto model = load_model(a, "", gen, training_device(a));
   TrainingArguments b = a;
   if (b.train_file.empty()) b.train_file = b.validation_file;  // only the validation stream is used
-  auto streams = load_streams(b, tok, model->config().vocab_size, true);
+  auto streams = load_streams(b, tok ? &*tok : nullptr, model->config().vocab_size, true);
   if (a.bf16 || a.fp16) {
     const DType half = a.bf16 ? DType::bf16 : DType::f16;
     for (auto& [n, p] : model->named_parameters()) *p = ops::to_dtype(*p, half);

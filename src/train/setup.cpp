@@ -23,10 +23,12 @@ namespace {
 
 bool is_shards(const std::string& f) { return f.size() > 4 && f.substr(f.size() - 4) == ".bin"; }
 
-std::shared_ptr<const data::TokenStream> stream_of(const std::string& file, const tokenizers::Tokenizer& tok,
+std::shared_ptr<const data::TokenStream> stream_of(const std::string& file, const tokenizers::Tokenizer* tok,
                                                    int64_t vocab, const std::string& text_column) {
   if (is_shards(file)) return std::make_shared<data::TokenStream>(data::expand_inputs({file}), vocab);
-  auto ids = data::tokenize_text_files(tok, {file}, 0, data::DocumentOptions{text_column});
+  TR_CHECK(tok != nullptr, "{}: a text file needs a tokenizer (--tokenizer_name, or a model folder with one)",
+           file);
+  auto ids = data::tokenize_text_files(*tok, {file}, 0, data::DocumentOptions{text_column});
   TR_CHECK(!ids.empty(), "{}: no tokens (empty file?)", file);
   return std::make_shared<data::TokenStream>(std::move(ids));
 }
@@ -52,11 +54,23 @@ std::unique_ptr<models::CausalLM> load_model(const TrainingArguments& a, const s
   return models::create_causal_lm(config_for(a.config_name), device, DType::f32, gen, a.attn_implementation);
 }
 
+std::optional<tokenizers::Tokenizer> load_tokenizer_for_data(const TrainingArguments& a) {
+  const bool shards_only = (!a.train_file.empty() || !a.validation_file.empty()) &&
+                           (a.train_file.empty() || is_shards(a.train_file)) &&
+                           (a.validation_file.empty() || is_shards(a.validation_file));
+  if (!shards_only || !a.tokenizer_name.empty()) return load_tokenizer(a);
+  const fs::path m(a.model_name_or_path);
+  if (!a.model_name_or_path.empty() &&
+      (fs::exists(m / "tokenizer.json") || fs::exists(m / "vocab.json")))  // kept for the saved folders
+    return load_tokenizer(a);
+  return std::nullopt;
+}
+
 Device training_device(const TrainingArguments& a) {
   return a.use_cpu ? Device::cpu() : backend::default_device();
 }
 
-Streams load_streams(const TrainingArguments& a, const tokenizers::Tokenizer& tok, int64_t vocab,
+Streams load_streams(const TrainingArguments& a, const tokenizers::Tokenizer* tok, int64_t vocab,
                      bool want_validation) {
   Streams s;
   TR_CHECK(!a.train_file.empty(), "--train_file is required");

@@ -4,6 +4,7 @@
 // run_clm splits).
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/rng.h"
@@ -15,6 +16,9 @@
 namespace tr::train {
 
 tokenizers::Tokenizer load_tokenizer(const TrainingArguments& a);
+// The tokenizer a run needs: none when every data file is a .bin token shard and no tokenizer is named (or
+// the model folder holds none): pre-tokenized data trains and evaluates without tokenizer files.
+std::optional<tokenizers::Tokenizer> load_tokenizer_for_data(const TrainingArguments& a);
 // A model's config: an HF folder's config.json, a config.json file, or a built-in name (gpt2, llama-60m,
 // ...).
 models::ModelConfig config_for(const std::string& name);
@@ -30,8 +34,9 @@ Device training_device(const TrainingArguments& a);
 struct Streams {
   std::shared_ptr<const data::TokenStream> train, validation;  // validation null when not wanted
 };
-// want_validation: an eval is requested. Errors name the file: empty data, ids beyond the vocabulary.
-Streams load_streams(const TrainingArguments& a, const tokenizers::Tokenizer& tok, int64_t vocab,
+// want_validation: an eval is requested. Errors name the file: empty data, ids beyond the vocabulary, a
+// text file without a tokenizer (`tok` null).
+Streams load_streams(const TrainingArguments& a, const tokenizers::Tokenizer* tok, int64_t vocab,
                      bool want_validation);
 
 }  // namespace tr::train

@@ -40,6 +40,15 @@ StepCore::StepCore(StepState s, StepOptions o, bool overlap)
 
 double StepCore::label_tokens(const std::vector<data::Batch>& micro) const {
   double items = step_label_tokens(micro);
+  if (o_.group != nullptr) bytes_at_start_ = o_.group->stats().bytes;  // this step's traffic starts here
+  if (o_.group != nullptr && !o_.average_tokens_across_devices) {
+    // Each rank's loss is its own mean: the step averages over the ranks that had data (a rank past the
+    // epoch's last sample has none), so the epoch's last step is not scaled down.
+    double active = items > 0 ? 1 : 0;
+    o_.group->all_reduce_sum(&active, 1);
+    active_ranks_ = std::max(1.0, active);
+    reducer_->set_scale(1.0 / active_ranks_);
+  }
   if (o_.group != nullptr && o_.average_tokens_across_devices) {
     const auto t0 = std::chrono::steady_clock::now();
     o_.group->all_reduce_sum(&items, 1);
@@ -63,7 +72,8 @@ Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& 
     fo.training = true;
     fo.dropout_gen = &s_.dropout_gen;
     // DDP: each rank draws its rows' part of the global batch's dropout masks (the single process's bits).
-    if (o_.group != nullptr) s_.dropout_gen.set_shard({b.global_first, b.input_ids.size(0), b.global_size});
+    if (o_.group != nullptr)
+      s_.dropout_gen.set_shard({b.global_first, b.input_ids.size(0), b.global_size, b.global_unit});
     Tensor loss = s_.model.forward(b.input_ids, fo).loss;
     if (empties_cache(step) && &b == &micro.front()) empty_cache(r);
     // DDP: the last backward launches each bucket's all-reduce as soon as its gradients are final.
@@ -130,7 +140,7 @@ void StepCore::finish(int64_t step, double lr, const Tensor& loss, StepResult& r
   if (o_.group != nullptr) {  // the global loss (each rank's share already normalized) and token count
     double v[2] = {r.loss, static_cast<double>(r.tokens)};
     o_.group->all_reduce_sum(v, 2);
-    r.loss = o_.average_tokens_across_devices ? v[0] : v[0] / o_.group->size();
+    r.loss = o_.average_tokens_across_devices ? v[0] : v[0] / active_ranks_;
     r.tokens = static_cast<int64_t>(v[1]);
     // A rank whose last micro-batch was empty drew nothing for it: rank 0 (never empty) has the stream's
     // position every rank must continue from.
@@ -139,7 +149,6 @@ void StepCore::finish(int64_t step, double lr, const Tensor& loss, StepResult& r
     s_.dropout_gen.set_state(gs);
     r.comm_wait_seconds = wait_ + std::chrono::duration<double>(t1 - t0).count();
     r.comm_bytes = o_.group->stats().bytes - bytes_at_start_;
-    bytes_at_start_ = o_.group->stats().bytes;
     wait_ = 0;
   }
 }

@@ -23,7 +23,8 @@ class StepCore {
   // The label tokens the step's losses are normalized by: this rank's micro-batches, summed over the ranks
   // in a distributed run (average_tokens_across_devices).
   double label_tokens(const std::vector<data::Batch>& micro) const;
-  // Every micro-batch's forward and backward (an empty one - a rank past an epoch's last sample - is skipped), each loss normalized by `items` (step_label_tokens: HF's
+  // Every micro-batch's forward and backward (an empty one - a rank past an epoch's last sample - is
+  // skipped), each loss normalized by `items` (step_label_tokens: HF's
   // num_items_in_batch); returns the step's loss summed on the device (f64).
   Tensor forward_backward(int64_t step, const std::vector<data::Batch>& micro, double items, StepResult& r);
   // The after_backward hook, the update at `lr` from the model's gradients, and the host reads.
@@ -44,7 +45,8 @@ class StepCore {
   bool overlap_ = true;
   bool reducing_ = false;  // the reducer's buckets were begun during this step's backward
   mutable double wait_ = 0;  // collective waits of the step so far (label_tokens runs before the result)
-  int64_t bytes_at_start_ = 0;
+  mutable int64_t bytes_at_start_ = 0;
+  mutable double active_ranks_ = 1;  // average_tokens_across_devices false: ranks with data this step
 };
 
 }  // namespace tr::train

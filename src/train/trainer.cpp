@@ -151,9 +151,14 @@ int64_t auto_batch_budget(Device dev) {
 // --per_device_train_batch_size auto and --total_batch_size (ours) into a batch and an accumulation.
 void resolve_batch(TrainingArguments& a, bool resuming) {
   const int64_t total = a.total_batch_sequences();
+  const int64_t world = dist::read_dist_env().world_size;  // every process draws its batch of the total
   if (a.per_device_train_batch_size != kAutoBatch) {
     if (total > 0) {
-      const int64_t ga = total / a.per_device_train_batch_size;
+      TR_CHECK(total % (a.per_device_train_batch_size * world) == 0,
+               "--total_batch_size {} ({} sequences) is not a multiple of --per_device_train_batch_size {} x "
+               "{} process(es)",
+               a.total_batch_size, total, a.per_device_train_batch_size, world);
+      const int64_t ga = total / (a.per_device_train_batch_size * world);
       if (a.gradient_accumulation_steps != 1 && a.gradient_accumulation_steps != ga)
         std::fprintf(
             stderr,
@@ -253,7 +258,7 @@ class Run {
   const TrainHooks& hooks_;
   dist::ProcessGroup* group_;
   bool main_;  // rank 0 (or the only process)
-  tokenizers::Tokenizer tok_;
+  std::optional<tokenizers::Tokenizer> tok_;  // none: token shards without a tokenizer
   std::string resume_;
   Device dev_;
   Generator init_gen_;
@@ -277,9 +282,9 @@ class Run {
 };
 
 // The run's first acts: output_dir made, the tokenizer read (its errors come before the model's).
-tokenizers::Tokenizer start_run(const TrainingArguments& a) {
+std::optional<tokenizers::Tokenizer> start_run(const TrainingArguments& a) {
   fs::create_directories(a.output_dir);
-  return load_tokenizer(a);
+  return load_tokenizer_for_data(a);
 }
 
 Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup* group)
@@ -295,12 +300,13 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
   model_ = load_model(a, resume_, init_gen_, dev_);
   if (group_) broadcast_parameters(*group_, model_->named_parameters());  // DDP: rank 0's weights everywhere
   vocab_ = model_->config().vocab_size;
-  TR_CHECK(tok_.vocab_size() <= vocab_, "tokenizer {} has {} tokens, more than the model's vocab_size {}",
-           a.tokenizer_name.empty() ? a.model_name_or_path : a.tokenizer_name, tok_.vocab_size(), vocab_);
+  TR_CHECK(!tok_ || tok_->vocab_size() <= vocab_, "tokenizer {} has {} tokens, more than the model's vocab_size {}",
+           a.tokenizer_name.empty() ? a.model_name_or_path : a.tokenizer_name, tok_ ? tok_->vocab_size() : 0,
+           vocab_);
   TR_CHECK(a.block_size <= model_->config().max_position_embeddings,
            "--block_size {} exceeds the model's {} positions", a.block_size,
            model_->config().max_position_embeddings);
-  streams_ = load_streams(a, tok_, vocab_, a.do_eval || a.eval_strategy != "no");
+  streams_ = load_streams(a, tok_ ? &*tok_ : nullptr, vocab_, a.do_eval || a.eval_strategy != "no");
   loader_ = make_loader();
   sched_ = make_schedule(a, loader_->batches_per_epoch());
   // Mixed precision: the model computes in half precision, the optimizer updates fp32 masters.
@@ -363,7 +369,7 @@ std::unique_ptr<data::DataLoader> Run::make_loader() {
 }
 
 void Run::resume() {
-  st_ = load_checkpoint_state(resume_, *opt_, *mp_);
+  st_ = load_checkpoint_state(resume_, *opt_, *mp_, tok_.has_value());
   // The checks name trainer_state.json, where the values come from (a damaged file reads as a mismatch).
   const std::string state_file = (fs::path(resume_) / "trainer_state.json").string();
   // The data position counts global batches: any world size whose ranks together draw the saved batch
@@ -452,7 +458,8 @@ void Run::save() {
     return;
   }
   try {
-    r_.last_checkpoint = save_checkpoint(*model_, *mp_, *opt_, tok_, st_, a_, hooks_.save_probe);
+    r_.last_checkpoint =
+        save_checkpoint(*model_, *mp_, *opt_, tok_ ? &*tok_ : nullptr, st_, a_, hooks_.save_probe);
   } catch (...) {
     std::fprintf(stderr, "\n");  // the error starts its own line, not the progress bar's
     throw;
@@ -637,7 +644,7 @@ void Run::finish() {
   model_->set_dtype(DType::f32);
   models::save_pretrained(*model_, a_.output_dir);
   mp_->swap_masters();
-  tok_.save_pretrained(a_.output_dir);
+  if (tok_) tok_->save_pretrained(a_.output_dir);
   draw_curves();
   write_json(fs::path(a_.output_dir) / "trainer_state.json",
              {{"global_step", total},
@@ -667,8 +674,13 @@ std::unique_ptr<dist::ProcessGroup> join_group(const TrainingArguments& a) {
            "--auto_find_batch_size / --per_device_train_batch_size auto with WORLD_SIZE {}: the ranks would "
            "retry on their own; give the batch size",
            env.world_size);
-  const std::string backend = a.ddp_backend.empty() ? (training_device(a).is_cuda() ? "nccl" : "gloo")
-                                                    : a.ddp_backend;
+  // Each rank would need cuda:LOCAL_RANK and the gradients a device-side collective; until the NCCL group
+  // exists, a GPU run of several processes is refused rather than crowding every rank onto cuda:0.
+  TR_CHECK(!training_device(a).is_cuda(),
+           "WORLD_SIZE {} on a GPU: distributed training on GPUs needs the NCCL process group, which is not "
+           "built yet; --use_cpu trains the {} processes on the CPUs with Gloo",
+           env.world_size, env.world_size);
+  const std::string backend = a.ddp_backend.empty() ? "gloo" : a.ddp_backend;
   return dist::init_process_group(env, dist::parse_comm_backend(backend),
                                   std::chrono::milliseconds(a.ddp_timeout * 1000));
 }
