@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # run_clm's data files end to end: the same paragraphs as .jsonl, .json (array), .csv, .tsv and .jsonl.gz
 # train to the same losses (one EOS between rows, the same token stream), `trainer tokenize` reads a table,
-# --text_column_name picks a column, token shards train and evaluate without tokenizer files, and bad files
-# fail with one message naming the file and line.
+# --text_column_name picks a column, token shards train and evaluate without tokenizer files, a fresh model's
+# vocabulary grows to the tokenizer and pads to --pad_vocab_to_multiple_of, and bad files fail with one
+# message naming the file and line.
 # Usage: data_files.sh TRAINER TOKENIZER_DIR TEXT WORK_DIR
 set -euo pipefail
 trainer=$1 tok=$2 text=$3 work=$4
@@ -55,6 +56,16 @@ rc=0; "$trainer" train --config_name tiny.json --train_file rows.csv --block_siz
   >notok_text.log 2>&1 || rc=$?
 [[ $rc == 1 ]] && grep -q "tokenizer_name is required when training from --config_name" notok_text.log ||
   { cat notok_text.log; fail "text without a tokenizer"; }
+
+# A fresh model grows to the tokenizer's size and pads to --pad_vocab_to_multiple_of (config.json says so).
+echo '{"model_type": "llama", "vocab_size": 1000, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}' >small_vocab.json
+"$trainer" train --config_name small_vocab.json --tokenizer_name "$tok" --train_file rows.jsonl --block_size 16 \
+  --max_steps 1 --output_dir resized --use_cpu --pad_vocab_to_multiple_of 64 >resized.log 2>&1 ||
+  { tail resized.log; fail "training a resized model"; }
+grep -q "vocab_size 1000 -> 50257, the tokenizer's size" resized.log || fail "no resize notice"
+grep -q "vocab_size 50257 -> 50304, a multiple of 64" resized.log || fail "no padding notice"
+grep -q '"vocab_size": 50304' resized/config.json || fail "config.json does not hold the padded vocab_size"
 
 # Bad files: one message naming file and line, exit 1.
 printf '{"text": "ok"}\n{"text": "cut\n' >bad.jsonl

@@ -22,7 +22,10 @@ struct TrainingArguments {
   int64_t block_size = 256;
   int64_t validation_split_percentage = 5;
   std::string attn_implementation = "sdpa";
-  std::string text_column_name;  // ours: the column of .jsonl/.json/.csv/.tsv files (empty: "text" or the first)
+  std::string text_column_name;
+  // ours: a model trained from --config_name gets vocab_size rounded up to a multiple of this (0: off), after
+  // growing to the tokenizer's size when that is larger (run_clm's resize_token_embeddings(len(tokenizer))).
+  int64_t pad_vocab_to_multiple_of = 0;  // ours: the column of .jsonl/.json/.csv/.tsv files (empty: "text" or the first)
   // TrainingArguments
   std::string output_dir;
   bool overwrite_output_dir = false;

@@ -1,6 +1,7 @@
 // Tokenizer, model and data construction shared by `trainer train` and `trainer eval`; see setup.h.
 #include "train/setup.h"
 
+#include <cstdio>
 #include <filesystem>
 
 #include "backend/cuda_api.h"
@@ -41,8 +42,25 @@ tokenizers::Tokenizer load_tokenizer(const TrainingArguments& a) {
   return tokenizers::Tokenizer::from_pretrained(p);
 }
 
+models::ModelConfig fresh_config(const TrainingArguments& a, int64_t tokenizer_size) {
+  models::ModelConfig c = config_for(a.config_name);
+  if (tokenizer_size > c.vocab_size) {
+    std::fprintf(stderr, "train: vocab_size %lld -> %lld, the tokenizer's size (resize_token_embeddings)\n",
+                 static_cast<long long>(c.vocab_size), static_cast<long long>(tokenizer_size));
+    c.vocab_size = tokenizer_size;
+  }
+  if (const int64_t m = a.pad_vocab_to_multiple_of; m > 1 && c.vocab_size % m != 0) {
+    const int64_t padded = (c.vocab_size + m - 1) / m * m;
+    std::fprintf(stderr, "train: vocab_size %lld -> %lld, a multiple of %lld (--pad_vocab_to_multiple_of)\n",
+                 static_cast<long long>(c.vocab_size), static_cast<long long>(padded), static_cast<long long>(m));
+    c.vocab_size = padded;
+  }
+  c.raw["vocab_size"] = c.vocab_size;  // what config.json will say
+  return c;
+}
+
 std::unique_ptr<models::CausalLM> load_model(const TrainingArguments& a, const std::string& weights_dir,
-                                             Generator& gen, Device device) {
+                                             Generator& gen, Device device, int64_t tokenizer_size) {
   const std::string dir = !weights_dir.empty() ? weights_dir : a.model_name_or_path;
   if (!dir.empty()) {
     models::PretrainedOptions po;
@@ -51,7 +69,8 @@ std::unique_ptr<models::CausalLM> load_model(const TrainingArguments& a, const s
     po.device = device;
     return models::from_pretrained(dir, po);
   }
-  return models::create_causal_lm(config_for(a.config_name), device, DType::f32, gen, a.attn_implementation);
+  return models::create_causal_lm(fresh_config(a, tokenizer_size), device, DType::f32, gen,
+                                  a.attn_implementation);
 }
 
 std::optional<tokenizers::Tokenizer> load_tokenizer_for_data(const TrainingArguments& a) {

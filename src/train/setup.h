@@ -23,11 +23,16 @@ std::optional<tokenizers::Tokenizer> load_tokenizer_for_data(const TrainingArgum
 // ...).
 models::ModelConfig config_for(const std::string& name);
 
+// --config_name's config for a fresh model: vocab_size grown to `tokenizer_size` when that is larger (as
+// run_clm resizes the embeddings to len(tokenizer)) and rounded up to --pad_vocab_to_multiple_of, each said
+// in one line on stderr.
+models::ModelConfig fresh_config(const TrainingArguments& a, int64_t tokenizer_size);
 // From `weights_dir` when given (a checkpoint or HF folder), else from --model_name_or_path, else a fresh
-// model of --config_name initialized from `gen` (Philox: the same bits on every device). Always f32 (mixed
-// precision casts afterwards), on `device`.
+// model of fresh_config(a, tokenizer_size) initialized from `gen` (Philox: the same bits on every device).
+// Always f32 (mixed precision casts afterwards), on `device`.
 std::unique_ptr<models::CausalLM> load_model(const TrainingArguments& a, const std::string& weights_dir,
-                                             Generator& gen, Device device = Device::cpu());
+                                             Generator& gen, Device device = Device::cpu(),
+                                             int64_t tokenizer_size = 0);
 // The GPU when one is usable and --use_cpu is not given, else the CPU.
 Device training_device(const TrainingArguments& a);
 

@@ -297,7 +297,7 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
       dev_(training_device(a)),
       init_gen_(a.seed),
       dropout_gen_(a.seed) {
-  model_ = load_model(a, resume_, init_gen_, dev_);
+  model_ = load_model(a, resume_, init_gen_, dev_, tok_ ? tok_->vocab_size() : 0);
   if (group_) broadcast_parameters(*group_, model_->named_parameters());  // DDP: rank 0's weights everywhere
   vocab_ = model_->config().vocab_size;
   TR_CHECK(!tok_ || tok_->vocab_size() <= vocab_, "tokenizer {} has {} tokens, more than the model's vocab_size {}",
