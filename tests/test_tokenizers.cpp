@@ -344,3 +344,28 @@ TEST_F(TokenizerData, BosComesFromATemplateProcessingPostProcessor) {
 
 }  // namespace
 }  // namespace tr
+
+namespace tr {
+namespace {
+
+// Token streams keep each document's special tokens, as run_clm's tokenize_function does: with Llama 2's
+// tokenizer every row of a JSON-lines file starts with BOS, and rows are joined by one EOS.
+TEST(TokenStreams, DocumentsKeepTheirBosInTokenStreams) {
+  namespace fs = std::filesystem;
+  const auto t = tokenizers::Tokenizer::from_pretrained(std::string(TRAINER_SOURCE_DIR) +
+                                                        "/data/tokenizer-llama2/package/models");
+  const fs::path f = fs::temp_directory_path() / ("trainer-bos-" + std::to_string(::getpid()) + ".jsonl");
+  std::ofstream(f) << "{\"text\": \"Call me Ishmael.\"}\n{\"text\": \"Some years ago\"}\n";
+  const auto got = data::tokenize_text_files(t, {f.string()});
+  std::vector<uint32_t> want;
+  for (const char* doc : {"Call me Ishmael.", "Some years ago"}) {
+    if (!want.empty()) want.push_back(static_cast<uint32_t>(*t.eos_token_id()));
+    for (int32_t id : t.encode(doc, true)) want.push_back(static_cast<uint32_t>(id));
+  }
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(got.front(), 1u);  // <s>
+  fs::remove(f);
+}
+
+}  // namespace
+}  // namespace tr

@@ -60,14 +60,15 @@ std::vector<uint32_t> encode_files(const tokenizers::Tokenizer& tok, const std::
     for (size_t i = g0; i < std::min(texts.size(), g0 + group); ++i) views.push_back(texts[i]);
     std::vector<std::vector<int32_t>> ids;
     try {
-      ids = tok.encode_batch(views, threads, false);
+      // As run_clm: each document with the tokenizer's own special tokens (Llama's and Gemma's BOS).
+      ids = tok.encode_batch(views, threads, /*allow_special=*/false, /*add_special_tokens=*/true);
     } catch (const Error& e) {
       const std::string& first = files[file_of[g0]];
       const std::string& last = files[file_of[g0 + views.size() - 1]];
       fail("tokenize: {} (documents from {})", e.what(), first == last ? first : first + " to " + last);
     }
     for (size_t k = 0; k < ids.size(); ++k) {
-      if (!stream.empty()) stream.push_back(static_cast<uint32_t>(*eos));
+      if (!stream.empty() && !tok.adds_eos()) stream.push_back(static_cast<uint32_t>(*eos));
       stream.insert(stream.end(), ids[k].begin(), ids[k].end());
       done += static_cast<int64_t>(views[k].size());
     }

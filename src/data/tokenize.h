@@ -1,5 +1,7 @@
-// `trainer tokenize`: data files -> llm.c token shards (train_NNNNNN.bin, val_NNNNNN.bin), one EOS between
-// documents (a .txt file is one document, a .jsonl/.json/.csv/.tsv file one per row: data/documents.h). The first validation_split_percentage % of the token stream goes
+// `trainer tokenize`: data files -> llm.c token shards (train_NNNNNN.bin, val_NNNNNN.bin). A .txt file is one
+// document, a .jsonl/.json/.csv/.tsv file one per row (data/documents.h); each is encoded with the tokenizer's
+// special tokens as run_clm does (Llama's and Gemma's BOS; special-token text stays text), and documents are
+// joined by one EOS unless the tokenizer already ends each with one. The first validation_split_percentage % of the token stream goes
 // to the validation shards (HF's percentage split, taken over tokens so a single book can be split too).
 // Output is the same whatever the thread count.
 #pragma once
