@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "tokenizers/unicode.h"
 
 namespace tr::data {
 
@@ -38,30 +39,9 @@ Format format_of(const std::string& name) {
   return Format::text;
 }
 
-// Byte offset of the first invalid UTF-8 sequence in `s`, or npos.
-size_t invalid_utf8(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return i;
-    uint32_t cp = n == 1 ? c : n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : c & 0x07;
-    for (size_t k = 1; k < n; ++k) {
-      const auto d = static_cast<unsigned char>(s[i + k]);
-      if ((d >> 6) != 0x2) return i;
-      cp = (cp << 6) | (d & 0x3F);
-    }
-    // Overlong forms, UTF-16 surrogates and values past U+10FFFF are not UTF-8.
-    if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
-        (cp >= 0xD800 && cp <= 0xDFFF))
-      return i;
-    i += n;
-  }
-  return std::string_view::npos;
-}
-
 // `where` names the line already (a JSON line), or `whole` says the text is a whole file whose line is found.
 void check_utf8(std::string_view text, const std::string& where, bool whole = false) {
-  const size_t bad = invalid_utf8(text);
+  const size_t bad = tokenizers::first_invalid_utf8(text);
   if (bad == std::string_view::npos) return;
   if (!whole) fail("{}: invalid UTF-8 at byte {} of the line", where, bad);
   const int64_t line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(bad), '\n');
