@@ -111,6 +111,21 @@ compare gpt2_w2 ckpt_w2 0
 many compile_w2 2 3 --config_name gpt2.json --torch_compile
 compare gpt2_w2 compile_w2 0
 
+# `trainer eval` under a launch: the batches split across 3 ranks, rank 0 writes the one result.
+ev=(eval --model_name_or_path gpt2_w1 --validation_file "$text" --block_size 16 --per_device_eval_batch_size 2 --use_cpu)
+"$trainer" "${ev[@]}" --output_dir eval_w1 >eval_w1.log 2>&1 || { cat eval_w1.log; fail "eval"; }
+next_port
+"$trainer" launch --nproc_per_node 3 --master_port "$port" "${ev[@]}" --output_dir eval_w3 >eval_w3.log 2>&1 ||
+  { cat eval_w3.log; fail "eval under a launch"; }
+python3 - <<'PY' || fail "eval_w3 differs from eval_w1"
+import json
+a, b = (json.load(open(f"{d}/eval_results.json")) for d in ("eval_w1", "eval_w3"))
+assert a["eval_samples"] == b["eval_samples"] and a["eval_tokens"] == b["eval_tokens"], (a, b)
+assert abs(a["eval_loss"] - b["eval_loss"]) <= 1e-6 * abs(a["eval_loss"]), (a, b)
+print(f"ddp_runs: eval split over 3 ranks: eval_loss {b['eval_loss']:.8f} vs {a['eval_loss']:.8f}")
+PY
+[[ $(grep -c "^eval_loss" eval_w3.log) == 1 ]] || fail "more than rank 0 reported the evaluation"
+
 # 2. Bit-identical reruns; two launchers as two nodes equal one node.
 many gpt2_w2b 2 3 --config_name gpt2.json
 compare gpt2_w2 gpt2_w2b 0

@@ -383,6 +383,7 @@ int main(int argc, char** argv) {
     if (*eval_cmd) {
       auto a = eval_flags.resolve();
       auto r = tr::train::evaluate_command(a);
+      if (tr::dist::read_dist_env().rank != 0) return 0;  // rank 0 reports for the group
       std::printf(
           "eval_loss %.4f  perplexity %.2f  (%lld sequences, %lld tokens, %.1f s); wrote "
           "%s/eval_results.json\n",

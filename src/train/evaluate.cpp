@@ -107,8 +107,20 @@ EvalResult evaluate_command(const TrainingArguments& a) {
     const DType half = a.bf16 ? DType::bf16 : DType::f16;
     for (auto& [n, p] : model->named_parameters()) *p = ops::to_dtype(*p, half);
   }
+  // Started by a launcher: the batches are split across the ranks (Gloo on CPUs) and rank 0 writes.
+  const dist::DistEnv env = dist::read_dist_env();
+  std::unique_ptr<dist::ProcessGroup> group;
+  if (env.distributed()) {
+    TR_CHECK(!model->device().is_cuda(),
+             "WORLD_SIZE {} on a GPU: distributed evaluation on GPUs needs the NCCL process group, which is not "
+             "built yet; --use_cpu evaluates on the CPUs with Gloo",
+             env.world_size);
+    group = dist::init_process_group(env, dist::parse_comm_backend(a.ddp_backend.empty() ? "gloo" : a.ddp_backend),
+                                     std::chrono::milliseconds(a.ddp_timeout * 1000));
+  }
   auto r = evaluate(*model, streams.validation, a.block_size, a.per_device_eval_batch_size,
-                    !a.validation_file.empty() ? a.validation_file : a.train_file);
+                    !a.validation_file.empty() ? a.validation_file : a.train_file, group.get());
+  if (group && group->rank() != 0) return r;
   fs::create_directories(a.output_dir);
   write_file((fs::path(a.output_dir) / "eval_results.json").string(), r.to_json().dump(2) + "\n");
   return r;
