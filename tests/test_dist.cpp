@@ -205,8 +205,7 @@ TEST(DistGloo, CollectivesOfThreeRanks) {
   });
 }
 
-std::string rendezvous_error(int world, std::vector<std::pair<int, int>> rank_and_world, int port,
-                             int timeout_ms) {
+std::string rendezvous_error(std::vector<std::pair<int, int>> rank_and_world, int port, int timeout_ms) {
   std::vector<std::string> errors(rank_and_world.size());
   std::vector<std::thread> ts;
   for (size_t i = 0; i < rank_and_world.size(); ++i)
@@ -222,17 +221,16 @@ std::string rendezvous_error(int world, std::vector<std::pair<int, int>> rank_an
       }
     });
   for (auto& t : ts) t.join();
-  (void)world;
   return errors[0];  // rank 0's view
 }
 
 TEST(DistGloo, RendezvousNamesWhoDidNotArriveOrDisagrees) {
   // Ranks 0 and 1 of a world of 3 come; rank 2 never does.
-  EXPECT_NE(rendezvous_error(3, {{0, 3}, {1, 3}}, test_port(4), 800)
+  EXPECT_NE(rendezvous_error({{0, 3}, {1, 3}}, test_port(4), 800)
                 .find("rank 2 of 3 did not arrive within --ddp_timeout 0.8 s"),
             std::string::npos);
   // Rank 1 was told the world has 3 processes, rank 0 that it has 2.
-  const std::string w = rendezvous_error(2, {{0, 2}, {1, 3}}, test_port(5), 1500);
+  const std::string w = rendezvous_error({{0, 2}, {1, 3}}, test_port(5), 1500);
   EXPECT_NE(w.find("was started with WORLD_SIZE"), std::string::npos) << w;
   // Two processes claim rank 1.
   std::vector<std::string> errs(3);

@@ -38,7 +38,7 @@ StepCore::StepCore(StepState s, StepOptions o, bool overlap)
         *o_.group, o_.ddp_bucket_cap_bytes, o_.average_tokens_across_devices ? 1.0 : 1.0 / o_.group->size());
 }
 
-double StepCore::label_tokens(const std::vector<data::Batch>& micro) const {
+double StepCore::label_tokens(const std::vector<data::Batch>& micro) {
   double items = step_label_tokens(micro);
   if (o_.group != nullptr) bytes_at_start_ = o_.group->stats().bytes;  // this step's traffic starts here
   if (o_.group != nullptr && !o_.average_tokens_across_devices) {

@@ -22,7 +22,7 @@ class StepCore {
   StepCore(StepState s, StepOptions o, bool overlap = true);
   // The label tokens the step's losses are normalized by: this rank's micro-batches, summed over the ranks
   // in a distributed run (average_tokens_across_devices).
-  double label_tokens(const std::vector<data::Batch>& micro) const;
+  double label_tokens(const std::vector<data::Batch>& micro);
   // Every micro-batch's forward and backward (an empty one - a rank past an epoch's last sample - is
   // skipped), each loss normalized by `items` (step_label_tokens: HF's
   // num_items_in_batch); returns the step's loss summed on the device (f64).
@@ -44,9 +44,9 @@ class StepCore {
   std::unique_ptr<GradReducer> reducer_;  // distributed runs
   bool overlap_ = true;
   bool reducing_ = false;  // the reducer's buckets were begun during this step's backward
-  mutable double wait_ = 0;  // collective waits of the step so far (label_tokens runs before the result)
-  mutable int64_t bytes_at_start_ = 0;
-  mutable double active_ranks_ = 1;  // average_tokens_across_devices false: ranks with data this step
+  double wait_ = 0;  // collective waits of the step so far (label_tokens runs before the result)
+  int64_t bytes_at_start_ = 0;
+  double active_ranks_ = 1;  // average_tokens_across_devices false: ranks with data this step
 };
 
 }  // namespace tr::train
