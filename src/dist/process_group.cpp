@@ -6,12 +6,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/math.h>
@@ -167,6 +169,16 @@ class GlooGroup final : public ProcessGroup {
       gloo::allgather(o);
     });
   }
+  void all_to_all(const void* in, void* out, size_t bytes) override {
+    run("all_to_all", bytes * static_cast<size_t>(env_.world_size), [&] {
+      gloo::AlltoallOptions o(ctx_);
+      const size_t total = bytes * static_cast<size_t>(env_.world_size);
+      o.setInput(const_cast<char*>(static_cast<const char*>(in)), total);
+      o.setOutput(static_cast<char*>(out), total);
+      o.setTimeout(timeout_);
+      gloo::alltoall(o);
+    });
+  }
   void barrier() override {
     run("barrier", 0, [&] {
       gloo::BarrierOptions o(ctx_);
@@ -195,9 +207,10 @@ class GlooGroup final : public ProcessGroup {
     try {
       f();
     } catch (const std::exception& e) {
-      fail("{} (gloo, rank {} of {}) failed: a peer process ended, or stalled for more than --ddp_timeout "
-           "{} s: {}",
-           what, env_.rank, env_.world_size, timeout_.count() / 1000.0, e.what());
+      fail(
+          "{} (gloo, rank {} of {}) failed: a peer process ended, or stalled for more than --ddp_timeout "
+          "{} s: {}",
+          what, env_.rank, env_.world_size, timeout_.count() / 1000.0, e.what());
     }
     stats_.calls += 1;
     stats_.bytes += static_cast<int64_t>(bytes);
@@ -212,6 +225,18 @@ class GlooGroup final : public ProcessGroup {
 };
 
 }  // namespace
+
+void ProcessGroup::reduce_scatter_sum(const float* in, float* out, size_t n, std::vector<float>& scratch) {
+  const size_t world = static_cast<size_t>(size());
+  scratch.resize(world * n);
+  if (n == 0) return;
+  all_to_all(in, scratch.data(), n * sizeof(float));
+  std::copy(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(n), out);
+  for (size_t r = 1; r < world; ++r) {
+    const float* b = scratch.data() + r * n;
+    for (size_t i = 0; i < n; ++i) out[i] += b[i];
+  }
+}
 
 std::unique_ptr<ProcessGroup> init_process_group(const DistEnv& env, CommBackend backend, Millis timeout) {
   TR_CHECK(env.distributed(), "init_process_group: a world of one process needs no group");

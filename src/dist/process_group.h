@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dist/env.h"
 
@@ -38,6 +39,12 @@ class ProcessGroup {
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
   // Every rank's `bytes` from `in`, concatenated by rank into `out` (size() * bytes).
   virtual void all_gather(const void* in, void* out, size_t bytes) = 0;
+  // Block j of `in` (size() blocks of `bytes`) to rank j; `out` receives rank i's block for this rank at i.
+  virtual void all_to_all(const void* in, void* out, size_t bytes) = 0;
+  // out[0, n) = the sum over the ranks of their in[rank() * n, (rank() + 1) * n): ZeRO's reduce-scatter.
+  // The ranks' blocks are added in rank order, so the bits do not depend on the transport. `scratch` holds
+  // size() * n floats between calls (no allocation per bucket).
+  void reduce_scatter_sum(const float* in, float* out, size_t n, std::vector<float>& scratch);
   virtual void barrier() = 0;
   const CommStats& stats() const { return stats_; }
 

@@ -14,6 +14,7 @@
 #include "core/file_writer.h"
 #include "core/json_fields.h"
 #include "io/safetensors.h"
+#include "train/zero.h"
 
 namespace tr::train {
 
@@ -37,9 +38,9 @@ int64_t checkpoint_step(const std::string& name) {
   return n;
 }
 
-const char* const kCheckpointFiles[] = {"config.json",    "optimizer.safetensors", "scheduler.json",
-                                        "rng_state.json", "trainer_state.json",    "training_args.json",
-                                        "tokenizer.json"};
+// Besides the optimizer state (optimizer.safetensors, or one file per rank of a sharded run).
+const char* const kCheckpointFiles[] = {"config.json",        "scheduler.json",     "rng_state.json",
+                                        "trainer_state.json", "training_args.json", "tokenizer.json"};
 
 // Flushes a file or folder to the disk: a checkpoint survives power loss, not only a killed process.
 void sync_to_disk(const fs::path& p) {
@@ -70,6 +71,10 @@ nlohmann::json read_json_file(const std::string& path) {
   return j;
 }
 
+std::string checkpoint_staging_dir(const std::string& output_dir, int64_t global_step) {
+  return (fs::path(output_dir) / (".tmp-checkpoint-" + std::to_string(global_step))).string();
+}
+
 std::string latest_checkpoint(const std::string& dir) {
   int64_t best = -1;
   std::string path;
@@ -89,7 +94,8 @@ namespace {
 // Every file of checkpoint-N into its temporary folder `tmp`.
 void write_checkpoint_files(const fs::path& tmp, models::CausalLM& model, MixedPrecision& mp,
                             const optim::Optimizer& opt, const tokenizers::Tokenizer* tok,
-                            const TrainerState& st, const TrainingArguments& a, const SaveProbe& probe) {
+                            const TrainerState& st, const TrainingArguments& a, const SaveProbe& probe,
+                            const std::function<void()>& others) {
   fs::remove_all(tmp);
   fs::create_directories(tmp);
   mp.swap_masters();  // fp32 weights on disk, as HF saves under autocast
@@ -104,7 +110,7 @@ void write_checkpoint_files(const fs::path& tmp, models::CausalLM& model, MixedP
   }
   mp.swap_masters();
   if (probe) probe("model");
-  io::save_safetensors((tmp / "optimizer.safetensors").string(), opt.state_dict());
+  save_optimizer_state(tmp.string(), opt);  // a sharded run: rank 0's file; `others` adds the other ranks'
   if (probe) probe("optimizer");
   write_json(tmp / "scheduler.json", {{"last_epoch", st.scheduler_step}, {"_last_lr", {opt.lr()}}});
   if (mp.loss_scaling()) write_json(tmp / "scaler.json", mp.scaler().to_json());
@@ -126,6 +132,7 @@ void write_checkpoint_files(const fs::path& tmp, models::CausalLM& model, MixedP
        {"log_history", st.log_history}});
   write_json(tmp / "training_args.json", a.to_json());
   if (tok) tok->save_pretrained(tmp.string());
+  if (others) others();
   if (probe) probe("rename");
   for (const auto& e : fs::directory_iterator(tmp)) sync_to_disk(e.path());
   sync_to_disk(tmp);
@@ -142,12 +149,13 @@ std::string save_failure(const std::exception& e) {
 
 std::string save_checkpoint(models::CausalLM& model, MixedPrecision& mp, const optim::Optimizer& opt,
                             const tokenizers::Tokenizer* tok, const TrainerState& st,
-                            const TrainingArguments& a, const SaveProbe& probe) {
+                            const TrainingArguments& a, const SaveProbe& probe,
+                            const std::function<void()>& others) {
   const std::string name = "checkpoint-" + std::to_string(st.global_step);
   const fs::path final_dir = fs::path(a.output_dir) / name;
-  const fs::path tmp = fs::path(a.output_dir) / (".tmp-" + name);
+  const fs::path tmp = checkpoint_staging_dir(a.output_dir, st.global_step);
   try {
-    write_checkpoint_files(tmp, model, mp, opt, tok, st, a, probe);
+    write_checkpoint_files(tmp, model, mp, opt, tok, st, a, probe, others);
   } catch (const std::exception& e) {
     // A partial save is worth nothing and, on a full disk, holds the space the next try needs.
     std::error_code ec;
@@ -231,15 +239,15 @@ TrainerState load_checkpoint_state(const std::string& dir, optim::Optimizer& opt
   for (const char* f : kCheckpointFiles)
     TR_CHECK(fs::exists(fs::path(dir) / f) || (!with_tokenizer && std::string_view(f) == "tokenizer.json"),
              "checkpoint {}: missing {}", dir, f);
+  TR_CHECK(has_optimizer_state(dir), "checkpoint {}: missing optimizer.safetensors", dir);
   TrainerState st;
   {
-    auto f = io::SafetensorsFile::open((fs::path(dir) / "optimizer.safetensors").string());
-    std::map<std::string, Tensor> state;
-    for (const auto& t : f.header().tensors) state[t.name] = f.load(t.name);
+    const std::map<std::string, Tensor> state = load_optimizer_state(dir, opt, mp.master_params());
     try {
       opt.load_state_dict(state);
     } catch (const Error& e) {
-      fail("{}/optimizer.safetensors: {}", dir, e.what());
+      fail("{}/optimizer{}.safetensors: {}", dir,
+           fs::exists(fs::path(dir) / "optimizer.safetensors") ? "" : ".rank-*", e.what());
     }
   }
   const std::string ts_path = (fs::path(dir) / "trainer_state.json").string();

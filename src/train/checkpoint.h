@@ -40,11 +40,16 @@ struct TrainerState {
 using SaveProbe = std::function<void(const std::string& stage)>;
 
 // Writes output_dir/checkpoint-{global_step} (masters swapped in so the weights are fp32) and rotates
-// (save_total_limit keeps the newest, and the best when one is tracked). Returns the folder.
+// (save_total_limit keeps the newest, and the best when one is tracked). Returns the folder. `others` runs
+// once every file of this process is in the staging folder, before it is renamed: a sharded run's other
+// ranks add their optimizer.rank-K.safetensors there.
 // `tok` null: a run on token shards without a tokenizer (the checkpoint then has no tokenizer files).
 std::string save_checkpoint(models::CausalLM& model, MixedPrecision& mp, const optim::Optimizer& opt,
                             const tokenizers::Tokenizer* tok, const TrainerState& state,
-                            const TrainingArguments& args, const SaveProbe& probe = {});
+                            const TrainingArguments& args, const SaveProbe& probe = {},
+                            const std::function<void()>& others = {});
+// The folder a save of `global_step` is staged in before its rename.
+std::string checkpoint_staging_dir(const std::string& output_dir, int64_t global_step);
 
 // Checks that `dir` holds every file of a checkpoint and reads the non-weight state; errors name the file
 // and field. The optimizer state is loaded into `opt`, the scaler into `mp`.

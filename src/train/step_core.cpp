@@ -32,22 +32,29 @@ double step_label_tokens(const std::vector<data::Batch>& micro) {
 }
 
 StepCore::StepCore(StepState s, StepOptions o, bool overlap)
-    : s_(s), o_(std::move(o)), params_(s.model.named_parameters()), overlap_(overlap) {
-  if (o_.group != nullptr)
-    reducer_ = std::make_unique<GradReducer>(
-        *o_.group, o_.ddp_bucket_cap_bytes, o_.average_tokens_across_devices ? 1.0 : 1.0 / o_.group->size());
+    : s_(s),
+      o_(std::move(o)),
+      params_(s.model.named_parameters()),
+      zero_(dynamic_cast<ShardedOptimizer*>(&s.opt)),
+      overlap_(overlap) {
+  if (o_.group != nullptr && zero_ == nullptr)
+    reducer_ = std::make_unique<GradReducer>(*o_.group, o_.ddp_bucket_cap_bytes);
 }
 
 double StepCore::label_tokens(const std::vector<data::Batch>& micro) {
   double items = step_label_tokens(micro);
-  if (o_.group != nullptr) bytes_at_start_ = o_.group->stats().bytes;  // this step's traffic starts here
+  if (o_.group != nullptr) {  // this step's traffic starts here
+    bytes_at_start_ = o_.group->stats().bytes;
+    seconds_at_start_ = o_.group->stats().seconds;
+  }
   if (o_.group != nullptr && !o_.average_tokens_across_devices) {
     // Each rank's loss is its own mean: the step averages over the ranks that had data (a rank past the
     // epoch's last sample has none), so the epoch's last step is not scaled down.
     double active = items > 0 ? 1 : 0;
     o_.group->all_reduce_sum(&active, 1);
     active_ranks_ = std::max(1.0, active);
-    reducer_->set_scale(1.0 / active_ranks_);
+    grad_scale_ = 1.0 / active_ranks_;
+    if (reducer_) reducer_->set_scale(grad_scale_);
   }
   if (o_.group != nullptr && o_.average_tokens_across_devices) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -121,7 +128,8 @@ void StepCore::finish(int64_t step, double lr, const Tensor& loss, StepResult& r
   if (o_.after_backward) o_.after_backward(step, params_);
   const std::vector<Tensor> grads = s_.mp.model_grads();
   const double inv_scale = 1.0 / s_.mp.loss_scale();
-  const Tensor stats = ops::grad_stats(grads, inv_scale, o_.device);
+  if (zero_) zero_->reduce_scatter(grads, grad_scale_);  // ZeRO-2: this rank's shard of the sums
+  const Tensor stats = zero_ ? zero_->global_stats(inv_scale) : ops::grad_stats(grads, inv_scale, o_.device);
   const backend::Backend::GradTransform transform{inv_scale, o_.max_grad_norm, stats};
   std::vector<double> host_stats;
   if (s_.mp.loss_scaling()) {  // the skip decision is the host's (torch's GradScaler syncs here as well)
@@ -130,7 +138,10 @@ void StepCore::finish(int64_t step, double lr, const Tensor& loss, StepResult& r
   }
   if (!r.skipped) {  // fp16 overflow skips the update and lowers the scale (torch's GradScaler)
     s_.opt.set_lr(lr);
-    s_.opt.step(grads, transform, s_.mp.weight_copies());
+    if (zero_)  // the shard updated, every parameter gathered
+      zero_->update(transform, s_.mp.weight_copies());
+    else
+      s_.opt.step(grads, transform, s_.mp.weight_copies());
   }
   s_.opt.zero_grad();
   s_.mp.after_step(r.skipped);
@@ -147,7 +158,9 @@ void StepCore::finish(int64_t step, double lr, const Tensor& loss, StepResult& r
     Generator::State gs = s_.dropout_gen.state();
     o_.group->broadcast(&gs.offset, sizeof gs.offset, 0);
     s_.dropout_gen.set_state(gs);
-    r.comm_wait_seconds = wait_ + std::chrono::duration<double>(t1 - t0).count();
+    // ZeRO-2's collectives all block the training thread; DDP's buckets overlap backward on their own thread.
+    r.comm_wait_seconds = zero_ ? o_.group->stats().seconds - seconds_at_start_
+                                : wait_ + std::chrono::duration<double>(t1 - t0).count();
     r.comm_bytes = o_.group->stats().bytes - bytes_at_start_;
     wait_ = 0;
   }

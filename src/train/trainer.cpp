@@ -29,6 +29,7 @@
 #include "train/run_lock.h"
 #include "train/estimate.h"
 #include "train/ddp.h"
+#include "train/zero.h"
 #include "train/setup.h"
 
 namespace tr::train {
@@ -233,6 +234,12 @@ Schedule make_schedule(const TrainingArguments& a, int64_t batches_per_epoch) {
   return s;
 }
 
+// --fsdp shard_grad_op: ZeRO-2 (zero.h).
+bool sharded(const TrainingArguments& a) {
+  const auto o = a.fsdp_options();
+  return std::find(o.begin(), o.end(), "shard_grad_op") != o.end();
+}
+
 // One call of train(): what is set up before the first step (model, data, optimizer, resumed state) and
 // the loop around the step - logging, evaluation, saving, stopping - and the files of a finished run.
 class Run {
@@ -257,7 +264,7 @@ class Run {
   const TrainingArguments& a_;
   const TrainHooks& hooks_;
   dist::ProcessGroup* group_;
-  bool main_;  // rank 0 (or the only process)
+  bool main_;                                 // rank 0 (or the only process)
   std::optional<tokenizers::Tokenizer> tok_;  // none: token shards without a tokenizer
   std::string resume_;
   Device dev_;
@@ -300,7 +307,8 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
   model_ = load_model(a, resume_, init_gen_, dev_, tok_ ? tok_->vocab_size() : 0);
   if (group_) broadcast_parameters(*group_, model_->named_parameters());  // DDP: rank 0's weights everywhere
   vocab_ = model_->config().vocab_size;
-  TR_CHECK(!tok_ || tok_->vocab_size() <= vocab_, "tokenizer {} has {} tokens, more than the model's vocab_size {}",
+  TR_CHECK(!tok_ || tok_->vocab_size() <= vocab_,
+           "tokenizer {} has {} tokens, more than the model's vocab_size {}",
            a.tokenizer_name.empty() ? a.model_name_or_path : a.tokenizer_name, tok_ ? tok_->vocab_size() : 0,
            vocab_);
   TR_CHECK(a.block_size <= model_->config().max_position_embeddings,
@@ -320,7 +328,11 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
   oo.eps = a.adam_epsilon;
   oo.weight_decay = a.weight_decay;
   oo.args = optim::parse_optim_args(a.optim_args);
-  opt_ = optim::make_optimizer(a.optim, mp_->master_params(), oo);
+  if (group_ && sharded(a))  // ZeRO-2: this rank's slice of the masters and of the optimizer state
+    opt_ = std::make_unique<ShardedOptimizer>(*group_, mp_->master_params(), a.optim, oo,
+                                              a.ddp_bucket_cap_mb << 20);
+  else
+    opt_ = optim::make_optimizer(a.optim, mp_->master_params(), oo);
   st_.train_tokens = streams_.train->size();
   st_.train_batch_size = a.per_device_train_batch_size;
   st_.gradient_accumulation_steps = sched_.ga;
@@ -330,7 +342,8 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
     metrics_ = std::make_unique<MetricsLog>(a.output_dir, !resume_.empty(), st_.global_step);
     write_json(fs::path(a.output_dir) / "training_args.json", a.to_json());
   }
-  if (main_ && a.reports_tensorboard()) {  // as HF's TensorBoardCallback: the arguments and model config as text
+  if (main_ &&
+      a.reports_tensorboard()) {  // as HF's TensorBoardCallback: the arguments and model config as text
     tb_ = std::make_unique<report::TensorBoardLog>(a.logging_dir, resume_.empty() ? -1 : st_.global_step);
     tb_->text("args", a.to_json().dump(2));
     tb_->text("model_config", model_->config().to_json().dump(2));
@@ -400,9 +413,14 @@ void Run::resume() {
 
 void Run::announce() const {
   const std::string world =
-      group_ ? fmt::format(" x {} processes (DDP over {}, buckets of {} MB)", group_->size(),
-                           group_->backend_name(), a_.ddp_bucket_cap_mb)
-             : "";
+      !group_ ? ""
+      : dynamic_cast<const ShardedOptimizer*>(opt_.get())
+          ? fmt::format(
+                " x {} processes (ZeRO-2 shard_grad_op over {}: gradients reduce-scattered, optimizer "
+                "state 1/{} per rank, {} MB per collective)",
+                group_->size(), group_->backend_name(), group_->size(), a_.ddp_bucket_cap_mb)
+          : fmt::format(" x {} processes (DDP over {}, buckets of {} MB)", group_->size(),
+                        group_->backend_name(), a_.ddp_bucket_cap_mb);
   std::fprintf(
       stderr,
       "train: %s, %.1fM parameters, %s, optim %s; %lld tokens; %lld optimizer steps of %lld x %lld x %lld "
@@ -452,14 +470,27 @@ void Run::evaluate_at(int64_t step) {
 void Run::save() {
   st_.dropout_rng = dropout_gen_.state();
   st_.position = loader_->position();
-  if (!main_) {  // DDP: every rank holds the same state; rank 0 writes it, the others wait until it is there
+  // DDP: every rank holds the same state; rank 0 writes it, the others wait until it is there. ZeRO-2: once
+  // rank 0's files are staged, every other rank adds its optimizer.rank-K.safetensors, then rank 0 renames.
+  const bool shards = dynamic_cast<const ShardedOptimizer*>(opt_.get()) != nullptr;
+  if (!main_) {
+    if (shards) {
+      group_->barrier();
+      save_optimizer_state(checkpoint_staging_dir(a_.output_dir, st_.global_step), *opt_);
+      group_->barrier();
+    }
     group_->barrier();
-    r_.last_checkpoint = (fs::path(a_.output_dir) / ("checkpoint-" + std::to_string(st_.global_step))).string();
+    r_.last_checkpoint =
+        (fs::path(a_.output_dir) / ("checkpoint-" + std::to_string(st_.global_step))).string();
     return;
   }
+  const auto others = [this] {
+    group_->barrier();  // staged: the others write
+    group_->barrier();  // written
+  };
   try {
-    r_.last_checkpoint =
-        save_checkpoint(*model_, *mp_, *opt_, tok_ ? &*tok_ : nullptr, st_, a_, hooks_.save_probe);
+    r_.last_checkpoint = save_checkpoint(*model_, *mp_, *opt_, tok_ ? &*tok_ : nullptr, st_, a_,
+                                         hooks_.save_probe, shards ? std::function<void()>(others) : nullptr);
   } catch (...) {
     std::fprintf(stderr, "\n");  // the error starts its own line, not the progress bar's
     throw;
@@ -563,8 +594,9 @@ TrainResult Run::train() {
     if (stop && step + 1 < total) {
       if (main_)
         std::fprintf(
-          stderr, "\ntrain: interrupted after step %lld; saved %s. Resume with --resume_from_checkpoint %s\n",
-          static_cast<long long>(step + 1), r_.last_checkpoint.c_str(), r_.last_checkpoint.c_str());
+            stderr,
+            "\ntrain: interrupted after step %lld; saved %s. Resume with --resume_from_checkpoint %s\n",
+            static_cast<long long>(step + 1), r_.last_checkpoint.c_str(), r_.last_checkpoint.c_str());
       r_.interrupted = true;
       r_.steps = step + 1 - start_step;
       return r_;
@@ -577,6 +609,15 @@ TrainResult Run::train() {
   r_.train_loss = window_->counted_sum() / std::max<int64_t>(1, r_.steps);
   r_.skipped_steps = st_.skipped_steps;
   r_.peak_bytes = ops::allocator_for(dev_).stats().peak_bytes;
+  if (group_) {  // every rank's peak and optimizer state (they shrink with the world under ZeRO)
+    const int64_t mine[2] = {r_.peak_bytes, opt_->state_bytes()};
+    std::vector<int64_t> all(2 * static_cast<size_t>(group_->size()));
+    group_->all_gather(mine, all.data(), sizeof mine);
+    for (size_t k = 0; k < all.size(); k += 2) {
+      r_.rank_peak_bytes.push_back(all[k]);
+      r_.rank_optimizer_bytes.push_back(all[k + 1]);
+    }
+  }
   r_.tokens = tokens_;
   r_.eval_seconds = eval_seconds_;
   r_.global_step = total;
@@ -625,8 +666,16 @@ void Run::finish() {
                         {"epoch", sched_.epoch(total)},
                         {"global_step", total},
                         {"train_peak_memory_gib", static_cast<double>(r_.peak_bytes) / (1 << 30)}};
-  if (group_) {  // the memory is rank 0's; every rank holds the same replicas under DDP
+  if (group_) {  // train_peak_memory_gib is rank 0's; the lists have every rank's
+    const auto gib = [](const std::vector<int64_t>& v) {
+      nlohmann::json out = nlohmann::json::array();
+      for (int64_t b : v) out.push_back(static_cast<double>(b) / (1 << 30));
+      return out;
+    };
     all["world_size"] = group_->size();
+    all["fsdp"] = dynamic_cast<const ShardedOptimizer*>(opt_.get()) ? "shard_grad_op" : "";
+    all["train_peak_memory_gib_per_rank"] = gib(r_.rank_peak_bytes);
+    all["optimizer_state_gib_per_rank"] = gib(r_.rank_optimizer_bytes);
     all["ddp_backend"] = group_->backend_name();
     all["ddp_comm_bytes_per_step"] = r_.comm_bytes / std::max<int64_t>(1, r_.steps);
     all["ddp_comm_wait_seconds"] = r_.comm_wait_seconds;
@@ -666,10 +715,16 @@ void Run::finish() {
 std::unique_ptr<dist::ProcessGroup> join_group(const TrainingArguments& a) {
   const dist::DistEnv env = dist::read_dist_env();
   if (!env.distributed()) return nullptr;
-  TR_CHECK(a.fsdp_options().empty() || a.fsdp == "no_shard",
-           "--fsdp {}: sharded data parallelism (ZeRO-2/3) is not built yet; without --fsdp the {} processes "
-           "train with DDP (replicated weights and optimizer state)",
-           a.fsdp, env.world_size);
+  for (const std::string& o : a.fsdp_options())
+    TR_CHECK(
+        o == "shard_grad_op" || o == "no_shard" || o == "auto_wrap",
+        "--fsdp {}: {} is not built yet; shard_grad_op (ZeRO-2: gradients and optimizer state sharded) is, "
+        "and without --fsdp the {} processes train with DDP",
+        a.fsdp, o, env.world_size);
+  TR_CHECK(!sharded(a) || shards_elementwise(a.optim),
+           "--fsdp shard_grad_op with --optim {}: sharding splits tensors into flat slices, which only "
+           "element-wise optimizers update exactly (adamw_torch, adamw_torch_fused, adamw_apex_fused, sgd)",
+           a.optim);
   TR_CHECK(!a.auto_find_batch_size && a.per_device_train_batch_size != kAutoBatch,
            "--auto_find_batch_size / --per_device_train_batch_size auto with WORLD_SIZE {}: the ranks would "
            "retry on their own; give the batch size",

@@ -39,6 +39,7 @@ struct TrainResult {
   std::string comm_backend;    // their collectives' library (gloo)
   double comm_wait_seconds = 0;  // DDP: time the training thread waited on collectives
   int64_t comm_bytes = 0;        // DDP: this rank's bytes handed to collectives during training
+  std::vector<int64_t> rank_peak_bytes, rank_optimizer_bytes;  // distributed: every rank's, by rank
 };
 
 struct TrainHooks {

@@ -1,0 +1,343 @@
+// ZeRO-2's sharded optimizer and the optimizer state of checkpoints in either layout; see zero.h.
+#include "train/zero.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "ops/ops.h"
+#include "train/ddp.h"
+
+namespace tr::train {
+
+namespace fs = std::filesystem;
+
+FlatLayout::FlatLayout(const nn::ParamList& params, int world_size) : world(world_size) {
+  TR_CHECK(world >= 1, "FlatLayout: a world of {} ranks", world);
+  for (const auto& [name, p] : params) {
+    offset.push_back(total);
+    numel.push_back(p->numel());
+    total += p->numel();
+  }
+  shard = (total + world - 1) / world;
+}
+
+template <typename F>
+void FlatLayout::visit(int64_t lo, int64_t hi, F&& fn) const {
+  hi = std::min(hi, total);
+  if (lo >= hi) return;
+  // The last parameter starting at or before lo, then onwards.
+  size_t k = static_cast<size_t>(std::upper_bound(offset.begin(), offset.end(), lo) - offset.begin()) - 1;
+  for (; k < offset.size() && offset[k] < hi; ++k) {
+    const int64_t a = std::max(lo, offset[k]), b = std::min(hi, offset[k] + numel[k]);
+    if (a < b) fn(k, a - offset[k], b - a, a - lo);
+  }
+}
+
+std::vector<StateSlice> FlatLayout::slices(const nn::ParamList& params, int rank) const {
+  std::vector<StateSlice> out;
+  const int64_t lo = rank * shard;
+  visit(lo, lo + shard, [&](size_t k, int64_t at, int64_t n, int64_t) {
+    out.push_back({params[k].first, at, n});
+  });
+  return out;
+}
+
+bool shards_elementwise(const std::string& name) {
+  return name == "adamw_torch" || name == "adamw_torch_fused" || name == "adamw_apex_fused" || name == "sgd";
+}
+
+ShardedOptimizer::ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamList& masters,
+                                   const std::string& optim, const optim::OptimizerOptions& opts,
+                                   int64_t bucket_cap_bytes)
+    : Optimizer(masters, opts), group_(group), layout_(masters, group.size()) {
+  TR_CHECK(shards_elementwise(optim),
+           "--fsdp shard_grad_op with --optim {}: sharding splits tensors into flat slices, which only "
+           "element-wise optimizers update exactly (adamw_torch, adamw_torch_fused, adamw_apex_fused, sgd); "
+           "{}'s state needs whole tensors",
+           optim, optim);
+  for (const auto& [name, p] : masters)
+    TR_CHECK(p->device().is_cpu() && p->dtype() == DType::f32 && p->is_contiguous(),
+             "--fsdp shard_grad_op: parameter '{}' is {}; sharding runs on fp32 host parameters (Gloo)", name,
+             p->describe());
+  round_ = std::max<int64_t>(1, bucket_cap_bytes / static_cast<int64_t>(sizeof(float)) / group.size());
+  slices_ = layout_.slices(masters, group.rank());
+  master_flat_ = ops::zeros({layout_.shard}, DType::f32, Device::cpu());
+  grad_flat_ = ops::zeros({layout_.shard}, DType::f32, Device::cpu());
+  const int64_t base = group.rank() * layout_.shard;
+  slice_params_.reserve(slices_.size());  // the inner optimizer points into slice_params_
+  nn::ParamList inner;
+  size_t k = 0;
+  layout_.visit(base, base + layout_.shard, [&](size_t p, int64_t at, int64_t n, int64_t pos) {
+    std::memcpy(master_flat_.data<float>() + pos, masters[p].second->data<float>() + at,
+                static_cast<size_t>(n) * sizeof(float));
+    slice_params_.push_back(master_flat_.as_strided({n}, {1}, pos));
+    slice_grads_.push_back(grad_flat_.as_strided({n}, {1}, pos));
+    inner.emplace_back(slices_[k++].param, &slice_params_.back());
+  });
+  inner_ = optim::make_optimizer(optim, inner, opts);
+}
+
+void ShardedOptimizer::reduce_scatter(const std::vector<Tensor>& grads, double scale) {
+  TR_CHECK(grads.size() == params_.size(), "ShardedOptimizer: {} gradients for {} parameters", grads.size(),
+           params_.size());
+  std::vector<Tensor> host(grads.size());
+  for (size_t i = 0; i < grads.size(); ++i)
+    if (grads[i].defined()) host[i] = host_f32(grads[i]);
+  const int64_t S = layout_.shard;
+  const size_t world = static_cast<size_t>(group_.size());
+  send_.resize(world * static_cast<size_t>(round_));
+  // Round by round, block j of the send buffer is the same stretch of rank j's shard.
+  for (int64_t k0 = 0; k0 < S; k0 += round_) {
+    const int64_t n = std::min(round_, S - k0);
+    std::fill(send_.begin(), send_.begin() + static_cast<std::ptrdiff_t>(world) * n, 0.0f);
+    for (size_t j = 0; j < world; ++j) {
+      const int64_t lo = static_cast<int64_t>(j) * S + k0;
+      float* block = send_.data() + static_cast<int64_t>(j) * n;
+      layout_.visit(lo, lo + n, [&](size_t p, int64_t at, int64_t cnt, int64_t pos) {
+        if (host[p].defined())
+          std::memcpy(block + pos, host[p].data<float>() + at, static_cast<size_t>(cnt) * sizeof(float));
+      });
+    }
+    group_.reduce_scatter_sum(send_.data(), grad_flat_.data<float>() + k0, static_cast<size_t>(n), scratch_);
+  }
+  if (scale != 1.0) {  // as DDP's buckets: the f32 scale applied to the f32 sums
+    const float s = static_cast<float>(scale);
+    float* g = grad_flat_.data<float>();
+    for (int64_t i = 0; i < S; ++i) g[i] *= s;
+  }
+}
+
+Tensor ShardedOptimizer::global_stats(double inv_scale) const {
+  Tensor stats = ops::grad_stats(slice_grads_, inv_scale, Device::cpu());
+  group_.all_reduce_sum(stats.data<double>(), 2);
+  return stats;
+}
+
+void ShardedOptimizer::update(const backend::Backend::GradTransform& t, const std::vector<Tensor>& copies) {
+  inner_->step(slice_grads_, t, {});
+  all_gather(copies);
+}
+
+// Every rank's updated slices into every rank's masters, a bounded stretch of each shard per call.
+void ShardedOptimizer::all_gather(const std::vector<Tensor>& copies) {
+  const int64_t S = layout_.shard;
+  const size_t world = static_cast<size_t>(group_.size());
+  scratch_.resize(world * static_cast<size_t>(round_));
+  for (int64_t k0 = 0; k0 < S; k0 += round_) {
+    const int64_t n = std::min(round_, S - k0);
+    group_.all_gather(master_flat_.data<float>() + k0, scratch_.data(),
+                      static_cast<size_t>(n) * sizeof(float));
+    for (size_t j = 0; j < world; ++j) {
+      const int64_t lo = static_cast<int64_t>(j) * S + k0;
+      const float* block = scratch_.data() + static_cast<int64_t>(j) * n;
+      layout_.visit(lo, lo + n, [&](size_t p, int64_t at, int64_t cnt, int64_t pos) {
+        std::memcpy(params_[p].second->data<float>() + at, block + pos,
+                    static_cast<size_t>(cnt) * sizeof(float));
+      });
+    }
+  }
+  TR_CHECK(copies.empty() || copies.size() == params_.size(),
+           "ShardedOptimizer: {} weight copies for {} parameters", copies.size(), params_.size());
+  for (size_t i = 0; i < copies.size(); ++i)
+    if (copies[i].defined()) ops::copy_(copies[i], *params_[i].second);  // rounded to nearest even
+}
+
+void ShardedOptimizer::step() {
+  std::vector<Tensor> grads;
+  for (const auto& [name, p] : params_) grads.push_back(p->grad());
+  step(grads, {}, {});
+}
+
+void ShardedOptimizer::step(const std::vector<Tensor>& grads, const backend::Backend::GradTransform& t,
+                            const std::vector<Tensor>& copies) {
+  reduce_scatter(grads, 1.0);
+  update({t.inv_scale, t.max_norm, global_stats(t.inv_scale)}, copies);
+}
+
+void ShardedOptimizer::set_lr(double lr) {
+  Optimizer::set_lr(lr);
+  inner_->set_lr(lr);
+}
+
+std::vector<std::pair<std::string, Tensor>> ShardedOptimizer::state_dict() const {
+  return inner_->state_dict();
+}
+
+void ShardedOptimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
+  inner_->load_state_dict(state);
+}
+
+std::map<std::string, std::string> ShardedOptimizer::shard_metadata() const {
+  std::map<std::string, std::string> m{{"zero_stage", "2"},
+                                       {"zero_world_size", std::to_string(group_.size())},
+                                       {"zero_rank", std::to_string(group_.rank())}};
+  for (const auto& s : slices_)
+    m["slice." + s.param] = std::to_string(s.begin) + " " + std::to_string(s.count);
+  return m;
+}
+
+int64_t ShardedOptimizer::shard_bytes() const {
+  return static_cast<int64_t>(master_flat_.nbytes() + grad_flat_.nbytes()) + inner_->state_bytes();
+}
+
+// ---- checkpoints ----
+
+namespace {
+
+constexpr const char* kWhole = "optimizer.safetensors";
+
+std::string rank_file(int64_t rank) { return "optimizer.rank-" + std::to_string(rank) + ".safetensors"; }
+
+// A file of optimizer state and the slices it holds, by parameter name.
+struct StateSource {
+  io::SafetensorsFile file;
+  std::map<std::string, StateSlice> slices;
+};
+
+int64_t metadata_integer(const io::SafetensorsFile& f, const std::string& key, const std::string& text,
+                         int64_t lo, int64_t hi) {
+  int64_t v = -1;
+  const auto r = std::from_chars(text.data(), text.data() + text.size(), v);
+  TR_CHECK(r.ec == std::errc() && r.ptr == text.data() + text.size() && v >= lo && v <= hi,
+           "{}: metadata {} is '{}', expected an integer in [{}, {}]", f.path(), key, text, lo, hi);
+  return v;
+}
+
+// A rank file's slices from its metadata ("slice.NAME": "BEGIN COUNT").
+StateSource rank_source(const fs::path& path, int64_t rank, int64_t world) {
+  StateSource s{io::SafetensorsFile::open(path.string()), {}};
+  const auto& md = s.file.header().metadata;
+  const auto field = [&](const std::string& k) {
+    const auto it = md.find(k);
+    TR_CHECK(it != md.end(), "{}: metadata {} is missing (not a file of a sharded optimizer)", path.string(),
+             k);
+    return it->second;
+  };
+  TR_CHECK(metadata_integer(s.file, "zero_world_size", field("zero_world_size"), 1, 1 << 20) == world &&
+               metadata_integer(s.file, "zero_rank", field("zero_rank"), 0, world - 1) == rank,
+           "{}: metadata says rank {} of {}, expected rank {} of {} (files of different saves mixed?)",
+           path.string(), field("zero_rank"), field("zero_world_size"), rank, world);
+  for (const auto& [k, v] : md) {
+    if (k.rfind("slice.", 0) != 0) continue;
+    const auto sp = v.find(' ');
+    TR_CHECK(sp != std::string::npos, "{}: metadata {} is '{}', expected 'BEGIN COUNT'", path.string(), k, v);
+    const int64_t b = metadata_integer(s.file, k, v.substr(0, sp), 0, int64_t{1} << 48);
+    const int64_t n = metadata_integer(s.file, k, v.substr(sp + 1), 1, int64_t{1} << 48);
+    s.slices[k.substr(6)] = {k.substr(6), b, n};
+  }
+  return s;
+}
+
+std::vector<StateSource> state_sources(const fs::path& dir, const nn::ParamList& masters) {
+  std::vector<StateSource> out;
+  if (fs::exists(dir / kWhole)) {
+    out.push_back({io::SafetensorsFile::open((dir / kWhole).string()), {}});
+    for (const auto& [name, p] : masters) out.back().slices[name] = {name, 0, p->numel()};
+    return out;
+  }
+  const fs::path first = dir / rank_file(0);
+  TR_CHECK(fs::exists(first), "checkpoint {}: missing {} (or the per-rank {} of a sharded run)", dir.string(),
+           kWhole, rank_file(0));
+  const io::SafetensorsFile head = io::SafetensorsFile::open(first.string());
+  const auto& md = head.header().metadata;
+  const auto it = md.find("zero_world_size");
+  TR_CHECK(it != md.end(), "{}: metadata zero_world_size is missing (not a file of a sharded optimizer)",
+           first.string());
+  const int64_t world = metadata_integer(head, "zero_world_size", it->second, 1, 1 << 20);
+  for (int64_t r = 0; r < world; ++r) {
+    TR_CHECK(fs::exists(dir / rank_file(r)),
+             "checkpoint {}: missing {}: its optimizer state was saved by {} ranks ({} says so)",
+             dir.string(), rank_file(r), world, rank_file(0));
+    out.push_back(rank_source(dir / rank_file(r), r, world));
+  }
+  return out;
+}
+
+// The parameter whose state `key` is ("exp_avg.h.0.attn.c_attn.weight" -> "h.0.attn.c_attn.weight").
+const StateSlice* slice_of(const std::string& key, const std::map<std::string, StateSlice>& held) {
+  for (size_t dot = key.find('.'); dot != std::string::npos; dot = key.find('.', dot + 1)) {
+    const auto it = held.find(key.substr(dot + 1));
+    if (it != held.end()) return &it->second;
+  }
+  return nullptr;
+}
+
+// Elements [want.begin, + want.count) of state `key`, from whichever sources hold them.
+Tensor assemble(const std::string& dir, const std::string& key, const Tensor& like, const StateSlice& want,
+                const std::vector<StateSource>& sources) {
+  Tensor out = ops::zeros(like.shape(), like.dtype(), Device::cpu());
+  const size_t es = dtype_size(like.dtype());
+  int64_t covered = 0;
+  for (const auto& src : sources) {
+    const auto it = src.slices.find(want.param);
+    if (it == src.slices.end() || !src.file.contains(key)) continue;
+    const StateSlice& from = it->second;
+    const int64_t lo = std::max(want.begin, from.begin),
+                  hi = std::min(want.begin + want.count, from.begin + from.count);
+    if (lo >= hi) continue;
+    const Tensor t = ops::contiguous(src.file.load(key, like.dtype()));
+    TR_CHECK(t.numel() == from.count, "{}: '{}' has {} elements, its slice of '{}' {}", src.file.path(), key,
+             t.numel(), want.param, from.count);
+    std::memcpy(static_cast<char*>(out.data_ptr()) + (lo - want.begin) * es,
+                static_cast<const char*>(t.data_ptr()) + (lo - from.begin) * es,
+                static_cast<size_t>(hi - lo) * es);
+    covered += hi - lo;
+  }
+  TR_CHECK(
+      covered == want.count,
+      "checkpoint {}: elements [{}, {}) of '{}' ({}) are in none of its optimizer files ({} of {} found)",
+      dir, want.begin, want.begin + want.count, want.param, key, covered, want.count);
+  return out;
+}
+
+}  // namespace
+
+bool has_optimizer_state(const std::string& dir) {
+  return fs::exists(fs::path(dir) / kWhole) || fs::exists(fs::path(dir) / rank_file(0));
+}
+
+std::map<std::string, Tensor> load_optimizer_state(const std::string& dir, const optim::Optimizer& opt,
+                                                   const nn::ParamList& masters) {
+  const auto* sharded = dynamic_cast<const ShardedOptimizer*>(&opt);
+  std::map<std::string, Tensor> state;
+  const fs::path d(dir);
+  if (!sharded && fs::exists(d / kWhole)) {  // the same layout: every entry as saved (load_state_dict checks)
+    auto f = io::SafetensorsFile::open((d / kWhole).string());
+    for (const auto& t : f.header().tensors) state[t.name] = f.load(t.name);
+    return state;
+  }
+  const std::vector<StateSource> sources = state_sources(d, masters);
+  std::map<std::string, StateSlice> held;
+  if (sharded) {
+    for (const auto& s : sharded->slices()) held[s.param] = s;
+  } else {
+    for (const auto& [name, p] : masters) held[name] = {name, 0, p->numel()};
+  }
+  for (const auto& [key, like] : opt.state_dict()) {
+    const StateSlice* want = slice_of(key, held);
+    if (want != nullptr && like.numel() == want->count) {
+      state[key] = assemble(dir, key, like, *want, sources);
+      continue;
+    }
+    for (const auto& src : sources)  // not per element (a step count): any file's, they are equal
+      if (src.file.contains(key)) {
+        state[key] = src.file.load(key);
+        break;
+      }
+  }
+  return state;
+}
+
+void save_optimizer_state(const std::string& dir, const optim::Optimizer& opt) {
+  if (const auto* sharded = dynamic_cast<const ShardedOptimizer*>(&opt))
+    io::save_safetensors((fs::path(dir) / rank_file(sharded->rank())).string(), sharded->state_dict(),
+                         sharded->shard_metadata());
+  else
+    io::save_safetensors((fs::path(dir) / kWhole).string(), opt.state_dict());
+}
+
+}  // namespace tr::train

@@ -1,0 +1,101 @@
+// ZeRO-2 (HF's --fsdp shard_grad_op) on a process group: the parameters' flat index space cut into one
+// equal shard per rank; each step the gradients are reduce-scattered (rank r receives the sum of its shard
+// only), rank r keeps the fp32 slices and the optimizer state of its shard alone and updates them, and the
+// updated parameters are all-gathered into every rank's model. Optimizer state per rank is 1/N of DDP's.
+// Only element-wise optimizers shard this way (AdamW, SGD: a slice's state is the slice of the state);
+// Adafactor's factored moments and 8-bit AdamW's 256-element blocks need whole tensors.
+// Checkpoints hold one optimizer.rank-K.safetensors per rank with each slice's place in its metadata;
+// load_optimizer_state reassembles any world size's slices (or a whole optimizer.safetensors) for any other.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/process_group.h"
+#include "optim/optimizer.h"
+
+namespace tr::train {
+
+// Elements [begin, begin + count) of a parameter's flattened tensor (and of its optimizer state).
+struct StateSlice {
+  std::string param;
+  int64_t begin = 0, count = 0;
+};
+
+// The parameters' flat index space (named_parameters order) in `world` shards of ceil(P / world) elements,
+// the last one padded: rank r owns [r * shard, (r + 1) * shard) of [0, total).
+struct FlatLayout {
+  FlatLayout(const nn::ParamList& params, int world);
+  std::vector<int64_t> offset, numel;  // per parameter
+  int64_t total = 0, shard = 0;
+  int world = 1;
+  // fn(parameter index, first element within it, count, position of that element in [lo, hi)) for every
+  // parameter overlapping flat [lo, hi).
+  template <typename F>
+  void visit(int64_t lo, int64_t hi, F&& fn) const;
+  // The slices of rank r's shard, in order.
+  std::vector<StateSlice> slices(const nn::ParamList& params, int rank) const;
+};
+
+// Whether --optim `name` shards element-wise (the optimizers ShardedOptimizer accepts).
+bool shards_elementwise(const std::string& name);
+
+class ShardedOptimizer final : public optim::Optimizer {
+ public:
+  // `masters`: what the update writes (the model's fp32 parameters, or the fp32 masters of mixed
+  // precision), identical on every rank. `bucket_cap_bytes` bounds each collective's buffer.
+  ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamList& masters, const std::string& optim,
+                   const optim::OptimizerOptions& opts, int64_t bucket_cap_bytes);
+  // The model's gradients (parallel to the masters, host, any floating dtype; undefined: zeros) summed over
+  // the ranks into this rank's shard, times `scale`.
+  void reduce_scatter(const std::vector<Tensor>& grads, double scale);
+  // grad_stats over the reduced shard, summed over the ranks: the global norm and inf count (f64 [2]).
+  Tensor global_stats(double inv_scale) const;
+  // This rank's slices updated from the reduced shard through `t` (whose stats must be global_stats'), then
+  // every parameter all-gathered into the masters and, when given, rounded into `copies`.
+  void update(const backend::Backend::GradTransform& t, const std::vector<Tensor>& copies);
+
+  // The Optimizer interface: a whole sharded update (reduce-scatter, global statistics, update, gather).
+  void step() override;
+  void step(const std::vector<Tensor>& grads, const backend::Backend::GradTransform& t,
+            const std::vector<Tensor>& copies) override;
+  void set_lr(double lr) override;
+  int64_t step_count() const override { return inner_->step_count(); }
+  // This rank's slices' state (1-D entries under the unsharded names), and where they lie.
+  std::vector<std::pair<std::string, Tensor>> state_dict() const override;
+  void load_state_dict(const std::map<std::string, Tensor>& state) override;
+  int64_t state_bytes() const override { return inner_->state_bytes(); }
+  std::map<std::string, std::string> shard_metadata() const;
+  const std::vector<StateSlice>& slices() const { return slices_; }
+  int rank() const { return group_.rank(); }
+  int world_size() const { return group_.size(); }
+  // Bytes this rank holds for its shard: fp32 slices, their gradients, optimizer state.
+  int64_t shard_bytes() const;
+
+ private:
+  void all_gather(const std::vector<Tensor>& copies);
+
+  dist::ProcessGroup& group_;
+  FlatLayout layout_;
+  int64_t round_ = 1;  // elements per rank per collective call
+  std::vector<StateSlice> slices_;
+  Tensor master_flat_, grad_flat_;  // this rank's shard: fp32 slices and their summed gradients
+  std::vector<Tensor> slice_params_, slice_grads_;  // views of the flat buffers, one per slice
+  std::unique_ptr<optim::Optimizer> inner_;         // the element-wise optimizer over the slices
+  std::vector<float> send_, scratch_;
+};
+
+// The optimizer state of checkpoint `dir` for `opt`: whole (optimizer.safetensors) or one file per rank
+// (optimizer.rank-K.safetensors), of any world size, reassembled into the slices `opt` holds (all of
+// every parameter of `masters` unless it is a ShardedOptimizer). Throws naming the file: a rank file
+// missing, a slice no file covers.
+std::map<std::string, Tensor> load_optimizer_state(const std::string& dir, const optim::Optimizer& opt,
+                                                   const nn::ParamList& masters);
+// Whether `dir` holds the optimizer state (either layout).
+bool has_optimizer_state(const std::string& dir);
+// Writes `opt`'s file into checkpoint folder `dir`: optimizer.rank-K.safetensors when sharded, else
+// optimizer.safetensors.
+void save_optimizer_state(const std::string& dir, const optim::Optimizer& opt);
+
+}  // namespace tr::train
