@@ -25,10 +25,13 @@
 #include "autograd/node.h"
 #include "core/rng.h"
 #include "train/ddp.h"
+#include "dist_test_util.h"
 
 namespace {
 
 using namespace tr;
+using test::test_port;
+using test::with_group;
 using Env = std::map<std::string, std::string>;
 
 dist::DistEnv env_of(const Env& e) {
@@ -48,14 +51,16 @@ std::string error_of(const Env& e) {
   return "";
 }
 
-// A port no other test of this run uses: the pid spreads parallel ctest processes apart.
-int test_port(int k) { return 20000 + (static_cast<int>(::getpid()) * 7 + k * 131) % 12000; }
-
 TEST(DistEnv, ReadsEachLaunchersContract) {
   EXPECT_FALSE(env_of({}).distributed());
   EXPECT_EQ(env_of({}).launcher, "none");
-  auto t = env_of({{"WORLD_SIZE", "4"}, {"RANK", "3"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
-                   {"GROUP_RANK", "1"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "1234"}});
+  auto t = env_of({{"WORLD_SIZE", "4"},
+                   {"RANK", "3"},
+                   {"LOCAL_RANK", "1"},
+                   {"LOCAL_WORLD_SIZE", "2"},
+                   {"GROUP_RANK", "1"},
+                   {"MASTER_ADDR", "node0"},
+                   {"MASTER_PORT", "1234"}});
   EXPECT_EQ(t.launcher, "torchrun");
   EXPECT_EQ(t.rank, 3);
   EXPECT_EQ(t.world_size, 4);
@@ -64,8 +69,12 @@ TEST(DistEnv, ReadsEachLaunchersContract) {
   EXPECT_EQ(t.group_rank, 1);
   EXPECT_EQ(t.master_addr, "node0");
   EXPECT_EQ(t.master_port, 1234);
-  auto s = env_of({{"SLURM_NTASKS", "8"}, {"SLURM_STEP_NUM_TASKS", "8"}, {"SLURM_PROCID", "5"},
-                   {"SLURM_LOCALID", "1"}, {"SLURM_STEP_TASKS_PER_NODE", "4(x2)"}, {"SLURM_NODEID", "1"},
+  auto s = env_of({{"SLURM_NTASKS", "8"},
+                   {"SLURM_STEP_NUM_TASKS", "8"},
+                   {"SLURM_PROCID", "5"},
+                   {"SLURM_LOCALID", "1"},
+                   {"SLURM_STEP_TASKS_PER_NODE", "4(x2)"},
+                   {"SLURM_NODEID", "1"},
                    {"MASTER_ADDR", "n1"}});
   EXPECT_EQ(s.launcher, "slurm");
   EXPECT_EQ(s.rank, 5);
@@ -73,8 +82,10 @@ TEST(DistEnv, ReadsEachLaunchersContract) {
   EXPECT_EQ(s.local_world_size, 4);
   EXPECT_EQ(s.group_rank, 1);
   EXPECT_EQ(s.master_port, 29500);
-  auto m = env_of({{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_RANK", "2"},
-                   {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+  auto m = env_of({{"OMPI_COMM_WORLD_SIZE", "4"},
+                   {"OMPI_COMM_WORLD_RANK", "2"},
+                   {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                   {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
                    {"MASTER_ADDR", "10.0.0.1"}});
   EXPECT_EQ(m.launcher, "mpirun");
   EXPECT_EQ(m.rank, 2);
@@ -82,22 +93,27 @@ TEST(DistEnv, ReadsEachLaunchersContract) {
   // A batch script outside any srun step is one process, whatever its allocation.
   EXPECT_FALSE(env_of({{"SLURM_NTASKS", "4"}, {"SLURM_PROCID", "0"}}).distributed());
   // torchrun's variables win over a Slurm allocation the job runs inside.
-  EXPECT_EQ(env_of({{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"SLURM_NTASKS", "1"}, {"SLURM_PROCID", "0"}}).rank, 1);
+  EXPECT_EQ(env_of({{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"SLURM_NTASKS", "1"}, {"SLURM_PROCID", "0"}}).rank,
+            1);
 }
 
 TEST(DistEnv, BadValuesNameTheVariable) {
   const std::vector<std::pair<Env, std::string>> cases{
       {{{"WORLD_SIZE", "two"}, {"RANK", "0"}}, "WORLD_SIZE=\"two\": expected an integer"},
-      {{{"WORLD_SIZE", "2"}, {"RANK", "2"}}, "rank 2 (from the torchrun environment) is not below the world size 2"},
+      {{{"WORLD_SIZE", "2"}, {"RANK", "2"}},
+       "rank 2 (from the torchrun environment) is not below the world size 2"},
       {{{"WORLD_SIZE", "2"}}, "WORLD_SIZE=2 is set but RANK is not"},
-      {{{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_PORT", "70000"}}, "MASTER_PORT=70000: expected a value in [1, 65535]"},
+      {{{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_PORT", "70000"}},
+       "MASTER_PORT=70000: expected a value in [1, 65535]"},
       {{{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_ADDR", ""}}, "MASTER_ADDR is empty"},
-      {{{"SLURM_STEP_NUM_TASKS", "2"}, {"SLURM_PROCID", "0"}}, "srun started 2 tasks but MASTER_ADDR is not set"},
+      {{{"SLURM_STEP_NUM_TASKS", "2"}, {"SLURM_PROCID", "0"}},
+       "srun started 2 tasks but MASTER_ADDR is not set"},
       {{{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "0"}}, "pass -x MASTER_ADDR"},
       {{{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"LOCAL_RANK", "3"}, {"LOCAL_WORLD_SIZE", "2"}},
        "local rank 3 of 2 local processes"},
   };
-  for (const auto& [env, want] : cases) EXPECT_NE(error_of(env).find(want), std::string::npos) << error_of(env);
+  for (const auto& [env, want] : cases)
+    EXPECT_NE(error_of(env).find(want), std::string::npos) << error_of(env);
 }
 
 TEST(DistStore, SetGetAddWaitAcrossClients) {
@@ -131,7 +147,7 @@ TEST(DistStore, GarbageFromAStrayClientIsDropped) {
     ::close(fd);
   };
   send_raw("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
-  send_raw(std::string("s\xff\xff\xff\x7f", 5));                      // a 2 GiB key
+  send_raw(std::string("s\xff\xff\xff\x7f", 5));                                    // a 2 GiB key
   send_raw(std::string("s\x01\x00\x00\x00k\xff\xff\xff\xff\xff\xff\xff\x7f", 14));  // an endless value
   dist::StoreClient c("127.0.0.1", port, dist::Millis(2000));
   c.set("after", "still serving");
@@ -156,28 +172,6 @@ TEST(DistStore, UnreachableServerAndBusyPortAreNamed) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("another run or process holds it"), std::string::npos) << e.what();
   }
-}
-
-// Runs fn(rank, group) on `world` threads, each a rank of one Gloo group on 127.0.0.1.
-template <typename F>
-void with_group(int world, int port, F fn) {
-  std::vector<std::thread> ts;
-  std::vector<std::string> errors(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        dist::DistEnv e;
-        e.rank = r;
-        e.world_size = world;
-        e.master_port = port;
-        auto g = dist::init_process_group(e, dist::CommBackend::gloo, dist::Millis(20000));
-        fn(r, *g);
-      } catch (const std::exception& x) {
-        errors[static_cast<size_t>(r)] = x.what();
-      }
-    });
-  for (auto& t : ts) t.join();
-  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
 }
 
 TEST(DistGloo, CollectivesOfThreeRanks) {
@@ -329,7 +323,9 @@ TEST(DistSampler, LoadersAgreeOnBatchesPerEpoch) {
 TEST(DistDdp, GradReducerSumsAcrossBucketsAndDtypes) {
   for (DType dt : {DType::f32, DType::bf16}) {
     const int world = 2;
-    auto grad_of = [](int r, int64_t i, int64_t k) { return static_cast<float>((r + 1) * (i + 1)) + 0.5f * k; };
+    auto grad_of = [](int r, int64_t i, int64_t k) {
+      return static_cast<float>((r + 1) * (i + 1)) + 0.5f * k;
+    };
     with_group(world, test_port(7 + static_cast<int>(dt)), [&](int r, dist::ProcessGroup& g) {
       std::vector<Tensor> ps{ops::zeros({7}, dt), ops::zeros({2, 3}, dt), ops::zeros({3}, dt)};
       nn::ParamList list;
@@ -384,7 +380,8 @@ TEST(DistDdp, GradReadyReportsEachLeafOnceAfterItsLastUse) {
     });
     Tensor h = matmul(x, w_in);  // w_in is used here and again at the end (tied)
     h = autograd::checkpoint(
-        [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{tanh(matmul(in[0], w_mid))}; }, {h})[0];
+        [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{tanh(matmul(in[0], w_mid))}; },
+        {h})[0];
     autograd::backward({sum(matmul(h, w_in, false, true))});
   }
   for (const Tensor* t : {&w_in, &w_mid, &x}) {
@@ -408,7 +405,7 @@ TEST(DistDdp, OverlappedBucketsEqualReducingAfterBackward) {
       std::vector<std::string> names(ws.size(), "w");
       for (size_t i = 0; i < ws.size(); ++i) list.emplace_back(names[i], &ws[i]);
       Tensor x = random_param({5, 8}, 7 + static_cast<uint64_t>(r));  // each rank its own data
-      train::GradReducer red(g, 64 * 4);  // a bucket per weight
+      train::GradReducer red(g, 64 * 4);                              // a bucket per weight
       Tensor h = x;
       for (auto& w : ws) h = tanh(matmul(h, w));
       Tensor loss = sum(h);
@@ -478,8 +475,9 @@ TEST(DistDdp, GeneratorShardsAreSlicesOfTheWholeDraw) {
 }
 
 TEST(DistLaunch, ParsesTorchrunsFlags) {
-  auto o = dist::parse_launch_args({"--nnodes=2", "--node-rank", "1", "--nproc_per_node", "4", "--master_addr",
-                                    "h0", "--master_port=1234", "train", "--max_steps", "3"});
+  auto o =
+      dist::parse_launch_args({"--nnodes=2", "--node-rank", "1", "--nproc_per_node", "4", "--master_addr",
+                               "h0", "--master_port=1234", "train", "--max_steps", "3"});
   EXPECT_EQ(o.nnodes, 2);
   EXPECT_EQ(o.node_rank, 1);
   EXPECT_EQ(o.nproc_per_node, 4);
@@ -495,8 +493,9 @@ TEST(DistLaunch, ParsesTorchrunsFlags) {
     }
     return std::string();
   };
-  EXPECT_NE(err({"--nproc_per_node", "0", "train"}).find("--nproc_per_node 0: expected an integer in [1, 1024]"),
-            std::string::npos);
+  EXPECT_NE(
+      err({"--nproc_per_node", "0", "train"}).find("--nproc_per_node 0: expected an integer in [1, 1024]"),
+      std::string::npos);
   EXPECT_NE(err({"--nprocs", "2", "train"}).find("unknown flag --nprocs"), std::string::npos);
   EXPECT_NE(err({"--nproc_per_node", "2"}).find("no subcommand given"), std::string::npos);
   EXPECT_NE(err({"--nnodes", "2", "--node_rank", "2", "train"}).find("--node_rank 2: expected a value below"),
