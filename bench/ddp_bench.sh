@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# DDP on one host: the same global batch trained by 1 process (all cores) and by N processes (cores split,
-# Gloo over 127.0.0.1), GPT-2 n_embd 256 x 4 layers, block 128, global batch 8, fp32. Prints tokens/s of each,
+# DDP and ZeRO-2 on one host: the same global batch trained by 1 process (all cores) and by N processes (cores
+# split, Gloo over 127.0.0.1) under DDP and under --fsdp shard_grad_op, GPT-2 n_embd 256 x 4 layers, block 128, global batch 8, fp32. Prints tokens/s of each,
 # their ratio, this rank's bytes handed to collectives per step (the gradient all-reduce: 4 bytes x
 # parameters, plus the token count, loss and stop flag), the share of step time the training thread waited
-# on collectives (buckets still in flight when backward ended, the small reductions), and rank 0's peak
-# memory. Usage: bench/ddp_bench.sh TRAINER TOKENIZER CORPUS [STEPS=30] [NPROC=2] [WORKDIR=/tmp/trainer-ddp]
+# on collectives (buckets still in flight when backward ended, the small reductions; ZeRO-2's reduce-scatter
+# and all-gather block), rank 0's peak memory and each rank's optimizer state. Usage: bench/ddp_bench.sh TRAINER TOKENIZER CORPUS [STEPS=30] [NPROC=2] [WORKDIR=/tmp/trainer-ddp]
 set -euo pipefail
 trainer=$1 tok=$2 corpus=$3 steps=${4:-30} nproc=${5:-2} work=${6:-/tmp/trainer-ddp}
 rm -rf "$work" && mkdir -p "$work"
@@ -17,15 +17,23 @@ common=(--config_name "$work/config.json" --tokenizer_name "$tok" --train_file "
 "$trainer" launch --nproc_per_node "$nproc" --master_port $((20000 + $$ % 12000)) train "${common[@]}" \
   --per_device_train_batch_size $((8 / nproc)) --output_dir "$work/ddp" >"$work/ddp.log" 2>&1 ||
   { tail "$work/ddp.log"; exit 1; }
+"$trainer" launch --nproc_per_node "$nproc" --master_port $((20001 + $$ % 12000)) train "${common[@]}" \
+  --per_device_train_batch_size $((8 / nproc)) --output_dir "$work/zero" --fsdp shard_grad_op >"$work/zero.log" 2>&1 ||
+  { tail "$work/zero.log"; exit 1; }
 python3 - "$work" "$nproc" <<'PY'
 import json, sys
 work, n = sys.argv[1], int(sys.argv[2])
 one = json.load(open(f"{work}/one/train_results.json"))
 ddp = json.load(open(f"{work}/ddp/train_results.json"))
-print(f"{'run':<28}{'tokens/s':>10}{'peak GiB':>10}{'comm MB/step':>14}{'wait share':>12}")
-print(f"{'1 process':<28}{one['train_tokens_per_second']:>10.0f}{one['train_peak_memory_gib']:>10.3f}{'-':>14}{'-':>12}")
-print(f"{f'{n} processes (DDP, gloo)':<28}{ddp['train_tokens_per_second']:>10.0f}{ddp['train_peak_memory_gib']:>10.3f}"
-      f"{ddp['ddp_comm_bytes_per_step'] / 1e6:>14.1f}{100 * ddp['ddp_comm_wait_share']:>11.1f}%")
-print(f"ratio DDP / 1 process: {ddp['train_tokens_per_second'] / one['train_tokens_per_second']:.2f}x; "
-      f"final loss {one['train_loss']:.4f} vs {ddp['train_loss']:.4f} (mean of the run)")
+zero = json.load(open(f"{work}/zero/train_results.json"))
+opt_mb = lambda r: r["optimizer_state_gib_per_rank"][0] * 2**30 / 1e6
+print(f"{'run':<32}{'tokens/s':>10}{'peak GiB':>10}{'optim MB/rank':>15}{'comm MB/step':>14}{'wait share':>12}")
+print(f"{'1 process':<32}{one['train_tokens_per_second']:>10.0f}{one['train_peak_memory_gib']:>10.3f}{'-':>15}"
+      f"{'-':>14}{'-':>12}")
+for name, r in ((f"{n} processes (DDP, gloo)", ddp), (f"{n} processes (ZeRO-2, gloo)", zero)):
+    print(f"{name:<32}{r['train_tokens_per_second']:>10.0f}{r['train_peak_memory_gib']:>10.3f}{opt_mb(r):>15.1f}"
+          f"{r['ddp_comm_bytes_per_step'] / 1e6:>14.1f}{100 * r['ddp_comm_wait_share']:>11.1f}%")
+print(f"ratio DDP / 1 process: {ddp['train_tokens_per_second'] / one['train_tokens_per_second']:.2f}x, ZeRO-2 / 1 "
+      f"process: {zero['train_tokens_per_second'] / one['train_tokens_per_second']:.2f}x; final loss "
+      f"{one['train_loss']:.4f} vs {ddp['train_loss']:.4f} vs {zero['train_loss']:.4f} (mean of the run)")
 PY

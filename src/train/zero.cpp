@@ -65,16 +65,16 @@ ShardedOptimizer::ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamLis
              p->describe());
   round_ = std::max<int64_t>(1, bucket_cap_bytes / static_cast<int64_t>(sizeof(float)) / group.size());
   slices_ = layout_.slices(masters, group.rank());
-  master_flat_ = ops::zeros({layout_.shard}, DType::f32, Device::cpu());
   grad_flat_ = ops::zeros({layout_.shard}, DType::f32, Device::cpu());
   const int64_t base = group.rank() * layout_.shard;
   slice_params_.reserve(slices_.size());  // the inner optimizer points into slice_params_
   nn::ParamList inner;
   size_t k = 0;
+  // The slices are views of the masters themselves: the update lands in place, and no second fp32 copy of
+  // the shard exists.
   layout_.visit(base, base + layout_.shard, [&](size_t p, int64_t at, int64_t n, int64_t pos) {
-    std::memcpy(master_flat_.data<float>() + pos, masters[p].second->data<float>() + at,
-                static_cast<size_t>(n) * sizeof(float));
-    slice_params_.push_back(master_flat_.as_strided({n}, {1}, pos));
+    const Tensor& m = *masters[p].second;
+    slice_params_.push_back(m.as_strided({n}, {1}, m.offset() + at));
     slice_grads_.push_back(grad_flat_.as_strided({n}, {1}, pos));
     inner.emplace_back(slices_[k++].param, &slice_params_.back());
   });
@@ -127,11 +127,18 @@ void ShardedOptimizer::all_gather(const std::vector<Tensor>& copies) {
   const int64_t S = layout_.shard;
   const size_t world = static_cast<size_t>(group_.size());
   scratch_.resize(world * static_cast<size_t>(round_));
+  const int64_t base = group_.rank() * S;
+  send_.resize(std::max(send_.size(), static_cast<size_t>(round_)));
   for (int64_t k0 = 0; k0 < S; k0 += round_) {
     const int64_t n = std::min(round_, S - k0);
-    group_.all_gather(master_flat_.data<float>() + k0, scratch_.data(),
-                      static_cast<size_t>(n) * sizeof(float));
+    std::fill(send_.begin(), send_.begin() + n, 0.0f);
+    layout_.visit(base + k0, base + k0 + n, [&](size_t p, int64_t at, int64_t cnt, int64_t pos) {
+      std::memcpy(send_.data() + pos, params_[p].second->data<float>() + at,
+                  static_cast<size_t>(cnt) * sizeof(float));
+    });
+    group_.all_gather(send_.data(), scratch_.data(), static_cast<size_t>(n) * sizeof(float));
     for (size_t j = 0; j < world; ++j) {
+      if (static_cast<int>(j) == group_.rank()) continue;  // this rank's slices are updated in place
       const int64_t lo = static_cast<int64_t>(j) * S + k0;
       const float* block = scratch_.data() + static_cast<int64_t>(j) * n;
       layout_.visit(lo, lo + n, [&](size_t p, int64_t at, int64_t cnt, int64_t pos) {
@@ -181,7 +188,7 @@ std::map<std::string, std::string> ShardedOptimizer::shard_metadata() const {
 }
 
 int64_t ShardedOptimizer::shard_bytes() const {
-  return static_cast<int64_t>(master_flat_.nbytes() + grad_flat_.nbytes()) + inner_->state_bytes();
+  return static_cast<int64_t>(grad_flat_.nbytes()) + inner_->state_bytes();
 }
 
 // ---- checkpoints ----

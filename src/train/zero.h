@@ -1,7 +1,7 @@
 // ZeRO-2 (HF's --fsdp shard_grad_op) on a process group: the parameters' flat index space cut into one
 // equal shard per rank; each step the gradients are reduce-scattered (rank r receives the sum of its shard
-// only), rank r keeps the fp32 slices and the optimizer state of its shard alone and updates them, and the
-// updated parameters are all-gathered into every rank's model. Optimizer state per rank is 1/N of DDP's.
+// only), rank r keeps the optimizer state of its shard alone and updates its slices of the fp32 masters, and
+// the updated parameters are all-gathered into every rank's model. Optimizer state per rank is 1/N of DDP's.
 // Only element-wise optimizers shard this way (AdamW, SGD: a slice's state is the slice of the state);
 // Adafactor's factored moments and 8-bit AdamW's 256-element blocks need whole tensors.
 // Checkpoints hold one optimizer.rank-K.safetensors per rank with each slice's place in its metadata;
@@ -70,7 +70,7 @@ class ShardedOptimizer final : public optim::Optimizer {
   const std::vector<StateSlice>& slices() const { return slices_; }
   int rank() const { return group_.rank(); }
   int world_size() const { return group_.size(); }
-  // Bytes this rank holds for its shard: fp32 slices, their gradients, optimizer state.
+  // Bytes this rank holds for its shard beyond the masters: the summed gradients and the optimizer state.
   int64_t shard_bytes() const;
 
  private:
@@ -80,8 +80,8 @@ class ShardedOptimizer final : public optim::Optimizer {
   FlatLayout layout_;
   int64_t round_ = 1;  // elements per rank per collective call
   std::vector<StateSlice> slices_;
-  Tensor master_flat_, grad_flat_;  // this rank's shard: fp32 slices and their summed gradients
-  std::vector<Tensor> slice_params_, slice_grads_;  // views of the flat buffers, one per slice
+  Tensor grad_flat_;                                // this rank's shard of the summed gradients
+  std::vector<Tensor> slice_params_, slice_grads_;  // views of the masters and of grad_flat_, one per slice
   std::unique_ptr<optim::Optimizer> inner_;         // the element-wise optimizer over the slices
   std::vector<float> send_, scratch_;
 };
