@@ -6,8 +6,9 @@
 #     bf16 within bf16's bounds; torch_compile and small collectives bit-identical; reruns bit-identical;
 #  2. the checkpoint's optimizer.rank-K.safetensors, each rank's optimizer state 1/3 of DDP's at 3 ranks;
 #  3. resume: a world-3 sharded checkpoint at world 3 (bit-exact), sharded at 2, DDP at 2 and one process
-#     (within 1e-5); a one-process checkpoint continued sharded at 2;
-#  4. SIGTERM to the launcher: one checkpoint with every rank's file, exit 0;
+#     (within 1e-5); a one-process checkpoint continued sharded at 2; SGD's momentum across world sizes;
+#  4. SIGTERM to the launcher: one checkpoint with every rank's file, exit 0; two nodes (two launchers) equal
+#     one when they share output_dir, and are refused before training when they do not;
 #  5. bad input: an optimizer that needs whole tensors, --fsdp full_shard, a rank file missing on resume.
 # Usage: zero_runs.sh TRAINER TOKENIZER_DIR TEXT WORK_DIR
 set -euo pipefail
@@ -66,6 +67,13 @@ one resume_w1 6 --config_name gpt2.json --resume_from_checkpoint zero_w3/checkpo
 compare zero_w3 resume_w1 1e-5 5
 many from_w1 2 3 --config_name gpt2.json --fsdp shard_grad_op --resume_from_checkpoint gpt2_w1/checkpoint-4
 compare gpt2_w1 from_w1 1e-5 5
+# SGD's momentum buffers appear at its first step (a fresh optimizer lists none): resumed from the files.
+many sgd_resume_w3 3 2 --config_name gpt2.json --optim sgd --optim_args momentum=0.9 --fsdp shard_grad_op \
+  --resume_from_checkpoint sgd_zero_w2/checkpoint-4
+compare sgd_zero_w2 sgd_resume_w3 1e-5 5
+one sgd_resume_w1 6 --config_name gpt2.json --optim sgd --optim_args momentum=0.9 \
+  --resume_from_checkpoint sgd_zero_w2/checkpoint-4
+compare sgd_zero_w2 sgd_resume_w1 1e-5 5
 
 # 4. SIGTERM to the launcher: every rank's optimizer file in the one checkpoint, exit 0.
 long=(--tokenizer_name "$tok" --train_file "$text" --block_size 16 --learning_rate 0.01 --use_cpu --max_steps 100000
@@ -81,6 +89,28 @@ ckpts=(term/checkpoint-*)
 [[ ${#ckpts[@]} == 1 && -s ${ckpts[0]}/optimizer.rank-0.safetensors && -s ${ckpts[0]}/optimizer.rank-1.safetensors ]] ||
   { ls -R term; fail "expected one checkpoint with both ranks' optimizer files after SIGTERM"; }
 [[ -z $(ls -A term | grep '^\.tmp-') ]] || fail "a staging folder was left behind"
+
+# Two launchers as two nodes sharing output_dir equal one node; nodes that do not share it are refused
+# before training (their ranks could not put their optimizer files into one checkpoint).
+node() {  # NODE_RANK OUTPUT_DIR
+  OMP_NUM_THREADS=1 "$trainer" launch --nnodes 2 --node_rank "$1" --nproc_per_node 1 --master_addr 127.0.0.1 \
+    --master_port "$port" train "${common[@]}" --config_name gpt2.json --per_device_train_batch_size 3 \
+    --fsdp shard_grad_op --output_dir "$2" >"$2.node$1.log" 2>&1
+}
+next_port
+node 1 nodes & node1=$!
+node 0 nodes || { tail nodes.node0.log; fail "node 0"; }
+wait $node1 || { tail nodes.node1.log; fail "node 1"; }
+compare zero_w2 nodes 0
+next_port
+rc0=0 rc1=0
+node 1 apart1 & node1=$!
+node 0 apart0 || rc0=$?
+wait $node1 || rc1=$?
+[[ $rc0 == 1 && $rc1 == 1 ]] &&
+  grep -q "error: --fsdp shard_grad_op: 1 of the 2 ranks cannot see apart0/.trainer-shared-check written by rank 0" apart0.node0.log ||
+  { cat apart0.node0.log apart1.node1.log; fail "nodes without a shared output_dir"; }
+[[ ! -e apart0/.trainer-shared-check ]] || fail "the marker was left behind"
 
 # 5. Bad input: one message each, non-zero exit.
 next_port

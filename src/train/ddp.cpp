@@ -9,9 +9,14 @@
 
 namespace tr::train {
 
+namespace {
+
+// `t` as contiguous f32 on the host: `t` itself when it already is (writes then land in place).
 Tensor host_f32(const Tensor& t) {
   return ops::contiguous(ops::to_dtype(ops::to_device(t, Device::cpu()), DType::f32));
 }
+
+}  // namespace
 
 void broadcast_parameters(dist::ProcessGroup& group, const nn::ParamList& params) {
   for (const auto& [name, p] : params) {

@@ -19,9 +19,6 @@
 
 namespace tr::train {
 
-// `t` as contiguous f32 on the host: `t` itself when it already is (writes then land in place).
-Tensor host_f32(const Tensor& t);
-
 // Rank 0's values of every parameter, written into every rank's.
 void broadcast_parameters(dist::ProcessGroup& group, const nn::ParamList& params);
 

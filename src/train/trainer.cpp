@@ -1,6 +1,8 @@
 // The training loop; see trainer.h.
 #include "train/trainer.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -711,6 +713,36 @@ void Run::finish() {
 
 }  // namespace
 
+namespace {
+
+// A sharded run's ranks write their optimizer files into one checkpoint folder and read each other's on
+// resume: every rank must see output_dir (one host, or a shared filesystem). Checked before training starts,
+// not at the first save.
+void check_shared_output_dir(dist::ProcessGroup& g, const std::string& dir) {
+  const fs::path marker = fs::path(dir) / ".trainer-shared-check";
+  uint64_t token = 0;
+  if (g.rank() == 0) {
+    token = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+            (static_cast<uint64_t>(::getpid()) << 40);
+    std::ofstream(marker) << token;
+  }
+  g.broadcast(&token, sizeof token, 0);
+  uint64_t seen = 0;
+  if (g.rank() != 0) std::ifstream(marker) >> seen;
+  double blind = g.rank() != 0 && seen != token ? 1 : 0;
+  g.all_reduce_sum(&blind, 1);
+  g.barrier();  // everyone has looked
+  if (g.rank() == 0) fs::remove(marker);
+  TR_CHECK(
+      blind == 0,
+      "--fsdp shard_grad_op: {} of the {} ranks cannot see {} written by rank 0; every rank writes its "
+      "optimizer file into the same checkpoint folder, so --output_dir must be on a filesystem all ranks "
+      "share",
+      blind, g.size(), marker.string());
+}
+
+}  // namespace
+
 // The process group of a run started by a launcher (torchrun, trainer launch, srun, mpirun), or null.
 std::unique_ptr<dist::ProcessGroup> join_group(const TrainingArguments& a) {
   const dist::DistEnv env = dist::read_dist_env();
@@ -754,6 +786,7 @@ TrainResult train(const TrainingArguments& args, const TrainHooks& hooks) {
     check_output_dir(args, resuming);
   }
   if (group) group->barrier();
+  if (group && sharded(args)) check_shared_output_dir(*group, args.output_dir);
   TrainingArguments a = args;
   a.apply_compile_defaults();
   resolve_logging_dir(a, resuming);

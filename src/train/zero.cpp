@@ -5,11 +5,12 @@
 #include <charconv>
 #include <cstring>
 #include <filesystem>
+#include <optional>
+#include <set>
 
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "ops/ops.h"
-#include "train/ddp.h"
 
 namespace tr::train {
 
@@ -84,9 +85,11 @@ ShardedOptimizer::ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamLis
 void ShardedOptimizer::reduce_scatter(const std::vector<Tensor>& grads, double scale) {
   TR_CHECK(grads.size() == params_.size(), "ShardedOptimizer: {} gradients for {} parameters", grads.size(),
            params_.size());
+  // On the host in their own dtype: half gradients widen to f32 a visited stretch at a time, so no f32 copy
+  // of the whole gradient set exists at once.
   std::vector<Tensor> host(grads.size());
   for (size_t i = 0; i < grads.size(); ++i)
-    if (grads[i].defined()) host[i] = host_f32(grads[i]);
+    if (grads[i].defined()) host[i] = ops::contiguous(ops::to_device(grads[i], Device::cpu()));
   const int64_t S = layout_.shard;
   const size_t world = static_cast<size_t>(group_.size());
   send_.resize(world * static_cast<size_t>(round_));
@@ -98,8 +101,13 @@ void ShardedOptimizer::reduce_scatter(const std::vector<Tensor>& grads, double s
       const int64_t lo = static_cast<int64_t>(j) * S + k0;
       float* block = send_.data() + static_cast<int64_t>(j) * n;
       layout_.visit(lo, lo + n, [&](size_t p, int64_t at, int64_t cnt, int64_t pos) {
-        if (host[p].defined())
-          std::memcpy(block + pos, host[p].data<float>() + at, static_cast<size_t>(cnt) * sizeof(float));
+        const Tensor& h = host[p];
+        if (!h.defined()) return;
+        const Tensor f = h.dtype() == DType::f32
+                             ? h
+                             : ops::to_dtype(h.as_strided({cnt}, {1}, h.offset() + at), DType::f32);
+        std::memcpy(block + pos, f.data<float>() + (h.dtype() == DType::f32 ? at : 0),
+                    static_cast<size_t>(cnt) * sizeof(float));
       });
     }
     group_.reduce_scatter_sum(send_.data(), grad_flat_.data<float>() + k0, static_cast<size_t>(n), scratch_);
@@ -273,11 +281,28 @@ const StateSlice* slice_of(const std::string& key, const std::map<std::string, S
   return nullptr;
 }
 
-// Elements [want.begin, + want.count) of state `key`, from whichever sources hold them.
-Tensor assemble(const std::string& dir, const std::string& key, const Tensor& like, const StateSlice& want,
+int64_t elements(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Whether every file holding `key` holds one element per element of its slice of `param` (a per-element
+// state such as exp_avg or momentum_buffer, not a step count). Each file's entry is checked, overlapping or
+// not.
+bool per_element(const std::string& key, const std::string& param, const std::vector<StateSource>& sources) {
+  for (const auto& src : sources) {
+    if (!src.file.contains(key)) continue;
+    const auto it = src.slices.find(param);
+    if (it == src.slices.end() || elements(src.file.info(key).shape) != it->second.count) return false;
+  }
+  return true;
+}
+
+// Elements [want.begin, + want.count) of state `key`, from whichever sources hold them, shaped `shape`.
+Tensor assemble(const std::string& dir, const std::string& key, const Shape& shape, const StateSlice& want,
                 const std::vector<StateSource>& sources) {
-  Tensor out = ops::zeros(like.shape(), like.dtype(), Device::cpu());
-  const size_t es = dtype_size(like.dtype());
+  std::optional<Tensor> out;
   int64_t covered = 0;
   for (const auto& src : sources) {
     const auto it = src.slices.find(want.param);
@@ -286,10 +311,12 @@ Tensor assemble(const std::string& dir, const std::string& key, const Tensor& li
     const int64_t lo = std::max(want.begin, from.begin),
                   hi = std::min(want.begin + want.count, from.begin + from.count);
     if (lo >= hi) continue;
-    const Tensor t = ops::contiguous(src.file.load(key, like.dtype()));
-    TR_CHECK(t.numel() == from.count, "{}: '{}' has {} elements, its slice of '{}' {}", src.file.path(), key,
-             t.numel(), want.param, from.count);
-    std::memcpy(static_cast<char*>(out.data_ptr()) + (lo - want.begin) * es,
+    const Tensor t = ops::contiguous(src.file.load(key));
+    if (!out) out = ops::zeros(shape, t.dtype(), Device::cpu());
+    TR_CHECK(t.dtype() == out->dtype(), "{}: '{}' is {}, the other ranks' files hold {}", src.file.path(),
+             key, dtype_name(t.dtype()), dtype_name(out->dtype()));
+    const size_t es = dtype_size(t.dtype());
+    std::memcpy(static_cast<char*>(out->data_ptr()) + (lo - want.begin) * es,
                 static_cast<const char*>(t.data_ptr()) + (lo - from.begin) * es,
                 static_cast<size_t>(hi - lo) * es);
     covered += hi - lo;
@@ -298,7 +325,7 @@ Tensor assemble(const std::string& dir, const std::string& key, const Tensor& li
       covered == want.count,
       "checkpoint {}: elements [{}, {}) of '{}' ({}) are in none of its optimizer files ({} of {} found)",
       dir, want.begin, want.begin + want.count, want.param, key, covered, want.count);
-  return out;
+  return *out;
 }
 
 }  // namespace
@@ -318,16 +345,30 @@ std::map<std::string, Tensor> load_optimizer_state(const std::string& dir, const
     return state;
   }
   const std::vector<StateSource> sources = state_sources(d, masters);
-  std::map<std::string, StateSlice> held;
+  std::map<std::string, StateSlice> whole, held;  // every parameter; the elements this optimizer holds
+  std::map<std::string, Shape> shape;             // of a held parameter's state entries
+  for (const auto& [name, p] : masters) whole[name] = {name, 0, p->numel()};
   if (sharded) {
-    for (const auto& s : sharded->slices()) held[s.param] = s;
+    for (const auto& s : sharded->slices()) {
+      held[s.param] = s;
+      shape[s.param] = {s.count};
+    }
   } else {
-    for (const auto& [name, p] : masters) held[name] = {name, 0, p->numel()};
+    held = whole;
+    for (const auto& [name, p] : masters) shape[name] = p->shape();
   }
-  for (const auto& [key, like] : opt.state_dict()) {
-    const StateSlice* want = slice_of(key, held);
-    if (want != nullptr && like.numel() == want->count) {
-      state[key] = assemble(dir, key, like, *want, sources);
+  // The entries the files hold (an optimizer makes some on its first step only: SGD's momentum buffers) and
+  // those this one expects (a missing one is named by its load_state_dict).
+  std::set<std::string> keys;
+  for (const auto& [key, t] : opt.state_dict()) keys.insert(key);
+  for (const auto& src : sources)
+    for (const auto& t : src.file.header().tensors) keys.insert(t.name);
+  for (const std::string& key : keys) {
+    const StateSlice* param = slice_of(key, whole);
+    if (param != nullptr && held.count(param->param) == 0) continue;  // another rank's slice
+    if (param != nullptr && per_element(key, param->param, sources)) {
+      const StateSlice& want = held.at(param->param);
+      state[key] = assemble(dir, key, shape.at(want.param), want, sources);
       continue;
     }
     for (const auto& src : sources)  // not per element (a step count): any file's, they are equal
