@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# DDP and ZeRO-2 on one host: the same global batch trained by 1 process (all cores) and by N processes (cores
-# split, Gloo over 127.0.0.1) under DDP and under --fsdp shard_grad_op, GPT-2 n_embd 256 x 4 layers, block 128, global batch 8, fp32. Prints tokens/s of each,
-# their ratio, this rank's bytes handed to collectives per step (the gradient all-reduce: 4 bytes x
-# parameters, plus the token count, loss and stop flag), the share of step time the training thread waited
-# on collectives (buckets still in flight when backward ended, the small reductions; ZeRO-2's reduce-scatter
-# and all-gather block), rank 0's peak memory and each rank's optimizer state. Usage: bench/ddp_bench.sh TRAINER TOKENIZER CORPUS [STEPS=30] [NPROC=2] [WORKDIR=/tmp/trainer-ddp]
+# DDP and ZeRO-2 on one host: the same global batch trained by 1 process (all cores) and by N processes
+# (cores split, Gloo over 127.0.0.1) under DDP and under --fsdp shard_grad_op; GPT-2 n_embd 256 x 4 layers,
+# block 128, global batch 8, fp32 unless a flag says otherwise. Prints tokens/s of each, their ratio, this
+# rank's bytes handed to collectives per step (DDP: the gradient all-reduce, 4 bytes x parameters, plus the
+# token count, loss and stop flag; ZeRO-2: the reduce-scatter's input and the all-gather), the share of step
+# time the training thread waited on collectives (buckets still in flight when backward ended, the small
+# reductions; ZeRO-2's reduce-scatter and all-gather block), rank 0's peak memory and each rank's optimizer
+# state. Usage: bench/ddp_bench.sh TRAINER TOKENIZER CORPUS [STEPS=30] [NPROC=2] [WORKDIR=/tmp/trainer-ddp]
+# [TRAIN FLAGS...] (added to every run, e.g. --bf16)
 set -euo pipefail
 trainer=$1 tok=$2 corpus=$3 steps=${4:-30} nproc=${5:-2} work=${6:-/tmp/trainer-ddp}
+shift $(($# < 6 ? $# : 6))
 rm -rf "$work" && mkdir -p "$work"
 echo '{"model_type": "gpt2", "vocab_size": 50257, "n_embd": 256, "n_layer": 4, "n_head": 4, "n_positions": 128}' \
   >"$work/config.json"
 common=(--config_name "$work/config.json" --tokenizer_name "$tok" --train_file "$corpus" --block_size 128
-        --learning_rate 6e-4 --max_steps "$steps" --logging_steps 10 --save_strategy no --use_cpu)
+        --learning_rate 6e-4 --max_steps "$steps" --logging_steps 10 --save_strategy no --use_cpu "$@")
 "$trainer" train "${common[@]}" --per_device_train_batch_size 8 --output_dir "$work/one" >"$work/one.log" 2>&1 ||
   { tail "$work/one.log"; exit 1; }
 "$trainer" launch --nproc_per_node "$nproc" --master_port $((20000 + $$ % 12000)) train "${common[@]}" \

@@ -67,6 +67,11 @@ one resume_w1 6 --config_name gpt2.json --resume_from_checkpoint zero_w3/checkpo
 compare zero_w3 resume_w1 1e-5 5
 many from_w1 2 3 --config_name gpt2.json --fsdp shard_grad_op --resume_from_checkpoint gpt2_w1/checkpoint-4
 compare gpt2_w1 from_w1 1e-5 5
+# bf16: each rank keeps only its fp32 master slices; the checkpoint's fp32 weights are gathered from them.
+many bf16_resume_w2 2 3 --config_name llama.json --bf16 --fsdp shard_grad_op --resume_from_checkpoint bf16_zero_w2/checkpoint-4
+compare bf16_zero_w2 bf16_resume_w2 0 5
+one bf16_resume_w1 6 --config_name llama.json --bf16 --resume_from_checkpoint bf16_zero_w2/checkpoint-4
+compare bf16_zero_w2 bf16_resume_w1 1e-3 5 loss,eval_loss
 # SGD's momentum buffers appear at its first step (a fresh optimizer lists none): resumed from the files.
 many sgd_resume_w3 3 2 --config_name gpt2.json --optim sgd --optim_args momentum=0.9 --fsdp shard_grad_op \
   --resume_from_checkpoint sgd_zero_w2/checkpoint-4

@@ -143,7 +143,8 @@ const std::vector<ArgSpec>& argument_specs() {
        "distributed"},
       {"fsdp_config", &A::fsdp_config, "a JSON file of FSDP options", "distributed"},
       {"average_tokens_across_devices", &A::average_tokens_across_devices,
-       "normalize the loss by the label tokens of all ranks (false: each rank by its own, gradients averaged)",
+       "normalize the loss by the label tokens of all ranks (false: each rank by its own, gradients "
+       "averaged)",
        "distributed"},
   };
   return specs;
@@ -298,8 +299,8 @@ void TrainingArguments::validate() const {
   if (!ddp_backend.empty()) check_one_of("ddp_backend", ddp_backend, {"gloo", "nccl"});
   TR_CHECK(ddp_timeout > 0 && ddp_timeout <= 30 * 86400,
            "--ddp_timeout must be in [1, 2592000] seconds (30 days), got {}", ddp_timeout);
-  TR_CHECK(ddp_bucket_cap_mb > 0 && ddp_bucket_cap_mb <= 65536, "--ddp_bucket_cap_mb must be in [1, 65536], got {}",
-           ddp_bucket_cap_mb);
+  TR_CHECK(ddp_bucket_cap_mb > 0 && ddp_bucket_cap_mb <= 65536,
+           "--ddp_bucket_cap_mb must be in [1, 65536], got {}", ddp_bucket_cap_mb);
   fsdp_options();  // throws on an unknown option
   TR_CHECK(pad_vocab_to_multiple_of >= 0 && pad_vocab_to_multiple_of <= (1 << 20),
            "--pad_vocab_to_multiple_of must be in [0, 1048576], got {}", pad_vocab_to_multiple_of);
@@ -313,9 +314,9 @@ void TrainingArguments::validate() const {
 }
 
 std::vector<std::string> TrainingArguments::fsdp_options() const {
-  static const std::vector<std::string> known{"full_shard",         "shard_grad_op", "hybrid_shard",
-                                              "hybrid_shard_zero2", "offload",       "auto_wrap",
-                                              "no_shard"};
+  static const std::vector<std::string> known{
+      "full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2",
+      "offload",    "auto_wrap",     "no_shard"};
   std::vector<std::string> out;
   std::stringstream in(fsdp);
   for (std::string o; in >> o;) {

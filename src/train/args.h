@@ -25,7 +25,8 @@ struct TrainingArguments {
   std::string text_column_name;
   // ours: a model trained from --config_name gets vocab_size rounded up to a multiple of this (0: off), after
   // growing to the tokenizer's size when that is larger (run_clm's resize_token_embeddings(len(tokenizer))).
-  int64_t pad_vocab_to_multiple_of = 0;  // ours: the column of .jsonl/.json/.csv/.tsv files (empty: "text" or the first)
+  int64_t pad_vocab_to_multiple_of =
+      0;  // ours: the column of .jsonl/.json/.csv/.tsv files (empty: "text" or the first)
   // TrainingArguments
   std::string output_dir;
   bool overwrite_output_dir = false;
@@ -66,7 +67,7 @@ struct TrainingArguments {
   std::string torch_compile_backend, torch_compile_mode;
   // Distributed training (read when the launcher's environment says WORLD_SIZE > 1; a single process accepts
   // and ignores them, as HF does).
-  std::string ddp_backend;  // gloo | nccl; empty: nccl on GPUs, gloo on CPUs
+  std::string ddp_backend;     // gloo | nccl; empty: nccl on GPUs, gloo on CPUs
   int64_t ddp_timeout = 1800;  // seconds, on every rendezvous wait and collective
   int64_t ddp_bucket_cap_mb = 25;
   bool ddp_find_unused_parameters = false, ddp_broadcast_buffers = false;
@@ -101,7 +102,8 @@ struct ArgSpec {
   std::string name;
   Member member;
   std::string help;
-  std::string group;  // "model and data" | "training" | "evaluation and saving" | "precision and memory" | "distributed"
+  std::string group;  // "model and data" | "training" | "evaluation and saving" | "precision and memory" |
+                      // "distributed"
 };
 const std::vector<ArgSpec>& argument_specs();
 std::vector<std::string> argument_names();

@@ -31,7 +31,7 @@ struct TrainerState {
   std::string best_model_checkpoint;
   bool has_best = false;
   int64_t train_batch_size = 0, gradient_accumulation_steps = 0;
-  int64_t world_size = 1;  // processes that trained (each with train_batch_size sequences per micro-batch)
+  int64_t world_size = 1;    // processes that trained (each with train_batch_size sequences per micro-batch)
   int64_t train_tokens = 0;  // size of the training stream (0: unknown); resume checks it is the same data
 };
 

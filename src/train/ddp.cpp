@@ -144,7 +144,8 @@ void GradReducer::reduce_bucket(Bucket& b) {
     summed_[s.param] += s.n;
     if (summed_[s.param] == h.numel()) {  // the whole gradient is summed: back into its own dtype and device
       const Tensor g = params_[s.param]->grad();
-      if (h.impl_ptr() != g.impl_ptr()) ops::copy_(g, ops::to_device(ops::to_dtype(h, g.dtype()), g.device()));
+      if (h.impl_ptr() != g.impl_ptr())
+        ops::copy_(g, ops::to_device(ops::to_dtype(h, g.dtype()), g.device()));
       h = Tensor();
     }
   }

@@ -44,8 +44,8 @@ class GradReducer {
     finish();
   }
   void set_scale(double scale) { scale_ = static_cast<float>(scale); }
-  int64_t buckets() const { return buckets_; }           // all-reduce calls so far
-  int64_t launched_early() const { return early_; }      // of them, started before finish()
+  int64_t buckets() const { return buckets_; }       // all-reduce calls so far
+  int64_t launched_early() const { return early_; }  // of them, started before finish()
 
  private:
   struct Segment {  // elements [at, at + n) of params_[param] at [slot, slot + n) of its bucket

@@ -44,8 +44,13 @@ class MixedPrecision {
   // After an optimizer step that ran (or was skipped): scaler update, every gradient dropped.
   void after_step(bool found_inf);
   // Swaps masters into the model's parameter slots (saving writes fp32 weights, as HF under autocast) and
-  // back again.
+  // back again. Throws while the masters are sharded.
   void swap_masters();
+  // ZeRO-2: the whole masters freed (meta tensors of their shapes stay, for names and shapes) once a
+  // ShardedOptimizer holds this rank's slices; restore_masters puts whole ones back (gathered to save).
+  void shard_masters();
+  void restore_masters(std::vector<Tensor> masters);
+  bool masters_sharded() const { return sharded_; }
   GradScaler& scaler() { return scaler_; }
   const GradScaler& scaler() const { return scaler_; }
 
@@ -55,6 +60,7 @@ class MixedPrecision {
   nn::ParamList master_list_;
   DType half_;
   bool scaling_;
+  bool sharded_ = false;
   GradScaler scaler_;
 };
 

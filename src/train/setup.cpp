@@ -52,7 +52,8 @@ models::ModelConfig fresh_config(const TrainingArguments& a, int64_t tokenizer_s
   if (const int64_t m = a.pad_vocab_to_multiple_of; m > 1 && c.vocab_size % m != 0) {
     const int64_t padded = (c.vocab_size + m - 1) / m * m;
     std::fprintf(stderr, "train: vocab_size %lld -> %lld, a multiple of %lld (--pad_vocab_to_multiple_of)\n",
-                 static_cast<long long>(c.vocab_size), static_cast<long long>(padded), static_cast<long long>(m));
+                 static_cast<long long>(c.vocab_size), static_cast<long long>(padded),
+                 static_cast<long long>(m));
     c.vocab_size = padded;
   }
   c.raw["vocab_size"] = c.vocab_size;  // what config.json will say

@@ -44,10 +44,10 @@ class StepCore {
   nn::ParamList params_;
   std::unique_ptr<GradReducer> reducer_;  // DDP
   ShardedOptimizer* zero_ = nullptr;      // ZeRO-2: the optimizer reduce-scatters and gathers itself
-  double grad_scale_ = 1;                  // what the summed gradients are multiplied by
+  double grad_scale_ = 1;                 // what the summed gradients are multiplied by
   bool overlap_ = true;
   bool reducing_ = false;  // the reducer's buckets were begun during this step's backward
-  double wait_ = 0;  // collective waits of the step so far (label_tokens runs before the result)
+  double wait_ = 0;        // collective waits of the step so far (label_tokens runs before the result)
   int64_t bytes_at_start_ = 0;
   double seconds_at_start_ = 0;
   double active_ranks_ = 1;  // average_tokens_across_devices false: ranks with data this step

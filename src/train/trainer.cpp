@@ -259,6 +259,9 @@ class Run {
   void evaluate_at(int64_t step);
   void log(const nlohmann::json& entry);
   void save();
+  void save_files();
+  void gather_masters();
+  void reshard_masters();
   void finish();
   void draw_curves();
   bool stop_requested();
@@ -330,10 +333,11 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
   oo.eps = a.adam_epsilon;
   oo.weight_decay = a.weight_decay;
   oo.args = optim::parse_optim_args(a.optim_args);
-  if (group_ && sharded(a))  // ZeRO-2: this rank's slice of the masters and of the optimizer state
+  if (group_ && sharded(a)) {  // ZeRO-2: this rank's slice of the masters and of the optimizer state
     opt_ = std::make_unique<ShardedOptimizer>(*group_, mp_->master_params(), a.optim, oo,
-                                              a.ddp_bucket_cap_mb << 20);
-  else
+                                              a.ddp_bucket_cap_mb << 20, mp_->enabled());
+    if (mp_->enabled()) mp_->shard_masters();  // the whole fp32 masters go; the optimizer holds its slices
+  } else
     opt_ = optim::make_optimizer(a.optim, mp_->master_params(), oo);
   st_.train_tokens = streams_.train->size();
   st_.train_batch_size = a.per_device_train_batch_size;
@@ -469,9 +473,26 @@ void Run::evaluate_at(int64_t step) {
   eval_seconds_ += e.seconds;
 }
 
+// ZeRO-2 under mixed precision: every rank's fp32 slices gathered into whole masters (saving writes fp32
+// weights; a collective), and freed again after the save.
+void Run::gather_masters() {
+  if (auto* z = dynamic_cast<ShardedOptimizer*>(opt_.get()); z && mp_->masters_sharded())
+    mp_->restore_masters(z->gather_masters());
+}
+
+void Run::reshard_masters() {
+  if (auto* z = dynamic_cast<ShardedOptimizer*>(opt_.get()); z && z->owns_masters()) mp_->shard_masters();
+}
+
 void Run::save() {
   st_.dropout_rng = dropout_gen_.state();
   st_.position = loader_->position();
+  gather_masters();
+  save_files();
+  reshard_masters();
+}
+
+void Run::save_files() {
   // DDP: every rank holds the same state; rank 0 writes it, the others wait until it is there. ZeRO-2: once
   // rank 0's files are staged, every other rank adds its optimizer.rank-K.safetensors, then rank 0 renames.
   const bool shards = dynamic_cast<const ShardedOptimizer*>(opt_.get()) != nullptr;
@@ -655,6 +676,7 @@ void Run::finish() {
   if (final_eval && (r_.evals.empty() || st_.log_history.back().value("step", int64_t{-1}) != total ||
                      !st_.log_history.back().contains("eval_loss")))
     evaluate_at(total);  // on every rank: the evaluation is split across them
+  gather_masters();      // the final model's fp32 weights (every rank takes part)
   if (!main_) return;
   if (st_.skipped_steps > 0)
     std::fprintf(stderr,

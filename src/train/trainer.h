@@ -30,13 +30,13 @@ struct TrainResult {
   int64_t peak_bytes = 0;       // the training device's allocator peak during training
   double unigram_baseline = 0;  // eval-set cross-entropy of the train-set unigram model (with an eval)
   int64_t tokens = 0, global_step = 0;
-  double eval_seconds = 0;     // evaluation time, kept out of `seconds`
-  double flops_per_token = 0;  // model FLOPs per trained token (6N + 12 L H T)
-  std::string device_name;     // "cpu" or the GPU's name
-  std::string curves;          // output_dir/training_curves.png when drawn
-  std::string logging_dir;     // TensorBoard's folder when --report_to tensorboard
-  int world_size = 1;          // processes that trained together (DDP)
-  std::string comm_backend;    // their collectives' library (gloo)
+  double eval_seconds = 0;       // evaluation time, kept out of `seconds`
+  double flops_per_token = 0;    // model FLOPs per trained token (6N + 12 L H T)
+  std::string device_name;       // "cpu" or the GPU's name
+  std::string curves;            // output_dir/training_curves.png when drawn
+  std::string logging_dir;       // TensorBoard's folder when --report_to tensorboard
+  int world_size = 1;            // processes that trained together (DDP)
+  std::string comm_backend;      // their collectives' library (gloo)
   double comm_wait_seconds = 0;  // DDP: time the training thread waited on collectives
   int64_t comm_bytes = 0;        // DDP: this rank's bytes handed to collectives during training
   std::vector<int64_t> rank_peak_bytes, rank_optimizer_bytes;  // distributed: every rank's, by rank

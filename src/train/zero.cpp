@@ -53,8 +53,8 @@ bool shards_elementwise(const std::string& name) {
 
 ShardedOptimizer::ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamList& masters,
                                    const std::string& optim, const optim::OptimizerOptions& opts,
-                                   int64_t bucket_cap_bytes)
-    : Optimizer(masters, opts), group_(group), layout_(masters, group.size()) {
+                                   int64_t bucket_cap_bytes, bool own_masters)
+    : Optimizer(masters, opts), group_(group), layout_(masters, group.size()), own_(own_masters) {
   TR_CHECK(shards_elementwise(optim),
            "--fsdp shard_grad_op with --optim {}: sharding splits tensors into flat slices, which only "
            "element-wise optimizers update exactly (adamw_torch, adamw_torch_fused, adamw_apex_fused, sgd); "
@@ -71,11 +71,19 @@ ShardedOptimizer::ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamLis
   slice_params_.reserve(slices_.size());  // the inner optimizer points into slice_params_
   nn::ParamList inner;
   size_t k = 0;
-  // The slices are views of the masters themselves: the update lands in place, and no second fp32 copy of
-  // the shard exists.
+  // fp32 training: the slices are views of the masters themselves (the model's parameters), so the update
+  // lands in place and no second fp32 copy of the shard exists. Own masters: the shard is copied out and the
+  // caller frees the whole masters.
+  if (own_) master_flat_ = ops::zeros({layout_.shard}, DType::f32, Device::cpu());
   layout_.visit(base, base + layout_.shard, [&](size_t p, int64_t at, int64_t n, int64_t pos) {
     const Tensor& m = *masters[p].second;
-    slice_params_.push_back(m.as_strided({n}, {1}, m.offset() + at));
+    if (own_) {
+      std::memcpy(master_flat_.data<float>() + pos, m.data<float>() + at,
+                  static_cast<size_t>(n) * sizeof(float));
+      slice_params_.push_back(master_flat_.as_strided({n}, {1}, pos));
+    } else {
+      slice_params_.push_back(m.as_strided({n}, {1}, m.offset() + at));
+    }
     slice_grads_.push_back(grad_flat_.as_strided({n}, {1}, pos));
     inner.emplace_back(slices_[k++].param, &slice_params_.back());
   });
@@ -127,7 +135,66 @@ Tensor ShardedOptimizer::global_stats(double inv_scale) const {
 
 void ShardedOptimizer::update(const backend::Backend::GradTransform& t, const std::vector<Tensor>& copies) {
   inner_->step(slice_grads_, t, {});
-  all_gather(copies);
+  if (own_)
+    gather_rounded(copies);
+  else
+    all_gather(copies);
+}
+
+// Own masters: each rank rounds its updated slices to the model's half dtype and the halves are gathered
+// straight into the model's weights (half the bytes of gathering f32; rounding is per element, so the bits
+// are those of rounding the gathered f32).
+void ShardedOptimizer::gather_rounded(const std::vector<Tensor>& copies) {
+  TR_CHECK(copies.size() == params_.size(), "ShardedOptimizer: {} weight copies for {} parameters",
+           copies.size(), params_.size());
+  const DType half = copies.empty() ? DType::f32 : copies.front().dtype();
+  const size_t es = dtype_size(half);
+  const int64_t S = layout_.shard;
+  const size_t world = static_cast<size_t>(group_.size());
+  std::vector<char> recv(world * static_cast<size_t>(round_) * es);
+  for (int64_t k0 = 0; k0 < S; k0 += round_) {
+    const int64_t n = std::min(round_, S - k0);
+    const Tensor mine = ops::contiguous(ops::to_dtype(master_flat_.as_strided({n}, {1}, k0), half));
+    group_.all_gather(mine.data_ptr(), recv.data(), static_cast<size_t>(n) * es);
+    for (size_t j = 0; j < world; ++j) {
+      const int64_t lo = static_cast<int64_t>(j) * S + k0;
+      const char* block = recv.data() + static_cast<size_t>(j) * static_cast<size_t>(n) * es;
+      layout_.visit(lo, lo + n, [&](size_t p, int64_t at, int64_t cnt, int64_t pos) {
+        TR_CHECK(copies[p].dtype() == half && copies[p].is_contiguous() && copies[p].device().is_cpu(),
+                 "ShardedOptimizer: weight copy {} is not a contiguous host {} tensor", copies[p].describe(),
+                 dtype_name(half));
+        std::memcpy(static_cast<char*>(copies[p].data_ptr()) + static_cast<size_t>(at) * es,
+                    block + static_cast<size_t>(pos) * es, static_cast<size_t>(cnt) * es);
+      });
+    }
+  }
+}
+
+std::vector<Tensor> ShardedOptimizer::gather_masters() {
+  std::vector<Tensor> full;
+  for (const auto& [name, p] : params_) full.push_back(ops::empty(p->shape(), DType::f32, Device::cpu()));
+  const int64_t S = layout_.shard;
+  const size_t world = static_cast<size_t>(group_.size());
+  std::vector<float> recv(world * static_cast<size_t>(round_));
+  const float* own_base = own_ ? master_flat_.data<float>() : nullptr;
+  for (int64_t k0 = 0; k0 < S; k0 += round_) {
+    const int64_t n = std::min(round_, S - k0);
+    std::vector<float> mine(static_cast<size_t>(n), 0.0f);
+    const int64_t base = group_.rank() * S + k0;
+    layout_.visit(base, base + n, [&](size_t p, int64_t at, int64_t cnt, int64_t pos) {
+      const float* from = own_ ? own_base + k0 + pos : params_[p].second->data<float>() + at;
+      std::memcpy(mine.data() + pos, from, static_cast<size_t>(cnt) * sizeof(float));
+    });
+    group_.all_gather(mine.data(), recv.data(), static_cast<size_t>(n) * sizeof(float));
+    for (size_t j = 0; j < world; ++j) {
+      const int64_t lo = static_cast<int64_t>(j) * S + k0;
+      const float* block = recv.data() + j * static_cast<size_t>(n);
+      layout_.visit(lo, lo + n, [&](size_t p, int64_t at, int64_t cnt, int64_t pos) {
+        std::memcpy(full[p].data<float>() + at, block + pos, static_cast<size_t>(cnt) * sizeof(float));
+      });
+    }
+  }
+  return full;
 }
 
 // Every rank's updated slices into every rank's masters, a bounded stretch of each shard per call.
@@ -196,7 +263,8 @@ std::map<std::string, std::string> ShardedOptimizer::shard_metadata() const {
 }
 
 int64_t ShardedOptimizer::shard_bytes() const {
-  return static_cast<int64_t>(grad_flat_.nbytes()) + inner_->state_bytes();
+  return static_cast<int64_t>(grad_flat_.nbytes() + (own_ ? master_flat_.nbytes() : 0)) +
+         inner_->state_bytes();
 }
 
 // ---- checkpoints ----

@@ -43,18 +43,25 @@ bool shards_elementwise(const std::string& name);
 
 class ShardedOptimizer final : public optim::Optimizer {
  public:
-  // `masters`: what the update writes (the model's fp32 parameters, or the fp32 masters of mixed
-  // precision), identical on every rank. `bucket_cap_bytes` bounds each collective's buffer.
+  // `masters`: what the update writes, identical on every rank. `bucket_cap_bytes` bounds each collective's
+  // buffer. Without `own_masters` (fp32 training: the masters are the model's parameters) the slices are
+  // views of them and updates are all-gathered into them in f32. With it (mixed precision) the shard is
+  // copied out at construction - the caller then frees the whole masters (MixedPrecision::shard_masters) -
+  // and updates are gathered rounded into the model's half weights.
   ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamList& masters, const std::string& optim,
-                   const optim::OptimizerOptions& opts, int64_t bucket_cap_bytes);
+                   const optim::OptimizerOptions& opts, int64_t bucket_cap_bytes, bool own_masters = false);
   // The model's gradients (parallel to the masters, host, any floating dtype; undefined: zeros) summed over
   // the ranks into this rank's shard, times `scale`.
   void reduce_scatter(const std::vector<Tensor>& grads, double scale);
   // grad_stats over the reduced shard, summed over the ranks: the global norm and inf count (f64 [2]).
   Tensor global_stats(double inv_scale) const;
   // This rank's slices updated from the reduced shard through `t` (whose stats must be global_stats'), then
-  // every parameter all-gathered into the masters and, when given, rounded into `copies`.
+  // every parameter all-gathered into the masters and, when given, rounded into `copies` (own masters: into
+  // `copies` alone, which must be given).
   void update(const backend::Backend::GradTransform& t, const std::vector<Tensor>& copies);
+  // Every rank's slices as whole fp32 tensors parallel to the masters (a collective: saving needs them).
+  std::vector<Tensor> gather_masters();
+  bool owns_masters() const { return own_; }
 
   // The Optimizer interface: a whole sharded update (reduce-scatter, global statistics, update, gather).
   void step() override;
@@ -75,13 +82,16 @@ class ShardedOptimizer final : public optim::Optimizer {
 
  private:
   void all_gather(const std::vector<Tensor>& copies);
+  void gather_rounded(const std::vector<Tensor>& copies);
 
   dist::ProcessGroup& group_;
   FlatLayout layout_;
   int64_t round_ = 1;  // elements per rank per collective call
   std::vector<StateSlice> slices_;
+  bool own_ = false;
+  Tensor master_flat_;                              // own masters: this rank's fp32 slices
   Tensor grad_flat_;                                // this rank's shard of the summed gradients
-  std::vector<Tensor> slice_params_, slice_grads_;  // views of the masters and of grad_flat_, one per slice
+  std::vector<Tensor> slice_params_, slice_grads_;  // views of the masters (or master_flat_) and grad_flat_
   std::unique_ptr<optim::Optimizer> inner_;         // the element-wise optimizer over the slices
   std::vector<float> send_, scratch_;
 };
