@@ -5,6 +5,7 @@
 #     GPT-2 (tied head, 1.6M parameters: uneven shards) and Llama (grouped-query attention, untied head);
 #     bf16 within bf16's bounds; torch_compile and small collectives bit-identical; reruns bit-identical;
 #  2. the checkpoint's optimizer.rank-K.safetensors, each rank's optimizer state 1/3 of DDP's at 3 ranks;
+#     `trainer estimate --world_size N --fsdp shard_grad_op` equal to rank 0's measured peak (fp32, bf16);
 #  3. resume: a world-3 sharded checkpoint at world 3 (bit-exact), sharded at 2, DDP at 2 and one process
 #     (within 1e-5); a one-process checkpoint continued sharded at 2; SGD's momentum across world sizes;
 #  4. SIGTERM to the launcher: one checkpoint with every rank's file, exit 0; two nodes (two launchers) equal
@@ -54,6 +55,20 @@ assert all(abs(x / ds[0] - 1 / 3) < 0.01 for x in zs), (zs, ds)  # ceil(P / 3) e
 assert len(z["train_peak_memory_gib_per_rank"]) == 3
 print(f"zero_runs: optimizer state per rank {zs[0] * 2**30 / 1e6:.2f} MB sharded vs {ds[0] * 2**30 / 1e6:.2f} MB DDP")
 PY
+
+# `trainer estimate --world_size N --fsdp shard_grad_op` predicts rank 0's measured peak to the byte.
+predict() {  # RUN WORLD BATCH CONFIG [FLAGS...]
+  local run=$1 w=$2 b=$3 c=$4; shift 4
+  local want; want=$(python3 -c "import json; print(round(json.load(open('$run/train_results.json'))['train_peak_memory_gib_per_rank'][0] * 2**30))")
+  local got; got=$("$trainer" estimate --config_name "$c" --block_size 16 --per_device_train_batch_size "$b" \
+    --gradient_accumulation_steps 2 --do_eval --eval_strategy steps --eval_steps 4 --per_device_eval_batch_size 2 \
+    --use_cpu --world_size "$w" --fsdp shard_grad_op "$@" --json | python3 -c "import json,sys; print(json.load(sys.stdin)['peak_bytes'])")
+  [[ $got == "$want" ]] || fail "estimate of $run: $got bytes, measured $want"
+  echo "zero_runs: estimate of $run's rank 0: $got bytes, measured $want"
+}
+predict zero_w2 2 3 gpt2.json
+predict zero_w3 3 2 gpt2.json
+predict bf16_zero_w2 2 3 llama.json --bf16
 
 # 3. Resume world 3's checkpoint-4 sharded at 3 (bit-exact) and 2, under DDP at 2 and in one process; one
 #    process's checkpoint sharded at 2.

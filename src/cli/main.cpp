@@ -119,15 +119,15 @@ tr::report::RunSummary run_summary(const tr::train::TrainingArguments& a, const 
 }
 
 // `trainer estimate`: the peak memory of a training step, from a dry run on the meta device.
-int estimate(tr::train::TrainingArguments a, const std::string& device, const std::string& memory,
-             bool json) {
+int estimate(tr::train::TrainingArguments a, const std::string& device, const std::string& memory, bool json,
+             int world) {
   TR_CHECK(device == "cpu",
            "--device {}: only the CPU's memory is modelled so far (the CUDA caching allocator's rounding is "
            "not); use --device cpu",
            device);
   const int64_t budget = memory.empty() ? 0 : tr::train::parse_memory_size(memory, "device_memory");
   if (a.per_device_train_batch_size == tr::train::kAutoBatch && budget > 0) {  // what `train` would pick
-    const auto c = tr::train::auto_batch(a, budget);
+    const auto c = tr::train::auto_batch(a, budget, world);
     TR_CHECK(c.batch > 0, "--per_device_train_batch_size auto: not even batch 1 fits in --device_memory {}",
              memory);
     a.per_device_train_batch_size = c.batch;
@@ -139,9 +139,9 @@ int estimate(tr::train::TrainingArguments a, const std::string& device, const st
              a.total_batch_size, total, a.per_device_train_batch_size);
     a.gradient_accumulation_steps = total / a.per_device_train_batch_size;
   }
-  const auto e = tr::train::estimate_memory(a);
-  const int64_t max_batch = budget > 0 ? tr::train::max_fitting_batch(a, budget) : 0;
-  const auto knobs = budget > 0 ? tr::train::knob_table(a) : std::vector<tr::train::KnobRow>{};
+  const auto e = tr::train::estimate_memory(a, world);
+  const int64_t max_batch = budget > 0 ? tr::train::max_fitting_batch(a, budget, world) : 0;
+  const auto knobs = budget > 0 ? tr::train::knob_table(a, world) : std::vector<tr::train::KnobRow>{};
   auto gib = [](int64_t b) {
     return fmt::format("{:>10.3f} GiB  {:>15} B", static_cast<double>(b) / (1 << 30), b);
   };
@@ -149,6 +149,8 @@ int estimate(tr::train::TrainingArguments a, const std::string& device, const st
     nlohmann::json b = nlohmann::json::object();
     for (const auto& [name, bytes] : e.breakdown) b[name] = bytes;
     nlohmann::json j{{"device", device},
+                     {"world_size", world},
+                     {"fsdp", a.fsdp},
                      {"parameters", e.parameters},
                      {"peak_bytes", e.peak_bytes},
                      {"peak_at", e.peak_at},
@@ -165,6 +167,9 @@ int estimate(tr::train::TrainingArguments a, const std::string& device, const st
     return max_batch == 0 && budget > 0 ? 1 : 0;
   }
   std::printf("parameters        %lld (%.1fM)\n", static_cast<long long>(e.parameters), e.parameters / 1e6);
+  if (world > 1)
+    std::printf("per rank of       %d processes (%s)\n", world,
+                a.fsdp_has("shard_grad_op") ? "ZeRO-2 shard_grad_op" : "DDP replicas");
   for (const auto& [name, bytes] : e.breakdown) std::printf("  %-50s %s\n", name.c_str(), gib(bytes).c_str());
   std::printf("peak              %s  (%s)\n", gib(e.peak_bytes).c_str(), e.peak_at.c_str());
   if (e.eval_peak_bytes > 0) std::printf("evaluation peak   %s\n", gib(e.eval_peak_bytes).c_str());
@@ -179,11 +184,13 @@ int estimate(tr::train::TrainingArguments a, const std::string& device, const st
       max_batch > 0,
       "no per_device_train_batch_size fits in --device_memory {}: batch 1 needs {:.3f} GiB (table above)",
       memory,
-      static_cast<double>(tr::train::estimate_memory([&] {
-                            auto t = a;
-                            t.per_device_train_batch_size = 1;
-                            return t;
-                          }())
+      static_cast<double>(tr::train::estimate_memory(
+                              [&] {
+                                auto t = a;
+                                t.per_device_train_batch_size = 1;
+                                return t;
+                              }(),
+                              world)
                               .peak_bytes) /
           (1 << 30));
   std::printf("largest per_device_train_batch_size that fits: %lld\n", static_cast<long long>(max_batch));
@@ -209,8 +216,8 @@ int run_train(tr::train::TrainingArguments a, bool default_run, tr::cli::StopSig
   tr::train::TrainHooks hooks;
   hooks.should_stop = [&signals] { return signals.stop_requested(); };
   auto r = tr::train::train(a, hooks);
-  signals.set_mode(tr::cli::FirstSignal::exit_now);  // the model is saved; a signal now just ends the sample
-  if (r.interrupted) return 0;                       // the message saying how to resume was printed
+  signals.set_mode(tr::cli::FirstSignal::exit_now);   // the model is saved; a signal now just ends the sample
+  if (r.interrupted) return 0;                        // the message saying how to resume was printed
   if (tr::dist::read_dist_env().rank != 0) return 0;  // rank 0 reports for the run
   std::printf("trained %lld steps in %.1f s (%.0f tokens/s): loss %.4f -> %.4f; model saved to %s\n",
               static_cast<long long>(r.steps), r.seconds, r.tokens_per_second, r.first_loss, r.last_loss,
@@ -294,8 +301,13 @@ int main(int argc, char** argv) {
   tr::cli::add_training_flags(est_cmd, est_flags);
   std::string est_device = "cpu", est_memory;
   bool est_json = false;
+  int est_world = 1;
   est_cmd->add_option("--device", est_device, "whose memory: cpu");
   est_cmd->add_flag("--json", est_json, "one JSON object instead of the table");
+  est_cmd
+      ->add_option("--world_size", est_world,
+                   "processes training together: one rank's memory (with --fsdp shard_grad_op its shard)")
+      ->check(CLI::Range(1, 1 << 20));
   est_cmd->add_option("--device_memory", est_memory,
                       "memory to fit in (80GB, 24GiB): the largest batch that fits and what each knob buys");
   auto* gen_cmd = app.add_subcommand("generate", "continue a prompt with a model folder");
@@ -331,22 +343,25 @@ int main(int argc, char** argv) {
   tr::data::TokenizeOptions topts;
   tok_cmd->add_option("--tokenizer_name_or_path", tokenizer_path, "tokenizer.json, or a folder with one")
       ->required();
-  tok_cmd->add_option("--input", topts.inputs,
-                      "data files or glob patterns: .txt (a document each), .jsonl/.json/.csv/.tsv (a document per "
-                      "row), also .gz/.zst")
+  tok_cmd
+      ->add_option(
+          "--input", topts.inputs,
+          "data files or glob patterns: .txt (a document each), .jsonl/.json/.csv/.tsv (a document per "
+          "row), also .gz/.zst")
       ->required();
   tok_cmd->add_option("--output_dir", topts.output_dir, "where the shards go")->required();
   tok_cmd->add_option("--validation_split_percentage", topts.validation_split_percentage,
                       "percent of the token stream (from its start) for validation shards");
   tok_cmd->add_option("--shard_size", topts.shard_tokens, "tokens per shard (default 100M)");
   tok_cmd->add_option("--num_proc", topts.threads, "threads (default: all)");
-  tok_cmd->add_option("--text_column_name", topts.documents.text_column,
-                      "the column of .jsonl/.json/.csv/.tsv inputs holding the text (default: text, else the first)");
+  tok_cmd->add_option(
+      "--text_column_name", topts.documents.text_column,
+      "the column of .jsonl/.json/.csv/.tsv inputs holding the text (default: text, else the first)");
   // Unknown train/eval flags get a suggestion (CLI11 only says "not expected").
   const std::string sub = argc >= 2 ? argv[1] : "";
   if (sub == "train" || sub == "eval" || sub == "estimate") {
     auto names = tr::train::argument_names();
-    if (sub == "estimate") names.insert(names.end(), {"device", "json", "device_memory"});
+    if (sub == "estimate") names.insert(names.end(), {"device", "json", "device_memory", "world_size"});
     const std::string msg =
         tr::cli::unknown_flag_message(std::vector<std::string>(argv + 2, argv + argc), names);
     if (!msg.empty()) {
@@ -363,7 +378,7 @@ int main(int argc, char** argv) {
     if (*info_cmd) return info(dir);
     if (*tok_cmd) return tokenize(tokenizer_path, topts);
     if (*plot_cmd) return plot(plot_runs, plot_output, plot_metrics, plot_log);
-    if (*est_cmd) return estimate(est_flags.resolve(), est_device, est_memory, est_json);
+    if (*est_cmd) return estimate(est_flags.resolve(), est_device, est_memory, est_json, est_world);
     if (*flags_cmd) {
       std::printf("%s", tr::train::flags_markdown().c_str());
       return 0;

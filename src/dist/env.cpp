@@ -21,8 +21,8 @@ int int_var(const EnvLookup& env, const std::string& name, int fallback, int lo,
   }
   // Slurm writes per-node task counts as "4(x2)": the leading number is the one meant.
   const bool slurm_repeat = used > 0 && used < v->size() && (*v)[used] == '(';
-  TR_CHECK(used > 0 && (used == v->size() || slurm_repeat), "environment variable {}=\"{}\": expected an integer",
-           name, *v);
+  TR_CHECK(used > 0 && (used == v->size() || slurm_repeat),
+           "environment variable {}=\"{}\": expected an integer", name, *v);
   TR_CHECK(x >= lo && x <= hi, "environment variable {}={}: expected a value in [{}, {}]", name, x, lo, hi);
   return static_cast<int>(x);
 }
@@ -54,7 +54,8 @@ DistEnv read_dist_env(const EnvLookup& env) {
     d.world_size = int_var(env, "SLURM_STEP_NUM_TASKS", 1, 1, kMax);
     d.rank = int_var(env, "SLURM_PROCID", 0, 0, kMax);
     d.local_rank = int_var(env, "SLURM_LOCALID", 0, 0, kMax);
-    const char* per_node = env("SLURM_STEP_TASKS_PER_NODE") ? "SLURM_STEP_TASKS_PER_NODE" : "SLURM_NTASKS_PER_NODE";
+    const char* per_node =
+        env("SLURM_STEP_TASKS_PER_NODE") ? "SLURM_STEP_TASKS_PER_NODE" : "SLURM_NTASKS_PER_NODE";
     d.local_world_size = int_var(env, per_node, d.world_size, 1, kMax);  // "4(x2)": 4 per node
     d.group_rank = int_var(env, "SLURM_NODEID", 0, 0, kMax);
     TR_CHECK(d.world_size == 1 || env("MASTER_ADDR"),
@@ -78,8 +79,8 @@ DistEnv read_dist_env(const EnvLookup& env) {
   TR_CHECK(d.rank < d.world_size, "rank {} (from the {} environment) is not below the world size {}", d.rank,
            d.launcher, d.world_size);
   TR_CHECK(d.local_rank < d.local_world_size && d.local_world_size <= d.world_size,
-           "local rank {} of {} local processes does not fit a world of {} (the {} environment)", d.local_rank,
-           d.local_world_size, d.world_size, d.launcher);
+           "local rank {} of {} local processes does not fit a world of {} (the {} environment)",
+           d.local_rank, d.local_world_size, d.world_size, d.launcher);
   return d;
 }
 

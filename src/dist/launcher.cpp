@@ -193,7 +193,8 @@ std::string run_group(const LaunchOptions& o, std::vector<Worker>& ws, int resta
                           ", pid " + std::to_string(w.pid) + ") ended with " + describe(status);
           std::fprintf(stderr, "trainer launch: %s; stopping the other ranks\n", first_failure.c_str());
           signal_all(ws, SIGTERM);
-          kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.kill_grace_seconds * 1e3));
+          kill_at =
+              Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.kill_grace_seconds * 1e3));
         }
       } else {
         any_running = true;
@@ -246,12 +247,14 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& argv) {
     else if (name == "rdzv_id" || name == "run_id")
       o.rdzv_id = value;
     else
-      fail("trainer launch: unknown flag --{} (expected --nnodes, --node_rank, --nproc_per_node, "
-           "--master_addr, --master_port, --max_restarts, --rdzv_id, then the subcommand)",
-           name);
+      fail(
+          "trainer launch: unknown flag --{} (expected --nnodes, --node_rank, --nproc_per_node, "
+          "--master_addr, --master_port, --max_restarts, --rdzv_id, then the subcommand)",
+          name);
   }
-  TR_CHECK(i < argv.size(), "trainer launch: no subcommand given (e.g. trainer launch --nproc_per_node 2 "
-                            "train --config_name gpt2 ...)");
+  TR_CHECK(i < argv.size(),
+           "trainer launch: no subcommand given (e.g. trainer launch --nproc_per_node 2 "
+           "train --config_name gpt2 ...)");
   TR_CHECK(argv[i] != "launch", "trainer launch: the subcommand cannot be launch itself");
   TR_CHECK(o.node_rank < o.nnodes, "trainer launch --node_rank {}: expected a value below --nnodes {}",
            o.node_rank, o.nnodes);

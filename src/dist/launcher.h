@@ -13,10 +13,10 @@ struct LaunchOptions {
   int nnodes = 1, node_rank = 0, nproc_per_node = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  int max_restarts = 0;     // restarts of the local group after a failure (torchrun's)
-  std::string rdzv_id;      // TORCHELASTIC_RUN_ID (default: a fresh one)
-  std::string program;      // the binary to start (our own executable)
-  std::vector<std::string> args;  // SUBCOMMAND ARGS...
+  int max_restarts = 0;            // restarts of the local group after a failure (torchrun's)
+  std::string rdzv_id;             // TORCHELASTIC_RUN_ID (default: a fresh one)
+  std::string program;             // the binary to start (our own executable)
+  std::vector<std::string> args;   // SUBCOMMAND ARGS...
   double kill_grace_seconds = 10;  // after a failure: SIGTERM, then SIGKILL this much later
   // Polled by the monitor loop: true once the user asked the run to stop (the CLI's signal thread).
   std::function<bool()> stop_requested;

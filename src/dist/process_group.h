@@ -52,6 +52,10 @@ class ProcessGroup {
   CommStats stats_;
 };
 
+// Rank 0 of a world of `world_size` whose collectives move and wait for nothing: `trainer estimate`'s dry run
+// of a sharded step on the meta device, where there are no values to exchange.
+std::unique_ptr<ProcessGroup> dry_run_group(int world_size);
+
 // The group of a distributed environment (env.distributed() must hold). Rank 0 serves the store at
 // MASTER_PORT for the group's lifetime. Throws naming the ranks that did not arrive within `timeout`.
 std::unique_ptr<ProcessGroup> init_process_group(const DistEnv& env, CommBackend backend,

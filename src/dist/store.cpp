@@ -1,6 +1,6 @@
 // The TCP rendezvous store; see store.h. Wire format, one request and one reply at a time per connection:
-// request = op (1 byte: s set, g get, a add) | key length (u32) | key | value length (u64) | value | arg (i64:
-// get's timeout in ms, add's delta); reply = found (1 byte) | length (u64) | value.
+// request = op (1 byte: s set, g get, a add) | key length (u32) | key | value length (u64) | value | arg
+// (i64: get's timeout in ms, add's delta); reply = found (1 byte) | length (u64) | value.
 #include "dist/store.h"
 
 #include <arpa/inet.h>
@@ -224,7 +224,8 @@ StoreClient::~StoreClient() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::optional<std::string> StoreClient::request(char op, const std::string& key, const std::string& value, int64_t arg) {
+std::optional<std::string> StoreClient::request(char op, const std::string& key, const std::string& value,
+                                                int64_t arg) {
   std::lock_guard<std::mutex> g(mu_);
   const uint32_t klen = static_cast<uint32_t>(key.size());
   const uint64_t vlen = value.size();
@@ -245,7 +246,9 @@ std::optional<std::string> StoreClient::get(const std::string& key, Millis timeo
   return request('g', key, "", timeout.count());
 }
 
-int64_t StoreClient::add(const std::string& key, int64_t delta) { return std::stoll(*request('a', key, "", delta)); }
+int64_t StoreClient::add(const std::string& key, int64_t delta) {
+  return std::stoll(*request('a', key, "", delta));
+}
 
 std::vector<std::string> StoreClient::wait(const std::vector<std::string>& keys, Millis timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;

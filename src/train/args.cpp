@@ -326,6 +326,11 @@ std::vector<std::string> TrainingArguments::fsdp_options() const {
   return out;
 }
 
+bool TrainingArguments::fsdp_has(const std::string& option) const {
+  const auto o = fsdp_options();
+  return std::find(o.begin(), o.end(), option) != o.end();
+}
+
 void TrainingArguments::apply_compile_defaults() {
   torch_compile = torch_compile || !torch_compile_backend.empty() || !torch_compile_mode.empty();
   if (torch_compile && torch_compile_backend.empty()) torch_compile_backend = "inductor";

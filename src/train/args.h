@@ -82,6 +82,7 @@ struct TrainingArguments {
   int64_t total_batch_sequences() const;
   // --fsdp's options, validated (empty: no sharding).
   std::vector<std::string> fsdp_options() const;
+  bool fsdp_has(const std::string& option) const;
   // Whether report_to asks for TensorBoard event files ("tensorboard" or "all").
   bool reports_tensorboard() const;
 

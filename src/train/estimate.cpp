@@ -12,6 +12,7 @@
 #include "train/mixed_precision.h"
 #include "train/setup.h"
 #include "train/train_step.h"
+#include "train/zero.h"
 
 namespace tr::train {
 
@@ -53,7 +54,7 @@ class PeakTracker {
 
 }  // namespace
 
-MemoryEstimate estimate_memory(const TrainingArguments& args) {
+MemoryEstimate estimate_memory(const TrainingArguments& args, int world_size) {
   TrainingArguments a = args;
   a.apply_compile_defaults();
   TR_CHECK(a.model_name_or_path.empty() != a.config_name.empty(),
@@ -88,11 +89,24 @@ MemoryEstimate estimate_memory(const TrainingArguments& args) {
   oo.lr = a.learning_rate;
   oo.weight_decay = a.weight_decay;
   oo.args = optim::parse_optim_args(a.optim_args);
-  auto opt = optim::make_optimizer(a.optim, mp.master_params(), oo);
+  // ZeRO-2: rank 0 of world_size, its shard's slices only (the whole masters freed as in the run).
+  const bool zero = world_size > 1 && a.fsdp_has("shard_grad_op");
+  const auto group = zero ? dist::dry_run_group(world_size) : nullptr;
+  std::unique_ptr<optim::Optimizer> opt;
+  ShardedOptimizer* sharded = nullptr;
+  if (zero) {
+    auto z = std::make_unique<ShardedOptimizer>(*group, mp.master_params(), a.optim, oo,
+                                                a.ddp_bucket_cap_mb << 20, mp.enabled());
+    sharded = z.get();
+    opt = std::move(z);
+    if (mp.enabled()) mp.shard_masters();
+  } else {
+    opt = optim::make_optimizer(a.optim, mp.master_params(), oo);
+  }
 
   std::vector<Tensor> weights, masters;
   for (const auto& [name, p] : model->named_parameters()) weights.push_back(*p);
-  if (mp.enabled())
+  if (mp.enabled() && !zero)
     for (const auto& [name, p] : mp.master_params()) masters.push_back(*p);
 
   PeakTracker tracker;
@@ -152,8 +166,10 @@ MemoryEstimate estimate_memory(const TrainingArguments& args) {
     e.peak_at = "evaluation forward (eval_strategy)";
   }
   const int64_t grads = bytes_of(weights);  // one gradient per parameter, in the compute dtype
+  const int64_t shard = sharded ? sharded->shard_bytes() - state : 0;  // slices of masters and gradients
   e.breakdown = {{"weights", bytes_of(weights)},
-                 {"fp32 masters", bytes_of(masters)},
+                 {sharded ? "fp32 masters (this rank's slices) and reduced gradient shard" : "fp32 masters",
+                  sharded ? shard : bytes_of(masters)},
                  {"optimizer state", state},
                  {"data batches (one step)", a.gradient_accumulation_steps * batch_bytes},
                  {"data loader prefetch", prefetch}};
@@ -183,11 +199,11 @@ int64_t parse_memory_size(const std::string& text, const std::string& flag) {
   fail("--{} '{}': expected a positive size such as 80GB, 24GiB or 512MB", flag, text);
 }
 
-int64_t max_fitting_batch(const TrainingArguments& a, int64_t budget) {
+int64_t max_fitting_batch(const TrainingArguments& a, int64_t budget, int world_size) {
   auto fits = [&](int64_t b) {
     TrainingArguments t = a;
     t.per_device_train_batch_size = b;
-    return estimate_memory(t).peak_bytes <= budget;
+    return estimate_memory(t, world_size).peak_bytes <= budget;
   };
   if (!fits(1)) return 0;
   int64_t lo = 1, hi = 2;  // fits(lo), and hi is the next candidate
@@ -202,7 +218,7 @@ int64_t max_fitting_batch(const TrainingArguments& a, int64_t budget) {
   return lo;
 }
 
-BatchChoice auto_batch(const TrainingArguments& a, int64_t budget) {
+BatchChoice auto_batch(const TrainingArguments& a, int64_t budget, int world_size) {
   const int64_t total = a.total_batch_sequences();
   BatchChoice best;
   for (int64_t b = 1; b <= (total > 0 ? total : int64_t{1} << 20); b *= 2) {
@@ -210,14 +226,14 @@ BatchChoice auto_batch(const TrainingArguments& a, int64_t budget) {
     TrainingArguments t = a;
     t.per_device_train_batch_size = b;
     t.gradient_accumulation_steps = total > 0 ? total / b : a.gradient_accumulation_steps;
-    const int64_t peak = estimate_memory(t).peak_bytes;
+    const int64_t peak = estimate_memory(t, world_size).peak_bytes;
     if (peak > budget) break;  // the peak grows with the batch
     best = {b, t.gradient_accumulation_steps, peak};
   }
   return best;
 }
 
-std::vector<KnobRow> knob_table(const TrainingArguments& a) {
+std::vector<KnobRow> knob_table(const TrainingArguments& a, int world_size) {
   std::vector<std::pair<std::string, TrainingArguments>> rows = {{"as given", a}};
   auto with = [&](const std::string& knob, auto change) {
     TrainingArguments t = a;
@@ -238,7 +254,7 @@ std::vector<KnobRow> knob_table(const TrainingArguments& a) {
            t.gradient_accumulation_steps *= 2;
          });
   std::vector<KnobRow> out;
-  for (const auto& [knob, t] : rows) out.push_back({knob, estimate_memory(t).peak_bytes});
+  for (const auto& [knob, t] : rows) out.push_back({knob, estimate_memory(t, world_size).peak_bytes});
   return out;
 }
 

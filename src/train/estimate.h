@@ -27,15 +27,19 @@ struct MemoryEstimate {
 };
 
 // The estimate for `a` (validated as `trainer train` would, less the data and tokenizer files, which it does
-// not need). Throws naming the flag for a config that cannot be built.
-MemoryEstimate estimate_memory(const TrainingArguments& a);
+// not need). Throws naming the flag for a config that cannot be built. `world_size` > 1: one rank's memory
+// among that many - with --fsdp shard_grad_op its slices of the masters, optimizer state and reduced
+// gradients (the sharded optimizer dry-runs against a group that moves nothing); without, DDP's replicas,
+// whose per-rank memory is one process's (the gradient buckets travel through host buffers outside the
+// allocator).
+MemoryEstimate estimate_memory(const TrainingArguments& a, int world_size = 1);
 
 // "80GB" (10^9), "24GiB" (2^30), "512MB", "1.5TB", or plain bytes; throws naming `flag` otherwise.
 int64_t parse_memory_size(const std::string& text, const std::string& flag);
 
 // The largest per_device_train_batch_size (other flags as given) whose estimate fits in `budget` bytes,
 // searched over predictions (doubling, then bisection); 0 when not even batch 1 fits.
-int64_t max_fitting_batch(const TrainingArguments& a, int64_t budget);
+int64_t max_fitting_batch(const TrainingArguments& a, int64_t budget, int world_size = 1);
 
 // --per_device_train_batch_size auto: the largest power of two whose estimate fits in `budget` bytes, with
 // gradient_accumulation_steps from --total_batch_size when given (the batch must divide it), else as given.
@@ -43,13 +47,13 @@ int64_t max_fitting_batch(const TrainingArguments& a, int64_t budget);
 struct BatchChoice {
   int64_t batch = 0, accumulation = 1, peak_bytes = 0;
 };
-BatchChoice auto_batch(const TrainingArguments& a, int64_t budget);
+BatchChoice auto_batch(const TrainingArguments& a, int64_t budget, int world_size = 1);
 
 // The guide's knobs, one at a time on top of `a`: the predicted peak of each (first row: `a` itself).
 struct KnobRow {
   std::string knob;
   int64_t peak_bytes = 0;
 };
-std::vector<KnobRow> knob_table(const TrainingArguments& a);
+std::vector<KnobRow> knob_table(const TrainingArguments& a, int world_size = 1);
 
 }  // namespace tr::train

@@ -94,9 +94,24 @@ void MixedPrecision::swap_masters() {
   for (size_t i = 0; i < model_.size(); ++i) std::swap(*model_[i].second, masters_[i]);
 }
 
+namespace {
+
+// A meta tensor of `shape` over borrowed, empty storage: names a shape, counted by no allocator (a dry run's
+// meta allocator included), so a sharded run's placeholders cost nothing anywhere.
+Tensor shape_only(const Shape& shape) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(nullptr, 0, Device::meta(), nullptr);
+  impl->shape = shape;
+  impl->strides.assign(shape.size(), 0);
+  impl->dtype = DType::f32;
+  return Tensor(std::move(impl));
+}
+
+}  // namespace
+
 void MixedPrecision::shard_masters() {
   TR_CHECK(enabled(), "mixed precision: fp32 training has no separate masters to shard");
-  for (auto& m : masters_) m = ops::empty(m.shape(), DType::f32, Device::meta());
+  for (auto& m : masters_) m = shape_only(m.shape());
   sharded_ = true;
 }
 

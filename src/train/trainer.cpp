@@ -237,10 +237,7 @@ Schedule make_schedule(const TrainingArguments& a, int64_t batches_per_epoch) {
 }
 
 // --fsdp shard_grad_op: ZeRO-2 (zero.h).
-bool sharded(const TrainingArguments& a) {
-  const auto o = a.fsdp_options();
-  return std::find(o.begin(), o.end(), "shard_grad_op") != o.end();
-}
+bool sharded(const TrainingArguments& a) { return a.fsdp_has("shard_grad_op"); }
 
 // One call of train(): what is set up before the first step (model, data, optimizer, resumed state) and
 // the loop around the step - logging, evaluation, saving, stopping - and the files of a finished run.

@@ -54,19 +54,24 @@ bool shards_elementwise(const std::string& name) {
 ShardedOptimizer::ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamList& masters,
                                    const std::string& optim, const optim::OptimizerOptions& opts,
                                    int64_t bucket_cap_bytes, bool own_masters)
-    : Optimizer(masters, opts), group_(group), layout_(masters, group.size()), own_(own_masters) {
+    : Optimizer(masters, opts),
+      group_(group),
+      layout_(masters, group.size()),
+      own_(own_masters),
+      dev_(masters.empty() ? Device::cpu() : masters.front().second->device()) {
   TR_CHECK(shards_elementwise(optim),
            "--fsdp shard_grad_op with --optim {}: sharding splits tensors into flat slices, which only "
            "element-wise optimizers update exactly (adamw_torch, adamw_torch_fused, adamw_apex_fused, sgd); "
            "{}'s state needs whole tensors",
            optim, optim);
   for (const auto& [name, p] : masters)
-    TR_CHECK(p->device().is_cpu() && p->dtype() == DType::f32 && p->is_contiguous(),
+    TR_CHECK(p->device() == dev_ && (dev_.is_cpu() || dev_.is_meta()) && p->dtype() == DType::f32 &&
+                 p->is_contiguous(),
              "--fsdp shard_grad_op: parameter '{}' is {}; sharding runs on fp32 host parameters (Gloo)", name,
              p->describe());
   round_ = std::max<int64_t>(1, bucket_cap_bytes / static_cast<int64_t>(sizeof(float)) / group.size());
   slices_ = layout_.slices(masters, group.rank());
-  grad_flat_ = ops::zeros({layout_.shard}, DType::f32, Device::cpu());
+  grad_flat_ = ops::zeros({layout_.shard}, DType::f32, dev_);
   const int64_t base = group.rank() * layout_.shard;
   slice_params_.reserve(slices_.size());  // the inner optimizer points into slice_params_
   nn::ParamList inner;
@@ -74,12 +79,13 @@ ShardedOptimizer::ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamLis
   // fp32 training: the slices are views of the masters themselves (the model's parameters), so the update
   // lands in place and no second fp32 copy of the shard exists. Own masters: the shard is copied out and the
   // caller frees the whole masters.
-  if (own_) master_flat_ = ops::zeros({layout_.shard}, DType::f32, Device::cpu());
+  if (own_) master_flat_ = ops::zeros({layout_.shard}, DType::f32, dev_);
   layout_.visit(base, base + layout_.shard, [&](size_t p, int64_t at, int64_t n, int64_t pos) {
     const Tensor& m = *masters[p].second;
     if (own_) {
-      std::memcpy(master_flat_.data<float>() + pos, m.data<float>() + at,
-                  static_cast<size_t>(n) * sizeof(float));
+      if (!dev_.is_meta())
+        std::memcpy(master_flat_.data<float>() + pos, m.data<float>() + at,
+                    static_cast<size_t>(n) * sizeof(float));
       slice_params_.push_back(master_flat_.as_strided({n}, {1}, pos));
     } else {
       slice_params_.push_back(m.as_strided({n}, {1}, m.offset() + at));
@@ -97,7 +103,8 @@ void ShardedOptimizer::reduce_scatter(const std::vector<Tensor>& grads, double s
   // of the whole gradient set exists at once.
   std::vector<Tensor> host(grads.size());
   for (size_t i = 0; i < grads.size(); ++i)
-    if (grads[i].defined()) host[i] = ops::contiguous(ops::to_device(grads[i], Device::cpu()));
+    if (grads[i].defined())
+      host[i] = dev_.is_meta() ? grads[i] : ops::contiguous(ops::to_device(grads[i], Device::cpu()));
   const int64_t S = layout_.shard;
   const size_t world = static_cast<size_t>(group_.size());
   send_.resize(world * static_cast<size_t>(round_));
@@ -114,13 +121,16 @@ void ShardedOptimizer::reduce_scatter(const std::vector<Tensor>& grads, double s
         const Tensor f = h.dtype() == DType::f32
                              ? h
                              : ops::to_dtype(h.as_strided({cnt}, {1}, h.offset() + at), DType::f32);
+        if (dev_.is_meta()) return;  // a dry run: the same allocations, no values
         std::memcpy(block + pos, f.data<float>() + (h.dtype() == DType::f32 ? at : 0),
                     static_cast<size_t>(cnt) * sizeof(float));
       });
     }
-    group_.reduce_scatter_sum(send_.data(), grad_flat_.data<float>() + k0, static_cast<size_t>(n), scratch_);
+    if (!dev_.is_meta())
+      group_.reduce_scatter_sum(send_.data(), grad_flat_.data<float>() + k0, static_cast<size_t>(n),
+                                scratch_);
   }
-  if (scale != 1.0) {  // as DDP's buckets: the f32 scale applied to the f32 sums
+  if (scale != 1.0 && !dev_.is_meta()) {  // as DDP's buckets: the f32 scale applied to the f32 sums
     const float s = static_cast<float>(scale);
     float* g = grad_flat_.data<float>();
     for (int64_t i = 0; i < S; ++i) g[i] *= s;
@@ -128,8 +138,8 @@ void ShardedOptimizer::reduce_scatter(const std::vector<Tensor>& grads, double s
 }
 
 Tensor ShardedOptimizer::global_stats(double inv_scale) const {
-  Tensor stats = ops::grad_stats(slice_grads_, inv_scale, Device::cpu());
-  group_.all_reduce_sum(stats.data<double>(), 2);
+  Tensor stats = ops::grad_stats(slice_grads_, inv_scale, dev_);
+  if (!dev_.is_meta()) group_.all_reduce_sum(stats.data<double>(), 2);
   return stats;
 }
 
@@ -155,6 +165,7 @@ void ShardedOptimizer::gather_rounded(const std::vector<Tensor>& copies) {
   for (int64_t k0 = 0; k0 < S; k0 += round_) {
     const int64_t n = std::min(round_, S - k0);
     const Tensor mine = ops::contiguous(ops::to_dtype(master_flat_.as_strided({n}, {1}, k0), half));
+    if (dev_.is_meta()) continue;
     group_.all_gather(mine.data_ptr(), recv.data(), static_cast<size_t>(n) * es);
     for (size_t j = 0; j < world; ++j) {
       const int64_t lo = static_cast<int64_t>(j) * S + k0;
@@ -171,6 +182,7 @@ void ShardedOptimizer::gather_rounded(const std::vector<Tensor>& copies) {
 }
 
 std::vector<Tensor> ShardedOptimizer::gather_masters() {
+  TR_CHECK(!dev_.is_meta(), "ShardedOptimizer: a dry run has no masters to gather");
   std::vector<Tensor> full;
   for (const auto& [name, p] : params_) full.push_back(ops::empty(p->shape(), DType::f32, Device::cpu()));
   const int64_t S = layout_.shard;
@@ -199,6 +211,7 @@ std::vector<Tensor> ShardedOptimizer::gather_masters() {
 
 // Every rank's updated slices into every rank's masters, a bounded stretch of each shard per call.
 void ShardedOptimizer::all_gather(const std::vector<Tensor>& copies) {
+  if (dev_.is_meta()) return;  // a dry run: nothing allocated here
   const int64_t S = layout_.shard;
   const size_t world = static_cast<size_t>(group_.size());
   scratch_.resize(world * static_cast<size_t>(round_));

@@ -89,8 +89,9 @@ class ShardedOptimizer final : public optim::Optimizer {
   int64_t round_ = 1;  // elements per rank per collective call
   std::vector<StateSlice> slices_;
   bool own_ = false;
-  Tensor master_flat_;                              // own masters: this rank's fp32 slices
-  Tensor grad_flat_;                                // this rank's shard of the summed gradients
+  Device dev_;          // the host, or the meta device of `trainer estimate` (no values moved)
+  Tensor master_flat_;  // own masters: this rank's fp32 slices
+  Tensor grad_flat_;    // this rank's shard of the summed gradients
   std::vector<Tensor> slice_params_, slice_grads_;  // views of the masters (or master_flat_) and grad_flat_
   std::unique_ptr<optim::Optimizer> inner_;         // the element-wise optimizer over the slices
   std::vector<float> send_, scratch_;
