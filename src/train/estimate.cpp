@@ -83,26 +83,23 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, int world_size) {
   auto model = models::create_causal_lm(config, Device::meta(), DType::f32, init, a.attn_implementation);
   e.parameters = model->num_parameters();
   const DType compute = a.bf16 ? DType::bf16 : a.fp16 ? DType::f16 : DType::f32;
-  MixedPrecision mp(model->named_parameters(), compute, a.fp16);
-  model->set_dtype(compute);
   optim::OptimizerOptions oo;
   oo.lr = a.learning_rate;
   oo.weight_decay = a.weight_decay;
   oo.args = optim::parse_optim_args(a.optim_args);
-  // ZeRO-2: rank 0 of world_size, its shard's slices only (the whole masters freed as in the run).
+  // ZeRO-2: rank 0 of world_size with its shard's slices, taken before the half weights are made (the run's
+  // order: no whole fp32 masters are kept).
   const bool zero = world_size > 1 && a.fsdp_has("shard_grad_op");
   const auto group = zero ? dist::dry_run_group(world_size) : nullptr;
-  std::unique_ptr<optim::Optimizer> opt;
-  ShardedOptimizer* sharded = nullptr;
-  if (zero) {
-    auto z = std::make_unique<ShardedOptimizer>(*group, mp.master_params(), a.optim, oo,
-                                                a.ddp_bucket_cap_mb << 20, mp.enabled());
-    sharded = z.get();
-    opt = std::move(z);
-    if (mp.enabled()) mp.shard_masters();
-  } else {
-    opt = optim::make_optimizer(a.optim, mp.master_params(), oo);
-  }
+  std::unique_ptr<ShardedOptimizer> z;
+  if (zero)
+    z = std::make_unique<ShardedOptimizer>(*group, model->named_parameters(), a.optim, oo,
+                                           a.ddp_bucket_cap_mb << 20, compute != DType::f32);
+  MixedPrecision mp(model->named_parameters(), compute, a.fp16, zero);
+  model->set_dtype(compute);
+  ShardedOptimizer* sharded = z.get();
+  std::unique_ptr<optim::Optimizer> opt =
+      zero ? std::move(z) : optim::make_optimizer(a.optim, mp.master_params(), oo);
 
   std::vector<Tensor> weights, masters;
   for (const auto& [name, p] : model->named_parameters()) weights.push_back(*p);

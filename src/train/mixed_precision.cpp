@@ -41,7 +41,23 @@ void GradScaler::load_json(const nlohmann::json& j, const std::string& source) {
   growth_tracker = f["_growth_tracker"].integer(0, growth_interval - 1);
 }
 
-MixedPrecision::MixedPrecision(const nn::ParamList& model_params, DType half, bool loss_scaling)
+namespace {
+
+// A meta tensor of `shape` over borrowed, empty storage: names a shape, counted by no allocator (a dry run's
+// meta allocator included), so a sharded run's placeholders cost nothing anywhere.
+Tensor shape_only(const Shape& shape) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(nullptr, 0, Device::meta(), nullptr);
+  impl->shape = shape;
+  impl->strides.assign(shape.size(), 0);
+  impl->dtype = DType::f32;
+  return Tensor(std::move(impl));
+}
+
+}  // namespace
+
+MixedPrecision::MixedPrecision(const nn::ParamList& model_params, DType half, bool loss_scaling,
+                               bool sharded_masters)
     : model_(model_params), half_(half), scaling_(loss_scaling) {
   TR_CHECK(half == DType::f32 || half == DType::bf16 || half == DType::f16,
            "mixed precision: compute dtype must be f32, bf16 or f16, got {}", dtype_name(half));
@@ -54,11 +70,12 @@ MixedPrecision::MixedPrecision(const nn::ParamList& model_params, DType half, bo
   for (auto& [name, p] : model_) {
     TR_CHECK(p->dtype() == DType::f32, "mixed precision: parameter '{}' must start in f32, got {}", name,
              dtype_name(p->dtype()));
-    masters_.push_back(*p);
+    masters_.push_back(sharded_masters ? shape_only(p->shape()) : *p);
     Tensor h = ops::to_dtype(*p, half);
     autograd::set_requires_grad(h, true);
-    *p = h;
+    *p = h;  // sharded: the fp32 tensor's last reference goes here
   }
+  sharded_ = sharded_masters;
   for (size_t i = 0; i < model_.size(); ++i) master_list_.emplace_back(model_[i].first, &masters_[i]);
 }
 
@@ -93,21 +110,6 @@ void MixedPrecision::swap_masters() {
   TR_CHECK(!sharded_, "mixed precision: the fp32 masters are sharded across the ranks; gather them first");
   for (size_t i = 0; i < model_.size(); ++i) std::swap(*model_[i].second, masters_[i]);
 }
-
-namespace {
-
-// A meta tensor of `shape` over borrowed, empty storage: names a shape, counted by no allocator (a dry run's
-// meta allocator included), so a sharded run's placeholders cost nothing anywhere.
-Tensor shape_only(const Shape& shape) {
-  auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(nullptr, 0, Device::meta(), nullptr);
-  impl->shape = shape;
-  impl->strides.assign(shape.size(), 0);
-  impl->dtype = DType::f32;
-  return Tensor(std::move(impl));
-}
-
-}  // namespace
 
 void MixedPrecision::shard_masters() {
   TR_CHECK(enabled(), "mixed precision: fp32 training has no separate masters to shard");

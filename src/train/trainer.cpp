@@ -321,8 +321,6 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
   sched_ = make_schedule(a, loader_->batches_per_epoch());
   // Mixed precision: the model computes in half precision, the optimizer updates fp32 masters.
   compute_ = a.bf16 ? DType::bf16 : a.fp16 ? DType::f16 : DType::f32;
-  mp_ = std::make_unique<MixedPrecision>(model_->named_parameters(), compute_, a.fp16);
-  model_->set_dtype(compute_);
   optim::OptimizerOptions oo;
   oo.lr = a.learning_rate;
   oo.beta1 = a.adam_beta1;
@@ -330,12 +328,17 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
   oo.eps = a.adam_epsilon;
   oo.weight_decay = a.weight_decay;
   oo.args = optim::parse_optim_args(a.optim_args);
-  if (group_ && sharded(a)) {  // ZeRO-2: this rank's slice of the masters and of the optimizer state
-    opt_ = std::make_unique<ShardedOptimizer>(*group_, mp_->master_params(), a.optim, oo,
-                                              a.ddp_bucket_cap_mb << 20, mp_->enabled());
-    if (mp_->enabled()) mp_->shard_masters();  // the whole fp32 masters go; the optimizer holds its slices
-  } else
-    opt_ = optim::make_optimizer(a.optim, mp_->master_params(), oo);
+  // ZeRO-2: this rank's slices of the fp32 weights and of the optimizer state, taken before mixed precision
+  // makes the half weights - which then keeps no whole fp32 masters (each f32 tensor goes as its half copy
+  // is made, so the whole model never exists in both precisions plus masters).
+  const bool zero = group_ && sharded(a);
+  if (zero)
+    opt_ = std::make_unique<ShardedOptimizer>(*group_, model_->named_parameters(), a.optim, oo,
+                                              a.ddp_bucket_cap_mb << 20, compute_ != DType::f32);
+  // Mixed precision: the model computes in half precision, the optimizer updates fp32 masters.
+  mp_ = std::make_unique<MixedPrecision>(model_->named_parameters(), compute_, a.fp16, zero);
+  model_->set_dtype(compute_);
+  if (!zero) opt_ = optim::make_optimizer(a.optim, mp_->master_params(), oo);
   st_.train_tokens = streams_.train->size();
   st_.train_batch_size = a.per_device_train_batch_size;
   st_.gradient_accumulation_steps = sched_.ga;
