@@ -122,11 +122,13 @@ TEST_P(Golden, SaveThenLoadGivesIdenticalTensorsAlsoSharded) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Models, Golden,
-    ::testing::Combine(::testing::Values("gpt2_tied", "llama_gqa_llama3rope", "qwen2_tied_linearrope"),
-                       ::testing::Values("eager", "sdpa", "flash_attention_2")),
-    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
+INSTANTIATE_TEST_SUITE_P(Models, Golden,
+                         ::testing::Combine(::testing::Values("gpt2_tied", "llama_gqa_llama3rope",
+                                                              "qwen2_tied_linearrope", "qwen3_qknorm_untied"),
+                                            ::testing::Values("eager", "sdpa", "flash_attention_2")),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                         });
 
 TEST(ModelConfig, MissingAndContradictoryFieldsNameTheField) {
   auto expect = [](nlohmann::json j, const std::string& needle) {
@@ -155,6 +157,12 @@ TEST(ModelConfig, MissingAndContradictoryFieldsNameTheField) {
   expect(with(llama, "num_key_value_heads", 3), "not a multiple of num_key_value_heads");
   expect(with(llama, "num_attention_heads", 3), "not divisible by num_attention_heads");
   expect(with(llama, "vocab_size", -5), "'vocab_size' must be positive");
+  // Qwen3: head_dim defaults to Qwen3Config's 128 (not hidden / heads), q/k norms on, biases as configured.
+  const auto q3 = models::ModelConfig::from_json(with(llama, "model_type", "qwen3"), "cfg.json");
+  EXPECT_EQ(q3.head_dim, 128);
+  EXPECT_TRUE(q3.qk_norm);
+  EXPECT_FALSE(q3.attention_bias);
+  EXPECT_FALSE(models::ModelConfig::from_json(llama, "cfg.json").qk_norm);
   expect(with(llama, "rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}), "low_freq_factor");
   expect(with(llama, "rope_scaling", {{"rope_type", "yarn"}, {"factor", 8.0}}), "rope_type 'yarn'");
   expect(with(llama, "hidden_act", "relu"), "hidden_act 'relu'");
@@ -196,7 +204,8 @@ namespace {
 TEST(Interop, DISABLED_WriteSavedModels) {
   const char* out = std::getenv("TRAINER_INTEROP_DIR");
   ASSERT_NE(out, nullptr) << "set TRAINER_INTEROP_DIR";
-  for (const char* name : {"gpt2_tied", "llama_gqa_llama3rope", "qwen2_tied_linearrope"}) {
+  for (const char* name :
+       {"gpt2_tied", "llama_gqa_llama3rope", "qwen2_tied_linearrope", "qwen3_qknorm_untied"}) {
     auto model = models::from_pretrained(kGolden + "/" + name);
     models::save_pretrained(*model, std::string(out) + "/" + name);
     models::save_pretrained(*model, std::string(out) + "/" + name + "_sharded", "20KB");

@@ -5,7 +5,7 @@
 # the losses of 10 AdamW steps). Needs only python3 + Debian's python3-torch (no transformers, no
 # safetensors package: the safetensors reader/writer below is our own).
 #
-#   python3 tools/make_golden.py tests/golden            # regenerate the committed goldens
+#   python3 tools/make_golden.py tests/golden [NAME...]   # regenerate the committed goldens (or those NAMEs)
 #   python3 tools/make_golden.py --verify SAVED REF      # check SAVED/model*.safetensors == REF's tensors
 import json, math, os, struct, sys
 
@@ -96,7 +96,7 @@ def gpt2_forward(p, cfg, ids):
 
 
 def llama_inv_freq(cfg):
-    hd = cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    hd = cfg.get("head_dim", 128 if cfg["model_type"] == "qwen3" else cfg["hidden_size"] // cfg["num_attention_heads"])
     base = cfg.get("rope_theta", 10000.0)
     inv = 1.0 / (base ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
     rs = cfg.get("rope_scaling") or {}
@@ -146,8 +146,11 @@ def llama_forward(p, cfg, ids):
     for i in range(cfg["num_hidden_layers"]):
         pre = f"model.layers.{i}."
         x = rms(h, p[pre + "input_layernorm.weight"], eps)
-        q = lin(x, pre + "self_attn.q_proj").view(B, T, H, hd).transpose(1, 2)
-        k = lin(x, pre + "self_attn.k_proj").view(B, T, KV, hd).transpose(1, 2)
+        q = lin(x, pre + "self_attn.q_proj").view(B, T, H, hd)
+        k = lin(x, pre + "self_attn.k_proj").view(B, T, KV, hd)
+        if cfg["model_type"] == "qwen3":  # Qwen3Attention: RMSNorm over head_dim on q and k, before rotary
+            q, k = rms(q, p[pre + "self_attn.q_norm.weight"], eps), rms(k, p[pre + "self_attn.k_norm.weight"], eps)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = lin(x, pre + "self_attn.v_proj").view(B, T, KV, hd).transpose(1, 2)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         k = k[:, :, None].expand(B, KV, H // KV, T, hd).reshape(B, H, T, hd)
@@ -192,7 +195,7 @@ def init_params(cfg, g):
         D, V, L, I = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"], cfg["intermediate_size"]
         H = cfg["num_attention_heads"]
         KV = cfg.get("num_key_value_heads", H)
-        hd = cfg.get("head_dim", D // H)
+        hd = cfg.get("head_dim", 128 if cfg["model_type"] == "qwen3" else D // H)
         qb = cfg.get("attention_bias", False) or cfg["model_type"] == "qwen2"
         ob = cfg.get("attention_bias", False) and cfg["model_type"] != "qwen2"
         p["model.embed_tokens.weight"] = torch.randn(V, D, generator=g) * std * 10
@@ -206,6 +209,9 @@ def init_params(cfg, g):
                 p[pre + n + ".weight"] = torch.randn(o_, i_, generator=g) * std * 5
                 if b:
                     p[pre + n + ".bias"] = 0.1 * torch.randn(o_, generator=g)
+            if cfg["model_type"] == "qwen3":
+                for n in ("self_attn.q_norm", "self_attn.k_norm"):
+                    p[pre + n + ".weight"] = 1.0 + 0.1 * torch.randn(hd, generator=g)
             p[pre + "post_attention_layernorm.weight"] = 1.0 + 0.1 * torch.randn(D, generator=g)
         p["model.norm.weight"] = 1.0 + 0.1 * torch.randn(D, generator=g)
         if not cfg.get("tie_word_embeddings", False):
@@ -233,6 +239,11 @@ CONFIGS = {
                               "head_dim": 8, "max_position_embeddings": 64, "rms_norm_eps": 1e-6,
                               "rope_theta": 10000.0, "rope_scaling": {"type": "linear", "factor": 2.0},
                               "tie_word_embeddings": True, "architectures": ["Qwen2ForCausalLM"]},
+    "qwen3_qknorm_untied": {"model_type": "qwen3", "vocab_size": 88, "hidden_size": 32, "intermediate_size": 48,
+                            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                            "head_dim": 12, "max_position_embeddings": 64, "rms_norm_eps": 1e-6,
+                            "rope_theta": 1000000.0, "attention_bias": False, "tie_word_embeddings": False,
+                            "architectures": ["Qwen3ForCausalLM"]},
 }
 
 
@@ -287,4 +298,5 @@ if __name__ == "__main__":
         verify(sys.argv[2], sys.argv[3])
     else:
         for i, (n, c) in enumerate(CONFIGS.items()):
-            make(sys.argv[1], n, c, 1000 + i)
+            if len(sys.argv) <= 2 or n in sys.argv[2:]:
+                make(sys.argv[1], n, c, 1000 + i)

@@ -30,6 +30,7 @@ T parameter_count(const ModelConfig& c) {
   } else {
     const T q = static_cast<T>(c.num_heads * c.head_dim), kv = static_cast<T>(c.num_kv_heads * c.head_dim);
     T per = 2 * d + d * q + 2 * d * kv + q * d + 3 * d * ff;
+    if (c.qk_norm) per += 2 * static_cast<T>(c.head_dim);
     if (c.attention_bias) per += q + 2 * kv;
     if (c.o_proj_bias) per += d;
     if (c.mlp_bias) per += 2 * ff + d;
@@ -99,6 +100,8 @@ void parse_llama(const JsonField& r, ModelConfig& c) {
            c.num_kv_heads);
   if (r["head_dim"].present()) {
     c.head_dim = size_of(r["head_dim"]);
+  } else if (c.model_type == "qwen3") {
+    c.head_dim = 128;  // Qwen3Config's default, not hidden_size / heads
   } else {
     TR_CHECK(c.hidden_size % c.num_heads == 0,
              "{}: hidden_size {} is not divisible by num_attention_heads {} (and no head_dim given)", src,
@@ -112,10 +115,12 @@ void parse_llama(const JsonField& r, ModelConfig& c) {
   c.rope_theta = r["rope_theta"].number_or(10000.0, 0.0, kInf, Bounds::open_low);
   parse_rope(r, c);
   c.activation = r["hidden_act"].one_of_or("silu", {"silu"});
-  const bool qwen = c.model_type == "qwen2";
+  const bool qwen = c.model_type == "qwen2" || c.model_type == "qwen3";
   c.tie_word_embeddings = r["tie_word_embeddings"].boolean_or(false);
-  c.attention_bias = qwen ? true : r["attention_bias"].boolean_or(false);
-  c.o_proj_bias = qwen ? false : c.attention_bias;
+  // Qwen2: q/k/v biases always, none on o_proj; Qwen3: attention_bias as Llama's, plus per-head q/k norms.
+  c.attention_bias = c.model_type == "qwen2" ? true : r["attention_bias"].boolean_or(false);
+  c.o_proj_bias = c.model_type == "qwen2" ? false : c.attention_bias;
+  c.qk_norm = c.model_type == "qwen3";
   c.mlp_bias = r["mlp_bias"].boolean_or(false);
   c.attn_pdrop = dropout_of(r["attention_dropout"], 0.0);
   if ((c.model_type == "mistral" || (qwen && r["use_sliding_window"].boolean_or(false))) &&
@@ -130,7 +135,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& s
   r.object();
   ModelConfig c;
   c.raw = j;
-  c.model_type = r["model_type"].one_of({"gpt2", "llama", "mistral", "qwen2"});
+  c.model_type = r["model_type"].one_of({"gpt2", "llama", "mistral", "qwen2", "qwen3"});
   if (c.model_type == "gpt2")
     parse_gpt2(r, c);
   else

@@ -1,6 +1,6 @@
-// Model configuration from Hugging Face config.json (model_type gpt2, llama, mistral, qwen2), validated:
-// missing, mistyped, out-of-range or contradictory fields throw naming the file and the field. The original
-// JSON is kept so a saved config.json round-trips fields we do not use.
+// Model configuration from Hugging Face config.json (model_type gpt2, llama, mistral, qwen2, qwen3),
+// validated: missing, mistyped, out-of-range or contradictory fields throw naming the file and the field. The
+// original JSON is kept so a saved config.json round-trips fields we do not use.
 #pragma once
 #include <string>
 
@@ -36,6 +36,7 @@ struct ModelConfig {
   bool tie_word_embeddings = true;
   std::string activation;  // gelu_new | silu | gelu
   double embd_pdrop = 0.0, resid_pdrop = 0.0, attn_pdrop = 0.0;
+  bool qk_norm = false;        // qwen3: RMSNorm over head_dim on each head's q and k, before rotary
   int64_t sliding_window = 0;  // mistral / qwen2 sliding-window attention; 0 = none
   nlohmann::json raw;          // everything config.json held
 

@@ -1,5 +1,6 @@
-// LlamaForCausalLM (also mistral and qwen2 layouts): RMSNorm, rotary embeddings with default / linear /
-// llama3 scaling, grouped-query attention, SwiGLU MLP, optional biases, tied or untied head.
+// LlamaForCausalLM (also mistral, qwen2 and qwen3 layouts; qwen3's per-head q/k RMSNorm): RMSNorm, rotary
+// embeddings with default / linear / llama3 scaling, grouped-query attention, SwiGLU MLP, optional biases,
+// tied or untied head.
 #include <cmath>
 
 #include "autograd/checkpoint.h"
@@ -11,6 +12,7 @@ namespace {
 
 struct LlamaLayer {
   nn::RMSNorm input_layernorm, post_attention_layernorm;
+  nn::RMSNorm q_norm, k_norm;  // qwen3 only (over head_dim)
   nn::Linear q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
 };
 
@@ -55,6 +57,10 @@ class Llama final : public CausalLM {
       l.k_proj = init.linear(D, kv, c.attention_bias, std);
       l.v_proj = init.linear(D, kv, c.attention_bias, std);
       l.o_proj = init.linear(q, D, c.o_proj_bias, std);
+      if (c.qk_norm) {
+        l.q_norm = {init.ones({c.head_dim}), c.norm_eps};
+        l.k_norm = {init.ones({c.head_dim}), c.norm_eps};
+      }
       l.post_attention_layernorm = {init.ones({D}), c.norm_eps};
       l.gate_proj = init.linear(D, c.intermediate_size, c.mlp_bias, std);
       l.up_proj = init.linear(D, c.intermediate_size, c.mlp_bias, std);
@@ -77,6 +83,10 @@ class Llama final : public CausalLM {
       l.k_proj.params(h + ".self_attn.k_proj", p);
       l.v_proj.params(h + ".self_attn.v_proj", p);
       l.o_proj.params(h + ".self_attn.o_proj", p);
+      if (l.q_norm.weight.defined()) {
+        l.q_norm.params(h + ".self_attn.q_norm", p);
+        l.k_norm.params(h + ".self_attn.k_norm", p);
+      }
       l.post_attention_layernorm.params(h + ".post_attention_layernorm", p);
       l.gate_proj.params(h + ".mlp.gate_proj", p);
       l.up_proj.params(h + ".mlp.up_proj", p);
@@ -128,8 +138,13 @@ class Llama final : public CausalLM {
     const int64_t B = x.size(0), T = x.size(1), H = c.num_heads, KV = c.num_kv_heads, hd = c.head_dim;
     Tensor a = l.input_layernorm(x);
     // [B, T, H*hd] -> [B, T, H, hd]: rope in sequence-major layout, then heads first for attention
-    Tensor q = rope(view(l.q_proj(a), {B, T, H, hd}), rope_, positions, true);
-    Tensor k = rope(view(l.k_proj(a), {B, T, KV, hd}), rope_, positions, true);
+    Tensor q = view(l.q_proj(a), {B, T, H, hd}), k = view(l.k_proj(a), {B, T, KV, hd});
+    if (l.q_norm.weight.defined()) {  // qwen3: each head's q and k normalized before rotary
+      q = l.q_norm(q);
+      k = l.k_norm(k);
+    }
+    q = rope(q, rope_, positions, true);
+    k = rope(k, rope_, positions, true);
     Tensor v = view(l.v_proj(a), {B, T, KV, hd});
     auto [kc, vc] = cached_kv(o, li, transpose(k, 1, 2), transpose(v, 1, 2));
     Tensor att = attend(transpose(q, 1, 2), kc, vc, mask, keep, c.attn_pdrop, o);

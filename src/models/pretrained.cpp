@@ -105,6 +105,7 @@ void save_pretrained(CausalLM& model, const std::string& dir, const std::string&
   if (!cfg.contains("architectures"))
     cfg["architectures"] = {model.config().family == Family::gpt2    ? "GPT2LMHeadModel"
                             : model.config().model_type == "qwen2"   ? "Qwen2ForCausalLM"
+                            : model.config().model_type == "qwen3"   ? "Qwen3ForCausalLM"
                             : model.config().model_type == "mistral" ? "MistralForCausalLM"
                                                                      : "LlamaForCausalLM"};
   write_file((tmp_dir / "config.json").string(), cfg.dump(2) + "\n");
