@@ -130,6 +130,67 @@ INSTANTIATE_TEST_SUITE_P(Models, Golden,
                            return std::get<0>(info.param) + "_" + std::get<1>(info.param);
                          });
 
+// HF's mean_resizing: the old rows stay, the new ones sit at the old rows' mean with a spread of sqrt(1e-9)
+// of theirs (the mean alone when the old rows cannot span a positive-definite covariance); an untied head
+// grows the same way; the config says the new size and the model trains.
+TEST(ResizeTokenEmbeddings, NewRowsFollowTheOldRowsMeanAsHfs) {
+  for (const char* name : {"gpt2_tied", "llama_gqa_llama3rope"}) {
+    auto model = models::from_pretrained(kGolden + "/" + name);
+    std::map<std::string, std::vector<double>> before;
+    for (const auto& [n, p] : model->named_parameters()) before[n] = test::values(*p);
+    const int64_t old = model->config().vocab_size, D = model->config().hidden_size, V = old + 37;
+    Generator gen(7);
+    model->resize_token_embeddings(V, gen);
+    EXPECT_EQ(model->config().vocab_size, V);
+    EXPECT_EQ(model->config().to_json()["vocab_size"], V);
+    int grown = 0;
+    for (const auto& [n, p] : model->named_parameters()) {
+      const auto now = test::values(*p);
+      const auto& was = before.at(n);
+      if (now.size() == was.size()) {
+        EXPECT_EQ(now, was) << n;
+        continue;
+      }
+      ++grown;
+      ASSERT_EQ(now.size(), static_cast<size_t>(V * D)) << n;
+      for (size_t i = 0; i < was.size(); ++i) ASSERT_EQ(now[i], was[i]) << n << " old element " << i;
+      for (int64_t d = 0; d < D; ++d) {
+        double mean = 0, spread = 0;
+        for (int64_t r = 0; r < old; ++r) mean += was[static_cast<size_t>(r * D + d)];
+        mean /= static_cast<double>(old);
+        for (int64_t r = 0; r < old; ++r)
+          spread = std::max(spread, std::abs(was[static_cast<size_t>(r * D + d)] - mean));
+        for (int64_t r = old; r < V; ++r)
+          ASSERT_NEAR(now[static_cast<size_t>(r * D + d)], mean, 1e-3 * spread + 1e-6) << n << " row " << r;
+      }
+    }
+    EXPECT_EQ(grown, std::string(name) == "gpt2_tied" ? 1 : 2) << name;  // tied: one matrix; untied: two
+    // More old rows than columns: each new row is a draw of its own (HF's multivariate normal), not the mean.
+    const auto emb = test::values(*model->named_parameters().front().second);
+    EXPECT_FALSE(std::equal(emb.begin() + (V - 1) * D, emb.begin() + V * D, emb.begin() + (V - 2) * D))
+        << name;
+    const Tensor ids = ops::from_vector<int64_t>({0, V - 1, 3, V - 2}, {1, 4});
+    models::ForwardOptions fo;
+    fo.labels = ids;
+    EXPECT_TRUE(std::isfinite(model->forward(ids, fo).loss.item()));
+  }
+  // Fewer old rows than columns: HF's fallback, the mean exactly.
+  nlohmann::json small = {{"model_type", "llama"},   {"vocab_size", 8},        {"hidden_size", 16},
+                          {"intermediate_size", 16}, {"num_hidden_layers", 1}, {"num_attention_heads", 2}};
+  Generator init(3), gen(4);
+  auto m = models::create_causal_lm(models::ModelConfig::from_json(small, "small"), Device::cpu(), DType::f32,
+                                    init);
+  const auto was = test::values(*m->named_parameters().front().second);
+  m->resize_token_embeddings(10, gen);
+  const auto now = test::values(*m->named_parameters().front().second);
+  for (int64_t d = 0; d < 16; ++d) {
+    double mean = 0;
+    for (int64_t r = 0; r < 8; ++r) mean += was[static_cast<size_t>(r * 16 + d)];
+    EXPECT_EQ(now[static_cast<size_t>(9 * 16 + d)], static_cast<double>(static_cast<float>(mean / 8))) << d;
+  }
+  EXPECT_THROW(m->resize_token_embeddings(9, gen), Error);
+}
+
 TEST(ModelConfig, MissingAndContradictoryFieldsNameTheField) {
   auto expect = [](nlohmann::json j, const std::string& needle) {
     try {

@@ -2,7 +2,9 @@
 // model registry.
 #include "models/causal_lm.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace tr::models {
 
@@ -41,6 +43,63 @@ Tensor CausalLM::run_layer(const autograd::RegionFn& layer, const Tensor& h, con
   autograd::CheckpointOptions co;
   if (o.training && o.dropout_gen) co.generators.push_back(o.dropout_gen);
   return autograd::checkpoint(layer, {h}, co)[0];
+}
+
+namespace {
+
+// `w` [old, D] grown to `rows` by mean resizing. A draw from N(mu, 1e-9 Sigma) with Sigma = C^T C / old
+// (C: the centered old rows) is mu + sqrt(1e-9 / old) C^T z with z ~ N(0, I_old): the same distribution as
+// HF's MultivariateNormal without forming or factoring the D x D covariance.
+Tensor mean_resized(const Tensor& w, int64_t rows, Generator& gen) {
+  const int64_t old = w.size(0), D = w.size(1), added = rows - old;
+  const Tensor h = ops::contiguous(ops::to_dtype(ops::to_device(w, Device::cpu()), DType::f32));
+  std::vector<double> mu(static_cast<size_t>(D), 0.0);
+  const float* src = h.data<float>();
+  for (int64_t i = 0; i < old; ++i)
+    for (int64_t d = 0; d < D; ++d) mu[static_cast<size_t>(d)] += src[i * D + d];
+  for (auto& m : mu) m /= static_cast<double>(old);
+  Tensor fresh = ops::empty({added, D}, DType::f32);
+  float* dst = fresh.data<float>();
+  if (old > D) {  // HF samples only when the covariance can be positive definite
+    Tensor c = ops::empty({old, D}, DType::f32);
+    float* cp = c.data<float>();
+    for (int64_t i = 0; i < old; ++i)
+      for (int64_t d = 0; d < D; ++d)
+        cp[i * D + d] = static_cast<float>(src[i * D + d] - mu[static_cast<size_t>(d)]);
+    const double scale = std::sqrt(1e-9 / static_cast<double>(old));
+    for (int64_t r0 = 0; r0 < added; r0 += 64) {  // [64, old] draws at a time: bounded memory
+      const int64_t n = std::min<int64_t>(64, added - r0);
+      const Tensor noise = ops::matmul(ops::randn({n, old}, gen), c);  // [n, D]
+      const float* np = noise.data<float>();
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t d = 0; d < D; ++d)
+          dst[(r0 + r) * D + d] = static_cast<float>(mu[static_cast<size_t>(d)] + scale * np[r * D + d]);
+    }
+  } else {
+    for (int64_t r = 0; r < added; ++r)
+      for (int64_t d = 0; d < D; ++d) dst[r * D + d] = static_cast<float>(mu[static_cast<size_t>(d)]);
+  }
+  Tensor out = ops::to_device(ops::to_dtype(ops::cat({h, fresh}, 0), w.dtype()), w.device());
+  autograd::set_requires_grad(out, true);
+  return out;
+}
+
+}  // namespace
+
+void CausalLM::resize_token_embeddings(int64_t new_vocab, Generator& gen) {
+  const int64_t old = config_.vocab_size;
+  TR_CHECK(new_vocab >= old, "resize_token_embeddings: {} rows is fewer than the model's vocab_size {}",
+           new_vocab, old);
+  if (new_vocab == old) return;
+  const auto is_vocab_matrix = [&](const std::string& n, const Tensor& t) {
+    const bool named =
+        n == "lm_head.weight" || n.ends_with("embed_tokens.weight") || n.ends_with("wte.weight");
+    return named && t.dim() == 2 && t.size(0) == old;
+  };
+  for (auto& [name, p] : named_parameters())
+    if (is_vocab_matrix(name, *p)) *p = mean_resized(*p, new_vocab, gen);
+  config_.vocab_size = new_vocab;
+  config_.raw["vocab_size"] = new_vocab;  // what config.json will say
 }
 
 int64_t CausalLM::num_parameters() {

@@ -48,6 +48,11 @@ class CausalLM {
   // Names whose on-disk layout is the transpose of ours (GPT-2's Conv1D weights).
   virtual bool transposed_on_disk(const std::string& name) const;
   int64_t num_parameters();
+  // HF's resize_token_embeddings(new_vocab) with mean_resizing: the input embeddings and an untied LM head
+  // grow to `new_vocab` rows; each new row is drawn from N(mean, 1e-9 * covariance) of the old rows (the mean
+  // alone when there are no more old rows than columns: HF's fallback for a covariance that is not positive
+  // definite). Draws come from `gen`. Shrinking is refused.
+  void resize_token_embeddings(int64_t new_vocab, Generator& gen);
   // "eager" (materialized scores), "sdpa" or "flash_attention_2" (both: the fused memory-efficient kernel).
   const std::string& attn_implementation() const { return attn_implementation_; }
   void set_attn_implementation(const std::string& impl);

@@ -39,7 +39,7 @@ const std::vector<ArgSpec>& argument_specs() {
       {"block_size", &A::block_size, "tokens per training sequence", "model and data"},
       {"attn_implementation", &A::attn_implementation, "eager, sdpa or flash_attention_2", "model and data"},
       {"pad_vocab_to_multiple_of", &A::pad_vocab_to_multiple_of,
-       "round a fresh model's vocab_size up to a multiple of N (tensor-core friendly GEMMs: 64; 0: off)",
+       "round the vocab_size up to a multiple of N (tensor-core friendly GEMMs: 64; 0: off; pretrained models grow with mean-initialized rows)",
        "model and data"},
       {"text_column_name", &A::text_column_name,
        "the column of .jsonl/.json/.csv/.tsv data files holding the text (default: text, else the first)",
@@ -304,9 +304,6 @@ void TrainingArguments::validate() const {
   fsdp_options();  // throws on an unknown option
   TR_CHECK(pad_vocab_to_multiple_of >= 0 && pad_vocab_to_multiple_of <= (1 << 20),
            "--pad_vocab_to_multiple_of must be in [0, 1048576], got {}", pad_vocab_to_multiple_of);
-  TR_CHECK(pad_vocab_to_multiple_of == 0 || model_name_or_path.empty(),
-           "--pad_vocab_to_multiple_of resizes models trained from --config_name; resizing a pretrained "
-           "model's embeddings (--model_name_or_path) is not built yet");
   report_names(report_to);  // throws on an unknown integration
   if (!torch_compile_mode.empty())
     check_one_of("torch_compile_mode", torch_compile_mode,

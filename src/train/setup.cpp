@@ -42,20 +42,30 @@ tokenizers::Tokenizer load_tokenizer(const TrainingArguments& a) {
   return tokenizers::Tokenizer::from_pretrained(p);
 }
 
+namespace {
+
+// The vocabulary a model trains with: grown to the tokenizer's size (run_clm's resize_token_embeddings), then
+// padded to --pad_vocab_to_multiple_of; each change said in one line.
+int64_t target_vocab(const TrainingArguments& a, int64_t vocab, int64_t tokenizer_size, const char* how) {
+  if (tokenizer_size > vocab) {
+    std::fprintf(stderr, "train: vocab_size %lld -> %lld, the tokenizer's size (resize_token_embeddings%s)\n",
+                 static_cast<long long>(vocab), static_cast<long long>(tokenizer_size), how);
+    vocab = tokenizer_size;
+  }
+  if (const int64_t m = a.pad_vocab_to_multiple_of; m > 1 && vocab % m != 0) {
+    const int64_t padded = (vocab + m - 1) / m * m;
+    std::fprintf(stderr, "train: vocab_size %lld -> %lld, a multiple of %lld (--pad_vocab_to_multiple_of)\n",
+                 static_cast<long long>(vocab), static_cast<long long>(padded), static_cast<long long>(m));
+    vocab = padded;
+  }
+  return vocab;
+}
+
+}  // namespace
+
 models::ModelConfig fresh_config(const TrainingArguments& a, int64_t tokenizer_size) {
   models::ModelConfig c = config_for(a.config_name);
-  if (tokenizer_size > c.vocab_size) {
-    std::fprintf(stderr, "train: vocab_size %lld -> %lld, the tokenizer's size (resize_token_embeddings)\n",
-                 static_cast<long long>(c.vocab_size), static_cast<long long>(tokenizer_size));
-    c.vocab_size = tokenizer_size;
-  }
-  if (const int64_t m = a.pad_vocab_to_multiple_of; m > 1 && c.vocab_size % m != 0) {
-    const int64_t padded = (c.vocab_size + m - 1) / m * m;
-    std::fprintf(stderr, "train: vocab_size %lld -> %lld, a multiple of %lld (--pad_vocab_to_multiple_of)\n",
-                 static_cast<long long>(c.vocab_size), static_cast<long long>(padded),
-                 static_cast<long long>(m));
-    c.vocab_size = padded;
-  }
+  c.vocab_size = target_vocab(a, c.vocab_size, tokenizer_size, "");
   c.raw["vocab_size"] = c.vocab_size;  // what config.json will say
   return c;
 }
@@ -68,7 +78,14 @@ std::unique_ptr<models::CausalLM> load_model(const TrainingArguments& a, const s
     po.attn_implementation = a.attn_implementation;
     po.dtype = DType::f32;
     po.device = device;
-    return models::from_pretrained(dir, po);
+    auto model = models::from_pretrained(dir, po);
+    // Fine-tuning with a larger tokenizer: HF's mean-initialized new rows (a resumed checkpoint has them).
+    if (weights_dir.empty()) {
+      const int64_t vocab = model->config().vocab_size;
+      const int64_t want = target_vocab(a, vocab, tokenizer_size, ", new rows from the old rows' mean");
+      if (want > vocab) model->resize_token_embeddings(want, gen);
+    }
+    return model;
   }
   return models::create_causal_lm(fresh_config(a, tokenizer_size), device, DType::f32, gen,
                                   a.attn_implementation);
