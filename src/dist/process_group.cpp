@@ -14,6 +14,7 @@
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
+#include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/math.h>
@@ -179,6 +180,18 @@ class GlooGroup final : public ProcessGroup {
       gloo::alltoall(o);
     });
   }
+  void all_to_all_v(const float* in, const std::vector<int64_t>& send_counts, float* out,
+                    const std::vector<int64_t>& recv_counts) override {
+    int64_t sent = 0;
+    for (int64_t c : send_counts) sent += c;
+    run("all_to_all_v", static_cast<size_t>(sent) * sizeof(float), [&] {
+      gloo::AlltoallvOptions o(ctx_);
+      o.setInput(const_cast<float*>(in), send_counts);
+      o.setOutput(out, recv_counts);
+      o.setTimeout(timeout_);
+      gloo::alltoallv(o);
+    });
+  }
   void barrier() override {
     run("barrier", 0, [&] {
       gloo::BarrierOptions o(ctx_);
@@ -235,6 +248,8 @@ class DryRunGroup final : public ProcessGroup {
   void broadcast(void*, size_t, int) override {}
   void all_gather(const void*, void*, size_t) override {}
   void all_to_all(const void*, void*, size_t) override {}
+  void all_to_all_v(const float*, const std::vector<int64_t>&, float*, const std::vector<int64_t>&) override {
+  }
   void barrier() override {}
 
  private:

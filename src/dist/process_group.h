@@ -41,6 +41,10 @@ class ProcessGroup {
   virtual void all_gather(const void* in, void* out, size_t bytes) = 0;
   // Block j of `in` (size() blocks of `bytes`) to rank j; `out` receives rank i's block for this rank at i.
   virtual void all_to_all(const void* in, void* out, size_t bytes) = 0;
+  // Variable blocks: send_counts[j] floats of `in` (consecutive, by rank) to rank j; `out` receives
+  // recv_counts[i] floats from rank i, consecutive by rank.
+  virtual void all_to_all_v(const float* in, const std::vector<int64_t>& send_counts, float* out,
+                            const std::vector<int64_t>& recv_counts) = 0;
   // out[0, n) = the sum over the ranks of their in[rank() * n, (rank() + 1) * n): ZeRO's reduce-scatter.
   // The ranks' blocks are added in rank order, so the bits do not depend on the transport. `scratch` holds
   // size() * n floats between calls (no allocation per bucket).

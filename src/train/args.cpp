@@ -39,7 +39,8 @@ const std::vector<ArgSpec>& argument_specs() {
       {"block_size", &A::block_size, "tokens per training sequence", "model and data"},
       {"attn_implementation", &A::attn_implementation, "eager, sdpa or flash_attention_2", "model and data"},
       {"pad_vocab_to_multiple_of", &A::pad_vocab_to_multiple_of,
-       "round the vocab_size up to a multiple of N (tensor-core friendly GEMMs: 64; 0: off; pretrained models grow with mean-initialized rows)",
+       "round the vocab_size up to a multiple of N (tensor-core friendly GEMMs: 64; 0: off; pretrained "
+       "models grow with mean-initialized rows)",
        "model and data"},
       {"text_column_name", &A::text_column_name,
        "the column of .jsonl/.json/.csv/.tsv data files holding the text (default: text, else the first)",

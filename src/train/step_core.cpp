@@ -91,6 +91,12 @@ Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& 
       reducing_ = true;
       ready.emplace([this](const TensorImpl* leaf) { reducer_->grad_ready(leaf); });
     }
+    // ZeRO-2: each bucket reduce-scattered as its gradients become final, and those gradients dropped.
+    if (zero_ && zero_overlaps() && &b == &micro.back()) {
+      zero_->begin_backward(grad_scale_);
+      reducing_ = true;
+      ready.emplace([this](const TensorImpl* leaf) { zero_->grad_ready(leaf); });
+    }
     if (s_.mp.loss_scaling())
       autograd::backward({loss}, {ops::full({}, s_.mp.loss_scale(), DType::f32, o_.device)});
     else
@@ -121,14 +127,22 @@ void StepCore::empty_cache(StepResult& r) {
 // (AdamW: unscale, clip, update and the half weight copy in one pass).
 void StepCore::finish(int64_t step, double lr, const Tensor& loss, StepResult& r) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (reducer_ && reducing_) reducer_->finish();
-  if (reducer_ && !reducing_) reducer_->reduce(params_);
+  const bool overlapped = reducing_;  // the buckets were begun during the last backward
+  if (reducer_ && overlapped) reducer_->finish();
+  if (reducer_ && !overlapped) reducer_->reduce(params_);
   reducing_ = false;
   const auto t1 = std::chrono::steady_clock::now();
   if (o_.after_backward) o_.after_backward(step, params_);
   const std::vector<Tensor> grads = s_.mp.model_grads();
   const double inv_scale = 1.0 / s_.mp.loss_scale();
-  if (zero_) zero_->reduce_scatter(grads, grad_scale_);  // ZeRO-2: this rank's shard of the sums
+  if (zero_ && zero_overlaps()) {  // ZeRO-2: this rank's shard of the sums, bucket by bucket
+    // A rank whose last micro-batch was empty ran no backward: it reduces every bucket now, the same
+    // collectives in the same order as the ranks that reduced them during backward.
+    if (!overlapped) zero_->begin_backward(grad_scale_);
+    zero_->finish_backward();
+  } else if (zero_) {
+    zero_->reduce_scatter(grads, grad_scale_);  // the compiled step: no engine reports, one pass
+  }
   const Tensor stats = zero_ ? zero_->global_stats(inv_scale) : ops::grad_stats(grads, inv_scale, o_.device);
   const backend::Backend::GradTransform transform{inv_scale, o_.max_grad_norm, stats};
   std::vector<double> host_stats;

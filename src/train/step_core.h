@@ -35,6 +35,8 @@ class StepCore {
   void empty_cache(StepResult& r);
 
   StepState& state() { return s_; }
+  // ZeRO-2's buckets go during the last backward (the eager step on the host or in a dry run).
+  bool zero_overlaps() const { return overlap_ && (o_.device.is_cpu() || o_.device.is_meta()); }
   const StepOptions& options() const { return o_; }
   const nn::ParamList& params() const { return params_; }
 

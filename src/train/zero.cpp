@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "autograd/node.h"
 #include "ops/ops.h"
 
 namespace tr::train {
@@ -70,11 +71,10 @@ ShardedOptimizer::ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamLis
              "--fsdp shard_grad_op: parameter '{}' is {}; sharding runs on fp32 host parameters (Gloo)", name,
              p->describe());
   round_ = std::max<int64_t>(1, bucket_cap_bytes / static_cast<int64_t>(sizeof(float)) / group.size());
+  bucket_elems_ = std::max<int64_t>(1, bucket_cap_bytes / static_cast<int64_t>(sizeof(float)));
   slices_ = layout_.slices(masters, group.rank());
-  grad_flat_ = ops::zeros({layout_.shard}, DType::f32, dev_);
   const int64_t base = group.rank() * layout_.shard;
   slice_params_.reserve(slices_.size());  // the inner optimizer points into slice_params_
-  nn::ParamList inner;
   size_t k = 0;
   // fp32 training: the slices are views of the masters themselves (the model's parameters), so the update
   // lands in place and no second fp32 copy of the shard exists. Own masters: the shard is copied out and the
@@ -90,13 +90,24 @@ ShardedOptimizer::ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamLis
     } else {
       slice_params_.push_back(m.as_strided({n}, {1}, m.offset() + at));
     }
-    slice_grads_.push_back(grad_flat_.as_strided({n}, {1}, pos));
-    inner.emplace_back(slices_[k++].param, &slice_params_.back());
+    inner_params_.emplace_back(slices_[k++].param, &slice_params_.back());
+    slice_pos_.push_back(pos);
   });
-  inner_ = optim::make_optimizer(optim, inner, opts);
+  optim_name_ = optim;
+}
+
+// The reduced-gradient shard and the optimizer state come at the first use (as torch makes optimizer state
+// at the first step): at construction the whole fp32 model still exists, and they would add to its peak.
+void ShardedOptimizer::allocate_state() {
+  if (inner_) return;
+  grad_flat_ = ops::zeros({layout_.shard}, DType::f32, dev_);
+  for (size_t i = 0; i < slice_params_.size(); ++i)
+    slice_grads_.push_back(grad_flat_.as_strided({slice_params_[i].numel()}, {1}, slice_pos_[i]));
+  inner_ = optim::make_optimizer(optim_name_, inner_params_, opts_);
 }
 
 void ShardedOptimizer::reduce_scatter(const std::vector<Tensor>& grads, double scale) {
+  allocate_state();
   TR_CHECK(grads.size() == params_.size(), "ShardedOptimizer: {} gradients for {} parameters", grads.size(),
            params_.size());
   // On the host in their own dtype: half gradients widen to f32 a visited stretch at a time, so no f32 copy
@@ -137,13 +148,113 @@ void ShardedOptimizer::reduce_scatter(const std::vector<Tensor>& grads, double s
   }
 }
 
+// Buckets from the end of the flat space (backward finishes the last parameters first).
+void ShardedOptimizer::plan_buckets() {
+  buckets_.clear();
+  buckets_of_.assign(params_.size(), {});
+  for (int64_t hi = layout_.total; hi > 0;) {
+    Bucket b;
+    b.lo = std::max<int64_t>(0, hi - bucket_elems_);
+    b.hi = hi;
+    layout_.visit(b.lo, b.hi, [&](size_t p, int64_t, int64_t, int64_t) {
+      b.params.push_back(p);
+      buckets_of_[p].push_back(buckets_.size());
+    });
+    buckets_.push_back(std::move(b));
+    hi = buckets_.back().lo;
+  }
+}
+
+void ShardedOptimizer::begin_backward(double scale) {
+  TR_CHECK(!in_backward_, "ShardedOptimizer: begin_backward twice");
+  allocate_state();
+  if (buckets_.empty() && layout_.total > 0) plan_buckets();
+  index_.clear();
+  pending_.assign(params_.size(), 0);
+  for (size_t p = 0; p < params_.size(); ++p) {
+    index_[params_[p].second->impl_ptr().get()] = p;
+    pending_[p] = static_cast<int>(buckets_of_[p].size());
+  }
+  for (auto& b : buckets_) b.waiting = static_cast<int>(b.params.size());
+  next_bucket_ = 0;
+  bucket_scale_ = static_cast<float>(scale);
+  in_backward_ = true;
+}
+
+void ShardedOptimizer::grad_ready(const TensorImpl* leaf) {
+  const auto it = index_.find(leaf);
+  if (!in_backward_ || it == index_.end()) return;
+  for (size_t b : buckets_of_[it->second]) --buckets_[b].waiting;
+  // Buckets go in order on every rank (collectives pair up by order), each as soon as it is complete.
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].waiting <= 0)
+    reduce_bucket(buckets_[next_bucket_++]);
+}
+
+void ShardedOptimizer::finish_backward() {
+  if (!in_backward_) return;
+  while (next_bucket_ < buckets_.size()) reduce_bucket(buckets_[next_bucket_++]);
+  in_backward_ = false;
+}
+
+void ShardedOptimizer::read_grad(size_t p, int64_t at, int64_t n, float* dst) const {
+  const Tensor g = params_[p].second->grad();
+  if (!g.defined()) {
+    if (dst != nullptr) std::fill(dst, dst + n, 0.0f);
+    return;
+  }
+  // A stretch at a time: a half gradient is never widened whole.
+  const Tensor c = ops::contiguous(g);
+  const Tensor f =
+      c.dtype() == DType::f32 ? c : ops::to_dtype(c.as_strided({n}, {1}, c.offset() + at), DType::f32);
+  if (dst == nullptr || dev_.is_meta()) return;  // a dry run: the same allocations, no values
+  const Tensor h = f.device().is_cpu() ? f : ops::to_device(f, Device::cpu());
+  std::memcpy(dst, h.data<float>() + (c.dtype() == DType::f32 ? at : 0),
+              static_cast<size_t>(n) * sizeof(float));
+}
+
+// Each rank sends the part of the bucket inside rank j's shard to rank j, and adds the parts it receives
+// (its own shard's) in rank order into grad_flat_. Then gradients whose every bucket is done are dropped.
+void ShardedOptimizer::reduce_bucket(const Bucket& b) {
+  const int world = group_.size();
+  const int64_t S = layout_.shard;
+  std::vector<int64_t> send_counts(static_cast<size_t>(world)), recv_counts(static_cast<size_t>(world));
+  int64_t total = 0;
+  for (int j = 0; j < world; ++j) {
+    const int64_t lo = std::max(b.lo, j * S), hi = std::min(b.hi, (j + 1) * S);
+    send_counts[static_cast<size_t>(j)] = std::max<int64_t>(0, hi - lo);
+    total += send_counts[static_cast<size_t>(j)];
+  }
+  const int me = group_.rank();
+  const int64_t mine_lo = std::max(b.lo, me * S), mine = send_counts[static_cast<size_t>(me)];
+  for (int i = 0; i < world; ++i) recv_counts[static_cast<size_t>(i)] = mine;
+  send_.resize(std::max(send_.size(), static_cast<size_t>(total)));
+  scratch_.resize(std::max(scratch_.size(), static_cast<size_t>(world * mine)));
+  // The bucket's gradient stretch, in flat order, is exactly the concatenation of the ranks' parts.
+  layout_.visit(b.lo, b.hi, [&](size_t p, int64_t at, int64_t cnt, int64_t pos) {
+    read_grad(p, at, cnt, dev_.is_meta() ? nullptr : send_.data() + pos);
+  });
+  if (!dev_.is_meta()) {
+    group_.all_to_all_v(send_.data(), send_counts, scratch_.data(), recv_counts);
+    float* out = grad_flat_.data<float>() + (mine_lo - me * S);
+    for (int64_t k = 0; k < mine; ++k) {
+      float sum = scratch_[static_cast<size_t>(k)];
+      for (int i = 1; i < world; ++i) sum += scratch_[static_cast<size_t>(i * mine + k)];
+      out[k] = bucket_scale_ == 1.0f ? sum : sum * bucket_scale_;
+    }
+  }
+  for (size_t p : b.params)
+    if (--pending_[p] == 0) autograd::zero_grad(*params_[p].second);  // its sum is with its owners now
+}
+
 Tensor ShardedOptimizer::global_stats(double inv_scale) const {
+  TR_CHECK(inner_ != nullptr, "ShardedOptimizer: statistics before any gradient was reduced");
   Tensor stats = ops::grad_stats(slice_grads_, inv_scale, dev_);
   if (!dev_.is_meta()) group_.all_reduce_sum(stats.data<double>(), 2);
   return stats;
 }
 
 void ShardedOptimizer::update(const backend::Backend::GradTransform& t, const std::vector<Tensor>& copies) {
+  allocate_state();
   inner_->step(slice_grads_, t, {});
   if (own_)
     gather_rounded(copies);
@@ -254,15 +365,19 @@ void ShardedOptimizer::step(const std::vector<Tensor>& grads, const backend::Bac
 }
 
 void ShardedOptimizer::set_lr(double lr) {
-  Optimizer::set_lr(lr);
-  inner_->set_lr(lr);
+  Optimizer::set_lr(lr);  // opts_: the inner optimizer starts with it, or takes it now
+  if (inner_) inner_->set_lr(lr);
 }
 
 std::vector<std::pair<std::string, Tensor>> ShardedOptimizer::state_dict() const {
+  if (!inner_) {  // no step yet: AdamW's and SGD's state before their first step
+    return optim::make_optimizer(optim_name_, inner_params_, opts_)->state_dict();
+  }
   return inner_->state_dict();
 }
 
 void ShardedOptimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
+  allocate_state();
   inner_->load_state_dict(state);
 }
 
@@ -277,7 +392,7 @@ std::map<std::string, std::string> ShardedOptimizer::shard_metadata() const {
 
 int64_t ShardedOptimizer::shard_bytes() const {
   return static_cast<int64_t>(grad_flat_.nbytes() + (own_ ? master_flat_.nbytes() : 0)) +
-         inner_->state_bytes();
+         (inner_ ? inner_->state_bytes() : 0);
 }
 
 // ---- checkpoints ----

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "dist/process_group.h"
@@ -53,6 +54,15 @@ class ShardedOptimizer final : public optim::Optimizer {
   // The model's gradients (parallel to the masters, host, any floating dtype; undefined: zeros) summed over
   // the ranks into this rank's shard, times `scale`.
   void reduce_scatter(const std::vector<Tensor>& grads, double scale);
+  // The same reduction during the step's last backward, bucket by bucket (buckets of the cap, last
+  // parameters first, in the same order on every rank): begin_backward before it, grad_ready from the
+  // autograd engine as each parameter's gradient is final - a bucket whose gradients are all final is
+  // reduced to its owners at once, and each gradient is dropped as soon as every bucket holding it is done
+  // (the memory ZeRO-2 saves during backward) - and finish_backward after it (the buckets left: a rank whose
+  // micro-batch was empty reduces zeros for all of them).
+  void begin_backward(double scale);
+  void grad_ready(const TensorImpl* leaf);
+  void finish_backward();
   // grad_stats over the reduced shard, summed over the ranks: the global norm and inf count (f64 [2]).
   Tensor global_stats(double inv_scale) const;
   // This rank's slices updated from the reduced shard through `t` (whose stats must be global_stats'), then
@@ -68,11 +78,13 @@ class ShardedOptimizer final : public optim::Optimizer {
   void step(const std::vector<Tensor>& grads, const backend::Backend::GradTransform& t,
             const std::vector<Tensor>& copies) override;
   void set_lr(double lr) override;
-  int64_t step_count() const override { return inner_->step_count(); }
+  int64_t step_count() const override { return inner_ ? inner_->step_count() : 0; }
   // This rank's slices' state (1-D entries under the unsharded names), and where they lie.
   std::vector<std::pair<std::string, Tensor>> state_dict() const override;
   void load_state_dict(const std::map<std::string, Tensor>& state) override;
-  int64_t state_bytes() const override { return inner_->state_bytes(); }
+  int64_t state_bytes() const override { return inner_ ? inner_->state_bytes() : 0; }
+  // The reduced-gradient shard and the inner optimizer's state, made at the first use (idempotent).
+  void allocate_state();
   std::map<std::string, std::string> shard_metadata() const;
   const std::vector<StateSlice>& slices() const { return slices_; }
   int rank() const { return group_.rank(); }
@@ -83,6 +95,15 @@ class ShardedOptimizer final : public optim::Optimizer {
  private:
   void all_gather(const std::vector<Tensor>& copies);
   void gather_rounded(const std::vector<Tensor>& copies);
+  struct Bucket {
+    int64_t lo = 0, hi = 0;  // flat range
+    std::vector<size_t> params;
+    int waiting = 0;  // of params, not final yet
+  };
+  void plan_buckets();
+  void reduce_bucket(const Bucket& b);
+  // Elements [at, at + n) of parameter p's gradient as f32 into `dst` (zeros without a gradient).
+  void read_grad(size_t p, int64_t at, int64_t n, float* dst) const;
 
   dist::ProcessGroup& group_;
   FlatLayout layout_;
@@ -93,8 +114,20 @@ class ShardedOptimizer final : public optim::Optimizer {
   Tensor master_flat_;  // own masters: this rank's fp32 slices
   Tensor grad_flat_;    // this rank's shard of the summed gradients
   std::vector<Tensor> slice_params_, slice_grads_;  // views of the masters (or master_flat_) and grad_flat_
-  std::unique_ptr<optim::Optimizer> inner_;         // the element-wise optimizer over the slices
+  std::unique_ptr<optim::Optimizer> inner_;  // the element-wise optimizer over the slices (allocate_state)
+  nn::ParamList inner_params_;               // its parameters: the slices, under their parameters' names
+  std::vector<int64_t> slice_pos_;           // each slice's place in this rank's shard
+  std::string optim_name_;
   std::vector<float> send_, scratch_;
+  // Overlapped reduction (begin_backward .. finish_backward).
+  int64_t bucket_elems_ = 1;
+  std::vector<Bucket> buckets_;
+  std::vector<std::vector<size_t>> buckets_of_;  // per parameter
+  std::vector<int> pending_;                     // per parameter: its buckets not reduced yet
+  std::unordered_map<const TensorImpl*, size_t> index_;
+  size_t next_bucket_ = 0;
+  float bucket_scale_ = 1;
+  bool in_backward_ = false;
 };
 
 // The optimizer state of checkpoint `dir` for `opt`: whole (optimizer.safetensors) or one file per rank
