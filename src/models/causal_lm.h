@@ -51,7 +51,8 @@ class CausalLM {
   // HF's resize_token_embeddings(new_vocab) with mean_resizing: the input embeddings and an untied LM head
   // grow to `new_vocab` rows; each new row is drawn from N(mean, 1e-9 * covariance) of the old rows (the mean
   // alone when there are no more old rows than columns: HF's fallback for a covariance that is not positive
-  // definite). Draws come from `gen`. Shrinking is refused.
+  // definite; HF also falls back for rank-deficient rows, which this test of the shape does not see - a
+  // degenerate draw at 1e-9 of the spread). Draws come from `gen`. Shrinking is refused.
   void resize_token_embeddings(int64_t new_vocab, Generator& gen);
   // "eager" (materialized scores), "sdpa" or "flash_attention_2" (both: the fused memory-efficient kernel).
   const std::string& attn_implementation() const { return attn_implementation_; }

@@ -69,7 +69,9 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, int world_size) {
            "--per_device_train_batch_size auto is chosen against a memory budget: give --device_memory, or a "
            "number");
   // The tokenizer is not read: only --pad_vocab_to_multiple_of can change a fresh model's vocabulary here.
-  const auto config = !a.config_name.empty() ? fresh_config(a, 0) : config_for(a.model_name_or_path);
+  auto config = !a.config_name.empty() ? fresh_config(a, 0) : config_for(a.model_name_or_path);
+  if (const int64_t m = a.pad_vocab_to_multiple_of; a.config_name.empty() && m > 1)  // pretrained: grown too
+    config.vocab_size = (config.vocab_size + m - 1) / m * m;
   TR_CHECK(a.block_size <= config.max_position_embeddings, "--block_size {} exceeds the model's {} positions",
            a.block_size, config.max_position_embeddings);
 

@@ -133,16 +133,17 @@ void StepCore::finish(int64_t step, double lr, const Tensor& loss, StepResult& r
   reducing_ = false;
   const auto t1 = std::chrono::steady_clock::now();
   if (o_.after_backward) o_.after_backward(step, params_);
-  const std::vector<Tensor> grads = s_.mp.model_grads();
   const double inv_scale = 1.0 / s_.mp.loss_scale();
   if (zero_ && zero_overlaps()) {  // ZeRO-2: this rank's shard of the sums, bucket by bucket
     // A rank whose last micro-batch was empty ran no backward: it reduces every bucket now, the same
     // collectives in the same order as the ranks that reduced them during backward.
     if (!overlapped) zero_->begin_backward(grad_scale_);
     zero_->finish_backward();
-  } else if (zero_) {
-    zero_->reduce_scatter(grads, grad_scale_);  // the compiled step: no engine reports, one pass
   }
+  // Read after the buckets dropped theirs (ZeRO-2 holds no whole gradients past this point).
+  const std::vector<Tensor> grads = zero_ && zero_overlaps() ? std::vector<Tensor>() : s_.mp.model_grads();
+  if (zero_ && !zero_overlaps())
+    zero_->reduce_scatter(grads, grad_scale_);  // the compiled step: no engine reports, one pass
   const Tensor stats = zero_ ? zero_->global_stats(inv_scale) : ops::grad_stats(grads, inv_scale, o_.device);
   const backend::Backend::GradTransform transform{inv_scale, o_.max_grad_norm, stats};
   std::vector<double> host_stats;

@@ -476,12 +476,16 @@ void Run::evaluate_at(int64_t step) {
 // ZeRO-2 under mixed precision: every rank's fp32 slices gathered into whole masters (saving writes fp32
 // weights; a collective), and freed again after the save.
 void Run::gather_masters() {
-  if (auto* z = dynamic_cast<ShardedOptimizer*>(opt_.get()); z && mp_->masters_sharded())
-    mp_->restore_masters(z->gather_masters());
+  auto* z = dynamic_cast<ShardedOptimizer*>(opt_.get());
+  if (!z || !mp_->masters_sharded()) return;
+  auto full = z->gather_masters(main_);  // only rank 0 writes weights: the others keep nothing
+  if (main_) mp_->restore_masters(std::move(full));
 }
 
 void Run::reshard_masters() {
-  if (auto* z = dynamic_cast<ShardedOptimizer*>(opt_.get()); z && z->owns_masters()) mp_->shard_masters();
+  if (auto* z = dynamic_cast<ShardedOptimizer*>(opt_.get());
+      z && z->owns_masters() && !mp_->masters_sharded())
+    mp_->shard_masters();
 }
 
 void Run::save() {

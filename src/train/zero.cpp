@@ -227,15 +227,15 @@ void ShardedOptimizer::reduce_bucket(const Bucket& b) {
   const int me = group_.rank();
   const int64_t mine_lo = std::max(b.lo, me * S), mine = send_counts[static_cast<size_t>(me)];
   for (int i = 0; i < world; ++i) recv_counts[static_cast<size_t>(i)] = mine;
-  send_.resize(std::max(send_.size(), static_cast<size_t>(total)));
-  scratch_.resize(std::max(scratch_.size(), static_cast<size_t>(world * mine)));
+  send_.resize(std::max({send_.size(), static_cast<size_t>(total), size_t{1}}));
+  scratch_.resize(std::max({scratch_.size(), static_cast<size_t>(world * mine), size_t{1}}));
   // The bucket's gradient stretch, in flat order, is exactly the concatenation of the ranks' parts.
   layout_.visit(b.lo, b.hi, [&](size_t p, int64_t at, int64_t cnt, int64_t pos) {
     read_grad(p, at, cnt, dev_.is_meta() ? nullptr : send_.data() + pos);
   });
   if (!dev_.is_meta()) {
     group_.all_to_all_v(send_.data(), send_counts, scratch_.data(), recv_counts);
-    float* out = grad_flat_.data<float>() + (mine_lo - me * S);
+    float* out = mine > 0 ? grad_flat_.data<float>() + (mine_lo - me * S) : nullptr;
     for (int64_t k = 0; k < mine; ++k) {
       float sum = scratch_[static_cast<size_t>(k)];
       for (int i = 1; i < world; ++i) sum += scratch_[static_cast<size_t>(i * mine + k)];
@@ -292,10 +292,11 @@ void ShardedOptimizer::gather_rounded(const std::vector<Tensor>& copies) {
   }
 }
 
-std::vector<Tensor> ShardedOptimizer::gather_masters() {
+std::vector<Tensor> ShardedOptimizer::gather_masters(bool keep) {
   TR_CHECK(!dev_.is_meta(), "ShardedOptimizer: a dry run has no masters to gather");
   std::vector<Tensor> full;
-  for (const auto& [name, p] : params_) full.push_back(ops::empty(p->shape(), DType::f32, Device::cpu()));
+  if (keep)
+    for (const auto& [name, p] : params_) full.push_back(ops::empty(p->shape(), DType::f32, Device::cpu()));
   const int64_t S = layout_.shard;
   const size_t world = static_cast<size_t>(group_.size());
   std::vector<float> recv(world * static_cast<size_t>(round_));
@@ -309,6 +310,7 @@ std::vector<Tensor> ShardedOptimizer::gather_masters() {
       std::memcpy(mine.data() + pos, from, static_cast<size_t>(cnt) * sizeof(float));
     });
     group_.all_gather(mine.data(), recv.data(), static_cast<size_t>(n) * sizeof(float));
+    if (!keep) continue;  // a rank that does not write the weights takes part and keeps nothing
     for (size_t j = 0; j < world; ++j) {
       const int64_t lo = static_cast<int64_t>(j) * S + k0;
       const float* block = recv.data() + j * static_cast<size_t>(n);
@@ -353,6 +355,9 @@ void ShardedOptimizer::all_gather(const std::vector<Tensor>& copies) {
 }
 
 void ShardedOptimizer::step() {
+  TR_CHECK(!own_,
+           "ShardedOptimizer: with its own masters an update needs the weight copies to gather into; "
+           "call step(grads, transform, copies)");
   std::vector<Tensor> grads;
   for (const auto& [name, p] : params_) grads.push_back(p->grad());
   step(grads, {}, {});

@@ -70,7 +70,8 @@ class ShardedOptimizer final : public optim::Optimizer {
   // `copies` alone, which must be given).
   void update(const backend::Backend::GradTransform& t, const std::vector<Tensor>& copies);
   // Every rank's slices as whole fp32 tensors parallel to the masters (a collective: saving needs them).
-  std::vector<Tensor> gather_masters();
+  // Without `keep` this rank takes part and returns nothing (only rank 0 writes the weights).
+  std::vector<Tensor> gather_masters(bool keep = true);
   bool owns_masters() const { return own_; }
 
   // The Optimizer interface: a whole sharded update (reduce-scatter, global statistics, update, gather).
