@@ -107,12 +107,7 @@ grep -q "checkpoint-4/trainer_state.json: saved with per_device_train_batch_size
 # 4. SIGTERM to the launcher of a long run: the same step everywhere, one checkpoint, exit 0, resumable.
 long=(--tokenizer_name "$tok" --train_file "$text" --block_size 16 --learning_rate 0.01 --use_cpu --max_steps 100000
       --logging_steps 10 --save_steps 100000 --config_name gpt2.json --per_device_train_batch_size 2)
-next_port
-"$trainer" launch --nproc_per_node 2 --master_port "$port" train "${long[@]}" --output_dir term >term.log 2>&1 &
-launcher=$!
-for _ in $(seq 100); do grep -q "step [0-9]*/100000" term.log && break; sleep 0.1; done
-kill -TERM $launcher
-wait $launcher || { tail term.log; fail "the launcher did not exit 0 after SIGTERM"; }
+launch_and_terminate term 2 "${long[@]}"
 ckpt=$(ls -d term/checkpoint-* | head -1)
 [[ $(ls -d term/checkpoint-* | wc -l) == 1 ]] || fail "expected one checkpoint after SIGTERM"
 grep -q "interrupted after step ${ckpt##*-}; saved" term.log || fail "rank 0 did not report the stop"

@@ -61,3 +61,14 @@ assert worst <= tol, f"{a} vs {b}: {worst} > {tol}"
 PY
 }
 
+# A long run launched on NPROC ranks, SIGTERMed once its first step shows, required to exit 0 (every rank
+# finishes the step and the checkpoint is written): NAME NPROC TRAIN_ARGS... (log in NAME.log).
+launch_and_terminate() {
+  local name=$1 n=$2; shift 2
+  next_port
+  "$trainer" launch --nproc_per_node "$n" --master_port "$port" train "$@" --output_dir "$name" >"$name.log" 2>&1 &
+  local launcher=$!
+  for _ in $(seq 100); do grep -q "step [0-9]*/100000" "$name.log" && break; sleep 0.1; done
+  kill -TERM $launcher
+  wait $launcher || { tail "$name.log"; fail "the launcher did not exit 0 after SIGTERM"; }
+}

@@ -99,12 +99,7 @@ compare sgd_zero_w2 sgd_resume_w1 1e-5 5
 long=(--tokenizer_name "$tok" --train_file "$text" --block_size 16 --learning_rate 0.01 --use_cpu --max_steps 100000
       --logging_steps 10 --save_steps 100000 --config_name gpt2.json --per_device_train_batch_size 2
       --fsdp shard_grad_op)
-next_port
-"$trainer" launch --nproc_per_node 2 --master_port "$port" train "${long[@]}" --output_dir term >term.log 2>&1 &
-launcher=$!
-for _ in $(seq 100); do grep -q "step [0-9]*/100000" term.log && break; sleep 0.1; done
-kill -TERM $launcher
-wait $launcher || { tail term.log; fail "the launcher did not exit 0 after SIGTERM"; }
+launch_and_terminate term 2 "${long[@]}"
 ckpts=(term/checkpoint-*)
 [[ ${#ckpts[@]} == 1 && -s ${ckpts[0]}/optimizer.rank-0.safetensors && -s ${ckpts[0]}/optimizer.rank-1.safetensors ]] ||
   { ls -R term; fail "expected one checkpoint with both ranks' optimizer files after SIGTERM"; }
