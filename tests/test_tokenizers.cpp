@@ -153,7 +153,9 @@ TEST_P(FamilyTokenizer, MatchesTransformersJsOnTrickyTextAndMobyDick) {
   }
   const auto with = t.encode("Hello", true), without = t.encode("Hello", false);
   EXPECT_EQ(with.size(), without.size() + (f.bos ? 1 : 0));
-  if (f.bos) EXPECT_EQ(with.front(), *f.bos);
+  if (f.bos) {
+    EXPECT_EQ(with.front(), *f.bos);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyTokenizer,

@@ -5,6 +5,7 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -51,8 +52,11 @@ void check_utf8(std::string_view text, const std::string& where, bool whole = fa
 std::string line_of(const std::string& name, int64_t line) { return fmt::format("{}:{}", name, line); }
 
 // The column a table's documents come from, given its columns in order.
-std::string pick_column(const std::vector<std::string>& columns, const DocumentOptions& o, const std::string& where) {
-  auto has = [&](const std::string& c) { return std::find(columns.begin(), columns.end(), c) != columns.end(); };
+std::string pick_column(const std::vector<std::string>& columns, const DocumentOptions& o,
+                        const std::string& where) {
+  auto has = [&](const std::string& c) {
+    return std::find(columns.begin(), columns.end(), c) != columns.end();
+  };
   std::string list;
   for (const auto& c : columns) list += (list.empty() ? "" : ", ") + c;
   if (!o.text_column.empty()) {
@@ -89,31 +93,40 @@ std::string json_row_text(const Json& row, std::string& column, const DocumentOp
   return it->get<std::string>();
 }
 
-std::vector<std::string> json_lines(std::string_view bytes, const std::string& name, const DocumentOptions& o) {
+// One JSON line's document into `out`; false for a blank line. `column` carries the file's text column.
+bool json_line(std::string_view l, int64_t line, const std::string& name, std::string& column,
+               const DocumentOptions& o, std::string& out) {
+  if (l.find_first_not_of(" \t\r") == std::string_view::npos) return false;  // blank lines
+  const std::string where = line_of(name, line);
+  check_utf8(l, where);
+  const auto j = Json::parse(l, nullptr, /*allow_exceptions=*/false);
+  TR_CHECK(!j.is_discarded(), "{}: not a JSON value (one JSON object per line is expected)", where);
+  out = json_row_text(j, column, o, where);
+  return true;
+}
+
+std::vector<std::string> json_lines(std::string_view bytes, const std::string& name,
+                                    const DocumentOptions& o) {
   std::vector<std::string> docs;
-  std::string column;
+  std::string column, doc;
   int64_t line = 0;
   for (size_t at = 0; at < bytes.size();) {
     size_t end = bytes.find('\n', at);
     if (end == std::string_view::npos) end = bytes.size();
-    std::string_view l = bytes.substr(at, end - at);
+    const std::string_view l = bytes.substr(at, end - at);
     at = end + 1;
-    ++line;
-    if (l.find_first_not_of(" \t\r") == std::string_view::npos) continue;  // blank lines
-    const std::string where = line_of(name, line);
-    check_utf8(l, where);
-    const auto j = Json::parse(l, nullptr, /*allow_exceptions=*/false);
-    TR_CHECK(!j.is_discarded(), "{}: not a JSON value (one JSON object per line is expected)", where);
-    docs.push_back(json_row_text(j, column, o, where));
+    if (json_line(l, ++line, name, column, o, doc)) docs.push_back(std::move(doc));
   }
   return docs;
 }
 
-std::vector<std::string> json_array(std::string_view bytes, const std::string& name, const DocumentOptions& o) {
+std::vector<std::string> json_array(std::string_view bytes, const std::string& name,
+                                    const DocumentOptions& o) {
   check_utf8(bytes, name, true);
   const auto j = Json::parse(bytes, nullptr, /*allow_exceptions=*/false);
   TR_CHECK(!j.is_discarded(), "{}: not valid JSON", name);
-  TR_CHECK(j.is_array(), "{}: expected an array of objects (or one object per line), got {}", name, j.type_name());
+  TR_CHECK(j.is_array(), "{}: expected an array of objects (or one object per line), got {}", name,
+           j.type_name());
   std::vector<std::string> docs;
   std::string column;
   for (size_t i = 0; i < j.size(); ++i)
@@ -137,7 +150,8 @@ std::vector<std::pair<int64_t, std::vector<std::string>>> csv_records(std::strin
   };
   auto end_record = [&] {
     end_field();
-    if (!(rec.size() == 1 && rec[0].empty() && !any)) out.emplace_back(rec_line, std::move(rec));  // blank line
+    if (!(rec.size() == 1 && rec[0].empty() && !any))
+      out.emplace_back(rec_line, std::move(rec));  // blank line
     rec.clear();
     any = false;
   };
@@ -182,7 +196,8 @@ std::vector<std::pair<int64_t, std::vector<std::string>>> csv_records(std::strin
   return out;
 }
 
-std::vector<std::string> table(std::string_view bytes, char sep, const std::string& name, const DocumentOptions& o) {
+std::vector<std::string> table(std::string_view bytes, char sep, const std::string& name,
+                               const DocumentOptions& o) {
   if (bytes.substr(0, 3) == "\xEF\xBB\xBF") bytes.remove_prefix(3);  // a spreadsheet's byte-order mark
   check_utf8(bytes, name, true);
   const auto recs = csv_records(bytes, sep, name);
@@ -246,11 +261,127 @@ std::string unzstd(const std::string& path, const std::string& packed) {
   return out;
 }
 
+// A file's decompressed bytes a chunk at a time (plain, gzip or zstd), and how much of the file on disk has
+// been read (progress).
+class ByteSource {
+ public:
+  explicit ByteSource(const std::string& path) : path_(path) {
+    if (ends_with(path, ".gz")) {
+      gz_ = gzopen(path.c_str(), "rb");
+      TR_CHECK(gz_ != nullptr, "{}: cannot open", path);
+      return;
+    }
+    in_.open(path, std::ios::binary);
+    TR_CHECK(in_.is_open(), "{}: cannot open", path);
+    if (ends_with(path, ".zst")) {
+      zst_ = ZSTD_createDCtx();
+      packed_.resize(ZSTD_DStreamInSize());
+    }
+  }
+  ~ByteSource() {
+    if (gz_ != nullptr) gzclose(gz_);
+    if (zst_ != nullptr) ZSTD_freeDCtx(zst_);
+  }
+  ByteSource(const ByteSource&) = delete;
+  ByteSource& operator=(const ByteSource&) = delete;
+
+  // Appends about `max` more bytes to `out`; false once the file is done (and checked whole).
+  bool read(std::string& out, size_t max) {
+    const size_t at = out.size();
+    out.resize(at + max);
+    size_t got = 0;
+    if (gz_ != nullptr) {
+      got = read_gz(out.data() + at, max);
+    } else if (zst_ != nullptr) {
+      got = read_zst(out.data() + at, max);
+    } else {
+      in_.read(out.data() + at, static_cast<std::streamsize>(max));
+      got = static_cast<size_t>(in_.gcount());
+      consumed_ += static_cast<int64_t>(got);
+    }
+    out.resize(at + got);
+    return got > 0;
+  }
+  int64_t consumed() const { return gz_ != nullptr ? static_cast<int64_t>(gzoffset(gz_)) : consumed_; }
+
+ private:
+  size_t read_gz(char* dst, size_t max) {
+    const int n = gzread(gz_, dst, static_cast<unsigned>(std::min<size_t>(max, 1u << 30)));
+    if (n < 0) {
+      int code = 0;
+      fail("{}: not a readable gzip file ({})", path_, gzerror(gz_, &code));
+    }
+    if (n == 0) {  // the end: the same checks as reading it whole
+      int code = Z_OK;
+      gzerror(gz_, &code);
+      TR_CHECK(gzdirect(gz_) != 1, "{}: not a gzip file (a .gz name, but no gzip header)", path_);
+      TR_CHECK(code != Z_BUF_ERROR, "{}: the gzip stream is cut short", path_);
+    }
+    return static_cast<size_t>(std::max(n, 0));
+  }
+  size_t read_zst(char* dst, size_t max) {
+    ZSTD_outBuffer o{dst, max, 0};
+    while (o.pos == 0) {
+      if (zin_.pos == zin_.size) {
+        in_.read(packed_.data(), static_cast<std::streamsize>(packed_.size()));
+        const size_t n = static_cast<size_t>(in_.gcount());
+        consumed_ += static_cast<int64_t>(n);
+        if (n == 0) {
+          TR_CHECK(last_ == 0, "{}: the zstd stream is cut short", path_);
+          return 0;
+        }
+        zin_ = {packed_.data(), n, 0};
+      }
+      last_ = ZSTD_decompressStream(zst_, &o, &zin_);
+      TR_CHECK(!ZSTD_isError(last_), "{}: not a readable zstd file ({})", path_, ZSTD_getErrorName(last_));
+    }
+    return o.pos;
+  }
+
+  std::string path_;
+  std::ifstream in_;
+  gzFile gz_ = nullptr;
+  ZSTD_DCtx* zst_ = nullptr;
+  std::vector<char> packed_;
+  ZSTD_inBuffer zin_{nullptr, 0, 0};
+  size_t last_ = 0;
+  int64_t consumed_ = 0;
+};
+
 }  // namespace
+
+void for_each_document(const std::string& path, const DocumentOptions& o, const DocumentFn& fn) {
+  if (format_of(path) !=
+      Format::jsonl) {  // read whole: a text is one document, a table or array parsed whole
+    auto docs = read_documents(path, o);
+    const auto size = static_cast<int64_t>(std::filesystem::file_size(path));
+    for (auto& d : docs) fn(std::move(d), size);
+    return;
+  }
+  ByteSource src(path);
+  std::string buf, column, doc;
+  size_t at = 0;
+  int64_t line = 0;
+  bool more = true;
+  while (at < buf.size() || more) {
+    size_t end = buf.find('\n', at);
+    if (end == std::string::npos && more) {  // the line continues in the next chunk
+      buf.erase(0, at);
+      at = 0;
+      more = src.read(buf, size_t{8} << 20);
+      continue;
+    }
+    if (end == std::string::npos) end = buf.size();
+    const std::string_view l(buf.data() + at, end - at);
+    at = end + 1;
+    if (json_line(l, ++line, path, column, o, doc)) fn(std::move(doc), src.consumed());
+  }
+}
 
 bool is_table_file(const std::string& path) { return format_of(path) != Format::text; }
 
-std::vector<std::string> parse_documents(std::string_view bytes, const std::string& name, const DocumentOptions& o) {
+std::vector<std::string> parse_documents(std::string_view bytes, const std::string& name,
+                                         const DocumentOptions& o) {
   switch (format_of(name)) {
     case Format::jsonl: return json_lines(bytes, name, o);
     case Format::json: {

@@ -94,8 +94,7 @@ int64_t DataLoader::batches_per_epoch() const {
 Batch DataLoader::make_batch(int64_t epoch, int64_t b) const {
   const int64_t T = ds_->options().block_size;
   const int64_t first = b * opts_.batch_size;
-  const int64_t n =
-      std::clamp<int64_t>(static_cast<int64_t>(order_.size()) - first, 0, opts_.batch_size);
+  const int64_t n = std::clamp<int64_t>(static_cast<int64_t>(order_.size()) - first, 0, opts_.batch_size);
   Allocator& host =
       opts_.pin_memory && opts_.device.is_cuda() ? backend::pinned_host_allocator() : cpu_allocator();
   Tensor ids = Tensor::empty({n, T}, DType::i64, host);

@@ -33,7 +33,7 @@ struct DatasetOptions {
   // slice of the batch a single process with world_size x the batch would draw at k (1: every
   // world_size-th sample, torch's DistributedSampler).
   int64_t rank_slice = 1;
-  int64_t vocab_size = 0;        // > 0: every id read is checked against the model's vocabulary
+  int64_t vocab_size = 0;  // > 0: every id read is checked against the model's vocabulary
 };
 
 class SequenceDataset {

@@ -22,31 +22,64 @@ constexpr int32_t kMagic16 = 20240520, kMagic32 = 20240801;
 constexpr int64_t kHeaderBytes = 256 * 4;
 }  // namespace
 
-void write_llmc_shard(const std::string& path, const std::vector<uint32_t>& tokens, int64_t vocab_size) {
-  const bool wide = vocab_size > 65536;
+struct ShardWriter::State {
+  std::string path, tmp;
+  bool wide = false;
+  int64_t want = 0, written = 0;
+  std::unique_ptr<FileWriter> out;
+  std::vector<uint16_t> narrow;
+};
+
+ShardWriter::ShardWriter(const std::string& path, int64_t vocab_size, int64_t tokens) : s_(new State) {
+  TR_CHECK(tokens >= 0 && tokens <= INT32_MAX, "{}: {} tokens exceed a shard's int32 count", path, tokens);
+  s_->path = path;
+  s_->tmp = path + ".tmp";
+  s_->wide = vocab_size > 65536;
+  s_->want = tokens;
   std::vector<int32_t> header(256, 0);
-  header[0] = wide ? kMagic32 : kMagic16;
-  header[1] = wide ? 7 : 1;
-  TR_CHECK(tokens.size() <= static_cast<size_t>(INT32_MAX), "{}: {} tokens exceed a shard's int32 count",
-           path, tokens.size());
-  header[2] = static_cast<int32_t>(tokens.size());
-  const std::string tmp = path + ".tmp";
-  {
-    FileWriter out(tmp);
-    out.write(header.data(), kHeaderBytes);
-    if (wide) {
-      out.write(tokens.data(), tokens.size() * 4);
-    } else {
-      std::vector<uint16_t> t16(tokens.size());
-      for (size_t i = 0; i < tokens.size(); ++i) {
-        TR_CHECK(tokens[i] < 65536, "{}: token {} does not fit uint16", path, tokens[i]);
-        t16[i] = static_cast<uint16_t>(tokens[i]);
-      }
-      out.write(t16.data(), t16.size() * 2);
-    }
-    out.close();
+  header[0] = s_->wide ? kMagic32 : kMagic16;
+  header[1] = s_->wide ? 7 : 1;
+  header[2] = static_cast<int32_t>(tokens);
+  s_->out = std::make_unique<FileWriter>(s_->tmp);
+  s_->out->write(header.data(), kHeaderBytes);
+}
+
+ShardWriter::~ShardWriter() {
+  if (s_ && s_->out) {  // not closed: an error unwinds, the partial file goes
+    s_->out.reset();
+    std::error_code ec;
+    std::filesystem::remove(s_->tmp, ec);
   }
-  std::filesystem::rename(tmp, path);
+}
+
+void ShardWriter::append(const uint32_t* tokens, size_t n) {
+  TR_CHECK(s_->out && s_->written + static_cast<int64_t>(n) <= s_->want,
+           "{}: more tokens than the {} announced", s_->path, s_->want);
+  if (s_->wide) {
+    s_->out->write(tokens, n * 4);
+  } else {
+    s_->narrow.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      TR_CHECK(tokens[i] < 65536, "{}: token {} does not fit uint16", s_->path, tokens[i]);
+      s_->narrow[i] = static_cast<uint16_t>(tokens[i]);
+    }
+    s_->out->write(s_->narrow.data(), n * 2);
+  }
+  s_->written += static_cast<int64_t>(n);
+}
+
+void ShardWriter::close() {
+  TR_CHECK(s_->out && s_->written == s_->want, "{}: {} tokens written, {} announced", s_->path, s_->written,
+           s_->want);
+  s_->out->close();
+  s_->out.reset();
+  std::filesystem::rename(s_->tmp, s_->path);
+}
+
+void write_llmc_shard(const std::string& path, const std::vector<uint32_t>& tokens, int64_t vocab_size) {
+  ShardWriter w(path, vocab_size, static_cast<int64_t>(tokens.size()));
+  w.append(tokens.data(), tokens.size());
+  w.close();
 }
 
 TokenFile TokenFile::open(const std::string& path, int64_t vocab_size) {

@@ -12,6 +12,22 @@ namespace tr::data {
 // Writes an llm.c shard (uint16 when every id < 65536, else uint32) through a temp file and rename.
 void write_llmc_shard(const std::string& path, const std::vector<uint32_t>& tokens, int64_t vocab_size);
 
+// The same file written a piece at a time (bounded memory): the token count is known up front (the header
+// comes first), append() adds tokens, close() checks the count and renames the temp file into place.
+class ShardWriter {
+ public:
+  ShardWriter(const std::string& path, int64_t vocab_size, int64_t tokens);
+  ~ShardWriter();
+  ShardWriter(const ShardWriter&) = delete;
+  ShardWriter& operator=(const ShardWriter&) = delete;
+  void append(const uint32_t* tokens, size_t n);
+  void close();
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
 class TokenFile {
  public:
   // llm.c shard (by magic) or raw uint16 nanoGPT file. vocab_size > 0 checks every id on open.

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_writer.h"
 #include "data/shards.h"
 
 namespace tr::data {
@@ -30,51 +31,69 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& patterns)
 
 namespace {
 
-// Reads and encodes the inputs into one stream with an EOS between documents.
-std::vector<uint32_t> encode_files(const tokenizers::Tokenizer& tok, const std::vector<std::string>& patterns,
-                                   int threads, const DocumentOptions& dopts, TokenizeResult& r,
-                                   const std::function<void(int64_t, int64_t)>& progress) {
+using TokenSink = std::function<void(const uint32_t* tokens, size_t n)>;
+
+// Streams the inputs' documents through the tokenizer into `sink`, one EOS between documents (unless the
+// tokenizer ends each with one). Documents are encoded in groups (in parallel over a group's documents), so
+// memory holds one group's text and ids whatever the inputs' size.
+void encode_stream(const tokenizers::Tokenizer& tok, const std::vector<std::string>& patterns, int threads,
+                   const DocumentOptions& dopts, TokenizeResult& r,
+                   const std::function<void(int64_t, int64_t)>& progress, const TokenSink& sink) {
   const auto eos = tok.eos_token_id();
   TR_CHECK(eos.has_value(), "tokenize: the tokenizer has no end-of-text token to separate documents");
   const auto files = expand_inputs(patterns);
+  int64_t total_bytes = 0, done_files_bytes = 0, tokens = 0;
+  for (const auto& f : files) total_bytes += static_cast<int64_t>(fs::file_size(f));
   std::vector<std::string> texts;
-  std::vector<size_t> file_of;  // each document's file, for error messages
-  for (size_t fi = 0; fi < files.size(); ++fi) {
-    const auto& f = files[fi];
-    auto docs = read_documents(f, dopts);
-    TR_CHECK(!docs.empty() && !(docs.size() == 1 && docs[0].empty()),
-             "{}: {}", f, is_table_file(f) ? "no rows" : "the file is empty");
-    for (auto& d : docs) {
-      r.bytes += static_cast<int64_t>(d.size());
-      texts.push_back(std::move(d));
-      file_of.push_back(fi);
-    }
-  }
-  r.documents = static_cast<int64_t>(texts.size());
-  // Encode in groups so progress can be reported; each group is encoded in parallel over its documents.
-  std::vector<uint32_t> stream;
-  int64_t done = 0;
-  const size_t group = 64;
-  for (size_t g0 = 0; g0 < texts.size(); g0 += group) {
-    std::vector<std::string_view> views;
-    for (size_t i = g0; i < std::min(texts.size(), g0 + group); ++i) views.push_back(texts[i]);
+  size_t text_bytes = 0, group_first = 0, file = 0;
+  int64_t read_in_file = 0;
+  const uint32_t sep = static_cast<uint32_t>(*eos);
+  auto flush = [&] {
+    if (texts.empty()) return;
+    const std::vector<std::string_view> views(texts.begin(), texts.end());
     std::vector<std::vector<int32_t>> ids;
     try {
       // As run_clm: each document with the tokenizer's own special tokens (Llama's and Gemma's BOS).
       ids = tok.encode_batch(views, threads, /*allow_special=*/false, /*add_special_tokens=*/true);
     } catch (const Error& e) {
-      const std::string& first = files[file_of[g0]];
-      const std::string& last = files[file_of[g0 + views.size() - 1]];
+      const std::string& first = files[group_first];
+      const std::string& last = files[file];
       fail("tokenize: {} (documents from {})", e.what(), first == last ? first : first + " to " + last);
     }
-    for (size_t k = 0; k < ids.size(); ++k) {
-      if (!stream.empty() && !tok.adds_eos()) stream.push_back(static_cast<uint32_t>(*eos));
-      stream.insert(stream.end(), ids[k].begin(), ids[k].end());
-      done += static_cast<int64_t>(views[k].size());
+    for (const auto& d : ids) {
+      if (tokens > 0 && !tok.adds_eos()) {
+        sink(&sep, 1);
+        ++tokens;
+      }
+      sink(reinterpret_cast<const uint32_t*>(d.data()), d.size());
+      tokens += static_cast<int64_t>(d.size());
     }
-    if (progress) progress(done, r.bytes);
+    texts.clear();
+    text_bytes = 0;
+    group_first = file;
+    if (progress) progress(done_files_bytes + read_in_file, total_bytes);
+  };
+  for (file = 0; file < files.size(); ++file) {
+    if (texts.empty()) group_first = file;
+    int64_t docs = 0;
+    bool only_empty = true;
+    for_each_document(files[file], dopts, [&](std::string&& d, int64_t read) {
+      ++docs;
+      only_empty = only_empty && d.empty();
+      r.bytes += static_cast<int64_t>(d.size());
+      ++r.documents;
+      read_in_file = read;
+      text_bytes += d.size();
+      texts.push_back(std::move(d));
+      if (texts.size() >= 64 || text_bytes >= (size_t{16} << 20)) flush();
+    });
+    TR_CHECK(docs > 0 && !(docs == 1 && only_empty), "{}: {}", files[file],
+             is_table_file(files[file]) ? "no rows" : "the file is empty");
+    done_files_bytes += static_cast<int64_t>(fs::file_size(files[file]));
+    read_in_file = 0;
   }
-  return stream;
+  if (!files.empty()) file = files.size() - 1;
+  flush();
 }
 
 }  // namespace
@@ -83,9 +102,15 @@ std::vector<uint32_t> tokenize_text_files(const tokenizers::Tokenizer& tok,
                                           const std::vector<std::string>& inputs, int threads,
                                           const DocumentOptions& documents) {
   TokenizeResult r;
-  return encode_files(tok, inputs, threads, documents, r, {});
+  std::vector<uint32_t> stream;
+  encode_stream(tok, inputs, threads, documents, r, {},
+                [&](const uint32_t* t, size_t n) { stream.insert(stream.end(), t, t + n); });
+  return stream;
 }
 
+// Two passes over bounded memory: the token stream goes to a temporary file in output_dir (its length
+// decides the validation split: the first validation_split_percentage % of the stream), then the shards are
+// written from it in order, validation first.
 TokenizeResult tokenize_files(const tokenizers::Tokenizer& tok, const TokenizeOptions& o,
                               const std::function<void(int64_t, int64_t)>& progress) {
   TR_CHECK(!o.output_dir.empty(), "tokenize: --output_dir is required");
@@ -94,25 +119,51 @@ TokenizeResult tokenize_files(const tokenizers::Tokenizer& tok, const TokenizeOp
            o.validation_split_percentage);
   TR_CHECK(o.shard_tokens > 0, "tokenize: shard size must be positive");
   TokenizeResult r;
-  std::vector<uint32_t> stream = encode_files(tok, o.inputs, o.threads, o.documents, r, progress);
   fs::create_directories(o.output_dir);
-  const auto n_val =
-      static_cast<int64_t>(static_cast<double>(stream.size()) * o.validation_split_percentage / 100.0);
+  const std::string tmp = (fs::path(o.output_dir) / ".tokens.tmp").string();
+  struct Cleanup {
+    std::string path;
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove(path, ec);
+    }
+  } cleanup{tmp};
+  int64_t total = 0;
+  {
+    FileWriter w(tmp);
+    encode_stream(tok, o.inputs, o.threads, o.documents, r, progress, [&](const uint32_t* t, size_t n) {
+      w.write(t, n * sizeof(uint32_t));
+      total += static_cast<int64_t>(n);
+    });
+    w.close();
+  }
+  const auto n_val = static_cast<int64_t>(static_cast<double>(total) * o.validation_split_percentage / 100.0);
+  std::ifstream in(tmp, std::ios::binary);
+  TR_CHECK(in.is_open(), "{}: cannot reopen the token stream", tmp);
+  std::vector<uint32_t> chunk(size_t{1} << 20);
   auto write = [&](const char* prefix, int64_t begin, int64_t end, std::vector<std::string>& names) {
     int shard = 0;
     for (int64_t at = begin; at < end; at += o.shard_tokens, ++shard) {
       const int64_t stop = std::min(end, at + o.shard_tokens);
       const std::string name =
           (fs::path(o.output_dir) / fmt::format("{}_{:06d}.bin", prefix, shard)).string();
-      write_llmc_shard(name, std::vector<uint32_t>(stream.begin() + at, stream.begin() + stop),
-                       tok.vocab_size());
+      ShardWriter sw(name, tok.vocab_size(), stop - at);
+      for (int64_t left = stop - at; left > 0;) {
+        const auto n = static_cast<size_t>(std::min<int64_t>(left, static_cast<int64_t>(chunk.size())));
+        in.read(reinterpret_cast<char*>(chunk.data()), static_cast<std::streamsize>(n * sizeof(uint32_t)));
+        TR_CHECK(static_cast<size_t>(in.gcount()) == n * sizeof(uint32_t), "{}: the token stream ended early",
+                 tmp);
+        sw.append(chunk.data(), n);
+        left -= static_cast<int64_t>(n);
+      }
+      sw.close();
       names.push_back(name);
     }
   };
   write("val", 0, n_val, r.val_shards);
-  write("train", n_val, static_cast<int64_t>(stream.size()), r.train_shards);
+  write("train", n_val, total, r.train_shards);
   r.val_tokens = n_val;
-  r.train_tokens = static_cast<int64_t>(stream.size()) - n_val;
+  r.train_tokens = total - n_val;
   return r;
 }
 

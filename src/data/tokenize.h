@@ -1,9 +1,12 @@
 // `trainer tokenize`: data files -> llm.c token shards (train_NNNNNN.bin, val_NNNNNN.bin). A .txt file is one
-// document, a .jsonl/.json/.csv/.tsv file one per row (data/documents.h); each is encoded with the tokenizer's
-// special tokens as run_clm does (Llama's and Gemma's BOS; special-token text stays text), and documents are
-// joined by one EOS unless the tokenizer already ends each with one. The first validation_split_percentage % of the token stream goes
-// to the validation shards (HF's percentage split, taken over tokens so a single book can be split too).
-// Output is the same whatever the thread count.
+// document, a .jsonl/.json/.csv/.tsv file one per row (data/documents.h); each is encoded with the
+// tokenizer's special tokens as run_clm does (Llama's and Gemma's BOS; special-token text stays text), and
+// documents are joined by one EOS unless the tokenizer already ends each with one. The first
+// validation_split_percentage % of the token stream goes to the validation shards (HF's percentage split,
+// taken over tokens so a single book can be split too). Output is the same whatever the thread count. Memory
+// is bounded whatever the inputs' size: documents stream through the tokenizer in groups (JSON lines a read
+// chunk at a time; other formats one file at a time), the token stream goes to a temporary file, and the
+// shards are written from it.
 #pragma once
 #include <functional>
 #include <string>
@@ -19,7 +22,7 @@ struct TokenizeOptions {
   std::string output_dir;
   double validation_split_percentage = 0.0;
   int64_t shard_tokens = 100'000'000;
-  int threads = 0;  // 0: all
+  int threads = 0;            // 0: all
   DocumentOptions documents;  // which column of a table holds the text
 };
 

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# `trainer tokenize` streams JSON lines through bounded memory: a generated JSONL of SIZE_MB (many 8 MB read
+# chunks, lines crossing their edges) gives byte-identical shards as .jsonl, .jsonl.gz, .jsonl.zst and as a
+# .json array (which is parsed whole), and the process's peak RSS stays under RSS_MB whatever the file's size.
+# Usage: tokenize_stream.sh TRAINER TOKENIZER_DIR TEXT WORK_DIR SIZE_MB RSS_MB
+set -euo pipefail
+trainer=$1 tok=$2 text=$3 work=$4 size_mb=$5 rss_mb=$6
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+fail() { echo "tokenize_stream: FAIL: $*"; exit 1; }
+# Rows of 1-40 lines of the book with an id and a note around the text (the first string column is not it).
+/usr/bin/python3 - "$text" "$size_mb" <<'PY'
+import json, sys
+lines = open(sys.argv[1], encoding="utf-8").read().splitlines()
+target, n, at, out = int(sys.argv[2]) << 20, 0, 0, open("big.jsonl", "w", encoding="utf-8")
+while out.tell() < target:
+    k = 1 + (n * 7919) % 40
+    row = {"id": n, "note": f"row {n}", "text": "\n".join(lines[at:at + k])}
+    out.write(json.dumps(row, ensure_ascii=n % 2 == 0) + "\n")
+    at = (at + k) % max(1, len(lines) - 40)
+    n += 1
+out.close()
+print(f"tokenize_stream: big.jsonl {target >> 20} MB, {n} rows")
+PY
+# Peak RSS of one command (its ru_maxrss), in MB, printed; the command's own exit status kept.
+peak() {
+  /usr/bin/python3 - "$@" <<'PY'
+import os, subprocess, sys
+p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=open("tokenize.err", "w"))
+_, status, usage = os.wait4(p.pid, 0)
+print(usage.ru_maxrss // 1024)
+sys.exit(os.waitstatus_to_exitcode(status))
+PY
+}
+tokenize() {  # INPUT OUTPUT_DIR: prints the peak RSS in MB
+  peak "$trainer" tokenize --tokenizer_name_or_path "$tok" --input "$1" --output_dir "$2" \
+    --validation_split_percentage 1 --text_column_name text || { cat tokenize.err; fail "tokenize $1"; }
+}
+rss=$(tokenize big.jsonl out_jsonl)
+echo "tokenize_stream: $(du -m big.jsonl | cut -f1) MB of JSON lines tokenized in a peak RSS of $rss MB (bound $rss_mb MB)"
+(( rss < rss_mb )) || fail "peak RSS $rss MB, over the bound of $rss_mb MB"
+gzip -k -1 big.jsonl && zstd -q -1 big.jsonl -o big.jsonl.zst
+for f in big.jsonl.gz big.jsonl.zst; do
+  tokenize "$f" "out_${f//./_}" >/dev/null
+  for s in out_jsonl/*.bin; do
+    cmp -s "$s" "out_${f//./_}/$(basename "$s")" || fail "$f: $(basename "$s") differs from the plain file's"
+  done
+done
+# The same rows as one JSON array (read whole: small enough here only when SIZE_MB is).
+if (( size_mb <= 64 )); then
+  /usr/bin/python3 -c "
+import json
+rows = [json.loads(l) for l in open('big.jsonl', encoding='utf-8')]
+json.dump(rows, open('big.json', 'w', encoding='utf-8'))"
+  tokenize big.json out_json >/dev/null
+  for s in out_jsonl/*.bin; do cmp -s "$s" "out_json/$(basename "$s")" || fail "the .json array's $(basename "$s") differs"; done
+fi
+ls out_jsonl | grep -q '^train_000000.bin$' && ls out_jsonl | grep -q '^val_000000.bin$' || fail "shards missing"
+[[ ! -e out_jsonl/.tokens.tmp ]] || fail "the temporary token stream was left behind"
+echo "tokenize_stream: OK"
