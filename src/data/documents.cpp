@@ -269,6 +269,8 @@ class ByteSource {
     if (ends_with(path, ".gz")) {
       gz_ = gzopen(path.c_str(), "rb");
       TR_CHECK(gz_ != nullptr, "{}: cannot open", path);
+      // Before any work (zlib reads the header to answer): a .gz name without a gzip stream is refused.
+      TR_CHECK(gzdirect(gz_) != 1, "{}: not a gzip file (a .gz name, but no gzip header)", path);
       return;
     }
     in_.open(path, std::ios::binary);
@@ -350,9 +352,27 @@ class ByteSource {
 
 }  // namespace
 
+namespace {
+
+// Whether a .json file holds JSON lines (HF's Dataset.to_json writes them) rather than one array: its first
+// non-blank byte is not '['.
+bool json_file_holds_lines(const std::string& path) {
+  ByteSource src(path);
+  std::string head;
+  while (src.read(head, 4096)) {
+    const size_t first = head.find_first_not_of(" \t\r\n");
+    if (first != std::string::npos) return head[first] != '[';
+    head.clear();
+  }
+  return true;
+}
+
+}  // namespace
+
 void for_each_document(const std::string& path, const DocumentOptions& o, const DocumentFn& fn) {
-  if (format_of(path) !=
-      Format::jsonl) {  // read whole: a text is one document, a table or array parsed whole
+  const Format f = format_of(path);
+  if (f != Format::jsonl && !(f == Format::json && json_file_holds_lines(path))) {
+    // Read whole: a text is one document, a table or a JSON array is parsed whole.
     auto docs = read_documents(path, o);
     const auto size = static_cast<int64_t>(std::filesystem::file_size(path));
     for (auto& d : docs) fn(std::move(d), size);
@@ -360,20 +380,21 @@ void for_each_document(const std::string& path, const DocumentOptions& o, const 
   }
   ByteSource src(path);
   std::string buf, column, doc;
-  size_t at = 0;
+  size_t at = 0, scan = 0;  // the current line's start; where its '\n' is still to be looked for
   int64_t line = 0;
   bool more = true;
   while (at < buf.size() || more) {
-    size_t end = buf.find('\n', at);
+    size_t end = buf.find('\n', scan);
     if (end == std::string::npos && more) {  // the line continues in the next chunk
       buf.erase(0, at);
       at = 0;
+      scan = buf.size();
       more = src.read(buf, size_t{8} << 20);
       continue;
     }
     if (end == std::string::npos) end = buf.size();
     const std::string_view l(buf.data() + at, end - at);
-    at = end + 1;
+    at = scan = end + 1;
     if (json_line(l, ++line, path, column, o, doc)) fn(std::move(doc), src.consumed());
   }
 }

@@ -25,8 +25,9 @@ std::vector<std::string> parse_documents(std::string_view bytes, const std::stri
                                          const DocumentOptions& o = {});
 
 // Each document of `path` in order, with how many bytes of the file (on disk) are read so far. JSON lines
-// (.jsonl, .jsonl.gz, .jsonl.zst) stream through a chunk at a time, so a file of any size needs only a chunk
-// of memory; other formats are read whole (a .txt file is one document). Errors as read_documents'.
+// (.jsonl, and .json files that hold lines rather than an array; also .gz/.zst) stream through a chunk at a
+// time, so a file of any size needs only a chunk of memory; other formats are read whole (a .txt file is one
+// document). Errors as read_documents'.
 using DocumentFn = std::function<void(std::string&& document, int64_t file_bytes_read)>;
 void for_each_document(const std::string& path, const DocumentOptions& o, const DocumentFn& fn);
 

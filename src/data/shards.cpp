@@ -41,7 +41,14 @@ ShardWriter::ShardWriter(const std::string& path, int64_t vocab_size, int64_t to
   header[1] = s_->wide ? 7 : 1;
   header[2] = static_cast<int32_t>(tokens);
   s_->out = std::make_unique<FileWriter>(s_->tmp);
-  s_->out->write(header.data(), kHeaderBytes);
+  try {
+    s_->out->write(header.data(), kHeaderBytes);
+  } catch (...) {
+    s_->out.reset();
+    std::error_code ec;
+    std::filesystem::remove(s_->tmp, ec);
+    throw;
+  }
 }
 
 ShardWriter::~ShardWriter() {
@@ -73,7 +80,12 @@ void ShardWriter::close() {
            s_->want);
   s_->out->close();
   s_->out.reset();
-  std::filesystem::rename(s_->tmp, s_->path);
+  std::error_code ec;
+  std::filesystem::rename(s_->tmp, s_->path, ec);
+  if (ec) {
+    std::filesystem::remove(s_->tmp, ec);
+    fail("{}: cannot move the shard into place: {}", s_->path, ec.message());
+  }
 }
 
 void write_llmc_shard(const std::string& path, const std::vector<uint32_t>& tokens, int64_t vocab_size) {

@@ -3,6 +3,7 @@
 
 #include <glob.h>
 
+#include <climits>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -117,7 +118,9 @@ TokenizeResult tokenize_files(const tokenizers::Tokenizer& tok, const TokenizeOp
   TR_CHECK(o.validation_split_percentage >= 0 && o.validation_split_percentage < 100,
            "tokenize: --validation_split_percentage must be in [0, 100), got {}",
            o.validation_split_percentage);
-  TR_CHECK(o.shard_tokens > 0, "tokenize: shard size must be positive");
+  TR_CHECK(o.shard_tokens > 0 && o.shard_tokens <= INT32_MAX,
+           "tokenize: --shard_size must be in [1, 2147483647] tokens (llm.c's int32 count), got {}",
+           o.shard_tokens);
   TokenizeResult r;
   fs::create_directories(o.output_dir);
   const std::string tmp = (fs::path(o.output_dir) / ".tokens.tmp").string();
