@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Per-rank memory of DDP vs ZeRO-2 (--fsdp shard_grad_op) at world sizes 1-8, from `trainer estimate`'s dry
-# run on the meta device (exact against measured CPU runs: tests/zero_runs.sh): GPT-2 124M (bf16, block 1024,
+# Per-rank memory of DDP vs ZeRO-2 (--fsdp shard_grad_op) vs ZeRO-3 (--fsdp full_shard) at world sizes 1-8,
+# from `trainer estimate`'s dry run on the meta device (exact against measured CPU runs: tests/zero_runs.sh,
+# tests/zero3_runs.sh): GPT-2 124M (bf16, block 1024,
 # batch 8) and a Llama-3.2-1B shape (bf16, block 2048, batch 1, gradient checkpointing), AdamW. Prints the
 # peak, where it falls, and the persistent parts that shard (fp32 master slices and reduced gradients,
-# optimizer state; *: DDP whole fp32 masters, ZeRO-2 this rank's master slices plus its reduced gradient shard).
+# optimizer state; *: DDP whole fp32 masters, ZeRO-2/3 this rank's master slices plus its reduced gradient
+# shard).
 # Usage: bench/zero_memory.sh TRAINER [WORKDIR=/tmp/trainer-zero-memory]
 set -euo pipefail
 trainer=$1 work=${2:-/tmp/trainer-zero-memory}
@@ -17,10 +19,10 @@ printf '%-11s %-6s %-7s %10s %14s %14s  %s\n' model mode world "peak GiB" "fp32 
 for m in "${models[@]}"; do
   name=${m%%|*}
   read -r -a flags <<<"${m#*|}"
-  for mode in DDP ZeRO-2; do
+  for mode in DDP ZeRO-2 ZeRO-3; do
     for world in 1 2 4 8; do
-      [[ $mode == ZeRO-2 && $world == 1 ]] && continue
-      extra=(); [[ $mode == ZeRO-2 ]] && extra=(--fsdp shard_grad_op)
+      [[ $mode != DDP && $world == 1 ]] && continue
+      extra=(); [[ $mode == ZeRO-2 ]] && extra=(--fsdp shard_grad_op); [[ $mode == ZeRO-3 ]] && extra=(--fsdp full_shard)
       "$trainer" estimate "${flags[@]}" --world_size "$world" "${extra[@]}" --json >"$work/e.json"
       python3 - "$work/e.json" "$name" "$mode" "$world" <<'PY'
 import json, sys

@@ -317,6 +317,15 @@ std::vector<GradCase> cases() {
                  auto parts = split(x[0], {1, 2, 3}, 1);
                  return parts[0] * parts[2];  // parts[1] gets no gradient
                }});
+  c.push_back({"backward_hook", "backward_hook_identity",
+               [] {
+                 return Inputs{rnd({3, 4}, 42)};
+               },
+               [](const Inputs& x) {
+                 auto calls = std::make_shared<int>(0);
+                 Tensor y = backward_hook(x[0] * x[0], [calls] { ++*calls; });
+                 return y * 2.0;
+               }});
   c.push_back({"checkpoint", "checkpoint_mlp_with_dropout",
                [] {
                  return Inputs{rnd({3, 4}, 39), rnd({6, 4}, 40), rnd({4, 6}, 41)};

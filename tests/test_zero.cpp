@@ -10,7 +10,10 @@
 #include "dist_test_util.h"
 #include "ops/ops.h"
 #include "optim/optimizer.h"
+#include "autograd/functions.h"
+#include "models/causal_lm.h"
 #include "train/zero.h"
+#include "train/zero3.h"
 
 namespace {
 
@@ -184,4 +187,89 @@ TEST(DistZero, RefusesOptimizersThatNeedWholeTensors) {
   });
 }
 
+// backward_hook runs its hook when the gradient arrives, before anything upstream of it runs backward.
+TEST(DistZero, BackwardHookRunsBeforeTheUpstreamBackward) {
+  Tensor x = random_tensor({3}, 7);
+  autograd::set_requires_grad(x, true);
+  std::vector<std::string> order;
+  Tensor y = backward_hook(x * x, [&] { order.push_back("hook"); });
+  Tensor z = backward_hook(sum(y * 3.0), [&] { order.push_back("outer"); });
+  autograd::backward({z});
+  ASSERT_EQ(order, (std::vector<std::string>{"outer", "hook"}));
+  for (int64_t i = 0; i < 3; ++i) EXPECT_FLOAT_EQ(x.grad().data<float>()[i], 6.0f * x.data<float>()[i]);
+}
+
+// ZeRO-3 on a real GPT-2 (2 layers): parameters released between uses (a read throws), each layer gathered
+// for forward and again for backward, every one released after, and the gradient shard equal bit for bit
+// to the sum (in rank order) of the unsharded model's gradients on each rank's batch.
+TEST(DistZero, FullShardGathersEachLayerAndReducesItsGradients) {
+  const nlohmann::json cfg = {{"model_type", "gpt2"}, {"vocab_size", 61}, {"n_embd", 16}, {"n_layer", 2},
+                              {"n_head", 2},          {"n_positions", 16}, {"resid_pdrop", 0},
+                              {"embd_pdrop", 0},      {"attn_pdrop", 0}};
+  const auto config = models::ModelConfig::from_json(cfg, "test");
+  const auto ids = [](int r) {
+    std::vector<int64_t> v(2 * 8);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int64_t>((i * 7 + 13 * static_cast<size_t>(r)) % 61);
+    return ops::from_vector<int64_t>(v, {2, 8});
+  };
+  const auto loss_of = [&](models::CausalLM& m, int r) {
+    models::ForwardOptions fo;
+    fo.labels = ids(r);
+    fo.num_items_in_batch = 28;
+    fo.return_logits = false;
+    return m.forward(ids(r), fo).loss;
+  };
+  with_group(2, test_port(43), [&](int r, dist::ProcessGroup& g) {
+    Generator gen(3);
+    auto ref = models::create_causal_lm(config, Device::cpu(), DType::f32, gen);
+    const nn::ParamList rp = ref->named_parameters();
+    std::vector<Tensor> want(rp.size());
+    for (int q = 0; q < 2; ++q) {  // rank 0's gradients, then rank 1's added: the reduction's order
+      autograd::backward({loss_of(*ref, q)});
+      for (size_t i = 0; i < rp.size(); ++i) {
+        const Tensor gq = ops::contiguous(rp[i].second->grad());
+        want[i] = q == 0 ? ops::contiguous(ops::binary(backend::BinaryOp::mul, gq, ops::full({}, 1.0, DType::f32)))
+                         : ops::binary(backend::BinaryOp::add, want[i], gq);
+        autograd::zero_grad(*rp[i].second);
+      }
+    }
+    Generator gen2(3);
+    auto model = models::create_causal_lm(config, Device::cpu(), DType::f32, gen2);
+    const nn::ParamList params = model->named_parameters();
+    train::ShardedOptimizer opt(g, params, "adamw_torch", adamw_options(), 1 << 10, false, 3);
+    train::FullShard full(opt, params, 1 << 10);  // 256-element chunks: several per unit
+    model->set_layer_hooks(&full);
+    EXPECT_EQ(full.units(), 3);
+    EXPECT_TRUE(full.all_released());
+    EXPECT_THROW(params.front().second->data_ptr(), Error);
+    full.begin_step();
+    full.begin_backward(1.0);
+    {
+      autograd::GradReadyScope ready([&](const TensorImpl* leaf) { full.grad_ready(leaf); });
+      autograd::backward({loss_of(*model, r)});
+    }
+    full.finish_backward();
+    EXPECT_EQ(full.gathers(), 1 + 2 + 2);  // the root once; each layer for forward and for backward
+    EXPECT_TRUE(full.all_released());
+    for (const auto& [name, p] : params) EXPECT_FALSE(p->grad().defined()) << name;
+    const float* shard = opt.grad_shard().data<float>();
+    int64_t pos = 0;
+    for (const auto& s : opt.slices()) {
+      size_t i = 0;
+      while (rp[i].first != s.param) ++i;
+      for (int64_t k = 0; k < s.count; ++k)
+        ASSERT_EQ(shard[pos + k], want[i].data<float>()[s.begin + k]) << s.param << " " << s.begin + k;
+      pos += s.count;
+    }
+    // Evaluation (no grad): every unit gathered and released again.
+    {
+      autograd::NoGradGuard no_grad;
+      loss_of(*model, r);
+    }
+    EXPECT_EQ(full.gathers(), 5 + 3);
+    EXPECT_TRUE(full.all_released());
+  });
+}
+
 }  // namespace
+

@@ -10,7 +10,8 @@
 #     (within 1e-5); a one-process checkpoint continued sharded at 2; SGD's momentum across world sizes;
 #  4. SIGTERM to the launcher: one checkpoint with every rank's file, exit 0; two nodes (two launchers) equal
 #     one when they share output_dir, and are refused before training when they do not;
-#  5. bad input: an optimizer that needs whole tensors, --fsdp full_shard, a rank file missing on resume.
+#  5. bad input: an optimizer that needs whole tensors, a rank file missing on resume (full_shard's own:
+#     zero3_runs.sh).
 # Usage: zero_runs.sh TRAINER TOKENIZER_DIR TEXT WORK_DIR
 set -euo pipefail
 suite=zero_runs

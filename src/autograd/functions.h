@@ -2,6 +2,7 @@
 // gradient is needed, records its backward on the tape. Forward and backward sit side by side in
 // functions_*.cpp.
 #pragma once
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -107,6 +108,9 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
 
 // ---- leaves and gradients
 Tensor detach(const Tensor& x);  // same storage, no history
+// x itself in forward (an alias); in backward, `hook()` runs when the gradient arrives, before anything
+// upstream of x: ZeRO-3 gathers a layer's parameters there. The gradient passes through unchanged.
+Tensor backward_hook(const Tensor& x, std::function<void()> hook);
 Tensor& requires_grad_(Tensor& x, bool requires_grad = true);
 
 }  // namespace tr

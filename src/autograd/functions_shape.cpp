@@ -148,6 +148,16 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
 
 Tensor detach(const Tensor& x) { return x.as_strided(x.shape(), x.strides(), x.offset()); }
 
+Tensor backward_hook(const Tensor& x, std::function<void()> hook) {
+  if (!needs_grad({&x})) return x;
+  Tensor y = detach(x);
+  record("backward_hook", {&x}, {&y}, [hook = std::move(hook)](const Grads& g) -> Grads {
+    hook();
+    return {g[0]};
+  });
+  return y;
+}
+
 Tensor& requires_grad_(Tensor& x, bool requires_grad) {
   autograd::set_requires_grad(x, requires_grad);
   return x;

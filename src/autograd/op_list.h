@@ -17,7 +17,7 @@ inline constexpr std::string_view kDifferentiableOps[] = {
     "cross_entropy", "embedding", "rope", "attention", "linear_cross_entropy",
     // shape
     "view", "reshape", "transpose", "permute", "narrow", "expand", "contiguous", "cat", "split",
-    // recomputation
-    "checkpoint"};
+    // recomputation and hooks
+    "checkpoint", "backward_hook"};
 
 }  // namespace tr::autograd

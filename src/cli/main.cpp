@@ -155,6 +155,7 @@ int estimate(tr::train::TrainingArguments a, const std::string& device, const st
                      {"peak_bytes", e.peak_bytes},
                      {"peak_at", e.peak_at},
                      {"eval_peak_bytes", e.eval_peak_bytes},
+                     {"setup_peak_bytes", e.setup_peak_bytes},
                      {"per_device_train_batch_size", e.per_device_train_batch_size},
                      {"gradient_accumulation_steps", e.gradient_accumulation_steps},
                      {"breakdown", b}};
@@ -169,10 +170,15 @@ int estimate(tr::train::TrainingArguments a, const std::string& device, const st
   std::printf("parameters        %lld (%.1fM)\n", static_cast<long long>(e.parameters), e.parameters / 1e6);
   if (world > 1)
     std::printf("per rank of       %d processes (%s)\n", world,
-                a.fsdp_has("shard_grad_op") ? "ZeRO-2 shard_grad_op" : "DDP replicas");
+                a.fsdp_has("full_shard")      ? "ZeRO-3 full_shard"
+                : a.fsdp_has("shard_grad_op") ? "ZeRO-2 shard_grad_op"
+                                              : "DDP replicas");
   for (const auto& [name, bytes] : e.breakdown) std::printf("  %-50s %s\n", name.c_str(), gib(bytes).c_str());
   std::printf("peak              %s  (%s)\n", gib(e.peak_bytes).c_str(), e.peak_at.c_str());
   if (e.eval_peak_bytes > 0) std::printf("evaluation peak   %s\n", gib(e.eval_peak_bytes).c_str());
+  if (e.setup_peak_bytes > e.peak_bytes)
+    std::printf("set-up peak       %s  (before the first step: the whole model, before sharding)\n",
+                gib(e.setup_peak_bytes).c_str());
   if (budget == 0) return 0;
   std::printf("\nwith %s of device memory (%.2f GiB):\n", memory.c_str(),
               static_cast<double>(budget) / (1 << 30));

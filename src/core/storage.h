@@ -17,13 +17,27 @@ class Storage {
   Storage(void* data, size_t nbytes, Device device, std::shared_ptr<void> owner)
       : data_(data), nbytes_(nbytes), device_(device), owner_(std::move(owner)) {}
   ~Storage() {
-    if (alloc_) alloc_->deallocate(data_, nbytes_);
+    if (alloc_ && !released_) alloc_->deallocate(data_, nbytes_);
   }
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
   void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
+  // ZeRO-3 (full_shard): a parameter's bytes handed back to the allocator between uses, and taken again
+  // before the next one; every tensor over this storage stays valid and sees the new bytes. Borrowed memory
+  // cannot be released.
+  void release() {
+    if (alloc_ && !released_) alloc_->deallocate(data_, nbytes_);
+    data_ = alloc_ ? nullptr : data_;
+    released_ = alloc_ != nullptr;
+  }
+  void reacquire() {
+    if (!released_) return;
+    data_ = alloc_->allocate(nbytes_);
+    released_ = false;
+  }
+  bool released() const { return released_; }
   Device device() const { return device_; }
   bool borrowed() const { return alloc_ == nullptr; }
 
@@ -33,6 +47,7 @@ class Storage {
   Allocator* alloc_ = nullptr;
   Device device_;
   std::shared_ptr<void> owner_;
+  bool released_ = false;
 };
 
 }  // namespace tr

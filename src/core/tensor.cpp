@@ -31,6 +31,9 @@ bool Tensor::is_contiguous() const {
 
 void* Tensor::data_ptr() const {
   TR_CHECK(!device().is_meta(), "data_ptr() of a meta tensor {}: meta tensors hold no data", describe());
+  TR_CHECK(!impl().storage->released(),
+           "data_ptr() of {}: its storage is released (a full_shard parameter used outside its gather)",
+           describe());
   auto* base = static_cast<char*>(impl().storage->data());
   return base + impl().offset * static_cast<int64_t>(dtype_size(dtype()));
 }

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
 #include <gloo/alltoallv.h>
@@ -170,6 +171,19 @@ class GlooGroup final : public ProcessGroup {
       gloo::allgather(o);
     });
   }
+  void all_gather_v(const void* in, size_t bytes, void* out, const std::vector<size_t>& counts) override {
+    TR_CHECK(counts.size() == static_cast<size_t>(env_.world_size) &&
+                 counts[static_cast<size_t>(env_.rank)] == bytes,
+             "all_gather_v: {} counts for {} ranks, this rank's {} for {} bytes", counts.size(),
+             env_.world_size, counts.empty() ? 0 : counts[static_cast<size_t>(env_.rank)], bytes);
+    run("all_gather_v", bytes, [&] {
+      gloo::AllgathervOptions o(ctx_);
+      o.setInput(const_cast<char*>(static_cast<const char*>(in)), bytes);
+      o.setOutput(static_cast<char*>(out), counts);
+      o.setTimeout(timeout_);
+      gloo::allgatherv(o);
+    });
+  }
   void all_to_all(const void* in, void* out, size_t bytes) override {
     run("all_to_all", bytes * static_cast<size_t>(env_.world_size), [&] {
       gloo::AlltoallOptions o(ctx_);
@@ -247,6 +261,7 @@ class DryRunGroup final : public ProcessGroup {
   void all_reduce_sum(double*, size_t) override {}
   void broadcast(void*, size_t, int) override {}
   void all_gather(const void*, void*, size_t) override {}
+  void all_gather_v(const void*, size_t, void*, const std::vector<size_t>&) override {}
   void all_to_all(const void*, void*, size_t) override {}
   void all_to_all_v(const float*, const std::vector<int64_t>&, float*, const std::vector<int64_t>&) override {
   }

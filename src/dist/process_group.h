@@ -39,6 +39,9 @@ class ProcessGroup {
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
   // Every rank's `bytes` from `in`, concatenated by rank into `out` (size() * bytes).
   virtual void all_gather(const void* in, void* out, size_t bytes) = 0;
+  // Variable blocks: this rank's `bytes` from `in`; `out` receives rank i's counts[i] bytes, consecutive by
+  // rank (counts[rank()] == bytes). ZeRO-3's per-layer parameter gather.
+  virtual void all_gather_v(const void* in, size_t bytes, void* out, const std::vector<size_t>& counts) = 0;
   // Block j of `in` (size() blocks of `bytes`) to rank j; `out` receives rank i's block for this rank at i.
   virtual void all_to_all(const void* in, void* out, size_t bytes) = 0;
   // Variable blocks: send_counts[j] floats of `in` (consecutive, by rank) to rank j; `out` receives

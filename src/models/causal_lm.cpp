@@ -38,11 +38,36 @@ Tensor CausalLM::attend(const Tensor& q, const Tensor& k, const Tensor& v, const
   return eager_attention(q, repeat_kv(k), repeat_kv(v), mask, scale, dropout_p, o.dropout_gen, drop);
 }
 
-Tensor CausalLM::run_layer(const autograd::RegionFn& layer, const Tensor& h, const ForwardOptions& o) const {
-  if (!o.gradient_checkpointing || !autograd::grad_enabled()) return layer({h})[0];
-  autograd::CheckpointOptions co;
-  if (o.training && o.dropout_gen) co.generators.push_back(o.dropout_gen);
-  return autograd::checkpoint(layer, {h}, co)[0];
+Tensor CausalLM::run_layer(const autograd::RegionFn& layer, const Tensor& h, const ForwardOptions& o,
+                           size_t index) const {
+  const int unit = static_cast<int>(index);
+  if (hooks_) hooks_->before_forward(unit);
+  Tensor out;
+  if (!o.gradient_checkpointing || !autograd::grad_enabled()) {
+    out = layer({h})[0];
+  } else {
+    autograd::CheckpointOptions co;
+    if (o.training && o.dropout_gen) co.generators.push_back(o.dropout_gen);
+    out = autograd::checkpoint(layer, {h}, co)[0];
+  }
+  if (!hooks_) return out;
+  hooks_->after_forward(unit);
+  // The layer's parameters come back before its backward: the hook runs when the output's gradient arrives.
+  LayerHooks* hooks = hooks_;
+  return backward_hook(out, [hooks, unit] { hooks->before_backward(unit); });
+}
+
+int CausalLM::decoder_layer_of(const std::string& name) {
+  for (const std::string_view key : {"h.", "layers."}) {
+    for (size_t at = name.find(key); at != std::string::npos; at = name.find(key, at + 1)) {
+      if (at != 0 && name[at - 1] != '.') continue;  // a whole segment ("h.", not "...h.")
+      size_t i = at + key.size(), n = 0;
+      int v = 0;
+      while (i < name.size() && name[i] >= '0' && name[i] <= '9' && n < 9) v = v * 10 + (name[i++] - '0'), ++n;
+      if (n > 0 && i < name.size() && name[i] == '.') return v;
+    }
+  }
+  return -1;
 }
 
 namespace {

@@ -17,6 +17,20 @@ struct KVCache {
   int64_t length = 0;
 };
 
+// What ZeRO-3 (--fsdp full_shard) needs of a forward pass: a unit's parameters exist only between its
+// gather and its release. Unit -1 is the root (embeddings, final norm, LM head), unit i decoder layer i. The
+// model calls before_forward(u) before a unit's first use and after_forward(u) after its last use in the
+// forward pass, and - with grad mode on - before_backward(i) when layer i's output gradient arrives, before
+// any of the layer's backward runs (an identity node on its output). Releasing after backward is the
+// owner's business (its parameters' gradients are final then).
+class LayerHooks {
+ public:
+  virtual ~LayerHooks() = default;
+  virtual void before_forward(int unit) = 0;
+  virtual void after_forward(int unit) = 0;
+  virtual void before_backward(int unit) = 0;
+};
+
 struct ForwardOptions {
   Tensor labels;                  // int64 [B, T]; shifted inside (HF semantics), -100 ignored
   Tensor attention_mask;          // int64/bool [B, T]; 0 marks padding (keys never attended)
@@ -57,6 +71,11 @@ class CausalLM {
   // "eager" (materialized scores), "sdpa" or "flash_attention_2" (both: the fused memory-efficient kernel).
   const std::string& attn_implementation() const { return attn_implementation_; }
   void set_attn_implementation(const std::string& impl);
+  // ZeRO-3's gather/release around every forward (null: the parameters are always there). Not owned.
+  void set_layer_hooks(LayerHooks* hooks) { hooks_ = hooks; }
+  LayerHooks* layer_hooks() const { return hooks_; }
+  // The decoder layer parameter `name` belongs to (HF names: "...h.3." / "...layers.3."), -1 for the root.
+  static int decoder_layer_of(const std::string& name);
 
  protected:
   CausalLM(ModelConfig c, Device d, DType t) : config_(std::move(c)), device_(d), dtype_(t) {}
@@ -74,14 +93,24 @@ class CausalLM {
   // (GEMMs + row softmax per query block), whose dropout mask equals eager's from the same generator.
   Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& key_keep,
                 double dropout_p, const ForwardOptions& o) const;
-  // One decoder layer, as a checkpoint region when o.gradient_checkpointing (dropout replayed exactly).
-  Tensor run_layer(const autograd::RegionFn& layer, const Tensor& h, const ForwardOptions& o) const;
+  // Decoder layer `index`, as a checkpoint region when o.gradient_checkpointing (dropout replayed exactly),
+  // between the layer hooks' gather and release when there are hooks.
+  Tensor run_layer(const autograd::RegionFn& layer, const Tensor& h, const ForwardOptions& o,
+                   size_t index) const;
+  // The root unit's hooks around a whole forward pass.
+  void root_begin() const {
+    if (hooks_) hooks_->before_forward(-1);
+  }
+  void root_end() const {
+    if (hooks_) hooks_->after_forward(-1);
+  }
   // bool [B, T] keep-mask from an attention_mask, or undefined.
   Tensor key_keep_for(const Tensor& attention_mask) const;
   ModelConfig config_;
   Device device_;
   DType dtype_;
   std::string attn_implementation_ = "eager";
+  LayerHooks* hooks_ = nullptr;
 };
 
 // Freshly initialized model (HF's init) on `device` in `dtype`.

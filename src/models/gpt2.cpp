@@ -81,6 +81,7 @@ class Gpt2 final : public CausalLM {
     for (int64_t t = 0; t < T; ++t) pv[static_cast<size_t>(t)] = past + t;
     Tensor pos = device_.is_meta() ? ops::empty({T}, DType::i64, device_)
                                    : ops::from_vector<int64_t>(pv, {T}, device_);
+    root_begin();
     Tensor h = add(wte_(ids), wpe_(pos));
     if (drop) h = dropout(h, c.embd_pdrop, *o.dropout_gen);
     const bool eager = attn_implementation_ == "eager";  // only eager reads the mask (sdpa: key_keep)
@@ -91,12 +92,13 @@ class Gpt2 final : public CausalLM {
       auto layer = [this, li, mask, keep, o](const std::vector<Tensor>& in) -> std::vector<Tensor> {
         return {block(blocks_[li], li, in[0], mask, keep, o)};
       };
-      h = run_layer(layer, h, o);
+      h = run_layer(layer, h, o, li);
     }
     if (o.cache) o.cache->length = S;
-    if (o.cache) o.cache->length = S;
     h = ln_f_(h);
-    return head_and_loss(h, lm_head_.defined() ? lm_head_ : wte_.weight, o);
+    CausalLMOutput out = head_and_loss(h, lm_head_.defined() ? lm_head_ : wte_.weight, o);
+    root_end();
+    return out;
   }
 
  private:

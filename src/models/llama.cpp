@@ -117,6 +117,7 @@ class Llama final : public CausalLM {
     const bool eager = attn_implementation_ == "eager";  // only eager reads the mask (sdpa: key_keep)
     const Tensor mask = eager ? attention_mask_for(B, T, S, o.attention_mask) : Tensor();
     const Tensor keep = key_keep_for(o.attention_mask);
+    root_begin();
     Tensor h = embed_(ids);
     for (size_t li = 0; li < layers_.size(); ++li) {
       // Captures by value: a checkpoint region runs again during backward, after forward() has returned.
@@ -124,11 +125,13 @@ class Llama final : public CausalLM {
                     o](const std::vector<Tensor>& in) -> std::vector<Tensor> {
         return {decoder_layer(layers_[li], li, in[0], mask, keep, positions, o)};
       };
-      h = run_layer(layer, h, o);
+      h = run_layer(layer, h, o, li);
     }
     if (o.cache) o.cache->length = S;
     h = norm_(h);
-    return head_and_loss(h, lm_head_.defined() ? lm_head_ : embed_.weight, o);
+    CausalLMOutput out = head_and_loss(h, lm_head_.defined() ? lm_head_ : embed_.weight, o);
+    root_end();
+    return out;
   }
 
  private:

@@ -13,6 +13,7 @@
 #include "train/setup.h"
 #include "train/train_step.h"
 #include "train/zero.h"
+#include "train/zero3.h"
 
 namespace tr::train {
 
@@ -89,15 +90,19 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, int world_size) {
   oo.lr = a.learning_rate;
   oo.weight_decay = a.weight_decay;
   oo.args = optim::parse_optim_args(a.optim_args);
-  // ZeRO-2: rank 0 of world_size with its shard's slices, taken before the half weights are made (the run's
-  // order: no whole fp32 masters are kept).
-  const bool zero = world_size > 1 && a.fsdp_has("shard_grad_op");
+  // ZeRO-2/3: rank 0 of world_size with its shard's slices, taken before the half weights are made (the run's
+  // order: no whole fp32 masters are kept); ZeRO-3 then releases every parameter.
+  const int stage = world_size <= 1              ? 0
+                    : a.fsdp_has("full_shard")    ? 3
+                    : a.fsdp_has("shard_grad_op") ? 2
+                                                  : 0;
+  const bool zero = stage > 0;
   const auto group = zero ? dist::dry_run_group(world_size) : nullptr;
   std::unique_ptr<ShardedOptimizer> z;
   if (zero)
     z = std::make_unique<ShardedOptimizer>(*group, model->named_parameters(), a.optim, oo,
-                                           a.ddp_bucket_cap_mb << 20, compute != DType::f32);
-  MixedPrecision mp(model->named_parameters(), compute, a.fp16, zero);
+                                           a.ddp_bucket_cap_mb << 20, compute != DType::f32, stage);
+  MixedPrecision mp(model->named_parameters(), compute, a.fp16, zero && compute != DType::f32);
   model->set_dtype(compute);
   ShardedOptimizer* sharded = z.get();
   std::unique_ptr<optim::Optimizer> opt =
@@ -107,9 +112,18 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, int world_size) {
   for (const auto& [name, p] : model->named_parameters()) weights.push_back(*p);
   if (mp.enabled() && !zero)
     for (const auto& [name, p] : mp.master_params()) masters.push_back(*p);
-
+  const int64_t weight_bytes = bytes_of(weights);
+  std::unique_ptr<FullShard> full;
+  if (stage == 3) {
+    weights.clear();  // released: none of them stays between uses
+    full = std::make_unique<FullShard>(*sharded, model->named_parameters(), a.ddp_bucket_cap_mb << 20);
+    model->set_layer_hooks(full.get());
+  }
+  // The run measures train_peak_memory_gib from its first step: the set-up's own peak (the whole fp32 model
+  // before a sharded run releases its share) is reported apart.
+  e.setup_peak_bytes = meta.stats().peak_bytes - base;
+  meta.reset_peak();
   PeakTracker tracker;
-  tracker.mark("set-up (weights, masters)");
   StepOptions so;
   so.gradient_checkpointing = a.gradient_checkpointing;
   so.max_grad_norm = a.max_grad_norm;
@@ -123,7 +137,7 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, int world_size) {
   so.after_backward = [&](int64_t step, const nn::ParamList&) {
     tracker.mark(fmt::format("forward/backward of micro-batch {} of step {}", micro_now, step + 1));
   };
-  const StepState ss{*model, mp, *opt, dropout};
+  const StepState ss{*model, mp, *opt, dropout, full.get()};
   auto step_fn = make_eager_step(ss, so);
   // Two steps: the first makes the optimizer state, the second is the steady state with it. Micro-batches
   // after the second repeat its memory exactly (gradients accumulate in place), so at most two run; the
@@ -164,9 +178,10 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, int world_size) {
     e.peak_bytes = e.eval_peak_bytes;
     e.peak_at = "evaluation forward (eval_strategy)";
   }
-  const int64_t grads = bytes_of(weights);  // one gradient per parameter, in the compute dtype
+  const int64_t grads = weight_bytes;  // one gradient per parameter, in the compute dtype
   const int64_t shard = sharded ? sharded->shard_bytes() - state : 0;  // slices of masters and gradients
-  e.breakdown = {{"weights", bytes_of(weights)},
+  e.breakdown = {{full ? "weights (none between uses: each unit gathered as it runs)" : "weights",
+                  bytes_of(weights)},
                  {sharded ? "fp32 masters (this rank's slices) and reduced gradient shard" : "fp32 masters",
                   sharded ? shard : bytes_of(masters)},
                  {"optimizer state", state},
@@ -174,8 +189,11 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, int world_size) {
                  {"data loader prefetch", prefetch}};
   int64_t persistent = 0;
   for (const auto& [name, b] : e.breakdown) persistent += b;
+  if (full) e.breakdown.emplace_back("weights (all, for reference)", weight_bytes);
   e.breakdown.emplace_back("gradients (all, for reference)", grads);
-  e.breakdown.emplace_back("activations, gradients and workspace at the peak", e.peak_bytes - persistent);
+  e.breakdown.emplace_back(full ? "activations, gathered units, gradients and workspace at the peak"
+                                : "activations, gradients and workspace at the peak",
+                           e.peak_bytes - persistent);
   return e;
 }
 
@@ -252,6 +270,10 @@ std::vector<KnobRow> knob_table(const TrainingArguments& a, int world_size) {
            t.per_device_train_batch_size /= 2;
            t.gradient_accumulation_steps *= 2;
          });
+  // Sharding, when distributed (and the optimizer shards element-wise): ZeRO-2 and ZeRO-3 per rank.
+  for (const char* strategy : {"shard_grad_op", "full_shard"})
+    if (world_size > 1 && shards_elementwise(a.optim) && !a.fsdp_has(strategy))
+      with(fmt::format("fsdp {}", strategy), [strategy](auto& t) { t.fsdp = strategy; });
   std::vector<KnobRow> out;
   for (const auto& [knob, t] : rows) out.push_back({knob, estimate_memory(t, world_size).peak_bytes});
   return out;

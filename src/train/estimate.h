@@ -20,6 +20,9 @@ struct MemoryEstimate {
   int64_t eval_peak_bytes =
       0;  // during an evaluation (0 without one); in peak_bytes with eval_strategy only,
           // as the final --do_eval evaluation runs after train_peak_memory_gib is taken
+  // Set-up's peak (model, masters, optimizer made), which train_peak_memory_gib does not count: above
+  // peak_bytes for a sharded run, whose ranks hold the whole fp32 model before they release their share.
+  int64_t setup_peak_bytes = 0;
   // name -> bytes, in the order printed: weights, fp32 masters, gradients, optimizer state, data batches,
   // activations and workspace at the peak (the rest of the peak).
   std::vector<std::pair<std::string, int64_t>> breakdown;
@@ -29,7 +32,8 @@ struct MemoryEstimate {
 // The estimate for `a` (validated as `trainer train` would, less the data and tokenizer files, which it does
 // not need). Throws naming the flag for a config that cannot be built. `world_size` > 1: one rank's memory
 // among that many - with --fsdp shard_grad_op its slices of the masters, optimizer state and reduced
-// gradients (the sharded optimizer dry-runs against a group that moves nothing); without, DDP's replicas,
+// gradients (the sharded optimizer dry-runs against a group that moves nothing), with full_shard also the
+// parameters gathered one unit at a time and released (zero3.h); without, DDP's replicas,
 // whose per-rank memory is one process's (the gradient buckets travel through host buffers outside the
 // allocator).
 MemoryEstimate estimate_memory(const TrainingArguments& a, int world_size = 1);

@@ -11,6 +11,7 @@
 #include "autograd/node.h"
 #include "data/loader.h"
 #include "train/setup.h"
+#include "train/zero3.h"
 
 namespace tr::train {
 
@@ -49,7 +50,19 @@ EvalResult evaluate(models::CausalLM& model, std::shared_ptr<const data::TokenSt
   double sum = 0;
   while (auto b = loader.next()) {
     if (b->epoch > 0) break;
-    if (b->input_ids.size(0) == 0) continue;  // this rank's slice of the last batches is empty
+    // This rank's slice of the last batches is empty: skipped, except under ZeRO-3, whose ranks all take
+    // part in every forward's gathers (an idle row whose labels are all ignored adds nothing).
+    const bool idle = b->input_ids.size(0) == 0;
+    if (idle && model.layer_hooks() == nullptr) continue;
+    if (idle) {
+      data::Batch i = idle_batch(std::max<int64_t>(2, b->input_ids.size(1)), model.device());
+      models::ForwardOptions fo;
+      fo.labels = i.labels;
+      fo.num_items_in_batch = 1.0;
+      fo.return_logits = false;
+      model.forward(i.input_ids, fo);
+      continue;
+    }
     models::ForwardOptions fo;
     fo.labels = b->labels;
     fo.num_items_in_batch = 1.0;  // loss = sum of token losses

@@ -9,6 +9,7 @@
 #include "autograd/node.h"
 #include "core/allocator.h"
 #include "ops/ops.h"
+#include "train/zero3.h"
 
 namespace tr::train {
 
@@ -36,7 +37,10 @@ StepCore::StepCore(StepState s, StepOptions o, bool overlap)
       o_(std::move(o)),
       params_(s.model.named_parameters()),
       zero_(dynamic_cast<ShardedOptimizer*>(&s.opt)),
+      full_(s.full_shard),
       overlap_(overlap) {
+  TR_CHECK(!full_ || (zero_ && zero_->stage() == 3 && overlap_),
+           "--fsdp full_shard: the step needs the stage-3 sharded optimizer and the eager step");
   if (o_.group != nullptr && zero_ == nullptr)
     reducer_ = std::make_unique<GradReducer>(*o_.group, o_.ddp_bucket_cap_bytes);
 }
@@ -67,10 +71,16 @@ double StepCore::label_tokens(const std::vector<data::Batch>& micro) {
 Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& micro, double items,
                                   StepResult& r) {
   Tensor sum;
-  s_.mp.begin_step(static_cast<int64_t>(micro.size()));
-  for (const auto& b : micro) {
-    if (b.input_ids.size(0) == 0) continue;
-    if (o_.on_micro_batch) o_.on_micro_batch(step, b.input_ids);
+  // ZeRO-3 accumulates in the f32 gradient shard: no whole f32 gradients are made up front.
+  s_.mp.begin_step(full_ ? 1 : static_cast<int64_t>(micro.size()));
+  if (full_) full_->begin_step();
+  for (const auto& real : micro) {
+    // A rank past the epoch's last sample has an empty micro-batch: alone or under DDP it is skipped;
+    // ZeRO-3's ranks all run every forward's gathers, so it runs an idle one (no loss, zero gradients).
+    const bool idle = real.input_ids.size(0) == 0;
+    if (idle && !full_) continue;
+    const data::Batch b = idle ? idle_batch(std::max<int64_t>(2, real.input_ids.size(1)), o_.device) : real;
+    if (o_.on_micro_batch && !idle) o_.on_micro_batch(step, b.input_ids);
     models::ForwardOptions fo;
     fo.labels = b.labels;
     fo.num_items_in_batch = items;
@@ -79,20 +89,24 @@ Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& 
     fo.training = true;
     fo.dropout_gen = &s_.dropout_gen;
     // DDP: each rank draws its rows' part of the global batch's dropout masks (the single process's bits).
-    if (o_.group != nullptr)
+    if (o_.group != nullptr && !idle)
       s_.dropout_gen.set_shard({b.global_first, b.input_ids.size(0), b.global_size, b.global_unit});
     Tensor loss = s_.model.forward(b.input_ids, fo).loss;
-    if (empties_cache(step) && &b == &micro.front()) empty_cache(r);
+    if (empties_cache(step) && &real == &micro.front()) empty_cache(r);
     // DDP: the last backward launches each bucket's all-reduce as soon as its gradients are final.
     std::optional<autograd::GradReadyScope> ready;
     // (CPU tensors only: the comm thread would need a stream of its own and events on a GPU.)
-    if (reducer_ && overlap_ && o_.device.is_cpu() && &b == &micro.back()) {
+    if (reducer_ && overlap_ && o_.device.is_cpu() && &real == &micro.back()) {
       reducer_->begin(params_);
       reducing_ = true;
       ready.emplace([this](const TensorImpl* leaf) { reducer_->grad_ready(leaf); });
     }
+    if (full_) {  // ZeRO-3: every micro-batch's layers reduced as their backward ends, then released
+      full_->begin_backward(grad_scale_);
+      ready.emplace([this](const TensorImpl* leaf) { full_->grad_ready(leaf); });
+    }
     // ZeRO-2: each bucket reduce-scattered as its gradients become final, and those gradients dropped.
-    if (zero_ && zero_overlaps() && &b == &micro.back()) {
+    if (zero_ && !full_ && zero_overlaps() && &real == &micro.back()) {
       zero_->begin_backward(grad_scale_);
       reducing_ = true;
       ready.emplace([this](const TensorImpl* leaf) { zero_->grad_ready(leaf); });
@@ -101,11 +115,12 @@ Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& 
       autograd::backward({loss}, {ops::full({}, s_.mp.loss_scale(), DType::f32, o_.device)});
     else
       autograd::backward({loss});
+    if (full_) full_->finish_backward();
     s_.dropout_gen.clear_shard();
     autograd::NoGradGuard no_grad;
     Tensor l = ops::to_dtype(detach(loss), DType::f64);
     sum = sum.defined() ? ops::binary(backend::BinaryOp::add, sum, l) : l;
-    r.tokens += b.input_ids.numel();
+    if (!idle) r.tokens += b.input_ids.numel();
   }
   return sum;
 }
@@ -134,15 +149,16 @@ void StepCore::finish(int64_t step, double lr, const Tensor& loss, StepResult& r
   const auto t1 = std::chrono::steady_clock::now();
   if (o_.after_backward) o_.after_backward(step, params_);
   const double inv_scale = 1.0 / s_.mp.loss_scale();
-  if (zero_ && zero_overlaps()) {  // ZeRO-2: this rank's shard of the sums, bucket by bucket
+  const bool reduced = zero_ && (full_ || zero_overlaps());  // the shard holds the sums already
+  if (zero_ && !full_ && zero_overlaps()) {  // ZeRO-2: this rank's shard of the sums, bucket by bucket
     // A rank whose last micro-batch was empty ran no backward: it reduces every bucket now, the same
     // collectives in the same order as the ranks that reduced them during backward.
     if (!overlapped) zero_->begin_backward(grad_scale_);
     zero_->finish_backward();
   }
   // Read after the buckets dropped theirs (ZeRO-2 holds no whole gradients past this point).
-  const std::vector<Tensor> grads = zero_ && zero_overlaps() ? std::vector<Tensor>() : s_.mp.model_grads();
-  if (zero_ && !zero_overlaps())
+  const std::vector<Tensor> grads = reduced ? std::vector<Tensor>() : s_.mp.model_grads();
+  if (zero_ && !reduced)
     zero_->reduce_scatter(grads, grad_scale_);  // the compiled step: no engine reports, one pass
   const Tensor stats = zero_ ? zero_->global_stats(inv_scale) : ops::grad_stats(grads, inv_scale, o_.device);
   const backend::Backend::GradTransform transform{inv_scale, o_.max_grad_norm, stats};

@@ -46,6 +46,7 @@ class StepCore {
   nn::ParamList params_;
   std::unique_ptr<GradReducer> reducer_;  // DDP
   ShardedOptimizer* zero_ = nullptr;      // ZeRO-2: the optimizer reduce-scatters and gathers itself
+  FullShard* full_ = nullptr;             // ZeRO-3: each layer reduced as its backward ends
   double grad_scale_ = 1;                 // what the summed gradients are multiplied by
   bool overlap_ = true;
   bool reducing_ = false;  // the reducer's buckets were begun during this step's backward

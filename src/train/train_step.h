@@ -28,11 +28,13 @@ struct StepResult {
 };
 
 // What a step reads and updates; owned by the run.
+class FullShard;
 struct StepState {
   models::CausalLM& model;
   MixedPrecision& mp;
   optim::Optimizer& opt;
   Generator& dropout_gen;
+  FullShard* full_shard = nullptr;  // ZeRO-3: the layers gathered, released and reduced (zero3.h)
 };
 
 struct StepOptions {

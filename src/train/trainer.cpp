@@ -32,6 +32,7 @@
 #include "train/estimate.h"
 #include "train/ddp.h"
 #include "train/zero.h"
+#include "train/zero3.h"
 #include "train/setup.h"
 
 namespace tr::train {
@@ -236,8 +237,11 @@ Schedule make_schedule(const TrainingArguments& a, int64_t batches_per_epoch) {
   return s;
 }
 
-// --fsdp shard_grad_op: ZeRO-2 (zero.h).
-bool sharded(const TrainingArguments& a) { return a.fsdp_has("shard_grad_op"); }
+// --fsdp shard_grad_op: ZeRO-2 (zero.h); full_shard: ZeRO-3 (zero3.h).
+int zero_stage(const TrainingArguments& a) {
+  return a.fsdp_has("full_shard") ? 3 : a.fsdp_has("shard_grad_op") ? 2 : 0;
+}
+bool sharded(const TrainingArguments& a) { return zero_stage(a) > 0; }
 
 // One call of train(): what is set up before the first step (model, data, optimizer, resumed state) and
 // the loop around the step - logging, evaluation, saving, stopping - and the files of a finished run.
@@ -279,6 +283,7 @@ class Run {
   DType compute_ = DType::f32;
   std::unique_ptr<MixedPrecision> mp_;
   std::unique_ptr<optim::Optimizer> opt_;
+  std::unique_ptr<FullShard> full_;  // ZeRO-3: the model's layer hooks (destroyed before the model is used)
   TrainerState st_;
   Generator dropout_gen_;
   std::unique_ptr<MetricsLog> metrics_;
@@ -331,14 +336,23 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
   // ZeRO-2: this rank's slices of the fp32 weights and of the optimizer state, taken before mixed precision
   // makes the half weights - which then keeps no whole fp32 masters (each f32 tensor goes as its half copy
   // is made, so the whole model never exists in both precisions plus masters).
-  const bool zero = group_ && sharded(a);
+  // ZeRO-3 also takes the slices first, and then releases the model's (half) parameters: from here on a
+  // layer's weights exist only while it runs.
+  const int stage = group_ ? zero_stage(a) : 0;
+  const bool zero = stage > 0;
   if (zero)
     opt_ = std::make_unique<ShardedOptimizer>(*group_, model_->named_parameters(), a.optim, oo,
-                                              a.ddp_bucket_cap_mb << 20, compute_ != DType::f32);
+                                              a.ddp_bucket_cap_mb << 20, compute_ != DType::f32, stage);
   // Mixed precision: the model computes in half precision, the optimizer updates fp32 masters.
-  mp_ = std::make_unique<MixedPrecision>(model_->named_parameters(), compute_, a.fp16, zero);
+  mp_ = std::make_unique<MixedPrecision>(model_->named_parameters(), compute_, a.fp16,
+                                         zero && compute_ != DType::f32);
   model_->set_dtype(compute_);
   if (!zero) opt_ = optim::make_optimizer(a.optim, mp_->master_params(), oo);
+  if (stage == 3) {
+    full_ = std::make_unique<FullShard>(static_cast<ShardedOptimizer&>(*opt_), model_->named_parameters(),
+                                        a.ddp_bucket_cap_mb << 20);
+    model_->set_layer_hooks(full_.get());
+  }
   st_.train_tokens = streams_.train->size();
   st_.train_batch_size = a.per_device_train_batch_size;
   st_.gradient_accumulation_steps = sched_.ga;
@@ -420,6 +434,11 @@ void Run::resume() {
 void Run::announce() const {
   const std::string world =
       !group_ ? ""
+      : full_ ? fmt::format(
+                    " x {} processes (ZeRO-3 full_shard over {}: parameters, gradients and optimizer state "
+                    "1/{} per rank, {} units gathered per layer, {} MB per collective)",
+                    group_->size(), group_->backend_name(), group_->size(), full_->units(),
+                    a_.ddp_bucket_cap_mb)
       : dynamic_cast<const ShardedOptimizer*>(opt_.get())
           ? fmt::format(
                 " x {} processes (ZeRO-2 shard_grad_op over {}: gradients reduce-scattered, optimizer "
@@ -473,18 +492,22 @@ void Run::evaluate_at(int64_t step) {
   eval_seconds_ += e.seconds;
 }
 
-// ZeRO-2 under mixed precision: every rank's fp32 slices gathered into whole masters (saving writes fp32
-// weights; a collective), and freed again after the save.
+// ZeRO-2/3 under mixed precision: every rank's fp32 slices gathered into whole masters (saving writes fp32
+// weights; a collective), and freed again after the save. ZeRO-3 in fp32: the gathered weights go into
+// rank 0's released parameters.
 void Run::gather_masters() {
   auto* z = dynamic_cast<ShardedOptimizer*>(opt_.get());
-  if (!z || !mp_->masters_sharded()) return;
-  auto full = z->gather_masters(main_);  // only rank 0 writes weights: the others keep nothing
-  if (main_) mp_->restore_masters(std::move(full));
+  const bool fp32_full = full_ && !mp_->enabled();
+  if (!z || (!mp_->masters_sharded() && !fp32_full)) return;
+  // Only rank 0 writes weights: the others keep nothing. ZeRO-3 in fp32 gathers into the parameters.
+  auto full = z->gather_masters(main_, main_ && fp32_full ? full_->materialize() : std::vector<Tensor>());
+  if (main_ && !fp32_full) mp_->restore_masters(std::move(full));
 }
 
 void Run::reshard_masters() {
+  if (full_ && !mp_->enabled()) full_->release_all();
   if (auto* z = dynamic_cast<ShardedOptimizer*>(opt_.get());
-      z && z->owns_masters() && !mp_->masters_sharded())
+      z && mp_->enabled() && z->owns_masters() && !mp_->masters_sharded())
     mp_->shard_masters();
 }
 
@@ -589,7 +612,7 @@ TrainResult Run::train() {
   so.average_tokens_across_devices = a_.average_tokens_across_devices;
   // inductor fuses; cudagraphs and the debugging backends (eager, aot_eager) replay the calls as recorded.
   so.fuse_elementwise = a_.torch_compile_backend == "inductor" && ops::fuses_elementwise(dev_);
-  const StepState ss{*model_, *mp_, *opt_, dropout_gen_};
+  const StepState ss{*model_, *mp_, *opt_, dropout_gen_, full_.get()};
   if (a_.torch_compile)
     std::fprintf(stderr,
                  "torch_compile: backend %s, mode %s: the step is captured per shape, planned into one arena "
@@ -701,7 +724,8 @@ void Run::finish() {
       return out;
     };
     all["world_size"] = group_->size();
-    all["fsdp"] = dynamic_cast<const ShardedOptimizer*>(opt_.get()) ? "shard_grad_op" : "";
+    const auto* z = dynamic_cast<const ShardedOptimizer*>(opt_.get());
+    all["fsdp"] = z ? z->fsdp_option() : "";
     all["train_peak_memory_gib_per_rank"] = gib(r_.rank_peak_bytes);
     all["optimizer_state_gib_per_rank"] = gib(r_.rank_optimizer_bytes);
     all["ddp_backend"] = group_->backend_name();
@@ -744,7 +768,7 @@ namespace {
 // A sharded run's ranks write their optimizer files into one checkpoint folder and read each other's on
 // resume: every rank must see output_dir (one host, or a shared filesystem). Checked before training starts,
 // not at the first save.
-void check_shared_output_dir(dist::ProcessGroup& g, const std::string& dir) {
+void check_shared_output_dir(dist::ProcessGroup& g, const std::string& dir, const char* strategy) {
   const fs::path marker = fs::path(dir) / ".trainer-shared-check";
   uint64_t token = 0;
   if (g.rank() == 0) {
@@ -761,10 +785,10 @@ void check_shared_output_dir(dist::ProcessGroup& g, const std::string& dir) {
   if (g.rank() == 0) fs::remove(marker);
   TR_CHECK(
       blind == 0,
-      "--fsdp shard_grad_op: {} of the {} ranks cannot see {} written by rank 0; every rank writes its "
+      "--fsdp {}: {} of the {} ranks cannot see {} written by rank 0; every rank writes its "
       "optimizer file into the same checkpoint folder, so --output_dir must be on a filesystem all ranks "
       "share",
-      blind, g.size(), marker.string());
+      strategy, blind, g.size(), marker.string());
 }
 
 }  // namespace
@@ -774,15 +798,23 @@ std::unique_ptr<dist::ProcessGroup> join_group(const TrainingArguments& a) {
   const dist::DistEnv env = dist::read_dist_env();
   if (!env.distributed()) return nullptr;
   for (const std::string& o : a.fsdp_options())
-    TR_CHECK(
-        o == "shard_grad_op" || o == "no_shard" || o == "auto_wrap",
-        "--fsdp {}: {} is not built yet; shard_grad_op (ZeRO-2: gradients and optimizer state sharded) is, "
-        "and without --fsdp the {} processes train with DDP",
-        a.fsdp, o, env.world_size);
+    TR_CHECK(o == "shard_grad_op" || o == "full_shard" || o == "no_shard" || o == "auto_wrap",
+             "--fsdp {}: {} is not built yet; shard_grad_op (ZeRO-2: gradients and optimizer state sharded) "
+             "and full_shard (ZeRO-3: parameters too) are, and without --fsdp the {} processes train with DDP",
+             a.fsdp, o, env.world_size);
+  TR_CHECK(!(a.fsdp_has("full_shard") && a.fsdp_has("shard_grad_op")),
+           "--fsdp {}: full_shard and shard_grad_op are two sharding strategies; give one", a.fsdp);
+  const char* strategy = zero_stage(a) == 3 ? "full_shard" : "shard_grad_op";
   TR_CHECK(!sharded(a) || shards_elementwise(a.optim),
-           "--fsdp shard_grad_op with --optim {}: sharding splits tensors into flat slices, which only "
+           "--fsdp {} with --optim {}: sharding splits tensors into flat slices, which only "
            "element-wise optimizers update exactly (adamw_torch, adamw_torch_fused, adamw_apex_fused, sgd)",
-           a.optim);
+           strategy, a.optim);
+  // The captured step records parameter addresses, which ZeRO-3 gives back between uses.
+  TR_CHECK(zero_stage(a) != 3 || !(a.torch_compile || !a.torch_compile_backend.empty() ||
+                                   !a.torch_compile_mode.empty()),
+           "--fsdp full_shard with --torch_compile: the captured step replays fixed parameter addresses, "
+           "and full_shard releases each layer's parameters between uses; drop one of them (shard_grad_op "
+           "compiles)");
   TR_CHECK(!a.auto_find_batch_size && a.per_device_train_batch_size != kAutoBatch,
            "--auto_find_batch_size / --per_device_train_batch_size auto with WORLD_SIZE {}: the ranks would "
            "retry on their own; give the batch size",
@@ -812,7 +844,8 @@ TrainResult train(const TrainingArguments& args, const TrainHooks& hooks) {
     check_output_dir(args, resuming);
   }
   if (group) group->barrier();
-  if (group && sharded(args)) check_shared_output_dir(*group, args.output_dir);
+  if (group && sharded(args))
+    check_shared_output_dir(*group, args.output_dir, zero_stage(args) == 3 ? "full_shard" : "shard_grad_op");
   TrainingArguments a = args;
   a.apply_compile_defaults();
   resolve_logging_dir(a, resuming);

@@ -54,22 +54,24 @@ bool shards_elementwise(const std::string& name) {
 
 ShardedOptimizer::ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamList& masters,
                                    const std::string& optim, const optim::OptimizerOptions& opts,
-                                   int64_t bucket_cap_bytes, bool own_masters)
+                                   int64_t bucket_cap_bytes, bool own_masters, int stage)
     : Optimizer(masters, opts),
       group_(group),
       layout_(masters, group.size()),
-      own_(own_masters),
+      own_(own_masters || stage == 3),
+      stage_(stage),
       dev_(masters.empty() ? Device::cpu() : masters.front().second->device()) {
+  TR_CHECK(stage == 2 || stage == 3, "ShardedOptimizer: ZeRO stage {} (2 or 3)", stage);
   TR_CHECK(shards_elementwise(optim),
-           "--fsdp shard_grad_op with --optim {}: sharding splits tensors into flat slices, which only "
+           "--fsdp {} with --optim {}: sharding splits tensors into flat slices, which only "
            "element-wise optimizers update exactly (adamw_torch, adamw_torch_fused, adamw_apex_fused, sgd); "
            "{}'s state needs whole tensors",
-           optim, optim);
+           fsdp_option(), optim, optim);
   for (const auto& [name, p] : masters)
     TR_CHECK(p->device() == dev_ && (dev_.is_cpu() || dev_.is_meta()) && p->dtype() == DType::f32 &&
                  p->is_contiguous(),
-             "--fsdp shard_grad_op: parameter '{}' is {}; sharding runs on fp32 host parameters (Gloo)", name,
-             p->describe());
+             "--fsdp {}: parameter '{}' is {}; sharding runs on fp32 host parameters (Gloo)", fsdp_option(),
+             name, p->describe());
   round_ = std::max<int64_t>(1, bucket_cap_bytes / static_cast<int64_t>(sizeof(float)) / group.size());
   bucket_elems_ = std::max<int64_t>(1, bucket_cap_bytes / static_cast<int64_t>(sizeof(float)));
   slices_ = layout_.slices(masters, group.rank());
@@ -256,6 +258,7 @@ Tensor ShardedOptimizer::global_stats(double inv_scale) const {
 void ShardedOptimizer::update(const backend::Backend::GradTransform& t, const std::vector<Tensor>& copies) {
   allocate_state();
   inner_->step(slice_grads_, t, {});
+  if (stage_ == 3) return;  // the layers are gathered from the updated shard when next used
   if (own_)
     gather_rounded(copies);
   else
@@ -292,11 +295,17 @@ void ShardedOptimizer::gather_rounded(const std::vector<Tensor>& copies) {
   }
 }
 
-std::vector<Tensor> ShardedOptimizer::gather_masters(bool keep) {
+std::vector<Tensor> ShardedOptimizer::gather_masters(bool keep, std::vector<Tensor> into) {
   TR_CHECK(!dev_.is_meta(), "ShardedOptimizer: a dry run has no masters to gather");
-  std::vector<Tensor> full;
-  if (keep)
+  std::vector<Tensor> full = std::move(into);
+  if (keep && full.empty())
     for (const auto& [name, p] : params_) full.push_back(ops::empty(p->shape(), DType::f32, Device::cpu()));
+  TR_CHECK(!keep || full.size() == params_.size(), "ShardedOptimizer: {} tensors to gather {} masters into",
+           full.size(), params_.size());
+  for (size_t i = 0; keep && i < full.size(); ++i)
+    TR_CHECK(full[i].dtype() == DType::f32 && full[i].is_contiguous() && full[i].device().is_cpu() &&
+                 full[i].shape() == params_[i].second->shape(),
+             "ShardedOptimizer: cannot gather master '{}' into {}", params_[i].first, full[i].describe());
   const int64_t S = layout_.shard;
   const size_t world = static_cast<size_t>(group_.size());
   std::vector<float> recv(world * static_cast<size_t>(round_));
@@ -387,7 +396,7 @@ void ShardedOptimizer::load_state_dict(const std::map<std::string, Tensor>& stat
 }
 
 std::map<std::string, std::string> ShardedOptimizer::shard_metadata() const {
-  std::map<std::string, std::string> m{{"zero_stage", "2"},
+  std::map<std::string, std::string> m{{"zero_stage", std::to_string(stage_)},
                                        {"zero_world_size", std::to_string(group_.size())},
                                        {"zero_rank", std::to_string(group_.rank())}};
   for (const auto& s : slices_)

@@ -49,8 +49,11 @@ class ShardedOptimizer final : public optim::Optimizer {
   // views of them and updates are all-gathered into them in f32. With it (mixed precision) the shard is
   // copied out at construction - the caller then frees the whole masters (MixedPrecision::shard_masters) -
   // and updates are gathered rounded into the model's half weights.
+  // `stage` 3 (full_shard, zero3.h): the shard is always copied out (the model's parameters are released
+  // between uses) and an update gathers nothing - FullShard gathers each layer when it is used.
   ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamList& masters, const std::string& optim,
-                   const optim::OptimizerOptions& opts, int64_t bucket_cap_bytes, bool own_masters = false);
+                   const optim::OptimizerOptions& opts, int64_t bucket_cap_bytes, bool own_masters = false,
+                   int stage = 2);
   // The model's gradients (parallel to the masters, host, any floating dtype; undefined: zeros) summed over
   // the ranks into this rank's shard, times `scale`.
   void reduce_scatter(const std::vector<Tensor>& grads, double scale);
@@ -69,10 +72,18 @@ class ShardedOptimizer final : public optim::Optimizer {
   // every parameter all-gathered into the masters and, when given, rounded into `copies` (own masters: into
   // `copies` alone, which must be given).
   void update(const backend::Backend::GradTransform& t, const std::vector<Tensor>& copies);
-  // Every rank's slices as whole fp32 tensors parallel to the masters (a collective: saving needs them).
-  // Without `keep` this rank takes part and returns nothing (only rank 0 writes the weights).
-  std::vector<Tensor> gather_masters(bool keep = true);
+  // Every rank's slices as whole fp32 tensors parallel to the masters (a collective: saving needs them),
+  // written into `into` when given (contiguous host f32 tensors of the masters' shapes: ZeRO-3's released
+  // parameters, taken again, so no second copy exists). Without `keep` this rank takes part and returns
+  // nothing (only rank 0 writes the weights).
+  std::vector<Tensor> gather_masters(bool keep = true, std::vector<Tensor> into = {});
   bool owns_masters() const { return own_; }
+  int stage() const { return stage_; }
+  // The --fsdp option this stage is ("shard_grad_op", "full_shard"), for messages.
+  const char* fsdp_option() const { return stage_ == 3 ? "full_shard" : "shard_grad_op"; }
+  const FlatLayout& layout() const { return layout_; }
+  // This rank's shard of the summed gradients (its slices, in order), once allocated.
+  const Tensor& grad_shard() const { return grad_flat_; }
 
   // The Optimizer interface: a whole sharded update (reduce-scatter, global statistics, update, gather).
   void step() override;
@@ -94,6 +105,7 @@ class ShardedOptimizer final : public optim::Optimizer {
   int64_t shard_bytes() const;
 
  private:
+  friend class FullShard;  // ZeRO-3 reads the master shard and adds into the gradient shard
   void all_gather(const std::vector<Tensor>& copies);
   void gather_rounded(const std::vector<Tensor>& copies);
   struct Bucket {
@@ -111,6 +123,7 @@ class ShardedOptimizer final : public optim::Optimizer {
   int64_t round_ = 1;  // elements per rank per collective call
   std::vector<StateSlice> slices_;
   bool own_ = false;
+  int stage_ = 2;
   Device dev_;          // the host, or the meta device of `trainer estimate` (no values moved)
   Tensor master_flat_;  // own masters: this rank's fp32 slices
   Tensor grad_flat_;    // this rank's shard of the summed gradients

@@ -1,0 +1,272 @@
+// ZeRO-3's per-unit gather, release and gradient reduction; see zero3.h.
+#include "train/zero3.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "autograd/node.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "ops/ops.h"
+
+namespace tr::train {
+
+namespace {
+
+void widen(const void* src, DType t, float* dst, int64_t n) {
+  if (t == DType::f32) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  const auto* h = static_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = t == DType::bf16 ? bf16_bits_to_float(h[i]) : half_bits_to_float(h[i]);
+}
+
+// Rounded to nearest even, as ops::to_dtype rounds (the bits of a ZeRO-2 gather and of DDP's copies).
+void narrow_to(const float* src, DType t, void* dst, int64_t n) {
+  if (t == DType::f32) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  auto* h = static_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) h[i] = t == DType::bf16 ? float_to_bf16_bits(src[i]) : float_to_half_bits(src[i]);
+}
+
+}  // namespace
+
+FullShard::FullShard(ShardedOptimizer& opt, const nn::ParamList& params, int64_t bucket_cap_bytes)
+    : opt_(opt), params_(params) {
+  TR_CHECK(opt.stage() == 3, "FullShard: the optimizer shards at ZeRO stage {}, not 3", opt.stage());
+  const FlatLayout& L = opt.layout();
+  TR_CHECK(params.size() == L.numel.size(), "FullShard: {} parameters, the optimizer's layout has {}",
+           params.size(), L.numel.size());
+  dtype_ = params.empty() ? DType::f32 : params.front().second->dtype();
+  meta_ = !params.empty() && params.front().second->device().is_meta();
+  int layers = 0;
+  for (const auto& [name, p] : params) layers = std::max(layers, models::CausalLM::decoder_layer_of(name) + 1);
+  units_.resize(static_cast<size_t>(layers) + 1);
+  unit_of_.resize(params.size());
+  for (size_t k = 0; k < params.size(); ++k) {
+    Tensor& p = *params[k].second;
+    TR_CHECK(p.dtype() == dtype_, "--fsdp full_shard: parameter '{}' is {}, the others {}", params[k].first,
+             p.describe(), dtype_name(dtype_));
+    // Releasing frees the storage, so it must be this parameter's alone, all of it, from an allocator. One
+    // mapped from a checkpoint file (or a view) is replaced by storage of its own: its values are in the
+    // optimizer's shard already and come back with the first gather.
+    if (!p.is_contiguous() || p.offset() != 0 || p.storage()->borrowed() ||
+        p.storage()->nbytes() != static_cast<size_t>(p.numel()) * dtype_size(dtype_) ||
+        p.storage().use_count() > 1) {
+      Tensor own = ops::empty(p.shape(), dtype_, p.device());
+      autograd::set_requires_grad(own, true);
+      p = own;
+    }
+    const int u = models::CausalLM::decoder_layer_of(params[k].first) + 1;
+    unit_of_[k] = u;
+    units_[static_cast<size_t>(u)].params.push_back(k);
+    index_[p.impl_ptr().get()] = k;
+  }
+  // Each unit's pieces in flat order, cut at shard boundaries and into chunks of the cap.
+  const int64_t cap = std::max<int64_t>(1, bucket_cap_bytes / static_cast<int64_t>(sizeof(float)));
+  const int world = L.world;
+  for (Unit& u : units_) {
+    Chunk c;
+    int64_t in_chunk = 0;
+    const auto close = [&] {
+      if (c.pieces.empty()) return;
+      u.chunks.push_back(std::move(c));
+      c = Chunk();
+      in_chunk = 0;
+    };
+    for (size_t k : u.params) {
+      for (int64_t at = 0; at < L.numel[k];) {
+        const int64_t flat = L.offset[k] + at;
+        const int owner = static_cast<int>(flat / L.shard);
+        const int64_t to_shard_end = (owner + 1) * L.shard - flat;
+        const int64_t n = std::min({L.numel[k] - at, to_shard_end, cap - in_chunk});
+        if (c.per_rank.empty()) c.per_rank.assign(static_cast<size_t>(world), 0);
+        c.pieces.push_back({k, at, n, flat, owner});
+        c.per_rank[static_cast<size_t>(owner)] += n;
+        in_chunk += n;
+        at += n;
+        if (in_chunk >= cap) close();
+      }
+    }
+    close();
+  }
+  seen_.assign(params.size(), 0);
+  for (Unit& u : units_) release(u);
+  for (Unit& u : units_) u.resident = false;
+}
+
+FullShard::Unit& FullShard::unit(int u) {
+  TR_CHECK(u >= -1 && u + 1 < static_cast<int>(units_.size()), "FullShard: unit {} of {}", u,
+           units_.size());
+  return units_[static_cast<size_t>(u + 1)];
+}
+
+void FullShard::before_forward(int u) { gather(unit(u)); }
+
+void FullShard::after_forward(int u) {
+  // The root's head runs last in forward and first in backward: it stays for the backward.
+  if (u == -1 && autograd::grad_enabled()) return;
+  release(unit(u));
+}
+
+void FullShard::before_backward(int u) { gather(unit(u)); }
+
+void FullShard::gather(Unit& u) {
+  if (u.resident) return;
+  for (size_t k : u.params) params_[k].second->storage()->reacquire();
+  for (const Chunk& c : u.chunks) gather_chunk(c);
+  u.resident = true;
+  ++gathers_;
+}
+
+void FullShard::release(Unit& u) {
+  for (size_t k : u.params) params_[k].second->storage()->release();
+  u.resident = false;
+}
+
+// This rank's pieces of the chunk from its fp32 shard, in the parameters' dtype, to every rank; every rank's
+// pieces (the chunk in flat order) into the parameters.
+void FullShard::gather_chunk(const Chunk& c) {
+  if (meta_) return;  // a dry run: the storage is taken, no values move
+  const size_t es = dtype_size(dtype_);
+  const int me = opt_.rank();
+  const int64_t base = static_cast<int64_t>(me) * opt_.layout().shard;
+  const int64_t mine = c.per_rank[static_cast<size_t>(me)];
+  int64_t total = 0;
+  std::vector<size_t> counts(c.per_rank.size());
+  for (size_t j = 0; j < counts.size(); ++j) {
+    counts[j] = static_cast<size_t>(c.per_rank[j]) * es;
+    total += c.per_rank[j];
+  }
+  send_.resize(std::max<size_t>(1, static_cast<size_t>(mine) * es));
+  recv_.resize(std::max<size_t>(1, static_cast<size_t>(total) * es));
+  const float* master = opt_.master_flat_.data<float>();
+  int64_t pos = 0;
+  for (const Piece& p : c.pieces) {
+    if (p.owner != me) continue;
+    narrow_to(master + (p.flat - base), dtype_, send_.data() + static_cast<size_t>(pos) * es, p.n);
+    pos += p.n;
+  }
+  opt_.group_.all_gather_v(send_.data(), static_cast<size_t>(mine) * es, recv_.data(), counts);
+  pos = 0;
+  for (const Piece& p : c.pieces) {
+    auto* dst = static_cast<char*>(params_[p.param].second->data_ptr()) + static_cast<size_t>(p.at) * es;
+    std::memcpy(dst, recv_.data() + static_cast<size_t>(pos) * es, static_cast<size_t>(p.n) * es);
+    pos += p.n;
+  }
+}
+
+void FullShard::begin_step() {
+  opt_.allocate_state();
+  if (!meta_) std::fill_n(opt_.grad_flat_.data<float>(), opt_.grad_flat_.numel(), 0.0f);
+}
+
+void FullShard::begin_backward(double scale) {
+  TR_CHECK(!in_backward_, "FullShard: begin_backward twice");
+  opt_.allocate_state();
+  std::fill(seen_.begin(), seen_.end(), 0);
+  for (Unit& u : units_) {
+    u.waiting = static_cast<int>(u.params.size());
+    u.reduced = false;
+  }
+  scale_ = static_cast<float>(scale);
+  in_backward_ = true;
+}
+
+void FullShard::grad_ready(const TensorImpl* leaf) {
+  const auto it = index_.find(leaf);
+  if (!in_backward_ || it == index_.end() || seen_[it->second]) return;
+  seen_[it->second] = 1;
+  Unit& u = units_[static_cast<size_t>(unit_of_[it->second])];
+  if (--u.waiting == 0) reduce(u);
+}
+
+void FullShard::finish_backward() {
+  if (!in_backward_) return;
+  // Units no gradient reached (none in a model that uses every parameter), last layer first as backward
+  // runs: the same order on every rank.
+  for (auto u = units_.rbegin(); u != units_.rend(); ++u)
+    if (!u->reduced) reduce(*u);
+  in_backward_ = false;
+}
+
+void FullShard::reduce(Unit& u) {
+  for (const Chunk& c : u.chunks) reduce_chunk(c);
+  for (size_t k : u.params) autograd::zero_grad(*params_[k].second);  // its sum is with its owners now
+  release(u);
+  u.reduced = true;
+}
+
+// Every rank's gradient pieces of the chunk to their owners (all_to_all_v); this rank adds its pieces'
+// rank-ordered sums, times the scale, into its gradient shard (accumulating over micro-batches).
+void FullShard::reduce_chunk(const Chunk& c) {
+  const int world = opt_.world_size(), me = opt_.rank();
+  const int64_t mine = c.per_rank[static_cast<size_t>(me)];
+  int64_t total = 0;
+  for (int64_t n : c.per_rank) total += n;
+  fsend_.resize(std::max<size_t>(1, static_cast<size_t>(total)));
+  frecv_.resize(std::max<size_t>(1, static_cast<size_t>(world * mine)));
+  int64_t pos = 0;
+  for (const Piece& p : c.pieces) {
+    const Tensor g = params_[p.param].second->grad();
+    if (!g.defined()) {
+      std::fill_n(fsend_.data() + pos, p.n, 0.0f);
+    } else {
+      // A strided gradient is copied contiguous (on the meta device too: a dry run allocates what this does).
+      const Tensor h = ops::contiguous(g.device().is_cpu() || meta_ ? g : ops::to_device(g, Device::cpu()));
+      if (!meta_)
+        widen(static_cast<const char*>(h.data_ptr()) + static_cast<size_t>(p.at) * dtype_size(h.dtype()),
+              h.dtype(), fsend_.data() + pos, p.n);
+    }
+    pos += p.n;
+  }
+  if (meta_) return;
+  std::vector<int64_t> recv_counts(static_cast<size_t>(world), mine);
+  opt_.group_.all_to_all_v(fsend_.data(), c.per_rank, frecv_.data(), recv_counts);
+  float* shard = opt_.grad_flat_.data<float>();
+  const int64_t base = static_cast<int64_t>(me) * opt_.layout().shard;
+  pos = 0;
+  for (const Piece& p : c.pieces) {
+    if (p.owner != me) continue;
+    float* out = shard + (p.flat - base);
+    for (int64_t k = 0; k < p.n; ++k) {
+      float sum = frecv_[static_cast<size_t>(pos + k)];
+      for (int i = 1; i < world; ++i) sum += frecv_[static_cast<size_t>(i * mine + pos + k)];
+      out[k] += scale_ == 1.0f ? sum : sum * scale_;
+    }
+    pos += p.n;
+  }
+}
+
+std::vector<Tensor> FullShard::materialize() {
+  std::vector<Tensor> out;
+  for (const auto& [name, p] : params_) {
+    p->storage()->reacquire();
+    out.push_back(*p);
+  }
+  for (Unit& u : units_) u.resident = true;
+  return out;
+}
+
+void FullShard::release_all() {
+  for (Unit& u : units_) release(u);
+}
+
+bool FullShard::all_released() const {
+  for (const auto& [name, p] : params_)
+    if (!p->storage()->released()) return false;
+  return true;
+}
+
+data::Batch idle_batch(int64_t T, Device device) {
+  data::Batch b;
+  b.input_ids = ops::zeros({1, T}, DType::i64, device);
+  b.labels = ops::full({1, T}, -100.0, DType::i64, device);
+  b.host_labels = ops::full({1, T}, -100.0, DType::i64, Device::cpu());
+  return b;
+}
+
+}  // namespace tr::train

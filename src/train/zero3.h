@@ -1,0 +1,92 @@
+// ZeRO-3 (HF's --fsdp full_shard) on a process group: besides ZeRO-2's sharded gradients and optimizer state,
+// the parameters themselves live only as each rank's shard of the flat space (the ShardedOptimizer's fp32
+// masters). A unit - the root (embeddings, final norm, LM head) or one decoder layer - is all-gathered into
+// the model's own parameter tensors (their storage taken again, in the compute dtype) just before the
+// forward pass uses it and released right after; a layer is gathered again when its output gradient
+// arrives in backward, and once all of its parameters' gradients are final they are reduce-scattered (added
+// into the owners' gradient shards: every micro-batch, so no whole gradient outlives its layer's backward)
+// and the layer is released. Every rank runs the same collectives in the same order: a rank without data
+// runs an idle micro-batch (idle_inputs) rather than none.
+#pragma once
+#include <vector>
+
+#include "data/loader.h"
+#include "models/causal_lm.h"
+#include "train/zero.h"
+
+namespace tr::train {
+
+class FullShard final : public models::LayerHooks {
+ public:
+  // `opt` (stage 3) holds this rank's shard of `params` (the model's parameters, fp32 or the compute
+  // dtype); every parameter is released here. `bucket_cap_bytes` bounds each collective's payload.
+  FullShard(ShardedOptimizer& opt, const nn::ParamList& params, int64_t bucket_cap_bytes);
+  FullShard(const FullShard&) = delete;
+  FullShard& operator=(const FullShard&) = delete;
+
+  void before_forward(int unit) override;   // gathered unless resident
+  void after_forward(int unit) override;    // released (the root stays while grad mode is on)
+  void before_backward(int unit) override;  // gathered again for the layer's backward
+
+  // Before a step's first micro-batch: the gradient shard starts at zero.
+  void begin_step();
+  // One micro-batch's backward: begin_backward before it; grad_ready from the autograd engine (a unit whose
+  // gradients are all final is reduced into the owners' shards - times `scale` - its gradients dropped and
+  // the unit released); finish_backward after it (units no gradient reached, in a fixed order).
+  void begin_backward(double scale);
+  void grad_ready(const TensorImpl* leaf);
+  void finish_backward();
+  // Saving fp32 weights: every parameter's storage taken again (no values: ShardedOptimizer::gather_masters
+  // writes them), the parameters returned; they stay until release_all.
+  std::vector<Tensor> materialize();
+  void release_all();
+
+  int units() const { return static_cast<int>(units_.size()); }
+  int64_t gathers() const { return gathers_; }  // unit gathers so far (tests: forward + backward per layer)
+  // Whether every parameter is released (between steps).
+  bool all_released() const;
+
+ private:
+  struct Piece {  // elements [at, at + n) of parameter `param`, inside one rank's shard
+    size_t param;
+    int64_t at, n, flat;
+    int owner;
+  };
+  struct Chunk {  // pieces in flat order (so grouped by owner), at most the bucket cap in elements
+    std::vector<Piece> pieces;
+    std::vector<int64_t> per_rank;  // elements owned by each rank
+  };
+  struct Unit {
+    std::vector<size_t> params;
+    std::vector<Chunk> chunks;
+    bool resident = false;
+    int waiting = 0;      // parameters whose gradient this backward has not finished
+    bool reduced = false;  // in this backward
+  };
+  Unit& unit(int u);
+  void gather(Unit& u);
+  void release(Unit& u);
+  void reduce(Unit& u);
+  void gather_chunk(const Chunk& c);
+  void reduce_chunk(const Chunk& c);
+
+  ShardedOptimizer& opt_;
+  nn::ParamList params_;
+  std::vector<Unit> units_;  // [0]: the root, [i + 1]: decoder layer i
+  std::vector<int> unit_of_;  // per parameter
+  std::vector<char> seen_;    // per parameter: reported by this backward
+  std::unordered_map<const TensorImpl*, size_t> index_;
+  DType dtype_;
+  bool meta_ = false;
+  float scale_ = 1;
+  bool in_backward_ = false;
+  int64_t gathers_ = 0;
+  std::vector<char> send_, recv_;
+  std::vector<float> fsend_, frecv_;
+};
+
+// An idle micro-batch for a rank past its data (ZeRO-3: every rank must run every forward's collectives):
+// one row of `T` zeros whose labels are all ignored (-100), so it adds nothing to any loss or gradient.
+data::Batch idle_batch(int64_t T, Device device);
+
+}  // namespace tr::train
