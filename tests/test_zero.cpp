@@ -249,7 +249,8 @@ TEST(DistZero, FullShardGathersEachLayerAndReducesItsGradients) {
       autograd::backward({loss_of(*model, r)});
     }
     full.finish_backward();
-    EXPECT_EQ(full.gathers(), 1 + 2 + 2);  // the root once; each layer for forward and for backward
+        EXPECT_EQ(full.gathers(), 1 + 2 + 2);  // the root once; each layer for forward and for backward
+    EXPECT_EQ(full.prefetched(), 2);       // backward_pre: layer 1 at the forward's end, layer 0 after it
     EXPECT_TRUE(full.all_released());
     for (const auto& [name, p] : params) EXPECT_FALSE(p->grad().defined()) << name;
     const float* shard = opt.grad_shard().data<float>();

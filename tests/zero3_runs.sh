@@ -4,13 +4,14 @@
 #     ranks 1 and 2 run idle micro-batches, split evaluation with idle batches): losses, grad norms and
 #     eval_loss within 1e-5 relative per step for GPT-2 (tied head, uneven shards) and Llama (GQA, untied
 #     head), with gradient checkpointing, collectives of 1 MB (the embedding in 7 chunks), SGD and dropout;
-#     bf16 and fp16 within their bounds; a rerun bit-identical;
+#     bf16 and fp16 within their bounds; a rerun and every fsdp_config prefetch mode bit-identical;
 #  2. memory: each rank's peak below ZeRO-2's and DDP's at 3 ranks (Llama, 8 layers), optimizer state 1/3 of
 #     DDP's; `trainer estimate --world_size N --fsdp full_shard` equal to rank 0's measured peak;
 #  3. checkpoints: the saved weights evaluate as the one-process run's (within 1e-5); resume bit-exact at the
 #     same world size, and across stages and world sizes within 1e-5 (ZeRO-3 at 2 from ZeRO-3 at 3, ZeRO-2
 #     and DDP at 2 from ZeRO-3, ZeRO-3 from ZeRO-2 and from one process; bf16 at the same size bit-exact);
-#  4. bad input: full_shard with torch_compile, with shard_grad_op, with an optimizer that needs whole tensors.
+#  4. bad input: full_shard with torch_compile, with shard_grad_op, with an optimizer that needs whole tensors,
+#     an fsdp_config value or key that is not HF's.
 # Usage: zero3_runs.sh TRAINER TOKENIZER_DIR TEXT WORK_DIR
 set -euo pipefail
 suite=zero3_runs
@@ -48,6 +49,13 @@ many drop_full_w3 3 2 --config_name dropout.json --fsdp full_shard --gradient_ch
 compare drop_w1 drop_full_w3 1e-5
 many full_w3_again 3 2 --config_name gpt2.json --fsdp full_shard
 compare full_w3 full_w3_again 0
+# HF's fsdp_config prefetch keys move gathers onto the communication thread earlier or later: the same bits.
+echo '{"fsdp_forward_prefetch": true, "backward_prefetch": "backward_post", "transformer_layer_cls_to_wrap": ["GPT2Block"]}' >post.json
+echo '{"forward_prefetch": false, "backward_prefetch": "no_prefetch"}' >none.json
+many full_w3_post 3 2 --config_name gpt2.json --fsdp full_shard --fsdp_config post.json
+compare full_w3 full_w3_post 0
+many full_w3_none 3 2 --config_name gpt2.json --fsdp full_shard --fsdp_config none.json
+compare full_w3 full_w3_none 0
 
 # 2. Memory: a Llama of 8 layers of hidden 256 (7.1M parameters in layers beside the tied 12.9M embedding).
 echo '{"model_type": "llama", "vocab_size": 50257, "hidden_size": 256, "intermediate_size": 1024,
@@ -84,6 +92,8 @@ predict full_w3 3 2 gpt2.json
 predict llama_full_w3 3 2 llama.json
 predict ckpt_full_w2 2 3 llama.json --gradient_checkpointing --ddp_bucket_cap_mb 1
 predict bf16_full_w2 2 3 llama.json --bf16
+predict full_w3_post 3 2 gpt2.json --fsdp_config post.json
+predict full_w3_none 3 2 gpt2.json --fsdp_config none.json
 
 # 3. Checkpoints. The final weights (gathered from the shards) evaluate as the one-process run's.
 evals() {  # RUN: eval_loss of its saved folder
@@ -126,4 +136,10 @@ refused bad_compile "--fsdp full_shard with --torch_compile: the captured step r
 refused bad_both "--fsdp full_shard shard_grad_op: full_shard and shard_grad_op are two sharding strategies" \
   --fsdp "full_shard shard_grad_op"
 refused bad_optim "--fsdp full_shard with --optim adafactor: sharding splits tensors" --fsdp full_shard --optim adafactor
+echo '{"backward_prefetch": "BACKWARD_PRE", "forward_prefetc": true}' >typo.json
+refused bad_config1 "typo.json: backward_prefetch is \"BACKWARD_PRE\", expected \"backward_pre\", \"backward_post\" or \"no_prefetch\"" \
+  --fsdp full_shard --fsdp_config typo.json
+echo '{"forward_prefetc": true}' >typo.json
+refused bad_config2 "typo.json: unknown FSDP option 'forward_prefetc'.*did you mean 'forward_prefetch'" \
+  --fsdp full_shard --fsdp_config typo.json
 echo "zero3_runs: OK"

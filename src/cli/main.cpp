@@ -312,7 +312,8 @@ int main(int argc, char** argv) {
   est_cmd->add_flag("--json", est_json, "one JSON object instead of the table");
   est_cmd
       ->add_option("--world_size", est_world,
-                   "processes training together: one rank's memory (with --fsdp shard_grad_op its shard)")
+                   "processes training together: one rank's memory (with --fsdp shard_grad_op or full_shard its "
+                   "shard)")
       ->check(CLI::Range(1, 1 << 20));
   est_cmd->add_option("--device_memory", est_memory,
                       "memory to fit in (80GB, 24GiB): the largest batch that fits and what each knob buys");

@@ -13,6 +13,7 @@
 #include "train/setup.h"
 #include "train/train_step.h"
 #include "train/zero.h"
+#include "train/dist_setup.h"
 #include "train/zero3.h"
 
 namespace tr::train {
@@ -96,6 +97,7 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, int world_size) {
                     : a.fsdp_has("full_shard")    ? 3
                     : a.fsdp_has("shard_grad_op") ? 2
                                                   : 0;
+    if (world_size > 1) check_fsdp_flags(a, world_size);  // what a launched run would refuse
   const bool zero = stage > 0;
   const auto group = zero ? dist::dry_run_group(world_size) : nullptr;
   std::unique_ptr<ShardedOptimizer> z;
@@ -116,7 +118,8 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, int world_size) {
   std::unique_ptr<FullShard> full;
   if (stage == 3) {
     weights.clear();  // released: none of them stays between uses
-    full = std::make_unique<FullShard>(*sharded, model->named_parameters(), a.ddp_bucket_cap_mb << 20);
+        full = std::make_unique<FullShard>(*sharded, model->named_parameters(), a.ddp_bucket_cap_mb << 20,
+                                       read_fsdp_config(a.fsdp_config));
     model->set_layer_hooks(full.get());
   }
   // The run measures train_peak_memory_gib from its first step: the set-up's own peak (the whole fp32 model
@@ -272,7 +275,8 @@ std::vector<KnobRow> knob_table(const TrainingArguments& a, int world_size) {
          });
   // Sharding, when distributed (and the optimizer shards element-wise): ZeRO-2 and ZeRO-3 per rank.
   for (const char* strategy : {"shard_grad_op", "full_shard"})
-    if (world_size > 1 && shards_elementwise(a.optim) && !a.fsdp_has(strategy))
+        if (world_size > 1 && shards_elementwise(a.optim) && !a.fsdp_has(strategy) &&
+        !(std::string(strategy) == "full_shard" && a.torch_compile))
       with(fmt::format("fsdp {}", strategy), [strategy](auto& t) { t.fsdp = strategy; });
   std::vector<KnobRow> out;
   for (const auto& [knob, t] : rows) out.push_back({knob, estimate_memory(t, world_size).peak_bytes});

@@ -30,7 +30,9 @@
 #include "train/mixed_precision.h"
 #include "train/run_lock.h"
 #include "train/estimate.h"
+#include "train/batch_size.h"
 #include "train/ddp.h"
+#include "train/dist_setup.h"
 #include "train/zero.h"
 #include "train/zero3.h"
 #include "train/setup.h"
@@ -66,13 +68,6 @@ void check_output_dir(const TrainingArguments& a, bool resuming) {
   }
 }
 
-// Divisors keep the effective batch exact: the largest divisor of `effective` at most 0.9 x bs.
-int64_t smaller_batch(int64_t bs, int64_t effective) {
-  for (int64_t b = static_cast<int64_t>(bs * 0.9); b >= 1; --b)
-    if (effective % b == 0) return b;
-  return 0;
-}
-
 // Checked: a full disk is an error naming the file and the reason, never a silently truncated result.
 void write_json(const fs::path& p, const nlohmann::json& j) { write_file(p.string(), j.dump(2) + "\n"); }
 
@@ -83,121 +78,6 @@ std::string resume_dir(const TrainingArguments& a) {
   const std::string last = latest_checkpoint(a.output_dir);
   TR_CHECK(!last.empty(), "--resume_from_checkpoint true: no checkpoint-N folder in {}", a.output_dir);
   return last;
-}
-
-// What an allocator may still hand out: its cap less what is held, or a GPU's memory less what is held with
-// 10% kept back (the context, library workspaces and the caching allocator's rounding are not in the
-// estimate yet, issue 13); 0 when neither is known (the host without a cap).
-int64_t allocator_budget(const Allocator& al) {
-  const int64_t held = al.stats().current_bytes;
-  if (al.limit() > 0) return al.limit() - held;
-  if (al.capacity() > 0) return al.capacity() / 10 * 9 - held;
-  return 0;
-}
-
-// The batch split a resumed checkpoint's trainer_state.json recorded ({0, 0} without the file).
-std::pair<int64_t, int64_t> saved_batch_split(const TrainingArguments& a) {
-  const fs::path state = fs::path(resume_dir(a)) / "trainer_state.json";
-  if (!fs::exists(state)) return {0, 0};
-  return read_batch_split(read_json_file(state.string()), state.string());
-}
-
-// auto_find_batch_size, with a memory budget (the allocator's cap less what the process holds, or a GPU's
-// memory): the largest divisor of the effective batch, up to the batch given, whose estimated peak fits
-// becomes the first try, so the search starts where it would end instead of at an OOM. Returns that peak (0:
-// no budget, or nothing fits - the OOM retries decide then).
-int64_t predict_batch_split(TrainingArguments& a, int64_t effective) {
-  const int64_t budget = allocator_budget(ops::allocator_for(training_device(a)));
-  if (budget <= 0) return 0;
-  for (int64_t bs = a.per_device_train_batch_size; bs >= 1; --bs) {  // as HF: the batch given, or smaller
-    if (effective % bs != 0) continue;
-    TrainingArguments t = a;
-    t.per_device_train_batch_size = bs;
-    t.gradient_accumulation_steps = effective / bs;
-    const int64_t peak = estimate_memory(t).peak_bytes;
-    if (peak > budget) continue;
-    std::fprintf(stderr,
-                 "auto_find_batch_size: per_device_train_batch_size %lld x gradient_accumulation_steps %lld "
-                 "(estimated peak %.3f GiB of %.3f GiB)\n",
-                 static_cast<long long>(bs), static_cast<long long>(effective / bs),
-                 static_cast<double>(peak) / (1 << 30), static_cast<double>(budget) / (1 << 30));
-    a.per_device_train_batch_size = bs;
-    a.gradient_accumulation_steps = effective / bs;
-    return peak;
-  }
-  std::fprintf(stderr,
-               "auto_find_batch_size: no split of the batch of %lld is estimated to fit in %.3f GiB\n",
-               static_cast<long long>(effective), static_cast<double>(budget) / (1 << 30));
-  return 0;
-}
-
-// What a run may use for --per_device_train_batch_size auto: allocator_budget, or on the host what the kernel
-// reports available (MemAvailable).
-int64_t auto_batch_budget(Device dev) {
-  const Allocator& al = ops::allocator_for(dev);
-  if (al.limit() > 0 || al.capacity() > 0) return allocator_budget(al);
-  int64_t avail = 0;
-  std::ifstream in("/proc/meminfo");
-  for (std::string key; in >> key;) {
-    int64_t kib = 0;
-    in >> kib;
-    if (key == "MemAvailable:") avail = kib * 1024;
-    in.ignore(1 << 10, '\n');
-  }
-  // A container's cgroup limit (v2) binds before the machine's memory does.
-  std::ifstream cg("/sys/fs/cgroup/memory.max"), cur("/sys/fs/cgroup/memory.current");
-  int64_t max_b = 0, used_b = 0;
-  if (cg >> max_b && cur >> used_b && max_b > used_b)
-    avail = avail > 0 ? std::min(avail, max_b - used_b) : max_b - used_b;
-  return avail;
-}
-
-// --per_device_train_batch_size auto and --total_batch_size (ours) into a batch and an accumulation.
-void resolve_batch(TrainingArguments& a, bool resuming) {
-  const int64_t total = a.total_batch_sequences();
-  const int64_t world = dist::read_dist_env().world_size;  // every process draws its batch of the total
-  if (a.per_device_train_batch_size != kAutoBatch) {
-    if (total > 0) {
-      TR_CHECK(total % (a.per_device_train_batch_size * world) == 0,
-               "--total_batch_size {} ({} sequences) is not a multiple of --per_device_train_batch_size {} x "
-               "{} process(es)",
-               a.total_batch_size, total, a.per_device_train_batch_size, world);
-      const int64_t ga = total / (a.per_device_train_batch_size * world);
-      if (a.gradient_accumulation_steps != 1 && a.gradient_accumulation_steps != ga)
-        std::fprintf(
-            stderr,
-            "train: --total_batch_size %s sets gradient_accumulation_steps to %lld (not the %lld given)\n",
-            a.total_batch_size.c_str(), static_cast<long long>(ga),
-            static_cast<long long>(a.gradient_accumulation_steps));
-      a.gradient_accumulation_steps = ga;
-    }
-    return;
-  }
-  if (resuming) {  // the split the run started with (its memory may differ now; the data order must not)
-    const auto [bs, ga] = saved_batch_split(a);
-    TR_CHECK(bs > 0 && ga > 0,
-             "{}/trainer_state.json: no train_batch_size to resume --per_device_train_batch_size auto with",
-             resume_dir(a));
-    a.per_device_train_batch_size = bs;
-    a.gradient_accumulation_steps = ga;
-    return;
-  }
-  const int64_t budget = auto_batch_budget(training_device(a));
-  TR_CHECK(budget > 0, "--per_device_train_batch_size auto: no memory budget is known for {}; give a number",
-           training_device(a).str());
-  const BatchChoice c = auto_batch(a, budget);
-  TR_CHECK(c.batch > 0,
-           "--per_device_train_batch_size auto: not even batch 1 is estimated to fit in {:.3f} GiB",
-           static_cast<double>(budget) / (1 << 30));
-  std::fprintf(
-      stderr,
-      "per_device_train_batch_size auto: %lld x gradient_accumulation_steps %lld (estimated peak %.3f GiB "
-      "of %.3f GiB)%s\n",
-      static_cast<long long>(c.batch), static_cast<long long>(c.accumulation),
-      static_cast<double>(c.peak_bytes) / (1 << 30), static_cast<double>(budget) / (1 << 30),
-      total > 0 ? "" : "; without --total_batch_size the effective batch depends on this machine's memory");
-  a.per_device_train_batch_size = c.batch;
-  a.gradient_accumulation_steps = c.accumulation;
 }
 
 // HF's default logging_dir (output_dir/runs/<time>_<host>); a resumed run keeps the one its output_dir's
@@ -237,11 +117,6 @@ Schedule make_schedule(const TrainingArguments& a, int64_t batches_per_epoch) {
   return s;
 }
 
-// --fsdp shard_grad_op: ZeRO-2 (zero.h); full_shard: ZeRO-3 (zero3.h).
-int zero_stage(const TrainingArguments& a) {
-  return a.fsdp_has("full_shard") ? 3 : a.fsdp_has("shard_grad_op") ? 2 : 0;
-}
-bool sharded(const TrainingArguments& a) { return zero_stage(a) > 0; }
 
 // One call of train(): what is set up before the first step (model, data, optimizer, resumed state) and
 // the loop around the step - logging, evaluation, saving, stopping - and the files of a finished run.
@@ -349,8 +224,8 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
   model_->set_dtype(compute_);
   if (!zero) opt_ = optim::make_optimizer(a.optim, mp_->master_params(), oo);
   if (stage == 3) {
-    full_ = std::make_unique<FullShard>(static_cast<ShardedOptimizer&>(*opt_), model_->named_parameters(),
-                                        a.ddp_bucket_cap_mb << 20);
+        full_ = std::make_unique<FullShard>(static_cast<ShardedOptimizer&>(*opt_), model_->named_parameters(),
+                                        a.ddp_bucket_cap_mb << 20, read_fsdp_config(a.fsdp_config));
     model_->set_layer_hooks(full_.get());
   }
   st_.train_tokens = streams_.train->size();
@@ -436,8 +311,9 @@ void Run::announce() const {
       !group_ ? ""
       : full_ ? fmt::format(
                     " x {} processes (ZeRO-3 full_shard over {}: parameters, gradients and optimizer state "
-                    "1/{} per rank, {} units gathered per layer, {} MB per collective)",
-                    group_->size(), group_->backend_name(), group_->size(), full_->units(),
+                    "1/{} per rank, gathered one decoder layer at a time ({} layers and the root), {} MB per "
+                    "collective)",
+                    group_->size(), group_->backend_name(), group_->size(), full_->units() - 1,
                     a_.ddp_bucket_cap_mb)
       : dynamic_cast<const ShardedOptimizer*>(opt_.get())
           ? fmt::format(
@@ -763,73 +639,6 @@ void Run::finish() {
 
 }  // namespace
 
-namespace {
-
-// A sharded run's ranks write their optimizer files into one checkpoint folder and read each other's on
-// resume: every rank must see output_dir (one host, or a shared filesystem). Checked before training starts,
-// not at the first save.
-void check_shared_output_dir(dist::ProcessGroup& g, const std::string& dir, const char* strategy) {
-  const fs::path marker = fs::path(dir) / ".trainer-shared-check";
-  uint64_t token = 0;
-  if (g.rank() == 0) {
-    token = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
-            (static_cast<uint64_t>(::getpid()) << 40);
-    std::ofstream(marker) << token;
-  }
-  g.broadcast(&token, sizeof token, 0);
-  uint64_t seen = 0;
-  if (g.rank() != 0) std::ifstream(marker) >> seen;
-  double blind = g.rank() != 0 && seen != token ? 1 : 0;
-  g.all_reduce_sum(&blind, 1);
-  g.barrier();  // everyone has looked
-  if (g.rank() == 0) fs::remove(marker);
-  TR_CHECK(
-      blind == 0,
-      "--fsdp {}: {} of the {} ranks cannot see {} written by rank 0; every rank writes its "
-      "optimizer file into the same checkpoint folder, so --output_dir must be on a filesystem all ranks "
-      "share",
-      strategy, blind, g.size(), marker.string());
-}
-
-}  // namespace
-
-// The process group of a run started by a launcher (torchrun, trainer launch, srun, mpirun), or null.
-std::unique_ptr<dist::ProcessGroup> join_group(const TrainingArguments& a) {
-  const dist::DistEnv env = dist::read_dist_env();
-  if (!env.distributed()) return nullptr;
-  for (const std::string& o : a.fsdp_options())
-    TR_CHECK(o == "shard_grad_op" || o == "full_shard" || o == "no_shard" || o == "auto_wrap",
-             "--fsdp {}: {} is not built yet; shard_grad_op (ZeRO-2: gradients and optimizer state sharded) "
-             "and full_shard (ZeRO-3: parameters too) are, and without --fsdp the {} processes train with DDP",
-             a.fsdp, o, env.world_size);
-  TR_CHECK(!(a.fsdp_has("full_shard") && a.fsdp_has("shard_grad_op")),
-           "--fsdp {}: full_shard and shard_grad_op are two sharding strategies; give one", a.fsdp);
-  const char* strategy = zero_stage(a) == 3 ? "full_shard" : "shard_grad_op";
-  TR_CHECK(!sharded(a) || shards_elementwise(a.optim),
-           "--fsdp {} with --optim {}: sharding splits tensors into flat slices, which only "
-           "element-wise optimizers update exactly (adamw_torch, adamw_torch_fused, adamw_apex_fused, sgd)",
-           strategy, a.optim);
-  // The captured step records parameter addresses, which ZeRO-3 gives back between uses.
-  TR_CHECK(zero_stage(a) != 3 || !(a.torch_compile || !a.torch_compile_backend.empty() ||
-                                   !a.torch_compile_mode.empty()),
-           "--fsdp full_shard with --torch_compile: the captured step replays fixed parameter addresses, "
-           "and full_shard releases each layer's parameters between uses; drop one of them (shard_grad_op "
-           "compiles)");
-  TR_CHECK(!a.auto_find_batch_size && a.per_device_train_batch_size != kAutoBatch,
-           "--auto_find_batch_size / --per_device_train_batch_size auto with WORLD_SIZE {}: the ranks would "
-           "retry on their own; give the batch size",
-           env.world_size);
-  // Each rank would need cuda:LOCAL_RANK and the gradients a device-side collective; until the NCCL group
-  // exists, a GPU run of several processes is refused rather than crowding every rank onto cuda:0.
-  TR_CHECK(!training_device(a).is_cuda(),
-           "WORLD_SIZE {} on a GPU: distributed training on GPUs needs the NCCL process group, which is not "
-           "built yet; --use_cpu trains the {} processes on the CPUs with Gloo",
-           env.world_size, env.world_size);
-  const std::string backend = a.ddp_backend.empty() ? "gloo" : a.ddp_backend;
-  return dist::init_process_group(env, dist::parse_comm_backend(backend),
-                                  std::chrono::milliseconds(a.ddp_timeout * 1000));
-}
-
 TrainResult train(const TrainingArguments& args, const TrainHooks& hooks) {
   args.validate();
   // --tf32: f32 matmuls read TF32 inputs (tensor cores on a GPU; emulated by rounding on the CPU).
@@ -844,18 +653,17 @@ TrainResult train(const TrainingArguments& args, const TrainHooks& hooks) {
     check_output_dir(args, resuming);
   }
   if (group) group->barrier();
-  if (group && sharded(args))
-    check_shared_output_dir(*group, args.output_dir, zero_stage(args) == 3 ? "full_shard" : "shard_grad_op");
+  if (group && zero_stage(args) > 0) check_shared_output_dir(*group, args.output_dir, fsdp_strategy(args));
   TrainingArguments a = args;
   a.apply_compile_defaults();
   resolve_logging_dir(a, resuming);
   // An automatic batch keeps the out-of-memory retries as its safety net, as auto_find_batch_size does.
   const bool auto_batch = a.per_device_train_batch_size == kAutoBatch;
   if (auto_batch) a.auto_find_batch_size = true;
-  resolve_batch(a, resuming);
+  resolve_batch(a, resuming ? resume_dir(a) : std::string());
   const int64_t effective = a.per_device_train_batch_size * a.gradient_accumulation_steps;
   if (resuming && a.auto_find_batch_size) {  // continue with the batch split the search settled on (as HF)
-    const auto [bs, ga] = saved_batch_split(a);
+    const auto [bs, ga] = saved_batch_split(resume_dir(a));
     if (bs > 0 && ga > 0 && bs * ga == effective) {
       a.per_device_train_batch_size = bs;
       a.gradient_accumulation_steps = ga;

@@ -2,12 +2,15 @@
 #include "train/zero3.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "autograd/node.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "core/suggest.h"
 #include "ops/ops.h"
+#include "train/checkpoint.h"
 
 namespace tr::train {
 
@@ -19,7 +22,8 @@ void widen(const void* src, DType t, float* dst, int64_t n) {
     return;
   }
   const auto* h = static_cast<const uint16_t*>(src);
-  for (int64_t i = 0; i < n; ++i) dst[i] = t == DType::bf16 ? bf16_bits_to_float(h[i]) : half_bits_to_float(h[i]);
+  for (int64_t i = 0; i < n; ++i)
+    dst[i] = t == DType::bf16 ? bf16_bits_to_float(h[i]) : half_bits_to_float(h[i]);
 }
 
 // Rounded to nearest even, as ops::to_dtype rounds (the bits of a ZeRO-2 gather and of DDP's copies).
@@ -29,13 +33,15 @@ void narrow_to(const float* src, DType t, void* dst, int64_t n) {
     return;
   }
   auto* h = static_cast<uint16_t*>(dst);
-  for (int64_t i = 0; i < n; ++i) h[i] = t == DType::bf16 ? float_to_bf16_bits(src[i]) : float_to_half_bits(src[i]);
+  for (int64_t i = 0; i < n; ++i)
+    h[i] = t == DType::bf16 ? float_to_bf16_bits(src[i]) : float_to_half_bits(src[i]);
 }
 
 }  // namespace
 
-FullShard::FullShard(ShardedOptimizer& opt, const nn::ParamList& params, int64_t bucket_cap_bytes)
-    : opt_(opt), params_(params) {
+FullShard::FullShard(ShardedOptimizer& opt, const nn::ParamList& params, int64_t bucket_cap_bytes,
+                     FsdpOptions options)
+    : opt_(opt), params_(params), options_(options) {
   TR_CHECK(opt.stage() == 3, "FullShard: the optimizer shards at ZeRO stage {}, not 3", opt.stage());
   const FlatLayout& L = opt.layout();
   TR_CHECK(params.size() == L.numel.size(), "FullShard: {} parameters, the optimizer's layout has {}",
@@ -43,7 +49,8 @@ FullShard::FullShard(ShardedOptimizer& opt, const nn::ParamList& params, int64_t
   dtype_ = params.empty() ? DType::f32 : params.front().second->dtype();
   meta_ = !params.empty() && params.front().second->device().is_meta();
   int layers = 0;
-  for (const auto& [name, p] : params) layers = std::max(layers, models::CausalLM::decoder_layer_of(name) + 1);
+  for (const auto& [name, p] : params)
+    layers = std::max(layers, models::CausalLM::decoder_layer_of(name) + 1);
   units_.resize(static_cast<size_t>(layers) + 1);
   unit_of_.resize(params.size());
   for (size_t k = 0; k < params.size(); ++k) {
@@ -57,7 +64,7 @@ FullShard::FullShard(ShardedOptimizer& opt, const nn::ParamList& params, int64_t
         p.storage()->nbytes() != static_cast<size_t>(p.numel()) * dtype_size(dtype_) ||
         p.storage().use_count() > 1) {
       Tensor own = ops::empty(p.shape(), dtype_, p.device());
-      autograd::set_requires_grad(own, true);
+      autograd::set_requires_grad(own, p.requires_grad());
       p = own;
     }
     const int u = models::CausalLM::decoder_layer_of(params[k].first) + 1;
@@ -94,37 +101,120 @@ FullShard::FullShard(ShardedOptimizer& opt, const nn::ParamList& params, int64_t
     close();
   }
   seen_.assign(params.size(), 0);
-  for (Unit& u : units_) release(u);
-  for (Unit& u : units_) u.resident = false;
+  for (Unit& u : units_) {
+    u.state = State::resident;  // as built: released here
+    release(u);
+  }
+  if (!meta_) comm_ = std::thread([this] { worker(); });
+}
+
+FullShard::~FullShard() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (comm_.joinable()) comm_.join();
+}
+
+// Queued gathers, one at a time in order (the collectives pair up across ranks by order).
+void FullShard::worker() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping with nothing left
+    const auto [ticket, unit] = queue_.front();
+    lock.unlock();
+    const auto t0 = std::chrono::steady_clock::now();
+    std::exception_ptr err;
+    try {
+      if (!error_)
+        for (const Chunk& c : unit->chunks) gather_chunk(c);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    lock.lock();
+    gather_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (err && !error_) error_ = err;
+    queue_.pop_front();
+    done_ = ticket;
+    cv_.notify_all();
+  }
 }
 
 FullShard::Unit& FullShard::unit(int u) {
-  TR_CHECK(u >= -1 && u + 1 < static_cast<int>(units_.size()), "FullShard: unit {} of {}", u,
-           units_.size());
+  TR_CHECK(u >= -1 && u + 1 < static_cast<int>(units_.size()), "FullShard: unit {} of {}", u, units_.size());
   return units_[static_cast<size_t>(u + 1)];
 }
 
-void FullShard::before_forward(int u) { gather(unit(u)); }
-
-void FullShard::after_forward(int u) {
-  // The root's head runs last in forward and first in backward: it stays for the backward.
-  if (u == -1 && autograd::grad_enabled()) return;
-  release(unit(u));
+void FullShard::before_forward(int u) {
+  TR_CHECK(!materialized_, "FullShard: a forward pass while the whole model is materialized for a save");
+  gather(unit(u));
+  if (options_.forward_prefetch) prefetch(u + 1);  // the root runs first: layer 0 comes next
 }
 
-void FullShard::before_backward(int u) { gather(unit(u)); }
+void FullShard::after_forward(int u) {
+  // The root's head runs last in forward and first in backward: it stays for the backward, whose first
+  // layer is the last one.
+  if (u == -1 && autograd::grad_enabled()) {
+    if (options_.backward_prefetch == FsdpOptions::BackwardPrefetch::pre) prefetch(units() - 2);
+    return;
+  }
+  release(unit(u));
+  if (u == -1) drain();  // a whole no-grad forward (evaluation) done: nothing left in flight
+}
 
-void FullShard::gather(Unit& u) {
-  if (u.resident) return;
+void FullShard::before_backward(int u) {
+  gather(unit(u));
+  if (options_.backward_prefetch == FsdpOptions::BackwardPrefetch::pre) prefetch(u - 1);
+}
+
+void FullShard::prefetch(int layer) {
+  if (layer >= 0 && layer + 1 < units()) start_gather(unit(layer), true);
+}
+
+void FullShard::start_gather(Unit& u, bool prefetch) {
+  if (u.state != State::released) return;
   for (size_t k : u.params) params_[k].second->storage()->reacquire();
-  for (const Chunk& c : u.chunks) gather_chunk(c);
-  u.resident = true;
   ++gathers_;
+  if (prefetch) ++prefetched_;
+  if (meta_) {  // a dry run: the storage is taken, no values move
+    u.state = State::resident;
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    u.ticket = ++issued_;
+    queue_.emplace_back(u.ticket, &u);
+  }
+  u.state = State::pending;
+  cv_.notify_all();
+}
+
+void FullShard::wait(Unit& u) {
+  if (u.state != State::pending) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done_ >= u.ticket; });
+  blocked_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (error_) std::rethrow_exception(error_);
+  u.state = State::resident;
+}
+
+void FullShard::drain() {
+  for (Unit& u : units_) wait(u);
+}
+
+double FullShard::comm_seconds() {
+  std::lock_guard<std::mutex> g(mu_);
+  return gather_seconds_ + reduce_seconds_;
 }
 
 void FullShard::release(Unit& u) {
+  wait(u);  // the communication thread may still be writing into it
+  if (u.state == State::released) return;
   for (size_t k : u.params) params_[k].second->storage()->release();
-  u.resident = false;
+  u.state = State::released;
 }
 
 // This rank's pieces of the chunk from its fp32 shard, in the parameters' dtype, to every rank; every rank's
@@ -160,6 +250,10 @@ void FullShard::gather_chunk(const Chunk& c) {
 }
 
 void FullShard::begin_step() {
+  // Every unit released: a unit one rank thought gathered would skip that rank's part of a collective.
+  for (const Unit& u : units_)
+    TR_CHECK(u.state == State::released, "FullShard: unit {} still gathered at a step's start",
+             &u - units_.data() - 1);
   opt_.allocate_state();
   if (!meta_) std::fill_n(opt_.grad_flat_.data<float>(), opt_.grad_flat_.numel(), 0.0f);
 }
@@ -186,6 +280,7 @@ void FullShard::grad_ready(const TensorImpl* leaf) {
 
 void FullShard::finish_backward() {
   if (!in_backward_) return;
+  drain();  // the step's other collectives follow: nothing of ours may still be in flight
   // Units no gradient reached (none in a model that uses every parameter), last layer first as backward
   // runs: the same order on every rank.
   for (auto u = units_.rbegin(); u != units_.rend(); ++u)
@@ -194,10 +289,21 @@ void FullShard::finish_backward() {
 }
 
 void FullShard::reduce(Unit& u) {
+  drain();  // a prefetch in flight goes first: one collective at a time, in one order on every rank
+  const auto t0 = std::chrono::steady_clock::now();
   for (const Chunk& c : u.chunks) reduce_chunk(c);
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  blocked_ += dt;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    reduce_seconds_ += dt;
+  }
   for (size_t k : u.params) autograd::zero_grad(*params_[k].second);  // its sum is with its owners now
   release(u);
   u.reduced = true;
+  // backward_post: the layer before this one comes while the engine moves on to it.
+  const int layer = static_cast<int>(&u - units_.data()) - 1;
+  if (options_.backward_prefetch == FsdpOptions::BackwardPrefetch::post && layer >= 1) prefetch(layer - 1);
 }
 
 // Every rank's gradient pieces of the chunk to their owners (all_to_all_v); this rank adds its pieces'
@@ -242,23 +348,72 @@ void FullShard::reduce_chunk(const Chunk& c) {
 }
 
 std::vector<Tensor> FullShard::materialize() {
+  drain();
   std::vector<Tensor> out;
   for (const auto& [name, p] : params_) {
     p->storage()->reacquire();
     out.push_back(*p);
   }
-  for (Unit& u : units_) u.resident = true;
+  for (Unit& u : units_) u.state = State::resident;
+  materialized_ = true;
   return out;
 }
 
 void FullShard::release_all() {
   for (Unit& u : units_) release(u);
+  materialized_ = false;
 }
 
 bool FullShard::all_released() const {
   for (const auto& [name, p] : params_)
     if (!p->storage()->released()) return false;
   return true;
+}
+
+FsdpOptions read_fsdp_config(const std::string& path) {
+  FsdpOptions o;
+  if (path.empty()) return o;
+  const nlohmann::json j = read_json_file(path);
+  TR_CHECK(j.is_object(), "{}: expected a JSON object of FSDP options, got {}", path, j.type_name());
+  // HF's keys that describe what full_shard does here anyway, or that only apply to XLA / offloading
+  // switched off: accepted without effect.
+  static const std::vector<std::string> accepted = {"min_num_params",
+                                                    "transformer_layer_cls_to_wrap",
+                                                    "use_orig_params",
+                                                    "sync_module_states",
+                                                    "limit_all_gathers",
+                                                    "cpu_ram_efficient_loading",
+                                                    "activation_checkpointing",
+                                                    "state_dict_type",
+                                                    "xla",
+                                                    "xla_fsdp_settings",
+                                                    "xla_fsdp_grad_ckpt",
+                                                    "version"};
+  std::vector<std::string> known = accepted;
+  known.insert(known.end(), {"forward_prefetch", "backward_prefetch"});
+  for (const auto& [raw, v] : j.items()) {
+    const std::string key = raw.rfind("fsdp_", 0) == 0 ? raw.substr(5) : raw;  // HF strips the prefix too
+    if (key == "forward_prefetch") {
+      TR_CHECK(v.is_boolean(), "{}: {} is {}, expected true or false", path, raw, v.dump());
+      o.forward_prefetch = v.get<bool>();
+    } else if (key == "backward_prefetch") {
+      const std::string m = v.is_string() ? v.get<std::string>() : v.dump();
+      TR_CHECK(m == "backward_pre" || m == "backward_post" || m == "no_prefetch",
+               "{}: {} is {}, expected \"backward_pre\", \"backward_post\" or \"no_prefetch\"", path, raw,
+               v.dump());
+      o.backward_prefetch = m == "backward_pre"    ? FsdpOptions::BackwardPrefetch::pre
+                            : m == "backward_post" ? FsdpOptions::BackwardPrefetch::post
+                                                   : FsdpOptions::BackwardPrefetch::none;
+    } else if (key == "xla" || key == "activation_checkpointing") {
+      TR_CHECK(
+          !v.is_boolean() || !v.get<bool>(), "{}: {} true is not built here ({})", path, raw,
+          key == "xla" ? "no XLA devices" : "use --gradient_checkpointing, which checkpoints every layer");
+    } else {
+      TR_CHECK(std::find(known.begin(), known.end(), key) != known.end(), "{}: unknown FSDP option '{}'{}",
+               path, raw, did_you_mean(key, known));
+    }
+  }
+  return o;
 }
 
 data::Batch idle_batch(int64_t T, Device device) {

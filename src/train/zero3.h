@@ -8,6 +8,13 @@
 // and the layer is released. Every rank runs the same collectives in the same order: a rank without data
 // runs an idle micro-batch (idle_inputs) rather than none.
 #pragma once
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "data/loader.h"
@@ -16,11 +23,27 @@
 
 namespace tr::train {
 
+// HF's fsdp_config prefetch keys: forward_prefetch (default false) gathers layer i + 1 while layer i runs
+// forward; backward_prefetch "backward_pre" (the default) gathers layer i - 1 when layer i's backward starts,
+// "backward_post" when its gradients are reduced, "no_prefetch" not at all.
+struct FsdpOptions {
+  bool forward_prefetch = false;
+  enum class BackwardPrefetch { pre, post, none } backward_prefetch = BackwardPrefetch::pre;
+};
+// --fsdp_config FILE (HF's keys, with or without their "fsdp_" prefix): the prefetch options; the keys that
+// describe what we do anyway (wrapping per decoder layer, ...) are accepted, the rest refused naming the
+// file.
+FsdpOptions read_fsdp_config(const std::string& path);
+
 class FullShard final : public models::LayerHooks {
  public:
   // `opt` (stage 3) holds this rank's shard of `params` (the model's parameters, fp32 or the compute
-  // dtype); every parameter is released here. `bucket_cap_bytes` bounds each collective's payload.
-  FullShard(ShardedOptimizer& opt, const nn::ParamList& params, int64_t bucket_cap_bytes);
+  // dtype); every parameter is released here. `bucket_cap_bytes` bounds each collective's payload. A
+  // prefetched gather runs on a communication thread, overlapping the layer that runs meanwhile; every other
+  // collective waits for it (the ranks' collectives stay in one order).
+  FullShard(ShardedOptimizer& opt, const nn::ParamList& params, int64_t bucket_cap_bytes,
+            FsdpOptions options = {});
+  ~FullShard() override;
   FullShard(const FullShard&) = delete;
   FullShard& operator=(const FullShard&) = delete;
 
@@ -41,7 +64,15 @@ class FullShard final : public models::LayerHooks {
   std::vector<Tensor> materialize();
   void release_all();
 
+  // Every queued gather finished (rethrows a failed one); before any collective of another caller.
+  void drain();
+
   int units() const { return static_cast<int>(units_.size()); }
+  int64_t prefetched() const { return prefetched_; }  // gathers started before they were needed
+  // Seconds the training thread waited on this object's collectives (gathers not done yet, reductions),
+  // and seconds its collectives took in all (overlapped gathers included).
+  double blocked_seconds() const { return blocked_; }
+  double comm_seconds();
   int64_t gathers() const { return gathers_; }  // unit gathers so far (tests: forward + backward per layer)
   // Whether every parameter is released (between steps).
   bool all_released() const;
@@ -56,23 +87,33 @@ class FullShard final : public models::LayerHooks {
     std::vector<Piece> pieces;
     std::vector<int64_t> per_rank;  // elements owned by each rank
   };
+  enum class State { released, pending, resident };  // pending: storage taken, gather queued
   struct Unit {
     std::vector<size_t> params;
     std::vector<Chunk> chunks;
-    bool resident = false;
-    int waiting = 0;      // parameters whose gradient this backward has not finished
+    State state = State::released;
+    uint64_t ticket = 0;   // the queued gather while pending
+    int waiting = 0;       // parameters whose gradient this backward has not finished
     bool reduced = false;  // in this backward
   };
   Unit& unit(int u);
-  void gather(Unit& u);
+  void start_gather(Unit& u, bool prefetch);  // storage taken here (the training thread's allocation order)
+  void wait(Unit& u);
+  void gather(Unit& u) {
+    start_gather(u, false);
+    wait(u);
+  }
+  void prefetch(int layer);  // when that layer exists
   void release(Unit& u);
+  void worker();
   void reduce(Unit& u);
   void gather_chunk(const Chunk& c);
   void reduce_chunk(const Chunk& c);
 
   ShardedOptimizer& opt_;
   nn::ParamList params_;
-  std::vector<Unit> units_;  // [0]: the root, [i + 1]: decoder layer i
+  FsdpOptions options_;
+  std::vector<Unit> units_;   // [0]: the root, [i + 1]: decoder layer i
   std::vector<int> unit_of_;  // per parameter
   std::vector<char> seen_;    // per parameter: reported by this backward
   std::unordered_map<const TensorImpl*, size_t> index_;
@@ -80,9 +121,20 @@ class FullShard final : public models::LayerHooks {
   bool meta_ = false;
   float scale_ = 1;
   bool in_backward_ = false;
-  int64_t gathers_ = 0;
-  std::vector<char> send_, recv_;
+  bool materialized_ = false;  // materialize() .. release_all()
+  int64_t gathers_ = 0, prefetched_ = 0;
+  double blocked_ = 0, reduce_seconds_ = 0;
+  std::vector<char> send_, recv_;  // the communication thread's
   std::vector<float> fsend_, frecv_;
+  // The communication thread: queued gathers run in order; done_ counts the finished tickets.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<uint64_t, Unit*>> queue_;
+  uint64_t issued_ = 0, done_ = 0;
+  double gather_seconds_ = 0;  // under mu_
+  std::exception_ptr error_;
+  bool stop_ = false;
+  std::thread comm_;
 };
 
 // An idle micro-batch for a rank past its data (ZeRO-3: every rank must run every forward's collectives):

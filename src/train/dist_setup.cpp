@@ -1,0 +1,96 @@
+// A distributed run's set-up before the Trainer starts: the process group joined (with the flag checks that
+// must come before any rank connects) and the sharded strategies' shared-output_dir check; see dist_setup.h.
+#include "train/dist_setup.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "dist/env.h"
+#include "train/setup.h"
+#include "train/zero.h"
+
+namespace tr::train {
+
+namespace fs = std::filesystem;
+
+int zero_stage(const TrainingArguments& a) {
+  return a.fsdp_has("full_shard") ? 3 : a.fsdp_has("shard_grad_op") ? 2 : 0;
+}
+
+const char* fsdp_strategy(const TrainingArguments& a) {
+  return zero_stage(a) == 3 ? "full_shard" : zero_stage(a) == 2 ? "shard_grad_op" : "";
+}
+
+// A sharded run's ranks write their optimizer files into one checkpoint folder and read each other's on
+// resume: every rank must see output_dir (one host, or a shared filesystem). Checked before training starts,
+// not at the first save.
+void check_shared_output_dir(dist::ProcessGroup& g, const std::string& dir, const char* strategy) {
+  const fs::path marker = fs::path(dir) / ".trainer-shared-check";
+  uint64_t token = 0;
+  if (g.rank() == 0) {
+    token = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+            (static_cast<uint64_t>(::getpid()) << 40);
+    std::ofstream(marker) << token;
+  }
+  g.broadcast(&token, sizeof token, 0);
+  uint64_t seen = 0;
+  if (g.rank() != 0) std::ifstream(marker) >> seen;
+  double blind = g.rank() != 0 && seen != token ? 1 : 0;
+  g.all_reduce_sum(&blind, 1);
+  g.barrier();  // everyone has looked
+  if (g.rank() == 0) fs::remove(marker);
+  TR_CHECK(
+      blind == 0,
+      "--fsdp {}: {} of the {} ranks cannot see {} written by rank 0; every rank writes its "
+      "optimizer file into the same checkpoint folder, so --output_dir must be on a filesystem all ranks "
+      "share",
+      strategy, blind, g.size(), marker.string());
+}
+
+void check_fsdp_flags(const TrainingArguments& a, int world_size) {
+  for (const std::string& o : a.fsdp_options())
+    TR_CHECK(
+        o == "shard_grad_op" || o == "full_shard" || o == "no_shard" || o == "auto_wrap",
+        "--fsdp {}: {} is not built yet; shard_grad_op (ZeRO-2: gradients and optimizer state sharded) "
+        "and full_shard (ZeRO-3: parameters too) are, and without --fsdp the {} processes train with DDP",
+        a.fsdp, o, world_size);
+  TR_CHECK(!(a.fsdp_has("full_shard") && a.fsdp_has("shard_grad_op")),
+           "--fsdp {}: full_shard and shard_grad_op are two sharding strategies; give one", a.fsdp);
+  const char* strategy = fsdp_strategy(a);
+  TR_CHECK(zero_stage(a) == 0 || shards_elementwise(a.optim),
+           "--fsdp {} with --optim {}: sharding splits tensors into flat slices, which only "
+           "element-wise optimizers update exactly (adamw_torch, adamw_torch_fused, adamw_apex_fused, sgd)",
+           strategy, a.optim);
+  // The captured step records parameter addresses, which ZeRO-3 gives back between uses.
+  TR_CHECK(zero_stage(a) != 3 ||
+               !(a.torch_compile || !a.torch_compile_backend.empty() || !a.torch_compile_mode.empty()),
+           "--fsdp full_shard with --torch_compile: the captured step replays fixed parameter addresses, "
+           "and full_shard releases each layer's parameters between uses; drop one of them (shard_grad_op "
+           "compiles)");
+}
+
+// The process group of a run started by a launcher (torchrun, trainer launch, srun, mpirun), or null.
+std::unique_ptr<dist::ProcessGroup> join_group(const TrainingArguments& a) {
+  const dist::DistEnv env = dist::read_dist_env();
+  if (!env.distributed()) return nullptr;
+  check_fsdp_flags(a, env.world_size);
+  TR_CHECK(!a.auto_find_batch_size && a.per_device_train_batch_size != kAutoBatch,
+           "--auto_find_batch_size / --per_device_train_batch_size auto with WORLD_SIZE {}: the ranks would "
+           "retry on their own; give the batch size",
+           env.world_size);
+  // Each rank would need cuda:LOCAL_RANK and the gradients a device-side collective; until the NCCL group
+  // exists, a GPU run of several processes is refused rather than crowding every rank onto cuda:0.
+  TR_CHECK(!training_device(a).is_cuda(),
+           "WORLD_SIZE {} on a GPU: distributed training on GPUs needs the NCCL process group, which is not "
+           "built yet; --use_cpu trains the {} processes on the CPUs with Gloo",
+           env.world_size, env.world_size);
+  const std::string backend = a.ddp_backend.empty() ? "gloo" : a.ddp_backend;
+  return dist::init_process_group(env, dist::parse_comm_backend(backend),
+                                  std::chrono::milliseconds(a.ddp_timeout * 1000));
+}
+
+}  // namespace tr::train
