@@ -49,7 +49,11 @@ double StepCore::label_tokens(const std::vector<data::Batch>& micro) {
   double items = step_label_tokens(micro);
   if (o_.group != nullptr) {  // this step's traffic starts here
     bytes_at_start_ = o_.group->stats().bytes;
-    seconds_at_start_ = o_.group->stats().seconds;
+        seconds_at_start_ = o_.group->stats().seconds;
+    if (full_) {
+      full_comm_at_start_ = full_->comm_seconds();
+      full_blocked_at_start_ = full_->blocked_seconds();
+    }
   }
   if (o_.group != nullptr && !o_.average_tokens_across_devices) {
     // Each rank's loss is its own mean: the step averages over the ranks that had data (a rank past the
@@ -190,8 +194,13 @@ void StepCore::finish(int64_t step, double lr, const Tensor& loss, StepResult& r
     o_.group->broadcast(&gs.offset, sizeof gs.offset, 0);
     s_.dropout_gen.set_state(gs);
     // ZeRO-2's collectives all block the training thread; DDP's buckets overlap backward on their own thread.
-    r.comm_wait_seconds = zero_ ? o_.group->stats().seconds - seconds_at_start_
+        r.comm_wait_seconds = zero_ ? o_.group->stats().seconds - seconds_at_start_
                                 : wait_ + std::chrono::duration<double>(t1 - t0).count();
+    // ZeRO-3's prefetched gathers run on its communication thread: only the part the training thread
+    // waited for counts.
+    if (full_)
+      r.comm_wait_seconds += (full_->blocked_seconds() - full_blocked_at_start_) -
+                             (full_->comm_seconds() - full_comm_at_start_);
     r.comm_bytes = o_.group->stats().bytes - bytes_at_start_;
     wait_ = 0;
   }
