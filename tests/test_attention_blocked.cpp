@@ -1,7 +1,7 @@
 // Blocked attention (ops::attention_blocked, what a GPU runs in bf16/f16) against the fused CPU kernel: the
 // outputs, the logsumexp and all three gradients, for causal and full attention, grouped-query heads, key
-// padding (including a sequence with no key at all), a key cache longer than the queries, and block sizes
-// that do not divide T. On the CPU here; on a GPU as well when one is present (skipped loudly otherwise).
+// padding (including a sequence with no key at all), a key cache longer than the queries, sliding windows,
+// and block sizes that do not divide T. On the CPU here; on a GPU as well when one is present (skipped loudly otherwise).
 #include <cmath>
 
 #include "backend/cuda_api.h"
@@ -15,6 +15,7 @@ struct Case {
   int64_t B, H, KV, T, S, D;
   bool causal, padded;
   int64_t block;
+  int64_t window = 0;  // sliding window (causal)
 };
 
 const Case kCases[] = {
@@ -22,6 +23,8 @@ const Case kCases[] = {
     {"full_padded_one_empty_row", 3, 2, 2, 5, 6, 4, false, true, 2},
     {"causal_cache_longer_than_queries", 1, 3, 1, 4, 9, 8, true, true, 3},
     {"causal_single_block", 2, 2, 1, 6, 6, 16, true, false, 0},
+    {"sliding_window_3_padded", 2, 4, 2, 9, 9, 8, true, true, 4, 3},
+    {"sliding_window_2_cache", 1, 2, 1, 4, 9, 8, true, false, 3, 2},
 };
 
 Tensor keep_mask(const Case& c) {
@@ -67,13 +70,13 @@ TEST_P(AttentionBlocked, MatchesTheFusedKernelForwardAndBackward) {
     Tensor q = make({c.B, c.H, c.T, c.D}, 1), k = make({c.B, c.KV, c.S, c.D}, 2),
            v = make({c.B, c.KV, c.S, c.D}, 3), dout = make({c.B, c.H, c.T, c.D}, 4);
     Tensor keep = keep_mask(c);
-    auto ref = ops::attention(q, k, v, keep, c.causal, scale);
-    auto ref_g = ops::attention_backward(q, k, v, keep, c.causal, scale, ref.out, ref.lse, dout);
+    auto ref = ops::attention(q, k, v, keep, c.causal, scale, c.window);
+    auto ref_g = ops::attention_backward(q, k, v, keep, c.causal, scale, ref.out, ref.lse, dout, c.window);
     auto on = [&](const Tensor& t) { return ops::to_device(ops::to_dtype(t, dt), dev); };
     Tensor keep_d = keep.defined() ? ops::to_device(keep, dev) : keep;
-    auto o = ops::attention_blocked(on(q), on(k), on(v), keep_d, c.causal, scale, c.block);
+    auto o = ops::attention_blocked(on(q), on(k), on(v), keep_d, c.causal, scale, c.block, {}, c.window);
     auto g = ops::attention_blocked_backward(on(q), on(k), on(v), keep_d, c.causal, scale, o.out, o.lse,
-                                             on(dout), c.block);
+                                             on(dout), c.block, {}, c.window);
     auto cpu = [](const Tensor& t) { return ops::to_dtype(ops::to_device(t, Device::cpu()), DType::f64); };
     EXPECT_TRUE(test::all_close(cpu(o.out), ref.out, tol, tol)) << "out";
     EXPECT_TRUE(same_lse(o.lse, ref.lse, tol));

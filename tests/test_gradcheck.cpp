@@ -253,6 +253,13 @@ std::vector<GradCase> cases() {
                    return scaled_dot_product_attention(x[0], x[1], x[2], kk, causal, 0.7);
                  }});
   }
+  c.push_back({"attention", "attention_sliding_window_of_2",
+               [] {
+                 return Inputs{rnd({1, 2, 5, 3}, 47), rnd({1, 1, 7, 3}, 48), rnd({1, 1, 7, 3}, 49)};
+               },
+               [](const Inputs& x) {  // a cache of 2 keys before the 5 queries; each sees 2 keys
+                 return scaled_dot_product_attention(x[0], x[1], x[2], Tensor(), true, 0.7, 0.0, nullptr, 2);
+               }});
   c.push_back(
       {"linear_cross_entropy", "linear_cross_entropy_chunks_of_2",
        [] {

@@ -374,6 +374,97 @@ INSTANTIATE_TEST_SUITE_P(Models, Generation,
                            return std::get<0>(info.param) + "_" + std::get<1>(info.param);
                          });
 
+// Mistral's sliding_window (HF: key > query - window): with one layer, a token changes the logits of the
+// window's positions only; sdpa (fused kernel, and the blocked form under attention dropout) equals eager's
+// band mask in loss and every gradient; incremental decoding past the window equals the full forward; a
+// window as long as the sequence is plain causal attention. Qwen2's max_window_layers keeps the first
+// layers full.
+std::unique_ptr<models::CausalLM> windowed(const std::string& type, int64_t layers, int64_t window,
+                                           double attn_dropout = 0.0) {
+  nlohmann::json j = {{"model_type", type},
+                      {"vocab_size", 50},
+                      {"hidden_size", 16},
+                      {"intermediate_size", 32},
+                      {"num_hidden_layers", layers},
+                      {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2},
+                      {"max_position_embeddings", 32},
+                      {"attention_dropout", attn_dropout}};
+  if (window > 0) j["sliding_window"] = window;  // 0: none (HF's null)
+  if (type == "qwen2") {
+    j["use_sliding_window"] = true;
+    j["max_window_layers"] = 1;
+  }
+  Generator init(11);
+  return models::create_causal_lm(models::ModelConfig::from_json(j, "sliding.json"), Device::cpu(),
+                                  DType::f32, init);
+}
+
+TEST(SlidingWindow, MasksKeysOutsideTheWindowInEveryAttentionImplementation) {
+  const Tensor ids = ops::from_vector<int64_t>({3, 17, 5, 9, 41, 2, 8, 30, 12, 7, 1, 44}, {1, 12});
+  {  // one layer: position t sees tokens t - 2 .. t
+    NoGradGuard ng;
+    for (const char* impl : {"eager", "sdpa"}) {
+      auto m = windowed("mistral", 1, 3);
+      m->set_attn_implementation(impl);
+      Tensor other = ops::from_vector<int64_t>({25, 17, 5, 9, 41, 2, 8, 30, 12, 7, 1, 44}, {1, 12});
+      const auto a = test::values(m->forward(ids).logits), b = test::values(m->forward(other).logits);
+      for (int64_t t = 0; t < 12; ++t) {
+        bool same = true;
+        for (int64_t v = 0; v < 50; ++v)
+          same = same && a[static_cast<size_t>(t * 50 + v)] == b[static_cast<size_t>(t * 50 + v)];
+        EXPECT_EQ(same, t >= 3) << impl << " position " << t;
+      }
+    }
+  }
+  const auto loss_and_grads = [&](models::CausalLM& m, const char* impl, Generator* drop) {
+    m.set_attn_implementation(impl);
+    models::ForwardOptions fo;
+    fo.labels = ids;
+    fo.training = drop != nullptr;
+    fo.dropout_gen = drop;
+    Tensor loss = m.forward(ids, fo).loss;
+    autograd::backward({loss});
+    std::vector<Tensor> g;
+    for (auto& [name, p] : m.named_parameters()) {
+      g.push_back(ops::contiguous(p->grad()));
+      autograd::zero_grad(*p);
+    }
+    return std::make_pair(loss.item(), g);
+  };
+  for (const std::string type : {"mistral", "qwen2"}) {
+    for (double p : {0.0, 0.25}) {  // attention dropout: sdpa takes the blocked form
+      SCOPED_TRACE(type + " attention_dropout " + std::to_string(p));
+      auto m = windowed(type, 2, 3, p);
+      Generator g1(5), g2(5);
+      const auto [le, ge] = loss_and_grads(*m, "eager", p > 0 ? &g1 : nullptr);
+      const auto [ls, gs] = loss_and_grads(*m, "sdpa", p > 0 ? &g2 : nullptr);
+      EXPECT_NEAR(le, ls, 1e-5 * std::abs(le));
+      for (size_t i = 0; i < ge.size(); ++i) EXPECT_TRUE(test::all_close(gs[i], ge[i], 1e-4, 1e-6)) << i;
+      // The window changes the result (it is applied), and one as long as the sequence is plain causal.
+      auto wide = windowed(type, 2, 12, p), causal = windowed(type, 2, 0, p);
+      Generator g3(5), g4(5);
+      const double lw = loss_and_grads(*wide, "sdpa", p > 0 ? &g3 : nullptr).first;
+      const double lc = loss_and_grads(*causal, "sdpa", p > 0 ? &g4 : nullptr).first;
+      EXPECT_EQ(lw, lc);
+      EXPECT_GT(std::abs(ls - lc), 1e-6);
+    }
+  }
+  // Incremental decoding past the window: the cached keys beyond it are masked as in the full forward.
+  for (const char* impl : {"eager", "sdpa"}) {
+    NoGradGuard ng;
+    auto m = windowed("mistral", 2, 3);
+    m->set_attn_implementation(impl);
+    models::KVCache cache;
+    models::ForwardOptions fo;
+    fo.cache = &cache;
+    m->forward(ops::contiguous(ops::narrow(ids, 1, 0, 7)), fo);
+    Tensor inc = m->forward(ops::contiguous(ops::narrow(ids, 1, 7, 5)), fo).logits;
+    Tensor full = m->forward(ids).logits;
+    EXPECT_TRUE(test::all_close(inc, ops::narrow(full, 1, 7, 5), 1e-5, 1e-6)) << impl;
+  }
+}
+
 TEST(Generation, SamplingRules) {
   std::vector<double> logits = {1.0, 3.0, 2.0, -1.0};
   models::GenerateOptions g;

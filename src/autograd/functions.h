@@ -88,10 +88,11 @@ Tensor rope(const Tensor& x, const ops::RopeTables& tables, const Tensor& positi
 // Fused memory-efficient attention: q [B, H, T, D], k/v [B, Hkv, S, D] (grouped-query heads share k/v),
 // key_keep bool [B, S] (false = padding) or undefined. Saves only q, k, v, out and the row logsumexp.
 // dropout_p > 0 (training): attention dropout drawn from `gen` through the blocked form
-// (ops::AttentionDropout).
+// (ops::AttentionDropout). window > 0 (causal): each query sees its last `window` keys, itself included
+// (Mistral's sliding_window).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                                     bool causal, double scale, double dropout_p = 0.0,
-                                    Generator* gen = nullptr);
+                                    Generator* gen = nullptr, int64_t window = 0);
 
 // ---- shape
 Tensor view(const Tensor& x, const Shape& shape);

@@ -216,7 +216,8 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
 }
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
-                                    bool causal, double scale, double dropout_p, Generator* gen) {
+                                    bool causal, double scale, double dropout_p, Generator* gen,
+                                    int64_t window) {
   if (dropout_p > 0) {
     // Attention dropout: the blocked form draws the mask from the generator as dropout() on the [B, H, T, S]
     // probabilities would, and redraws the same mask in backward.
@@ -224,25 +225,25 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     const ops::AttentionDropout drop{
         dropout_p, gen->seed(),
         gen->reserve(static_cast<uint64_t>(q.size(0) * q.size(1) * q.size(2) * k.size(2)))};
-    ops::AttentionOut o = ops::attention_blocked(q, k, v, key_keep, causal, scale, 0, drop);
+    ops::AttentionOut o = ops::attention_blocked(q, k, v, key_keep, causal, scale, 0, drop, window);
     if (needs_grad({&q, &k, &v})) {
       Tensor out = o.out.as_strided(o.out.shape(), o.out.strides(), o.out.offset()), lse = o.lse;
       record("attention", {&q, &k, &v}, {&o.out},
-             [q, k, v, key_keep, causal, scale, out, lse, drop](const Grads& g) -> Grads {
-               ops::AttentionGrads r =
-                   ops::attention_blocked_backward(q, k, v, key_keep, causal, scale, out, lse, g[0], 0, drop);
+             [q, k, v, key_keep, causal, scale, out, lse, drop, window](const Grads& g) -> Grads {
+               ops::AttentionGrads r = ops::attention_blocked_backward(q, k, v, key_keep, causal, scale, out,
+                                                                       lse, g[0], 0, drop, window);
                return {r.dq, r.dk, r.dv};
              });
     }
     return o.out;
   }
-  ops::AttentionOut o = ops::attention(q, k, v, key_keep, causal, scale);
+  ops::AttentionOut o = ops::attention(q, k, v, key_keep, causal, scale, window);
   if (needs_grad({&q, &k, &v})) {
     Tensor out = o.out.as_strided(o.out.shape(), o.out.strides(), o.out.offset()), lse = o.lse;
     record("attention", {&q, &k, &v}, {&o.out},
-           [q, k, v, key_keep, causal, scale, out, lse](const Grads& g) -> Grads {
+           [q, k, v, key_keep, causal, scale, out, lse, window](const Grads& g) -> Grads {
              ops::AttentionGrads r =
-                 ops::attention_backward(q, k, v, key_keep, causal, scale, out, lse, g[0]);
+                 ops::attention_backward(q, k, v, key_keep, causal, scale, out, lse, g[0], window);
              return {r.dq, r.dk, r.dv};
            });
   }

@@ -1,6 +1,7 @@
 // Shape and masking rule of the fused attention, shared by the CPU and CUDA kernels so both mask alike:
 // causal attention aligns the last query with the last key (queries continue a cache of S - T keys), and a
-// key whose keep flag is false (padding) is never attended.
+// key whose keep flag is false (padding) is never attended; a sliding window of W keys (Mistral's
+// sliding_window) also hides keys W or more positions before the query (HF: key > query - W).
 #pragma once
 #include <cstdint>
 
@@ -12,7 +13,14 @@ struct AttentionGeometry {
   int64_t B, H, KV, T, S, D;  // batch, query heads, kv heads, queries, keys, head dim
   bool causal;
   double scale;
-  const bool* keep;  // [B, S] or null
+    const bool* keep;  // [B, S] or null
+  int64_t window = 0;  // causal only: keys a query sees, itself included (0: all before it)
+  // Lowest key index query t may see.
+  TR_HD int64_t first_key(int64_t t) const {
+    if (!causal || window <= 0) return 0;
+    const int64_t k = t + (S - T) - window + 1;
+    return k > 0 ? k : 0;
+  }
   // Highest key index query t may see.
   TR_HD int64_t last_key(int64_t t) const {
     if (!causal) return S - 1;
@@ -20,7 +28,7 @@ struct AttentionGeometry {
     return k < S - 1 ? k : S - 1;
   }
   TR_HD bool visible(int64_t b, int64_t t, int64_t s) const {
-    return s <= last_key(t) && (keep == nullptr || keep[b * S + s]);
+        return s <= last_key(t) && s >= first_key(t) && (keep == nullptr || keep[b * S + s]);
   }
 };
 

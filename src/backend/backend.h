@@ -118,14 +118,15 @@ class Backend {
 
   // Fused attention with online softmax (never holds a T x S score matrix). q [B, H, T, D], k/v [B, Hkv, S,
   // D] contiguous (H a multiple of Hkv: grouped-query heads share k/v); key_keep bool [B, S] or undefined
-  // (false = padding, never attended); causal masks key s > query t + (S - T). out like q; lse f32 [B, H, T]
-  // (f64 for f64), -inf for rows with nothing to attend (their output is 0).
+  // (false = padding, never attended); causal masks key s > query t + (S - T), and with window > 0 (a
+  // sliding window, causal only) also key s <= t + (S - T) - window. out like q; lse f32 [B, H, T] (f64 for
+  // f64), -inf for rows with nothing to attend (their output is 0).
   virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
-                         bool causal, double scale, const Tensor& out, const Tensor& lse) = 0;
+                         bool causal, int64_t window, double scale, const Tensor& out, const Tensor& lse) = 0;
   // Gradients from the saved out and lse (scores recomputed blockwise); dq, dk, dv overwritten.
   virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
-                                  bool causal, double scale, const Tensor& out, const Tensor& lse,
-                                  const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                                  bool causal, int64_t window, double scale, const Tensor& out,
+                                  const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
                                   const Tensor& dv) = 0;
 
   // Blocked attention (ops::attention_blocked: the two products run as GEMMs, tensor cores on a GPU): one
@@ -143,6 +144,7 @@ class Backend {
     // then scaled by 1 / (1 - dropout). 0: none.
     double dropout = 0.0;
     uint64_t seed = 0, offset = 0;
+    int64_t window = 0;  // sliding window (causal): keys a query sees, itself included; 0 = all before it
   };
   // probs = softmax(scale * scores) over the keys each query sees (0 elsewhere), with the block's dropout
   // applied; lse the logsumexp (-inf and zero probs for a query that sees nothing).

@@ -23,14 +23,15 @@ Tensor CausalLM::key_keep_for(const Tensor& am) const {
 }
 
 Tensor CausalLM::attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                        const Tensor& key_keep, double dropout_p, const ForwardOptions& o) const {
+                        const Tensor& key_keep, double dropout_p, const ForwardOptions& o,
+                        int64_t window) const {
   const int64_t B = q.size(0), H = q.size(1), D = q.size(3), KV = k.size(1), S = k.size(2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const bool drop = o.training && o.dropout_gen && dropout_p > 0;
   // sdpa / flash_attention_2: the fused path; with dropout, the blocked form (same mask as eager's dropout).
   if (attn_implementation_ != "eager")
     return scaled_dot_product_attention(q, k, v, key_keep, true, scale, drop ? dropout_p : 0.0,
-                                        o.dropout_gen);
+                                        o.dropout_gen, window);
   auto repeat_kv = [&](const Tensor& t) {  // [B, KV, S, D] -> [B, H, S, D]
     if (KV == H) return t;
     return reshape(expand(unsqueeze(t, 2), {B, KV, H / KV, S, D}), {B, H, S, D});
@@ -165,7 +166,7 @@ CausalLMOutput CausalLM::head_and_loss(const Tensor& h, const Tensor& w, const F
   return out;
 }
 
-Tensor CausalLM::attention_mask_for(int64_t B, int64_t T, int64_t S, const Tensor& am) const {
+Tensor CausalLM::attention_mask_for(int64_t B, int64_t T, int64_t S, const Tensor& am, int64_t window) const {
   if (device_.is_meta()) return ops::empty({am.defined() ? B : 1, 1, T, S}, DType::boolean, device_);
   std::vector<uint8_t> keep;
   if (am.defined()) {
@@ -179,7 +180,8 @@ Tensor CausalLM::attention_mask_for(int64_t B, int64_t T, int64_t S, const Tenso
     for (int64_t i = 0; i < T; ++i)
       for (int64_t j = 0; j < S; ++j)
         m[static_cast<size_t>((b * T + i) * S + j)] =
-            j > i + off || (am.defined() && !keep[static_cast<size_t>(b * S + j)]);
+            j > i + off || (window > 0 && j <= i + off - window) ||
+            (am.defined() && !keep[static_cast<size_t>(b * S + j)]);
   return ops::to_device(ops::to_dtype(ops::from_vector<uint8_t>(m, {nb, 1, T, S}), DType::boolean), device_);
 }
 

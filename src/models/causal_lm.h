@@ -83,16 +83,18 @@ class CausalLM {
   // return_logits the head and loss run in row chunks, so the [B*T, V] logits never exist.
   CausalLMOutput head_and_loss(const Tensor& h, const Tensor& head_weight, const ForwardOptions& opts) const;
   // Boolean mask [B or 1, 1, T, S], true where attention is not allowed (causal with the last query at the
-  // last key, + padding from attention_mask [B, S]).
-  Tensor attention_mask_for(int64_t B, int64_t T, int64_t S, const Tensor& attention_mask) const;
+  // last key, + padding from attention_mask [B, S], + keys `window` or more positions back when window > 0).
+  Tensor attention_mask_for(int64_t B, int64_t T, int64_t S, const Tensor& attention_mask,
+                            int64_t window = 0) const;
   // Appends this step's k/v [B, KV, T, D] to layer `layer` of the cache (if any) and returns all of them.
   std::pair<Tensor, Tensor> cached_kv(const ForwardOptions& o, size_t layer, const Tensor& k,
                                       const Tensor& v) const;
   // Attention over q [B, H, T, D] and k/v [B, KV, T, D]: eager (with `mask`, k/v repeated to H heads) or the
-  // fused kernel (causal + `key_keep`). With attention dropout in training, sdpa takes the blocked form
-  // (GEMMs + row softmax per query block), whose dropout mask equals eager's from the same generator.
+  // fused kernel (causal + `key_keep` + the sliding `window`, which eager's `mask` must already hold). With
+  // attention dropout in training, sdpa takes the blocked form (GEMMs + row softmax per query block), whose
+  // dropout mask equals eager's from the same generator.
   Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& key_keep,
-                double dropout_p, const ForwardOptions& o) const;
+                double dropout_p, const ForwardOptions& o, int64_t window = 0) const;
   // Decoder layer `index`, as a checkpoint region when o.gradient_checkpointing (dropout replayed exactly),
   // between the layer hooks' gather and release when there are hooks.
   Tensor run_layer(const autograd::RegionFn& layer, const Tensor& h, const ForwardOptions& o,

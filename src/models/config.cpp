@@ -124,8 +124,10 @@ void parse_llama(const JsonField& r, ModelConfig& c) {
   c.mlp_bias = r["mlp_bias"].boolean_or(false);
   c.attn_pdrop = dropout_of(r["attention_dropout"], 0.0);
   if ((c.model_type == "mistral" || (qwen && r["use_sliding_window"].boolean_or(false))) &&
-      r["sliding_window"].present())
+      r["sliding_window"].present()) {
     c.sliding_window = size_of(r["sliding_window"]);
+    if (qwen) c.max_window_layers = r["max_window_layers"].integer_or(28, 0, kMaxModelSize);  // HF's default
+  }
 }
 
 }  // namespace

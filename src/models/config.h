@@ -38,6 +38,11 @@ struct ModelConfig {
   double embd_pdrop = 0.0, resid_pdrop = 0.0, attn_pdrop = 0.0;
   bool qk_norm = false;        // qwen3: RMSNorm over head_dim on each head's q and k, before rotary
   int64_t sliding_window = 0;  // mistral / qwen2 sliding-window attention; 0 = none
+  // Qwen2/3 (use_sliding_window): layers below this index attend fully, the rest through the window (HF's
+  // max_window_layers); 0 for Mistral, whose every layer slides.
+  int64_t max_window_layers = 0;
+  // The window layer `layer` attends through (0: none).
+  int64_t window_of(int64_t layer) const { return layer >= max_window_layers ? sliding_window : 0; }
   nlohmann::json raw;          // everything config.json held
 
   // Parses `j` (from `source`, used in errors). Throws tr::Error on missing or contradictory fields.

@@ -102,11 +102,6 @@ class Llama final : public CausalLM {
              config_.model_type, ids.describe());
     const int64_t B = ids.size(0), T = ids.size(1);
     const int64_t past = o.cache ? o.cache->length : 0, S = past + T;
-    // Within the window, sliding-window attention is plain causal attention; beyond it we refuse rather
-    // than silently attend too far.
-    TR_CHECK(config_.sliding_window == 0 || S <= config_.sliding_window,
-             "{}: {} positions exceed sliding_window {} (sliding-window attention is not implemented)",
-             config_.model_type, S, config_.sliding_window);
     TR_CHECK(S <= config_.max_position_embeddings, "{}: position {} exceeds max_position_embeddings {}",
              config_.model_type, S, config_.max_position_embeddings);
     std::vector<int64_t> pos(static_cast<size_t>(B * T));
@@ -115,15 +110,24 @@ class Llama final : public CausalLM {
     const Tensor positions = device_.is_meta() ? ops::empty({B, T}, DType::i64, device_)
                                                : ops::from_vector<int64_t>(pos, {B, T}, device_);
     const bool eager = attn_implementation_ == "eager";  // only eager reads the mask (sdpa: key_keep)
+    // Sliding-window layers (config.window_of) see only their window: eager's second mask holds it (a window
+    // at least S long changes nothing and is not built).
+    const int64_t window =
+        config_.sliding_window > 0 && config_.sliding_window < S ? config_.sliding_window : 0;
     const Tensor mask = eager ? attention_mask_for(B, T, S, o.attention_mask) : Tensor();
+    const Tensor window_mask =
+        eager && window > 0 ? attention_mask_for(B, T, S, o.attention_mask, window) : Tensor();
     const Tensor keep = key_keep_for(o.attention_mask);
     root_begin();
     Tensor h = embed_(ids);
     for (size_t li = 0; li < layers_.size(); ++li) {
       // Captures by value: a checkpoint region runs again during backward, after forward() has returned.
-      auto layer = [this, li, mask, keep, positions,
+      const bool slides = window > 0 && config_.window_of(static_cast<int64_t>(li)) > 0;
+      const Tensor layer_mask = slides ? window_mask : mask;
+      const int64_t layer_window = slides ? window : 0;
+      auto layer = [this, li, layer_mask, layer_window, keep, positions,
                     o](const std::vector<Tensor>& in) -> std::vector<Tensor> {
-        return {decoder_layer(layers_[li], li, in[0], mask, keep, positions, o)};
+        return {decoder_layer(layers_[li], li, in[0], layer_mask, layer_window, keep, positions, o)};
       };
       h = run_layer(layer, h, o, li);
     }
@@ -135,8 +139,8 @@ class Llama final : public CausalLM {
   }
 
  private:
-  Tensor decoder_layer(LlamaLayer& l, size_t li, const Tensor& x, const Tensor& mask, const Tensor& keep,
-                       const Tensor& positions, const ForwardOptions& o) {
+  Tensor decoder_layer(LlamaLayer& l, size_t li, const Tensor& x, const Tensor& mask, int64_t window,
+                       const Tensor& keep, const Tensor& positions, const ForwardOptions& o) {
     const auto& c = config_;
     const int64_t B = x.size(0), T = x.size(1), H = c.num_heads, KV = c.num_kv_heads, hd = c.head_dim;
     Tensor a = l.input_layernorm(x);
@@ -150,7 +154,7 @@ class Llama final : public CausalLM {
     k = rope(k, rope_, positions, true);
     Tensor v = view(l.v_proj(a), {B, T, KV, hd});
     auto [kc, vc] = cached_kv(o, li, transpose(k, 1, 2), transpose(v, 1, 2));
-    Tensor att = attend(transpose(q, 1, 2), kc, vc, mask, keep, c.attn_pdrop, o);
+    Tensor att = attend(transpose(q, 1, 2), kc, vc, mask, keep, c.attn_pdrop, o, window);
     // The residual add and post_attention_layernorm in one pass (h: the residual stream, m: its norm).
     auto [h, m] = add_rms_norm(x, l.o_proj(reshape(transpose(att, 1, 2), {B, T, H * hd})),
                                l.post_attention_layernorm.weight, l.post_attention_layernorm.eps);

@@ -55,8 +55,12 @@ void put_rows(const Tensor& dst, const Tensor& block, const Dims& d, int64_t t0,
 }
 
 backend::Backend::AttentionBlock block_of(const Dims& d, const Tensor& keep, bool causal, double scale,
-                                          int64_t t0, int64_t tq, int64_t sk, const AttentionDropout& drop) {
-  return {d.B, d.H, d.KV, d.T, d.S, t0, tq, sk, causal, scale, keep, drop.p, drop.seed, drop.offset};
+                                          int64_t t0, int64_t tq, int64_t sk, const AttentionDropout& drop,
+                                          int64_t window) {
+  backend::Backend::AttentionBlock a{d.B, d.H,    d.KV,  d.T,  d.S,    t0,        tq,
+                                     sk,  causal, scale, keep, drop.p, drop.seed, drop.offset};
+  a.window = window;
+  return a;
 }
 
 DType stat_of(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
@@ -86,7 +90,10 @@ struct Blocks {
 }  // namespace
 
 AttentionOut attention_blocked(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
-                               bool causal, double scale, int64_t block, AttentionDropout dropout) {
+                               bool causal, double scale, int64_t block, AttentionDropout dropout,
+                               int64_t window) {
+  TR_CHECK(window >= 0 && (window == 0 || causal), "attention: a sliding window of {} needs causal attention",
+           window);
   const Dims d = dims_of(q, k);
   auto& be = backend::backend_for(q.device());
   AttentionOut o{empty(q.shape(), q.dtype(), q.device()),
@@ -103,8 +110,8 @@ AttentionOut attention_blocked(const Tensor& q, const Tensor& k, const Tensor& v
     Tensor scores = matmul_f32(rows_of(q, d, t0, tq), kb, false, true);  // [B*KV, rep*tq, sk]
     Tensor probs = empty(scores.shape(), q.dtype(), q.device());
     Tensor lse = empty({d.B * d.KV, d.rep * tq}, scores.dtype(), q.device());
-    be.attention_block_softmax(scores, block_of(d, blocks.keep, causal, scale, t0, tq, sk, dropout), probs,
-                               lse);
+    be.attention_block_softmax(scores, block_of(d, blocks.keep, causal, scale, t0, tq, sk, dropout, window),
+                               probs, lse);
     put_rows(o.out, matmul(probs, vb), d, t0, tq);
     put_rows(o.lse, lse, d, t0, tq);
   });
@@ -114,7 +121,7 @@ AttentionOut attention_blocked(const Tensor& q, const Tensor& k, const Tensor& v
 AttentionGrads attention_blocked_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                           const Tensor& key_keep, bool causal, double scale,
                                           const Tensor& out, const Tensor& lse, const Tensor& dout,
-                                          int64_t block, AttentionDropout dropout) {
+                                          int64_t block, AttentionDropout dropout, int64_t window) {
   const Dims d = dims_of(q, k);
   auto& be = backend::backend_for(q.device());
   const DType st = stat_of(q.dtype());
@@ -141,7 +148,8 @@ AttentionGrads attention_blocked_backward(const Tensor& q, const Tensor& k, cons
       Tensor probs = empty(scores.shape(), q.dtype(), q.device()),
              ds = empty(scores.shape(), q.dtype(), q.device());
       be.attention_block_grad(scores, dp, rows_of(lse, d, t0, tq), rows_of(delta, d, t0, tq),
-                              block_of(d, blocks.keep, causal, scale, t0, tq, sk, dropout), probs, ds);
+                              block_of(d, blocks.keep, causal, scale, t0, tq, sk, dropout, window), probs,
+                              ds);
       put_rows(g.dq, matmul(ds, kb), d, t0, tq);  // dq = ds k (ds carries the scale)
       const Tensor dkb = narrow(dk, 1, 0, sk), dvb = narrow(dv, 1, 0, sk);
       copy_(dkb, binary(backend::BinaryOp::add, dkb, matmul_f32(ds, qb, true, false)));      // dk += ds^T q

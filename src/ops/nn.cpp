@@ -489,7 +489,9 @@ bool blocked_on_gpu(const Tensor& q) {
 }  // namespace
 
 AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, bool causal,
-                       double scale) {
+                       double scale, int64_t window) {
+  TR_CHECK(window >= 0 && (window == 0 || causal), "attention: a sliding window of {} needs causal attention",
+           window);
   TR_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
            "attention: q, k, v must be [B, H, T, D], got {}, {}, {}", q.describe(), k.describe(),
            v.describe());
@@ -505,28 +507,29 @@ AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
                  key_keep.device() == q.device(),
              "attention: key mask {} must be bool [B, S] = [{}, {}] on {}", key_keep.describe(), k.size(0),
              k.size(2), q.device().str());
-  if (blocked_on_gpu(q)) return attention_blocked(q, k, v, key_keep, causal, scale);
+  if (blocked_on_gpu(q)) return attention_blocked(q, k, v, key_keep, causal, scale, 0, {}, window);
   Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v),
          mc = key_keep.defined() ? contiguous(key_keep) : key_keep;
   AttentionOut o{empty(q.shape(), q.dtype(), q.device()),
                  empty({q.size(0), q.size(1), q.size(2)}, stat_dtype(q.dtype()), q.device())};
-  if (runs(o.out)) be(q).attention(qc, kc, vc, mc, causal, scale, o.out, o.lse);
+  if (runs(o.out)) be(q).attention(qc, kc, vc, mc, causal, window, scale, o.out, o.lse);
   return o;
 }
 
 AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                                   bool causal, double scale, const Tensor& out, const Tensor& lse,
-                                  const Tensor& dout) {
+                                  const Tensor& dout, int64_t window) {
   TR_CHECK(dout.shape() == q.shape(), "attention_backward: grad {} does not match q {}", dout.describe(),
            q.describe());
-  if (blocked_on_gpu(q)) return attention_blocked_backward(q, k, v, key_keep, causal, scale, out, lse, dout);
+  if (blocked_on_gpu(q))
+    return attention_blocked_backward(q, k, v, key_keep, causal, scale, out, lse, dout, 0, {}, window);
   Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v), oc = contiguous(out),
          dc = contiguous(dout);
   Tensor mc = key_keep.defined() ? contiguous(key_keep) : key_keep;
   AttentionGrads g{empty(q.shape(), q.dtype(), q.device()), empty(k.shape(), k.dtype(), k.device()),
                    empty(v.shape(), v.dtype(), v.device())};
   if (runs(g.dq)) {
-    be(q).attention_backward(qc, kc, vc, mc, causal, scale, oc, lse, dc, g.dq, g.dk, g.dv);
+    be(q).attention_backward(qc, kc, vc, mc, causal, window, scale, oc, lse, dc, g.dq, g.dk, g.dv);
   } else if (!q.device().is_meta()) {  // no queries: the keys and values got no gradient
     if (runs(g.dk)) be(q).fill(g.dk, 0.0);
     if (runs(g.dv)) be(q).fill(g.dv, 0.0);

@@ -144,18 +144,18 @@ RopeTables rope_tables_from_inv_freq(int64_t max_positions, const std::vector<fl
 Tensor rope(const Tensor& x, const RopeTables& tables, const Tensor& positions, bool seq_major, bool inverse);
 Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset);
 // Fused attention (Backend::attention): q [B, H, T, D], k/v [B, Hkv, S, D], key_keep bool [B, S] or
-// undefined.
+// undefined; window > 0 (causal): a sliding window of that many keys per query, itself included.
 struct AttentionOut {
   Tensor out, lse;
 };
 AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, bool causal,
-                       double scale);
+                       double scale, int64_t window = 0);
 struct AttentionGrads {
   Tensor dq, dk, dv;
 };
 AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                                   bool causal, double scale, const Tensor& out, const Tensor& lse,
-                                  const Tensor& dout);
+                                  const Tensor& dout, int64_t window = 0);
 // The same attention computed a block of `block` queries at a time (0: about 2^26 score elements per block)
 // with both products as batched GEMMs and the softmax as a row kernel (ops/attention_blocked.cpp); what
 // attention() runs on a GPU in bf16/f16. Same outputs (lse included), so either backward fits either forward.
@@ -166,11 +166,12 @@ struct AttentionDropout {
   uint64_t seed = 0, offset = 0;
 };
 AttentionOut attention_blocked(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
-                               bool causal, double scale, int64_t block = 0, AttentionDropout dropout = {});
+                               bool causal, double scale, int64_t block = 0, AttentionDropout dropout = {},
+                               int64_t window = 0);
 AttentionGrads attention_blocked_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                           const Tensor& key_keep, bool causal, double scale,
                                           const Tensor& out, const Tensor& lse, const Tensor& dout,
-                                          int64_t block = 0, AttentionDropout dropout = {});
+                                          int64_t block = 0, AttentionDropout dropout = {}, int64_t window = 0);
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
 
 // ---- optimizer passes (ops/optim.cpp; the semantics are backend.h's)

@@ -42,8 +42,8 @@ void forward_kernel(const Geo& g, const T* q, const T* k, const T* v, T* out, ac
           std::fill(acc.begin(), acc.begin() + nt * g.D, A(0));
           std::fill(m.begin(), m.end(), -std::numeric_limits<A>::infinity());
           std::fill(l.begin(), l.end(), A(0));
-          const int64_t s_end = g.last_key(t1 - 1) + 1;
-          for (int64_t s0 = 0; s0 < s_end; s0 += kBlock) {
+                    const int64_t s_end = g.last_key(t1 - 1) + 1;
+          for (int64_t s0 = g.first_key(t0); s0 < s_end; s0 += kBlock) {
             const int64_t s1 = std::min(s_end, s0 + kBlock), ns = s1 - s0;
             for (int64_t i = 0; i < ns * g.D; ++i) {
               kb[i] = load(kp + s0 * g.D, i);
@@ -186,18 +186,20 @@ void backward_kernel(const Geo& g, const T* q, const T* k, const T* v, const T* 
   }
 }
 
-Geo geometry(const Tensor& q, const Tensor& k, const Tensor& key_keep, bool causal, double scale) {
+Geo geometry(const Tensor& q, const Tensor& k, const Tensor& key_keep, bool causal, int64_t window,
+             double scale) {
   Geo g{q.size(0), q.size(1), k.size(1),
         q.size(2), k.size(2), q.size(3),
-        causal,    scale,     key_keep.defined() ? key_keep.data<bool>() : nullptr};
+        causal,    scale,     key_keep.defined() ? key_keep.data<bool>() : nullptr,
+        window};
   return g;
 }
 
 }  // namespace
 
 void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
-                           bool causal, double scale, const Tensor& out, const Tensor& lse) {
-  const Geo g = geometry(q, k, key_keep, causal, scale);
+                           bool causal, int64_t window, double scale, const Tensor& out, const Tensor& lse) {
+  const Geo g = geometry(q, k, key_keep, causal, window, scale);
   dispatch_float(q.dtype(), "attention", [&]<typename T>() {
     forward_kernel<T>(g, static_cast<const T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()),
                       static_cast<const T*>(v.data_ptr()), static_cast<T*>(out.data_ptr()),
@@ -206,10 +208,10 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, co
 }
 
 void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
-                                    bool causal, double scale, const Tensor& out, const Tensor& lse,
-                                    const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                                    bool causal, int64_t window, double scale, const Tensor& out,
+                                    const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
                                     const Tensor& dv) {
-  const Geo g = geometry(q, k, key_keep, causal, scale);
+  const Geo g = geometry(q, k, key_keep, causal, window, scale);
   dispatch_float(q.dtype(), "attention_backward", [&]<typename T>() {
     backward_kernel<T>(g, static_cast<const T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()),
                        static_cast<const T*>(v.data_ptr()), static_cast<const T*>(out.data_ptr()),
@@ -237,7 +239,8 @@ struct BlockRows {
   explicit BlockRows(const backend::Backend::AttentionBlock& a)
       : g{a.B,      a.H,     a.KV,
           a.T,      a.S,     0,
-          a.causal, a.scale, a.key_keep.defined() ? a.key_keep.data<bool>() : nullptr},
+          a.causal, a.scale, a.key_keep.defined() ? a.key_keep.data<bool>() : nullptr,
+          a.window},
         rows(a.B * a.H * a.tq),
         per_group(a.H / a.KV * a.tq),
         t0(a.t0),

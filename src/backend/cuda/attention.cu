@@ -190,7 +190,8 @@ __global__ void __launch_bounds__(kTileThreads)
   A m = -INFINITY, l = 0, o[kCols];
 #pragma unroll
   for (int i = 0; i < kCols; ++i) o[i] = 0;
-  for (int64_t kt = 0; kt < n_kt; ++kt) {
+  // A sliding window hides the tiles before the tile's first query's first key.
+  for (int64_t kt = g.first_key(t0) / kTile; kt < n_kt; ++kt) {
     const int64_t s0 = kt * kTile;
     __syncthreads();  // the previous tile is consumed
     load_tile(Ks, kb, s0, g.S, g.D, A(1));
@@ -263,7 +264,7 @@ __global__ void __launch_bounds__(kTileThreads)
   A acc[kCols];
 #pragma unroll
   for (int i = 0; i < kCols; ++i) acc[i] = 0;
-  for (int64_t kt = 0; kt < n_kt; ++kt) {
+  for (int64_t kt = g.first_key(t0) / kTile; kt < n_kt; ++kt) {
     const int64_t s0 = kt * kTile;
     __syncthreads();
     load_tile(Ks, kb, s0, g.S, g.D, A(1));
@@ -467,10 +468,11 @@ bool allow_smem(K kernel, size_t bytes) {
 }  // namespace
 
 void attention(DType dt, const void* q, const void* k, const void* v, const bool* keep, void* out, void* lse,
-               int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D, bool causal, double scale) {
+               int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D, bool causal, int64_t window,
+               double scale) {
   if (D > kMaxHeadDim) throw std::runtime_error("cuda attention: head dim above 256 is not supported");
   if (B * H * T == 0) return;
-  Geo g{B, H, KV, T, S, D, causal, scale, keep};
+  Geo g{B, H, KV, T, S, D, causal, scale, keep, window};
   dispatch_float(dt, [&]<typename TT>() {
     using A = acc_t<TT>;
     const size_t smem = forward_smem<A>(D);
@@ -491,9 +493,9 @@ void attention(DType dt, const void* q, const void* k, const void* v, const bool
 void attention_backward(DType dt, const void* q, const void* k, const void* v, const bool* keep,
                         const void* out, const void* lse, const void* dout, void* dq, void* dk, void* dv,
                         int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D, bool causal,
-                        double scale) {
+                        int64_t window, double scale) {
   if (D > kMaxHeadDim) throw std::runtime_error("cuda attention: head dim above 256 is not supported");
-  Geo g{B, H, KV, T, S, D, causal, scale, keep};
+  Geo g{B, H, KV, T, S, D, causal, scale, keep, window};
   if (B * H * T == 0) return;
   dispatch_float(dt, [&]<typename TT>() {
     using A = acc_t<TT>;
@@ -552,9 +554,9 @@ void dispatch_block(DType sdt, DType pdt, F&& f) {
 namespace {
 
 BlockRows block_rows_of(const bool* keep, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t t0,
-                        int64_t tq, int64_t sk, bool causal, double scale, double dropout, uint64_t seed,
-                        uint64_t offset) {
-  return {Geo{B, H, KV, T, S, 0, causal, scale, keep},
+                        int64_t tq, int64_t sk, bool causal, int64_t window, double scale, double dropout,
+                        uint64_t seed, uint64_t offset) {
+  return {Geo{B, H, KV, T, S, 0, causal, scale, keep, window},
           H / KV * tq,
           t0,
           tq,
@@ -569,11 +571,12 @@ BlockRows block_rows_of(const bool* keep, int64_t B, int64_t H, int64_t KV, int6
 
 void attention_block_softmax(DType sdt, DType pdt, const void* scores, void* probs, void* lse,
                              const bool* keep, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S,
-                             int64_t t0, int64_t tq, int64_t sk, bool causal, double scale, double dropout,
-                             uint64_t seed, uint64_t offset) {
+                             int64_t t0, int64_t tq, int64_t sk, bool causal, int64_t window, double scale,
+                             double dropout, uint64_t seed, uint64_t offset) {
   const int64_t rows = B * H * tq;
   if (rows == 0) return;
-  const BlockRows br = block_rows_of(keep, B, H, KV, T, S, t0, tq, sk, causal, scale, dropout, seed, offset);
+  const BlockRows br =
+      block_rows_of(keep, B, H, KV, T, S, t0, tq, sk, causal, window, scale, dropout, seed, offset);
   dispatch_block(sdt, pdt, [&]<typename A, typename P>() {
     block_softmax_kernel<A, P><<<static_cast<unsigned>(rows), 256>>>(
         br, static_cast<const A*>(scores), static_cast<P*>(probs), static_cast<A*>(lse));
@@ -584,10 +587,12 @@ void attention_block_softmax(DType sdt, DType pdt, const void* scores, void* pro
 void attention_block_grad(DType sdt, DType pdt, const void* scores, const void* dp, const void* lse,
                           const void* delta, void* probs, void* dscores, const bool* keep, int64_t B,
                           int64_t H, int64_t KV, int64_t T, int64_t S, int64_t t0, int64_t tq, int64_t sk,
-                          bool causal, double scale, double dropout, uint64_t seed, uint64_t offset) {
+                          bool causal, int64_t window, double scale, double dropout, uint64_t seed,
+                          uint64_t offset) {
   const int64_t rows = B * H * tq;
   if (rows * sk == 0) return;
-  const BlockRows br = block_rows_of(keep, B, H, KV, T, S, t0, tq, sk, causal, scale, dropout, seed, offset);
+  const BlockRows br =
+      block_rows_of(keep, B, H, KV, T, S, t0, tq, sk, causal, window, scale, dropout, seed, offset);
   dispatch_block(sdt, pdt, [&]<typename A, typename P>() {
     block_grad_kernel<A, P><<<blocks_for(rows * sk), 256>>>(
         br, rows, static_cast<const A*>(scores), static_cast<const A*>(dp), static_cast<const A*>(lse),

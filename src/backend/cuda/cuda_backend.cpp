@@ -302,10 +302,10 @@ class CudaBackend final : public backend::Backend {
                y.data_ptr(), s[0], H, T, s[3], seq_major, inverse, cos.shape()[0], bad_index());
   }
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, bool causal,
-                 double scale, const Tensor& out, const Tensor& lse) override {
+                 int64_t window, double scale, const Tensor& out, const Tensor& lse) override {
     cuda::attention(q.dtype(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
                     key_keep.defined() ? key_keep.data<bool>() : nullptr, out.data_ptr(), lse.data_ptr(),
-                    q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), causal, scale);
+                    q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), causal, window, scale);
   }
   void grad_stats(const std::vector<Tensor>& grads, double inv_scale, const Tensor& stats) override {
     TR_CHECK(stats.dtype() == DType::f64 && stats.numel() == 2 && stats.is_contiguous() &&
@@ -417,26 +417,28 @@ class CudaBackend final : public backend::Backend {
     }
   }
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
-                          bool causal, double scale, const Tensor& out, const Tensor& lse, const Tensor& dout,
-                          const Tensor& dq, const Tensor& dk, const Tensor& dv) override {
+                          bool causal, int64_t window, double scale, const Tensor& out, const Tensor& lse,
+                          const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv) override {
     cuda::attention_backward(q.dtype(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
                              key_keep.defined() ? key_keep.data<bool>() : nullptr, out.data_ptr(),
                              lse.data_ptr(), dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
-                             q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), causal, scale);
+                             q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), causal, window,
+                             scale);
   }
   void attention_block_softmax(const Tensor& scores, const AttentionBlock& a, const Tensor& probs,
                                const Tensor& lse) override {
     cuda::attention_block_softmax(scores.dtype(), probs.dtype(), scores.data_ptr(), probs.data_ptr(),
                                   lse.data_ptr(), a.key_keep.defined() ? a.key_keep.data<bool>() : nullptr,
-                                  a.B, a.H, a.KV, a.T, a.S, a.t0, a.tq, a.sk, a.causal, a.scale, a.dropout,
-                                  a.seed, a.offset);
+                                  a.B, a.H, a.KV, a.T, a.S, a.t0, a.tq, a.sk, a.causal, a.window, a.scale,
+                                  a.dropout, a.seed, a.offset);
   }
   void attention_block_grad(const Tensor& scores, const Tensor& dp, const Tensor& lse, const Tensor& delta,
                             const AttentionBlock& a, const Tensor& probs, const Tensor& dscores) override {
     cuda::attention_block_grad(scores.dtype(), probs.dtype(), scores.data_ptr(), dp.data_ptr(),
                                lse.data_ptr(), delta.data_ptr(), probs.data_ptr(), dscores.data_ptr(),
                                a.key_keep.defined() ? a.key_keep.data<bool>() : nullptr, a.B, a.H, a.KV, a.T,
-                               a.S, a.t0, a.tq, a.sk, a.causal, a.scale, a.dropout, a.seed, a.offset);
+                               a.S, a.t0, a.tq, a.sk, a.causal, a.window, a.scale, a.dropout, a.seed,
+                               a.offset);
   }
   void dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, const Tensor& y) override {
     cuda::dropout(x.dtype(), x.data_ptr(), y.data_ptr(), x.numel(), p, seed, offset);

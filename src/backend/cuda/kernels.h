@@ -77,22 +77,24 @@ void rope(DType dt, const void* x, const float* cos, const float* sin, const int
           int64_t H, int64_t T, int64_t D, bool seq_major, bool inverse, int64_t P, int64_t* bad);
 // Fused attention (see Backend::attention): q [B, H, T, D], k/v [B, KV, S, D], keep [B, S] or null.
 void attention(DType dt, const void* q, const void* k, const void* v, const bool* keep, void* out, void* lse,
-               int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D, bool causal, double scale);
+               int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D, bool causal, int64_t window,
+               double scale);
 void attention_backward(DType dt, const void* q, const void* k, const void* v, const bool* keep,
                         const void* out, const void* lse, const void* dout, void* dq, void* dk, void* dv,
                         int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D, bool causal,
-                        double scale);
+                        int64_t window, double scale);
 // Blocked attention's row kernels (Backend::attention_block_softmax / _grad): geometry as the fused kernel
 // (keep [B, S] or null); the block's queries t0 .. t0 + tq - 1 against keys 0 .. sk - 1. sdt: the scores'
 // dtype (f32/f64), pdt: the probabilities'.
 void attention_block_softmax(DType sdt, DType pdt, const void* scores, void* probs, void* lse,
                              const bool* keep, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S,
-                             int64_t t0, int64_t tq, int64_t sk, bool causal, double scale, double dropout,
-                             uint64_t seed, uint64_t offset);
+                             int64_t t0, int64_t tq, int64_t sk, bool causal, int64_t window, double scale,
+                             double dropout, uint64_t seed, uint64_t offset);
 void attention_block_grad(DType sdt, DType pdt, const void* scores, const void* dp, const void* lse,
                           const void* delta, void* probs, void* dscores, const bool* keep, int64_t B,
                           int64_t H, int64_t KV, int64_t T, int64_t S, int64_t t0, int64_t tq, int64_t sk,
-                          bool causal, double scale, double dropout, uint64_t seed, uint64_t offset);
+                          bool causal, int64_t window, double scale, double dropout, uint64_t seed,
+                          uint64_t offset);
 
 // Multi-tensor passes (Backend::grad_stats / transform_grads / fused_adamw): one launch over a list of
 // 64K-element chunks, one block per chunk; the element math is backend/optim_math.h's. Gradients and weight
