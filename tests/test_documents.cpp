@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "data/documents.h"
 
@@ -25,13 +27,17 @@ TEST(Documents, EachFormatYieldsItsRows) {
   const std::vector<Case> cases{
       {"a.txt", "Call me Ishmael.\nSome years ago", "", {"Call me Ishmael.\nSome years ago"}},
       {"a.jsonl", "{\"text\": \"one\"}\n\n{\"text\": \"two\", \"id\": 2}\r\n", "", {"one", "two"}},
-      {"a.jsonl", "{\"id\": 1, \"body\": \"first string column\"}\n{\"id\": 2, \"body\": \"b\"}", "",
+      {"a.jsonl",
+       "{\"id\": 1, \"body\": \"first string column\"}\n{\"id\": 2, \"body\": \"b\"}",
+       "",
        {"first string column", "b"}},
       {"a.jsonl", "{\"title\": \"t\", \"body\": \"x\"}", "body", {"x"}},
       {"a.jsonl", "{\"title\": \"first in the file\", \"body\": \"x\"}", "", {"first in the file"}},
       {"a.json", "[{\"text\": \"x\"}, {\"text\": \"y\\nz\"}]", "", {"x", "y\nz"}},
       {"a.json", "{\"text\": \"json lines in a .json file\"}\n", "", {"json lines in a .json file"}},
-      {"a.csv", "id,text\n1,hello\n2,\"quoted, with comma\"\n3,\"two\nlines and \"\"quotes\"\"\"\n", "",
+      {"a.csv",
+       "id,text\n1,hello\n2,\"quoted, with comma\"\n3,\"two\nlines and \"\"quotes\"\"\"\n",
+       "",
        {"hello", "quoted, with comma", "two\nlines and \"quotes\""}},
       {"a.csv", "\xEF\xBB\xBFtitle,body\r\nT,\"B\"\r\n", "", {"T"}},  // no text column: the first
       {"a.csv", "title,body\nT,B\n", "body", {"B"}},
@@ -40,7 +46,8 @@ TEST(Documents, EachFormatYieldsItsRows) {
       {"a.jsonl.gz", "{\"text\": \"after decompression\"}", "", {"after decompression"}},
   };
   for (const auto& c : cases)
-    EXPECT_EQ(parse_documents(c.bytes, c.name, DocumentOptions{c.column}), c.want) << c.name << ": " << c.bytes;
+    EXPECT_EQ(parse_documents(c.bytes, c.name, DocumentOptions{c.column}), c.want)
+        << c.name << ": " << c.bytes;
 }
 
 std::string error_of(const std::string& name, const std::string& bytes, const std::string& column = "") {
@@ -58,9 +65,11 @@ TEST(Documents, BadInputNamesTheFileLineAndField) {
       {"d.jsonl", "{\"text\": \"ok\"}\n{\"body\": \"x\"}\n", "", "d.jsonl:2: the row has no field 'text'"},
       {"d.jsonl", "{\"text\": 3}\n", "", "d.jsonl:1: field 'text' is number, expected a string"},
       {"d.jsonl", "[1, 2]\n", "", "d.jsonl:1: expected a JSON object per row, got array"},
-      {"d.jsonl", "{\"a\": \"x\"}\n", "text", "d.jsonl:1: no column 'text' (--text_column_name); the columns are a"},
+      {"d.jsonl", "{\"a\": \"x\"}\n", "text",
+       "d.jsonl:1: no column 'text' (--text_column_name); the columns are a"},
       {"d.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"caf\xC3\"}\n", "", "d.jsonl:2: invalid UTF-8"},
-      {"d.json", "[{\"text\": \"x\"}, 5]", "", "d.json: element 1: expected a JSON object per row, got number"},
+      {"d.json", "[{\"text\": \"x\"}, 5]", "",
+       "d.json: element 1: expected a JSON object per row, got number"},
       {"d.json", "[{\"text\": \"x\"", "", "d.json: not valid JSON"},
       {"d.csv", "text\n\"never closed\n", "", "d.csv: a quoted field opened on line 2 is never closed"},
       {"d.csv", "a,text\n1,2,3\n", "", "d.csv:2: 3 fields, the header has 2"},
@@ -101,15 +110,77 @@ TEST(Documents, CompressedFilesReadAsTheirContent) {
     std::ofstream(dir / "cut.csv.gz", std::ios::binary) << all.substr(0, all.size() - 12);
   }
   std::ofstream(dir / "cut.csv.zst", std::ios::binary) << packed.substr(0, packed.size() / 2);
-  for (const auto& [file, want_msg] : std::vector<std::pair<std::string, std::string>>{
-           {"bad.jsonl.zst", "not a readable zstd file"}, {"cut.csv.zst", "the zstd stream is cut short"},
-           {"plain.csv.gz", "not a gzip file"}, {"cut.csv.gz", "the gzip stream is cut short"},
-           {"missing.jsonl.gz", "missing.jsonl.gz: cannot open"}, {"missing.csv", "missing.csv: cannot open"}}) {
+  for (const auto& [file, want_msg] :
+       std::vector<std::pair<std::string, std::string>>{{"bad.jsonl.zst", "not a readable zstd file"},
+                                                        {"cut.csv.zst", "the zstd stream is cut short"},
+                                                        {"plain.csv.gz", "not a gzip file"},
+                                                        {"cut.csv.gz", "the gzip stream is cut short"},
+                                                        {"missing.jsonl.gz", "missing.jsonl.gz: cannot open"},
+                                                        {"missing.csv", "missing.csv: cannot open"}}) {
     try {
       tr::data::read_documents((dir / file).string());
       ADD_FAILURE() << file;
     } catch (const tr::Error& e) {
       EXPECT_NE(std::string(e.what()).find(want_msg), std::string::npos) << e.what();
+    }
+  }
+  fs::remove_all(dir);
+}
+
+// Tables and JSON arrays stream record by record (for_each_document, what `trainer tokenize` reads): over
+// 8 MB read chunks, quoted fields holding line breaks, "" and \r\n cut at a chunk's edge, the documents are
+// the whole-file parse's; the bad inputs' messages are the same through either path.
+TEST(Documents, TablesAndJsonArraysStreamAsTheWholeFileParses) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("trainer-docs-stream-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::string csv = "id,text,note\r\n", tsv = "text\tid\n", json = "[";
+  for (int i = 0; csv.size() < (size_t{9} << 20); ++i) {
+    std::string text = "row " + std::to_string(i) + std::string(static_cast<size_t>(i % 97), 'x');
+    if (i % 3 == 0) text += "\nsecond line, with \"\"quotes\"\"";
+    csv += std::to_string(i) + ",\"" + text + "\",n\r\n";
+    tsv += "\"" + text + "\"\t" + std::to_string(i) + "\n";
+    nlohmann::json row = {{"id", i}, {"text", text}, {"nested", {{"a", {1, 2, {{"b", "c"}}}}}}};
+    json += (i ? "," : "") + row.dump();
+  }
+  json += "]";
+  for (const auto& [name, bytes] : std::vector<std::pair<std::string, std::string>>{
+           {"big.csv", csv}, {"big.tsv", tsv}, {"big.json", json}}) {
+    const std::string path = (dir / name).string();
+    std::ofstream(path, std::ios::binary) << bytes;
+    Docs streamed;
+    int64_t last_read = 0;
+    tr::data::for_each_document(path, DocumentOptions{}, [&](std::string&& d, int64_t read) {
+      streamed.push_back(std::move(d));
+      EXPECT_GE(read, last_read);
+      last_read = read;
+    });
+    const Docs whole = parse_documents(bytes, name, DocumentOptions{});
+    EXPECT_GT(whole.size(), 10000u) << name;
+    EXPECT_EQ(streamed, whole) << name;
+  }
+  for (const auto& [name, bytes, want] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"s.csv", "text\n\"never closed\n", "s.csv: a quoted field opened on line 2 is never closed"},
+           {"s.csv", "a,text\n1,2,3\n", "s.csv:2: 3 fields, the header has 2"},
+           {"s.csv", "text\nok\nbad \xff byte\n", "s.csv:3: invalid UTF-8"},
+           {"s.json", "[{\"text\": \"x\"}, 5]",
+            "s.json: element 1: expected a JSON object per row, got number"},
+           {"s.json", "[{\"text\": \"x\"", "s.json: not valid JSON"},
+           {"s.json", "[{\"text\": \"caf\xC3\"}]", "s.json: not valid JSON"}}) {
+    const std::string path = (dir / name).string();
+    std::ofstream(path, std::ios::binary) << bytes;
+    for (bool stream : {true, false}) {
+      std::string got;
+      try {
+        if (stream)
+          tr::data::for_each_document(path, DocumentOptions{}, [](std::string&&, int64_t) {});
+        else
+          parse_documents(bytes, name, DocumentOptions{});
+      } catch (const tr::Error& e) {
+        got = e.what();
+      }
+      EXPECT_NE(got.find(want), std::string::npos)
+          << name << (stream ? " streamed" : " whole") << ": " << got;
     }
   }
   fs::remove_all(dir);

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# `trainer tokenize` streams JSON lines through bounded memory: a generated JSONL of SIZE_MB (many 8 MB read
+# `trainer tokenize` streams JSON lines, JSON arrays and CSV tables through bounded memory: a generated JSONL of SIZE_MB (many 8 MB read
 # chunks, lines crossing their edges) gives byte-identical shards as .jsonl, .jsonl.gz, .jsonl.zst, a .json of
-# lines and a .json array (which is parsed whole), and the process's peak RSS exceeds that of tokenizing a
+# lines, a .json array and a .csv of the same rows, and the process's peak RSS exceeds that of tokenizing a
 # one-line file (the binary, its libraries - CUDA's in a GPU build - and the tokenizer) by less than GROWTH_MB
-# whatever the file's size. Usage: tokenize_stream.sh TRAINER TOKENIZER_DIR TEXT WORK_DIR SIZE_MB GROWTH_MB
+# whatever the file's size (JSON lines, the array and the table alike). Usage: tokenize_stream.sh TRAINER TOKENIZER_DIR TEXT WORK_DIR SIZE_MB GROWTH_MB
 set -euo pipefail
 trainer=$1 tok=$2 text=$3 work=$4 size_mb=$5 growth_mb=$6
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
@@ -50,15 +50,29 @@ for f in big.jsonl.gz big.jsonl.zst lines.json; do
     cmp -s "$s" "out_${f//./_}/$(basename "$s")" || fail "$f: $(basename "$s") differs from the plain file's"
   done
 done
-# The same rows as one JSON array (read whole: small enough here only when SIZE_MB is).
-if (( size_mb <= 64 )); then
-  /usr/bin/python3 -c "
-import json
-rows = [json.loads(l) for l in open('big.jsonl', encoding='utf-8')]
-json.dump(rows, open('big.json', 'w', encoding='utf-8'))"
-  tokenize big.json out_json >/dev/null
-  for s in out_jsonl/*.bin; do cmp -s "$s" "out_json/$(basename "$s")" || fail "the .json array's $(basename "$s") differs"; done
-fi
+# The same rows as one JSON array and as a CSV table: streamed element by element and record by record,
+# within the same bound.
+/usr/bin/python3 - <<'PY'
+import csv, json
+with open("big.jsonl", encoding="utf-8") as src, open("big.json", "w", encoding="utf-8") as js, \
+     open("big.csv", "w", encoding="utf-8", newline="") as cs:
+    w = csv.writer(cs)
+    w.writerow(["id", "note", "text"])
+    js.write("[")
+    for i, line in enumerate(src):
+        row = json.loads(line)
+        js.write(("," if i else "") + json.dumps(row))
+        w.writerow([row["id"], row["note"], row["text"]])
+    js.write("]")
+PY
+for f in big.json big.csv; do
+  rss=$(tokenize "$f" "out_${f//./_}")
+  echo "tokenize_stream: $f ($(du -m "$f" | cut -f1) MB) in a peak RSS of $rss MB"
+  (( rss < base + growth_mb )) || fail "$f: peak RSS $rss MB, more than $growth_mb MB over the one-line file's $base MB"
+  for s in out_jsonl/*.bin; do
+    cmp -s "$s" "out_${f//./_}/$(basename "$s")" || fail "$f: $(basename "$s") differs from the JSON lines'"
+  done
+done
 ls out_jsonl | grep -q '^train_000000.bin$' && ls out_jsonl | grep -q '^val_000000.bin$' || fail "shards missing"
 [[ ! -e out_jsonl/.tokens.tmp ]] || fail "the temporary token stream was left behind"
 echo "tokenize_stream: OK"

@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
+#include <streambuf>
 
 #include <nlohmann/json.hpp>
 
@@ -120,98 +122,244 @@ std::vector<std::string> json_lines(std::string_view bytes, const std::string& n
   return docs;
 }
 
+// A JSON array's rows one at a time (nlohmann's SAX events build each element, the rest of the array is never
+// held): fn(text) per element, after json_row_text. Any istream: a file's decompressed bytes, or memory.
+class JsonArrayRows final : public nlohmann::json_sax<Json> {
+ public:
+  using Fn = std::function<void(std::string&&)>;
+  JsonArrayRows(std::string name, const DocumentOptions& o, Fn fn)
+      : name_(std::move(name)), o_(o), fn_(std::move(fn)) {}
+  void run(std::istream& in) {
+    Json::sax_parse(in, this);
+    TR_CHECK(depth_ == 0 && started_, "{}: not valid JSON (the array is not closed)", name_);
+  }
+  bool null() override { return value(nullptr); }
+  bool boolean(bool v) override { return value(v); }
+  bool number_integer(number_integer_t v) override { return value(v); }
+  bool number_unsigned(number_unsigned_t v) override { return value(v); }
+  bool number_float(number_float_t v, const string_t&) override { return value(v); }
+  bool string(string_t& v) override { return value(std::move(v)); }
+  bool binary(binary_t& v) override { return value(Json::binary(std::move(v))); }
+  bool start_object(std::size_t) override { return open(Json::object()); }
+  bool key(string_t& k) override {
+    key_ = std::move(k);
+    return true;
+  }
+  bool end_object() override { return close(); }
+  bool start_array(std::size_t) override {
+    if (depth_ == 0) {  // the top-level array itself
+      TR_CHECK(!started_, "{}: more than one JSON value", name_);
+      started_ = true;
+      ++depth_;
+      return true;
+    }
+    return open(Json::array());
+  }
+  bool end_array() override {
+    if (depth_ == 1) {
+      --depth_;
+      return true;
+    }
+    return close();
+  }
+  bool parse_error(std::size_t at, const std::string&, const nlohmann::detail::exception& e) override {
+    fail("{}: not valid JSON at byte {}: {}", name_, at, e.what());
+  }
+
+ private:
+  // A value where the element tree wants one: the element itself at depth 1, else inside its parent.
+  bool value(Json v) {
+    TR_CHECK(depth_ > 0, "{}: expected an array of objects (or one object per line), got {}", name_,
+             v.type_name());
+    if (stack_.empty()) return row(std::move(v));
+    Json& top = *stack_.back();
+    if (top.is_object())
+      top[key_] = std::move(v);
+    else
+      top.push_back(std::move(v));
+    return true;
+  }
+  bool open(Json v) {
+    TR_CHECK(depth_ > 0, "{}: expected an array of objects (or one object per line), got {}", name_,
+             v.type_name());
+    if (stack_.empty()) {
+      element_ = std::move(v);
+      stack_.push_back(&element_);
+    } else {
+      Json& top = *stack_.back();
+      Json* child =
+          top.is_object() ? &(top[key_] = std::move(v)) : &(top.push_back(std::move(v)), top.back());
+      stack_.push_back(child);
+    }
+    ++depth_;
+    return true;
+  }
+  bool close() {
+    stack_.pop_back();
+    --depth_;
+    if (stack_.empty()) return row(std::move(element_));
+    return true;
+  }
+  bool row(Json v) {
+    fn_(json_row_text(v, column_, o_, fmt::format("{}: element {}", name_, index_++)));
+    return true;
+  }
+
+  std::string name_;
+  const DocumentOptions& o_;
+  Fn fn_;
+  Json element_;
+  std::vector<Json*> stack_;  // the element's open objects and arrays
+  std::string key_, column_;
+  int64_t depth_ = 0, index_ = 0;
+  bool started_ = false;
+};
+
+// A read-only stream over memory (the whole-file path of the streaming readers).
+class MemoryBuf final : public std::streambuf {
+ public:
+  explicit MemoryBuf(std::string_view s) {
+    char* p = const_cast<char*>(s.data());
+    setg(p, p, p + s.size());
+  }
+};
+
 std::vector<std::string> json_array(std::string_view bytes, const std::string& name,
                                     const DocumentOptions& o) {
-  check_utf8(bytes, name, true);
-  const auto j = Json::parse(bytes, nullptr, /*allow_exceptions=*/false);
-  TR_CHECK(!j.is_discarded(), "{}: not valid JSON", name);
-  TR_CHECK(j.is_array(), "{}: expected an array of objects (or one object per line), got {}", name,
-           j.type_name());
   std::vector<std::string> docs;
-  std::string column;
-  for (size_t i = 0; i < j.size(); ++i)
-    docs.push_back(json_row_text(j[i], column, o, fmt::format("{}: element {}", name, i)));
+  MemoryBuf buf(bytes);
+  std::istream in(&buf);
+  JsonArrayRows(name, o, [&](std::string&& d) { docs.push_back(std::move(d)); }).run(in);
   return docs;
 }
 
-// RFC 4180 records: fields split at `sep`, a quoted field may hold separators, "" and line breaks; a record
-// ends at an unquoted line break (\n or \r\n). Each record comes with the line it starts on.
-std::vector<std::pair<int64_t, std::vector<std::string>>> csv_records(std::string_view s, char sep,
-                                                                      const std::string& name) {
-  std::vector<std::pair<int64_t, std::vector<std::string>>> out;
-  std::vector<std::string> rec;
-  std::string field;
-  int64_t line = 1, rec_line = 1, quote_line = 0;
-  bool quoted = false, after_quote = false, any = false;
-  auto end_field = [&] {
-    rec.push_back(std::move(field));
-    field.clear();
-    after_quote = false;
-  };
-  auto end_record = [&] {
-    end_field();
-    if (!(rec.size() == 1 && rec[0].empty() && !any))
-      out.emplace_back(rec_line, std::move(rec));  // blank line
-    rec.clear();
-    any = false;
-  };
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (quoted) {
-      if (c == '"') {
-        if (i + 1 < s.size() && s[i + 1] == '"') {
-          field += '"';
-          ++i;
+// RFC 4180 records fed a chunk at a time: fields split at `sep`, a quoted field may hold separators, "" and
+// line breaks; a record ends at an unquoted line break (\n or \r\n). Each complete record goes to
+// fn(line it starts on, fields) with its fields checked as UTF-8; what a chunk leaves open (a field, a
+// record) waits for the next. A byte-order mark at the start is skipped.
+class CsvRecords {
+ public:
+  using Fn = std::function<void(int64_t, std::vector<std::string>&)>;
+  CsvRecords(char sep, std::string name, Fn fn) : sep_(sep), name_(std::move(name)), fn_(std::move(fn)) {}
+  // Consumes what of `s` can be decided now (all of it when `last`); returns the bytes consumed.
+  size_t feed(std::string_view s, bool last) {
+    size_t i = 0;
+    if (first_) {
+      if (!last && s.size() < 3) return 0;
+      if (s.substr(0, 3) == "\xEF\xBB\xBF") i = 3;  // a spreadsheet's byte-order mark
+      first_ = false;
+    }
+    for (; i < s.size(); ++i) {
+      const char c = s[i];
+      // A quote or a carriage return decides with the next byte: kept for the next chunk.
+      if (!last && i + 1 == s.size() && (c == '"' || c == '\r')) return i;
+      if (quoted_) {
+        if (c == '"') {
+          if (i + 1 < s.size() && s[i + 1] == '"') {
+            field_ += '"';
+            ++i;
+          } else {
+            quoted_ = false;
+            after_quote_ = true;
+          }
         } else {
-          quoted = false;
-          after_quote = true;
+          if (c == '\n') ++line_;
+          field_ += c;
         }
-      } else {
-        if (c == '\n') ++line;
-        field += c;
+        continue;
       }
-      continue;
+      if (c == sep_) {
+        end_field();
+        any_ = true;
+      } else if (c == '\n' || (c == '\r' && i + 1 < s.size() && s[i + 1] == '\n')) {
+        if (c == '\r') ++i;
+        end_record();
+        ++line_;
+        rec_line_ = line_;
+      } else if (c == '"' && field_.empty() && !after_quote_) {
+        quoted_ = true;
+        quote_line_ = line_;
+        any_ = true;
+      } else {
+        TR_CHECK(!after_quote_,
+                 "{}: text after a closing quote (a quote inside a field must be written \"\")",
+                 line_of(name_, line_));
+        field_ += c;
+        any_ = true;
+      }
     }
-    if (c == sep) {
-      end_field();
-      any = true;
-    } else if (c == '\n' || (c == '\r' && i + 1 < s.size() && s[i + 1] == '\n')) {
-      if (c == '\r') ++i;
-      end_record();
-      ++line;
-      rec_line = line;
-    } else if (c == '"' && field.empty() && !after_quote) {
-      quoted = true;
-      quote_line = line;
-      any = true;
-    } else {
-      TR_CHECK(!after_quote, "{}: text after a closing quote (a quote inside a field must be written \"\")",
-               line_of(name, line));
-      field += c;
-      any = true;
+    if (last) {
+      TR_CHECK(!quoted_, "{}: a quoted field opened on line {} is never closed", name_, quote_line_);
+      if (any_ || !field_.empty() || !rec_.empty()) end_record();
     }
+    return s.size();
   }
-  TR_CHECK(!quoted, "{}: a quoted field opened on line {} is never closed", name, quote_line);
-  if (any || !field.empty() || !rec.empty()) end_record();
-  return out;
-}
+
+ private:
+  void end_field() {
+    rec_.push_back(std::move(field_));
+    field_.clear();
+    after_quote_ = false;
+  }
+  void end_record() {
+    end_field();
+    if (!(rec_.size() == 1 && rec_[0].empty() && !any_)) {  // not a blank line
+      for (const auto& f : rec_) check_utf8(f, line_of(name_, rec_line_));
+      fn_(rec_line_, rec_);
+    }
+    rec_.clear();
+    any_ = false;
+  }
+
+  char sep_;
+  std::string name_;
+  Fn fn_;
+  std::vector<std::string> rec_;
+  std::string field_;
+  int64_t line_ = 1, rec_line_ = 1, quote_line_ = 0;
+  bool quoted_ = false, after_quote_ = false, any_ = false, first_ = true;
+};
+
+// A table's documents, record by record: the header picks the column, every record must have its fields.
+class TableRows {
+ public:
+  TableRows(char sep, const std::string& name, const DocumentOptions& o,
+            std::function<void(std::string&&)> fn)
+      : name_(name),
+        o_(o),
+        fn_(std::move(fn)),
+        csv_(sep, name, [this](int64_t line, std::vector<std::string>& f) { record(line, f); }) {}
+  size_t feed(std::string_view s, bool last) {
+    const size_t n = csv_.feed(s, last);
+    if (last) TR_CHECK(!header_.empty(), "{}: no header row", name_);
+    return n;
+  }
+
+ private:
+  void record(int64_t line, std::vector<std::string>& fields) {
+    if (header_.empty()) {
+      header_ = fields;
+      const std::string column = pick_column(header_, o_, line_of(name_, 1));
+      k_ = static_cast<size_t>(std::find(header_.begin(), header_.end(), column) - header_.begin());
+      return;
+    }
+    TR_CHECK(fields.size() == header_.size(), "{}: {} fields, the header has {}", line_of(name_, line),
+             fields.size(), header_.size());
+    fn_(std::move(fields[k_]));
+  }
+
+  std::string name_;
+  const DocumentOptions& o_;
+  std::function<void(std::string&&)> fn_;
+  std::vector<std::string> header_;
+  size_t k_ = 0;
+  CsvRecords csv_;
+};
 
 std::vector<std::string> table(std::string_view bytes, char sep, const std::string& name,
                                const DocumentOptions& o) {
-  if (bytes.substr(0, 3) == "\xEF\xBB\xBF") bytes.remove_prefix(3);  // a spreadsheet's byte-order mark
-  check_utf8(bytes, name, true);
-  const auto recs = csv_records(bytes, sep, name);
-  TR_CHECK(!recs.empty(), "{}: no header row", name);
-  const std::vector<std::string>& header = recs.front().second;
-  const std::string column = pick_column(header, o, line_of(name, 1));
-  const size_t k = static_cast<size_t>(std::find(header.begin(), header.end(), column) - header.begin());
   std::vector<std::string> docs;
-  for (size_t r = 1; r < recs.size(); ++r) {
-    const auto& [line, fields] = recs[r];
-    TR_CHECK(fields.size() == header.size(), "{}: {} fields, the header has {}", line_of(name, line),
-             fields.size(), header.size());
-    docs.push_back(fields[k]);
-  }
+  TableRows(sep, name, o, [&](std::string&& d) { docs.push_back(std::move(d)); }).feed(bytes, true);
   return docs;
 }
 
@@ -369,13 +517,50 @@ bool json_file_holds_lines(const std::string& path) {
 
 }  // namespace
 
+namespace {
+
+// A ByteSource as an istream (nlohmann's SAX parser reads the JSON array through it).
+class SourceBuf final : public std::streambuf {
+ public:
+  explicit SourceBuf(ByteSource& src) : src_(src) {}
+
+ private:
+  int_type underflow() override {
+    buf_.clear();
+    if (!src_.read(buf_, size_t{1} << 20)) return traits_type::eof();
+    setg(buf_.data(), buf_.data(), buf_.data() + buf_.size());
+    return traits_type::to_int_type(buf_[0]);
+  }
+  ByteSource& src_;
+  std::string buf_;
+};
+
+}  // namespace
+
 void for_each_document(const std::string& path, const DocumentOptions& o, const DocumentFn& fn) {
   const Format f = format_of(path);
-  if (f != Format::jsonl && !(f == Format::json && json_file_holds_lines(path))) {
-    // Read whole: a text is one document, a table or a JSON array is parsed whole.
+  if (f == Format::text) {  // a text is one document
     auto docs = read_documents(path, o);
     const auto size = static_cast<int64_t>(std::filesystem::file_size(path));
     for (auto& d : docs) fn(std::move(d), size);
+    return;
+  }
+  if (f == Format::json && !json_file_holds_lines(path)) {  // one array: element by element
+    ByteSource src(path);
+    SourceBuf sb(src);
+    std::istream in(&sb);
+    JsonArrayRows(path, o, [&](std::string&& d) { fn(std::move(d), src.consumed()); }).run(in);
+    return;
+  }
+  if (f == Format::csv || f == Format::tsv) {  // record by record, a chunk at a time
+    ByteSource src(path);
+    TableRows rows(f == Format::csv ? ',' : '\t', path, o,
+                   [&](std::string&& d) { fn(std::move(d), src.consumed()); });
+    std::string buf;
+    for (bool more = true; more;) {
+      more = src.read(buf, size_t{8} << 20);
+      buf.erase(0, rows.feed(buf, !more));
+    }
     return;
   }
   ByteSource src(path);
