@@ -64,6 +64,20 @@ void BpeModel::finish(const std::string& source) {
     TR_CHECK(unk_id_.has_value(), "{}: model.unk_token {} is not in the vocabulary", source,
              shown(*unk_token));
   }
+  // Every "▁" inside a token (past its first byte) must follow another "▁" (runs such as "▁▁▁▁" for
+  // indentation are fine: splits never fall inside a run). Merge results are tokens, so then no merge joins
+  // a character to a following "▁", and the words between such points merge independently.
+  static constexpr std::string_view kMeta = "\xE2\x96\x81";
+  splits_at_metaspace_ =
+      continuing_subword_prefix.empty() && end_of_word_suffix.empty() && id(std::string(kMeta));
+  for (const std::string& t : id_token_) {
+    if (!splits_at_metaspace_) break;
+    for (size_t at = t.find(kMeta, 1); at != std::string::npos; at = t.find(kMeta, at + 1))
+      if (at < kMeta.size() || t.compare(at - kMeta.size(), kMeta.size(), kMeta) != 0) {
+        splits_at_metaspace_ = false;
+        break;
+      }
+  }
 }
 
 // merge_word's first half: each character becomes its vocabulary id (with the subword prefix/suffix where
@@ -172,13 +186,35 @@ void BpeModel::tokenize(const Piece& p, std::vector<int32_t>& out) const {
       return;
     }
   }
-  std::vector<int32_t> sym;
-  sym.reserve(p.text.size());
   if (fast) {
+    std::vector<int32_t> sym;
+    sym.reserve(p.text.size());
     for (char c : p.text) sym.push_back(alphabet_id_[static_cast<unsigned char>(c)]);
-  } else {
-    symbols_of(p.byte_level ? byte_level_spelling(p.text) : p.text, sym);
+    merge_all(sym);
+    out.insert(out.end(), sym.begin(), sym.end());
+    return;
   }
+  const std::string spelled = p.byte_level ? byte_level_spelling(p.text) : std::string();
+  const std::string_view text = p.byte_level ? std::string_view(spelled) : std::string_view(p.text);
+  if (!splits_at_metaspace_ || text.size() < 64) {
+    tokenize_word(text, out);
+    return;
+  }
+  // Word by word: cut before each "▁" that follows another character than "▁".
+  static constexpr std::string_view kMeta = "\xE2\x96\x81";
+  size_t start = 0;
+  for (size_t at = text.find(kMeta, 1); at != std::string_view::npos; at = text.find(kMeta, at + 1)) {
+    if (at >= kMeta.size() && text.compare(at - kMeta.size(), kMeta.size(), kMeta) == 0) continue;  // a run
+    tokenize_word(text.substr(start, at - start), out);
+    start = at;
+  }
+  tokenize_word(text.substr(start), out);
+}
+
+void BpeModel::tokenize_word(std::string_view word, std::vector<int32_t>& out) const {
+  std::vector<int32_t> sym;
+  sym.reserve(word.size());
+  symbols_of(word, sym);
   merge_all(sym);
   out.insert(out.end(), sym.begin(), sym.end());
 }

@@ -46,6 +46,7 @@ class BpeModel {
  private:
   void symbols_of(std::string_view word, std::vector<int32_t>& sym) const;
   void merge_all(std::vector<int32_t>& sym) const;
+  void tokenize_word(std::string_view word, std::vector<int32_t>& out) const;
 
   std::unordered_map<std::string, int32_t> vocab_;
   std::vector<std::string> id_token_;
@@ -55,6 +56,10 @@ class BpeModel {
   int32_t fallback_id_[256];  // byte -> id of <0xNN> (-1: not in the vocabulary)
   bool all_alphabet_ = false;
   std::optional<int32_t> unk_id_;
+  // SentencePiece-style vocabularies, whose pieces can be whole documents: when no token holds "▁" after
+  // another character than "▁", no merge can span a "▁" that follows such a character, so a long piece is
+  // merged word by word there - the same ids as merging it whole, without a heap over the document.
+  bool splits_at_metaspace_ = false;
 };
 
 }  // namespace tr::tokenizers
