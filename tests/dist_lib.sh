@@ -1,6 +1,7 @@
-# The shared part of the distributed end-to-end scripts (ddp_runs.sh, zero_runs.sh), sourced after they
+# The shared part of the distributed end-to-end scripts (ddp_runs.sh, zero_runs.sh, zero3_runs.sh), sourced after they
 # set `suite` (the name their lines start with) with their arguments TRAINER TOKENIZER_DIR TEXT WORK_DIR:
-# the tiny models, the common flags, one-process and launched runs, and the per-step comparison.
+# the tiny models, the common flags, one-process and launched runs, the per-step comparison, and the
+# estimate-equals-measured check of a sharded run.
 trainer=$1 tok=$2 text=$3 work=$4
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
 fail() { echo "$suite: FAIL: $*"; exit 1; }
@@ -71,4 +72,16 @@ launch_and_terminate() {
   for _ in $(seq 100); do grep -q "step [0-9]*/100000" "$name.log" && break; sleep 0.1; done
   kill -TERM $launcher
   wait $launcher || { tail "$name.log"; fail "the launcher did not exit 0 after SIGTERM"; }
+}
+
+# `trainer estimate --world_size N --fsdp STRATEGY` must predict rank 0's measured peak to the byte:
+# STRATEGY RUN WORLD BATCH CONFIG [FLAGS...] (the run made with `many` and the common flags).
+predict() {
+  local fsdp=$1 run=$2 w=$3 b=$4 c=$5; shift 5
+  local want; want=$(python3 -c "import json; print(round(json.load(open('$run/train_results.json'))['train_peak_memory_gib_per_rank'][0] * 2**30))")
+  local got; got=$("$trainer" estimate --config_name "$c" --block_size 16 --per_device_train_batch_size "$b" \
+    --gradient_accumulation_steps 2 --do_eval --eval_strategy steps --eval_steps 4 --per_device_eval_batch_size 2 \
+    --use_cpu --world_size "$w" --fsdp "$fsdp" "$@" --json | python3 -c "import json,sys; print(json.load(sys.stdin)['peak_bytes'])")
+  [[ $got == "$want" ]] || fail "estimate of $run: $got bytes, measured $want"
+  echo "$suite: estimate of $run's rank 0: $got bytes, measured $want"
 }

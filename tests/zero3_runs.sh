@@ -78,22 +78,13 @@ print(f"zero3_runs: rank 0's peak: full_shard {mb(fp)}, shard_grad_op {mb(zp)}, 
 PY
 
 # `trainer estimate --world_size N --fsdp full_shard` predicts rank 0's measured peak to the byte.
-predict() {  # RUN WORLD BATCH CONFIG [FLAGS...]
-  local run=$1 w=$2 b=$3 c=$4; shift 4
-  local want; want=$(python3 -c "import json; print(round(json.load(open('$run/train_results.json'))['train_peak_memory_gib_per_rank'][0] * 2**30))")
-  local got; got=$("$trainer" estimate --config_name "$c" --block_size 16 --per_device_train_batch_size "$b" \
-    --gradient_accumulation_steps 2 --do_eval --eval_strategy steps --eval_steps 4 --per_device_eval_batch_size 2 \
-    --use_cpu --world_size "$w" --fsdp full_shard "$@" --json | python3 -c "import json,sys; print(json.load(sys.stdin)['peak_bytes'])")
-  [[ $got == "$want" ]] || fail "estimate of $run: $got bytes, measured $want"
-  echo "zero3_runs: estimate of $run's rank 0: $got bytes, measured $want"
-}
-predict full_w2 2 3 gpt2.json
-predict full_w3 3 2 gpt2.json
-predict llama_full_w3 3 2 llama.json
-predict ckpt_full_w2 2 3 llama.json --gradient_checkpointing --ddp_bucket_cap_mb 1
-predict bf16_full_w2 2 3 llama.json --bf16
-predict full_w3_post 3 2 gpt2.json --fsdp_config post.json
-predict full_w3_none 3 2 gpt2.json --fsdp_config none.json
+predict full_shard full_w2 2 3 gpt2.json
+predict full_shard full_w3 3 2 gpt2.json
+predict full_shard llama_full_w3 3 2 llama.json
+predict full_shard ckpt_full_w2 2 3 llama.json --gradient_checkpointing --ddp_bucket_cap_mb 1
+predict full_shard bf16_full_w2 2 3 llama.json --bf16
+predict full_shard full_w3_post 3 2 gpt2.json --fsdp_config post.json
+predict full_shard full_w3_none 3 2 gpt2.json --fsdp_config none.json
 
 # 3. Checkpoints. The final weights (gathered from the shards) evaluate as the one-process run's.
 evals() {  # RUN: eval_loss of its saved folder

@@ -58,18 +58,9 @@ print(f"zero_runs: optimizer state per rank {zs[0] * 2**30 / 1e6:.2f} MB sharded
 PY
 
 # `trainer estimate --world_size N --fsdp shard_grad_op` predicts rank 0's measured peak to the byte.
-predict() {  # RUN WORLD BATCH CONFIG [FLAGS...]
-  local run=$1 w=$2 b=$3 c=$4; shift 4
-  local want; want=$(python3 -c "import json; print(round(json.load(open('$run/train_results.json'))['train_peak_memory_gib_per_rank'][0] * 2**30))")
-  local got; got=$("$trainer" estimate --config_name "$c" --block_size 16 --per_device_train_batch_size "$b" \
-    --gradient_accumulation_steps 2 --do_eval --eval_strategy steps --eval_steps 4 --per_device_eval_batch_size 2 \
-    --use_cpu --world_size "$w" --fsdp shard_grad_op "$@" --json | python3 -c "import json,sys; print(json.load(sys.stdin)['peak_bytes'])")
-  [[ $got == "$want" ]] || fail "estimate of $run: $got bytes, measured $want"
-  echo "zero_runs: estimate of $run's rank 0: $got bytes, measured $want"
-}
-predict zero_w2 2 3 gpt2.json
-predict zero_w3 3 2 gpt2.json
-predict bf16_zero_w2 2 3 llama.json --bf16
+predict shard_grad_op zero_w2 2 3 gpt2.json
+predict shard_grad_op zero_w3 3 2 gpt2.json
+predict shard_grad_op bf16_zero_w2 2 3 llama.json --bf16
 
 # 3. Resume world 3's checkpoint-4 sharded at 3 (bit-exact) and 2, under DDP at 2 and in one process; one
 #    process's checkpoint sharded at 2.
