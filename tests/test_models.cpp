@@ -122,6 +122,36 @@ TEST_P(Golden, SaveThenLoadGivesIdenticalTensorsAlsoSharded) {
   }
 }
 
+// A sharded run's set-up makes one parameter at a time: each is the tensor the whole model would hold (the
+// fresh init's bits, the checkpoint's values in f32), and the placeholders hold no memory anywhere.
+TEST_P(Golden, DeferredParametersAreTheWholeModelsOneAtATime) {
+  const int64_t meta_before = meta_allocator().stats().current_bytes;
+  auto d = models::deferred_pretrained(dir());
+  EXPECT_EQ(meta_allocator().stats().current_bytes, meta_before);
+  models::PretrainedOptions po;
+  po.dtype = DType::f32;
+  auto whole = models::from_pretrained(dir(), po);
+  const auto want = whole->named_parameters();
+  const auto placeholders = d.model->named_parameters();
+  ASSERT_EQ(placeholders.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(placeholders[i].first, want[i].first);
+    EXPECT_TRUE(placeholders[i].second->device().is_meta());
+    const Tensor t = d.load(i);
+    EXPECT_EQ(t.dtype(), DType::f32);
+    EXPECT_TRUE(t.requires_grad());
+    EXPECT_EQ(test::values(t), test::values(*want[i].second)) << want[i].first;
+  }
+  // Fresh: the generator's draws land where create_causal_lm's do, whatever order they are made in.
+  Generator g1(7), g2(7);
+  auto fresh = models::create_causal_lm(whole->config(), Device::cpu(), DType::f32, g1);
+  auto lazy = models::deferred_causal_lm(whole->config(), Device::cpu(), g2);
+  EXPECT_EQ(g1.state(), g2.state());
+  const auto f = fresh->named_parameters();
+  for (size_t i = f.size(); i-- > 0;)
+    EXPECT_EQ(test::values(lazy.load(i)), test::values(*f[i].second)) << f[i].first;
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, Golden,
                          ::testing::Combine(::testing::Values("gpt2_tied", "llama_gqa_llama3rope",
                                                               "qwen2_tied_linearrope", "qwen3_qknorm_untied"),

@@ -85,6 +85,20 @@ predict full_shard ckpt_full_w2 2 3 llama.json --gradient_checkpointing --ddp_bu
 predict full_shard bf16_full_w2 2 3 llama.json --bf16
 predict full_shard full_w3_post 3 2 gpt2.json --fsdp_config post.json
 predict full_shard full_w3_none 3 2 gpt2.json --fsdp_config none.json
+# The set-up makes one parameter at a time, so no rank holds the whole fp32 model (the estimate's set-up peak
+# is the measured one above). The tiny models' embedding is most of them: a Llama-3.1-8B shape at 8 ranks shows it.
+echo '{"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+  "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 8192}' >l8b.json
+"$trainer" estimate --config_name l8b.json --block_size 2048 --per_device_train_batch_size 1 --bf16 \
+  --gradient_checkpointing --world_size 8 --fsdp full_shard --json >l8b.est.json
+python3 - l8b.est.json <<'PY' || fail "the 8B set-up holds the whole fp32 model"
+import json, sys
+e = json.load(open(sys.argv[1]))
+whole = 4 * e["parameters"]
+print(f"zero3_runs: 8B at 8 ranks: set-up peak {e['setup_peak_bytes'] / 2**30:.2f} GiB per rank, the whole fp32 "
+      f"model {whole / 2**30:.2f} GiB, step peak {e['peak_bytes'] / 2**30:.2f} GiB")
+sys.exit(0 if e["setup_peak_bytes"] < 0.25 * whole else 1)
+PY
 
 # 3. Checkpoints. The final weights (gathered from the shards) evaluate as the one-process run's.
 evals() {  # RUN: eval_loss of its saved folder

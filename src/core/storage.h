@@ -13,6 +13,10 @@ class Storage {
   Storage(size_t nbytes, Allocator& alloc) : nbytes_(nbytes), alloc_(&alloc), device_(alloc.device()) {
     data_ = alloc.allocate(nbytes);
   }
+  // Storage of the allocator's that starts released (see release): taken at the first reacquire.
+  struct Released {};
+  Storage(size_t nbytes, Allocator& alloc, Released)
+      : nbytes_(nbytes), alloc_(&alloc), device_(alloc.device()), released_(true) {}
   // Borrowed memory: not counted by any allocator, released when `owner` is.
   Storage(void* data, size_t nbytes, Device device, std::shared_ptr<void> owner)
       : data_(data), nbytes_(nbytes), device_(device), owner_(std::move(owner)) {}

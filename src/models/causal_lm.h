@@ -1,6 +1,7 @@
 // The causal language models (GPT2LMHeadModel, LlamaForCausalLM) behind one interface, with Hugging Face
 // parameter names, HF initialization, and from_pretrained / save_pretrained in HF's folder format.
 #pragma once
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -129,6 +130,17 @@ struct PretrainedOptions {
 };
 // Loads config.json + model.safetensors (or shards) from `dir`.
 std::unique_ptr<CausalLM> from_pretrained(const std::string& dir, const PretrainedOptions& opts = {});
+
+// A model whose parameters are still meta tensors (f32, their shapes) and a way to make each one: load(i) is
+// named_parameters()[i] as create_causal_lm or from_pretrained would have made it, in f32 on the model's
+// device. A sharded run builds its share one parameter at a time and never holds the whole model.
+struct DeferredModel {
+  std::unique_ptr<CausalLM> model;
+  std::function<Tensor(size_t)> load;
+};
+DeferredModel deferred_causal_lm(const ModelConfig& config, Device device, Generator& gen,
+                                 const std::string& attn_implementation = "eager");
+DeferredModel deferred_pretrained(const std::string& dir, const PretrainedOptions& opts = {});
 // Writes config.json + model.safetensors (sharded above max_shard_size) into `dir`, loadable by transformers.
 void save_pretrained(CausalLM& model, const std::string& dir, const std::string& max_shard_size = "5GB");
 

@@ -40,46 +40,114 @@ std::unique_ptr<CausalLM> create_causal_lm(const ModelConfig& config, Device dev
   return m;
 }
 
-std::unique_ptr<CausalLM> from_pretrained(const std::string& dir, const PretrainedOptions& opts) {
+namespace {
+
+struct Opened {
+  ModelConfig config;
+  std::shared_ptr<io::CheckpointReader> ckpt;
+  Device device;
+  DType dtype = DType::f32;
+};
+
+Opened open_pretrained(const std::string& dir, const PretrainedOptions& opts) {
   const std::string cfg_path = (fs::path(dir) / "config.json").string();
   TR_CHECK(fs::exists(cfg_path), "{}: no config.json (is this a Hugging Face model folder?)", dir);
-  ModelConfig config = ModelConfig::from_file(cfg_path);
-  io::CheckpointReader ckpt(dir);
-  const Device device = opts.device_map.empty()     ? opts.device
-                        : opts.device_map == "auto" ? backend::default_device()
-                                                    : Device::parse(opts.device_map);
-  DType dtype = DType::f32;
+  Opened o{ModelConfig::from_file(cfg_path), std::make_shared<io::CheckpointReader>(dir), Device::cpu()};
+  o.device = opts.device_map.empty()     ? opts.device
+             : opts.device_map == "auto" ? backend::default_device()
+                                         : Device::parse(opts.device_map);
   if (opts.dtype) {
-    dtype = *opts.dtype;
+    o.dtype = *opts.dtype;
   } else {
-    for (const auto& n : ckpt.names())
-      if (is_floating(ckpt.info(n).dtype)) {
-        dtype = ckpt.info(n).dtype;
+    for (const auto& n : o.ckpt->names())
+      if (is_floating(o.ckpt->info(n).dtype)) {
+        o.dtype = o.ckpt->info(n).dtype;
         break;
       }
   }
-  // Parameters start on the meta device (no memory, no init) and are replaced by the checkpoint's tensors.
+  return o;
+}
+
+// The model with meta parameters; checks that the checkpoint holds each of them and nothing else.
+std::unique_ptr<CausalLM> meta_model(const std::string& dir, const Opened& o, const PretrainedOptions& opts) {
   Generator unused(0);
-  auto model = make(config, device, dtype, nn::Init{&unused, Device::meta(), dtype});
+  nn::InitLog placeholders;  // shapes only: the checkpoint's tensors replace them
+  auto model = make(o.config, o.device, o.dtype, nn::Init{&unused, Device::meta(), o.dtype, &placeholders});
   model->set_attn_implementation(opts.attn_implementation);
   std::set<std::string> used;
   for (auto& [name, p] : model->named_parameters()) {
-    TR_CHECK(ckpt.contains(name), "{}: the checkpoint has no tensor '{}' (model_type {})", dir, name,
-             config.model_type);
-    Tensor t = ckpt.load(name, dtype, device);
-    if (model->transposed_on_disk(name)) t = ops::contiguous(ops::transpose(t, 0, 1));
-    TR_CHECK(t.shape() == p->shape(), "{}: tensor '{}' has shape {}, the config implies {}", dir, name,
-             shape_str(t.shape()), shape_str(p->shape()));
-    *p = detach(t);  // a borrowed mapping is copy-on-write: training it never touches the file
-    autograd::set_requires_grad(*p, true);
+    TR_CHECK(o.ckpt->contains(name), "{}: the checkpoint has no tensor '{}' (model_type {})", dir, name,
+             o.config.model_type);
     used.insert(name);
   }
   std::vector<std::string> extra;
-  for (const auto& n : ckpt.names())
-    if (!used.count(n) && !ignorable(n) && !(n == "lm_head.weight" && config.tie_word_embeddings))
+  for (const auto& n : o.ckpt->names())
+    if (!used.count(n) && !ignorable(n) && !(n == "lm_head.weight" && o.config.tie_word_embeddings))
       extra.push_back(n);
   TR_CHECK(extra.empty(), "{}: tensors the model does not use: {}", dir, fmt::join(extra, ", "));
   return model;
+}
+
+// One parameter from the checkpoint, in the model's layout (GPT-2's Conv1D weights transposed).
+Tensor load_parameter(const std::string& dir, const io::CheckpointReader& ckpt, const std::string& name,
+                      bool transposed, const Shape& shape, DType dtype, Device device) {
+  Tensor t = ckpt.load(name, dtype, device);
+  if (transposed) t = ops::contiguous(ops::transpose(t, 0, 1));
+  TR_CHECK(t.shape() == shape, "{}: tensor '{}' has shape {}, the config implies {}", dir, name,
+           shape_str(t.shape()), shape_str(shape));
+  t = detach(t);  // a borrowed mapping is copy-on-write: training it never touches the file
+  autograd::set_requires_grad(t, true);
+  return t;
+}
+
+}  // namespace
+
+std::unique_ptr<CausalLM> from_pretrained(const std::string& dir, const PretrainedOptions& opts) {
+  const Opened o = open_pretrained(dir, opts);
+  // Parameters start on the meta device (no memory, no init) and are replaced by the checkpoint's tensors.
+  auto model = meta_model(dir, o, opts);
+  for (auto& [name, p] : model->named_parameters())
+    *p = load_parameter(dir, *o.ckpt, name, model->transposed_on_disk(name), p->shape(), o.dtype, o.device);
+  return model;
+}
+
+DeferredModel deferred_pretrained(const std::string& dir, const PretrainedOptions& opts) {
+  PretrainedOptions f32 = opts;
+  f32.dtype = DType::f32;
+  const Opened o = open_pretrained(dir, f32);
+  DeferredModel d{meta_model(dir, o, f32), {}};
+  struct Param {
+    std::string name;
+    bool transposed;
+    Shape shape;
+  };
+  std::vector<Param> params;
+  for (auto& [name, p] : d.model->named_parameters())
+    params.push_back({name, d.model->transposed_on_disk(name), p->shape()});
+  d.load = [dir, o, params](size_t i) {
+    TR_CHECK(i < params.size(), "deferred model: parameter {} of {}", i, params.size());
+    const Param& p = params[i];
+    return load_parameter(dir, *o.ckpt, p.name, p.transposed, p.shape, DType::f32, o.device);
+  };
+  return d;
+}
+
+DeferredModel deferred_causal_lm(const ModelConfig& config, Device device, Generator& gen,
+                                 const std::string& attn_implementation) {
+  nn::InitLog log;
+  DeferredModel d{make(config, device, DType::f32, nn::Init{&gen, Device::meta(), DType::f32, &log}), {}};
+  d.model->set_attn_implementation(attn_implementation);
+  std::vector<std::pair<nn::InitRecipe, Shape>> recipes;
+  for (auto& [name, p] : d.model->named_parameters()) {
+    const auto it = log.find(p->impl_ptr().get());
+    TR_CHECK(it != log.end(), "deferred model: parameter '{}' was not made by the model's Init", name);
+    recipes.emplace_back(it->second, p->shape());
+  }
+  d.load = [recipes, device](size_t i) {
+    TR_CHECK(i < recipes.size(), "deferred model: parameter {} of {}", i, recipes.size());
+    return nn::materialize(recipes[i].first, recipes[i].second, DType::f32, device);
+  };
+  return d;
 }
 
 void save_pretrained(CausalLM& model, const std::string& dir, const std::string& max_shard_size) {

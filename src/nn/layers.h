@@ -2,6 +2,7 @@
 // LayerNorm, RMSNorm, and the named-parameter list every model exposes.
 #pragma once
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -44,11 +45,26 @@ struct RMSNorm {
   void params(const std::string& prefix, ParamList& out) { out.emplace_back(prefix + ".weight", &weight); }
 };
 
+// How a parameter was (or, made on the meta device, would have been) filled: enough to make it again later,
+// alone, with the same bits - the generator is counter-based, so a draw depends only on its start state.
+struct InitRecipe {
+  enum class Kind { normal, zeros, ones } kind = Kind::zeros;
+  double std = 0;
+  Generator::State start;  // normal: the generator's state when the draw began
+};
+// The recipe of each parameter an Init made, by tensor.
+using InitLog = std::unordered_map<const TensorImpl*, InitRecipe>;
+// The tensor `r` describes, made now on `device` in `dtype` (requires_grad).
+Tensor materialize(const InitRecipe& r, const Shape& shape, DType dtype, Device device);
+
 // Parameter factories: allocated on `device` in `dtype`, filled as HF initializes, marked requires_grad.
+// With `log`, each is a placeholder instead - a meta tensor over no memory, counted by no allocator (the meta
+// device's included) - and its recipe is recorded: the model's shapes and how to make each parameter later.
 struct Init {
   Generator* gen;
   Device device;
   DType dtype;
+  InitLog* log = nullptr;
   Tensor normal(const Shape& s, double std) const;
   Tensor zeros(const Shape& s) const;
   Tensor ones(const Shape& s) const;

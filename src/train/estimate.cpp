@@ -72,8 +72,12 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, int world_size) {
            "number");
   // The tokenizer is not read: only --pad_vocab_to_multiple_of can change a fresh model's vocabulary here.
   auto config = !a.config_name.empty() ? fresh_config(a, 0) : config_for(a.model_name_or_path);
-  if (const int64_t m = a.pad_vocab_to_multiple_of; a.config_name.empty() && m > 1)  // pretrained: grown too
+  bool grown = false;  // a pretrained model's embeddings grown: the run builds that model whole
+  if (const int64_t m = a.pad_vocab_to_multiple_of;
+      a.config_name.empty() && m > 1) {  // pretrained: grown too
+    grown = config.vocab_size % m != 0;
     config.vocab_size = (config.vocab_size + m - 1) / m * m;
+  }
   TR_CHECK(a.block_size <= config.max_position_embeddings, "--block_size {} exceeds the model's {} positions",
            a.block_size, config.max_position_embeddings);
 
@@ -84,26 +88,35 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, int world_size) {
   e.per_device_train_batch_size = a.per_device_train_batch_size;
   e.gradient_accumulation_steps = a.gradient_accumulation_steps;
   Generator init(a.seed), dropout(a.seed);
-  auto model = models::create_causal_lm(config, Device::meta(), DType::f32, init, a.attn_implementation);
-  e.parameters = model->num_parameters();
   const DType compute = a.bf16 ? DType::bf16 : a.fp16 ? DType::f16 : DType::f32;
+  // ZeRO-2/3: rank 0 of world_size with its shard's slices, taken before the half weights are made (the run's
+  // order: no whole fp32 masters are kept); ZeRO-3 then releases every parameter. As in the run, a model
+  // with no whole fp32 copy to keep is made one parameter at a time (build_shard).
+  const int stage = world_size <= 1 ? 0 : a.fsdp_has("full_shard") ? 3 : a.fsdp_has("shard_grad_op") ? 2 : 0;
+  if (world_size > 1) check_fsdp_flags(a, world_size);  // what a launched run would refuse
+  const bool deferred = (stage == 3 || (stage == 2 && compute != DType::f32)) && !grown;
+  std::function<Tensor(size_t)> load;
+  std::unique_ptr<models::CausalLM> model;
+  if (deferred) {
+    auto d = models::deferred_causal_lm(config, Device::meta(), init, a.attn_implementation);
+    model = std::move(d.model);
+    load = std::move(d.load);
+  } else {
+    model = models::create_causal_lm(config, Device::meta(), DType::f32, init, a.attn_implementation);
+  }
+  e.parameters = model->num_parameters();
   optim::OptimizerOptions oo;
   oo.lr = a.learning_rate;
   oo.weight_decay = a.weight_decay;
   oo.args = optim::parse_optim_args(a.optim_args);
-  // ZeRO-2/3: rank 0 of world_size with its shard's slices, taken before the half weights are made (the run's
-  // order: no whole fp32 masters are kept); ZeRO-3 then releases every parameter.
-  const int stage = world_size <= 1              ? 0
-                    : a.fsdp_has("full_shard")    ? 3
-                    : a.fsdp_has("shard_grad_op") ? 2
-                                                  : 0;
-    if (world_size > 1) check_fsdp_flags(a, world_size);  // what a launched run would refuse
   const bool zero = stage > 0;
   const auto group = zero ? dist::dry_run_group(world_size) : nullptr;
   std::unique_ptr<ShardedOptimizer> z;
   if (zero)
     z = std::make_unique<ShardedOptimizer>(*group, model->named_parameters(), a.optim, oo,
-                                           a.ddp_bucket_cap_mb << 20, compute != DType::f32, stage);
+                                           a.ddp_bucket_cap_mb << 20, compute != DType::f32, stage,
+                                           deferred ? std::optional(Device::meta()) : std::nullopt);
+  if (deferred) build_shard(*z, model->named_parameters(), load, compute);
   MixedPrecision mp(model->named_parameters(), compute, a.fp16, zero && compute != DType::f32);
   model->set_dtype(compute);
   ShardedOptimizer* sharded = z.get();
@@ -118,7 +131,7 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, int world_size) {
   std::unique_ptr<FullShard> full;
   if (stage == 3) {
     weights.clear();  // released: none of them stays between uses
-        full = std::make_unique<FullShard>(*sharded, model->named_parameters(), a.ddp_bucket_cap_mb << 20,
+    full = std::make_unique<FullShard>(*sharded, model->named_parameters(), a.ddp_bucket_cap_mb << 20,
                                        read_fsdp_config(a.fsdp_config));
     model->set_layer_hooks(full.get());
   }
@@ -183,13 +196,13 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, int world_size) {
   }
   const int64_t grads = weight_bytes;  // one gradient per parameter, in the compute dtype
   const int64_t shard = sharded ? sharded->shard_bytes() - state : 0;  // slices of masters and gradients
-  e.breakdown = {{full ? "weights (none between uses: each unit gathered as it runs)" : "weights",
-                  bytes_of(weights)},
-                 {sharded ? "fp32 masters (this rank's slices) and reduced gradient shard" : "fp32 masters",
-                  sharded ? shard : bytes_of(masters)},
-                 {"optimizer state", state},
-                 {"data batches (one step)", a.gradient_accumulation_steps * batch_bytes},
-                 {"data loader prefetch", prefetch}};
+  e.breakdown = {
+      {full ? "weights (none between uses: each unit gathered as it runs)" : "weights", bytes_of(weights)},
+      {sharded ? "fp32 masters (this rank's slices) and reduced gradient shard" : "fp32 masters",
+       sharded ? shard : bytes_of(masters)},
+      {"optimizer state", state},
+      {"data batches (one step)", a.gradient_accumulation_steps * batch_bytes},
+      {"data loader prefetch", prefetch}};
   int64_t persistent = 0;
   for (const auto& [name, b] : e.breakdown) persistent += b;
   if (full) e.breakdown.emplace_back("weights (all, for reference)", weight_bytes);
@@ -275,7 +288,7 @@ std::vector<KnobRow> knob_table(const TrainingArguments& a, int world_size) {
          });
   // Sharding, when distributed (and the optimizer shards element-wise): ZeRO-2 and ZeRO-3 per rank.
   for (const char* strategy : {"shard_grad_op", "full_shard"})
-        if (world_size > 1 && shards_elementwise(a.optim) && !a.fsdp_has(strategy) &&
+    if (world_size > 1 && shards_elementwise(a.optim) && !a.fsdp_has(strategy) &&
         !(std::string(strategy) == "full_shard" && a.torch_compile))
       with(fmt::format("fsdp {}", strategy), [strategy](auto& t) { t.fsdp = strategy; });
   std::vector<KnobRow> out;

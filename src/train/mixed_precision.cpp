@@ -68,9 +68,12 @@ MixedPrecision::MixedPrecision(const nn::ParamList& model_params, DType half, bo
   }
   masters_.reserve(model_.size());  // master_list_ points into masters_: no reallocation after this
   for (auto& [name, p] : model_) {
-    TR_CHECK(p->dtype() == DType::f32, "mixed precision: parameter '{}' must start in f32, got {}", name,
-             dtype_name(p->dtype()));
+    // Sharded, the parameter may be its half copy already (build_shard made it from the shard's source).
+    const bool made = sharded_masters && p->dtype() == half;
+    TR_CHECK(p->dtype() == DType::f32 || made, "mixed precision: parameter '{}' must start in f32, got {}",
+             name, dtype_name(p->dtype()));
     masters_.push_back(sharded_masters ? shape_only(p->shape()) : *p);
+    if (made) continue;
     Tensor h = ops::to_dtype(*p, half);
     autograd::set_requires_grad(h, true);
     *p = h;  // sharded: the fp32 tensor's last reference goes here

@@ -25,7 +25,8 @@ class MixedPrecision {
   // Replaces each (fp32) model parameter by a `half` copy and keeps the fp32 tensor as its master.
   // `half` f32 means plain fp32 training: masters are the model's own parameters and nothing is copied.
   // `sharded_masters` (ZeRO-2, whose optimizer has taken its slices already): no whole masters are kept,
-  // each fp32 tensor is dropped once its half copy exists (masters_sharded() until restore_masters).
+  // each fp32 tensor is dropped once its half copy exists (masters_sharded() until restore_masters); a
+  // parameter already in `half` (build_shard's) is kept as it is.
   MixedPrecision(const nn::ParamList& model_params, DType half, bool loss_scaling,
                  bool sharded_masters = false);
   bool enabled() const { return half_ != DType::f32; }

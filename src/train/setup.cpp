@@ -91,6 +91,22 @@ std::unique_ptr<models::CausalLM> load_model(const TrainingArguments& a, const s
                                   a.attn_implementation);
 }
 
+std::optional<models::DeferredModel> load_deferred_model(const TrainingArguments& a,
+                                                         const std::string& weights_dir, Generator& gen,
+                                                         Device device, int64_t tokenizer_size) {
+  const std::string dir = !weights_dir.empty() ? weights_dir : a.model_name_or_path;
+  if (dir.empty())
+    return models::deferred_causal_lm(fresh_config(a, tokenizer_size), device, gen, a.attn_implementation);
+  if (weights_dir.empty()) {  // new embedding rows are the old rows' mean: that needs the whole matrix
+    const int64_t vocab = config_for(dir).vocab_size, m = a.pad_vocab_to_multiple_of;
+    if (tokenizer_size > vocab || (m > 1 && vocab % m != 0)) return std::nullopt;
+  }
+  models::PretrainedOptions po;
+  po.attn_implementation = a.attn_implementation;
+  po.device = device;
+  return models::deferred_pretrained(dir, po);
+}
+
 std::optional<tokenizers::Tokenizer> load_tokenizer_for_data(const TrainingArguments& a) {
   const bool shards_only = (!a.train_file.empty() || !a.validation_file.empty()) &&
                            (a.train_file.empty() || is_shards(a.train_file)) &&

@@ -33,6 +33,13 @@ models::ModelConfig fresh_config(const TrainingArguments& a, int64_t tokenizer_s
 std::unique_ptr<models::CausalLM> load_model(const TrainingArguments& a, const std::string& weights_dir,
                                              Generator& gen, Device device = Device::cpu(),
                                              int64_t tokenizer_size = 0);
+// load_model's model as a deferred one (models::DeferredModel: meta parameters, each made on `device` when
+// asked), for a sharded run to build its share alone; nothing when the model must exist whole first (a
+// pretrained model whose embeddings grow to the tokenizer's size or a --pad_vocab_to_multiple_of).
+std::optional<models::DeferredModel> load_deferred_model(const TrainingArguments& a,
+                                                         const std::string& weights_dir, Generator& gen,
+                                                         Device device = Device::cpu(),
+                                                         int64_t tokenizer_size = 0);
 // The GPU when one is usable and --use_cpu is not given, else the CPU.
 Device training_device(const TrainingArguments& a);
 

@@ -117,7 +117,6 @@ Schedule make_schedule(const TrainingArguments& a, int64_t batches_per_epoch) {
   return s;
 }
 
-
 // One call of train(): what is set up before the first step (model, data, optimizer, resumed state) and
 // the loop around the step - logging, evaluation, saving, stopping - and the files of a finished run.
 class Run {
@@ -186,8 +185,21 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
       dev_(training_device(a)),
       init_gen_(a.seed),
       dropout_gen_(a.seed) {
-  model_ = load_model(a, resume_, init_gen_, dev_, tok_ ? tok_->vocab_size() : 0);
-  if (group_) broadcast_parameters(*group_, model_->named_parameters());  // DDP: rank 0's weights everywhere
+  // Mixed precision: the model computes in half precision, the optimizer updates fp32 masters.
+  compute_ = a.bf16 ? DType::bf16 : a.fp16 ? DType::f16 : DType::f32;
+  const int stage = group_ ? zero_stage(a) : 0;
+  // A sharded run that keeps no whole fp32 model (ZeRO-3, or ZeRO-2 under mixed precision) makes it one
+  // parameter at a time (build_shard below). Every rank makes the same values, so nothing is broadcast.
+  std::optional<models::DeferredModel> deferred;
+  if (stage == 3 || (stage == 2 && compute_ != DType::f32))
+    deferred = load_deferred_model(a, resume_, init_gen_, dev_, tok_ ? tok_->vocab_size() : 0);
+  if (deferred) {
+    model_ = std::move(deferred->model);
+  } else {
+    model_ = load_model(a, resume_, init_gen_, dev_, tok_ ? tok_->vocab_size() : 0);
+    if (group_)
+      broadcast_parameters(*group_, model_->named_parameters());  // DDP: rank 0's weights everywhere
+  }
   vocab_ = model_->config().vocab_size;
   TR_CHECK(!tok_ || tok_->vocab_size() <= vocab_,
            "tokenizer {} has {} tokens, more than the model's vocab_size {}",
@@ -199,8 +211,6 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
   streams_ = load_streams(a, tok_ ? &*tok_ : nullptr, vocab_, a.do_eval || a.eval_strategy != "no");
   loader_ = make_loader();
   sched_ = make_schedule(a, loader_->batches_per_epoch());
-  // Mixed precision: the model computes in half precision, the optimizer updates fp32 masters.
-  compute_ = a.bf16 ? DType::bf16 : a.fp16 ? DType::f16 : DType::f32;
   optim::OptimizerOptions oo;
   oo.lr = a.learning_rate;
   oo.beta1 = a.adam_beta1;
@@ -213,18 +223,20 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
   // is made, so the whole model never exists in both precisions plus masters).
   // ZeRO-3 also takes the slices first, and then releases the model's (half) parameters: from here on a
   // layer's weights exist only while it runs.
-  const int stage = group_ ? zero_stage(a) : 0;
   const bool zero = stage > 0;
   if (zero)
     opt_ = std::make_unique<ShardedOptimizer>(*group_, model_->named_parameters(), a.optim, oo,
-                                              a.ddp_bucket_cap_mb << 20, compute_ != DType::f32, stage);
+                                              a.ddp_bucket_cap_mb << 20, compute_ != DType::f32, stage,
+                                              deferred ? std::optional(dev_) : std::nullopt);
+  if (deferred)
+    build_shard(static_cast<ShardedOptimizer&>(*opt_), model_->named_parameters(), deferred->load, compute_);
   // Mixed precision: the model computes in half precision, the optimizer updates fp32 masters.
   mp_ = std::make_unique<MixedPrecision>(model_->named_parameters(), compute_, a.fp16,
                                          zero && compute_ != DType::f32);
   model_->set_dtype(compute_);
   if (!zero) opt_ = optim::make_optimizer(a.optim, mp_->master_params(), oo);
   if (stage == 3) {
-        full_ = std::make_unique<FullShard>(static_cast<ShardedOptimizer&>(*opt_), model_->named_parameters(),
+    full_ = std::make_unique<FullShard>(static_cast<ShardedOptimizer&>(*opt_), model_->named_parameters(),
                                         a.ddp_bucket_cap_mb << 20, read_fsdp_config(a.fsdp_config));
     model_->set_layer_hooks(full_.get());
   }
@@ -496,6 +508,7 @@ TrainResult Run::train() {
                  a_.torch_compile_backend.c_str(), a_.torch_compile_mode.c_str(),
                  so.fuse_elementwise ? ", elementwise chains fused" : "");
   const auto step_fn = a_.torch_compile ? make_compiled_step(ss, so) : make_eager_step(ss, so);
+  r_.setup_peak_bytes = ops::allocator_for(dev_).stats().peak_bytes;
   ops::allocator_for(dev_).reset_peak();
   const int64_t start_step = st_.global_step, total = sched_.total;
   window_ = std::make_unique<StepWindow>(start_step, total, main_);
@@ -536,12 +549,13 @@ TrainResult Run::train() {
   r_.skipped_steps = st_.skipped_steps;
   r_.peak_bytes = ops::allocator_for(dev_).stats().peak_bytes;
   if (group_) {  // every rank's peak and optimizer state (they shrink with the world under ZeRO)
-    const int64_t mine[2] = {r_.peak_bytes, opt_->state_bytes()};
-    std::vector<int64_t> all(2 * static_cast<size_t>(group_->size()));
+    const int64_t mine[3] = {r_.peak_bytes, opt_->state_bytes(), r_.setup_peak_bytes};
+    std::vector<int64_t> all(3 * static_cast<size_t>(group_->size()));
     group_->all_gather(mine, all.data(), sizeof mine);
-    for (size_t k = 0; k < all.size(); k += 2) {
+    for (size_t k = 0; k < all.size(); k += 3) {
       r_.rank_peak_bytes.push_back(all[k]);
       r_.rank_optimizer_bytes.push_back(all[k + 1]);
+      r_.rank_setup_peak_bytes.push_back(all[k + 2]);
     }
   }
   r_.tokens = tokens_;
@@ -592,7 +606,8 @@ void Run::finish() {
                         {"train_tokens_per_second", r_.tokens_per_second},
                         {"epoch", sched_.epoch(total)},
                         {"global_step", total},
-                        {"train_peak_memory_gib", static_cast<double>(r_.peak_bytes) / (1 << 30)}};
+                        {"train_peak_memory_gib", static_cast<double>(r_.peak_bytes) / (1 << 30)},
+                        {"setup_peak_memory_gib", static_cast<double>(r_.setup_peak_bytes) / (1 << 30)}};
   if (group_) {  // train_peak_memory_gib is rank 0's; the lists have every rank's
     const auto gib = [](const std::vector<int64_t>& v) {
       nlohmann::json out = nlohmann::json::array();
@@ -604,6 +619,7 @@ void Run::finish() {
     all["fsdp"] = z ? z->fsdp_option() : "";
     all["train_peak_memory_gib_per_rank"] = gib(r_.rank_peak_bytes);
     all["optimizer_state_gib_per_rank"] = gib(r_.rank_optimizer_bytes);
+    all["setup_peak_memory_gib_per_rank"] = gib(r_.rank_setup_peak_bytes);
     all["ddp_backend"] = group_->backend_name();
     all["ddp_comm_bytes_per_step"] = r_.comm_bytes / std::max<int64_t>(1, r_.steps);
     all["ddp_comm_wait_seconds"] = r_.comm_wait_seconds;

@@ -54,21 +54,26 @@ bool shards_elementwise(const std::string& name) {
 
 ShardedOptimizer::ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamList& masters,
                                    const std::string& optim, const optim::OptimizerOptions& opts,
-                                   int64_t bucket_cap_bytes, bool own_masters, int stage)
+                                   int64_t bucket_cap_bytes, bool own_masters, int stage,
+                                   std::optional<Device> deferred_on)
     : Optimizer(masters, opts),
       group_(group),
       layout_(masters, group.size()),
       own_(own_masters || stage == 3),
       stage_(stage),
-      dev_(masters.empty() ? Device::cpu() : masters.front().second->device()) {
+      dev_(deferred_on       ? *deferred_on
+           : masters.empty() ? Device::cpu()
+                             : masters.front().second->device()) {
   TR_CHECK(stage == 2 || stage == 3, "ShardedOptimizer: ZeRO stage {} (2 or 3)", stage);
   TR_CHECK(shards_elementwise(optim),
            "--fsdp {} with --optim {}: sharding splits tensors into flat slices, which only "
            "element-wise optimizers update exactly (adamw_torch, adamw_torch_fused, adamw_apex_fused, sgd); "
            "{}'s state needs whole tensors",
            fsdp_option(), optim, optim);
+  TR_CHECK(!deferred_on || own_, "ShardedOptimizer: deferred masters need a shard of its own");
+  const Device where = deferred_on ? Device::meta() : dev_;
   for (const auto& [name, p] : masters)
-    TR_CHECK(p->device() == dev_ && (dev_.is_cpu() || dev_.is_meta()) && p->dtype() == DType::f32 &&
+    TR_CHECK(p->device() == where && (dev_.is_cpu() || dev_.is_meta()) && p->dtype() == DType::f32 &&
                  p->is_contiguous(),
              "--fsdp {}: parameter '{}' is {}; sharding runs on fp32 host parameters (Gloo)", fsdp_option(),
              name, p->describe());
@@ -84,8 +89,10 @@ ShardedOptimizer::ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamLis
   if (own_) master_flat_ = ops::zeros({layout_.shard}, DType::f32, dev_);
   layout_.visit(base, base + layout_.shard, [&](size_t p, int64_t at, int64_t n, int64_t pos) {
     const Tensor& m = *masters[p].second;
+    slice_param_.push_back(p);
+    slice_at_.push_back(at);
     if (own_) {
-      if (!dev_.is_meta())
+      if (!dev_.is_meta() && !deferred_on)
         std::memcpy(master_flat_.data<float>() + pos, m.data<float>() + at,
                     static_cast<size_t>(n) * sizeof(float));
       slice_params_.push_back(master_flat_.as_strided({n}, {1}, pos));
@@ -96,6 +103,49 @@ ShardedOptimizer::ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamLis
     slice_pos_.push_back(pos);
   });
   optim_name_ = optim;
+}
+
+void ShardedOptimizer::fill(size_t p, const Tensor& value) {
+  TR_CHECK(own_ && p < params_.size(), "ShardedOptimizer::fill: parameter {} of {}", p, params_.size());
+  TR_CHECK(value.shape() == params_[p].second->shape() && value.dtype() == DType::f32 &&
+               value.is_contiguous() && value.device() == dev_,
+           "ShardedOptimizer::fill: '{}' is {}, expected contiguous f32 {} on {}", params_[p].first,
+           value.describe(), shape_str(params_[p].second->shape()), dev_.str());
+  if (dev_.is_meta()) return;
+  for (size_t k = 0; k < slice_param_.size(); ++k)
+    if (slice_param_[k] == p)
+      std::memcpy(master_flat_.data<float>() + slice_pos_[k], value.data<float>() + slice_at_[k],
+                  static_cast<size_t>(slice_params_[k].numel()) * sizeof(float));
+}
+
+namespace {
+
+// A contiguous tensor whose storage starts released: no bytes until FullShard gathers it.
+Tensor released_tensor(const Shape& shape, DType dtype, Device device) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype),
+                                            ops::allocator_for(device), Storage::Released{});
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+}  // namespace
+
+void build_shard(ShardedOptimizer& opt, const nn::ParamList& params,
+                 const std::function<Tensor(size_t)>& load, DType compute) {
+  TR_CHECK(opt.owns_masters(), "build_shard: the optimizer must own its shard of the masters");
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor& p = *params[i].second;
+    Tensor value = load(i);
+    opt.fill(i, value);
+    Tensor copy = opt.stage() == 3 ? released_tensor(p.shape(), compute, value.device())
+                                   : ops::to_dtype(value, compute);
+    value = Tensor();
+    autograd::set_requires_grad(copy, true);
+    p = copy;
+  }
 }
 
 // The reduced-gradient shard and the optimizer state come at the first use (as torch makes optimizer state

@@ -7,8 +7,10 @@
 // Checkpoints hold one optimizer.rank-K.safetensors per rank with each slice's place in its metadata;
 // load_optimizer_state reassembles any world size's slices (or a whole optimizer.safetensors) for any other.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -51,9 +53,14 @@ class ShardedOptimizer final : public optim::Optimizer {
   // and updates are gathered rounded into the model's half weights.
   // `stage` 3 (full_shard, zero3.h): the shard is always copied out (the model's parameters are released
   // between uses) and an update gathers nothing - FullShard gathers each layer when it is used.
+  // `deferred_on` (own masters only): the masters are meta tensors of their shapes, the shard lives on this
+  // device and starts as zeros until fill() gives each parameter's values (build_shard).
   ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamList& masters, const std::string& optim,
                    const optim::OptimizerOptions& opts, int64_t bucket_cap_bytes, bool own_masters = false,
-                   int stage = 2);
+                   int stage = 2, std::optional<Device> deferred_on = std::nullopt);
+  // Deferred masters: this rank's slices of parameter p copied from `value` (contiguous f32 of its shape on
+  // the shard's device; nothing moves on the meta device).
+  void fill(size_t p, const Tensor& value);
   // The model's gradients (parallel to the masters, host, any floating dtype; undefined: zeros) summed over
   // the ranks into this rank's shard, times `scale`.
   void reduce_scatter(const std::vector<Tensor>& grads, double scale);
@@ -131,6 +138,8 @@ class ShardedOptimizer final : public optim::Optimizer {
   std::unique_ptr<optim::Optimizer> inner_;  // the element-wise optimizer over the slices (allocate_state)
   nn::ParamList inner_params_;               // its parameters: the slices, under their parameters' names
   std::vector<int64_t> slice_pos_;           // each slice's place in this rank's shard
+  std::vector<size_t> slice_param_;          // each slice's parameter index
+  std::vector<int64_t> slice_at_;            // and its first element within that parameter
   std::string optim_name_;
   std::vector<float> send_, scratch_;
   // Overlapped reduction (begin_backward .. finish_backward).
@@ -143,6 +152,14 @@ class ShardedOptimizer final : public optim::Optimizer {
   float bucket_scale_ = 1;
   bool in_backward_ = false;
 };
+
+// ZeRO set-up from a model whose parameters are still meta tensors (models::DeferredModel): each parameter is
+// made alone by `load(i)` (f32 on `opt`'s device), this rank's slices of it go into `opt`'s deferred shard,
+// and the parameter becomes its `compute` copy - under ZeRO-3 released storage of that dtype, gathered when
+// its layer runs. The set-up's peak is the shard plus one fp32 parameter (and its copy) instead of the whole
+// fp32 model; the values are those of the whole model built and then sharded.
+void build_shard(ShardedOptimizer& opt, const nn::ParamList& params,
+                 const std::function<Tensor(size_t)>& load, DType compute);
 
 // The optimizer state of checkpoint `dir` for `opt`: whole (optimizer.safetensors) or one file per rank
 // (optimizer.rank-K.safetensors), of any world size, reassembled into the slices `opt` holds (all of
