@@ -30,6 +30,9 @@ for attn in sdpa eager; do
     --bf16 --optim adamw_torch_fused --attn_implementation $attn --max_steps 30 --logging_steps 10 \
     --save_strategy no --output_dir /tmp/trainer_gpt2_$attn --overwrite_output_dir 2>&1 | tr '\r' '\n' |
     tail -n 4 | tee "$OUT/train_ours_$attn.log"
+  # issue 13: the estimate's allocated and reserved peaks for the same flags (target: within 3% of measured)
+  "$work/bin/trainer" estimate --config_name gpt2 --block_size 1024 --per_device_train_batch_size $B --bf16 \
+    --optim adamw_torch_fused --attn_implementation $attn --device cuda --json >"/tmp/trainer_gpt2_$attn.estimate.json" || true
   python3 - "$B" "$attn" <<'PY' | tee "$OUT/train_ours_$attn.json"
 import json, sys
 B, attn, T = int(sys.argv[1]), sys.argv[2], 1024
@@ -39,6 +42,10 @@ try:
     res = json.load(open(f"{folder}/train_results.json"))
 except OSError:
     rows, res = [], {}
+try:
+    est = json.load(open(f"{folder}.estimate.json"))
+except (OSError, ValueError):
+    est = {}
 n, L, d = 124439808, 12, 768
 # tokens/s after the warm-up (steps 10..30, from the cumulative rates logged at each step), as the HF peer
 tps = 0.0
@@ -49,6 +56,9 @@ if len(rows) >= 2:
 print(json.dumps({"peer": f"trainer.cpp {attn}", "batch": B, "tokens_per_second": tps,
                   "mfu": tps * (6 * n + 12 * L * d * T) / 989e12,
                   "peak_memory_gib": res.get("train_peak_memory_gib", 0.0),
+                  "estimated_peak_gib": est.get("peak_bytes", 0) / 2**30,
+                  "reserved_memory_gib": res.get("train_peak_reserved_memory_gib", 0.0),
+                  "estimated_reserved_gib": est.get("reserved_bytes", 0) / 2**30,
                   "final_loss": rows[-1]["loss"] if rows else None}))
 PY
 done

@@ -5,6 +5,8 @@
 
 #include <cstdlib>
 #include <map>
+#include <set>
+#include <vector>
 
 #include "core/caching_allocator.h"
 #include "core/error.h"
@@ -122,6 +124,52 @@ TEST(CachingAllocator, FullDeviceFlushesTheCacheThenReportsTheBreakdown) {
   void* z = a.allocate(size_t{20} << 20);
   EXPECT_THROW(a.allocate(size_t{5} << 20), OutOfMemoryError);  // another 20 MiB segment passes the cap
   a.free(z);
+}
+
+}  // namespace
+}  // namespace tr
+
+namespace tr {
+namespace {
+
+// The model `trainer estimate --device cuda` uses: an allocator's blocks replayed, by address, into the same
+// pool logic on a device that holds no memory - the meta device's blocks get distinct addresses while
+// observed, frees of blocks it never saw are ignored, and empty_cache reaches it.
+TEST(CachingAllocatorModel, ReplaysAnObservedAllocatorAsTheCoreWould) {
+  FakeDevice dev;
+  CachingAllocatorCore core(dev.backend());
+  CachingAllocatorModel model;
+  MetaAllocator& meta = meta_allocator();
+  void* before = meta.allocate(4096);  // not observed: no address, unknown to the model
+  EXPECT_EQ(before, nullptr);
+  {
+    const ObserveAllocations observe(meta, model);
+    EXPECT_THROW(ObserveAllocations(meta, model), Error);  // one observer at a time
+    const size_t sizes[] = {1000, 3000, size_t{3} << 20, (size_t{11} << 20) + 1, size_t{25} << 20};
+    std::vector<void*> m, c;
+    for (size_t n : sizes) {
+      m.push_back(meta.allocate(n));
+      c.push_back(core.allocate(n));
+    }
+    EXPECT_EQ(std::set<void*>(m.begin(), m.end()).size(), m.size());
+    EXPECT_EQ(model.stats().reserved_bytes, core.stats().reserved_bytes);
+    meta.deallocate(m[0], sizes[0]);
+    core.free(c[0]);
+    meta.deallocate(before, 4096);
+    m[0] = meta.allocate(900);
+    c[0] = core.allocate(900);
+    for (size_t i = 0; i < m.size(); ++i) {
+      meta.deallocate(m[i], i == 0 ? 900 : sizes[i]);
+      core.free(c[i]);
+    }
+    EXPECT_EQ(model.stats().allocated_bytes, 0);
+    EXPECT_EQ(model.stats().peak_reserved_bytes, core.stats().peak_reserved_bytes);
+    EXPECT_EQ(model.stats().num_splits, core.stats().num_splits);
+    meta.empty_cache();
+    EXPECT_EQ(model.stats().reserved_bytes, 0);
+  }
+  EXPECT_EQ(meta.allocate(64), nullptr);  // the scope ended
+  meta.deallocate(nullptr, 64);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "core/allocator.h"
+#include "core/caching_allocator.h"
 #include "core/error.h"
 #include "train/estimate.h"
 #include "train/trainer.h"
@@ -36,8 +37,21 @@ TEST_P(EstimateMatchesRun, PeakBytesExactly) {
   a.max_steps = 3;
   c.setup(a);
   const auto e = train::estimate_memory(a);
-  const auto r = train::train(a);
+  // The same run's allocations replayed through the CUDA caching allocator's rules (a modelled device):
+  // what the estimate's reserved_bytes predicts for a GPU run of this step.
+  CachingAllocatorModel device;
+  train::TrainResult r;
+  {
+    const ObserveAllocations observe(cpu_allocator(), device);
+    r = train::train(a);
+  }
   EXPECT_EQ(e.peak_bytes, r.peak_bytes) << c.name << ": predicted at " << e.peak_at;
+  // Loader workers start prefetching during set-up, and their allocations interleave with the run's by timing.
+  if (a.dataloader_num_workers == 0) {
+    EXPECT_EQ(e.setup_peak_bytes, r.setup_peak_bytes) << c.name;
+    EXPECT_EQ(e.reserved_bytes, device.stats().peak_reserved_bytes) << c.name;
+    EXPECT_GE(e.reserved_bytes, e.peak_bytes) << c.name;
+  }
   EXPECT_GT(e.parameters, 0);
 }
 

@@ -7,6 +7,10 @@
 
 namespace tr::backend {
 
+// cuBLASLt's workspace per device (PyTorch's size for Hopper): cudaMalloc'd once, outside the caching
+// allocator; `trainer estimate --device cuda` counts it.
+inline constexpr size_t kCublasLtWorkspaceBytes = size_t{32} << 20;
+
 // True when compiled with CUDA support (whether or not a GPU is present).
 bool cuda_compiled();
 // The CUDA backend; throws when built without CUDA or when no GPU is present.

@@ -119,15 +119,13 @@ tr::report::RunSummary run_summary(const tr::train::TrainingArguments& a, const 
 }
 
 // `trainer estimate`: the peak memory of a training step, from a dry run on the meta device.
-int estimate(tr::train::TrainingArguments a, const std::string& device, const std::string& memory, bool json,
-             int world) {
-  TR_CHECK(device == "cpu",
-           "--device {}: only the CPU's memory is modelled so far (the CUDA caching allocator's rounding is "
-           "not); use --device cpu",
-           device);
+int estimate(tr::train::TrainingArguments a, const std::string& device_name, const std::string& memory,
+             bool json, int world) {
+  const auto device = tr::train::parse_memory_device(device_name);
+  const bool cuda = device == tr::train::MemoryDevice::cuda;
   const int64_t budget = memory.empty() ? 0 : tr::train::parse_memory_size(memory, "device_memory");
   if (a.per_device_train_batch_size == tr::train::kAutoBatch && budget > 0) {  // what `train` would pick
-    const auto c = tr::train::auto_batch(a, budget, world);
+    const auto c = tr::train::auto_batch(a, budget, world, device);
     TR_CHECK(c.batch > 0, "--per_device_train_batch_size auto: not even batch 1 fits in --device_memory {}",
              memory);
     a.per_device_train_batch_size = c.batch;
@@ -139,16 +137,16 @@ int estimate(tr::train::TrainingArguments a, const std::string& device, const st
              a.total_batch_size, total, a.per_device_train_batch_size);
     a.gradient_accumulation_steps = total / a.per_device_train_batch_size;
   }
-  const auto e = tr::train::estimate_memory(a, world);
-  const int64_t max_batch = budget > 0 ? tr::train::max_fitting_batch(a, budget, world) : 0;
-  const auto knobs = budget > 0 ? tr::train::knob_table(a, world) : std::vector<tr::train::KnobRow>{};
+  const auto e = tr::train::estimate_memory(a, world, device);
+  const int64_t max_batch = budget > 0 ? tr::train::max_fitting_batch(a, budget, world, device) : 0;
+  const auto knobs = budget > 0 ? tr::train::knob_table(a, world, device) : std::vector<tr::train::KnobRow>{};
   auto gib = [](int64_t b) {
     return fmt::format("{:>10.3f} GiB  {:>15} B", static_cast<double>(b) / (1 << 30), b);
   };
   if (json) {
     nlohmann::json b = nlohmann::json::object();
     for (const auto& [name, bytes] : e.breakdown) b[name] = bytes;
-    nlohmann::json j{{"device", device},
+    nlohmann::json j{{"device", device_name},
                      {"world_size", world},
                      {"fsdp", a.fsdp},
                      {"parameters", e.parameters},
@@ -159,6 +157,10 @@ int estimate(tr::train::TrainingArguments a, const std::string& device, const st
                      {"per_device_train_batch_size", e.per_device_train_batch_size},
                      {"gradient_accumulation_steps", e.gradient_accumulation_steps},
                      {"breakdown", b}};
+    if (cuda) {
+      j["reserved_bytes"] = e.reserved_bytes;
+      j["workspace_bytes"] = e.workspace_bytes;
+    }
     if (budget > 0) {
       j["device_memory"] = budget;
       j["max_per_device_train_batch_size"] = max_batch;
@@ -177,11 +179,16 @@ int estimate(tr::train::TrainingArguments a, const std::string& device, const st
   std::printf("peak              %s  (%s)\n", gib(e.peak_bytes).c_str(), e.peak_at.c_str());
   if (e.eval_peak_bytes > 0) std::printf("evaluation peak   %s\n", gib(e.eval_peak_bytes).c_str());
   if (e.setup_peak_bytes > e.peak_bytes)
-    std::printf("set-up peak       %s  (before the first step: the whole model, before sharding)\n",
+    std::printf("set-up peak       %s  (before the first step: loading the model, sharding)\n",
                 gib(e.setup_peak_bytes).c_str());
+  if (cuda)
+    std::printf(
+        "reserved          %s  (the CUDA caching allocator's segments at most; + %.0f MiB cuBLASLt "
+        "workspace)\n",
+        gib(e.reserved_bytes).c_str(), static_cast<double>(e.workspace_bytes) / (1 << 20));
   if (budget == 0) return 0;
-  std::printf("\nwith %s of device memory (%.2f GiB):\n", memory.c_str(),
-              static_cast<double>(budget) / (1 << 30));
+  std::printf("\nwith %s of device memory (%.2f GiB)%s:\n", memory.c_str(),
+              static_cast<double>(budget) / (1 << 30), cuda ? ", reserved + workspace" : "");
   for (const auto& k : knobs)
     std::printf("  %-34s %s  %5.2fx  %s\n", k.knob.c_str(), gib(k.peak_bytes).c_str(),
                 static_cast<double>(k.peak_bytes) / static_cast<double>(knobs.front().peak_bytes),
@@ -196,8 +203,8 @@ int estimate(tr::train::TrainingArguments a, const std::string& device, const st
                                 t.per_device_train_batch_size = 1;
                                 return t;
                               }(),
-                              world)
-                              .peak_bytes) /
+                              world, device)
+                              .fit_bytes()) /
           (1 << 30));
   std::printf("largest per_device_train_batch_size that fits: %lld\n", static_cast<long long>(max_batch));
   return 0;
@@ -308,12 +315,16 @@ int main(int argc, char** argv) {
   std::string est_device = "cpu", est_memory;
   bool est_json = false;
   int est_world = 1;
-  est_cmd->add_option("--device", est_device, "whose memory: cpu");
+  est_cmd->add_option(
+      "--device", est_device,
+      "whose memory: cpu, or cuda (the CUDA caching allocator's reserved segments and cuBLASLt's "
+      "workspace)");
   est_cmd->add_flag("--json", est_json, "one JSON object instead of the table");
   est_cmd
-      ->add_option("--world_size", est_world,
-                   "processes training together: one rank's memory (with --fsdp shard_grad_op or full_shard its "
-                   "shard)")
+      ->add_option(
+          "--world_size", est_world,
+          "processes training together: one rank's memory (with --fsdp shard_grad_op or full_shard its "
+          "shard)")
       ->check(CLI::Range(1, 1 << 20));
   est_cmd->add_option("--device_memory", est_memory,
                       "memory to fit in (80GB, 24GiB): the largest batch that fits and what each knob buys");

@@ -53,6 +53,40 @@ void Allocator::record_free(size_t nbytes) {
   stats_.current_bytes -= static_cast<int64_t>(nbytes);
 }
 
+void Allocator::set_observer(AllocationObserver* observer) {
+  std::lock_guard<std::mutex> g(mu_);
+  TR_CHECK(observer == nullptr || observer_ == nullptr || observer_ == observer,
+           "{} allocator: already observed", device().str());
+  observer_ = observer;
+}
+
+bool Allocator::observed() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return observer_ != nullptr;
+}
+
+void Allocator::notify_alloc(const void* block, size_t nbytes) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (observer_) observer_->allocated(block, nbytes);
+}
+
+void Allocator::notify_free(const void* block) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (observer_) observer_->freed(block);
+}
+
+void Allocator::notify_empty_cache() {
+  std::lock_guard<std::mutex> g(mu_);
+  if (observer_) observer_->cache_emptied();
+}
+
+ObserveAllocations::ObserveAllocations(Allocator& alloc, AllocationObserver& observer) : alloc_(alloc) {
+  TR_CHECK(!alloc.observed(), "{} allocator: already observed", alloc.device().str());
+  alloc.set_observer(&observer);
+}
+
+ObserveAllocations::~ObserveAllocations() { alloc_.set_observer(nullptr); }
+
 namespace {
 
 constexpr size_t kHugePage = size_t{2} << 20;
@@ -91,6 +125,7 @@ void* CpuAllocator::allocate(size_t nbytes) {
     if (nbytes >= kLargeBlock) madvise(p, size, MADV_HUGEPAGE);  // fewer page faults; a hint only
   }
   record_alloc(nbytes);
+  notify_alloc(p, nbytes);
   if (poison()) std::memset(p, 0xff, size);
   return p;
 }
@@ -98,6 +133,7 @@ void* CpuAllocator::allocate(size_t nbytes) {
 void CpuAllocator::deallocate(void* ptr, size_t nbytes) {
   if (ptr == nullptr) return;
   record_free(nbytes);
+  notify_free(ptr);
   if (nbytes >= kLargeBlock) {
     const size_t size = block_size(nbytes);
     std::lock_guard<std::mutex> g(cache_mu_);
@@ -111,10 +147,13 @@ void CpuAllocator::deallocate(void* ptr, size_t nbytes) {
 }
 
 void CpuAllocator::empty_cache() {
-  std::lock_guard<std::mutex> g(cache_mu_);
-  for (auto& [size, p] : cache_) std::free(p);
-  cache_.clear();
-  cached_ = 0;
+  {
+    std::lock_guard<std::mutex> g(cache_mu_);
+    for (auto& [size, p] : cache_) std::free(p);
+    cache_.clear();
+    cached_ = 0;
+  }
+  notify_empty_cache();
 }
 
 void CpuAllocator::set_cache_limit(size_t bytes) {
@@ -132,10 +171,16 @@ size_t CpuAllocator::cached_bytes() const {
 
 void* MetaAllocator::allocate(size_t nbytes) {
   record_alloc(nbytes);
-  return nullptr;
+  if (nbytes == 0 || !observed()) return nullptr;
+  void* key = reinterpret_cast<void*>((next_key_.fetch_add(1) + 1) * 64);
+  notify_alloc(key, nbytes);
+  return key;
 }
 
-void MetaAllocator::deallocate(void*, size_t nbytes) { record_free(nbytes); }
+void MetaAllocator::deallocate(void* ptr, size_t nbytes) {
+  record_free(nbytes);
+  if (ptr) notify_free(ptr);
+}
 
 CpuAllocator& cpu_allocator() {
   static CpuAllocator a;

@@ -17,6 +17,17 @@ struct AllocatorStats {
   int64_t num_allocs = 0;     // allocations served since creation
 };
 
+// Sees every allocation and free of an allocator by block address (unique while the block lives; the meta
+// allocator hands out distinct addresses while it is observed), and each empty_cache(): the CUDA caching
+// allocator's model (caching_allocator.h) replays them.
+class AllocationObserver {
+ public:
+  virtual ~AllocationObserver() = default;
+  virtual void allocated(const void* block, size_t nbytes) = 0;
+  virtual void freed(const void* block) = 0;
+  virtual void cache_emptied() = 0;
+};
+
 class Allocator {
  public:
   virtual ~Allocator() = default;
@@ -41,16 +52,26 @@ class Allocator {
   // Bytes this device can hold at most, where known (a GPU's memory, under its memory fraction); 0 for the
   // host and meta devices. auto_find_batch_size sizes its first batch from limit() or this.
   virtual int64_t capacity() const { return 0; }
+  // Peak bytes reserved from the device since the start (caching allocators: their segments); 0 otherwise.
+  virtual int64_t peak_reserved_bytes() const { return 0; }
+  // One observer at a time (nullptr: none); see ObserveAllocations.
+  void set_observer(AllocationObserver* observer);
+  bool observed() const;
 
  protected:
   // Throws OutOfMemoryError when `nbytes` more would pass the cap.
   void check_limit(size_t nbytes) const;
   void record_alloc(size_t nbytes);
   void record_free(size_t nbytes);
+  // Tell the observer, if any.
+  void notify_alloc(const void* block, size_t nbytes);
+  void notify_free(const void* block);
+  void notify_empty_cache();
 
  private:
   mutable std::mutex mu_;
   AllocatorStats stats_;
+  AllocationObserver* observer_ = nullptr;
   int64_t limit_ = 0;
   std::atomic<bool> poison_{false};
 };
@@ -84,6 +105,22 @@ class MetaAllocator final : public Allocator {
   void* allocate(size_t nbytes) override;
   void deallocate(void* ptr, size_t nbytes) override;
   Device device() const override { return Device::meta(); }
+  void empty_cache() override { notify_empty_cache(); }
+
+ private:
+  std::atomic<uintptr_t> next_key_{0};  // distinct block addresses while observed (never dereferenced)
+};
+
+// `observer` sees `alloc`'s allocations for the scope's lifetime; throws when another observer is attached.
+class ObserveAllocations {
+ public:
+  ObserveAllocations(Allocator& alloc, AllocationObserver& observer);
+  ~ObserveAllocations();
+  ObserveAllocations(const ObserveAllocations&) = delete;
+  ObserveAllocations& operator=(const ObserveAllocations&) = delete;
+
+ private:
+  Allocator& alloc_;
 };
 
 // Process-wide allocators of the host and meta devices (like PyTorch's, they are the memory of the process,

@@ -238,4 +238,40 @@ std::string CachingAllocatorCore::summary() const {
                      mib(s.peak_reserved_bytes), s.num_segments);
 }
 
+CachingAllocatorModel::CachingAllocatorModel()
+    : core_([this] {
+        CachingAllocatorCore::Backend b;
+        b.alloc_segment = [this](size_t n) -> void* {  // under core_'s lock: one caller at a time
+          void* p = reinterpret_cast<void*>(next_segment_);
+          next_segment_ += (n + CachingAllocatorCore::kSegmentRound - 1) /
+                           CachingAllocatorCore::kSegmentRound * CachingAllocatorCore::kSegmentRound;
+          return p;
+        };
+        b.free_segment = [](void*, size_t) {};
+        b.record_event = [](uint64_t) { return uint64_t{0}; };
+        b.event_done = [](uint64_t) { return true; };
+        b.release_event = [](uint64_t) {};
+        b.device_summary = [] { return std::string("the modelled device"); };
+        return b;
+      }()) {}
+
+void CachingAllocatorModel::allocated(const void* block, size_t nbytes) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (nbytes == 0 || block == nullptr) return;
+  blocks_[block] = core_.allocate(nbytes, 0);
+}
+
+void CachingAllocatorModel::freed(const void* block) {
+  std::lock_guard<std::mutex> g(mu_);
+  const auto it = blocks_.find(block);
+  if (it == blocks_.end()) return;
+  core_.free(it->second);
+  blocks_.erase(it);
+}
+
+void CachingAllocatorModel::cache_emptied() {
+  std::lock_guard<std::mutex> g(mu_);
+  core_.empty_cache();
+}
+
 }  // namespace tr

@@ -17,6 +17,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/allocator.h"
+
 namespace tr {
 
 struct CachingAllocatorStats {
@@ -109,6 +111,25 @@ class CachingAllocatorCore {
   std::set<Block*> segments_;  // first block of each segment
   size_t limit_ = 0;           // 0: no cap
   CachingAllocatorStats stats_;
+};
+
+// What the CUDA caching allocator would reserve for another allocator's allocations: a CachingAllocatorCore
+// over a modelled device whose segments are address ranges only (nothing is allocated), fed by an
+// AllocationObserver - the meta device of `trainer estimate --device cuda`, or a CPU run in the tests. One
+// stream, as the CUDA backend's kernels use; empty_cache() releases the free segments as on the device.
+class CachingAllocatorModel final : public AllocationObserver {
+ public:
+  CachingAllocatorModel();
+  void allocated(const void* block, size_t nbytes) override;
+  void freed(const void* block) override;  // blocks it never saw are ignored
+  void cache_emptied() override;
+  CachingAllocatorStats stats() const { return core_.stats(); }
+
+ private:
+  std::mutex mu_;
+  uintptr_t next_segment_ = uintptr_t{1} << 44;  // the modelled address space
+  std::unordered_map<const void*, void*> blocks_;
+  CachingAllocatorCore core_;  // last: its backend uses next_segment_
 };
 
 }  // namespace tr

@@ -22,14 +22,17 @@ namespace fs = std::filesystem;
 namespace {
 
 // What an allocator may still hand out: its cap less what is held, or a GPU's memory less what is held with
-// 10% kept back (the context, library workspaces and the caching allocator's rounding are not in the
-// estimate yet, issue 13); 0 when neither is known (the host without a cap).
+// 10% kept back (the CUDA context and the kernels' own scratch are not in the estimate); 0 when neither is
+// known (the host without a cap).
 int64_t allocator_budget(const Allocator& al) {
   const int64_t held = al.stats().current_bytes;
   if (al.limit() > 0) return al.limit() - held;
   if (al.capacity() > 0) return al.capacity() / 10 * 9 - held;
   return 0;
 }
+
+// A GPU's memory is the caching allocator's: its reserved segments are what must fit.
+MemoryDevice memory_device_of(Device d) { return d.is_cuda() ? MemoryDevice::cuda : MemoryDevice::cpu; }
 
 }  // namespace
 
@@ -52,7 +55,7 @@ int64_t predict_batch_split(TrainingArguments& a, int64_t effective) {
     TrainingArguments t = a;
     t.per_device_train_batch_size = bs;
     t.gradient_accumulation_steps = effective / bs;
-    const int64_t peak = estimate_memory(t).peak_bytes;
+    const int64_t peak = estimate_memory(t, 1, memory_device_of(training_device(a))).fit_bytes();
     if (peak > budget) continue;
     std::fprintf(stderr,
                  "auto_find_batch_size: per_device_train_batch_size %lld x gradient_accumulation_steps %lld "
@@ -128,7 +131,7 @@ void resolve_batch(TrainingArguments& a, const std::string& resume) {
   const int64_t budget = auto_batch_budget(training_device(a));
   TR_CHECK(budget > 0, "--per_device_train_batch_size auto: no memory budget is known for {}; give a number",
            training_device(a).str());
-  const BatchChoice c = auto_batch(a, budget);
+  const BatchChoice c = auto_batch(a, budget, 1, memory_device_of(training_device(a)));
   TR_CHECK(c.batch > 0,
            "--per_device_train_batch_size auto: not even batch 1 is estimated to fit in {:.3f} GiB",
            static_cast<double>(budget) / (1 << 30));

@@ -7,7 +7,9 @@
 #include <string>
 
 #include "autograd/node.h"
+#include "backend/cuda_api.h"
 #include "core/allocator.h"
+#include "core/caching_allocator.h"
 #include "ops/ops.h"
 #include "train/mixed_precision.h"
 #include "train/setup.h"
@@ -56,7 +58,15 @@ class PeakTracker {
 
 }  // namespace
 
-MemoryEstimate estimate_memory(const TrainingArguments& args, int world_size) {
+MemoryDevice parse_memory_device(const std::string& name) {
+  if (name == "cpu") return MemoryDevice::cpu;
+  if (name == "cuda") return MemoryDevice::cuda;
+  fail("--device '{}': expected cpu or cuda", name);
+}
+
+const char* memory_device_name(MemoryDevice d) { return d == MemoryDevice::cuda ? "cuda" : "cpu"; }
+
+MemoryEstimate estimate_memory(const TrainingArguments& args, int world_size, MemoryDevice device) {
   TrainingArguments a = args;
   a.apply_compile_defaults();
   TR_CHECK(a.model_name_or_path.empty() != a.config_name.empty(),
@@ -84,7 +94,10 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, int world_size) {
   MetaAllocator& meta = meta_allocator();
   meta.reset_peak();
   const int64_t base = meta.stats().current_bytes;  // meta tensors of the caller, not of this run
+  CachingAllocatorModel caching;  // every allocation from here on, as the CUDA caching allocator holds it
+  const ObserveAllocations observe(meta, caching);
   MemoryEstimate e;
+  e.device = device;
   e.per_device_train_batch_size = a.per_device_train_batch_size;
   e.gradient_accumulation_steps = a.gradient_accumulation_steps;
   Generator init(a.seed), dropout(a.seed);
@@ -157,21 +170,21 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, int world_size) {
   auto step_fn = make_eager_step(ss, so);
   // Two steps: the first makes the optimizer state, the second is the steady state with it. Micro-batches
   // after the second repeat its memory exactly (gradients accumulate in place), so at most two run; the
-  // others' input tensors, alive for the whole step, are added below.
+  // others' input tensors are made too (as the run draws the whole step's batches first) and stay alive.
   const int64_t simulated = std::min<int64_t>(a.gradient_accumulation_steps, 2);
   for (int64_t step = 0; step < 2; ++step) {
     micro_now = 0;
-    std::vector<data::Batch> micro;
-    for (int64_t m = 0; m < simulated; ++m)
-      micro.push_back(meta_batch(a.per_device_train_batch_size, a.block_size));
+    std::vector<data::Batch> micro, waiting;
+    for (int64_t m = 0; m < a.gradient_accumulation_steps; ++m)
+      (m < simulated ? micro : waiting).push_back(meta_batch(a.per_device_train_batch_size, a.block_size));
     step_fn->run(step, micro, a.learning_rate);
     tracker.mark(fmt::format("optimizer step {} (gradient statistics, update, half copies)", step + 1));
   }
   const int64_t state = opt->state_bytes();
-  // Loader workers hold up to prefetch_factor (2) queued batches each, plus the one each builds (host memory:
-  // the device's on the CPU).
+  // Loader workers hold up to prefetch_factor (2) queued batches each, plus the one each builds: host
+  // memory, the device's on the CPU only.
   const int64_t batch_bytes = a.per_device_train_batch_size * a.block_size * 8;
-  const int64_t prefetch = a.dataloader_num_workers * (2 + 1) * batch_bytes;
+  const int64_t prefetch = device == MemoryDevice::cpu ? a.dataloader_num_workers * (2 + 1) * batch_bytes : 0;
   if (a.do_eval || a.eval_strategy != "no") {  // a no-grad forward of one evaluation batch
     meta.reset_peak();
     {
@@ -188,7 +201,10 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, int world_size) {
     // Evaluations inside the loop (eval_strategy) count in train_peak_memory_gib; the final one of --do_eval
     // runs after it is taken.
   }
-  e.peak_bytes = tracker.peak() - base + prefetch + (a.gradient_accumulation_steps - simulated) * batch_bytes;
+  e.peak_bytes = tracker.peak() - base + prefetch;
+  e.reserved_bytes = caching.stats().peak_reserved_bytes;
+  if (device == MemoryDevice::cuda)
+    e.workspace_bytes = static_cast<int64_t>(backend::kCublasLtWorkspaceBytes);
   e.peak_at = tracker.where();
   if (a.eval_strategy != "no" && e.eval_peak_bytes > e.peak_bytes) {
     e.peak_bytes = e.eval_peak_bytes;
@@ -210,6 +226,11 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, int world_size) {
   e.breakdown.emplace_back(full ? "activations, gathered units, gradients and workspace at the peak"
                                 : "activations, gradients and workspace at the peak",
                            e.peak_bytes - persistent);
+  if (device == MemoryDevice::cuda) {
+    e.breakdown.emplace_back("caching allocator: rounding and cached free blocks",
+                             e.reserved_bytes - e.peak_bytes);
+    e.breakdown.emplace_back("cuBLASLt workspace (outside the caching allocator)", e.workspace_bytes);
+  }
   return e;
 }
 
@@ -232,11 +253,11 @@ int64_t parse_memory_size(const std::string& text, const std::string& flag) {
   fail("--{} '{}': expected a positive size such as 80GB, 24GiB or 512MB", flag, text);
 }
 
-int64_t max_fitting_batch(const TrainingArguments& a, int64_t budget, int world_size) {
+int64_t max_fitting_batch(const TrainingArguments& a, int64_t budget, int world_size, MemoryDevice device) {
   auto fits = [&](int64_t b) {
     TrainingArguments t = a;
     t.per_device_train_batch_size = b;
-    return estimate_memory(t, world_size).peak_bytes <= budget;
+    return estimate_memory(t, world_size, device).fit_bytes() <= budget;
   };
   if (!fits(1)) return 0;
   int64_t lo = 1, hi = 2;  // fits(lo), and hi is the next candidate
@@ -251,7 +272,7 @@ int64_t max_fitting_batch(const TrainingArguments& a, int64_t budget, int world_
   return lo;
 }
 
-BatchChoice auto_batch(const TrainingArguments& a, int64_t budget, int world_size) {
+BatchChoice auto_batch(const TrainingArguments& a, int64_t budget, int world_size, MemoryDevice device) {
   const int64_t total = a.total_batch_sequences();
   BatchChoice best;
   for (int64_t b = 1; b <= (total > 0 ? total : int64_t{1} << 20); b *= 2) {
@@ -259,14 +280,14 @@ BatchChoice auto_batch(const TrainingArguments& a, int64_t budget, int world_siz
     TrainingArguments t = a;
     t.per_device_train_batch_size = b;
     t.gradient_accumulation_steps = total > 0 ? total / b : a.gradient_accumulation_steps;
-    const int64_t peak = estimate_memory(t, world_size).peak_bytes;
+    const int64_t peak = estimate_memory(t, world_size, device).fit_bytes();
     if (peak > budget) break;  // the peak grows with the batch
     best = {b, t.gradient_accumulation_steps, peak};
   }
   return best;
 }
 
-std::vector<KnobRow> knob_table(const TrainingArguments& a, int world_size) {
+std::vector<KnobRow> knob_table(const TrainingArguments& a, int world_size, MemoryDevice device) {
   std::vector<std::pair<std::string, TrainingArguments>> rows = {{"as given", a}};
   auto with = [&](const std::string& knob, auto change) {
     TrainingArguments t = a;
@@ -292,7 +313,8 @@ std::vector<KnobRow> knob_table(const TrainingArguments& a, int world_size) {
         !(std::string(strategy) == "full_shard" && a.torch_compile))
       with(fmt::format("fsdp {}", strategy), [strategy](auto& t) { t.fsdp = strategy; });
   std::vector<KnobRow> out;
-  for (const auto& [knob, t] : rows) out.push_back({knob, estimate_memory(t, world_size).peak_bytes});
+  for (const auto& [knob, t] : rows)
+    out.push_back({knob, estimate_memory(t, world_size, device).fit_bytes()});
   return out;
 }
 

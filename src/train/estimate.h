@@ -13,16 +13,34 @@
 
 namespace tr::train {
 
+// Whose memory `trainer estimate --device` models: the host's allocator, or a GPU's under the CUDA caching
+// allocator (its reserved segments, plus cuBLASLt's workspace; the loader's batches stay in host memory).
+enum class MemoryDevice { cpu, cuda };
+// "cpu" or "cuda"; throws naming --device otherwise.
+MemoryDevice parse_memory_device(const std::string& name);
+const char* memory_device_name(MemoryDevice d);
+
 struct MemoryEstimate {
+  MemoryDevice device = MemoryDevice::cpu;
   int64_t parameters = 0;
   int64_t peak_bytes = 0;  // what train_results.json's train_peak_memory_gib measures (x 2^30)
   std::string peak_at;     // the phase holding the peak ("forward/backward of micro-batch 2 of step 1", ...)
   int64_t eval_peak_bytes =
       0;  // during an evaluation (0 without one); in peak_bytes with eval_strategy only,
           // as the final --do_eval evaluation runs after train_peak_memory_gib is taken
-  // Set-up's peak (model, masters, optimizer made), which train_peak_memory_gib does not count: above
-  // peak_bytes for a sharded run, whose ranks hold the whole fp32 model before they release their share.
+  // Set-up's peak (model, masters, optimizer made, as train_results.json's setup_peak_memory_gib), which
+  // train_peak_memory_gib does not count.
   int64_t setup_peak_bytes = 0;
+  // The same allocations under the CUDA caching allocator's rules (CachingAllocatorModel: 512-byte blocks,
+  // 2 MiB small and 20 MiB large segments, best-fit reuse, splitting): the most it reserves over set-up, the
+  // steps and the evaluation - torch.cuda.max_memory_reserved, our train_peak_reserved_memory_gib. Computed
+  // for either device (the tests check it against a CPU run replayed through the same model).
+  int64_t reserved_bytes = 0;
+  int64_t workspace_bytes = 0;  // cuda: cuBLASLt's workspace
+  // What must fit in the device's memory: cuda reserved_bytes + workspace_bytes, cpu peak_bytes.
+  int64_t fit_bytes() const {
+    return device == MemoryDevice::cuda ? reserved_bytes + workspace_bytes : peak_bytes;
+  }
   // name -> bytes, in the order printed: weights, fp32 masters, gradients, optimizer state, data batches,
   // activations and workspace at the peak (the rest of the peak).
   std::vector<std::pair<std::string, int64_t>> breakdown;
@@ -36,28 +54,33 @@ struct MemoryEstimate {
 // parameters gathered one unit at a time and released (zero3.h); without, DDP's replicas,
 // whose per-rank memory is one process's (the gradient buckets travel through host buffers outside the
 // allocator).
-MemoryEstimate estimate_memory(const TrainingArguments& a, int world_size = 1);
+MemoryEstimate estimate_memory(const TrainingArguments& a, int world_size = 1,
+                               MemoryDevice device = MemoryDevice::cpu);
 
 // "80GB" (10^9), "24GiB" (2^30), "512MB", "1.5TB", or plain bytes; throws naming `flag` otherwise.
 int64_t parse_memory_size(const std::string& text, const std::string& flag);
 
-// The largest per_device_train_batch_size (other flags as given) whose estimate fits in `budget` bytes,
-// searched over predictions (doubling, then bisection); 0 when not even batch 1 fits.
-int64_t max_fitting_batch(const TrainingArguments& a, int64_t budget, int world_size = 1);
+// The largest per_device_train_batch_size (other flags as given) whose estimate fits in `budget` bytes
+// (fit_bytes), searched over predictions (doubling, then bisection); 0 when not even batch 1 fits.
+int64_t max_fitting_batch(const TrainingArguments& a, int64_t budget, int world_size = 1,
+                          MemoryDevice device = MemoryDevice::cpu);
 
 // --per_device_train_batch_size auto: the largest power of two whose estimate fits in `budget` bytes, with
 // gradient_accumulation_steps from --total_batch_size when given (the batch must divide it), else as given.
 // batch 0 when not even 1 fits.
 struct BatchChoice {
-  int64_t batch = 0, accumulation = 1, peak_bytes = 0;
+  int64_t batch = 0, accumulation = 1, peak_bytes = 0;  // peak_bytes: its fit_bytes
 };
-BatchChoice auto_batch(const TrainingArguments& a, int64_t budget, int world_size = 1);
+BatchChoice auto_batch(const TrainingArguments& a, int64_t budget, int world_size = 1,
+                       MemoryDevice device = MemoryDevice::cpu);
 
-// The guide's knobs, one at a time on top of `a`: the predicted peak of each (first row: `a` itself).
+// The guide's knobs, one at a time on top of `a`: the predicted peak of each (first row: `a` itself), as
+// fit_bytes (on cuda the reserved memory and workspace).
 struct KnobRow {
   std::string knob;
   int64_t peak_bytes = 0;
 };
-std::vector<KnobRow> knob_table(const TrainingArguments& a, int world_size = 1);
+std::vector<KnobRow> knob_table(const TrainingArguments& a, int world_size = 1,
+                                MemoryDevice device = MemoryDevice::cpu);
 
 }  // namespace tr::train

@@ -608,6 +608,10 @@ void Run::finish() {
                         {"global_step", total},
                         {"train_peak_memory_gib", static_cast<double>(r_.peak_bytes) / (1 << 30)},
                         {"setup_peak_memory_gib", static_cast<double>(r_.setup_peak_bytes) / (1 << 30)}};
+  // A GPU's caching allocator: the most it reserved (torch.cuda.max_memory_reserved; the estimate's
+  // reserved_bytes).
+  if (const int64_t reserved = ops::allocator_for(dev_).peak_reserved_bytes(); reserved > 0)
+    all["train_peak_reserved_memory_gib"] = static_cast<double>(reserved) / (1 << 30);
   if (group_) {  // train_peak_memory_gib is rank 0's; the lists have every rank's
     const auto gib = [](const std::vector<int64_t>& v) {
       nlohmann::json out = nlohmann::json::array();

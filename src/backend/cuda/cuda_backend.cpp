@@ -74,6 +74,7 @@ class CudaAllocator final : public Allocator {
   Device device() const override { return Device::cuda(index_); }
   void empty_cache() override { core_.empty_cache(); }
   int64_t capacity() const override { return static_cast<int64_t>(core_.capacity()); }
+  int64_t peak_reserved_bytes() const override { return core_.stats().peak_reserved_bytes; }
   CachingAllocatorCore& core() { return core_; }
 
  private:
@@ -434,11 +435,10 @@ class CudaBackend final : public backend::Backend {
   }
   void attention_block_grad(const Tensor& scores, const Tensor& dp, const Tensor& lse, const Tensor& delta,
                             const AttentionBlock& a, const Tensor& probs, const Tensor& dscores) override {
-    cuda::attention_block_grad(scores.dtype(), probs.dtype(), scores.data_ptr(), dp.data_ptr(),
-                               lse.data_ptr(), delta.data_ptr(), probs.data_ptr(), dscores.data_ptr(),
-                               a.key_keep.defined() ? a.key_keep.data<bool>() : nullptr, a.B, a.H, a.KV, a.T,
-                               a.S, a.t0, a.tq, a.sk, a.causal, a.window, a.scale, a.dropout, a.seed,
-                               a.offset);
+    cuda::attention_block_grad(
+        scores.dtype(), probs.dtype(), scores.data_ptr(), dp.data_ptr(), lse.data_ptr(), delta.data_ptr(),
+        probs.data_ptr(), dscores.data_ptr(), a.key_keep.defined() ? a.key_keep.data<bool>() : nullptr, a.B,
+        a.H, a.KV, a.T, a.S, a.t0, a.tq, a.sk, a.causal, a.window, a.scale, a.dropout, a.seed, a.offset);
   }
   void dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, const Tensor& y) override {
     cuda::dropout(x.dtype(), x.data_ptr(), y.data_ptr(), x.numel(), p, seed, offset);

@@ -10,6 +10,7 @@
 #include <cublas_api.h>
 
 #include "backend/backend.h"
+#include "backend/cuda_api.h"
 
 namespace tr::cuda {
 
@@ -29,7 +30,7 @@ class LtGemm {
   // Plans built so far (each is a heuristic query; the cache keeps it for the rest of the run).
   size_t plans() const;
 
-  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // PyTorch's size for Hopper
+  static constexpr size_t kWorkspaceBytes = backend::kCublasLtWorkspaceBytes;
 
  private:
   struct Key;
