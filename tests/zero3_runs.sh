@@ -138,7 +138,7 @@ refused() {  # NAME EXPECTED_MESSAGE FLAGS...
 }
 refused bad_compile "--fsdp full_shard with --torch_compile: the captured step replays fixed parameter addresses" \
   --fsdp full_shard --torch_compile
-refused bad_both "--fsdp full_shard shard_grad_op: full_shard and shard_grad_op are two sharding strategies" \
+refused bad_both "--fsdp full_shard shard_grad_op: full_shard, shard_grad_op, hybrid_shard and hybrid_shard_zero2 are sharding strategies" \
   --fsdp "full_shard shard_grad_op"
 refused bad_optim "--fsdp full_shard with --optim adafactor: sharding splits tensors" --fsdp full_shard --optim adafactor
 echo '{"backward_prefetch": "BACKWARD_PRE", "forward_prefetc": true}' >typo.json

@@ -16,6 +16,7 @@
 #include "data/tokenize.h"
 #include "dist/env.h"
 #include "dist/launcher.h"
+#include "train/dist_setup.h"
 #include "train/estimate.h"
 #include "train/trainer.h"
 #include "io/safetensors.h"
@@ -120,12 +121,12 @@ tr::report::RunSummary run_summary(const tr::train::TrainingArguments& a, const 
 
 // `trainer estimate`: the peak memory of a training step, from a dry run on the meta device.
 int estimate(tr::train::TrainingArguments a, const std::string& device_name, const std::string& memory,
-             bool json, int world) {
-  const auto device = tr::train::parse_memory_device(device_name);
-  const bool cuda = device == tr::train::MemoryDevice::cuda;
+             bool json, int world, int nproc_per_node) {
+  const tr::train::MemoryTarget target{world, nproc_per_node, tr::train::parse_memory_device(device_name)};
+  const bool cuda = target.device == tr::train::MemoryDevice::cuda;
   const int64_t budget = memory.empty() ? 0 : tr::train::parse_memory_size(memory, "device_memory");
   if (a.per_device_train_batch_size == tr::train::kAutoBatch && budget > 0) {  // what `train` would pick
-    const auto c = tr::train::auto_batch(a, budget, world, device);
+    const auto c = tr::train::auto_batch(a, budget, target);
     TR_CHECK(c.batch > 0, "--per_device_train_batch_size auto: not even batch 1 fits in --device_memory {}",
              memory);
     a.per_device_train_batch_size = c.batch;
@@ -137,9 +138,9 @@ int estimate(tr::train::TrainingArguments a, const std::string& device_name, con
              a.total_batch_size, total, a.per_device_train_batch_size);
     a.gradient_accumulation_steps = total / a.per_device_train_batch_size;
   }
-  const auto e = tr::train::estimate_memory(a, world, device);
-  const int64_t max_batch = budget > 0 ? tr::train::max_fitting_batch(a, budget, world, device) : 0;
-  const auto knobs = budget > 0 ? tr::train::knob_table(a, world, device) : std::vector<tr::train::KnobRow>{};
+  const auto e = tr::train::estimate_memory(a, target);
+  const int64_t max_batch = budget > 0 ? tr::train::max_fitting_batch(a, budget, target) : 0;
+  const auto knobs = budget > 0 ? tr::train::knob_table(a, target) : std::vector<tr::train::KnobRow>{};
   auto gib = [](int64_t b) {
     return fmt::format("{:>10.3f} GiB  {:>15} B", static_cast<double>(b) / (1 << 30), b);
   };
@@ -170,11 +171,15 @@ int estimate(tr::train::TrainingArguments a, const std::string& device_name, con
     return max_batch == 0 && budget > 0 ? 1 : 0;
   }
   std::printf("parameters        %lld (%.1fM)\n", static_cast<long long>(e.parameters), e.parameters / 1e6);
-  if (world > 1)
-    std::printf("per rank of       %d processes (%s)\n", world,
-                a.fsdp_has("full_shard")      ? "ZeRO-3 full_shard"
-                : a.fsdp_has("shard_grad_op") ? "ZeRO-2 shard_grad_op"
-                                              : "DDP replicas");
+  if (world > 1) {
+    const int stage = tr::train::zero_stage(a);
+    const std::string how = stage == 0 ? std::string("DDP replicas")
+                                       : fmt::format("ZeRO-{} {}", stage, tr::train::fsdp_strategy(a));
+    std::printf("per rank of       %d processes (%s%s)\n", world, how.c_str(),
+                tr::train::hybrid_sharding(a) && nproc_per_node > 0
+                    ? fmt::format(", sharded within nodes of {}", nproc_per_node).c_str()
+                    : "");
+  }
   for (const auto& [name, bytes] : e.breakdown) std::printf("  %-50s %s\n", name.c_str(), gib(bytes).c_str());
   std::printf("peak              %s  (%s)\n", gib(e.peak_bytes).c_str(), e.peak_at.c_str());
   if (e.eval_peak_bytes > 0) std::printf("evaluation peak   %s\n", gib(e.eval_peak_bytes).c_str());
@@ -203,7 +208,7 @@ int estimate(tr::train::TrainingArguments a, const std::string& device_name, con
                                 t.per_device_train_batch_size = 1;
                                 return t;
                               }(),
-                              world, device)
+                              target)
                               .fit_bytes()) /
           (1 << 30));
   std::printf("largest per_device_train_batch_size that fits: %lld\n", static_cast<long long>(max_batch));
@@ -314,7 +319,7 @@ int main(int argc, char** argv) {
   tr::cli::add_training_flags(est_cmd, est_flags);
   std::string est_device = "cpu", est_memory;
   bool est_json = false;
-  int est_world = 1;
+  int est_world = 1, est_nproc = 0;
   est_cmd->add_option(
       "--device", est_device,
       "whose memory: cpu, or cuda (the CUDA caching allocator's reserved segments and cuBLASLt's "
@@ -325,6 +330,11 @@ int main(int argc, char** argv) {
           "--world_size", est_world,
           "processes training together: one rank's memory (with --fsdp shard_grad_op or full_shard its "
           "shard)")
+      ->check(CLI::Range(1, 1 << 20));
+  est_cmd
+      ->add_option("--nproc_per_node", est_nproc,
+                   "processes per node of --world_size (torchrun's name; default: all on one node): "
+                   "hybrid_shard and hybrid_shard_zero2 shard within a node")
       ->check(CLI::Range(1, 1 << 20));
   est_cmd->add_option("--device_memory", est_memory,
                       "memory to fit in (80GB, 24GiB): the largest batch that fits and what each knob buys");
@@ -379,7 +389,8 @@ int main(int argc, char** argv) {
   const std::string sub = argc >= 2 ? argv[1] : "";
   if (sub == "train" || sub == "eval" || sub == "estimate") {
     auto names = tr::train::argument_names();
-    if (sub == "estimate") names.insert(names.end(), {"device", "json", "device_memory", "world_size"});
+    if (sub == "estimate")
+      names.insert(names.end(), {"device", "json", "device_memory", "world_size", "nproc_per_node"});
     const std::string msg =
         tr::cli::unknown_flag_message(std::vector<std::string>(argv + 2, argv + argc), names);
     if (!msg.empty()) {
@@ -396,7 +407,8 @@ int main(int argc, char** argv) {
     if (*info_cmd) return info(dir);
     if (*tok_cmd) return tokenize(tokenizer_path, topts);
     if (*plot_cmd) return plot(plot_runs, plot_output, plot_metrics, plot_log);
-    if (*est_cmd) return estimate(est_flags.resolve(), est_device, est_memory, est_json, est_world);
+    if (*est_cmd)
+      return estimate(est_flags.resolve(), est_device, est_memory, est_json, est_world, est_nproc);
     if (*flags_cmd) {
       std::printf("%s", tr::train::flags_markdown().c_str());
       return 0;

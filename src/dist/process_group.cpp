@@ -43,12 +43,13 @@ using Clock = std::chrono::steady_clock;
 // Gloo's rendezvous reads and writes keys through this adapter onto our TCP store, under a prefix.
 class GlooStore final : public gloo::rendezvous::Store {
  public:
-  GlooStore(StoreClient& c, Millis timeout) : c_(c), timeout_(timeout) {}
+  GlooStore(StoreClient& c, Millis timeout, std::string prefix = "gloo/")
+      : c_(c), timeout_(timeout), prefix_(std::move(prefix)) {}
   void set(const std::string& key, const std::vector<char>& data) override {
-    c_.set("gloo/" + key, std::string(data.begin(), data.end()));
+    c_.set(prefix_ + key, std::string(data.begin(), data.end()));
   }
   std::vector<char> get(const std::string& key) override {
-    const auto v = c_.get("gloo/" + key, timeout_);
+    const auto v = c_.get(prefix_ + key, timeout_);
     TR_CHECK(v.has_value(), "rendezvous: Gloo's key {} did not appear in the store at {} within {} s", key,
              c_.endpoint(), timeout_.count() / 1000.0);
     return {v->begin(), v->end()};
@@ -56,7 +57,7 @@ class GlooStore final : public gloo::rendezvous::Store {
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
     std::vector<std::string> prefixed;
-    for (const auto& k : keys) prefixed.push_back("gloo/" + k);
+    for (const auto& k : keys) prefixed.push_back(prefix_ + k);
     const auto missing = c_.wait(prefixed, timeout);
     TR_CHECK(missing.empty(), "rendezvous: Gloo's key {} did not appear in the store at {} within {} s",
              missing.empty() ? "" : missing.front(), c_.endpoint(), timeout.count() / 1000.0);
@@ -65,6 +66,7 @@ class GlooStore final : public gloo::rendezvous::Store {
  private:
   StoreClient& c_;
   Millis timeout_;
+  std::string prefix_;
 };
 
 // The address of this host that reaches `master` (the source address of a route to it): what peers on other
@@ -129,11 +131,11 @@ class GlooGroup final : public ProcessGroup {
     client_ = std::make_unique<StoreClient>(env.master_addr, env.master_port, timeout);
     check_in(*client_, env, timeout);
     try {
-      auto dev = gloo::transport::tcp::CreateDevice(transport_attr(env.master_addr, env.master_port));
+      dev_ = gloo::transport::tcp::CreateDevice(transport_attr(env.master_addr, env.master_port));
       auto ctx = std::make_shared<gloo::rendezvous::Context>(env.rank, env.world_size);
       ctx->setTimeout(timeout);
       GlooStore store(*client_, timeout);
-      ctx->connectFullMesh(store, dev);
+      ctx->connectFullMesh(store, dev_);
       ctx_ = ctx;
       // Past this barrier no rank reads the store again, so rank 0 may close it whenever it ends.
       gloo::BarrierOptions o(ctx_);
@@ -149,6 +151,39 @@ class GlooGroup final : public ProcessGroup {
   int rank() const override { return env_.rank; }
   int size() const override { return env_.world_size; }
   const char* backend_name() const override { return "gloo"; }
+
+  // A sub-group over the parent's store and transport: the colors gathered, then the members of this
+  // rank's color connected under a prefix of their own.
+  std::unique_ptr<ProcessGroup> split(int color) override {
+    TR_CHECK(client_ != nullptr, "split of a sub-group: split the whole group instead");
+    std::vector<int> colors(static_cast<size_t>(env_.world_size));
+    all_gather(&color, colors.data(), sizeof color);
+    int sub_rank = 0, sub_size = 0;
+    for (int r = 0; r < env_.world_size; ++r)
+      if (colors[static_cast<size_t>(r)] == color) {
+        if (r == env_.rank) sub_rank = sub_size;
+        ++sub_size;
+      }
+    const std::string prefix = fmt::format("gloo-split/{}/{}/", splits_++, color);
+    std::shared_ptr<gloo::Context> ctx;
+    try {
+      auto c = std::make_shared<gloo::rendezvous::Context>(sub_rank, sub_size);
+      c->setTimeout(timeout_);
+      GlooStore store(*client_, timeout_, prefix);
+      c->connectFullMesh(store, dev_);
+      ctx = c;
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      fail("process group split (gloo, rank {} of {}, color {}): connecting the ranks failed: {}", env_.rank,
+           env_.world_size, color, e.what());
+    }
+    barrier();  // every sub-group connected: the store is not read again
+    DistEnv sub = env_;
+    sub.rank = sub_rank;
+    sub.world_size = sub_size;
+    return std::unique_ptr<ProcessGroup>(new GlooGroup(sub, timeout_, std::move(ctx), &stats_));
+  }
 
   void all_reduce_sum(float* data, size_t n) override { reduce(data, n); }
   void all_reduce_sum(double* data, size_t n) override { reduce(data, n); }
@@ -239,16 +274,27 @@ class GlooGroup final : public ProcessGroup {
           "{} s: {}",
           what, env_.rank, env_.world_size, timeout_.count() / 1000.0, e.what());
     }
-    stats_.calls += 1;
-    stats_.bytes += static_cast<int64_t>(bytes);
-    stats_.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    for (CommStats* s : {&stats_, parent_stats_}) {
+      if (s == nullptr) continue;
+      s->calls += 1;
+      s->bytes += static_cast<int64_t>(bytes);
+      s->seconds += seconds;
+    }
   }
+
+  // A sub-group (split): its own context, no store of its own.
+  GlooGroup(const DistEnv& env, Millis timeout, std::shared_ptr<gloo::Context> ctx, CommStats* parent_stats)
+      : env_(env), timeout_(timeout), ctx_(std::move(ctx)), parent_stats_(parent_stats) {}
 
   DistEnv env_;
   Millis timeout_;
   std::unique_ptr<StoreServer> server_;
   std::unique_ptr<StoreClient> client_;
+  std::shared_ptr<gloo::transport::Device> dev_;
   std::shared_ptr<gloo::Context> ctx_;
+  int splits_ = 0;                     // splits made so far: each connects under a prefix of its own
+  CommStats* parent_stats_ = nullptr;  // a sub-group's traffic counts in its parent's stats too
 };
 
 class DryRunGroup final : public ProcessGroup {
@@ -266,6 +312,9 @@ class DryRunGroup final : public ProcessGroup {
   void all_to_all_v(const float*, const std::vector<int64_t>&, float*, const std::vector<int64_t>&) override {
   }
   void barrier() override {}
+  std::unique_ptr<ProcessGroup> split(int) override {
+    fail("a dry-run group is not split: make the sub-group's dry run directly");
+  }
 
  private:
   int world_;

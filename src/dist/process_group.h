@@ -53,6 +53,10 @@ class ProcessGroup {
   // size() * n floats between calls (no allocation per bucket).
   void reduce_scatter_sum(const float* in, float* out, size_t n, std::vector<float>& scratch);
   virtual void barrier() = 0;
+  // torch.distributed.new_group by colors (MPI_Comm_split): every rank calls it; the ranks that give the
+  // same color form one group, ranked in this group's order. The parent must outlive it; the sub-group's
+  // traffic counts in the parent's stats() as well.
+  virtual std::unique_ptr<ProcessGroup> split(int color) = 0;
   const CommStats& stats() const { return stats_; }
 
  protected:

@@ -55,7 +55,7 @@ int64_t predict_batch_split(TrainingArguments& a, int64_t effective) {
     TrainingArguments t = a;
     t.per_device_train_batch_size = bs;
     t.gradient_accumulation_steps = effective / bs;
-    const int64_t peak = estimate_memory(t, 1, memory_device_of(training_device(a))).fit_bytes();
+    const int64_t peak = estimate_memory(t, {1, 0, memory_device_of(training_device(a))}).fit_bytes();
     if (peak > budget) continue;
     std::fprintf(stderr,
                  "auto_find_batch_size: per_device_train_batch_size %lld x gradient_accumulation_steps %lld "
@@ -131,7 +131,7 @@ void resolve_batch(TrainingArguments& a, const std::string& resume) {
   const int64_t budget = auto_batch_budget(training_device(a));
   TR_CHECK(budget > 0, "--per_device_train_batch_size auto: no memory budget is known for {}; give a number",
            training_device(a).str());
-  const BatchChoice c = auto_batch(a, budget, 1, memory_device_of(training_device(a)));
+  const BatchChoice c = auto_batch(a, budget, {1, 0, memory_device_of(training_device(a))});
   TR_CHECK(c.batch > 0,
            "--per_device_train_batch_size auto: not even batch 1 is estimated to fit in {:.3f} GiB",
            static_cast<double>(budget) / (1 << 30));

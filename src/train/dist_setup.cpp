@@ -18,11 +18,32 @@ namespace tr::train {
 namespace fs = std::filesystem;
 
 int zero_stage(const TrainingArguments& a) {
-  return a.fsdp_has("full_shard") ? 3 : a.fsdp_has("shard_grad_op") ? 2 : 0;
+  return a.fsdp_has("full_shard") || a.fsdp_has("hybrid_shard")            ? 3
+         : a.fsdp_has("shard_grad_op") || a.fsdp_has("hybrid_shard_zero2") ? 2
+                                                                           : 0;
+}
+
+bool hybrid_sharding(const TrainingArguments& a) {
+  return a.fsdp_has("hybrid_shard") || a.fsdp_has("hybrid_shard_zero2");
 }
 
 const char* fsdp_strategy(const TrainingArguments& a) {
-  return zero_stage(a) == 3 ? "full_shard" : zero_stage(a) == 2 ? "shard_grad_op" : "";
+  for (const char* s : {"full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2"})
+    if (a.fsdp_has(s)) return s;
+  return "";
+}
+
+HybridGroups hybrid_groups(dist::ProcessGroup& world, const dist::DistEnv& env) {
+  const int local = env.local_world_size;
+  TR_CHECK(
+      local >= 1 && world.size() % local == 0 && env.rank == env.group_rank * local + env.local_rank,
+      "--fsdp hybrid_shard: rank {} of {} is local rank {} of {} on node {}; hybrid sharding needs the "
+      "same LOCAL_WORLD_SIZE on every node and ranks numbered node by node (torchrun's, trainer launch's)",
+      env.rank, world.size(), env.local_rank, local, env.group_rank);
+  HybridGroups g;
+  g.shard = world.split(env.group_rank);     // this node's ranks: they shard the model
+  g.replicas = world.split(env.local_rank);  // the same shard on every node: they sum its gradients
+  return g;
 }
 
 // A sharded run's ranks write their optimizer files into one checkpoint folder and read each other's on
@@ -54,12 +75,18 @@ void check_shared_output_dir(dist::ProcessGroup& g, const std::string& dir, cons
 void check_fsdp_flags(const TrainingArguments& a, int world_size) {
   for (const std::string& o : a.fsdp_options())
     TR_CHECK(
-        o == "shard_grad_op" || o == "full_shard" || o == "no_shard" || o == "auto_wrap",
-        "--fsdp {}: {} is not built yet; shard_grad_op (ZeRO-2: gradients and optimizer state sharded) "
-        "and full_shard (ZeRO-3: parameters too) are, and without --fsdp the {} processes train with DDP",
-        a.fsdp, o, world_size);
-  TR_CHECK(!(a.fsdp_has("full_shard") && a.fsdp_has("shard_grad_op")),
-           "--fsdp {}: full_shard and shard_grad_op are two sharding strategies; give one", a.fsdp);
+        o != "offload",
+        "--fsdp {}: offload is not built yet (it moves masters and optimizer state to host memory, where a "
+        "CPU run keeps them already); shard_grad_op, full_shard, hybrid_shard and hybrid_shard_zero2 are, "
+        "and without --fsdp the {} processes train with DDP",
+        a.fsdp, world_size);
+  int strategies = 0;
+  for (const char* s : {"full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2"})
+    strategies += a.fsdp_has(s) ? 1 : 0;
+  TR_CHECK(strategies <= 1,
+           "--fsdp {}: full_shard, shard_grad_op, hybrid_shard and hybrid_shard_zero2 are sharding "
+           "strategies; give one",
+           a.fsdp);
   const char* strategy = fsdp_strategy(a);
   TR_CHECK(zero_stage(a) == 0 || shards_elementwise(a.optim),
            "--fsdp {} with --optim {}: sharding splits tensors into flat slices, which only "
@@ -68,9 +95,9 @@ void check_fsdp_flags(const TrainingArguments& a, int world_size) {
   // The captured step records parameter addresses, which ZeRO-3 gives back between uses.
   TR_CHECK(zero_stage(a) != 3 ||
                !(a.torch_compile || !a.torch_compile_backend.empty() || !a.torch_compile_mode.empty()),
-           "--fsdp full_shard with --torch_compile: the captured step replays fixed parameter addresses, "
-           "and full_shard releases each layer's parameters between uses; drop one of them (shard_grad_op "
-           "compiles)");
+           "--fsdp {} with --torch_compile: the captured step replays fixed parameter addresses, and {} "
+           "releases each layer's parameters between uses; drop one of them (shard_grad_op compiles)",
+           strategy, strategy);
 }
 
 // The process group of a run started by a launcher (torchrun, trainer launch, srun, mpirun), or null.

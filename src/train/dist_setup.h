@@ -4,15 +4,27 @@
 #include <memory>
 #include <string>
 
+#include "dist/env.h"
 #include "dist/process_group.h"
 #include "train/args.h"
 
 namespace tr::train {
 
-// --fsdp shard_grad_op: ZeRO-2 (zero.h); full_shard: ZeRO-3 (zero3.h); otherwise 0 (DDP when distributed).
+// --fsdp shard_grad_op / hybrid_shard_zero2: ZeRO-2 (zero.h); full_shard / hybrid_shard: ZeRO-3 (zero3.h);
+// otherwise 0 (DDP when distributed).
 int zero_stage(const TrainingArguments& a);
-// "full_shard", "shard_grad_op" or "" (for messages).
+// hybrid_shard / hybrid_shard_zero2 (HF's HYBRID_SHARD, _HYBRID_SHARD_ZERO2): sharded within each node,
+// replicated across the nodes.
+bool hybrid_sharding(const TrainingArguments& a);
+// The --fsdp strategy given ("full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2") or "".
 const char* fsdp_strategy(const TrainingArguments& a);
+// Hybrid sharding's two groups of a world: `shard`, this node's ranks (LOCAL_WORLD_SIZE of them), which
+// shard the model as ZeRO does; `replicas`, the ranks holding the same shard on every node, which sum its
+// reduced gradients. A collective of every rank; throws unless the ranks are numbered node by node.
+struct HybridGroups {
+  std::unique_ptr<dist::ProcessGroup> shard, replicas;
+};
+HybridGroups hybrid_groups(dist::ProcessGroup& world, const dist::DistEnv& env);
 // What --fsdp asks of `world_size` processes, checked: options not built yet, two strategies at once, an
 // optimizer that does not shard element-wise, full_shard with torch_compile (throws naming the flags).
 void check_fsdp_flags(const TrainingArguments& a, int world_size);

@@ -66,7 +66,9 @@ MemoryDevice parse_memory_device(const std::string& name) {
 
 const char* memory_device_name(MemoryDevice d) { return d == MemoryDevice::cuda ? "cuda" : "cpu"; }
 
-MemoryEstimate estimate_memory(const TrainingArguments& args, int world_size, MemoryDevice device) {
+MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget& target) {
+  const int world_size = target.world_size;
+  const MemoryDevice device = target.device;
   TrainingArguments a = args;
   a.apply_compile_defaults();
   TR_CHECK(a.model_name_or_path.empty() != a.config_name.empty(),
@@ -105,7 +107,11 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, int world_size, Me
   // ZeRO-2/3: rank 0 of world_size with its shard's slices, taken before the half weights are made (the run's
   // order: no whole fp32 masters are kept); ZeRO-3 then releases every parameter. As in the run, a model
   // with no whole fp32 copy to keep is made one parameter at a time (build_shard).
-  const int stage = world_size <= 1 ? 0 : a.fsdp_has("full_shard") ? 3 : a.fsdp_has("shard_grad_op") ? 2 : 0;
+  const int stage = world_size <= 1 ? 0 : zero_stage(a);
+  // Hybrid sharding shards among the node's ranks (the replicas' gradient sum moves no memory).
+  const int local = target.nproc_per_node > 0 ? target.nproc_per_node : world_size;
+  TR_CHECK(world_size % local == 0, "--nproc_per_node {} does not divide --world_size {}", local, world_size);
+  const int shard_world = hybrid_sharding(a) ? local : world_size;
   if (world_size > 1) check_fsdp_flags(a, world_size);  // what a launched run would refuse
   const bool deferred = (stage == 3 || (stage == 2 && compute != DType::f32)) && !grown;
   std::function<Tensor(size_t)> load;
@@ -123,7 +129,7 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, int world_size, Me
   oo.weight_decay = a.weight_decay;
   oo.args = optim::parse_optim_args(a.optim_args);
   const bool zero = stage > 0;
-  const auto group = zero ? dist::dry_run_group(world_size) : nullptr;
+  const auto group = zero ? dist::dry_run_group(shard_world) : nullptr;
   std::unique_ptr<ShardedOptimizer> z;
   if (zero)
     z = std::make_unique<ShardedOptimizer>(*group, model->named_parameters(), a.optim, oo,
@@ -253,11 +259,11 @@ int64_t parse_memory_size(const std::string& text, const std::string& flag) {
   fail("--{} '{}': expected a positive size such as 80GB, 24GiB or 512MB", flag, text);
 }
 
-int64_t max_fitting_batch(const TrainingArguments& a, int64_t budget, int world_size, MemoryDevice device) {
+int64_t max_fitting_batch(const TrainingArguments& a, int64_t budget, const MemoryTarget& target) {
   auto fits = [&](int64_t b) {
     TrainingArguments t = a;
     t.per_device_train_batch_size = b;
-    return estimate_memory(t, world_size, device).fit_bytes() <= budget;
+    return estimate_memory(t, target).fit_bytes() <= budget;
   };
   if (!fits(1)) return 0;
   int64_t lo = 1, hi = 2;  // fits(lo), and hi is the next candidate
@@ -272,7 +278,7 @@ int64_t max_fitting_batch(const TrainingArguments& a, int64_t budget, int world_
   return lo;
 }
 
-BatchChoice auto_batch(const TrainingArguments& a, int64_t budget, int world_size, MemoryDevice device) {
+BatchChoice auto_batch(const TrainingArguments& a, int64_t budget, const MemoryTarget& target) {
   const int64_t total = a.total_batch_sequences();
   BatchChoice best;
   for (int64_t b = 1; b <= (total > 0 ? total : int64_t{1} << 20); b *= 2) {
@@ -280,14 +286,15 @@ BatchChoice auto_batch(const TrainingArguments& a, int64_t budget, int world_siz
     TrainingArguments t = a;
     t.per_device_train_batch_size = b;
     t.gradient_accumulation_steps = total > 0 ? total / b : a.gradient_accumulation_steps;
-    const int64_t peak = estimate_memory(t, world_size, device).fit_bytes();
+    const int64_t peak = estimate_memory(t, target).fit_bytes();
     if (peak > budget) break;  // the peak grows with the batch
     best = {b, t.gradient_accumulation_steps, peak};
   }
   return best;
 }
 
-std::vector<KnobRow> knob_table(const TrainingArguments& a, int world_size, MemoryDevice device) {
+std::vector<KnobRow> knob_table(const TrainingArguments& a, const MemoryTarget& target) {
+  const int world_size = target.world_size;
   std::vector<std::pair<std::string, TrainingArguments>> rows = {{"as given", a}};
   auto with = [&](const std::string& knob, auto change) {
     TrainingArguments t = a;
@@ -307,14 +314,19 @@ std::vector<KnobRow> knob_table(const TrainingArguments& a, int world_size, Memo
            t.per_device_train_batch_size /= 2;
            t.gradient_accumulation_steps *= 2;
          });
-  // Sharding, when distributed (and the optimizer shards element-wise): ZeRO-2 and ZeRO-3 per rank.
-  for (const char* strategy : {"shard_grad_op", "full_shard"})
+  // Sharding, when distributed (and the optimizer shards element-wise): ZeRO-2 and ZeRO-3 per rank, and
+  // across several nodes their hybrid forms (sharded within a node).
+  std::vector<std::string> strategies = {"shard_grad_op", "full_shard"};
+  if (target.nproc_per_node > 0 && target.nproc_per_node < world_size)
+    strategies.insert(strategies.end(), {"hybrid_shard_zero2", "hybrid_shard"});
+  for (const std::string& strategy : strategies) {
+    const bool stage3 = strategy == "full_shard" || strategy == "hybrid_shard";
     if (world_size > 1 && shards_elementwise(a.optim) && !a.fsdp_has(strategy) &&
-        !(std::string(strategy) == "full_shard" && a.torch_compile))
-      with(fmt::format("fsdp {}", strategy), [strategy](auto& t) { t.fsdp = strategy; });
+        !(stage3 && a.torch_compile))
+      with("fsdp " + strategy, [strategy](auto& t) { t.fsdp = strategy; });
+  }
   std::vector<KnobRow> out;
-  for (const auto& [knob, t] : rows)
-    out.push_back({knob, estimate_memory(t, world_size, device).fit_bytes()});
+  for (const auto& [knob, t] : rows) out.push_back({knob, estimate_memory(t, target).fit_bytes()});
   return out;
 }
 

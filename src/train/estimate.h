@@ -20,6 +20,14 @@ enum class MemoryDevice { cpu, cuda };
 MemoryDevice parse_memory_device(const std::string& name);
 const char* memory_device_name(MemoryDevice d);
 
+// Where the step runs: one rank among `world_size` processes, `nproc_per_node` of them per node (0: all on
+// one node; hybrid sharding shards within a node), on `device`'s memory.
+struct MemoryTarget {
+  int world_size = 1;
+  int nproc_per_node = 0;
+  MemoryDevice device = MemoryDevice::cpu;
+};
+
 struct MemoryEstimate {
   MemoryDevice device = MemoryDevice::cpu;
   int64_t parameters = 0;
@@ -49,21 +57,20 @@ struct MemoryEstimate {
 
 // The estimate for `a` (validated as `trainer train` would, less the data and tokenizer files, which it does
 // not need). Throws naming the flag for a config that cannot be built. `world_size` > 1: one rank's memory
-// among that many - with --fsdp shard_grad_op its slices of the masters, optimizer state and reduced
+// among that many - with --fsdp shard_grad_op its slices (hybrid_shard_zero2: among its node's
+// nproc_per_node ranks) of the masters, optimizer state and reduced
 // gradients (the sharded optimizer dry-runs against a group that moves nothing), with full_shard also the
 // parameters gathered one unit at a time and released (zero3.h); without, DDP's replicas,
 // whose per-rank memory is one process's (the gradient buckets travel through host buffers outside the
 // allocator).
-MemoryEstimate estimate_memory(const TrainingArguments& a, int world_size = 1,
-                               MemoryDevice device = MemoryDevice::cpu);
+MemoryEstimate estimate_memory(const TrainingArguments& a, const MemoryTarget& target = {});
 
 // "80GB" (10^9), "24GiB" (2^30), "512MB", "1.5TB", or plain bytes; throws naming `flag` otherwise.
 int64_t parse_memory_size(const std::string& text, const std::string& flag);
 
 // The largest per_device_train_batch_size (other flags as given) whose estimate fits in `budget` bytes
 // (fit_bytes), searched over predictions (doubling, then bisection); 0 when not even batch 1 fits.
-int64_t max_fitting_batch(const TrainingArguments& a, int64_t budget, int world_size = 1,
-                          MemoryDevice device = MemoryDevice::cpu);
+int64_t max_fitting_batch(const TrainingArguments& a, int64_t budget, const MemoryTarget& target = {});
 
 // --per_device_train_batch_size auto: the largest power of two whose estimate fits in `budget` bytes, with
 // gradient_accumulation_steps from --total_batch_size when given (the batch must divide it), else as given.
@@ -71,8 +78,7 @@ int64_t max_fitting_batch(const TrainingArguments& a, int64_t budget, int world_
 struct BatchChoice {
   int64_t batch = 0, accumulation = 1, peak_bytes = 0;  // peak_bytes: its fit_bytes
 };
-BatchChoice auto_batch(const TrainingArguments& a, int64_t budget, int world_size = 1,
-                       MemoryDevice device = MemoryDevice::cpu);
+BatchChoice auto_batch(const TrainingArguments& a, int64_t budget, const MemoryTarget& target = {});
 
 // The guide's knobs, one at a time on top of `a`: the predicted peak of each (first row: `a` itself), as
 // fit_bytes (on cuda the reserved memory and workspace).
@@ -80,7 +86,6 @@ struct KnobRow {
   std::string knob;
   int64_t peak_bytes = 0;
 };
-std::vector<KnobRow> knob_table(const TrainingArguments& a, int world_size = 1,
-                                MemoryDevice device = MemoryDevice::cpu);
+std::vector<KnobRow> knob_table(const TrainingArguments& a, const MemoryTarget& target = {});
 
 }  // namespace tr::train

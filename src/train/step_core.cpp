@@ -49,7 +49,7 @@ double StepCore::label_tokens(const std::vector<data::Batch>& micro) {
   double items = step_label_tokens(micro);
   if (o_.group != nullptr) {  // this step's traffic starts here
     bytes_at_start_ = o_.group->stats().bytes;
-        seconds_at_start_ = o_.group->stats().seconds;
+    seconds_at_start_ = o_.group->stats().seconds;
     if (full_) {
       full_comm_at_start_ = full_->comm_seconds();
       full_blocked_at_start_ = full_->blocked_seconds();
@@ -164,6 +164,7 @@ void StepCore::finish(int64_t step, double lr, const Tensor& loss, StepResult& r
   const std::vector<Tensor> grads = reduced ? std::vector<Tensor>() : s_.mp.model_grads();
   if (zero_ && !reduced)
     zero_->reduce_scatter(grads, grad_scale_);  // the compiled step: no engine reports, one pass
+  if (zero_) zero_->reduce_replicas();          // hybrid sharding: the node's sums summed over the nodes
   const Tensor stats = zero_ ? zero_->global_stats(inv_scale) : ops::grad_stats(grads, inv_scale, o_.device);
   const backend::Backend::GradTransform transform{inv_scale, o_.max_grad_norm, stats};
   std::vector<double> host_stats;
@@ -194,13 +195,13 @@ void StepCore::finish(int64_t step, double lr, const Tensor& loss, StepResult& r
     o_.group->broadcast(&gs.offset, sizeof gs.offset, 0);
     s_.dropout_gen.set_state(gs);
     // ZeRO-2's collectives all block the training thread; DDP's buckets overlap backward on their own thread.
-        r.comm_wait_seconds = zero_ ? o_.group->stats().seconds - seconds_at_start_
+    r.comm_wait_seconds = zero_ ? o_.group->stats().seconds - seconds_at_start_
                                 : wait_ + std::chrono::duration<double>(t1 - t0).count();
     // ZeRO-3's prefetched gathers run on its communication thread: only the part the training thread
     // waited for counts.
     if (full_)
-      r.comm_wait_seconds += (full_->blocked_seconds() - full_blocked_at_start_) -
-                             (full_->comm_seconds() - full_comm_at_start_);
+      r.comm_wait_seconds +=
+          (full_->blocked_seconds() - full_blocked_at_start_) - (full_->comm_seconds() - full_comm_at_start_);
     r.comm_bytes = o_.group->stats().bytes - bytes_at_start_;
     wait_ = 0;
   }

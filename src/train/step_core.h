@@ -52,7 +52,7 @@ class StepCore {
   bool reducing_ = false;  // the reducer's buckets were begun during this step's backward
   double wait_ = 0;        // collective waits of the step so far (label_tokens runs before the result)
   int64_t bytes_at_start_ = 0;
-    double seconds_at_start_ = 0;
+  double seconds_at_start_ = 0;
   double full_comm_at_start_ = 0, full_blocked_at_start_ = 0;  // ZeRO-3's own counters at the step's start
   double active_ranks_ = 1;  // average_tokens_across_devices false: ranks with data this step
 };

@@ -156,6 +156,7 @@ class Run {
   Schedule sched_;
   DType compute_ = DType::f32;
   std::unique_ptr<MixedPrecision> mp_;
+  HybridGroups hybrid_;  // hybrid sharding: the node's shard group and the replicas across nodes
   std::unique_ptr<optim::Optimizer> opt_;
   std::unique_ptr<FullShard> full_;  // ZeRO-3: the model's layer hooks (destroyed before the model is used)
   TrainerState st_;
@@ -224,12 +225,17 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
   // ZeRO-3 also takes the slices first, and then releases the model's (half) parameters: from here on a
   // layer's weights exist only while it runs.
   const bool zero = stage > 0;
-  if (zero)
-    opt_ = std::make_unique<ShardedOptimizer>(*group_, model_->named_parameters(), a.optim, oo,
-                                              a.ddp_bucket_cap_mb << 20, compute_ != DType::f32, stage,
-                                              deferred ? std::optional(dev_) : std::nullopt);
-  if (deferred)
-    build_shard(static_cast<ShardedOptimizer&>(*opt_), model_->named_parameters(), deferred->load, compute_);
+  if (zero) {
+    // Hybrid sharding: ZeRO within each node, the node's gradient shard summed with the other nodes'.
+    if (hybrid_sharding(a)) hybrid_ = hybrid_groups(*group_, dist::read_dist_env());
+    auto z = std::make_unique<ShardedOptimizer>(hybrid_.shard ? *hybrid_.shard : *group_,
+                                                model_->named_parameters(), a.optim, oo,
+                                                a.ddp_bucket_cap_mb << 20, compute_ != DType::f32, stage,
+                                                deferred ? std::optional(dev_) : std::nullopt);
+    z->set_replicas(hybrid_.replicas.get());
+    if (deferred) build_shard(*z, model_->named_parameters(), deferred->load, compute_);
+    opt_ = std::move(z);
+  }
   // Mixed precision: the model computes in half precision, the optimizer updates fp32 masters.
   mp_ = std::make_unique<MixedPrecision>(model_->named_parameters(), compute_, a.fp16,
                                          zero && compute_ != DType::f32);
@@ -319,19 +325,24 @@ void Run::resume() {
 }
 
 void Run::announce() const {
+  const int shard = hybrid_.shard ? hybrid_.shard->size() : group_ ? group_->size() : 1;
+  const std::string nodes =
+      hybrid_.shard
+          ? fmt::format(" sharded within each of {} nodes, replicated across them;", hybrid_.replicas->size())
+          : "";
   const std::string world =
       !group_ ? ""
       : full_ ? fmt::format(
-                    " x {} processes (ZeRO-3 full_shard over {}: parameters, gradients and optimizer state "
+                    " x {} processes (ZeRO-3 {} over {}:{} parameters, gradients and optimizer state "
                     "1/{} per rank, gathered one decoder layer at a time ({} layers and the root), {} MB per "
                     "collective)",
-                    group_->size(), group_->backend_name(), group_->size(), full_->units() - 1,
-                    a_.ddp_bucket_cap_mb)
+                    group_->size(), fsdp_strategy(a_), group_->backend_name(), nodes, shard,
+                    full_->units() - 1, a_.ddp_bucket_cap_mb)
       : dynamic_cast<const ShardedOptimizer*>(opt_.get())
           ? fmt::format(
-                " x {} processes (ZeRO-2 shard_grad_op over {}: gradients reduce-scattered, optimizer "
+                " x {} processes (ZeRO-2 {} over {}:{} gradients reduce-scattered, optimizer "
                 "state 1/{} per rank, {} MB per collective)",
-                group_->size(), group_->backend_name(), group_->size(), a_.ddp_bucket_cap_mb)
+                group_->size(), fsdp_strategy(a_), group_->backend_name(), nodes, shard, a_.ddp_bucket_cap_mb)
           : fmt::format(" x {} processes (DDP over {}, buckets of {} MB)", group_->size(),
                         group_->backend_name(), a_.ddp_bucket_cap_mb);
   std::fprintf(
@@ -412,9 +423,10 @@ void Run::save_files() {
   // rank 0's files are staged, every other rank adds its optimizer.rank-K.safetensors, then rank 0 renames.
   const bool shards = dynamic_cast<const ShardedOptimizer*>(opt_.get()) != nullptr;
   if (!main_) {
-    if (shards) {
+    if (shards) {  // hybrid sharding: the first node's ranks write the shards every node holds
       group_->barrier();
-      save_optimizer_state(checkpoint_staging_dir(a_.output_dir, st_.global_step), *opt_);
+      if (!hybrid_.replicas || hybrid_.replicas->rank() == 0)
+        save_optimizer_state(checkpoint_staging_dir(a_.output_dir, st_.global_step), *opt_);
       group_->barrier();
     }
     group_->barrier();
@@ -620,7 +632,7 @@ void Run::finish() {
     };
     all["world_size"] = group_->size();
     const auto* z = dynamic_cast<const ShardedOptimizer*>(opt_.get());
-    all["fsdp"] = z ? z->fsdp_option() : "";
+    all["fsdp"] = z ? fsdp_strategy(a_) : "";
     all["train_peak_memory_gib_per_rank"] = gib(r_.rank_peak_bytes);
     all["optimizer_state_gib_per_rank"] = gib(r_.rank_optimizer_bytes);
     all["setup_peak_memory_gib_per_rank"] = gib(r_.rank_setup_peak_bytes);

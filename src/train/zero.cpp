@@ -298,6 +298,12 @@ void ShardedOptimizer::reduce_bucket(const Bucket& b) {
     if (--pending_[p] == 0) autograd::zero_grad(*params_[p].second);  // its sum is with its owners now
 }
 
+void ShardedOptimizer::reduce_replicas() {
+  if (replicas_ == nullptr || replicas_->size() == 1 || dev_.is_meta()) return;
+  allocate_state();
+  replicas_->all_reduce_sum(grad_flat_.data<float>(), static_cast<size_t>(grad_flat_.numel()));
+}
+
 Tensor ShardedOptimizer::global_stats(double inv_scale) const {
   TR_CHECK(inner_ != nullptr, "ShardedOptimizer: statistics before any gradient was reduced");
   Tensor stats = ops::grad_stats(slice_grads_, inv_scale, dev_);

@@ -73,6 +73,11 @@ class ShardedOptimizer final : public optim::Optimizer {
   void begin_backward(double scale);
   void grad_ready(const TensorImpl* leaf);
   void finish_backward();
+  // Hybrid sharding (hybrid_shard, hybrid_shard_zero2): the ranks that hold this same shard on the other
+  // nodes. After each step's reduction within the node, reduce_replicas() sums the gradient shard over
+  // them (a no-op without replicas): every node then updates identically.
+  void set_replicas(dist::ProcessGroup* replicas) { replicas_ = replicas; }
+  void reduce_replicas();
   // grad_stats over the reduced shard, summed over the ranks: the global norm and inf count (f64 [2]).
   Tensor global_stats(double inv_scale) const;
   // This rank's slices updated from the reduced shard through `t` (whose stats must be global_stats'), then
@@ -126,6 +131,7 @@ class ShardedOptimizer final : public optim::Optimizer {
   void read_grad(size_t p, int64_t at, int64_t n, float* dst) const;
 
   dist::ProcessGroup& group_;
+  dist::ProcessGroup* replicas_ = nullptr;
   FlatLayout layout_;
   int64_t round_ = 1;  // elements per rank per collective call
   std::vector<StateSlice> slices_;
