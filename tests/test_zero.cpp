@@ -201,15 +201,21 @@ TEST(DistZero, BackwardHookRunsBeforeTheUpstreamBackward) {
 
 // ZeRO-3 on a real GPT-2 (2 layers): parameters released between uses (a read throws), each layer gathered
 // for forward and again for backward, every one released after, and the gradient shard equal bit for bit
-// to the sum (in rank order) of the unsharded model's gradients on each rank's batch.
-TEST(DistZero, FullShardGathersEachLayerAndReducesItsGradients) {
-  const nlohmann::json cfg = {{"model_type", "gpt2"}, {"vocab_size", 61}, {"n_embd", 16}, {"n_layer", 2},
-                              {"n_head", 2},          {"n_positions", 16}, {"resid_pdrop", 0},
-                              {"embd_pdrop", 0},      {"attn_pdrop", 0}};
+// to the sum (in rank order) of the unsharded model's gradients on each rank's batch. Untied, the embeddings
+// are a unit of their own, gathered for their lookup only (their backward needs no weights).
+class FullShardModel : public ::testing::TestWithParam<bool> {};
+
+TEST_P(FullShardModel, GathersEachLayerAndReducesItsGradients) {
+  const bool tied = GetParam();
+  const nlohmann::json cfg = {
+      {"model_type", "gpt2"}, {"vocab_size", 61},           {"n_embd", 16},     {"n_layer", 2},
+      {"n_head", 2},          {"n_positions", 16},          {"resid_pdrop", 0}, {"embd_pdrop", 0},
+      {"attn_pdrop", 0},      {"tie_word_embeddings", tied}};
   const auto config = models::ModelConfig::from_json(cfg, "test");
   const auto ids = [](int r) {
     std::vector<int64_t> v(2 * 8);
-    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int64_t>((i * 7 + 13 * static_cast<size_t>(r)) % 61);
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] = static_cast<int64_t>((i * 7 + 13 * static_cast<size_t>(r)) % 61);
     return ops::from_vector<int64_t>(v, {2, 8});
   };
   const auto loss_of = [&](models::CausalLM& m, int r) {
@@ -219,7 +225,7 @@ TEST(DistZero, FullShardGathersEachLayerAndReducesItsGradients) {
     fo.return_logits = false;
     return m.forward(ids(r), fo).loss;
   };
-  with_group(2, test_port(43), [&](int r, dist::ProcessGroup& g) {
+  with_group(2, test_port(tied ? 44 : 45), [&](int r, dist::ProcessGroup& g) {
     Generator gen(3);
     auto ref = models::create_causal_lm(config, Device::cpu(), DType::f32, gen);
     const nn::ParamList rp = ref->named_parameters();
@@ -228,8 +234,9 @@ TEST(DistZero, FullShardGathersEachLayerAndReducesItsGradients) {
       autograd::backward({loss_of(*ref, q)});
       for (size_t i = 0; i < rp.size(); ++i) {
         const Tensor gq = ops::contiguous(rp[i].second->grad());
-        want[i] = q == 0 ? ops::contiguous(ops::binary(backend::BinaryOp::mul, gq, ops::full({}, 1.0, DType::f32)))
-                         : ops::binary(backend::BinaryOp::add, want[i], gq);
+        want[i] =
+            q == 0 ? ops::contiguous(ops::binary(backend::BinaryOp::mul, gq, ops::full({}, 1.0, DType::f32)))
+                   : ops::binary(backend::BinaryOp::add, want[i], gq);
         autograd::zero_grad(*rp[i].second);
       }
     }
@@ -239,7 +246,7 @@ TEST(DistZero, FullShardGathersEachLayerAndReducesItsGradients) {
     train::ShardedOptimizer opt(g, params, "adamw_torch", adamw_options(), 1 << 10, false, 3);
     train::FullShard full(opt, params, 1 << 10);  // 256-element chunks: several per unit
     model->set_layer_hooks(&full);
-    EXPECT_EQ(full.units(), 3);
+    EXPECT_EQ(full.units(), tied ? 3 : 4);
     EXPECT_TRUE(full.all_released());
     EXPECT_THROW(params.front().second->data_ptr(), Error);
     full.begin_step();
@@ -249,8 +256,10 @@ TEST(DistZero, FullShardGathersEachLayerAndReducesItsGradients) {
       autograd::backward({loss_of(*model, r)});
     }
     full.finish_backward();
-        EXPECT_EQ(full.gathers(), 1 + 2 + 2);  // the root once; each layer for forward and for backward
-    EXPECT_EQ(full.prefetched(), 2);       // backward_pre: layer 1 at the forward's end, layer 0 after it
+    // The root once (untied: the embeddings and the head once each); each layer for forward and backward.
+    const int64_t root = tied ? 1 : 2;
+    EXPECT_EQ(full.gathers(), root + 2 + 2);
+    EXPECT_EQ(full.prefetched(), 2);  // backward_pre: layer 1 at the forward's end, layer 0 after it
     EXPECT_TRUE(full.all_released());
     for (const auto& [name, p] : params) EXPECT_FALSE(p->grad().defined()) << name;
     const float* shard = opt.grad_shard().data<float>();
@@ -267,10 +276,12 @@ TEST(DistZero, FullShardGathersEachLayerAndReducesItsGradients) {
       autograd::NoGradGuard no_grad;
       loss_of(*model, r);
     }
-    EXPECT_EQ(full.gathers(), 5 + 3);
+    EXPECT_EQ(full.gathers(), (root + 4) + (root + 2));
     EXPECT_TRUE(full.all_released());
   });
 }
 
-}  // namespace
+INSTANTIATE_TEST_SUITE_P(DistZero, FullShardModel, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "tied" : "untied"; });
 
+}  // namespace

@@ -30,8 +30,8 @@ Tensor CausalLM::attend(const Tensor& q, const Tensor& k, const Tensor& v, const
   const bool drop = o.training && o.dropout_gen && dropout_p > 0;
   // sdpa / flash_attention_2: the fused path; with dropout, the blocked form (same mask as eager's dropout).
   if (attn_implementation_ != "eager")
-    return scaled_dot_product_attention(q, k, v, key_keep, true, scale, drop ? dropout_p : 0.0,
-                                        o.dropout_gen, window);
+    return scaled_dot_product_attention(q, k, v, key_keep, true, scale, drop ? dropout_p : 0.0, o.dropout_gen,
+                                        window);
   auto repeat_kv = [&](const Tensor& t) {  // [B, KV, S, D] -> [B, H, S, D]
     if (KV == H) return t;
     return reshape(expand(unsqueeze(t, 2), {B, KV, H / KV, S, D}), {B, H, S, D});
@@ -64,7 +64,8 @@ int CausalLM::decoder_layer_of(const std::string& name) {
       if (at != 0 && name[at - 1] != '.') continue;  // a whole segment ("h.", not "...h.")
       size_t i = at + key.size(), n = 0;
       int v = 0;
-      while (i < name.size() && name[i] >= '0' && name[i] <= '9' && n < 9) v = v * 10 + (name[i++] - '0'), ++n;
+      while (i < name.size() && name[i] >= '0' && name[i] <= '9' && n < 9)
+        v = v * 10 + (name[i++] - '0'), ++n;
       if (n > 0 && i < name.size() && name[i] == '.') return v;
     }
   }
@@ -179,9 +180,8 @@ Tensor CausalLM::attention_mask_for(int64_t B, int64_t T, int64_t S, const Tenso
   for (int64_t b = 0; b < nb; ++b)
     for (int64_t i = 0; i < T; ++i)
       for (int64_t j = 0; j < S; ++j)
-        m[static_cast<size_t>((b * T + i) * S + j)] =
-            j > i + off || (window > 0 && j <= i + off - window) ||
-            (am.defined() && !keep[static_cast<size_t>(b * S + j)]);
+        m[static_cast<size_t>((b * T + i) * S + j)] = j > i + off || (window > 0 && j <= i + off - window) ||
+                                                      (am.defined() && !keep[static_cast<size_t>(b * S + j)]);
   return ops::to_device(ops::to_dtype(ops::from_vector<uint8_t>(m, {nb, 1, T, S}), DType::boolean), device_);
 }
 

@@ -30,6 +30,10 @@ class LayerHooks {
   virtual void before_forward(int unit) = 0;
   virtual void after_forward(int unit) = 0;
   virtual void before_backward(int unit) = 0;
+  // Inside the root's forward, for owners that hold its two ends apart (an untied head): after the
+  // embeddings' lookup (whose backward needs no weights) and before the final norm and head.
+  virtual void after_embeddings() {}
+  virtual void before_head() {}
 };
 
 struct ForwardOptions {
@@ -106,6 +110,12 @@ class CausalLM {
   }
   void root_end() const {
     if (hooks_) hooks_->after_forward(-1);
+  }
+  void embeddings_done() const {
+    if (hooks_) hooks_->after_embeddings();
+  }
+  void head_begin() const {
+    if (hooks_) hooks_->before_head();
   }
   // bool [B, T] keep-mask from an attention_mask, or undefined.
   Tensor key_keep_for(const Tensor& attention_mask) const;

@@ -43,7 +43,7 @@ struct ModelConfig {
   int64_t max_window_layers = 0;
   // The window layer `layer` attends through (0: none).
   int64_t window_of(int64_t layer) const { return layer >= max_window_layers ? sliding_window : 0; }
-  nlohmann::json raw;          // everything config.json held
+  nlohmann::json raw;  // everything config.json held
 
   // Parses `j` (from `source`, used in errors). Throws tr::Error on missing or contradictory fields.
   static ModelConfig from_json(const nlohmann::json& j, const std::string& source);

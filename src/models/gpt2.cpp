@@ -84,6 +84,7 @@ class Gpt2 final : public CausalLM {
     root_begin();
     Tensor h = add(wte_(ids), wpe_(pos));
     if (drop) h = dropout(h, c.embd_pdrop, *o.dropout_gen);
+    embeddings_done();
     const bool eager = attn_implementation_ == "eager";  // only eager reads the mask (sdpa: key_keep)
     const Tensor mask = eager ? attention_mask_for(B, T, S, o.attention_mask) : Tensor();
     const Tensor keep = key_keep_for(o.attention_mask);
@@ -95,6 +96,7 @@ class Gpt2 final : public CausalLM {
       h = run_layer(layer, h, o, li);
     }
     if (o.cache) o.cache->length = S;
+    head_begin();
     h = ln_f_(h);
     CausalLMOutput out = head_and_loss(h, lm_head_.defined() ? lm_head_ : wte_.weight, o);
     root_end();

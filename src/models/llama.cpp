@@ -120,6 +120,7 @@ class Llama final : public CausalLM {
     const Tensor keep = key_keep_for(o.attention_mask);
     root_begin();
     Tensor h = embed_(ids);
+    embeddings_done();
     for (size_t li = 0; li < layers_.size(); ++li) {
       // Captures by value: a checkpoint region runs again during backward, after forward() has returned.
       const bool slides = window > 0 && config_.window_of(static_cast<int64_t>(li)) > 0;
@@ -132,6 +133,7 @@ class Llama final : public CausalLM {
       h = run_layer(layer, h, o, li);
     }
     if (o.cache) o.cache->length = S;
+    head_begin();
     h = norm_(h);
     CausalLMOutput out = head_and_loss(h, lm_head_.defined() ? lm_head_ : embed_.weight, o);
     root_end();

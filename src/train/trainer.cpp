@@ -337,7 +337,7 @@ void Run::announce() const {
                     "1/{} per rank, gathered one decoder layer at a time ({} layers and the root), {} MB per "
                     "collective)",
                     group_->size(), fsdp_strategy(a_), group_->backend_name(), nodes, shard,
-                    full_->units() - 1, a_.ddp_bucket_cap_mb)
+                    full_->layers(), a_.ddp_bucket_cap_mb)
       : dynamic_cast<const ShardedOptimizer*>(opt_.get())
           ? fmt::format(
                 " x {} processes (ZeRO-2 {} over {}:{} gradients reduce-scattered, optimizer "

@@ -37,6 +37,13 @@ void narrow_to(const float* src, DType t, void* dst, int64_t n) {
     h[i] = t == DType::bf16 ? float_to_bf16_bits(src[i]) : float_to_half_bits(src[i]);
 }
 
+// The token (and GPT-2's position) embedding tables: used once at the start of forward, and not at all by
+// their backward.
+bool is_embedding(const std::string& name) {
+  return name.ends_with("embed_tokens.weight") || name.ends_with("wte.weight") ||
+         name.ends_with("wpe.weight");
+}
+
 }  // namespace
 
 FullShard::FullShard(ShardedOptimizer& opt, const nn::ParamList& params, int64_t bucket_cap_bytes,
@@ -49,9 +56,16 @@ FullShard::FullShard(ShardedOptimizer& opt, const nn::ParamList& params, int64_t
   dtype_ = params.empty() ? DType::f32 : params.front().second->dtype();
   meta_ = !params.empty() && params.front().second->device().is_meta();
   int layers = 0;
-  for (const auto& [name, p] : params)
+  bool untied = false;
+  for (const auto& [name, p] : params) {
     layers = std::max(layers, models::CausalLM::decoder_layer_of(name) + 1);
-  units_.resize(static_cast<size_t>(layers) + 1);
+    untied = untied || name == "lm_head.weight";
+  }
+  layers_ = layers;
+  // An untied head: the embeddings are a unit of their own, released right after their lookup (their backward
+  // needs no weights), and the root keeps the final norm and head. Tied, the table is both: one root unit.
+  units_.resize(static_cast<size_t>(layers) + (untied ? 2 : 1));
+  if (untied) embed_unit_ = static_cast<int>(units_.size()) - 1;
   unit_of_.resize(params.size());
   for (size_t k = 0; k < params.size(); ++k) {
     Tensor& p = *params[k].second;
@@ -67,7 +81,8 @@ FullShard::FullShard(ShardedOptimizer& opt, const nn::ParamList& params, int64_t
       autograd::set_requires_grad(own, p.requires_grad());
       p = own;
     }
-    const int u = models::CausalLM::decoder_layer_of(params[k].first) + 1;
+    const int layer = models::CausalLM::decoder_layer_of(params[k].first);
+    const int u = layer < 0 && embed_unit_ > 0 && is_embedding(params[k].first) ? embed_unit_ : layer + 1;
     unit_of_[k] = u;
     units_[static_cast<size_t>(u)].params.push_back(k);
     index_[p.impl_ptr().get()] = k;
@@ -143,21 +158,30 @@ void FullShard::worker() {
 }
 
 FullShard::Unit& FullShard::unit(int u) {
-  TR_CHECK(u >= -1 && u + 1 < static_cast<int>(units_.size()), "FullShard: unit {} of {}", u, units_.size());
+  TR_CHECK(u >= -1 && u < layers_, "FullShard: unit {} of {} layers and the root", u, layers_);
   return units_[static_cast<size_t>(u + 1)];
 }
 
 void FullShard::before_forward(int u) {
   TR_CHECK(!materialized_, "FullShard: a forward pass while the whole model is materialized for a save");
-  gather(unit(u));
+  // The root starts with the embeddings: their own unit when the head is apart (before_head gathers it).
+  gather(u == -1 && embed_unit_ > 0 ? units_[static_cast<size_t>(embed_unit_)] : unit(u));
   if (options_.forward_prefetch) prefetch(u + 1);  // the root runs first: layer 0 comes next
+}
+
+void FullShard::after_embeddings() {
+  if (embed_unit_ > 0) release(units_[static_cast<size_t>(embed_unit_)]);
+}
+
+void FullShard::before_head() {
+  if (embed_unit_ > 0) gather(unit(-1));
 }
 
 void FullShard::after_forward(int u) {
   // The root's head runs last in forward and first in backward: it stays for the backward, whose first
   // layer is the last one.
   if (u == -1 && autograd::grad_enabled()) {
-    if (options_.backward_prefetch == FsdpOptions::BackwardPrefetch::pre) prefetch(units() - 2);
+    if (options_.backward_prefetch == FsdpOptions::BackwardPrefetch::pre) prefetch(layers_ - 1);
     return;
   }
   release(unit(u));
@@ -170,7 +194,7 @@ void FullShard::before_backward(int u) {
 }
 
 void FullShard::prefetch(int layer) {
-  if (layer >= 0 && layer + 1 < units()) start_gather(unit(layer), true);
+  if (layer >= 0 && layer < layers_) start_gather(unit(layer), true);
 }
 
 void FullShard::start_gather(Unit& u, bool prefetch) {
@@ -303,7 +327,8 @@ void FullShard::reduce(Unit& u) {
   u.reduced = true;
   // backward_post: the layer before this one comes while the engine moves on to it.
   const int layer = static_cast<int>(&u - units_.data()) - 1;
-  if (options_.backward_prefetch == FsdpOptions::BackwardPrefetch::post && layer >= 1) prefetch(layer - 1);
+  if (options_.backward_prefetch == FsdpOptions::BackwardPrefetch::post && layer >= 1 && layer < layers_)
+    prefetch(layer - 1);
 }
 
 // Every rank's gradient pieces of the chunk to their owners (all_to_all_v); this rank adds its pieces'

@@ -50,6 +50,8 @@ class FullShard final : public models::LayerHooks {
   void before_forward(int unit) override;   // gathered unless resident
   void after_forward(int unit) override;    // released (the root stays while grad mode is on)
   void before_backward(int unit) override;  // gathered again for the layer's backward
+  void after_embeddings() override;         // an untied model's embeddings released
+  void before_head() override;              // and its final norm and head gathered
 
   // Before a step's first micro-batch: the gradient shard starts at zero.
   void begin_step();
@@ -67,7 +69,9 @@ class FullShard final : public models::LayerHooks {
   // Every queued gather finished (rethrows a failed one); before any collective of another caller.
   void drain();
 
+  // Units: the decoder layers, the root, and the embeddings apart from it when the head is untied.
   int units() const { return static_cast<int>(units_.size()); }
+  int layers() const { return layers_; }
   int64_t prefetched() const { return prefetched_; }  // gathers started before they were needed
   // Seconds the training thread waited on this object's collectives (gathers not done yet, reductions),
   // and seconds its collectives took in all (overlapped gathers included).
@@ -113,7 +117,9 @@ class FullShard final : public models::LayerHooks {
   ShardedOptimizer& opt_;
   nn::ParamList params_;
   FsdpOptions options_;
-  std::vector<Unit> units_;   // [0]: the root, [i + 1]: decoder layer i
+  std::vector<Unit> units_;  // [0]: the root, [i + 1]: decoder layer i, [layers + 1]: the embeddings apart
+  int layers_ = 0;
+  int embed_unit_ = 0;        // the embeddings' unit when apart from the root (an untied head), else 0
   std::vector<int> unit_of_;  // per parameter
   std::vector<char> seen_;    // per parameter: reported by this backward
   std::unordered_map<const TensorImpl*, size_t> index_;
