@@ -57,7 +57,7 @@ print(json.dumps({"peer": f"trainer.cpp {attn}", "batch": B, "tokens_per_second"
                   "mfu": tps * (6 * n + 12 * L * d * T) / 989e12,
                   "peak_memory_gib": res.get("train_peak_memory_gib", 0.0),
                   "estimated_peak_gib": est.get("peak_bytes", 0) / 2**30,
-                  "reserved_memory_gib": res.get("train_peak_reserved_memory_gib", 0.0),
+                  "reserved_memory_gib": res.get("peak_reserved_memory_gib", 0.0),
                   "estimated_reserved_gib": est.get("reserved_bytes", 0) / 2**30,
                   "final_loss": rows[-1]["loss"] if rows else None}))
 PY

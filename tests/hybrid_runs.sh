@@ -7,7 +7,7 @@
 #  2. `trainer estimate --world_size 4 --nproc_per_node 2` predicts rank 0's peak and set-up peak to the byte;
 #  3. checkpoints: the first node's ranks write the 2 shard files; a resume continues bit-exactly, and one
 #     process resumes the hybrid checkpoint;
-#  4. bad input: hybrid with offload, two strategies.
+#  4. bad input: hybrid with offload, two strategies, nodes that load different weights.
 # Usage: hybrid_runs.sh TRAINER TOKENIZER_DIR TEXT WORK_DIR
 set -euo pipefail
 suite=hybrid_runs
@@ -73,4 +73,15 @@ rc=0; "$trainer" launch --nproc_per_node 2 --master_port "$port" train "${common
   --per_device_train_batch_size 3 --output_dir bad_two --fsdp "hybrid_shard full_shard" >bad_two.log 2>&1 || rc=$?
 [[ $rc == 1 ]] && grep -q "error: --fsdp hybrid_shard full_shard: .* are sharding strategies; give one" bad_two.log ||
   { cat bad_two.log; fail "two strategies"; }
+# Each rank reads the checkpoint itself: a node that loads other weights is named, and every rank stops.
+next_port
+node_args=(--nnodes 2 --nproc_per_node 2 --master_addr 127.0.0.1 --master_port "$port")
+"$trainer" launch "${node_args[@]}" --node_rank 1 train "${common[@]}" --per_device_train_batch_size 1 \
+  --model_name_or_path hyb --output_dir bad_weights --fsdp hybrid_shard >bad_weights.node1.log 2>&1 &
+other=$!
+rc=0; "$trainer" launch "${node_args[@]}" --node_rank 0 train "${common[@]}" --per_device_train_batch_size 1 \
+  --model_name_or_path gpt2_b4 --output_dir bad_weights --fsdp hybrid_shard >bad_weights.log 2>&1 || rc=$?
+wait $other || true
+[[ $rc == 1 ]] && grep -q "error: gpt2_b4: ranks 2, 3 read other weights than rank 0" bad_weights.log ||
+  { cat bad_weights.log bad_weights.node1.log; fail "different weights on the nodes"; }
 echo "hybrid_runs: OK"

@@ -149,6 +149,7 @@ int estimate(tr::train::TrainingArguments a, const std::string& device_name, con
     for (const auto& [name, bytes] : e.breakdown) b[name] = bytes;
     nlohmann::json j{{"device", device_name},
                      {"world_size", world},
+                     {"nproc_per_node", nproc_per_node > 0 ? nproc_per_node : world},
                      {"fsdp", a.fsdp},
                      {"parameters", e.parameters},
                      {"peak_bytes", e.peak_bytes},

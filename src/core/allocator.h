@@ -52,8 +52,10 @@ class Allocator {
   // Bytes this device can hold at most, where known (a GPU's memory, under its memory fraction); 0 for the
   // host and meta devices. auto_find_batch_size sizes its first batch from limit() or this.
   virtual int64_t capacity() const { return 0; }
-  // Peak bytes reserved from the device since the start (caching allocators: their segments); 0 otherwise.
+  // Peak bytes reserved from the device (caching allocators: their segments) since the start or the last
+  // reset_peak_reserved(); 0 otherwise.
   virtual int64_t peak_reserved_bytes() const { return 0; }
+  virtual void reset_peak_reserved() {}
   // One observer at a time (nullptr: none); see ObserveAllocations.
   void set_observer(AllocationObserver* observer);
   bool observed() const;

@@ -182,7 +182,7 @@ class GlooGroup final : public ProcessGroup {
     DistEnv sub = env_;
     sub.rank = sub_rank;
     sub.world_size = sub_size;
-    return std::unique_ptr<ProcessGroup>(new GlooGroup(sub, timeout_, std::move(ctx), &stats_));
+    return std::unique_ptr<ProcessGroup>(new GlooGroup(sub, timeout_, std::move(ctx), this));
   }
 
   void all_reduce_sum(float* data, size_t n) override { reduce(data, n); }
@@ -275,17 +275,13 @@ class GlooGroup final : public ProcessGroup {
           what, env_.rank, env_.world_size, timeout_.count() / 1000.0, e.what());
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    for (CommStats* s : {&stats_, parent_stats_}) {
-      if (s == nullptr) continue;
-      s->calls += 1;
-      s->bytes += static_cast<int64_t>(bytes);
-      s->seconds += seconds;
-    }
+    add_stats(bytes, seconds);
+    if (parent_) parent_->add_stats(bytes, seconds);
   }
 
   // A sub-group (split): its own context, no store of its own.
-  GlooGroup(const DistEnv& env, Millis timeout, std::shared_ptr<gloo::Context> ctx, CommStats* parent_stats)
-      : env_(env), timeout_(timeout), ctx_(std::move(ctx)), parent_stats_(parent_stats) {}
+  GlooGroup(const DistEnv& env, Millis timeout, std::shared_ptr<gloo::Context> ctx, GlooGroup* parent)
+      : env_(env), timeout_(timeout), ctx_(std::move(ctx)), parent_(parent) {}
 
   DistEnv env_;
   Millis timeout_;
@@ -293,8 +289,8 @@ class GlooGroup final : public ProcessGroup {
   std::unique_ptr<StoreClient> client_;
   std::shared_ptr<gloo::transport::Device> dev_;
   std::shared_ptr<gloo::Context> ctx_;
-  int splits_ = 0;                     // splits made so far: each connects under a prefix of its own
-  CommStats* parent_stats_ = nullptr;  // a sub-group's traffic counts in its parent's stats too
+  int splits_ = 0;               // splits made so far: each connects under a prefix of its own
+  GlooGroup* parent_ = nullptr;  // a sub-group's traffic counts in its parent's stats too
 };
 
 class DryRunGroup final : public ProcessGroup {

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -57,9 +58,22 @@ class ProcessGroup {
   // same color form one group, ranked in this group's order. The parent must outlive it; the sub-group's
   // traffic counts in the parent's stats() as well.
   virtual std::unique_ptr<ProcessGroup> split(int color) = 0;
-  const CommStats& stats() const { return stats_; }
+  // A copy: collectives of a sub-group may add to it from another thread (ZeRO-3's gathers).
+  CommStats stats() const {
+    std::lock_guard<std::mutex> g(stats_mu_);
+    return stats_;
+  }
 
  protected:
+  void add_stats(size_t bytes, double seconds) {
+    std::lock_guard<std::mutex> g(stats_mu_);
+    stats_.calls += 1;
+    stats_.bytes += static_cast<int64_t>(bytes);
+    stats_.seconds += seconds;
+  }
+
+ private:
+  mutable std::mutex stats_mu_;
   CommStats stats_;
 };
 

@@ -151,6 +151,9 @@ struct DeferredModel {
 DeferredModel deferred_causal_lm(const ModelConfig& config, Device device, Generator& gen,
                                  const std::string& attn_implementation = "eager");
 DeferredModel deferred_pretrained(const std::string& dir, const PretrainedOptions& opts = {});
+// The tensors save_pretrained writes, under HF's names and in HF's layout (GPT-2's Conv1D weights transposed
+// into copies of their own; the rest are the parameters themselves).
+std::vector<std::pair<std::string, Tensor>> hf_tensors(CausalLM& model);
 // Writes config.json + model.safetensors (sharded above max_shard_size) into `dir`, loadable by transformers.
 void save_pretrained(CausalLM& model, const std::string& dir, const std::string& max_shard_size = "5GB");
 

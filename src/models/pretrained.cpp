@@ -150,17 +150,22 @@ DeferredModel deferred_causal_lm(const ModelConfig& config, Device device, Gener
   return d;
 }
 
-void save_pretrained(CausalLM& model, const std::string& dir, const std::string& max_shard_size) {
-  // Write into a temporary folder and rename, so an interrupted save leaves the previous model intact.
-  const fs::path final_dir(dir), tmp_dir = fs::path(dir + ".tmp-save");
-  fs::remove_all(tmp_dir);
-  fs::create_directories(tmp_dir);
+std::vector<std::pair<std::string, Tensor>> hf_tensors(CausalLM& model) {
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (auto& [name, p] : model.named_parameters()) {
     Tensor t = detach(*p);
     if (model.transposed_on_disk(name)) t = ops::contiguous(ops::transpose(t, 0, 1));
     tensors.emplace_back(name, t);
   }
+  return tensors;
+}
+
+void save_pretrained(CausalLM& model, const std::string& dir, const std::string& max_shard_size) {
+  // Write into a temporary folder and rename, so an interrupted save leaves the previous model intact.
+  const fs::path final_dir(dir), tmp_dir = fs::path(dir + ".tmp-save");
+  fs::remove_all(tmp_dir);
+  fs::create_directories(tmp_dir);
+  const std::vector<std::pair<std::string, Tensor>> tensors = hf_tensors(model);
   try {
     io::save_sharded(tmp_dir.string(), tensors, io::parse_size(max_shard_size));
   } catch (...) {

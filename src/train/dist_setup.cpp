@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "core/error.h"
 #include "dist/env.h"
@@ -34,12 +35,21 @@ const char* fsdp_strategy(const TrainingArguments& a) {
 }
 
 HybridGroups hybrid_groups(dist::ProcessGroup& world, const dist::DistEnv& env) {
-  const int local = env.local_world_size;
-  TR_CHECK(
-      local >= 1 && world.size() % local == 0 && env.rank == env.group_rank * local + env.local_rank,
-      "--fsdp hybrid_shard: rank {} of {} is local rank {} of {} on node {}; hybrid sharding needs the "
-      "same LOCAL_WORLD_SIZE on every node and ranks numbered node by node (torchrun's, trainer launch's)",
-      env.rank, world.size(), env.local_rank, local, env.group_rank);
+  // Every rank's place, gathered first: a layout one rank finds wrong fails on every rank, not only on it
+  // (the others would wait in the split's collectives until --ddp_timeout).
+  const int mine[3] = {env.group_rank, env.local_rank, env.local_world_size};
+  std::vector<int> all(3 * static_cast<size_t>(world.size()));
+  world.all_gather(mine, all.data(), sizeof mine);
+  const int local = all[2];
+  for (int r = 0; r < world.size(); ++r) {
+    const int node = all[3 * r], local_rank = all[3 * r + 1], local_world = all[3 * r + 2];
+    TR_CHECK(
+        local >= 1 && local_world == local && world.size() % local == 0 && r == node * local + local_rank,
+        "--fsdp hybrid_shard: rank {} of {} is local rank {} of {} on node {}; hybrid sharding needs the "
+        "same LOCAL_WORLD_SIZE on every node and ranks numbered node by node (torchrun's, trainer "
+        "launch's)",
+        r, world.size(), local_rank, local_world, node);
+  }
   HybridGroups g;
   g.shard = world.split(env.group_rank);     // this node's ranks: they shard the model
   g.replicas = world.split(env.local_rank);  // the same shard on every node: they sum its gradients
@@ -96,8 +106,8 @@ void check_fsdp_flags(const TrainingArguments& a, int world_size) {
   TR_CHECK(zero_stage(a) != 3 ||
                !(a.torch_compile || !a.torch_compile_backend.empty() || !a.torch_compile_mode.empty()),
            "--fsdp {} with --torch_compile: the captured step replays fixed parameter addresses, and {} "
-           "releases each layer's parameters between uses; drop one of them (shard_grad_op compiles)",
-           strategy, strategy);
+           "releases each layer's parameters between uses; drop one of them ({} compiles)",
+           strategy, strategy, hybrid_sharding(a) ? "hybrid_shard_zero2" : "shard_grad_op");
 }
 
 // The process group of a run started by a launcher (torchrun, trainer launch, srun, mpirun), or null.

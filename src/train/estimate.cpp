@@ -56,6 +56,35 @@ class PeakTracker {
   std::string where_ = "set-up";
 };
 
+// Rank 0's side of a checkpoint save inside training (Run::save), on the meta device: a sharded run's whole
+// fp32 masters gathered (ZeRO-3 in fp32: gathered into its parameters), swapped into the model for
+// save_pretrained's tensors (GPT-2's transposed copies), then the optimizer's state_dict; the masters sharded
+// again after. Returns the save's peak above `base`; `host_extra` counts the host tensors state_dict makes
+// (its step counts) when the host is the device.
+int64_t dry_save(models::CausalLM& model, MixedPrecision& mp, optim::Optimizer& opt,
+                 ShardedOptimizer* sharded, FullShard* full, int64_t base, bool host_extra) {
+  MetaAllocator& meta = meta_allocator();
+  meta.reset_peak();
+  const bool fp32_full = full != nullptr && !mp.enabled();
+  if (sharded && (mp.masters_sharded() || fp32_full)) {
+    auto whole = sharded->gather_masters(true, fp32_full ? full->materialize() : std::vector<Tensor>());
+    if (!fp32_full) mp.restore_masters(std::move(whole));
+  }
+  mp.swap_masters();
+  models::hf_tensors(model);  // made and dropped, as save_pretrained holds them while it writes
+  mp.swap_masters();
+  int64_t peak = meta.stats().peak_bytes - base;
+  {
+    const int64_t host = cpu_allocator().stats().current_bytes;
+    const auto state = opt.state_dict();
+    const int64_t extra = host_extra ? cpu_allocator().stats().current_bytes - host : 0;
+    peak = std::max(peak, meta.stats().current_bytes - base + extra);
+  }
+  if (fp32_full) full->release_all();
+  if (sharded && mp.enabled() && sharded->owns_masters() && !mp.masters_sharded()) mp.shard_masters();
+  return peak;
+}
+
 }  // namespace
 
 MemoryDevice parse_memory_device(const std::string& name) {
@@ -109,6 +138,9 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
   // with no whole fp32 copy to keep is made one parameter at a time (build_shard).
   const int stage = world_size <= 1 ? 0 : zero_stage(a);
   // Hybrid sharding shards among the node's ranks (the replicas' gradient sum moves no memory).
+  TR_CHECK(!hybrid_sharding(a) || world_size <= 1 || target.nproc_per_node > 0,
+           "--fsdp {} shards within a node: give --nproc_per_node (the ranks per node) with --world_size {}",
+           fsdp_strategy(a), world_size);
   const int local = target.nproc_per_node > 0 ? target.nproc_per_node : world_size;
   TR_CHECK(world_size % local == 0, "--nproc_per_node {} does not divide --world_size {}", local, world_size);
   const int shard_world = hybrid_sharding(a) ? local : world_size;
@@ -154,8 +186,8 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
                                        read_fsdp_config(a.fsdp_config));
     model->set_layer_hooks(full.get());
   }
-  // The run measures train_peak_memory_gib from its first step: the set-up's own peak (the whole fp32 model
-  // before a sharded run releases its share) is reported apart.
+  // The run measures train_peak_memory_gib from its first step: the set-up's own peak (loading the model
+  // and, when sharded, keeping this rank's share) is reported apart.
   e.setup_peak_bytes = meta.stats().peak_bytes - base;
   meta.reset_peak();
   PeakTracker tracker;
@@ -208,7 +240,6 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
     // runs after it is taken.
   }
   e.peak_bytes = tracker.peak() - base + prefetch;
-  e.reserved_bytes = caching.stats().peak_reserved_bytes;
   if (device == MemoryDevice::cuda)
     e.workspace_bytes = static_cast<int64_t>(backend::kCublasLtWorkspaceBytes);
   e.peak_at = tracker.where();
@@ -216,6 +247,17 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
     e.peak_bytes = e.eval_peak_bytes;
     e.peak_at = "evaluation forward (eval_strategy)";
   }
+  // Every save_strategy but "no" saves inside the loop (at the latest after the last step).
+  if (a.save_strategy != "no") {
+    const int64_t save =
+        dry_save(*model, mp, *opt, sharded, full.get(), base, device == MemoryDevice::cpu) + prefetch;
+    if (save > e.peak_bytes) {
+      e.peak_bytes = save;
+      e.peak_at = sharded && (mp.enabled() || full) ? "checkpoint save (the whole fp32 masters gathered)"
+                                                    : "checkpoint save";
+    }
+  }
+  e.reserved_bytes = caching.stats().peak_reserved_bytes;
   const int64_t grads = weight_bytes;  // one gradient per parameter, in the compute dtype
   const int64_t shard = sharded ? sharded->shard_bytes() - state : 0;  // slices of masters and gradients
   e.breakdown = {

@@ -41,7 +41,7 @@ struct MemoryEstimate {
   int64_t setup_peak_bytes = 0;
   // The same allocations under the CUDA caching allocator's rules (CachingAllocatorModel: 512-byte blocks,
   // 2 MiB small and 20 MiB large segments, best-fit reuse, splitting): the most it reserves over set-up, the
-  // steps and the evaluation - torch.cuda.max_memory_reserved, our train_peak_reserved_memory_gib. Computed
+  // steps and the evaluation - torch.cuda.max_memory_reserved, our peak_reserved_memory_gib. Computed
   // for either device (the tests check it against a CPU run replayed through the same model).
   int64_t reserved_bytes = 0;
   int64_t workspace_bytes = 0;  // cuda: cuBLASLt's workspace

@@ -22,7 +22,8 @@ struct GradScaler {
 
 class MixedPrecision {
  public:
-  // Replaces each (fp32) model parameter by a `half` copy and keeps the fp32 tensor as its master.
+  // Replaces each fp32 model parameter by a `half` copy and keeps the fp32 tensor as its master (sharded:
+  // see below).
   // `half` f32 means plain fp32 training: masters are the model's own parameters and nothing is copied.
   // `sharded_masters` (ZeRO-2, whose optimizer has taken its slices already): no whole masters are kept,
   // each fp32 tensor is dropped once its half copy exists (masters_sharded() until restore_masters); a

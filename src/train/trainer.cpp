@@ -45,6 +45,36 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 
+// FNV-1a over 8-byte words of a host tensor's bytes, continuing `h`: the ranks of a sharded run compare
+// what each loaded.
+uint64_t content_hash(const Tensor& t, uint64_t h) {
+  const Tensor c = ops::contiguous(t);
+  const auto* p = static_cast<const unsigned char*>(c.data_ptr());
+  const size_t n = c.nbytes();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * 1099511628211ull;
+  }
+  for (; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+// Every rank of `g` made the same weights (each read the checkpoint itself, without rank 0's broadcast): a
+// node with another revision of the files would train apart from the others without a word.
+void check_same_weights(dist::ProcessGroup& g, uint64_t hash, const std::string& dir) {
+  std::vector<uint64_t> all(static_cast<size_t>(g.size()));
+  g.all_gather(&hash, all.data(), sizeof hash);
+  std::vector<int> differ;
+  for (int r = 1; r < g.size(); ++r)
+    if (all[static_cast<size_t>(r)] != all[0]) differ.push_back(r);
+  TR_CHECK(differ.empty(),
+           "{}: rank{} {} read other weights than rank 0 (another copy or revision of the checkpoint on its "
+           "node?); every rank of a sharded run loads the same files",
+           dir, differ.size() > 1 ? "s" : "", fmt::join(differ, ", "));
+}
+
 // A step count given as N >= 1, or as a ratio of `total` below 1 (HF's logging/save/eval_steps).
 int64_t steps_of(double v, int64_t total) {
   return v >= 1 ? static_cast<int64_t>(v) : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(v * total)));
@@ -186,6 +216,10 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
       dev_(training_device(a)),
       init_gen_(a.seed),
       dropout_gen_(a.seed) {
+  // This run's set-up peak (and a GPU's reserved one) start here: not an earlier attempt's
+  // (auto_find_batch_size's retries) or an earlier run's in the same process.
+  ops::allocator_for(dev_).reset_peak();
+  ops::allocator_for(dev_).reset_peak_reserved();
   // Mixed precision: the model computes in half precision, the optimizer updates fp32 masters.
   compute_ = a.bf16 ? DType::bf16 : a.fp16 ? DType::f16 : DType::f32;
   const int stage = group_ ? zero_stage(a) : 0;
@@ -219,10 +253,10 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
   oo.eps = a.adam_epsilon;
   oo.weight_decay = a.weight_decay;
   oo.args = optim::parse_optim_args(a.optim_args);
-  // ZeRO-2: this rank's slices of the fp32 weights and of the optimizer state, taken before mixed precision
-  // makes the half weights - which then keeps no whole fp32 masters (each f32 tensor goes as its half copy
-  // is made, so the whole model never exists in both precisions plus masters).
-  // ZeRO-3 also takes the slices first, and then releases the model's (half) parameters: from here on a
+  // ZeRO-2/3: this rank's slices of the fp32 weights, taken before mixed precision makes the half weights.
+  // A deferred model is made one parameter at a time (build_shard: slices kept, the half copy or, ZeRO-3,
+  // released storage in its place); a whole one gives its slices up at construction and MixedPrecision
+  // drops each f32 tensor as its half copy is made. ZeRO-3 then releases the parameters: from here on a
   // layer's weights exist only while it runs.
   const bool zero = stage > 0;
   if (zero) {
@@ -233,7 +267,18 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
                                                 a.ddp_bucket_cap_mb << 20, compute_ != DType::f32, stage,
                                                 deferred ? std::optional(dev_) : std::nullopt);
     z->set_replicas(hybrid_.replicas.get());
-    if (deferred) build_shard(*z, model_->named_parameters(), deferred->load, compute_);
+    if (deferred) {
+      // Read from a checkpoint (fresh init is the same on every rank by construction): checked to agree.
+      const std::string dir = !resume_.empty() ? resume_ : a.model_name_or_path;
+      uint64_t hash = 1469598103934665603ull;
+      const auto load = [&](size_t i) {
+        Tensor t = deferred->load(i);
+        if (!dir.empty()) hash = content_hash(t, hash);
+        return t;
+      };
+      build_shard(*z, model_->named_parameters(), load, compute_);
+      if (!dir.empty()) check_same_weights(*group_, hash, dir);
+    }
     opt_ = std::move(z);
   }
   // Mixed precision: the model computes in half precision, the optimizer updates fp32 masters.
@@ -336,8 +381,8 @@ void Run::announce() const {
                     " x {} processes (ZeRO-3 {} over {}:{} parameters, gradients and optimizer state "
                     "1/{} per rank, gathered one decoder layer at a time ({} layers and the root), {} MB per "
                     "collective)",
-                    group_->size(), fsdp_strategy(a_), group_->backend_name(), nodes, shard,
-                    full_->layers(), a_.ddp_bucket_cap_mb)
+                    group_->size(), fsdp_strategy(a_), group_->backend_name(), nodes, shard, full_->layers(),
+                    a_.ddp_bucket_cap_mb)
       : dynamic_cast<const ShardedOptimizer*>(opt_.get())
           ? fmt::format(
                 " x {} processes (ZeRO-2 {} over {}:{} gradients reduce-scattered, optimizer "
@@ -620,10 +665,10 @@ void Run::finish() {
                         {"global_step", total},
                         {"train_peak_memory_gib", static_cast<double>(r_.peak_bytes) / (1 << 30)},
                         {"setup_peak_memory_gib", static_cast<double>(r_.setup_peak_bytes) / (1 << 30)}};
-  // A GPU's caching allocator: the most it reserved (torch.cuda.max_memory_reserved; the estimate's
-  // reserved_bytes).
+  // A GPU's caching allocator: the most it reserved over set-up, training and evaluation
+  // (torch.cuda.max_memory_reserved; the estimate's reserved_bytes).
   if (const int64_t reserved = ops::allocator_for(dev_).peak_reserved_bytes(); reserved > 0)
-    all["train_peak_reserved_memory_gib"] = static_cast<double>(reserved) / (1 << 30);
+    all["peak_reserved_memory_gib"] = static_cast<double>(reserved) / (1 << 30);
   if (group_) {  // train_peak_memory_gib is rank 0's; the lists have every rank's
     const auto gib = [](const std::vector<int64_t>& v) {
       nlohmann::json out = nlohmann::json::array();

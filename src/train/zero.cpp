@@ -85,7 +85,7 @@ ShardedOptimizer::ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamLis
   size_t k = 0;
   // fp32 training: the slices are views of the masters themselves (the model's parameters), so the update
   // lands in place and no second fp32 copy of the shard exists. Own masters: the shard is copied out and the
-  // caller frees the whole masters.
+  // caller frees the whole masters - or, deferred, it starts as zeros and fill() gives each parameter's part.
   if (own_) master_flat_ = ops::zeros({layout_.shard}, DType::f32, dev_);
   layout_.visit(base, base + layout_.shard, [&](size_t p, int64_t at, int64_t n, int64_t pos) {
     const Tensor& m = *masters[p].second;
@@ -149,7 +149,7 @@ void build_shard(ShardedOptimizer& opt, const nn::ParamList& params,
 }
 
 // The reduced-gradient shard and the optimizer state come at the first use (as torch makes optimizer state
-// at the first step): at construction the whole fp32 model still exists, and they would add to its peak.
+// at the first step): at construction the whole fp32 model may still exist, and they would add to its peak.
 void ShardedOptimizer::allocate_state() {
   if (inner_) return;
   grad_flat_ = ops::zeros({layout_.shard}, DType::f32, dev_);
@@ -352,10 +352,12 @@ void ShardedOptimizer::gather_rounded(const std::vector<Tensor>& copies) {
 }
 
 std::vector<Tensor> ShardedOptimizer::gather_masters(bool keep, std::vector<Tensor> into) {
-  TR_CHECK(!dev_.is_meta(), "ShardedOptimizer: a dry run has no masters to gather");
   std::vector<Tensor> full = std::move(into);
+  // A dry run (trainer estimate) takes the memory of the whole masters and moves no values.
   if (keep && full.empty())
-    for (const auto& [name, p] : params_) full.push_back(ops::empty(p->shape(), DType::f32, Device::cpu()));
+    for (const auto& [name, p] : params_)
+      full.push_back(ops::empty(p->shape(), DType::f32, dev_.is_meta() ? dev_ : Device::cpu()));
+  if (dev_.is_meta()) return full;
   TR_CHECK(!keep || full.size() == params_.size(), "ShardedOptimizer: {} tensors to gather {} masters into",
            full.size(), params_.size());
   for (size_t i = 0; keep && i < full.size(); ++i)

@@ -49,7 +49,8 @@ class ShardedOptimizer final : public optim::Optimizer {
   // `masters`: what the update writes, identical on every rank. `bucket_cap_bytes` bounds each collective's
   // buffer. Without `own_masters` (fp32 training: the masters are the model's parameters) the slices are
   // views of them and updates are all-gathered into them in f32. With it (mixed precision) the shard is
-  // copied out at construction - the caller then frees the whole masters (MixedPrecision::shard_masters) -
+  // copied out at construction (or filled later: deferred_on) - the caller then frees the whole masters
+  // (MixedPrecision::shard_masters) -
   // and updates are gathered rounded into the model's half weights.
   // `stage` 3 (full_shard, zero3.h): the shard is always copied out (the model's parameters are released
   // between uses) and an update gathers nothing - FullShard gathers each layer when it is used.

@@ -307,9 +307,10 @@ void FullShard::finish_backward() {
   drain();  // the step's other collectives follow: nothing of ours may still be in flight
   // Units no gradient reached (none in a model that uses every parameter), last layer first as backward
   // runs: the same order on every rank.
+  // No backward_post prefetch here: no backward follows to use (and release) what it would gather.
+  in_backward_ = false;
   for (auto u = units_.rbegin(); u != units_.rend(); ++u)
     if (!u->reduced) reduce(*u);
-  in_backward_ = false;
 }
 
 void FullShard::reduce(Unit& u) {
@@ -327,7 +328,8 @@ void FullShard::reduce(Unit& u) {
   u.reduced = true;
   // backward_post: the layer before this one comes while the engine moves on to it.
   const int layer = static_cast<int>(&u - units_.data()) - 1;
-  if (options_.backward_prefetch == FsdpOptions::BackwardPrefetch::post && layer >= 1 && layer < layers_)
+  if (options_.backward_prefetch == FsdpOptions::BackwardPrefetch::post && in_backward_ && layer >= 1 &&
+      layer < layers_)
     prefetch(layer - 1);
 }
 

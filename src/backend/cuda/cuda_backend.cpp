@@ -75,6 +75,7 @@ class CudaAllocator final : public Allocator {
   void empty_cache() override { core_.empty_cache(); }
   int64_t capacity() const override { return static_cast<int64_t>(core_.capacity()); }
   int64_t peak_reserved_bytes() const override { return core_.stats().peak_reserved_bytes; }
+  void reset_peak_reserved() override { core_.reset_peak(); }
   CachingAllocatorCore& core() { return core_; }
 
  private:
