@@ -13,8 +13,9 @@ mkdir -p "$work"
 echo '{"model_type": "llama", "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192,
   "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072,
   "tie_word_embeddings": true, "rope_theta": 500000.0, "rms_norm_eps": 1e-5}' >"$work/llama1b.json"
-models=("GPT-2 124M|--config_name gpt2 --block_size 1024 --per_device_train_batch_size 8 --bf16"
-        "Llama 1B|--config_name $work/llama1b.json --block_size 2048 --per_device_train_batch_size 1 --bf16 --gradient_checkpointing")
+# --save_strategy no: the step's memory (a save gathers rank 0's whole fp32 masters, docs/PERFORMANCE.md).
+models=("GPT-2 124M|--config_name gpt2 --block_size 1024 --per_device_train_batch_size 8 --bf16 --save_strategy no"
+        "Llama 1B|--config_name $work/llama1b.json --block_size 2048 --per_device_train_batch_size 1 --bf16 --gradient_checkpointing --save_strategy no")
 printf '%-11s %-6s %-7s %10s %14s %14s  %s\n' model mode world "peak GiB" "fp32 masters*" "optim state" "peak at"
 for m in "${models[@]}"; do
   name=${m%%|*}
