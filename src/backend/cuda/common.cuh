@@ -9,17 +9,11 @@
 #include <stdexcept>
 #include <string>
 
+#include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 
 namespace tr::cuda {
 
-[[noreturn]] void throw_cuda_error(cudaError_t e, const char* what, const char* file, int line);
-
-#define TR_CUDA_CHECK(call)                                                             \
-  do {                                                                                  \
-    cudaError_t e_ = (call);                                                            \
-    if (e_ != cudaSuccess) ::tr::cuda::throw_cuda_error(e_, #call, __FILE__, __LINE__); \
-  } while (0)
 // After every launch: configuration errors show up here, asynchronous ones at the next sync.
 #define TR_CUDA_LAUNCH_CHECK(name) TR_CUDA_CHECK(cudaGetLastError())
 

@@ -19,6 +19,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda_api.h"
 #include "backend/optim_math.h"
+#include "backend/cuda/cuda_check.h"
 #include "core/caching_allocator.h"
 
 namespace tr::cuda {
@@ -26,12 +27,6 @@ namespace tr::cuda {
 [[noreturn]] void throw_cuda_error(cudaError_t e, const char* what, const char* file, int line) {
   fail("CUDA error {} ({}) in {} at {}:{}", cudaGetErrorName(e), cudaGetErrorString(e), what, file, line);
 }
-
-#define TR_CUDA_CHECK(call)                                                             \
-  do {                                                                                  \
-    cudaError_t e_ = (call);                                                            \
-    if (e_ != cudaSuccess) ::tr::cuda::throw_cuda_error(e_, #call, __FILE__, __LINE__); \
-  } while (0)
 
 namespace {
 
