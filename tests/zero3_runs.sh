@@ -56,6 +56,9 @@ many full_w3_post 3 2 --config_name gpt2.json --fsdp full_shard --fsdp_config po
 compare full_w3 full_w3_post 0
 many full_w3_none 3 2 --config_name gpt2.json --fsdp full_shard --fsdp_config none.json
 compare full_w3 full_w3_none 0
+# Untied (Llama): the head's unit is reduced first, and backward_post prefetches the last layer then.
+many llama_full_w3_post 3 2 --config_name llama.json --fsdp full_shard --fsdp_config post.json
+compare llama_full_w3 llama_full_w3_post 0
 
 # 2. Memory: a Llama of 8 layers of hidden 256 (7.1M parameters in layers beside the tied 12.9M embedding).
 echo '{"model_type": "llama", "vocab_size": 50257, "hidden_size": 256, "intermediate_size": 1024,

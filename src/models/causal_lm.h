@@ -19,7 +19,8 @@ struct KVCache {
 };
 
 // What ZeRO-3 (--fsdp full_shard) needs of a forward pass: a unit's parameters exist only between its
-// gather and its release. Unit -1 is the root (embeddings, final norm, LM head), unit i decoder layer i. The
+// gather and its release. Unit -1 is the root (embeddings, final norm, LM head; see after_embeddings for
+// owners that hold the embeddings apart), unit i decoder layer i. The
 // model calls before_forward(u) before a unit's first use and after_forward(u) after its last use in the
 // forward pass, and - with grad mode on - before_backward(i) when layer i's output gradient arrives, before
 // any of the layer's backward runs (an identity node on its output). Releasing after backward is the

@@ -44,7 +44,8 @@ HybridGroups hybrid_groups(dist::ProcessGroup& world, const dist::DistEnv& env) 
   for (int r = 0; r < world.size(); ++r) {
     const int node = all[3 * r], local_rank = all[3 * r + 1], local_world = all[3 * r + 2];
     TR_CHECK(
-        local >= 1 && local_world == local && world.size() % local == 0 && r == node * local + local_rank,
+        local >= 1 && local_world == local && world.size() % local == 0 && local_rank >= 0 &&
+            local_rank < local && r == node * local + local_rank,
         "--fsdp hybrid_shard: rank {} of {} is local rank {} of {} on node {}; hybrid sharding needs the "
         "same LOCAL_WORLD_SIZE on every node and ranks numbered node by node (torchrun's, trainer "
         "launch's)",

@@ -271,8 +271,10 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
   for (const auto& [name, b] : e.breakdown) persistent += b;
   if (full) e.breakdown.emplace_back("weights (all, for reference)", weight_bytes);
   e.breakdown.emplace_back("gradients (all, for reference)", grads);
-  e.breakdown.emplace_back(full ? "activations, gathered units, gradients and workspace at the peak"
-                                : "activations, gradients and workspace at the peak",
+  const bool save_peak = e.peak_at.rfind("checkpoint save", 0) == 0;
+  e.breakdown.emplace_back(save_peak ? "the save's whole weights and copies at the peak"
+                           : full    ? "activations, gathered units, gradients and workspace at the peak"
+                                     : "activations, gradients and workspace at the peak",
                            e.peak_bytes - persistent);
   if (device == MemoryDevice::cuda) {
     e.breakdown.emplace_back("caching allocator: rounding and cached free blocks",

@@ -45,19 +45,27 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 
-// FNV-1a over 8-byte words of a host tensor's bytes, continuing `h`: the ranks of a sharded run compare
-// what each loaded.
+uint64_t mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// A hash of a tensor's bytes (8-byte words, each mixed in with a splitmix64 finalizer so that no bit's
+// change can cancel another's), continuing `h`: the ranks of a sharded run compare what each loaded.
 uint64_t content_hash(const Tensor& t, uint64_t h) {
-  const Tensor c = ops::contiguous(t);
+  const Tensor c = ops::contiguous(ops::to_device(t, Device::cpu()));
   const auto* p = static_cast<const unsigned char*>(c.data_ptr());
   const size_t n = c.nbytes();
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     uint64_t w;
     std::memcpy(&w, p + i, 8);
-    h = (h ^ w) * 1099511628211ull;
+    h = mix64(h ^ w);
   }
-  for (; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  for (; i < n; ++i) h = mix64(h ^ p[i]);
   return h;
 }
 

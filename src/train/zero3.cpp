@@ -276,8 +276,10 @@ void FullShard::gather_chunk(const Chunk& c) {
 void FullShard::begin_step() {
   // Every unit released: a unit one rank thought gathered would skip that rank's part of a collective.
   for (const Unit& u : units_)
-    TR_CHECK(u.state == State::released, "FullShard: unit {} still gathered at a step's start",
-             &u - units_.data() - 1);
+    TR_CHECK(u.state == State::released, "FullShard: {} still gathered at a step's start",
+             embed_unit_ > 0 && &u - units_.data() == embed_unit_
+                 ? std::string("the embeddings' unit")
+                 : fmt::format("unit {}", &u - units_.data() - 1));
   opt_.allocate_state();
   if (!meta_) std::fill_n(opt_.grad_flat_.data<float>(), opt_.grad_flat_.numel(), 0.0f);
 }
@@ -305,8 +307,8 @@ void FullShard::grad_ready(const TensorImpl* leaf) {
 void FullShard::finish_backward() {
   if (!in_backward_) return;
   drain();  // the step's other collectives follow: nothing of ours may still be in flight
-  // Units no gradient reached (none in a model that uses every parameter), last layer first as backward
-  // runs: the same order on every rank.
+  // Units no gradient reached (none in a model that uses every parameter), in a fixed order on every rank
+  // (the embeddings' unit first, then the last layer down to the root).
   // No backward_post prefetch here: no backward follows to use (and release) what it would gather.
   in_backward_ = false;
   for (auto u = units_.rbegin(); u != units_.rend(); ++u)
@@ -328,9 +330,12 @@ void FullShard::reduce(Unit& u) {
   u.reduced = true;
   // backward_post: the layer before this one comes while the engine moves on to it.
   const int layer = static_cast<int>(&u - units_.data()) - 1;
-  if (options_.backward_prefetch == FsdpOptions::BackwardPrefetch::post && in_backward_ && layer >= 1 &&
-      layer < layers_)
-    prefetch(layer - 1);
+  // An untied root (the final norm and head) is reduced before the last layer's backward: that layer comes
+  // next. A tied root waits for the embeddings' gradient, the last of all.
+  const bool head_first = layer == -1 && embed_unit_ > 0;
+  if (options_.backward_prefetch == FsdpOptions::BackwardPrefetch::post && in_backward_ &&
+      (head_first || (layer >= 1 && layer < layers_)))
+    prefetch(head_first ? layers_ - 1 : layer - 1);
 }
 
 // Every rank's gradient pieces of the chunk to their owners (all_to_all_v); this rank adds its pieces'

@@ -1,6 +1,7 @@
 // ZeRO-3 (HF's --fsdp full_shard) on a process group: besides ZeRO-2's sharded gradients and optimizer state,
 // the parameters themselves live only as each rank's shard of the flat space (the ShardedOptimizer's fp32
-// masters). A unit - the root (embeddings, final norm, LM head) or one decoder layer - is all-gathered into
+// masters). A unit - the root (final norm, LM head, and the embeddings unless the head is untied, when they
+// are a unit of their own) or one decoder layer - is all-gathered into
 // the model's own parameter tensors (their storage taken again, in the compute dtype) just before the
 // forward pass uses it and released right after; a layer is gathered again when its output gradient
 // arrives in backward, and once all of its parameters' gradients are final they are reduce-scattered (added
