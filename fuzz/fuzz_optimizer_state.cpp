@@ -9,6 +9,7 @@
 
 #include "autograd/node.h"
 #include "core/error.h"
+#include "fuzz_tensors.h"
 #include "fuzz_util.h"
 #include "io/safetensors.h"
 #include "ops/ops.h"
@@ -27,12 +28,6 @@ const std::vector<Case> kCases = {{"adamw_torch", {}},
                                   {"adafactor", {{"beta1", "0.9"}}},
                                   {"adamw_8bit", {{"min_8bit_size", "64"}}}};
 
-tr::Tensor ramp(const tr::Shape& shape, float scale) {
-  std::vector<float> v(static_cast<size_t>(tr::shape_numel(shape)));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = scale * static_cast<float>(static_cast<int>(i % 7) - 3);
-  return tr::ops::from_vector(v, shape);
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -46,7 +41,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   for (const auto& c : kCases) {
     // Fresh parameters each time: the run does not depend on earlier inputs.
-    Tensor w = ramp({8, 16}, 0.1f), b = ramp({16}, 0.01f);
+    Tensor w = fuzz::ramp({8, 16}, 0.1f), b = fuzz::ramp({16}, 0.01f);
     nn::ParamList params{{"h.0.mlp.c_fc.weight", &w}, {"h.0.mlp.c_fc.bias", &b}};
     optim::OptimizerOptions o;
     o.lr = 1e-2;
@@ -58,8 +53,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } catch (const Error&) {
       continue;
     }
-    autograd::set_grad(w, ramp({8, 16}, 0.5f));
-    autograd::set_grad(b, ramp({16}, 0.5f));
+    autograd::set_grad(w, fuzz::ramp({8, 16}, 0.5f));
+    autograd::set_grad(b, fuzz::ramp({16}, 0.5f));
     opt->step();
     io::save_safetensors((fuzz::scratch_dir() / "saved.safetensors").string(), opt->state_dict());
   }

@@ -11,20 +11,11 @@
 #include "autograd/node.h"
 #include "core/error.h"
 #include "dist/process_group.h"
+#include "fuzz_tensors.h"
 #include "fuzz_util.h"
 #include "ops/ops.h"
 #include "optim/optimizer.h"
 #include "train/zero.h"
-
-namespace {
-
-tr::Tensor ramp(const tr::Shape& shape, float scale) {
-  std::vector<float> v(static_cast<size_t>(tr::shape_numel(shape)));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = scale * static_cast<float>(static_cast<int>(i % 7) - 3);
-  return tr::ops::from_vector(v, shape);
-}
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tr;
@@ -39,7 +30,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.lr = 1e-2;
   o.weight_decay = 0.01;
   for (int world : {2, 3}) {
-    Tensor w = ramp({8, 16}, 0.1f), b = ramp({16}, 0.01f);
+    Tensor w = fuzz::ramp({8, 16}, 0.1f), b = fuzz::ramp({16}, 0.01f);
     nn::ParamList params{{"h.0.mlp.c_fc.weight", &w}, {"h.0.mlp.c_fc.bias", &b}};
     const auto group = dist::dry_run_group(world);  // rank 0 of `world`: no collective runs here
     train::ShardedOptimizer z(*group, params, "adamw_torch", o, 1 << 20);
@@ -48,7 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } catch (const Error&) {
     }
   }
-  Tensor w = ramp({8, 16}, 0.1f), b = ramp({16}, 0.01f);
+  Tensor w = fuzz::ramp({8, 16}, 0.1f), b = fuzz::ramp({16}, 0.01f);
   nn::ParamList params{{"h.0.mlp.c_fc.weight", &w}, {"h.0.mlp.c_fc.bias", &b}};
   auto opt = optim::make_optimizer("adamw_torch", params, o);
   try {
@@ -56,8 +47,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const Error&) {
     return 0;
   }
-  autograd::set_grad(w, ramp({8, 16}, 0.5f));
-  autograd::set_grad(b, ramp({16}, 0.5f));
+  autograd::set_grad(w, fuzz::ramp({8, 16}, 0.5f));
+  autograd::set_grad(b, fuzz::ramp({16}, 0.5f));
   opt->step();
   return 0;
 }

@@ -5,9 +5,13 @@ namespace tr {
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Allocator& alloc) {
   for (int64_t s : shape) TR_CHECK(s >= 0, "empty: negative size in shape {}", shape_str(shape));
+  return over(std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), alloc),
+              shape, dtype);
+}
+
+Tensor Tensor::over(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype) {
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage =
-      std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), alloc);
+  impl->storage = std::move(storage);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;

@@ -72,6 +72,8 @@ class Tensor {
 
   // Uninitialized contiguous tensor from an allocator (ops::empty picks the allocator of a device).
   static Tensor empty(const Shape& shape, DType dtype, Allocator& alloc);
+  // A contiguous tensor of `shape` over `storage` (placeholders, storage that starts released).
+  static Tensor over(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype);
 
   bool defined() const { return impl_ != nullptr; }
   const Shape& shape() const { return impl().shape; }

@@ -25,13 +25,10 @@ Tensor materialize(const InitRecipe& r, const Shape& shape, DType dtype, Device 
 
 namespace {
 Tensor placeholder(InitLog& log, const Shape& s, DType dtype, const InitRecipe& r) {
-  auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(nullptr, static_cast<size_t>(shape_numel(s)) * dtype_size(dtype),
-                                            Device::meta(), nullptr);
-  impl->shape = s;
-  impl->strides = contiguous_strides(s);
-  impl->dtype = dtype;
-  Tensor t = param(Tensor(std::move(impl)));
+  Tensor t = param(
+      Tensor::over(std::make_shared<Storage>(nullptr, static_cast<size_t>(shape_numel(s)) * dtype_size(dtype),
+                                             Device::meta(), nullptr),
+                   s, dtype));
   log[t.impl_ptr().get()] = r;
   return t;
 }

@@ -122,13 +122,9 @@ namespace {
 
 // A contiguous tensor whose storage starts released: no bytes until FullShard gathers it.
 Tensor released_tensor(const Shape& shape, DType dtype, Device device) {
-  auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype),
-                                            ops::allocator_for(device), Storage::Released{});
-  impl->shape = shape;
-  impl->strides = contiguous_strides(shape);
-  impl->dtype = dtype;
-  return Tensor(std::move(impl));
+  return Tensor::over(std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype),
+                                                ops::allocator_for(device), Storage::Released{}),
+                      shape, dtype);
 }
 
 }  // namespace
