@@ -78,10 +78,10 @@ launch_and_terminate() {
 # STRATEGY RUN WORLD BATCH CONFIG [FLAGS...] (the run made with `many` and the common flags).
 predict() {
   local fsdp=$1 run=$2 w=$3 b=$4 c=$5; shift 5
-  local want; want=$(python3 -c "import json; r = json.load(open('$run/train_results.json')); print(round(r['train_peak_memory_gib_per_rank'][0] * 2**30), round(r['setup_peak_memory_gib_per_rank'][0] * 2**30))")
+  local want; want=$(python3 -c "import json; r = json.load(open('$run/train_results.json')); print(*(round(r[k + '_peak_memory_gib_per_rank'][0] * 2**30) for k in ('train', 'setup', 'save')))")
   local got; got=$("$trainer" estimate --config_name "$c" --block_size 16 --per_device_train_batch_size "$b" \
     --gradient_accumulation_steps 2 --do_eval --eval_strategy steps --eval_steps 4 --per_device_eval_batch_size 2 \
-    --use_cpu --world_size "$w" --fsdp "$fsdp" "$@" --json | python3 -c "import json,sys; e = json.load(sys.stdin); print(e['peak_bytes'], e['setup_peak_bytes'])")
-  [[ $got == "$want" ]] || fail "estimate of $run: $got bytes (step, set-up), measured $want"
-  echo "$suite: estimate of $run's rank 0: $got bytes (step, set-up), measured $want"
+    --use_cpu --world_size "$w" --fsdp "$fsdp" "$@" --json | python3 -c "import json,sys; e = json.load(sys.stdin); print(e['peak_bytes'], e['setup_peak_bytes'], e['save_peak_bytes'])")
+  [[ $got == "$want" ]] || fail "estimate of $run: $got bytes (step, set-up, save), measured $want"
+  echo "$suite: estimate of $run's rank 0: $got bytes (step, set-up, save), measured $want"
 }

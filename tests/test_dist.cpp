@@ -194,8 +194,23 @@ TEST(DistGloo, CollectivesOfThreeRanks) {
     EXPECT_EQ(all[0], 0);
     EXPECT_EQ(all[1], 10);
     EXPECT_EQ(all[2], 20);
+    // gather_v to rank 2: rank 0 sends 3 values, rank 1 none, rank 2 keeps its 2; the others' `out` is
+    // untouched. Repeated, so consecutive gathers on one slot stay apart.
+    for (int round = 0; round < 3; ++round) {
+      const std::vector<size_t> counts{3 * sizeof(int32_t), 0, 2 * sizeof(int32_t)};
+      std::vector<int32_t> in(counts[static_cast<size_t>(r)] / sizeof(int32_t));
+      for (size_t i = 0; i < in.size(); ++i) in[i] = 100 * round + 10 * r + static_cast<int32_t>(i);
+      std::vector<int32_t> out(5, -7);
+      g.gather_v(in.data(), counts[static_cast<size_t>(r)], out.data(), counts, 2);
+      const std::vector<int32_t> want =
+          r == 2 ? std::vector<int32_t>{100 * round, 100 * round + 1, 100 * round + 2, 100 * round + 20,
+                                        100 * round + 21}
+                 : std::vector<int32_t>(5, -7);
+      EXPECT_EQ(out, want) << "rank " << r << " round " << round;
+    }
+    EXPECT_THROW(g.gather_v(nullptr, 4, nullptr, {4, 4}, 0), Error);  // two counts for three ranks
     g.barrier();
-    EXPECT_GE(g.stats().calls, 5);
+    EXPECT_GE(g.stats().calls, 8);
   });
 }
 

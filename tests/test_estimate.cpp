@@ -46,9 +46,13 @@ TEST_P(EstimateMatchesRun, PeakBytesExactly) {
     r = train::train(a);
   }
   EXPECT_EQ(e.peak_bytes, r.peak_bytes) << c.name << ": predicted at " << e.peak_at;
-  // Loader workers start prefetching during set-up, and their allocations interleave with the run's by timing.
+  // Loader workers start prefetching during set-up, and their allocations interleave with the run's by
+  // timing.
   if (a.dataloader_num_workers == 0) {
     EXPECT_EQ(e.setup_peak_bytes, r.setup_peak_bytes) << c.name;
+    // The final step saves a checkpoint: one tensor at a time, then the optimizer's state_dict.
+    EXPECT_GT(r.save_peak_bytes, 0) << c.name;
+    EXPECT_EQ(e.save_peak_bytes, r.save_peak_bytes) << c.name;
     EXPECT_EQ(e.reserved_bytes, device.stats().peak_reserved_bytes) << c.name;
     EXPECT_GE(e.reserved_bytes, e.peak_bytes) << c.name;
   }

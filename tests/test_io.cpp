@@ -84,6 +84,52 @@ TEST(Safetensors, ShardedSaveAndLoadRoundTrip) {
   EXPECT_EQ(test::values(io::CheckpointReader(d.path.string()).load("d.f64")), test::values(ts[3].second));
 }
 
+// A streamed save asks for each tensor once, in order, across shards, holding none but the one it writes; the
+// files are those of the in-memory save. A tensor unlike its header entry is refused, naming it, and leaves
+// no file.
+TEST(Safetensors, StreamedSaveMakesEachTensorOnceInOrder) {
+  TempDir whole, streamed;
+  const auto ts = sample_tensors();
+  io::save_sharded(whole.path.string(), ts, 60);
+  std::vector<io::TensorEntry> entries;
+  for (const auto& [name, t] : ts) entries.push_back({name, t.dtype(), t.shape()});
+  std::vector<size_t> asked;
+  std::weak_ptr<Storage> previous;
+  io::save_sharded(
+      streamed.path.string(), entries,
+      [&](size_t i) {
+        EXPECT_TRUE(previous.expired()) << "tensor " << i << ": the previous one is still held";
+        asked.push_back(i);
+        Tensor t = ops::clone(ts[i].second);
+        previous = t.storage();
+        return t;
+      },
+      60);
+  std::vector<size_t> want(ts.size());
+  for (size_t i = 0; i < want.size(); ++i) want[i] = i;
+  EXPECT_EQ(asked, want);
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(whole.path)) {
+    ++files;
+    const auto read = [](const fs::path& p) {
+      std::ifstream in(p, std::ios::binary);
+      return std::string(std::istreambuf_iterator<char>(in), {});
+    };
+    EXPECT_EQ(read(e.path()), read(streamed.path / e.path().filename())) << e.path().filename();
+  }
+  EXPECT_GT(files, 2u);
+  TempDir bad;
+  const std::string path = bad.file("model.safetensors");
+  try {
+    io::save_safetensors(path, entries, [&](size_t i) { return i == 2 ? ts[1].second : ts[i].second; });
+    ADD_FAILURE() << "saved a tensor unlike its header";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'" + ts[2].first + "'"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(path));
+}
+
 TEST(Safetensors, ParsesSizes) {
   EXPECT_EQ(io::parse_size("5GB"), 5000000000ull);
   EXPECT_EQ(io::parse_size("2GiB"), 2ull << 30);

@@ -173,6 +173,31 @@ TEST(DistZero, ShardedAdamWEqualsAdamWOnTheSummedGradients) {
   fs::remove_all(dir);
 }
 
+// A streamed save's gather: each master whole on the chosen root, straight from the ranks' slices (4 ranks
+// of 8 elements cut every parameter differently: one spans two ranks, some ranks hold none of one), with and
+// without own masters; the other ranks get nothing.
+TEST(DistZero, GatherMasterPutsEachParameterWholeOnTheRoot) {
+  for (const bool own : {true, false})
+    with_group(4, test_port(own ? 44 : 45), [&](int r, dist::ProcessGroup& g) {
+      Model m;
+      const Model ref;
+      train::ShardedOptimizer opt(g, m.list, "adamw_torch_fused", adamw_options(), 1 << 20, own);
+      if (own)  // the shard is a copy: the whole masters may go (MixedPrecision::shard_masters)
+        for (auto& p : m.ps) p = ops::full(p.shape(), std::nan(""));
+      for (const int root : {0, 3})
+        for (size_t i = 0; i < m.ps.size(); ++i) {
+          const Tensor t = opt.gather_master(i, root);
+          if (r != root) {
+            EXPECT_FALSE(t.defined());
+            continue;
+          }
+          ASSERT_EQ(t.shape(), ref.ps[i].shape());
+          for (int64_t k = 0; k < t.numel(); ++k)
+            ASSERT_EQ(t.data<float>()[k], ref.ps[i].data<float>()[k]) << kShapes[i].first << " " << k;
+        }
+    });
+}
+
 TEST(DistZero, RefusesOptimizersThatNeedWholeTensors) {
   with_group(2, test_port(43), [](int, dist::ProcessGroup& g) {
     Model m;

@@ -156,6 +156,7 @@ int estimate(tr::train::TrainingArguments a, const std::string& device_name, con
                      {"peak_at", e.peak_at},
                      {"eval_peak_bytes", e.eval_peak_bytes},
                      {"setup_peak_bytes", e.setup_peak_bytes},
+                     {"save_peak_bytes", e.save_peak_bytes},
                      {"per_device_train_batch_size", e.per_device_train_batch_size},
                      {"gradient_accumulation_steps", e.gradient_accumulation_steps},
                      {"breakdown", b}};
@@ -184,6 +185,9 @@ int estimate(tr::train::TrainingArguments a, const std::string& device_name, con
   for (const auto& [name, bytes] : e.breakdown) std::printf("  %-50s %s\n", name.c_str(), gib(bytes).c_str());
   std::printf("peak              %s  (%s)\n", gib(e.peak_bytes).c_str(), e.peak_at.c_str());
   if (e.eval_peak_bytes > 0) std::printf("evaluation peak   %s\n", gib(e.eval_peak_bytes).c_str());
+  if (e.save_peak_bytes > 0)
+    std::printf("checkpoint save   %s  (the weights written one tensor at a time)\n",
+                gib(e.save_peak_bytes).c_str());
   if (e.setup_peak_bytes > e.peak_bytes)
     std::printf("set-up peak       %s  (before the first step: loading the model, sharding)\n",
                 gib(e.setup_peak_bytes).c_str());

@@ -20,11 +20,17 @@ void Allocator::reset_peak() {
   stats_.peak_bytes = stats_.current_bytes;
 }
 
+void Allocator::begin_window() {
+  std::lock_guard<std::mutex> g(mu_);
+  stats_.window_peak_bytes = stats_.current_bytes;
+}
+
 void Allocator::record_alloc(size_t nbytes) {
   std::lock_guard<std::mutex> g(mu_);
   stats_.current_bytes += static_cast<int64_t>(nbytes);
   stats_.num_allocs += 1;
   if (stats_.current_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.current_bytes;
+  if (stats_.current_bytes > stats_.window_peak_bytes) stats_.window_peak_bytes = stats_.current_bytes;
 }
 
 void Allocator::set_limit(int64_t bytes) {

@@ -12,9 +12,10 @@
 namespace tr {
 
 struct AllocatorStats {
-  int64_t current_bytes = 0;  // bytes held by live allocations
-  int64_t peak_bytes = 0;     // max of current_bytes since the last reset_peak()
-  int64_t num_allocs = 0;     // allocations served since creation
+  int64_t current_bytes = 0;      // bytes held by live allocations
+  int64_t peak_bytes = 0;         // max of current_bytes since the last reset_peak()
+  int64_t window_peak_bytes = 0;  // max of current_bytes since the last begin_window()
+  int64_t num_allocs = 0;         // allocations served since creation
 };
 
 // Sees every allocation and free of an allocator by block address (unique while the block lives; the meta
@@ -45,6 +46,9 @@ class Allocator {
   AllocatorStats stats() const;
   // Restarts peak tracking from the current usage.
   void reset_peak();
+  // A second peak over a stretch of the caller's choosing (a checkpoint save), leaving peak_bytes alone:
+  // window_peak_bytes restarts from the current usage.
+  void begin_window();
   // Caps the bytes in use (0: no cap, the default), like torch's per-process memory fraction: an allocation
   // beyond it throws OutOfMemoryError with the breakdown. auto_find_batch_size and its tests use it.
   void set_limit(int64_t bytes);

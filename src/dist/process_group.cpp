@@ -18,10 +18,13 @@
 #include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
+#include <gloo/context.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 
 #include "core/error.h"
 #include "dist/store.h"
@@ -39,6 +42,9 @@ const char* comm_backend_name(CommBackend b) { return b == CommBackend::gloo ? "
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// gather_v's slot tag: gloo's own gather (which we do not call) uses tag 0 under the same prefix.
+constexpr uint32_t kGatherVTag = 0x67760001;
 
 // Gloo's rendezvous reads and writes keys through this adapter onto our TCP store, under a prefix.
 class GlooStore final : public gloo::rendezvous::Store {
@@ -219,6 +225,41 @@ class GlooGroup final : public ProcessGroup {
       gloo::allgatherv(o);
     });
   }
+  // gloo::gather's pattern with a count per rank: the root posts one receive per peer at its offset.
+  void gather_v(const void* in, size_t bytes, void* out, const std::vector<size_t>& counts,
+                int root) override {
+    const auto me = static_cast<size_t>(env_.rank);
+    TR_CHECK(counts.size() == static_cast<size_t>(env_.world_size) && counts[me] == bytes && root >= 0 &&
+                 root < env_.world_size && (env_.rank != root || out != nullptr || bytes == 0),
+             "gather_v: {} counts for {} ranks, this rank's {} for {} bytes, root {}", counts.size(),
+             env_.world_size, counts.size() > me ? counts[me] : 0, bytes, root);
+    run("gather_v", bytes, [&] {
+      const auto slot = gloo::Slot::build(gloo::kGatherSlotPrefix, kGatherVTag);
+      if (env_.rank != root) {
+        if (bytes == 0) return;
+        auto buf = ctx_->createUnboundBuffer(const_cast<void*>(in), bytes);
+        buf->send(root, slot);
+        buf->waitSend(timeout_);
+        return;
+      }
+      size_t total = 0;
+      for (size_t c : counts) total += c;
+      if (total == 0) return;
+      auto buf = ctx_->createUnboundBuffer(out, total);
+      size_t at = 0;
+      int posted = 0;
+      for (size_t i = 0; i < counts.size(); ++i) {
+        if (i == me) {
+          if (bytes) std::memcpy(static_cast<char*>(out) + at, in, bytes);
+        } else if (counts[i]) {
+          buf->recv(static_cast<int>(i), slot, at, counts[i]);
+          ++posted;
+        }
+        at += counts[i];
+      }
+      for (int i = 0; i < posted; ++i) buf->waitRecv(timeout_);
+    });
+  }
   void all_to_all(const void* in, void* out, size_t bytes) override {
     run("all_to_all", bytes * static_cast<size_t>(env_.world_size), [&] {
       gloo::AlltoallOptions o(ctx_);
@@ -304,6 +345,7 @@ class DryRunGroup final : public ProcessGroup {
   void broadcast(void*, size_t, int) override {}
   void all_gather(const void*, void*, size_t) override {}
   void all_gather_v(const void*, size_t, void*, const std::vector<size_t>&) override {}
+  void gather_v(const void*, size_t, void*, const std::vector<size_t>&, int) override {}
   void all_to_all(const void*, void*, size_t) override {}
   void all_to_all_v(const float*, const std::vector<int64_t>&, float*, const std::vector<int64_t>&) override {
   }

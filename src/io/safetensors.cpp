@@ -89,24 +89,21 @@ Tensor SafetensorsFile::load(const std::string& name, std::optional<DType> dtype
   return ops::to_device(ops::to_dtype(view, want), device);
 }
 
-void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+void save_safetensors(const std::string& path, const std::vector<TensorEntry>& entries,
+                      const TensorMaker& make, const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header;
   nlohmann::ordered_json meta = nlohmann::ordered_json::object();
   meta["format"] = "pt";  // transformers refuses files without it
   for (const auto& [k, v] : metadata) meta[k] = v;
   header["__metadata__"] = meta;
-  std::vector<Tensor> host;
   uint64_t at = 0;
-  for (const auto& [name, t] : tensors) {
-    TR_CHECK(!name.empty() && name != "__metadata__", "{}: invalid tensor name '{}'", path, name);
-    TR_CHECK(!header.contains(name), "{}: tensor '{}' given twice", path, name);
-    Tensor h = ops::contiguous(ops::to_device(t, Device::cpu()));
-    const uint64_t nb = h.nbytes();
-    header[name] = {
-        {"dtype", safetensors_dtype_name(h.dtype())}, {"shape", h.shape()}, {"data_offsets", {at, at + nb}}};
+  for (const auto& e : entries) {  // the header from the shapes alone: written before any value exists
+    TR_CHECK(!e.name.empty() && e.name != "__metadata__", "{}: invalid tensor name '{}'", path, e.name);
+    TR_CHECK(!header.contains(e.name), "{}: tensor '{}' given twice", path, e.name);
+    const uint64_t nb = static_cast<uint64_t>(shape_numel(e.shape)) * dtype_size(e.dtype);
+    header[e.name] = {
+        {"dtype", safetensors_dtype_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {at, at + nb}}};
     at += nb;
-    host.push_back(h);
   }
   std::string hs = header.dump();
   hs.append((8 - hs.size() % 8) % 8, ' ');  // pad so the data section starts 8-byte aligned
@@ -117,13 +114,34 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(hs.size()) >> (8 * i));
     out.write(len, 8);
     out.write(hs);
-    for (const auto& h : host)
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const Tensor h = ops::contiguous(ops::to_device(make(i), Device::cpu()));
+      TR_CHECK(h.dtype() == entries[i].dtype && h.shape() == entries[i].shape,
+               "{}: tensor '{}' is {}, its header says {} {}", path, entries[i].name, h.describe(),
+               dtype_name(entries[i].dtype), shape_str(entries[i].shape));
       if (h.nbytes()) out.write(h.data_ptr(), h.nbytes());
+    }
     out.close(/*sync=*/true);
   }
   std::error_code ec;
   fs::rename(tmp, path, ec);
   TR_CHECK(!ec, "{}: cannot rename into place: {}", path, ec.message());
+}
+
+namespace {
+
+std::vector<TensorEntry> entries_of(const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  std::vector<TensorEntry> out;
+  for (const auto& [name, t] : tensors) out.push_back({name, t.dtype(), t.shape()});
+  return out;
+}
+
+}  // namespace
+
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  save_safetensors(
+      path, entries_of(tensors), [&](size_t i) { return tensors[i].second; }, metadata);
 }
 
 uint64_t parse_size(const std::string& s) {
@@ -157,34 +175,39 @@ uint64_t parse_size(const std::string& s) {
   return static_cast<uint64_t>(v * mul);
 }
 
-void save_sharded(const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,
+void save_sharded(const std::string& dir, const std::vector<TensorEntry>& entries, const TensorMaker& make,
                   uint64_t max_shard_bytes, const std::map<std::string, std::string>& metadata) {
   fs::create_directories(dir);
   // Greedy in the given order, as transformers does: a tensor larger than the limit gets a shard of its own.
-  std::vector<std::vector<std::pair<std::string, Tensor>>> shards(1);
+  // Shards hold consecutive entries, so `make` is still called once per tensor, in order.
+  std::vector<std::pair<size_t, size_t>> shards{{0, 0}};  // [first, last) entry
   uint64_t cur = 0, total = 0;
-  for (const auto& nt : tensors) {
-    const uint64_t nb = nt.second.nbytes();
-    if (!shards.back().empty() && cur + nb > max_shard_bytes) {
-      shards.emplace_back();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const uint64_t nb = static_cast<uint64_t>(shape_numel(entries[i].shape)) * dtype_size(entries[i].dtype);
+    if (shards.back().second > shards.back().first && cur + nb > max_shard_bytes) {
+      shards.emplace_back(i, i);
       cur = 0;
     }
-    shards.back().push_back(nt);
+    shards.back().second = i + 1;
     cur += nb;
     total += nb;
   }
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   if (shards.size() == 1) {
-    save_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, metadata);
+    save_safetensors((fs::path(dir) / "model.safetensors").string(), entries, make, metadata);
     fs::remove(index);
     return;
   }
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
   const size_t n = shards.size();
-  for (size_t i = 0; i < n; ++i) {
-    const std::string file = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, n);
-    save_safetensors((fs::path(dir) / file).string(), shards[i], metadata);
-    for (const auto& nt : shards[i]) weight_map[nt.first] = file;
+  for (size_t s = 0; s < n; ++s) {
+    const auto [first, last] = shards[s];
+    const std::string file = fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, n);
+    const std::vector<TensorEntry> part(entries.begin() + static_cast<std::ptrdiff_t>(first),
+                                        entries.begin() + static_cast<std::ptrdiff_t>(last));
+    save_safetensors((fs::path(dir) / file).string(), part,
+                     [&, first = first](size_t i) { return make(first + i); }, metadata);
+    for (const auto& e : part) weight_map[e.name] = file;
   }
   nlohmann::ordered_json j;
   j["metadata"] = {{"total_size", total}};
@@ -193,6 +216,12 @@ void save_sharded(const std::string& dir, const std::vector<std::pair<std::strin
   write_file(tmp, j.dump(2) + "\n");
   fs::rename(tmp, index);
   fs::remove(fs::path(dir) / "model.safetensors");
+}
+
+void save_sharded(const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                  uint64_t max_shard_bytes, const std::map<std::string, std::string>& metadata) {
+  save_sharded(
+      dir, entries_of(tensors), [&](size_t i) { return tensors[i].second; }, max_shard_bytes, metadata);
 }
 
 CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {

@@ -3,6 +3,7 @@
 // model.safetensors.index.json (Hugging Face's layout). Errors name the file and the tensor at fault.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -55,6 +56,23 @@ class SafetensorsFile {
   SafetensorsHeader header_;
   std::map<std::string, size_t> index_;
 };
+
+// A tensor of a streamed save, as its header describes it before its values exist.
+struct TensorEntry {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+};
+// Tensor i of a streamed save: called once per entry, in order, and must have that entry's dtype and shape
+// (any device). Only one made tensor is held at a time, so a save needs one tensor's memory, not all of
+// theirs (a sharded run gathers each parameter as it is written).
+using TensorMaker = std::function<Tensor(size_t i)>;
+
+// The streamed form of the writers below: the same files, one tensor in memory at a time.
+void save_safetensors(const std::string& path, const std::vector<TensorEntry>& entries,
+                      const TensorMaker& make, const std::map<std::string, std::string>& metadata = {});
+void save_sharded(const std::string& dir, const std::vector<TensorEntry>& entries, const TensorMaker& make,
+                  uint64_t max_shard_bytes, const std::map<std::string, std::string>& metadata = {});
 
 // Writes tensors (any device; stored little-endian in their dtype) with metadata {"format": "pt", ...} to
 // `path` through a temporary file that is renamed into place, so a crash never leaves a partial file.

@@ -152,11 +152,20 @@ struct DeferredModel {
 DeferredModel deferred_causal_lm(const ModelConfig& config, Device device, Generator& gen,
                                  const std::string& attn_implementation = "eager");
 DeferredModel deferred_pretrained(const std::string& dir, const PretrainedOptions& opts = {});
-// The tensors save_pretrained writes, under HF's names and in HF's layout (GPT-2's Conv1D weights transposed
-// into copies of their own; the rest are the parameters themselves).
-std::vector<std::pair<std::string, Tensor>> hf_tensors(CausalLM& model);
-// Writes config.json + model.safetensors (sharded above max_shard_size) into `dir`, loadable by transformers.
-void save_pretrained(CausalLM& model, const std::string& dir, const std::string& max_shard_size = "5GB");
+// Parameter `name`'s value as save_pretrained writes it: HF's layout (GPT-2's Conv1D weights transposed into
+// a copy of their own; everything else is `value` itself).
+Tensor hf_tensor(const CausalLM& model, const std::string& name, const Tensor& value);
+// What a save writes instead of the parameters themselves: parameter(i), in `dtype` and of
+// named_parameters()[i]'s shape, called once per parameter in order while the files are written (fp32
+// masters; a sharded run's gathered one at a time, so the save holds one parameter and not the model).
+struct SavedWeights {
+  DType dtype = DType::f32;
+  std::function<Tensor(size_t)> parameter;
+};
+// Writes config.json + model.safetensors (sharded above max_shard_size) into `dir`, loadable by transformers:
+// the parameters, or `weights` when given (config.json's torch_dtype is then its dtype).
+void save_pretrained(CausalLM& model, const std::string& dir, const std::string& max_shard_size = "5GB",
+                     const SavedWeights* weights = nullptr);
 
 // Scaled dot-product attention with materialized scores: q [B, H, T, D], k/v [B, H, S, D], mask bool
 // broadcastable to [B, H, T, S] (true = blocked). Fully blocked rows give zeros.

@@ -150,31 +150,38 @@ DeferredModel deferred_causal_lm(const ModelConfig& config, Device device, Gener
   return d;
 }
 
-std::vector<std::pair<std::string, Tensor>> hf_tensors(CausalLM& model) {
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (auto& [name, p] : model.named_parameters()) {
-    Tensor t = detach(*p);
-    if (model.transposed_on_disk(name)) t = ops::contiguous(ops::transpose(t, 0, 1));
-    tensors.emplace_back(name, t);
-  }
-  return tensors;
+Tensor hf_tensor(const CausalLM& model, const std::string& name, const Tensor& value) {
+  return model.transposed_on_disk(name) ? ops::contiguous(ops::transpose(value, 0, 1)) : value;
 }
 
-void save_pretrained(CausalLM& model, const std::string& dir, const std::string& max_shard_size) {
+void save_pretrained(CausalLM& model, const std::string& dir, const std::string& max_shard_size,
+                     const SavedWeights* weights) {
   // Write into a temporary folder and rename, so an interrupted save leaves the previous model intact.
   const fs::path final_dir(dir), tmp_dir = fs::path(dir + ".tmp-save");
   fs::remove_all(tmp_dir);
   fs::create_directories(tmp_dir);
-  const std::vector<std::pair<std::string, Tensor>> tensors = hf_tensors(model);
+  const nn::ParamList params = model.named_parameters();
+  const DType dtype = weights ? weights->dtype : model.dtype();
+  std::vector<io::TensorEntry> entries;
+  for (const auto& [name, p] : params) {
+    Shape shape = p->shape();
+    if (model.transposed_on_disk(name)) std::swap(shape[0], shape[1]);
+    entries.push_back({name, weights ? dtype : p->dtype(), shape});
+  }
+  // One parameter in HF's layout at a time: a save's memory is its largest tensor, not the model.
+  const io::TensorMaker make = [&](size_t i) {
+    const Tensor value = weights ? weights->parameter(i) : detach(*params[i].second);
+    return hf_tensor(model, params[i].first, value);
+  };
   try {
-    io::save_sharded(tmp_dir.string(), tensors, io::parse_size(max_shard_size));
+    io::save_sharded(tmp_dir.string(), entries, make, io::parse_size(max_shard_size));
   } catch (...) {
     std::error_code ec;
     fs::remove_all(tmp_dir, ec);  // a partial save holds space a full disk needs back
     throw;
   }
   nlohmann::json cfg = model.config().to_json();
-  cfg["torch_dtype"] = std::string(dtype_name(model.dtype()));
+  cfg["torch_dtype"] = std::string(dtype_name(dtype));
   if (!cfg.contains("architectures"))
     cfg["architectures"] = {model.config().family == Family::gpt2    ? "GPT2LMHeadModel"
                             : model.config().model_type == "qwen2"   ? "Qwen2ForCausalLM"

@@ -61,6 +61,18 @@ void remove_atomically(const fs::path& dir) {
 
 }  // namespace
 
+std::optional<models::SavedWeights> saved_weights(const MixedPrecision& mp, ShardedOptimizer* gathered) {
+  if (gathered)
+    return models::SavedWeights{DType::f32, [gathered](size_t i) { return gathered->gather_master(i); }};
+  if (!mp.enabled()) return std::nullopt;
+  TR_CHECK(!mp.masters_sharded(), "save: the fp32 masters are sharded across the ranks; gather them");
+  return models::SavedWeights{DType::f32, [&mp](size_t i) { return *mp.master_params()[i].second; }};
+}
+
+void take_part_in_save(ShardedOptimizer& gathered) {
+  for (size_t i = 0; i < gathered.layout().numel.size(); ++i) gathered.gather_master(i);
+}
+
 nlohmann::json read_json_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   TR_CHECK(in.good(), "{}: missing or unreadable", path);
@@ -92,23 +104,13 @@ std::string latest_checkpoint(const std::string& dir) {
 namespace {
 
 // Every file of checkpoint-N into its temporary folder `tmp`.
-void write_checkpoint_files(const fs::path& tmp, models::CausalLM& model, MixedPrecision& mp,
-                            const optim::Optimizer& opt, const tokenizers::Tokenizer* tok,
+void write_checkpoint_files(const fs::path& tmp, models::CausalLM& model, const models::SavedWeights* weights,
+                            MixedPrecision& mp, const optim::Optimizer& opt, const tokenizers::Tokenizer* tok,
                             const TrainerState& st, const TrainingArguments& a, const SaveProbe& probe,
                             const std::function<void()>& others) {
   fs::remove_all(tmp);
   fs::create_directories(tmp);
-  mp.swap_masters();  // fp32 weights on disk, as HF saves under autocast
-  try {
-    const DType compute = model.dtype();
-    model.set_dtype(DType::f32);
-    models::save_pretrained(model, tmp.string());
-    model.set_dtype(compute);
-  } catch (...) {
-    mp.swap_masters();
-    throw;
-  }
-  mp.swap_masters();
+  models::save_pretrained(model, tmp.string(), "5GB", weights);
   if (probe) probe("model");
   save_optimizer_state(tmp.string(), opt);  // a sharded run: rank 0's file; `others` adds the other ranks'
   if (probe) probe("optimizer");
@@ -147,15 +149,15 @@ std::string save_failure(const std::exception& e) {
 
 }  // namespace
 
-std::string save_checkpoint(models::CausalLM& model, MixedPrecision& mp, const optim::Optimizer& opt,
-                            const tokenizers::Tokenizer* tok, const TrainerState& st,
-                            const TrainingArguments& a, const SaveProbe& probe,
+std::string save_checkpoint(models::CausalLM& model, const models::SavedWeights* weights, MixedPrecision& mp,
+                            const optim::Optimizer& opt, const tokenizers::Tokenizer* tok,
+                            const TrainerState& st, const TrainingArguments& a, const SaveProbe& probe,
                             const std::function<void()>& others) {
   const std::string name = "checkpoint-" + std::to_string(st.global_step);
   const fs::path final_dir = fs::path(a.output_dir) / name;
   const fs::path tmp = checkpoint_staging_dir(a.output_dir, st.global_step);
   try {
-    write_checkpoint_files(tmp, model, mp, opt, tok, st, a, probe, others);
+    write_checkpoint_files(tmp, model, weights, mp, opt, tok, st, a, probe, others);
   } catch (const std::exception& e) {
     // A partial save is worth nothing and, on a full disk, holds the space the next try needs.
     std::error_code ec;

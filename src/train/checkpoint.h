@@ -4,6 +4,7 @@
 // Written into a temporary folder and renamed, so a crash at any moment leaves the last complete one intact.
 #pragma once
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -39,15 +40,25 @@ struct TrainerState {
 // simulate a crash mid-save.
 using SaveProbe = std::function<void(const std::string& stage)>;
 
-// Writes output_dir/checkpoint-{global_step} (masters swapped in so the weights are fp32) and rotates
+class ShardedOptimizer;
+
+// The fp32 weights a save writes (HF saves fp32 under autocast): mixed precision's masters, or, with
+// `gathered` (a ZeRO run whose fp32 masters are whole nowhere: ZeRO-2/3 under mixed precision, ZeRO-3 in
+// fp32), each parameter gathered onto the group's rank 0 as it is written - every other rank of the group
+// calls take_part_in_save meanwhile. Null: the parameters themselves are the fp32 weights.
+std::optional<models::SavedWeights> saved_weights(const MixedPrecision& mp, ShardedOptimizer* gathered);
+// A rank that does not write: its part of every parameter's gather, in the writer's order.
+void take_part_in_save(ShardedOptimizer& gathered);
+
+// Writes output_dir/checkpoint-{global_step} (the weights: `weights`, else the parameters) and rotates
 // (save_total_limit keeps the newest, and the best when one is tracked). Returns the folder. `others` runs
 // once every file of this process is in the staging folder, before it is renamed: a sharded run's other
 // ranks add their optimizer.rank-K.safetensors there.
 // `tok` null: a run on token shards without a tokenizer (the checkpoint then has no tokenizer files).
-std::string save_checkpoint(models::CausalLM& model, MixedPrecision& mp, const optim::Optimizer& opt,
-                            const tokenizers::Tokenizer* tok, const TrainerState& state,
-                            const TrainingArguments& args, const SaveProbe& probe = {},
-                            const std::function<void()>& others = {});
+std::string save_checkpoint(models::CausalLM& model, const models::SavedWeights* weights, MixedPrecision& mp,
+                            const optim::Optimizer& opt, const tokenizers::Tokenizer* tok,
+                            const TrainerState& state, const TrainingArguments& args,
+                            const SaveProbe& probe = {}, const std::function<void()>& others = {});
 // The folder a save of `global_step` is staged in before its rename.
 std::string checkpoint_staging_dir(const std::string& output_dir, int64_t global_step);
 

@@ -11,6 +11,7 @@
 #include "core/allocator.h"
 #include "core/caching_allocator.h"
 #include "ops/ops.h"
+#include "train/checkpoint.h"
 #include "train/mixed_precision.h"
 #include "train/setup.h"
 #include "train/train_step.h"
@@ -56,23 +57,20 @@ class PeakTracker {
   std::string where_ = "set-up";
 };
 
-// Rank 0's side of a checkpoint save inside training (Run::save), on the meta device: a sharded run's whole
-// fp32 masters gathered (ZeRO-3 in fp32: gathered into its parameters), swapped into the model for
-// save_pretrained's tensors (GPT-2's transposed copies), then the optimizer's state_dict; the masters sharded
-// again after. Returns the save's peak above `base`; `host_extra` counts the host tensors state_dict makes
-// (its step counts) when the host is the device.
+// Rank 0's side of a checkpoint save inside training (Run::save), on the meta device: the weights written
+// one parameter at a time as save_pretrained makes them (a sharded run's fp32 master gathered, GPT-2's
+// transposed copy), then the optimizer's state_dict. Returns the save's peak above `base`; `host_extra`
+// counts the host tensors state_dict makes (its step counts) when the host is the device.
 int64_t dry_save(models::CausalLM& model, MixedPrecision& mp, optim::Optimizer& opt,
-                 ShardedOptimizer* sharded, FullShard* full, int64_t base, bool host_extra) {
+                 ShardedOptimizer* gathered, int64_t base, bool host_extra) {
   MetaAllocator& meta = meta_allocator();
   meta.reset_peak();
-  const bool fp32_full = full != nullptr && !mp.enabled();
-  if (sharded && (mp.masters_sharded() || fp32_full)) {
-    auto whole = sharded->gather_masters(true, fp32_full ? full->materialize() : std::vector<Tensor>());
-    if (!fp32_full) mp.restore_masters(std::move(whole));
+  const auto weights = saved_weights(mp, gathered);
+  const nn::ParamList params = model.named_parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor value = weights ? weights->parameter(i) : detach(*params[i].second);
+    models::hf_tensor(model, params[i].first, value);  // both held while the writer takes the copy
   }
-  mp.swap_masters();
-  models::hf_tensors(model);  // made and dropped, as save_pretrained holds them while it writes
-  mp.swap_masters();
   int64_t peak = meta.stats().peak_bytes - base;
   {
     const int64_t host = cpu_allocator().stats().current_bytes;
@@ -80,8 +78,6 @@ int64_t dry_save(models::CausalLM& model, MixedPrecision& mp, optim::Optimizer& 
     const int64_t extra = host_extra ? cpu_allocator().stats().current_bytes - host : 0;
     peak = std::max(peak, meta.stats().current_bytes - base + extra);
   }
-  if (fp32_full) full->release_all();
-  if (sharded && mp.enabled() && sharded->owns_masters() && !mp.masters_sharded()) mp.shard_masters();
   return peak;
 }
 
@@ -249,12 +245,14 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
   }
   // Every save_strategy but "no" saves inside the loop (at the latest after the last step).
   if (a.save_strategy != "no") {
-    const int64_t save =
-        dry_save(*model, mp, *opt, sharded, full.get(), base, device == MemoryDevice::cpu) + prefetch;
+    ShardedOptimizer* gathered =
+        sharded && (mp.masters_sharded() || (full && !mp.enabled())) ? sharded : nullptr;
+    const int64_t save = dry_save(*model, mp, *opt, gathered, base, device == MemoryDevice::cpu) + prefetch;
+    e.save_peak_bytes = save;
     if (save > e.peak_bytes) {
       e.peak_bytes = save;
-      e.peak_at = sharded && (mp.enabled() || full) ? "checkpoint save (the whole fp32 masters gathered)"
-                                                    : "checkpoint save";
+      e.peak_at =
+          gathered ? "checkpoint save (each fp32 master gathered as it is written)" : "checkpoint save";
     }
   }
   e.reserved_bytes = caching.stats().peak_reserved_bytes;
@@ -272,7 +270,7 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
   if (full) e.breakdown.emplace_back("weights (all, for reference)", weight_bytes);
   e.breakdown.emplace_back("gradients (all, for reference)", grads);
   const bool save_peak = e.peak_at.rfind("checkpoint save", 0) == 0;
-  e.breakdown.emplace_back(save_peak ? "the save's whole weights and copies at the peak"
+  e.breakdown.emplace_back(save_peak ? "the save's tensors and the optimizer state_dict at the peak"
                            : full    ? "activations, gathered units, gradients and workspace at the peak"
                                      : "activations, gradients and workspace at the peak",
                            e.peak_bytes - persistent);

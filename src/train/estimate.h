@@ -39,6 +39,11 @@ struct MemoryEstimate {
   // Set-up's peak (model, masters, optimizer made, as train_results.json's setup_peak_memory_gib), which
   // train_peak_memory_gib does not count.
   int64_t setup_peak_bytes = 0;
+  // A checkpoint save inside training (0 with --save_strategy no), as train_results.json's
+  // save_peak_memory_gib; in peak_bytes too. Weights are written one tensor at a time (a sharded run
+  // gathers each fp32 master as it goes), so this is the persistent state plus the largest tensor and its
+  // copy, or the optimizer's state_dict.
+  int64_t save_peak_bytes = 0;
   // The same allocations under the CUDA caching allocator's rules (CachingAllocatorModel: 512-byte blocks,
   // 2 MiB small and 20 MiB large segments, best-fit reuse, splitting): the most it reserves over set-up, the
   // steps and the evaluation - torch.cuda.max_memory_reserved, our peak_reserved_memory_gib. Computed

@@ -108,28 +108,10 @@ void MixedPrecision::after_step(bool found_inf) {
   for (auto& m : masters_) autograd::zero_grad(m);
 }
 
-void MixedPrecision::swap_masters() {
-  if (!enabled()) return;
-  TR_CHECK(!sharded_, "mixed precision: the fp32 masters are sharded across the ranks; gather them first");
-  for (size_t i = 0; i < model_.size(); ++i) std::swap(*model_[i].second, masters_[i]);
-}
-
 void MixedPrecision::shard_masters() {
   TR_CHECK(enabled(), "mixed precision: fp32 training has no separate masters to shard");
   for (auto& m : masters_) m = shape_only(m.shape());
   sharded_ = true;
-}
-
-void MixedPrecision::restore_masters(std::vector<Tensor> masters) {
-  TR_CHECK(masters.size() == masters_.size(), "mixed precision: {} masters for {} parameters", masters.size(),
-           masters_.size());
-  for (size_t i = 0; i < masters.size(); ++i) {
-    TR_CHECK(masters[i].shape() == masters_[i].shape() && masters[i].dtype() == DType::f32,
-             "mixed precision: master {} is {}, expected f32 of the parameter's shape", model_[i].first,
-             masters[i].describe());
-    masters_[i] = std::move(masters[i]);
-  }
-  sharded_ = false;
 }
 
 }  // namespace tr::train

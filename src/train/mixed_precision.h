@@ -26,7 +26,7 @@ class MixedPrecision {
   // see below).
   // `half` f32 means plain fp32 training: masters are the model's own parameters and nothing is copied.
   // `sharded_masters` (ZeRO-2, whose optimizer has taken its slices already): no whole masters are kept,
-  // each fp32 tensor is dropped once its half copy exists (masters_sharded() until restore_masters); a
+  // each fp32 tensor is dropped once its half copy exists (masters_sharded()); a
   // parameter already in `half` (build_shard's) is kept as it is.
   MixedPrecision(const nn::ParamList& model_params, DType half, bool loss_scaling,
                  bool sharded_masters = false);
@@ -48,13 +48,9 @@ class MixedPrecision {
   std::vector<Tensor> weight_copies() const;
   // After an optimizer step that ran (or was skipped): scaler update, every gradient dropped.
   void after_step(bool found_inf);
-  // Swaps masters into the model's parameter slots (saving writes fp32 weights, as HF under autocast) and
-  // back again. Throws while the masters are sharded.
-  void swap_masters();
   // ZeRO-2: the whole masters freed (meta tensors of their shapes stay, for names and shapes) once a
-  // ShardedOptimizer holds this rank's slices; restore_masters puts whole ones back (gathered to save).
+  // ShardedOptimizer holds this rank's slices (a save gathers each one as it is written).
   void shard_masters();
-  void restore_masters(std::vector<Tensor> masters);
   bool masters_sharded() const { return sharded_; }
   GradScaler& scaler() { return scaler_; }
   const GradScaler& scaler() const { return scaler_; }

@@ -173,8 +173,7 @@ class Run {
   void log(const nlohmann::json& entry);
   void save();
   void save_files();
-  void gather_masters();
-  void reshard_masters();
+  ShardedOptimizer* gathered_masters() const;
   void finish();
   void draw_curves();
   bool stop_requested();
@@ -444,31 +443,23 @@ void Run::evaluate_at(int64_t step) {
   eval_seconds_ += e.seconds;
 }
 
-// ZeRO-2/3 under mixed precision: every rank's fp32 slices gathered into whole masters (saving writes fp32
-// weights; a collective), and freed again after the save. ZeRO-3 in fp32: the gathered weights go into
-// rank 0's released parameters.
-void Run::gather_masters() {
+// A ZeRO run whose fp32 masters are whole nowhere (ZeRO-2/3 under mixed precision, ZeRO-3 in fp32): a save
+// gathers each parameter onto rank 0 as it is written. Hybrid sharding: only the first node's shard group
+// (rank 0's) gathers; the other nodes hold the same shards and take no part.
+ShardedOptimizer* Run::gathered_masters() const {
   auto* z = dynamic_cast<ShardedOptimizer*>(opt_.get());
-  const bool fp32_full = full_ && !mp_->enabled();
-  if (!z || (!mp_->masters_sharded() && !fp32_full)) return;
-  // Only rank 0 writes weights: the others keep nothing. ZeRO-3 in fp32 gathers into the parameters.
-  auto full = z->gather_masters(main_, main_ && fp32_full ? full_->materialize() : std::vector<Tensor>());
-  if (main_ && !fp32_full) mp_->restore_masters(std::move(full));
-}
-
-void Run::reshard_masters() {
-  if (full_ && !mp_->enabled()) full_->release_all();
-  if (auto* z = dynamic_cast<ShardedOptimizer*>(opt_.get());
-      z && mp_->enabled() && z->owns_masters() && !mp_->masters_sharded())
-    mp_->shard_masters();
+  if (!z || !(mp_->masters_sharded() || (full_ && !mp_->enabled()))) return nullptr;
+  return !hybrid_.replicas || hybrid_.replicas->rank() == 0 ? z : nullptr;
 }
 
 void Run::save() {
   st_.dropout_rng = dropout_gen_.state();
   st_.position = loader_->position();
-  gather_masters();
+  if (full_) full_->drain();  // the save's gathers share the group with ZeRO-3's: none may be in flight
+  Allocator& alloc = ops::allocator_for(dev_);
+  alloc.begin_window();
   save_files();
-  reshard_masters();
+  r_.save_peak_bytes = std::max(r_.save_peak_bytes, alloc.stats().window_peak_bytes);
 }
 
 void Run::save_files() {
@@ -476,6 +467,7 @@ void Run::save_files() {
   // rank 0's files are staged, every other rank adds its optimizer.rank-K.safetensors, then rank 0 renames.
   const bool shards = dynamic_cast<const ShardedOptimizer*>(opt_.get()) != nullptr;
   if (!main_) {
+    if (ShardedOptimizer* z = gathered_masters()) take_part_in_save(*z);  // while rank 0 writes the model
     if (shards) {  // hybrid sharding: the first node's ranks write the shards every node holds
       group_->barrier();
       if (!hybrid_.replicas || hybrid_.replicas->rank() == 0)
@@ -492,8 +484,10 @@ void Run::save_files() {
     group_->barrier();  // written
   };
   try {
-    r_.last_checkpoint = save_checkpoint(*model_, *mp_, *opt_, tok_ ? &*tok_ : nullptr, st_, a_,
-                                         hooks_.save_probe, shards ? std::function<void()>(others) : nullptr);
+    const auto weights = saved_weights(*mp_, gathered_masters());
+    r_.last_checkpoint =
+        save_checkpoint(*model_, weights ? &*weights : nullptr, *mp_, *opt_, tok_ ? &*tok_ : nullptr, st_, a_,
+                        hooks_.save_probe, shards ? std::function<void()>(others) : nullptr);
   } catch (...) {
     std::fprintf(stderr, "\n");  // the error starts its own line, not the progress bar's
     throw;
@@ -614,13 +608,14 @@ TrainResult Run::train() {
   r_.skipped_steps = st_.skipped_steps;
   r_.peak_bytes = ops::allocator_for(dev_).stats().peak_bytes;
   if (group_) {  // every rank's peak and optimizer state (they shrink with the world under ZeRO)
-    const int64_t mine[3] = {r_.peak_bytes, opt_->state_bytes(), r_.setup_peak_bytes};
-    std::vector<int64_t> all(3 * static_cast<size_t>(group_->size()));
+    const int64_t mine[4] = {r_.peak_bytes, opt_->state_bytes(), r_.setup_peak_bytes, r_.save_peak_bytes};
+    std::vector<int64_t> all(4 * static_cast<size_t>(group_->size()));
     group_->all_gather(mine, all.data(), sizeof mine);
-    for (size_t k = 0; k < all.size(); k += 3) {
+    for (size_t k = 0; k < all.size(); k += 4) {
       r_.rank_peak_bytes.push_back(all[k]);
       r_.rank_optimizer_bytes.push_back(all[k + 1]);
       r_.rank_setup_peak_bytes.push_back(all[k + 2]);
+      r_.rank_save_peak_bytes.push_back(all[k + 3]);
     }
   }
   r_.tokens = tokens_;
@@ -658,8 +653,11 @@ void Run::finish() {
   if (final_eval && (r_.evals.empty() || st_.log_history.back().value("step", int64_t{-1}) != total ||
                      !st_.log_history.back().contains("eval_loss")))
     evaluate_at(total);  // on every rank: the evaluation is split across them
-  gather_masters();      // the final model's fp32 weights (every rank takes part)
-  if (!main_) return;
+  if (full_) full_->drain();
+  if (!main_) {  // the final model's fp32 weights: every rank takes part in their gathers
+    if (ShardedOptimizer* z = gathered_masters()) take_part_in_save(*z);
+    return;
+  }
   if (st_.skipped_steps > 0)
     std::fprintf(stderr,
                  "train: %lld of %lld fp16 steps skipped for inf/nan gradients (final loss scale %g)\n",
@@ -673,6 +671,8 @@ void Run::finish() {
                         {"global_step", total},
                         {"train_peak_memory_gib", static_cast<double>(r_.peak_bytes) / (1 << 30)},
                         {"setup_peak_memory_gib", static_cast<double>(r_.setup_peak_bytes) / (1 << 30)}};
+  if (r_.save_peak_bytes > 0)  // checkpoint saves inside training: part of train_peak_memory_gib too
+    all["save_peak_memory_gib"] = static_cast<double>(r_.save_peak_bytes) / (1 << 30);
   // A GPU's caching allocator: the most it reserved over set-up, training and evaluation
   // (torch.cuda.max_memory_reserved; the estimate's reserved_bytes).
   if (const int64_t reserved = ops::allocator_for(dev_).peak_reserved_bytes(); reserved > 0)
@@ -689,6 +689,7 @@ void Run::finish() {
     all["train_peak_memory_gib_per_rank"] = gib(r_.rank_peak_bytes);
     all["optimizer_state_gib_per_rank"] = gib(r_.rank_optimizer_bytes);
     all["setup_peak_memory_gib_per_rank"] = gib(r_.rank_setup_peak_bytes);
+    if (r_.save_peak_bytes > 0) all["save_peak_memory_gib_per_rank"] = gib(r_.rank_save_peak_bytes);
     all["ddp_backend"] = group_->backend_name();
     all["ddp_comm_bytes_per_step"] = r_.comm_bytes / std::max<int64_t>(1, r_.steps);
     all["ddp_comm_wait_seconds"] = r_.comm_wait_seconds;
@@ -702,10 +703,8 @@ void Run::finish() {
     all.update(e);
   }
   write_json(fs::path(a_.output_dir) / "all_results.json", all);
-  mp_->swap_masters();  // the final model in fp32, as HF saves it
-  model_->set_dtype(DType::f32);
-  models::save_pretrained(*model_, a_.output_dir);
-  mp_->swap_masters();
+  const auto weights = saved_weights(*mp_, gathered_masters());  // the final model in fp32, as HF saves it
+  models::save_pretrained(*model_, a_.output_dir, "5GB", weights ? &*weights : nullptr);
   if (tok_) tok_->save_pretrained(a_.output_dir);
   draw_curves();
   write_json(fs::path(a_.output_dir) / "trainer_state.json",

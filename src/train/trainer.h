@@ -29,6 +29,7 @@ struct TrainResult {
   int64_t batch_retries = 0;     // auto_find_batch_size: runs restarted after an out-of-memory
   int64_t peak_bytes = 0;        // the training device's allocator peak during training
   int64_t setup_peak_bytes = 0;  // and before it: loading the model, sharding, resuming
+  int64_t save_peak_bytes = 0;   // the most during a checkpoint save inside training (0: none saved)
   double unigram_baseline = 0;   // eval-set cross-entropy of the train-set unigram model (with an eval)
   int64_t tokens = 0, global_step = 0;
   double eval_seconds = 0;       // evaluation time, kept out of `seconds`
@@ -40,8 +41,8 @@ struct TrainResult {
   std::string comm_backend;      // their collectives' library (gloo)
   double comm_wait_seconds = 0;  // DDP: time the training thread waited on collectives
   int64_t comm_bytes = 0;        // DDP: this rank's bytes handed to collectives during training
-  std::vector<int64_t> rank_peak_bytes, rank_optimizer_bytes,
-      rank_setup_peak_bytes;  // distributed: every rank's, by rank
+  std::vector<int64_t> rank_peak_bytes, rank_optimizer_bytes, rank_setup_peak_bytes,
+      rank_save_peak_bytes;  // distributed: every rank's, by rank
 };
 
 struct TrainHooks {

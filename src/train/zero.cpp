@@ -347,42 +347,30 @@ void ShardedOptimizer::gather_rounded(const std::vector<Tensor>& copies) {
   }
 }
 
-std::vector<Tensor> ShardedOptimizer::gather_masters(bool keep, std::vector<Tensor> into) {
-  std::vector<Tensor> full = std::move(into);
-  // A dry run (trainer estimate) takes the memory of the whole masters and moves no values.
-  if (keep && full.empty())
-    for (const auto& [name, p] : params_)
-      full.push_back(ops::empty(p->shape(), DType::f32, dev_.is_meta() ? dev_ : Device::cpu()));
-  if (dev_.is_meta()) return full;
-  TR_CHECK(!keep || full.size() == params_.size(), "ShardedOptimizer: {} tensors to gather {} masters into",
-           full.size(), params_.size());
-  for (size_t i = 0; keep && i < full.size(); ++i)
-    TR_CHECK(full[i].dtype() == DType::f32 && full[i].is_contiguous() && full[i].device().is_cpu() &&
-                 full[i].shape() == params_[i].second->shape(),
-             "ShardedOptimizer: cannot gather master '{}' into {}", params_[i].first, full[i].describe());
-  const int64_t S = layout_.shard;
-  const size_t world = static_cast<size_t>(group_.size());
-  std::vector<float> recv(world * static_cast<size_t>(round_));
-  const float* own_base = own_ ? master_flat_.data<float>() : nullptr;
-  for (int64_t k0 = 0; k0 < S; k0 += round_) {
-    const int64_t n = std::min(round_, S - k0);
-    std::vector<float> mine(static_cast<size_t>(n), 0.0f);
-    const int64_t base = group_.rank() * S + k0;
-    layout_.visit(base, base + n, [&](size_t p, int64_t at, int64_t cnt, int64_t pos) {
-      const float* from = own_ ? own_base + k0 + pos : params_[p].second->data<float>() + at;
-      std::memcpy(mine.data() + pos, from, static_cast<size_t>(cnt) * sizeof(float));
-    });
-    group_.all_gather(mine.data(), recv.data(), static_cast<size_t>(n) * sizeof(float));
-    if (!keep) continue;  // a rank that does not write the weights takes part and keeps nothing
-    for (size_t j = 0; j < world; ++j) {
-      const int64_t lo = static_cast<int64_t>(j) * S + k0;
-      const float* block = recv.data() + j * static_cast<size_t>(n);
-      layout_.visit(lo, lo + n, [&](size_t p, int64_t at, int64_t cnt, int64_t pos) {
-        std::memcpy(full[p].data<float>() + at, block + pos, static_cast<size_t>(cnt) * sizeof(float));
-      });
-    }
+Tensor ShardedOptimizer::gather_master(size_t p, int root) {
+  TR_CHECK(p < params_.size(), "ShardedOptimizer: master {} of {}", p, params_.size());
+  const Tensor& param = *params_[p].second;
+  const bool mine_out = group_.rank() == root;
+  // A dry run (trainer estimate) takes the memory of the whole tensor and moves no values.
+  if (dev_.is_meta()) return mine_out ? ops::empty(param.shape(), DType::f32, dev_) : Tensor();
+  // Rank j holds flat [j * S, (j + 1) * S): its part of the parameter's range, consecutive by rank, is the
+  // parameter in element order, so the root receives straight into the tensor it returns.
+  const int64_t S = layout_.shard, lo = layout_.offset[p], hi = lo + layout_.numel[p];
+  std::vector<size_t> counts(static_cast<size_t>(group_.size()));
+  for (size_t j = 0; j < counts.size(); ++j) {
+    const int64_t a = std::max(lo, static_cast<int64_t>(j) * S),
+                  b = std::min(hi, (static_cast<int64_t>(j) + 1) * S);
+    counts[j] = a < b ? static_cast<size_t>(b - a) * sizeof(float) : 0;
   }
-  return full;
+  const int64_t first = std::max(lo, group_.rank() * S);  // this rank's first element of the parameter
+  const size_t mine = counts[static_cast<size_t>(group_.rank())];
+  const float* from = nullptr;
+  if (mine)
+    from =
+        own_ ? master_flat_.data<float>() + (first - group_.rank() * S) : param.data<float>() + (first - lo);
+  Tensor out = mine_out ? ops::empty(param.shape(), DType::f32, Device::cpu()) : Tensor();
+  group_.gather_v(from, mine, mine_out ? out.data_ptr() : nullptr, counts, root);
+  return out;
 }
 
 // Every rank's updated slices into every rank's masters, a bounded stretch of each shard per call.

@@ -85,11 +85,11 @@ class ShardedOptimizer final : public optim::Optimizer {
   // every parameter all-gathered into the masters and, when given, rounded into `copies` (own masters: into
   // `copies` alone, which must be given).
   void update(const backend::Backend::GradTransform& t, const std::vector<Tensor>& copies);
-  // Every rank's slices as whole fp32 tensors parallel to the masters (a collective: saving needs them),
-  // written into `into` when given (contiguous host f32 tensors of the masters' shapes: ZeRO-3's released
-  // parameters, taken again, so no second copy exists). Without `keep` this rank takes part and returns
-  // nothing (only rank 0 writes the weights).
-  std::vector<Tensor> gather_masters(bool keep = true, std::vector<Tensor> into = {});
+  // Master p's fp32 values from every rank's slices, whole on `root` (a host tensor; an undefined one on
+  // the other ranks). A collective: every rank of the group calls it for the same p in the same order.
+  // Saving streams the masters this way, one parameter at a time: the writer's peak is one parameter, not
+  // the whole fp32 model.
+  Tensor gather_master(size_t p, int root = 0);
   bool owns_masters() const { return own_; }
   int stage() const { return stage_; }
   // The --fsdp option this stage is ("shard_grad_op", "full_shard"), for messages.

@@ -163,7 +163,6 @@ FullShard::Unit& FullShard::unit(int u) {
 }
 
 void FullShard::before_forward(int u) {
-  TR_CHECK(!materialized_, "FullShard: a forward pass while the whole model is materialized for a save");
   // The root starts with the embeddings: their own unit when the head is apart (before_head gathers it).
   gather(u == -1 && embed_unit_ > 0 ? units_[static_cast<size_t>(embed_unit_)] : unit(u));
   if (options_.forward_prefetch) prefetch(u + 1);  // the root runs first: layer 0 comes next
@@ -377,23 +376,6 @@ void FullShard::reduce_chunk(const Chunk& c) {
     }
     pos += p.n;
   }
-}
-
-std::vector<Tensor> FullShard::materialize() {
-  drain();
-  std::vector<Tensor> out;
-  for (const auto& [name, p] : params_) {
-    p->storage()->reacquire();
-    out.push_back(*p);
-  }
-  for (Unit& u : units_) u.state = State::resident;
-  materialized_ = true;
-  return out;
-}
-
-void FullShard::release_all() {
-  for (Unit& u : units_) release(u);
-  materialized_ = false;
 }
 
 bool FullShard::all_released() const {

@@ -62,11 +62,6 @@ class FullShard final : public models::LayerHooks {
   void begin_backward(double scale);
   void grad_ready(const TensorImpl* leaf);
   void finish_backward();
-  // Saving fp32 weights: every parameter's storage taken again (no values: ShardedOptimizer::gather_masters
-  // writes them), the parameters returned; they stay until release_all.
-  std::vector<Tensor> materialize();
-  void release_all();
-
   // Every queued gather finished (rethrows a failed one); before any collective of another caller.
   void drain();
 
@@ -128,7 +123,6 @@ class FullShard final : public models::LayerHooks {
   bool meta_ = false;
   float scale_ = 1;
   bool in_backward_ = false;
-  bool materialized_ = false;  // materialize() .. release_all()
   int64_t gathers_ = 0, prefetched_ = 0;
   double blocked_ = 0, reduce_seconds_ = 0;
   std::vector<char> send_, recv_;  // the communication thread's
