@@ -309,6 +309,13 @@ std::vector<GradCase> cases() {
                  return Inputs{rnd({3, 4}, 35)};
                },
                [](const Inputs& x) { return contiguous(transpose(x[0], 0, 1)); }});
+  c.push_back({"to_device", "to_device_a_host_partition_and_back",  // device_map's moves between layers
+               [] {
+                 return Inputs{rnd({3, 4}, 38)};
+               },
+               [](const Inputs& x) {
+                 return to_device(to_device(x[0], Device{DeviceType::cpu, 1}) * 1.5, Device::cpu());
+               }});
   c.push_back({"cat", "cat",
                [] {
                  return Inputs{rnd({2, 3}, 36), rnd({2, 2}, 37)};

@@ -128,6 +128,7 @@ TEST(Safetensors, StreamedSaveMakesEachTensorOnceInOrder) {
     EXPECT_NE(std::string(e.what()).find("'" + ts[2].first + "'"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(fs::exists(path));
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
 }
 
 TEST(Safetensors, ParsesSizes) {

@@ -109,6 +109,9 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
 
 // ---- leaves and gradients
 Tensor detach(const Tensor& x);  // same storage, no history
+// `x` on `device` (a copy; `x` itself when already there); the gradient goes back to x's device. A model
+// split across devices (device_map) moves its activations with it.
+Tensor to_device(const Tensor& x, Device device);
 // x itself in forward (an alias); in backward, `hook()` runs when the gradient arrives, before anything
 // upstream of x: ZeRO-3 gathers a layer's parameters there. The gradient passes through unchanged.
 Tensor backward_hook(const Tensor& x, std::function<void()> hook);

@@ -1,5 +1,5 @@
 // Differentiable views and shape ops (view, reshape, transpose, permute, narrow, expand, contiguous,
-// cat, split) plus detach and requires_grad_.
+// cat, split), moves between devices, plus detach and requires_grad_.
 #include "autograd/functions.h"
 
 namespace tr {
@@ -144,6 +144,12 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
     });
   }
   return outs;
+}
+
+Tensor to_device(const Tensor& x, Device device) {
+  const Device from = x.device();
+  return shape_op("to_device", x, ops::to_device(x, device),
+                  [from](const Grads& g) -> Grads { return {ops::to_device(g[0], from)}; });
 }
 
 Tensor detach(const Tensor& x) { return x.as_strided(x.shape(), x.strides(), x.offset()); }

@@ -16,7 +16,7 @@ inline constexpr std::string_view kDifferentiableOps[] = {
     "matmul", "linear", "linear_gelu", "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm",
     "cross_entropy", "embedding", "rope", "attention", "linear_cross_entropy",
     // shape
-    "view", "reshape", "transpose", "permute", "narrow", "expand", "contiguous", "cat", "split",
+    "view", "reshape", "transpose", "permute", "narrow", "expand", "contiguous", "cat", "split", "to_device",
     // recomputation and hooks
     "checkpoint", "backward_hook"};
 

@@ -21,6 +21,7 @@
 #include "train/trainer.h"
 #include "io/safetensors.h"
 #include "models/causal_lm.h"
+#include "models/device_map.h"
 #include "report/plot.h"
 #include "report/summary.h"
 
@@ -34,6 +35,60 @@ std::string human_bytes(double b) {
     ++u;
   }
   return fmt::format("{:.2f} {}", b, units[u]);
+}
+
+// `trainer info --device_map auto [--device_memory 24GB,24GB] DIR`: where from_pretrained would put each
+// part, and each device's bytes (the checkpoint's dtype).
+void print_placement(const std::string& dir, const std::string& device_map,
+                     const std::string& device_memory) {
+  using namespace tr;
+  models::PretrainedOptions po;
+  po.device_map = device_map;
+  if (!device_memory.empty()) {
+    TR_CHECK(device_map == "auto", "--device_memory goes with --device_map auto");
+    po.max_memory = models::parse_device_memory(device_memory, "device_memory");
+  }
+  const models::DevicePlacement p = models::pretrained_placement(dir, po);
+  Generator g(0);
+  auto meta = models::create_causal_lm(
+      models::ModelConfig::from_file((std::filesystem::path(dir) / "config.json").string()), Device::meta(),
+      DType::f32, g);
+  io::CheckpointReader ckpt(dir);
+  DType dtype = DType::f32;
+  for (const auto& n : ckpt.names())
+    if (is_floating(ckpt.info(n).dtype)) {
+      dtype = ckpt.info(n).dtype;
+      break;
+    }
+  const auto units = models::placement_units(*meta, dtype);
+  std::printf("device_map        %s (%s)\n", device_map.c_str(),
+              p.single() ? fmt::format("all on {}", p.embeddings.str()).c_str()
+                         : fmt::format("split by decoder layers over {} devices", p.devices().size()).c_str());
+  for (const Device d : p.devices()) {
+    std::vector<std::string> parts;
+    int64_t bytes = 0;
+    int first = -1, last = -1;
+    const auto flush = [&] {
+      if (first >= 0)
+        parts.push_back(first == last ? fmt::format("layer {}", first)
+                                      : fmt::format("layers {}-{}", first, last));
+      first = -1;
+    };
+    if (p.embeddings == d) parts.push_back("embeddings"), bytes += units.front().bytes;
+    for (size_t i = 0; i < p.layers.size(); ++i) {
+      if (!(p.layers[i] == d)) {
+        flush();
+        continue;
+      }
+      if (first < 0) first = static_cast<int>(i);
+      last = static_cast<int>(i);
+      bytes += units[i + 1].bytes;
+    }
+    flush();
+    if (p.head == d) parts.push_back("head"), bytes += units.back().bytes;
+    std::printf("  %-8s %10s  %s\n", d.str().c_str(), human_bytes(static_cast<double>(bytes)).c_str(),
+                fmt::format("{}", fmt::join(parts, ", ")).c_str());
+  }
 }
 
 int info(const std::string& dir) {
@@ -308,6 +363,15 @@ int main(int argc, char** argv) {
   auto* info_cmd = app.add_subcommand("info", "print a model folder's type, parameter count, dtype and size");
   info_cmd->add_option("model_dir", dir, "a Hugging Face model folder (config.json + model.safetensors)")
       ->required();
+  std::string info_device_map, info_device_memory;
+  info_cmd->add_option(
+      "--device_map", info_device_map,
+      "print where from_pretrained puts each part: auto (HF's; split by decoder layers when the "
+      "model does not fit the first device), cpu, cuda:N");
+  info_cmd->add_option(
+      "--device_memory", info_device_memory,
+      "with --device_map auto: each GPU's budget in order, and the host's (HF's max_memory): "
+      "24GB,24GB or 0:24GB,1:24GB,cpu:64GB");
   auto* version = app.add_subcommand("version", "print the build configuration");
   auto* flags_cmd = app.add_subcommand("flags", "print the flag reference of train and eval (markdown)");
   auto* train_cmd = app.add_subcommand(
@@ -409,7 +473,11 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   try {
-    if (*info_cmd) return info(dir);
+    if (*info_cmd) {
+      const int rc = info(dir);
+      if (rc == 0 && !info_device_map.empty()) print_placement(dir, info_device_map, info_device_memory);
+      return rc;
+    }
     if (*tok_cmd) return tokenize(tokenizer_path, topts);
     if (*plot_cmd) return plot(plot_runs, plot_output, plot_metrics, plot_log);
     if (*est_cmd)

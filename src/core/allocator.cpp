@@ -188,9 +188,15 @@ void MetaAllocator::deallocate(void* ptr, size_t nbytes) {
   if (ptr) notify_free(ptr);
 }
 
-CpuAllocator& cpu_allocator() {
+CpuAllocator& cpu_allocator(int index) {
   static CpuAllocator a;
-  return a;
+  if (index == 0) return a;
+  TR_CHECK(index > 0 && index < CpuAllocator::kHostPartitions, "cpu:{}: host partitions are cpu:1 to cpu:{}",
+           index, CpuAllocator::kHostPartitions - 1);
+  static CpuAllocator partitions[CpuAllocator::kHostPartitions] = {
+      CpuAllocator(0), CpuAllocator(1), CpuAllocator(2), CpuAllocator(3),
+      CpuAllocator(4), CpuAllocator(5), CpuAllocator(6), CpuAllocator(7)};
+  return partitions[index];
 }
 
 MetaAllocator& meta_allocator() {

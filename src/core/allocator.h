@@ -90,10 +90,15 @@ class CpuAllocator final : public Allocator {
  public:
   static constexpr size_t kAlignment = 64;
   static constexpr size_t kLargeBlock = size_t{1} << 20;
+  // Host partitions: cpu:1 .. cpu:7 are the host's memory under accounts of their own, devices as distinct
+  // as two GPUs to every same-device check, so a model split across devices (device_map) runs and is
+  // measured on a machine without GPUs.
+  static constexpr int kHostPartitions = 8;
+  explicit CpuAllocator(int index = 0) : index_(index) {}
   ~CpuAllocator() override;
   void* allocate(size_t nbytes) override;
   void deallocate(void* ptr, size_t nbytes) override;
-  Device device() const override { return Device::cpu(); }
+  Device device() const override { return {DeviceType::cpu, index_}; }
   void empty_cache() override;
   // Most bytes kept in the cache of freed large blocks (default 4 GiB); 0 disables caching.
   void set_cache_limit(size_t bytes);
@@ -104,6 +109,7 @@ class CpuAllocator final : public Allocator {
   std::multimap<size_t, void*> cache_;  // block size -> block
   size_t cached_ = 0;
   size_t cache_limit_ = size_t{4} << 30;
+  int index_ = 0;
 };
 
 class MetaAllocator final : public Allocator {
@@ -131,7 +137,8 @@ class ObserveAllocations {
 
 // Process-wide allocators of the host and meta devices (like PyTorch's, they are the memory of the process,
 // not hidden state: their numbers are exactly what stats() reports).
-CpuAllocator& cpu_allocator();
+// The host's allocator; index > 0: host partition cpu:index (see CpuAllocator).
+CpuAllocator& cpu_allocator(int index = 0);
 MetaAllocator& meta_allocator();
 
 }  // namespace tr

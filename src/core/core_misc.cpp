@@ -36,7 +36,7 @@ DType parse_dtype(std::string_view s) {
 
 std::string Device::str() const {
   switch (type) {
-    case DeviceType::cpu: return "cpu";
+    case DeviceType::cpu: return index == 0 ? "cpu" : fmt::format("cpu:{}", index);
     case DeviceType::meta: return "meta";
     case DeviceType::cuda: return fmt::format("cuda:{}", index);
   }

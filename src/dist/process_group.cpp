@@ -43,8 +43,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// gather_v's slot tag: gloo's own gather (which we do not call) uses tag 0 under the same prefix.
-constexpr uint32_t kGatherVTag = 0x67760001;
+// gather_v's slot tags (xor the caller's): gloo's own gather (which we do not call) uses tag 0 under the same
+// prefix.
+constexpr uint32_t kGatherVTag = 0x67760000;
 
 // Gloo's rendezvous reads and writes keys through this adapter onto our TCP store, under a prefix.
 class GlooStore final : public gloo::rendezvous::Store {
@@ -226,15 +227,18 @@ class GlooGroup final : public ProcessGroup {
     });
   }
   // gloo::gather's pattern with a count per rank: the root posts one receive per peer at its offset.
-  void gather_v(const void* in, size_t bytes, void* out, const std::vector<size_t>& counts,
-                int root) override {
+  void gather_v(const void* in, size_t bytes, void* out, const std::vector<size_t>& counts, int root,
+                uint32_t tag) override {
     const auto me = static_cast<size_t>(env_.rank);
+    size_t total = 0;
+    for (size_t c : counts) total += c;
     TR_CHECK(counts.size() == static_cast<size_t>(env_.world_size) && counts[me] == bytes && root >= 0 &&
-                 root < env_.world_size && (env_.rank != root || out != nullptr || bytes == 0),
+                 root < env_.world_size && (in != nullptr || bytes == 0) &&
+                 (env_.rank != root || out != nullptr || total == 0),
              "gather_v: {} counts for {} ranks, this rank's {} for {} bytes, root {}", counts.size(),
              env_.world_size, counts.size() > me ? counts[me] : 0, bytes, root);
-    run("gather_v", bytes, [&] {
-      const auto slot = gloo::Slot::build(gloo::kGatherSlotPrefix, kGatherVTag);
+    run("gather_v", env_.rank == root ? total : bytes, [&] {
+      const auto slot = gloo::Slot::build(gloo::kGatherSlotPrefix, kGatherVTag ^ tag);
       if (env_.rank != root) {
         if (bytes == 0) return;
         auto buf = ctx_->createUnboundBuffer(const_cast<void*>(in), bytes);
@@ -242,8 +246,6 @@ class GlooGroup final : public ProcessGroup {
         buf->waitSend(timeout_);
         return;
       }
-      size_t total = 0;
-      for (size_t c : counts) total += c;
       if (total == 0) return;
       auto buf = ctx_->createUnboundBuffer(out, total);
       size_t at = 0;
@@ -345,7 +347,7 @@ class DryRunGroup final : public ProcessGroup {
   void broadcast(void*, size_t, int) override {}
   void all_gather(const void*, void*, size_t) override {}
   void all_gather_v(const void*, size_t, void*, const std::vector<size_t>&) override {}
-  void gather_v(const void*, size_t, void*, const std::vector<size_t>&, int) override {}
+  void gather_v(const void*, size_t, void*, const std::vector<size_t>&, int, uint32_t) override {}
   void all_to_all(const void*, void*, size_t) override {}
   void all_to_all_v(const float*, const std::vector<int64_t>&, float*, const std::vector<int64_t>&) override {
   }

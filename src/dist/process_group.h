@@ -45,9 +45,10 @@ class ProcessGroup {
   virtual void all_gather_v(const void* in, size_t bytes, void* out, const std::vector<size_t>& counts) = 0;
   // Variable blocks to one rank: this rank's `bytes` from `in`; on `root`, `out` receives rank i's counts[i]
   // bytes, consecutive by rank (elsewhere `out` is not touched and may be null). Streamed checkpoint saves
-  // gather one parameter at a time into the writer's tensor this way.
-  virtual void gather_v(const void* in, size_t bytes, void* out, const std::vector<size_t>& counts,
-                        int root) = 0;
+  // gather one parameter at a time into the writer's tensor this way. `tag` tells consecutive gathers
+  // apart: ranks that disagree on it wait (and time out) rather than exchange the wrong blocks.
+  virtual void gather_v(const void* in, size_t bytes, void* out, const std::vector<size_t>& counts, int root,
+                        uint32_t tag = 0) = 0;
   // Block j of `in` (size() blocks of `bytes`) to rank j; `out` receives rank i's block for this rank at i.
   virtual void all_to_all(const void* in, void* out, size_t bytes) = 0;
   // Variable blocks: send_counts[j] floats of `in` (consecutive, by rank) to rank j; `out` receives

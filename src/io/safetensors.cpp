@@ -108,7 +108,7 @@ void save_safetensors(const std::string& path, const std::vector<TensorEntry>& e
   std::string hs = header.dump();
   hs.append((8 - hs.size() % 8) % 8, ' ');  // pad so the data section starts 8-byte aligned
   const std::string tmp = path + ".tmp";
-  {
+  try {
     FileWriter out(tmp);  // a full disk says so, with the path
     uint8_t len[8];
     for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(hs.size()) >> (8 * i));
@@ -122,6 +122,10 @@ void save_safetensors(const std::string& path, const std::vector<TensorEntry>& e
       if (h.nbytes()) out.write(h.data_ptr(), h.nbytes());
     }
     out.close(/*sync=*/true);
+  } catch (...) {  // a tensor that failed to be made, or a full disk: no partial file stays behind
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw;
   }
   std::error_code ec;
   fs::rename(tmp, path, ec);

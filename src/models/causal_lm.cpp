@@ -58,6 +58,42 @@ Tensor CausalLM::run_layer(const autograd::RegionFn& layer, const Tensor& h, con
   return backward_hook(out, [hooks, unit] { hooks->before_backward(unit); });
 }
 
+bool CausalLM::is_embedding(const std::string& name) {
+  return name.ends_with("embed_tokens.weight") || name.ends_with("wte.weight") ||
+         name.ends_with("wpe.weight");
+}
+
+void CausalLM::set_placement(DevicePlacement p) {
+  TR_CHECK(static_cast<int64_t>(p.layers.size()) == config_.num_layers,
+           "device placement: {} layer devices for a model of {} layers", p.layers.size(),
+           config_.num_layers);
+  TR_CHECK(
+      !config_.tie_word_embeddings || p.head == p.embeddings,
+      "device placement: a tied head reads the embeddings' table, so it runs on their device ({}), not {}",
+      p.embeddings.str(), p.head.str());
+  TR_CHECK(!hooks_ || p.single(), "device placement: a split model cannot also be sharded (--fsdp)");
+  for (const auto& [name, t] : named_parameters())
+    TR_CHECK(t->device() == p.of(name), "device placement: '{}' is on {}, its place is {}", name,
+             t->device().str(), p.of(name).str());
+  placement_ = std::move(p);
+  device_ = placement_.embeddings;
+  on_placement();
+}
+
+CausalLM::LayerInputs::LayerInputs(const std::vector<Tensor>& inputs, const DevicePlacement& placement) {
+  for (const Device d : placement.devices()) {
+    std::vector<Tensor> on;
+    for (const Tensor& t : inputs) on.push_back(t.defined() ? ops::to_device(t, d) : t);
+    copies_.emplace_back(d, std::move(on));
+  }
+}
+
+const std::vector<Tensor>& CausalLM::LayerInputs::at(Device d) const {
+  for (const auto& [dev, ts] : copies_)
+    if (dev == d) return ts;
+  fail("device placement: no inputs on {}", d.str());
+}
+
 int CausalLM::decoder_layer_of(const std::string& name) {
   for (const std::string_view key : {"h.", "layers."}) {
     for (size_t at = name.find(key); at != std::string::npos; at = name.find(key, at + 1)) {

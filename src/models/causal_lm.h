@@ -8,6 +8,7 @@
 
 #include "autograd/checkpoint.h"
 #include "models/config.h"
+#include "models/device_map.h"
 #include "nn/layers.h"
 
 namespace tr::models {
@@ -82,9 +83,20 @@ class CausalLM {
   LayerHooks* layer_hooks() const { return hooks_; }
   // The decoder layer parameter `name` belongs to (HF names: "...h.3." / "...layers.3."), -1 for the root.
   static int decoder_layer_of(const std::string& name);
+  // The token (and GPT-2's position) embedding tables.
+  static bool is_embedding(const std::string& name);
+  // device_map: where each part runs (default: everything on device()). Every parameter must already be on
+  // its part's device (from_pretrained loads them there). device() becomes the embeddings' - where input_ids
+  // go - and the logits and loss come from the head's; activations move at the layer boundaries.
+  void set_placement(DevicePlacement p);
+  const DevicePlacement& placement() const { return placement_; }
 
  protected:
-  CausalLM(ModelConfig c, Device d, DType t) : config_(std::move(c)), device_(d), dtype_(t) {}
+  CausalLM(ModelConfig c, Device d, DType t)
+      : config_(std::move(c)),
+        device_(d),
+        dtype_(t),
+        placement_(DevicePlacement::whole(d, config_.num_layers)) {}
   // The LM head and HF's loss (logits upcast to f32, labels shifted left by one with -100 appended). Without
   // return_logits the head and loss run in row chunks, so the [B*T, V] logits never exist.
   CausalLMOutput head_and_loss(const Tensor& h, const Tensor& head_weight, const ForwardOptions& opts) const;
@@ -120,11 +132,24 @@ class CausalLM {
   }
   // bool [B, T] keep-mask from an attention_mask, or undefined.
   Tensor key_keep_for(const Tensor& attention_mask) const;
+  // A split model's forward: inputs every layer reads (positions, masks; no gradients), copied once to each
+  // device of the placement; at(d)[i] is input i on d.
+  class LayerInputs {
+   public:
+    LayerInputs(const std::vector<Tensor>& inputs, const DevicePlacement& placement);
+    const std::vector<Tensor>& at(Device d) const;
+
+   private:
+    std::vector<std::pair<Device, std::vector<Tensor>>> copies_;
+  };
+  // Placement changed: per-device tables (Llama's rotary tables) rebuilt.
+  virtual void on_placement() {}
   ModelConfig config_;
   Device device_;
   DType dtype_;
   std::string attn_implementation_ = "eager";
   LayerHooks* hooks_ = nullptr;
+  DevicePlacement placement_;
 };
 
 // Freshly initialized model (HF's init) on `device` in `dtype`.
@@ -134,13 +159,17 @@ std::unique_ptr<CausalLM> create_causal_lm(const ModelConfig& config, Device dev
 struct PretrainedOptions {
   std::optional<DType> dtype;  // default: the checkpoint's dtype
   Device device = Device::cpu();
-  // HF's device_map: "" (use `device`), "auto" (the GPU when one is usable, else the CPU), or a device
-  // ("cpu", "cuda:1"). The whole model goes to one device.
+  // HF's device_map: "" (use `device`), a device ("cpu", "cuda:1"), or "auto": the whole model on the first
+  // device of `max_memory` when it fits there, else split by decoder layers across them (device_map.h) and
+  // run split. Without max_memory, "auto" is the GPU when one is usable (its capacity), else the CPU.
   std::string device_map;
+  std::vector<DeviceBudget> max_memory;  // HF's max_memory: GPUs in order, then the host
   std::string attn_implementation = "eager";
 };
 // Loads config.json + model.safetensors (or shards) from `dir`.
 std::unique_ptr<CausalLM> from_pretrained(const std::string& dir, const PretrainedOptions& opts = {});
+// Where from_pretrained puts each part of the model in `dir` (config.json and the checkpoint's dtype only).
+DevicePlacement pretrained_placement(const std::string& dir, const PretrainedOptions& opts = {});
 
 // A model whose parameters are still meta tensors (f32, their shapes) and a way to make each one: load(i) is
 // named_parameters()[i] as create_causal_lm or from_pretrained would have made it, in f32 on the model's

@@ -82,22 +82,27 @@ class Gpt2 final : public CausalLM {
     Tensor pos = device_.is_meta() ? ops::empty({T}, DType::i64, device_)
                                    : ops::from_vector<int64_t>(pv, {T}, device_);
     root_begin();
-    Tensor h = add(wte_(ids), wpe_(pos));
+    const Tensor on_embeddings = ops::to_device(ids, placement_.embeddings);
+    Tensor h = add(wte_(on_embeddings), wpe_(ops::to_device(pos, placement_.embeddings)));
     if (drop) h = dropout(h, c.embd_pdrop, *o.dropout_gen);
     embeddings_done();
     const bool eager = attn_implementation_ == "eager";  // only eager reads the mask (sdpa: key_keep)
     const Tensor mask = eager ? attention_mask_for(B, T, S, o.attention_mask) : Tensor();
     const Tensor keep = key_keep_for(o.attention_mask);
+    // A split model (device_map): each layer reads these on its own device.
+    const LayerInputs inputs({mask, keep}, placement_);
     for (size_t li = 0; li < blocks_.size(); ++li) {
+      const Device dev = placement_.layers[li];
       // Captures by value: a checkpoint region runs again during backward, after forward() has returned.
-      auto layer = [this, li, mask, keep, o](const std::vector<Tensor>& in) -> std::vector<Tensor> {
+      auto layer = [this, li, mask = inputs.at(dev)[0], keep = inputs.at(dev)[1],
+                    o](const std::vector<Tensor>& in) -> std::vector<Tensor> {
         return {block(blocks_[li], li, in[0], mask, keep, o)};
       };
-      h = run_layer(layer, h, o, li);
+      h = run_layer(layer, to_device(h, dev), o, li);
     }
     if (o.cache) o.cache->length = S;
     head_begin();
-    h = ln_f_(h);
+    h = ln_f_(to_device(h, placement_.head));
     CausalLMOutput out = head_and_loss(h, lm_head_.defined() ? lm_head_ : wte_.weight, o);
     root_end();
     return out;

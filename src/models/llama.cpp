@@ -118,23 +118,27 @@ class Llama final : public CausalLM {
     const Tensor window_mask =
         eager && window > 0 ? attention_mask_for(B, T, S, o.attention_mask, window) : Tensor();
     const Tensor keep = key_keep_for(o.attention_mask);
+    // A split model (device_map): each layer reads these on its own device.
+    const LayerInputs inputs({positions, mask, window_mask, keep}, placement_);
     root_begin();
-    Tensor h = embed_(ids);
+    Tensor h = embed_(ops::to_device(ids, placement_.embeddings));
     embeddings_done();
     for (size_t li = 0; li < layers_.size(); ++li) {
+      const Device dev = placement_.layers[li];
+      const std::vector<Tensor>& in = inputs.at(dev);
       // Captures by value: a checkpoint region runs again during backward, after forward() has returned.
       const bool slides = window > 0 && config_.window_of(static_cast<int64_t>(li)) > 0;
-      const Tensor layer_mask = slides ? window_mask : mask;
+      const Tensor layer_mask = slides ? in[2] : in[1];
       const int64_t layer_window = slides ? window : 0;
-      auto layer = [this, li, layer_mask, layer_window, keep, positions,
-                    o](const std::vector<Tensor>& in) -> std::vector<Tensor> {
-        return {decoder_layer(layers_[li], li, in[0], layer_mask, layer_window, keep, positions, o)};
+      auto layer = [this, li, layer_mask, layer_window, keep = in[3], positions = in[0], rope = &rope_on(dev),
+                    o](const std::vector<Tensor>& x) -> std::vector<Tensor> {
+        return {decoder_layer(layers_[li], li, x[0], layer_mask, layer_window, keep, positions, *rope, o)};
       };
-      h = run_layer(layer, h, o, li);
+      h = run_layer(layer, to_device(h, dev), o, li);
     }
     if (o.cache) o.cache->length = S;
     head_begin();
-    h = norm_(h);
+    h = norm_(to_device(h, placement_.head));
     CausalLMOutput out = head_and_loss(h, lm_head_.defined() ? lm_head_ : embed_.weight, o);
     root_end();
     return out;
@@ -142,7 +146,8 @@ class Llama final : public CausalLM {
 
  private:
   Tensor decoder_layer(LlamaLayer& l, size_t li, const Tensor& x, const Tensor& mask, int64_t window,
-                       const Tensor& keep, const Tensor& positions, const ForwardOptions& o) {
+                       const Tensor& keep, const Tensor& positions, const ops::RopeTables& tables,
+                       const ForwardOptions& o) {
     const auto& c = config_;
     const int64_t B = x.size(0), T = x.size(1), H = c.num_heads, KV = c.num_kv_heads, hd = c.head_dim;
     Tensor a = l.input_layernorm(x);
@@ -152,8 +157,8 @@ class Llama final : public CausalLM {
       q = l.q_norm(q);
       k = l.k_norm(k);
     }
-    q = rope(q, rope_, positions, true);
-    k = rope(k, rope_, positions, true);
+    q = rope(q, tables, positions, true);
+    k = rope(k, tables, positions, true);
     Tensor v = view(l.v_proj(a), {B, T, KV, hd});
     auto [kc, vc] = cached_kv(o, li, transpose(k, 1, 2), transpose(v, 1, 2));
     Tensor att = attend(transpose(q, 1, 2), kc, vc, mask, keep, c.attn_pdrop, o, window);
@@ -163,11 +168,26 @@ class Llama final : public CausalLM {
     return add(h, l.down_proj(mul(silu(l.gate_proj(m)), l.up_proj(m))));
   }
 
+  // The rotary tables on `d` (a split model keeps a copy on each of its devices).
+  const ops::RopeTables& rope_on(Device d) const {
+    for (const auto& [dev, t] : rope_copies_)
+      if (dev == d) return t;
+    return rope_;
+  }
+  void on_placement() override {
+    rope_copies_.clear();
+    for (const Device d : placement_.devices())
+      if (!(d == rope_.cos.device()))
+        rope_copies_.emplace_back(
+            d, ops::RopeTables{ops::to_device(rope_.cos, d), ops::to_device(rope_.sin, d)});
+  }
+
   nn::Embedding embed_;
   std::vector<LlamaLayer> layers_;
   nn::RMSNorm norm_;
   Tensor lm_head_;
   ops::RopeTables rope_;
+  std::vector<std::pair<Device, ops::RopeTables>> rope_copies_;
 };
 
 }  // namespace

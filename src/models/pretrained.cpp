@@ -53,9 +53,10 @@ Opened open_pretrained(const std::string& dir, const PretrainedOptions& opts) {
   const std::string cfg_path = (fs::path(dir) / "config.json").string();
   TR_CHECK(fs::exists(cfg_path), "{}: no config.json (is this a Hugging Face model folder?)", dir);
   Opened o{ModelConfig::from_file(cfg_path), std::make_shared<io::CheckpointReader>(dir), Device::cpu()};
-  o.device = opts.device_map.empty()     ? opts.device
-             : opts.device_map == "auto" ? backend::default_device()
-                                         : Device::parse(opts.device_map);
+  o.device = opts.device_map.empty() ? opts.device
+             : opts.device_map == "auto"
+                 ? (opts.max_memory.empty() ? backend::default_device() : opts.max_memory.front().device)
+                 : Device::parse(opts.device_map);
   if (opts.dtype) {
     o.dtype = *opts.dtype;
   } else {
@@ -100,14 +101,33 @@ Tensor load_parameter(const std::string& dir, const io::CheckpointReader& ckpt, 
   return t;
 }
 
+// device_map "auto": the placement over the budgets (the usable GPU's capacity when none are given).
+DevicePlacement place(CausalLM& meta, const Opened& o, const PretrainedOptions& opts) {
+  if (opts.device_map != "auto" || opts.max_memory.empty())
+    return DevicePlacement::whole(o.device, meta.config().num_layers);
+  return infer_auto_device_map(meta, o.dtype, opts.max_memory);
+}
+
 }  // namespace
+
+DevicePlacement pretrained_placement(const std::string& dir, const PretrainedOptions& opts) {
+  const Opened o = open_pretrained(dir, opts);
+  Opened planning = o;  // shapes only: the devices need not exist here
+  planning.device = Device::meta();
+  auto model = meta_model(dir, planning, opts);
+  return place(*model, o, opts);
+}
 
 std::unique_ptr<CausalLM> from_pretrained(const std::string& dir, const PretrainedOptions& opts) {
   const Opened o = open_pretrained(dir, opts);
-  // Parameters start on the meta device (no memory, no init) and are replaced by the checkpoint's tensors.
+  // Parameters start on the meta device (no memory, no init) and are replaced by the checkpoint's tensors,
+  // each on its part's device.
   auto model = meta_model(dir, o, opts);
+  const DevicePlacement placement = place(*model, o, opts);
   for (auto& [name, p] : model->named_parameters())
-    *p = load_parameter(dir, *o.ckpt, name, model->transposed_on_disk(name), p->shape(), o.dtype, o.device);
+    *p = load_parameter(dir, *o.ckpt, name, model->transposed_on_disk(name), p->shape(), o.dtype,
+                        placement.of(name));
+  model->set_placement(placement);
   return model;
 }
 

@@ -7,7 +7,7 @@ namespace tr::ops {
 
 Allocator& allocator_for(Device device) {
   switch (device.type) {
-    case DeviceType::cpu: return cpu_allocator();
+    case DeviceType::cpu: return cpu_allocator(device.index);
     case DeviceType::meta: return meta_allocator();
     case DeviceType::cuda: return backend::backend_for(device).allocator(device.index);
   }
@@ -93,7 +93,7 @@ void copy_(const Tensor& dst, const Tensor& src) {
              dst.describe());
     return;
   }
-  if (sd == dd) {
+  if (sd == dd || (sd.is_cpu() && dd.is_cpu())) {  // host partitions share the host's memory
     backend::backend_for(dd).copy(src, dst);
     return;
   }

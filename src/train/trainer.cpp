@@ -488,6 +488,11 @@ void Run::save_files() {
     r_.last_checkpoint =
         save_checkpoint(*model_, weights ? &*weights : nullptr, *mp_, *opt_, tok_ ? &*tok_ : nullptr, st_, a_,
                         hooks_.save_probe, shards ? std::function<void()>(others) : nullptr);
+  } catch (const OutOfMemoryError& oom) {
+    std::fprintf(stderr, "\n");
+    if (!group_) throw;  // one process: auto_find_batch_size may retry with a smaller batch
+    // Distributed: the other ranks are inside the save's collectives; a retry on this rank alone would hang.
+    fail("saving checkpoint-{} ran out of memory on rank 0: {}", st_.global_step, oom.what());
   } catch (...) {
     std::fprintf(stderr, "\n");  // the error starts its own line, not the progress bar's
     throw;

@@ -369,7 +369,7 @@ Tensor ShardedOptimizer::gather_master(size_t p, int root) {
     from =
         own_ ? master_flat_.data<float>() + (first - group_.rank() * S) : param.data<float>() + (first - lo);
   Tensor out = mine_out ? ops::empty(param.shape(), DType::f32, Device::cpu()) : Tensor();
-  group_.gather_v(from, mine, mine_out ? out.data_ptr() : nullptr, counts, root);
+  group_.gather_v(from, mine, mine_out ? out.data_ptr() : nullptr, counts, root, static_cast<uint32_t>(p));
   return out;
 }
 

@@ -37,12 +37,6 @@ void narrow_to(const float* src, DType t, void* dst, int64_t n) {
     h[i] = t == DType::bf16 ? float_to_bf16_bits(src[i]) : float_to_half_bits(src[i]);
 }
 
-// The token (and GPT-2's position) embedding tables: used once at the start of forward, and not at all by
-// their backward.
-bool is_embedding(const std::string& name) {
-  return name.ends_with("embed_tokens.weight") || name.ends_with("wte.weight") ||
-         name.ends_with("wpe.weight");
-}
 
 }  // namespace
 
@@ -82,7 +76,7 @@ FullShard::FullShard(ShardedOptimizer& opt, const nn::ParamList& params, int64_t
       p = own;
     }
     const int layer = models::CausalLM::decoder_layer_of(params[k].first);
-    const int u = layer < 0 && embed_unit_ > 0 && is_embedding(params[k].first) ? embed_unit_ : layer + 1;
+    const int u = layer < 0 && embed_unit_ > 0 && models::CausalLM::is_embedding(params[k].first) ? embed_unit_ : layer + 1;
     unit_of_[k] = u;
     units_[static_cast<size_t>(u)].params.push_back(k);
     index_[p.impl_ptr().get()] = k;
