@@ -63,10 +63,16 @@ train::TrainingArguments default_run_arguments() {
 }
 
 std::string sample_text(const std::string& model_dir, const std::string& prompt, int64_t max_new_tokens,
-                        bool do_sample, double temperature, int64_t top_k, double top_p, uint64_t seed) {
+                        bool do_sample, double temperature, int64_t top_k, double top_p, uint64_t seed,
+                        const std::string& device_map, const std::string& device_memory) {
   auto tok = tokenizers::Tokenizer::from_pretrained(model_dir);
   models::PretrainedOptions po;
   po.dtype = DType::f32;
+  po.device_map = device_map;
+  if (!device_memory.empty()) {
+    TR_CHECK(device_map == "auto", "--device_memory goes with --device_map auto");
+    po.max_memory = models::parse_device_memory(device_memory, "device_memory");
+  }
   auto model = models::from_pretrained(model_dir, po);
   auto ids = tok.encode(prompt, false);
   TR_CHECK(!ids.empty(), "--prompt is empty");
@@ -79,7 +85,7 @@ std::string sample_text(const std::string& model_dir, const std::string& prompt,
   go.top_k = top_k;
   go.top_p = top_p;
   go.seed = seed;
-  Tensor out = models::generate(*model, input, go);
+  const Tensor out = ops::to_device(models::generate(*model, input, go), Device::cpu());
   std::vector<int32_t> all;
   const int64_t* d = out.data<int64_t>();
   for (int64_t i = 0; i < out.numel(); ++i) all.push_back(static_cast<int32_t>(d[i]));

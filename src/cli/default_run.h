@@ -13,6 +13,7 @@ void ensure_default_data();
 train::TrainingArguments default_run_arguments();
 // Greedy continuation of `prompt` by the model in `model_dir` (its tokenizer.json).
 std::string sample_text(const std::string& model_dir, const std::string& prompt, int64_t max_new_tokens,
-                        bool do_sample, double temperature, int64_t top_k, double top_p, uint64_t seed);
+                        bool do_sample, double temperature, int64_t top_k, double top_p, uint64_t seed,
+                        const std::string& device_map = "", const std::string& device_memory = "");
 
 }  // namespace tr::cli

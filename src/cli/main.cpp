@@ -62,8 +62,9 @@ void print_placement(const std::string& dir, const std::string& device_map,
     }
   const auto units = models::placement_units(*meta, dtype);
   std::printf("device_map        %s (%s)\n", device_map.c_str(),
-              p.single() ? fmt::format("all on {}", p.embeddings.str()).c_str()
-                         : fmt::format("split by decoder layers over {} devices", p.devices().size()).c_str());
+              p.single()
+                  ? fmt::format("all on {}", p.embeddings.str()).c_str()
+                  : fmt::format("split by decoder layers over {} devices", p.devices().size()).c_str());
   for (const Device d : p.devices()) {
     std::vector<std::string> parts;
     int64_t bytes = 0;
@@ -423,6 +424,14 @@ int main(int argc, char** argv) {
   gen_cmd->add_option("--top_k", top_k);
   gen_cmd->add_option("--top_p", top_p);
   gen_cmd->add_option("--seed", gen_seed);
+  std::string gen_device_map, gen_device_memory;
+  gen_cmd->add_option(
+      "--device_map", gen_device_map,
+      "from_pretrained's: auto (split by decoder layers across the GPUs, then the host, when the "
+      "model does not fit the first), or a device");
+  gen_cmd->add_option(
+      "--device_memory", gen_device_memory,
+      "with --device_map auto: each GPU's budget, then the host's (24GB,24GB or 0:24GB,cpu:64GB)");
   auto* plot_cmd = app.add_subcommand("plot", "draw runs' training curves (metrics.jsonl) into a PNG or SVG");
   std::vector<std::string> plot_runs;
   std::string plot_output = "training_curves.png", plot_metrics;
@@ -511,7 +520,7 @@ int main(int argc, char** argv) {
     }
     if (*gen_cmd) {
       std::printf("%s\n", tr::cli::sample_text(gen_model, prompt, max_new_tokens, do_sample, temperature,
-                                               top_k, top_p, gen_seed)
+                                               top_k, top_p, gen_seed, gen_device_map, gen_device_memory)
                               .c_str());
       return 0;
     }

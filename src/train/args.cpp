@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/json_fields.h"
 #include "core/suggest.h"
+#include "models/device_map.h"
 #include "optim/optimizer.h"
 
 namespace tr::train {
@@ -41,6 +42,14 @@ const std::vector<ArgSpec>& argument_specs() {
       {"pad_vocab_to_multiple_of", &A::pad_vocab_to_multiple_of,
        "round the vocab_size up to a multiple of N (tensor-core friendly GEMMs: 64; 0: off; pretrained "
        "models grow with mean-initialized rows)",
+       "model and data"},
+      {"device_map", &A::device_map,
+       "from_pretrained's device_map (trainer eval): auto splits a model too large for the first device by "
+       "decoder layers across the GPUs, then the host; or a device (cpu, cuda:1)",
+       "model and data"},
+      {"max_memory", &A::max_memory,
+       "with device_map auto: each GPU's budget in order, and the host's (HF's max_memory): 24GB,24GB or "
+       "0:24GB,1:24GB,cpu:64GB",
        "model and data"},
       {"text_column_name", &A::text_column_name,
        "the column of .jsonl/.json/.csv/.tsv data files holding the text (default: text, else the first)",
@@ -293,6 +302,9 @@ void TrainingArguments::validate() const {
   TR_CHECK(!(fp16 && bf16), "--fp16 and --bf16 are mutually exclusive: choose one half-precision type");
   check_one_of("lr_scheduler_type", lr_scheduler_type, scheduler_names());
   check_one_of("attn_implementation", attn_implementation, {"eager", "sdpa", "flash_attention_2"});
+  TR_CHECK(max_memory.empty() || device_map == "auto", "--max_memory goes with --device_map auto");
+  if (!device_map.empty() && device_map != "auto") Device::parse(device_map);  // names the device at fault
+  if (!max_memory.empty()) models::parse_device_memory(max_memory, "max_memory");
   check_one_of("eval_strategy", eval_strategy, {"no", "steps", "epoch"});
   check_one_of("save_strategy", save_strategy, {"no", "steps", "epoch"});
   check_one_of("optim", optim, optim::optimizer_names());

@@ -23,6 +23,8 @@ struct TrainingArguments {
   int64_t validation_split_percentage = 5;
   std::string attn_implementation = "sdpa";
   std::string text_column_name;
+  // from_pretrained's device_map and max_memory (eval; train refuses a split): "", a device, or auto.
+  std::string device_map, max_memory;
   // ours: a model trained from --config_name gets vocab_size rounded up to a multiple of this (0: off), after
   // growing to the tokenizer's size when that is larger (run_clm's resize_token_embeddings(len(tokenizer))).
   int64_t pad_vocab_to_multiple_of =
