@@ -10,10 +10,20 @@ namespace tr::models {
 
 bool CausalLM::transposed_on_disk(const std::string&) const { return false; }
 
-void CausalLM::set_attn_implementation(const std::string& impl) {
-  TR_CHECK(impl == "eager" || impl == "sdpa" || impl == "flash_attention_2",
-           "attn_implementation '{}' is not one of eager, sdpa, flash_attention_2", impl);
-  attn_implementation_ = impl;
+AttnImplementation parse_attn_implementation(const std::string& name) {
+  if (name == "eager") return AttnImplementation::eager;
+  if (name == "sdpa") return AttnImplementation::sdpa;
+  if (name == "flash_attention_2") return AttnImplementation::flash_attention_2;
+  fail("attn_implementation '{}' is not one of eager, sdpa, flash_attention_2", name);
+}
+
+const char* attn_implementation_name(AttnImplementation a) {
+  switch (a) {
+    case AttnImplementation::eager: return "eager";
+    case AttnImplementation::sdpa: return "sdpa";
+    case AttnImplementation::flash_attention_2: return "flash_attention_2";
+  }
+  return "?";
 }
 
 Tensor CausalLM::key_keep_for(const Tensor& am) const {
@@ -29,7 +39,7 @@ Tensor CausalLM::attend(const Tensor& q, const Tensor& k, const Tensor& v, const
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const bool drop = o.training && o.dropout_gen && dropout_p > 0;
   // sdpa / flash_attention_2: the fused path; with dropout, the blocked form (same mask as eager's dropout).
-  if (attn_implementation_ != "eager")
+  if (attn_ != AttnImplementation::eager)
     return scaled_dot_product_attention(q, k, v, key_keep, true, scale, drop ? dropout_p : 0.0, o.dropout_gen,
                                         window);
   auto repeat_kv = [&](const Tensor& t) {  // [B, KV, S, D] -> [B, H, S, D]

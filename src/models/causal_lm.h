@@ -38,6 +38,13 @@ class LayerHooks {
   virtual void before_head() {}
 };
 
+// HF's attn_implementation: "eager" (materialized scores, the reference), "sdpa" and "flash_attention_2" (both
+// the fused memory-efficient kernel).
+enum class AttnImplementation { eager, sdpa, flash_attention_2 };
+// The HF name; throws listing the valid ones.
+AttnImplementation parse_attn_implementation(const std::string& name);
+const char* attn_implementation_name(AttnImplementation a);
+
 struct ForwardOptions {
   Tensor labels;                  // int64 [B, T]; shifted inside (HF semantics), -100 ignored
   Tensor attention_mask;          // int64/bool [B, T]; 0 marks padding (keys never attended)
@@ -75,9 +82,9 @@ class CausalLM {
   // definite; HF also falls back for rank-deficient rows, which this test of the shape does not see - a
   // degenerate draw at 1e-9 of the spread). Draws come from `gen`. Shrinking is refused.
   void resize_token_embeddings(int64_t new_vocab, Generator& gen);
-  // "eager" (materialized scores), "sdpa" or "flash_attention_2" (both: the fused memory-efficient kernel).
-  const std::string& attn_implementation() const { return attn_implementation_; }
-  void set_attn_implementation(const std::string& impl);
+  AttnImplementation attn_implementation() const { return attn_; }
+  void set_attn_implementation(AttnImplementation impl) { attn_ = impl; }
+  void set_attn_implementation(const std::string& impl) { attn_ = parse_attn_implementation(impl); }
   // ZeRO-3's gather/release around every forward (null: the parameters are always there). Not owned.
   void set_layer_hooks(LayerHooks* hooks) { hooks_ = hooks; }
   LayerHooks* layer_hooks() const { return hooks_; }
@@ -147,7 +154,7 @@ class CausalLM {
   ModelConfig config_;
   Device device_;
   DType dtype_;
-  std::string attn_implementation_ = "eager";
+  AttnImplementation attn_ = AttnImplementation::eager;
   LayerHooks* hooks_ = nullptr;
   DevicePlacement placement_;
 };

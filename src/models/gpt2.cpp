@@ -86,7 +86,7 @@ class Gpt2 final : public CausalLM {
     Tensor h = add(wte_(on_embeddings), wpe_(ops::to_device(pos, placement_.embeddings)));
     if (drop) h = dropout(h, c.embd_pdrop, *o.dropout_gen);
     embeddings_done();
-    const bool eager = attn_implementation_ == "eager";  // only eager reads the mask (sdpa: key_keep)
+    const bool eager = attn_ == AttnImplementation::eager;  // only eager reads the mask (sdpa: key_keep)
     const Tensor mask = eager ? attention_mask_for(B, T, S, o.attention_mask) : Tensor();
     const Tensor keep = key_keep_for(o.attention_mask);
     // A split model (device_map): each layer reads these on its own device.

@@ -109,7 +109,7 @@ class Llama final : public CausalLM {
       for (int64_t t = 0; t < T; ++t) pos[static_cast<size_t>(b * T + t)] = past + t;
     const Tensor positions = device_.is_meta() ? ops::empty({B, T}, DType::i64, device_)
                                                : ops::from_vector<int64_t>(pos, {B, T}, device_);
-    const bool eager = attn_implementation_ == "eager";  // only eager reads the mask (sdpa: key_keep)
+    const bool eager = attn_ == AttnImplementation::eager;  // only eager reads the mask (sdpa: key_keep)
     // Sliding-window layers (config.window_of) see only their window: eager's second mask holds it (a window
     // at least S long changes nothing and is not built).
     const int64_t window =
