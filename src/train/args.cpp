@@ -269,6 +269,13 @@ bool TrainingArguments::reports_tensorboard() const {
   return false;
 }
 
+IntervalStrategy parse_interval_strategy(const std::string& name, const char* flag) {
+  if (name == "no") return IntervalStrategy::no;
+  if (name == "steps") return IntervalStrategy::steps;
+  if (name == "epoch") return IntervalStrategy::epoch;
+  fail("--{} '{}': expected no, steps or epoch", flag, name);
+}
+
 void TrainingArguments::validate() const {
   TR_CHECK(!output_dir.empty(), "--output_dir is required");
   TR_CHECK(model_name_or_path.empty() != config_name.empty(),

@@ -16,6 +16,10 @@ namespace tr::train {
 // (INT64_MIN: no number a user would type; -1 stays an error as in HF.)
 inline constexpr int64_t kAutoBatch = INT64_MIN;
 
+// HF's IntervalStrategy (eval_strategy, save_strategy): "no", "steps", "epoch".
+enum class IntervalStrategy { no, steps, epoch };
+IntervalStrategy parse_interval_strategy(const std::string& name, const char* flag);
+
 struct TrainingArguments {
   // model and data (run_clm's names)
   std::string model_name_or_path, config_name, tokenizer_name, train_file, validation_file;

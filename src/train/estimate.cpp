@@ -219,7 +219,9 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
   // memory, the device's on the CPU only.
   const int64_t batch_bytes = a.per_device_train_batch_size * a.block_size * 8;
   const int64_t prefetch = device == MemoryDevice::cpu ? a.dataloader_num_workers * (2 + 1) * batch_bytes : 0;
-  if (a.do_eval || a.eval_strategy != "no") {  // a no-grad forward of one evaluation batch
+  const bool evaluates = parse_interval_strategy(a.eval_strategy, "eval_strategy") != IntervalStrategy::no;
+  const bool saves = parse_interval_strategy(a.save_strategy, "save_strategy") != IntervalStrategy::no;
+  if (a.do_eval || evaluates) {  // a no-grad forward of one evaluation batch
     meta.reset_peak();
     {
       autograd::NoGradGuard no_grad;
@@ -239,12 +241,12 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
   if (device == MemoryDevice::cuda)
     e.workspace_bytes = static_cast<int64_t>(backend::kCublasLtWorkspaceBytes);
   e.peak_at = tracker.where();
-  if (a.eval_strategy != "no" && e.eval_peak_bytes > e.peak_bytes) {
+  if (evaluates && e.eval_peak_bytes > e.peak_bytes) {
     e.peak_bytes = e.eval_peak_bytes;
     e.peak_at = "evaluation forward (eval_strategy)";
   }
   // Every save_strategy but "no" saves inside the loop (at the latest after the last step).
-  if (a.save_strategy != "no") {
+  if (saves) {
     ShardedOptimizer* gathered =
         sharded && (mp.masters_sharded() || (full && !mp.enabled())) ? sharded : nullptr;
     const int64_t save = dry_save(*model, mp, *opt, gathered, base, device == MemoryDevice::cpu) + prefetch;

@@ -137,7 +137,19 @@ void resolve_logging_dir(TrainingArguments& a, bool resuming) {
 // The step counts of a run (HF's: updates per epoch round up, warmup_steps as a count or a ratio).
 struct Schedule {
   int64_t ga = 1, updates_per_epoch = 1, total = 0, warmup = 0, log_every = 1, save_every = 1, eval_every = 1;
+  IntervalStrategy eval = IntervalStrategy::no, save = IntervalStrategy::steps;
   double epoch(int64_t step) const { return static_cast<double>(step) / updates_per_epoch; }
+  bool epoch_ends(int64_t step) const { return (step + 1) % updates_per_epoch == 0; }
+  // After 0-based `step`, by HF's step arithmetic (a save after the last step, whatever the interval).
+  bool evaluates_after(int64_t step) const {
+    return (eval == IntervalStrategy::steps && (step + 1) % eval_every == 0) ||
+           (eval == IntervalStrategy::epoch && epoch_ends(step));
+  }
+  bool saves_after(int64_t step) const {
+    return (save == IntervalStrategy::steps && (step + 1) % save_every == 0) ||
+           (save == IntervalStrategy::epoch && epoch_ends(step)) ||
+           (save != IntervalStrategy::no && step + 1 == total);
+  }
 };
 
 Schedule make_schedule(const TrainingArguments& a, int64_t batches_per_epoch) {
@@ -152,6 +164,8 @@ Schedule make_schedule(const TrainingArguments& a, int64_t batches_per_epoch) {
   s.log_every = steps_of(a.logging_steps, s.total);
   s.save_every = steps_of(a.save_steps, s.total);
   s.eval_every = steps_of(a.eval_steps > 0 ? a.eval_steps : a.logging_steps, s.total);
+  s.eval = parse_interval_strategy(a.eval_strategy, "eval_strategy");
+  s.save = parse_interval_strategy(a.save_strategy, "save_strategy");
   return s;
 }
 
@@ -257,7 +271,9 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
   TR_CHECK(a.block_size <= model_->config().max_position_embeddings,
            "--block_size {} exceeds the model's {} positions", a.block_size,
            model_->config().max_position_embeddings);
-  streams_ = load_streams(a, tok_ ? &*tok_ : nullptr, vocab_, a.do_eval || a.eval_strategy != "no");
+  streams_ = load_streams(
+      a, tok_ ? &*tok_ : nullptr, vocab_,
+      a.do_eval || parse_interval_strategy(a.eval_strategy, "eval_strategy") != IntervalStrategy::no);
   loader_ = make_loader();
   sched_ = make_schedule(a, loader_->batches_per_epoch());
   optim::OptimizerOptions oo;
@@ -588,16 +604,12 @@ TrainResult Run::train() {
     const double lr = lr_at(a_.lr_scheduler_type, a_.learning_rate, st_.scheduler_step, sched_.warmup, total);
     const StepResult s = step_fn->run(step, next_micro_batches(), lr);
     after_step(step, s, lr, start_step);
-    const bool epoch_end = (step + 1) % sched_.updates_per_epoch == 0;
-    if (streams_.validation && ((a_.eval_strategy == "steps" && (step + 1) % sched_.eval_every == 0) ||
-                                (a_.eval_strategy == "epoch" && epoch_end))) {
+    if (streams_.validation && sched_.evaluates_after(step)) {
       step_fn->release_memory();
       evaluate_at(step + 1);
     }
     const bool stop = stop_requested();
-    if ((a_.save_strategy == "steps" && (step + 1) % sched_.save_every == 0) ||
-        (a_.save_strategy == "epoch" && epoch_end) || (a_.save_strategy != "no" && step + 1 == total) ||
-        stop) {
+    if (sched_.saves_after(step) || stop) {
       step_fn->release_memory();
       save();
     }
