@@ -82,9 +82,29 @@ TEST(DeviceMap, PlacesByBytesAcrossTheBudgetsInOrder) {
   // Balanced by bytes: the embeddings count in cpu:1's half, so layer 1 no longer fits there.
   EXPECT_EQ(place(*tied, {{kP1, tied_total - 1}, {kP2, tied_total}}),
             "E cpu:1 | cpu:1 cpu:2 cpu:2 cpu:2 | H cpu:1");
+  // An unbounded accelerator in the middle still takes only its share.
+  EXPECT_EQ(place(*untied, {{Device::cuda(0), total - 1}, {Device::cuda(1), 0}, {Device::cuda(2), total}}),
+            "E cuda:0 | cuda:0 cuda:1 cuda:2 cuda:2 | H cuda:2");
+  // Three accelerators: thirds, the head with the last layer.
+  EXPECT_EQ(
+      place(*untied, {{Device::cuda(0), total - 1}, {Device::cuda(1), total}, {Device::cuda(2), total}}),
+      "E cuda:0 | cuda:0 cuda:1 cuda:2 cuda:2 | H cuda:2");
+  // A chunk larger than a GPU's budget skips it: the embeddings with layer 0 go to the next one.
+  EXPECT_EQ(place(*untied, {{Device::cuda(0), emb}, {Device::cuda(1), total}}),
+            "E cuda:1 | cuda:1 cuda:1 cuda:1 cuda:1 | H cuda:1");
+  // The head's unit holds the final norm and the untied lm_head: 16 + 96 * 16 floats.
+  EXPECT_EQ(head, (16 + 96 * 16) * 4);
   auto gpt2 = meta_model(gpt2_json());
   EXPECT_EQ(models::placement_units(*gpt2, DType::bf16)[0].bytes, (96 + 32) * 16 * 2);  // wte + wpe, in bf16
-  EXPECT_GT(head, 0);
+  // One decoder layer: the embeddings, the layer and an untied head are one chunk.
+  auto one = meta_model([] {
+    auto j = llama_json(false);
+    j["num_hidden_layers"] = 1;
+    return j;
+  }());
+  const int64_t one_total = one->num_parameters() * 4;
+  EXPECT_EQ(place(*one, {{Device::cuda(0), one_total - 1}, {Device::cuda(1), one_total}}),
+            "E cuda:1 | cuda:1 | H cuda:1");
 }
 
 TEST(DeviceMap, ParsesDeviceMemoryAsHfsMaxMemory) {
@@ -149,6 +169,9 @@ TEST_P(DeviceMapSplit, RunsAsTheOneDeviceModelDoes) {
     if (t->device() == kP1) on1 += static_cast<int64_t>(t->nbytes());
   }
   EXPECT_GE(cpu_allocator(1).stats().current_bytes - before1, on1);
+  EXPECT_EQ(p.layers[2], kP2);
+  EXPECT_EQ(p.head,
+            c.config.value("tie_word_embeddings", c.config["model_type"] == "gpt2") ? kP1 : Device::cpu());
   // Forward with labels, then backward: logits, loss and every gradient equal.
   std::vector<int64_t> tokens(24);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>((i * 37 + 5) % 96);

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "backend/cuda_api.h"
 #include "core/error.h"
 #include "models/generate.h"
 #include "tokenizers/tokenizer.h"
@@ -69,6 +70,7 @@ std::string sample_text(const std::string& model_dir, const std::string& prompt,
   models::PretrainedOptions po;
   po.dtype = DType::f32;
   po.device_map = device_map;
+  if (device_map == "auto") po.device = backend::default_device();  // without budgets: the GPU when usable
   if (!device_memory.empty()) {
     TR_CHECK(device_map == "auto", "--device_memory goes with --device_map auto");
     po.max_memory = models::parse_device_memory(device_memory, "device_memory");

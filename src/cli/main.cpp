@@ -44,6 +44,7 @@ void print_placement(const std::string& dir, const std::string& device_map,
   using namespace tr;
   models::PretrainedOptions po;
   po.device_map = device_map;
+  po.dtype = DType::f32;  // as trainer eval and generate load it (HF's default torch_dtype)
   if (!device_memory.empty()) {
     TR_CHECK(device_map == "auto", "--device_memory goes with --device_map auto");
     po.max_memory = models::parse_device_memory(device_memory, "device_memory");
@@ -53,15 +54,8 @@ void print_placement(const std::string& dir, const std::string& device_map,
   auto meta = models::create_causal_lm(
       models::ModelConfig::from_file((std::filesystem::path(dir) / "config.json").string()), Device::meta(),
       DType::f32, g);
-  io::CheckpointReader ckpt(dir);
-  DType dtype = DType::f32;
-  for (const auto& n : ckpt.names())
-    if (is_floating(ckpt.info(n).dtype)) {
-      dtype = ckpt.info(n).dtype;
-      break;
-    }
-  const auto units = models::placement_units(*meta, dtype);
-  std::printf("device_map        %s (%s)\n", device_map.c_str(),
+  const auto units = models::placement_units(*meta, DType::f32);
+  std::printf("device_map        %s, float32 as eval and generate load it (%s)\n", device_map.c_str(),
               p.single()
                   ? fmt::format("all on {}", p.embeddings.str()).c_str()
                   : fmt::format("split by decoder layers over {} devices", p.devices().size()).c_str());
@@ -484,6 +478,8 @@ int main(int argc, char** argv) {
   try {
     if (*info_cmd) {
       const int rc = info(dir);
+      TR_CHECK(info_device_memory.empty() || !info_device_map.empty(),
+               "--device_memory goes with --device_map auto");
       if (rc == 0 && !info_device_map.empty()) print_placement(dir, info_device_map, info_device_memory);
       return rc;
     }

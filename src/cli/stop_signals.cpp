@@ -87,10 +87,11 @@ void StopSignals::wait_loop() {
     if (sigwait(&s, &sig) != 0) continue;
     if (closing_) return;
     if (++received == 1 && first_.load() == FirstSignal::forward) {
-      std::fprintf(stderr,
-                   "\ntrainer launch: %s received: every rank finishes its step and saves a checkpoint (send it "
-                   "again to end them at once)\n",
-                   signal_name(sig));
+      std::fprintf(
+          stderr,
+          "\ntrainer launch: %s received: every rank finishes its step and saves a checkpoint (send it "
+          "again to end them at once)\n",
+          signal_name(sig));
       stop_ = true;
       continue;
     }

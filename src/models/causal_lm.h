@@ -38,8 +38,8 @@ class LayerHooks {
   virtual void before_head() {}
 };
 
-// HF's attn_implementation: "eager" (materialized scores, the reference), "sdpa" and "flash_attention_2" (both
-// the fused memory-efficient kernel).
+// HF's attn_implementation: "eager" (materialized scores, the reference), "sdpa" and "flash_attention_2"
+// (both the fused memory-efficient kernel).
 enum class AttnImplementation { eager, sdpa, flash_attention_2 };
 // The HF name; throws listing the valid ones.
 AttnImplementation parse_attn_implementation(const std::string& name);
@@ -168,7 +168,7 @@ struct PretrainedOptions {
   Device device = Device::cpu();
   // HF's device_map: "" (use `device`), a device ("cpu", "cuda:1"), or "auto": the whole model on the first
   // device of `max_memory` when it fits there, else split by decoder layers across them (device_map.h) and
-  // run split. Without max_memory, "auto" is the GPU when one is usable (its capacity), else the CPU.
+  // run split. Without max_memory, "auto" puts the whole model on `device`.
   std::string device_map;
   std::vector<DeviceBudget> max_memory;  // HF's max_memory: GPUs in order, then the host
   std::string attn_implementation = "eager";

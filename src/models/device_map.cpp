@@ -58,7 +58,7 @@ namespace {
 
 std::string gib(int64_t b) {
   const double v = static_cast<double>(b);
-  return v >= (1 << 30) ? fmt::format("{:.2f} GiB", v / (1 << 30))
+  return v >= (1 << 30)   ? fmt::format("{:.2f} GiB", v / (1 << 30))
          : v >= (1 << 20) ? fmt::format("{:.2f} MiB", v / (1 << 20))
                           : fmt::format("{:.1f} KiB", v / 1024);
 }
@@ -71,6 +71,8 @@ DevicePlacement infer_auto_device_map(CausalLM& model, DType dtype, std::vector<
   // The host (cpu) takes what is left; host partitions (cpu:N, tests) place like GPUs.
   const auto host = [](const DeviceBudget& b) { return b.device == Device::cpu(); };
   if (std::none_of(budgets.begin(), budgets.end(), host)) budgets.push_back({Device::cpu(), 0});
+  TR_CHECK(host(budgets.back()) && std::count_if(budgets.begin(), budgets.end(), host) == 1,
+           "device_map auto: the host (cpu) comes once, after the accelerators");
   const std::vector<PlacementUnit> units = placement_units(model, dtype);
   const bool tied = model.config().tie_word_embeddings;
   int64_t total = 0;
@@ -122,9 +124,10 @@ DevicePlacement infer_auto_device_map(CausalLM& model, DType dtype, std::vector<
           }(),
           units[c.first].name);
       const bool last_accelerator = d + 1 >= accelerators;
-      const int64_t cap = host(budgets[d]) || last_accelerator
-                              ? budgets[d].bytes
-                              : std::min(budgets[d].bytes, std::max(share, c.bytes));
+      const int64_t fair = std::max(share, c.bytes);
+      const int64_t cap = host(budgets[d]) || last_accelerator ? budgets[d].bytes
+                          : budgets[d].bytes > 0               ? std::min(budgets[d].bytes, fair)
+                                                               : fair;
       if (fits(used, c.bytes, cap)) break;
     }
     for (size_t u = c.first; u <= c.last; ++u) unit_device[u] = budgets[d].device;

@@ -130,9 +130,9 @@ class Llama final : public CausalLM {
       const bool slides = window > 0 && config_.window_of(static_cast<int64_t>(li)) > 0;
       const Tensor layer_mask = slides ? in[2] : in[1];
       const int64_t layer_window = slides ? window : 0;
-      auto layer = [this, li, layer_mask, layer_window, keep = in[3], positions = in[0], rope = &rope_on(dev),
+      auto layer = [this, li, layer_mask, layer_window, keep = in[3], positions = in[0], rope = rope_on(dev),
                     o](const std::vector<Tensor>& x) -> std::vector<Tensor> {
-        return {decoder_layer(layers_[li], li, x[0], layer_mask, layer_window, keep, positions, *rope, o)};
+        return {decoder_layer(layers_[li], li, x[0], layer_mask, layer_window, keep, positions, rope, o)};
       };
       h = run_layer(layer, to_device(h, dev), o, li);
     }

@@ -53,10 +53,9 @@ Opened open_pretrained(const std::string& dir, const PretrainedOptions& opts) {
   const std::string cfg_path = (fs::path(dir) / "config.json").string();
   TR_CHECK(fs::exists(cfg_path), "{}: no config.json (is this a Hugging Face model folder?)", dir);
   Opened o{ModelConfig::from_file(cfg_path), std::make_shared<io::CheckpointReader>(dir), Device::cpu()};
-  o.device = opts.device_map.empty() ? opts.device
-             : opts.device_map == "auto"
-                 ? (opts.max_memory.empty() ? backend::default_device() : opts.max_memory.front().device)
-                 : Device::parse(opts.device_map);
+  o.device = opts.device_map.empty()     ? opts.device
+             : opts.device_map == "auto" ? opts.device
+                                         : Device::parse(opts.device_map);
   if (opts.dtype) {
     o.dtype = *opts.dtype;
   } else {
@@ -101,7 +100,8 @@ Tensor load_parameter(const std::string& dir, const io::CheckpointReader& ckpt, 
   return t;
 }
 
-// device_map "auto": the placement over the budgets (the usable GPU's capacity when none are given).
+// device_map "auto": the placement over the budgets; without budgets, the whole model on opts.device (the
+// caller's device: the GPU when one is usable, unless it asked for the CPU).
 DevicePlacement place(CausalLM& meta, const Opened& o, const PretrainedOptions& opts) {
   if (opts.device_map != "auto" || opts.max_memory.empty())
     return DevicePlacement::whole(o.device, meta.config().num_layers);
@@ -119,11 +119,14 @@ DevicePlacement pretrained_placement(const std::string& dir, const PretrainedOpt
 }
 
 std::unique_ptr<CausalLM> from_pretrained(const std::string& dir, const PretrainedOptions& opts) {
-  const Opened o = open_pretrained(dir, opts);
+  Opened o = open_pretrained(dir, opts);
+  // The placement first (shapes only), so the model's own tables (Llama's rotary ones) are made where its
+  // embeddings go - a GPU named in max_memory may hold nothing, and need not exist.
+  const DevicePlacement placement = pretrained_placement(dir, opts);
+  o.device = placement.embeddings;
   // Parameters start on the meta device (no memory, no init) and are replaced by the checkpoint's tensors,
   // each on its part's device.
   auto model = meta_model(dir, o, opts);
-  const DevicePlacement placement = place(*model, o, opts);
   for (auto& [name, p] : model->named_parameters())
     *p = load_parameter(dir, *o.ckpt, name, model->transposed_on_disk(name), p->shape(), o.dtype,
                         placement.of(name));

@@ -58,7 +58,7 @@ Tensor from_vector(const std::vector<T>& values, const Shape& shape, Device devi
            "from_vector: {} values do not fill shape {}", values.size(), shape_str(shape));
   Tensor host = Tensor::empty(shape, dtype_of<T>(), cpu_allocator());
   if (!values.empty()) std::memcpy(host.data_ptr(), values.data(), values.size() * sizeof(T));
-  return device.is_cpu() ? host : to_device(host, device);
+  return device == Device::cpu() ? host : to_device(host, device);  // a host partition gets its own copy
 }
 
 template <typename T>

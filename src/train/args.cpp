@@ -11,7 +11,6 @@
 #include "core/error.h"
 #include "core/json_fields.h"
 #include "core/suggest.h"
-#include "models/device_map.h"
 #include "optim/optimizer.h"
 
 namespace tr::train {
@@ -309,9 +308,15 @@ void TrainingArguments::validate() const {
   TR_CHECK(!(fp16 && bf16), "--fp16 and --bf16 are mutually exclusive: choose one half-precision type");
   check_one_of("lr_scheduler_type", lr_scheduler_type, scheduler_names());
   check_one_of("attn_implementation", attn_implementation, {"eager", "sdpa", "flash_attention_2"});
-  TR_CHECK(max_memory.empty() || device_map == "auto", "--max_memory goes with --device_map auto");
-  if (!device_map.empty() && device_map != "auto") Device::parse(device_map);  // names the device at fault
-  if (!max_memory.empty()) models::parse_device_memory(max_memory, "max_memory");
+  // The step, the optimizers and clipping run on one device: a model split by device_map is evaluated
+  // (trainer eval) but not trained yet. (validate() is train's and estimate's; eval checks in load_model.)
+  TR_CHECK(device_map.empty(), "--device_map {}: {}", device_map,
+           device_map == "auto"
+               ? "training a model split across devices is not supported yet; train on one device, or shard "
+                 "the model across GPUs with --fsdp full_shard (trainer eval and generate take --device_map)"
+               : "train picks its device itself (the GPU, or the CPU with --use_cpu); --device_map is for "
+                 "trainer eval and generate");
+  TR_CHECK(max_memory.empty(), "--max_memory {} goes with --device_map auto (trainer eval)", max_memory);
   check_one_of("eval_strategy", eval_strategy, {"no", "steps", "epoch"});
   check_one_of("save_strategy", save_strategy, {"no", "steps", "epoch"});
   check_one_of("optim", optim, optim::optimizer_names());

@@ -243,13 +243,6 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
   ops::allocator_for(dev_).reset_peak_reserved();
   // Mixed precision: the model computes in half precision, the optimizer updates fp32 masters.
   compute_ = a.bf16 ? DType::bf16 : a.fp16 ? DType::f16 : DType::f32;
-  // The step, the optimizers and clipping run on one device; a model split by device_map is evaluated
-  // (trainer eval) but not trained yet.
-  TR_CHECK(
-      a.device_map.empty(),
-      "--device_map {}: training a model split across devices is not supported yet; train on one device, or "
-      "shard the model across GPUs with --fsdp full_shard (trainer eval and generate take --device_map)",
-      a.device_map);
   const int stage = group_ ? zero_stage(a) : 0;
   // A sharded run that keeps no whole fp32 model (ZeRO-3, or ZeRO-2 under mixed precision) makes it one
   // parameter at a time (build_shard below). Every rank makes the same values, so nothing is broadcast.
