@@ -7,8 +7,9 @@ pkgs=(build-essential cmake ninja-build pkg-config libopenblas-dev libfmt-dev li
 # Watching runs: cairo draws the curves (PNG/SVG with text, DejaVu fonts); the tests read TensorBoard files
 # back with Debian's Python protobuf and crc32c (an independent reader).
 pkgs+=(libcairo2-dev fonts-dejavu-core python3-protobuf python3-crc32c)
-# Tokenizers: ICU for Unicode normalization forms and character classes.
-pkgs+=(libicu-dev)
+# Tokenizers: ICU for Unicode normalization forms, character classes and graphemes; SentencePiece's tools
+# (spm_train, spm_normalize) are the tests' reference for the Precompiled normalizer's charsmaps.
+pkgs+=(libicu-dev sentencepiece)
 # Distributed training on CPUs: Gloo collectives over TCP.
 pkgs+=(libgloo-dev)
 # Data files: .gz (zlib) and .zst (zstd) inputs.

@@ -1,8 +1,9 @@
 // Regex and literal patterns, the GPT-2 byte alphabet, and the normalizers (Sequence, Prepend, Replace, the
-// four normal forms, Lowercase, Strip, StripAccents, Precompiled when it is plain NFKC).
+// four normal forms, Lowercase, Strip, StripAccents, Precompiled).
 #include <algorithm>
 
 #include "tokenizers/pipeline.h"
+#include "tokenizers/precompiled.h"
 #include "tokenizers/unicode.h"
 
 namespace tr::tokenizers {
@@ -16,6 +17,7 @@ MatchScratch::MatchScratch()
 }
 
 MatchScratch::~MatchScratch() {
+  close_graphemes(graphemes_);
   pcre2_jit_stack_free(stack_);
   pcre2_match_context_free(mc_);
   pcre2_match_data_free(md_);
@@ -216,19 +218,37 @@ class StripNormalizer : public Normalizer {
   bool left_, right_;
 };
 
-std::string base64_decode(const std::string& in) {
+class PrecompiledNormalizer : public Normalizer {
+ public:
+  explicit PrecompiledNormalizer(CharsMap map) : map_(std::move(map)) {}
+  std::string apply(std::string s, MatchScratch& scratch) const override {
+    return map_.normalize(s, scratch.graphemes());
+  }
+
+ private:
+  CharsMap map_;
+};
+
+// Standard base64 with its '=' padding, as HF reads the charsmap; anything else names the field.
+std::string base64_decode(const JsonField& f) {
+  const std::string in = f.string_or("");
   auto value = [](char c) -> int {
     if (c >= 'A' && c <= 'Z') return c - 'A';
     if (c >= 'a' && c <= 'z') return c - 'a' + 26;
     if (c >= '0' && c <= '9') return c - '0' + 52;
     return c == '+' ? 62 : c == '/' ? 63 : -1;
   };
+  size_t data = in.size();
+  while (data > 0 && in.size() - data < 2 && in[data - 1] == '=') --data;
+  if (in.size() % 4 != 0 || (data < in.size() && (data + 3) / 4 * 4 != in.size()))
+    f.fail("is not base64: its {} characters are not whole groups of 4 with '=' padding", in.size());
   std::string out;
+  out.reserve(data / 4 * 3 + 2);
   uint32_t acc = 0;
   int bits = 0;
-  for (char c : in) {
-    const int v = value(c);
-    if (v < 0) continue;  // padding and line breaks
+  for (size_t i = 0; i < data; ++i) {
+    const int v = value(in[i]);
+    if (v < 0) f.fail("is not base64: character {} is {:?}", i, std::string(1, in[i]));
     acc = (acc << 6) | static_cast<uint32_t>(v);
     bits += 6;
     if (bits >= 8) {
@@ -266,15 +286,12 @@ std::unique_ptr<Normalizer> read_normalizer(const JsonField& f) {
     return std::make_unique<StripNormalizer>(f["strip_left"].boolean_or(true),
                                              f["strip_right"].boolean_or(true));
   if (type == "Precompiled") {
-    // SentencePiece's charsmap: a trie of replacement strings. An empty map changes nothing; a real one is
-    // NFKC plus SentencePiece's own rules, which we do not reproduce bit for bit.
-    const std::string map = base64_decode(f["precompiled_charsmap"].string_or(""));
-    if (!map.empty())
-      f["precompiled_charsmap"].fail(
-          "holds a SentencePiece normalization map ({} bytes), which is not supported: use a tokenizer.json "
-          "whose "
-          "normalizer is NFKC, or none",
-          map.size());
+    // An empty map changes nothing (HF's converters write none then; we accept it).
+    const JsonField map = f["precompiled_charsmap"];
+    const std::string blob = base64_decode(map);
+    if (!blob.empty())
+      return std::make_unique<PrecompiledNormalizer>(
+          CharsMap(blob, fmt::format("{}: field '{}'", map.file(), map.path())));
   }
   return nullptr;
 }

@@ -13,9 +13,12 @@
 
 #include "core/json_fields.h"
 
+struct UBreakIterator;  // ICU's, opaque
+
 namespace tr::tokenizers {
 
-// PCRE2 match state for one thread's encode call (JIT stack, match data), shared by every regex it runs.
+// Match state for one thread's encode call, shared by every stage it runs: PCRE2's (JIT stack, match data)
+// and ICU's grapheme iterator for the Precompiled normalizer (opened on first use).
 class MatchScratch {
  public:
   MatchScratch();
@@ -24,11 +27,13 @@ class MatchScratch {
   MatchScratch& operator=(const MatchScratch&) = delete;
   pcre2_match_data* data() const { return md_; }
   pcre2_match_context* context() const { return mc_; }
+  UBreakIterator*& graphemes() { return graphemes_; }
 
  private:
   pcre2_match_data* md_;
   pcre2_match_context* mc_;
   pcre2_jit_stack* stack_;
+  UBreakIterator* graphemes_ = nullptr;
 };
 
 struct Span {
