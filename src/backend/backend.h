@@ -190,9 +190,10 @@ class Backend {
     double max_norm = 0.0;   // <= 0: no clipping
     Tensor stats;            // f64 [2] from grad_stats on the gradients' device; needed when max_norm > 0
   };
-  // stats = {sum over every element of every grad of (T(g) * T(inv_scale))^2 accumulated in f64, number of
+  // stats += {sum over every element of every grad of (T(g) * T(inv_scale))^2 accumulated in f64, number of
   // non-finite products}: the global norm and the fp16 inf check in one pass. Deterministic: the partial sums
-  // of 64K-element chunks are added in chunk order. grads contiguous, any floating dtype, one device.
+  // of 64K-element chunks are added in chunk order (on the CPU to what stats held, so consecutive calls over
+  // the runs of a split model give the one-call bits). grads contiguous, any floating dtype, one device.
   virtual void grad_stats(const std::vector<Tensor>& grads, double inv_scale, const Tensor& stats) = 0;
   // dst = src read through `t` (for optimizers without a fused kernel): src any floating dtype, dst f32/f64
   // of src's size (dst may be src).

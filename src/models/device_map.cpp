@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "core/allocator.h"
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "models/causal_lm.h"
@@ -52,6 +53,26 @@ std::vector<PlacementUnit> placement_units(CausalLM& model, DType dtype) {
     units[u].bytes += p->numel() * static_cast<int64_t>(dtype_size(dtype));
   }
   return units;
+}
+
+std::string DevicePlacement::summary() const {
+  std::string out;
+  for (const Device d : devices()) {
+    std::vector<std::string> parts;
+    if (embeddings == d) parts.push_back("embeddings");
+    for (size_t i = 0; i < layers.size(); ++i) {
+      if (layers[i] != d || (i > 0 && layers[i - 1] == d)) continue;
+      size_t j = i;
+      while (j + 1 < layers.size() && layers[j + 1] == d) ++j;
+      parts.push_back(i == j ? fmt::format("layer {}", i) : fmt::format("layers {}-{}", i, j));
+    }
+    if (head == d) parts.push_back("the head");
+    std::string what;
+    for (size_t k = 0; k < parts.size(); ++k)
+      what += (k == 0 ? "" : k + 1 == parts.size() ? " and " : ", ") + parts[k];
+    out += (out.empty() ? "" : "; ") + what + " on " + d.str();
+  }
+  return out;
 }
 
 namespace {
@@ -151,7 +172,16 @@ std::vector<DeviceBudget> parse_device_memory(const std::string& text, const std
     if (const size_t colon = item.find(':'); colon != std::string::npos) {
       const std::string key = item.substr(0, colon);
       item = item.substr(colon + 1);
-      if (key == "cpu") {
+      if (key == "cpu" && item.find(':') != std::string::npos) {
+        // cpu:N:SIZE: host partition N (1..7), placed like a GPU - a split on a machine without GPUs
+        // (tests, and trying a placement before renting the devices).
+        const std::string index = item.substr(0, item.find(':'));
+        item = item.substr(item.find(':') + 1);
+        TR_CHECK(index.size() == 1 && index[0] >= '1' && index[0] < '0' + CpuAllocator::kHostPartitions,
+                 "--{} '{}': 'cpu:{}' is not a host partition (cpu:1 .. cpu:{})", flag, text, index,
+                 CpuAllocator::kHostPartitions - 1);
+        dev = Device{DeviceType::cpu, index[0] - '0'};
+      } else if (key == "cpu") {
         dev = Device::cpu();
       } else {
         TR_CHECK(!key.empty() && key.size() <= 4 && std::all_of(key.begin(), key.end(), ::isdigit),
@@ -170,7 +200,7 @@ std::vector<DeviceBudget> parse_device_memory(const std::string& text, const std
              "--{} '{}': '{}' is not a size (expected 24GB, 24GiB or 512MB per device)", flag, text, item);
     TR_CHECK(std::none_of(out.begin(), out.end(), [&](const DeviceBudget& b) { return b.device == dev; }),
              "--{} '{}': {} is given twice", flag, text, dev.str());
-    TR_CHECK(dev.is_cpu() || out.empty() || !out.back().device.is_cpu(),
+    TR_CHECK(dev == Device::cpu() || out.empty() || out.back().device != Device::cpu(),
              "--{} '{}': the host (cpu) comes last, after the GPUs", flag, text);
     out.push_back({dev, static_cast<int64_t>(bytes)});
     if (dev.is_cuda()) next_gpu = dev.index + 1;

@@ -33,6 +33,8 @@ struct DevicePlacement {
   Device of(const std::string& name) const;
   // The distinct devices, in the order the forward pass first uses them.
   std::vector<Device> devices() const;
+  // "embeddings and layers 0-1 on cpu:1, layers 2-5 on cpu:2, the head on cpu".
+  std::string summary() const;
 };
 
 // One placeable unit: the embeddings, a decoder layer, or the head, and its parameters' bytes in the load

@@ -1,6 +1,8 @@
 // The optimizer passes (gradient statistics and transform, multi-tensor AdamW, 8-bit AdamW): the checks the
 // backends rely on - one device, contiguous operands, sizes and dtypes as backend.h documents - then
-// dispatch. Optimizers and the Trainer call these, never a backend directly.
+// dispatch, one pass per device for a model split by device_map. Optimizers and the Trainer call these, never
+// a backend directly.
+#include <algorithm>
 #include <cmath>
 
 #include "ops/ops.h"
@@ -36,28 +38,79 @@ void check_transform(const char* op, const backend::Backend::GradTransform& t, D
   if (t.max_norm > 0) check_stats(op, t.stats, device);
 }
 
+// The items of a multi-tensor pass by device, each device's in their order. The passes are element-wise, so
+// running one per device changes no bits.
+template <typename T, typename DeviceOf>
+std::vector<std::pair<Device, std::vector<T>>> by_device(const std::vector<T>& items, DeviceOf device_of) {
+  std::vector<std::pair<Device, std::vector<T>>> groups;
+  for (const T& x : items) {
+    const Device d = device_of(x);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == d; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {d, {}});
+    it->second.push_back(x);
+  }
+  return groups;
+}
+
+// The transform with its statistics on `device` (a split model's clipping reads one global norm everywhere).
+backend::Backend::GradTransform transform_on(const backend::Backend::GradTransform& t, Device device) {
+  backend::Backend::GradTransform on = t;
+  if (t.max_norm > 0 && t.stats.defined() && t.stats.device() != device) on.stats = to_device(t.stats, device);
+  return on;
+}
+
+Device device_or(const Tensor& t, Device fallback) { return t.defined() ? t.device() : fallback; }
+
+void transform_grads_on(const std::vector<std::pair<Tensor, Tensor>>& src_dst,
+                        const backend::Backend::GradTransform& t);
+void fused_adamw_on(const std::vector<backend::Backend::AdamWTensors>& tensors,
+                    const backend::Backend::AdamWHyper& h, const backend::Backend::GradTransform& t);
+void adamw_8bit_on(const std::vector<backend::Backend::AdamW8bitTensors>& tensors, const Tensor& signed_map,
+                   const Tensor& unsigned_map);
+
 }  // namespace
 
 Tensor grad_stats(const std::vector<Tensor>& grads, double inv_scale, Device device) {
-  Tensor stats = zeros({2}, DType::f64, device);
   std::vector<Tensor> present;
   present.reserve(grads.size());
   for (const Tensor& g : grads) {
     if (!g.defined()) continue;
     TR_CHECK(is_float(g.dtype()), "grad_stats: gradient {} is not floating point", g.describe());
-    TR_CHECK(g.device() == device, "grad_stats: gradient {} is not on {}", g.describe(), device.str());
+    TR_CHECK(g.device() == device || (!g.device().is_meta() && !device.is_meta()),
+             "grad_stats: gradient {} is not on {}", g.describe(), device.str());
     present.push_back(contiguous(g));
   }
   TR_CHECK(std::isfinite(inv_scale) && inv_scale > 0, "grad_stats: inverse loss scale {} is not positive",
            inv_scale);
-  if (!device.is_meta() && !present.empty())
-    backend::backend_for(device).grad_stats(present, inv_scale, stats);
-  return stats;
+  if (device.is_meta() || present.empty()) return zeros({2}, DType::f64, device);
+  // The backends add into the statistics chunk by chunk: a split model's consecutive runs of gradients on
+  // one device continue the same sum, so the norm has the bits of the one-device run.
+  Tensor stats = zeros({2}, DType::f64, present.front().device());
+  for (size_t i = 0; i < present.size();) {
+    const Device d = present[i].device();
+    size_t j = i;
+    while (j < present.size() && present[j].device() == d) ++j;
+    if (stats.device() != d) stats = to_device(stats, d);
+    backend::backend_for(d).grad_stats({present.begin() + static_cast<std::ptrdiff_t>(i),
+                                        present.begin() + static_cast<std::ptrdiff_t>(j)},
+                                       inv_scale, stats);
+    i = j;
+  }
+  return stats.device() == device ? stats : to_device(stats, device);
 }
 
 void transform_grads(const std::vector<std::pair<Tensor, Tensor>>& src_dst,
                      const backend::Backend::GradTransform& t) {
   if (src_dst.empty()) return;
+  const Device first = device_or(src_dst.front().first, Device::cpu());
+  for (const auto& [d, group] : by_device(src_dst, [&](const auto& x) { return device_or(x.first, first); }))
+    transform_grads_on(group, transform_on(t, d));
+}
+
+namespace {
+
+void transform_grads_on(const std::vector<std::pair<Tensor, Tensor>>& src_dst,
+                        const backend::Backend::GradTransform& t) {
   const Device device = src_dst.front().first.device();
   check_transform("transform_grads", t, device);
   for (const auto& [src, dst] : src_dst) {
@@ -69,9 +122,20 @@ void transform_grads(const std::vector<std::pair<Tensor, Tensor>>& src_dst,
   if (!device.is_meta()) backend::backend_for(device).transform_grads(src_dst, t);
 }
 
+}  // namespace
+
 void fused_adamw(const std::vector<backend::Backend::AdamWTensors>& tensors,
                  const backend::Backend::AdamWHyper& h, const backend::Backend::GradTransform& t) {
   if (tensors.empty()) return;
+  const Device first = device_or(tensors.front().param, Device::cpu());
+  for (const auto& [d, group] : by_device(tensors, [&](const auto& x) { return device_or(x.param, first); }))
+    fused_adamw_on(group, h, transform_on(t, d));
+}
+
+namespace {
+
+void fused_adamw_on(const std::vector<backend::Backend::AdamWTensors>& tensors,
+                    const backend::Backend::AdamWHyper& h, const backend::Backend::GradTransform& t) {
   const Device device = tensors.front().param.device();
   check_transform("fused_adamw", t, device);
   TR_CHECK(h.step >= 1, "fused_adamw: step {} (bias correction needs a step count from 1)", h.step);
@@ -91,9 +155,23 @@ void fused_adamw(const std::vector<backend::Backend::AdamWTensors>& tensors,
   if (!device.is_meta()) backend::backend_for(device).fused_adamw(tensors, h, t);
 }
 
+}  // namespace
+
 void adamw_8bit(const std::vector<backend::Backend::AdamW8bitTensors>& tensors, const Tensor& signed_map,
                 const Tensor& unsigned_map) {
   if (tensors.empty()) return;
+  const Device first = device_or(tensors.front().param, Device::cpu());
+  for (const auto& [d, group] : by_device(tensors, [&](const auto& x) { return device_or(x.param, first); })) {
+    const bool here = !signed_map.defined() || signed_map.device() == d;  // the code maps go along
+    adamw_8bit_on(group, here ? signed_map : to_device(signed_map, d),
+                  here || !unsigned_map.defined() ? unsigned_map : to_device(unsigned_map, d));
+  }
+}
+
+namespace {
+
+void adamw_8bit_on(const std::vector<backend::Backend::AdamW8bitTensors>& tensors, const Tensor& signed_map,
+                   const Tensor& unsigned_map) {
   const Device device = tensors.front().param.device();
   for (const Tensor* map : {&signed_map, &unsigned_map}) {
     check_operand("adamw_8bit", "code map", *map, device, 256);
@@ -121,5 +199,7 @@ void adamw_8bit(const std::vector<backend::Backend::AdamW8bitTensors>& tensors, 
   }
   if (!device.is_meta()) backend::backend_for(device).adamw_8bit(tensors, signed_map, unsigned_map);
 }
+
+}  // namespace
 
 }  // namespace tr::ops

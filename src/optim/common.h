@@ -30,7 +30,8 @@ class OptimArgs {
 };
 
 // Every parameter on the CPU, contiguous, with a dtype in `dtypes`; throws naming the first that is not.
-// any_device: the optimizer also runs on GPUs (through the backend's kernels); else CPU only.
+// any_device: the optimizer also runs on GPUs (through the backend's kernels), and on a model split across
+// devices (the ops run one pass per device); else CPU only.
 void check_params(const char* optimizer, const nn::ParamList& params, const std::vector<DType>& dtypes,
                   bool any_device = false);
 

@@ -165,8 +165,6 @@ void check_params(const char* optimizer, const nn::ParamList& params, const std:
     TR_CHECK(any_device || p->device().is_cpu(),
              "{}: parameter '{}' is on {}; this optimizer runs on the CPU", optimizer, name,
              p->device().str());
-    TR_CHECK(p->device() == params.front().second->device(), "{}: parameters on {} and {}", optimizer,
-             params.front().second->device().str(), p->device().str());
     TR_CHECK(std::find(dtypes.begin(), dtypes.end(), p->dtype()) != dtypes.end(),
              "{}: parameter '{}' has dtype {}, which this optimizer does not update", optimizer, name,
              dtype_name(p->dtype()));

@@ -43,12 +43,12 @@ const std::vector<ArgSpec>& argument_specs() {
        "models grow with mean-initialized rows)",
        "model and data"},
       {"device_map", &A::device_map,
-       "from_pretrained's device_map (trainer eval): auto splits a model too large for the first device by "
-       "decoder layers across the GPUs, then the host; or a device (cpu, cuda:1)",
+       "from_pretrained's device_map: auto splits a model too large for the first device by decoder layers "
+       "across the GPUs, then the host (train runs the split as a naive pipeline); eval also takes a device",
        "model and data"},
       {"max_memory", &A::max_memory,
        "with device_map auto: each GPU's budget in order, and the host's (HF's max_memory): 24GB,24GB or "
-       "0:24GB,1:24GB,cpu:64GB",
+       "0:24GB,1:24GB,cpu:64GB (cpu:1:8MB: a host partition placed like a GPU, for trying a split)",
        "model and data"},
       {"text_column_name", &A::text_column_name,
        "the column of .jsonl/.json/.csv/.tsv data files holding the text (default: text, else the first)",
@@ -308,15 +308,19 @@ void TrainingArguments::validate() const {
   TR_CHECK(!(fp16 && bf16), "--fp16 and --bf16 are mutually exclusive: choose one half-precision type");
   check_one_of("lr_scheduler_type", lr_scheduler_type, scheduler_names());
   check_one_of("attn_implementation", attn_implementation, {"eager", "sdpa", "flash_attention_2"});
-  // The step, the optimizers and clipping run on one device: a model split by device_map is evaluated
-  // (trainer eval) but not trained yet. (validate() is train's and estimate's; eval checks in load_model.)
-  TR_CHECK(device_map.empty(), "--device_map {}: {}", device_map,
-           device_map == "auto"
-               ? "training a model split across devices is not supported yet; train on one device, or shard "
-                 "the model across GPUs with --fsdp full_shard (trainer eval and generate take --device_map)"
-               : "train picks its device itself (the GPU, or the CPU with --use_cpu); --device_map is for "
-                 "trainer eval and generate");
-  TR_CHECK(max_memory.empty(), "--max_memory {} goes with --device_map auto (trainer eval)", max_memory);
+  // device_map auto trains a split model as HF does: a naive pipeline, one device busy at a time. Sharding
+  // and the compiled step keep one device per process, so they do not take a split.
+  TR_CHECK(device_map.empty() || device_map == "auto", "--device_map {}: {}", device_map,
+           "train picks its device itself (the GPU, or the CPU with --use_cpu); give auto to split a model "
+           "too large for one device (with --max_memory), or a device to trainer eval and generate");
+  TR_CHECK(max_memory.empty() || device_map == "auto", "--max_memory {} goes with --device_map auto",
+           max_memory);
+  TR_CHECK(device_map.empty() || fsdp.empty(),
+           "--device_map auto and --fsdp {}: a model is either split across devices or sharded across "
+           "processes; --fsdp alone keeps every GPU busy",
+           fsdp);
+  TR_CHECK(device_map.empty() || !(torch_compile || !torch_compile_backend.empty() || !torch_compile_mode.empty()),
+           "--device_map auto and --torch_compile: the compiled step runs on one device; drop one of them");
   check_one_of("eval_strategy", eval_strategy, {"no", "steps", "epoch"});
   check_one_of("save_strategy", save_strategy, {"no", "steps", "epoch"});
   check_one_of("optim", optim, optim::optimizer_names());

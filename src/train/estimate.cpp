@@ -104,6 +104,10 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
   if (a.train_file.empty()) a.train_file = "(not read)";
   a.total_batch_size.clear();  // the batch and accumulation are taken as given (callers resolved the total)
   a.validate();
+  TR_CHECK(a.device_map.empty(),
+           "--device_map {}: the estimate is one device's step; `trainer info --device_map auto "
+           "--device_memory ...` prints where a split puts each layer",
+           a.device_map);
   TR_CHECK(a.per_device_train_batch_size > 0,
            "--per_device_train_batch_size auto is chosen against a memory budget: give --device_memory, or a "
            "number");

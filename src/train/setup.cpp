@@ -6,6 +6,7 @@
 
 #include "backend/cuda_api.h"
 #include "data/tokenize.h"
+#include "models/device_map.h"
 
 namespace tr::train {
 
@@ -92,8 +93,21 @@ std::unique_ptr<models::CausalLM> load_model(const TrainingArguments& a, const s
     }
     return model;
   }
-  return models::create_causal_lm(fresh_config(a, tokenizer_size), device, DType::f32, gen,
-                                  a.attn_implementation);
+  auto model = models::create_causal_lm(fresh_config(a, tokenizer_size), device, DType::f32, gen,
+                                        a.attn_implementation);
+  if (a.device_map == "auto" && !a.max_memory.empty()) {
+    // A fresh model is initialized where the run would have it whole (the same bits), then placed as
+    // from_pretrained places a checkpoint: by its f32 weights over the budgets.
+    const models::DevicePlacement p = models::infer_auto_device_map(
+        *model, DType::f32, models::parse_device_memory(a.max_memory, "max_memory"));
+    for (auto& [name, t] : model->named_parameters()) {
+      if (t->device() == p.of(name)) continue;
+      *t = detach(ops::to_device(*t, p.of(name)));
+      autograd::set_requires_grad(*t, true);
+    }
+    model->set_placement(p);
+  }
+  return model;
 }
 
 std::optional<models::DeferredModel> load_deferred_model(const TrainingArguments& a,

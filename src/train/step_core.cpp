@@ -116,7 +116,7 @@ Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& 
       ready.emplace([this](const TensorImpl* leaf) { zero_->grad_ready(leaf); });
     }
     if (s_.mp.loss_scaling())
-      autograd::backward({loss}, {ops::full({}, s_.mp.loss_scale(), DType::f32, o_.device)});
+      autograd::backward({loss}, {ops::full({}, s_.mp.loss_scale(), DType::f32, loss.device())});
     else
       autograd::backward({loss});
     if (full_) full_->finish_backward();

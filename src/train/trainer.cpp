@@ -256,6 +256,18 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
     if (group_)
       broadcast_parameters(*group_, model_->named_parameters());  // DDP: rank 0's weights everywhere
   }
+  if (!model_->placement().single()) {  // device_map auto split the model (validate() refused the rest)
+    TR_CHECK(group_ == nullptr,
+             "--device_map auto under a launcher ({} processes): each process would split its own replica; "
+             "shard across the processes with --fsdp full_shard instead",
+             group_ ? group_->size() : 1);
+    dev_ = model_->device();  // the batches go where the embeddings are
+    if (main_)
+      std::printf(
+          "device_map auto: %s; trained as a naive pipeline (one device busy at a time, as HF does): "
+          "--fsdp full_shard across processes keeps every GPU busy\n",
+          model_->placement().summary().c_str());
+  }
   vocab_ = model_->config().vocab_size;
   TR_CHECK(!tok_ || tok_->vocab_size() <= vocab_,
            "tokenizer {} has {} tokens, more than the model's vocab_size {}",

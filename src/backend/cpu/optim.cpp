@@ -86,7 +86,9 @@ void CpuBackend::grad_stats(const std::vector<Tensor>& grads, double inv_scale, 
       bad[w] = nb;
     });
   }
-  double ss = 0, nb = 0;  // chunk order: the same bits for any thread count
+  // Added to what stats holds, in chunk order: the same bits for any thread count, and a split model's
+  // per-device runs continue one sum.
+  double ss = stats.data<double>()[0], nb = stats.data<double>()[1];
   for (int64_t w = 0; w < total; ++w) {
     ss += sum[w];
     nb += bad[w];

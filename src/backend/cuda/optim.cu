@@ -80,9 +80,9 @@ __global__ void grad_stats_total(const double* partial, int64_t count, double* s
   }
   ss = block_sum(ss, shared);
   bad = block_sum(bad, shared);
-  if (threadIdx.x == 0) {
-    stats[0] = ss;
-    stats[1] = bad;
+  if (threadIdx.x == 0) {  // added to what stats holds (a split model's earlier devices)
+    stats[0] += ss;
+    stats[1] += bad;
   }
 }
 
@@ -201,10 +201,7 @@ void adamw_32bit_state(float* p, const float* g, float* s1, float* s2, int64_t n
 }
 
 void grad_stats(const GradChunk* chunks, int64_t count, double inv_scale, double* stats) {
-  if (count == 0) {
-    TR_CUDA_CHECK(cudaMemsetAsync(stats, 0, 2 * sizeof(double), nullptr));
-    return;
-  }
+  if (count == 0) return;  // nothing to add
   GradChunk* d = upload(chunks, count);
   double* partial = nullptr;
   TR_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partial), 2 * sizeof(double) * count, nullptr));
