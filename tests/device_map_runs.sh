@@ -20,6 +20,16 @@ one llama_split 6 --config_name llama.json "${split[@]}"
 grep -q "device_map auto: embeddings and layer 0 on cpu:1; layer 1 and the head on cpu:2; trained as a naive pipeline" llama_split.log ||
   { grep device_map llama_split.log; fail "the split is not announced"; }
 compare llama_w1 llama_split 0
+# Each device holds its part: both partitions peak below the one-device run (weights, gradients, moments and
+# the activations of its layers).
+python3 - <<'PY' || fail "per-device peaks"
+import json
+one = json.load(open("llama_w1/train_results.json"))["train_peak_memory_gib"]
+per = json.load(open("llama_split/train_results.json"))["train_peak_memory_gib_per_device"]
+print("device_map_runs: one device %.1f MiB; split %s" % (one * 1024, {d: round(g * 1024, 1) for d, g in per.items()}))
+assert list(per) == ["cpu:1", "cpu:2"], per
+assert all(0 < g < one for g in per.values()), (one, per)
+PY
 # GPT-2's tied head reads the embeddings' table: both on cpu:1 with layer 0, layer 1 on cpu:2.
 one gpt2_w1 6 --config_name gpt2.json
 one gpt2_split 6 --config_name gpt2.json --device_map auto --max_memory cpu:1:6500KB,cpu:2:6500KB

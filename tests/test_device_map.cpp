@@ -118,7 +118,15 @@ TEST(DeviceMap, ParsesDeviceMemoryAsHfsMaxMemory) {
   ASSERT_EQ(c.size(), 2u);
   EXPECT_EQ(c[0].device, Device::cuda(1));
   EXPECT_EQ(c[1].device, Device::cpu());
-  for (const char* bad : {"24 parsecs", "cpu:8GB,24GB", "0:8GB,0:8GB", "x:8GB", "", "0GB"}) {
+  // Host partitions, placed like GPUs, before the host.
+  const auto h = models::parse_device_memory("cpu:1:8MB,cpu:2:8MB,cpu:64GB", "max_memory");
+  ASSERT_EQ(h.size(), 3u);
+  EXPECT_EQ(h[0].device, (Device{DeviceType::cpu, 1}));
+  EXPECT_EQ(h[0].bytes, 8000000);
+  EXPECT_EQ(h[1].device, (Device{DeviceType::cpu, 2}));
+  EXPECT_EQ(h[2].device, Device::cpu());
+  for (const char* bad : {"24 parsecs", "cpu:8GB,24GB", "0:8GB,0:8GB", "x:8GB", "", "0GB", "cpu:8:1MB",
+                          "cpu:0:1MB", "cpu:1:1MB,cpu:1:1MB", "cpu:64GB,cpu:1:1MB", "cpu:1:"}) {
     try {
       models::parse_device_memory(bad, "device_memory");
       ADD_FAILURE() << "accepted '" << bad << "'";
@@ -207,6 +215,53 @@ INSTANTIATE_TEST_SUITE_P(Models, DeviceMapSplit,
                                            SplitCase{"llama_tied", llama_json(true)},
                                            SplitCase{"gpt2", gpt2_json()}),
                          [](const auto& i) { return std::string(i.param.name); });
+
+// Training a split model: the optimizer passes take tensors on several devices (one pass per device), and the
+// gradient statistics continue one sum across them, so the clipped update has the one-device bits.
+TEST(DeviceMapOps, OptimizerPassesOverSeveralDevicesGiveTheOneDeviceBits) {
+  Generator gen(11);
+  std::vector<Tensor> grads, params;
+  for (int64_t i = 0; i < 5; ++i) {  // over 64K elements each: several chunks per tensor
+    grads.push_back(ops::randn({70000 + 1000 * i}, gen));
+    params.push_back(ops::randn({70000 + 1000 * i}, gen));
+  }
+  const std::vector<Device> where{kP1, kP1, kP2, kP2, Device::cpu()};
+  auto on = [&](const std::vector<Tensor>& ts, bool split) {  // fresh copies: the update is in place
+    std::vector<Tensor> out;
+    for (size_t i = 0; i < ts.size(); ++i) {
+      out.push_back(ops::empty(ts[i].shape(), DType::f32, split ? where[i] : Device::cpu()));
+      ops::copy_(out.back(), ts[i]);
+    }
+    return out;
+  };
+
+  std::vector<std::vector<Tensor>> after;
+  std::vector<double> norms;
+  for (const bool split : {false, true}) {
+    const auto g = on(grads, split), p = on(params, split);
+    const Tensor stats = ops::grad_stats(g, 0.5, split ? kP1 : Device::cpu());
+    EXPECT_EQ(stats.device(), split ? kP1 : Device::cpu());
+    norms.push_back(ops::to_vector<double>(ops::to_device(stats, Device::cpu()))[0]);
+    std::vector<backend::Backend::AdamWTensors> list;
+    for (size_t i = 0; i < g.size(); ++i)
+      list.push_back({p[i],
+                      g[i],
+                      ops::zeros(p[i].shape(), DType::f32, p[i].device()),
+                      ops::zeros(p[i].shape(), DType::f32, p[i].device()),
+                      true,
+                      {}});
+    ops::fused_adamw(list, {1e-2, 0.1, 0.9, 0.999, 1e-8, 1}, {0.5, 1.0, stats});  // clipped: norm >> 1
+    std::vector<Tensor> host;
+    for (const Tensor& t : p) host.push_back(ops::to_device(t, Device::cpu()));
+    after.push_back(host);
+  }
+  EXPECT_EQ(norms[0], norms[1]);  // bitwise, not near
+  EXPECT_GT(norms[0], 1.0);
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(ops::to_vector<float>(after[0][i]), ops::to_vector<float>(after[1][i])) << i;
+    EXPECT_NE(ops::to_vector<float>(after[0][i]), ops::to_vector<float>(params[i])) << i;
+  }
+}
 
 }  // namespace
 }  // namespace tr

@@ -55,7 +55,8 @@ std::vector<std::pair<Device, std::vector<T>>> by_device(const std::vector<T>& i
 // The transform with its statistics on `device` (a split model's clipping reads one global norm everywhere).
 backend::Backend::GradTransform transform_on(const backend::Backend::GradTransform& t, Device device) {
   backend::Backend::GradTransform on = t;
-  if (t.max_norm > 0 && t.stats.defined() && t.stats.device() != device) on.stats = to_device(t.stats, device);
+  if (t.max_norm > 0 && t.stats.defined() && t.stats.device() != device)
+    on.stats = to_device(t.stats, device);
   return on;
 }
 
@@ -91,9 +92,9 @@ Tensor grad_stats(const std::vector<Tensor>& grads, double inv_scale, Device dev
     size_t j = i;
     while (j < present.size() && present[j].device() == d) ++j;
     if (stats.device() != d) stats = to_device(stats, d);
-    backend::backend_for(d).grad_stats({present.begin() + static_cast<std::ptrdiff_t>(i),
-                                        present.begin() + static_cast<std::ptrdiff_t>(j)},
-                                       inv_scale, stats);
+    backend::backend_for(d).grad_stats(
+        {present.begin() + static_cast<std::ptrdiff_t>(i), present.begin() + static_cast<std::ptrdiff_t>(j)},
+        inv_scale, stats);
     i = j;
   }
   return stats.device() == device ? stats : to_device(stats, device);
@@ -161,7 +162,8 @@ void adamw_8bit(const std::vector<backend::Backend::AdamW8bitTensors>& tensors, 
                 const Tensor& unsigned_map) {
   if (tensors.empty()) return;
   const Device first = device_or(tensors.front().param, Device::cpu());
-  for (const auto& [d, group] : by_device(tensors, [&](const auto& x) { return device_or(x.param, first); })) {
+  for (const auto& [d, group] :
+       by_device(tensors, [&](const auto& x) { return device_or(x.param, first); })) {
     const bool here = !signed_map.defined() || signed_map.device() == d;  // the code maps go along
     adamw_8bit_on(group, here ? signed_map : to_device(signed_map, d),
                   here || !unsigned_map.defined() ? unsigned_map : to_device(unsigned_map, d));

@@ -319,8 +319,9 @@ void TrainingArguments::validate() const {
            "--device_map auto and --fsdp {}: a model is either split across devices or sharded across "
            "processes; --fsdp alone keeps every GPU busy",
            fsdp);
-  TR_CHECK(device_map.empty() || !(torch_compile || !torch_compile_backend.empty() || !torch_compile_mode.empty()),
-           "--device_map auto and --torch_compile: the compiled step runs on one device; drop one of them");
+  TR_CHECK(
+      device_map.empty() || !(torch_compile || !torch_compile_backend.empty() || !torch_compile_mode.empty()),
+      "--device_map auto and --torch_compile: the compiled step runs on one device; drop one of them");
   check_one_of("eval_strategy", eval_strategy, {"no", "steps", "epoch"});
   check_one_of("save_strategy", save_strategy, {"no", "steps", "epoch"});
   check_one_of("optim", optim, optim::optimizer_names());

@@ -82,8 +82,7 @@ std::unique_ptr<models::CausalLM> load_model(const TrainingArguments& a, const s
     po.device_map = a.device_map;
     TR_CHECK(a.max_memory.empty() || a.device_map == "auto", "--max_memory {} goes with --device_map auto",
              a.max_memory);
-    if (!a.max_memory.empty())
-      po.max_memory = models::parse_device_memory(a.max_memory, "max_memory");
+    if (!a.max_memory.empty()) po.max_memory = models::parse_device_memory(a.max_memory, "max_memory");
     auto model = models::from_pretrained(dir, po);
     // Fine-tuning with a larger tokenizer: HF's mean-initialized new rows (a resumed checkpoint has them).
     if (weights_dir.empty()) {

@@ -601,6 +601,7 @@ TrainResult Run::train() {
                  so.fuse_elementwise ? ", elementwise chains fused" : "");
   const auto step_fn = a_.torch_compile ? make_compiled_step(ss, so) : make_eager_step(ss, so);
   r_.setup_peak_bytes = ops::allocator_for(dev_).stats().peak_bytes;
+  for (const Device d : model_->placement().devices()) ops::allocator_for(d).reset_peak();
   ops::allocator_for(dev_).reset_peak();
   const int64_t start_step = st_.global_step, total = sched_.total;
   window_ = std::make_unique<StepWindow>(start_step, total, main_);
@@ -636,6 +637,9 @@ TrainResult Run::train() {
   r_.train_loss = window_->counted_sum() / std::max<int64_t>(1, r_.steps);
   r_.skipped_steps = st_.skipped_steps;
   r_.peak_bytes = ops::allocator_for(dev_).stats().peak_bytes;
+  if (!model_->placement().single())
+    for (const Device d : model_->placement().devices())
+      r_.device_peak_bytes.emplace_back(d.str(), ops::allocator_for(d).stats().peak_bytes);
   if (group_) {  // every rank's peak and optimizer state (they shrink with the world under ZeRO)
     const int64_t mine[4] = {r_.peak_bytes, opt_->state_bytes(), r_.setup_peak_bytes, r_.save_peak_bytes};
     std::vector<int64_t> all(4 * static_cast<size_t>(group_->size()));
@@ -706,6 +710,12 @@ void Run::finish() {
   // (torch.cuda.max_memory_reserved; the estimate's reserved_bytes).
   if (const int64_t reserved = ops::allocator_for(dev_).peak_reserved_bytes(); reserved > 0)
     all["peak_reserved_memory_gib"] = static_cast<double>(reserved) / (1 << 30);
+  if (!r_.device_peak_bytes.empty()) {  // a split: train_peak_memory_gib is the embeddings' device's
+    nlohmann::json per = nlohmann::json::object();
+    for (const auto& [d, b] : r_.device_peak_bytes) per[d] = static_cast<double>(b) / (1 << 30);
+    all["device_map"] = model_->placement().summary();
+    all["train_peak_memory_gib_per_device"] = per;
+  }
   if (group_) {  // train_peak_memory_gib is rank 0's; the lists have every rank's
     const auto gib = [](const std::vector<int64_t>& v) {
       nlohmann::json out = nlohmann::json::array();

@@ -30,6 +30,8 @@ struct TrainResult {
   int64_t peak_bytes = 0;        // the training device's allocator peak during training
   int64_t setup_peak_bytes = 0;  // and before it: loading the model, sharding, resuming
   int64_t save_peak_bytes = 0;   // the most during a checkpoint save inside training (0: none saved)
+  // A model split by device_map: each device's allocator peak during training, in the placement's order.
+  std::vector<std::pair<std::string, int64_t>> device_peak_bytes;
   double unigram_baseline = 0;   // eval-set cross-entropy of the train-set unigram model (with an eval)
   int64_t tokens = 0, global_step = 0;
   double eval_seconds = 0;       // evaluation time, kept out of `seconds`
