@@ -6,7 +6,8 @@
 #     gradient checkpointing, SGD with momentum, Adafactor and 8-bit AdamW;
 #  2. the split run's checkpoint resumes split and on one device, and one device's split, bit-identical to
 #     the uninterrupted runs;
-#  3. refused before any work: --fsdp, --torch_compile, a launched world, --max_memory without auto.
+#  3. refused before any work: --fsdp, --torch_compile, batch size auto, --max_memory without auto; a launched
+#     world once the ranks have built the model.
 # Usage: device_map_runs.sh TRAINER TOKENIZER_DIR TEXT WORK_DIR
 set -euo pipefail
 suite=device_map_runs
@@ -64,6 +65,8 @@ refused with_fsdp "a model is either split across devices or sharded across proc
   --config_name llama.json --per_device_train_batch_size 6 --output_dir with_fsdp "${split[@]}" --fsdp full_shard
 refused with_compile "the compiled step runs on one device" train "${common[@]}" --config_name llama.json \
   --per_device_train_batch_size 6 --output_dir with_compile "${split[@]}" --torch_compile
+refused batch_auto "chosen by one device's estimate" train "${common[@]}" --config_name llama.json \
+  --per_device_train_batch_size auto --output_dir batch_auto "${split[@]}"
 refused max_memory_alone "goes with --device_map auto" train "${common[@]}" --config_name llama.json \
   --per_device_train_batch_size 6 --output_dir max_memory_alone --max_memory cpu:1:7MB
 next_port

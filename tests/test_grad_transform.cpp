@@ -49,24 +49,29 @@ TEST_P(GradTransformTest, StatsGiveTheNormAndCountNonFiniteValues) {
   const Device dev = GetParam();
   auto& be = backend::backend_for(dev);
   auto grads = half_grads(dev, DType::bf16, 1024.0);
-  Tensor stats = ops::full({2}, -7.0, DType::f64, dev);  // poisoned: the pass must overwrite it
+  // The pass adds to what stats holds (a split model's devices continue one sum): 0.25 and 3 come out on top.
+  Tensor stats = ops::full({2}, 0.0, DType::f64, dev);
+  ops::copy_(stats, ops::from_vector<double>({0.25, 3.0}, {2}));
   be.grad_stats(grads, 1.0 / 1024, stats);
   auto s = stats_on_host(stats);
   const double want = host_sumsq(grads, 1.0 / 1024);
-  EXPECT_NEAR(s[0], want, 1e-12 * want);
-  EXPECT_EQ(s[1], 0.0);
+  EXPECT_NEAR(s[0] - 0.25, want, 1e-12 * want);
+  EXPECT_EQ(s[1], 3.0);
   // Deterministic: the same bits again.
-  Tensor again = ops::zeros({2}, DType::f64, dev);
+  Tensor again = ops::zeros({2}, DType::f64, dev), twice = ops::zeros({2}, DType::f64, dev);
   be.grad_stats(grads, 1.0 / 1024, again);
-  EXPECT_EQ(stats_on_host(again), s);
+  be.grad_stats(grads, 1.0 / 1024, twice);
+  EXPECT_EQ(stats_on_host(again), stats_on_host(twice));
+  EXPECT_NEAR(stats_on_host(again)[0], want, 1e-12 * want);
   // An inf and a NaN in different tensors are both counted (fp16 overflow detection).
   Tensor g0 = ops::to_device(grads[0], Device::cpu()), g1 = ops::to_device(grads[1], Device::cpu());
   ops::copy_(ops::narrow(ops::reshape(g0, {g0.numel()}), 0, 70000, 1), ops::full({1}, INFINITY, DType::bf16));
   ops::copy_(ops::narrow(g1, 0, 3, 1), ops::full({1}, NAN, DType::bf16));
   grads[0] = ops::to_device(g0, dev);
   grads[1] = ops::to_device(g1, dev);
-  be.grad_stats(grads, 1.0 / 1024, stats);
-  s = stats_on_host(stats);
+  Tensor bad = ops::zeros({2}, DType::f64, dev);
+  be.grad_stats(grads, 1.0 / 1024, bad);
+  s = stats_on_host(bad);
   EXPECT_EQ(s[1], 2.0);
   EXPECT_FALSE(std::isfinite(s[0]));
 }

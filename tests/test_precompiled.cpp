@@ -310,6 +310,8 @@ TEST(PrecompiledRules, MalformedMapsAreNamed) {
   EXPECT_NE(message("AAAA").find("too short"), std::string::npos) << message("AAAA");
   EXPECT_NE(message("AA!A").find("not base64"), std::string::npos);
   EXPECT_NE(message("AAA").find("not base64"), std::string::npos);
+  EXPECT_NE(message("AAAB").find("too short"), std::string::npos);             // 3 bytes, canonical
+  EXPECT_NE(message("AAB=").find("padding are not zero"), std::string::npos);  // HF refuses it too
   // A trie size past the end, a size not a multiple of 4.
   EXPECT_NE(message(base64(std::string("\x40\0\0\0", 4) + std::string(8, '\0'))).find("multiple of 4 within"),
             std::string::npos);

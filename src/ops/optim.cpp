@@ -164,9 +164,8 @@ void adamw_8bit(const std::vector<backend::Backend::AdamW8bitTensors>& tensors, 
   const Device first = device_or(tensors.front().param, Device::cpu());
   for (const auto& [d, group] :
        by_device(tensors, [&](const auto& x) { return device_or(x.param, first); })) {
-    const bool here = !signed_map.defined() || signed_map.device() == d;  // the code maps go along
-    adamw_8bit_on(group, here ? signed_map : to_device(signed_map, d),
-                  here || !unsigned_map.defined() ? unsigned_map : to_device(unsigned_map, d));
+    const auto on = [&](const Tensor& m) { return !m.defined() || m.device() == d ? m : to_device(m, d); };
+    adamw_8bit_on(group, on(signed_map), on(unsigned_map));  // the code maps go along
   }
 }
 

@@ -240,7 +240,7 @@ std::string base64_decode(const JsonField& f) {
   };
   size_t data = in.size();
   while (data > 0 && in.size() - data < 2 && in[data - 1] == '=') --data;
-  if (in.size() % 4 != 0 || (data < in.size() && (data + 3) / 4 * 4 != in.size()))
+  if (in.size() % 4 != 0)
     f.fail("is not base64: its {} characters are not whole groups of 4 with '=' padding", in.size());
   std::string out;
   out.reserve(data / 4 * 3 + 2);
@@ -256,6 +256,8 @@ std::string base64_decode(const JsonField& f) {
       out += static_cast<char>((acc >> bits) & 0xFF);
     }
   }
+  if ((acc & ((1u << bits) - 1)) != 0)  // as HF's decoder: padding bits must be zero
+    f.fail("is not base64: the bits before its '=' padding are not zero");
   return out;
 }
 

@@ -157,6 +157,10 @@ std::string CharsMap::normalize(std::string_view s, UBreakIterator*& graphemes) 
     // The text up to the next boundary between two ASCII bytes goes through ICU's grapheme rules.
     size_t j = i + 1;
     while (j < n && !(is_ascii(s[j - 1]) && is_ascii(s[j]) && !(s[j - 1] == '\r' && s[j] == '\n'))) ++j;
+    TR_CHECK(j - i < (size_t{1} << 31),
+             "tokenizer: {} bytes of text without two ASCII bytes in a row: more "
+             "than ICU's grapheme iterator indexes (2 GiB)",
+             j - i);
     UErrorCode status = U_ZERO_ERROR;
     if (!graphemes) {
       graphemes = ubrk_open(UBRK_CHARACTER, "", nullptr, 0, &status);

@@ -315,6 +315,9 @@ void TrainingArguments::validate() const {
            "too large for one device (with --max_memory), or a device to trainer eval and generate");
   TR_CHECK(max_memory.empty() || device_map == "auto", "--max_memory {} goes with --device_map auto",
            max_memory);
+  TR_CHECK(device_map.empty() || per_device_train_batch_size != kAutoBatch,
+           "--device_map auto and --per_device_train_batch_size auto: the batch is chosen by one device's "
+           "estimate; give a number (--auto_find_batch_size still retries after an out-of-memory)");
   TR_CHECK(device_map.empty() || fsdp.empty(),
            "--device_map auto and --fsdp {}: a model is either split across devices or sharded across "
            "processes; --fsdp alone keeps every GPU busy",

@@ -92,11 +92,13 @@ std::unique_ptr<models::CausalLM> load_model(const TrainingArguments& a, const s
     }
     return model;
   }
-  auto model = models::create_causal_lm(fresh_config(a, tokenizer_size), device, DType::f32, gen,
-                                        a.attn_implementation);
-  if (a.device_map == "auto" && !a.max_memory.empty()) {
-    // A fresh model is initialized where the run would have it whole (the same bits), then placed as
-    // from_pretrained places a checkpoint: by its f32 weights over the budgets.
+  const bool split = a.device_map == "auto" && !a.max_memory.empty();
+  // A fresh model to be split is initialized on the host (the same bits: the init draws on the host), where
+  // the whole fits when no one device does, then placed as from_pretrained places a checkpoint: by its f32
+  // weights over the budgets.
+  auto model = models::create_causal_lm(fresh_config(a, tokenizer_size), split ? Device::cpu() : device,
+                                        DType::f32, gen, a.attn_implementation);
+  if (split) {
     const models::DevicePlacement p = models::infer_auto_device_map(
         *model, DType::f32, models::parse_device_memory(a.max_memory, "max_memory"));
     for (auto& [name, t] : model->named_parameters()) {

@@ -136,7 +136,7 @@ bool StepCore::empties_cache(int64_t step) const {
 // HF's point: after the forward, before the backward (the activations stay, the cache goes).
 void StepCore::empty_cache(StepResult& r) {
   const int64_t cached = o_.device.is_cpu() ? static_cast<int64_t>(cpu_allocator().cached_bytes()) : 0;
-  ops::allocator_for(o_.device).empty_cache();
+  for (const Device d : s_.model.placement().devices()) ops::allocator_for(d).empty_cache();  // a split's too
   ++r.cache_releases;
   r.cache_bytes_released += cached;
 }

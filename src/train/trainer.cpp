@@ -793,7 +793,9 @@ TrainResult train(const TrainingArguments& args, const TrainHooks& hooks) {
     }
   }
   int64_t predicted = 0;  // the estimate's peak for the split it chose (auto_find_batch_size with a budget)
-  if (a.auto_find_batch_size && !resuming && !auto_batch) predicted = predict_batch_split(a, effective);
+  // (A split model has no one-device estimate: its search is the OOM retries alone.)
+  if (a.auto_find_batch_size && !resuming && !auto_batch && a.device_map.empty())
+    predicted = predict_batch_split(a, effective);
   for (int64_t retries = 0;; ++retries) {
     try {
       TrainResult r = Run(a, hooks, group.get()).train();
