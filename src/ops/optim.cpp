@@ -164,7 +164,10 @@ void adamw_8bit(const std::vector<backend::Backend::AdamW8bitTensors>& tensors, 
   const Device first = device_or(tensors.front().param, Device::cpu());
   for (const auto& [d, group] :
        by_device(tensors, [&](const auto& x) { return device_or(x.param, first); })) {
-    const auto on = [&](const Tensor& m) { return !m.defined() || m.device() == d ? m : to_device(m, d); };
+    const Device dev = d;  // (clang 14 cannot capture a structured binding)
+    const auto on = [&](const Tensor& m) {
+      return !m.defined() || m.device() == dev ? m : to_device(m, dev);
+    };
     adamw_8bit_on(group, on(signed_map), on(unsigned_map));  // the code maps go along
   }
 }
