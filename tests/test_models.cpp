@@ -339,6 +339,42 @@ TEST(ChunkedLoss, EqualsTheFullLogitsLossWithAFractionOfThePeakMemory) {
   EXPECT_LT(chunked * 3, full);
 }
 
+TEST(ChunkedLoss, ABf16HeadGradientIsRoundedOnceNotOncePerChunk) {
+  // 256 rows in 64 chunks of 4 against one chunk of 256. The head's gradients are held in f32 across chunks
+  // and rounded to bf16 once, as HF's single f32-accumulated GEMM is, so both agree up to f32 summation
+  // order: a bf16 ulp in a few entries. Rounded once per chunk, dw would differ in most of its entries.
+  const int64_t N = 256, D = 32, V = 48;
+  Tensor x0 = ops::to_dtype(test::randn({N, D}, 11), DType::bf16);
+  Tensor w0 = ops::to_dtype(test::randn({V, D}, 12), DType::bf16);
+  std::vector<int64_t> lab(N);
+  for (int64_t i = 0; i < N; ++i) lab[i] = i % 9 == 0 ? -100 : (i * 13) % V;
+  Tensor labels = ops::from_vector<int64_t>(lab, {N});
+  auto grads = [&](int64_t chunk) {
+    Tensor x = ops::clone(x0), w = ops::clone(w0);
+    autograd::set_requires_grad(x, true);
+    autograd::set_requires_grad(w, true);
+    autograd::backward({mul_scalar(linear_cross_entropy_sum(x, w, labels, chunk), 1.0 / N)});
+    EXPECT_EQ(x.grad().dtype(), DType::bf16);
+    EXPECT_EQ(w.grad().dtype(), DType::bf16);
+    return std::pair{test::values(x.grad()), test::values(w.grad())};
+  };
+  const auto [dx64, dw64] = grads(4);
+  const auto [dx1, dw1] = grads(N);
+  auto compare = [](const std::vector<double>& a, const std::vector<double>& b, const char* what) {
+    ASSERT_EQ(a.size(), b.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i] == b[i]) continue;
+      ++differ;
+      // One bf16 ulp of the larger magnitude (8 significant bits).
+      EXPECT_LE(std::abs(a[i] - b[i]), std::ldexp(std::max(std::abs(a[i]), std::abs(b[i])), -7)) << what << i;
+    }
+    EXPECT_LE(differ * 50, a.size()) << what << ": " << differ << " of " << a.size() << " entries differ";
+  };
+  compare(dx64, dx1, "dx");
+  compare(dw64, dw1, "dw");
+}
+
 TEST(Loss, AccumulationWithNumItemsEqualsTheOneBigBatchGradient) {
   const std::string dir = kGolden + "/llama_gqa_llama3rope";
   auto g = io::SafetensorsFile::open(dir + "/golden.safetensors");

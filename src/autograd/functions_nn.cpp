@@ -170,36 +170,44 @@ Tensor linear_cross_entropy_sum(const Tensor& x, const Tensor& w, const Tensor& 
   const int64_t N = x.size(0);
   const DType loss_dt = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
   Tensor lab = ops::reshape(labels, {N});
-  Tensor lse_all = ops::empty({N}, loss_dt, x.device());
   Tensor total = ops::zeros({}, loss_dt, x.device());
+  // With gradients wanted, each chunk's logits turn into their gradient for a unit loss gradient right here
+  // (as Liger's fused linear cross-entropy): three head GEMMs instead of four (no recompute in backward).
+  // dx and dw are held in f32 until backward scales them by the loss's gradient and rounds them once, so a
+  // bf16 dw is not rounded once per chunk (HF: one f32-accumulated GEMM, one rounding). The f32 dw exists
+  // from here to the head's backward, at the step's peak either way (backward starts with the head).
+  const bool gx = needs_grad({&x}), gw = needs_grad({&w});
+  Tensor dx = gx ? ops::empty(x.shape(), loss_dt, x.device()) : Tensor();
+  Tensor dw = gw ? ops::empty(w.shape(), loss_dt, w.device()) : Tensor();
+  Tensor unit = gx || gw ? ops::ones({std::min(chunk_rows, N)}, loss_dt, x.device()) : Tensor();
   for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
     const int64_t n = std::min(chunk_rows, N - r0);
-    Tensor logits = ops::to_dtype(ops::linear(ops::narrow(x, 0, r0, n), w, Tensor()), loss_dt);
-    ops::CrossEntropyOut ce = ops::cross_entropy(logits, ops::narrow(lab, 0, r0, n), ignore_index);
-    ops::copy_(ops::narrow(lse_all, 0, r0, n), ce.lse);
+    Tensor xc = ops::narrow(x, 0, r0, n), lc = ops::narrow(lab, 0, r0, n);
+    Tensor logits = ops::to_dtype(ops::linear(xc, w, Tensor()), loss_dt);
+    ops::CrossEntropyOut ce = ops::cross_entropy(logits, lc, ignore_index);
     ops::binary_(BinaryOp::add, total, ops::reduce(ops::ReduceOp::sum, ce.loss, {}, false));
+    if (!gx && !gw) continue;
+    ops::cross_entropy_backward_(logits, lc, ce.lse, ops::narrow(unit, 0, 0, n), ignore_index);
+    Tensor dl = ops::to_dtype(logits, x.dtype());  // the GEMMs' operands in the model's dtype
+    logits = Tensor();
+    if (gx) ops::matmul_into(ops::narrow(dx, 0, r0, n), dl, w, false, false, 1.0, 0.0);
+    if (gw) ops::matmul_into(dw, dl, xc, true, false, 1.0, r0 == 0 ? 0.0 : 1.0);
   }
   Tensor y = total;
-  if (needs_grad({&x, &w})) {
-    const bool gx = x.requires_grad(), gw = w.requires_grad();
+  if (gx || gw) {
     record("linear_cross_entropy", {&x, &w}, {&y},
-           [x, w, lab, lse_all, chunk_rows, ignore_index, gx, gw, loss_dt](const Grads& g) -> Grads {
-             const int64_t N = x.size(0);
-             Tensor dx = gx ? ops::empty(x.shape(), x.dtype(), x.device()) : Tensor();
-             Tensor dw = gw ? ops::zeros(w.shape(), w.dtype(), w.device()) : Tensor();
-             for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
-               const int64_t n = std::min(chunk_rows, N - r0);
-               Tensor xc = ops::narrow(x, 0, r0, n);
-               // The chunk's logits become their own gradient in place, then feed dx and dw (accumulated).
-               Tensor dl = ops::to_dtype(ops::linear(xc, w, Tensor()), loss_dt);
-               Tensor gl = ops::contiguous(ops::expand(ops::reshape(ops::to_dtype(g[0], loss_dt), {1}), {n}));
-               ops::cross_entropy_backward_(dl, ops::narrow(lab, 0, r0, n), ops::narrow(lse_all, 0, r0, n),
-                                            gl, ignore_index);
-               dl = ops::to_dtype(dl, x.dtype());
-               if (gx) ops::addmm_(ops::narrow(dx, 0, r0, n), dl, w, false, false, 1.0, 0.0);
-               if (gw) ops::addmm_(dw, dl, xc, true, false, 1.0, 1.0);
-             }
-             return {dx, dw};
+           [dx, dw, xdt = x.dtype(), wdt = w.dtype()](const Grads& g) mutable -> Grads {
+             // Scaled in f32 on the device (no host read of g: a captured step replays this), then
+             // rounded once; each f32 buffer is let go as soon as its rounded copy exists.
+             auto finish = [&g](Tensor& held, DType dt) {
+               if (!held.defined()) return Tensor();
+               Tensor t = std::move(held);
+               ops::binary_(BinaryOp::mul, t, ops::to_dtype(g[0], t.dtype()));
+               return ops::to_dtype(t, dt);
+             };
+             Tensor gdx = finish(dx, xdt);
+             Tensor gdw = finish(dw, wdt);
+             return {gdx, gdw};
            });
   }
   return y;

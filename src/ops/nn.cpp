@@ -154,7 +154,8 @@ Tensor matmul_f32(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) 
 void matmul_into(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
                  double alpha, double beta) {
   MatmulPlan p = plan_matmul("matmul_into", a, b, trans_a, trans_b);
-  check_same("matmul_into", out, a);
+  TR_CHECK(out.device() == a.device(), "matmul_into: target {} is not on {}'s device", out.describe(),
+           a.describe());
   TR_CHECK(out.shape() == p.out_shape && out.is_contiguous() &&
                (out.dtype() == a.dtype() || out.dtype() == product_dtype(a.dtype(), true)),
            "matmul_into: target {} does not fit {} @ {}", out.describe(), a.describe(), b.describe());
@@ -480,16 +481,23 @@ Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset) {
 
 namespace {
 
-// On a GPU in bf16/f16 the blocked form runs the products on tensor cores (cuBLASLt); the tiled kernel of
-// the backend covers f32/f64 there and everything on the CPU.
-bool blocked_on_gpu(const Tensor& q) {
-  return q.device().is_cuda() && (q.dtype() == DType::bf16 || q.dtype() == DType::f16);
+AttentionForm resolve(AttentionForm form, const Tensor& q, const Tensor& k) {
+  return form == AttentionForm::automatic ? attention_form(q, k) : form;
 }
 
 }  // namespace
 
+AttentionForm attention_form(const Tensor& q, const Tensor& k) {
+  // On a GPU in bf16/f16 the blocked form runs the products on tensor cores (cuBLASLt); the tiled kernel of
+  // the backend covers f32/f64 there.
+  if (q.device().is_cuda())
+    return q.dtype() == DType::bf16 || q.dtype() == DType::f16 ? AttentionForm::blocked : AttentionForm::fused;
+  (void)k;
+  return AttentionForm::fused;
+}
+
 AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, bool causal,
-                       double scale, int64_t window) {
+                       double scale, int64_t window, AttentionForm form) {
   TR_CHECK(window >= 0 && (window == 0 || causal), "attention: a sliding window of {} needs causal attention",
            window);
   TR_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
@@ -507,7 +515,8 @@ AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
                  key_keep.device() == q.device(),
              "attention: key mask {} must be bool [B, S] = [{}, {}] on {}", key_keep.describe(), k.size(0),
              k.size(2), q.device().str());
-  if (blocked_on_gpu(q)) return attention_blocked(q, k, v, key_keep, causal, scale, 0, {}, window);
+  if (resolve(form, q, k) == AttentionForm::blocked)
+    return attention_blocked(q, k, v, key_keep, causal, scale, 0, {}, window);
   Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v),
          mc = key_keep.defined() ? contiguous(key_keep) : key_keep;
   AttentionOut o{empty(q.shape(), q.dtype(), q.device()),
@@ -518,10 +527,10 @@ AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
 
 AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                                   bool causal, double scale, const Tensor& out, const Tensor& lse,
-                                  const Tensor& dout, int64_t window) {
+                                  const Tensor& dout, int64_t window, AttentionForm form) {
   TR_CHECK(dout.shape() == q.shape(), "attention_backward: grad {} does not match q {}", dout.describe(),
            q.describe());
-  if (blocked_on_gpu(q))
+  if (resolve(form, q, k) == AttentionForm::blocked)
     return attention_blocked_backward(q, k, v, key_keep, causal, scale, out, lse, dout, 0, {}, window);
   Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v), oc = contiguous(out),
          dc = contiguous(dout);

@@ -148,14 +148,22 @@ Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset);
 struct AttentionOut {
   Tensor out, lse;
 };
+// The two ways attention() computes the same function: the backend's fused (tiled) kernel, or the blocked
+// GEMM form below. `automatic` takes attention_form()'s pick; the others force one (benchmarks, tests).
+enum class AttentionForm { automatic, fused, blocked };
+// attention()'s pick for these operands, from their device, dtype and shape alone (so a run, its dry run
+// and its rerun pick alike): blocked for bf16/f16 on a GPU (tensor-core GEMMs) and for short sequences on
+// the CPU, where the GEMM library outruns the tiled kernel (bench_attention); fused otherwise.
+AttentionForm attention_form(const Tensor& q, const Tensor& k);
 AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, bool causal,
-                       double scale, int64_t window = 0);
+                       double scale, int64_t window = 0, AttentionForm form = AttentionForm::automatic);
 struct AttentionGrads {
   Tensor dq, dk, dv;
 };
 AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                                   bool causal, double scale, const Tensor& out, const Tensor& lse,
-                                  const Tensor& dout, int64_t window = 0);
+                                  const Tensor& dout, int64_t window = 0,
+                                  AttentionForm form = AttentionForm::automatic);
 // The same attention computed a block of `block` queries at a time (0: about 2^26 score elements per block)
 // with both products as batched GEMMs and the softmax as a row kernel (ops/attention_blocked.cpp); what
 // attention() runs on a GPU in bf16/f16. Same outputs (lse included), so either backward fits either forward.

@@ -1,0 +1,68 @@
+// Causal attention on the CPU, forward + backward, in three forms across sequence lengths: the backend's
+// fused (tiled) kernel, the blocked GEMM form (ops/attention_blocked.cpp) and eager (materialized scores,
+// HF's reference); then what sdpa runs for that shape. Tokens per call stay fixed, so rows compare cost per
+// token as T grows.
+//
+//   bench_attention [iters=5] [tokens=4096] [heads=4] [head_dim=64] [dtype=f32|bf16]
+#include <cstdio>
+#include <cstring>
+
+#include "autograd/functions.h"
+#include "bench_util.h"
+#include "models/causal_lm.h"
+
+int main(int argc, char** argv) {
+  using namespace tr;
+  const int iters = argc > 1 ? std::atoi(argv[1]) : 5;
+  const int64_t tokens = argc > 2 ? std::atoll(argv[2]) : 4096, H = argc > 3 ? std::atoll(argv[3]) : 4,
+                D = argc > 4 ? std::atoll(argv[4]) : 64;
+  const DType dt = argc > 5 && std::strcmp(argv[5], "bf16") == 0 ? DType::bf16 : DType::f32;
+  if (iters < 1 || tokens < 64 || H < 1 || D < 1) {
+    std::fprintf(stderr, "usage: bench_attention [iters>=1] [tokens>=64] [heads>=1] [head_dim>=1] [f32|bf16]\n");
+    return 2;
+  }
+  Generator gen(1);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  std::printf("causal attention forward+backward, %lld tokens per call, %lld heads x %lld, %s, %d threads\n",
+              static_cast<long long>(tokens), static_cast<long long>(H), static_cast<long long>(D),
+              std::string(dtype_name(dt)).c_str(), omp_get_max_threads());
+  std::printf("%6s %4s %10s %10s %10s   %-8s %s\n", "T", "B", "fused ms", "blocked ms", "eager ms", "sdpa",
+              "sdpa / eager time");
+  for (int64_t T = 64; T <= tokens; T *= 2) {
+    const int64_t B = tokens / T;
+    Tensor q = ops::to_dtype(ops::randn({B, H, T, D}, gen), dt), k = ops::to_dtype(ops::randn({B, H, T, D}, gen), dt),
+           v = ops::to_dtype(ops::randn({B, H, T, D}, gen), dt), dy = ops::to_dtype(ops::randn({B, H, T, D}, gen), dt);
+    const double fused = bench::median_seconds(
+        [&] {
+          const Tensor none;  // the backend's tiled kernel, whatever sdpa would pick for this shape
+          ops::AttentionOut o = ops::attention(q, k, v, none, true, scale, 0, ops::AttentionForm::fused);
+          ops::attention_backward(q, k, v, none, true, scale, o.out, o.lse, dy, 0, ops::AttentionForm::fused);
+        },
+        iters, 1);
+    const double blocked = bench::median_seconds(
+        [&] {
+          const Tensor none;
+          ops::AttentionOut o = ops::attention_blocked(q, k, v, none, true, scale);
+          ops::attention_blocked_backward(q, k, v, none, true, scale, o.out, o.lse, dy);
+        },
+        iters, 1);
+    std::vector<float> m(static_cast<size_t>(T * T));
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = i + 1; j < T; ++j) m[static_cast<size_t>(i * T + j)] = 1;
+    const Tensor mask = ops::to_dtype(ops::from_vector<float>(m, {1, 1, T, T}), DType::boolean);
+    const double eager = bench::median_seconds(
+        [&] {
+          Tensor ql = ops::clone(q), kl = ops::clone(k), vl = ops::clone(v);
+          for (Tensor* t : {&ql, &kl, &vl}) autograd::set_requires_grad(*t, true);
+          Tensor y = models::eager_attention(ql, kl, vl, mask, scale, 0.0, nullptr, false);
+          autograd::backward({y}, {dy});
+        },
+        iters, 1);
+    const bool blocked_pick = ops::attention_form(q, k) == ops::AttentionForm::blocked;
+    const double sdpa = blocked_pick ? blocked : fused;
+    std::printf("%6lld %4lld %10.2f %10.2f %10.2f   %-8s %.2f\n", static_cast<long long>(T),
+                static_cast<long long>(B), fused * 1e3, blocked * 1e3, eager * 1e3,
+                blocked_pick ? "blocked" : "fused", sdpa / eager);
+  }
+  return 0;
+}
