@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
                 D = argc > 4 ? std::atoll(argv[4]) : 64;
   const DType dt = argc > 5 && std::strcmp(argv[5], "bf16") == 0 ? DType::bf16 : DType::f32;
   if (iters < 1 || tokens < 64 || H < 1 || D < 1) {
-    std::fprintf(stderr, "usage: bench_attention [iters>=1] [tokens>=64] [heads>=1] [head_dim>=1] [f32|bf16]\n");
+    std::fprintf(stderr,
+                 "usage: bench_attention [iters>=1] [tokens>=64] [heads>=1] [head_dim>=1] [f32|bf16]\n");
     return 2;
   }
   Generator gen(1);
@@ -30,8 +31,10 @@ int main(int argc, char** argv) {
               "sdpa / eager time");
   for (int64_t T = 64; T <= tokens; T *= 2) {
     const int64_t B = tokens / T;
-    Tensor q = ops::to_dtype(ops::randn({B, H, T, D}, gen), dt), k = ops::to_dtype(ops::randn({B, H, T, D}, gen), dt),
-           v = ops::to_dtype(ops::randn({B, H, T, D}, gen), dt), dy = ops::to_dtype(ops::randn({B, H, T, D}, gen), dt);
+    Tensor q = ops::to_dtype(ops::randn({B, H, T, D}, gen), dt),
+           k = ops::to_dtype(ops::randn({B, H, T, D}, gen), dt),
+           v = ops::to_dtype(ops::randn({B, H, T, D}, gen), dt),
+           dy = ops::to_dtype(ops::randn({B, H, T, D}, gen), dt);
     const double fused = bench::median_seconds(
         [&] {
           const Tensor none;  // the backend's tiled kernel, whatever sdpa would pick for this shape

@@ -94,11 +94,13 @@ def train(a):
         items = sum(b.size(0) * (b.size(1) - 1) for b in micro)
         step_loss = 0.0
         for ids in micro:
-            logits = gpt2_forward(params, cfg, ids)
-            # HF ForCausalLMLoss: upcast, labels shifted left with -100 padding, sum / num_items_in_batch
-            labels = F.pad(ids, (0, 1), value=-100)[..., 1:]
-            loss = F.cross_entropy(logits.float().view(-1, V), labels.reshape(-1), ignore_index=-100,
-                                   reduction="sum") / items
+            # --bf16: HF Trainer's CPU mixed precision, torch.autocast(bfloat16) around forward and loss
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+                logits = gpt2_forward(params, cfg, ids)
+                # HF ForCausalLMLoss: upcast, labels shifted left with -100 padding, sum / num_items_in_batch
+                labels = F.pad(ids, (0, 1), value=-100)[..., 1:]
+                loss = F.cross_entropy(logits.float().view(-1, V), labels.reshape(-1), ignore_index=-100,
+                                       reduction="sum") / items
             loss.backward()
             step_loss += loss.item()
             del logits, loss
@@ -148,6 +150,7 @@ def main():
     t.add_argument("--warmup_steps", type=int, default=0)
     t.add_argument("--threads", type=int, default=os.cpu_count())
     t.add_argument("--timing_warmup", type=int, default=2, help="first steps left out of tokens/s")
+    t.add_argument("--bf16", action="store_true", help="torch.autocast(bfloat16), as HF Trainer's --bf16")
     a = ap.parse_args()
     init(a) if a.cmd == "init" else train(a)
 

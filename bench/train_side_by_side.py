@@ -4,6 +4,10 @@
 # Exits 1 when the loss curves disagree beyond fp32 tolerance (see TOLERANCE), 2 when a side fails.
 #
 #   /usr/bin/python3 bench/train_side_by_side.py [--trainer build/release/trainer] [--threads 2] [--out DIR]
+#                                               [--bf16]
+#
+# --bf16: ours trains with --bf16 (bf16 weights and activations, fp32 masters), the peer under
+# torch.autocast(bfloat16) as HF Trainer's --bf16 does; the curves are then compared with the bf16 bounds.
 #
 # Steps: train_peer.py init writes the HF folder (HF's GPT-2 init); bench_train_batches (built next to the
 # trainer) writes the batches the Trainer's DataLoader draws for these flags; both sides train max_steps
@@ -20,6 +24,10 @@ ROOT = os.path.dirname(HERE)
 # whose failure means the batches or the init differ rather than rounding.
 TOLERANCE = 2e-3
 STEP1_TOLERANCE = 1e-5
+# Under --bf16 the two sides round differently (ours: bf16 activations; autocast: bf16 matmul outputs, f32
+# elsewhere), so step 1 already differs at bf16's resolution (2^-8) and the curves drift further.
+BF16_TOLERANCE = 3e-2
+BF16_STEP1_TOLERANCE = 1e-2
 
 
 def run_measured(cmd, log_path, env=None):
@@ -65,8 +73,12 @@ def main():
     ap.add_argument("--warmup_steps", type=int, default=5)
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--timing_warmup", type=int, default=2, help="first steps left out of tokens/s")
-    ap.add_argument("--tolerance", type=float, default=TOLERANCE, help="max relative loss difference")
+    ap.add_argument("--tolerance", type=float, help="max relative loss difference (default: fp32's or bf16's)")
+    ap.add_argument("--bf16", action="store_true", help="mixed precision on both sides (see above)")
     a = ap.parse_args()
+    if a.tolerance is None:
+        a.tolerance = BF16_TOLERANCE if a.bf16 else TOLERANCE
+    step1_tolerance = BF16_STEP1_TOLERANCE if a.bf16 else STEP1_TOLERANCE
 
     trainer = os.path.abspath(a.trainer)
     tool = a.batches_tool or os.path.join(os.path.dirname(trainer), "bench", "bench_train_batches")
@@ -113,7 +125,8 @@ def main():
          str(a.gradient_accumulation_steps), "--learning_rate", str(a.learning_rate), "--weight_decay",
          str(a.weight_decay), "--max_grad_norm", str(a.max_grad_norm), "--max_steps", str(a.max_steps),
          "--lr_scheduler_type", a.lr_scheduler_type, "--warmup_steps", str(a.warmup_steps), "--logging_steps",
-         "1", "--save_steps", str(10 * a.max_steps), "--output_dir", ours_dir], log, env)
+         "1", "--save_steps", str(10 * a.max_steps), "--output_dir", ours_dir, *(["--bf16"] if a.bf16 else [])],
+        log, env)
     if rc:
         fail(f"trainer train exited with {rc}", log)
     # Cross-check: the trainer's header line names its training stream's token count.
@@ -134,7 +147,8 @@ def main():
          "--max_steps", str(a.max_steps), "--gradient_accumulation_steps", str(a.gradient_accumulation_steps),
          "--learning_rate", str(a.learning_rate), "--weight_decay", str(a.weight_decay), "--max_grad_norm",
          str(a.max_grad_norm), "--lr_scheduler_type", a.lr_scheduler_type, "--warmup_steps",
-         str(a.warmup_steps), "--threads", str(a.threads), "--timing_warmup", str(a.timing_warmup)], log, env)
+         str(a.warmup_steps), "--threads", str(a.threads), "--timing_warmup", str(a.timing_warmup),
+         *(["--bf16"] if a.bf16 else [])], log, env)
     if rc:
         fail(f"train_peer.py exited with {rc}", log)
     pr = json.load(open(peer_json))
@@ -152,7 +166,8 @@ def main():
     print(f"GPT-2 n_layer {a.n_layer} n_embd {a.n_embd} n_head {a.n_head} vocab 50257, batch "
           f"{a.per_device_train_batch_size} x {a.gradient_accumulation_steps} x {a.block_size} tokens, "
           f"{a.max_steps} steps, lr {a.learning_rate} {a.lr_scheduler_type} warmup {a.warmup_steps}, wd "
-          f"{a.weight_decay}, clip {a.max_grad_norm}, {a.threads} threads; torch {pr['torch']}")
+          f"{a.weight_decay}, clip {a.max_grad_norm}, {a.threads} threads, {'bf16' if a.bf16 else 'fp32'}; torch "
+          f"{pr['torch']}")
     print(f"{'step':>4}  {'trainer.cpp':>12}  {'PyTorch':>12}  {'|diff|':>9}  {'rel':>9}  "
           f"{'gnorm ours':>10}  {'gnorm torch':>11}")
     rows = []
@@ -186,8 +201,8 @@ def main():
                "peer_wall_s": peer_secs, "threads": a.threads, "loadavg": os.getloadavg(),
                "ours_losses": [e["loss"] for e in metrics], "peer_losses": pr["losses"], "args": vars(a)}
     json.dump(summary, open(os.path.join(a.out, "summary.json"), "w"), indent=1)
-    if rows[0][1] > STEP1_TOLERANCE:
-        print(f"FAIL: step 1 differs by {rows[0][1]:.3e} relative (> {STEP1_TOLERANCE:g}): same weights and "
+    if rows[0][1] > step1_tolerance:
+        print(f"FAIL: step 1 differs by {rows[0][1]:.3e} relative (> {step1_tolerance:g}): same weights and "
               "batch should agree to rounding; the init or the batches differ", file=sys.stderr)
         sys.exit(1)
     if max_rel > a.tolerance:

@@ -1,7 +1,10 @@
 // Blocked attention (ops::attention_blocked, what a GPU runs in bf16/f16) against the fused CPU kernel: the
 // outputs, the logsumexp and all three gradients, for causal and full attention, grouped-query heads, key
 // padding (including a sequence with no key at all), a key cache longer than the queries, sliding windows,
-// and block sizes that do not divide T. On the CPU here; on a GPU as well when one is present (skipped loudly otherwise).
+// and block sizes that do not divide T. On the CPU here; on a GPU as well when one is present (skipped loudly
+// otherwise).
+#include <omp.h>
+
 #include <cmath>
 
 #include "backend/cuda_api.h"
@@ -142,6 +145,75 @@ INSTANTIATE_TEST_SUITE_P(DevicesAndDtypes, AttentionBlocked,
                            return std::string(std::get<0>(info.param).is_cpu() ? "cpu_" : "cuda_") +
                                   std::string(dtype_name(std::get<1>(info.param)));
                          });
+
+}  // namespace
+}  // namespace tr
+
+namespace tr {
+namespace {
+
+// The CPU fused kernel for f32/bf16/f16 (sgemm tiles of 64 queries x 256 keys, attention_gemm.cpp) against
+// the scalar f64 kernel, on shapes that cross its tile and block edges: several query tiles with a partial
+// last one, several key blocks, a key cache longer than the queries, grouped-query heads, a sliding window
+// across block edges, padded keys and a sequence with nothing to attend. Then: one thread or two, the same
+// bits (each (batch, kv head) group runs on one thread, products sequential).
+TEST(CpuFusedAttention, TiledSgemmKernelMatchesTheF64Kernel) {
+  struct Big {
+    const char* name;
+    int64_t B, H, KV, T, S, D;
+    bool causal, padded;
+    int64_t window;
+  };
+  const Big cases[] = {
+      {"causal_3_tiles_3_blocks_cache", 1, 4, 2, 130, 600, 40, true, false, 0},
+      {"causal_gqa_padded", 3, 4, 1, 200, 200, 64, true, true, 0},
+      {"full_padded_empty_row", 3, 2, 2, 70, 300, 16, false, true, 0},
+      {"window_300_across_blocks", 1, 2, 2, 520, 520, 32, true, false, 300},
+  };
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    const double tol = dt == DType::f32 ? 2e-5 : 3e-2;
+    for (const Big& c : cases) {
+      SCOPED_TRACE(std::string(c.name) + " " + std::string(dtype_name(dt)));
+      const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+      auto make = [&](const Shape& s, uint64_t seed) {
+        return ops::to_dtype(test::randn(s, seed, dt), DType::f64);
+      };
+      Tensor q = make({c.B, c.H, c.T, c.D}, 21), k = make({c.B, c.KV, c.S, c.D}, 22),
+             v = make({c.B, c.KV, c.S, c.D}, 23), dout = make({c.B, c.H, c.T, c.D}, 24);
+      Tensor keep;
+      if (c.padded) {
+        keep = ops::full({c.B, c.S}, 1.0, DType::boolean);
+        bool* kp = keep.data<bool>();
+        for (int64_t s = 0; s < c.S; s += 7) kp[s] = false;  // batch 0: scattered padding
+        for (int64_t s = 0; s < c.S; ++s) kp[2 * c.S + s] = c.causal && s > 150;  // batch 2: none or a tail
+      }
+      const auto ref = ops::attention(q, k, v, keep, c.causal, scale, c.window);
+      const auto ref_g =
+          ops::attention_backward(q, k, v, keep, c.causal, scale, ref.out, ref.lse, dout, c.window);
+      auto in = [&](const Tensor& t) { return ops::to_dtype(t, dt); };
+      auto run = [&] {
+        auto o = ops::attention(in(q), in(k), in(v), keep, c.causal, scale, c.window);
+        auto g = ops::attention_backward(in(q), in(k), in(v), keep, c.causal, scale, o.out, o.lse, in(dout),
+                                         c.window);
+        return std::pair{o, g};
+      };
+      const auto [o, g] = run();
+      auto f64 = [](const Tensor& t) { return ops::to_dtype(t, DType::f64); };
+      EXPECT_TRUE(test::all_close(f64(o.out), ref.out, tol, tol)) << "out";
+      EXPECT_TRUE(same_lse(o.lse, ref.lse, tol));
+      EXPECT_TRUE(test::all_close(f64(g.dq), ref_g.dq, tol, tol)) << "dq";
+      EXPECT_TRUE(test::all_close(f64(g.dk), ref_g.dk, tol, tol)) << "dk";
+      EXPECT_TRUE(test::all_close(f64(g.dv), ref_g.dv, tol, tol)) << "dv";
+      const int threads = omp_get_max_threads();
+      omp_set_num_threads(threads == 1 ? 2 : 1);
+      const auto [o2, g2] = run();
+      omp_set_num_threads(threads);
+      for (auto [a, b] :
+           {std::pair{o.out, o2.out}, {o.lse, o2.lse}, {g.dq, g2.dq}, {g.dk, g2.dk}, {g.dv, g2.dv}})
+        EXPECT_EQ(host(a), host(b)) << "bits differ between 1 and 2 threads";
+    }
+  }
+}
 
 }  // namespace
 }  // namespace tr

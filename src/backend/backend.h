@@ -3,6 +3,7 @@
 // outputs the ops layer allocated. Backends never see autograd.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "backend/adamw8bit_math.h"
@@ -43,6 +44,12 @@ class Backend {
   virtual Allocator& allocator(int device_index) = 0;
   // Waits for queued work (no-op on the CPU).
   virtual void synchronize() {}
+  // One sentence when this backend's GEMMs do not compute `operands` (bf16/f16) natively but emulate them
+  // (widened to f32): what the hardware and its libraries offer and what that costs; "" when native.
+  virtual std::string gemm_emulation_note(DType operands) const {
+    (void)operands;
+    return "";
+  }
 
   // dst and src have the same shape and device; any strides, any dtypes (converted with
   // round-to-nearest-even).

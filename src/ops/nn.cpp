@@ -163,6 +163,11 @@ void matmul_into(const Tensor& out, const Tensor& a, const Tensor& b, bool trans
   run_gemm(p.pa, p.pb, out, p.batch, p.m, p.n, p.k, alpha, beta);
 }
 
+std::string gemm_emulation_note(Device device, DType operands) {
+  if (device.is_meta()) return "";
+  return backend::backend_for(device).gemm_emulation_note(operands);
+}
+
 void addmm_(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha,
             double beta) {
   check_same("addmm_", out, a);
@@ -491,7 +496,8 @@ AttentionForm attention_form(const Tensor& q, const Tensor& k) {
   // On a GPU in bf16/f16 the blocked form runs the products on tensor cores (cuBLASLt); the tiled kernel of
   // the backend covers f32/f64 there.
   if (q.device().is_cuda())
-    return q.dtype() == DType::bf16 || q.dtype() == DType::f16 ? AttentionForm::blocked : AttentionForm::fused;
+    return q.dtype() == DType::bf16 || q.dtype() == DType::f16 ? AttentionForm::blocked
+                                                               : AttentionForm::fused;
   (void)k;
   return AttentionForm::fused;
 }

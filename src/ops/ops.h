@@ -89,6 +89,9 @@ void matmul_into(const Tensor& out, const Tensor& a, const Tensor& b, bool trans
 // out = alpha * op(a) @ op(b) + beta * out, in place; a, b, out 2-D, out contiguous.
 void addmm_(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
             double alpha = 1.0, double beta = 1.0);
+// One sentence when `device` emulates matmuls of bf16/f16 operands (widened to f32) instead of running them
+// natively, naming what the hardware offers; "" when native (a GPU) or not asked (f32, meta).
+std::string gemm_emulation_note(Device device, DType operands);
 // x [..., in] @ w[out, in]^T + bias[out].
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);
 // gelu_tanh(x @ w^T + bias) in one GEMM with a bias + GELU epilogue; pre keeps x @ w^T + bias (the GELU's
@@ -179,7 +182,8 @@ AttentionOut attention_blocked(const Tensor& q, const Tensor& k, const Tensor& v
 AttentionGrads attention_blocked_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                           const Tensor& key_keep, bool causal, double scale,
                                           const Tensor& out, const Tensor& lse, const Tensor& dout,
-                                          int64_t block = 0, AttentionDropout dropout = {}, int64_t window = 0);
+                                          int64_t block = 0, AttentionDropout dropout = {},
+                                          int64_t window = 0);
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
 
 // ---- optimizer passes (ops/optim.cpp; the semantics are backend.h's)

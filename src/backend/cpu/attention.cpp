@@ -2,12 +2,15 @@
 // softmax, so no T x S score matrix exists; the forward saves only the row logsumexp. The backward recomputes
 // each block's probabilities from it. Work is split over (batch, kv-head) groups so grouped-query heads that
 // share k/v never race on dk/dv, and the summation order is fixed: results do not depend on thread count.
+// This file's scalar kernels serve f64 (the gradient checks); f32/bf16/f16 run the same tiling with sgemm
+// tile products (attention_gemm.cpp). Also the blocked form's row kernels.
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/attention_geometry.h"
+#include "backend/cpu/attention_kernels.h"
 #include "backend/cpu/loops.h"
 #include "backend/cpu/vec_unary.h"
 #include "core/rng.h"
@@ -42,7 +45,7 @@ void forward_kernel(const Geo& g, const T* q, const T* k, const T* v, T* out, ac
           std::fill(acc.begin(), acc.begin() + nt * g.D, A(0));
           std::fill(m.begin(), m.end(), -std::numeric_limits<A>::infinity());
           std::fill(l.begin(), l.end(), A(0));
-                    const int64_t s_end = g.last_key(t1 - 1) + 1;
+          const int64_t s_end = g.last_key(t1 - 1) + 1;
           for (int64_t s0 = g.first_key(t0); s0 < s_end; s0 += kBlock) {
             const int64_t s1 = std::min(s_end, s0 + kBlock), ns = s1 - s0;
             for (int64_t i = 0; i < ns * g.D; ++i) {
@@ -201,9 +204,15 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, co
                            bool causal, int64_t window, double scale, const Tensor& out, const Tensor& lse) {
   const Geo g = geometry(q, k, key_keep, causal, window, scale);
   dispatch_float(q.dtype(), "attention", [&]<typename T>() {
-    forward_kernel<T>(g, static_cast<const T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()),
-                      static_cast<const T*>(v.data_ptr()), static_cast<T*>(out.data_ptr()),
-                      static_cast<acc_t<T>*>(lse.data_ptr()));
+    if constexpr (!std::is_same_v<T, double>) {
+      attention_gemm_forward<T>(g, static_cast<const T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()),
+                                static_cast<const T*>(v.data_ptr()), static_cast<T*>(out.data_ptr()),
+                                static_cast<float*>(lse.data_ptr()));
+    } else {
+      forward_kernel<T>(g, static_cast<const T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()),
+                        static_cast<const T*>(v.data_ptr()), static_cast<T*>(out.data_ptr()),
+                        static_cast<acc_t<T>*>(lse.data_ptr()));
+    }
   });
 }
 
@@ -213,11 +222,19 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
                                     const Tensor& dv) {
   const Geo g = geometry(q, k, key_keep, causal, window, scale);
   dispatch_float(q.dtype(), "attention_backward", [&]<typename T>() {
-    backward_kernel<T>(g, static_cast<const T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()),
-                       static_cast<const T*>(v.data_ptr()), static_cast<const T*>(out.data_ptr()),
-                       static_cast<const acc_t<T>*>(lse.data_ptr()), static_cast<const T*>(dout.data_ptr()),
-                       static_cast<T*>(dq.data_ptr()), static_cast<T*>(dk.data_ptr()),
-                       static_cast<T*>(dv.data_ptr()));
+    if constexpr (!std::is_same_v<T, double>) {
+      attention_gemm_backward<T>(g, static_cast<const T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()),
+                                 static_cast<const T*>(v.data_ptr()), static_cast<const T*>(out.data_ptr()),
+                                 static_cast<const float*>(lse.data_ptr()),
+                                 static_cast<const T*>(dout.data_ptr()), static_cast<T*>(dq.data_ptr()),
+                                 static_cast<T*>(dk.data_ptr()), static_cast<T*>(dv.data_ptr()));
+    } else {
+      backward_kernel<T>(g, static_cast<const T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()),
+                         static_cast<const T*>(v.data_ptr()), static_cast<const T*>(out.data_ptr()),
+                         static_cast<const acc_t<T>*>(lse.data_ptr()), static_cast<const T*>(dout.data_ptr()),
+                         static_cast<T*>(dq.data_ptr()), static_cast<T*>(dk.data_ptr()),
+                         static_cast<T*>(dv.data_ptr()));
+    }
   });
 }
 

@@ -1,6 +1,6 @@
-// The CPU backend: OpenMP-parallel kernels, GEMM through oneDNN (f32) and OpenBLAS (f64). Method bodies live
-// in mirror-named files (elementwise.cpp, fused.cpp, reduce.cpp, matmul.cpp, norm.cpp, loss.cpp, optim.cpp,
-// attention.cpp).
+// The CPU backend: OpenMP-parallel kernels, GEMM through oneDNN's sgemm (f32; bf16/f16 widened to f32) and
+// OpenBLAS (f64). Method bodies live in mirror-named files (elementwise.cpp, fused.cpp, reduce.cpp,
+// matmul.cpp, norm.cpp, loss.cpp, optim.cpp, attention.cpp with attention_gemm.cpp).
 #pragma once
 #include "backend/backend.h"
 
@@ -10,6 +10,7 @@ class CpuBackend final : public backend::Backend {
  public:
   const char* name() const override { return "cpu"; }
   Allocator& allocator(int) override { return cpu_allocator(); }
+  std::string gemm_emulation_note(DType operands) const override;
 
   void copy(const Tensor& src, const Tensor& dst) override;
   void fill(const Tensor& out, double value) override;

@@ -4,7 +4,10 @@
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
 
+#include <fmt/format.h>
+
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -164,6 +167,57 @@ void CpuBackend::gemm(const backend::GemmArgs& g) {
       return;
     default: fail("matmul: dtype {} is not supported", dtype_name(g.c.dtype()));
   }
+}
+
+}  // namespace tr::cpu
+
+namespace tr::cpu {
+
+namespace {
+
+// The implementation oneDNN would run a [64, 64] x [64, 64] matmul of `dt` operands into f32 with on this
+// CPU ("" when it has none: oneDNN 2.x offers bf16 only from AVX512_BF16 / AVX512 up, f16 from AVX512_FP16).
+std::string onednn_matmul_impl(dnnl_data_type_t dt) {
+  dnnl_engine_t engine = nullptr;
+  if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) return "";
+  dnnl_memory_desc_t a, b, c;
+  dnnl_dims_t dims = {64, 64}, strides = {64, 1};
+  dnnl_matmul_desc_t md;
+  dnnl_primitive_desc_t pd = nullptr;
+  std::string impl;
+  if (dnnl_memory_desc_init_by_strides(&a, 2, dims, dt, strides) == dnnl_success &&
+      dnnl_memory_desc_init_by_strides(&b, 2, dims, dt, strides) == dnnl_success &&
+      dnnl_memory_desc_init_by_strides(&c, 2, dims, dnnl_f32, strides) == dnnl_success &&
+      dnnl_matmul_desc_init(&md, &a, &b, nullptr, &c) == dnnl_success &&
+      dnnl_primitive_desc_create(&pd, &md, nullptr, engine, nullptr) == dnnl_success) {
+    const char* s = nullptr;
+    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &s) == dnnl_success && s) impl = s;
+    dnnl_primitive_desc_destroy(pd);
+  }
+  dnnl_engine_destroy(engine);
+  return impl;
+}
+
+}  // namespace
+
+std::string CpuBackend::gemm_emulation_note(DType operands) const {
+  if (operands != DType::bf16 && operands != DType::f16) return "";
+  // A fact of the machine and the library, probed once per dtype.
+  static const std::string bf16 = onednn_matmul_impl(dnnl_bf16), f16 = onednn_matmul_impl(dnnl_f16);
+  const bool is_bf16 = operands == DType::bf16;
+  const std::string& impl = is_bf16 ? bf16 : f16;
+  const dnnl_version_t* v = dnnl_version();
+  const std::string lib = fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch);
+  const char* name = is_bf16 ? "bf16" : "fp16";
+  if (impl.empty() || impl.rfind("ref", 0) == 0)
+    return fmt::format(
+        "{} is emulated on this CPU: {} has no {} matmul for it (that needs {}), so matmuls widen {} to f32; "
+        "--{} saves memory here, not time",
+        name, lib, name, is_bf16 ? "AVX512_BF16 or AMX" : "AVX512_FP16 or AMX-FP16", name, name);
+  return fmt::format(
+      "this CPU has native {} matmuls ({}: {}), but the CPU backend still widens {} to f32; --{} saves memory "
+      "here, not time",
+      name, lib, impl, name, name);
 }
 
 }  // namespace tr::cpu

@@ -1,0 +1,199 @@
+// CPU fused attention for f32/bf16/f16 (FlashAttention-2's tiling, with each tile product an oneDNN sgemm):
+// 64 queries against blocks of 256 keys with an online softmax forward, the probabilities recomputed from
+// the saved logsumexp backward. Bound by sgemm (about 5 products of 64 x 256 x D per tile pair) rather than
+// by the per-element dot products of a scalar kernel; causal tiles stop at their last visible key, so a long
+// causal sequence does about half the products of materialized attention. The products run sequentially
+// inside our parallel loops (oneDNN does not nest), each (batch, kv head) group on one thread in backward,
+// so the summation order, and the result, does not depend on the thread count.
+#include <oneapi/dnnl/dnnl.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/attention_kernels.h"
+#include "backend/cpu/loops.h"
+#include "backend/cpu/vec_unary.h"
+
+namespace tr::cpu {
+
+namespace {
+
+constexpr int64_t kQ = 64;   // queries per tile
+constexpr int64_t kK = 256;  // keys per block
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Row-major c = a op(b) (+ c when accumulate), sequential; false when oneDNN refuses the arguments.
+bool gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+          int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  return dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, a, lda, b, ldb, accumulate ? 1.0f : 0.0f,
+                    c, ldc) == dnnl_success;
+}
+
+// n values from p as f32: p itself for f32, else widened into buf.
+template <typename T>
+const float* as_f32(const T* p, int64_t n, std::vector<float>& buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    (void)n, (void)buf;
+    return p;
+  } else {
+    for (int64_t i = 0; i < n; ++i) buf[static_cast<size_t>(i)] = static_cast<float>(p[i]);
+    return buf.data();
+  }
+}
+
+// Hides the keys s0 .. s0 + ns - 1 that query t may not see (-inf).
+inline void mask_row(const backend::AttentionGeometry& g, int64_t b, int64_t t, int64_t s0, int64_t ns,
+                     float* row) {
+  const int64_t lo = g.first_key(t) - s0, hi = g.last_key(t) - s0;
+  for (int64_t j = 0; j < ns && j < lo; ++j) row[j] = kNegInf;
+  for (int64_t j = std::max<int64_t>(hi + 1, 0); j < ns; ++j) row[j] = kNegInf;
+  if (g.keep != nullptr)
+    for (int64_t j = 0; j < ns; ++j)
+      if (!g.keep[b * g.S + s0 + j]) row[j] = kNegInf;
+}
+
+}  // namespace
+
+template <typename T>
+void attention_gemm_forward(const backend::AttentionGeometry& g, const T* q, const T* k, const T* v, T* out,
+                            float* lse) {
+  const int64_t D = g.D, rep = g.H / g.KV, q_tiles = (g.T + kQ - 1) / kQ;
+  int bad = 0;
+#pragma omp parallel reduction(| : bad)
+  {
+    std::vector<float> qt(static_cast<size_t>(kQ * D)), acc(static_cast<size_t>(kQ * D)),
+        kb(static_cast<size_t>(kK * D)), vb(static_cast<size_t>(kK * D)), s(static_cast<size_t>(kQ * kK)),
+        m(kQ), l(kQ);
+#pragma omp for collapse(3) schedule(dynamic)
+    for (int64_t b = 0; b < g.B; ++b)
+      for (int64_t h = 0; h < g.H; ++h)
+        for (int64_t tile = 0; tile < q_tiles; ++tile) {
+          const int64_t t0 = tile * kQ, nt = std::min(kQ, g.T - t0), kvh = h / rep;
+          const T* qp = q + ((b * g.H + h) * g.T + t0) * D;
+          const T* kp = k + (b * g.KV + kvh) * g.S * D;
+          const T* vp = v + (b * g.KV + kvh) * g.S * D;
+          for (int64_t i = 0; i < nt * D; ++i)
+            qt[i] = static_cast<float>(qp[i]) * static_cast<float>(g.scale);
+          std::fill(acc.begin(), acc.begin() + nt * D, 0.0f);
+          std::fill(m.begin(), m.end(), kNegInf);
+          std::fill(l.begin(), l.end(), 0.0f);
+          const int64_t s_end = g.last_key(t0 + nt - 1) + 1;
+          for (int64_t s0 = g.first_key(t0); s0 < s_end; s0 += kK) {
+            const int64_t ns = std::min(kK, s_end - s0);
+            const float* kr = as_f32(kp + s0 * D, ns * D, kb);
+            const float* vr = as_f32(vp + s0 * D, ns * D, vb);
+            bad |= !gemm(false, true, nt, ns, D, qt.data(), D, kr, D, false, s.data(), ns);
+            for (int64_t i = 0; i < nt; ++i) {
+              float* si = s.data() + i * ns;
+              mask_row(g, b, t0 + i, s0, ns, si);
+              float mx = m[i];
+              for (int64_t j = 0; j < ns; ++j) mx = std::max(mx, si[j]);
+              if (mx == kNegInf) {  // nothing visible yet: the row adds nothing to the product below
+                std::fill(si, si + ns, 0.0f);
+                continue;
+              }
+              const float corr = std::exp(m[i] - mx);
+              for (int64_t j = 0; j < ns; ++j) si[j] -= mx;
+              unary_row<backend::UnaryOp::exp>(si, si, ns);
+              float rowsum = 0;
+              for (int64_t j = 0; j < ns; ++j) rowsum += si[j];
+              if (m[i] != kNegInf && corr != 1.0f)  // (the first visible block finds acc at zero)
+                for (int64_t c = 0; c < D; ++c) acc[i * D + c] *= corr;
+              l[i] = l[i] * corr + rowsum;
+              m[i] = mx;
+            }
+            bad |= !gemm(false, false, nt, D, ns, s.data(), ns, vr, D, true, acc.data(), D);  // acc += P V
+          }
+          T* op = out + ((b * g.H + h) * g.T + t0) * D;
+          float* lp = lse + (b * g.H + h) * g.T + t0;
+          for (int64_t i = 0; i < nt; ++i) {
+            const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+            for (int64_t c = 0; c < D; ++c) store(op, i * D + c, acc[i * D + c] * inv);
+            lp[i] = l[i] > 0.0f ? m[i] + std::log(l[i]) : kNegInf;
+          }
+        }
+  }
+  TR_CHECK(!bad, "attention: oneDNN sgemm refused a tile product (head dim {})", D);
+}
+
+template <typename T>
+void attention_gemm_backward(const backend::AttentionGeometry& g, const T* q, const T* k, const T* v,
+                             const T* out, const float* lse, const T* dout, T* dq, T* dk, T* dv) {
+  const int64_t D = g.D, S = g.S, rep = g.H / g.KV;
+  const float scale = static_cast<float>(g.scale);
+  int bad = 0;
+#pragma omp parallel reduction(| : bad)
+  {
+    std::vector<float> kbuf(static_cast<size_t>(std::is_same_v<T, float> ? 0 : S * D)), vbuf(kbuf.size()),
+        dka(static_cast<size_t>(S * D)), dva(static_cast<size_t>(S * D)), qt(static_cast<size_t>(kQ * D)),
+        dot(static_cast<size_t>(kQ * D)), dqt(static_cast<size_t>(kQ * D)), p(static_cast<size_t>(kQ * kK)),
+        ds(static_cast<size_t>(kQ * kK)), delta(kQ);
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int64_t b = 0; b < g.B; ++b)
+      for (int64_t kvh = 0; kvh < g.KV; ++kvh) {
+        const int64_t kv_off = (b * g.KV + kvh) * S * D;
+        const float* kr = as_f32(k + kv_off, S * D, kbuf);
+        const float* vr = as_f32(v + kv_off, S * D, vbuf);
+        std::fill(dka.begin(), dka.end(), 0.0f);
+        std::fill(dva.begin(), dva.end(), 0.0f);
+        for (int64_t r = 0; r < rep; ++r) {
+          const int64_t h = kvh * rep + r;
+          for (int64_t t0 = 0; t0 < g.T; t0 += kQ) {
+            const int64_t nt = std::min(kQ, g.T - t0), off = ((b * g.H + h) * g.T + t0) * D;
+            const float* lp = lse + (b * g.H + h) * g.T + t0;
+            for (int64_t i = 0; i < nt; ++i) {  // delta_t = rowsum(dO * O)
+              float d = 0;
+              for (int64_t c = 0; c < D; ++c) {
+                qt[i * D + c] = load(q + off, i * D + c);
+                dot[i * D + c] = load(dout + off, i * D + c);
+                d += dot[i * D + c] * load(out + off, i * D + c);
+              }
+              delta[i] = d;
+            }
+            std::fill(dqt.begin(), dqt.begin() + nt * D, 0.0f);
+            const int64_t s_end = g.last_key(t0 + nt - 1) + 1;
+            for (int64_t s0 = g.first_key(t0); s0 < s_end; s0 += kK) {
+              const int64_t ns = std::min(kK, s_end - s0);
+              bad |= !gemm(false, true, nt, ns, D, qt.data(), D, kr + s0 * D, D, false, p.data(), ns);
+              bad |= !gemm(false, true, nt, ns, D, dot.data(), D, vr + s0 * D, D, false, ds.data(), ns);
+              for (int64_t i = 0; i < nt; ++i) {
+                float* pi = p.data() + i * ns;
+                float* di = ds.data() + i * ns;
+                if (lp[i] == kNegInf) {  // the row attended nothing: no gradient through it
+                  std::fill(pi, pi + ns, 0.0f);
+                  std::fill(di, di + ns, 0.0f);
+                  continue;
+                }
+                for (int64_t j = 0; j < ns; ++j) pi[j] = pi[j] * scale - lp[i];
+                mask_row(g, b, t0 + i, s0, ns, pi);
+                unary_row<backend::UnaryOp::exp>(pi, pi, ns);
+                for (int64_t j = 0; j < ns; ++j) di[j] = pi[j] * (di[j] - delta[i]) * scale;
+              }
+              bad |= !gemm(true, false, ns, D, nt, p.data(), ns, dot.data(), D, true, dva.data() + s0 * D, D);
+              bad |= !gemm(true, false, ns, D, nt, ds.data(), ns, qt.data(), D, true, dka.data() + s0 * D, D);
+              bad |= !gemm(false, false, nt, D, ns, ds.data(), ns, kr + s0 * D, D, true, dqt.data(), D);
+            }
+            for (int64_t i = 0; i < nt * D; ++i) store(dq + off, i, dqt[i]);
+          }
+        }
+        for (int64_t i = 0; i < S * D; ++i) {
+          store(dk + kv_off, i, dka[i]);
+          store(dv + kv_off, i, dva[i]);
+        }
+      }
+  }
+  TR_CHECK(!bad, "attention_backward: oneDNN sgemm refused a tile product (head dim {})", D);
+}
+
+#define TR_ATTENTION_GEMM(T)                                                                                \
+  template void attention_gemm_forward<T>(const backend::AttentionGeometry&, const T*, const T*, const T*,  \
+                                          T*, float*);                                                      \
+  template void attention_gemm_backward<T>(const backend::AttentionGeometry&, const T*, const T*, const T*, \
+                                           const T*, const float*, const T*, T*, T*, T*);
+TR_ATTENTION_GEMM(float)
+TR_ATTENTION_GEMM(BFloat16)
+TR_ATTENTION_GEMM(Half)
+#undef TR_ATTENTION_GEMM
+
+}  // namespace tr::cpu
