@@ -6,9 +6,11 @@
 #
 #   /usr/bin/python3 bench/guide_table.py [--trainer build/cpu/trainer] [--threads 2] [--max_steps 30]
 #                                         [--rows baseline,bf16,...] [--out DIR] [--json FILE]
+#                                         [--block_size 128] [--batch 8]
 #
 # Model: GPT-2, n_embd 256, 4 layers, 4 heads, 256 positions, vocabulary 50257, no dropout, fresh init (seed
-# 42); Moby-Dick, block 128, batch 8, AdamW 1e-3. Tokens/s leaves out the first --timing_warmup steps
+# 42); Moby-Dick, block 128, batch 8, AdamW 1e-3 (--block_size/--batch change the baseline's shape; positions
+# grow to the block). Tokens/s leaves out the first --timing_warmup steps
 # (metrics.jsonl's tokens_per_second is cumulative: elapsed(k) = k * tokens_per_step / tokens_per_second(k)).
 # Peak memory: train_results.json's train_peak_memory_gib (the allocator's peak over the run).
 import argparse, json, os, shutil, subprocess, sys, time
@@ -20,7 +22,8 @@ CONFIG = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_siz
           "n_embd": 256, "n_layer": 4, "n_head": 4, "embd_pdrop": 0.0, "resid_pdrop": 0.0, "attn_pdrop": 0.0,
           "layer_norm_epsilon": 1e-5, "initializer_range": 0.02, "tie_word_embeddings": True}
 
-# (name, flags beyond the baseline, the guide's claim: (speed, memory), how the row compares)
+# (name, flags replacing or joining the baseline's as name/value pairs, the guide's claim: (speed, memory),
+# a note)
 # Claims are the guide's table ("yes": the feature buys it) and its text where it gives a number.
 ROWS = [
     ("baseline", [], ("-", "-"), ""),
@@ -28,9 +31,9 @@ ROWS = [
      "bigger GEMMs, more activations"),
     ("accumulation 4x2", ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2"],
      ("no", "yes"), "same tokens per step in two passes"),
-    ("gradient_checkpointing", ["--gradient_checkpointing"], ("no (~20% slower)", "yes"), ""),
-    ("bf16", ["--bf16"], ("yes", "depends"), ""),
-    ("fp16", ["--fp16"], ("yes", "depends"), ""),
+    ("gradient_checkpointing", ["--gradient_checkpointing", "true"], ("no (~20% slower)", "yes"), ""),
+    ("bf16", ["--bf16", "true"], ("yes", "depends"), ""),
+    ("fp16", ["--fp16", "true"], ("yes", "depends"), ""),
     ("tf32", ["--tf32", "true"], ("yes (Ampere+)", "no"), ""),
     ("adamw_torch_fused", ["--optim", "adamw_torch_fused"], ("yes", "no"), ""),
     ("adafactor", ["--optim", "adafactor"], ("no", "yes"), ""),
@@ -39,7 +42,7 @@ ROWS = [
     ("workers 2 + pin_memory", ["--dataloader_num_workers", "2", "--dataloader_pin_memory", "true"],
      ("yes", "no"), ""),
     ("torch_empty_cache_steps 1", ["--torch_empty_cache_steps", "1"], ("no (~10% slower)", "yes"), ""),
-    ("torch_compile", ["--torch_compile"], ("yes", "no"), ""),
+    ("torch_compile", ["--torch_compile", "true"], ("yes", "no"), ""),
     ("eager attention", ["--attn_implementation", "eager"], ("sdpa: yes", "sdpa: yes"),
      "the baseline is sdpa: eager should be slower and larger"),
 ]
@@ -47,11 +50,16 @@ ROWS = [
 
 def run_row(args, name, extra, out):
     folder = os.path.join(out, name.replace(" ", "_").replace("+", "").replace("__", "_"))
-    cmd = [args.trainer, "train", "--config_name", os.path.join(out, "config.json"),
-           "--tokenizer_name", args.tokenizer_name, "--train_file", args.train_file, "--block_size", "128",
-           "--per_device_train_batch_size", "8", "--learning_rate", "1e-3", "--max_steps", str(args.max_steps),
-           "--logging_steps", "1", "--save_strategy", "no", "--seed", "42", "--use_cpu",
-           "--output_dir", folder, "--overwrite_output_dir", "--report_to", "none"] + extra
+    flags = {"--config_name": os.path.join(out, "config.json"), "--tokenizer_name": args.tokenizer_name,
+             "--train_file": args.train_file, "--block_size": str(args.block_size),
+             "--per_device_train_batch_size": str(args.batch),
+             "--gradient_accumulation_steps": "1", "--learning_rate": "1e-3", "--max_steps": str(args.max_steps),
+             "--logging_steps": "1", "--save_strategy": "no", "--seed": "42", "--output_dir": folder,
+             "--report_to": "none"}
+    flags.update(dict(zip(extra[0::2], extra[1::2])))  # the row's flags replace the baseline's
+    cmd = [args.trainer, "train", "--use_cpu", "--overwrite_output_dir"] + [x for kv in flags.items() for x in kv]
+    tokens_per_step = (int(flags["--per_device_train_batch_size"]) * int(flags["--gradient_accumulation_steps"]) *
+                       args.block_size)
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     log = folder + ".log"
     os.makedirs(out, exist_ok=True)
@@ -67,9 +75,8 @@ def run_row(args, name, extra, out):
     metrics = [json.loads(l) for l in open(os.path.join(folder, "metrics.jsonl")) if '"tokens_per_second"' in l]
     steps = [m for m in metrics if "loss" in m and "step" in m]
     res = json.load(open(os.path.join(folder, "train_results.json")))
-    tokens_per_step = res["train_tokens"] / res["global_step"] if res.get("global_step") else None
     w = args.timing_warmup
-    if tokens_per_step is None or len(steps) <= w:
+    if len(steps) <= w:
         print(f"guide_table: row '{name}': metrics.jsonl has {len(steps)} steps, need more than {w}",
               file=sys.stderr)
         return None
@@ -86,6 +93,8 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--max_steps", type=int, default=30)
     ap.add_argument("--timing_warmup", type=int, default=3, help="first steps left out of tokens/s")
+    ap.add_argument("--block_size", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=8, help="the baseline's per_device_train_batch_size")
     ap.add_argument("--rows", help="comma-separated row names (default: all)")
     ap.add_argument("--out", default=os.path.join(ROOT, "out/guide_table"))
     ap.add_argument("--json", help="also write the measurements here")
@@ -105,8 +114,9 @@ def main():
             sys.exit(f"guide_table: unknown rows {sorted(unknown)}; rows are: {', '.join(r[0] for r in ROWS)}")
     shutil.rmtree(args.out, ignore_errors=True)
     os.makedirs(args.out)
-    json.dump(CONFIG, open(os.path.join(args.out, "config.json"), "w"), indent=1)
-    print(f"guide_table: GPT-2 256x4, block 128, batch 8, {args.max_steps} steps, {args.threads} threads, "
+    config = dict(CONFIG, n_positions=max(CONFIG["n_positions"], args.block_size))
+    json.dump(config, open(os.path.join(args.out, "config.json"), "w"), indent=1)
+    print(f"guide_table: GPT-2 256x4, block {args.block_size}, batch {args.batch}, {args.max_steps} steps, {args.threads} threads, "
           f"{os.path.basename(args.trainer)}; load average {os.getloadavg()[0]:.2f}", flush=True)
     results = {}
     for name, extra, claim, _ in rows:

@@ -122,7 +122,7 @@ grep -q "resumed from $ckpt" term2.log || fail "the resumed run does not say whe
 next_port
 "$trainer" launch --nproc_per_node 3 --master_port "$port" train "${long[@]}" --output_dir killed >killed.log 2>&1 &
 launcher=$!
-for _ in $(seq 100); do grep -q "step [0-9]*/100000" killed.log && break; sleep 0.1; done
+wait_for_step killed.log $launcher
 victim=$(pgrep -f "output_dir killed" | grep -v "^$launcher\$" | sort -n | tail -1)
 start=$(date +%s.%N)
 kill -KILL "$victim"

@@ -62,6 +62,18 @@ assert worst <= tol, f"{a} vs {b}: {worst} > {tol}"
 PY
 }
 
+# Waits until LOG shows a training step (up to 120 s: under ctest -j2 beside another distributed suite the
+# ranks' start-up can take many seconds; a signal sent before the first step would test something else).
+wait_for_step() {
+  local log=$1 pid=$2
+  for _ in $(seq 1200); do
+    grep -q "step [0-9]*/100000" "$log" && return 0
+    kill -0 "$pid" 2>/dev/null || { tail "$log"; fail "the run of $log ended before its first step"; }
+    sleep 0.1
+  done
+  tail "$log"; fail "no training step in $log after 120 s"
+}
+
 # A long run launched on NPROC ranks, SIGTERMed once its first step shows, required to exit 0 (every rank
 # finishes the step and the checkpoint is written): NAME NPROC TRAIN_ARGS... (log in NAME.log).
 launch_and_terminate() {
@@ -69,7 +81,7 @@ launch_and_terminate() {
   next_port
   "$trainer" launch --nproc_per_node "$n" --master_port "$port" train "$@" --output_dir "$name" >"$name.log" 2>&1 &
   local launcher=$!
-  for _ in $(seq 100); do grep -q "step [0-9]*/100000" "$name.log" && break; sleep 0.1; done
+  wait_for_step "$name.log" $launcher
   kill -TERM $launcher
   wait $launcher || { tail "$name.log"; fail "the launcher did not exit 0 after SIGTERM"; }
 }

@@ -375,6 +375,42 @@ TEST(ChunkedLoss, ABf16HeadGradientIsRoundedOnceNotOncePerChunk) {
   compare(dw64, dw1, "dw");
 }
 
+TEST(ChunkedLoss, Fp16LogitGradientsOfTinyProbabilitiesSurvive) {
+  // Under fp16 the logit gradients are rounded before the head's GEMMs. Probabilities of e^-20 (2e-9) are
+  // below fp16's smallest subnormal (6e-8) at unit scale and would vanish; the head rounds them at 2^12
+  // times their size and takes the factor back out with the loss's gradient (here a GradScaler-like 65536 /
+  // N), so every vocabulary row's dw is there and close to the f64 one.
+  const int64_t N = 16, D = 4, V = 64;
+  Tensor noise_x = test::randn({N, D}, 31), noise_w = test::randn({V, D}, 32);
+  std::vector<double> xs = test::values(noise_x), ws = test::values(noise_w);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t d = 0; d < D; ++d) xs[n * D + d] = (d == 0 ? 5.0 : 0.0) + 0.1 * xs[n * D + d];
+  for (int64_t v = 0; v < V; ++v)
+    for (int64_t d = 0; d < D; ++d) ws[v * D + d] = v == 0 ? (d == 0 ? 4.0 : 0.0) : 0.1 * ws[v * D + d];
+  std::vector<int64_t> lab(N, 0);
+  lab[3] = -100;
+  const Tensor labels = ops::from_vector<int64_t>(lab, {N});
+  auto grads = [&](DType dt) {
+    Tensor x = ops::to_dtype(ops::from_vector<double>(xs, {N, D}), dt),
+           w = ops::to_dtype(ops::from_vector<double>(ws, {V, D}), dt);
+    autograd::set_requires_grad(x, true);
+    autograd::set_requires_grad(w, true);
+    const double scale = 65536.0 / N;
+    autograd::backward({mul_scalar(linear_cross_entropy_sum(x, w, labels, 8), scale)});
+    std::vector<double> dw = test::values(w.grad());
+    for (double& g : dw) g /= scale;
+    return dw;
+  };
+  // The reference sees the same fp16-rounded inputs.
+  for (double& v : xs) v = static_cast<double>(static_cast<float>(Half(static_cast<float>(v))));
+  for (double& v : ws) v = static_cast<double>(static_cast<float>(Half(static_cast<float>(v))));
+  const std::vector<double> ref = grads(DType::f64), half = grads(DType::f16);
+  for (int64_t i = D; i < V * D; ++i) {  // rows v > 0: made of the tiny probabilities only
+    if (std::abs(ref[i]) < 1e-9) continue;
+    EXPECT_NEAR(half[i], ref[i], 0.03 * std::abs(ref[i])) << "dw entry " << i;
+  }
+}
+
 TEST(Loss, AccumulationWithNumItemsEqualsTheOneBigBatchGradient) {
   const std::string dir = kGolden + "/llama_gqa_llama3rope";
   auto g = io::SafetensorsFile::open(dir + "/golden.safetensors");

@@ -78,7 +78,8 @@ enum class Reduction { mean, sum, none };
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index = -100,
                      Reduction reduction = Reduction::mean);
 // sum over rows of cross_entropy(x @ w^T, labels) computed `chunk_rows` rows at a time: the [rows, V] logits
-// never exist in full, in forward or backward (each chunk's logits are recomputed for its gradient).
+// never exist in full. With gradients wanted, each chunk's gradients are computed in the forward itself (no
+// recompute) and held in f32 ([N, D] and [V, D]) until backward scales and rounds them once.
 // x [N, D], w [V, D], labels int64 [N] (-100 ignored). Logits are computed in x's dtype and upcast to f32 for
 // the loss (f64 stays f64). Returns the scalar sum; divide by the label count yourself.
 Tensor linear_cross_entropy_sum(const Tensor& x, const Tensor& w, const Tensor& labels,

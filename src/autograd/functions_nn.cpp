@@ -171,15 +171,22 @@ Tensor linear_cross_entropy_sum(const Tensor& x, const Tensor& w, const Tensor& 
   const DType loss_dt = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
   Tensor lab = ops::reshape(labels, {N});
   Tensor total = ops::zeros({}, loss_dt, x.device());
-  // With gradients wanted, each chunk's logits turn into their gradient for a unit loss gradient right here
+  // With gradients wanted, each chunk's logits turn into their gradient for a fixed loss gradient right here
   // (as Liger's fused linear cross-entropy): three head GEMMs instead of four (no recompute in backward).
   // dx and dw are held in f32 until backward scales them by the loss's gradient and rounds them once, so a
-  // bf16 dw is not rounded once per chunk (HF: one f32-accumulated GEMM, one rounding). The f32 dw exists
-  // from here to the head's backward, at the step's peak either way (backward starts with the head).
+  // bf16 dw is not rounded once per chunk (HF: one f32-accumulated GEMM, one rounding). The cost: from the
+  // end of forward to the head's backward (the step's peak) the f32 dw is held where a half-precision run
+  // used to allocate a half dw, and rounding it briefly holds both: 4 extra bytes per head weight under
+  // bf16/fp16, none under fp32 (trainer estimate counts it).
   const bool gx = needs_grad({&x}), gw = needs_grad({&w});
+  // fp16 logit gradients are rounded at 2^12 times their size (|p - y| <= 1 cannot overflow): a probability
+  // of 1/50257 would be subnormal at unit scale. Undone, exactly, with the loss's gradient in backward.
+  const double pre = x.dtype() == DType::f16 ? 4096.0 : 1.0;
   Tensor dx = gx ? ops::empty(x.shape(), loss_dt, x.device()) : Tensor();
-  Tensor dw = gw ? ops::empty(w.shape(), loss_dt, w.device()) : Tensor();
-  Tensor unit = gx || gw ? ops::ones({std::min(chunk_rows, N)}, loss_dt, x.device()) : Tensor();
+  Tensor dw =
+      gw ? (N == 0 ? ops::zeros(w.shape(), loss_dt, w.device()) : ops::empty(w.shape(), loss_dt, w.device()))
+         : Tensor();
+  Tensor unit = gx || gw ? ops::full({std::min(chunk_rows, N)}, pre, loss_dt, x.device()) : Tensor();
   for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
     const int64_t n = std::min(chunk_rows, N - r0);
     Tensor xc = ops::narrow(x, 0, r0, n), lc = ops::narrow(lab, 0, r0, n);
@@ -196,13 +203,15 @@ Tensor linear_cross_entropy_sum(const Tensor& x, const Tensor& w, const Tensor& 
   Tensor y = total;
   if (gx || gw) {
     record("linear_cross_entropy", {&x, &w}, {&y},
-           [dx, dw, xdt = x.dtype(), wdt = w.dtype()](const Grads& g) mutable -> Grads {
+           [dx, dw, pre, xdt = x.dtype(), wdt = w.dtype()](const Grads& g) mutable -> Grads {
              // Scaled in f32 on the device (no host read of g: a captured step replays this), then
              // rounded once; each f32 buffer is let go as soon as its rounded copy exists.
-             auto finish = [&g](Tensor& held, DType dt) {
+             const Tensor s =
+                 ops::affine(ops::to_dtype(g[0], dx.defined() ? dx.dtype() : dw.dtype()), 1.0 / pre, 0.0);
+             auto finish = [&s](Tensor& held, DType dt) {
                if (!held.defined()) return Tensor();
                Tensor t = std::move(held);
-               ops::binary_(BinaryOp::mul, t, ops::to_dtype(g[0], t.dtype()));
+               ops::binary_(BinaryOp::mul, t, s);
                return ops::to_dtype(t, dt);
              };
              Tensor gdx = finish(dx, xdt);

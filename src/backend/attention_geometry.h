@@ -13,7 +13,7 @@ struct AttentionGeometry {
   int64_t B, H, KV, T, S, D;  // batch, query heads, kv heads, queries, keys, head dim
   bool causal;
   double scale;
-    const bool* keep;  // [B, S] or null
+  const bool* keep;    // [B, S] or null
   int64_t window = 0;  // causal only: keys a query sees, itself included (0: all before it)
   // Lowest key index query t may see.
   TR_HD int64_t first_key(int64_t t) const {
@@ -28,7 +28,7 @@ struct AttentionGeometry {
     return k < S - 1 ? k : S - 1;
   }
   TR_HD bool visible(int64_t b, int64_t t, int64_t s) const {
-        return s <= last_key(t) && s >= first_key(t) && (keep == nullptr || keep[b * S + s]);
+    return s <= last_key(t) && s >= first_key(t) && (keep == nullptr || keep[b * S + s]);
   }
 };
 

@@ -524,7 +524,7 @@ int main(int argc, char** argv) {
       std::printf("trainer.cpp; %s\n", tr::backend::cuda_summary().c_str());
       for (tr::DType dt : {tr::DType::bf16, tr::DType::f16}) {
         const std::string note = tr::ops::gemm_emulation_note(tr::Device::cpu(), dt);
-        std::printf("cpu: %s\n", note.empty() ? "native half-precision matmuls" : note.c_str());
+        if (!note.empty()) std::printf("cpu: %s\n", note.c_str());
       }
       return 0;
     }

@@ -7,8 +7,10 @@
 // so the summation order, and the result, does not depend on the thread count.
 #include <oneapi/dnnl/dnnl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/attention_kernels.h"

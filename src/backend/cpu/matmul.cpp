@@ -209,13 +209,18 @@ std::string CpuBackend::gemm_emulation_note(DType operands) const {
   const dnnl_version_t* v = dnnl_version();
   const std::string lib = fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch);
   const char* name = is_bf16 ? "bf16" : "fp16";
-  if (impl.empty() || impl.rfind("ref", 0) == 0)
+  // oneDNN 2.x also has JIT bf16 matmuls for plain AVX-512, which convert in software: native means the
+  // BF16 instructions (AVX512_BF16, or AMX whose ISA level includes them). oneDNN 2.6 knows no FP16 level.
+  const bool isa = is_bf16 && (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core_bf16) ==
+                                  dnnl_cpu_isa_avx512_core_bf16;
+  if (!isa || impl.empty() || impl.rfind("ref", 0) == 0)
     return fmt::format(
         "{} is emulated on this CPU: {} has no {} matmul for it (that needs {}), so matmuls widen {} to f32; "
         "--{} saves memory here, not time",
         name, lib, name, is_bf16 ? "AVX512_BF16 or AMX" : "AVX512_FP16 or AMX-FP16", name, name);
   return fmt::format(
-      "this CPU has native {} matmuls ({}: {}), but the CPU backend still widens {} to f32; --{} saves memory "
+      "this CPU has native {} matmuls ({}: {}), but the CPU backend still widens {} to f32; --{} saves "
+      "memory "
       "here, not time",
       name, lib, impl, name, name);
 }
