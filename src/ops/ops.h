@@ -154,9 +154,9 @@ struct AttentionOut {
 // The two ways attention() computes the same function: the backend's fused (tiled) kernel, or the blocked
 // GEMM form below. `automatic` takes attention_form()'s pick; the others force one (benchmarks, tests).
 enum class AttentionForm { automatic, fused, blocked };
-// attention()'s pick for these operands, from their device and dtype (and shape, should a rule need it) alone,
-// so a run, its dry run and its rerun pick alike: blocked for bf16/f16 on a GPU (tensor-core GEMMs), fused
-// otherwise - on the CPU the fused kernel's sgemm tiles beat the blocked form at every length measured
+// attention()'s pick for these operands, from their device and dtype (and shape, should a rule need it)
+// alone, so a run, its dry run and its rerun pick alike: blocked for bf16/f16 on a GPU (tensor-core GEMMs),
+// fused otherwise - on the CPU the fused kernel's sgemm tiles beat the blocked form at every length measured
 // (bench/bench_attention).
 AttentionForm attention_form(const Tensor& q, const Tensor& k);
 AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, bool causal,
