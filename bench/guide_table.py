@@ -6,14 +6,14 @@
 #
 #   /usr/bin/python3 bench/guide_table.py [--trainer build/cpu/trainer] [--threads 2] [--max_steps 30]
 #                                         [--rows baseline,bf16,...] [--out DIR] [--json FILE]
-#                                         [--block_size 128] [--batch 8]
+#                                         [--block_size 128] [--batch 8] [--repeat 1]
 #
 # Model: GPT-2, n_embd 256, 4 layers, 4 heads, 256 positions, vocabulary 50257, no dropout, fresh init (seed
 # 42); Moby-Dick, block 128, batch 8, AdamW 1e-3 (--block_size/--batch change the baseline's shape; positions
 # grow to the block). Tokens/s leaves out the first --timing_warmup steps
 # (metrics.jsonl's tokens_per_second is cumulative: elapsed(k) = k * tokens_per_step / tokens_per_second(k)).
 # Peak memory: train_results.json's train_peak_memory_gib (the allocator's peak over the run).
-import argparse, json, os, shutil, subprocess, sys, time
+import argparse, json, os, shutil, statistics, subprocess, sys, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -95,6 +95,7 @@ def main():
     ap.add_argument("--timing_warmup", type=int, default=3, help="first steps left out of tokens/s")
     ap.add_argument("--block_size", type=int, default=128)
     ap.add_argument("--batch", type=int, default=8, help="the baseline's per_device_train_batch_size")
+    ap.add_argument("--repeat", type=int, default=1, help="passes over the rows (medians; see main)")
     ap.add_argument("--rows", help="comma-separated row names (default: all)")
     ap.add_argument("--out", default=os.path.join(ROOT, "out/guide_table"))
     ap.add_argument("--json", help="also write the measurements here")
@@ -118,17 +119,41 @@ def main():
     json.dump(config, open(os.path.join(args.out, "config.json"), "w"), indent=1)
     print(f"guide_table: GPT-2 256x4, block {args.block_size}, batch {args.batch}, {args.max_steps} steps, {args.threads} threads, "
           f"{os.path.basename(args.trainer)}; load average {os.getloadavg()[0]:.2f}", flush=True)
-    results = {}
-    for name, extra, claim, _ in rows:
-        results[name] = run_row(args, name, extra, args.out)
-        r = results[name]
-        if r:
+    # Rows run round-robin --repeat times and each row's tokens/s is its median: this machine's speed drifts by
+    # 10-30% over minutes (shared host), so one pass per row compares moments as much as features. The
+    # baseline runs once more at the end; the spread of its runs is printed beside the table.
+    runs = {name: [] for name, _, _, _ in rows}
+    failed = set()
+    for rep in range(args.repeat):
+        for name, extra, claim, _ in rows:
+            if name in failed:
+                continue
+            r = run_row(args, name, extra, args.out)
+            if not r:
+                failed.add(name)
+                continue
+            runs[name].append(r)
             print(f"  {name:28s} {r['tokens_per_second']:8.0f} tok/s  {r['peak_bytes'] / 2**20:8.1f} MiB  "
-                  f"({r['wall_s']:.0f} s)", flush=True)
-    base = results.get("baseline")
-    if not base:
+                  f"({r['wall_s']:.0f} s, pass {rep + 1})", flush=True)
+    if "baseline" not in failed:
+        r = run_row(args, "baseline", [], args.out)
+        if r:
+            runs["baseline"].append(r)
+            print(f"  {'baseline':28s} {r['tokens_per_second']:8.0f} tok/s  (again, last)", flush=True)
+    if not runs["baseline"] or "baseline" in failed:
         sys.exit("guide_table: the baseline failed; no ratios")
+    results = {}
+    for name, rs in runs.items():
+        if rs:
+            results[name] = dict(rs[0], tokens_per_second=statistics.median(r["tokens_per_second"] for r in rs),
+                                 runs=[r["tokens_per_second"] for r in rs])
+        else:
+            results[name] = None
+    base = results["baseline"]
+    spread = max(base["runs"]) / min(base["runs"]) - 1
     print()
+    print(f"medians of {args.repeat} pass(es); the baseline's {len(base['runs'])} runs span {spread * 100:.0f}% "
+          f"(differences below that are noise)")
     print("| row | tokens/s | speed vs baseline | peak MiB | memory vs baseline | guide: speed / memory | note |")
     print("|---|---|---|---|---|---|---|")
     for name, extra, claim, note in rows:
@@ -148,7 +173,8 @@ def main():
         print(f"| {name} | {r['tokens_per_second']:.0f} | {speed:.2f}x | {r['peak_bytes'] / 2**20:.1f} | "
               f"{mem:.2f}x | {claim[0]} / {claim[1]} | {text} |")
     if args.json:
-        json.dump({"threads": args.threads, "max_steps": args.max_steps, "rows": results}, open(args.json, "w"),
+        json.dump({"threads": args.threads, "max_steps": args.max_steps, "repeat": args.repeat,
+                   "baseline_spread": spread, "rows": results}, open(args.json, "w"),
                   indent=1)
 
 

@@ -4,6 +4,8 @@
 #include <bit>
 #include <limits>
 
+#include "backend/cpu/convert.h"
+#include "backend/cpu/scratch_pool.h"
 #include "backend/cpu/vec_math.h"
 #include "backend/cpu/vec_unary.h"
 #include "backend/unary_math.h"
@@ -117,6 +119,74 @@ TEST(Convert, TensorCopyConvertsEveryPair) {
   }
   Tensor b = ops::to_dtype(x, DType::boolean);
   EXPECT_EQ(test::values(b), (std::vector<double>{1, 1, 0, 1}));
+}
+
+// The CPU kernels' bulk conversions (vectorized bf16, F16C f16) give core/half.h's bits: every 16-bit
+// pattern widened, edge and random floats narrowed, over runs whose lengths leave vector tails.
+TEST(Convert, CpuBulkConversionsMatchTheScalarOnes) {
+  std::vector<uint16_t> all(0x10000);
+  for (uint32_t h = 0; h < 0x10000; ++h) all[h] = static_cast<uint16_t>(h);
+  std::vector<float> wide(all.size());
+  auto same_float = [](float a, float b) { return (a != a && b != b) || f32_bits(a) == f32_bits(b); };
+  cpu::widen_run(reinterpret_cast<const BFloat16*>(all.data()), wide.data(), 0x10000);
+  for (uint32_t h = 0; h < 0x10000; ++h) ASSERT_EQ(f32_bits(wide[h]), f32_bits(bf16_bits_to_float(all[h]))) << h;
+  cpu::widen_run(reinterpret_cast<const Half*>(all.data()), wide.data(), 0x10000);
+  for (uint32_t h = 0; h < 0x10000; ++h) ASSERT_TRUE(same_float(wide[h], half_bits_to_float(all[h]))) << h;
+
+  std::vector<float> f = {0.0f, -0.0f, 65504.0f, 65520.0f, 2.9802322e-08f, 6.097e-05f, 1.0f + 1.0f / 2048,
+                          std::numeric_limits<float>::max(), std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::denorm_min(),
+                          std::numeric_limits<float>::quiet_NaN(), bits_f32(0x7f800001u), bits_f32(0xffc12345u),
+                          bits_f32(0x3f808000u), bits_f32(0x3f818000u), bits_f32(0x00018000u)};
+  uint64_t s = 4242;
+  while (f.size() < 1000003) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    f.push_back(bits_f32(static_cast<uint32_t>(s >> 32)));
+  }
+  std::vector<uint16_t> narrow(f.size());
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{9}, static_cast<int64_t>(f.size())}) {
+    cpu::narrow_run(f.data(), reinterpret_cast<BFloat16*>(narrow.data()), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(narrow[i], float_to_bf16_bits(f[i])) << std::hex << f32_bits(f[i]);
+    cpu::narrow_run(f.data(), reinterpret_cast<Half*>(narrow.data()), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(narrow[i], float_to_half_bits(f[i])) << std::hex << f32_bits(f[i]);
+  }
+  // Strided rows, threaded: 300 rows of 301 values read with leading dimension 305.
+  const int64_t rows = 300, cols = 301, ld = 305;
+  std::vector<uint16_t> src(static_cast<size_t>(rows * ld));
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint16_t>(i * 40503u);
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  cpu::convert_rows(reinterpret_cast<const BFloat16*>(src.data()), ld, out.data(), cols, rows, cols,
+                    cpu::widen_run<BFloat16>);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      ASSERT_EQ(f32_bits(out[r * cols + c]), f32_bits(bf16_bits_to_float(src[r * ld + c]))) << r << "," << c;
+}
+
+// The widened GEMMs' scratch: a returned buffer serves the next lease that fits (no fresh pages per call),
+// two leases at once never share a buffer, and the pool keeps only its few largest.
+TEST(ScratchPool, ReusesBuffersAndKeepsOnlyTheLargest) {
+  cpu::ScratchPool pool;
+  float* first;
+  {
+    auto a = pool.take(1000000);
+    first = a.get();
+    a.get()[999999] = 1.0f;
+  }
+  EXPECT_GE(pool.pooled_bytes(), 4000000u);
+  {
+    auto again = pool.take(500000);  // fits the returned buffer
+    auto other = pool.take(500000);  // must not share it
+    EXPECT_EQ(again.get(), first);
+    EXPECT_NE(other.get(), first);
+  }
+  {
+    std::vector<cpu::ScratchPool::Lease> many;
+    for (size_t i = 1; i <= 8; ++i) many.push_back(pool.take(i << 20));
+  }
+  EXPECT_LE(pool.pooled_bytes(), size_t{4} * (size_t{8} << 20) * sizeof(float));  // four kept: 5..8 Mi floats
+  EXPECT_GE(pool.pooled_bytes(), (size_t{5} + 6 + 7 + 8) * (size_t{1} << 20) * sizeof(float));
+  pool.release_all();
+  EXPECT_EQ(pool.pooled_bytes(), 0u);
 }
 
 TEST(Views, ShareStorageAndIndexCorrectly) {

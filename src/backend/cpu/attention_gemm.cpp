@@ -39,7 +39,7 @@ const float* as_f32(const T* p, int64_t n, std::vector<float>& buf) {
     (void)n, (void)buf;
     return p;
   } else {
-    for (int64_t i = 0; i < n; ++i) buf[static_cast<size_t>(i)] = static_cast<float>(p[i]);
+    widen_run(p, buf.data(), n);
     return buf.data();
   }
 }
@@ -76,7 +76,7 @@ void attention_gemm_forward(const backend::AttentionGeometry& g, const T* q, con
           const T* kp = k + (b * g.KV + kvh) * g.S * D;
           const T* vp = v + (b * g.KV + kvh) * g.S * D;
           for (int64_t i = 0; i < nt * D; ++i)
-            qt[i] = static_cast<float>(qp[i]) * static_cast<float>(g.scale);
+            qt[i] = load(qp, i) * static_cast<float>(g.scale);
           std::fill(acc.begin(), acc.begin() + nt * D, 0.0f);
           std::fill(m.begin(), m.end(), kNegInf);
           std::fill(l.begin(), l.end(), 0.0f);

@@ -1,8 +1,9 @@
-// The CPU backend: OpenMP-parallel kernels, GEMM through oneDNN's sgemm (f32; bf16/f16 widened to f32) and
-// OpenBLAS (f64). Method bodies live in mirror-named files (elementwise.cpp, fused.cpp, reduce.cpp,
-// matmul.cpp, norm.cpp, loss.cpp, optim.cpp, attention.cpp with attention_gemm.cpp).
+// The CPU backend: OpenMP-parallel kernels, GEMM through oneDNN's sgemm (f32; bf16/f16 widened to f32 in
+// pooled scratch) and OpenBLAS (f64). Method bodies live in mirror-named files (elementwise.cpp, fused.cpp,
+// reduce.cpp, matmul.cpp, norm.cpp, loss.cpp, optim.cpp, attention.cpp with attention_gemm.cpp).
 #pragma once
 #include "backend/backend.h"
+#include "backend/cpu/scratch_pool.h"
 
 namespace tr::cpu {
 
@@ -66,6 +67,11 @@ class CpuBackend final : public backend::Backend {
                    const GradTransform& t) override;
   void adamw_8bit(const std::vector<AdamW8bitTensors>& tensors, const Tensor& signed_map,
                   const Tensor& unsigned_map) override;
+  // The widened GEMMs' f32 operand copies (matmul.cpp).
+  ScratchPool& gemm_scratch() { return gemm_scratch_; }
+
+ private:
+  ScratchPool gemm_scratch_;
 };
 
 CpuBackend& cpu_backend();

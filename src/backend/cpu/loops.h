@@ -6,6 +6,7 @@
 #include <array>
 #include <type_traits>
 
+#include "backend/cpu/convert.h"
 #include "core/tensor.h"
 
 namespace tr::cpu {
@@ -15,12 +16,30 @@ template <typename T>
 using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 template <typename T>
+inline constexpr bool is_half_v = std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>;
+
+template <typename T>
 inline acc_t<T> load(const T* p, int64_t i) {
-  return static_cast<acc_t<T>>(p[i]);
+  if constexpr (is_half_v<T>)
+    return to_f32(p[i]);
+  else
+    return static_cast<acc_t<T>>(p[i]);
 }
 template <typename T, typename A>
 inline void store(T* p, int64_t i, A v) {
-  p[i] = T(static_cast<acc_t<T>>(v));
+  if constexpr (is_half_v<T>)
+    p[i] = from_f32<T>(static_cast<float>(v));
+  else
+    p[i] = T(static_cast<acc_t<T>>(v));
+}
+
+// v rounded to T's precision and read back in the accumulation type (HF's "cast to the input dtype").
+template <typename T, typename A>
+inline acc_t<T> round_as(A v) {
+  if constexpr (is_half_v<T>)
+    return to_f32(from_f32<T>(static_cast<float>(v)));
+  else
+    return static_cast<acc_t<T>>(T(static_cast<acc_t<T>>(v)));
 }
 
 // Calls f.template operator()<T>() for the floating dtypes; throws naming `op` otherwise.

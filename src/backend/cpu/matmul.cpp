@@ -17,14 +17,14 @@ namespace tr::cpu {
 
 namespace {
 
-// Copies a strided [batch] x (rows x cols with leading dim ld) operand into dense f32.
+// Copies a strided [batch] x (rows x cols with leading dim ld) operand into dense f32 (vectorized and
+// threaded: a conversion pass is memory-bound, and a serial one cost as much as the head's GEMMs).
 template <typename T>
-std::vector<float> widen(const T* p, int64_t batch, int64_t stride, int64_t rows, int64_t cols, int64_t ld) {
-  std::vector<float> out(static_cast<size_t>(batch * rows * cols));
+ScratchPool::Lease widen(ScratchPool& pool, const T* p, int64_t batch, int64_t stride, int64_t rows,
+                         int64_t cols, int64_t ld) {
+  auto out = pool.take(static_cast<size_t>(batch * rows * cols));
   for (int64_t b = 0; b < batch; ++b)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c)
-        out[static_cast<size_t>((b * rows + r) * cols + c)] = static_cast<float>(p[b * stride + r * ld + c]);
+    convert_rows(p + b * stride, ld, out.get() + b * rows * cols, cols, rows, cols, widen_run<T>);
   return out;
 }
 
@@ -70,14 +70,14 @@ namespace {
 
 // bf16/f16 operands widened to f32 and multiplied into the f32 product c (dense [batch, m, n]).
 template <typename T>
-void widened_gemm(const backend::GemmArgs& g, float* c) {
+void widened_gemm(ScratchPool& pool, const backend::GemmArgs& g, float* c) {
   const int64_t ar = g.trans_a ? g.k : g.m, ac = g.trans_a ? g.m : g.k;
   const int64_t br = g.trans_b ? g.n : g.k, bc = g.trans_b ? g.k : g.n;
   const int64_t ba = g.stride_a == 0 ? 1 : g.batch, bb = g.stride_b == 0 ? 1 : g.batch;
-  auto a = widen(static_cast<const T*>(g.a.data_ptr()), ba, g.stride_a, ar, ac, g.lda);
-  auto b = widen(static_cast<const T*>(g.b.data_ptr()), bb, g.stride_b, br, bc, g.ldb);
-  sgemm_batched(g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k, static_cast<float>(g.alpha), a.data(), ac,
-                ba == 1 ? 0 : ar * ac, b.data(), bc, bb == 1 ? 0 : br * bc, static_cast<float>(g.beta), c);
+  auto a = widen(pool, static_cast<const T*>(g.a.data_ptr()), ba, g.stride_a, ar, ac, g.lda);
+  auto b = widen(pool, static_cast<const T*>(g.b.data_ptr()), bb, g.stride_b, br, bc, g.ldb);
+  sgemm_batched(g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k, static_cast<float>(g.alpha), a.get(), ac,
+                ba == 1 ? 0 : ar * ac, b.get(), bc, bb == 1 ? 0 : br * bc, static_cast<float>(g.beta), c);
 }
 
 }  // namespace
@@ -123,7 +123,7 @@ void CpuBackend::gemm(const backend::GemmArgs& g) {
              dtype_name(g.a.dtype()), dtype_name(g.b.dtype()));
     dispatch_float(g.a.dtype(), "matmul", [&]<typename T>() {
       if constexpr (std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>)
-        widened_gemm<T>(g, static_cast<float*>(g.c.data_ptr()));
+        widened_gemm<T>(gemm_scratch_, g, static_cast<float*>(g.c.data_ptr()));
     });
     return;
   }
@@ -158,10 +158,13 @@ void CpuBackend::gemm(const backend::GemmArgs& g) {
     case DType::f16:
       dispatch_float(g.c.dtype(), "matmul", [&]<typename T>() {
         if constexpr (std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>) {
-          auto c = widen(static_cast<const T*>(g.c.data_ptr()), g.batch, mn, g.m, g.n, g.n);
-          widened_gemm<T>(g, c.data());
           T* cp = static_cast<T*>(g.c.data_ptr());
-          for (int64_t i = 0; i < g.batch * mn; ++i) cp[i] = T(c[static_cast<size_t>(i)]);
+          // beta 0 never reads c (which may hold garbage): no need to widen it.
+          auto c = g.beta == 0.0
+                       ? gemm_scratch_.take(static_cast<size_t>(g.batch * mn))
+                       : widen(gemm_scratch_, static_cast<const T*>(cp), g.batch, mn, g.m, g.n, g.n);
+          widened_gemm<T>(gemm_scratch_, g, c.get());
+          convert_rows(c.get(), g.n, cp, g.n, g.batch * g.m, g.n, narrow_run<T>);
         }
       });
       return;
@@ -200,6 +203,11 @@ std::string onednn_matmul_impl(dnnl_data_type_t dt) {
 
 }  // namespace
 
+// What half precision buys on such a CPU (docs/PERFORMANCE.md, the guide's table measured).
+constexpr const char* kNoSpeedup =
+    "halves activation memory here (weights then take 6 bytes per parameter, not 4) but trains slower than "
+    "fp32";
+
 std::string CpuBackend::gemm_emulation_note(DType operands) const {
   if (operands != DType::bf16 && operands != DType::f16) return "";
   // A fact of the machine and the library, probed once per dtype.
@@ -216,13 +224,11 @@ std::string CpuBackend::gemm_emulation_note(DType operands) const {
   if (!isa || impl.empty() || impl.rfind("ref", 0) == 0)
     return fmt::format(
         "{} is emulated on this CPU: {} has no {} matmul for it (that needs {}), so matmuls widen {} to f32; "
-        "--{} saves memory here, not time",
-        name, lib, name, is_bf16 ? "AVX512_BF16 or AMX" : "AVX512_FP16 or AMX-FP16", name, name);
+        "--{} {}",
+        name, lib, name, is_bf16 ? "AVX512_BF16 or AMX" : "AVX512_FP16 or AMX-FP16", name, name, kNoSpeedup);
   return fmt::format(
-      "this CPU has native {} matmuls ({}: {}), but the CPU backend still widens {} to f32; --{} saves "
-      "memory "
-      "here, not time",
-      name, lib, impl, name, name);
+      "this CPU has native {} matmuls ({}: {}), but the CPU backend still widens {} to f32; --{} {}", name,
+      lib, impl, name, name, kNoSpeedup);
 }
 
 }  // namespace tr::cpu

@@ -154,7 +154,7 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& w, double eps, const Te
       rp[r] = rs;
       for (int64_t i = 0; i < n; ++i) {
         // As HF: normalize in fp32, cast to the input dtype, then scale by the weight.
-        A h = static_cast<A>(T(load(xr, i) * rs));
+        A h = round_as<T>(load(xr, i) * rs);
         store(yr, i, wp ? h * load(wp, i) : h);
       }
     }
