@@ -44,9 +44,10 @@ class Backend {
   virtual Allocator& allocator(int device_index) = 0;
   // Waits for queued work (no-op on the CPU).
   virtual void synchronize() {}
-  // One sentence when this backend's GEMMs do not compute `operands` (bf16/f16) natively but emulate them
-  // (widened to f32): what the hardware and its libraries offer and what that costs; "" when native.
-  virtual std::string gemm_emulation_note(DType operands) const {
+  // One sentence on how this backend's GEMMs compute `operands` (bf16/f16) where a user should know: emulated
+  // (widened to f32: what the hardware and its libraries lack and what that costs) or native on a CPU (which
+  // kernel); "" when there is nothing to say (a GPU's tensor cores).
+  virtual std::string gemm_precision_note(DType operands) const {
     (void)operands;
     return "";
   }

@@ -523,7 +523,7 @@ int main(int argc, char** argv) {
     if (*version) {
       std::printf("trainer.cpp; %s\n", tr::backend::cuda_summary().c_str());
       for (tr::DType dt : {tr::DType::bf16, tr::DType::f16}) {
-        const std::string note = tr::ops::gemm_emulation_note(tr::Device::cpu(), dt);
+        const std::string note = tr::ops::gemm_precision_note(tr::Device::cpu(), dt);
         if (!note.empty()) std::printf("cpu: %s\n", note.c_str());
       }
       return 0;

@@ -163,9 +163,9 @@ void matmul_into(const Tensor& out, const Tensor& a, const Tensor& b, bool trans
   run_gemm(p.pa, p.pb, out, p.batch, p.m, p.n, p.k, alpha, beta);
 }
 
-std::string gemm_emulation_note(Device device, DType operands) {
+std::string gemm_precision_note(Device device, DType operands) {
   if (device.is_meta()) return "";
-  return backend::backend_for(device).gemm_emulation_note(operands);
+  return backend::backend_for(device).gemm_precision_note(operands);
 }
 
 void addmm_(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha,

@@ -243,8 +243,8 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
   ops::allocator_for(dev_).reset_peak_reserved();
   // Mixed precision: the model computes in half precision, the optimizer updates fp32 masters.
   compute_ = a.bf16 ? DType::bf16 : a.fp16 ? DType::f16 : DType::f32;
-  if (main_ && compute_ != DType::f32)  // once per run: half precision that only saves memory here
-    if (const std::string note = ops::gemm_emulation_note(dev_, compute_); !note.empty())
+  if (main_ && compute_ != DType::f32)  // once per run: how this CPU computes half-precision matmuls
+    if (const std::string note = ops::gemm_precision_note(dev_, compute_); !note.empty())
       std::fprintf(stderr, "train: note: %s\n", note.c_str());
   const int stage = group_ ? zero_stage(a) : 0;
   // A sharded run that keeps no whole fp32 model (ZeRO-3, or ZeRO-2 under mixed precision) makes it one

@@ -3,6 +3,7 @@
 // reduce.cpp, matmul.cpp, norm.cpp, loss.cpp, optim.cpp, attention.cpp with attention_gemm.cpp).
 #pragma once
 #include "backend/backend.h"
+#include "backend/cpu/matmul_native.h"
 #include "backend/cpu/scratch_pool.h"
 
 namespace tr::cpu {
@@ -11,7 +12,7 @@ class CpuBackend final : public backend::Backend {
  public:
   const char* name() const override { return "cpu"; }
   Allocator& allocator(int) override { return cpu_allocator(); }
-  std::string gemm_emulation_note(DType operands) const override;
+  std::string gemm_precision_note(DType operands) const override;
 
   void copy(const Tensor& src, const Tensor& dst) override;
   void fill(const Tensor& out, double value) override;
@@ -72,6 +73,7 @@ class CpuBackend final : public backend::Backend {
 
  private:
   ScratchPool gemm_scratch_;
+  NativeMatmul native_;
 };
 
 CpuBackend& cpu_backend();

@@ -1,0 +1,103 @@
+// The CPU backend's bf16 GEMM paths against an f64 reference of the same bf16 inputs: oneDNN's native matmul
+// (on CPUs with AVX512_BF16 or AMX; skipped elsewhere) and the widened sgemm path every CPU runs, over
+// transposes, alpha, beta, a broadcast batch, and f32 or bf16 outputs.
+#include <functional>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/matmul_native.h"
+#include "test_util.h"
+
+namespace tr {
+namespace {
+
+struct Case {
+  bool ta, tb;
+  int64_t batch, m, n, k;
+  double alpha, beta;
+  bool broadcast_b;
+  DType out;
+};
+
+// op(x) of a [batch?, r, c] tensor as f64 values, row-major.
+double at(const std::vector<double>& v, int64_t base, int64_t i, int64_t j, int64_t ld, bool t) {
+  return t ? v[base + j * ld + i] : v[base + i * ld + j];
+}
+
+backend::GemmArgs make(const Case& c, const Tensor& a, const Tensor& b, const Tensor& out) {
+  backend::GemmArgs g;
+  g.a = a, g.b = b, g.c = out;
+  g.trans_a = c.ta, g.trans_b = c.tb;
+  g.batch = c.batch, g.m = c.m, g.n = c.n, g.k = c.k;
+  g.lda = c.ta ? c.m : c.k, g.ldb = c.tb ? c.k : c.n;
+  g.stride_a = c.m * c.k, g.stride_b = c.broadcast_b ? 0 : c.k * c.n;
+  g.alpha = c.alpha, g.beta = c.beta;
+  return g;
+}
+
+// Checks c = alpha op(a) op(b) + beta c0 within f32 accumulation error (f32 out) or one bf16 rounding of it.
+void check(const Case& c, const std::function<void(const backend::GemmArgs&)>& gemm, const char* path) {
+  const Tensor a = test::randn({c.batch, c.ta ? c.k : c.m, c.ta ? c.m : c.k}, 1, DType::bf16);
+  const Tensor b =
+      test::randn({c.broadcast_b ? 1 : c.batch, c.tb ? c.n : c.k, c.tb ? c.k : c.n}, 2, DType::bf16);
+  const Tensor c0 = test::randn({c.batch, c.m, c.n}, 3, c.out);
+  Tensor out = ops::clone(c0);  // beta reads it
+  gemm(make(c, a, b, out));
+  const auto av = test::values(a), bv = test::values(b), cv = test::values(c0), ov = test::values(out);
+  double worst = 0;
+  for (int64_t p = 0; p < c.batch; ++p)
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t j = 0; j < c.n; ++j) {
+        double sum = 0, mag = 0;
+        for (int64_t q = 0; q < c.k; ++q) {
+          const double x = at(av, p * c.m * c.k, i, q, c.ta ? c.m : c.k, c.ta);
+          const double y = at(bv, (c.broadcast_b ? 0 : p) * c.k * c.n, q, j, c.tb ? c.k : c.n, c.tb);
+          sum += x * y;
+          mag += std::abs(x * y);
+        }
+        const int64_t o = (p * c.m + i) * c.n + j;
+        const double want = c.alpha * sum + c.beta * cv[o];
+        const double scale = std::abs(c.alpha) * mag + std::abs(c.beta * cv[o]);
+        // f32 accumulation: ~k * 2^-24 of the magnitudes; a bf16 output adds half an ulp (2^-9) of the value.
+        const double bound =
+            1e-6 * c.k * scale + (c.out == DType::bf16 ? std::ldexp(std::abs(want), -8) : 0) + 1e-30;
+        worst = std::max(worst, std::abs(ov[o] - want) / bound);
+      }
+  EXPECT_LE(worst, 1.0) << path << " ta " << c.ta << " tb " << c.tb << " batch " << c.batch << " m " << c.m
+                        << " n " << c.n << " k " << c.k << " alpha " << c.alpha << " beta " << c.beta
+                        << " out " << dtype_name(c.out);
+}
+
+const std::vector<Case> kCases = {
+    {false, false, 1, 64, 96, 80, 1.0, 0.0, false, DType::f32},
+    {false, true, 1, 33, 257, 130, 1.0, 0.0, false, DType::f32},  // the head's x W^T, odd sizes
+    {true, false, 1, 130, 40, 33, 1.0, 1.0, false, DType::f32},   // dW += dy^T x
+    {false, false, 3, 17, 31, 64, 0.5, 0.0, false, DType::bf16},  // batched, alpha, bf16 out
+    {true, true, 2, 24, 40, 48, 2.0, -0.5, false, DType::bf16},   // beta reads a bf16 c
+    {false, false, 4, 16, 24, 32, 1.0, 0.0, true, DType::bf16},   // one b for every batch
+};
+
+TEST(CpuBf16Gemm, NativeMatmulMatchesTheF64Reference) {
+  cpu::NativeMatmul native;
+  if (!native.has_bf16()) GTEST_SKIP() << "this CPU has no bf16 instructions (AVX512_BF16 / AMX)";
+  for (const Case& c : kCases)
+    check(
+        c, [&](const backend::GemmArgs& g) { ASSERT_TRUE(native.run(g)) << "oneDNN declined"; }, "native");
+}
+
+TEST(CpuBf16Gemm, WidenedAndDispatchedPathsMatchTheF64Reference) {
+  for (const Case& c : kCases)
+    check(
+        c, [](const backend::GemmArgs& g) { cpu::cpu_backend().gemm(g); }, "backend");
+}
+
+// An f16 or f32 operand is not the native path's: it declines without writing.
+TEST(CpuBf16Gemm, NativeMatmulDeclinesOtherDtypes) {
+  cpu::NativeMatmul native;
+  const Tensor a = test::randn({8, 8}, 1, DType::f16), c = ops::zeros({8, 8});
+  const Case k{false, false, 1, 8, 8, 8, 1.0, 0.0, false, DType::f32};
+  EXPECT_FALSE(native.run(make(k, a, a, c)));
+  EXPECT_EQ(test::values(c), std::vector<double>(64, 0.0));
+}
+
+}  // namespace
+}  // namespace tr
