@@ -163,11 +163,12 @@ def main():
             continue
         speed, mem = r["tokens_per_second"] / base["tokens_per_second"], r["peak_bytes"] / base["peak_bytes"]
         against = []
-        if claim[0].startswith("yes") and speed < 0.97:
+        # Speed moves inside the baseline's own spread are noise, not findings; memory is deterministic.
+        if claim[0].startswith("yes") and speed < min(0.97, 1 - spread):
             against.append("slower, against the guide")
         if claim[1].startswith("yes") and mem > 1.0:
             against.append("more memory, against the guide")
-        if name == "eager attention" and (speed > 1.0 or mem < 1.0):
+        if name == "eager attention" and (speed > max(1.03, 1 + spread) or mem < 1.0):
             against.append("sdpa loses to eager")
         text = "; ".join(([note] if note else []) + against)
         print(f"| {name} | {r['tokens_per_second']:.0f} | {speed:.2f}x | {r['peak_bytes'] / 2**20:.1f} | "
