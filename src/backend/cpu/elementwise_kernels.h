@@ -2,6 +2,7 @@
 // chains of torch_compile (fused.cpp), so that a fused element is computed by the very same code and gets
 // the same bits. All are bound by memory bandwidth except the transcendental unary ops (vec_unary.h).
 #pragma once
+#include <algorithm>
 #include <type_traits>
 
 #include "backend/cpu/loops.h"
@@ -11,11 +12,24 @@
 
 namespace tr::cpu {
 
+// Elements of a half-precision row widened at a time on the stack (2 x 2 KiB).
+inline constexpr int64_t kHalfBlock = 512;
+
 // y[i] = f(x[i]), i < n.
 template <typename T, backend::UnaryOp OP>
 inline void unary_kernel(const T* x, T* y, int64_t n) {
   if constexpr (std::is_same_v<T, float> && has_vec_unary<OP>) {
     unary_row<OP>(x, y, n);
+  } else if constexpr (is_half_v<T> && has_vec_unary<OP>) {
+    // bf16/f16 through the same f32 vector code, a stack block at a time: widened, computed, rounded once
+    // (the scalar form ran ~6x slower: 9% of a bf16 step in GELU forward and backward).
+    float xb[kHalfBlock], yb[kHalfBlock];
+    for (int64_t i = 0; i < n; i += kHalfBlock) {
+      const int64_t nb = std::min(kHalfBlock, n - i);
+      widen_run(x + i, xb, nb);
+      unary_row<OP>(xb, yb, nb);
+      narrow_run(yb, y + i, nb);
+    }
   } else {
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) store(y, i, backend::unary_fn(OP, load(x, i)));
@@ -27,6 +41,15 @@ template <typename T, backend::UnaryOp OP>
 inline void unary_grad_kernel(const T* x, const T* gy, T* gx, int64_t n) {
   if constexpr (std::is_same_v<T, float> && has_vec_unary<OP>) {
     unary_grad_row<OP>(x, gy, gx, n);
+  } else if constexpr (is_half_v<T> && has_vec_unary<OP>) {
+    float xb[kHalfBlock], gb[kHalfBlock];
+    for (int64_t i = 0; i < n; i += kHalfBlock) {
+      const int64_t nb = std::min(kHalfBlock, n - i);
+      widen_run(x + i, xb, nb);
+      widen_run(gy + i, gb, nb);
+      unary_grad_row<OP>(xb, gb, gb, nb);
+      narrow_run(gb, gx + i, nb);
+    }
   } else {
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) store(gx, i, load(gy, i) * backend::unary_grad(OP, load(x, i)));
