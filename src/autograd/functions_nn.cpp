@@ -190,7 +190,10 @@ Tensor linear_cross_entropy_sum(const Tensor& x, const Tensor& w, const Tensor& 
   for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
     const int64_t n = std::min(chunk_rows, N - r0);
     Tensor xc = ops::narrow(x, 0, r0, n), lc = ops::narrow(lab, 0, r0, n);
-    Tensor logits = ops::to_dtype(ops::linear(xc, w, Tensor()), loss_dt);
+    // Logits straight from the GEMM's f32 accumulator (half operands, f32 product): no half logits to
+    // round and widen again before the softmax.
+    Tensor logits = ops::empty({n, w.size(0)}, loss_dt, x.device());
+    ops::matmul_into(logits, xc, w, false, true, 1.0, 0.0);
     ops::CrossEntropyOut ce = ops::cross_entropy(logits, lc, ignore_index);
     ops::binary_(BinaryOp::add, total, ops::reduce(ops::ReduceOp::sum, ce.loss, {}, false));
     if (!gx && !gw) continue;

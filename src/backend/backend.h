@@ -51,6 +51,12 @@ class Backend {
     (void)operands;
     return "";
   }
+  // Whether matmuls of `operands` (bf16/f16) run natively here and beat f32 (a CPU's AMX); false where they
+  // are widened. A GPU answers false: the question is asked of CPUs choosing a default precision.
+  virtual bool native_half_matmul(DType operands) const {
+    (void)operands;
+    return false;
+  }
 
   // dst and src have the same shape and device; any strides, any dtypes (converted with
   // round-to-nearest-even).

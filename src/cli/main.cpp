@@ -501,6 +501,11 @@ int main(int argc, char** argv) {
       // The default run may replace its own out/default, never a folder the user named.
       if (default_run && train_flags.given("output_dir") && !train_flags.given("overwrite_output_dir"))
         a.overwrite_output_dir = false;
+      if (default_run)
+        if (const std::string note = tr::cli::choose_default_precision(
+                a, train_flags.given("bf16") || train_flags.given("fp16"), train_flags.given("max_steps"));
+            !note.empty())
+          std::fprintf(stderr, "trainer: %s\n", note.c_str());
       return run_train(a, default_run, signals);
     }
     if (*eval_cmd) {

@@ -168,6 +168,10 @@ std::string gemm_precision_note(Device device, DType operands) {
   return backend::backend_for(device).gemm_precision_note(operands);
 }
 
+bool native_half_matmul(Device device, DType operands) {
+  return !device.is_meta() && backend::backend_for(device).native_half_matmul(operands);
+}
+
 void addmm_(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha,
             double beta) {
   check_same("addmm_", out, a);

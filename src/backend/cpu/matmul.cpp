@@ -179,56 +179,33 @@ void CpuBackend::gemm(const backend::GemmArgs& g) {
 
 namespace tr::cpu {
 
-namespace {
-
-// The implementation oneDNN would run a [64, 64] x [64, 64] matmul of `dt` operands into f32 with on this
-// CPU ("" when it has none: oneDNN 2.x offers bf16 only from AVX512_BF16 / AVX512 up, f16 from AVX512_FP16).
-std::string onednn_matmul_impl(dnnl_data_type_t dt) {
-  dnnl_engine_t engine = nullptr;
-  if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) return "";
-  dnnl_memory_desc_t a, b, c;
-  dnnl_dims_t dims = {64, 64}, strides = {64, 1};
-  dnnl_matmul_desc_t md;
-  dnnl_primitive_desc_t pd = nullptr;
-  std::string impl;
-  if (dnnl_memory_desc_init_by_strides(&a, 2, dims, dt, strides) == dnnl_success &&
-      dnnl_memory_desc_init_by_strides(&b, 2, dims, dt, strides) == dnnl_success &&
-      dnnl_memory_desc_init_by_strides(&c, 2, dims, dnnl_f32, strides) == dnnl_success &&
-      dnnl_matmul_desc_init(&md, &a, &b, nullptr, &c) == dnnl_success &&
-      dnnl_primitive_desc_create(&pd, &md, nullptr, engine, nullptr) == dnnl_success) {
-    const char* s = nullptr;
-    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &s) == dnnl_success && s) impl = s;
-    dnnl_primitive_desc_destroy(pd);
-  }
-  dnnl_engine_destroy(engine);
-  return impl;
-}
-
-}  // namespace
-
 // What half precision buys on such a CPU (docs/PERFORMANCE.md, the guide's table measured).
 constexpr const char* kNoSpeedup =
     "halves activation memory here (weights then take 6 bytes per parameter, not 4) but trains slower than "
     "fp32";
 
+bool CpuBackend::native_half_matmul(DType operands) const { return native_.native_for(operands); }
+
 std::string CpuBackend::gemm_precision_note(DType operands) const {
   if (operands != DType::bf16 && operands != DType::f16) return "";
-  // A fact of the machine and the library, probed once per dtype.
-  static const std::string bf16 = onednn_matmul_impl(dnnl_bf16), f16 = onednn_matmul_impl(dnnl_f16);
   const bool is_bf16 = operands == DType::bf16;
-  const std::string& impl = is_bf16 ? bf16 : f16;
+  const std::string& impl = native_.impl_name(operands);
   const dnnl_version_t* v = dnnl_version();
   const std::string lib = fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch);
   const char* name = is_bf16 ? "bf16" : "fp16";
   const bool kernel = !impl.empty() && impl.rfind("ref", 0) != 0;
-  if (is_bf16 && native_.preferred() && kernel)
+  if (native_.native_for(operands))
     return fmt::format("bf16 matmuls run on this CPU's AMX tiles ({}: {}), accumulating in f32", lib, impl);
   if (is_bf16 && native_.has_bf16() && kernel)
     return fmt::format(
         "bf16 is widened to f32 on this CPU: its AVX512_BF16 matmul ({}: {}) runs at about 0.6x the f32 "
-        "sgemm "
-        "here (no AMX), so matmuls widen bf16 to f32; --bf16 {}",
+        "sgemm here (no AMX), so matmuls widen bf16 to f32; --bf16 {}",
         lib, impl, kNoSpeedup);
+  if (!is_bf16 && native_.cpu_has_avx512_fp16())
+    return fmt::format(
+        "fp16 is emulated on this CPU: it has AVX512_FP16, but {} has no fp16 matmul kernel for it, so "
+        "matmuls widen fp16 to f32; --fp16 {}",
+        lib, kNoSpeedup);
   return fmt::format(
       "{} is emulated on this CPU: {} has no {} matmul for it (that needs {}), so matmuls widen {} to f32; "
       "--{} {}",

@@ -2,6 +2,8 @@
 // speed is the brgemm kernel's (AVX512_BF16: ~2x f32 FMA throughput; AMX tiles: far more).
 #include "backend/cpu/matmul_native.h"
 
+#include <cpuid.h>
+
 #include <string>
 
 #include "core/error.h"
@@ -39,6 +41,24 @@ struct Handles {
   }
 };
 
+std::string probe_impl(dnnl_engine_t engine, dnnl_data_type_t dt) {
+  dnnl_memory_desc_t a, b, c;
+  dnnl_dims_t dims = {64, 64}, strides = {64, 1};
+  dnnl_matmul_desc_t md;
+  dnnl_primitive_desc_t pd = nullptr;
+  std::string impl;
+  if (dnnl_memory_desc_init_by_strides(&a, 2, dims, dt, strides) == dnnl_success &&
+      dnnl_memory_desc_init_by_strides(&b, 2, dims, dt, strides) == dnnl_success &&
+      dnnl_memory_desc_init_by_strides(&c, 2, dims, dnnl_f32, strides) == dnnl_success &&
+      dnnl_matmul_desc_init(&md, &a, &b, nullptr, &c) == dnnl_success &&
+      dnnl_primitive_desc_create(&pd, &md, nullptr, engine, nullptr) == dnnl_success) {
+    const char* s = nullptr;
+    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &s) == dnnl_success && s) impl = s;
+    dnnl_primitive_desc_destroy(pd);
+  }
+  return impl;
+}
+
 }  // namespace
 
 NativeMatmul::NativeMatmul() {
@@ -49,6 +69,10 @@ NativeMatmul::NativeMatmul() {
   const unsigned isa = dnnl_get_effective_cpu_isa();
   bf16_ = (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
   amx_ = (isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx;
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;  // leaf 7, sub-leaf 0: EDX bit 23 is AVX512_FP16
+  avx512_fp16_ = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx >> 23 & 1u);
+  bf16_impl_ = probe_impl(engine_, dnnl_bf16);
+  f16_impl_ = probe_impl(engine_, dnnl_f16);
 }
 
 NativeMatmul::~NativeMatmul() {

@@ -4,6 +4,8 @@
 #pragma once
 #include <oneapi/dnnl/dnnl.h>
 
+#include <string>
+
 #include "backend/backend.h"
 
 namespace tr::cpu {
@@ -20,6 +22,15 @@ class NativeMatmul {
   // Whether they beat widening to f32 sgemm: with AMX. AVX512_BF16 alone measured 0.5-0.65x our f32 sgemm
   // (oneDNN 2.6.3 brgemm, bench/bench_ops' head-shaped GEMM, docs/PERFORMANCE.md), so it stays unused there.
   bool preferred() const { return amx_; }
+  // The kernel oneDNN would run a [64, 64] x [64, 64] matmul of `dt` operands into f32 with here, probed once
+  // per dtype at construction ("" when it has none; a name starting "ref" is a reference loop).
+  const std::string& impl_name(DType dt) const { return dt == DType::bf16 ? bf16_impl_ : f16_impl_; }
+  // Whether training in `dt` should run its matmuls here natively (bf16 on AMX with a JIT kernel).
+  bool native_for(DType dt) const {
+    return dt == DType::bf16 && amx_ && !bf16_impl_.empty() && bf16_impl_.rfind("ref", 0) != 0;
+  }
+  // Whether the CPU has the AVX512_FP16 instructions (cpuid), whatever oneDNN makes of them.
+  bool cpu_has_avx512_fp16() const { return avx512_fp16_; }
   // c = alpha * op(a) op(b) + beta * c for bf16 a, b and an f32 or bf16 c (GemmArgs' layout); false when
   // oneDNN offers no native kernel for these strides (nothing written then).
   bool run(const backend::GemmArgs& g);
@@ -27,7 +38,8 @@ class NativeMatmul {
  private:
   dnnl_engine_t engine_ = nullptr;
   dnnl_stream_t stream_ = nullptr;
-  bool bf16_ = false, amx_ = false;
+  bool bf16_ = false, amx_ = false, avx512_fp16_ = false;
+  std::string bf16_impl_, f16_impl_;
 };
 
 }  // namespace tr::cpu
