@@ -15,7 +15,7 @@ train::TrainingArguments default_run_arguments();
 // matmuls natively (AMX), else fp32; `precision_given` (--bf16/--fp16 on the command line) keeps the user's
 // choice. In bf16 it trains kBf16DefaultSteps instead of 500 steps unless `steps_given`: about the fp32 run's
 // wall time at the measured speed-up (docs/PERFORMANCE.md). Returns the line to print when it picked bf16.
-inline constexpr int64_t kBf16DefaultSteps = 625;
+inline constexpr int64_t kBf16DefaultSteps = 690;
 std::string choose_default_precision(train::TrainingArguments& a, bool precision_given, bool steps_given);
 // Greedy continuation of `prompt` by the model in `model_dir` (its tokenizer.json).
 std::string sample_text(const std::string& model_dir, const std::string& prompt, int64_t max_new_tokens,
