@@ -1,10 +1,15 @@
 // The CPU backend's bf16 GEMM paths against an f64 reference of the same bf16 inputs: oneDNN's native matmul
 // (on CPUs with AVX512_BF16 or AMX; skipped elsewhere) and the widened sgemm path every CPU runs, over
-// transposes, alpha, beta, a broadcast batch, and f32 or bf16 outputs.
+// transposes, alpha, beta, a broadcast batch, and f32 or bf16 outputs. Also: the AVX-512 row kernels of the
+// cross-entropy equal the AVX2 ones bit for bit (vec_math512.h).
+#include <cmath>
+#include <cstring>
+#include <random>
 #include <functional>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/matmul_native.h"
+#include "backend/cpu/vec_math512.h"
 #include "test_util.h"
 
 namespace tr {
@@ -100,4 +105,39 @@ TEST(CpuBf16Gemm, NativeMatmulDeclinesOtherDtypes) {
 }
 
 }  // namespace
+// Bit for bit: rows of every length 0..80 (16-lane body, 8-lane and scalar tails) and 50257, logits with
+// huge, tiny, infinite and NaN entries, against the AVX2 kernels the other CPUs run.
+TEST(VecMath512, RowKernelsEqualTheAvx2OnesBitForBit) {
+  if (!cpu::cpu_has_avx512f()) GTEST_SKIP() << "no AVX-512F on this CPU";
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 8.0f);
+  auto bits = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+  };
+  std::vector<int64_t> lengths;
+  for (int64_t n = 0; n <= 80; ++n) lengths.push_back(n);
+  lengths.push_back(50257);
+  for (int trial = 0; trial < 3; ++trial)
+    for (int64_t n : lengths) {
+      std::vector<float> a(static_cast<size_t>(n));
+      for (auto& x : a) x = nd(rng);
+      if (n > 5 && trial == 1) a[3] = 200.0f, a[n - 1] = -200.0f, a[n / 2] = INFINITY;
+      if (n > 5 && trial == 2) a[n - 2] = NAN;
+      const float m2 = cpu::row_max(a.data(), n), m5 = cpu::row_max_512(a.data(), n);
+      ASSERT_TRUE(bits(m2) == bits(m5) || (std::isnan(m2) && std::isnan(m5))) << "row_max n=" << n;
+      const float shift = std::isfinite(m2) ? m2 : 0.0f;
+      std::vector<float> o2(a.size()), o5(a.size());
+      const float s2 = cpu::exp_sum(a.data(), shift, o2.data(), n);
+      const float s5 = cpu::exp_sum_512(a.data(), shift, o5.data(), n);
+      ASSERT_TRUE(bits(s2) == bits(s5) || (std::isnan(s2) && std::isnan(s5))) << "exp_sum n=" << n;
+      cpu::exp_scale(a.data(), shift, 0.37f, o2.data(), n);
+      cpu::exp_scale_512(a.data(), shift, 0.37f, o5.data(), n);
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_TRUE(bits(o2[i]) == bits(o5[i]) || (std::isnan(o2[i]) && std::isnan(o5[i])))
+            << "exp_scale n=" << n << " i=" << i;
+    }
+}
+
 }  // namespace tr

@@ -6,6 +6,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
+#include "backend/cpu/vec_math512.h"
 #include "backend/unary_math.h"
 
 namespace tr::cpu {
@@ -33,6 +34,8 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, int64
     const int64_t* lp = labels.data<int64_t>();
     A* out = static_cast<A*>(loss.data_ptr());
     A* lsep = static_cast<A*>(lse.data_ptr());
+    const bool wide = cpu_has_avx512f();
+    (void)wide;  // f32 only
 #pragma omp parallel for num_threads(threads_for(rows* v * 2)) schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       if (lp[r] == ignore_index) {
@@ -43,8 +46,8 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, int64
       const T* xr = xp + r * v;
       A mx = -std::numeric_limits<A>::infinity(), s = 0;
       if constexpr (std::is_same_v<T, float>) {
-        mx = row_max(xr, v);
-        s = exp_sum(xr, mx, nullptr, v);
+        mx = wide ? row_max_512(xr, v) : row_max(xr, v);
+        s = wide ? exp_sum_512(xr, mx, nullptr, v) : exp_sum(xr, mx, nullptr, v);
       } else {
         for (int64_t i = 0; i < v; ++i) mx = std::max(mx, load(xr, i));
         for (int64_t i = 0; i < v; ++i) s += backend::exp_(load(xr, i) - mx);
@@ -68,6 +71,8 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& labe
     const A* lsep = static_cast<const A*>(lse.data_ptr());
     const A* gl = static_cast<const A*>(grad_loss.data_ptr());
     T* gp = static_cast<T*>(glogits.data_ptr());
+    const bool wide = cpu_has_avx512f();
+    (void)wide;  // f32 only
 #pragma omp parallel for num_threads(threads_for(rows* v * 2)) schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       T* out = gp + r * v;
@@ -78,7 +83,10 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& labe
       const T* xr = xp + r * v;
       const A g = gl[r], l = lsep[r];
       if constexpr (std::is_same_v<T, float>) {
-        exp_scale(xr, l, g, out, v);
+        if (wide)
+          exp_scale_512(xr, l, g, out, v);
+        else
+          exp_scale(xr, l, g, out, v);
       } else {
         for (int64_t i = 0; i < v; ++i) store(out, i, g * backend::exp_(load(xr, i) - l));
       }
