@@ -10,9 +10,11 @@
 
 // GCC 12's AVX-512 intrinsics seed their results with a self-initialized `__Y` (_mm512_undefined_*), which
 // its own -Wuninitialized flags once they inline into a target("avx512f") function: a known false positive.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 namespace tr::cpu {
 
@@ -91,4 +93,6 @@ __attribute__((target("avx512f"))) inline void exp_scale_512(const float* a, flo
 
 }  // namespace tr::cpu
 
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
