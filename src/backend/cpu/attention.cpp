@@ -200,10 +200,21 @@ Geo geometry(const Tensor& q, const Tensor& k, const Tensor& key_keep, bool caus
 
 }  // namespace
 
+// bf16 attention runs its tile products on AMX where this process may use the tiles (and the head dim fills
+// whole 32-deep tile steps); elsewhere on widened sgemm tiles.
+bool CpuBackend::amx_attention(int64_t head_dim) const { return native_.amx_tiles() && head_dim % 32 == 0; }
+
 void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                            bool causal, int64_t window, double scale, const Tensor& out, const Tensor& lse) {
   const Geo g = geometry(q, k, key_keep, causal, window, scale);
   dispatch_float(q.dtype(), "attention", [&]<typename T>() {
+    if constexpr (std::is_same_v<T, BFloat16>) {
+      if (amx_attention(g.D)) {
+        attention_amx_forward(g, q.data<BFloat16>(), k.data<BFloat16>(), v.data<BFloat16>(),
+                              out.data<BFloat16>(), lse.data<float>());
+        return;
+      }
+    }
     if constexpr (!std::is_same_v<T, double>) {
       attention_gemm_forward<T>(g, static_cast<const T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()),
                                 static_cast<const T*>(v.data_ptr()), static_cast<T*>(out.data_ptr()),
@@ -222,6 +233,14 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
                                     const Tensor& dv) {
   const Geo g = geometry(q, k, key_keep, causal, window, scale);
   dispatch_float(q.dtype(), "attention_backward", [&]<typename T>() {
+    if constexpr (std::is_same_v<T, BFloat16>) {
+      if (amx_attention(g.D)) {
+        attention_amx_backward(g, q.data<BFloat16>(), k.data<BFloat16>(), v.data<BFloat16>(),
+                               out.data<BFloat16>(), lse.data<float>(), dout.data<BFloat16>(),
+                               dq.data<BFloat16>(), dk.data<BFloat16>(), dv.data<BFloat16>());
+        return;
+      }
+    }
     if constexpr (!std::is_same_v<T, double>) {
       attention_gemm_backward<T>(g, static_cast<const T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()),
                                  static_cast<const T*>(v.data_ptr()), static_cast<const T*>(out.data_ptr()),

@@ -14,16 +14,15 @@
 #include <vector>
 
 #include "backend/cpu/attention_kernels.h"
+#include "backend/cpu/attention_rows.h"
 #include "backend/cpu/loops.h"
 #include "backend/cpu/vec_unary.h"
 
 namespace tr::cpu {
 
-namespace {
+using namespace attn;
 
-constexpr int64_t kQ = 64;   // queries per tile
-constexpr int64_t kK = 256;  // keys per block
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+namespace {
 
 // Row-major c = a op(b) (+ c when accumulate), sequential; false when oneDNN refuses the arguments.
 bool gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
@@ -44,23 +43,13 @@ const float* as_f32(const T* p, int64_t n, std::vector<float>& buf) {
   }
 }
 
-// Hides the keys s0 .. s0 + ns - 1 that query t may not see (-inf).
-inline void mask_row(const backend::AttentionGeometry& g, int64_t b, int64_t t, int64_t s0, int64_t ns,
-                     float* row) {
-  const int64_t lo = g.first_key(t) - s0, hi = g.last_key(t) - s0;
-  for (int64_t j = 0; j < ns && j < lo; ++j) row[j] = kNegInf;
-  for (int64_t j = std::max<int64_t>(hi + 1, 0); j < ns; ++j) row[j] = kNegInf;
-  if (g.keep != nullptr)
-    for (int64_t j = 0; j < ns; ++j)
-      if (!g.keep[b * g.S + s0 + j]) row[j] = kNegInf;
-}
-
 }  // namespace
 
 template <typename T>
 void attention_gemm_forward(const backend::AttentionGeometry& g, const T* q, const T* k, const T* v, T* out,
                             float* lse) {
   const int64_t D = g.D, rep = g.H / g.KV, q_tiles = (g.T + kQ - 1) / kQ;
+  const bool wide = cpu_has_avx512f();
   int bad = 0;
 #pragma omp parallel reduction(| : bad)
   {
@@ -75,8 +64,7 @@ void attention_gemm_forward(const backend::AttentionGeometry& g, const T* q, con
           const T* qp = q + ((b * g.H + h) * g.T + t0) * D;
           const T* kp = k + (b * g.KV + kvh) * g.S * D;
           const T* vp = v + (b * g.KV + kvh) * g.S * D;
-          for (int64_t i = 0; i < nt * D; ++i)
-            qt[i] = load(qp, i) * static_cast<float>(g.scale);
+          for (int64_t i = 0; i < nt * D; ++i) qt[i] = load(qp, i) * static_cast<float>(g.scale);
           std::fill(acc.begin(), acc.begin() + nt * D, 0.0f);
           std::fill(m.begin(), m.end(), kNegInf);
           std::fill(l.begin(), l.end(), 0.0f);
@@ -89,17 +77,14 @@ void attention_gemm_forward(const backend::AttentionGeometry& g, const T* q, con
             for (int64_t i = 0; i < nt; ++i) {
               float* si = s.data() + i * ns;
               mask_row(g, b, t0 + i, s0, ns, si);
-              float mx = m[i];
-              for (int64_t j = 0; j < ns; ++j) mx = std::max(mx, si[j]);
+              const float bm = max_of(si, ns, wide);  // NaN propagates
+              const float mx = bm > m[i] || bm != bm ? bm : m[i];
               if (mx == kNegInf) {  // nothing visible yet: the row adds nothing to the product below
                 std::fill(si, si + ns, 0.0f);
                 continue;
               }
               const float corr = std::exp(m[i] - mx);
-              for (int64_t j = 0; j < ns; ++j) si[j] -= mx;
-              unary_row<backend::UnaryOp::exp>(si, si, ns);
-              float rowsum = 0;
-              for (int64_t j = 0; j < ns; ++j) rowsum += si[j];
+              const float rowsum = exp_sum_of(si, mx, ns, wide);  // si = exp(si - mx)
               if (m[i] != kNegInf && corr != 1.0f)  // (the first visible block finds acc at zero)
                 for (int64_t c = 0; c < D; ++c) acc[i * D + c] *= corr;
               l[i] = l[i] * corr + rowsum;
@@ -129,8 +114,8 @@ void attention_gemm_backward(const backend::AttentionGeometry& g, const T* q, co
   {
     std::vector<float> kbuf(static_cast<size_t>(std::is_same_v<T, float> ? 0 : S * D)), vbuf(kbuf.size()),
         dka(static_cast<size_t>(S * D)), dva(static_cast<size_t>(S * D)), qt(static_cast<size_t>(kQ * D)),
-        dot(static_cast<size_t>(kQ * D)), dqt(static_cast<size_t>(kQ * D)), p(static_cast<size_t>(kQ * kK)),
-        ds(static_cast<size_t>(kQ * kK)), delta(kQ);
+        dot(static_cast<size_t>(kQ * D)), ot(static_cast<size_t>(kQ * D)), dqt(static_cast<size_t>(kQ * D)),
+        p(static_cast<size_t>(kQ * kK)), ds(static_cast<size_t>(kQ * kK)), delta(kQ);
 #pragma omp for collapse(2) schedule(dynamic)
     for (int64_t b = 0; b < g.B; ++b)
       for (int64_t kvh = 0; kvh < g.KV; ++kvh) {
@@ -144,15 +129,11 @@ void attention_gemm_backward(const backend::AttentionGeometry& g, const T* q, co
           for (int64_t t0 = 0; t0 < g.T; t0 += kQ) {
             const int64_t nt = std::min(kQ, g.T - t0), off = ((b * g.H + h) * g.T + t0) * D;
             const float* lp = lse + (b * g.H + h) * g.T + t0;
-            for (int64_t i = 0; i < nt; ++i) {  // delta_t = rowsum(dO * O)
-              float d = 0;
-              for (int64_t c = 0; c < D; ++c) {
-                qt[i * D + c] = load(q + off, i * D + c);
-                dot[i * D + c] = load(dout + off, i * D + c);
-                d += dot[i * D + c] * load(out + off, i * D + c);
-              }
-              delta[i] = d;
-            }
+            to_f32(q + off, nt * D, qt.data());
+            to_f32(dout + off, nt * D, dot.data());
+            to_f32(out + off, nt * D, ot.data());
+            for (int64_t i = 0; i < nt; ++i)  // delta_t = rowsum(dO * O)
+              delta[i] = row_dot(dot.data() + i * D, ot.data() + i * D, D);
             std::fill(dqt.begin(), dqt.begin() + nt * D, 0.0f);
             const int64_t s_end = g.last_key(t0 + nt - 1) + 1;
             for (int64_t s0 = g.first_key(t0); s0 < s_end; s0 += kK) {

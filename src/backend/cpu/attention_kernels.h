@@ -2,6 +2,7 @@
 // kernels of attention.cpp (the gradient checks' reference precision).
 #pragma once
 #include "backend/attention_geometry.h"
+#include "core/half.h"
 
 namespace tr::cpu {
 
@@ -14,5 +15,13 @@ void attention_gemm_forward(const backend::AttentionGeometry& g, const T* q, con
 template <typename T>
 void attention_gemm_backward(const backend::AttentionGeometry& g, const T* q, const T* k, const T* v,
                              const T* out, const float* lse, const T* dout, T* dq, T* dk, T* dv);
+
+// The same for bf16 with every tile product on AMX tiles (attention_amx.cpp); needs amx::request_tiles() and
+// a head dim that is a multiple of 32.
+void attention_amx_forward(const backend::AttentionGeometry& g, const BFloat16* q, const BFloat16* k,
+                           const BFloat16* v, BFloat16* out, float* lse);
+void attention_amx_backward(const backend::AttentionGeometry& g, const BFloat16* q, const BFloat16* k,
+                            const BFloat16* v, const BFloat16* out, const float* lse, const BFloat16* dout,
+                            BFloat16* dq, BFloat16* dk, BFloat16* dv);
 
 }  // namespace tr::cpu

@@ -71,6 +71,8 @@ class CpuBackend final : public backend::Backend {
                   const Tensor& unsigned_map) override;
   // The widened GEMMs' f32 operand copies (matmul.cpp).
   ScratchPool& gemm_scratch() { return gemm_scratch_; }
+  // Whether bf16 attention with this head dim runs its tile products on AMX (attention.cpp).
+  bool amx_attention(int64_t head_dim) const;
 
  private:
   ScratchPool gemm_scratch_;

@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "backend/cpu/amx_tiles.h"
 #include "core/error.h"
 
 namespace tr::cpu {
@@ -71,6 +72,7 @@ NativeMatmul::NativeMatmul() {
   amx_ = (isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx;
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;  // leaf 7, sub-leaf 0: EDX bit 23 is AVX512_FP16
   avx512_fp16_ = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx >> 23 & 1u);
+  tiles_ = amx_ && amx::request_tiles();
   bf16_impl_ = probe_impl(engine_, dnnl_bf16);
   f16_impl_ = probe_impl(engine_, dnnl_f16);
 }

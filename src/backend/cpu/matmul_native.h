@@ -31,6 +31,9 @@ class NativeMatmul {
   }
   // Whether the CPU has the AVX512_FP16 instructions (cpuid), whatever oneDNN makes of them.
   bool cpu_has_avx512_fp16() const { return avx512_fp16_; }
+  // Whether our own kernels may use AMX bf16 tiles (the CPU has them, oneDNN runs on them, and Linux granted
+  // this process the tile state).
+  bool amx_tiles() const { return tiles_; }
   // c = alpha * op(a) op(b) + beta * c for bf16 a, b and an f32 or bf16 c (GemmArgs' layout); false when
   // oneDNN offers no native kernel for these strides (nothing written then).
   bool run(const backend::GemmArgs& g);
@@ -38,7 +41,7 @@ class NativeMatmul {
  private:
   dnnl_engine_t engine_ = nullptr;
   dnnl_stream_t stream_ = nullptr;
-  bool bf16_ = false, amx_ = false, avx512_fp16_ = false;
+  bool bf16_ = false, amx_ = false, avx512_fp16_ = false, tiles_ = false;
   std::string bf16_impl_, f16_impl_;
 };
 

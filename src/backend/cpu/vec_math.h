@@ -10,7 +10,10 @@ namespace tr::cpu {
 inline float fast_expf(float x) {
   const float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693145751953125f, kLn2Lo = 1.428606765330187e-06f;
   float xc = x > 88.3762626647949f ? 88.3762626647949f : x;
-  xc = xc < -87.3365447504f ? -87.3365447504f : xc;
+  // Below the range the result is 0 (set at the end); computing it from 0 rather than from the clamped bound
+  // keeps p * scale from landing just under FLT_MIN: a subnormal result costs a microcode assist, ~14x the
+  // element's time, and causal masks feed half a softmax's entries as -inf.
+  xc = xc < -87.3365447504f ? 0.0f : xc;
   // n = round(x / ln2) with the 1.5 * 2^23 trick; r = x - n ln2 in [-ln2/2, ln2/2]
   float t = xc * kLog2e + 12582912.0f;
   float n = t - 12582912.0f;
@@ -67,7 +70,10 @@ namespace tr::cpu {
 inline __m256 exp8(__m256 x) {
   const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-87.3365447504f);
   const __m256 magic = _mm256_set1_ps(12582912.0f);
-  __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+  // Out-of-range lanes are replaced below; below the range compute from 0, not the bound, so no lane's
+  // product is subnormal (an assist per element: exp(-inf) took 8.6 ns instead of 0.6).
+  const __m256 in = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);  // false below the range and for NaN
+  __m256 xc = _mm256_and_ps(_mm256_min_ps(x, hi), in);
   __m256 t = _mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), magic);
   __m256 n = _mm256_sub_ps(t, magic);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), xc);
@@ -82,7 +88,7 @@ inline __m256 exp8(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
   __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-  y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
+  y = _mm256_and_ps(y, in);
   y = _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
   return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }

@@ -24,7 +24,8 @@ inline bool cpu_has_avx512f() { return __builtin_cpu_supports("avx512f"); }
 __attribute__((target("avx512f"))) inline __m512 exp16(__m512 x) {
   const __m512 hi = _mm512_set1_ps(88.3762626647949f), lo = _mm512_set1_ps(-87.3365447504f);
   const __m512 magic = _mm512_set1_ps(12582912.0f);
-  __m512 xc = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+  const __mmask16 in = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);  // as exp8: no subnormal product
+  __m512 xc = _mm512_maskz_mov_ps(in, _mm512_min_ps(x, hi));
   __m512 t = _mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), magic);
   __m512 n = _mm512_sub_ps(t, magic);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), xc);
@@ -39,7 +40,7 @@ __attribute__((target("avx512f"))) inline __m512 exp16(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-  y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ), y, _mm512_setzero_ps());
+  y = _mm512_maskz_mov_ps(in, y);
   y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ), y, _mm512_set1_ps(__builtin_inff()));
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), y, x);
 }

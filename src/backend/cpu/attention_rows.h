@@ -1,0 +1,61 @@
+// Row pieces the CPU fused attention kernels share (attention_gemm.cpp's sgemm tiles, attention_amx.cpp's AMX
+// tiles): tile sizes, the mask of a score row, the vectorized softmax reductions. CPU-only.
+#pragma once
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "backend/attention_geometry.h"
+#include "backend/cpu/convert.h"
+#include "backend/cpu/vec_math512.h"
+
+namespace tr::cpu::attn {
+
+constexpr int64_t kQ = 64;   // queries per tile
+constexpr int64_t kK = 256;  // keys per block
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// n values from p as f32 into dst.
+template <typename T>
+void to_f32(const T* p, int64_t n, float* dst) {
+  if constexpr (std::is_same_v<T, float>)
+    std::copy(p, p + n, dst);
+  else
+    widen_run(p, dst, n);
+}
+
+// The softmax row reductions, vectorized: as scalar loops (a dependent max / add per key) they were half of
+// the kernel's own time at T = 64, where the tile products are small.
+inline float max_of(const float* a, int64_t n, bool wide) { return wide ? row_max_512(a, n) : row_max(a, n); }
+inline float exp_sum_of(float* a, float shift, int64_t n, bool wide) {
+  return wide ? exp_sum_512(a, shift, a, n) : exp_sum(a, shift, a, n);
+}
+
+// sum_i a[i] b[i], two 8-lane accumulators.
+inline float row_dot(const float* a, const float* b, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  float r = hsum8(_mm256_add_ps(s0, s1));
+  for (; i < n; ++i) r += a[i] * b[i];
+  return r;
+}
+
+// Hides the keys s0 .. s0 + ns - 1 that query t may not see (-inf).
+inline void mask_row(const backend::AttentionGeometry& g, int64_t b, int64_t t, int64_t s0, int64_t ns,
+                     float* row) {
+  const int64_t lo = g.first_key(t) - s0, hi = g.last_key(t) - s0;
+  for (int64_t j = 0; j < ns && j < lo; ++j) row[j] = kNegInf;
+  for (int64_t j = std::max<int64_t>(hi + 1, 0); j < ns; ++j) row[j] = kNegInf;
+  if (g.keep != nullptr)
+    for (int64_t j = 0; j < ns; ++j)
+      if (!g.keep[b * g.S + s0 + j]) row[j] = kNegInf;
+}
+
+}  // namespace tr::cpu::attn
