@@ -204,7 +204,7 @@ CausalLMOutput CausalLM::head_and_loss(const Tensor& h, const Tensor& w, const F
   Tensor sl = ops::full({B, T}, -100.0, DType::i64, h.device());
   if (T > 1) ops::copy_(ops::narrow(sl, 1, 0, T - 1), ops::narrow(labels, 1, 1, T - 1));
   sl = ops::view(sl, {B * T});
-  double denom = opts.num_items_in_batch;
+  double denom = opts.inv_num_items.defined() ? 1.0 : opts.num_items_in_batch;
   if (denom <= 0) {  // the labels' own count (evaluation, direct calls): read on the host
     denom = 0;
     const std::vector<int64_t> l = ops::to_vector<int64_t>(labels);
@@ -219,7 +219,15 @@ CausalLMOutput CausalLM::head_and_loss(const Tensor& h, const Tensor& w, const F
   } else {
     sum_loss = linear_cross_entropy_sum(reshape(h, {B * T, D}), w, sl, 1024, -100);
   }
-  out.loss = mul_scalar(sum_loss, denom > 0 ? 1.0 / denom : 0.0);  // no label at all: loss 0, gradient 0
+  if (opts.inv_num_items.defined()) {
+    TR_CHECK(opts.inv_num_items.numel() == 1 && opts.inv_num_items.device() == sum_loss.device(),
+             "loss: inv_num_items must be one value on {}, got {}", sum_loss.device().str(),
+             opts.inv_num_items.describe());
+    // x * float(1 / n): the bits of mul_scalar's affine (x * float(1 / n) + 0) for the losses' values
+    out.loss = mul(sum_loss, ops::to_dtype(ops::reshape(opts.inv_num_items, {}), sum_loss.dtype()));
+  } else {
+    out.loss = mul_scalar(sum_loss, denom > 0 ? 1.0 / denom : 0.0);  // no label at all: loss 0, gradient 0
+  }
   return out;
 }
 

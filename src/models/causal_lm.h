@@ -49,6 +49,10 @@ struct ForwardOptions {
   Tensor labels;                  // int64 [B, T]; shifted inside (HF semantics), -100 ignored
   Tensor attention_mask;          // int64/bool [B, T]; 0 marks padding (keys never attended)
   double num_items_in_batch = 0;  // > 0: loss = sum / num_items_in_batch (accumulation-exact); else mean
+  // Given (a 0-d f64 tensor on the model's device holding 1 / num_items_in_batch, or 0 for no label): the
+  // loss is multiplied by it as read on the device, not by a host constant, so a captured step
+  // (torch_compile) replays for any label count; the bits are those of num_items_in_batch.
+  Tensor inv_num_items;
   bool return_logits = true;
   bool training = false;  // dropout on
   Generator* dropout_gen = nullptr;

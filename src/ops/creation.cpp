@@ -25,6 +25,10 @@ Tensor full(const Shape& shape, double value, DType dtype, Device device) {
   if (!device.is_meta() && t.numel() > 0) backend::backend_for(device).fill(t, value);
   return t;
 }
+void fill_(const Tensor& t, double value) {
+  TR_CHECK(t.is_contiguous(), "fill_: {} is not contiguous", t.describe());
+  if (!t.device().is_meta() && t.numel() > 0) backend::backend_for(t.device()).fill(t, value);
+}
 Tensor zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0.0, dtype, device); }
 Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0, dtype, device); }
 Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype(), t.device()); }

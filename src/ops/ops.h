@@ -36,6 +36,8 @@ template <typename T>
 std::vector<T> to_vector(const Tensor& t);  // any device, converted to T
 // Copies src into dst (same shape; any strides, dtypes and devices).
 void copy_(const Tensor& dst, const Tensor& src);
+// Sets every element of contiguous `t` to `value` in place (nothing on the meta device).
+void fill_(const Tensor& t, double value);
 Tensor to_device(const Tensor& t, Device device);
 Tensor to_dtype(const Tensor& t, DType dtype);
 Tensor contiguous(const Tensor& t);

@@ -19,12 +19,14 @@ namespace {
 
 constexpr size_t kMaxPlans = 8;  // torch._dynamo's cache_size_limit
 
-// What a plan is valid for: the micro-batch shapes, and the host values the captured calls hold as
-// constants - the label-token count (the loss's divisor) and the fp16 loss scale (the backward's seed).
-std::string shape_key(const std::vector<data::Batch>& micro, double items, double loss_scale) {
+// What a plan is valid for: the micro-batch shapes. The values that change from step to step with the same
+// shapes - the label-token count (the losses' divisor), the fp16 loss scale (the backward's seed) and the
+// dropout generator's position - are read by the captured calls from fixed buffers or shifted at replay, so
+// one plan serves every step of a shape.
+std::string shape_key(const std::vector<data::Batch>& micro) {
   std::string k = fmt::format("{} x", micro.size());
   for (const auto& b : micro) k += fmt::format(" [{}, {}]", b.input_ids.size(0), b.input_ids.size(1));
-  return k + fmt::format(", {} label tokens, loss scale {}", items, loss_scale);
+  return k;
 }
 
 double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
@@ -41,20 +43,20 @@ class CompiledStep final : public TrainStep {
   CompiledStep(StepState s, StepOptions o) : core_(s, std::move(o), /*overlap=*/false) {}
 
   StepResult run(int64_t step, const std::vector<data::Batch>& micro, double lr) override {
-    const double items = core_.label_tokens(micro);
-    const std::string key = shape_key(micro, items, core_.state().mp.loss_scale());
+    core_.load_step_scalars(core_.label_tokens(micro));  // outside any capture: read, not recorded
+    const std::string key = shape_key(micro);
     if (auto it = plans_.find(key); it != plans_.end()) {
       if (it->second.graph) return replay(it->second, step, micro, lr);
-      return eager(step, micro, items, lr);  // this shape could not be captured (said once)
+      return eager(step, micro, lr);  // this shape could not be captured (said once)
     }
     if (plans_.size() >= kMaxPlans) {
       if (!said_cap_)
         std::fprintf(stderr, "\ntorch_compile: %zu step shapes captured (the cap); new shapes run eagerly\n",
                      kMaxPlans);
       said_cap_ = true;
-      return eager(step, micro, items, lr);
+      return eager(step, micro, lr);
     }
-    return capture(key, step, micro, items, lr);
+    return capture(key, step, micro, lr);
   }
 
   // The shared arena's size: the largest plan's.
@@ -65,6 +67,10 @@ class CompiledStep final : public TrainStep {
     return m;
   }
 
+  int64_t captured_shapes() const override {
+    return std::count_if(plans_.begin(), plans_.end(), [](const auto& kv) { return kv.second.graph != nullptr; });
+  }
+
   void release_memory() override {
     for (auto& [key, plan] : plans_)
       if (plan.graph) plan.graph->release();
@@ -72,16 +78,16 @@ class CompiledStep final : public TrainStep {
   }
 
  private:
-  StepResult eager(int64_t step, const std::vector<data::Batch>& micro, double items, double lr) {
+  StepResult eager(int64_t step, const std::vector<data::Batch>& micro, double lr) {
     release_memory();  // with eager's memory, not beside the arena
     StepResult r;
-    const Tensor loss = core_.forward_backward(step, micro, items, r);
+    const Tensor loss = core_.forward_backward(step, micro, r);
     core_.finish(step, lr, loss, r);
     return r;
   }
 
   StepResult capture(const std::string& key, int64_t step, const std::vector<data::Batch>& micro,
-                     double items, double lr) {
+                     double lr) {
     release_memory();  // the capture runs eagerly: with eager's memory, not beside the arena
     Plan& p = plans_[key];
     for (const auto& b : micro) {  // the graph reads its inputs from buffers it owns
@@ -98,7 +104,7 @@ class CompiledStep final : public TrainStep {
     Tensor loss;
     {
       const backend::InterposeScope scope(dev, rec);
-      loss = core_.forward_backward(step, p.inputs, items, r);
+      loss = core_.forward_backward(step, p.inputs, r);
     }
     p.philox_used = gen.state().offset - p.philox_base;
     std::string why = rec.break_reason();

@@ -45,6 +45,16 @@ StepCore::StepCore(StepState s, StepOptions o, bool overlap)
     reducer_ = std::make_unique<GradReducer>(*o_.group, o_.ddp_bucket_cap_bytes);
 }
 
+void StepCore::load_step_scalars(double items) {
+  if (!inv_items_.defined()) {  // at the first step, as `trainer estimate` counts them (not in the set-up)
+    const Device head = s_.model.placement().head;  // where the loss is computed
+    inv_items_ = ops::empty({}, DType::f64, head);
+    seed_ = ops::empty({}, DType::f32, head);
+  }
+  ops::fill_(inv_items_, items > 0 ? 1.0 / items : 0.0);  // no label at all: loss 0, gradient 0
+  ops::fill_(seed_, s_.mp.loss_scale());
+}
+
 double StepCore::label_tokens(const std::vector<data::Batch>& micro) {
   double items = step_label_tokens(micro);
   if (o_.group != nullptr) {  // this step's traffic starts here
@@ -72,8 +82,7 @@ double StepCore::label_tokens(const std::vector<data::Batch>& micro) {
   return items;
 }
 
-Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& micro, double items,
-                                  StepResult& r) {
+Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& micro, StepResult& r) {
   Tensor sum;
   // ZeRO-3 accumulates in the f32 gradient shard: no whole f32 gradients are made up front.
   s_.mp.begin_step(full_ ? 1 : static_cast<int64_t>(micro.size()));
@@ -87,7 +96,7 @@ Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& 
     if (o_.on_micro_batch && !idle) o_.on_micro_batch(step, b.input_ids);
     models::ForwardOptions fo;
     fo.labels = b.labels;
-    fo.num_items_in_batch = items;
+    fo.inv_num_items = inv_items_;
     fo.return_logits = false;
     fo.gradient_checkpointing = o_.gradient_checkpointing;
     fo.training = true;
@@ -115,8 +124,8 @@ Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& 
       reducing_ = true;
       ready.emplace([this](const TensorImpl* leaf) { zero_->grad_ready(leaf); });
     }
-    if (s_.mp.loss_scaling())
-      autograd::backward({loss}, {ops::full({}, s_.mp.loss_scale(), DType::f32, loss.device())});
+    if (s_.mp.loss_scaling())  // a copy: the engine may accumulate into the seed it is given
+      autograd::backward({loss}, {ops::clone(seed_)});
     else
       autograd::backward({loss});
     if (full_) full_->finish_backward();

@@ -24,10 +24,15 @@ class StepCore {
   // The label tokens the step's losses are normalized by: this rank's micro-batches, summed over the ranks
   // in a distributed run (average_tokens_across_devices).
   double label_tokens(const std::vector<data::Batch>& micro);
+  // Writes the step's scalars into the device buffers the forward and backward read them from: 1 / `items`
+  // (the losses' divisor) and the fp16 loss scale (the backward's seed). Called before forward_backward and
+  // outside a capture, so a captured step replays with each step's values (torch_compile's "capturable"
+  // state) instead of holding them as constants.
+  void load_step_scalars(double items);
   // Every micro-batch's forward and backward (an empty one - a rank past an epoch's last sample - is
-  // skipped), each loss normalized by `items` (step_label_tokens: HF's
+  // skipped), each loss normalized by the label tokens given to load_step_scalars (step_label_tokens: HF's
   // num_items_in_batch); returns the step's loss summed on the device (f64).
-  Tensor forward_backward(int64_t step, const std::vector<data::Batch>& micro, double items, StepResult& r);
+  Tensor forward_backward(int64_t step, const std::vector<data::Batch>& micro, StepResult& r);
   // The after_backward hook, the update at `lr` from the model's gradients, and the host reads.
   void finish(int64_t step, double lr, const Tensor& loss, StepResult& r);
   // torch_empty_cache_steps: whether `step` releases the cache, and the release.
@@ -55,6 +60,9 @@ class StepCore {
   double seconds_at_start_ = 0;
   double full_comm_at_start_ = 0, full_blocked_at_start_ = 0;  // ZeRO-3's own counters at the step's start
   double active_ranks_ = 1;  // average_tokens_across_devices false: ranks with data this step
+  // The step's scalars on the loss's device, at fixed addresses for the whole run (load_step_scalars):
+  // f64 1 / label tokens, and the f32 seed of the backward (the fp16 loss scale).
+  Tensor inv_items_, seed_;
 };
 
 }  // namespace tr::train

@@ -27,7 +27,8 @@ class EagerStep final : public TrainStep {
 
   StepResult run(int64_t step, const std::vector<data::Batch>& micro, double lr) override {
     StepResult r;
-    const Tensor loss = core_.forward_backward(step, micro, core_.label_tokens(micro), r);
+    core_.load_step_scalars(core_.label_tokens(micro));
+    const Tensor loss = core_.forward_backward(step, micro, r);
     core_.finish(step, lr, loss, r);
     return r;
   }

@@ -68,6 +68,8 @@ class TrainStep {
   // Frees what the step keeps between steps for speed alone (the compiled step's arena), before work that
   // needs memory of its own (evaluation, a save), so that peak memory stays the eager step's.
   virtual void release_memory() {}
+  // torch_compile: the step shapes captured so far (a plan each); 0 for the eager step.
+  virtual int64_t captured_shapes() const { return 0; }
 };
 
 // The step as the ops run it, one after another (the reference every other implementation must equal).

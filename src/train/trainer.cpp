@@ -639,6 +639,7 @@ TrainResult Run::train() {
   r_.tokens_per_second = tokens_ / r_.seconds;
   r_.train_loss = window_->counted_sum() / std::max<int64_t>(1, r_.steps);
   r_.skipped_steps = st_.skipped_steps;
+  r_.compiled_shapes = step_fn->captured_shapes();
   r_.peak_bytes = ops::allocator_for(dev_).stats().peak_bytes;
   if (!model_->placement().single())
     for (const Device d : model_->placement().devices())

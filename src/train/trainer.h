@@ -23,6 +23,7 @@ struct TrainResult {
   std::string last_checkpoint;
   std::vector<EvalResult> evals;  // every evaluation, in order (the final one last)
   int64_t skipped_steps = 0;      // fp16 steps skipped for inf/nan gradients
+  int64_t compiled_shapes = 0;    // torch_compile: step shapes captured and replayed (a plan each)
   int64_t cache_releases = 0;     // torch_empty_cache_steps releases
   int64_t cache_bytes_released = 0;
   int64_t per_device_train_batch_size = 0, gradient_accumulation_steps = 0;  // after auto_find_batch_size
