@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "autograd/functions.h"
+#include "backend/cpu/matmul_native.h"
 #include "bench_util.h"
 
 int main(int argc, char** argv) {
@@ -33,6 +34,20 @@ int main(int argc, char** argv) {
     double t = bench::median_seconds([&] { ops::matmul(a, b); }, iters);
     row("matmul bf16 1024^3", "-", t, 2.0 * n * n * n, "GFLOP/s");
   }
+  // oneDNN's bf16 matmul called directly, whatever the backend chooses on this CPU (it widens to f32 sgemm
+  // where native bf16 measured slower): the numbers that choice rests on.
+  cpu::NativeMatmul native;
+  auto native_row = [&](const char* name, const Tensor& a, const Tensor& b, bool trans_b) {
+    backend::GemmArgs g;
+    g.a = a, g.b = b, g.trans_b = trans_b;
+    g.m = a.size(0), g.k = a.size(1), g.n = trans_b ? b.size(0) : b.size(1);
+    g.lda = g.k, g.ldb = b.size(1);
+    g.c = ops::empty({g.m, g.n}, DType::bf16);
+    if (!native.run(g)) return std::printf("  %-22s (oneDNN has no native kernel here)\n", name), void();
+    row(name, "-", bench::median_seconds([&] { native.run(g); }, iters), 2.0 * g.m * g.n * g.k, "GFLOP/s");
+  };
+  std::printf("  (oneDNN bf16 kernel here: %s)\n",
+              native.impl_name(DType::bf16).empty() ? "none" : native.impl_name(DType::bf16).c_str());
   {
     // The LM head of the benchmarks' GPT-2 (1024 tokens x 256 hidden x 50257 vocabulary): 90% of a step's flops.
     const int64_t m = 1024, k = 256, n = 50257;
@@ -42,6 +57,11 @@ int main(int argc, char** argv) {
     Tensor a16 = ops::to_dtype(a, DType::bf16), b16 = ops::to_dtype(b, DType::bf16);
     row("head bf16 1024x256x50257", "-",
         bench::median_seconds([&] { ops::matmul(a16, b16, false, true); }, iters), 2.0 * m * n * k, "GFLOP/s");
+    if (native.has_bf16()) {
+      const Tensor s16 = ops::to_dtype(ops::randn({1024, 1024}, gen), DType::bf16);
+      native_row("matmul bf16 native 1024^3", s16, s16, false);
+      native_row("head bf16 native", a16, b16, true);
+    }
   }
   Tensor x = ops::randn({8192, 1024}, gen), w = ops::ones({1024}), bias = ops::zeros({1024});
   const double bytes = 2.0 * 8192 * 1024 * 4;  // read x, write y

@@ -39,8 +39,12 @@ TEST(CudaDevice, CopiesRoundTripAndRandomBitsMatchTheCpu) {
   Generator g1(9), g2(9);
   Tensor u_cpu = ops::rand({1000}, g1), u_gpu = ops::rand({1000}, g2, DType::f32, Device::cuda(0));
   EXPECT_EQ(test::values(u_cpu), test::values(u_gpu));
-  EXPECT_THROW(ops::embedding(ops::zeros({4, 2}, DType::f32, Device::cuda(0)),
-                              ops::to_device(ops::from_vector<int64_t>({0, 9}, {2}), Device::cuda(0))),
+  // A bad id is flagged by the kernel and reported at the next synchronization (reading the result), not at
+  // the call; reading it here also clears the flag, so the next test does not meet it at an unrelated sync.
+  EXPECT_THROW(ops::to_device(ops::embedding(ops::zeros({4, 2}, DType::f32, Device::cuda(0)),
+                                             ops::to_device(ops::from_vector<int64_t>({0, 9}, {2}),
+                                                            Device::cuda(0))),
+                              Device::cpu()),
                Error);
   int64_t before = ops::allocator_for(Device::cuda(0)).stats().current_bytes;
   {
@@ -230,6 +234,30 @@ TEST(CudaDevice, IndexErrorsAreReportedAtTheNextSync) {
       "cross_entropy: label 3");
   Tensor ok = ops::rope(x, tables, ops::from_vector<int64_t>({0, 1, 2}, {1, 3}, gpu), false, false);
   EXPECT_NO_THROW(ops::to_device(ok, Device::cpu()));  // each report cleared the flag
+}
+
+// The embedding backward groups ids on the device (radix sort + runs, no host copy of the ids): each row of
+// the weight gradient equals the CPU twin's f32 sum bit for bit (one id's rows summed in row order on both;
+// bf16 rounded once from it), with
+// repeated ids, ids never used, a vocabulary past 2^16 (a multi-pass sort) and more runs than a grid holds in
+// one pass of its block rows.
+TEST(CudaDevice, EmbeddingBackwardGroupsIdsOnTheDevice) {
+  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: device embedding backward NOT tested";
+  const Device gpu = Device::cuda(0);
+  for (const auto& [n, v, d] : {std::tuple<int64_t, int64_t, int64_t>{37, 11, 5}, {4096, 70000, 24},
+                                {100000, 80000, 3}}) {
+    std::vector<int64_t> ids(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = (i * 7919 + i / 3) % v;
+    const Tensor id_cpu = ops::from_vector<int64_t>(ids, {n});
+    for (const DType dt : {DType::f32, DType::bf16}) {
+      const Tensor gy = ops::to_dtype(test::randn({n, d}, 3), dt);
+      // The GPU sums in f32 and rounds once: for bf16 that is the f32 twin's sum of the same values, rounded.
+      const Tensor want =
+          ops::to_dtype(ops::embedding_backward(ops::to_dtype(gy, DType::f32), id_cpu, v), dt);
+      const Tensor got = ops::embedding_backward(ops::to_device(gy, gpu), ops::to_device(id_cpu, gpu), v);
+      EXPECT_EQ(test::values(got), test::values(want)) << "n " << n << " v " << v << " " << dtype_name(dt);
+    }
+  }
 }
 
 }  // namespace

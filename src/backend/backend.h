@@ -37,6 +37,9 @@ struct GemmArgs {
   bool tf32 = false;  // f32 inputs rounded to TF32 (10-bit mantissa), as tensor cores read them
 };
 
+// The CPU's native half-precision matmuls, where they beat widening to f32 (Backend::native_half_matmul).
+enum class NativeHalf { none, amx, avx512_bf16 };
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -51,11 +54,12 @@ class Backend {
     (void)operands;
     return "";
   }
-  // Whether matmuls of `operands` (bf16/f16) run natively here and beat f32 (a CPU's AMX); false where they
-  // are widened. A GPU answers false: the question is asked of CPUs choosing a default precision.
-  virtual bool native_half_matmul(DType operands) const {
+  // How matmuls of `operands` (bf16/f16) run natively here where that beats f32 (a CPU's AMX tiles, or AMD's
+  // AVX512_BF16 dot products); none where they are widened. A GPU answers none: the question is asked of
+  // CPUs choosing a default precision.
+  virtual NativeHalf native_half_matmul(DType operands) const {
     (void)operands;
-    return false;
+    return NativeHalf::none;
   }
 
   // dst and src have the same shape and device; any strides, any dtypes (converted with

@@ -70,13 +70,17 @@ train::TrainingArguments default_run_arguments() {
 std::string choose_default_precision(train::TrainingArguments& a, bool precision_given, bool steps_given) {
   if (precision_given || a.bf16 || a.fp16) return "";
   const Device device = train::training_device(a);
-  if (!device.is_cpu() || !ops::native_half_matmul(device, DType::bf16)) return "";
+  const backend::NativeHalf native =
+      device.is_cpu() ? ops::native_half_matmul(device, DType::bf16) : backend::NativeHalf::none;
+  if (native == backend::NativeHalf::none) return "";
   a.bf16 = true;
-  if (!steps_given) a.max_steps = kBf16DefaultSteps;
+  if (!steps_given)
+    a.max_steps = native == backend::NativeHalf::amx ? kBf16DefaultStepsAmx : kBf16DefaultStepsAvx512Bf16;
   const std::string steps =
       steps_given ? ""
                   : fmt::format(", so it trains {} steps in about the time fp32 takes for 500", a.max_steps);
-  return "the default run trains in bf16 mixed precision: this CPU runs bf16 matmuls natively (AMX)" + steps +
+  return std::string("the default run trains in bf16 mixed precision: this CPU runs bf16 matmuls natively (") +
+         (native == backend::NativeHalf::amx ? "AMX" : "AVX512_BF16") + ")" + steps +
          "; --bf16 false trains in fp32";
 }
 

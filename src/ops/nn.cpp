@@ -168,8 +168,8 @@ std::string gemm_precision_note(Device device, DType operands) {
   return backend::backend_for(device).gemm_precision_note(operands);
 }
 
-bool native_half_matmul(Device device, DType operands) {
-  return !device.is_meta() && backend::backend_for(device).native_half_matmul(operands);
+backend::NativeHalf native_half_matmul(Device device, DType operands) {
+  return device.is_meta() ? backend::NativeHalf::none : backend::backend_for(device).native_half_matmul(operands);
 }
 
 void addmm_(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha,

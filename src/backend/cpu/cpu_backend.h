@@ -14,7 +14,7 @@ class CpuBackend final : public backend::Backend {
   const char* name() const override { return "cpu"; }
   Allocator& allocator(int) override { return cpu_allocator(); }
   std::string gemm_precision_note(DType operands) const override;
-  bool native_half_matmul(DType operands) const override;
+  backend::NativeHalf native_half_matmul(DType operands) const override;
 
   void copy(const Tensor& src, const Tensor& dst) override;
   void fill(const Tensor& out, double value) override;

@@ -19,15 +19,19 @@ class NativeMatmul {
 
   // Whether this CPU runs bf16 matmuls natively (AVX512_BF16 or AMX, as oneDNN sees it).
   bool has_bf16() const { return bf16_; }
-  // Whether they beat widening to f32 sgemm: with AMX. AVX512_BF16 alone measured 0.5-0.65x our f32 sgemm
-  // (oneDNN 2.6.3 brgemm, bench/bench_ops' head-shaped GEMM, docs/PERFORMANCE.md), so it stays unused there.
-  bool preferred() const { return amx_; }
+  // Whether they beat widening to f32 sgemm (bench/bench_ops' native rows, docs/PERFORMANCE.md): with AMX
+  // (1,730 GFLOP/s against 352 f32 on a Xeon), and on AMD's AVX512_BF16, whose dot products run at twice the
+  // f32 FMA rate (Zen 5: 859 against 369, 2.3x). Intel's AVX512_BF16 without AMX measured 0.55-0.65x (one
+  // port for VDPBF16PS, two for FMA), so bf16 widens to f32 there.
+  bool preferred() const { return amx_ || (bf16_ && amd_); }
+  // Whether the native kernel is AMX's (else AVX512_BF16 dot products), for the notes that say which.
+  bool amx() const { return amx_; }
   // The kernel oneDNN would run a [64, 64] x [64, 64] matmul of `dt` operands into f32 with here, probed once
   // per dtype at construction ("" when it has none; a name starting "ref" is a reference loop).
   const std::string& impl_name(DType dt) const { return dt == DType::bf16 ? bf16_impl_ : f16_impl_; }
-  // Whether training in `dt` should run its matmuls here natively (bf16 on AMX with a JIT kernel).
+  // Whether training in `dt` should run its matmuls here natively (bf16 where preferred, with a JIT kernel).
   bool native_for(DType dt) const {
-    return dt == DType::bf16 && amx_ && !bf16_impl_.empty() && bf16_impl_.rfind("ref", 0) != 0;
+    return dt == DType::bf16 && preferred() && !bf16_impl_.empty() && bf16_impl_.rfind("ref", 0) != 0;
   }
   // Whether the CPU has the AVX512_FP16 instructions (cpuid), whatever oneDNN makes of them.
   bool cpu_has_avx512_fp16() const { return avx512_fp16_; }
@@ -41,7 +45,7 @@ class NativeMatmul {
  private:
   dnnl_engine_t engine_ = nullptr;
   dnnl_stream_t stream_ = nullptr;
-  bool bf16_ = false, amx_ = false, avx512_fp16_ = false, tiles_ = false;
+  bool bf16_ = false, amx_ = false, amd_ = false, avx512_fp16_ = false, tiles_ = false;
   std::string bf16_impl_, f16_impl_;
 };
 

@@ -535,45 +535,16 @@ void CudaBackend::legacy_gemm(const backend::GemmArgs& g) {
 }
 
 void CudaBackend::embedding_backward(const Tensor& gy, const Tensor& ids, const Tensor& gweight) {
-  // Group rows by id on the host (stable), so each vocabulary row sums its contributions in a fixed order.
-  const int64_t n = ids.numel();
-  std::vector<int64_t> h(static_cast<size_t>(n));
-  TR_CUDA_CHECK(
-      cudaMemcpy(h.data(), ids.data<int64_t>(), static_cast<size_t>(n) * 8, cudaMemcpyDeviceToHost));
-  report_device_errors();  // a bad id of the forward stops here, before it indexes the gradient
-  for (int64_t id : h)
-    TR_CHECK(id >= 0 && id < gweight.shape()[0], "embedding backward: index {} is out of range for {} rows",
-             id, gweight.shape()[0]);
-  std::vector<int64_t> order(static_cast<size_t>(n));
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return h[a] < h[b]; });
-  std::vector<int64_t> starts, uid;
-  for (int64_t k = 0; k < n; ++k) {
-    if (k == 0 || h[order[k]] != h[order[k - 1]]) {
-      starts.push_back(k);
-      uid.push_back(h[order[k]]);
-    }
-  }
-  starts.push_back(n);
-  std::vector<int64_t> packed(order);
-  packed.insert(packed.end(), starts.begin(), starts.end());
-  packed.insert(packed.end(), uid.begin(), uid.end());
-  int64_t* d = nullptr;
-  TR_CUDA_CHECK(cudaMalloc(&d, packed.size() * 8 + 8));
-  cudaError_t e = cudaMemcpy(d, packed.data(), packed.size() * 8, cudaMemcpyHostToDevice);
-  if (e == cudaSuccess) {
-    try {
-      cuda::embedding_backward(gy.dtype(), gy.data_ptr(), d, d + n, d + n + starts.size(),
-                               static_cast<int64_t>(uid.size()), gweight.data_ptr(), gweight.shape()[0],
-                               gweight.shape()[1]);
-      e = cudaDeviceSynchronize();
-    } catch (...) {
-      cudaFree(d);
-      throw;
-    }
-  }
-  cudaFree(d);
-  TR_CUDA_CHECK(e);
+  // Grouped on the device (cuda::embedding_backward): no copy of the ids to the host, no synchronization,
+  // scratch from the caching allocator (counted, retried on out-of-memory like any tensor). A bad id was
+  // flagged by the forward's kernel and is reported at the next synchronization; it adds nothing here.
+  const int64_t n = ids.numel(), v = gweight.shape()[0];
+  TR_CHECK(n < (int64_t{1} << 31), "embedding backward: {} ids exceed CUB's 32-bit item count", n);
+  const Tensor scratch =
+      Tensor::empty({static_cast<int64_t>(cuda::embedding_backward_scratch(n, v))}, DType::u8,
+                    allocator(gweight.device().index));
+  cuda::embedding_backward(gy.dtype(), gy.data_ptr(), ids.data<int64_t>(), n, scratch.data_ptr(),
+                           gweight.data_ptr(), v, gweight.shape()[1]);
 }
 
 CudaBackend& instance() {

@@ -63,10 +63,13 @@ void cross_entropy_backward(DType dt, const void* logits, const int64_t* labels,
 // An id outside [0, v) is flagged (kBadEmbeddingIndex) and its row is 0.
 void embedding(DType dt, const void* weight, const int64_t* ids, void* out, int64_t n, int64_t v, int64_t d,
                int64_t* bad);
-// Deterministic scatter-add: rows of gy grouped by id through (order, starts) built on the host:
-// order lists row numbers sorted by id (stable), starts[u]..starts[u+1] the rows of unique id uid[u].
-void embedding_backward(DType dt, const void* gy, const int64_t* order, const int64_t* starts,
-                        const int64_t* uid, int64_t n_unique, void* gw, int64_t v, int64_t d);
+// Deterministic scatter-add without a host round trip: the n rows of gy are grouped by id on the device
+// (a stable radix sort of (id, row) pairs, then runs of one id), and each id's rows are summed in row order.
+// Ids outside [0, v) (flagged by the forward) add nothing. `scratch` holds embedding_backward_scratch(n, v)
+// bytes (the caller's allocator, on the same stream).
+size_t embedding_backward_scratch(int64_t n, int64_t v);
+void embedding_backward(DType dt, const void* gy, const int64_t* ids, int64_t n, void* scratch, void* gw,
+                        int64_t v, int64_t d);
 // Index errors kernels flag without a host sync, in `bad` (three int64 of mapped host memory the backend
 // reads at its next synchronization): the value, its kind, the limit it broke. The offending element gets
 // zeros instead of an out-of-range read.

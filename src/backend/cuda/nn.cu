@@ -1,8 +1,11 @@
 // CUDA LayerNorm / RMSNorm (forward, backward), cross-entropy (forward saves logsumexp; backward recomputes
-// softmax, never storing probabilities), embedding gather and deterministic scatter-add, rotary embedding.
+// softmax, never storing probabilities), embedding gather and deterministic scatter-add (grouped by a device
+// radix sort: no host round trip), rotary embedding.
 // Weight/bias gradients are reduced by one thread per column walking the rows in order: deterministic.
 #include <algorithm>
 #include <cmath>
+
+#include <cub/cub.cuh>
 
 #include "backend/cuda/common.cuh"
 #include "backend/unary_math.h"
@@ -225,16 +228,81 @@ __global__ void embedding_kernel(const T* w, const int64_t* ids, T* out, int64_t
   }
 }
 
+// The sort keys: the id, or v for an id outside [0, v) (one run the sum skips), and each row's own number.
+__global__ void embedding_keys_kernel(const int64_t* ids, int64_t n, int64_t v, int64_t* keys, int64_t* rows) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t id = ids[i];
+    keys[i] = id >= 0 && id < v ? id : v;
+    rows[i] = i;
+  }
+}
+
+// One block row per run of one id (the run count is on the device: blocks past it return), summing the id's
+// rows in row order (the sort is stable), so the result does not depend on scheduling. Bound by reading gy.
 template <typename T>
 __global__ void embedding_backward_kernel(const T* gy, const int64_t* order, const int64_t* starts,
-                                          const int64_t* uid, int64_t n_unique, T* gw, int64_t d) {
-  for (int64_t u = blockIdx.y; u < n_unique; u += gridDim.y)
+                                          const int64_t* uid, const int64_t* n_runs, T* gw, int64_t v,
+                                          int64_t d) {
+  const int64_t runs = *n_runs;
+  for (int64_t u = blockIdx.y; u < runs; u += gridDim.y) {
+    if (uid[u] >= v) continue;  // the out-of-range ids' run
+    const int64_t end = starts[u + 1];
     for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < d;
          j += static_cast<int64_t>(blockDim.x) * gridDim.x) {
       acc_t<T> s = 0;
-      for (int64_t k = starts[u]; k < starts[u + 1]; ++k) s += ld(gy, order[k] * d + j);
+      for (int64_t k = starts[u]; k < end; ++k) s += ld(gy, order[k] * d + j);
       st(gw, uid[u] * d + j, s);
     }
+  }
+}
+
+// starts[runs] = n: the end of the last run (the scan covers n counts, so with fewer runs it is there already;
+// with n runs it is not).
+__global__ void embedding_runs_end_kernel(int64_t* starts, const int64_t* n_runs, int64_t n) {
+  starts[*n_runs] = n;
+}
+
+// The bits the sort needs: enough for the keys 0..v.
+int sort_bits(int64_t v) {
+  int bits = 1;
+  while (bits < 63 && (int64_t{1} << bits) <= v) ++bits;
+  return bits;
+}
+
+// The scratch's layout: seven int64 arrays of n + 1 elements and the run count, then CUB's temporary storage
+// at the next 256-byte boundary.
+struct EmbeddingScratch {
+  int64_t *keys, *rows, *sorted_keys, *order, *uid, *counts, *starts, *n_runs;
+  void* temp;
+  size_t temp_bytes;
+};
+
+size_t cub_temp_bytes(int64_t n, int64_t v) {
+  size_t sort = 0, rle = 0, scan = 0;
+  const int ni = static_cast<int>(n);
+  TR_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort, static_cast<const int64_t*>(nullptr),
+                                                static_cast<int64_t*>(nullptr),
+                                                static_cast<const int64_t*>(nullptr),
+                                                static_cast<int64_t*>(nullptr), ni, 0, sort_bits(v)));
+  TR_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(nullptr, rle, static_cast<const int64_t*>(nullptr),
+                                                   static_cast<int64_t*>(nullptr),
+                                                   static_cast<int64_t*>(nullptr),
+                                                   static_cast<int64_t*>(nullptr), ni));
+  TR_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan, static_cast<const int64_t*>(nullptr),
+                                              static_cast<int64_t*>(nullptr), ni));
+  return std::max({sort, rle, scan});
+}
+
+size_t temp_offset(int64_t n) { return (static_cast<size_t>(7 * (n + 1) + 1) * sizeof(int64_t) + 255) & ~size_t{255}; }
+
+EmbeddingScratch carve(void* scratch, int64_t n, int64_t v) {
+  auto* p = static_cast<int64_t*>(scratch);
+  const int64_t m = n + 1;
+  EmbeddingScratch s{p, p + m, p + 2 * m, p + 3 * m, p + 4 * m, p + 5 * m, p + 6 * m, p + 7 * m, nullptr, 0};
+  s.temp = static_cast<char*>(scratch) + temp_offset(n);
+  s.temp_bytes = cub_temp_bytes(n, v);
+  return s;
 }
 
 template <typename T>
@@ -362,16 +430,31 @@ void embedding(DType dt, const void* weight, const int64_t* ids, void* out, int6
   TR_CUDA_LAUNCH_CHECK("embedding");
 }
 
-void embedding_backward(DType dt, const void* gy, const int64_t* order, const int64_t* starts,
-                        const int64_t* uid, int64_t n_unique, void* gw, int64_t v, int64_t d) {
+size_t embedding_backward_scratch(int64_t n, int64_t v) { return temp_offset(n) + cub_temp_bytes(n, v); }
+
+void embedding_backward(DType dt, const void* gy, const int64_t* ids, int64_t n, void* scratch, void* gw,
+                        int64_t v, int64_t d) {
   fill(gw, dt, v * d, 0.0);
-  if (n_unique == 0) return;
+  if (n == 0) return;
+  EmbeddingScratch s = carve(scratch, n, v);
+  const int ni = static_cast<int>(n);
+  embedding_keys_kernel<<<blocks_for(n), 256>>>(ids, n, v, s.keys, s.rows);
+  TR_CUDA_LAUNCH_CHECK("embedding_backward keys");
+  // LSD radix sort: stable, so one id's rows stay in row order (the order the host sort gave before).
+  TR_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(s.temp, s.temp_bytes, s.keys, s.sorted_keys, s.rows, s.order,
+                                                ni, 0, sort_bits(v)));
+  // Counts past the last run stay 0, so the scan below adds nothing undefined.
+  TR_CUDA_CHECK(cudaMemsetAsync(s.counts, 0, static_cast<size_t>(n) * sizeof(int64_t)));
+  TR_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(s.temp, s.temp_bytes, s.sorted_keys, s.uid, s.counts,
+                                                   s.n_runs, ni));
+  TR_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(s.temp, s.temp_bytes, s.counts, s.starts, ni));
+  embedding_runs_end_kernel<<<1, 1>>>(s.starts, s.n_runs, n);
+  TR_CUDA_LAUNCH_CHECK("embedding_backward runs");
   dispatch_float(dt, [&]<typename T>() {
-    // gridDim.y is capped at 65535: the kernel strides over the unique ids.
-    dim3 grid(static_cast<unsigned>((d + 127) / 128),
-              static_cast<unsigned>(std::min<int64_t>(n_unique, 65535)));
-    embedding_backward_kernel<T>
-        <<<grid, 128>>>(static_cast<const T*>(gy), order, starts, uid, n_unique, static_cast<T*>(gw), d);
+    // The run count is on the device: a grid for n runs (at most 65535 block rows, strided), the rest exit.
+    dim3 grid(static_cast<unsigned>((d + 127) / 128), static_cast<unsigned>(std::min<int64_t>(n, 65535)));
+    embedding_backward_kernel<T><<<grid, 128>>>(static_cast<const T*>(gy), s.order, s.starts, s.uid, s.n_runs,
+                                                static_cast<T*>(gw), v, d);
   });
   TR_CUDA_LAUNCH_CHECK("embedding_backward");
 }
