@@ -493,16 +493,14 @@ void attention(DType dt, const void* q, const void* k, const void* v, const bool
 void attention_backward(DType dt, const void* q, const void* k, const void* v, const bool* keep,
                         const void* out, const void* lse, const void* dout, void* dq, void* dk, void* dv,
                         int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D, bool causal,
-                        int64_t window, double scale) {
+                        int64_t window, double scale, Scratch& scratch) {
   if (D > kMaxHeadDim) throw std::runtime_error("cuda attention: head dim above 256 is not supported");
   Geo g{B, H, KV, T, S, D, causal, scale, keep, window};
   if (B * H * T == 0) return;
   dispatch_float(dt, [&]<typename TT>() {
     using A = acc_t<TT>;
     // delta = rowsum(dout * out), in stream order (no host sync).
-    A* delta = nullptr;
-    TR_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&delta),
-                                  static_cast<size_t>(B * H * T) * sizeof(A), nullptr));
+    auto* delta = static_cast<A*>(scratch.take(static_cast<size_t>(B * H * T) * sizeof(A)));
     attention_delta_kernel<TT><<<blocks_for(B * H * T, 128), 128>>>(g, static_cast<const TT*>(out),
                                                                     static_cast<const TT*>(dout), delta);
     TR_CUDA_LAUNCH_CHECK("attention_delta");
@@ -530,7 +528,6 @@ void attention_backward(DType dt, const void* q, const void* k, const void* v, c
           g, qp, kp, vp, lp, delta, dop, static_cast<TT*>(dk), static_cast<TT*>(dv));
       TR_CUDA_LAUNCH_CHECK("attention_dkv");
     }
-    TR_CUDA_CHECK(cudaFreeAsync(delta, nullptr));
   });
 }
 

@@ -147,21 +147,25 @@ int64_t rows_of(const Tensor& t) { return t.numel() / std::max<int64_t>(last_dim
 const void* ptr_or_null(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 void* mut_ptr_or_null(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
+// Kernel scratch (kernels.h) from a device's caching allocator, held until the launcher has returned.
+class AllocatorScratch final : public cuda::Scratch {
+ public:
+  explicit AllocatorScratch(Allocator& a) : a_(a) {}
+  void* take(size_t bytes) override {
+    held_.push_back(Tensor::empty({static_cast<int64_t>(bytes)}, DType::u8, a_));
+    return held_.back().data_ptr();
+  }
+
+ private:
+  Allocator& a_;
+  std::vector<Tensor> held_;
+};
+
 class CudaBackend final : public backend::Backend {
  public:
   CudaBackend() {
     const int n = device_count_uncached();
-    for (int i = 0; i < n; ++i) {
-      allocators_.push_back(std::make_unique<CudaAllocator>(i));
-      // Kernel scratch (chunk lists, partial sums) comes from the stream-ordered pool: keep its memory
-      // between steps instead of returning it to the driver at every synchronization.
-      cudaMemPool_t pool = nullptr;
-      if (cudaDeviceGetDefaultMemPool(&pool, i) == cudaSuccess) {
-        uint64_t keep = UINT64_MAX;
-        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
-      }
-      cudaGetLastError();  // a pool-less device only loses the caching; clear the error
-    }
+    for (int i = 0; i < n; ++i) allocators_.push_back(std::make_unique<CudaAllocator>(i));
   }
   ~CudaBackend() override {
     if (bad_host_) cudaFreeHost(bad_host_);
@@ -230,7 +234,8 @@ class CudaBackend final : public backend::Backend {
   }
   void reduce(backend::ReduceOp op, const Tensor& x, int64_t outer, int64_t r, int64_t inner,
               const Tensor& out) override {
-    cuda::reduce(op, x.dtype(), x.data_ptr(), out.data_ptr(), outer, r, inner);
+    AllocatorScratch scratch(allocator(x.device().index));
+    cuda::reduce(op, x.dtype(), x.data_ptr(), out.data_ptr(), outer, r, inner, scratch);
   }
   void argmax(const Tensor& x, int64_t outer, int64_t r, int64_t inner, const Tensor& out) override {
     cuda::argmax(x.dtype(), x.data_ptr(), out.data<int64_t>(), outer, r, inner);
@@ -257,9 +262,10 @@ class CudaBackend final : public backend::Backend {
   void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                            const Tensor& gy, const Tensor& gx, const Tensor& gw, const Tensor& gb,
                            const Tensor& gx_add) override {
+    AllocatorScratch scratch(allocator(x.device().index));
     cuda::layer_norm_backward(x.dtype(), x.data_ptr(), ptr_or_null(w), mean.data_ptr(), rstd.data_ptr(),
                               gy.data_ptr(), mut_ptr_or_null(gx), mut_ptr_or_null(gw), mut_ptr_or_null(gb),
-                              rows_of(x), last_dim(x), ptr_or_null(gx_add));
+                              rows_of(x), last_dim(x), ptr_or_null(gx_add), scratch);
   }
   void rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd,
                 const Tensor& residual, const Tensor& sum) override {
@@ -268,9 +274,10 @@ class CudaBackend final : public backend::Backend {
   }
   void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& gy,
                          const Tensor& gx, const Tensor& gw, const Tensor& gx_add) override {
+    AllocatorScratch scratch(allocator(x.device().index));
     cuda::rms_norm_backward(x.dtype(), x.data_ptr(), ptr_or_null(w), rstd.data_ptr(), gy.data_ptr(),
                             mut_ptr_or_null(gx), mut_ptr_or_null(gw), rows_of(x), last_dim(x),
-                            ptr_or_null(gx_add));
+                            ptr_or_null(gx_add), scratch);
   }
   void cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index, const Tensor& loss,
                      const Tensor& lse) override {
@@ -318,7 +325,9 @@ class CudaBackend final : public backend::Backend {
         chunks.push_back({static_cast<const char*>(g.data_ptr()) + b * es, nullptr,
                           std::min(backend::kAdamWChunk, n - b), g.dtype(), g.dtype()});
     }
-    cuda::grad_stats(chunks.data(), static_cast<int64_t>(chunks.size()), inv_scale, stats.data<double>());
+    AllocatorScratch scratch(allocator(stats.device().index));
+    cuda::grad_stats(chunks.data(), static_cast<int64_t>(chunks.size()), inv_scale, stats.data<double>(),
+                     scratch);
   }
   void transform_grads(const std::vector<std::pair<Tensor, Tensor>>& src_dst,
                        const GradTransform& t) override {
@@ -341,7 +350,10 @@ class CudaBackend final : public backend::Backend {
                             static_cast<char*>(dst.data_ptr()) + b * ds,
                             std::min(backend::kAdamWChunk, n - b), src.dtype(), dt});
       }
-      cuda::transform_grads(chunks.data(), static_cast<int64_t>(chunks.size()), t.inv_scale, t.max_norm, st);
+      if (chunks.empty()) continue;
+      AllocatorScratch scratch(allocator(src_dst.front().second.device().index));
+      cuda::transform_grads(chunks.data(), static_cast<int64_t>(chunks.size()), t.inv_scale, t.max_norm, st,
+                            scratch);
     }
   }
   void fused_adamw(const std::vector<AdamWTensors>& tensors, const AdamWHyper& h,
@@ -375,8 +387,9 @@ class CudaBackend final : public backend::Backend {
                           std::min(backend::kAdamWChunk, n - b), x.decay ? 1 : 0, x.grad.dtype(),
                           copy ? x.param_copy.dtype() : dt});
     }
+    AllocatorScratch scratch(allocator(tensors.front().param.device().index));
     cuda::fused_adamw(dt, chunks.data(), static_cast<int64_t>(chunks.size()), h.lr, h.weight_decay, h.beta1,
-                      h.beta2, h.eps, h.step, t.inv_scale, t.max_norm, st);
+                      h.beta2, h.eps, h.step, t.inv_scale, t.max_norm, st, scratch);
   }
   void adamw_8bit(const std::vector<AdamW8bitTensors>& tensors, const Tensor& signed_map,
                   const Tensor& unsigned_map) override {
@@ -416,11 +429,12 @@ class CudaBackend final : public backend::Backend {
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                           bool causal, int64_t window, double scale, const Tensor& out, const Tensor& lse,
                           const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv) override {
+    AllocatorScratch scratch(allocator(q.device().index));
     cuda::attention_backward(q.dtype(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
                              key_keep.defined() ? key_keep.data<bool>() : nullptr, out.data_ptr(),
                              lse.data_ptr(), dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
                              q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), causal, window,
-                             scale);
+                             scale, scratch);
   }
   void attention_block_softmax(const Tensor& scores, const AttentionBlock& a, const Tensor& probs,
                                const Tensor& lse) override {
@@ -540,11 +554,9 @@ void CudaBackend::embedding_backward(const Tensor& gy, const Tensor& ids, const 
   // flagged by the forward's kernel and is reported at the next synchronization; it adds nothing here.
   const int64_t n = ids.numel(), v = gweight.shape()[0];
   TR_CHECK(n < (int64_t{1} << 31), "embedding backward: {} ids exceed CUB's 32-bit item count", n);
-  const Tensor scratch =
-      Tensor::empty({static_cast<int64_t>(cuda::embedding_backward_scratch(n, v))}, DType::u8,
-                    allocator(gweight.device().index));
-  cuda::embedding_backward(gy.dtype(), gy.data_ptr(), ids.data<int64_t>(), n, scratch.data_ptr(),
-                           gweight.data_ptr(), v, gweight.shape()[1]);
+  AllocatorScratch scratch(allocator(gweight.device().index));
+  cuda::embedding_backward(gy.dtype(), gy.data_ptr(), ids.data<int64_t>(), n, gweight.data_ptr(), v,
+                           gweight.shape()[1], scratch);
 }
 
 CudaBackend& instance() {

@@ -1,6 +1,7 @@
 // Launchers of the CUDA kernels, on raw device pointers. The .cu files implement them; cuda_backend.cpp
 // unpacks tensors into these arguments, so nvcc never compiles the tensor/fmt headers.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "backend/adamw8bit_math.h"
@@ -10,6 +11,19 @@
 namespace tr::cuda {
 
 constexpr int kMaxDims = 8;
+
+// Kernel scratch (partial sums, chunk lists, sort buffers) from the backend's caching allocator, not from
+// cudaMallocAsync's own pool: counted in the allocator's statistics and peak, an out-of-memory there is the
+// allocator's (auto_find_batch_size retries it), and empty_cache returns it. A block stays taken until the
+// Scratch is destroyed, after the launcher has queued its kernels; like a tensor's, it is reused only by work
+// queued later on the same stream.
+class Scratch {
+ public:
+  virtual void* take(size_t bytes) = 0;
+
+ protected:
+  ~Scratch() = default;
+};
 
 // Geometry of up to three operands over one logical shape (element strides).
 struct Strided {
@@ -36,7 +50,8 @@ void masked_fill(DType dt, const void* x, const bool* mask, void* y, const Strid
                  double value);
 void dropout(DType dt, const void* x, void* y, int64_t n, double p, uint64_t seed, uint64_t offset);
 
-void reduce(ReduceOp op, DType dt, const void* x, void* y, int64_t outer, int64_t r, int64_t inner);
+void reduce(ReduceOp op, DType dt, const void* x, void* y, int64_t outer, int64_t r, int64_t inner,
+            Scratch& scratch);
 void argmax(DType dt, const void* x, int64_t* y, int64_t outer, int64_t r, int64_t inner);
 void topk(DType dt, const void* x, void* values, int64_t* indices, int64_t rows, int64_t n, int64_t k);
 void softmax(DType dt, const void* x, void* y, int64_t rows, int64_t n, bool log);
@@ -49,11 +64,11 @@ void layer_norm(DType dt, const void* x, const void* w, const void* b, void* y, 
                 int64_t rows, int64_t n, double eps, const void* res, void* sum);
 void layer_norm_backward(DType dt, const void* x, const void* w, const void* mean, const void* rstd,
                          const void* gy, void* gx, void* gw, void* gb, int64_t rows, int64_t n,
-                         const void* gadd);
+                         const void* gadd, Scratch& scratch);
 void rms_norm(DType dt, const void* x, const void* w, void* y, void* rstd, int64_t rows, int64_t n,
               double eps, const void* res, void* sum);
 void rms_norm_backward(DType dt, const void* x, const void* w, const void* rstd, const void* gy, void* gx,
-                       void* gw, int64_t rows, int64_t n, const void* gadd);
+                       void* gw, int64_t rows, int64_t n, const void* gadd, Scratch& scratch);
 // A label outside [0, v) that is not ignore_index is flagged (kBadLabel); its row's loss and gradient are 0.
 void cross_entropy(DType dt, const void* logits, const int64_t* labels, void* loss, void* lse, int64_t rows,
                    int64_t v, int64_t ignore_index, int64_t* bad);
@@ -65,11 +80,9 @@ void embedding(DType dt, const void* weight, const int64_t* ids, void* out, int6
                int64_t* bad);
 // Deterministic scatter-add without a host round trip: the n rows of gy are grouped by id on the device
 // (a stable radix sort of (id, row) pairs, then runs of one id), and each id's rows are summed in row order.
-// Ids outside [0, v) (flagged by the forward) add nothing. `scratch` holds embedding_backward_scratch(n, v)
-// bytes (the caller's allocator, on the same stream).
-size_t embedding_backward_scratch(int64_t n, int64_t v);
-void embedding_backward(DType dt, const void* gy, const int64_t* ids, int64_t n, void* scratch, void* gw,
-                        int64_t v, int64_t d);
+// Ids outside [0, v) (flagged by the forward) add nothing. Fewer than 2^31 ids (CUB's item count).
+void embedding_backward(DType dt, const void* gy, const int64_t* ids, int64_t n, void* gw, int64_t v, int64_t d,
+                        Scratch& scratch);
 // Index errors kernels flag without a host sync, in `bad` (three int64 of mapped host memory the backend
 // reads at its next synchronization): the value, its kind, the limit it broke. The offending element gets
 // zeros instead of an out-of-range read.
@@ -85,7 +98,7 @@ void attention(DType dt, const void* q, const void* k, const void* v, const bool
 void attention_backward(DType dt, const void* q, const void* k, const void* v, const bool* keep,
                         const void* out, const void* lse, const void* dout, void* dq, void* dk, void* dv,
                         int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D, bool causal,
-                        int64_t window, double scale);
+                        int64_t window, double scale, Scratch& scratch);
 // Blocked attention's row kernels (Backend::attention_block_softmax / _grad): geometry as the fused kernel
 // (keep [B, S] or null); the block's queries t0 .. t0 + tq - 1 against keys 0 .. sk - 1. sdt: the scores'
 // dtype (f32/f64), pdt: the probabilities'.
@@ -109,9 +122,9 @@ struct GradChunk {
   DType grad_dtype, dst_dtype;
 };
 // stats (device, f64 [2]) = {sum of squares, non-finite count}; chunk partials added in chunk order.
-void grad_stats(const GradChunk* chunks, int64_t count, double inv_scale, double* stats);
+void grad_stats(const GradChunk* chunks, int64_t count, double inv_scale, double* stats, Scratch& scratch);
 void transform_grads(const GradChunk* chunks, int64_t count, double inv_scale, double max_norm,
-                     const double* stats);
+                     const double* stats, Scratch& scratch);
 struct AdamWChunk {
   void* param;
   const void* grad;
@@ -125,7 +138,7 @@ struct AdamWChunk {
 // dt (the parameters' dtype) f32 or f64; stats may be null when max_norm <= 0.
 void fused_adamw(DType dt, const AdamWChunk* chunks, int64_t count, double lr, double weight_decay,
                  double beta1, double beta2, double eps, int64_t step, double inv_scale, double max_norm,
-                 const double* stats);
+                 const double* stats, Scratch& scratch);
 
 // bitsandbytes' blockwise 8-bit AdamW on one tensor (one CUDA block per 256 elements; qs/qu the signed and
 // unsigned code maps on the device), and its 32-bit-state kernel. Element math: backend/adamw8bit_math.h.

@@ -112,16 +112,13 @@ __global__ void norm_param_combine_kernel(const double* partial, T* gw, T* gb, i
 
 template <typename T>
 void norm_param_grads(const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, const T* gy, T* gw, T* gb,
-                      int64_t rows, int64_t n) {
+                      int64_t rows, int64_t n, Scratch& scratch) {
   if (n == 0) return;
   const int64_t chunks = reduce_chunks(n, rows), chunk = (rows + chunks - 1) / chunks;
-  double* partial = nullptr;
-  TR_CUDA_CHECK(
-      cudaMallocAsync(reinterpret_cast<void**>(&partial), sizeof(double) * 2 * n * chunks, nullptr));
+  auto* partial = static_cast<double*>(scratch.take(sizeof(double) * 2 * n * chunks));
   norm_param_partial_kernel<T>
       <<<blocks_for(n * chunks), 256>>>(x, mean, rstd, gy, partial, rows, n, chunk, chunks);
   norm_param_combine_kernel<T><<<blocks_for(n, 128), 128>>>(partial, gw, gb, n, chunks);
-  TR_CUDA_CHECK(cudaFreeAsync(partial, nullptr));
 }
 
 template <typename T>
@@ -270,14 +267,7 @@ int sort_bits(int64_t v) {
   return bits;
 }
 
-// The scratch's layout: seven int64 arrays of n + 1 elements and the run count, then CUB's temporary storage
-// at the next 256-byte boundary.
-struct EmbeddingScratch {
-  int64_t *keys, *rows, *sorted_keys, *order, *uid, *counts, *starts, *n_runs;
-  void* temp;
-  size_t temp_bytes;
-};
-
+// CUB's temporary storage for the three passes below (the largest of their needs).
 size_t cub_temp_bytes(int64_t n, int64_t v) {
   size_t sort = 0, rle = 0, scan = 0;
   const int ni = static_cast<int>(n);
@@ -292,17 +282,6 @@ size_t cub_temp_bytes(int64_t n, int64_t v) {
   TR_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan, static_cast<const int64_t*>(nullptr),
                                               static_cast<int64_t*>(nullptr), ni));
   return std::max({sort, rle, scan});
-}
-
-size_t temp_offset(int64_t n) { return (static_cast<size_t>(7 * (n + 1) + 1) * sizeof(int64_t) + 255) & ~size_t{255}; }
-
-EmbeddingScratch carve(void* scratch, int64_t n, int64_t v) {
-  auto* p = static_cast<int64_t*>(scratch);
-  const int64_t m = n + 1;
-  EmbeddingScratch s{p, p + m, p + 2 * m, p + 3 * m, p + 4 * m, p + 5 * m, p + 6 * m, p + 7 * m, nullptr, 0};
-  s.temp = static_cast<char*>(scratch) + temp_offset(n);
-  s.temp_bytes = cub_temp_bytes(n, v);
-  return s;
 }
 
 template <typename T>
@@ -344,6 +323,7 @@ __global__ void rope_kernel(const T* x, const float* cs, const float* sn, const 
 
 int threads_for_row(int64_t n) { return n >= 1024 ? 1024 : n >= 256 ? 256 : 64; }
 
+
 }  // namespace
 
 void layer_norm(DType dt, const void* x, const void* w, const void* b, void* y, void* mean, void* rstd,
@@ -359,7 +339,7 @@ void layer_norm(DType dt, const void* x, const void* w, const void* b, void* y, 
 
 void layer_norm_backward(DType dt, const void* x, const void* w, const void* mean, const void* rstd,
                          const void* gy, void* gx, void* gw, void* gb, int64_t rows, int64_t n,
-                         const void* gadd) {
+                         const void* gadd, Scratch& scratch) {
   dispatch_float(dt, [&]<typename T>() {
     using A = acc_t<T>;
     if (gx)
@@ -369,7 +349,7 @@ void layer_norm_backward(DType dt, const void* x, const void* w, const void* mea
           static_cast<const T*>(gadd));
     if (gw || gb)
       norm_param_grads<T>(static_cast<const T*>(x), static_cast<const A*>(mean), static_cast<const A*>(rstd),
-                          static_cast<const T*>(gy), static_cast<T*>(gw), static_cast<T*>(gb), rows, n);
+                          static_cast<const T*>(gy), static_cast<T*>(gw), static_cast<T*>(gb), rows, n, scratch);
   });
   TR_CUDA_LAUNCH_CHECK("layer_norm_backward");
 }
@@ -385,7 +365,7 @@ void rms_norm(DType dt, const void* x, const void* w, void* y, void* rstd, int64
 }
 
 void rms_norm_backward(DType dt, const void* x, const void* w, const void* rstd, const void* gy, void* gx,
-                       void* gw, int64_t rows, int64_t n, const void* gadd) {
+                       void* gw, int64_t rows, int64_t n, const void* gadd, Scratch& scratch) {
   dispatch_float(dt, [&]<typename T>() {
     using A = acc_t<T>;
     if (gx)
@@ -394,7 +374,7 @@ void rms_norm_backward(DType dt, const void* x, const void* w, const void* rstd,
           static_cast<const T*>(gy), static_cast<T*>(gx), n, static_cast<const T*>(gadd));
     if (gw)
       norm_param_grads<T>(static_cast<const T*>(x), nullptr, static_cast<const A*>(rstd),
-                          static_cast<const T*>(gy), static_cast<T*>(gw), nullptr, rows, n);
+                          static_cast<const T*>(gy), static_cast<T*>(gw), nullptr, rows, n, scratch);
   });
   TR_CUDA_LAUNCH_CHECK("rms_norm_backward");
 }
@@ -430,13 +410,21 @@ void embedding(DType dt, const void* weight, const int64_t* ids, void* out, int6
   TR_CUDA_LAUNCH_CHECK("embedding");
 }
 
-size_t embedding_backward_scratch(int64_t n, int64_t v) { return temp_offset(n) + cub_temp_bytes(n, v); }
-
-void embedding_backward(DType dt, const void* gy, const int64_t* ids, int64_t n, void* scratch, void* gw,
-                        int64_t v, int64_t d) {
+void embedding_backward(DType dt, const void* gy, const int64_t* ids, int64_t n, void* gw, int64_t v, int64_t d,
+                        Scratch& scratch) {
   fill(gw, dt, v * d, 0.0);
   if (n == 0) return;
-  EmbeddingScratch s = carve(scratch, n, v);
+  struct {
+    int64_t *keys, *rows, *sorted_keys, *order, *uid, *counts, *starts, *n_runs;
+    void* temp;
+    size_t temp_bytes;
+  } s;
+  const size_t items = static_cast<size_t>(n);
+  auto take = [&](size_t count) { return static_cast<int64_t*>(scratch.take(count * sizeof(int64_t))); };
+  s.keys = take(items), s.rows = take(items), s.sorted_keys = take(items), s.order = take(items);
+  s.uid = take(items), s.counts = take(items), s.starts = take(items + 1), s.n_runs = take(1);
+  s.temp_bytes = cub_temp_bytes(n, v);
+  s.temp = scratch.take(s.temp_bytes);
   const int ni = static_cast<int>(n);
   embedding_keys_kernel<<<blocks_for(n), 256>>>(ids, n, v, s.keys, s.rows);
   TR_CUDA_LAUNCH_CHECK("embedding_backward keys");

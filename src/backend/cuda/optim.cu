@@ -35,11 +35,11 @@ __device__ __forceinline__ void store_as(void* p, DType dt, int64_t i, T v) {
   }
 }
 
-// Copies a host array to the device in stream order; the caller frees it with cudaFreeAsync after use.
+// Copies a host array into scratch in stream order (pageable: the copy is staged before it returns, so the
+// caller's array may go away).
 template <typename C>
-C* upload(const C* host, int64_t count) {
-  C* d = nullptr;
-  TR_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&d), sizeof(C) * count, nullptr));
+C* upload(const C* host, int64_t count, Scratch& scratch) {
+  C* d = static_cast<C*>(scratch.take(sizeof(C) * count));
   TR_CUDA_CHECK(cudaMemcpyAsync(d, host, sizeof(C) * count, cudaMemcpyHostToDevice, nullptr));
   return d;
 }
@@ -118,12 +118,12 @@ __global__ void fused_adamw_kernel(const AdamWChunk* chunks, backend::AdamWScala
 
 template <typename T>
 void launch_adamw(const AdamWChunk* chunks, int64_t count, double lr, double wd, double b1, double b2,
-                  double eps, int64_t step, double inv_scale, double max_norm, const double* stats) {
-  AdamWChunk* d = upload(chunks, count);
+                  double eps, int64_t step, double inv_scale, double max_norm, const double* stats,
+                  Scratch& scratch) {
+  AdamWChunk* d = upload(chunks, count, scratch);
   const backend::AdamWScalars<T> sd(lr, wd, b1, b2, eps, step), sp(lr, 0.0, b1, b2, eps, step);
   fused_adamw_kernel<T><<<static_cast<unsigned>(count), kThreads>>>(d, sd, sp, inv_scale, max_norm, stats);
   TR_CUDA_LAUNCH_CHECK("fused_adamw");
-  TR_CUDA_CHECK(cudaFreeAsync(d, nullptr));
 }
 
 // bitsandbytes' blockwise 8-bit AdamW: one block of 256 threads per 256-element quantization block.
@@ -200,41 +200,38 @@ void adamw_32bit_state(float* p, const float* g, float* s1, float* s2, int64_t n
   TR_CUDA_LAUNCH_CHECK("adamw_32bit");
 }
 
-void grad_stats(const GradChunk* chunks, int64_t count, double inv_scale, double* stats) {
+void grad_stats(const GradChunk* chunks, int64_t count, double inv_scale, double* stats, Scratch& scratch) {
   if (count == 0) return;  // nothing to add
-  GradChunk* d = upload(chunks, count);
-  double* partial = nullptr;
-  TR_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partial), 2 * sizeof(double) * count, nullptr));
+  GradChunk* d = upload(chunks, count, scratch);
+  auto* partial = static_cast<double*>(scratch.take(2 * sizeof(double) * count));
   grad_stats_chunks<<<static_cast<unsigned>(count), kThreads>>>(d, inv_scale, partial);
   TR_CUDA_LAUNCH_CHECK("grad_stats_chunks");
   grad_stats_total<<<1, 1024>>>(partial, count, stats);
   TR_CUDA_LAUNCH_CHECK("grad_stats_total");
-  TR_CUDA_CHECK(cudaFreeAsync(partial, nullptr));
-  TR_CUDA_CHECK(cudaFreeAsync(d, nullptr));
 }
 
 void transform_grads(const GradChunk* chunks, int64_t count, double inv_scale, double max_norm,
-                     const double* stats) {
+                     const double* stats, Scratch& scratch) {
   if (count == 0) return;
-  GradChunk* d = upload(chunks, count);
+  GradChunk* d = upload(chunks, count, scratch);
   // One dtype of destination per call keeps the kernel simple: the backend groups them.
   if (chunks[0].dst_dtype == DType::f64)
     transform_kernel<double><<<static_cast<unsigned>(count), kThreads>>>(d, inv_scale, max_norm, stats);
   else
     transform_kernel<float><<<static_cast<unsigned>(count), kThreads>>>(d, inv_scale, max_norm, stats);
   TR_CUDA_LAUNCH_CHECK("transform_grads");
-  TR_CUDA_CHECK(cudaFreeAsync(d, nullptr));
 }
 
 void fused_adamw(DType dt, const AdamWChunk* chunks, int64_t count, double lr, double weight_decay,
                  double beta1, double beta2, double eps, int64_t step, double inv_scale, double max_norm,
-                 const double* stats) {
+                 const double* stats, Scratch& scratch) {
   if (count == 0) return;
   if (dt == DType::f32)
-    launch_adamw<float>(chunks, count, lr, weight_decay, beta1, beta2, eps, step, inv_scale, max_norm, stats);
+    launch_adamw<float>(chunks, count, lr, weight_decay, beta1, beta2, eps, step, inv_scale, max_norm, stats,
+                        scratch);
   else
     launch_adamw<double>(chunks, count, lr, weight_decay, beta1, beta2, eps, step, inv_scale, max_norm,
-                         stats);
+                         stats, scratch);
 }
 
 }  // namespace tr::cuda

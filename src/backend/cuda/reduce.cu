@@ -167,7 +167,8 @@ __global__ void softmax_backward_kernel(const T* y, const T* gy, T* gx, int64_t 
 
 }  // namespace
 
-void reduce(ReduceOp op, DType dt, const void* x, void* y, int64_t outer, int64_t r, int64_t inner) {
+void reduce(ReduceOp op, DType dt, const void* x, void* y, int64_t outer, int64_t r, int64_t inner,
+            Scratch& scratch) {
   const int64_t m = outer * inner;
   if (m == 0) return;
   const int64_t chunks = reduce_chunks(m, r);
@@ -178,12 +179,10 @@ void reduce(ReduceOp op, DType dt, const void* x, void* y, int64_t outer, int64_
       return;
     }
     const int64_t chunk = (r + chunks - 1) / chunks;
-    double* partial = nullptr;
-    TR_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partial), sizeof(double) * m * chunks, nullptr));
+    auto* partial = static_cast<double*>(scratch.take(sizeof(double) * m * chunks));
     reduce_partial_kernel<T><<<blocks_for(m * chunks), 256>>>(op, static_cast<const T*>(x), partial, outer, r,
                                                               inner, chunk, chunks);
     reduce_combine_kernel<T><<<blocks_for(m), 256>>>(op, partial, static_cast<T*>(y), m, r, chunks);
-    TR_CUDA_CHECK(cudaFreeAsync(partial, nullptr));
   });
   TR_CUDA_LAUNCH_CHECK("reduce");
 }
