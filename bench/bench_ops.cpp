@@ -37,12 +37,13 @@ int main(int argc, char** argv) {
   // oneDNN's bf16 matmul called directly, whatever the backend chooses on this CPU (it widens to f32 sgemm
   // where native bf16 measured slower): the numbers that choice rests on.
   cpu::NativeMatmul native;
-  auto native_row = [&](const char* name, const Tensor& a, const Tensor& b, bool trans_b) {
+  auto native_row = [&](const char* name, const Tensor& a, const Tensor& b, bool trans_b,
+                        DType out = DType::bf16, bool trans_a = false) {
     backend::GemmArgs g;
-    g.a = a, g.b = b, g.trans_b = trans_b;
-    g.m = a.size(0), g.k = a.size(1), g.n = trans_b ? b.size(0) : b.size(1);
-    g.lda = g.k, g.ldb = b.size(1);
-    g.c = ops::empty({g.m, g.n}, DType::bf16);
+    g.a = a, g.b = b, g.trans_a = trans_a, g.trans_b = trans_b;
+    g.m = a.size(trans_a ? 1 : 0), g.k = a.size(trans_a ? 0 : 1), g.n = trans_b ? b.size(0) : b.size(1);
+    g.lda = a.size(1), g.ldb = b.size(1);
+    g.c = ops::empty({g.m, g.n}, out);
     if (!native.run(g)) return std::printf("  %-22s (oneDNN has no native kernel here)\n", name), void();
     row(name, "-", bench::median_seconds([&] { native.run(g); }, iters), 2.0 * g.m * g.n * g.k, "GFLOP/s");
   };
@@ -61,6 +62,16 @@ int main(int argc, char** argv) {
       const Tensor s16 = ops::to_dtype(ops::randn({1024, 1024}, gen), DType::bf16);
       native_row("matmul bf16 native 1024^3", s16, s16, false);
       native_row("head bf16 native", a16, b16, true);
+      native_row("head bf16 native f32 out", a16, b16, true, DType::f32);  // the LM head's logits
+      // The head's backward: dx = dl w, dw = dl^T x (f32 accumulators), against f32 sgemm.
+      const Tensor dl32 = ops::randn({m, n}, gen), dl16 = ops::to_dtype(dl32, DType::bf16);
+      native_row("head dx bf16 native", dl16, b16, false, DType::f32);
+      native_row("head dw bf16 native", dl16, a16, false, DType::f32, true);
+      native_row("head dw^T bf16 native", a16, dl16, false, DType::f32, true);  // x^T dl: [256, 50257]
+      row("head dx f32", "-", bench::median_seconds([&] { ops::matmul(dl32, b); }, iters), 2.0 * m * n * k,
+          "GFLOP/s");
+      row("head dw f32", "-", bench::median_seconds([&] { ops::matmul(dl32, a, true, false); }, iters),
+          2.0 * m * n * k, "GFLOP/s");
     }
   }
   Tensor x = ops::randn({8192, 1024}, gen), w = ops::ones({1024}), bias = ops::zeros({1024});

@@ -22,8 +22,10 @@ void cuda_copy_between_devices(const Tensor& src, const Tensor& dst);
 Allocator& pinned_host_allocator();
 
 // A dedicated stream for host-to-device copies. copy_async() queues the copy of a contiguous host tensor
-// (page-locked for true overlap) into a same-sized device tensor; make_compute_wait() orders the device's
-// compute stream after every copy queued so far, without blocking the host.
+// (page-locked for true overlap) into a same-sized device tensor, after the work the compute stream has
+// queued so far (the caching allocator may hand out a block that queued kernels still read: a copy on another
+// stream must not overwrite it before they ran); make_compute_wait() orders the device's compute stream after
+// every copy queued so far. Neither blocks the host.
 class CopyStream {
  public:
   explicit CopyStream(Device device);
@@ -38,7 +40,8 @@ class CopyStream {
  private:
   Device device_;
   void* stream_ = nullptr;  // cudaStream_t
-  void* event_ = nullptr;   // cudaEvent_t
+  void* event_ = nullptr;   // cudaEvent_t: the copies queued so far
+  void* compute_ = nullptr;  // cudaEvent_t: the compute work queued before a copy
 };
 
 // cuda:0 when a GPU is usable, else the CPU (a CUDA build without a GPU says so once on stderr).

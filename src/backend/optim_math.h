@@ -19,7 +19,7 @@ struct AdamWScalars {
     const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
     step_size = static_cast<T>(lr / bc1);
     bc2_sqrt = static_cast<T>(std::sqrt(bc2));
-    decay = static_cast<T>(1.0 - lr * wd);
+    decay = wd == 0.0 ? T(1) : static_cast<T>(1.0 - lr * wd);  // exactly 1 without decay, even for lr = inf
     b1 = static_cast<T>(beta1);
     b2 = static_cast<T>(beta2);
     one_b1 = static_cast<T>(1.0 - beta1);

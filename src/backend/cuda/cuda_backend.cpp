@@ -648,14 +648,17 @@ CopyStream::CopyStream(Device device) : device_(device) {
   if (!device.is_cuda()) return;
   cuda_backend();
   cudaStream_t s = nullptr;
-  cudaEvent_t e = nullptr;
+  cudaEvent_t e = nullptr, c = nullptr;
   TR_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  TR_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   stream_ = s;
+  TR_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   event_ = e;
+  TR_CUDA_CHECK(cudaEventCreateWithFlags(&c, cudaEventDisableTiming));
+  compute_ = c;
 }
 
 CopyStream::~CopyStream() {
+  if (compute_) cudaEventDestroy(static_cast<cudaEvent_t>(compute_));
   if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
   if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
@@ -669,6 +672,10 @@ void CopyStream::copy_async(const Tensor& host, const Tensor& dev) {
     cuda_copy_between_devices(host, dev);
     return;
   }
+  // The device block may have been freed by tensors that kernels queued on the compute (legacy default)
+  // stream still read: the copy waits for them on the device, not on the host.
+  TR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(compute_), nullptr));
+  TR_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), static_cast<cudaEvent_t>(compute_), 0));
   TR_CUDA_CHECK(cudaMemcpyAsync(dev.data_ptr(), host.data_ptr(), host.nbytes(), cudaMemcpyHostToDevice,
                                 static_cast<cudaStream_t>(stream_)));
 }
