@@ -78,10 +78,15 @@ void expect_compiled_equals_eager(const Case& c) {
   EXPECT_EQ(compiled.skipped_steps, eager.skipped_steps) << c.name;
   EXPECT_EQ(compiled.compiled_shapes, c.shapes) << c.name;
   EXPECT_EQ(eager.compiled_shapes, 0) << c.name;
-  // The plan needs about the memory eager does: measured 96 KiB (0.19%) above it on these runs (the static
-  // batch copies are 2 KiB; the rest is not explained yet), where keeping every activation and a second copy
-  // of the gradients would add tens of percent.
-  EXPECT_LE(compiled.peak_bytes, eager.peak_bytes + eager.peak_bytes / 200) << c.name;
+  // The plan needs no more than eager's memory plus what the graphs hold between steps: their own copies of
+  // the batches they replay (input ids and labels of every micro-batch of each captured shape: the static
+  // inputs a CUDA graph reads at fixed addresses) and the few constants the host made inside the region (eager
+  // attention's causal mask, Llama's rope positions: 1-9 KiB measured here). Keeping every activation and a
+  // second copy of the gradients would add tens of percent.
+  const int64_t static_inputs = compiled.compiled_shapes * 2 * b.gradient_accumulation_steps *
+                                b.per_device_train_batch_size * b.block_size * int64_t{sizeof(int64_t)};
+  EXPECT_LE(compiled.peak_bytes, eager.peak_bytes + static_inputs + (16 << 10))
+      << c.name << ": " << compiled.peak_bytes - eager.peak_bytes << " bytes above eager";
   EXPECT_TRUE(file_bytes(fs::path(b.output_dir) / "model.safetensors") ==
               file_bytes(fs::path(a.output_dir) / "model.safetensors"))
       << c.name << ": the final weights differ";
