@@ -72,6 +72,8 @@ int main(int argc, char** argv) {
           "GFLOP/s");
       row("head dw f32", "-", bench::median_seconds([&] { ops::matmul(dl32, a, true, false); }, iters),
           2.0 * m * n * k, "GFLOP/s");
+      row("head dw^T f32", "-", bench::median_seconds([&] { ops::matmul(a, dl32, true, false); }, iters),
+          2.0 * m * n * k, "GFLOP/s");
     }
   }
   Tensor x = ops::randn({8192, 1024}, gen), w = ops::ones({1024}), bias = ops::zeros({1024});

@@ -236,6 +236,28 @@ TEST(CudaDevice, IndexErrorsAreReportedAtTheNextSync) {
   EXPECT_NO_THROW(ops::to_device(ok, Device::cpu()));  // each report cleared the flag
 }
 
+// The fused classifier's half logit gradient (f32 logits in, bf16/f16 out, one rounding) on the GPU: the CPU
+// twin's values, but for the few where the two exps' last f32 bit moves a rounding.
+TEST(CudaDevice, HalfLogitGradientMatchesTheCpu) {
+  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: fused half logit gradient NOT tested";
+  const Device gpu = Device::cuda(0);
+  const int64_t N = 4, V = 50257;
+  const Tensor logits = ops::affine(test::randn({N, V}, 41), 4.0, 0.0);
+  const Tensor labels = ops::from_vector<int64_t>({3, -100, 0, V - 1}, {N});
+  const Tensor grad = ops::from_vector<float>({1.0f, 1.0f, 4096.0f, 2.5e-4f}, {N});
+  const ops::CrossEntropyOut ce = ops::cross_entropy(logits, labels, -100);
+  for (const DType dt : {DType::bf16, DType::f16}) {
+    const Tensor cpu = ops::empty({N, V}, dt), dev = ops::empty({N, V}, dt, gpu);
+    ops::cross_entropy_backward_into(logits, labels, ce.lse, grad, -100, cpu);
+    ops::cross_entropy_backward_into(ops::to_device(logits, gpu), ops::to_device(labels, gpu),
+                                     ops::to_device(ce.lse, gpu), ops::to_device(grad, gpu), -100, dev);
+    const std::vector<double> a = test::values(dev), b = test::values(cpu);
+    size_t differ = 0;  // exp may differ in the last f32 bit between the GPU's and the CPU's vector code
+    for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
+    EXPECT_LE(differ * 1000, a.size()) << dtype_name(dt) << ": " << differ << " values differ";
+  }
+}
+
 // The embedding backward groups ids on the device (radix sort + runs, no host copy of the ids): each row of
 // the weight gradient equals the CPU twin's f32 sum bit for bit (one id's rows summed in row order on both;
 // bf16 rounded once from it), with

@@ -411,6 +411,31 @@ TEST(ChunkedLoss, Fp16LogitGradientsOfTinyProbabilitiesSurvive) {
   }
 }
 
+// The chunked head's half logit gradient comes straight from the loss kernel: each value the f32 kernel's,
+// rounded once - the bits of to_dtype(cross_entropy_backward(...)) - with ignored rows zero, a vocabulary that
+// ends mid-vector (50257) and a tiny one (7), gradients at GradScaler's and the fp16 pre-scale's sizes.
+TEST(ChunkedLoss, TheHalfLogitGradientIsTheF32OneRoundedOnce) {
+  for (const int64_t V : {int64_t{50257}, int64_t{7}}) {
+    const int64_t N = 5;
+    const Tensor logits = ops::affine(test::randn({N, V}, 41), 4.0, 0.0);
+    const Tensor labels = ops::from_vector<int64_t>({3, -100, 0, V - 1, 2}, {N});
+    const Tensor grad = ops::from_vector<float>({1.0f, 1.0f, 4096.0f, 2.5e-4f, 65536.0f}, {N});
+    const ops::CrossEntropyOut ce = ops::cross_entropy(logits, labels, -100);
+    const Tensor want = ops::cross_entropy_backward(logits, labels, ce.lse, grad, -100);
+    for (const DType dt : {DType::bf16, DType::f16}) {
+      const Tensor got = ops::empty({N, V}, dt);
+      ops::cross_entropy_backward_into(logits, labels, ce.lse, grad, -100, got);
+      const std::vector<double> a = test::values(got), b = test::values(ops::to_dtype(want, dt));
+      EXPECT_TRUE(a == b) << dtype_name(dt) << " V " << V;
+      for (int64_t i = V; i < 2 * V; ++i) ASSERT_EQ(a[static_cast<size_t>(i)], 0.0) << "ignored row";
+    }
+  }
+  EXPECT_THROW(ops::cross_entropy_backward_into(ops::zeros({2, 3}, DType::f64), ops::zeros({2}, DType::i64),
+                                                ops::zeros({2}, DType::f64), ops::zeros({2}, DType::f64), -100,
+                                                ops::empty({2, 3}, DType::bf16)),
+               Error);
+}
+
 TEST(Loss, AccumulationWithNumItemsEqualsTheOneBigBatchGradient) {
   const std::string dir = kGolden + "/llama_gqa_llama3rope";
   auto g = io::SafetensorsFile::open(dir + "/golden.safetensors");

@@ -197,8 +197,16 @@ Tensor linear_cross_entropy_sum(const Tensor& x, const Tensor& w, const Tensor& 
     ops::CrossEntropyOut ce = ops::cross_entropy(logits, lc, ignore_index);
     ops::binary_(BinaryOp::add, total, ops::reduce(ops::ReduceOp::sum, ce.loss, {}, false));
     if (!gx && !gw) continue;
-    ops::cross_entropy_backward_(logits, lc, ce.lse, ops::narrow(unit, 0, 0, n), ignore_index);
-    Tensor dl = ops::to_dtype(logits, x.dtype());  // the GEMMs' operands in the model's dtype
+    // The GEMMs' operand in the model's dtype: a half one straight from the loss kernel (one rounding of the
+    // f32 gradient, no f32 gradient stored), an f32/f64 one in place of the logits.
+    Tensor dl;
+    if (x.dtype() == loss_dt) {
+      ops::cross_entropy_backward_(logits, lc, ce.lse, ops::narrow(unit, 0, 0, n), ignore_index);
+      dl = logits;
+    } else {
+      dl = ops::empty(logits.shape(), x.dtype(), x.device());
+      ops::cross_entropy_backward_into(logits, lc, ce.lse, ops::narrow(unit, 0, 0, n), ignore_index, dl);
+    }
     logits = Tensor();
     if (gx) ops::matmul_into(ops::narrow(dx, 0, r0, n), dl, w, false, false, 1.0, 0.0);
     if (gw) ops::matmul_into(dw, dl, xc, true, false, 1.0, r0 == 0 ? 0.0 : 1.0);

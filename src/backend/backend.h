@@ -119,6 +119,8 @@ class Backend {
   virtual void cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
                              const Tensor& loss, const Tensor& lse) = 0;
   // glogits = grad_loss[row] * (softmax(logits) - onehot(label)); 0 for ignored rows. grad_loss f32 [n].
+  // glogits has the logits' dtype (it may be the logits themselves), or bf16/f16 for f32 logits: each f32
+  // value rounded once.
   virtual void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
                                       const Tensor& grad_loss, int64_t ignore_index,
                                       const Tensor& glogits) = 0;

@@ -406,6 +406,21 @@ void cross_entropy_backward_(const Tensor& logits, const Tensor& labels, const T
   if (runs(logits)) be(logits).cross_entropy_backward(logits, yc, lse, gc, ignore_index, logits);
 }
 
+void cross_entropy_backward_into(const Tensor& logits, const Tensor& labels, const Tensor& lse,
+                                 const Tensor& grad_loss, int64_t ignore_index, const Tensor& out) {
+  TR_CHECK(logits.is_contiguous() && logits.dtype() == DType::f32 && out.is_contiguous() &&
+               out.shape() == logits.shape() && (out.dtype() == DType::bf16 || out.dtype() == DType::f16) &&
+               out.device() == logits.device(),
+           "cross_entropy_backward_into: f32 logits {} into a contiguous bf16/f16 gradient of their shape, got {}",
+           logits.describe(), out.describe());
+  TR_CHECK(grad_loss.numel() == labels.numel() && grad_loss.dtype() == lse.dtype() &&
+               labels.device() == logits.device() && grad_loss.device() == logits.device(),
+           "cross_entropy_backward_into: grad {} / labels {} do not match logits {}", grad_loss.describe(),
+           labels.describe(), logits.describe());
+  Tensor yc = contiguous(labels), gc = contiguous(grad_loss);
+  if (runs(out)) be(logits).cross_entropy_backward(logits, yc, lse, gc, ignore_index, out);
+}
+
 Tensor embedding(const Tensor& weight, const Tensor& ids) {
   TR_CHECK(weight.dim() == 2, "embedding: weight must be [num, dim], got {}", weight.describe());
   TR_CHECK(ids.dtype() == DType::i64, "embedding: indices must be int64, got {}", ids.describe());

@@ -138,6 +138,11 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& labels, const 
 // The same, overwriting `logits` (contiguous) with its gradient: no second [rows, V] buffer.
 void cross_entropy_backward_(const Tensor& logits, const Tensor& labels, const Tensor& lse,
                              const Tensor& grad_loss, int64_t ignore_index);
+// The gradient of f32 `logits` written straight into `out` (contiguous, their shape, bf16 or f16): each value
+// the f32 gradient rounded once, as to_dtype of cross_entropy_backward would give, without the f32 [rows, V]
+// gradient ever stored (the chunked LM head's half GEMM operand).
+void cross_entropy_backward_into(const Tensor& logits, const Tensor& labels, const Tensor& lse,
+                                 const Tensor& grad_loss, int64_t ignore_index, const Tensor& out);
 Tensor embedding(const Tensor& weight, const Tensor& ids);
 Tensor embedding_backward(const Tensor& gy, const Tensor& ids, int64_t num_rows);
 // cos/sin tables [P, D/2] (f32) for the given head dim and base; see rope().

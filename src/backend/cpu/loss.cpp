@@ -3,7 +3,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
+#include "backend/cpu/convert.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
 #include "backend/cpu/vec_math512.h"
@@ -59,11 +61,56 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, int64
   });
 }
 
+namespace {
+
+// f32 logits, half gradient (the chunked LM head's bf16/f16 GEMM operand): each row's f32 gradient is made in a
+// per-thread buffer by the f32 kernel and rounded from there (L2), instead of being stored in f32 and narrowed
+// by a second pass over memory; the bits are those of the f32 kernel's values rounded once (RNE).
+template <typename H>
+void cross_entropy_backward_to_half(const float* xp, const int64_t* lp, const float* lsep, const float* gl,
+                                    H* gp, int64_t rows, int64_t v, int64_t ignore_index) {
+  const bool wide = cpu_has_avx512f();
+#pragma omp parallel num_threads(threads_for(rows* v * 2))
+  {
+    std::vector<float> buf(static_cast<size_t>(v));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      H* out = gp + r * v;
+      if (lp[r] == ignore_index) {
+        std::memset(static_cast<void*>(out), 0, static_cast<size_t>(v) * sizeof(H));  // +0 in bf16 and f16
+        continue;
+      }
+      const float* xr = xp + r * v;
+      if (wide)
+        exp_scale_512(xr, lsep[r], gl[r], buf.data(), v);
+      else
+        exp_scale(xr, lsep[r], gl[r], buf.data(), v);
+      buf[static_cast<size_t>(lp[r])] -= gl[r];
+      narrow_run(buf.data(), out, v);
+    }
+  }
+}
+
+}  // namespace
+
 void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
                                         const Tensor& grad_loss, int64_t ignore_index,
                                         const Tensor& glogits) {
   const int64_t v = logits.shape().back();
   const int64_t rows = logits.numel() / std::max<int64_t>(v, 1);
+  if (glogits.dtype() != logits.dtype()) {
+    TR_CHECK(logits.dtype() == DType::f32 && (glogits.dtype() == DType::bf16 || glogits.dtype() == DType::f16),
+             "cross_entropy_backward: a {} gradient of {} logits (only f32 logits to bf16/f16)",
+             dtype_name(glogits.dtype()), dtype_name(logits.dtype()));
+    const float *xp = logits.data<float>(), *lsep = lse.data<float>(), *gl = grad_loss.data<float>();
+    if (glogits.dtype() == DType::bf16)
+      cross_entropy_backward_to_half(xp, labels.data<int64_t>(), lsep, gl,
+                                     static_cast<BFloat16*>(glogits.data_ptr()), rows, v, ignore_index);
+    else
+      cross_entropy_backward_to_half(xp, labels.data<int64_t>(), lsep, gl, static_cast<Half*>(glogits.data_ptr()),
+                                     rows, v, ignore_index);
+    return;
+  }
   dispatch_float(logits.dtype(), "cross_entropy_backward", [&]<typename T>() {
     using A = acc_t<T>;
     const T* xp = static_cast<const T*>(logits.data_ptr());

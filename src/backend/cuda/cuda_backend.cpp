@@ -287,9 +287,13 @@ class CudaBackend final : public backend::Backend {
   }
   void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
                               const Tensor& grad_loss, int64_t ignore_index, const Tensor& glogits) override {
+    TR_CHECK(glogits.dtype() == logits.dtype() ||
+                 (logits.dtype() == DType::f32 && (glogits.dtype() == DType::bf16 || glogits.dtype() == DType::f16)),
+             "cross_entropy_backward: a {} gradient of {} logits (only f32 logits to bf16/f16)",
+             dtype_name(glogits.dtype()), dtype_name(logits.dtype()));
     cuda::cross_entropy_backward(logits.dtype(), logits.data_ptr(), labels.data<int64_t>(), lse.data_ptr(),
-                                 grad_loss.data_ptr(), glogits.data_ptr(), rows_of(logits), last_dim(logits),
-                                 ignore_index);
+                                 grad_loss.data_ptr(), glogits.data_ptr(), glogits.dtype(), rows_of(logits),
+                                 last_dim(logits), ignore_index);
   }
   void embedding(const Tensor& weight, const Tensor& ids, const Tensor& out) override {
     cuda::embedding(weight.dtype(), weight.data_ptr(), ids.data<int64_t>(), out.data_ptr(), ids.numel(),

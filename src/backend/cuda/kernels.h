@@ -72,8 +72,9 @@ void rms_norm_backward(DType dt, const void* x, const void* w, const void* rstd,
 // A label outside [0, v) that is not ignore_index is flagged (kBadLabel); its row's loss and gradient are 0.
 void cross_entropy(DType dt, const void* logits, const int64_t* labels, void* loss, void* lse, int64_t rows,
                    int64_t v, int64_t ignore_index, int64_t* bad);
+// glogits in `gdt`: the logits' dtype, or bf16/f16 for f32 logits (the f32 value rounded once).
 void cross_entropy_backward(DType dt, const void* logits, const int64_t* labels, const void* lse,
-                            const void* grad_loss, void* glogits, int64_t rows, int64_t v,
+                            const void* grad_loss, void* glogits, DType gdt, int64_t rows, int64_t v,
                             int64_t ignore_index);
 // An id outside [0, v) is flagged (kBadEmbeddingIndex) and its row is 0.
 void embedding(DType dt, const void* weight, const int64_t* ids, void* out, int64_t n, int64_t v, int64_t d,

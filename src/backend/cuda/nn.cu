@@ -195,9 +195,10 @@ __global__ void cross_entropy_kernel(const T* logits, const int64_t* labels, acc
   }
 }
 
-template <typename T>
+// G: the gradient's type (T, or a half type for f32 logits: the f32 value rounded once by st()).
+template <typename T, typename G = T>
 __global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* labels, const acc_t<T>* lse,
-                                              const acc_t<T>* grad_loss, T* g, int64_t v, int64_t ignore) {
+                                              const acc_t<T>* grad_loss, G* g, int64_t v, int64_t ignore) {
   using A = acc_t<T>;
   const int64_t row = blockIdx.x, base = row * v;
   const int64_t label = labels[row];
@@ -390,8 +391,21 @@ void cross_entropy(DType dt, const void* logits, const int64_t* labels, void* lo
 }
 
 void cross_entropy_backward(DType dt, const void* logits, const int64_t* labels, const void* lse,
-                            const void* grad_loss, void* glogits, int64_t rows, int64_t v,
+                            const void* grad_loss, void* glogits, DType gdt, int64_t rows, int64_t v,
                             int64_t ignore_index) {
+  if (gdt != dt) {  // f32 logits, half gradient (checked by the caller): one rounding, no f32 gradient stored
+    const auto* x = static_cast<const float*>(logits);
+    const auto* l = static_cast<const float*>(lse);
+    const auto* g = static_cast<const float*>(grad_loss);
+    if (gdt == DType::bf16)
+      cross_entropy_backward_kernel<float, __nv_bfloat16><<<static_cast<unsigned>(rows), threads_for_row(v)>>>(
+          x, labels, l, g, static_cast<__nv_bfloat16*>(glogits), v, ignore_index);
+    else
+      cross_entropy_backward_kernel<float, __half><<<static_cast<unsigned>(rows), threads_for_row(v)>>>(
+          x, labels, l, g, static_cast<__half*>(glogits), v, ignore_index);
+    TR_CUDA_LAUNCH_CHECK("cross_entropy_backward");
+    return;
+  }
   dispatch_float(dt, [&]<typename T>() {
     using A = acc_t<T>;
     cross_entropy_backward_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(v)>>>(
