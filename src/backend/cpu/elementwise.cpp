@@ -1,6 +1,8 @@
 // CPU elementwise kernels: copy/convert, fill, arange, random fills, unary and binary ops, masked_fill,
 // dropout.
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/elementwise_kernels.h"
@@ -49,7 +51,13 @@ void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
                       [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& in) {
                         const S* sp = s + off[0];
                         D* dp = d + off[1];
-                        if (in[0] == 1 && in[1] == 1) {
+                        if constexpr (std::is_same_v<S, D>) {  // the bits as they are: no round trip
+                          if (in[0] == 1 && in[1] == 1) {
+                            std::memcpy(static_cast<void*>(dp), sp, static_cast<size_t>(n) * sizeof(S));
+                          } else {
+                            for (int64_t i = 0; i < n; ++i) dp[i * in[1]] = sp[i * in[0]];
+                          }
+                        } else if (in[0] == 1 && in[1] == 1) {
                           for (int64_t i = 0; i < n; ++i) dp[i] = convert<S, D>(sp[i]);
                         } else {
                           for (int64_t i = 0; i < n; ++i) dp[i * in[1]] = convert<S, D>(sp[i * in[0]]);
