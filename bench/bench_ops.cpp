@@ -50,14 +50,16 @@ int main(int argc, char** argv) {
   std::printf("  (oneDNN bf16 kernel here: %s)\n",
               native.impl_name(DType::bf16).empty() ? "none" : native.impl_name(DType::bf16).c_str());
   {
-    // The LM head of the benchmarks' GPT-2 (1024 tokens x 256 hidden x 50257 vocabulary): 90% of a step's flops.
+    // The LM head of the benchmarks' GPT-2 (1024 tokens x 256 hidden x 50257 vocabulary): 90% of a step's
+    // flops.
     const int64_t m = 1024, k = 256, n = 50257;
     Tensor a = ops::randn({m, k}, gen), b = ops::randn({n, k}, gen);
     row("head f32 1024x256x50257", "-", bench::median_seconds([&] { ops::matmul(a, b, false, true); }, iters),
         2.0 * m * n * k, "GFLOP/s");
     Tensor a16 = ops::to_dtype(a, DType::bf16), b16 = ops::to_dtype(b, DType::bf16);
     row("head bf16 1024x256x50257", "-",
-        bench::median_seconds([&] { ops::matmul(a16, b16, false, true); }, iters), 2.0 * m * n * k, "GFLOP/s");
+        bench::median_seconds([&] { ops::matmul(a16, b16, false, true); }, iters), 2.0 * m * n * k,
+        "GFLOP/s");
     if (native.has_bf16()) {
       const Tensor s16 = ops::to_dtype(ops::randn({1024, 1024}, gen), DType::bf16);
       native_row("matmul bf16 native 1024^3", s16, s16, false);

@@ -80,9 +80,9 @@ void expect_compiled_equals_eager(const Case& c) {
   EXPECT_EQ(eager.compiled_shapes, 0) << c.name;
   // The plan needs no more than eager's memory plus what the graphs hold between steps: their own copies of
   // the batches they replay (input ids and labels of every micro-batch of each captured shape: the static
-  // inputs a CUDA graph reads at fixed addresses) and the few constants the host made inside the region (eager
-  // attention's causal mask, Llama's rope positions: 1-9 KiB measured here). Keeping every activation and a
-  // second copy of the gradients would add tens of percent.
+  // inputs a CUDA graph reads at fixed addresses) and the few constants the host made inside the region
+  // (eager attention's causal mask, Llama's rope positions: 1-9 KiB measured here). Keeping every activation
+  // and a second copy of the gradients would add tens of percent.
   const int64_t static_inputs = compiled.compiled_shapes * 2 * b.gradient_accumulation_steps *
                                 b.per_device_train_batch_size * b.block_size * int64_t{sizeof(int64_t)};
   EXPECT_LE(compiled.peak_bytes, eager.peak_bytes + static_inputs + (16 << 10))
@@ -111,7 +111,7 @@ const std::vector<Case>& cases() {
          a.max_steps = 12;
          h.after_backward = [](int64_t step, const nn::ParamList& params) {
            if (step == 0 || step == 11) return;  // 10 skipped steps, 11 loss scales: past the cap of 8 plans,
-           Tensor g = params[0].second->grad();   // which a plan per scale would have hit
+           Tensor g = params[0].second->grad();  // which a plan per scale would have hit
            g.data<Half>()[0] = Half(std::numeric_limits<float>::infinity());
          };
        }},
@@ -162,12 +162,19 @@ TEST(Compile, EveryOptimizerEqualsEager) {
 }
 
 // A plan is valid for a shape, not for a label count: steps of one shape whose batches mask different
-// numbers of labels (-100, as padding would) replay one plan, with the eager step's losses, norms and weights.
+// numbers of labels (-100, as padding would) replay one plan, with the eager step's losses, norms and
+// weights.
 TEST(Compile, OnePlanServesEveryLabelCountOfAShape) {
-  const auto config = models::ModelConfig::from_json(
-      {{"model_type", "gpt2"}, {"vocab_size", 96}, {"n_embd", 32}, {"n_layer", 2}, {"n_head", 4},
-       {"n_positions", 32}, {"embd_pdrop", 0.0}, {"resid_pdrop", 0.0}, {"attn_pdrop", 0.0}},
-      "config.json");
+  const auto config = models::ModelConfig::from_json({{"model_type", "gpt2"},
+                                                      {"vocab_size", 96},
+                                                      {"n_embd", 32},
+                                                      {"n_layer", 2},
+                                                      {"n_head", 4},
+                                                      {"n_positions", 32},
+                                                      {"embd_pdrop", 0.0},
+                                                      {"resid_pdrop", 0.0},
+                                                      {"attn_pdrop", 0.0}},
+                                                     "config.json");
   struct Out {
     std::vector<double> losses, norms;
     std::vector<float> weights;

@@ -41,11 +41,11 @@ TEST(CudaDevice, CopiesRoundTripAndRandomBitsMatchTheCpu) {
   EXPECT_EQ(test::values(u_cpu), test::values(u_gpu));
   // A bad id is flagged by the kernel and reported at the next synchronization (reading the result), not at
   // the call; reading it here also clears the flag, so the next test does not meet it at an unrelated sync.
-  EXPECT_THROW(ops::to_device(ops::embedding(ops::zeros({4, 2}, DType::f32, Device::cuda(0)),
-                                             ops::to_device(ops::from_vector<int64_t>({0, 9}, {2}),
-                                                            Device::cuda(0))),
-                              Device::cpu()),
-               Error);
+  EXPECT_THROW(
+      ops::to_device(ops::embedding(ops::zeros({4, 2}, DType::f32, Device::cuda(0)),
+                                    ops::to_device(ops::from_vector<int64_t>({0, 9}, {2}), Device::cuda(0))),
+                     Device::cpu()),
+      Error);
   int64_t before = ops::allocator_for(Device::cuda(0)).stats().current_bytes;
   {
     Tensor t = ops::empty({1024}, DType::f32, Device::cuda(0));
@@ -266,8 +266,8 @@ TEST(CudaDevice, HalfLogitGradientMatchesTheCpu) {
 TEST(CudaDevice, EmbeddingBackwardGroupsIdsOnTheDevice) {
   if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: device embedding backward NOT tested";
   const Device gpu = Device::cuda(0);
-  for (const auto& [n, v, d] : {std::tuple<int64_t, int64_t, int64_t>{37, 11, 5}, {4096, 70000, 24},
-                                {100000, 80000, 3}}) {
+  for (const auto& [n, v, d] :
+       {std::tuple<int64_t, int64_t, int64_t>{37, 11, 5}, {4096, 70000, 24}, {100000, 80000, 3}}) {
     std::vector<int64_t> ids(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = (i * 7919 + i / 3) % v;
     const Tensor id_cpu = ops::from_vector<int64_t>(ids, {n});

@@ -412,8 +412,8 @@ TEST(ChunkedLoss, Fp16LogitGradientsOfTinyProbabilitiesSurvive) {
 }
 
 // The chunked head's half logit gradient comes straight from the loss kernel: each value the f32 kernel's,
-// rounded once - the bits of to_dtype(cross_entropy_backward(...)) - with ignored rows zero, a vocabulary that
-// ends mid-vector (50257) and a tiny one (7), gradients at GradScaler's and the fp16 pre-scale's sizes.
+// rounded once - the bits of to_dtype(cross_entropy_backward(...)) - with ignored rows zero, a vocabulary
+// that ends mid-vector (50257) and a tiny one (7), gradients at GradScaler's and the fp16 pre-scale's sizes.
 TEST(ChunkedLoss, TheHalfLogitGradientIsTheF32OneRoundedOnce) {
   for (const int64_t V : {int64_t{50257}, int64_t{7}}) {
     const int64_t N = 5;
@@ -431,8 +431,8 @@ TEST(ChunkedLoss, TheHalfLogitGradientIsTheF32OneRoundedOnce) {
     }
   }
   EXPECT_THROW(ops::cross_entropy_backward_into(ops::zeros({2, 3}, DType::f64), ops::zeros({2}, DType::i64),
-                                                ops::zeros({2}, DType::f64), ops::zeros({2}, DType::f64), -100,
-                                                ops::empty({2, 3}, DType::bf16)),
+                                                ops::zeros({2}, DType::f64), ops::zeros({2}, DType::f64),
+                                                -100, ops::empty({2, 3}, DType::bf16)),
                Error);
 }
 

@@ -39,8 +39,8 @@ class CopyStream {
 
  private:
   Device device_;
-  void* stream_ = nullptr;  // cudaStream_t
-  void* event_ = nullptr;   // cudaEvent_t: the copies queued so far
+  void* stream_ = nullptr;   // cudaStream_t
+  void* event_ = nullptr;    // cudaEvent_t: the copies queued so far
   void* compute_ = nullptr;  // cudaEvent_t: the compute work queued before a copy
 };
 

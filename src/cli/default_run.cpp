@@ -79,7 +79,8 @@ std::string choose_default_precision(train::TrainingArguments& a, bool precision
   const std::string steps =
       steps_given ? ""
                   : fmt::format(", so it trains {} steps in about the time fp32 takes for 500", a.max_steps);
-  return std::string("the default run trains in bf16 mixed precision: this CPU runs bf16 matmuls natively (") +
+  return std::string(
+             "the default run trains in bf16 mixed precision: this CPU runs bf16 matmuls natively (") +
          (native == backend::NativeHalf::amx ? "AMX" : "AVX512_BF16") + ")" + steps +
          "; --bf16 false trains in fp32";
 }

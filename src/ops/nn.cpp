@@ -169,7 +169,8 @@ std::string gemm_precision_note(Device device, DType operands) {
 }
 
 backend::NativeHalf native_half_matmul(Device device, DType operands) {
-  return device.is_meta() ? backend::NativeHalf::none : backend::backend_for(device).native_half_matmul(operands);
+  return device.is_meta() ? backend::NativeHalf::none
+                          : backend::backend_for(device).native_half_matmul(operands);
 }
 
 void addmm_(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha,
@@ -408,11 +409,12 @@ void cross_entropy_backward_(const Tensor& logits, const Tensor& labels, const T
 
 void cross_entropy_backward_into(const Tensor& logits, const Tensor& labels, const Tensor& lse,
                                  const Tensor& grad_loss, int64_t ignore_index, const Tensor& out) {
-  TR_CHECK(logits.is_contiguous() && logits.dtype() == DType::f32 && out.is_contiguous() &&
-               out.shape() == logits.shape() && (out.dtype() == DType::bf16 || out.dtype() == DType::f16) &&
-               out.device() == logits.device(),
-           "cross_entropy_backward_into: f32 logits {} into a contiguous bf16/f16 gradient of their shape, got {}",
-           logits.describe(), out.describe());
+  TR_CHECK(
+      logits.is_contiguous() && logits.dtype() == DType::f32 && out.is_contiguous() &&
+          out.shape() == logits.shape() && (out.dtype() == DType::bf16 || out.dtype() == DType::f16) &&
+          out.device() == logits.device(),
+      "cross_entropy_backward_into: f32 logits {} into a contiguous bf16/f16 gradient of their shape, got {}",
+      logits.describe(), out.describe());
   TR_CHECK(grad_loss.numel() == labels.numel() && grad_loss.dtype() == lse.dtype() &&
                labels.device() == logits.device() && grad_loss.device() == logits.device(),
            "cross_entropy_backward_into: grad {} / labels {} do not match logits {}", grad_loss.describe(),

@@ -68,7 +68,8 @@ class CompiledStep final : public TrainStep {
   }
 
   int64_t captured_shapes() const override {
-    return std::count_if(plans_.begin(), plans_.end(), [](const auto& kv) { return kv.second.graph != nullptr; });
+    return std::count_if(plans_.begin(), plans_.end(),
+                         [](const auto& kv) { return kv.second.graph != nullptr; });
   }
 
   void release_memory() override {
@@ -86,8 +87,7 @@ class CompiledStep final : public TrainStep {
     return r;
   }
 
-  StepResult capture(const std::string& key, int64_t step, const std::vector<data::Batch>& micro,
-                     double lr) {
+  StepResult capture(const std::string& key, int64_t step, const std::vector<data::Batch>& micro, double lr) {
     release_memory();  // the capture runs eagerly: with eager's memory, not beside the arena
     Plan& p = plans_[key];
     for (const auto& b : micro) {  // the graph reads its inputs from buffers it owns

@@ -33,7 +33,7 @@ struct TrainResult {
   int64_t save_peak_bytes = 0;   // the most during a checkpoint save inside training (0: none saved)
   // A model split by device_map: each device's allocator peak during training, in the placement's order.
   std::vector<std::pair<std::string, int64_t>> device_peak_bytes;
-  double unigram_baseline = 0;   // eval-set cross-entropy of the train-set unigram model (with an eval)
+  double unigram_baseline = 0;  // eval-set cross-entropy of the train-set unigram model (with an eval)
   int64_t tokens = 0, global_step = 0;
   double eval_seconds = 0;       // evaluation time, kept out of `seconds`
   double flops_per_token = 0;    // model FLOPs per trained token (6N + 12 L H T)

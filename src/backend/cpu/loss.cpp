@@ -63,9 +63,9 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, int64
 
 namespace {
 
-// f32 logits, half gradient (the chunked LM head's bf16/f16 GEMM operand): each row's f32 gradient is made in a
-// per-thread buffer by the f32 kernel and rounded from there (L2), instead of being stored in f32 and narrowed
-// by a second pass over memory; the bits are those of the f32 kernel's values rounded once (RNE).
+// f32 logits, half gradient (the chunked LM head's bf16/f16 GEMM operand): each row's f32 gradient is made in
+// a per-thread buffer by the f32 kernel and rounded from there (L2), instead of being stored in f32 and
+// narrowed by a second pass over memory; the bits are those of the f32 kernel's values rounded once (RNE).
 template <typename H>
 void cross_entropy_backward_to_half(const float* xp, const int64_t* lp, const float* lsep, const float* gl,
                                     H* gp, int64_t rows, int64_t v, int64_t ignore_index) {
@@ -99,16 +99,17 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& labe
   const int64_t v = logits.shape().back();
   const int64_t rows = logits.numel() / std::max<int64_t>(v, 1);
   if (glogits.dtype() != logits.dtype()) {
-    TR_CHECK(logits.dtype() == DType::f32 && (glogits.dtype() == DType::bf16 || glogits.dtype() == DType::f16),
-             "cross_entropy_backward: a {} gradient of {} logits (only f32 logits to bf16/f16)",
-             dtype_name(glogits.dtype()), dtype_name(logits.dtype()));
+    TR_CHECK(
+        logits.dtype() == DType::f32 && (glogits.dtype() == DType::bf16 || glogits.dtype() == DType::f16),
+        "cross_entropy_backward: a {} gradient of {} logits (only f32 logits to bf16/f16)",
+        dtype_name(glogits.dtype()), dtype_name(logits.dtype()));
     const float *xp = logits.data<float>(), *lsep = lse.data<float>(), *gl = grad_loss.data<float>();
     if (glogits.dtype() == DType::bf16)
       cross_entropy_backward_to_half(xp, labels.data<int64_t>(), lsep, gl,
                                      static_cast<BFloat16*>(glogits.data_ptr()), rows, v, ignore_index);
     else
-      cross_entropy_backward_to_half(xp, labels.data<int64_t>(), lsep, gl, static_cast<Half*>(glogits.data_ptr()),
-                                     rows, v, ignore_index);
+      cross_entropy_backward_to_half(xp, labels.data<int64_t>(), lsep, gl,
+                                     static_cast<Half*>(glogits.data_ptr()), rows, v, ignore_index);
     return;
   }
   dispatch_float(logits.dtype(), "cross_entropy_backward", [&]<typename T>() {

@@ -199,12 +199,14 @@ std::string CpuBackend::gemm_precision_note(DType operands) const {
   const bool kernel = !impl.empty() && impl.rfind("ref", 0) != 0;
   if (native_.native_for(operands))
     return native_.amx()
-               ? fmt::format("bf16 matmuls run natively on this CPU, on its AMX tiles ({}: {}), accumulating "
-                             "in f32",
-                             lib, impl)
-               : fmt::format("bf16 matmuls run natively on this CPU, as AVX512_BF16 dot products ({}: {}; about "
-                             "2x the f32 sgemm on AMD's cores), accumulating in f32",
-                             lib, impl);
+               ? fmt::format(
+                     "bf16 matmuls run natively on this CPU, on its AMX tiles ({}: {}), accumulating "
+                     "in f32",
+                     lib, impl)
+               : fmt::format(
+                     "bf16 matmuls run natively on this CPU, as AVX512_BF16 dot products ({}: {}; about "
+                     "2x the f32 sgemm on AMD's cores), accumulating in f32",
+                     lib, impl);
   if (is_bf16 && native_.has_bf16() && kernel)
     return fmt::format(
         "bf16 is widened to f32 on this CPU: its AVX512_BF16 matmul ({}: {}) runs at about 0.6x the f32 "

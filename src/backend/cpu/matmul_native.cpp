@@ -1,6 +1,6 @@
 // NativeMatmul: one oneDNN matmul primitive per call (oneDNN's primitive cache keeps the kernels it JITs);
-// speed is the brgemm kernel's (AVX512_BF16: up to 2x f32 FMA throughput, where the core runs VDPBF16PS at the
-// FMA rate; AMX tiles: far more).
+// speed is the brgemm kernel's (AVX512_BF16: up to 2x f32 FMA throughput, where the core runs VDPBF16PS at
+// the FMA rate; AMX tiles: far more).
 #include "backend/cpu/matmul_native.h"
 
 #include <cpuid.h>

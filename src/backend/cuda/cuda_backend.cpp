@@ -288,7 +288,8 @@ class CudaBackend final : public backend::Backend {
   void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
                               const Tensor& grad_loss, int64_t ignore_index, const Tensor& glogits) override {
     TR_CHECK(glogits.dtype() == logits.dtype() ||
-                 (logits.dtype() == DType::f32 && (glogits.dtype() == DType::bf16 || glogits.dtype() == DType::f16)),
+                 (logits.dtype() == DType::f32 &&
+                  (glogits.dtype() == DType::bf16 || glogits.dtype() == DType::f16)),
              "cross_entropy_backward: a {} gradient of {} logits (only f32 logits to bf16/f16)",
              dtype_name(glogits.dtype()), dtype_name(logits.dtype()));
     cuda::cross_entropy_backward(logits.dtype(), logits.data_ptr(), labels.data<int64_t>(), lse.data_ptr(),
@@ -679,7 +680,8 @@ void CopyStream::copy_async(const Tensor& host, const Tensor& dev) {
   // The device block may have been freed by tensors that kernels queued on the compute (legacy default)
   // stream still read: the copy waits for them on the device, not on the host.
   TR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(compute_), nullptr));
-  TR_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), static_cast<cudaEvent_t>(compute_), 0));
+  TR_CUDA_CHECK(
+      cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), static_cast<cudaEvent_t>(compute_), 0));
   TR_CUDA_CHECK(cudaMemcpyAsync(dev.data_ptr(), host.data_ptr(), host.nbytes(), cudaMemcpyHostToDevice,
                                 static_cast<cudaStream_t>(stream_)));
 }

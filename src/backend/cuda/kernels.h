@@ -82,8 +82,8 @@ void embedding(DType dt, const void* weight, const int64_t* ids, void* out, int6
 // Deterministic scatter-add without a host round trip: the n rows of gy are grouped by id on the device
 // (a stable radix sort of (id, row) pairs, then runs of one id), and each id's rows are summed in row order.
 // Ids outside [0, v) (flagged by the forward) add nothing. Fewer than 2^31 ids (CUB's item count).
-void embedding_backward(DType dt, const void* gy, const int64_t* ids, int64_t n, void* gw, int64_t v, int64_t d,
-                        Scratch& scratch);
+void embedding_backward(DType dt, const void* gy, const int64_t* ids, int64_t n, void* gw, int64_t v,
+                        int64_t d, Scratch& scratch);
 // Index errors kernels flag without a host sync, in `bad` (three int64 of mapped host memory the backend
 // reads at its next synchronization): the value, its kind, the limit it broke. The offending element gets
 // zeros instead of an out-of-range read.

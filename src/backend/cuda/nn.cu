@@ -227,7 +227,8 @@ __global__ void embedding_kernel(const T* w, const int64_t* ids, T* out, int64_t
 }
 
 // The sort keys: the id, or v for an id outside [0, v) (one run the sum skips), and each row's own number.
-__global__ void embedding_keys_kernel(const int64_t* ids, int64_t n, int64_t v, int64_t* keys, int64_t* rows) {
+__global__ void embedding_keys_kernel(const int64_t* ids, int64_t n, int64_t v, int64_t* keys,
+                                      int64_t* rows) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     const int64_t id = ids[i];
@@ -255,8 +256,8 @@ __global__ void embedding_backward_kernel(const T* gy, const int64_t* order, con
   }
 }
 
-// starts[runs] = n: the end of the last run (the scan covers n counts, so with fewer runs it is there already;
-// with n runs it is not).
+// starts[runs] = n: the end of the last run (the scan covers n counts, so with fewer runs it is there
+// already; with n runs it is not).
 __global__ void embedding_runs_end_kernel(int64_t* starts, const int64_t* n_runs, int64_t n) {
   starts[*n_runs] = n;
 }
@@ -272,14 +273,12 @@ int sort_bits(int64_t v) {
 size_t cub_temp_bytes(int64_t n, int64_t v) {
   size_t sort = 0, rle = 0, scan = 0;
   const int ni = static_cast<int>(n);
-  TR_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort, static_cast<const int64_t*>(nullptr),
-                                                static_cast<int64_t*>(nullptr),
-                                                static_cast<const int64_t*>(nullptr),
-                                                static_cast<int64_t*>(nullptr), ni, 0, sort_bits(v)));
-  TR_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(nullptr, rle, static_cast<const int64_t*>(nullptr),
-                                                   static_cast<int64_t*>(nullptr),
-                                                   static_cast<int64_t*>(nullptr),
-                                                   static_cast<int64_t*>(nullptr), ni));
+  TR_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, sort, static_cast<const int64_t*>(nullptr), static_cast<int64_t*>(nullptr),
+      static_cast<const int64_t*>(nullptr), static_cast<int64_t*>(nullptr), ni, 0, sort_bits(v)));
+  TR_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(
+      nullptr, rle, static_cast<const int64_t*>(nullptr), static_cast<int64_t*>(nullptr),
+      static_cast<int64_t*>(nullptr), static_cast<int64_t*>(nullptr), ni));
   TR_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan, static_cast<const int64_t*>(nullptr),
                                               static_cast<int64_t*>(nullptr), ni));
   return std::max({sort, rle, scan});
@@ -324,7 +323,6 @@ __global__ void rope_kernel(const T* x, const float* cs, const float* sn, const 
 
 int threads_for_row(int64_t n) { return n >= 1024 ? 1024 : n >= 256 ? 256 : 64; }
 
-
 }  // namespace
 
 void layer_norm(DType dt, const void* x, const void* w, const void* b, void* y, void* mean, void* rstd,
@@ -350,7 +348,8 @@ void layer_norm_backward(DType dt, const void* x, const void* w, const void* mea
           static_cast<const T*>(gadd));
     if (gw || gb)
       norm_param_grads<T>(static_cast<const T*>(x), static_cast<const A*>(mean), static_cast<const A*>(rstd),
-                          static_cast<const T*>(gy), static_cast<T*>(gw), static_cast<T*>(gb), rows, n, scratch);
+                          static_cast<const T*>(gy), static_cast<T*>(gw), static_cast<T*>(gb), rows, n,
+                          scratch);
   });
   TR_CUDA_LAUNCH_CHECK("layer_norm_backward");
 }
@@ -398,8 +397,9 @@ void cross_entropy_backward(DType dt, const void* logits, const int64_t* labels,
     const auto* l = static_cast<const float*>(lse);
     const auto* g = static_cast<const float*>(grad_loss);
     if (gdt == DType::bf16)
-      cross_entropy_backward_kernel<float, __nv_bfloat16><<<static_cast<unsigned>(rows), threads_for_row(v)>>>(
-          x, labels, l, g, static_cast<__nv_bfloat16*>(glogits), v, ignore_index);
+      cross_entropy_backward_kernel<float, __nv_bfloat16>
+          <<<static_cast<unsigned>(rows), threads_for_row(v)>>>(
+              x, labels, l, g, static_cast<__nv_bfloat16*>(glogits), v, ignore_index);
     else
       cross_entropy_backward_kernel<float, __half><<<static_cast<unsigned>(rows), threads_for_row(v)>>>(
           x, labels, l, g, static_cast<__half*>(glogits), v, ignore_index);
@@ -424,8 +424,8 @@ void embedding(DType dt, const void* weight, const int64_t* ids, void* out, int6
   TR_CUDA_LAUNCH_CHECK("embedding");
 }
 
-void embedding_backward(DType dt, const void* gy, const int64_t* ids, int64_t n, void* gw, int64_t v, int64_t d,
-                        Scratch& scratch) {
+void embedding_backward(DType dt, const void* gy, const int64_t* ids, int64_t n, void* gw, int64_t v,
+                        int64_t d, Scratch& scratch) {
   fill(gw, dt, v * d, 0.0);
   if (n == 0) return;
   struct {
@@ -447,8 +447,8 @@ void embedding_backward(DType dt, const void* gy, const int64_t* ids, int64_t n,
                                                 ni, 0, sort_bits(v)));
   // Counts past the last run stay 0, so the scan below adds nothing undefined.
   TR_CUDA_CHECK(cudaMemsetAsync(s.counts, 0, static_cast<size_t>(n) * sizeof(int64_t)));
-  TR_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(s.temp, s.temp_bytes, s.sorted_keys, s.uid, s.counts,
-                                                   s.n_runs, ni));
+  TR_CUDA_CHECK(
+      cub::DeviceRunLengthEncode::Encode(s.temp, s.temp_bytes, s.sorted_keys, s.uid, s.counts, s.n_runs, ni));
   TR_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(s.temp, s.temp_bytes, s.counts, s.starts, ni));
   embedding_runs_end_kernel<<<1, 1>>>(s.starts, s.n_runs, n);
   TR_CUDA_LAUNCH_CHECK("embedding_backward runs");

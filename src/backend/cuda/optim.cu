@@ -230,8 +230,8 @@ void fused_adamw(DType dt, const AdamWChunk* chunks, int64_t count, double lr, d
     launch_adamw<float>(chunks, count, lr, weight_decay, beta1, beta2, eps, step, inv_scale, max_norm, stats,
                         scratch);
   else
-    launch_adamw<double>(chunks, count, lr, weight_decay, beta1, beta2, eps, step, inv_scale, max_norm,
-                         stats, scratch);
+    launch_adamw<double>(chunks, count, lr, weight_decay, beta1, beta2, eps, step, inv_scale, max_norm, stats,
+                         scratch);
 }
 
 }  // namespace tr::cuda
