@@ -280,6 +280,25 @@ TEST(CudaDevice, EmbeddingBackwardGroupsIdsOnTheDevice) {
       EXPECT_EQ(test::values(got), test::values(want)) << "n " << n << " v " << v << " " << dtype_name(dt);
     }
   }
+  // Ids outside [0, v) (which the forward flags) add nothing: the other rows are the CPU's over the good ids.
+  const int64_t n = 9, v = 4, d = 3;
+  const std::vector<int64_t> ids = {-1, 2, 0, 4, 2, 3, 1, -7, 0};
+  const Tensor gy = test::randn({n, d}, 5);
+  std::vector<int64_t> good_ids;
+  std::vector<double> good_rows;
+  const std::vector<double> all = test::values(gy);
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[static_cast<size_t>(i)] < 0 || ids[static_cast<size_t>(i)] >= v) continue;
+    good_ids.push_back(ids[static_cast<size_t>(i)]);
+    good_rows.insert(good_rows.end(), all.begin() + i * d, all.begin() + (i + 1) * d);
+  }
+  const int64_t g = static_cast<int64_t>(good_ids.size());
+  const Tensor want =
+      ops::embedding_backward(ops::to_dtype(ops::from_vector<double>(good_rows, {g, d}), DType::f32),
+                              ops::from_vector<int64_t>(good_ids, {g}), v);
+  const Tensor got = ops::embedding_backward(ops::to_device(gy, gpu),
+                                             ops::to_device(ops::from_vector<int64_t>(ids, {n}), gpu), v);
+  EXPECT_EQ(test::values(got), test::values(want)) << "bad ids";
 }
 
 }  // namespace

@@ -12,10 +12,11 @@ std::string data_dir();
 void ensure_default_data();
 train::TrainingArguments default_run_arguments();
 // The default run's precision: bf16 mixed precision where the training device is a CPU that runs bf16
-// matmuls natively and faster (AMX, AMD's AVX512_BF16), else fp32; `precision_given` (--bf16/--fp16 on the
-// command line) keeps the user's choice. In bf16 it trains more than 500 steps unless `steps_given`: about
-// the fp32 run's wall time at the default run's measured speed-up on that kind of CPU (docs/PERFORMANCE.md:
-// 1.37x with AMX, 1.12x on AMD Zen 5's AVX512_BF16). Returns the line to print when it picked bf16.
+// matmuls natively and faster (AMX, AMD Zen 5's AVX512_BF16), else fp32; `precision_given` (--bf16/--fp16 on
+// the command line) keeps the user's choice. In bf16 it trains more than 500 steps unless `steps_given`:
+// about the fp32 run's wall time at the default run's measured speed-up on that kind of CPU
+// (docs/PERFORMANCE.md: 1.37x with AMX, 1.12x on AMD Zen 5's AVX512_BF16). Returns the line to print when it
+// picked bf16.
 inline constexpr int64_t kBf16DefaultStepsAmx = 690;
 inline constexpr int64_t kBf16DefaultStepsAvx512Bf16 = 560;
 std::string choose_default_precision(train::TrainingArguments& a, bool precision_given, bool steps_given);

@@ -410,15 +410,19 @@ void cross_entropy_backward_(const Tensor& logits, const Tensor& labels, const T
 void cross_entropy_backward_into(const Tensor& logits, const Tensor& labels, const Tensor& lse,
                                  const Tensor& grad_loss, int64_t ignore_index, const Tensor& out) {
   TR_CHECK(
-      logits.is_contiguous() && logits.dtype() == DType::f32 && out.is_contiguous() &&
+      logits.dim() >= 1 && logits.is_contiguous() && logits.dtype() == DType::f32 && out.is_contiguous() &&
           out.shape() == logits.shape() && (out.dtype() == DType::bf16 || out.dtype() == DType::f16) &&
           out.device() == logits.device(),
       "cross_entropy_backward_into: f32 logits {} into a contiguous bf16/f16 gradient of their shape, got {}",
       logits.describe(), out.describe());
-  TR_CHECK(grad_loss.numel() == labels.numel() && grad_loss.dtype() == lse.dtype() &&
-               labels.device() == logits.device() && grad_loss.device() == logits.device(),
-           "cross_entropy_backward_into: grad {} / labels {} do not match logits {}", grad_loss.describe(),
-           labels.describe(), logits.describe());
+  TR_CHECK(
+      grad_loss.numel() == labels.numel() &&
+          labels.numel() == logits.numel() / std::max<int64_t>(1, logits.shape().back()) &&
+          lse.numel() == labels.numel() && grad_loss.dtype() == DType::f32 && lse.dtype() == DType::f32 &&
+          lse.is_contiguous() && labels.device() == logits.device() &&
+          grad_loss.device() == logits.device() && lse.device() == logits.device(),
+      "cross_entropy_backward_into: grad {} / lse {} / labels {} do not match logits {} (f32, one per row)",
+      grad_loss.describe(), lse.describe(), labels.describe(), logits.describe());
   Tensor yc = contiguous(labels), gc = contiguous(grad_loss);
   if (runs(out)) be(logits).cross_entropy_backward(logits, yc, lse, gc, ignore_index, out);
 }

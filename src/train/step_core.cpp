@@ -83,6 +83,7 @@ double StepCore::label_tokens(const std::vector<data::Batch>& micro) {
 }
 
 Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& micro, StepResult& r) {
+  TR_CHECK(inv_items_.defined(), "train step: load_step_scalars must run before forward_backward");
   Tensor sum;
   // ZeRO-3 accumulates in the f32 gradient shard: no whole f32 gradients are made up front.
   s_.mp.begin_step(full_ ? 1 : static_cast<int64_t>(micro.size()));

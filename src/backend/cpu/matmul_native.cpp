@@ -72,8 +72,13 @@ NativeMatmul::NativeMatmul() {
   bf16_ = (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
   amx_ = (isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx;
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;  // leaf 0: the vendor string in EBX, EDX, ECX
-  amd_ = __get_cpuid(0, &eax, &ebx, &ecx, &edx) && ebx == 0x68747541u && edx == 0x69746e65u &&
-         ecx == 0x444d4163u;  // "Auth" "enti" "cAMD"
+  const bool amd = __get_cpuid(0, &eax, &ebx, &ecx, &edx) && ebx == 0x68747541u && edx == 0x69746e65u &&
+                   ecx == 0x444d4163u;  // "Auth" "enti" "cAMD"
+  // leaf 1, EAX: base family in bits 8-11, plus the extended family (bits 20-27) when the base is 0xF
+  if (amd && __get_cpuid(1, &eax, &ebx, &ecx, &edx)) {
+    const unsigned base = eax >> 8 & 0xFu, family = base == 0xFu ? base + (eax >> 20 & 0xFFu) : base;
+    zen5_ = family >= 0x1Au;
+  }
   // leaf 7, sub-leaf 0: EDX bit 23 is AVX512_FP16
   avx512_fp16_ = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx >> 23 & 1u);
   tiles_ = amx_ && amx::request_tiles();
