@@ -204,8 +204,10 @@ CausalLMOutput CausalLM::head_and_loss(const Tensor& h, const Tensor& w, const F
   Tensor sl = ops::full({B, T}, -100.0, DType::i64, h.device());
   if (T > 1) ops::copy_(ops::narrow(sl, 1, 0, T - 1), ops::narrow(labels, 1, 1, T - 1));
   sl = ops::view(sl, {B * T});
-  double denom = opts.inv_num_items.defined() ? 1.0 : opts.num_items_in_batch;
-  if (denom <= 0) {  // the labels' own count (evaluation, direct calls): read on the host
+  // The divisor: the training step's device scalar (inv_num_items), else num_items_in_batch, else the labels'
+  // own count (evaluation, direct calls), read on the host.
+  double denom = opts.num_items_in_batch;
+  if (!opts.inv_num_items.defined() && denom <= 0) {
     denom = 0;
     const std::vector<int64_t> l = ops::to_vector<int64_t>(labels);
     for (int64_t b = 0; b < B; ++b)
