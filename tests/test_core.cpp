@@ -385,6 +385,46 @@ double tanh_d(double x) { return std::tanh(x); }
 double tanh_grad_d(double x) { return 1 - std::tanh(x) * std::tanh(x); }
 double exp_d(double x) { return std::exp(x); }
 
+// The 16-lane kernels (vec_unary512.h, what an AVX-512 CPU runs) give the 8-lane ones' bits, element for
+// element: across the range, at the edges (+-20 where tanh clamps, +-0.5 where expm1 switches forms, exp's
+// overflow and underflow), for infinities and NaN, and in rows whose tails end at every lane.
+template <backend::UnaryOp OP>
+void expect_sixteen_lanes_match_eight(double lo, double hi) {
+  std::vector<float> x;
+  for (int i = 0; i < 20011; ++i) x.push_back(static_cast<float>(lo + (hi - lo) * i / 20010));
+  for (float e : {0.5f, 0.25f, 10.0f, 20.0f, 44.0f, 88.3762626647949f, 87.3365447504f, 1e-30f, 0.0f})
+    for (float v : {e, std::nextafter(e, 0.0f), std::nextafter(e, 1e30f)}) {
+      x.push_back(v);
+      x.push_back(-v);
+    }
+  for (float v : {INFINITY, -INFINITY, NAN, -0.0f, 1e30f, -1e30f}) x.push_back(v);
+  const auto n = static_cast<int64_t>(x.size());
+  std::vector<float> gy(x.size());
+  for (size_t i = 0; i < gy.size(); ++i) gy[i] = static_cast<float>(std::cos(0.37 * static_cast<double>(i)));
+  for (int64_t len : {n, int64_t{1}, int64_t{7}, int64_t{15}, int64_t{17}, int64_t{31}}) {
+    std::vector<float> y8(len), y16(len), g8(len), g16(len);
+    cpu::unary_row8<OP>(x.data(), y8.data(), len);
+    cpu::unary_row16<OP>(x.data(), y16.data(), len);
+    cpu::unary_grad_row8<OP>(x.data(), gy.data(), g8.data(), len);
+    cpu::unary_grad_row16<OP>(x.data(), gy.data(), g16.data(), len);
+    for (int64_t i = 0; i < len; ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(y16[i]), std::bit_cast<uint32_t>(y8[i]))
+          << backend::unary_name(OP) << " f(" << x[i] << ")";
+      ASSERT_EQ(std::bit_cast<uint32_t>(g16[i]), std::bit_cast<uint32_t>(g8[i]))
+          << backend::unary_name(OP) << " f'(" << x[i] << ")";
+    }
+  }
+}
+
+TEST(VecMath, SixteenLanesMatchEight) {
+  if (!cpu::cpu_has_avx512f()) GTEST_SKIP() << "no AVX-512F on this CPU";
+  expect_sixteen_lanes_match_eight<backend::UnaryOp::gelu_tanh>(-12, 12);
+  expect_sixteen_lanes_match_eight<backend::UnaryOp::silu>(-30, 30);
+  expect_sixteen_lanes_match_eight<backend::UnaryOp::sigmoid>(-30, 30);
+  expect_sixteen_lanes_match_eight<backend::UnaryOp::tanh>(-12, 12);
+  expect_sixteen_lanes_match_eight<backend::UnaryOp::exp>(-100, 100);
+}
+
 TEST(VecMath, UnaryRowKernelsMatchTheirFormulas) {
   check_vec_unary<backend::UnaryOp::gelu_tanh>(gelu_tanh_d, gelu_tanh_grad_d, -12, 12);
   check_vec_unary<backend::UnaryOp::silu>(silu_d, silu_grad_d, -30, 30);

@@ -762,3 +762,49 @@ TEST(EdgeCases, InPlaceAddWithAnOverlappingTransposedOperand) {
 
 }  // namespace
 }  // namespace tr
+
+namespace tr {
+namespace {
+
+// The CPU's strided walk (loops.h: each thread's first run found by division, the rest by an odometer) and
+// its column sums (reduce.cpp: narrower column chunks when there is one block, added in vectors) against a
+// scalar walk: permuted copies of 5-d views small and past the threading threshold (threads' row ranges
+// ending mid-dimension), and sums down columns in double in row order - the same bits, not merely close.
+TEST(CpuKernels, StridedCopiesAndColumnSumsMatchAScalarWalk) {
+  Generator g(11);
+  for (const Shape& s : {Shape{2, 3, 4, 5, 6}, Shape{3, 5, 7, 40, 17}}) {
+    const Tensor x = ops::randn(s, g);
+    const std::vector<int64_t> perm = {0, 3, 1, 4, 2};
+    const Tensor y = ops::contiguous(ops::permute(x, perm));
+    const std::vector<float> xv = ops::to_vector<float>(x), yv = ops::to_vector<float>(y);
+    std::vector<int64_t> idx(5, 0);
+    for (size_t k = 0; k < yv.size(); ++k) {  // idx: y's index, odometer order
+      int64_t src = 0;
+      for (int d = 0; d < 5; ++d) src += idx[static_cast<size_t>(d)] * x.strides()[static_cast<size_t>(perm[d])];
+      ASSERT_EQ(std::bit_cast<uint32_t>(yv[k]), std::bit_cast<uint32_t>(xv[static_cast<size_t>(src)]))
+          << shape_str(s) << " element " << k;
+      for (int d = 4; d >= 0; --d) {
+        if (++idx[static_cast<size_t>(d)] < y.shape()[static_cast<size_t>(d)]) break;
+        idx[static_cast<size_t>(d)] = 0;
+      }
+    }
+  }
+  for (const Shape& s : {Shape{37, 70}, Shape{300, 1000}, Shape{5, 300, 40}}) {
+    const Tensor x = ops::randn(s, g);
+    const int64_t dim = s.size() == 2 ? 0 : 1;
+    const Tensor sum = ops::reduce(ops::ReduceOp::sum, x, {dim}, false);
+    const std::vector<float> xv = ops::to_vector<float>(x), sv = ops::to_vector<float>(sum);
+    const int64_t outer = s.size() == 2 ? 1 : s[0], r = s[static_cast<size_t>(dim)], inner = s.back();
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t j = 0; j < inner; ++j) {
+        double acc = 0;
+        for (int64_t i = 0; i < r; ++i) acc += static_cast<double>(xv[static_cast<size_t>((o * r + i) * inner + j)]);
+        ASSERT_EQ(std::bit_cast<uint32_t>(sv[static_cast<size_t>(o * inner + j)]),
+                  std::bit_cast<uint32_t>(static_cast<float>(acc)))
+            << shape_str(s) << " column " << o << ", " << j;
+      }
+  }
+}
+
+}  // namespace
+}  // namespace tr

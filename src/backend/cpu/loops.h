@@ -75,7 +75,9 @@ inline int threads_for(int64_t work) {
 
 // Iterates over `shape` in row-major order. For each run along the innermost dim, calls
 // fn(offsets, n, inner_strides) where offsets[j] is the element offset of operand j at the run start.
-// Runs are distributed over threads; fn must only touch its own run.
+// Runs are distributed over threads; fn must only touch its own run. Each thread finds its first run's
+// offsets by division and steps to the next run by an odometer: a head split's runs are 16 elements, where
+// a division per run cost more than the copy.
 template <size_t N, typename F>
 void strided_loop(const Shape& shape, const std::array<Strides, N>& strides, F&& fn) {
   const int64_t nd = static_cast<int64_t>(shape.size());
@@ -90,17 +92,38 @@ void strided_loop(const Shape& shape, const std::array<Strides, N>& strides, F&&
   if (n_inner == 0 || rows == 0) return;
   std::array<int64_t, N> inner;
   for (size_t j = 0; j < N; ++j) inner[j] = strides[j][nd - 1];
-  const int nt = threads_for(rows * n_inner);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t row = 0; row < rows; ++row) {
+  constexpr int64_t kMaxOuter = 15;
+  TR_CHECK(nd - 1 <= kMaxOuter, "strided_loop: {} dims (at most {})", nd, kMaxOuter + 1);
+  auto run_rows = [&](int64_t lo, int64_t hi) {
+    if (lo >= hi) return;
+    int64_t idx[kMaxOuter];
     std::array<int64_t, N> off{};
-    int64_t rem = row;
+    int64_t rem = lo;
     for (int64_t d = nd - 2; d >= 0; --d) {
-      int64_t idx = rem % shape[d];
+      idx[d] = rem % shape[d];
       rem /= shape[d];
-      for (size_t j = 0; j < N; ++j) off[j] += idx * strides[j][d];
+      for (size_t j = 0; j < N; ++j) off[j] += idx[d] * strides[j][d];
     }
-    fn(off, n_inner, inner);
+    for (int64_t row = lo; row < hi; ++row) {
+      fn(off, n_inner, inner);
+      for (int64_t d = nd - 2; d >= 0; --d) {  // the next run: the odometer's lowest outer digit moves
+        for (size_t j = 0; j < N; ++j) off[j] += strides[j][d];
+        if (++idx[d] < shape[d]) break;
+        for (size_t j = 0; j < N; ++j) off[j] -= shape[d] * strides[j][d];
+        idx[d] = 0;
+      }
+    }
+  };
+  const int nt = threads_for(rows * n_inner);
+  if (nt == 1) {
+    run_rows(0, rows);
+    return;
+  }
+#pragma omp parallel num_threads(nt)
+  {
+    const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+    const int64_t chunk = (rows + T - 1) / T;
+    run_rows(std::min(rows, t * chunk), std::min(rows, (t + 1) * chunk));
   }
 }
 

@@ -88,22 +88,23 @@ void CpuBackend::gemm(const backend::GemmArgs& g) {
     TR_CHECK(g.batch == 1 && g.beta == 0.0 && g.bias.defined() && g.bias.numel() == g.n &&
                  g.bias.dtype() == g.c.dtype() && g.bias.is_contiguous(),
              "gemm epilogue: needs batch 1, beta 0 and a contiguous [{}] bias of c's dtype", g.n);
+    const bool gelu = g.epilogue == backend::GemmEpilogue::bias_gelu;
+    TR_CHECK(!gelu || (g.aux.defined() && g.aux.numel() == g.m * g.n && g.aux.dtype() == g.c.dtype() &&
+                       g.aux.is_contiguous()),
+             "gemm epilogue: bias_gelu needs a contiguous aux of c's size and dtype");
     // The bias enters as the initial c of a beta = 1 product: added in f32 before any rounding, as cuBLASLt's
-    // epilogue adds it to the accumulator.
+    // epilogue adds it to the accumulator. With GELU the product lands in aux (the pre-activation the
+    // backward reads) and the GELU reads it from there: no copy of the product.
+    const Tensor& target = gelu ? g.aux : g.c;
     const size_t row = static_cast<size_t>(g.n) * dtype_size(g.c.dtype());
     for (int64_t i = 0; i < g.m; ++i)
-      std::memcpy(static_cast<char*>(g.c.data_ptr()) + i * row, g.bias.data_ptr(), row);
+      std::memcpy(static_cast<char*>(target.data_ptr()) + i * row, g.bias.data_ptr(), row);
     backend::GemmArgs plain = g;
     plain.epilogue = backend::GemmEpilogue::none;
     plain.beta = 1.0;
+    plain.c = target;
     gemm(plain);
-    if (g.epilogue == backend::GemmEpilogue::bias_gelu) {
-      TR_CHECK(g.aux.defined() && g.aux.numel() == g.m * g.n && g.aux.dtype() == g.c.dtype() &&
-                   g.aux.is_contiguous(),
-               "gemm epilogue: bias_gelu needs a contiguous aux of c's size and dtype");
-      std::memcpy(g.aux.data_ptr(), g.c.data_ptr(), row * static_cast<size_t>(g.m));
-      unary(backend::UnaryOp::gelu_tanh, g.aux, g.c);
-    }
+    if (gelu) unary(backend::UnaryOp::gelu_tanh, g.aux, g.c);
     return;
   }
   const auto ta = g.trans_a ? CblasTrans : CblasNoTrans;

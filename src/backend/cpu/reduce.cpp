@@ -55,21 +55,29 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t r, 
     }
     // Reduce across rows: work items are (outer block, column chunk); each output column is summed over r in
     // order by one thread, so the bits do not depend on the thread count. Column chunks keep all threads busy
-    // when outer is 1 (bias gradients).
+    // when outer is 1 (bias gradients): narrower chunks then, so that every thread gets some.
     constexpr int64_t kChunk = 256;
-    const int64_t chunks = (inner + kChunk - 1) / kChunk;
     const int nt = threads_for(outer * r * inner);
+    const int64_t width = outer >= nt ? kChunk : std::clamp<int64_t>((inner / nt + 15) / 16 * 16, 16, kChunk);
+    const int64_t chunks = (inner + width - 1) / width;
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t item = 0; item < outer * chunks; ++item) {
-      const int64_t o = item / chunks, j0 = (item % chunks) * kChunk, j1 = std::min(inner, j0 + kChunk);
+      const int64_t o = item / chunks, j0 = (item % chunks) * width, n = std::min(inner, j0 + width) - j0;
       double acc[kChunk];
-      for (int64_t j = j0; j < j1; ++j) acc[j - j0] = init;
-      for (int64_t i = 0; i < r; ++i) {
-        const T* row = xp + (o * r + i) * inner;
-        for (int64_t j = j0; j < j1; ++j)
-          acc[j - j0] = combine(acc[j - j0], static_cast<double>(load(row, j)));
+      for (int64_t j = 0; j < n; ++j) acc[j] = init;
+      const T* col = xp + o * r * inner + j0;
+      if (is_sum) {  // the same adds in the same order, in vectors across the columns
+        for (int64_t i = 0; i < r; ++i) {
+          const T* row = col + i * inner;
+#pragma omp simd
+          for (int64_t j = 0; j < n; ++j) acc[j] += static_cast<double>(load(row, j));
+        }
+      } else {
+        for (int64_t i = 0; i < r; ++i)
+          for (int64_t j = 0; j < n; ++j)
+            acc[j] = combine(acc[j], static_cast<double>(load(col + i * inner, j)));
       }
-      for (int64_t j = j0; j < j1; ++j) store(yp, o * inner + j, acc[j - j0] / denom);
+      for (int64_t j = 0; j < n; ++j) store(yp, o * inner + j0 + j, acc[j] / denom);
     }
   });
 }

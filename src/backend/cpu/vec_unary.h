@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #include "backend/cpu/vec_math.h"
+#include "backend/cpu/vec_unary512.h"
 #include "backend/op_kinds.h"
 
 namespace tr::cpu {
@@ -101,9 +102,9 @@ inline __m256 unary_grad8(__m256 x) {
   }
 }
 
-// y[i] = f(x[i]) for i < n.
+// y[i] = f(x[i]) for i < n, 8 lanes at a time.
 template <backend::UnaryOp OP>
-void unary_row(const float* x, float* y, int64_t n) {
+void unary_row8(const float* x, float* y, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, unary8<OP>(_mm256_loadu_ps(x + i)));
   if (i == n) return;
@@ -113,9 +114,9 @@ void unary_row(const float* x, float* y, int64_t n) {
   for (int64_t j = i; j < n; ++j) y[j] = buf[j - i];
 }
 
-// gx[i] = gy[i] * f'(x[i]) for i < n.
+// gx[i] = gy[i] * f'(x[i]) for i < n, 8 lanes at a time.
 template <backend::UnaryOp OP>
-void unary_grad_row(const float* x, const float* gy, float* gx, int64_t n) {
+void unary_grad_row8(const float* x, const float* gy, float* gx, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(gx + i, _mm256_mul_ps(_mm256_loadu_ps(gy + i), unary_grad8<OP>(_mm256_loadu_ps(x + i))));
@@ -127,6 +128,24 @@ void unary_grad_row(const float* x, const float* gy, float* gx, int64_t n) {
   }
   _mm256_storeu_ps(bg, _mm256_mul_ps(_mm256_loadu_ps(bg), unary_grad8<OP>(_mm256_loadu_ps(bx))));
   for (int64_t j = i; j < n; ++j) gx[j] = bg[j - i];
+}
+
+// y[i] = f(x[i]) for i < n: 16 lanes where the CPU has AVX-512 (the same bits).
+template <backend::UnaryOp OP>
+void unary_row(const float* x, float* y, int64_t n) {
+  if (cpu_has_avx512f())
+    unary_row16<OP>(x, y, n);
+  else
+    unary_row8<OP>(x, y, n);
+}
+
+// gx[i] = gy[i] * f'(x[i]) for i < n (gx may be gy).
+template <backend::UnaryOp OP>
+void unary_grad_row(const float* x, const float* gy, float* gx, int64_t n) {
+  if (cpu_has_avx512f())
+    unary_grad_row16<OP>(x, gy, gx, n);
+  else
+    unary_grad_row8<OP>(x, gy, gx, n);
 }
 
 }  // namespace tr::cpu
