@@ -9,6 +9,7 @@
 #include "backend/cpu/vec_math.h"
 #include "backend/cpu/vec_unary.h"
 #include "backend/unary_math.h"
+#include "core/rng.h"
 #include "test_util.h"
 
 namespace tr {
@@ -129,15 +130,28 @@ TEST(Convert, CpuBulkConversionsMatchTheScalarOnes) {
   std::vector<float> wide(all.size());
   auto same_float = [](float a, float b) { return (a != a && b != b) || f32_bits(a) == f32_bits(b); };
   cpu::widen_run(reinterpret_cast<const BFloat16*>(all.data()), wide.data(), 0x10000);
-  for (uint32_t h = 0; h < 0x10000; ++h) ASSERT_EQ(f32_bits(wide[h]), f32_bits(bf16_bits_to_float(all[h]))) << h;
+  for (uint32_t h = 0; h < 0x10000; ++h)
+    ASSERT_EQ(f32_bits(wide[h]), f32_bits(bf16_bits_to_float(all[h]))) << h;
   cpu::widen_run(reinterpret_cast<const Half*>(all.data()), wide.data(), 0x10000);
   for (uint32_t h = 0; h < 0x10000; ++h) ASSERT_TRUE(same_float(wide[h], half_bits_to_float(all[h]))) << h;
 
-  std::vector<float> f = {0.0f, -0.0f, 65504.0f, 65520.0f, 2.9802322e-08f, 6.097e-05f, 1.0f + 1.0f / 2048,
-                          std::numeric_limits<float>::max(), std::numeric_limits<float>::infinity(),
-                          -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::denorm_min(),
-                          std::numeric_limits<float>::quiet_NaN(), bits_f32(0x7f800001u), bits_f32(0xffc12345u),
-                          bits_f32(0x3f808000u), bits_f32(0x3f818000u), bits_f32(0x00018000u)};
+  std::vector<float> f = {0.0f,
+                          -0.0f,
+                          65504.0f,
+                          65520.0f,
+                          2.9802322e-08f,
+                          6.097e-05f,
+                          1.0f + 1.0f / 2048,
+                          std::numeric_limits<float>::max(),
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::denorm_min(),
+                          std::numeric_limits<float>::quiet_NaN(),
+                          bits_f32(0x7f800001u),
+                          bits_f32(0xffc12345u),
+                          bits_f32(0x3f808000u),
+                          bits_f32(0x3f818000u),
+                          bits_f32(0x00018000u)};
   uint64_t s = 4242;
   while (f.size() < 1000003) {
     s = s * 6364136223846793005ull + 1442695040888963407ull;
@@ -146,9 +160,11 @@ TEST(Convert, CpuBulkConversionsMatchTheScalarOnes) {
   std::vector<uint16_t> narrow(f.size());
   for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{9}, static_cast<int64_t>(f.size())}) {
     cpu::narrow_run(f.data(), reinterpret_cast<BFloat16*>(narrow.data()), n);
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(narrow[i], float_to_bf16_bits(f[i])) << std::hex << f32_bits(f[i]);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(narrow[i], float_to_bf16_bits(f[i])) << std::hex << f32_bits(f[i]);
     cpu::narrow_run(f.data(), reinterpret_cast<Half*>(narrow.data()), n);
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(narrow[i], float_to_half_bits(f[i])) << std::hex << f32_bits(f[i]);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(narrow[i], float_to_half_bits(f[i])) << std::hex << f32_bits(f[i]);
   }
   // Strided rows, threaded: 300 rows of 301 values read with leading dimension 305.
   const int64_t rows = 300, cols = 301, ld = 305;
@@ -414,6 +430,27 @@ void expect_sixteen_lanes_match_eight(double lo, double hi) {
           << backend::unary_name(OP) << " f'(" << x[i] << ")";
     }
   }
+}
+
+// philox_words (one Philox block per four words: dropout, attention's dropout factors) hands out exactly
+// philox_word's words, for runs starting and ending at every place within a block.
+TEST(Philox, WordsOfARunAreTheWordsOneByOne) {
+  for (const uint64_t first :
+       {uint64_t{0}, uint64_t{1}, uint64_t{2}, uint64_t{3}, uint64_t{4}, uint64_t{1} << 40})
+    for (const int64_t n : {0, 1, 2, 3, 4, 5, 9, 130}) {
+      std::vector<uint32_t> got(static_cast<size_t>(n), 0);
+      int64_t calls = 0, last = -1;
+      philox_words(77, 1234, first, n, [&](int64_t k, uint32_t w) {
+        EXPECT_EQ(k, last + 1);  // in order, each once
+        last = k;
+        got[static_cast<size_t>(k)] = w;
+        ++calls;
+      });
+      ASSERT_EQ(calls, n);
+      for (int64_t k = 0; k < n; ++k)
+        ASSERT_EQ(got[static_cast<size_t>(k)], philox_word(77, 1234, first + static_cast<uint64_t>(k)))
+            << "first " << first << " n " << n << " word " << k;
+    }
 }
 
 TEST(VecMath, SixteenLanesMatchEight) {

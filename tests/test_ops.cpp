@@ -780,7 +780,8 @@ TEST(CpuKernels, StridedCopiesAndColumnSumsMatchAScalarWalk) {
     std::vector<int64_t> idx(5, 0);
     for (size_t k = 0; k < yv.size(); ++k) {  // idx: y's index, odometer order
       int64_t src = 0;
-      for (int d = 0; d < 5; ++d) src += idx[static_cast<size_t>(d)] * x.strides()[static_cast<size_t>(perm[d])];
+      for (int d = 0; d < 5; ++d)
+        src += idx[static_cast<size_t>(d)] * x.strides()[static_cast<size_t>(perm[d])];
       ASSERT_EQ(std::bit_cast<uint32_t>(yv[k]), std::bit_cast<uint32_t>(xv[static_cast<size_t>(src)]))
           << shape_str(s) << " element " << k;
       for (int d = 4; d >= 0; --d) {
@@ -798,7 +799,8 @@ TEST(CpuKernels, StridedCopiesAndColumnSumsMatchAScalarWalk) {
     for (int64_t o = 0; o < outer; ++o)
       for (int64_t j = 0; j < inner; ++j) {
         double acc = 0;
-        for (int64_t i = 0; i < r; ++i) acc += static_cast<double>(xv[static_cast<size_t>((o * r + i) * inner + j)]);
+        for (int64_t i = 0; i < r; ++i)
+          acc += static_cast<double>(xv[static_cast<size_t>((o * r + i) * inner + j)]);
         ASSERT_EQ(std::bit_cast<uint32_t>(sv[static_cast<size_t>(o * inner + j)]),
                   std::bit_cast<uint32_t>(static_cast<float>(acc)))
             << shape_str(s) << " column " << o << ", " << j;

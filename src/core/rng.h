@@ -36,6 +36,17 @@ TR_HD uint32_t philox_word(uint64_t seed, uint64_t offset, uint64_t i) {
   return philox4x32(offset + i / 4, seed).w[i % 4];
 }
 
+// Calls f(k, word) for the words first .. first + n - 1 of that stream, k counting from 0: philox_word's
+// words, with each Philox block computed once for its four words (host loops over runs of a draw).
+template <typename F>
+void philox_words(uint64_t seed, uint64_t offset, uint64_t first, int64_t n, F&& f) {
+  const uint64_t end = first + static_cast<uint64_t>(n);
+  for (uint64_t i = first; i < end;) {
+    const Philox4 b = philox4x32(offset + i / 4, seed);
+    for (uint64_t j = i % 4; j < 4 && i < end; ++j, ++i) f(static_cast<int64_t>(i - first), b.w[j]);
+  }
+}
+
 // Uniform in [0, 1) with 24 random bits.
 TR_HD float uniform_from_word(uint32_t w) { return static_cast<float>(w >> 8) * (1.0f / 16777216.0f); }
 

@@ -290,12 +290,19 @@ struct BlockRows {
   int64_t query(int64_t row) const { return t0 + row % per_group % tq; }
   // The dropout factor of (row, key s): 1 without dropout, else 0 or 1 / (1 - p) from the element's index in
   // the [B, H, T, S] probabilities (dropout() on that tensor draws the same).
-  double factor(int64_t row, int64_t s) const {
-    if (dropout == 0.0f) return 1.0;
+  // A row's factors for keys 0 .. sk - 1 into z: one Philox block per four keys, the index found once.
+  template <typename A>
+  void factors(int64_t row, A* z) const {
+    if (dropout == 0.0f) {
+      std::fill(z, z + sk, A(1));
+      return;
+    }
     const int64_t grp = row / per_group, rr = row % per_group;
     const int64_t h = grp % g.KV * (g.H / g.KV) + rr / tq;
-    const uint64_t idx = static_cast<uint64_t>(((batch(row) * g.H + h) * g.T + query(row)) * g.S + s);
-    return uniform_from_word(philox_word(seed, offset, idx)) >= dropout ? keep_scale : 0.0;
+    const auto first = static_cast<uint64_t>(((batch(row) * g.H + h) * g.T + query(row)) * g.S);
+    philox_words(seed, offset, first, sk, [&](int64_t s, uint32_t w) {
+      z[s] = static_cast<A>(uniform_from_word(w) >= dropout ? keep_scale : 0.0);
+    });
   }
 };
 
@@ -315,6 +322,7 @@ void CpuBackend::attention_block_softmax(const Tensor& scores, const AttentionBl
 #pragma omp parallel if (br.rows * br.sk > 65536)
         {
           std::vector<A> e(static_cast<size_t>(br.sk));  // a row's exponents, then their exponentials
+          std::vector<A> z(static_cast<size_t>(br.sk));  // its dropout factors
 #pragma omp for schedule(static)
           for (int64_t r = 0; r < br.rows; ++r) {
             const int64_t b = br.batch(r), t = br.query(r);
@@ -337,7 +345,8 @@ void CpuBackend::attention_block_softmax(const Tensor& scores, const AttentionBl
             lp[r] = l;
             for (int64_t s = 0; s < br.sk; ++s) e[s] = br.g.visible(b, t, s) ? x[s] * scale - l : kNegInf;
             exp_in_place(e.data(), br.sk);
-            for (int64_t s = 0; s < br.sk; ++s) p[s] = P(e[s] * static_cast<A>(br.factor(r, s)));
+            br.factors(r, z.data());
+            for (int64_t s = 0; s < br.sk; ++s) p[s] = P(e[s] * z[s]);
           }
         }
       });
@@ -358,7 +367,8 @@ void CpuBackend::attention_block_grad(const Tensor& scores, const Tensor& dp, co
         constexpr A kNegInf = -std::numeric_limits<A>::infinity();
 #pragma omp parallel if (br.rows * br.sk > 65536)
         {
-          std::vector<A> e(static_cast<size_t>(br.sk));  // the row's probabilities, by one vector exp
+          std::vector<A> e(static_cast<size_t>(br.sk));   // the row's probabilities, by one vector exp
+          std::vector<A> zr(static_cast<size_t>(br.sk));  // its dropout factors
 #pragma omp for schedule(static)
           for (int64_t r = 0; r < br.rows; ++r) {
             const int64_t b = br.batch(r), t = br.query(r);
@@ -370,8 +380,9 @@ void CpuBackend::attention_block_grad(const Tensor& scores, const Tensor& dp, co
             for (int64_t s = 0; s < br.sk; ++s)
               e[s] = l != kNegInf && br.g.visible(b, t, s) ? x[s] * scale - l : kNegInf;
             exp_in_place(e.data(), br.sk);
+            br.factors(r, zr.data());
             for (int64_t s = 0; s < br.sk; ++s) {
-              const A pv = e[s], z = static_cast<A>(br.factor(r, s));
+              const A pv = e[s], z = zr[s];
               p[s] = P(pv * z);
               ds[s] = P(pv * (g[s] * z - d) * scale);
             }

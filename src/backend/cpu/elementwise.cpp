@@ -97,9 +97,12 @@ void CpuBackend::random_normal(const Tensor& out, double mean, double std, uint6
     T* p = static_cast<T*>(out.data_ptr());
     // Box-Muller on words (2i, 2i+1) gives element i; independent of thread count.
     parallel_range(out.numel(), [&](int64_t lo, int64_t hi) {
+      Philox4 blk{};  // words 2i and 2i + 1 share a block: one per two elements
       for (int64_t i = lo; i < hi; ++i) {
-        float u1 = uniform_from_word(philox_word(seed, offset, 2 * static_cast<uint64_t>(i)));
-        float u2 = uniform_from_word(philox_word(seed, offset, 2 * static_cast<uint64_t>(i) + 1));
+        const auto w = 2 * static_cast<uint64_t>(i);
+        if (i == lo || w % 4 == 0) blk = philox4x32(offset + w / 4, seed);
+        float u1 = uniform_from_word(blk.w[w % 4]);
+        float u2 = uniform_from_word(blk.w[w % 4 + 1]);
         double r = std::sqrt(-2.0 * std::log(1.0 - static_cast<double>(u1)));
         double z = r * std::cos(6.283185307179586 * static_cast<double>(u2));
         store(p, i, mean + std * z);

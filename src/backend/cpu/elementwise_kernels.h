@@ -80,10 +80,9 @@ inline void dropout_kernel(const T* x, T* y, int64_t n, int64_t first, double p,
   using A = acc_t<T>;
   const float pf = static_cast<float>(p);
   const A scale = static_cast<A>(1.0 / (1.0 - p));
-  for (int64_t i = 0; i < n; ++i) {
-    const bool keep = uniform_from_word(philox_word(seed, offset, static_cast<uint64_t>(first + i))) >= pf;
-    store(y, i, keep ? load(x, i) * scale : A(0));
-  }
+  philox_words(seed, offset, static_cast<uint64_t>(first), n, [&](int64_t i, uint32_t w) {
+    store(y, i, uniform_from_word(w) >= pf ? load(x, i) * scale : A(0));
+  });
 }
 
 // Calls f.template operator()<OP>() with the op as a compile-time constant so the inner loops specialize.
