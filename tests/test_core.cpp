@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "backend/cpu/convert.h"
+#include "backend/cpu/philox_cpu.h"
 #include "backend/cpu/scratch_pool.h"
 #include "backend/cpu/vec_math.h"
 #include "backend/cpu/vec_unary.h"
@@ -449,6 +450,35 @@ TEST(Philox, WordsOfARunAreTheWordsOneByOne) {
       ASSERT_EQ(calls, n);
       for (int64_t k = 0; k < n; ++k)
         ASSERT_EQ(got[static_cast<size_t>(k)], philox_word(77, 1234, first + static_cast<uint64_t>(k)))
+            << "first " << first << " n " << n << " word " << k;
+    }
+}
+
+// The AVX-512 Philox (eight blocks at once) gives philox_word's words, across the 32-bit counter carry, and
+// philox_words_fast's runs (ragged heads and tails around the vector middle) too.
+TEST(Philox, EightBlocksAtOnceMatchOneByOne) {
+  if (!cpu::cpu_has_avx512f()) GTEST_SKIP() << "no AVX-512F on this CPU";
+  for (const uint64_t counter : {uint64_t{0}, uint64_t{12345}, uint64_t{0xFFFFFFFC}, ~uint64_t{0} - 3})
+    for (const uint64_t key : {uint64_t{0}, uint64_t{42}, uint64_t{0x123456789ABCDEF0}}) {
+      uint32_t out[32];
+      cpu::philox_x8(counter, key, out);
+      for (int b = 0; b < 8; ++b)
+        for (int w = 0; w < 4; ++w)
+          ASSERT_EQ(out[4 * b + w], philox4x32(counter + static_cast<uint64_t>(b), key).w[w])
+              << "counter " << counter << " key " << key << " block " << b << " word " << w;
+    }
+  for (const uint64_t first : {uint64_t{0}, uint64_t{3}, uint64_t{5}, uint64_t{1} << 33})
+    for (const int64_t n : {0, 7, 31, 32, 33, 100, 257}) {
+      std::vector<uint32_t> got(static_cast<size_t>(n), 0);
+      int64_t last = -1;
+      cpu::philox_words_fast(9, 77, first, n, [&](int64_t k, uint32_t w) {
+        ASSERT_EQ(k, last + 1);
+        last = k;
+        got[static_cast<size_t>(k)] = w;
+      });
+      ASSERT_EQ(last, n - 1);
+      for (int64_t k = 0; k < n; ++k)
+        ASSERT_EQ(got[static_cast<size_t>(k)], philox_word(9, 77, first + static_cast<uint64_t>(k)))
             << "first " << first << " n " << n << " word " << k;
     }
 }

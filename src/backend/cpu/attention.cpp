@@ -12,6 +12,7 @@
 #include "backend/attention_geometry.h"
 #include "backend/cpu/attention_kernels.h"
 #include "backend/cpu/loops.h"
+#include "backend/cpu/philox_cpu.h"
 #include "backend/cpu/vec_unary.h"
 #include "core/rng.h"
 
@@ -300,7 +301,7 @@ struct BlockRows {
     const int64_t grp = row / per_group, rr = row % per_group;
     const int64_t h = grp % g.KV * (g.H / g.KV) + rr / tq;
     const auto first = static_cast<uint64_t>(((batch(row) * g.H + h) * g.T + query(row)) * g.S);
-    philox_words(seed, offset, first, sk, [&](int64_t s, uint32_t w) {
+    philox_words_fast(seed, offset, first, sk, [&](int64_t s, uint32_t w) {
       z[s] = static_cast<A>(uniform_from_word(w) >= dropout ? keep_scale : 0.0);
     });
   }

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "backend/cpu/loops.h"
+#include "backend/cpu/philox_cpu.h"
 #include "backend/cpu/vec_unary.h"
 #include "backend/unary_math.h"
 #include "core/rng.h"
@@ -80,7 +81,7 @@ inline void dropout_kernel(const T* x, T* y, int64_t n, int64_t first, double p,
   using A = acc_t<T>;
   const float pf = static_cast<float>(p);
   const A scale = static_cast<A>(1.0 / (1.0 - p));
-  philox_words(seed, offset, static_cast<uint64_t>(first), n, [&](int64_t i, uint32_t w) {
+  philox_words_fast(seed, offset, static_cast<uint64_t>(first), n, [&](int64_t i, uint32_t w) {
     store(y, i, uniform_from_word(w) >= pf ? load(x, i) * scale : A(0));
   });
 }
