@@ -467,9 +467,9 @@ bool allow_smem(K kernel, size_t bytes) {
 
 }  // namespace
 
-void attention(DType dt, const void* q, const void* k, const void* v, const bool* keep, void* out, void* lse,
-               int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D, bool causal, int64_t window,
-               double scale) {
+void attention(Stream stream, DType dt, const void* q, const void* k, const void* v, const bool* keep,
+               void* out, void* lse, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D,
+               bool causal, int64_t window, double scale) {
   if (D > kMaxHeadDim) throw std::runtime_error("cuda attention: head dim above 256 is not supported");
   if (B * H * T == 0) return;
   Geo g{B, H, KV, T, S, D, causal, scale, keep, window};
@@ -478,11 +478,11 @@ void attention(DType dt, const void* q, const void* k, const void* v, const bool
     const size_t smem = forward_smem<A>(D);
     if (D <= kTileMaxDim && allow_smem(attention_forward_tiled<TT>, smem)) {
       const int64_t blocks = B * H * ((T + kTile - 1) / kTile);
-      attention_forward_tiled<TT><<<static_cast<unsigned>(blocks), kTileThreads, smem>>>(
+      attention_forward_tiled<TT><<<static_cast<unsigned>(blocks), kTileThreads, smem, stream>>>(
           g, static_cast<const TT*>(q), static_cast<const TT*>(k), static_cast<const TT*>(v),
           static_cast<TT*>(out), static_cast<A*>(lse));
     } else {
-      attention_forward_kernel<TT><<<blocks_for(B * H * T, 128), 128>>>(
+      attention_forward_kernel<TT><<<blocks_for(B * H * T, 128), 128, 0, stream>>>(
           g, static_cast<const TT*>(q), static_cast<const TT*>(k), static_cast<const TT*>(v),
           static_cast<TT*>(out), static_cast<A*>(lse));
     }
@@ -490,10 +490,10 @@ void attention(DType dt, const void* q, const void* k, const void* v, const bool
   TR_CUDA_LAUNCH_CHECK("attention");
 }
 
-void attention_backward(DType dt, const void* q, const void* k, const void* v, const bool* keep,
-                        const void* out, const void* lse, const void* dout, void* dq, void* dk, void* dv,
-                        int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D, bool causal,
-                        int64_t window, double scale, Scratch& scratch) {
+void attention_backward(Stream stream, DType dt, const void* q, const void* k, const void* v,
+                        const bool* keep, const void* out, const void* lse, const void* dout, void* dq,
+                        void* dk, void* dv, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D,
+                        bool causal, int64_t window, double scale, Scratch& scratch) {
   if (D > kMaxHeadDim) throw std::runtime_error("cuda attention: head dim above 256 is not supported");
   Geo g{B, H, KV, T, S, D, causal, scale, keep, window};
   if (B * H * T == 0) return;
@@ -501,8 +501,8 @@ void attention_backward(DType dt, const void* q, const void* k, const void* v, c
     using A = acc_t<TT>;
     // delta = rowsum(dout * out), in stream order (no host sync).
     auto* delta = static_cast<A*>(scratch.take(static_cast<size_t>(B * H * T) * sizeof(A)));
-    attention_delta_kernel<TT><<<blocks_for(B * H * T, 128), 128>>>(g, static_cast<const TT*>(out),
-                                                                    static_cast<const TT*>(dout), delta);
+    attention_delta_kernel<TT><<<blocks_for(B * H * T, 128), 128, 0, stream>>>(
+        g, static_cast<const TT*>(out), static_cast<const TT*>(dout), delta);
     TR_CUDA_LAUNCH_CHECK("attention_delta");
     const auto* qp = static_cast<const TT*>(q);
     const auto* kp = static_cast<const TT*>(k);
@@ -513,18 +513,18 @@ void attention_backward(DType dt, const void* q, const void* k, const void* v, c
                        allow_smem(attention_dkv_tiled<TT>, dkv_smem<A>(D));
     if (tiled) {
       const int64_t qblocks = B * H * ((T + kTile - 1) / kTile), kblocks = B * KV * ((S + kTile - 1) / kTile);
-      attention_dq_tiled<TT><<<static_cast<unsigned>(qblocks), kTileThreads, dq_smem<A>(D)>>>(
+      attention_dq_tiled<TT><<<static_cast<unsigned>(qblocks), kTileThreads, dq_smem<A>(D), stream>>>(
           g, qp, kp, vp, lp, delta, dop, static_cast<TT*>(dq));
       TR_CUDA_LAUNCH_CHECK("attention_dq");
       if (kblocks > 0)
-        attention_dkv_tiled<TT><<<static_cast<unsigned>(kblocks), kTileThreads, dkv_smem<A>(D)>>>(
+        attention_dkv_tiled<TT><<<static_cast<unsigned>(kblocks), kTileThreads, dkv_smem<A>(D), stream>>>(
             g, qp, kp, vp, lp, delta, dop, static_cast<TT*>(dk), static_cast<TT*>(dv));
       TR_CUDA_LAUNCH_CHECK("attention_dkv");
     } else {
-      attention_dq_kernel<TT>
-          <<<blocks_for(B * H * T, 128), 128>>>(g, qp, kp, vp, lp, delta, dop, static_cast<TT*>(dq));
+      attention_dq_kernel<TT><<<blocks_for(B * H * T, 128), 128, 0, stream>>>(g, qp, kp, vp, lp, delta, dop,
+                                                                              static_cast<TT*>(dq));
       TR_CUDA_LAUNCH_CHECK("attention_dq");
-      attention_dkv_kernel<TT><<<blocks_for(B * KV * S, 128), 128>>>(
+      attention_dkv_kernel<TT><<<blocks_for(B * KV * S, 128), 128, 0, stream>>>(
           g, qp, kp, vp, lp, delta, dop, static_cast<TT*>(dk), static_cast<TT*>(dv));
       TR_CUDA_LAUNCH_CHECK("attention_dkv");
     }
@@ -566,7 +566,7 @@ BlockRows block_rows_of(const bool* keep, int64_t B, int64_t H, int64_t KV, int6
 
 }  // namespace
 
-void attention_block_softmax(DType sdt, DType pdt, const void* scores, void* probs, void* lse,
+void attention_block_softmax(Stream stream, DType sdt, DType pdt, const void* scores, void* probs, void* lse,
                              const bool* keep, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S,
                              int64_t t0, int64_t tq, int64_t sk, bool causal, int64_t window, double scale,
                              double dropout, uint64_t seed, uint64_t offset) {
@@ -575,23 +575,23 @@ void attention_block_softmax(DType sdt, DType pdt, const void* scores, void* pro
   const BlockRows br =
       block_rows_of(keep, B, H, KV, T, S, t0, tq, sk, causal, window, scale, dropout, seed, offset);
   dispatch_block(sdt, pdt, [&]<typename A, typename P>() {
-    block_softmax_kernel<A, P><<<static_cast<unsigned>(rows), 256>>>(
+    block_softmax_kernel<A, P><<<static_cast<unsigned>(rows), 256, 0, stream>>>(
         br, static_cast<const A*>(scores), static_cast<P*>(probs), static_cast<A*>(lse));
   });
   TR_CUDA_LAUNCH_CHECK("attention_block_softmax");
 }
 
-void attention_block_grad(DType sdt, DType pdt, const void* scores, const void* dp, const void* lse,
-                          const void* delta, void* probs, void* dscores, const bool* keep, int64_t B,
-                          int64_t H, int64_t KV, int64_t T, int64_t S, int64_t t0, int64_t tq, int64_t sk,
-                          bool causal, int64_t window, double scale, double dropout, uint64_t seed,
-                          uint64_t offset) {
+void attention_block_grad(Stream stream, DType sdt, DType pdt, const void* scores, const void* dp,
+                          const void* lse, const void* delta, void* probs, void* dscores, const bool* keep,
+                          int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t t0, int64_t tq,
+                          int64_t sk, bool causal, int64_t window, double scale, double dropout,
+                          uint64_t seed, uint64_t offset) {
   const int64_t rows = B * H * tq;
   if (rows * sk == 0) return;
   const BlockRows br =
       block_rows_of(keep, B, H, KV, T, S, t0, tq, sk, causal, window, scale, dropout, seed, offset);
   dispatch_block(sdt, pdt, [&]<typename A, typename P>() {
-    block_grad_kernel<A, P><<<blocks_for(rows * sk), 256>>>(
+    block_grad_kernel<A, P><<<blocks_for(rows * sk), 256, 0, stream>>>(
         br, rows, static_cast<const A*>(scores), static_cast<const A*>(dp), static_cast<const A*>(lse),
         static_cast<const A*>(delta), static_cast<P*>(probs), static_cast<P*>(dscores));
   });

@@ -182,22 +182,22 @@ __global__ void map2_kernel(F f, const T* a, const T* b, T* y, int64_t n) {
 
 // Launchers: 16-byte packs when every pointer is aligned for them, one element at a time otherwise.
 template <typename TI, typename TO, typename F>
-void launch_map1(F f, const TI* x, TO* y, int64_t n) {
+void launch_map1(Stream stream, F f, const TI* x, TO* y, int64_t n) {
   constexpr size_t wide = sizeof(TI) > sizeof(TO) ? sizeof(TI) : sizeof(TO);
   constexpr int V = static_cast<int>(16 / wide);
   if (aligned_to(x, V * sizeof(TI)) && aligned_to(y, V * sizeof(TO)))
-    map1_kernel<V><<<blocks_for((n + V - 1) / V), 256>>>(f, x, y, n);
+    map1_kernel<V><<<blocks_for((n + V - 1) / V), 256, 0, stream>>>(f, x, y, n);
   else
-    map1_kernel<1><<<blocks_for(n), 256>>>(f, x, y, n);
+    map1_kernel<1><<<blocks_for(n), 256, 0, stream>>>(f, x, y, n);
 }
 
 template <typename T, typename F>
-void launch_map2(F f, const T* a, const T* b, T* y, int64_t n) {
+void launch_map2(Stream stream, F f, const T* a, const T* b, T* y, int64_t n) {
   constexpr int V = static_cast<int>(16 / sizeof(T));
   if (aligned_to(a, 16) && aligned_to(b, 16) && aligned_to(y, 16))
-    map2_kernel<V><<<blocks_for((n + V - 1) / V), 256>>>(f, a, b, y, n);
+    map2_kernel<V><<<blocks_for((n + V - 1) / V), 256, 0, stream>>>(f, a, b, y, n);
   else
-    map2_kernel<1><<<blocks_for(n), 256>>>(f, a, b, y, n);
+    map2_kernel<1><<<blocks_for(n), 256, 0, stream>>>(f, a, b, y, n);
 }
 
 __device__ __forceinline__ int64_t strided_offset(const Strided& g, int which, int64_t linear) {

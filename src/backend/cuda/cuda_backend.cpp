@@ -172,6 +172,11 @@ class CudaBackend final : public backend::Backend {
     if (blas_) cublasDestroy(blas_);
   }
   const char* name() const override { return "cuda"; }
+  // The stream every launcher, copy and GEMM of the current device is queued on. The legacy default stream
+  // for now: CudaAllocator reuses a freed block in that stream's order, and CopyStream's batches wait on it.
+  // A compute stream per device (graph capture, NCCL overlap) changes this one place, once the allocator
+  // records cross-stream uses.
+  cuda::Stream stream() const { return nullptr; }
   Allocator& allocator(int index) override {
     TR_CHECK(index >= 0 && index < static_cast<int>(allocators_.size()),
              "cuda:{} does not exist ({} GPUs present)", index, allocators_.size());
@@ -195,94 +200,94 @@ class CudaBackend final : public backend::Backend {
   }
 
   void copy(const Tensor& src, const Tensor& dst) override {
-    cuda::copy(src.data_ptr(), src.dtype(), dst.data_ptr(), dst.dtype(),
+    cuda::copy(stream(), src.data_ptr(), src.dtype(), dst.data_ptr(), dst.dtype(),
                strided_of(src.shape(), {&src.strides(), &dst.strides()}), src.numel());
   }
   void fill(const Tensor& out, double value) override {
-    cuda::fill(out.data_ptr(), out.dtype(), out.numel(), value);
+    cuda::fill(stream(), out.data_ptr(), out.dtype(), out.numel(), value);
   }
   void arange(const Tensor& out, double start, double step) override {
-    cuda::arange(out.data_ptr(), out.dtype(), out.numel(), start, step);
+    cuda::arange(stream(), out.data_ptr(), out.dtype(), out.numel(), start, step);
   }
   void random_normal(const Tensor& out, double mean, double std, uint64_t seed, uint64_t offset) override {
-    cuda::random_normal(out.data_ptr(), out.dtype(), out.numel(), mean, std, seed, offset);
+    cuda::random_normal(stream(), out.data_ptr(), out.dtype(), out.numel(), mean, std, seed, offset);
   }
   void random_uniform(const Tensor& out, double lo, double hi, uint64_t seed, uint64_t offset) override {
-    cuda::random_uniform(out.data_ptr(), out.dtype(), out.numel(), lo, hi, seed, offset);
+    cuda::random_uniform(stream(), out.data_ptr(), out.dtype(), out.numel(), lo, hi, seed, offset);
   }
   void unary(backend::UnaryOp op, const Tensor& x, const Tensor& out) override {
-    cuda::unary(op, x.dtype(), x.data_ptr(), out.data_ptr(),
+    cuda::unary(stream(), op, x.dtype(), x.data_ptr(), out.data_ptr(),
                 strided_of(out.shape(), {&x.strides(), &out.strides()}), out.numel());
   }
   void unary_backward(backend::UnaryOp op, const Tensor& x, const Tensor& gy, const Tensor& gx) override {
-    cuda::unary_backward(op, x.dtype(), x.data_ptr(), gy.data_ptr(), gx.data_ptr(), x.numel());
+    cuda::unary_backward(stream(), op, x.dtype(), x.data_ptr(), gy.data_ptr(), gx.data_ptr(), x.numel());
   }
   void binary(backend::BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) override {
-    cuda::binary(op, out.dtype(), a.data_ptr(), b.data_ptr(), out.data_ptr(),
+    cuda::binary(stream(), op, out.dtype(), a.data_ptr(), b.data_ptr(), out.data_ptr(),
                  strided_of(out.shape(), {&a.strides(), &b.strides(), &out.strides()}), out.numel());
   }
   void affine(const Tensor& x, double alpha, double beta, const Tensor& out) override {
-    cuda::affine(x.dtype(), x.data_ptr(), out.data_ptr(), x.numel(), alpha, beta);
+    cuda::affine(stream(), x.dtype(), x.data_ptr(), out.data_ptr(), x.numel(), alpha, beta);
   }
   void pow_scalar(const Tensor& x, double exponent, const Tensor& out) override {
-    cuda::pow_scalar(x.dtype(), x.data_ptr(), out.data_ptr(), x.numel(), exponent);
+    cuda::pow_scalar(stream(), x.dtype(), x.data_ptr(), out.data_ptr(), x.numel(), exponent);
   }
   void masked_fill(const Tensor& x, const Tensor& mask, double value, const Tensor& out) override {
-    cuda::masked_fill(x.dtype(), x.data_ptr(), mask.data<bool>(), out.data_ptr(),
+    cuda::masked_fill(stream(), x.dtype(), x.data_ptr(), mask.data<bool>(), out.data_ptr(),
                       strided_of(out.shape(), {&x.strides(), &mask.strides(), &out.strides()}), out.numel(),
                       value);
   }
   void reduce(backend::ReduceOp op, const Tensor& x, int64_t outer, int64_t r, int64_t inner,
               const Tensor& out) override {
     AllocatorScratch scratch(allocator(x.device().index));
-    cuda::reduce(op, x.dtype(), x.data_ptr(), out.data_ptr(), outer, r, inner, scratch);
+    cuda::reduce(stream(), op, x.dtype(), x.data_ptr(), out.data_ptr(), outer, r, inner, scratch);
   }
   void argmax(const Tensor& x, int64_t outer, int64_t r, int64_t inner, const Tensor& out) override {
-    cuda::argmax(x.dtype(), x.data_ptr(), out.data<int64_t>(), outer, r, inner);
+    cuda::argmax(stream(), x.dtype(), x.data_ptr(), out.data<int64_t>(), outer, r, inner);
   }
   void topk(const Tensor& x, int64_t k, const Tensor& values, const Tensor& indices) override {
-    cuda::topk(x.dtype(), x.data_ptr(), values.data_ptr(), indices.data<int64_t>(), rows_of(x), last_dim(x),
-               k);
+    cuda::topk(stream(), x.dtype(), x.data_ptr(), values.data_ptr(), indices.data<int64_t>(), rows_of(x),
+               last_dim(x), k);
   }
   void softmax(const Tensor& x, bool log, const Tensor& y) override {
-    cuda::softmax(x.dtype(), x.data_ptr(), y.data_ptr(), rows_of(x), last_dim(x), log);
+    cuda::softmax(stream(), x.dtype(), x.data_ptr(), y.data_ptr(), rows_of(x), last_dim(x), log);
   }
   void softmax_backward(const Tensor& y, const Tensor& gy, bool log, const Tensor& gx) override {
-    cuda::softmax_backward(y.dtype(), y.data_ptr(), gy.data_ptr(), gx.data_ptr(), rows_of(y), last_dim(y),
-                           log);
+    cuda::softmax_backward(stream(), y.dtype(), y.data_ptr(), gy.data_ptr(), gx.data_ptr(), rows_of(y),
+                           last_dim(y), log);
   }
   void gemm(const backend::GemmArgs& g) override;
   void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
                   const Tensor& mean, const Tensor& rstd, const Tensor& residual,
                   const Tensor& sum) override {
-    cuda::layer_norm(x.dtype(), x.data_ptr(), ptr_or_null(w), ptr_or_null(b), y.data_ptr(), mean.data_ptr(),
-                     rstd.data_ptr(), rows_of(x), last_dim(x), eps, ptr_or_null(residual),
+    cuda::layer_norm(stream(), x.dtype(), x.data_ptr(), ptr_or_null(w), ptr_or_null(b), y.data_ptr(),
+                     mean.data_ptr(), rstd.data_ptr(), rows_of(x), last_dim(x), eps, ptr_or_null(residual),
                      mut_ptr_or_null(sum));
   }
   void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                            const Tensor& gy, const Tensor& gx, const Tensor& gw, const Tensor& gb,
                            const Tensor& gx_add) override {
     AllocatorScratch scratch(allocator(x.device().index));
-    cuda::layer_norm_backward(x.dtype(), x.data_ptr(), ptr_or_null(w), mean.data_ptr(), rstd.data_ptr(),
-                              gy.data_ptr(), mut_ptr_or_null(gx), mut_ptr_or_null(gw), mut_ptr_or_null(gb),
-                              rows_of(x), last_dim(x), ptr_or_null(gx_add), scratch);
+    cuda::layer_norm_backward(stream(), x.dtype(), x.data_ptr(), ptr_or_null(w), mean.data_ptr(),
+                              rstd.data_ptr(), gy.data_ptr(), mut_ptr_or_null(gx), mut_ptr_or_null(gw),
+                              mut_ptr_or_null(gb), rows_of(x), last_dim(x), ptr_or_null(gx_add), scratch);
   }
   void rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd,
                 const Tensor& residual, const Tensor& sum) override {
-    cuda::rms_norm(x.dtype(), x.data_ptr(), ptr_or_null(w), y.data_ptr(), rstd.data_ptr(), rows_of(x),
-                   last_dim(x), eps, ptr_or_null(residual), mut_ptr_or_null(sum));
+    cuda::rms_norm(stream(), x.dtype(), x.data_ptr(), ptr_or_null(w), y.data_ptr(), rstd.data_ptr(),
+                   rows_of(x), last_dim(x), eps, ptr_or_null(residual), mut_ptr_or_null(sum));
   }
   void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& gy,
                          const Tensor& gx, const Tensor& gw, const Tensor& gx_add) override {
     AllocatorScratch scratch(allocator(x.device().index));
-    cuda::rms_norm_backward(x.dtype(), x.data_ptr(), ptr_or_null(w), rstd.data_ptr(), gy.data_ptr(),
+    cuda::rms_norm_backward(stream(), x.dtype(), x.data_ptr(), ptr_or_null(w), rstd.data_ptr(), gy.data_ptr(),
                             mut_ptr_or_null(gx), mut_ptr_or_null(gw), rows_of(x), last_dim(x),
                             ptr_or_null(gx_add), scratch);
   }
   void cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index, const Tensor& loss,
                      const Tensor& lse) override {
     // Labels are checked on the device; a bad one is reported at the next synchronization.
-    cuda::cross_entropy(logits.dtype(), logits.data_ptr(), labels.data<int64_t>(), loss.data_ptr(),
+    cuda::cross_entropy(stream(), logits.dtype(), logits.data_ptr(), labels.data<int64_t>(), loss.data_ptr(),
                         lse.data_ptr(), rows_of(logits), last_dim(logits), ignore_index, bad_index());
   }
   void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
@@ -292,13 +297,13 @@ class CudaBackend final : public backend::Backend {
                   (glogits.dtype() == DType::bf16 || glogits.dtype() == DType::f16)),
              "cross_entropy_backward: a {} gradient of {} logits (only f32 logits to bf16/f16)",
              dtype_name(glogits.dtype()), dtype_name(logits.dtype()));
-    cuda::cross_entropy_backward(logits.dtype(), logits.data_ptr(), labels.data<int64_t>(), lse.data_ptr(),
-                                 grad_loss.data_ptr(), glogits.data_ptr(), glogits.dtype(), rows_of(logits),
-                                 last_dim(logits), ignore_index);
+    cuda::cross_entropy_backward(stream(), logits.dtype(), logits.data_ptr(), labels.data<int64_t>(),
+                                 lse.data_ptr(), grad_loss.data_ptr(), glogits.data_ptr(), glogits.dtype(),
+                                 rows_of(logits), last_dim(logits), ignore_index);
   }
   void embedding(const Tensor& weight, const Tensor& ids, const Tensor& out) override {
-    cuda::embedding(weight.dtype(), weight.data_ptr(), ids.data<int64_t>(), out.data_ptr(), ids.numel(),
-                    weight.shape()[0], weight.shape()[1], bad_index());
+    cuda::embedding(stream(), weight.dtype(), weight.data_ptr(), ids.data<int64_t>(), out.data_ptr(),
+                    ids.numel(), weight.shape()[0], weight.shape()[1], bad_index());
   }
   void embedding_backward(const Tensor& gy, const Tensor& ids, const Tensor& gweight) override;
   void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions, bool seq_major,
@@ -307,12 +312,13 @@ class CudaBackend final : public backend::Backend {
     const int64_t H = seq_major ? s[2] : s[1], T = seq_major ? s[1] : s[2];
     // Positions are checked on the device: a bad one is reported at the next synchronization (Llama calls
     // rope twice per layer; a host sync each time would stall the queue).
-    cuda::rope(x.dtype(), x.data_ptr(), cos.data<float>(), sin.data<float>(), positions.data<int64_t>(),
-               y.data_ptr(), s[0], H, T, s[3], seq_major, inverse, cos.shape()[0], bad_index());
+    cuda::rope(stream(), x.dtype(), x.data_ptr(), cos.data<float>(), sin.data<float>(),
+               positions.data<int64_t>(), y.data_ptr(), s[0], H, T, s[3], seq_major, inverse, cos.shape()[0],
+               bad_index());
   }
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, bool causal,
                  int64_t window, double scale, const Tensor& out, const Tensor& lse) override {
-    cuda::attention(q.dtype(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+    cuda::attention(stream(), q.dtype(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
                     key_keep.defined() ? key_keep.data<bool>() : nullptr, out.data_ptr(), lse.data_ptr(),
                     q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), causal, window, scale);
   }
@@ -331,8 +337,8 @@ class CudaBackend final : public backend::Backend {
                           std::min(backend::kAdamWChunk, n - b), g.dtype(), g.dtype()});
     }
     AllocatorScratch scratch(allocator(stats.device().index));
-    cuda::grad_stats(chunks.data(), static_cast<int64_t>(chunks.size()), inv_scale, stats.data<double>(),
-                     scratch);
+    cuda::grad_stats(stream(), chunks.data(), static_cast<int64_t>(chunks.size()), inv_scale,
+                     stats.data<double>(), scratch);
   }
   void transform_grads(const std::vector<std::pair<Tensor, Tensor>>& src_dst,
                        const GradTransform& t) override {
@@ -357,8 +363,8 @@ class CudaBackend final : public backend::Backend {
       }
       if (chunks.empty()) continue;
       AllocatorScratch scratch(allocator(src_dst.front().second.device().index));
-      cuda::transform_grads(chunks.data(), static_cast<int64_t>(chunks.size()), t.inv_scale, t.max_norm, st,
-                            scratch);
+      cuda::transform_grads(stream(), chunks.data(), static_cast<int64_t>(chunks.size()), t.inv_scale,
+                            t.max_norm, st, scratch);
     }
   }
   void fused_adamw(const std::vector<AdamWTensors>& tensors, const AdamWHyper& h,
@@ -393,8 +399,8 @@ class CudaBackend final : public backend::Backend {
                           copy ? x.param_copy.dtype() : dt});
     }
     AllocatorScratch scratch(allocator(tensors.front().param.device().index));
-    cuda::fused_adamw(dt, chunks.data(), static_cast<int64_t>(chunks.size()), h.lr, h.weight_decay, h.beta1,
-                      h.beta2, h.eps, h.step, t.inv_scale, t.max_norm, st, scratch);
+    cuda::fused_adamw(stream(), dt, chunks.data(), static_cast<int64_t>(chunks.size()), h.lr, h.weight_decay,
+                      h.beta1, h.beta2, h.eps, h.step, t.inv_scale, t.max_norm, st, scratch);
   }
   void adamw_8bit(const std::vector<AdamW8bitTensors>& tensors, const Tensor& signed_map,
                   const Tensor& unsigned_map) override {
@@ -419,14 +425,15 @@ class CudaBackend final : public backend::Backend {
                      x.absmax1.is_contiguous() && x.absmax2.is_contiguous() &&
                      x.absmax1.device() == x.param.device() && x.absmax2.device() == x.param.device(),
                  "adamw_8bit: the 8-bit state of tensor {} does not fit its {} elements", i, n);
-        cuda::adamw_8bit_blockwise(x.param.data<float>(), x.grad.data<float>(), x.state1.data<uint8_t>(),
-                                   x.state2.data<uint8_t>(), x.absmax1.data<float>(), x.absmax2.data<float>(),
-                                   n, x.k, signed_map.data<float>(), unsigned_map.data<float>());
+        cuda::adamw_8bit_blockwise(stream(), x.param.data<float>(), x.grad.data<float>(),
+                                   x.state1.data<uint8_t>(), x.state2.data<uint8_t>(),
+                                   x.absmax1.data<float>(), x.absmax2.data<float>(), n, x.k,
+                                   signed_map.data<float>(), unsigned_map.data<float>());
       } else {
         TR_CHECK(x.state1.dtype() == DType::f32 && x.state2.dtype() == DType::f32 && x.state1.numel() == n &&
                      x.state2.numel() == n,
                  "adamw_8bit: the 32-bit state of tensor {} does not fit its {} elements", i, n);
-        cuda::adamw_32bit_state(x.param.data<float>(), x.grad.data<float>(), x.state1.data<float>(),
+        cuda::adamw_32bit_state(stream(), x.param.data<float>(), x.grad.data<float>(), x.state1.data<float>(),
                                 x.state2.data<float>(), n, x.k);
       }
     }
@@ -435,7 +442,7 @@ class CudaBackend final : public backend::Backend {
                           bool causal, int64_t window, double scale, const Tensor& out, const Tensor& lse,
                           const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv) override {
     AllocatorScratch scratch(allocator(q.device().index));
-    cuda::attention_backward(q.dtype(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+    cuda::attention_backward(stream(), q.dtype(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
                              key_keep.defined() ? key_keep.data<bool>() : nullptr, out.data_ptr(),
                              lse.data_ptr(), dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
                              q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), causal, window,
@@ -443,20 +450,21 @@ class CudaBackend final : public backend::Backend {
   }
   void attention_block_softmax(const Tensor& scores, const AttentionBlock& a, const Tensor& probs,
                                const Tensor& lse) override {
-    cuda::attention_block_softmax(scores.dtype(), probs.dtype(), scores.data_ptr(), probs.data_ptr(),
-                                  lse.data_ptr(), a.key_keep.defined() ? a.key_keep.data<bool>() : nullptr,
-                                  a.B, a.H, a.KV, a.T, a.S, a.t0, a.tq, a.sk, a.causal, a.window, a.scale,
-                                  a.dropout, a.seed, a.offset);
+    cuda::attention_block_softmax(
+        stream(), scores.dtype(), probs.dtype(), scores.data_ptr(), probs.data_ptr(), lse.data_ptr(),
+        a.key_keep.defined() ? a.key_keep.data<bool>() : nullptr, a.B, a.H, a.KV, a.T, a.S, a.t0, a.tq, a.sk,
+        a.causal, a.window, a.scale, a.dropout, a.seed, a.offset);
   }
   void attention_block_grad(const Tensor& scores, const Tensor& dp, const Tensor& lse, const Tensor& delta,
                             const AttentionBlock& a, const Tensor& probs, const Tensor& dscores) override {
-    cuda::attention_block_grad(
-        scores.dtype(), probs.dtype(), scores.data_ptr(), dp.data_ptr(), lse.data_ptr(), delta.data_ptr(),
-        probs.data_ptr(), dscores.data_ptr(), a.key_keep.defined() ? a.key_keep.data<bool>() : nullptr, a.B,
-        a.H, a.KV, a.T, a.S, a.t0, a.tq, a.sk, a.causal, a.window, a.scale, a.dropout, a.seed, a.offset);
+    cuda::attention_block_grad(stream(), scores.dtype(), probs.dtype(), scores.data_ptr(), dp.data_ptr(),
+                               lse.data_ptr(), delta.data_ptr(), probs.data_ptr(), dscores.data_ptr(),
+                               a.key_keep.defined() ? a.key_keep.data<bool>() : nullptr, a.B, a.H, a.KV, a.T,
+                               a.S, a.t0, a.tq, a.sk, a.causal, a.window, a.scale, a.dropout, a.seed,
+                               a.offset);
   }
   void dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, const Tensor& y) override {
-    cuda::dropout(x.dtype(), x.data_ptr(), y.data_ptr(), x.numel(), p, seed, offset);
+    cuda::dropout(stream(), x.dtype(), x.data_ptr(), y.data_ptr(), x.numel(), p, seed, offset);
   }
 
  private:
@@ -470,6 +478,7 @@ class CudaBackend final : public backend::Backend {
   cublasHandle_t handle() {
     std::lock_guard<std::mutex> g(mu_);
     if (!blas_) TR_CUBLAS_CHECK(cublasCreate(&blas_));
+    TR_CUBLAS_CHECK(cublasSetStream(blas_, stream()));
     return blas_;
   }
   std::vector<std::unique_ptr<CudaAllocator>> allocators_;
@@ -498,7 +507,7 @@ void CudaBackend::gemm(const backend::GemmArgs& g) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!lt_) lt_ = std::make_unique<LtGemm>();
   }
-  if (lt_->run(g)) return;
+  if (lt_->run(g, stream())) return;
   if (g.epilogue == backend::GemmEpilogue::none) return legacy_gemm(g);
   // An epilogue cuBLASLt has no algorithm for: the bias as the initial c of a beta = 1 product (as the CPU
   // does), then the GELU as its own pass with the pre-activation kept in aux.
@@ -518,7 +527,7 @@ void CudaBackend::gemm(const backend::GemmArgs& g) {
   rows.stride[1][0] = g.n;
   rows.stride[1][1] = 1;
   const DType dt = g.c.dtype();
-  cuda::copy(g.bias.data_ptr(), dt, g.c.data_ptr(), dt, rows, g.m * g.n);
+  cuda::copy(stream(), g.bias.data_ptr(), dt, g.c.data_ptr(), dt, rows, g.m * g.n);
   backend::GemmArgs plain = g;
   plain.epilogue = backend::GemmEpilogue::none;
   plain.beta = 1.0;
@@ -528,8 +537,8 @@ void CudaBackend::gemm(const backend::GemmArgs& g) {
     flat.nd = 1;
     flat.shape[0] = g.m * g.n;
     flat.stride[0][0] = flat.stride[1][0] = 1;
-    cuda::copy(g.c.data_ptr(), dt, g.aux.data_ptr(), dt, flat, g.m * g.n);
-    cuda::unary(backend::UnaryOp::gelu_tanh, dt, g.aux.data_ptr(), g.c.data_ptr(), flat, g.m * g.n);
+    cuda::copy(stream(), g.c.data_ptr(), dt, g.aux.data_ptr(), dt, flat, g.m * g.n);
+    cuda::unary(stream(), backend::UnaryOp::gelu_tanh, dt, g.aux.data_ptr(), g.c.data_ptr(), flat, g.m * g.n);
   }
 }
 
@@ -560,7 +569,7 @@ void CudaBackend::embedding_backward(const Tensor& gy, const Tensor& ids, const 
   const int64_t n = ids.numel(), v = gweight.shape()[0];
   TR_CHECK(n < (int64_t{1} << 31), "embedding backward: {} ids exceed CUB's 32-bit item count", n);
   AllocatorScratch scratch(allocator(gweight.device().index));
-  cuda::embedding_backward(gy.dtype(), gy.data_ptr(), ids.data<int64_t>(), n, gweight.data_ptr(), v,
+  cuda::embedding_backward(stream(), gy.dtype(), gy.data_ptr(), ids.data<int64_t>(), n, gweight.data_ptr(), v,
                            gweight.shape()[1], scratch);
 }
 
@@ -677,9 +686,9 @@ void CopyStream::copy_async(const Tensor& host, const Tensor& dev) {
     cuda_copy_between_devices(host, dev);
     return;
   }
-  // The device block may have been freed by tensors that kernels queued on the compute (legacy default)
-  // stream still read: the copy waits for them on the device, not on the host.
-  TR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(compute_), nullptr));
+  // The device block may have been freed by tensors that kernels queued on the compute stream still read:
+  // the copy waits for them on the device, not on the host.
+  TR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(compute_), cuda::instance().stream()));
   TR_CUDA_CHECK(
       cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), static_cast<cudaEvent_t>(compute_), 0));
   TR_CUDA_CHECK(cudaMemcpyAsync(dev.data_ptr(), host.data_ptr(), host.nbytes(), cudaMemcpyHostToDevice,
@@ -689,8 +698,8 @@ void CopyStream::copy_async(const Tensor& host, const Tensor& dev) {
 void CopyStream::make_compute_wait() {
   if (!stream_) return;
   TR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(stream_)));
-  // Kernels go to the legacy default stream: it waits for the event, the host does not.
-  TR_CUDA_CHECK(cudaStreamWaitEvent(nullptr, static_cast<cudaEvent_t>(event_), 0));
+  // The compute stream waits for the event, the host does not.
+  TR_CUDA_CHECK(cudaStreamWaitEvent(cuda::instance().stream(), static_cast<cudaEvent_t>(event_), 0));
 }
 
 void CopyStream::synchronize() {
@@ -706,7 +715,10 @@ void cuda_copy_between_devices(const Tensor& src, const Tensor& dst) {
                                                 : cudaMemcpyDeviceToDevice;
   if (!src.device().is_cpu()) cuda_backend();
   if (!dst.device().is_cpu()) cuda_backend();
-  TR_CUDA_CHECK(cudaMemcpy(dst.data_ptr(), src.data_ptr(), src.nbytes(), kind));
+  // On the compute stream, after what is queued there, and finished before returning (as cudaMemcpy).
+  const cudaStream_t stream = cuda::instance().stream();
+  TR_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), src.nbytes(), kind, stream));
+  TR_CUDA_CHECK(cudaStreamSynchronize(stream));
   if (kind == cudaMemcpyDeviceToHost) cuda::instance().report_device_errors();  // the queue has drained
 }
 

@@ -155,117 +155,126 @@ struct DropoutF {
 
 }  // namespace
 
-void copy(const void* src, DType st_, void* dst, DType dt, const Strided& g, int64_t n) {
+void copy(Stream stream, const void* src, DType st_, void* dst, DType dt, const Strided& g, int64_t n) {
   if (n == 0) return;
   const bool contiguous = is_contiguous_operand(g, 0) && is_contiguous_operand(g, 1);
   if (contiguous && st_ == dt) {  // a plain device-to-device copy, in stream order
-    TR_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * dtype_size(dt), cudaMemcpyDeviceToDevice,
-                                  nullptr));
+    TR_CUDA_CHECK(
+        cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * dtype_size(dt), cudaMemcpyDeviceToDevice, stream));
     return;
   }
   dispatch_all(st_, [&]<typename S>() {
     dispatch_all(dt, [&]<typename D>() {
       if (contiguous)
-        launch_map1(CastF<S, D>{}, static_cast<const S*>(src), static_cast<D*>(dst), n);
+        launch_map1(stream, CastF<S, D>{}, static_cast<const S*>(src), static_cast<D*>(dst), n);
       else
-        copy_kernel<S, D><<<blocks_for(n), 256>>>(static_cast<const S*>(src), static_cast<D*>(dst), g, n);
+        copy_kernel<S, D>
+            <<<blocks_for(n), 256, 0, stream>>>(static_cast<const S*>(src), static_cast<D*>(dst), g, n);
     });
   });
   TR_CUDA_LAUNCH_CHECK("copy");
 }
 
-void fill(void* out, DType dt, int64_t n, double value) {
-  dispatch_all(dt,
-               [&]<typename T>() { fill_kernel<T><<<blocks_for(n), 256>>>(static_cast<T*>(out), n, value); });
+void fill(Stream stream, void* out, DType dt, int64_t n, double value) {
+  dispatch_all(dt, [&]<typename T>() {
+    fill_kernel<T><<<blocks_for(n), 256, 0, stream>>>(static_cast<T*>(out), n, value);
+  });
   TR_CUDA_LAUNCH_CHECK("fill");
 }
 
-void arange(void* out, DType dt, int64_t n, double start, double step) {
+void arange(Stream stream, void* out, DType dt, int64_t n, double start, double step) {
   dispatch_all(dt, [&]<typename T>() {
-    arange_kernel<T><<<blocks_for(n), 256>>>(static_cast<T*>(out), n, start, step);
+    arange_kernel<T><<<blocks_for(n), 256, 0, stream>>>(static_cast<T*>(out), n, start, step);
   });
   TR_CUDA_LAUNCH_CHECK("arange");
 }
 
-void random_normal(void* out, DType dt, int64_t n, double mean, double std, uint64_t seed, uint64_t offset) {
+void random_normal(Stream stream, void* out, DType dt, int64_t n, double mean, double std, uint64_t seed,
+                   uint64_t offset) {
   dispatch_float(dt, [&]<typename T>() {
-    normal_kernel<T><<<blocks_for(n), 256>>>(static_cast<T*>(out), n, mean, std, seed, offset);
+    normal_kernel<T><<<blocks_for(n), 256, 0, stream>>>(static_cast<T*>(out), n, mean, std, seed, offset);
   });
   TR_CUDA_LAUNCH_CHECK("random_normal");
 }
 
-void random_uniform(void* out, DType dt, int64_t n, double lo, double hi, uint64_t seed, uint64_t offset) {
+void random_uniform(Stream stream, void* out, DType dt, int64_t n, double lo, double hi, uint64_t seed,
+                    uint64_t offset) {
   dispatch_float(dt, [&]<typename T>() {
-    uniform_kernel<T><<<blocks_for(n), 256>>>(static_cast<T*>(out), n, lo, hi, seed, offset);
+    uniform_kernel<T><<<blocks_for(n), 256, 0, stream>>>(static_cast<T*>(out), n, lo, hi, seed, offset);
   });
   TR_CUDA_LAUNCH_CHECK("random_uniform");
 }
 
-void unary(UnaryOp op, DType dt, const void* x, void* y, const Strided& g, int64_t n) {
+void unary(Stream stream, UnaryOp op, DType dt, const void* x, void* y, const Strided& g, int64_t n) {
   if (n == 0) return;
   const bool contiguous = is_contiguous_operand(g, 0);
   dispatch_float(dt, [&]<typename T>() {
     if (contiguous)
-      launch_map1(UnaryF<T>{op}, static_cast<const T*>(x), static_cast<T*>(y), n);
+      launch_map1(stream, UnaryF<T>{op}, static_cast<const T*>(x), static_cast<T*>(y), n);
     else
-      unary_kernel<T><<<blocks_for(n), 256>>>(op, static_cast<const T*>(x), static_cast<T*>(y), g, n);
+      unary_kernel<T>
+          <<<blocks_for(n), 256, 0, stream>>>(op, static_cast<const T*>(x), static_cast<T*>(y), g, n);
   });
   TR_CUDA_LAUNCH_CHECK("unary");
 }
 
-void unary_backward(UnaryOp op, DType dt, const void* x, const void* gy, void* gx, int64_t n) {
+void unary_backward(Stream stream, UnaryOp op, DType dt, const void* x, const void* gy, void* gx, int64_t n) {
   if (n == 0) return;
   dispatch_float(dt, [&]<typename T>() {
-    launch_map2(UnaryBackwardF<T>{op}, static_cast<const T*>(x), static_cast<const T*>(gy),
+    launch_map2(stream, UnaryBackwardF<T>{op}, static_cast<const T*>(x), static_cast<const T*>(gy),
                 static_cast<T*>(gx), n);
   });
   TR_CUDA_LAUNCH_CHECK("unary_backward");
 }
 
-void binary(BinaryOp op, DType dt, const void* a, const void* b, void* out, const Strided& g, int64_t n) {
+void binary(Stream stream, BinaryOp op, DType dt, const void* a, const void* b, void* out, const Strided& g,
+            int64_t n) {
   if (n == 0) return;
   const bool contiguous = is_contiguous_operand(g, 0) && is_contiguous_operand(g, 1);
   dispatch_float(dt, [&]<typename T>() {
     if (contiguous)
-      launch_map2(BinaryF<T>{op}, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out),
-                  n);
+      launch_map2(stream, BinaryF<T>{op}, static_cast<const T*>(a), static_cast<const T*>(b),
+                  static_cast<T*>(out), n);
     else
-      binary_kernel<T><<<blocks_for(n), 256>>>(op, static_cast<const T*>(a), static_cast<const T*>(b),
-                                               static_cast<T*>(out), g, n);
+      binary_kernel<T><<<blocks_for(n), 256, 0, stream>>>(
+          op, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), g, n);
   });
   TR_CUDA_LAUNCH_CHECK("binary");
 }
 
-void affine(DType dt, const void* x, void* y, int64_t n, double alpha, double beta) {
+void affine(Stream stream, DType dt, const void* x, void* y, int64_t n, double alpha, double beta) {
   if (n == 0) return;
   dispatch_float(dt, [&]<typename T>() {
     using A = acc_t<T>;
-    launch_map1(AffineF<T>{static_cast<A>(alpha), static_cast<A>(beta)}, static_cast<const T*>(x),
+    launch_map1(stream, AffineF<T>{static_cast<A>(alpha), static_cast<A>(beta)}, static_cast<const T*>(x),
                 static_cast<T*>(y), n);
   });
   TR_CUDA_LAUNCH_CHECK("affine");
 }
 
-void pow_scalar(DType dt, const void* x, void* y, int64_t n, double exponent) {
+void pow_scalar(Stream stream, DType dt, const void* x, void* y, int64_t n, double exponent) {
   dispatch_float(dt, [&]<typename T>() {
-    pow_kernel<T><<<blocks_for(n), 256>>>(static_cast<const T*>(x), static_cast<T*>(y), n, exponent);
+    pow_kernel<T>
+        <<<blocks_for(n), 256, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(y), n, exponent);
   });
   TR_CUDA_LAUNCH_CHECK("pow");
 }
 
-void masked_fill(DType dt, const void* x, const bool* mask, void* y, const Strided& g, int64_t n,
-                 double value) {
+void masked_fill(Stream stream, DType dt, const void* x, const bool* mask, void* y, const Strided& g,
+                 int64_t n, double value) {
   dispatch_float(dt, [&]<typename T>() {
     masked_fill_kernel<T>
-        <<<blocks_for(n), 256>>>(static_cast<const T*>(x), mask, static_cast<T*>(y), g, n, value);
+        <<<blocks_for(n), 256, 0, stream>>>(static_cast<const T*>(x), mask, static_cast<T*>(y), g, n, value);
   });
   TR_CUDA_LAUNCH_CHECK("masked_fill");
 }
 
-void dropout(DType dt, const void* x, void* y, int64_t n, double p, uint64_t seed, uint64_t offset) {
+void dropout(Stream stream, DType dt, const void* x, void* y, int64_t n, double p, uint64_t seed,
+             uint64_t offset) {
   if (n == 0) return;
   dispatch_float(dt, [&]<typename T>() {
-    launch_map1(DropoutF<T>{static_cast<float>(p), static_cast<acc_t<T>>(1.0 / (1.0 - p)), seed, offset},
+    launch_map1(stream,
+                DropoutF<T>{static_cast<float>(p), static_cast<acc_t<T>>(1.0 / (1.0 - p)), seed, offset},
                 static_cast<const T*>(x), static_cast<T*>(y), n);
   });
   TR_CUDA_LAUNCH_CHECK("dropout");

@@ -119,7 +119,7 @@ void* LtGemm::workspace(int device) {
   return w;
 }
 
-bool LtGemm::run(const backend::GemmArgs& g) {
+bool LtGemm::run(const backend::GemmArgs& g, cudaStream_t stream) {
   cudaDataType_t t, tc;  // operands' type and the product's (f32 for an unrounded half product)
   cublasComputeType_t compute, unused;
   if (!gemm_types(g.a.dtype(), g.tf32, &t, &compute) || !gemm_types(g.c.dtype(), g.tf32, &tc, &unused))
@@ -237,7 +237,7 @@ bool LtGemm::run(const backend::GemmArgs& g) {
   const void* beta = f64 ? static_cast<const void*>(&bd) : static_cast<const void*>(&bf);
   TR_LT_CHECK(cublasLtMatmul(lt(handle_), plan->op, alpha, g.b.data_ptr(), plan->a, g.a.data_ptr(), plan->b,
                              beta, g.c.data_ptr(), plan->c, g.c.data_ptr(), plan->c, &plan->algo, ws,
-                             kWorkspaceBytes, nullptr));
+                             kWorkspaceBytes, stream));
   return true;
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <cublas_api.h>
+#include <cuda_runtime_api.h>
 
 #include "backend/backend.h"
 #include "backend/cuda_api.h"
@@ -24,9 +25,9 @@ class LtGemm {
   ~LtGemm();
   LtGemm(const LtGemm&) = delete;
   LtGemm& operator=(const LtGemm&) = delete;
-  // Runs g (row-major, as backend.h documents) on the current device. Returns false, having done nothing,
-  // when cuBLASLt has no algorithm for it (the backend then takes cublasGemmStridedBatchedEx).
-  bool run(const backend::GemmArgs& g);
+  // Queues g (row-major, as backend.h documents) on `stream` of the current device. Returns false, having
+  // done nothing, when cuBLASLt has no algorithm for it (the backend then takes cublasGemmStridedBatchedEx).
+  bool run(const backend::GemmArgs& g, cudaStream_t stream);
   // Plans built so far (each is a heuristic query; the cache keeps it for the rest of the run).
   size_t plans() const;
 

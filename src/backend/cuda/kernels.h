@@ -12,6 +12,11 @@ namespace tr::cuda {
 
 constexpr int kMaxDims = 8;
 
+// The stream every launcher queues its work on (cudaStream_t, declared here without the CUDA headers): the
+// backend's compute stream of the device. Nothing goes to the legacy default stream implicitly, so a step can
+// move to a stream of its own (CUDA graph capture, NCCL overlap) by changing what the backend passes.
+using Stream = struct CUstream_st*;
+
 // Kernel scratch (partial sums, chunk lists, sort buffers) from the backend's caching allocator, not from
 // cudaMallocAsync's own pool: counted in the allocator's statistics and peak, an out-of-memory there is the
 // allocator's (auto_find_batch_size retries it), and empty_cache returns it. A block stays taken until the
@@ -36,82 +41,90 @@ using backend::BinaryOp;
 using backend::ReduceOp;
 using backend::UnaryOp;
 
-void copy(const void* src, DType st, void* dst, DType dt, const Strided& g, int64_t n);
-void fill(void* out, DType dt, int64_t n, double value);
-void arange(void* out, DType dt, int64_t n, double start, double step);
-void random_normal(void* out, DType dt, int64_t n, double mean, double std, uint64_t seed, uint64_t offset);
-void random_uniform(void* out, DType dt, int64_t n, double lo, double hi, uint64_t seed, uint64_t offset);
-void unary(UnaryOp op, DType dt, const void* x, void* y, const Strided& g, int64_t n);
-void unary_backward(UnaryOp op, DType dt, const void* x, const void* gy, void* gx, int64_t n);
-void binary(BinaryOp op, DType dt, const void* a, const void* b, void* out, const Strided& g, int64_t n);
-void affine(DType dt, const void* x, void* y, int64_t n, double alpha, double beta);
-void pow_scalar(DType dt, const void* x, void* y, int64_t n, double exponent);
-void masked_fill(DType dt, const void* x, const bool* mask, void* y, const Strided& g, int64_t n,
-                 double value);
-void dropout(DType dt, const void* x, void* y, int64_t n, double p, uint64_t seed, uint64_t offset);
+void copy(Stream stream, const void* src, DType st, void* dst, DType dt, const Strided& g, int64_t n);
+void fill(Stream stream, void* out, DType dt, int64_t n, double value);
+void arange(Stream stream, void* out, DType dt, int64_t n, double start, double step);
+void random_normal(Stream stream, void* out, DType dt, int64_t n, double mean, double std, uint64_t seed,
+                   uint64_t offset);
+void random_uniform(Stream stream, void* out, DType dt, int64_t n, double lo, double hi, uint64_t seed,
+                    uint64_t offset);
+void unary(Stream stream, UnaryOp op, DType dt, const void* x, void* y, const Strided& g, int64_t n);
+void unary_backward(Stream stream, UnaryOp op, DType dt, const void* x, const void* gy, void* gx, int64_t n);
+void binary(Stream stream, BinaryOp op, DType dt, const void* a, const void* b, void* out, const Strided& g,
+            int64_t n);
+void affine(Stream stream, DType dt, const void* x, void* y, int64_t n, double alpha, double beta);
+void pow_scalar(Stream stream, DType dt, const void* x, void* y, int64_t n, double exponent);
+void masked_fill(Stream stream, DType dt, const void* x, const bool* mask, void* y, const Strided& g,
+                 int64_t n, double value);
+void dropout(Stream stream, DType dt, const void* x, void* y, int64_t n, double p, uint64_t seed,
+             uint64_t offset);
 
-void reduce(ReduceOp op, DType dt, const void* x, void* y, int64_t outer, int64_t r, int64_t inner,
-            Scratch& scratch);
-void argmax(DType dt, const void* x, int64_t* y, int64_t outer, int64_t r, int64_t inner);
-void topk(DType dt, const void* x, void* values, int64_t* indices, int64_t rows, int64_t n, int64_t k);
-void softmax(DType dt, const void* x, void* y, int64_t rows, int64_t n, bool log);
-void softmax_backward(DType dt, const void* y, const void* gy, void* gx, int64_t rows, int64_t n, bool log);
+void reduce(Stream stream, ReduceOp op, DType dt, const void* x, void* y, int64_t outer, int64_t r,
+            int64_t inner, Scratch& scratch);
+void argmax(Stream stream, DType dt, const void* x, int64_t* y, int64_t outer, int64_t r, int64_t inner);
+void topk(Stream stream, DType dt, const void* x, void* values, int64_t* indices, int64_t rows, int64_t n,
+          int64_t k);
+void softmax(Stream stream, DType dt, const void* x, void* y, int64_t rows, int64_t n, bool log);
+void softmax_backward(Stream stream, DType dt, const void* y, const void* gy, void* gx, int64_t rows,
+                      int64_t n, bool log);
 
 // Statistics (mean, rstd, loss, lse) are f32, or f64 for f64 data.
 // res/sum (null when unused): the fused residual add, sum = x + res normalized instead of x. gadd (null when
 // unused): added to gx before rounding.
-void layer_norm(DType dt, const void* x, const void* w, const void* b, void* y, void* mean, void* rstd,
-                int64_t rows, int64_t n, double eps, const void* res, void* sum);
-void layer_norm_backward(DType dt, const void* x, const void* w, const void* mean, const void* rstd,
-                         const void* gy, void* gx, void* gw, void* gb, int64_t rows, int64_t n,
-                         const void* gadd, Scratch& scratch);
-void rms_norm(DType dt, const void* x, const void* w, void* y, void* rstd, int64_t rows, int64_t n,
-              double eps, const void* res, void* sum);
-void rms_norm_backward(DType dt, const void* x, const void* w, const void* rstd, const void* gy, void* gx,
-                       void* gw, int64_t rows, int64_t n, const void* gadd, Scratch& scratch);
+void layer_norm(Stream stream, DType dt, const void* x, const void* w, const void* b, void* y, void* mean,
+                void* rstd, int64_t rows, int64_t n, double eps, const void* res, void* sum);
+void layer_norm_backward(Stream stream, DType dt, const void* x, const void* w, const void* mean,
+                         const void* rstd, const void* gy, void* gx, void* gw, void* gb, int64_t rows,
+                         int64_t n, const void* gadd, Scratch& scratch);
+void rms_norm(Stream stream, DType dt, const void* x, const void* w, void* y, void* rstd, int64_t rows,
+              int64_t n, double eps, const void* res, void* sum);
+void rms_norm_backward(Stream stream, DType dt, const void* x, const void* w, const void* rstd,
+                       const void* gy, void* gx, void* gw, int64_t rows, int64_t n, const void* gadd,
+                       Scratch& scratch);
 // A label outside [0, v) that is not ignore_index is flagged (kBadLabel); its row's loss and gradient are 0.
-void cross_entropy(DType dt, const void* logits, const int64_t* labels, void* loss, void* lse, int64_t rows,
-                   int64_t v, int64_t ignore_index, int64_t* bad);
+void cross_entropy(Stream stream, DType dt, const void* logits, const int64_t* labels, void* loss, void* lse,
+                   int64_t rows, int64_t v, int64_t ignore_index, int64_t* bad);
 // glogits in `gdt`: the logits' dtype, or bf16/f16 for f32 logits (the f32 value rounded once).
-void cross_entropy_backward(DType dt, const void* logits, const int64_t* labels, const void* lse,
-                            const void* grad_loss, void* glogits, DType gdt, int64_t rows, int64_t v,
-                            int64_t ignore_index);
+void cross_entropy_backward(Stream stream, DType dt, const void* logits, const int64_t* labels,
+                            const void* lse, const void* grad_loss, void* glogits, DType gdt, int64_t rows,
+                            int64_t v, int64_t ignore_index);
 // An id outside [0, v) is flagged (kBadEmbeddingIndex) and its row is 0.
-void embedding(DType dt, const void* weight, const int64_t* ids, void* out, int64_t n, int64_t v, int64_t d,
-               int64_t* bad);
+void embedding(Stream stream, DType dt, const void* weight, const int64_t* ids, void* out, int64_t n,
+               int64_t v, int64_t d, int64_t* bad);
 // Deterministic scatter-add without a host round trip: the n rows of gy are grouped by id on the device
 // (a stable radix sort of (id, row) pairs, then runs of one id), and each id's rows are summed in row order.
 // Ids outside [0, v) (flagged by the forward) add nothing. Fewer than 2^31 ids (CUB's item count).
-void embedding_backward(DType dt, const void* gy, const int64_t* ids, int64_t n, void* gw, int64_t v,
-                        int64_t d, Scratch& scratch);
+void embedding_backward(Stream stream, DType dt, const void* gy, const int64_t* ids, int64_t n, void* gw,
+                        int64_t v, int64_t d, Scratch& scratch);
 // Index errors kernels flag without a host sync, in `bad` (three int64 of mapped host memory the backend
 // reads at its next synchronization): the value, its kind, the limit it broke. The offending element gets
 // zeros instead of an out-of-range read.
 enum BadIndexKind : int64_t { kBadNone = 0, kBadRopePosition = 1, kBadEmbeddingIndex = 2, kBadLabel = 3 };
 
 // A position outside [0, P) is flagged (kBadRopePosition).
-void rope(DType dt, const void* x, const float* cos, const float* sin, const int64_t* pos, void* y, int64_t B,
-          int64_t H, int64_t T, int64_t D, bool seq_major, bool inverse, int64_t P, int64_t* bad);
+void rope(Stream stream, DType dt, const void* x, const float* cos, const float* sin, const int64_t* pos,
+          void* y, int64_t B, int64_t H, int64_t T, int64_t D, bool seq_major, bool inverse, int64_t P,
+          int64_t* bad);
 // Fused attention (see Backend::attention): q [B, H, T, D], k/v [B, KV, S, D], keep [B, S] or null.
-void attention(DType dt, const void* q, const void* k, const void* v, const bool* keep, void* out, void* lse,
-               int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D, bool causal, int64_t window,
-               double scale);
-void attention_backward(DType dt, const void* q, const void* k, const void* v, const bool* keep,
-                        const void* out, const void* lse, const void* dout, void* dq, void* dk, void* dv,
-                        int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D, bool causal,
-                        int64_t window, double scale, Scratch& scratch);
+void attention(Stream stream, DType dt, const void* q, const void* k, const void* v, const bool* keep,
+               void* out, void* lse, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D,
+               bool causal, int64_t window, double scale);
+void attention_backward(Stream stream, DType dt, const void* q, const void* k, const void* v,
+                        const bool* keep, const void* out, const void* lse, const void* dout, void* dq,
+                        void* dk, void* dv, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D,
+                        bool causal, int64_t window, double scale, Scratch& scratch);
 // Blocked attention's row kernels (Backend::attention_block_softmax / _grad): geometry as the fused kernel
 // (keep [B, S] or null); the block's queries t0 .. t0 + tq - 1 against keys 0 .. sk - 1. sdt: the scores'
 // dtype (f32/f64), pdt: the probabilities'.
-void attention_block_softmax(DType sdt, DType pdt, const void* scores, void* probs, void* lse,
+void attention_block_softmax(Stream stream, DType sdt, DType pdt, const void* scores, void* probs, void* lse,
                              const bool* keep, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S,
                              int64_t t0, int64_t tq, int64_t sk, bool causal, int64_t window, double scale,
                              double dropout, uint64_t seed, uint64_t offset);
-void attention_block_grad(DType sdt, DType pdt, const void* scores, const void* dp, const void* lse,
-                          const void* delta, void* probs, void* dscores, const bool* keep, int64_t B,
-                          int64_t H, int64_t KV, int64_t T, int64_t S, int64_t t0, int64_t tq, int64_t sk,
-                          bool causal, int64_t window, double scale, double dropout, uint64_t seed,
-                          uint64_t offset);
+void attention_block_grad(Stream stream, DType sdt, DType pdt, const void* scores, const void* dp,
+                          const void* lse, const void* delta, void* probs, void* dscores, const bool* keep,
+                          int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t t0, int64_t tq,
+                          int64_t sk, bool causal, int64_t window, double scale, double dropout,
+                          uint64_t seed, uint64_t offset);
 
 // Multi-tensor passes (Backend::grad_stats / transform_grads / fused_adamw): one launch over a list of
 // 64K-element chunks, one block per chunk; the element math is backend/optim_math.h's. Gradients and weight
@@ -123,8 +136,9 @@ struct GradChunk {
   DType grad_dtype, dst_dtype;
 };
 // stats (device, f64 [2]) = {sum of squares, non-finite count}; chunk partials added in chunk order.
-void grad_stats(const GradChunk* chunks, int64_t count, double inv_scale, double* stats, Scratch& scratch);
-void transform_grads(const GradChunk* chunks, int64_t count, double inv_scale, double max_norm,
+void grad_stats(Stream stream, const GradChunk* chunks, int64_t count, double inv_scale, double* stats,
+                Scratch& scratch);
+void transform_grads(Stream stream, const GradChunk* chunks, int64_t count, double inv_scale, double max_norm,
                      const double* stats, Scratch& scratch);
 struct AdamWChunk {
   void* param;
@@ -137,15 +151,16 @@ struct AdamWChunk {
   DType grad_dtype, copy_dtype;
 };
 // dt (the parameters' dtype) f32 or f64; stats may be null when max_norm <= 0.
-void fused_adamw(DType dt, const AdamWChunk* chunks, int64_t count, double lr, double weight_decay,
-                 double beta1, double beta2, double eps, int64_t step, double inv_scale, double max_norm,
-                 const double* stats, Scratch& scratch);
+void fused_adamw(Stream stream, DType dt, const AdamWChunk* chunks, int64_t count, double lr,
+                 double weight_decay, double beta1, double beta2, double eps, int64_t step, double inv_scale,
+                 double max_norm, const double* stats, Scratch& scratch);
 
 // bitsandbytes' blockwise 8-bit AdamW on one tensor (one CUDA block per 256 elements; qs/qu the signed and
 // unsigned code maps on the device), and its 32-bit-state kernel. Element math: backend/adamw8bit_math.h.
-void adamw_8bit_blockwise(float* p, const float* g, uint8_t* c1, uint8_t* c2, float* absmax1, float* absmax2,
-                          int64_t n, const backend::Adam8bitConsts& k, const float* qs, const float* qu);
-void adamw_32bit_state(float* p, const float* g, float* s1, float* s2, int64_t n,
+void adamw_8bit_blockwise(Stream stream, float* p, const float* g, uint8_t* c1, uint8_t* c2, float* absmax1,
+                          float* absmax2, int64_t n, const backend::Adam8bitConsts& k, const float* qs,
+                          const float* qu);
+void adamw_32bit_state(Stream stream, float* p, const float* g, float* s1, float* s2, int64_t n,
                        const backend::Adam8bitConsts& k);
 
 }  // namespace tr::cuda

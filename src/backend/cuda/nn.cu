@@ -111,14 +111,14 @@ __global__ void norm_param_combine_kernel(const double* partial, T* gw, T* gb, i
 }
 
 template <typename T>
-void norm_param_grads(const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, const T* gy, T* gw, T* gb,
-                      int64_t rows, int64_t n, Scratch& scratch) {
+void norm_param_grads(Stream stream, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, const T* gy,
+                      T* gw, T* gb, int64_t rows, int64_t n, Scratch& scratch) {
   if (n == 0) return;
   const int64_t chunks = reduce_chunks(n, rows), chunk = (rows + chunks - 1) / chunks;
   auto* partial = static_cast<double*>(scratch.take(sizeof(double) * 2 * n * chunks));
   norm_param_partial_kernel<T>
-      <<<blocks_for(n * chunks), 256>>>(x, mean, rstd, gy, partial, rows, n, chunk, chunks);
-  norm_param_combine_kernel<T><<<blocks_for(n, 128), 128>>>(partial, gw, gb, n, chunks);
+      <<<blocks_for(n * chunks), 256, 0, stream>>>(x, mean, rstd, gy, partial, rows, n, chunk, chunks);
+  norm_param_combine_kernel<T><<<blocks_for(n, 128), 128, 0, stream>>>(partial, gw, gb, n, chunks);
 }
 
 template <typename T>
@@ -325,10 +325,10 @@ int threads_for_row(int64_t n) { return n >= 1024 ? 1024 : n >= 256 ? 256 : 64; 
 
 }  // namespace
 
-void layer_norm(DType dt, const void* x, const void* w, const void* b, void* y, void* mean, void* rstd,
-                int64_t rows, int64_t n, double eps, const void* res, void* sum) {
+void layer_norm(Stream stream, DType dt, const void* x, const void* w, const void* b, void* y, void* mean,
+                void* rstd, int64_t rows, int64_t n, double eps, const void* res, void* sum) {
   dispatch_float(dt, [&]<typename T>() {
-    layer_norm_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(n)>>>(
+    layer_norm_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(n), 0, stream>>>(
         static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(b), static_cast<T*>(y),
         static_cast<acc_t<T>*>(mean), static_cast<acc_t<T>*>(rstd), n, eps, static_cast<const T*>(res),
         static_cast<T*>(sum));
@@ -336,97 +336,99 @@ void layer_norm(DType dt, const void* x, const void* w, const void* b, void* y, 
   TR_CUDA_LAUNCH_CHECK("layer_norm");
 }
 
-void layer_norm_backward(DType dt, const void* x, const void* w, const void* mean, const void* rstd,
-                         const void* gy, void* gx, void* gw, void* gb, int64_t rows, int64_t n,
-                         const void* gadd, Scratch& scratch) {
+void layer_norm_backward(Stream stream, DType dt, const void* x, const void* w, const void* mean,
+                         const void* rstd, const void* gy, void* gx, void* gw, void* gb, int64_t rows,
+                         int64_t n, const void* gadd, Scratch& scratch) {
   dispatch_float(dt, [&]<typename T>() {
     using A = acc_t<T>;
     if (gx)
-      layer_norm_backward_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(n)>>>(
+      layer_norm_backward_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(n), 0, stream>>>(
           static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const A*>(mean),
           static_cast<const A*>(rstd), static_cast<const T*>(gy), static_cast<T*>(gx), n,
           static_cast<const T*>(gadd));
     if (gw || gb)
-      norm_param_grads<T>(static_cast<const T*>(x), static_cast<const A*>(mean), static_cast<const A*>(rstd),
-                          static_cast<const T*>(gy), static_cast<T*>(gw), static_cast<T*>(gb), rows, n,
-                          scratch);
+      norm_param_grads<T>(stream, static_cast<const T*>(x), static_cast<const A*>(mean),
+                          static_cast<const A*>(rstd), static_cast<const T*>(gy), static_cast<T*>(gw),
+                          static_cast<T*>(gb), rows, n, scratch);
   });
   TR_CUDA_LAUNCH_CHECK("layer_norm_backward");
 }
 
-void rms_norm(DType dt, const void* x, const void* w, void* y, void* rstd, int64_t rows, int64_t n,
-              double eps, const void* res, void* sum) {
+void rms_norm(Stream stream, DType dt, const void* x, const void* w, void* y, void* rstd, int64_t rows,
+              int64_t n, double eps, const void* res, void* sum) {
   dispatch_float(dt, [&]<typename T>() {
-    rms_norm_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(n)>>>(
+    rms_norm_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(n), 0, stream>>>(
         static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), static_cast<acc_t<T>*>(rstd),
         n, eps, static_cast<const T*>(res), static_cast<T*>(sum));
   });
   TR_CUDA_LAUNCH_CHECK("rms_norm");
 }
 
-void rms_norm_backward(DType dt, const void* x, const void* w, const void* rstd, const void* gy, void* gx,
-                       void* gw, int64_t rows, int64_t n, const void* gadd, Scratch& scratch) {
+void rms_norm_backward(Stream stream, DType dt, const void* x, const void* w, const void* rstd,
+                       const void* gy, void* gx, void* gw, int64_t rows, int64_t n, const void* gadd,
+                       Scratch& scratch) {
   dispatch_float(dt, [&]<typename T>() {
     using A = acc_t<T>;
     if (gx)
-      rms_norm_backward_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(n)>>>(
+      rms_norm_backward_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(n), 0, stream>>>(
           static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const A*>(rstd),
           static_cast<const T*>(gy), static_cast<T*>(gx), n, static_cast<const T*>(gadd));
     if (gw)
-      norm_param_grads<T>(static_cast<const T*>(x), nullptr, static_cast<const A*>(rstd),
+      norm_param_grads<T>(stream, static_cast<const T*>(x), nullptr, static_cast<const A*>(rstd),
                           static_cast<const T*>(gy), static_cast<T*>(gw), nullptr, rows, n, scratch);
   });
   TR_CUDA_LAUNCH_CHECK("rms_norm_backward");
 }
 
-void cross_entropy(DType dt, const void* logits, const int64_t* labels, void* loss, void* lse, int64_t rows,
-                   int64_t v, int64_t ignore_index, int64_t* bad) {
+void cross_entropy(Stream stream, DType dt, const void* logits, const int64_t* labels, void* loss, void* lse,
+                   int64_t rows, int64_t v, int64_t ignore_index, int64_t* bad) {
   dispatch_float(dt, [&]<typename T>() {
-    cross_entropy_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(v)>>>(
+    cross_entropy_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(v), 0, stream>>>(
         static_cast<const T*>(logits), labels, static_cast<acc_t<T>*>(loss), static_cast<acc_t<T>*>(lse), v,
         ignore_index, bad);
   });
   TR_CUDA_LAUNCH_CHECK("cross_entropy");
 }
 
-void cross_entropy_backward(DType dt, const void* logits, const int64_t* labels, const void* lse,
-                            const void* grad_loss, void* glogits, DType gdt, int64_t rows, int64_t v,
-                            int64_t ignore_index) {
+void cross_entropy_backward(Stream stream, DType dt, const void* logits, const int64_t* labels,
+                            const void* lse, const void* grad_loss, void* glogits, DType gdt, int64_t rows,
+                            int64_t v, int64_t ignore_index) {
   if (gdt != dt) {  // f32 logits, half gradient (checked by the caller): one rounding, no f32 gradient stored
     const auto* x = static_cast<const float*>(logits);
     const auto* l = static_cast<const float*>(lse);
     const auto* g = static_cast<const float*>(grad_loss);
     if (gdt == DType::bf16)
       cross_entropy_backward_kernel<float, __nv_bfloat16>
-          <<<static_cast<unsigned>(rows), threads_for_row(v)>>>(
+          <<<static_cast<unsigned>(rows), threads_for_row(v), 0, stream>>>(
               x, labels, l, g, static_cast<__nv_bfloat16*>(glogits), v, ignore_index);
     else
-      cross_entropy_backward_kernel<float, __half><<<static_cast<unsigned>(rows), threads_for_row(v)>>>(
-          x, labels, l, g, static_cast<__half*>(glogits), v, ignore_index);
+      cross_entropy_backward_kernel<float, __half>
+          <<<static_cast<unsigned>(rows), threads_for_row(v), 0, stream>>>(
+              x, labels, l, g, static_cast<__half*>(glogits), v, ignore_index);
     TR_CUDA_LAUNCH_CHECK("cross_entropy_backward");
     return;
   }
   dispatch_float(dt, [&]<typename T>() {
     using A = acc_t<T>;
-    cross_entropy_backward_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(v)>>>(
+    cross_entropy_backward_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(v), 0, stream>>>(
         static_cast<const T*>(logits), labels, static_cast<const A*>(lse), static_cast<const A*>(grad_loss),
         static_cast<T*>(glogits), v, ignore_index);
   });
   TR_CUDA_LAUNCH_CHECK("cross_entropy_backward");
 }
 
-void embedding(DType dt, const void* weight, const int64_t* ids, void* out, int64_t n, int64_t v, int64_t d,
-               int64_t* bad) {
+void embedding(Stream stream, DType dt, const void* weight, const int64_t* ids, void* out, int64_t n,
+               int64_t v, int64_t d, int64_t* bad) {
   dispatch_float(dt, [&]<typename T>() {
-    embedding_kernel<T>
-        <<<blocks_for(n * d), 256>>>(static_cast<const T*>(weight), ids, static_cast<T*>(out), n, v, d, bad);
+    embedding_kernel<T><<<blocks_for(n * d), 256, 0, stream>>>(static_cast<const T*>(weight), ids,
+                                                               static_cast<T*>(out), n, v, d, bad);
   });
   TR_CUDA_LAUNCH_CHECK("embedding");
 }
 
-void embedding_backward(DType dt, const void* gy, const int64_t* ids, int64_t n, void* gw, int64_t v,
-                        int64_t d, Scratch& scratch) {
-  fill(gw, dt, v * d, 0.0);
+void embedding_backward(Stream stream, DType dt, const void* gy, const int64_t* ids, int64_t n, void* gw,
+                        int64_t v, int64_t d, Scratch& scratch) {
+  fill(stream, gw, dt, v * d, 0.0);
   if (n == 0) return;
   struct {
     int64_t *keys, *rows, *sorted_keys, *order, *uid, *counts, *starts, *n_runs;
@@ -440,33 +442,34 @@ void embedding_backward(DType dt, const void* gy, const int64_t* ids, int64_t n,
   s.temp_bytes = cub_temp_bytes(n, v);
   s.temp = scratch.take(s.temp_bytes);
   const int ni = static_cast<int>(n);
-  embedding_keys_kernel<<<blocks_for(n), 256>>>(ids, n, v, s.keys, s.rows);
+  embedding_keys_kernel<<<blocks_for(n), 256, 0, stream>>>(ids, n, v, s.keys, s.rows);
   TR_CUDA_LAUNCH_CHECK("embedding_backward keys");
   // LSD radix sort: stable, so one id's rows stay in row order (the order the host sort gave before).
   TR_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(s.temp, s.temp_bytes, s.keys, s.sorted_keys, s.rows, s.order,
-                                                ni, 0, sort_bits(v)));
+                                                ni, 0, sort_bits(v), stream));
   // Counts past the last run stay 0, so the scan below adds nothing undefined.
-  TR_CUDA_CHECK(cudaMemsetAsync(s.counts, 0, static_cast<size_t>(n) * sizeof(int64_t)));
-  TR_CUDA_CHECK(
-      cub::DeviceRunLengthEncode::Encode(s.temp, s.temp_bytes, s.sorted_keys, s.uid, s.counts, s.n_runs, ni));
-  TR_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(s.temp, s.temp_bytes, s.counts, s.starts, ni));
-  embedding_runs_end_kernel<<<1, 1>>>(s.starts, s.n_runs, n);
+  TR_CUDA_CHECK(cudaMemsetAsync(s.counts, 0, static_cast<size_t>(n) * sizeof(int64_t), stream));
+  TR_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(s.temp, s.temp_bytes, s.sorted_keys, s.uid, s.counts,
+                                                   s.n_runs, ni, stream));
+  TR_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(s.temp, s.temp_bytes, s.counts, s.starts, ni, stream));
+  embedding_runs_end_kernel<<<1, 1, 0, stream>>>(s.starts, s.n_runs, n);
   TR_CUDA_LAUNCH_CHECK("embedding_backward runs");
   dispatch_float(dt, [&]<typename T>() {
     // The run count is on the device: a grid for n runs (at most 65535 block rows, strided), the rest exit.
     dim3 grid(static_cast<unsigned>((d + 127) / 128), static_cast<unsigned>(std::min<int64_t>(n, 65535)));
-    embedding_backward_kernel<T><<<grid, 128>>>(static_cast<const T*>(gy), s.order, s.starts, s.uid, s.n_runs,
-                                                static_cast<T*>(gw), v, d);
+    embedding_backward_kernel<T><<<grid, 128, 0, stream>>>(static_cast<const T*>(gy), s.order, s.starts,
+                                                           s.uid, s.n_runs, static_cast<T*>(gw), v, d);
   });
   TR_CUDA_LAUNCH_CHECK("embedding_backward");
 }
 
-void rope(DType dt, const void* x, const float* cos, const float* sin, const int64_t* pos, void* y, int64_t B,
-          int64_t H, int64_t T, int64_t D, bool seq_major, bool inverse, int64_t P, int64_t* bad) {
+void rope(Stream stream, DType dt, const void* x, const float* cos, const float* sin, const int64_t* pos,
+          void* y, int64_t B, int64_t H, int64_t T, int64_t D, bool seq_major, bool inverse, int64_t P,
+          int64_t* bad) {
   dispatch_float(dt, [&]<typename TT>() {
-    rope_kernel<TT><<<blocks_for(B * H * T * (D / 2)), 256>>>(static_cast<const TT*>(x), cos, sin, pos,
-                                                              static_cast<TT*>(y), B, H, T, D, seq_major,
-                                                              inverse ? -1.0f : 1.0f, P, bad);
+    rope_kernel<TT><<<blocks_for(B * H * T * (D / 2)), 256, 0, stream>>>(
+        static_cast<const TT*>(x), cos, sin, pos, static_cast<TT*>(y), B, H, T, D, seq_major,
+        inverse ? -1.0f : 1.0f, P, bad);
   });
   TR_CUDA_LAUNCH_CHECK("rope");
 }

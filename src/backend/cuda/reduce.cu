@@ -167,52 +167,56 @@ __global__ void softmax_backward_kernel(const T* y, const T* gy, T* gx, int64_t 
 
 }  // namespace
 
-void reduce(ReduceOp op, DType dt, const void* x, void* y, int64_t outer, int64_t r, int64_t inner,
-            Scratch& scratch) {
+void reduce(Stream stream, ReduceOp op, DType dt, const void* x, void* y, int64_t outer, int64_t r,
+            int64_t inner, Scratch& scratch) {
   const int64_t m = outer * inner;
   if (m == 0) return;
   const int64_t chunks = reduce_chunks(m, r);
   dispatch_float(dt, [&]<typename T>() {
     if (chunks == 1) {
-      reduce_kernel<T>
-          <<<blocks_for(m), 256>>>(op, static_cast<const T*>(x), static_cast<T*>(y), outer, r, inner);
+      reduce_kernel<T><<<blocks_for(m), 256, 0, stream>>>(op, static_cast<const T*>(x), static_cast<T*>(y),
+                                                          outer, r, inner);
       return;
     }
     const int64_t chunk = (r + chunks - 1) / chunks;
     auto* partial = static_cast<double*>(scratch.take(sizeof(double) * m * chunks));
-    reduce_partial_kernel<T><<<blocks_for(m * chunks), 256>>>(op, static_cast<const T*>(x), partial, outer, r,
-                                                              inner, chunk, chunks);
-    reduce_combine_kernel<T><<<blocks_for(m), 256>>>(op, partial, static_cast<T*>(y), m, r, chunks);
+    reduce_partial_kernel<T><<<blocks_for(m * chunks), 256, 0, stream>>>(
+        op, static_cast<const T*>(x), partial, outer, r, inner, chunk, chunks);
+    reduce_combine_kernel<T>
+        <<<blocks_for(m), 256, 0, stream>>>(op, partial, static_cast<T*>(y), m, r, chunks);
   });
   TR_CUDA_LAUNCH_CHECK("reduce");
 }
 
-void argmax(DType dt, const void* x, int64_t* y, int64_t outer, int64_t r, int64_t inner) {
+void argmax(Stream stream, DType dt, const void* x, int64_t* y, int64_t outer, int64_t r, int64_t inner) {
   dispatch_float(dt, [&]<typename T>() {
-    argmax_kernel<T><<<blocks_for(outer * inner), 256>>>(static_cast<const T*>(x), y, outer, r, inner);
+    argmax_kernel<T>
+        <<<blocks_for(outer * inner), 256, 0, stream>>>(static_cast<const T*>(x), y, outer, r, inner);
   });
   TR_CUDA_LAUNCH_CHECK("argmax");
 }
 
-void topk(DType dt, const void* x, void* values, int64_t* indices, int64_t rows, int64_t n, int64_t k) {
+void topk(Stream stream, DType dt, const void* x, void* values, int64_t* indices, int64_t rows, int64_t n,
+          int64_t k) {
   dispatch_float(dt, [&]<typename T>() {
-    topk_kernel<T><<<blocks_for(rows, 64), 64>>>(static_cast<const T*>(x), static_cast<T*>(values), indices,
-                                                 rows, n, k);
+    topk_kernel<T><<<blocks_for(rows, 64), 64, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(values),
+                                                            indices, rows, n, k);
   });
   TR_CUDA_LAUNCH_CHECK("topk");
 }
 
-void softmax(DType dt, const void* x, void* y, int64_t rows, int64_t n, bool log) {
+void softmax(Stream stream, DType dt, const void* x, void* y, int64_t rows, int64_t n, bool log) {
   dispatch_float(dt, [&]<typename T>() {
-    softmax_kernel<T>
-        <<<static_cast<unsigned>(rows), 256>>>(static_cast<const T*>(x), static_cast<T*>(y), n, log);
+    softmax_kernel<T><<<static_cast<unsigned>(rows), 256, 0, stream>>>(static_cast<const T*>(x),
+                                                                       static_cast<T*>(y), n, log);
   });
   TR_CUDA_LAUNCH_CHECK("softmax");
 }
 
-void softmax_backward(DType dt, const void* y, const void* gy, void* gx, int64_t rows, int64_t n, bool log) {
+void softmax_backward(Stream stream, DType dt, const void* y, const void* gy, void* gx, int64_t rows,
+                      int64_t n, bool log) {
   dispatch_float(dt, [&]<typename T>() {
-    softmax_backward_kernel<T><<<static_cast<unsigned>(rows), 256>>>(
+    softmax_backward_kernel<T><<<static_cast<unsigned>(rows), 256, 0, stream>>>(
         static_cast<const T*>(y), static_cast<const T*>(gy), static_cast<T*>(gx), n, log);
   });
   TR_CUDA_LAUNCH_CHECK("softmax_backward");
