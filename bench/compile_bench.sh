@@ -8,27 +8,8 @@
 set -euo pipefail
 trainer=$1 tok=$2 corpus=$3 steps=${4:-60} rounds=${5:-2} work=${6:-/tmp/trainer-compile-bench}
 rm -rf "$work" && mkdir -p "$work"
-head -c 400000 "$corpus" >"$work/corpus.txt"
-# A byte-level BPE without merges: one token per byte (GPT-2's byte-to-character map) and <|endoftext|>.
-python3 - "$work/bytes.json" <<'PY'
-import json, sys
-bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-cs, n = bs[:], 0
-for b in range(256):
-    if b not in bs:
-        bs.append(b); cs.append(256 + n); n += 1
-vocab = {chr(c): b for b, c in zip(bs, cs)}
-eot = {"id": 256, "content": "<|endoftext|>", "single_word": False, "lstrip": False, "rstrip": False,
-       "normalized": False, "special": True}
-json.dump({"version": "1.0", "added_tokens": [eot], "normalizer": None,
-           "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
-           "post_processor": None, "decoder": {"type": "ByteLevel"},
-           "model": {"type": "BPE", "vocab": vocab, "merges": []}}, open(sys.argv[1], "w"))
-PY
-echo '{"model_type": "gpt2", "vocab_size": 257, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64, "embd_pdrop": 0, "resid_pdrop": 0, "attn_pdrop": 0}' \
-  >"$work/tiny.json"
-echo '{"model_type": "gpt2", "vocab_size": 50257, "n_embd": 256, "n_layer": 4, "n_head": 4, "n_positions": 128}' \
-  >"$work/side.json"
+source "$(dirname "$0")/bench_models.sh"
+write_bench_models "$work" "$corpus"
 field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
 bench() { # name config tokenizer block batch
   local name=$1 cfg=$2 tk=$3 block=$4 batch=$5 e=0 c=0 em=0 cm=0
