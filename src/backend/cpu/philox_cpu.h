@@ -9,15 +9,11 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "backend/cpu/avx512_diagnostics.h"
 #include "backend/cpu/vec_math512.h"
 #include "core/rng.h"
 
-// GCC 12's AVX-512 intrinsics trip its own -Wuninitialized once inlined (see vec_math512.h).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+TR_AVX512_DIAGNOSTICS_BEGIN
 
 namespace tr::cpu {
 
@@ -54,7 +50,7 @@ void philox_words_fast(uint64_t seed, uint64_t offset, uint64_t first, int64_t n
   uint64_t i = first;
   if (cpu_has_avx512f()) {
     const uint64_t head = std::min(end, (first + 3) / 4 * 4);  // to a block boundary
-    philox_words(seed, offset, i, static_cast<int64_t>(head - i), [&](int64_t k, uint32_t w) { f(k, w); });
+    philox_words(seed, offset, i, static_cast<int64_t>(head - i), f);
     i = head;
     alignas(64) uint32_t buf[32];
     for (; end - i >= 32; i += 32) {
@@ -70,6 +66,4 @@ void philox_words_fast(uint64_t seed, uint64_t offset, uint64_t first, int64_t n
 
 }  // namespace tr::cpu
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+TR_AVX512_DIAGNOSTICS_END

@@ -6,15 +6,10 @@
 #pragma once
 #include <immintrin.h>
 
+#include "backend/cpu/avx512_diagnostics.h"
 #include "backend/cpu/vec_math.h"
 
-// GCC 12's AVX-512 intrinsics seed their results with a self-initialized `__Y` (_mm512_undefined_*), which
-// its own -Wuninitialized flags once they inline into a target("avx512f") function: a known false positive.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+TR_AVX512_DIAGNOSTICS_BEGIN
 
 namespace tr::cpu {
 
@@ -94,6 +89,4 @@ __attribute__((target("avx512f"))) inline void exp_scale_512(const float* a, flo
 
 }  // namespace tr::cpu
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+TR_AVX512_DIAGNOSTICS_END

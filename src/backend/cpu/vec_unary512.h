@@ -4,14 +4,11 @@
 // bound by the FMA ports and the division (~25 flops an element), at twice the lanes. A row's tail runs
 // through the same 16-lane code under a mask. CPU-only.
 #pragma once
+#include "backend/cpu/avx512_diagnostics.h"
 #include "backend/cpu/vec_math512.h"
 #include "backend/op_kinds.h"
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+TR_AVX512_DIAGNOSTICS_BEGIN
 
 namespace tr::cpu {
 
@@ -123,6 +120,4 @@ TR_AVX512F void unary_grad_row16(const float* x, const float* gy, float* gx, int
 
 }  // namespace tr::cpu
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+TR_AVX512_DIAGNOSTICS_END
