@@ -76,6 +76,16 @@ int main(int argc, char** argv) {
           2.0 * m * n * k, "GFLOP/s");
       row("head dw^T f32", "-", bench::median_seconds([&] { ops::matmul(a, dl32, true, false); }, iters),
           2.0 * m * n * k, "GFLOP/s");
+      // The price of the x^T dl form: its [256, 50257] f32 product turned into the [50257, 256] gradient.
+      const Tensor dwt = ops::randn({k, n}, gen);
+      row("dw^T -> dw, f32 to bf16", "-",
+          bench::median_seconds([&] { ops::to_dtype(ops::transpose(dwt, 0, 1), DType::bf16); }, iters),
+          6.0 * k * n, "GB/s");
+      row("dw, f32 to bf16 (plain)", "-",
+          bench::median_seconds([&] { ops::to_dtype(dwt, DType::bf16); }, iters), 6.0 * k * n, "GB/s");
+      row("dw^T -> dw, f32", "-",
+          bench::median_seconds([&] { ops::contiguous(ops::transpose(dwt, 0, 1)); }, iters), 8.0 * k * n,
+          "GB/s");
     }
   }
   Tensor x = ops::randn({8192, 1024}, gen), w = ops::ones({1024}), bias = ops::zeros({1024});

@@ -1,7 +1,8 @@
 // The CPU backend's bf16 GEMM paths against an f64 reference of the same bf16 inputs: oneDNN's native matmul
 // (on CPUs with AVX512_BF16 or AMX; skipped elsewhere) and the widened sgemm path every CPU runs, over
 // transposes, alpha, beta, a broadcast batch, and f32 or bf16 outputs. Also: the AVX-512 row kernels of the
-// cross-entropy equal the AVX2 ones bit for bit (vec_math512.h).
+// cross-entropy equal the AVX2 ones bit for bit (vec_math512.h); transposing copies (the tiled path of
+// CpuBackend::copy) equal a transpose made on the host and converted contiguously.
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -138,6 +139,38 @@ TEST(VecMath512, RowKernelsEqualTheAvx2OnesBitForBit) {
         ASSERT_TRUE(bits(o2[i]) == bits(o5[i]) || (std::isnan(o2[i]) && std::isnan(o5[i])))
             << "exp_scale n=" << n << " i=" << i;
     }
+}
+
+// Copies between a transposed view and a contiguous tensor take CpuBackend::copy's tiled path (64 x 64
+// tiles through an L1 buffer, rows converted as a contiguous run): both directions, same and other dtypes,
+// sizes off the tile (70 x 130), one tile, thin ones and one past the threading threshold, with NaN, Inf,
+// subnormals and rounding ties among the values. The reference: the transpose made on the host, converted by
+// the contiguous path, bits compared.
+TEST(CpuKernels, TransposingCopiesEqualAHostTransposeConvertedContiguously) {
+  Generator g(5);
+  const float specials[] = {std::nanf(""), INFINITY, -INFINITY, 1e-40f, -3e-39f, 1.00390625f, 0.0f, -0.0f};
+  for (const auto& [r, c] :
+       {std::pair<int64_t, int64_t>{70, 130}, {64, 64}, {16, 300}, {300, 17}, {256, 1000}}) {
+    std::vector<float> v = ops::to_vector<float>(ops::randn({r, c}, g));
+    for (size_t i = 0; i < std::size(specials); ++i) v[i * 37 % v.size()] = specials[i];
+    std::vector<float> vt(v.size());  // [c, r]
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t j = 0; j < c; ++j) vt[static_cast<size_t>(j * r + i)] = v[static_cast<size_t>(i * c + j)];
+    for (const DType from : {DType::f32, DType::bf16, DType::f64})
+      for (const DType to : {DType::f32, DType::bf16, DType::f16}) {
+        const Tensor x = ops::to_dtype(ops::from_vector<float>(v, {r, c}), from);
+        const Tensor want = ops::to_dtype(ops::to_dtype(ops::from_vector<float>(vt, {c, r}), from), to);
+        // Read transposed: a transpose made contiguous, in `to`.
+        const Tensor read = ops::empty({c, r}, to);
+        ops::copy_(read, ops::transpose(x, 0, 1));
+        // Written transposed: x into the transposed view of a [c, r] tensor.
+        const Tensor written = ops::empty({c, r}, to);
+        ops::copy_(ops::transpose(written, 0, 1), x);
+        const std::string what = fmt::format("{}x{} {} -> {}", r, c, dtype_name(from), dtype_name(to));
+        EXPECT_EQ(std::memcmp(read.data_ptr(), want.data_ptr(), want.nbytes()), 0) << what << " read";
+        EXPECT_EQ(std::memcmp(written.data_ptr(), want.data_ptr(), want.nbytes()), 0) << what << " written";
+      }
+  }
 }
 
 }  // namespace tr

@@ -374,6 +374,18 @@ TEST(ChunkedLoss, ABf16HeadGradientIsRoundedOnceNotOncePerChunk) {
   };
   compare(dx64, dx1, "dx");
   compare(dw64, dw1, "dw");
+  // Against f32 from the same bf16 values (the f32 head keeps dl^T x; the CPU's bf16 one accumulates x^T dl
+  // and turns it back when rounding): within the bf16 logit gradients' rounding, an error that orientation
+  // or an accumulation mix-up would make is of the size of the entries themselves.
+  Tensor xf = ops::to_dtype(x0, DType::f32), wf = ops::to_dtype(w0, DType::f32);
+  autograd::set_requires_grad(xf, true);
+  autograd::set_requires_grad(wf, true);
+  autograd::backward({mul_scalar(linear_cross_entropy_sum(xf, wf, labels, 4), 1.0 / N)});
+  const std::vector<double> dwf = test::values(wf.grad());
+  ASSERT_EQ(dwf.size(), dw1.size());
+  double top = 0;
+  for (double v : dwf) top = std::max(top, std::abs(v));
+  for (size_t i = 0; i < dwf.size(); ++i) EXPECT_NEAR(dw64[i], dwf[i], top / 64) << "dw vs f32, entry " << i;
 }
 
 TEST(ChunkedLoss, Fp16LogitGradientsOfTinyProbabilitiesSurvive) {

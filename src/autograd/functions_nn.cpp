@@ -183,8 +183,14 @@ Tensor linear_cross_entropy_sum(const Tensor& x, const Tensor& w, const Tensor& 
   // of 1/50257 would be subnormal at unit scale. Undone, exactly, with the loss's gradient in backward.
   const double pre = x.dtype() == DType::f16 ? 4096.0 : 1.0;
   Tensor dx = gx ? ops::empty(x.shape(), loss_dt, x.device()) : Tensor();
+  // A half-precision dw on the CPU is accumulated transposed, as x^T dl: oneDNN's bf16 kernel reads the
+  // transposed A of dl^T x at 0.75x its speed for the same product (bench_ops "head dw" rows), and the
+  // rounding copy that follows anyway turns it back in 64 x 64 tiles. An f32 dw keeps its layout: it would
+  // need a second [V, D] buffer at the step's peak.
+  const bool dw_t = gw && x.device().is_cpu() && x.dtype() != loss_dt;
+  const Shape dw_shape = dw_t ? Shape{w.size(1), w.size(0)} : w.shape();
   Tensor dw =
-      gw ? (N == 0 ? ops::zeros(w.shape(), loss_dt, w.device()) : ops::empty(w.shape(), loss_dt, w.device()))
+      gw ? (N == 0 ? ops::zeros(dw_shape, loss_dt, w.device()) : ops::empty(dw_shape, loss_dt, w.device()))
          : Tensor();
   Tensor unit = gx || gw ? ops::full({std::min(chunk_rows, N)}, pre, loss_dt, x.device()) : Tensor();
   for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
@@ -209,24 +215,26 @@ Tensor linear_cross_entropy_sum(const Tensor& x, const Tensor& w, const Tensor& 
     }
     logits = Tensor();
     if (gx) ops::matmul_into(ops::narrow(dx, 0, r0, n), dl, w, false, false, 1.0, 0.0);
-    if (gw) ops::matmul_into(dw, dl, xc, true, false, 1.0, r0 == 0 ? 0.0 : 1.0);
+    if (gw && dw_t) ops::matmul_into(dw, xc, dl, true, false, 1.0, r0 == 0 ? 0.0 : 1.0);
+    if (gw && !dw_t) ops::matmul_into(dw, dl, xc, true, false, 1.0, r0 == 0 ? 0.0 : 1.0);
   }
   Tensor y = total;
   if (gx || gw) {
     record("linear_cross_entropy", {&x, &w}, {&y},
-           [dx, dw, pre, xdt = x.dtype(), wdt = w.dtype()](const Grads& g) mutable -> Grads {
+           [dx, dw, dw_t, pre, xdt = x.dtype(), wdt = w.dtype()](const Grads& g) mutable -> Grads {
              // Scaled in f32 on the device (no host read of g: a captured step replays this), then
              // rounded once; each f32 buffer is let go as soon as its rounded copy exists.
              const Tensor s =
                  ops::affine(ops::to_dtype(g[0], dx.defined() ? dx.dtype() : dw.dtype()), 1.0 / pre, 0.0);
-             auto finish = [&s](Tensor& held, DType dt) {
+             auto finish = [&s](Tensor& held, DType dt, bool transposed) {
                if (!held.defined()) return Tensor();
                Tensor t = std::move(held);
                ops::binary_(BinaryOp::mul, t, s);
-               return ops::to_dtype(t, dt);
+               if (!transposed) return ops::to_dtype(t, dt);
+               return ops::contiguous(ops::to_dtype(ops::transpose(t, 0, 1), dt));
              };
-             Tensor gdx = finish(dx, xdt);
-             Tensor gdw = finish(dw, wdt);
+             Tensor gdx = finish(dx, xdt, false);
+             Tensor gdw = finish(dw, wdt, dw_t);
              return {gdx, gdw};
            });
   }
