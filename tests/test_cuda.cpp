@@ -255,6 +255,17 @@ TEST(CudaDevice, HalfLogitGradientMatchesTheCpu) {
     size_t differ = 0;  // exp may differ in the last f32 bit between the GPU's and the CPU's vector code
     for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
     EXPECT_LE(differ * 1000, a.size()) << dtype_name(dt) << ": " << differ << " values differ";
+    // The loss and the gradient from one call (the chunked head's): the CPU fuses them, the GPU runs its two
+    // kernels; the same values.
+    const Tensor logits_dev = ops::to_device(logits, gpu), fused = ops::empty({N, V}, dt, gpu);
+    const ops::CrossEntropyOut fce = ops::cross_entropy_with_grad_(logits_dev, ops::to_device(labels, gpu),
+                                                                   -100, ops::to_device(grad, gpu), fused);
+    const std::vector<double> c = test::values(fused);
+    differ = 0;
+    for (size_t i = 0; i < c.size(); ++i) differ += c[i] != b[i];
+    EXPECT_LE(differ * 1000, c.size()) << dtype_name(dt) << " fused: " << differ << " values differ";
+    const std::vector<double> la = test::values(fce.loss), lb = test::values(ce.loss);
+    for (size_t i = 0; i < la.size(); ++i) EXPECT_NEAR(la[i], lb[i], 1e-4 * std::abs(lb[i])) << "loss " << i;
   }
 }
 

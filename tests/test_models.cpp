@@ -450,6 +450,76 @@ TEST(ChunkedLoss, TheHalfLogitGradientIsTheF32OneRoundedOnce) {
                Error);
 }
 
+// The chunked head's loss and logit gradient come from one call (cross_entropy_with_grad_; on the CPU each
+// row's gradient is made while the row is in cache, from the exps of its sum scaled by grad / sum): the loss
+// and lse have cross_entropy's bits; the gradient is cross_entropy_backward_'s (in place) or _into's (half)
+// up to f32 rounding - f32 values within 2^-15 (lse's rounding carried by exp(x - lse), the vector exp's
+// error) and as close to f64's, half ones the same but in a few ties - and exactly it for f64 and bf16 logits
+// (which run the two ops). Ignored rows are +0.
+TEST(ChunkedLoss, TheLossAndGradientFromOneCallAreTheTwoOps) {
+  for (const int64_t V : {int64_t{50257}, int64_t{7}}) {
+    const int64_t N = 6;
+    const Tensor labels = ops::from_vector<int64_t>({3, -100, 0, V - 1, 2, -100}, {N});
+    for (const auto& [ldt, gdt] : {std::pair{DType::f32, DType::f32},
+                                   {DType::f32, DType::bf16},
+                                   {DType::f32, DType::f16},
+                                   {DType::f64, DType::f64},
+                                   {DType::bf16, DType::bf16}}) {
+      const Tensor logits = ops::to_dtype(ops::affine(test::randn({N, V}, 43), 4.0, 0.0), ldt);
+      const DType sd = ldt == DType::f64 ? DType::f64 : DType::f32;
+      const Tensor grad =
+          ops::to_dtype(ops::from_vector<float>({1.0f, 1.0f, 4096.0f, 2.5e-4f, 65536.0f, 3.0f}, {N}), sd);
+      const ops::CrossEntropyOut want = ops::cross_entropy(logits, labels, -100);
+      Tensor want_g = ops::clone(logits);
+      if (gdt == ldt) {
+        ops::cross_entropy_backward_(want_g, labels, want.lse, grad, -100);
+      } else {
+        want_g = ops::empty({N, V}, gdt);
+        ops::cross_entropy_backward_into(logits, labels, want.lse, grad, -100, want_g);
+      }
+      const Tensor x = ops::clone(logits), g = gdt == ldt ? x : ops::empty({N, V}, gdt);
+      const ops::CrossEntropyOut got = ops::cross_entropy_with_grad_(x, labels, -100, grad, g);
+      const std::string what = fmt::format("V {} {} -> {}", V, dtype_name(ldt), dtype_name(gdt));
+      EXPECT_EQ(std::memcmp(got.loss.data_ptr(), want.loss.data_ptr(), want.loss.nbytes()), 0) << what;
+      EXPECT_EQ(std::memcmp(got.lse.data_ptr(), want.lse.data_ptr(), want.lse.nbytes()), 0) << what;
+      const std::vector<double> a = test::values(g), b = test::values(want_g);
+      if (ldt != DType::f32) {
+        EXPECT_EQ(std::memcmp(g.data_ptr(), want_g.data_ptr(), want_g.nbytes()), 0) << what;
+        continue;
+      }
+      // f32: the fused gradient is as close to the f64 one as the two ops' (mean relative error within 25%:
+      // the vector exp's error dominates both).
+      const ops::CrossEntropyOut w64 = ops::cross_entropy(ops::to_dtype(logits, DType::f64), labels, -100);
+      const std::vector<double> c = test::values(ops::cross_entropy_backward(
+          ops::to_dtype(logits, DType::f64), labels, w64.lse, ops::to_dtype(grad, DType::f64), -100));
+      double err_fused = 0, err_two = 0;
+      size_t differ = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        const int64_t row = static_cast<int64_t>(i) / V;
+        if (row == 1 || row == 5) {
+          ASSERT_TRUE(a[i] == 0 && !std::signbit(a[i])) << what << ": ignored row";
+        }
+        err_fused += std::abs(a[i] - c[i]) / (std::abs(c[i]) + 1e-30);
+        err_two += std::abs(b[i] - c[i]) / (std::abs(c[i]) + 1e-30);
+        if (a[i] == b[i]) continue;
+        ++differ;
+        const int bits = gdt == DType::f32 ? 15 : gdt == DType::bf16 ? 7 : 10;  // f32: see above
+        const double floor = gdt == DType::f16 ? std::ldexp(1.0, -24) : 0.0;    // f16's subnormal step
+        EXPECT_LE(std::abs(a[i] - b[i]), std::ldexp(std::abs(b[i]), -bits) + floor) << what << " entry " << i;
+      }
+      if (gdt == DType::f32) {
+        EXPECT_LE(err_fused, 1.25 * err_two) << what;
+      } else {
+        EXPECT_LE(differ * 200, a.size()) << what << ": " << differ << " differ";
+      }
+    }
+  }
+  // A gradient neither in place nor half: refused with the op's name.
+  EXPECT_THROW(ops::cross_entropy_with_grad_(ops::zeros({2, 3}), ops::zeros({2}, DType::i64), -100,
+                                             ops::zeros({2}), ops::zeros({2, 3})),
+               Error);
+}
+
 TEST(Loss, AccumulationWithNumItemsEqualsTheOneBigBatchGradient) {
   const std::string dir = kGolden + "/llama_gqa_llama3rope";
   auto g = io::SafetensorsFile::open(dir + "/golden.safetensors");

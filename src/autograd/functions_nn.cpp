@@ -200,19 +200,18 @@ Tensor linear_cross_entropy_sum(const Tensor& x, const Tensor& w, const Tensor& 
     // round and widen again before the softmax.
     Tensor logits = ops::empty({n, w.size(0)}, loss_dt, x.device());
     ops::matmul_into(logits, xc, w, false, true, 1.0, 0.0);
-    ops::CrossEntropyOut ce = ops::cross_entropy(logits, lc, ignore_index);
-    ops::binary_(BinaryOp::add, total, ops::reduce(ops::ReduceOp::sum, ce.loss, {}, false));
-    if (!gx && !gw) continue;
-    // The GEMMs' operand in the model's dtype: a half one straight from the loss kernel (one rounding of the
-    // f32 gradient, no f32 gradient stored), an f32/f64 one in place of the logits.
-    Tensor dl;
-    if (x.dtype() == loss_dt) {
-      ops::cross_entropy_backward_(logits, lc, ce.lse, ops::narrow(unit, 0, 0, n), ignore_index);
-      dl = logits;
-    } else {
-      dl = ops::empty(logits.shape(), x.dtype(), x.device());
-      ops::cross_entropy_backward_into(logits, lc, ce.lse, ops::narrow(unit, 0, 0, n), ignore_index, dl);
+    if (!gx && !gw) {
+      ops::CrossEntropyOut ce = ops::cross_entropy(logits, lc, ignore_index);
+      ops::binary_(BinaryOp::add, total, ops::reduce(ops::ReduceOp::sum, ce.loss, {}, false));
+      continue;
     }
+    // The loss and the GEMMs' operand in the model's dtype from one kernel (each row's gradient made while
+    // the row is in cache): a half one straight from the f32 values (one rounding, no f32 gradient stored),
+    // an f32/f64 one in place of the logits.
+    Tensor dl = x.dtype() == loss_dt ? logits : ops::empty(logits.shape(), x.dtype(), x.device());
+    ops::CrossEntropyOut ce =
+        ops::cross_entropy_with_grad_(logits, lc, ignore_index, ops::narrow(unit, 0, 0, n), dl);
+    ops::binary_(BinaryOp::add, total, ops::reduce(ops::ReduceOp::sum, ce.loss, {}, false));
     logits = Tensor();
     if (gx) ops::matmul_into(ops::narrow(dx, 0, r0, n), dl, w, false, false, 1.0, 0.0);
     if (gw && dw_t) ops::matmul_into(dw, xc, dl, true, false, 1.0, r0 == 0 ? 0.0 : 1.0);

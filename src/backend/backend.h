@@ -124,6 +124,17 @@ class Backend {
   virtual void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
                                       const Tensor& grad_loss, int64_t ignore_index,
                                       const Tensor& glogits) = 0;
+  // cross_entropy, then cross_entropy_backward with grad_loss into glogits (the logits themselves, or
+  // bf16/f16 for f32 logits): for a loss gradient known before the loss (the chunked LM head). The CPU makes
+  // each row's gradient while the row is in cache from the exps of its sum (one pass over the logits in
+  // memory, one exp an element): the loss and lse bits of cross_entropy, the gradient within an f32 rounding
+  // or two of the backward's. A backend without a fused kernel runs the two ops.
+  virtual void cross_entropy_with_grad(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
+                                       const Tensor& loss, const Tensor& lse, const Tensor& grad_loss,
+                                       const Tensor& glogits) {
+    cross_entropy(logits, labels, ignore_index, loss, lse);
+    cross_entropy_backward(logits, labels, lse, grad_loss, ignore_index, glogits);
+  }
 
   // weight [v, d] contiguous, ids i64 [n] (checked < v), out [n, d].
   virtual void embedding(const Tensor& weight, const Tensor& ids, const Tensor& out) = 0;

@@ -212,6 +212,15 @@ void Recorder::cross_entropy_backward(const Tensor& logits, const Tensor& labels
       });
 }
 
+void Recorder::cross_entropy_with_grad(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
+                                       const Tensor& loss, const Tensor& lse, const Tensor& grad_loss,
+                                       const Tensor& glogits) {
+  add("cross_entropy_with_grad", {logits, labels, loss, lse, grad_loss, glogits}, {R, R, W, W, R, W},
+      [ignore_index](Backend& b, const T& t, uint64_t) {
+        b.cross_entropy_with_grad(t[0], t[1], ignore_index, t[2], t[3], t[4], t[5]);
+      });
+}
+
 void Recorder::embedding(const Tensor& weight, const Tensor& ids, const Tensor& out) {
   add("embedding", {weight, ids, out}, {R, R, W},
       [](Backend& b, const T& t, uint64_t) { b.embedding(t[0], t[1], t[2]); });

@@ -361,20 +361,28 @@ NormGrads rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd
   return g;
 }
 
-CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index) {
-  TR_CHECK(is_floating(logits.dtype()) && logits.dim() >= 1, "cross_entropy: logits must be floating, got {}",
+namespace {
+
+// The checks of a cross-entropy's logits and labels, and its empty per-row loss and logsumexp.
+CrossEntropyOut cross_entropy_outputs(const Tensor& logits, const Tensor& labels, const char* op) {
+  TR_CHECK(is_floating(logits.dtype()) && logits.dim() >= 1, "{}: logits must be floating, got {}", op,
            logits.describe());
-  TR_CHECK(labels.dtype() == DType::i64, "cross_entropy: labels must be int64, got {}", labels.describe());
-  TR_CHECK(labels.device() == logits.device(),
-           "cross_entropy: labels {} and logits {} are on different devices", labels.describe(),
-           logits.describe());
+  TR_CHECK(labels.dtype() == DType::i64, "{}: labels must be int64, got {}", op, labels.describe());
+  TR_CHECK(labels.device() == logits.device(), "{}: labels {} and logits {} are on different devices", op,
+           labels.describe(), logits.describe());
   const int64_t v = logits.size(-1);
   const int64_t rows = logits.numel() / std::max<int64_t>(v, 1);
-  TR_CHECK(labels.numel() == rows, "cross_entropy: {} labels for {} rows of logits {}", labels.numel(), rows,
+  TR_CHECK(labels.numel() == rows, "{}: {} labels for {} rows of logits {}", op, labels.numel(), rows,
            logits.describe());
   const DType sd = stat_dtype(logits.dtype());
+  return {empty(labels.shape(), sd, logits.device()), empty(labels.shape(), sd, logits.device())};
+}
+
+}  // namespace
+
+CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index) {
+  CrossEntropyOut o = cross_entropy_outputs(logits, labels, "cross_entropy");
   Tensor lc = contiguous(logits), yc = contiguous(labels);
-  CrossEntropyOut o{empty(labels.shape(), sd, logits.device()), empty(labels.shape(), sd, logits.device())};
   if (runs(o.loss)) be(logits).cross_entropy(lc, yc, ignore_index, o.loss, o.lse);
   return o;
 }
@@ -425,6 +433,27 @@ void cross_entropy_backward_into(const Tensor& logits, const Tensor& labels, con
       grad_loss.describe(), lse.describe(), labels.describe(), logits.describe());
   Tensor yc = contiguous(labels), gc = contiguous(grad_loss);
   if (runs(out)) be(logits).cross_entropy_backward(logits, yc, lse, gc, ignore_index, out);
+}
+
+CrossEntropyOut cross_entropy_with_grad_(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
+                                         const Tensor& grad_loss, const Tensor& glogits) {
+  const bool in_place = glogits.storage() == logits.storage() && glogits.offset() == logits.offset() &&
+                        glogits.dtype() == logits.dtype();
+  TR_CHECK(logits.dim() >= 1 && logits.is_contiguous() && glogits.is_contiguous() &&
+               glogits.shape() == logits.shape() && glogits.device() == logits.device() &&
+               (in_place || (logits.dtype() == DType::f32 &&
+                             (glogits.dtype() == DType::bf16 || glogits.dtype() == DType::f16))),
+           "cross_entropy_with_grad_: contiguous logits {} and their gradient {} in their place or, for f32 "
+           "logits, in bf16/f16",
+           logits.describe(), glogits.describe());
+  CrossEntropyOut o = cross_entropy_outputs(logits, labels, "cross_entropy_with_grad_");
+  TR_CHECK(grad_loss.numel() == labels.numel() && grad_loss.dtype() == o.lse.dtype() &&
+               grad_loss.device() == logits.device(),
+           "cross_entropy_with_grad_: grad {} does not match labels {} ({} per row)", grad_loss.describe(),
+           labels.describe(), dtype_name(o.lse.dtype()));
+  const Tensor yc = contiguous(labels), gc = contiguous(grad_loss);
+  if (runs(o.loss)) be(logits).cross_entropy_with_grad(logits, yc, ignore_index, o.loss, o.lse, gc, glogits);
+  return o;
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& ids) {

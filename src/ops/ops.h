@@ -143,6 +143,12 @@ void cross_entropy_backward_(const Tensor& logits, const Tensor& labels, const T
 // gradient ever stored (the chunked LM head's half GEMM operand).
 void cross_entropy_backward_into(const Tensor& logits, const Tensor& labels, const Tensor& lse,
                                  const Tensor& grad_loss, int64_t ignore_index, const Tensor& out);
+// cross_entropy with the gradient for grad_loss (f32, one per row) made in the same call into `glogits`: the
+// logits themselves (contiguous) or, for f32 logits, a contiguous bf16/f16 tensor of their shape. The loss
+// and lse of cross_entropy; the gradient of cross_entropy_backward_ / _into up to f32 rounding (the CPU's
+// fused kernel scales the exps of the sum instead of taking exp(x - lse) again).
+CrossEntropyOut cross_entropy_with_grad_(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
+                                         const Tensor& grad_loss, const Tensor& glogits);
 Tensor embedding(const Tensor& weight, const Tensor& ids);
 Tensor embedding_backward(const Tensor& gy, const Tensor& ids, int64_t num_rows);
 // cos/sin tables [P, D/2] (f32) for the given head dim and base; see rope().

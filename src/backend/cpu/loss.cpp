@@ -1,5 +1,6 @@
 // CPU cross-entropy (fused: the backward recomputes softmax from the saved logsumexp, so no probability
 // tensor is ever stored), embedding gather/scatter-add, and rotary position embedding.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -25,6 +26,26 @@ void check_labels(const Tensor& labels, int64_t v, int64_t ignore_index, const c
 
 }  // namespace
 
+namespace {
+
+// One f32 row's logsumexp: its max, then the sum of exp(x - max) while the row is in cache.
+inline float row_lse(const float* xr, int64_t v, bool wide) {
+  const float mx = wide ? row_max_512(xr, v) : row_max(xr, v);
+  const float s = wide ? exp_sum_512(xr, mx, nullptr, v) : exp_sum(xr, mx, nullptr, v);
+  return mx + std::log(s);
+}
+
+// One f32 row's gradient g * softmax(x) - g at the label, into out (which may be xr).
+inline void row_grad(const float* xr, float l, float g, int64_t label, float* out, int64_t v, bool wide) {
+  if (wide)
+    exp_scale_512(xr, l, g, out, v);
+  else
+    exp_scale(xr, l, g, out, v);
+  out[label] -= g;
+}
+
+}  // namespace
+
 void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
                                const Tensor& loss, const Tensor& lse) {
   const int64_t v = logits.shape().back();
@@ -46,15 +67,15 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, int64
         continue;
       }
       const T* xr = xp + r * v;
-      A mx = -std::numeric_limits<A>::infinity(), s = 0;
+      A l;
       if constexpr (std::is_same_v<T, float>) {
-        mx = wide ? row_max_512(xr, v) : row_max(xr, v);
-        s = wide ? exp_sum_512(xr, mx, nullptr, v) : exp_sum(xr, mx, nullptr, v);
+        l = row_lse(xr, v, wide);
       } else {
+        A mx = -std::numeric_limits<A>::infinity(), s = 0;
         for (int64_t i = 0; i < v; ++i) mx = std::max(mx, load(xr, i));
         for (int64_t i = 0; i < v; ++i) s += backend::exp_(load(xr, i) - mx);
+        l = mx + std::log(s);
       }
-      A l = mx + std::log(s);
       lsep[r] = l;
       out[r] = l - load(xr, lp[r]);
     }
@@ -80,12 +101,7 @@ void cross_entropy_backward_to_half(const float* xp, const int64_t* lp, const fl
         std::memset(static_cast<void*>(out), 0, static_cast<size_t>(v) * sizeof(H));  // +0 in bf16 and f16
         continue;
       }
-      const float* xr = xp + r * v;
-      if (wide)
-        exp_scale_512(xr, lsep[r], gl[r], buf.data(), v);
-      else
-        exp_scale(xr, lsep[r], gl[r], buf.data(), v);
-      buf[static_cast<size_t>(lp[r])] -= gl[r];
+      row_grad(xp + r * v, lsep[r], gl[r], lp[r], buf.data(), v, wide);
       narrow_run(buf.data(), out, v);
     }
   }
@@ -131,16 +147,67 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& labe
       const T* xr = xp + r * v;
       const A g = gl[r], l = lsep[r];
       if constexpr (std::is_same_v<T, float>) {
-        if (wide)
-          exp_scale_512(xr, l, g, out, v);
-        else
-          exp_scale(xr, l, g, out, v);
+        row_grad(xr, l, g, lp[r], out, v, wide);
       } else {
         for (int64_t i = 0; i < v; ++i) store(out, i, g * backend::exp_(load(xr, i) - l));
+        store(out, lp[r], load(out, lp[r]) - g);
       }
-      store(out, lp[r], load(out, lp[r]) - g);
     }
   });
+}
+
+// f32 logits only (the chunked LM head's); other dtypes run the two ops. Per row: the max, then exp(x - max)
+// summed and kept - in the row itself (f32, in place) or a per-thread f32 buffer (L2) - and scaled by
+// grad / sum into the gradient: one pass over the row in memory and one exp per element, where the two ops
+// read the row twice and took two. The loss and logsumexp have cross_entropy's bits; the gradient is within
+// an f32 rounding or two of cross_entropy_backward's exp(x - lse) * grad. Bound by the exp (~20 flops an
+// element) once the row is in cache.
+void CpuBackend::cross_entropy_with_grad(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
+                                         const Tensor& loss, const Tensor& lse, const Tensor& grad_loss,
+                                         const Tensor& glogits) {
+  if (logits.dtype() != DType::f32) {
+    Backend::cross_entropy_with_grad(logits, labels, ignore_index, loss, lse, grad_loss, glogits);
+    return;
+  }
+  const int64_t v = logits.shape().back();
+  const int64_t rows = logits.numel() / std::max<int64_t>(v, 1);
+  check_labels(labels, v, ignore_index, "cross_entropy");
+  const float* xp = logits.data<float>();
+  const int64_t* lp = labels.data<int64_t>();
+  float *out = loss.data<float>(), *lsep = lse.data<float>();
+  const float* gl = grad_loss.data<float>();
+  const DType gdt = glogits.dtype();
+  const size_t row_bytes = static_cast<size_t>(v) * dtype_size(gdt);
+  const bool wide = cpu_has_avx512f();
+#pragma omp parallel num_threads(threads_for(rows* v * 2))
+  {
+    std::vector<float> buf(gdt == DType::f32 ? 0 : static_cast<size_t>(v));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = xp + r * v;
+      char* g = static_cast<char*>(glogits.data_ptr()) + static_cast<size_t>(r) * row_bytes;
+      if (lp[r] == ignore_index) {
+        out[r] = lsep[r] = 0.0f;
+        std::memset(g, 0, row_bytes);  // +0 in every float dtype
+        continue;
+      }
+      const float at_label = xr[lp[r]];  // read before an in-place gradient overwrites it
+      float* e = gdt == DType::f32 ? reinterpret_cast<float*>(g) : buf.data();
+      const float mx = wide ? row_max_512(xr, v) : row_max(xr, v);
+      const float sum = wide ? exp_sum_512(xr, mx, e, v) : exp_sum(xr, mx, e, v);
+      const float l = mx + std::log(sum);  // row_lse's bits
+      lsep[r] = l;
+      out[r] = l - at_label;
+      const float k = gl[r] / sum;
+#pragma omp simd
+      for (int64_t i = 0; i < v; ++i) e[i] *= k;
+      e[lp[r]] -= gl[r];
+      if (gdt == DType::bf16)
+        narrow_run(e, reinterpret_cast<BFloat16*>(g), v);
+      else if (gdt == DType::f16)
+        narrow_run(e, reinterpret_cast<Half*>(g), v);
+    }
+  }
 }
 
 void CpuBackend::embedding(const Tensor& weight, const Tensor& ids, const Tensor& out) {
