@@ -301,9 +301,15 @@ struct BlockRows {
     const int64_t grp = row / per_group, rr = row % per_group;
     const int64_t h = grp % g.KV * (g.H / g.KV) + rr / tq;
     const auto first = static_cast<uint64_t>(((batch(row) * g.H + h) * g.T + query(row)) * g.S);
-    philox_words_fast(seed, offset, first, sk, [&](int64_t s, uint32_t w) {
-      z[s] = static_cast<A>(uniform_from_word(w) >= dropout ? keep_scale : 0.0);
-    });
+    constexpr int64_t kRun = 256;  // words into L1, then the factors in vectors
+    alignas(64) uint32_t w[kRun];
+    const A keep = static_cast<A>(keep_scale);
+    for (int64_t s0 = 0; s0 < sk; s0 += kRun) {
+      const int64_t m = std::min(kRun, sk - s0);
+      philox_fill(seed, offset, first + static_cast<uint64_t>(s0), m, w);
+#pragma omp simd
+      for (int64_t s = 0; s < m; ++s) z[s0 + s] = uniform_from_word(w[s]) >= dropout ? keep : A(0);
+    }
   }
 };
 

@@ -64,6 +64,12 @@ void philox_words_fast(uint64_t seed, uint64_t offset, uint64_t first, int64_t n
                [&](int64_t k, uint32_t w) { f(base + k, w); });
 }
 
+// Words first .. first + n - 1 of (seed, offset) into out[0 .. n): for loops that then consume them in
+// vectors (a callback per word keeps the consumer scalar).
+inline void philox_fill(uint64_t seed, uint64_t offset, uint64_t first, int64_t n, uint32_t* out) {
+  philox_words_fast(seed, offset, first, n, [out](int64_t i, uint32_t w) { out[i] = w; });
+}
+
 }  // namespace tr::cpu
 
 TR_AVX512_DIAGNOSTICS_END
