@@ -47,6 +47,10 @@ class Backend {
   virtual Allocator& allocator(int device_index) = 0;
   // Waits for queued work (no-op on the CPU).
   virtual void synchronize() {}
+  // A named span of the host's timeline for profilers (NVTX on a GPU: the spans Nsight Systems shows over
+  // the kernels they launched); nested, each push closed by a pop. Nothing where no profiler listens (CPU).
+  virtual void range_push(const char* name) { (void)name; }
+  virtual void range_pop() {}
   // One sentence on how this backend's GEMMs compute `operands` (bf16/f16) where a user should know: emulated
   // (widened to f32: what the hardware and its libraries lack and what that costs) or native on a CPU (which
   // kernel); "" when there is nothing to say (a GPU's tensor cores).

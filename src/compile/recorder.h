@@ -64,6 +64,8 @@ class Recorder final : public backend::Backend {
   const char* name() const override { return inner_.name(); }
   Allocator& allocator(int device_index) override { return inner_.allocator(device_index); }
   void synchronize() override { inner_.synchronize(); }
+  void range_push(const char* name) override { inner_.range_push(name); }
+  void range_pop() override { inner_.range_pop(); }
   void copy(const Tensor& src, const Tensor& dst) override;
   void fill(const Tensor& out, double value) override;
   void arange(const Tensor& out, double start, double step) override;

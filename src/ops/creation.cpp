@@ -16,6 +16,16 @@ Allocator& allocator_for(Device device) {
 
 bool fuses_elementwise(Device device) { return backend::backend_for(device).fuses_elementwise(); }
 
+Range::Range(Device device, const char* name) {
+  if (!device.is_cuda()) return;  // only a GPU backend has a profiler to tell
+  be_ = &backend::backend_for(device);
+  be_->range_push(name);
+}
+
+Range::~Range() {
+  if (be_) be_->range_pop();
+}
+
 Tensor empty(const Shape& shape, DType dtype, Device device) {
   return Tensor::empty(shape, dtype, allocator_for(device));
 }

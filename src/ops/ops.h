@@ -11,6 +11,19 @@
 
 namespace tr::ops {
 
+// A profiler span named `name` on `device`'s backend for this object's lifetime (NVTX on a GPU: a step's
+// forward, backward and update as spans in Nsight Systems, over their kernels). Nothing on the CPU or meta.
+class Range {
+ public:
+  Range(Device device, const char* name);
+  ~Range();
+  Range(const Range&) = delete;
+  Range& operator=(const Range&) = delete;
+
+ private:
+  backend::Backend* be_ = nullptr;
+};
+
 using backend::BinaryOp;
 using backend::ReduceOp;
 using backend::UnaryOp;

@@ -156,7 +156,10 @@ class CompiledStep final : public TrainStep {
       arena_ = std::make_shared<Storage>(static_cast<size_t>(std::max<int64_t>(largest_arena(), 1)),
                                          ops::allocator_for(dev));
     }
-    p.graph->replay(backend::backend_for(dev), g.offset - p.philox_base, arena_);
+    {
+      const ops::Range span(dev, "compiled forward + backward (replay)");
+      p.graph->replay(backend::backend_for(dev), g.offset - p.philox_base, arena_);
+    }
     gen.set_state({g.seed, g.offset + p.philox_used});
     if (core_.empties_cache(step)) core_.empty_cache(r);
     // The gradients back in the parameters' slots, as the backward left them; the loss is the last output.

@@ -105,7 +105,11 @@ Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& 
     // DDP: each rank draws its rows' part of the global batch's dropout masks (the single process's bits).
     if (o_.group != nullptr && !idle)
       s_.dropout_gen.set_shard({b.global_first, b.input_ids.size(0), b.global_size, b.global_unit});
-    Tensor loss = s_.model.forward(b.input_ids, fo).loss;
+    Tensor loss;
+    {
+      const ops::Range span(o_.device, "forward");
+      loss = s_.model.forward(b.input_ids, fo).loss;
+    }
     if (empties_cache(step) && &real == &micro.front()) empty_cache(r);
     // DDP: the last backward launches each bucket's all-reduce as soon as its gradients are final.
     std::optional<autograd::GradReadyScope> ready;
@@ -125,10 +129,13 @@ Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& 
       reducing_ = true;
       ready.emplace([this](const TensorImpl* leaf) { zero_->grad_ready(leaf); });
     }
-    if (s_.mp.loss_scaling())  // a copy: the engine may accumulate into the seed it is given
-      autograd::backward({loss}, {ops::clone(seed_)});
-    else
-      autograd::backward({loss});
+    {
+      const ops::Range span(o_.device, "backward");
+      if (s_.mp.loss_scaling())  // a copy: the engine may accumulate into the seed it is given
+        autograd::backward({loss}, {ops::clone(seed_)});
+      else
+        autograd::backward({loss});
+    }
     if (full_) full_->finish_backward();
     s_.dropout_gen.clear_shard();
     autograd::NoGradGuard no_grad;
@@ -155,6 +162,7 @@ void StepCore::empty_cache(StepResult& r) {
 // the model's gradients (half under mixed precision), then the optimizer reads them through the transform
 // (AdamW: unscale, clip, update and the half weight copy in one pass).
 void StepCore::finish(int64_t step, double lr, const Tensor& loss, StepResult& r) {
+  const ops::Range span(o_.device, "optimizer step");
   const auto t0 = std::chrono::steady_clock::now();
   const bool overlapped = reducing_;  // the buckets were begun during the last backward
   if (reducer_ && overlapped) reducer_->finish();

@@ -453,6 +453,7 @@ std::vector<data::Batch> Run::next_micro_batches() {
 }
 
 void Run::evaluate_at(int64_t step) {
+  const ops::Range span(dev_, "evaluate");
   EvalResult e;
   try {
     e = evaluate(*model_, streams_.validation, a_.block_size, a_.per_device_eval_batch_size,
@@ -515,6 +516,7 @@ void Run::save_files() {
     group_->barrier();  // written
   };
   try {
+    const ops::Range span(dev_, "save checkpoint");
     const auto weights = saved_weights(*mp_, gathered_masters());
     r_.last_checkpoint =
         save_checkpoint(*model_, weights ? &*weights : nullptr, *mp_, *opt_, tok_ ? &*tok_ : nullptr, st_, a_,

@@ -6,6 +6,7 @@
 // for a cuda tensor then throws a clear error, and callers that pick a default device fall back to the CPU.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>  // header-only NVTX v3: a no-op until a profiler injects itself
 
 #include <algorithm>
 #include <memory>
@@ -186,6 +187,8 @@ class CudaBackend final : public backend::Backend {
     TR_CUDA_CHECK(cudaDeviceSynchronize());
     report_device_errors();
   }
+  void range_push(const char* name) override { nvtxRangePushA(name); }
+  void range_pop() override { nvtxRangePop(); }
   // Throws for what kernels flagged since the last report (kernels.h BadIndexKind: an embedding id, a label
   // or a rope position out of range); call after a synchronization.
   void report_device_errors() {
