@@ -47,8 +47,11 @@ void philox_words(uint64_t seed, uint64_t offset, uint64_t first, int64_t n, F&&
   }
 }
 
-// Uniform in [0, 1) with 24 random bits.
-TR_HD float uniform_from_word(uint32_t w) { return static_cast<float>(w >> 8) * (1.0f / 16777216.0f); }
+// Uniform in [0, 1) with 24 random bits. Converted as a signed int (the same value: w >> 8 < 2^24), which
+// AVX2 converts in vectors where an unsigned one keeps GCC's loops scalar.
+TR_HD float uniform_from_word(uint32_t w) {
+  return static_cast<float>(static_cast<int32_t>(w >> 8)) * (1.0f / 16777216.0f);
+}
 
 class Generator {
  public:

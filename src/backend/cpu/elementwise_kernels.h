@@ -3,6 +3,7 @@
 // the same bits. All are bound by memory bandwidth except the transcendental unary ops (vec_unary.h).
 #pragma once
 #include <algorithm>
+#include <bit>
 #include <type_traits>
 
 #include "backend/cpu/loops.h"
@@ -81,6 +82,7 @@ inline void dropout_kernel(const T* x, T* y, int64_t n, int64_t first, double p,
   using A = acc_t<T>;
   const float pf = static_cast<float>(p);
   const A scale = static_cast<A>(1.0 / (1.0 - p));
+  using U = std::conditional_t<sizeof(A) == 4, uint32_t, uint64_t>;
   // The words of 512 elements at a time into L1, then the mask, scale and rounding in vectors.
   constexpr int64_t kRun = 512;
   alignas(64) uint32_t w[kRun];
@@ -90,7 +92,13 @@ inline void dropout_kernel(const T* x, T* y, int64_t n, int64_t first, double p,
     const T* xr = x + r0;
     T* yr = y + r0;
 #pragma omp simd
-    for (int64_t k = 0; k < m; ++k) store(yr, k, uniform_from_word(w[k]) >= pf ? load(xr, k) * scale : A(0));
+    for (int64_t k = 0; k < m; ++k) {
+      // A dropped element is the kept value's bits and'ed with zero (+0, as A(0)): GCC vectorizes that,
+      // where a select between the product and 0 stayed scalar for bf16.
+      const A kept = load(xr, k) * scale;
+      const U bits = std::bit_cast<U>(kept) & (uniform_from_word(w[k]) >= pf ? ~U{0} : U{0});
+      store(yr, k, std::bit_cast<A>(bits));
+    }
   }
 }
 
