@@ -1,5 +1,7 @@
 // CPU elementwise kernels: copy/convert, fill, arange, random fills, unary and binary ops, masked_fill,
 // dropout.
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -118,10 +120,16 @@ void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
 void CpuBackend::fill(const Tensor& out, double value) {
   dispatch_all(out.dtype(), "fill", [&]<typename T>() {
     T* p = static_cast<T*>(out.data_ptr());
-    T v = convert<double, T>(value);
-    parallel_range(out.numel(), [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) p[i] = v;
-    });
+    const T v = convert<double, T>(value);
+    // Filled as raw bits from a local: stores through p may alias a T the closure holds (bf16's struct), so
+    // v read from the closure was reloaded per element, a scalar loop.
+    using Bits = std::conditional_t<
+        sizeof(T) == 1, uint8_t,
+        std::conditional_t<sizeof(T) == 2, uint16_t, std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>>;
+    static_assert(sizeof(Bits) == sizeof(T));
+    const Bits bits = std::bit_cast<Bits>(v);
+    Bits* q = reinterpret_cast<Bits*>(p);
+    parallel_range(out.numel(), [q, bits](int64_t lo, int64_t hi) { std::fill(q + lo, q + hi, bits); });
   });
 }
 
