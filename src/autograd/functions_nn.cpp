@@ -214,8 +214,7 @@ Tensor linear_cross_entropy_sum(const Tensor& x, const Tensor& w, const Tensor& 
     ops::binary_(BinaryOp::add, total, ops::reduce(ops::ReduceOp::sum, ce.loss, {}, false));
     logits = Tensor();
     if (gx) ops::matmul_into(ops::narrow(dx, 0, r0, n), dl, w, false, false, 1.0, 0.0);
-    if (gw && dw_t) ops::matmul_into(dw, xc, dl, true, false, 1.0, r0 == 0 ? 0.0 : 1.0);
-    if (gw && !dw_t) ops::matmul_into(dw, dl, xc, true, false, 1.0, r0 == 0 ? 0.0 : 1.0);
+    if (gw) ops::matmul_into(dw, dw_t ? xc : dl, dw_t ? dl : xc, true, false, 1.0, r0 == 0 ? 0.0 : 1.0);
   }
   Tensor y = total;
   if (gx || gw) {

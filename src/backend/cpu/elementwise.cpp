@@ -66,7 +66,7 @@ bool transposed_copy(const Shape& shape, const std::array<Strides, 2>& st, const
     }
     for (int64_t o = 0; o < no; ++o) {
       D* dp = d + (o0 + o) * d_outer + i0;
-      if constexpr (std::is_same_v<S, float> && std::is_same_v<D, BFloat16>) {
+      if constexpr (std::is_same_v<S, float> && is_half_v<D>) {
         narrow_run(buf[o], dp, ni);
       } else {
         for (int64_t i = 0; i < ni; ++i) dp[i] = convert<S, D>(buf[o][i]);

@@ -24,14 +24,12 @@ void check_labels(const Tensor& labels, int64_t v, int64_t ignore_index, const c
              ignore_index);
 }
 
-}  // namespace
-
-namespace {
-
-// One f32 row's logsumexp: its max, then the sum of exp(x - max) while the row is in cache.
-inline float row_lse(const float* xr, int64_t v, bool wide) {
+// One f32 row's logsumexp: its max, then the sum of exp(x - max) while the row is in cache. With `e`, the
+// exps are kept there (e may be xr) and `sum` receives their sum.
+inline float row_lse(const float* xr, int64_t v, bool wide, float* e = nullptr, float* sum = nullptr) {
   const float mx = wide ? row_max_512(xr, v) : row_max(xr, v);
-  const float s = wide ? exp_sum_512(xr, mx, nullptr, v) : exp_sum(xr, mx, nullptr, v);
+  const float s = wide ? exp_sum_512(xr, mx, e, v) : exp_sum(xr, mx, e, v);
+  if (sum) *sum = s;
   return mx + std::log(s);
 }
 
@@ -193,9 +191,8 @@ void CpuBackend::cross_entropy_with_grad(const Tensor& logits, const Tensor& lab
       }
       const float at_label = xr[lp[r]];  // read before an in-place gradient overwrites it
       float* e = gdt == DType::f32 ? reinterpret_cast<float*>(g) : buf.data();
-      const float mx = wide ? row_max_512(xr, v) : row_max(xr, v);
-      const float sum = wide ? exp_sum_512(xr, mx, e, v) : exp_sum(xr, mx, e, v);
-      const float l = mx + std::log(sum);  // row_lse's bits
+      float sum = 0;
+      const float l = row_lse(xr, v, wide, e, &sum);
       lsep[r] = l;
       out[r] = l - at_label;
       const float k = gl[r] / sum;
