@@ -520,6 +520,37 @@ TEST(ChunkedLoss, TheLossAndGradientFromOneCallAreTheTwoOps) {
                Error);
 }
 
+// The half gradient of one call is its f32 gradient rounded once (RNE), bit for bit: the CPU's 16-lane
+// scale-and-round with streamed stores (rows of every alignment: V odd), the label's entry, ignored rows,
+// and gradients small enough to round into bf16's subnormals.
+TEST(ChunkedLoss, AHalfGradientFromOneCallIsItsF32GradientRoundedOnce) {
+  for (const int64_t V : {int64_t{50257}, int64_t{33}, int64_t{7}}) {
+    // Rows 5 and 6 are flat, so every entry is grad / V exactly: 1 + 2^-8 and 1 + 2^-7 + 2^-8, ties that
+    // round to even down and up.
+    const int64_t N = 7;
+    const Tensor labels = ops::from_vector<int64_t>({3, -100, 0, V - 1, 2, 1, 1}, {N});
+    const Tensor logits = ops::cat({ops::affine(test::randn({5, V}, 44), 6.0, 0.0), ops::zeros({2, V})}, 0);
+    const float vf = static_cast<float>(V);
+    const Tensor grad = ops::from_vector<float>(
+        {1.0f, 1.0f, 3e-37f, 2.5e-4f, 7e-39f, vf * 1.00390625f, vf * 1.01171875f}, {N});
+    const Tensor x = ops::clone(logits);
+    const ops::CrossEntropyOut f = ops::cross_entropy_with_grad_(x, labels, -100, grad, x);
+    for (const DType gdt : {DType::bf16, DType::f16}) {
+      const Tensor g = ops::empty({N, V}, gdt);
+      const ops::CrossEntropyOut h = ops::cross_entropy_with_grad_(logits, labels, -100, grad, g);
+      const std::string what = fmt::format("V {} f32 -> {}", V, dtype_name(gdt));
+      const Tensor want = ops::to_dtype(x, gdt);
+      EXPECT_EQ(std::memcmp(g.data_ptr(), want.data_ptr(), want.nbytes()), 0) << what;
+      EXPECT_EQ(std::memcmp(h.loss.data_ptr(), f.loss.data_ptr(), f.loss.nbytes()), 0) << what;
+      size_t subnormal = 0;
+      for (const double v : test::values(g)) subnormal += v != 0 && std::abs(v) < 1.1754944e-38;
+      if (gdt == DType::bf16) {
+        EXPECT_GT(subnormal, 0u) << what << ": no subnormal was rounded";
+      }
+    }
+  }
+}
+
 TEST(Loss, AccumulationWithNumItemsEqualsTheOneBigBatchGradient) {
   const std::string dir = kGolden + "/llama_gqa_llama3rope";
   auto g = io::SafetensorsFile::open(dir + "/golden.safetensors");

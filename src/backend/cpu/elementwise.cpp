@@ -18,6 +18,12 @@ using backend::UnaryOp;
 
 namespace {
 
+// The unsigned integer of T's size: copies and fills as raw bits vectorize where a loop of structs does not.
+template <typename T>
+using bits_of = std::conditional_t<
+    sizeof(T) == 1, uint8_t,
+    std::conditional_t<sizeof(T) == 2, uint16_t, std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>>;
+
 template <typename S, typename D>
 inline D convert(S v) {
   if constexpr (std::is_same_v<D, bool>) {
@@ -99,8 +105,12 @@ void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
                             // Short runs apart from each other (a head split's 16 floats): a loop the
                             // compiler vectorizes, not a call per run.
                             if (n <= 64 && (dp + n <= sp || sp + n <= dp)) {
+                              // As raw bits: GCC keeps a loop of bf16/f16 structs scalar.
+                              using Bits = bits_of<S>;
+                              const Bits* sb = reinterpret_cast<const Bits*>(sp);
+                              Bits* db = reinterpret_cast<Bits*>(dp);
 #pragma omp simd
-                              for (int64_t i = 0; i < n; ++i) dp[i] = sp[i];
+                              for (int64_t i = 0; i < n; ++i) db[i] = sb[i];
                             } else {
                               std::memmove(static_cast<void*>(dp), sp, static_cast<size_t>(n) * sizeof(S));
                             }
@@ -123,10 +133,7 @@ void CpuBackend::fill(const Tensor& out, double value) {
     const T v = convert<double, T>(value);
     // Filled as raw bits from a local: stores through p may alias a T the closure holds (bf16's struct), so
     // v read from the closure was reloaded per element, a scalar loop.
-    using Bits = std::conditional_t<
-        sizeof(T) == 1, uint8_t,
-        std::conditional_t<sizeof(T) == 2, uint16_t, std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>>;
-    static_assert(sizeof(Bits) == sizeof(T));
+    using Bits = bits_of<T>;
     const Bits bits = std::bit_cast<Bits>(v);
     Bits* q = reinterpret_cast<Bits*>(p);
     parallel_range(out.numel(), [q, bits](int64_t lo, int64_t hi) { std::fill(q + lo, q + hi, bits); });

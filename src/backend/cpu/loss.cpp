@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cpu/convert.h"
+#include "backend/cpu/convert512.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
 #include "backend/cpu/vec_math512.h"
@@ -196,6 +197,18 @@ void CpuBackend::cross_entropy_with_grad(const Tensor& logits, const Tensor& lab
       lsep[r] = l;
       out[r] = l - at_label;
       const float k = gl[r] / sum;
+      if (gdt == DType::bf16 && wide) {
+        // Scaled and rounded in one pass over the row in L2, streamed past the cache: the [rows, V] gradient
+        // is far larger than it, so ordinary stores would first read every line they write. The label's
+        // value is made as the two-pass form makes it (scaled, then the gradient subtracted, then rounded).
+        float scaled = e[lp[r]] * k;
+        asm("" : "+x"(scaled));  // materialized: never contracted into an FMA with the subtraction
+        const float at = scaled - gl[r];
+        BFloat16* h = reinterpret_cast<BFloat16*>(g);
+        scale_narrow_bf16_512(e, k, h, v, true);
+        h[lp[r]] = from_f32<BFloat16>(at);
+        continue;
+      }
 #pragma omp simd
       for (int64_t i = 0; i < v; ++i) e[i] *= k;
       e[lp[r]] -= gl[r];
