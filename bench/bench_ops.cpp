@@ -81,6 +81,20 @@ int main(int argc, char** argv) {
       row("dw^T -> dw, f32 to bf16", "-",
           bench::median_seconds([&] { ops::to_dtype(ops::transpose(dwt, 0, 1), DType::bf16); }, iters),
           6.0 * k * n, "GB/s");
+      // The head's backward as it runs: scaled by the loss's gradient, then turned back (two ops, then one).
+      const Tensor gs = ops::full({}, 1.0 / 1024, DType::f32), dws = ops::clone(dwt);
+      row("scale, dw^T -> dw, 2 ops", "-",
+          bench::median_seconds(
+              [&] {
+                ops::binary_(ops::BinaryOp::mul, dws, gs);
+                ops::to_dtype(ops::transpose(dws, 0, 1), DType::bf16);
+              },
+              iters),
+          6.0 * k * n, "GB/s");
+      const Tensor dw16 = ops::empty({n, k}, DType::bf16);
+      row("scale, dw^T -> dw, 1 op", "-",
+          bench::median_seconds([&] { ops::scaled_copy_(ops::transpose(dw16, 0, 1), dws, gs); }, iters),
+          6.0 * k * n, "GB/s");
       row("dw, f32 to bf16 (plain)", "-",
           bench::median_seconds([&] { ops::to_dtype(dwt, DType::bf16); }, iters), 6.0 * k * n, "GB/s");
       row("dw^T -> dw, f32", "-",

@@ -227,9 +227,14 @@ Tensor linear_cross_entropy_sum(const Tensor& x, const Tensor& w, const Tensor& 
              auto finish = [&s](Tensor& held, DType dt, bool transposed) {
                if (!held.defined()) return Tensor();
                Tensor t = std::move(held);
-               ops::binary_(BinaryOp::mul, t, s);
-               if (!transposed) return ops::to_dtype(t, dt);
-               return ops::contiguous(ops::to_dtype(ops::transpose(t, 0, 1), dt));
+               if (!transposed) {
+                 ops::binary_(BinaryOp::mul, t, s);
+                 return ops::to_dtype(t, dt);
+               }
+               // Scaled and turned back in one pass (the CPU's transposing copy).
+               Tensor out = ops::empty({t.size(1), t.size(0)}, dt, t.device());
+               ops::scaled_copy_(ops::transpose(out, 0, 1), t, ops::reshape(s, {}));
+               return out;
              };
              Tensor gdx = finish(dx, xdt, false);
              Tensor gdw = finish(dw, wdt, dw_t);

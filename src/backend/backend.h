@@ -69,6 +69,15 @@ class Backend {
   // dst and src have the same shape and device; any strides, any dtypes (converted with
   // round-to-nearest-even).
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;
+  // dst = x * s converted to dst's dtype (RNE): x contiguous f32/f64, s one element of x's dtype on x's
+  // device, dst of x's shape in any strides and floating dtype. A gradient scaled by the loss's gradient and
+  // rounded into its layout: the CPU does both in its transposing copy (one pass over the f32 values, the
+  // bits of the two ops). x's values afterwards are unspecified (the default scales it in place, then
+  // copies).
+  virtual void scaled_copy(const Tensor& x, const Tensor& s, const Tensor& dst) {
+    binary(BinaryOp::mul, x, s.as_strided(x.shape(), Strides(x.shape().size(), 0), s.offset()), x);
+    copy(x, dst);
+  }
   // out contiguous.
   virtual void fill(const Tensor& out, double value) = 0;
   // out contiguous: out[i] = start + i * step.

@@ -69,6 +69,12 @@ void Recorder::copy(const Tensor& src, const Tensor& dst) {
   add("copy", {src, dst}, {R, W}, [](Backend& b, const T& t, uint64_t) { b.copy(t[0], t[1]); });
 }
 
+void Recorder::scaled_copy(const Tensor& x, const Tensor& s, const Tensor& dst) {
+  // x read and written: its values afterwards are the backend's (unspecified), so nothing may read them.
+  add("scaled_copy", {x, s, dst}, {RW, R, W},
+      [](Backend& b, const T& t, uint64_t) { b.scaled_copy(t[0], t[1], t[2]); });
+}
+
 void Recorder::fill(const Tensor& out, double value) {
   add("fill", {out}, {W}, [value](Backend& b, const T& t, uint64_t) { b.fill(t[0], value); });
 }

@@ -67,6 +67,7 @@ class Recorder final : public backend::Backend {
   void range_push(const char* name) override { inner_.range_push(name); }
   void range_pop() override { inner_.range_pop(); }
   void copy(const Tensor& src, const Tensor& dst) override;
+  void scaled_copy(const Tensor& x, const Tensor& s, const Tensor& dst) override;
   void fill(const Tensor& out, double value) override;
   void arange(const Tensor& out, double start, double step) override;
   void random_normal(const Tensor& out, double mean, double std, uint64_t seed, uint64_t offset) override;

@@ -61,6 +61,17 @@ void binary_(BinaryOp op, const Tensor& out, const Tensor& b) {
   if (runs(out)) be(out).binary(op, out, bb, out);
 }
 
+void scaled_copy_(const Tensor& dst, const Tensor& x, const Tensor& s) {
+  TR_CHECK(x.shape() == dst.shape() && x.is_contiguous() &&
+               (x.dtype() == DType::f32 || x.dtype() == DType::f64) && is_floating(dst.dtype()) &&
+               s.numel() == 1 && s.dtype() == x.dtype() && x.device() == dst.device() &&
+               s.device() == x.device(),
+           "scaled_copy_: x {} (contiguous f32/f64), scale {} (one element of its dtype) and destination {} "
+           "must share a shape and a device",
+           x.describe(), s.describe(), dst.describe());
+  if (runs(dst)) be(dst).scaled_copy(x, s, dst);
+}
+
 Tensor affine(const Tensor& x, double alpha, double beta) {
   check_float("affine", x);
   Tensor xc = contiguous(x);

@@ -53,6 +53,9 @@ void copy_(const Tensor& dst, const Tensor& src);
 void fill_(const Tensor& t, double value);
 Tensor to_device(const Tensor& t, Device device);
 Tensor to_dtype(const Tensor& t, DType dtype);
+// dst = x * s in dst's dtype and layout (Backend::scaled_copy); x (contiguous f32/f64, same device) is
+// consumed: its values afterwards are unspecified. s: one element of x's dtype.
+void scaled_copy_(const Tensor& dst, const Tensor& x, const Tensor& s);
 Tensor contiguous(const Tensor& t);
 Tensor clone(const Tensor& t);
 

@@ -18,6 +18,7 @@ class CpuBackend final : public backend::Backend {
   backend::NativeHalf native_half_matmul(DType operands) const override;
 
   void copy(const Tensor& src, const Tensor& dst) override;
+  void scaled_copy(const Tensor& x, const Tensor& s, const Tensor& dst) override;
   void fill(const Tensor& out, double value) override;
   void arange(const Tensor& out, double start, double step) override;
   void random_normal(const Tensor& out, double mean, double std, uint64_t seed, uint64_t offset) override;

@@ -7,9 +7,11 @@
 #include <type_traits>
 
 #include "backend/cpu/convert.h"
+#include "backend/cpu/convert512.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/elementwise_kernels.h"
 #include "backend/cpu/loops.h"
+#include "backend/cpu/vec_math512.h"
 
 namespace tr::cpu {
 
@@ -47,9 +49,11 @@ inline D convert(S v) {
 // or converted on the way). The strided walk touched a new cache line per element; here 64 x 64 tiles are
 // gathered into an L1 buffer laid out as the destination, then converted row by row in the contiguous loop
 // the compiler vectorizes. Bound by memory bandwidth (measured in bench_ops: "dw^T -> dw"). Returns false for
-// any other layout.
+// any other layout. With `scale` (f32 to half only), each value is multiplied by *scale on the way in: the
+// bits of a multiply, then the copy.
 template <typename S, typename D>
-bool transposed_copy(const Shape& shape, const std::array<Strides, 2>& st, const S* s, D* d) {
+bool transposed_copy(const Shape& shape, const std::array<Strides, 2>& st, const S* s, D* d,
+                     const S* scale = nullptr) {
   if (shape.size() != 2 || shape[0] < 16 || shape[1] < 16) return false;
   const int64_t s0 = st[0][0], s1 = st[0][1], d0 = st[1][0], d1 = st[1][1];
   const bool rows_out = s0 == 1 && d1 == 1;  // the destination contiguous along a row, the source down one
@@ -61,13 +65,32 @@ bool transposed_copy(const Shape& shape, const std::array<Strides, 2>& st, const
   const int64_t d_outer = rows_out ? d0 : d1;
   const int64_t tiles_o = (outer + kTile - 1) / kTile, tiles_i = (inner + kTile - 1) / kTile;
   const int nt = threads_for(outer * inner);
+  const bool wide = cpu_has_avx512f();
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int64_t t = 0; t < tiles_o * tiles_i; ++t) {
     const int64_t o0 = t / tiles_i * kTile, i0 = t % tiles_i * kTile;
     const int64_t no = std::min(kTile, outer - o0), ni = std::min(kTile, inner - i0);
+    if constexpr (std::is_same_v<S, float> && std::is_same_v<D, BFloat16>) {
+      if (wide) {  // through registers, 16 x 16 at a time
+        const float* sp = s + i0 * s_inner + o0;
+        D* dp = d + o0 * d_outer + i0;
+        if (scale)
+          transpose_narrow_bf16_512<true>(sp, s_inner, dp, d_outer, ni, no, *scale);
+        else
+          transpose_narrow_bf16_512<false>(sp, s_inner, dp, d_outer, ni, no, 1.0f);
+        continue;
+      }
+    }
     S buf[kTile][kTile];
     for (int64_t i = 0; i < ni; ++i) {  // source runs are contiguous along `outer`
       const S* sp = s + (i0 + i) * s_inner + o0;
+      if constexpr (std::is_same_v<S, float>) {
+        if (scale) {
+          const float k = *scale;
+          for (int64_t o = 0; o < no; ++o) buf[o][i] = sp[o] * k;
+          continue;
+        }
+      }
       for (int64_t o = 0; o < no; ++o) buf[o][i] = sp[o];
     }
     for (int64_t o = 0; o < no; ++o) {
@@ -125,6 +148,22 @@ void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
                       });
     });
   });
+}
+
+void CpuBackend::scaled_copy(const Tensor& x, const Tensor& s, const Tensor& dst) {
+  // The fused form: an f32 gradient held transposed, scaled and rounded into a half weight's layout (the
+  // chunked LM head's dw). Anything else: the two ops.
+  if (x.dtype() == DType::f32 && is_half(dst.dtype()) && x.is_contiguous() && x.dim() == 2) {
+    Shape shape = x.shape();
+    std::array<Strides, 2> st{x.strides(), dst.strides()};
+    coalesce(shape, st);
+    const float* k = s.data<float>();
+    const bool done = dst.dtype() == DType::bf16
+                          ? transposed_copy(shape, st, x.data<float>(), dst.data<BFloat16>(), k)
+                          : transposed_copy(shape, st, x.data<float>(), dst.data<Half>(), k);
+    if (done) return;
+  }
+  Backend::scaled_copy(x, s, dst);
 }
 
 void CpuBackend::fill(const Tensor& out, double value) {
