@@ -201,6 +201,11 @@ TEST(CpuKernels, AScaledCopyIsTheMultiplyThenTheCopy) {
   // Refused with the op's name: a scale of another dtype, a shape that differs.
   EXPECT_THROW(ops::scaled_copy_(ops::empty({2, 3}), ops::zeros({2, 3}), ops::ones({}, DType::f64)), Error);
   EXPECT_THROW(ops::scaled_copy_(ops::empty({3, 2}), ops::zeros({2, 3}), ops::ones({})), Error);
+  const Tensor x = ops::zeros({2, 3});  // a scale or destination inside x, which the op consumes
+  EXPECT_THROW(
+      ops::scaled_copy_(ops::empty({2, 3}), x, ops::reshape(ops::narrow(ops::reshape(x, {6}), 0, 0, 1), {})),
+      Error);
+  EXPECT_THROW(ops::scaled_copy_(x, x, ops::ones({})), Error);
 }
 
 }  // namespace tr

@@ -82,6 +82,38 @@ TEST(TrainerArgs, JsonFileFlagsAndSuggestions) {
             std::string::npos);
 }
 
+// --tf32 is HF's Optional[bool]: unset is null in training_args.json and means off, except that compile turns
+// TF32 on for a GPU run without fp16; a given value always wins.
+TEST(TrainerArgs, Tf32IsAnOptionalBoolThatCompileTurnsOnForAGpu) {
+  const Device cpu = Device::cpu(), gpu = Device::cuda(0);
+  train::TrainingArguments a;
+  EXPECT_TRUE(a.to_json()["tf32"].is_null());
+  EXPECT_FALSE(a.tf32_on(cpu));
+  EXPECT_FALSE(a.tf32_on(gpu));
+  a.torch_compile = true;
+  EXPECT_TRUE(a.tf32_on(gpu));
+  EXPECT_FALSE(a.tf32_on(cpu));  // the CPU only emulates TF32: compile leaves it off
+  a.fp16 = true;
+  EXPECT_FALSE(a.tf32_on(gpu));
+  a.fp16 = false;
+  train::TrainingArguments m;  // a mode alone turns compile on, and with it TF32
+  m.torch_compile_mode = "reduce-overhead";
+  EXPECT_TRUE(m.tf32_on(gpu));
+  a.update_from_json({{"tf32", false}}, "args.json");
+  EXPECT_FALSE(a.tf32_on(gpu));
+  EXPECT_EQ(a.to_json()["tf32"], false);
+  a.update_from_json({{"tf32", nullptr}}, "args.json");  // HF's None keeps what is set
+  EXPECT_EQ(a.to_json()["tf32"], false);
+  train::TrainingArguments b;
+  b.update_from_json({{"tf32", true}}, "training_args.json");
+  EXPECT_TRUE(b.tf32_on(cpu));
+  EXPECT_TRUE(b.tf32_on(gpu));
+  train::TrainingArguments c;  // round trips: unset stays unset
+  c.update_from_json(train::TrainingArguments().to_json(), "training_args.json");
+  EXPECT_FALSE(c.tf32.has_value());
+  EXPECT_THROW(c.update_from_json({{"tf32", "yes"}}, "args.json"), Error);
+}
+
 TEST(TrainerArgs, TheFlagReferenceIsGeneratedFromTheTable) {
   std::ifstream in(std::string(TRAINER_SOURCE_DIR) + "/docs/FLAGS.md");
   std::stringstream doc;

@@ -11,6 +11,13 @@ void add_training_flags(CLI::App* cmd, TrainingFlags& f) {
     CLI::Option* o = std::visit(
         [&](auto m) -> CLI::Option* {
           using T = std::decay_t<decltype(f.parsed.*m)>;
+          if constexpr (std::is_same_v<T, std::optional<bool>>) {  // HF's Optional[bool]: unset unless given
+            auto* opt = cmd->add_option_function<bool>(
+                "--" + s.name, [&f, m](const bool& v) { f.parsed.*m = v; }, s.help);
+            opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+            opt->expected(0, 1)->default_str("true")->option_text("[true|false]");
+            return opt;
+          }
           auto* opt = cmd->add_option("--" + s.name, f.parsed.*m, s.help);
           opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // argparse: the last one wins
           if constexpr (std::is_same_v<T, bool>)  // `--bf16` alone means true; the help shows the choice

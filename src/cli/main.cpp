@@ -152,7 +152,7 @@ tr::report::RunSummary run_summary(const tr::train::TrainingArguments& a, const 
   s.flops_per_token = r.flops_per_token;
   s.device = r.device_name;
   s.compute = a.bf16 ? tr::DType::bf16 : a.fp16 ? tr::DType::f16 : tr::DType::f32;
-  s.tf32 = a.tf32;
+  s.tf32 = r.tf32;
   s.peak_bytes = r.peak_bytes;
   s.train_loss = r.train_loss;
   s.last_logged_loss = r.last_loss;

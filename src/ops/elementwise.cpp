@@ -69,6 +69,10 @@ void scaled_copy_(const Tensor& dst, const Tensor& x, const Tensor& s) {
            "scaled_copy_: x {} (contiguous f32/f64), scale {} (one element of its dtype) and destination {} "
            "must share a shape and a device",
            x.describe(), s.describe(), dst.describe());
+  TR_CHECK(
+      s.storage() != x.storage() && dst.storage() != x.storage(),
+      "scaled_copy_: the scale {} and the destination {} must not share memory with x {} (x is consumed)",
+      s.describe(), dst.describe(), x.describe());
   if (runs(dst)) be(dst).scaled_copy(x, s, dst);
 }
 

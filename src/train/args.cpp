@@ -118,7 +118,9 @@ const std::vector<ArgSpec>& argument_specs() {
       {"bf16", &A::bf16, "bf16 compute copies, fp32 master weights", "precision and memory"},
       {"fp16", &A::fp16, "fp16 compute copies, fp32 master weights, dynamic loss scaling",
        "precision and memory"},
-      {"tf32", &A::tf32, "fp32 matmuls with TF32 inputs (tensor cores; emulated by rounding on the CPU)",
+      {"tf32", &A::tf32,
+       "fp32 matmuls with TF32 inputs (tensor cores; emulated by rounding on the CPU); unset: on for "
+       "torch_compile on a GPU without fp16, else off",
        "precision and memory"},
       {"gradient_checkpointing", &A::gradient_checkpointing, "recompute each decoder layer in backward",
        "precision and memory"},
@@ -368,9 +370,24 @@ void TrainingArguments::apply_compile_defaults() {
   if (torch_compile && torch_compile_mode.empty()) torch_compile_mode = "default";
 }
 
+bool TrainingArguments::tf32_on(Device device) const {
+  // A backend or mode alone turns compile on (apply_compile_defaults), so it turns TF32 on as well.
+  const bool compile = torch_compile || !torch_compile_backend.empty() || !torch_compile_mode.empty();
+  return tf32.value_or(compile && device.is_cuda() && !fp16);
+}
+
 nlohmann::json TrainingArguments::to_json() const {
   nlohmann::json j = nlohmann::json::object();
-  for (const auto& s : argument_specs()) std::visit([&](auto m) { j[s.name] = this->*m; }, s.member);
+  for (const auto& s : argument_specs())
+    std::visit(
+        [&](auto m) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(this->*m)>, std::optional<bool>>)
+            j[s.name] =
+                (this->*m).has_value() ? nlohmann::json(*(this->*m)) : nlohmann::json();  // null: None
+          else
+            j[s.name] = this->*m;
+        },
+        s.member);
   return j;
 }
 
@@ -407,7 +424,7 @@ void TrainingArguments::update_from_json(const nlohmann::json& j, const std::str
         [&](auto m) {
           using T = std::decay_t<decltype(this->*m)>;
           bool ok = false;
-          if constexpr (std::is_same_v<T, bool>)
+          if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::optional<bool>>)
             ok = value.is_boolean();
           else if constexpr (std::is_same_v<T, std::string>)
             ok = value.is_string() || value.is_boolean();  // resume_from_checkpoint: true
@@ -418,7 +435,7 @@ void TrainingArguments::update_from_json(const nlohmann::json& j, const std::str
           // a wrapped or truncated number. (Flag-specific ranges are validate()'s.)
           if constexpr (std::is_same_v<T, std::string>)
             this->*m = value.is_boolean() ? (value.get<bool>() ? "true" : "false") : f.string();
-          else if constexpr (std::is_same_v<T, bool>)
+          else if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::optional<bool>>)
             this->*m = f.boolean();
           else if constexpr (std::is_same_v<T, uint64_t>)
             this->*m = f.unsigned_integer();
@@ -455,7 +472,7 @@ std::string flags_markdown() {
       const char* type = std::visit(
           [](auto m) -> const char* {
             using T = std::decay_t<decltype(TrainingArguments{}.*m)>;
-            if constexpr (std::is_same_v<T, bool>) return "bool";
+            if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::optional<bool>>) return "bool";
             if constexpr (std::is_same_v<T, std::string>) return "string";
             if constexpr (std::is_integral_v<T>) return "int";
             return "float";

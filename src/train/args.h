@@ -4,11 +4,14 @@
 #pragma once
 #include <climits>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "core/device.h"
 
 namespace tr::train {
 
@@ -58,7 +61,10 @@ struct TrainingArguments {
   int64_t save_total_limit = 0;  // 0: keep all
   std::string resume_from_checkpoint;
   uint64_t seed = 42;
-  bool fp16 = false, bf16 = false, tf32 = false;
+  bool fp16 = false, bf16 = false;
+  // HF's Optional[bool]: unset (null in training_args.json) means off, except that torch_compile turns TF32
+  // on for a GPU run without --fp16 (tf32_on()).
+  std::optional<bool> tf32;
   bool use_cpu = false;  // train on the CPU even when a GPU is present
   std::string optim = "adamw_torch";
   std::string optim_args;
@@ -94,6 +100,9 @@ struct TrainingArguments {
 
   // Throws naming the flag for contradictory or out-of-range values, suggesting the nearest valid name.
   void validate() const;
+  // Whether f32 matmuls read TF32 inputs on `device`: --tf32 when given, else torch_compile on a GPU without
+  // --fp16 (HF sets torch.backends.cuda.matmul.allow_tf32 for compile unless tf32 was given or fp16 is on).
+  bool tf32_on(Device device) const;
   nlohmann::json to_json() const;
   // Reads an args file (HF accepts `train.py args.json`): keys are flag names; an unknown key or a value of
   // the wrong type is an error naming the file and key.
@@ -103,9 +112,9 @@ struct TrainingArguments {
 
 // One flag: its name, help, and the member it sets.
 struct ArgSpec {
-  using Member =
-      std::variant<int64_t TrainingArguments::*, uint64_t TrainingArguments::*, double TrainingArguments::*,
-                   bool TrainingArguments::*, std::string TrainingArguments::*>;
+  using Member = std::variant<int64_t TrainingArguments::*, uint64_t TrainingArguments::*,
+                              double TrainingArguments::*, bool TrainingArguments::*,
+                              std::optional<bool> TrainingArguments::*, std::string TrainingArguments::*>;
   std::string name;
   Member member;
   std::string help;

@@ -663,6 +663,7 @@ TrainResult Run::train() {
   r_.world_size = group_ ? group_->size() : 1;
   r_.comm_backend = group_ ? group_->backend_name() : "";
   r_.device_name = dev_.is_cuda() ? backend::cuda_device_name(dev_.index) : "cpu";
+  r_.tf32 = backend::allow_tf32();
   const auto& c = model_->config();  // nanoGPT's/PaLM's model FLOPs per token: 6N + 12 L H T
   r_.flops_per_token = 6.0 * static_cast<double>(model_->num_parameters()) +
                        12.0 * c.num_layers * c.num_heads * c.head_dim * a_.block_size;
@@ -770,8 +771,9 @@ void Run::finish() {
 
 TrainResult train(const TrainingArguments& args, const TrainHooks& hooks) {
   args.validate();
-  // --tf32: f32 matmuls read TF32 inputs (tensor cores on a GPU; emulated by rounding on the CPU).
-  backend::Tf32Scope tf32(args.tf32);
+  // --tf32: f32 matmuls read TF32 inputs (tensor cores on a GPU; emulated by rounding on the CPU); unset,
+  // compile turns it on for a GPU run as HF's does.
+  backend::Tf32Scope tf32(args.tf32_on(training_device(args)));
   const bool resuming = !args.resume_from_checkpoint.empty() && args.resume_from_checkpoint != "false";
   const auto group = join_group(args);
   // Before anything in output_dir is read or replaced: a second trainer on the same folder is refused.

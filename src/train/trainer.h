@@ -38,6 +38,7 @@ struct TrainResult {
   double eval_seconds = 0;       // evaluation time, kept out of `seconds`
   double flops_per_token = 0;    // model FLOPs per trained token (6N + 12 L H T)
   std::string device_name;       // "cpu" or the GPU's name
+  bool tf32 = false;             // f32 matmuls read TF32 inputs (--tf32, or compile's default on a GPU)
   std::string curves;            // output_dir/training_curves.png when drawn
   std::string logging_dir;       // TensorBoard's folder when --report_to tensorboard
   int world_size = 1;            // processes that trained together (DDP)
