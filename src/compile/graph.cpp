@@ -59,7 +59,9 @@ void Graph::materialize(std::shared_ptr<Storage> arena) {
   TR_CHECK(static_cast<int64_t>(arena->nbytes()) >= plan_.arena_bytes && arena->device() == device_,
            "compile: an arena of {} bytes on {} for a plan of {} bytes on {}", arena->nbytes(),
            arena->device().str(), plan_.arena_bytes, device_.str());
+  TR_CHECK(!arena->released(), "compile: replay into a released arena (take its bytes back first)");
   arena_ = std::move(arena);
+  bound_base_ = arena_->data();
   bound_.clear();
   outputs_.clear();
   bound_.reserve(calls_.size());
@@ -96,7 +98,10 @@ void Graph::release() {
 }
 
 void Graph::replay(backend::Backend& b, uint64_t philox_shift, const std::shared_ptr<Storage>& arena) {
-  if (!arena_ || (arena && arena != arena_)) materialize(arena);
+  // Bound tensors point into the arena: bind again when it is another, or its bytes moved (released and
+  // taken again between replays).
+  if (!arena_ || (arena && arena != arena_) || arena_->data() != bound_base_)
+    materialize(arena ? arena : arena_);
   for (size_t i = 0; i < calls_.size(); ++i) calls_[i].run(b, bound_[i], philox_shift);
 }
 

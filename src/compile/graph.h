@@ -41,6 +41,7 @@ class Graph {
   MemoryPlan plan_;
   std::vector<int64_t> offset_of_;  // per buffer: arena offset, -1 for externals
   std::shared_ptr<Storage> arena_;
+  const void* bound_base_ = nullptr;        // the arena's bytes when the calls were bound
   std::vector<std::vector<Tensor>> bound_;  // per call, its tensors
   std::vector<Arg> output_args_;
   std::vector<Tensor> outputs_;

@@ -234,21 +234,26 @@ CausalLMOutput CausalLM::head_and_loss(const Tensor& h, const Tensor& w, const F
 }
 
 Tensor CausalLM::attention_mask_for(int64_t B, int64_t T, int64_t S, const Tensor& am, int64_t window) const {
-  if (device_.is_meta()) return ops::empty({am.defined() ? B : 1, 1, T, S}, DType::boolean, device_);
-  std::vector<uint8_t> keep;
-  if (am.defined()) {
+  using backend::BinaryOp, backend::UnaryOp;
+  if (am.defined())
     TR_CHECK(am.dim() == 2 && am.size(0) == B && am.size(1) == S,
              "attention_mask {} does not match [batch {}, positions {}]", am.describe(), B, S);
-    for (double v : ops::to_vector<double>(am)) keep.push_back(v != 0.0);
+  // Built on the model's device from two position ramps (no host loop or upload per forward, so a captured
+  // step replays it and a GPU step does not wait on the host). f32 holds the integer positions exactly.
+  const Tensor keys = ops::reshape(ops::arange(S, DType::f32, device_), {1, S});
+  const Tensor queries =
+      ops::reshape(ops::arange(T, DType::f32, device_, static_cast<double>(S - T)), {T, 1});
+  const Tensor ahead = ops::binary(BinaryOp::sub, keys, queries);  // key j - (query i + S - T)
+  Tensor hidden = ops::unary(UnaryOp::relu, ahead);                // nonzero where the key is in the future
+  if (window > 0)  // nonzero where the key is `window` or more positions back: -ahead - window + 1 > 0
+    hidden =
+        ops::binary(BinaryOp::add, hidden,
+                    ops::unary(UnaryOp::relu, ops::affine(ahead, -1.0, 1.0 - static_cast<double>(window))));
+  if (am.defined()) {  // 1 where attention_mask is 0 (padding), broadcast over the queries
+    const Tensor keep = ops::to_dtype(ops::to_dtype(ops::to_device(am, device_), DType::boolean), DType::f32);
+    hidden = ops::binary(BinaryOp::add, ops::reshape(ops::affine(keep, -1.0, 1.0), {B, 1, 1, S}), hidden);
   }
-  const int64_t nb = am.defined() ? B : 1, off = S - T;
-  std::vector<uint8_t> m(static_cast<size_t>(nb * T * S));
-  for (int64_t b = 0; b < nb; ++b)
-    for (int64_t i = 0; i < T; ++i)
-      for (int64_t j = 0; j < S; ++j)
-        m[static_cast<size_t>((b * T + i) * S + j)] = j > i + off || (window > 0 && j <= i + off - window) ||
-                                                      (am.defined() && !keep[static_cast<size_t>(b * S + j)]);
-  return ops::to_device(ops::to_dtype(ops::from_vector<uint8_t>(m, {nb, 1, T, S}), DType::boolean), device_);
+  return ops::reshape(ops::to_dtype(hidden, DType::boolean), {am.defined() ? B : 1, 1, T, S});
 }
 
 std::pair<Tensor, Tensor> CausalLM::cached_kv(const ForwardOptions& o, size_t layer, const Tensor& k,

@@ -77,10 +77,8 @@ class Gpt2 final : public CausalLM {
     const int64_t past = o.cache ? o.cache->length : 0, S = past + T;
     TR_CHECK(S <= c.max_position_embeddings, "gpt2: position {} exceeds n_positions {}", S,
              c.max_position_embeddings);
-    std::vector<int64_t> pv(static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t) pv[static_cast<size_t>(t)] = past + t;
-    Tensor pos = device_.is_meta() ? ops::empty({T}, DType::i64, device_)
-                                   : ops::from_vector<int64_t>(pv, {T}, device_);
+    // On the device (no upload per forward: a captured step replays it)
+    const Tensor pos = ops::arange(T, DType::i64, device_, static_cast<double>(past));
     root_begin();
     const Tensor on_embeddings = ops::to_device(ids, placement_.embeddings);
     Tensor h = add(wte_(on_embeddings), wpe_(ops::to_device(pos, placement_.embeddings)));

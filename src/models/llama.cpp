@@ -104,11 +104,9 @@ class Llama final : public CausalLM {
     const int64_t past = o.cache ? o.cache->length : 0, S = past + T;
     TR_CHECK(S <= config_.max_position_embeddings, "{}: position {} exceeds max_position_embeddings {}",
              config_.model_type, S, config_.max_position_embeddings);
-    std::vector<int64_t> pos(static_cast<size_t>(B * T));
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = 0; t < T; ++t) pos[static_cast<size_t>(b * T + t)] = past + t;
-    const Tensor positions = device_.is_meta() ? ops::empty({B, T}, DType::i64, device_)
-                                               : ops::from_vector<int64_t>(pos, {B, T}, device_);
+    // On the device (no upload per forward: a captured step replays it), one row per sequence
+    const Tensor positions = ops::contiguous(ops::expand(
+        ops::reshape(ops::arange(T, DType::i64, device_, static_cast<double>(past)), {1, T}), {B, T}));
     const bool eager = attn_ == AttnImplementation::eager;  // only eager reads the mask (sdpa: key_keep)
     // Sliding-window layers (config.window_of) see only their window: eager's second mask holds it (a window
     // at least S long changes nothing and is not built).

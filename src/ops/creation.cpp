@@ -44,9 +44,9 @@ Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape,
 Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype(), t.device()); }
 Tensor empty_like(const Tensor& t) { return empty(t.shape(), t.dtype(), t.device()); }
 
-Tensor arange(int64_t n, DType dtype, Device device) {
+Tensor arange(int64_t n, DType dtype, Device device, double start) {
   Tensor t = empty({n}, dtype, device);
-  if (!device.is_meta() && n > 0) backend::backend_for(device).arange(t, 0.0, 1.0);
+  if (!device.is_meta() && n > 0) backend::backend_for(device).arange(t, start, 1.0);
   return t;
 }
 

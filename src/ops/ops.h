@@ -38,7 +38,8 @@ Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Devic
 Tensor ones(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
 Tensor zeros_like(const Tensor& t);
 Tensor empty_like(const Tensor& t);
-Tensor arange(int64_t n, DType dtype = DType::i64, Device device = Device::cpu());
+// start, start + 1, ..., start + n - 1
+Tensor arange(int64_t n, DType dtype = DType::i64, Device device = Device::cpu(), double start = 0.0);
 Tensor randn(const Shape& shape, Generator& gen, DType dtype = DType::f32, Device device = Device::cpu(),
              double mean = 0.0, double std = 1.0);
 Tensor rand(const Shape& shape, Generator& gen, DType dtype = DType::f32, Device device = Device::cpu(),

@@ -29,10 +29,27 @@ std::string shape_key(const std::vector<data::Batch>& micro) {
   return k;
 }
 
+// The loader's labels are its input ids (the model shifts them): then the plan's static inputs hold one
+// buffer for both, as the eager step does. A batch with labels of its own (masked with -100) needs its own.
+bool labels_are_ids(const data::Batch& b) {
+  const Tensor &l = b.labels, &i = b.input_ids;
+  return l.same(i) || (l.storage() == i.storage() && l.offset() == i.offset() && l.shape() == i.shape() &&
+                       l.strides() == i.strides() && l.dtype() == i.dtype());
+}
+
+std::string plan_key(const std::vector<data::Batch>& micro) {
+  std::string k = shape_key(micro);
+  for (const auto& b : micro) k += labels_are_ids(b) ? "" : "*";
+  return k;
+}
+
 double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
 struct Plan {
   std::vector<data::Batch> inputs;  // static: each step's batch is copied here
+  int64_t input_bytes = 0;          // theirs (the loader's batches of a step take as much)
+  int64_t held_bytes = 0;           // allocated between steps after the capture, this plan's inputs held
+  int64_t finish_bytes = 0;         // what the optimizer step allocates for itself, beside the arena
   std::unique_ptr<compile::Graph> graph;
   uint64_t philox_base = 0, philox_used = 0;  // the dropout generator at capture, and what a step draws
 };
@@ -42,11 +59,11 @@ class CompiledStep final : public TrainStep {
   // DDP buckets go after backward: a replay runs no autograd engine to report gradients ready.
   CompiledStep(StepState s, StepOptions o) : core_(s, std::move(o), /*overlap=*/false) {}
 
-  StepResult run(int64_t step, const std::vector<data::Batch>& micro, double lr) override {
+  StepResult run(int64_t step, std::vector<data::Batch> micro, double lr) override {
     core_.load_step_scalars(core_.label_tokens(micro));  // outside any capture: read, not recorded
-    const std::string key = shape_key(micro);
+    const std::string key = plan_key(micro);
     if (auto it = plans_.find(key); it != plans_.end()) {
-      if (it->second.graph) return replay(it->second, step, micro, lr);
+      if (it->second.graph) return replay(it->second, step, std::move(micro), lr);
       return eager(step, micro, lr);  // this shape could not be captured (said once)
     }
     if (plans_.size() >= kMaxPlans) {
@@ -56,7 +73,7 @@ class CompiledStep final : public TrainStep {
       said_cap_ = true;
       return eager(step, micro, lr);
     }
-    return capture(key, step, micro, lr);
+    return capture(key, step, std::move(micro), lr);
   }
 
   // The shared arena's size: the largest plan's.
@@ -72,13 +89,41 @@ class CompiledStep final : public TrainStep {
                          [](const auto& kv) { return kv.second.graph != nullptr; });
   }
 
+  int64_t planned_peak_bytes() const override { return planned_peak_; }
+  int64_t replayed_peak_bytes() const override { return replayed_peak_; }
+
+  // What a replay of `p` holds at most, as planned at its capture with the shared arena as it is now: the
+  // loader's batches at the start (the arena is not held then), then the arena and the optimizer step.
+  int64_t planned_peak(const Plan& p) const {
+    return p.held_bytes + std::max(p.input_bytes, largest_arena() + p.finish_bytes);
+  }
+
   void release_memory() override {
-    for (auto& [key, plan] : plans_)
+    for (auto& [key, plan] : plans_) {
       if (plan.graph) plan.graph->release();
+      set_inputs_held(plan, false);
+    }
+    replaying_ = nullptr;
     arena_.reset();
   }
 
  private:
+  // The loader's copy of a batch, once the static inputs hold it: freed now (when nothing else holds it),
+  // so that the step's memory is the eager step's and not one batch more.
+  static void drop_batch(data::Batch& b) { b.input_ids = b.labels = b.host_labels = Tensor(); }
+
+  // A plan's static inputs are memory only while it replays: released for the others' replays, evaluation
+  // and saves (the graph keeps its binding; the bytes come back, possibly elsewhere, before the copy in).
+  static void set_inputs_held(Plan& p, bool held) {
+    for (auto& b : p.inputs)
+      for (const Tensor* t : {&b.input_ids, &b.labels}) {
+        if (held)
+          t->storage()->reacquire();
+        else
+          t->storage()->release();
+      }
+  }
+
   StepResult eager(int64_t step, const std::vector<data::Batch>& micro, double lr) {
     release_memory();  // with eager's memory, not beside the arena
     StepResult r;
@@ -87,14 +132,18 @@ class CompiledStep final : public TrainStep {
     return r;
   }
 
-  StepResult capture(const std::string& key, int64_t step, const std::vector<data::Batch>& micro, double lr) {
+  StepResult capture(const std::string& key, int64_t step, std::vector<data::Batch> micro, double lr) {
     release_memory();  // the capture runs eagerly: with eager's memory, not beside the arena
     Plan& p = plans_[key];
-    for (const auto& b : micro) {  // the graph reads its inputs from buffers it owns
+    for (auto& b : micro) {  // the graph reads its inputs from buffers it owns, in place of the loader's
       data::Batch s = b;
       s.input_ids = ops::clone(b.input_ids);
-      s.labels = ops::clone(b.labels);
+      s.labels = labels_are_ids(b) ? s.input_ids : ops::clone(b.labels);
+      s.host_labels = Tensor();  // counted before the step (run()); a replay counts its own batch's
+      p.input_bytes +=
+          static_cast<int64_t>(s.input_ids.nbytes() + (labels_are_ids(b) ? 0 : s.labels.nbytes()));
       p.inputs.push_back(std::move(s));
+      drop_batch(b);
     }
     const Device dev = core_.options().device;
     Generator& gen = core_.state().dropout_gen;
@@ -117,11 +166,20 @@ class CompiledStep final : public TrainStep {
         why = e.what();
       }
     }
-    core_.finish(step, lr, loss, r);  // this step's own result: the capture ran it
+    // This step's own result (the capture ran it), and what the optimizer step allocates for itself, which
+    // a replay adds beside the arena (the state a first step creates stays: it is counted in what is held).
+    Allocator& alloc = ops::allocator_for(dev);
+    const int64_t at_finish = alloc.stats().current_bytes, state_before = core_.state().opt.state_bytes();
+    alloc.begin_window();
+    core_.finish(step, lr, loss, r);
+    loss = Tensor();
+    const int64_t finish_own =
+        alloc.stats().window_peak_bytes - at_finish - (core_.state().opt.state_bytes() - state_before);
     if (p.graph) {
-      // Between steps only what outlives a step is allocated (parameters, optimizer state, static inputs,
-      // the arena of earlier shapes): with this shape's growth of the arena, the planned peak of a replay.
-      const int64_t held = ops::allocator_for(dev).stats().current_bytes;  // the arena is released
+      // Between steps only what outlives a step is allocated: parameters, optimizer state, this plan's static
+      // inputs (the arena is released).
+      p.held_bytes = alloc.stats().current_bytes;
+      p.finish_bytes = std::max<int64_t>(finish_own, 0);
       const compile::FuseResult& fu = p.graph->fusion();
       const std::string fused = fu.chains
                                     ? fmt::format(" ({} elementwise calls fused into {}, {} buffers elided)",
@@ -130,32 +188,44 @@ class CompiledStep final : public TrainStep {
       std::fprintf(
           stderr,
           "\ntorch_compile: captured the step for %s: %zu kernel calls%s; planned peak %.1f MiB = arena "
-          "%.1f MiB (live peak %.1f MiB) + %.1f MiB held between steps\n",
-          key.c_str(), p.graph->num_calls(), fused.c_str(), mib(held + largest_arena()), mib(largest_arena()),
-          mib(p.graph->live_peak()), mib(held));
+          "%.1f MiB (live peak %.1f MiB) + %.1f MiB held between steps + %.1f MiB the optimizer step's own\n",
+          key.c_str(), p.graph->num_calls(), fused.c_str(), mib(planned_peak(p)), mib(largest_arena()),
+          mib(p.graph->live_peak()), mib(p.held_bytes), mib(p.finish_bytes));
+      replaying_ = &p;  // its inputs are held
     } else {
       std::fprintf(stderr, "\ntorch_compile: the step for %s runs eagerly: %s\n", key.c_str(), why.c_str());
     }
     return r;
   }
 
-  StepResult replay(Plan& p, int64_t step, const std::vector<data::Batch>& micro, double lr) {
+  StepResult replay(Plan& p, int64_t step, std::vector<data::Batch> micro, double lr) {
     const Device dev = core_.options().device;
     StepResult r;
+    Allocator& alloc = ops::allocator_for(dev);
+    alloc.begin_window();    // from the loader's batch (already drawn) to the end of the optimizer step
+    if (&p != replaying_) {  // only one plan's inputs are held at a time
+      for (auto& [key, other] : plans_) set_inputs_held(other, false);
+      set_inputs_held(p, true);
+      replaying_ = &p;
+    }
     for (size_t i = 0; i < micro.size(); ++i) {
       if (core_.options().on_micro_batch) core_.options().on_micro_batch(step, micro[i].input_ids);
       ops::copy_(p.inputs[i].input_ids, micro[i].input_ids);
-      ops::copy_(p.inputs[i].labels, micro[i].labels);
+      if (!labels_are_ids(micro[i])) ops::copy_(p.inputs[i].labels, micro[i].labels);
       r.tokens += micro[i].input_ids.numel();
+      drop_batch(micro[i]);
     }
     Generator& gen = core_.state().dropout_gen;
     const Generator::State g = gen.state();
     // One arena for every plan (one replays at a time), sized for the largest: after a release (capture,
     // evaluation, save) it comes back at that size, so it never grows while a smaller one is still bound.
+    // Between steps its bytes go back to the allocator (whose cache returns the same block on the CPU) so
+    // that the loader's next batches never sit beside it; the binding stays.
     if (!arena_) {
       arena_ = std::make_shared<Storage>(static_cast<size_t>(std::max<int64_t>(largest_arena(), 1)),
-                                         ops::allocator_for(dev));
+                                         ops::allocator_for(dev), Storage::Released{});
     }
+    arena_->reacquire();
     {
       const ops::Range span(dev, "compiled forward + backward (replay)");
       p.graph->replay(backend::backend_for(dev), g.offset - p.philox_base, arena_);
@@ -167,7 +237,10 @@ class CompiledStep final : public TrainStep {
     const nn::ParamList& params = core_.params();
     for (size_t i = 0; i + 1 < out.size(); ++i)
       if (out[i].defined()) autograd::set_grad(*params[i].second, out[i]);
-    core_.finish(step, lr, out.back(), r);
+    core_.finish(step, lr, out.back(), r);  // the gradients dropped: nothing in the arena is read again
+    arena_->release();
+    planned_peak_ = std::max(planned_peak_, planned_peak(p));
+    replayed_peak_ = std::max(replayed_peak_, alloc.stats().window_peak_bytes);
     return r;
   }
 
@@ -175,6 +248,8 @@ class CompiledStep final : public TrainStep {
   std::map<std::string, Plan> plans_;
   std::shared_ptr<Storage> arena_;
   bool said_cap_ = false;
+  int64_t planned_peak_ = 0, replayed_peak_ = 0;  // over the replays so far: as planned, as measured
+  const Plan* replaying_ = nullptr;  // the plan whose static inputs are held (null: none since a release)
 };
 
 }  // namespace

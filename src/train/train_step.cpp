@@ -25,7 +25,7 @@ class EagerStep final : public TrainStep {
  public:
   EagerStep(StepState s, StepOptions o) : core_(s, std::move(o)) {}
 
-  StepResult run(int64_t step, const std::vector<data::Batch>& micro, double lr) override {
+  StepResult run(int64_t step, std::vector<data::Batch> micro, double lr) override {
     StepResult r;
     core_.load_step_scalars(core_.label_tokens(micro));
     const Tensor loss = core_.forward_backward(step, micro, r);

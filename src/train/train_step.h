@@ -63,13 +63,19 @@ class TrainStep {
   virtual ~TrainStep() = default;
   // Optimizer step `step` (0-based) over `micro` (1 .. gradient_accumulation_steps batches) at learning rate
   // `lr`: forward and backward of each micro-batch, gradient statistics, the update (or the fp16 skip), the
-  // gradients dropped. Reads the loss and statistics on the host once.
-  virtual StepResult run(int64_t step, const std::vector<data::Batch>& micro, double lr) = 0;
+  // gradients dropped. Reads the loss and statistics on the host once. Takes the batches: a step may free
+  // them once it no longer needs them (the compiled step, after copying them into its static inputs).
+  virtual StepResult run(int64_t step, std::vector<data::Batch> micro, double lr) = 0;
   // Frees what the step keeps between steps for speed alone (the compiled step's arena), before work that
   // needs memory of its own (evaluation, a save), so that peak memory stays the eager step's.
   virtual void release_memory() {}
   // torch_compile: the step shapes captured so far (a plan each); 0 for the eager step.
   virtual int64_t captured_shapes() const { return 0; }
+  // torch_compile: the most the replayed steps hold (what stays between steps, the arena, the optimizer
+  // step's own buffers), as planned at their captures and as the allocator measured them; 0 for the eager
+  // step and before any replay.
+  virtual int64_t planned_peak_bytes() const { return 0; }
+  virtual int64_t replayed_peak_bytes() const { return 0; }
 };
 
 // The step as the ops run it, one after another (the reference every other implementation must equal).

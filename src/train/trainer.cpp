@@ -642,6 +642,8 @@ TrainResult Run::train() {
   r_.train_loss = window_->counted_sum() / std::max<int64_t>(1, r_.steps);
   r_.skipped_steps = st_.skipped_steps;
   r_.compiled_shapes = step_fn->captured_shapes();
+  r_.planned_peak_bytes = step_fn->planned_peak_bytes();
+  r_.replayed_peak_bytes = step_fn->replayed_peak_bytes();
   r_.peak_bytes = ops::allocator_for(dev_).stats().peak_bytes;
   if (!model_->placement().single())
     for (const Device d : model_->placement().devices())
