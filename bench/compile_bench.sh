@@ -34,6 +34,11 @@ bench() { # name config tokenizer block batch
   python3 -c "
 e, c, em, cm = $e, $c, $em, $cm
 print(f'$name: eager {e:,.0f} tok/s, compiled {c:,.0f} tok/s, ratio {c / e:.2f}x; peak memory eager {em * 1024:.1f} MiB, compiled {cm * 1024:.1f} MiB; weights identical')"
+  python3 -c "
+import json, sys
+r = json.load(open(sys.argv[1]))
+p, m = r['compiled_planned_peak_memory_gib'] * 1024, r['compiled_replayed_peak_memory_gib'] * 1024
+print(f'$name: replayed steps planned at {p:.3f} MiB, measured {m:.3f} MiB')" "$work/$name-compiled/train_results.json"
   grep -h "torch_compile: captured" "$work/$name-compiled.log" | head -n 1
 }
 echo "compile_bench: $steps steps, best of $rounds alternating rounds, $(nproc) cores, $(date -u +%FT%TZ)"

@@ -713,6 +713,11 @@ void Run::finish() {
                         {"global_step", total},
                         {"train_peak_memory_gib", static_cast<double>(r_.peak_bytes) / (1 << 30)},
                         {"setup_peak_memory_gib", static_cast<double>(r_.setup_peak_bytes) / (1 << 30)}};
+  if (r_.compiled_shapes > 0) {  // torch_compile: the replayed steps' peak, as planned and as measured
+    all["compiled_shapes"] = r_.compiled_shapes;
+    all["compiled_planned_peak_memory_gib"] = static_cast<double>(r_.planned_peak_bytes) / (1 << 30);
+    all["compiled_replayed_peak_memory_gib"] = static_cast<double>(r_.replayed_peak_bytes) / (1 << 30);
+  }
   if (r_.save_peak_bytes > 0)  // checkpoint saves inside training: part of train_peak_memory_gib too
     all["save_peak_memory_gib"] = static_cast<double>(r_.save_peak_bytes) / (1 << 30);
   // A GPU's caching allocator: the most it reserved over set-up, training and evaluation
