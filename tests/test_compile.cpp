@@ -1,8 +1,10 @@
-// torch_compile's pieces: the static memory plan.
+// torch_compile's pieces: the static memory plan; when a replay's device graph is captured, launched,
+// captured again and given up.
 #include <gtest/gtest.h>
 
 #include <random>
 
+#include "compile/device_graph.h"
 #include "compile/memory_plan.h"
 #include "core/error.h"
 
@@ -80,6 +82,78 @@ TEST(MemoryPlan, BadBuffersAreRefused) {
   EXPECT_THROW(plan_memory({{8, 3, 2}}), Error);
   EXPECT_THROW(plan_memory({{8, 0, 1}}, 48), Error);
   EXPECT_EQ(plan_memory({}).arena_bytes, 0);
+}
+
+// A stand-in for a CUDA graph: capture keeps the work (as a graph keeps its kernels) without running it;
+// each launch runs it. Counts what happened.
+struct GraphLog {
+  int captures = 0, launches = 0, destroyed = 0;
+};
+class FakeGraph final : public backend::Backend::DeviceGraph {
+ public:
+  FakeGraph(std::function<void()> work, GraphLog& log) : work_(std::move(work)), log_(log) {}
+  ~FakeGraph() override { ++log_.destroyed; }
+  void launch() override {
+    ++log_.launches;
+    work_();
+  }
+
+ private:
+  std::function<void()> work_;
+  GraphLog& log_;
+};
+
+DeviceGraphCache::Capture fake_capture(GraphLog& log) {
+  return [&log](const std::function<void()>& work) -> std::unique_ptr<backend::Backend::DeviceGraph> {
+    ++log.captures;
+    return std::make_unique<FakeGraph>(work, log);
+  };
+}
+
+TEST(DeviceGraph, CapturedOnceLaunchedEveryReplayCapturedAgainWhenItsKeyChanges) {
+  GraphLog log;
+  DeviceGraphCache cache;
+  int ran = 0;
+  const std::function<void()> work = [&] { ++ran; };
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(cache.run({7, 100, 200}, fake_capture(log), work));
+  EXPECT_EQ(log.captures, 1);  // the capture itself ran nothing: three launches, three runs
+  EXPECT_EQ(log.launches, 3);
+  EXPECT_EQ(ran, 3);
+  // An input's bytes moved (or the Philox shift changed): the old graph would write to the old address.
+  EXPECT_TRUE(cache.run({7, 100, 300}, fake_capture(log), work));
+  EXPECT_EQ(log.captures, 2);
+  EXPECT_EQ(log.destroyed, 1);
+  EXPECT_TRUE(cache.run({7, 100, 300}, fake_capture(log), work));
+  EXPECT_EQ(log.captures, 2);
+  EXPECT_EQ(cache.captures(), 2);
+  cache.reset();  // the arena released (an evaluation): the next replay captures again
+  EXPECT_EQ(log.destroyed, 2);
+  EXPECT_FALSE(cache.holds_graph());
+  EXPECT_TRUE(cache.run({7, 100, 300}, fake_capture(log), work));
+  EXPECT_EQ(log.captures, 3);
+  EXPECT_EQ(ran, 6);
+  EXPECT_TRUE(cache.broken().empty());
+}
+
+TEST(DeviceGraph, AFailedCaptureIsGivenUpWithItsReasonAndTheCallerRunsTheWork) {
+  DeviceGraphCache cache;
+  int tries = 0;
+  const DeviceGraphCache::Capture failing =
+      [&](const std::function<void()>&) -> std::unique_ptr<backend::Backend::DeviceGraph> {
+    ++tries;
+    throw Error(
+        "the step could not be captured as a CUDA graph: operation not permitted when stream is capturing");
+  };
+  EXPECT_FALSE(cache.run({1}, failing, [] {}));
+  EXPECT_NE(cache.broken().find("operation not permitted"), std::string::npos) << cache.broken();
+  EXPECT_FALSE(cache.run({2}, failing, [] {}));  // not tried again every step
+  EXPECT_EQ(tries, 1);
+  DeviceGraphCache none;  // a backend without graphs (the CPU) returns none
+  const DeviceGraphCache::Capture declines = [](const std::function<void()>&) {
+    return std::unique_ptr<backend::Backend::DeviceGraph>();
+  };
+  EXPECT_FALSE(none.run({1}, declines, [] {}));
+  EXPECT_EQ(none.broken(), "this backend replays without device graphs");
 }
 
 }  // namespace

@@ -311,6 +311,42 @@ TEST(Compile, ARecordedRegionReplaysOnNewInputs) {
   ops::copy_(x, ops::randn({64, 48}, g1));
   g.replay(backend::backend_for(Device::cpu()), 0, arena);
   EXPECT_EQ(ops::to_vector<float>(g.outputs()[0]), ops::to_vector<float>(region()));
+
+  // A device graph asked of the CPU, which has none: the calls run one by one, the reason is kept.
+  ops::copy_(x, ops::randn({64, 48}, g1));
+  g.replay(backend::backend_for(Device::cpu()), 0, arena, /*device_graph=*/true);
+  EXPECT_EQ(ops::to_vector<float>(g.outputs()[0]), ops::to_vector<float>(region()));
+  EXPECT_EQ(g.device_graph_captures(), 0);
+  EXPECT_EQ(g.device_graph_break(), "this backend replays without device graphs");
+}
+
+// On a GPU, inductor and cudagraphs replay each step as one CUDA graph (captured once, as the result says)
+// with eager's bits; with dropout the plan replays kernel by kernel (the Philox offsets are kernel
+// arguments).
+TEST(CompileGpu, CudaGraphReplaysEqualEagerBitForBit) {
+  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: CUDA graph replay NOT tested";
+  for (const char* backend_name : {"inductor", "cudagraphs"})
+    for (const double dropout : {0.0, 0.1}) {
+      Scratch s(std::string("compile_gpu_") + backend_name, dropout);
+      train::TrainingArguments a = s.args("eager");
+      a.max_steps = 6;
+      a.use_cpu = false;
+      a.bf16 = true;
+      a.gradient_accumulation_steps = 2;
+      const auto eager = train::train(a);
+      train::TrainingArguments b = a;
+      b.output_dir = (s.dir / "compiled").string();
+      b.torch_compile_backend = backend_name;
+      b.apply_compile_defaults();
+      const auto compiled = train::train(b);
+      EXPECT_EQ(compiled.losses, eager.losses) << backend_name << " dropout " << dropout;
+      EXPECT_EQ(file_bytes(fs::path(b.output_dir) / "model.safetensors"),
+                file_bytes(fs::path(a.output_dir) / "model.safetensors"))
+          << backend_name << " dropout " << dropout;
+      EXPECT_EQ(compiled.device_graph_captures, dropout > 0 ? 0 : 1)
+          << backend_name << " dropout " << dropout;
+      EXPECT_EQ(compiled.compiled_shapes, 1);
+    }
 }
 
 // Inductor's fusion: the chain dropout -> residual add -> GELU -> scale -> product, and the GELU backward

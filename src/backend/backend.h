@@ -3,6 +3,8 @@
 // outputs the ops layer allocated. Backends never see autograd.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -51,6 +53,22 @@ class Backend {
   // the kernels they launched); nested, each push closed by a pop. Nothing where no profiler listens (CPU).
   virtual void range_push(const char* name) { (void)name; }
   virtual void range_pop() {}
+  // Work recorded once and replayed by one launch (a CUDA graph): torch_compile's replay on a GPU.
+  class DeviceGraph {
+   public:
+    virtual ~DeviceGraph() = default;
+    // Queues the recorded work again: the same kernels on the same addresses with the same arguments.
+    virtual void launch() = 0;
+  };
+  // Records what `work` queues on device `device_index` into a DeviceGraph without running it (launch() runs
+  // it); the kernel scratch it takes stays with the graph. Null when this backend has no such graphs (the
+  // CPU: the caller runs the work itself). Throws, with nothing left capturing, when the work cannot be
+  // recorded (a host synchronization inside it).
+  virtual std::unique_ptr<DeviceGraph> capture_graph(int device_index, const std::function<void()>& work) {
+    (void)device_index;
+    (void)work;
+    return nullptr;
+  }
   // One sentence on how this backend's GEMMs compute `operands` (bf16/f16) where a user should know: emulated
   // (widened to f32: what the hardware and its libraries lack and what that costs) or native on a CPU (which
   // kernel); "" when there is nothing to say (a GPU's tensor cores).

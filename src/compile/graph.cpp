@@ -92,17 +92,34 @@ Tensor Graph::bind(const Arg& a) const {
 }
 
 void Graph::release() {
+  device_graph_.reset();
   arena_.reset();
   bound_.clear();
   outputs_.clear();
 }
 
-void Graph::replay(backend::Backend& b, uint64_t philox_shift, const std::shared_ptr<Storage>& arena) {
+std::vector<uint64_t> Graph::graph_key(uint64_t philox_shift) const {
+  std::vector<uint64_t> k{philox_shift, reinterpret_cast<uintptr_t>(arena_->data())};
+  for (const Buffer& buf : buffers_)
+    if (buf.external) k.push_back(reinterpret_cast<uintptr_t>(buf.storage->data()));
+  return k;
+}
+
+void Graph::replay(backend::Backend& b, uint64_t philox_shift, const std::shared_ptr<Storage>& arena,
+                   bool device_graph) {
   // Bound tensors point into the arena: bind again when it is another, or its bytes moved (released and
   // taken again between replays).
   if (!arena_ || (arena && arena != arena_) || arena_->data() != bound_base_)
     materialize(arena ? arena : arena_);
-  for (size_t i = 0; i < calls_.size(); ++i) calls_[i].run(b, bound_[i], philox_shift);
+  const auto run_calls = [&] {
+    for (size_t i = 0; i < calls_.size(); ++i) calls_[i].run(b, bound_[i], philox_shift);
+  };
+  if (device_graph &&
+      device_graph_.run(
+          graph_key(philox_shift),
+          [&](const std::function<void()>& work) { return b.capture_graph(device_.index, work); }, run_calls))
+    return;
+  run_calls();
 }
 
 }  // namespace tr::compile

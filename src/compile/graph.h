@@ -5,6 +5,7 @@
 #pragma once
 #include <vector>
 
+#include "compile/device_graph.h"
 #include "compile/fuse.h"
 #include "compile/memory_plan.h"
 #include "compile/recorder.h"
@@ -21,9 +22,16 @@ class Graph {
   // Runs every call on `b` (the device's backend) with Philox offsets moved by `philox_shift`, in `arena`
   // (at least arena_bytes() on the device; graphs that never run at once may share one) or, when null, in
   // an arena of its own allocated by the first replay.
-  void replay(backend::Backend& b, uint64_t philox_shift, const std::shared_ptr<Storage>& arena = nullptr);
-  // Drops the binding to the arena (the next replay binds again), so that the arena can be freed.
+  // With `device_graph`, the calls go to the device as one graph where the backend records them (a CUDA
+  // graph: captured at the first such replay, launched after, captured again when an address or the Philox
+  // shift it baked in changed); where it cannot, the calls run one by one and device_graph_break() says why.
+  void replay(backend::Backend& b, uint64_t philox_shift, const std::shared_ptr<Storage>& arena = nullptr,
+              bool device_graph = false);
+  // Drops the binding to the arena (the next replay binds again) and any device graph, so that the arena can
+  // be freed.
   void release();
+  int64_t device_graph_captures() const { return device_graph_.captures(); }
+  const std::string& device_graph_break() const { return device_graph_.broken(); }
   // Valid after the first replay.
   const std::vector<Tensor>& outputs() const { return outputs_; }
   size_t num_calls() const { return calls_.size(); }
@@ -35,6 +43,8 @@ class Graph {
  private:
   Tensor bind(const Arg& a) const;
   void materialize(std::shared_ptr<Storage> arena);
+  // What a device graph bakes in: the arena's and every external buffer's address, and the Philox shift.
+  std::vector<uint64_t> graph_key(uint64_t philox_shift) const;
 
   std::vector<Call> calls_;
   std::vector<Buffer> buffers_;
@@ -48,6 +58,7 @@ class Graph {
   Device device_;
   int64_t external_bytes_ = 0;
   FuseResult fusion_;
+  DeviceGraphCache device_graph_;
 };
 
 }  // namespace tr::compile

@@ -376,6 +376,14 @@ bool TrainingArguments::tf32_on(Device device) const {
   return tf32.value_or(compile && device.is_cuda() && !fp16);
 }
 
+bool TrainingArguments::compile_fuses() const { return torch_compile && torch_compile_backend == "inductor"; }
+
+bool TrainingArguments::compile_device_graphs() const {
+  const bool graphs = torch_compile_backend == "inductor" || torch_compile_backend == "cudagraphs" ||
+                      torch_compile_backend == "aot_cudagraphs";
+  return torch_compile && graphs && torch_compile_mode != "max-autotune-no-cudagraphs";
+}
+
 nlohmann::json TrainingArguments::to_json() const {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& s : argument_specs())

@@ -103,6 +103,11 @@ struct TrainingArguments {
   // Whether f32 matmuls read TF32 inputs on `device`: --tf32 when given, else torch_compile on a GPU without
   // --fp16 (HF sets torch.backends.cuda.matmul.allow_tf32 for compile unless tf32 was given or fp16 is on).
   bool tf32_on(Device device) const;
+  // What the torch_compile backend and mode do beyond the planned replay (after apply_compile_defaults):
+  // inductor fuses elementwise chains; inductor, cudagraphs and aot_cudagraphs replay as CUDA graphs on a
+  // GPU, except under mode max-autotune-no-cudagraphs; eager and aot_eager do neither (for debugging).
+  bool compile_fuses() const;
+  bool compile_device_graphs() const;
   nlohmann::json to_json() const;
   // Reads an args file (HF accepts `train.py args.json`): keys are flag names; an unknown key or a value of
   // the wrong type is an error naming the file and key.

@@ -52,6 +52,7 @@ struct Plan {
   int64_t finish_bytes = 0;         // what the optimizer step allocates for itself, beside the arena
   std::unique_ptr<compile::Graph> graph;
   uint64_t philox_base = 0, philox_used = 0;  // the dropout generator at capture, and what a step draws
+  bool said_graph = false;                    // device graphs: the notice of its first replay given
 };
 
 class CompiledStep final : public TrainStep {
@@ -63,7 +64,7 @@ class CompiledStep final : public TrainStep {
     core_.load_step_scalars(core_.label_tokens(micro));  // outside any capture: read, not recorded
     const std::string key = plan_key(micro);
     if (auto it = plans_.find(key); it != plans_.end()) {
-      if (it->second.graph) return replay(it->second, step, std::move(micro), lr);
+      if (it->second.graph) return replay(it->second, key, step, std::move(micro), lr);
       return eager(step, micro, lr);  // this shape could not be captured (said once)
     }
     if (plans_.size() >= kMaxPlans) {
@@ -89,12 +90,20 @@ class CompiledStep final : public TrainStep {
                          [](const auto& kv) { return kv.second.graph != nullptr; });
   }
 
+  int64_t device_graph_captures() const override {
+    int64_t n = 0;
+    for (const auto& [key, plan] : plans_)
+      if (plan.graph) n += plan.graph->device_graph_captures();
+    return n;
+  }
   int64_t planned_peak_bytes() const override { return planned_peak_; }
   int64_t replayed_peak_bytes() const override { return replayed_peak_; }
 
   // What a replay of `p` holds at most, as planned at its capture with the shared arena as it is now: the
   // loader's batches at the start (the arena is not held then), then the arena and the optimizer step.
+  // With device graphs the arena stays between steps (a graph is bound to its address), beside the batch.
   int64_t planned_peak(const Plan& p) const {
+    if (keeps_arena()) return p.held_bytes + largest_arena() + std::max(p.input_bytes, p.finish_bytes);
     return p.held_bytes + std::max(p.input_bytes, largest_arena() + p.finish_bytes);
   }
 
@@ -108,6 +117,28 @@ class CompiledStep final : public TrainStep {
   }
 
  private:
+  bool keeps_arena() const { return core_.options().device_graphs; }
+
+  // Device graphs bake the Philox offsets into their launches: a plan that draws (dropout) would replay the
+  // capture's masks, so it runs kernel by kernel.
+  bool graphs_for(const Plan& p) const { return core_.options().device_graphs && p.philox_used == 0; }
+
+  // Once per plan, on a GPU: whether its replays are one CUDA graph launch, and why not.
+  void say_graph(Plan& p, const std::string& key) {
+    if (p.said_graph || !core_.options().device_graphs) return;
+    p.said_graph = true;
+    const std::string why = p.philox_used
+                                ? "dropout draws new Philox offsets every step, which a graph would "
+                                  "replay as constants (set the dropout probabilities to 0 for graphs)"
+                                : p.graph->device_graph_break();
+    if (why.empty())
+      std::fprintf(stderr, "torch_compile: the step for %s replays as one CUDA graph (%zu kernel calls)\n",
+                   key.c_str(), p.graph->num_calls());
+    else
+      std::fprintf(stderr, "torch_compile: the step for %s replays kernel by kernel: %s\n", key.c_str(),
+                   why.c_str());
+  }
+
   // The loader's copy of a batch, once the static inputs hold it: freed now (when nothing else holds it),
   // so that the step's memory is the eager step's and not one batch more.
   static void drop_batch(data::Batch& b) { b.input_ids = b.labels = b.host_labels = Tensor(); }
@@ -198,7 +229,8 @@ class CompiledStep final : public TrainStep {
     return r;
   }
 
-  StepResult replay(Plan& p, int64_t step, std::vector<data::Batch> micro, double lr) {
+  StepResult replay(Plan& p, const std::string& key, int64_t step, std::vector<data::Batch> micro,
+                    double lr) {
     const Device dev = core_.options().device;
     StepResult r;
     Allocator& alloc = ops::allocator_for(dev);
@@ -220,7 +252,8 @@ class CompiledStep final : public TrainStep {
     // One arena for every plan (one replays at a time), sized for the largest: after a release (capture,
     // evaluation, save) it comes back at that size, so it never grows while a smaller one is still bound.
     // Between steps its bytes go back to the allocator (whose cache returns the same block on the CPU) so
-    // that the loader's next batches never sit beside it; the binding stays.
+    // that the loader's next batches never sit beside it; the binding stays. Not with device graphs, which
+    // would be captured again whenever the bytes came back elsewhere.
     if (!arena_) {
       arena_ = std::make_shared<Storage>(static_cast<size_t>(std::max<int64_t>(largest_arena(), 1)),
                                          ops::allocator_for(dev), Storage::Released{});
@@ -228,8 +261,9 @@ class CompiledStep final : public TrainStep {
     arena_->reacquire();
     {
       const ops::Range span(dev, "compiled forward + backward (replay)");
-      p.graph->replay(backend::backend_for(dev), g.offset - p.philox_base, arena_);
+      p.graph->replay(backend::backend_for(dev), g.offset - p.philox_base, arena_, graphs_for(p));
     }
+    say_graph(p, key);
     gen.set_state({g.seed, g.offset + p.philox_used});
     if (core_.empties_cache(step)) core_.empty_cache(r);
     // The gradients back in the parameters' slots, as the backward left them; the loss is the last output.
@@ -238,7 +272,7 @@ class CompiledStep final : public TrainStep {
     for (size_t i = 0; i + 1 < out.size(); ++i)
       if (out[i].defined()) autograd::set_grad(*params[i].second, out[i]);
     core_.finish(step, lr, out.back(), r);  // the gradients dropped: nothing in the arena is read again
-    arena_->release();
+    if (!keeps_arena()) arena_->release();
     planned_peak_ = std::max(planned_peak_, planned_peak(p));
     replayed_peak_ = std::max(replayed_peak_, alloc.stats().window_peak_bytes);
     return r;

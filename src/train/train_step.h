@@ -45,6 +45,9 @@ struct StepOptions {
   // torch_compile's inductor backend: the captured step's elementwise chains fused (where the device's
   // backend runs fused calls).
   bool fuse_elementwise = false;
+  // torch_compile on a GPU (inductor, cudagraphs): each replay of a plan that draws no random numbers is one
+  // CUDA graph launch instead of a launch per kernel.
+  bool device_graphs = false;
   // Distributed data parallel: the step's label tokens counted over every rank, the gradients summed over
   // the ranks after the last micro-batch (ddp.h), the loss and token count reported globally. Null: alone.
   dist::ProcessGroup* group = nullptr;
@@ -74,6 +77,8 @@ class TrainStep {
   // torch_compile: the most the replayed steps hold (what stays between steps, the arena, the optimizer
   // step's own buffers), as planned at their captures and as the allocator measured them; 0 for the eager
   // step and before any replay.
+  // torch_compile on a GPU: CUDA graphs captured so far (one per plan, again when what it baked in moved).
+  virtual int64_t device_graph_captures() const { return 0; }
   virtual int64_t planned_peak_bytes() const { return 0; }
   virtual int64_t replayed_peak_bytes() const { return 0; }
 };

@@ -595,8 +595,8 @@ TrainResult Run::train() {
   so.group = group_;
   so.ddp_bucket_cap_bytes = a_.ddp_bucket_cap_mb << 20;
   so.average_tokens_across_devices = a_.average_tokens_across_devices;
-  // inductor fuses; cudagraphs and the debugging backends (eager, aot_eager) replay the calls as recorded.
-  so.fuse_elementwise = a_.torch_compile_backend == "inductor" && ops::fuses_elementwise(dev_);
+  so.fuse_elementwise = a_.compile_fuses() && ops::fuses_elementwise(dev_);
+  so.device_graphs = a_.compile_device_graphs() && dev_.is_cuda();
   const StepState ss{*model_, *mp_, *opt_, dropout_gen_, full_.get()};
   if (a_.torch_compile)
     std::fprintf(stderr,
@@ -644,6 +644,7 @@ TrainResult Run::train() {
   r_.compiled_shapes = step_fn->captured_shapes();
   r_.planned_peak_bytes = step_fn->planned_peak_bytes();
   r_.replayed_peak_bytes = step_fn->replayed_peak_bytes();
+  r_.device_graph_captures = step_fn->device_graph_captures();
   r_.peak_bytes = ops::allocator_for(dev_).stats().peak_bytes;
   if (!model_->placement().single())
     for (const Device d : model_->placement().devices())
@@ -717,6 +718,7 @@ void Run::finish() {
     all["compiled_shapes"] = r_.compiled_shapes;
     all["compiled_planned_peak_memory_gib"] = static_cast<double>(r_.planned_peak_bytes) / (1 << 30);
     all["compiled_replayed_peak_memory_gib"] = static_cast<double>(r_.replayed_peak_bytes) / (1 << 30);
+    all["compiled_cuda_graph_captures"] = r_.device_graph_captures;
   }
   if (r_.save_peak_bytes > 0)  // checkpoint saves inside training: part of train_peak_memory_gib too
     all["save_peak_memory_gib"] = static_cast<double>(r_.save_peak_bytes) / (1 << 30);

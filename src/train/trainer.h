@@ -27,7 +27,8 @@ struct TrainResult {
   // torch_compile: the peak of the replayed steps as planned at their captures, and as measured (equal when
   // the plan is right; the capture steps run eagerly, with eager's peak)
   int64_t planned_peak_bytes = 0, replayed_peak_bytes = 0;
-  int64_t cache_releases = 0;  // torch_empty_cache_steps releases
+  int64_t device_graph_captures = 0;  // torch_compile on a GPU: CUDA graphs captured
+  int64_t cache_releases = 0;         // torch_empty_cache_steps releases
   int64_t cache_bytes_released = 0;
   int64_t per_device_train_batch_size = 0, gradient_accumulation_steps = 0;  // after auto_find_batch_size
   int64_t batch_retries = 0;     // auto_find_batch_size: runs restarted after an out-of-memory

@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <mutex>
 #include <numeric>
+#include <string>
+#include <functional>
 #include <vector>
 
 #include "backend/backend.h"
@@ -47,19 +49,50 @@ int device_count_uncached() {
   return n;
 }
 
+// A device's compute stream: every launcher, copy and GEMM queues there (created on first use, non-blocking:
+// nothing orders it with the legacy default stream, which nothing of ours uses). A stream of our own is what
+// CUDA graph capture and NCCL overlap need.
+class ComputeStream {
+ public:
+  explicit ComputeStream(int index) : index_(index) {}
+  ~ComputeStream() {
+    if (s_) cudaStreamDestroy(s_);  // at exit the driver may be gone: nothing to report
+  }
+  cudaStream_t get() {
+    std::call_once(once_, [this] {
+      int prev = 0;
+      TR_CUDA_CHECK(cudaGetDevice(&prev));
+      TR_CUDA_CHECK(cudaSetDevice(index_));
+      const cudaError_t e = cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking);
+      cudaSetDevice(prev);
+      TR_CUDA_CHECK(e);
+    });
+    return s_;
+  }
+
+ private:
+  int index_;
+  std::once_flag once_;
+  cudaStream_t s_ = nullptr;
+};
+
 // Device memory through the caching allocator (core/caching_allocator.h): cudaMalloc'd segments carved
 // into blocks that are reused step after step, as PyTorch's allocator does; empty_cache() returns the unused
 // segments. Statistics of the Allocator base count requested bytes (what the meta device predicts); the
 // core's own statistics (allocated/reserved/peak) are in memory_summary().
 class CudaAllocator final : public Allocator {
  public:
-  explicit CudaAllocator(int index) : index_(index), core_(make_backend(index)) {}
+  explicit CudaAllocator(int index)
+      : index_(index),
+        stream_(std::make_unique<ComputeStream>(index)),
+        core_(make_backend(index, stream_.get())) {}
   void* allocate(size_t nbytes) override {
     if (nbytes == 0) return nullptr;
     check_limit(nbytes);
-    void* p = core_.allocate(nbytes, 0);  // kernels run on the legacy default stream
+    // Stream 0 of the core is this device's compute stream: a freed block is reused in that stream's order.
+    void* p = core_.allocate(nbytes, 0);
     record_alloc(nbytes);
-    if (poison()) TR_CUDA_CHECK(cudaMemset(p, 0xff, nbytes));
+    if (poison()) TR_CUDA_CHECK(cudaMemsetAsync(p, 0xff, nbytes, stream_->get()));
     return p;
   }
   void deallocate(void* ptr, size_t nbytes) override {
@@ -73,6 +106,7 @@ class CudaAllocator final : public Allocator {
   int64_t peak_reserved_bytes() const override { return core_.stats().peak_reserved_bytes; }
   void reset_peak_reserved() override { core_.reset_peak(); }
   CachingAllocatorCore& core() { return core_; }
+  cudaStream_t stream() { return stream_->get(); }
 
  private:
   // Runs fn with index as the current device, restoring the caller's.
@@ -85,7 +119,7 @@ class CudaAllocator final : public Allocator {
     cudaSetDevice(prev);
     return r;
   }
-  static CachingAllocatorCore::Backend make_backend(int index) {
+  static CachingAllocatorCore::Backend make_backend(int index, ComputeStream* compute) {
     CachingAllocatorCore::Backend b;
     b.alloc_segment = [index](size_t n) -> void* {
       return on_device(index, [&]() -> void* {
@@ -98,11 +132,12 @@ class CudaAllocator final : public Allocator {
       });
     };
     b.free_segment = [index](void* p, size_t) { on_device(index, [&] { return cudaFree(p); }); };
-    b.record_event = [index](uint64_t stream) {
+    b.record_event = [index, compute](uint64_t stream) {
       return on_device(index, [&] {
         cudaEvent_t e = nullptr;
         TR_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-        TR_CUDA_CHECK(cudaEventRecord(e, reinterpret_cast<cudaStream_t>(stream)));
+        const cudaStream_t s = stream == 0 ? compute->get() : reinterpret_cast<cudaStream_t>(stream);
+        TR_CUDA_CHECK(cudaEventRecord(e, s));
         return reinterpret_cast<uint64_t>(e);
       });
     };
@@ -126,6 +161,7 @@ class CudaAllocator final : public Allocator {
   }
 
   int index_;
+  std::unique_ptr<ComputeStream> stream_;  // before core_, whose backend uses it
   CachingAllocatorCore core_;
 };
 
@@ -148,18 +184,61 @@ int64_t rows_of(const Tensor& t) { return t.numel() / std::max<int64_t>(last_dim
 const void* ptr_or_null(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 void* mut_ptr_or_null(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
-// Kernel scratch (kernels.h) from a device's caching allocator, held until the launcher has returned.
+// The kernel scratch of a CUDA graph being captured: kept for the graph's lifetime (its launches write there
+// again), and reused between the captured launchers, which run in stream order.
+struct CaptureScratch {
+  std::vector<Tensor> blocks;  // free for the next launcher of the capture
+};
+
+// Kernel scratch (kernels.h) from a device's caching allocator, held until the launcher has returned; while a
+// graph is captured, from and back to its CaptureScratch.
 class AllocatorScratch final : public cuda::Scratch {
  public:
-  explicit AllocatorScratch(Allocator& a) : a_(a) {}
+  AllocatorScratch(Allocator& a, CaptureScratch* capture) : a_(a), capture_(capture) {}
+  ~AllocatorScratch() {
+    if (capture_)
+      for (Tensor& t : held_) capture_->blocks.push_back(std::move(t));
+  }
+  AllocatorScratch(const AllocatorScratch&) = delete;
+  AllocatorScratch& operator=(const AllocatorScratch&) = delete;
   void* take(size_t bytes) override {
-    held_.push_back(Tensor::empty({static_cast<int64_t>(bytes)}, DType::u8, a_));
+    const auto n = static_cast<int64_t>(bytes);
+    if (capture_) {  // the smallest free block of the capture that is large enough
+      auto& b = capture_->blocks;
+      auto best = b.end();
+      for (auto it = b.begin(); it != b.end(); ++it)
+        if (it->numel() >= n && (best == b.end() || it->numel() < best->numel())) best = it;
+      if (best != b.end()) {
+        held_.push_back(std::move(*best));
+        b.erase(best);
+        return held_.back().data_ptr();
+      }
+    }
+    held_.push_back(Tensor::empty({n}, DType::u8, a_));
     return held_.back().data_ptr();
   }
 
  private:
   Allocator& a_;
+  CaptureScratch* capture_;
   std::vector<Tensor> held_;
+};
+
+// A captured CUDA graph, instantiated: launched on the compute stream it was captured on, with the kernel
+// scratch it writes held until it is destroyed (later work on that stream is ordered after its launches).
+class CudaGraph final : public backend::Backend::DeviceGraph {
+ public:
+  CudaGraph(cudaGraphExec_t exec, cudaStream_t stream, std::vector<Tensor> scratch)
+      : exec_(exec), stream_(stream), scratch_(std::move(scratch)) {}
+  ~CudaGraph() override { cudaGraphExecDestroy(exec_); }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  void launch() override { TR_CUDA_CHECK(cudaGraphLaunch(exec_, stream_)); }
+
+ private:
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
+  std::vector<Tensor> scratch_;
 };
 
 class CudaBackend final : public backend::Backend {
@@ -173,11 +252,16 @@ class CudaBackend final : public backend::Backend {
     if (blas_) cublasDestroy(blas_);
   }
   const char* name() const override { return "cuda"; }
-  // The stream every launcher, copy and GEMM of the current device is queued on. The legacy default stream
-  // for now: CudaAllocator reuses a freed block in that stream's order, and CopyStream's batches wait on it.
-  // A compute stream per device (graph capture, NCCL overlap) changes this one place, once the allocator
-  // records cross-stream uses.
-  cuda::Stream stream() const { return nullptr; }
+  // The stream every launcher, copy and GEMM of the current device is queued on: its compute stream, in whose
+  // order CudaAllocator reuses freed blocks and after which CopyStream's batches are ordered.
+  cuda::Stream stream() const {
+    int d = 0;
+    TR_CUDA_CHECK(cudaGetDevice(&d));
+    TR_CHECK(d >= 0 && d < static_cast<int>(allocators_.size()), "cuda: the current device {} does not exist",
+             d);
+    return allocators_[static_cast<size_t>(d)]->stream();
+  }
+  std::unique_ptr<DeviceGraph> capture_graph(int device_index, const std::function<void()>& work) override;
   Allocator& allocator(int index) override {
     TR_CHECK(index >= 0 && index < static_cast<int>(allocators_.size()),
              "cuda:{} does not exist ({} GPUs present)", index, allocators_.size());
@@ -242,7 +326,7 @@ class CudaBackend final : public backend::Backend {
   }
   void reduce(backend::ReduceOp op, const Tensor& x, int64_t outer, int64_t r, int64_t inner,
               const Tensor& out) override {
-    AllocatorScratch scratch(allocator(x.device().index));
+    AllocatorScratch scratch(allocator(x.device().index), capturing_);
     cuda::reduce(stream(), op, x.dtype(), x.data_ptr(), out.data_ptr(), outer, r, inner, scratch);
   }
   void argmax(const Tensor& x, int64_t outer, int64_t r, int64_t inner, const Tensor& out) override {
@@ -270,7 +354,7 @@ class CudaBackend final : public backend::Backend {
   void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                            const Tensor& gy, const Tensor& gx, const Tensor& gw, const Tensor& gb,
                            const Tensor& gx_add) override {
-    AllocatorScratch scratch(allocator(x.device().index));
+    AllocatorScratch scratch(allocator(x.device().index), capturing_);
     cuda::layer_norm_backward(stream(), x.dtype(), x.data_ptr(), ptr_or_null(w), mean.data_ptr(),
                               rstd.data_ptr(), gy.data_ptr(), mut_ptr_or_null(gx), mut_ptr_or_null(gw),
                               mut_ptr_or_null(gb), rows_of(x), last_dim(x), ptr_or_null(gx_add), scratch);
@@ -282,7 +366,7 @@ class CudaBackend final : public backend::Backend {
   }
   void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& gy,
                          const Tensor& gx, const Tensor& gw, const Tensor& gx_add) override {
-    AllocatorScratch scratch(allocator(x.device().index));
+    AllocatorScratch scratch(allocator(x.device().index), capturing_);
     cuda::rms_norm_backward(stream(), x.dtype(), x.data_ptr(), ptr_or_null(w), rstd.data_ptr(), gy.data_ptr(),
                             mut_ptr_or_null(gx), mut_ptr_or_null(gw), rows_of(x), last_dim(x),
                             ptr_or_null(gx_add), scratch);
@@ -339,7 +423,7 @@ class CudaBackend final : public backend::Backend {
         chunks.push_back({static_cast<const char*>(g.data_ptr()) + b * es, nullptr,
                           std::min(backend::kAdamWChunk, n - b), g.dtype(), g.dtype()});
     }
-    AllocatorScratch scratch(allocator(stats.device().index));
+    AllocatorScratch scratch(allocator(stats.device().index), capturing_);
     cuda::grad_stats(stream(), chunks.data(), static_cast<int64_t>(chunks.size()), inv_scale,
                      stats.data<double>(), scratch);
   }
@@ -365,7 +449,7 @@ class CudaBackend final : public backend::Backend {
                             std::min(backend::kAdamWChunk, n - b), src.dtype(), dt});
       }
       if (chunks.empty()) continue;
-      AllocatorScratch scratch(allocator(src_dst.front().second.device().index));
+      AllocatorScratch scratch(allocator(src_dst.front().second.device().index), capturing_);
       cuda::transform_grads(stream(), chunks.data(), static_cast<int64_t>(chunks.size()), t.inv_scale,
                             t.max_norm, st, scratch);
     }
@@ -401,7 +485,7 @@ class CudaBackend final : public backend::Backend {
                           std::min(backend::kAdamWChunk, n - b), x.decay ? 1 : 0, x.grad.dtype(),
                           copy ? x.param_copy.dtype() : dt});
     }
-    AllocatorScratch scratch(allocator(tensors.front().param.device().index));
+    AllocatorScratch scratch(allocator(tensors.front().param.device().index), capturing_);
     cuda::fused_adamw(stream(), dt, chunks.data(), static_cast<int64_t>(chunks.size()), h.lr, h.weight_decay,
                       h.beta1, h.beta2, h.eps, h.step, t.inv_scale, t.max_norm, st, scratch);
   }
@@ -444,7 +528,7 @@ class CudaBackend final : public backend::Backend {
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                           bool causal, int64_t window, double scale, const Tensor& out, const Tensor& lse,
                           const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv) override {
-    AllocatorScratch scratch(allocator(q.device().index));
+    AllocatorScratch scratch(allocator(q.device().index), capturing_);
     cuda::attention_backward(stream(), q.dtype(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
                              key_keep.defined() ? key_keep.data<bool>() : nullptr, out.data_ptr(),
                              lse.data_ptr(), dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
@@ -485,6 +569,7 @@ class CudaBackend final : public backend::Backend {
     return blas_;
   }
   std::vector<std::unique_ptr<CudaAllocator>> allocators_;
+  CaptureScratch* capturing_ = nullptr;  // while capture_graph() runs: the scratch its graph keeps
   std::mutex mu_;
   cublasHandle_t blas_ = nullptr;
   std::unique_ptr<LtGemm> lt_;  // created at the first GEMM (no cuBLASLt handle on a machine without a GPU)
@@ -571,9 +656,48 @@ void CudaBackend::embedding_backward(const Tensor& gy, const Tensor& ids, const 
   // flagged by the forward's kernel and is reported at the next synchronization; it adds nothing here.
   const int64_t n = ids.numel(), v = gweight.shape()[0];
   TR_CHECK(n < (int64_t{1} << 31), "embedding backward: {} ids exceed CUB's 32-bit item count", n);
-  AllocatorScratch scratch(allocator(gweight.device().index));
+  AllocatorScratch scratch(allocator(gweight.device().index), capturing_);
   cuda::embedding_backward(stream(), gy.dtype(), gy.data_ptr(), ids.data<int64_t>(), n, gweight.data_ptr(), v,
                            gweight.shape()[1], scratch);
+}
+
+std::unique_ptr<backend::Backend::DeviceGraph> CudaBackend::capture_graph(int device_index,
+                                                                          const std::function<void()>& work) {
+  TR_CHECK(device_index >= 0 && device_index < static_cast<int>(allocators_.size()),
+           "cuda:{} does not exist ({} GPUs present)", device_index, allocators_.size());
+  int current = 0;
+  TR_CUDA_CHECK(cudaGetDevice(&current));
+  TR_CHECK(current == device_index, "CUDA graph capture on cuda:{} while cuda:{} is current", device_index,
+           current);
+  TR_CHECK(!capturing_, "CUDA graph capture inside another capture");
+  const cudaStream_t s = allocators_[static_cast<size_t>(device_index)]->stream();
+  CaptureScratch scratch;
+  // Relaxed: the caching allocator may cudaMalloc a segment for the graph's scratch while capturing (that
+  // memory then belongs to the graph); a host synchronization still ends the capture with an error.
+  TR_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+  capturing_ = &scratch;
+  std::string why;
+  try {
+    work();
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  capturing_ = nullptr;
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(s, &graph);
+  if (why.empty() && ended != cudaSuccess)
+    why = fmt::format("cudaStreamEndCapture: {}", cudaGetErrorString(ended));
+  cudaGraphExec_t exec = nullptr;
+  if (why.empty()) {
+    const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+    if (made != cudaSuccess) why = fmt::format("cudaGraphInstantiate: {}", cudaGetErrorString(made));
+  }
+  if (graph) cudaGraphDestroy(graph);
+  if (!why.empty()) {
+    cudaGetLastError();  // a capture's errors are not sticky: the stream works on
+    fail("the step could not be captured as a CUDA graph: {}", why);
+  }
+  return std::make_unique<CudaGraph>(exec, s, std::move(scratch.blocks));
 }
 
 CudaBackend& instance() {
