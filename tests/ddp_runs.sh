@@ -149,7 +149,7 @@ rc=0; WORLD_SIZE=3 RANK=1 MASTER_PORT=$port timeout 60 "$trainer" train "${commo
   --per_device_train_batch_size 3 --output_dir mismatch --ddp_timeout 5 >mismatch1.log 2>&1 || rc=$?
 wait $r0 || true
 [[ $rc == 1 ]] || fail "disagreeing world sizes exited $rc"
-cat mismatch0.log mismatch1.log | grep -q "was started with WORLD_SIZE" || { cat mismatch*.log; fail "mismatch"; }
+grep -q "was started with WORLD_SIZE" mismatch0.log mismatch1.log || { cat mismatch*.log; fail "mismatch"; }
 next_port
 rc=0; "$trainer" launch --nproc_per_node 2 --master_port "$port" train "${common[@]}" --config_name gpt2.json \
   --per_device_train_batch_size 3 --output_dir fsdp --fsdp "full_shard offload auto_wrap" >fsdp.log 2>&1 || rc=$?

@@ -73,6 +73,6 @@ for f in big.json big.csv; do
     cmp -s "$s" "out_${f//./_}/$(basename "$s")" || fail "$f: $(basename "$s") differs from the JSON lines'"
   done
 done
-ls out_jsonl | grep -q '^train_000000.bin$' && ls out_jsonl | grep -q '^val_000000.bin$' || fail "shards missing"
+[[ -f out_jsonl/train_000000.bin && -f out_jsonl/val_000000.bin ]] || fail "shards missing"
 [[ ! -e out_jsonl/.tokens.tmp ]] || fail "the temporary token stream was left behind"
 echo "tokenize_stream: OK"
