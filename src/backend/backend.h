@@ -37,6 +37,9 @@ struct GemmArgs {
   int64_t lda = 0, ldb = 0, stride_a = 0, stride_b = 0;
   double alpha = 1.0, beta = 0.0;
   bool tf32 = false;  // f32 inputs rounded to TF32 (10-bit mantissa), as tensor cores read them
+  // torch_compile max-autotune: the backend may time its candidate kernels for this shape once and keep the
+  // fastest (cuBLASLt's heuristic list on a GPU; the CPU's libraries choose on their own).
+  bool autotune = false;
 };
 
 // The CPU's native half-precision matmuls, where they beat widening to f32 (Backend::native_half_matmul).
@@ -68,6 +71,17 @@ class Backend {
     (void)device_index;
     (void)work;
     return nullptr;
+  }
+  // Whether the random kernels a graph captured (dropout, attention dropout) add a shift read on the device
+  // at launch to their Philox offsets: set_philox_shift() before a launch then draws that step's numbers
+  // from a graph captured once. Without it, a graph bakes its offsets in.
+  virtual bool philox_shift_on_device() const { return false; }
+  // What max-autotune (GemmArgs::autotune) did so far, in a line; "" where the backend does not tune.
+  virtual std::string autotune_summary() const { return ""; }
+  virtual void set_philox_shift(int device_index, uint64_t shift) {
+    (void)device_index;
+    (void)shift;
+    fail("set_philox_shift: the {} backend has no device graphs", name());
   }
   // One sentence on how this backend's GEMMs compute `operands` (bf16/f16) where a user should know: emulated
   // (widened to f32: what the hardware and its libraries lack and what that costs) or native on a CPU (which
@@ -291,6 +305,21 @@ class Backend {
   };
   virtual void adamw_8bit(const std::vector<AdamW8bitTensors>& tensors, const Tensor& signed_map,
                           const Tensor& unsigned_map) = 0;
+};
+
+// torch_compile's max-autotune for GEMMs (GemmArgs::autotune), process-wide like TF32 below (inductor's
+// config is too); GemmAutotuneScope sets it for the Trainer's run and restores it.
+void set_gemm_autotune(bool on);
+bool gemm_autotune();
+class GemmAutotuneScope {
+ public:
+  explicit GemmAutotuneScope(bool on) : previous_(gemm_autotune()) { set_gemm_autotune(on); }
+  ~GemmAutotuneScope() { set_gemm_autotune(previous_); }
+  GemmAutotuneScope(const GemmAutotuneScope&) = delete;
+  GemmAutotuneScope& operator=(const GemmAutotuneScope&) = delete;
+
+ private:
+  bool previous_;
 };
 
 // torch.backends.cuda.matmul.allow_tf32: the process's f32 matmul precision (off by default). The CPU

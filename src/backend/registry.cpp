@@ -41,8 +41,12 @@ const char* binary_name(BinaryOp op) {
 }
 
 namespace {
-std::atomic<bool> g_allow_tf32{false};  // process-wide by design, as torch's flag (see backend.h)
+std::atomic<bool> g_allow_tf32{false};     // process-wide by design, as torch's flag (see backend.h)
+std::atomic<bool> g_gemm_autotune{false};  // process-wide by design, as inductor's config (see backend.h)
 }  // namespace
+
+void set_gemm_autotune(bool on) { g_gemm_autotune = on; }
+bool gemm_autotune() { return g_gemm_autotune.load(); }
 
 void set_allow_tf32(bool on) { g_allow_tf32 = on; }
 bool allow_tf32() { return g_allow_tf32.load(); }

@@ -111,15 +111,22 @@ void Graph::replay(backend::Backend& b, uint64_t philox_shift, const std::shared
   // taken again between replays).
   if (!arena_ || (arena && arena != arena_) || arena_->data() != bound_base_)
     materialize(arena ? arena : arena_);
-  const auto run_calls = [&] {
-    for (size_t i = 0; i < calls_.size(); ++i) calls_[i].run(b, bound_[i], philox_shift);
+  const auto run_calls = [&](uint64_t shift) {
+    for (size_t i = 0; i < calls_.size(); ++i) calls_[i].run(b, bound_[i], shift);
   };
-  if (device_graph &&
-      device_graph_.run(
-          graph_key(philox_shift),
-          [&](const std::function<void()>& work) { return b.capture_graph(device_.index, work); }, run_calls))
-    return;
-  run_calls();
+  if (device_graph) {
+    // Where the device adds the shift at launch, the graph is captured unshifted and serves every step;
+    // elsewhere the shift is baked in and a new one captures again.
+    const bool on_device = b.philox_shift_on_device();
+    if (on_device) b.set_philox_shift(device_.index, philox_shift);
+    const auto capture = [&](const std::function<void()>& work) {
+      return b.capture_graph(device_.index, work);
+    };
+    if (device_graph_.run(graph_key(on_device ? 0 : philox_shift), capture,
+                          [&] { run_calls(on_device ? 0 : philox_shift); }))
+      return;
+  }
+  run_calls(philox_shift);
 }
 
 }  // namespace tr::compile

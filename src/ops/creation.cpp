@@ -15,6 +15,7 @@ Allocator& allocator_for(Device device) {
 }
 
 bool fuses_elementwise(Device device) { return backend::backend_for(device).fuses_elementwise(); }
+std::string autotune_summary(Device device) { return backend::backend_for(device).autotune_summary(); }
 
 Range::Range(Device device, const char* name) {
   if (!device.is_cuda()) return;  // only a GPU backend has a profiler to tell

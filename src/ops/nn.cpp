@@ -93,6 +93,7 @@ void run_gemm(const Operand& pa, const Operand& pb, const Tensor& c, int64_t bat
   g.alpha = alpha;
   g.beta = beta;
   g.tf32 = pa.base.dtype() == DType::f32 && backend::allow_tf32();
+  g.autotune = backend::gemm_autotune();
   be(c).gemm(g);
 }
 

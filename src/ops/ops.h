@@ -32,6 +32,8 @@ using backend::UnaryOp;
 Allocator& allocator_for(Device device);
 // Whether the device's backend runs fused elementwise chains (torch_compile's inductor fusion).
 bool fuses_elementwise(Device device);
+// What torch_compile's max-autotune did on the device's GEMMs so far ("" where it does not tune).
+std::string autotune_summary(Device device);
 Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
 Tensor full(const Shape& shape, double value, DType dtype = DType::f32, Device device = Device::cpu());
 Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());

@@ -384,6 +384,10 @@ bool TrainingArguments::compile_device_graphs() const {
   return torch_compile && graphs && torch_compile_mode != "max-autotune-no-cudagraphs";
 }
 
+bool TrainingArguments::compile_autotunes() const {
+  return torch_compile && torch_compile_mode.rfind("max-autotune", 0) == 0;
+}
+
 nlohmann::json TrainingArguments::to_json() const {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& s : argument_specs())

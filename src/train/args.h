@@ -108,6 +108,8 @@ struct TrainingArguments {
   // GPU, except under mode max-autotune-no-cudagraphs; eager and aot_eager do neither (for debugging).
   bool compile_fuses() const;
   bool compile_device_graphs() const;
+  // max-autotune and max-autotune-no-cudagraphs: each GEMM shape's cuBLASLt candidates timed once.
+  bool compile_autotunes() const;
   nlohmann::json to_json() const;
   // Reads an args file (HF accepts `train.py args.json`): keys are flag names; an unknown key or a value of
   // the wrong type is an error naming the file and key.

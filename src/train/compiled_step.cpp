@@ -119,18 +119,20 @@ class CompiledStep final : public TrainStep {
  private:
   bool keeps_arena() const { return core_.options().device_graphs; }
 
-  // Device graphs bake the Philox offsets into their launches: a plan that draws (dropout) would replay the
-  // capture's masks, so it runs kernel by kernel.
-  bool graphs_for(const Plan& p) const { return core_.options().device_graphs && p.philox_used == 0; }
+  // A plan that draws (dropout) replays as a graph where the device adds each step's Philox shift at launch.
+  bool graphs_for(const Plan& p) const {
+    return core_.options().device_graphs &&
+           (p.philox_used == 0 || backend::backend_for(core_.options().device).philox_shift_on_device());
+  }
 
   // Once per plan, on a GPU: whether its replays are one CUDA graph launch, and why not.
   void say_graph(Plan& p, const std::string& key) {
     if (p.said_graph || !core_.options().device_graphs) return;
     p.said_graph = true;
-    const std::string why = p.philox_used
-                                ? "dropout draws new Philox offsets every step, which a graph would "
-                                  "replay as constants (set the dropout probabilities to 0 for graphs)"
-                                : p.graph->device_graph_break();
+    const std::string why = graphs_for(p)
+                                ? p.graph->device_graph_break()
+                                : "dropout draws new Philox offsets every step, which this backend's "
+                                  "graphs would replay as constants";
     if (why.empty())
       std::fprintf(stderr, "torch_compile: the step for %s replays as one CUDA graph (%zu kernel calls)\n",
                    key.c_str(), p.graph->num_calls());

@@ -598,12 +598,20 @@ TrainResult Run::train() {
   so.fuse_elementwise = a_.compile_fuses() && ops::fuses_elementwise(dev_);
   so.device_graphs = a_.compile_device_graphs() && dev_.is_cuda();
   const StepState ss{*model_, *mp_, *opt_, dropout_gen_, full_.get()};
-  if (a_.torch_compile)
+  if (a_.torch_compile) {
+    std::string how = so.fuse_elementwise ? ", elementwise chains fused" : "";
+    if (so.device_graphs)
+      how += ", each replay one CUDA graph";
+    else if (a_.compile_device_graphs())
+      how += " (CUDA graphs on a GPU only)";
+    if (a_.compile_autotunes())
+      how += dev_.is_cuda() ? ", each GEMM shape's cuBLASLt candidates timed once"
+                            : " (GEMM autotuning on a GPU only: the CPU's libraries pick their kernels)";
     std::fprintf(stderr,
                  "torch_compile: backend %s, mode %s: the step is captured per shape, planned into one arena "
-                 "and replayed%s (CUDA graphs are not built yet)\n",
-                 a_.torch_compile_backend.c_str(), a_.torch_compile_mode.c_str(),
-                 so.fuse_elementwise ? ", elementwise chains fused" : "");
+                 "and replayed%s\n",
+                 a_.torch_compile_backend.c_str(), a_.torch_compile_mode.c_str(), how.c_str());
+  }
   const auto step_fn = a_.torch_compile ? make_compiled_step(ss, so) : make_eager_step(ss, so);
   r_.setup_peak_bytes = ops::allocator_for(dev_).stats().peak_bytes;
   for (const Device d : model_->placement().devices()) ops::allocator_for(d).reset_peak();
@@ -645,6 +653,8 @@ TrainResult Run::train() {
   r_.planned_peak_bytes = step_fn->planned_peak_bytes();
   r_.replayed_peak_bytes = step_fn->replayed_peak_bytes();
   r_.device_graph_captures = step_fn->device_graph_captures();
+  if (const std::string tuned = ops::autotune_summary(dev_); !tuned.empty())
+    std::fprintf(stderr, "torch_compile: %s\n", tuned.c_str());
   r_.peak_bytes = ops::allocator_for(dev_).stats().peak_bytes;
   if (!model_->placement().single())
     for (const Device d : model_->placement().devices())
@@ -783,6 +793,9 @@ TrainResult train(const TrainingArguments& args, const TrainHooks& hooks) {
   // --tf32: f32 matmuls read TF32 inputs (tensor cores on a GPU; emulated by rounding on the CPU); unset,
   // compile turns it on for a GPU run as HF's does.
   backend::Tf32Scope tf32(args.tf32_on(training_device(args)));
+  TrainingArguments compile_args = args;
+  compile_args.apply_compile_defaults();  // a mode alone turns compile on
+  backend::GemmAutotuneScope autotune(compile_args.compile_autotunes());
   const bool resuming = !args.resume_from_checkpoint.empty() && args.resume_from_checkpoint != "false";
   const auto group = join_group(args);
   // Before anything in output_dir is read or replaced: a second trainer on the same folder is refused.

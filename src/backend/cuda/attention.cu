@@ -4,6 +4,7 @@
 // kernel for dq (per query tile), one for dk/dv (per key tile, summing the grouped query heads), so no
 // atomics and the result is deterministic. Head dims above 128 (or tiles too big for shared memory) take the
 // one-thread-per-row kernels. The CPU twin in backend/cpu/attention.cpp defines the semantics.
+#include <algorithm>
 #include <cmath>
 
 #include "backend/attention_geometry.h"
@@ -386,6 +387,7 @@ struct BlockRows {
   float dropout;
   double keep_scale;
   uint64_t seed, offset;
+  const uint64_t* shift;  // a CUDA graph's launch: added to offset (null: none)
   __device__ int64_t batch(int64_t row) const { return row / per_group / g.KV; }
   __device__ int64_t query(int64_t row) const { return t0 + row % per_group % tq; }
   // The dropout factor of (row, key s), as the CPU twin: from the element's index in [B, H, T, S].
@@ -394,21 +396,68 @@ struct BlockRows {
     const int64_t grp = row / per_group, rr = row % per_group;
     const int64_t h = grp % g.KV * (g.H / g.KV) + rr / tq;
     const uint64_t idx = static_cast<uint64_t>(((batch(row) * g.H + h) * g.T + query(row)) * g.S + s);
-    return uniform_from_word(philox_word(seed, offset, idx)) >= dropout ? keep_scale : 0.0;
+    return uniform_from_word(philox_word(seed, offset + (shift ? *shift : 0), idx)) >= dropout ? keep_scale
+                                                                                               : 0.0;
   }
 };
 
-// One block per row: max, sum, then the probabilities exp(x - lse) of the visible keys.
+// The row's constants, computed once per block (per-element 64-bit divisions for the batch, query and the
+// visible range were these kernels' bound): the visible keys lo..hi and the key mask's row.
+struct RowView {
+  int64_t lo, hi;
+  const bool* keep;
+  __device__ RowView(const BlockRows& br, int64_t row)
+      : lo(br.g.first_key(br.query(row))),
+        hi(br.g.last_key(br.query(row))),
+        keep(br.g.keep ? br.g.keep + br.batch(row) * br.g.S : nullptr) {}
+  __device__ bool on(int64_t s) const { return s >= lo && s <= hi && (keep == nullptr || keep[s]); }
+};
+
+// Keys per thread held in registers by block_softmax_kernel: rows up to 4 x 256 keys are read once.
+// (A warp per row with 32 keys per lane in registers measured slower on the H200: 767 vs 548 us per call
+// for GPT-2's blocks, so a block of up to 256 threads per row stays.)
+constexpr int kRowRegs = 4;
+
+// One block per row: max, sum, then the probabilities exp(x - lse) of the visible keys. Bound by HBM (4 bytes
+// read, 2-4 written per score): a row that fits in registers is read once, and masked keys are never read.
 template <typename A, typename P>
 __global__ void block_softmax_kernel(BlockRows br, const A* scores, P* probs, A* lse) {
   __shared__ A sh[32];
-  const int64_t row = blockIdx.x, b = br.batch(row), t = br.query(row);
+  const int64_t row = blockIdx.x;
+  const RowView rv(br, row);
   const A* x = scores + row * br.sk;
   P* p = probs + row * br.sk;
   const A scale = static_cast<A>(br.g.scale);
+  if (br.sk <= kRowRegs * static_cast<int64_t>(blockDim.x)) {
+    A v[kRowRegs];
+    A m = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kRowRegs; ++j) {
+      const int64_t s = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+      v[j] = s < br.sk && rv.on(s) ? x[s] * scale : A(-INFINITY);
+      m = v[j] > m ? v[j] : m;
+    }
+    m = block_max(m, sh);
+    A sum = 0;
+    if (m != A(-INFINITY)) {
+#pragma unroll
+      for (int j = 0; j < kRowRegs; ++j) sum += v[j] == A(-INFINITY) ? A(0) : exp(v[j] - m);
+    }
+    const A l = m == A(-INFINITY) ? m : m + log(block_sum(sum, sh));  // every thread agrees on m
+    if (threadIdx.x == 0) lse[row] = l;
+#pragma unroll
+    for (int j = 0; j < kRowRegs; ++j) {
+      const int64_t s = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+      if (s < br.sk)
+        st(p, s,
+           v[j] != A(-INFINITY) && l != A(-INFINITY) ? exp(v[j] - l) * static_cast<A>(br.factor(row, s))
+                                                     : A(0));
+    }
+    return;
+  }
   A m = -INFINITY;
   for (int64_t s = threadIdx.x; s < br.sk; s += blockDim.x)
-    if (br.g.visible(b, t, s)) m = x[s] * scale > m ? x[s] * scale : m;
+    if (rv.on(s)) m = x[s] * scale > m ? x[s] * scale : m;
   m = block_max(m, sh);
   if (m == A(-INFINITY)) {  // nothing visible: zero probabilities, lse -inf (the whole block agrees)
     for (int64_t s = threadIdx.x; s < br.sk; s += blockDim.x) st(p, s, A(0));
@@ -417,26 +466,32 @@ __global__ void block_softmax_kernel(BlockRows br, const A* scores, P* probs, A*
   }
   A sum = 0;
   for (int64_t s = threadIdx.x; s < br.sk; s += blockDim.x)
-    if (br.g.visible(b, t, s)) sum += exp(x[s] * scale - m);
+    if (rv.on(s)) sum += exp(x[s] * scale - m);
   const A l = m + log(block_sum(sum, sh));
   if (threadIdx.x == 0) lse[row] = l;
   for (int64_t s = threadIdx.x; s < br.sk; s += blockDim.x)
-    st(p, s, br.g.visible(b, t, s) ? exp(x[s] * scale - l) * static_cast<A>(br.factor(row, s)) : A(0));
+    st(p, s, rv.on(s) ? exp(x[s] * scale - l) * static_cast<A>(br.factor(row, s)) : A(0));
 }
 
+// One block per row (row constants once, RowView); bound by HBM: 8 bytes read and 2-4 written per score.
 template <typename A, typename P>
-__global__ void block_grad_kernel(BlockRows br, int64_t rows, const A* scores, const A* dp, const A* lse,
-                                  const A* delta, P* probs, P* dscores) {
-  const A scale = static_cast<A>(br.g.scale);
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * br.sk;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    const int64_t row = i / br.sk, s = i % br.sk;
-    const A l = lse[row];
-    const bool on = l != A(-INFINITY) && br.g.visible(br.batch(row), br.query(row), s);
-    const A pv = on ? exp(scores[i] * scale - l) : A(0), z = static_cast<A>(br.factor(row, s));
-    st(probs, i, pv * z);
-    st(dscores, i, pv * (dp[i] * z - delta[row]) * scale);
+__global__ void block_grad_kernel(BlockRows br, const A* scores, const A* dp, const A* lse, const A* delta,
+                                  P* probs, P* dscores) {
+  const int64_t row = blockIdx.x, base = row * br.sk;
+  const RowView rv(br, row);
+  const A scale = static_cast<A>(br.g.scale), l = lse[row], dl = delta[row];
+  const bool any = l != A(-INFINITY);
+  for (int64_t s = threadIdx.x; s < br.sk; s += blockDim.x) {
+    const bool on = any && rv.on(s);
+    const A pv = on ? exp(scores[base + s] * scale - l) : A(0), z = static_cast<A>(br.factor(row, s));
+    st(probs, base + s, pv * z);
+    st(dscores, base + s, pv * (dp[base + s] * z - dl) * scale);
   }
+}
+
+// Threads per row block: the row's keys rounded up to whole warps, at most 256.
+inline int row_threads(int64_t sk) {
+  return static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, (sk + 31) / 32 * 32)));
 }
 
 // Shared-memory bytes of each tiled kernel, and whether the device grants them (opt-in above 48 KiB).
@@ -552,7 +607,7 @@ namespace {
 
 BlockRows block_rows_of(const bool* keep, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t t0,
                         int64_t tq, int64_t sk, bool causal, int64_t window, double scale, double dropout,
-                        uint64_t seed, uint64_t offset) {
+                        uint64_t seed, uint64_t offset, const uint64_t* shift) {
   return {Geo{B, H, KV, T, S, 0, causal, scale, keep, window},
           H / KV * tq,
           t0,
@@ -561,7 +616,8 @@ BlockRows block_rows_of(const bool* keep, int64_t B, int64_t H, int64_t KV, int6
           static_cast<float>(dropout),
           1.0 / (1.0 - dropout),
           seed,
-          offset};
+          offset,
+          shift};
 }
 
 }  // namespace
@@ -569,13 +625,13 @@ BlockRows block_rows_of(const bool* keep, int64_t B, int64_t H, int64_t KV, int6
 void attention_block_softmax(Stream stream, DType sdt, DType pdt, const void* scores, void* probs, void* lse,
                              const bool* keep, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S,
                              int64_t t0, int64_t tq, int64_t sk, bool causal, int64_t window, double scale,
-                             double dropout, uint64_t seed, uint64_t offset) {
+                             double dropout, uint64_t seed, uint64_t offset, const uint64_t* shift) {
   const int64_t rows = B * H * tq;
   if (rows == 0) return;
   const BlockRows br =
-      block_rows_of(keep, B, H, KV, T, S, t0, tq, sk, causal, window, scale, dropout, seed, offset);
+      block_rows_of(keep, B, H, KV, T, S, t0, tq, sk, causal, window, scale, dropout, seed, offset, shift);
   dispatch_block(sdt, pdt, [&]<typename A, typename P>() {
-    block_softmax_kernel<A, P><<<static_cast<unsigned>(rows), 256, 0, stream>>>(
+    block_softmax_kernel<A, P><<<static_cast<unsigned>(rows), row_threads(sk), 0, stream>>>(
         br, static_cast<const A*>(scores), static_cast<P*>(probs), static_cast<A*>(lse));
   });
   TR_CUDA_LAUNCH_CHECK("attention_block_softmax");
@@ -585,14 +641,14 @@ void attention_block_grad(Stream stream, DType sdt, DType pdt, const void* score
                           const void* lse, const void* delta, void* probs, void* dscores, const bool* keep,
                           int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t t0, int64_t tq,
                           int64_t sk, bool causal, int64_t window, double scale, double dropout,
-                          uint64_t seed, uint64_t offset) {
+                          uint64_t seed, uint64_t offset, const uint64_t* shift) {
   const int64_t rows = B * H * tq;
   if (rows * sk == 0) return;
   const BlockRows br =
-      block_rows_of(keep, B, H, KV, T, S, t0, tq, sk, causal, window, scale, dropout, seed, offset);
+      block_rows_of(keep, B, H, KV, T, S, t0, tq, sk, causal, window, scale, dropout, seed, offset, shift);
   dispatch_block(sdt, pdt, [&]<typename A, typename P>() {
-    block_grad_kernel<A, P><<<blocks_for(rows * sk), 256, 0, stream>>>(
-        br, rows, static_cast<const A*>(scores), static_cast<const A*>(dp), static_cast<const A*>(lse),
+    block_grad_kernel<A, P><<<static_cast<unsigned>(rows), row_threads(sk), 0, stream>>>(
+        br, static_cast<const A*>(scores), static_cast<const A*>(dp), static_cast<const A*>(lse),
         static_cast<const A*>(delta), static_cast<P*>(probs), static_cast<P*>(dscores));
   });
   TR_CUDA_LAUNCH_CHECK("attention_block_grad");

@@ -200,14 +200,61 @@ void launch_map2(Stream stream, F f, const T* a, const T* b, T* y, int64_t n) {
     map2_kernel<1><<<blocks_for(n), 256, 0, stream>>>(f, a, b, y, n);
 }
 
-__device__ __forceinline__ int64_t strided_offset(const Strided& g, int which, int64_t linear) {
-  int64_t off = 0;
+// Dimensions that are one run in each of the first `operands` operands merge, and size-1 dimensions drop:
+// the row-major order of the elements is unchanged (so a contiguous output indexed by the linear position
+// stays right), and each element pays fewer div/mod pairs - the strided kernels' bound, not memory.
+inline Strided collapsed(const Strided& g, int operands) {
+  Strided c;
+  for (int d = 0; d < g.nd; ++d) {
+    if (g.shape[d] == 1) continue;
+    if (c.nd > 0) {
+      const int p = c.nd - 1;
+      bool merge = true;
+      for (int w = 0; w < operands; ++w) merge = merge && c.stride[w][p] == g.stride[w][d] * g.shape[d];
+      if (merge) {
+        c.shape[p] *= g.shape[d];
+        for (int w = 0; w < operands; ++w) c.stride[w][p] = g.stride[w][d];
+        continue;
+      }
+    }
+    c.shape[c.nd] = g.shape[d];
+    for (int w = 0; w < operands; ++w) c.stride[w][c.nd] = g.stride[w][d];
+    ++c.nd;
+  }
+  if (c.nd == 0) c.nd = 1, c.shape[0] = 1;  // one element
+  return c;
+}
+
+// Whether every linear position below n and every operand's offset fit in 31 bits: then the index math runs
+// in 32 bits (a 64-bit div/mod is a long software sequence on the GPU, a 32-bit one a few instructions).
+inline bool fits_u32(const Strided& g, int operands, int64_t n) {
+  constexpr int64_t kLimit = int64_t{1} << 31;
+  if (n >= kLimit) return false;
+  for (int w = 0; w < operands; ++w) {
+    int64_t far = 0;
+    for (int d = 0; d < g.nd; ++d) {
+      if (g.stride[w][d] < 0) return false;
+      far += (g.shape[d] - 1) * g.stride[w][d];
+    }
+    if (far >= kLimit) return false;
+  }
+  return true;
+}
+
+template <typename I>
+__device__ __forceinline__ I strided_offset(const Strided& g, int which, I linear) {
+  I off = 0;
   for (int d = g.nd - 1; d >= 0; --d) {
-    const int64_t s = g.shape[d];
-    off += (linear % s) * g.stride[which][d];
+    const I s = static_cast<I>(g.shape[d]);
+    off += (linear % s) * static_cast<I>(g.stride[which][d]);
     linear /= s;
   }
   return off;
 }
+
+// A grid-stride loop in index type I (uint32_t where fits_u32 said so: i + the grid stays below 2^32).
+#define GRID_STRIDE_I(I, i, n)                                               \
+  for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
+       i += static_cast<I>(blockDim.x) * gridDim.x)
 
 }  // namespace tr::cuda

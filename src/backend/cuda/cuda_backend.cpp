@@ -250,6 +250,7 @@ class CudaBackend final : public backend::Backend {
   ~CudaBackend() override {
     if (bad_host_) cudaFreeHost(bad_host_);
     if (blas_) cublasDestroy(blas_);
+    if (shift_dev_) cudaFree(shift_dev_);
   }
   const char* name() const override { return "cuda"; }
   // The stream every launcher, copy and GEMM of the current device is queued on: its compute stream, in whose
@@ -296,10 +297,14 @@ class CudaBackend final : public backend::Backend {
   void arange(const Tensor& out, double start, double step) override {
     cuda::arange(stream(), out.data_ptr(), out.dtype(), out.numel(), start, step);
   }
+  // Random fills bake their offsets into a graph: refused while capturing (the step then runs kernel by
+  // kernel).
   void random_normal(const Tensor& out, double mean, double std, uint64_t seed, uint64_t offset) override {
+    TR_CHECK(!capturing_, "a random fill (randn) inside the captured step");
     cuda::random_normal(stream(), out.data_ptr(), out.dtype(), out.numel(), mean, std, seed, offset);
   }
   void random_uniform(const Tensor& out, double lo, double hi, uint64_t seed, uint64_t offset) override {
+    TR_CHECK(!capturing_, "a random fill (rand) inside the captured step");
     cuda::random_uniform(stream(), out.data_ptr(), out.dtype(), out.numel(), lo, hi, seed, offset);
   }
   void unary(backend::UnaryOp op, const Tensor& x, const Tensor& out) override {
@@ -540,7 +545,7 @@ class CudaBackend final : public backend::Backend {
     cuda::attention_block_softmax(
         stream(), scores.dtype(), probs.dtype(), scores.data_ptr(), probs.data_ptr(), lse.data_ptr(),
         a.key_keep.defined() ? a.key_keep.data<bool>() : nullptr, a.B, a.H, a.KV, a.T, a.S, a.t0, a.tq, a.sk,
-        a.causal, a.window, a.scale, a.dropout, a.seed, a.offset);
+        a.causal, a.window, a.scale, a.dropout, a.seed, a.offset, captured_shift(a.dropout));
   }
   void attention_block_grad(const Tensor& scores, const Tensor& dp, const Tensor& lse, const Tensor& delta,
                             const AttentionBlock& a, const Tensor& probs, const Tensor& dscores) override {
@@ -548,10 +553,24 @@ class CudaBackend final : public backend::Backend {
                                lse.data_ptr(), delta.data_ptr(), probs.data_ptr(), dscores.data_ptr(),
                                a.key_keep.defined() ? a.key_keep.data<bool>() : nullptr, a.B, a.H, a.KV, a.T,
                                a.S, a.t0, a.tq, a.sk, a.causal, a.window, a.scale, a.dropout, a.seed,
-                               a.offset);
+                               a.offset, captured_shift(a.dropout));
   }
   void dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset, const Tensor& y) override {
-    cuda::dropout(stream(), x.dtype(), x.data_ptr(), y.data_ptr(), x.numel(), p, seed, offset);
+    cuda::dropout(stream(), x.dtype(), x.data_ptr(), y.data_ptr(), x.numel(), p, seed, offset,
+                  captured_shift(p));
+  }
+  bool philox_shift_on_device() const override { return true; }
+  std::string autotune_summary() const override {
+    if (!lt_ || lt_->tuned() == 0) return "";
+    return fmt::format(
+        "max-autotune timed up to {} cuBLASLt algorithms for {} GEMM shapes; {} kept another "
+        "than the heuristic's first",
+        LtGemm::kAutotuneCandidates, lt_->tuned(), lt_->tuned_away());
+  }
+  void set_philox_shift(int device_index, uint64_t shift) override {
+    TR_CHECK(device_index == 0, "set_philox_shift: CUDA graphs run on cuda:0 only (asked for cuda:{})",
+             device_index);
+    cuda::set_u64(stream(), shift_slot(), shift);
   }
 
  private:
@@ -568,8 +587,21 @@ class CudaBackend final : public backend::Backend {
     TR_CUBLAS_CHECK(cublasSetStream(blas_, stream()));
     return blas_;
   }
+  // The device word set_philox_shift() writes; allocated at the first capture that draws.
+  uint64_t* shift_slot() {
+    std::lock_guard<std::mutex> g(mu_);
+    if (!shift_dev_) {
+      TR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&shift_dev_), sizeof(uint64_t)));
+      TR_CUDA_CHECK(cudaMemset(shift_dev_, 0, sizeof(uint64_t)));
+    }
+    return shift_dev_;
+  }
+  // What a random kernel adds to its Philox offset on the device: the shift word while a graph is captured
+  // (its launches then draw each step's numbers), nothing otherwise.
+  const uint64_t* captured_shift(double p) { return capturing_ && p > 0 ? shift_slot() : nullptr; }
   std::vector<std::unique_ptr<CudaAllocator>> allocators_;
   CaptureScratch* capturing_ = nullptr;  // while capture_graph() runs: the scratch its graph keeps
+  uint64_t* shift_dev_ = nullptr;
   std::mutex mu_;
   cublasHandle_t blas_ = nullptr;
   std::unique_ptr<LtGemm> lt_;  // created at the first GEMM (no cuBLASLt handle on a machine without a GPU)
@@ -595,7 +627,10 @@ void CudaBackend::gemm(const backend::GemmArgs& g) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!lt_) lt_ = std::make_unique<LtGemm>();
   }
-  if (lt_->run(g, stream())) return;
+  {
+    AllocatorScratch scratch(allocator(g.c.device().index), capturing_);  // max-autotune's trial outputs
+    if (lt_->run(g, stream(), scratch)) return;
+  }
   if (g.epilogue == backend::GemmEpilogue::none) return legacy_gemm(g);
   // An epilogue cuBLASLt has no algorithm for: the bias as the initial c of a beta = 1 product (as the CPU
   // does), then the GELU as its own pass with the pre-activation kept in aux.
@@ -671,6 +706,7 @@ std::unique_ptr<backend::Backend::DeviceGraph> CudaBackend::capture_graph(int de
            current);
   TR_CHECK(!capturing_, "CUDA graph capture inside another capture");
   const cudaStream_t s = allocators_[static_cast<size_t>(device_index)]->stream();
+  shift_slot();  // allocated now: nothing but stream work once capturing
   CaptureScratch scratch;
   // Relaxed: the caching allocator may cudaMalloc a segment for the graph's scratch while capturing (that
   // memory then belongs to the graph); a host synchronization still ends the capture with an error.

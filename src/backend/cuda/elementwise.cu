@@ -49,9 +49,17 @@ void dispatch_all(DType dt, F&& f) {
   }
 }
 
-template <typename S, typename D>
-__global__ void copy_kernel(const S* src, D* dst, Strided g, int64_t n) {
-  GRID_STRIDE(i, n) { dst[strided_offset(g, 1, i)] = convert<S, D>(src[strided_offset(g, 0, i)]); }
+// Strided copies are bound by their index math (a div/mod pair per dimension per operand), so the launchers
+// collapse dimensions first, use 32-bit indices where they fit, and move 16/8/4-byte packs when the innermost
+// dimension is unit-stride in both operands (copy_packs_kernel: one index computation per pack).
+template <typename S, typename D, typename I>
+__global__ void copy_kernel(const S* src, D* dst, Strided g, I n) {
+  GRID_STRIDE_I(I, i, n) { dst[strided_offset(g, 1, i)] = convert<S, D>(src[strided_offset(g, 0, i)]); }
+}
+
+template <typename P, typename I>
+__global__ void copy_packs_kernel(const P* src, P* dst, Strided g, I n) {
+  GRID_STRIDE_I(I, i, n) { dst[strided_offset(g, 1, i)] = src[strided_offset(g, 0, i)]; }
 }
 
 template <typename T>
@@ -84,14 +92,14 @@ __global__ void uniform_kernel(T* out, int64_t n, double lo, double hi, uint64_t
   }
 }
 
-template <typename T>
-__global__ void unary_kernel(UnaryOp op, const T* x, T* y, Strided g, int64_t n) {
-  GRID_STRIDE(i, n) { st(y, i, backend::unary_fn(op, ld(x, strided_offset(g, 0, i)))); }
+template <typename T, typename I>
+__global__ void unary_kernel(UnaryOp op, const T* x, T* y, Strided g, I n) {
+  GRID_STRIDE_I(I, i, n) { st(y, i, backend::unary_fn(op, ld(x, strided_offset(g, 0, i)))); }
 }
 
-template <typename T>
-__global__ void binary_kernel(BinaryOp op, const T* a, const T* b, T* out, Strided g, int64_t n) {
-  GRID_STRIDE(i, n) {
+template <typename T, typename I>
+__global__ void binary_kernel(BinaryOp op, const T* a, const T* b, T* out, Strided g, I n) {
+  GRID_STRIDE_I(I, i, n) {
     st(out, i, backend::binary_fn(op, ld(a, strided_offset(g, 0, i)), ld(b, strided_offset(g, 1, i))));
   }
 }
@@ -102,9 +110,9 @@ __global__ void pow_kernel(const T* x, T* y, int64_t n, double e) {
   GRID_STRIDE(i, n) { st(y, i, static_cast<A>(pow(ld(x, i), static_cast<A>(e)))); }
 }
 
-template <typename T>
-__global__ void masked_fill_kernel(const T* x, const bool* mask, T* y, Strided g, int64_t n, double v) {
-  GRID_STRIDE(i, n) { y[i] = mask[strided_offset(g, 1, i)] ? convert<double, T>(v) : x[i]; }
+template <typename T, typename I>
+__global__ void masked_fill_kernel(const T* x, const bool* mask, T* y, Strided g, I n, double v) {
+  GRID_STRIDE_I(I, i, n) { y[i] = mask[strided_offset(g, 0, i)] ? convert<double, T>(v) : x[i]; }
 }
 
 // Element functions of the contiguous fast paths (map1/map2 of common.cuh): the same math per element as the
@@ -147,13 +155,55 @@ struct DropoutF {
   float p;
   acc_t<T> scale;
   uint64_t seed, offset;
+  const uint64_t* shift;  // a CUDA graph's launch: added to offset (null: none)
   __device__ T operator()(int64_t i, T x) const {
-    const bool keep = uniform_from_word(philox_word(seed, offset, static_cast<uint64_t>(i))) >= p;
+    const uint64_t at = offset + (shift ? *shift : 0);
+    const bool keep = uniform_from_word(philox_word(seed, at, static_cast<uint64_t>(i))) >= p;
     return from_acc<T>(keep ? to_acc(x) * scale : acc_t<T>(0));
   }
 };
 
 }  // namespace
+
+// Launches kernel<I>(..., g, n) with I = uint32_t where every offset fits, else int64_t.
+template <typename Launch>
+void with_index(const Strided& g, int operands, int64_t n, Launch launch) {
+  if (fits_u32(g, operands, n))
+    launch(uint32_t{}, static_cast<uint32_t>(n));
+  else
+    launch(int64_t{}, n);
+}
+
+// A same-dtype strided copy as W-byte packs, W the widest of 16/8/4 that the innermost extent, every outer
+// stride and both base addresses allow. False when none does (or the innermost dimension is strided).
+bool copy_packs(Stream stream, const void* src, void* dst, size_t elem, const Strided& c, int64_t n) {
+  const int last = c.nd - 1;
+  if (c.stride[0][last] != 1 || c.stride[1][last] != 1) return false;
+  for (size_t w : {size_t{16}, size_t{8}, size_t{4}}) {
+    if (w <= elem) break;
+    const int64_t v = static_cast<int64_t>(w / elem);
+    bool ok = c.shape[last] % v == 0 && aligned_to(src, w) && aligned_to(dst, w);
+    for (int d = 0; d < last && ok; ++d) ok = c.stride[0][d] % v == 0 && c.stride[1][d] % v == 0;
+    if (!ok) continue;
+    Strided p = c;
+    p.shape[last] /= v;
+    for (int d = 0; d < last; ++d) p.stride[0][d] /= v, p.stride[1][d] /= v;
+    const auto go = [&]<typename P>() {
+      with_index(p, 2, n / v, [&]<typename I>(I, I np) {
+        copy_packs_kernel<P, I>
+            <<<blocks_for(np), 256, 0, stream>>>(static_cast<const P*>(src), static_cast<P*>(dst), p, np);
+      });
+    };
+    if (w == 16)
+      go.template operator()<uint4>();
+    else if (w == 8)
+      go.template operator()<uint2>();
+    else
+      go.template operator()<uint32_t>();
+    return true;
+  }
+  return false;
+}
 
 void copy(Stream stream, const void* src, DType st_, void* dst, DType dt, const Strided& g, int64_t n) {
   if (n == 0) return;
@@ -163,13 +213,20 @@ void copy(Stream stream, const void* src, DType st_, void* dst, DType dt, const 
         cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * dtype_size(dt), cudaMemcpyDeviceToDevice, stream));
     return;
   }
+  const Strided c = collapsed(g, 2);
+  if (!contiguous && st_ == dt && copy_packs(stream, src, dst, dtype_size(dt), c, n)) {
+    TR_CUDA_LAUNCH_CHECK("copy");
+    return;
+  }
   dispatch_all(st_, [&]<typename S>() {
     dispatch_all(dt, [&]<typename D>() {
       if (contiguous)
         launch_map1(stream, CastF<S, D>{}, static_cast<const S*>(src), static_cast<D*>(dst), n);
       else
-        copy_kernel<S, D>
-            <<<blocks_for(n), 256, 0, stream>>>(static_cast<const S*>(src), static_cast<D*>(dst), g, n);
+        with_index(c, 2, n, [&]<typename I>(I, I ni) {
+          copy_kernel<S, D, I>
+              <<<blocks_for(ni), 256, 0, stream>>>(static_cast<const S*>(src), static_cast<D*>(dst), c, ni);
+        });
     });
   });
   TR_CUDA_LAUNCH_CHECK("copy");
@@ -212,8 +269,10 @@ void unary(Stream stream, UnaryOp op, DType dt, const void* x, void* y, const St
     if (contiguous)
       launch_map1(stream, UnaryF<T>{op}, static_cast<const T*>(x), static_cast<T*>(y), n);
     else
-      unary_kernel<T>
-          <<<blocks_for(n), 256, 0, stream>>>(op, static_cast<const T*>(x), static_cast<T*>(y), g, n);
+      with_index(collapsed(g, 1), 1, n, [&]<typename I>(I, I ni) {
+        unary_kernel<T, I><<<blocks_for(ni), 256, 0, stream>>>(op, static_cast<const T*>(x),
+                                                               static_cast<T*>(y), collapsed(g, 1), ni);
+      });
   });
   TR_CUDA_LAUNCH_CHECK("unary");
 }
@@ -236,8 +295,11 @@ void binary(Stream stream, BinaryOp op, DType dt, const void* a, const void* b, 
       launch_map2(stream, BinaryF<T>{op}, static_cast<const T*>(a), static_cast<const T*>(b),
                   static_cast<T*>(out), n);
     else
-      binary_kernel<T><<<blocks_for(n), 256, 0, stream>>>(
-          op, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), g, n);
+      with_index(collapsed(g, 2), 2, n, [&]<typename I>(I, I ni) {
+        binary_kernel<T, I><<<blocks_for(ni), 256, 0, stream>>>(op, static_cast<const T*>(a),
+                                                                static_cast<const T*>(b),
+                                                                static_cast<T*>(out), collapsed(g, 2), ni);
+      });
   });
   TR_CUDA_LAUNCH_CHECK("binary");
 }
@@ -262,22 +324,38 @@ void pow_scalar(Stream stream, DType dt, const void* x, void* y, int64_t n, doub
 
 void masked_fill(Stream stream, DType dt, const void* x, const bool* mask, void* y, const Strided& g,
                  int64_t n, double value) {
+  Strided m;  // the mask's strides (operand 1) as the only operand, collapsed
+  m.nd = g.nd;
+  for (int d = 0; d < g.nd; ++d) m.shape[d] = g.shape[d], m.stride[0][d] = g.stride[1][d];
+  m = collapsed(m, 1);
   dispatch_float(dt, [&]<typename T>() {
-    masked_fill_kernel<T>
-        <<<blocks_for(n), 256, 0, stream>>>(static_cast<const T*>(x), mask, static_cast<T*>(y), g, n, value);
+    with_index(m, 1, n, [&]<typename I>(I, I ni) {
+      masked_fill_kernel<T, I><<<blocks_for(ni), 256, 0, stream>>>(static_cast<const T*>(x), mask,
+                                                                   static_cast<T*>(y), m, ni, value);
+    });
   });
   TR_CUDA_LAUNCH_CHECK("masked_fill");
 }
 
 void dropout(Stream stream, DType dt, const void* x, void* y, int64_t n, double p, uint64_t seed,
-             uint64_t offset) {
+             uint64_t offset, const uint64_t* shift) {
   if (n == 0) return;
   dispatch_float(dt, [&]<typename T>() {
-    launch_map1(stream,
-                DropoutF<T>{static_cast<float>(p), static_cast<acc_t<T>>(1.0 / (1.0 - p)), seed, offset},
-                static_cast<const T*>(x), static_cast<T*>(y), n);
+    launch_map1(
+        stream,
+        DropoutF<T>{static_cast<float>(p), static_cast<acc_t<T>>(1.0 / (1.0 - p)), seed, offset, shift},
+        static_cast<const T*>(x), static_cast<T*>(y), n);
   });
   TR_CUDA_LAUNCH_CHECK("dropout");
+}
+
+namespace {
+__global__ void set_u64_kernel(uint64_t* p, uint64_t v) { *p = v; }
+}  // namespace
+
+void set_u64(Stream stream, uint64_t* p, uint64_t value) {
+  set_u64_kernel<<<1, 1, 0, stream>>>(p, value);
+  TR_CUDA_LAUNCH_CHECK("set_u64");
 }
 
 }  // namespace tr::cuda

@@ -1,5 +1,6 @@
 // cuBLASLt GEMMs: plan cache keyed by shape, layout, dtype, epilogue and pointer alignment; one heuristic
-// query per plan; the workspace allocated once per device. See gemm_lt.h.
+// query per plan (max-autotune: its candidates timed once); the workspace allocated once per device. See
+// gemm_lt.h.
 #include "backend/cuda/gemm_lt.h"
 
 #include <cublasLt.h>
@@ -72,6 +73,7 @@ struct LtGemm::Key {
   int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, sa = 0, sb = 0, batch = 0;
   uint32_t align_a = 0, align_b = 0, align_c = 0, align_bias = 0, align_aux = 0;
   int device = 0;
+  bool autotune = false;
   auto operator<=>(const Key&) const = default;
 };
 
@@ -108,6 +110,61 @@ size_t LtGemm::plans() const {
   return plans_.size();
 }
 
+size_t LtGemm::tuned() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return tuned_;
+}
+
+size_t LtGemm::tuned_away() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return tuned_away_;
+}
+
+// Times each candidate on g's operands: D goes to scratch (C is read, never written, so an accumulating GEMM
+// is timed on its real input), GELU's aux too. One warm-up, then kTimed runs between two events; candidates
+// cuBLASLt refuses at run time are skipped. Ties keep the heuristic's order.
+void LtGemm::autotune(Plan& p, const backend::GemmArgs& g, const cublasLtMatmulHeuristicResult_t* found,
+                      int n, void* ws, cudaStream_t stream, Scratch& scratch) {
+  constexpr int kTimed = 3;
+  const bool gelu = g.epilogue == backend::GemmEpilogue::bias_gelu;
+  const size_t product = static_cast<size_t>(g.batch * g.m * g.n) * dtype_size(g.c.dtype());  // D's layout
+  void* d = scratch.take(product);
+  void* aux = gelu ? scratch.take(static_cast<size_t>(g.m * g.n) * dtype_size(g.aux.dtype())) : nullptr;
+  if (gelu) set_desc(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
+  const float af = static_cast<float>(g.alpha), bf = static_cast<float>(g.beta);
+  const double ad = g.alpha, bd = g.beta;
+  const bool f64 = g.c.dtype() == DType::f64;
+  const void* alpha = f64 ? static_cast<const void*>(&ad) : static_cast<const void*>(&af);
+  const void* beta = f64 ? static_cast<const void*>(&bd) : static_cast<const void*>(&bf);
+  cudaEvent_t start = nullptr, stop = nullptr;
+  TR_CHECK(cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&stop) == cudaSuccess,
+           "max-autotune: cudaEventCreate failed");
+  float best_ms = 0;
+  int best = -1;
+  for (int i = 0; i < n; ++i) {
+    const auto run = [&] {
+      return cublasLtMatmul(lt(handle_), p.op, alpha, g.b.data_ptr(), p.a, g.a.data_ptr(), p.b, beta,
+                            g.c.data_ptr(), p.c, d, p.c, &found[i].algo, ws, kWorkspaceBytes, stream);
+    };
+    if (run() != CUBLAS_STATUS_SUCCESS) continue;
+    cudaEventRecord(start, stream);
+    bool ok = true;
+    for (int r = 0; r < kTimed && ok; ++r) ok = run() == CUBLAS_STATUS_SUCCESS;
+    cudaEventRecord(stop, stream);
+    float ms = 0;
+    if (!ok || cudaEventSynchronize(stop) != cudaSuccess ||
+        cudaEventElapsedTime(&ms, start, stop) != cudaSuccess)
+      continue;
+    if (best < 0 || ms < best_ms) best_ms = ms, best = i;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaGetLastError();  // a refused candidate's error is not the caller's
+  p.algo = found[best < 0 ? 0 : best].algo;
+  ++tuned_;
+  if (best > 0) ++tuned_away_;
+}
+
 void* LtGemm::workspace(int device) {
   if (device >= static_cast<int>(workspaces_.size())) workspaces_.resize(static_cast<size_t>(device) + 1);
   void*& w = workspaces_[static_cast<size_t>(device)];
@@ -119,7 +176,7 @@ void* LtGemm::workspace(int device) {
   return w;
 }
 
-bool LtGemm::run(const backend::GemmArgs& g, cudaStream_t stream) {
+bool LtGemm::run(const backend::GemmArgs& g, cudaStream_t stream, Scratch& scratch) {
   cudaDataType_t t, tc;  // operands' type and the product's (f32 for an unrounded half product)
   cublasComputeType_t compute, unused;
   if (!gemm_types(g.a.dtype(), g.tf32, &t, &compute) || !gemm_types(g.c.dtype(), g.tf32, &tc, &unused))
@@ -131,6 +188,9 @@ bool LtGemm::run(const backend::GemmArgs& g, cudaStream_t stream) {
   if (epi && (g.batch != 1 || g.beta != 0.0 || !g.bias.defined() || g.c.dtype() != g.a.dtype())) return false;
   if (gelu && (!g.aux.defined() || g.n % 8 != 0))
     return false;  // the aux leading dim must be a multiple of 8
+  // cuBLASLt's GELU in f64 is good to ~3e-10 relative (H200, cuBLASLt 13.1), not f64's: f64 is the reference
+  // dtype, so its GELU runs as our own kernel after the GEMM.
+  if (gelu && g.c.dtype() == DType::f64) return false;
   int device = 0;
   TR_CHECK(cudaGetDevice(&device) == cudaSuccess, "cuBLASLt: no current CUDA device");
 
@@ -155,6 +215,10 @@ bool LtGemm::run(const backend::GemmArgs& g, cudaStream_t stream) {
   key.align_bias = epi ? alignment(g.bias.data_ptr()) : 0;
   key.align_aux = gelu ? alignment(g.aux.data_ptr()) : 0;
   key.device = device;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  TR_CHECK(cudaStreamIsCapturing(stream, &capturing) == cudaSuccess,
+           "cuBLASLt: cudaStreamIsCapturing failed");
+  key.autotune = g.autotune && capturing == cudaStreamCaptureStatusNone;
 
   std::lock_guard<std::mutex> lock(mu_);
   void* ws = workspace(device);
@@ -202,14 +266,16 @@ bool LtGemm::run(const backend::GemmArgs& g, cudaStream_t stream) {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
     for (int i = 0; i < 4; ++i)
       TR_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i], sizeof al[i]));
-    cublasLtMatmulHeuristicResult_t result{};
+    cublasLtMatmulHeuristicResult_t results[kAutotuneCandidates]{};
     int found = 0;
     const cublasStatus_t s =
-        cublasLtMatmulAlgoGetHeuristic(lt(handle_), p->op, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
+        cublasLtMatmulAlgoGetHeuristic(lt(handle_), p->op, p->a, p->b, p->c, p->c, pref,
+                                       key.autotune ? kAutotuneCandidates : 1, results, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     p->usable = s == CUBLAS_STATUS_SUCCESS && found > 0;
     if (p->usable) {
-      p->algo = result.algo;
+      p->algo = results[0].algo;
+      if (key.autotune && found > 1) autotune(*p, g, results, found, ws, stream, scratch);
     } else if (!warned_) {  // once: the fallback is correct but slower, so say which shape took it
       warned_ = true;
       std::fprintf(

@@ -56,8 +56,12 @@ void affine(Stream stream, DType dt, const void* x, void* y, int64_t n, double a
 void pow_scalar(Stream stream, DType dt, const void* x, void* y, int64_t n, double exponent);
 void masked_fill(Stream stream, DType dt, const void* x, const bool* mask, void* y, const Strided& g,
                  int64_t n, double value);
+// shift (device memory, or null): added to offset when the kernel runs - a CUDA graph captured once draws
+// new numbers at each launch (Backend::set_philox_shift). The same for the attention blocks below.
 void dropout(Stream stream, DType dt, const void* x, void* y, int64_t n, double p, uint64_t seed,
-             uint64_t offset);
+             uint64_t offset, const uint64_t* shift = nullptr);
+// *p = value, in stream order (no host synchronization, unlike a copy from pageable memory).
+void set_u64(Stream stream, uint64_t* p, uint64_t value);
 
 void reduce(Stream stream, ReduceOp op, DType dt, const void* x, void* y, int64_t outer, int64_t r,
             int64_t inner, Scratch& scratch);
@@ -119,12 +123,12 @@ void attention_backward(Stream stream, DType dt, const void* q, const void* k, c
 void attention_block_softmax(Stream stream, DType sdt, DType pdt, const void* scores, void* probs, void* lse,
                              const bool* keep, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S,
                              int64_t t0, int64_t tq, int64_t sk, bool causal, int64_t window, double scale,
-                             double dropout, uint64_t seed, uint64_t offset);
+                             double dropout, uint64_t seed, uint64_t offset, const uint64_t* shift = nullptr);
 void attention_block_grad(Stream stream, DType sdt, DType pdt, const void* scores, const void* dp,
                           const void* lse, const void* delta, void* probs, void* dscores, const bool* keep,
                           int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t t0, int64_t tq,
                           int64_t sk, bool causal, int64_t window, double scale, double dropout,
-                          uint64_t seed, uint64_t offset);
+                          uint64_t seed, uint64_t offset, const uint64_t* shift = nullptr);
 
 // Multi-tensor passes (Backend::grad_stats / transform_grads / fused_adamw): one launch over a list of
 // 64K-element chunks, one block per chunk; the element math is backend/optim_math.h's. Gradients and weight
