@@ -46,7 +46,10 @@ train_ours() {  # $1: sdpa, eager or compiled; $2: a kernel trace file (then 10 
     --train_file data/moby-dick/package/data/data.txt --block_size 1024 --per_device_train_batch_size $B \
     --bf16 --optim adamw_torch_fused --attn_implementation $attn --max_steps $S --logging_steps 5 \
     --save_strategy no --output_dir /tmp/trainer_gpt2_$run --overwrite_output_dir "${compile[@]}" 2>&1 |
-    tr '\r' '\n' | grep -vE "^ *$" | grep -vE "it/s|s/it" | tail -n 10 | tee -a "$OUT/train.log"
+    tr '\r' '\n' >"/tmp/trainer_gpt2_$run.log"
+  # the notices (compile plans and graphs, cuBLASLt fallbacks, errors), then the run's summary
+  { grep -E "torch_compile|cuBLASLt|notice|warning|error|rror" "/tmp/trainer_gpt2_$run.log" | head -n 15
+    grep -vE "^ *$|it/s|s/it" "/tmp/trainer_gpt2_$run.log" | tail -n 10; } | tee -a "$OUT/train.log"
   [[ -n ${2:-} ]] && return
   # issue 13: the estimate's allocated and reserved peaks for the same flags (target: within 3% of measured)
   "$work/bin/trainer" estimate --config_name gpt2 --block_size 1024 --per_device_train_batch_size $B --bf16 \
