@@ -234,3 +234,26 @@ TEST(Estimate, KnobTableAndSizes) {
 }
 
 }  // namespace
+
+// A GPU in half precision runs sdpa in the blocked form (score blocks between the two GEMMs); the CPU runs
+// the fused kernel. An estimate for --device cuda counts the blocked form's blocks, one for the CPU does not;
+// in fp32 both devices run the fused kernel. (The meta walk of the blocked form allocates as the CPU run:
+// test AttentionBlockedMemory.TheMetaDryRunPeaksAsTheCpuRun; on an H200 the GPT-2 124M bf16 estimate equals
+// the measured peak.) A small vocabulary and long blocks so that attention, not the head, sets the peak.
+TEST(Estimate, AGpuEstimateCountsTheBlockedAttentionItRuns) {
+  Scratch s("estimate_attention_form");
+  std::ofstream(s.dir / "config.json")
+      << R"({"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256})";
+  auto a = s.args("run");
+  a.block_size = 256;
+  a.attn_implementation = "sdpa";
+  auto peak = [&](bool bf16, train::MemoryDevice d) {
+    a.bf16 = bf16;
+    train::MemoryTarget t;
+    t.device = d;
+    return train::estimate_memory(a, t).peak_bytes;
+  };
+  EXPECT_GT(peak(true, train::MemoryDevice::cuda), 2 * peak(true, train::MemoryDevice::cpu));
+  EXPECT_EQ(peak(false, train::MemoryDevice::cuda), peak(false, train::MemoryDevice::cpu));
+}

@@ -90,10 +90,11 @@ Tensor rope(const Tensor& x, const ops::RopeTables& tables, const Tensor& positi
 // key_keep bool [B, S] (false = padding) or undefined. Saves only q, k, v, out and the row logsumexp.
 // dropout_p > 0 (training): attention dropout drawn from `gen` through the blocked form
 // (ops::AttentionDropout). window > 0 (causal): each query sees its last `window` keys, itself included
-// (Mistral's sliding_window).
+// (Mistral's sliding_window). `form` forces the fused or blocked form (default: ops::attention_form's pick).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                                     bool causal, double scale, double dropout_p = 0.0,
-                                    Generator* gen = nullptr, int64_t window = 0);
+                                    Generator* gen = nullptr, int64_t window = 0,
+                                    ops::AttentionForm form = ops::AttentionForm::automatic);
 
 // ---- shape
 Tensor view(const Tensor& x, const Shape& shape);

@@ -256,7 +256,7 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                                     bool causal, double scale, double dropout_p, Generator* gen,
-                                    int64_t window) {
+                                    int64_t window, ops::AttentionForm form) {
   if (dropout_p > 0) {
     // Attention dropout: the blocked form draws the mask from the generator as dropout() on the [B, H, T, S]
     // probabilities would, and redraws the same mask in backward.
@@ -276,13 +276,13 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     }
     return o.out;
   }
-  ops::AttentionOut o = ops::attention(q, k, v, key_keep, causal, scale, window);
+  ops::AttentionOut o = ops::attention(q, k, v, key_keep, causal, scale, window, form);
   if (needs_grad({&q, &k, &v})) {
     Tensor out = o.out.as_strided(o.out.shape(), o.out.strides(), o.out.offset()), lse = o.lse;
     record("attention", {&q, &k, &v}, {&o.out},
-           [q, k, v, key_keep, causal, scale, out, lse, window](const Grads& g) -> Grads {
+           [q, k, v, key_keep, causal, scale, out, lse, window, form](const Grads& g) -> Grads {
              ops::AttentionGrads r =
-                 ops::attention_backward(q, k, v, key_keep, causal, scale, out, lse, g[0], window);
+                 ops::attention_backward(q, k, v, key_keep, causal, scale, out, lse, g[0], window, form);
              return {r.dq, r.dk, r.dv};
            });
   }

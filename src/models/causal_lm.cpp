@@ -41,7 +41,7 @@ Tensor CausalLM::attend(const Tensor& q, const Tensor& k, const Tensor& v, const
   // sdpa / flash_attention_2: the fused path; with dropout, the blocked form (same mask as eager's dropout).
   if (attn_ != AttnImplementation::eager)
     return scaled_dot_product_attention(q, k, v, key_keep, true, scale, drop ? dropout_p : 0.0, o.dropout_gen,
-                                        window);
+                                        window, attention_form_);
   auto repeat_kv = [&](const Tensor& t) {  // [B, KV, S, D] -> [B, H, S, D]
     if (KV == H) return t;
     return reshape(expand(unsqueeze(t, 2), {B, KV, H / KV, S, D}), {B, H, S, D});

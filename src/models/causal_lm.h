@@ -89,6 +89,9 @@ class CausalLM {
   AttnImplementation attn_implementation() const { return attn_; }
   void set_attn_implementation(AttnImplementation impl) { attn_ = impl; }
   void set_attn_implementation(const std::string& impl) { attn_ = parse_attn_implementation(impl); }
+  // The form sdpa runs in (default: ops::attention_form's pick for the tensors' device and dtype). A dry run
+  // on the meta device sets the one its target device would pick (trainer estimate --device cuda).
+  void set_attention_form(ops::AttentionForm form) { attention_form_ = form; }
   // ZeRO-3's gather/release around every forward (null: the parameters are always there). Not owned.
   void set_layer_hooks(LayerHooks* hooks) { hooks_ = hooks; }
   LayerHooks* layer_hooks() const { return hooks_; }
@@ -159,6 +162,7 @@ class CausalLM {
   Device device_;
   DType dtype_;
   AttnImplementation attn_ = AttnImplementation::eager;
+  ops::AttentionForm attention_form_ = ops::AttentionForm::automatic;
   LayerHooks* hooks_ = nullptr;
   DevicePlacement placement_;
 };

@@ -98,7 +98,10 @@ AttentionOut attention_blocked(const Tensor& q, const Tensor& k, const Tensor& v
   auto& be = backend::backend_for(q.device());
   AttentionOut o{empty(q.shape(), q.dtype(), q.device()),
                  empty({d.B, d.H, d.T}, stat_of(q.dtype()), q.device())};
-  if (q.device().is_meta() || q.numel() == 0) return o;
+  if (q.numel() == 0) return o;
+  // On the meta device the walk allocates what a real run would (score blocks, probabilities, row copies:
+  // a dry run's peak must see them) and only the row kernels are skipped.
+  const bool meta = q.device().is_meta();
   const Blocks blocks(d, k, v, key_keep, block, dropout);
   blocks.each(d, causal, [&](int64_t t0, int64_t tq, int64_t sk) {
     if (sk == 0) {  // no query of the block sees a key: zero output, lse -inf (the fused kernel's rule)
@@ -110,8 +113,9 @@ AttentionOut attention_blocked(const Tensor& q, const Tensor& k, const Tensor& v
     Tensor scores = matmul_f32(rows_of(q, d, t0, tq), kb, false, true);  // [B*KV, rep*tq, sk]
     Tensor probs = empty(scores.shape(), q.dtype(), q.device());
     Tensor lse = empty({d.B * d.KV, d.rep * tq}, scores.dtype(), q.device());
-    be.attention_block_softmax(scores, block_of(d, blocks.keep, causal, scale, t0, tq, sk, dropout, window),
-                               probs, lse);
+    if (!meta)
+      be.attention_block_softmax(scores, block_of(d, blocks.keep, causal, scale, t0, tq, sk, dropout, window),
+                                 probs, lse);
     put_rows(o.out, matmul(probs, vb), d, t0, tq);
     put_rows(o.lse, lse, d, t0, tq);
   });
@@ -127,7 +131,7 @@ AttentionGrads attention_blocked_backward(const Tensor& q, const Tensor& k, cons
   const DType st = stat_of(q.dtype());
   AttentionGrads g{empty(q.shape(), q.dtype(), q.device()), empty(k.shape(), k.dtype(), k.device()),
                    empty(v.shape(), v.dtype(), v.device())};
-  if (q.device().is_meta()) return g;
+  const bool meta = q.device().is_meta();  // allocations walked as a real run's; row kernels skipped
   // dk, dv summed over query blocks in f32 (f64), [B * KV, S, D]; rounded to k's dtype at the end.
   Tensor dk = zeros({d.B * d.KV, d.S, d.D}, st, q.device()),
          dv = zeros({d.B * d.KV, d.S, d.D}, st, q.device());
@@ -147,9 +151,13 @@ AttentionGrads attention_blocked_backward(const Tensor& q, const Tensor& k, cons
       const Tensor scores = matmul_f32(qb, kb, false, true), dp = matmul_f32(dob, vb, false, true);
       Tensor probs = empty(scores.shape(), q.dtype(), q.device()),
              ds = empty(scores.shape(), q.dtype(), q.device());
-      be.attention_block_grad(scores, dp, rows_of(lse, d, t0, tq), rows_of(delta, d, t0, tq),
-                              block_of(d, blocks.keep, causal, scale, t0, tq, sk, dropout, window), probs,
-                              ds);
+      {
+        const Tensor lse_b = rows_of(lse, d, t0, tq), delta_b = rows_of(delta, d, t0, tq);
+        if (!meta)
+          be.attention_block_grad(scores, dp, lse_b, delta_b,
+                                  block_of(d, blocks.keep, causal, scale, t0, tq, sk, dropout, window), probs,
+                                  ds);
+      }
       put_rows(g.dq, matmul(ds, kb), d, t0, tq);  // dq = ds k (ds carries the scale)
       const Tensor dkb = narrow(dk, 1, 0, sk), dvb = narrow(dv, 1, 0, sk);
       copy_(dkb, binary(backend::BinaryOp::add, dkb, matmul_f32(ds, qb, true, false)));      // dk += ds^T q

@@ -547,14 +547,17 @@ AttentionForm resolve(AttentionForm form, const Tensor& q, const Tensor& k) {
 
 }  // namespace
 
-AttentionForm attention_form(const Tensor& q, const Tensor& k) {
+AttentionForm attention_form_for(DeviceType device, DType dtype) {
   // On a GPU in bf16/f16 the blocked form runs the products on tensor cores (cuBLASLt); the tiled kernel of
   // the backend covers f32/f64 there.
-  if (q.device().is_cuda())
-    return q.dtype() == DType::bf16 || q.dtype() == DType::f16 ? AttentionForm::blocked
-                                                               : AttentionForm::fused;
-  (void)k;
+  if (device == DeviceType::cuda)
+    return dtype == DType::bf16 || dtype == DType::f16 ? AttentionForm::blocked : AttentionForm::fused;
   return AttentionForm::fused;
+}
+
+AttentionForm attention_form(const Tensor& q, const Tensor& k) {
+  (void)k;
+  return attention_form_for(q.device().type, q.dtype());
 }
 
 AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, bool causal,

@@ -194,6 +194,9 @@ enum class AttentionForm { automatic, fused, blocked };
 // fused otherwise - on the CPU the fused kernel's sgemm tiles beat the blocked form at every length measured
 // (bench/bench_attention).
 AttentionForm attention_form(const Tensor& q, const Tensor& k);
+// The same rule by device type and dtype: what a dry run on the meta device asks for the device it stands in
+// for (trainer estimate --device cuda), so its peak counts the form the real run takes.
+AttentionForm attention_form_for(DeviceType device, DType dtype);
 AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, bool causal,
                        double scale, int64_t window = 0, AttentionForm form = AttentionForm::automatic);
 struct AttentionGrads {

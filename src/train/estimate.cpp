@@ -170,6 +170,10 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
   if (deferred) build_shard(*z, model->named_parameters(), load, compute);
   MixedPrecision mp(model->named_parameters(), compute, a.fp16, zero && compute != DType::f32);
   model->set_dtype(compute);
+  // sdpa in the form the target device takes: on a GPU in half precision, the blocked form and its score
+  // blocks
+  model->set_attention_form(
+      ops::attention_form_for(device == MemoryDevice::cuda ? DeviceType::cuda : DeviceType::cpu, compute));
   ShardedOptimizer* sharded = z.get();
   std::unique_ptr<optim::Optimizer> opt =
       zero ? std::move(z) : optim::make_optimizer(a.optim, mp.master_params(), oo);
