@@ -265,13 +265,14 @@ void random_uniform(Stream stream, void* out, DType dt, int64_t n, double lo, do
 void unary(Stream stream, UnaryOp op, DType dt, const void* x, void* y, const Strided& g, int64_t n) {
   if (n == 0) return;
   const bool contiguous = is_contiguous_operand(g, 0);
+  const Strided c = contiguous ? g : collapsed(g, 1);
   dispatch_float(dt, [&]<typename T>() {
     if (contiguous)
       launch_map1(stream, UnaryF<T>{op}, static_cast<const T*>(x), static_cast<T*>(y), n);
     else
-      with_index(collapsed(g, 1), 1, n, [&]<typename I>(I, I ni) {
-        unary_kernel<T, I><<<blocks_for(ni), 256, 0, stream>>>(op, static_cast<const T*>(x),
-                                                               static_cast<T*>(y), collapsed(g, 1), ni);
+      with_index(c, 1, n, [&]<typename I>(I, I ni) {
+        unary_kernel<T, I>
+            <<<blocks_for(ni), 256, 0, stream>>>(op, static_cast<const T*>(x), static_cast<T*>(y), c, ni);
       });
   });
   TR_CUDA_LAUNCH_CHECK("unary");
@@ -290,15 +291,15 @@ void binary(Stream stream, BinaryOp op, DType dt, const void* a, const void* b, 
             int64_t n) {
   if (n == 0) return;
   const bool contiguous = is_contiguous_operand(g, 0) && is_contiguous_operand(g, 1);
+  const Strided c = contiguous ? g : collapsed(g, 2);
   dispatch_float(dt, [&]<typename T>() {
     if (contiguous)
       launch_map2(stream, BinaryF<T>{op}, static_cast<const T*>(a), static_cast<const T*>(b),
                   static_cast<T*>(out), n);
     else
-      with_index(collapsed(g, 2), 2, n, [&]<typename I>(I, I ni) {
-        binary_kernel<T, I><<<blocks_for(ni), 256, 0, stream>>>(op, static_cast<const T*>(a),
-                                                                static_cast<const T*>(b),
-                                                                static_cast<T*>(out), collapsed(g, 2), ni);
+      with_index(c, 2, n, [&]<typename I>(I, I ni) {
+        binary_kernel<T, I><<<blocks_for(ni), 256, 0, stream>>>(
+            op, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), c, ni);
       });
   });
   TR_CUDA_LAUNCH_CHECK("binary");
