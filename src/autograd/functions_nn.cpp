@@ -193,12 +193,19 @@ Tensor linear_cross_entropy_sum(const Tensor& x, const Tensor& w, const Tensor& 
       gw ? (N == 0 ? ops::zeros(dw_shape, loss_dt, w.device()) : ops::empty(dw_shape, loss_dt, w.device()))
          : Tensor();
   Tensor unit = gx || gw ? ops::full({std::min(chunk_rows, N)}, pre, loss_dt, x.device()) : Tensor();
+  // The logits and their gradient are rows of a buffer padded to a multiple of 64 columns: GPT-2's 50257
+  // would give all three head GEMMs an odd leading dimension, which keeps cuBLASLt off its fast kernels
+  // (on the H200 they ran as cuBLAS's fallback at ~115 TFLOP/s), and unaligned rows to the loss kernels.
+  const int64_t V = w.size(0), ld = (V + 63) / 64 * 64;
+  const auto padded = [&](int64_t n, DType dt) {
+    return ops::narrow(ops::empty({n, ld}, dt, x.device()), 1, 0, V);
+  };
   for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
     const int64_t n = std::min(chunk_rows, N - r0);
     Tensor xc = ops::narrow(x, 0, r0, n), lc = ops::narrow(lab, 0, r0, n);
     // Logits straight from the GEMM's f32 accumulator (half operands, f32 product): no half logits to
     // round and widen again before the softmax.
-    Tensor logits = ops::empty({n, w.size(0)}, loss_dt, x.device());
+    Tensor logits = padded(n, loss_dt);
     ops::matmul_into(logits, xc, w, false, true, 1.0, 0.0);
     if (!gx && !gw) {
       ops::CrossEntropyOut ce = ops::cross_entropy(logits, lc, ignore_index);
@@ -208,7 +215,7 @@ Tensor linear_cross_entropy_sum(const Tensor& x, const Tensor& w, const Tensor& 
     // The loss and the GEMMs' operand in the model's dtype from one kernel (each row's gradient made while
     // the row is in cache): a half one straight from the f32 values (one rounding, no f32 gradient stored),
     // an f32/f64 one in place of the logits.
-    Tensor dl = x.dtype() == loss_dt ? logits : ops::empty(logits.shape(), x.dtype(), x.device());
+    Tensor dl = x.dtype() == loss_dt ? logits : padded(n, x.dtype());
     ops::CrossEntropyOut ce =
         ops::cross_entropy_with_grad_(logits, lc, ignore_index, ops::narrow(unit, 0, 0, n), dl);
     ops::binary_(BinaryOp::add, total, ops::reduce(ops::ReduceOp::sum, ce.loss, {}, false));

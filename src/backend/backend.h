@@ -35,6 +35,11 @@ struct GemmArgs {
   bool trans_a = false, trans_b = false;
   int64_t batch = 1, m = 0, n = 0, k = 0;
   int64_t lda = 0, ldb = 0, stride_a = 0, stride_b = 0;
+  // c's row stride: 0 means n (dense rows). A wider one (batch 1, no epilogue) writes rows of a padded
+  // buffer - the LM head's [rows, vocab] logits, whose odd vocabulary (50257) would otherwise give every
+  // head GEMM an unaligned leading dimension and keep cuBLASLt off its fast kernels.
+  int64_t ldc = 0;
+  int64_t c_ld() const { return ldc == 0 ? n : ldc; }
   double alpha = 1.0, beta = 0.0;
   bool tf32 = false;  // f32 inputs rounded to TF32 (10-bit mantissa), as tensor cores read them
   // torch_compile max-autotune: the backend may time its candidate kernels for this shape once and keep the
@@ -159,8 +164,9 @@ class Backend {
   virtual void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& gy,
                                  const Tensor& gx, const Tensor& gw, const Tensor& gx_add) = 0;
 
-  // logits contiguous [n, v] (any float dtype), labels i64 [n]; loss f32 [n] (0 where ignored),
-  // lse f32 [n] (logsumexp of each row, saved for backward). Labels out of range throw.
+  // logits [n, v] (any float dtype), contiguous or rows of a padded buffer (unit column stride, row stride
+  // row_stride(logits) >= v; so is glogits below, with its own row stride); labels i64 [n]; loss f32 [n]
+  // (0 where ignored), lse f32 [n] (logsumexp of each row, saved for backward). Labels out of range throw.
   virtual void cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
                              const Tensor& loss, const Tensor& lse) = 0;
   // glogits = grad_loss[row] * (softmax(logits) - onehot(label)); 0 for ignored rows. grad_loss f32 [n].
@@ -307,36 +313,37 @@ class Backend {
                           const Tensor& unsigned_map) = 0;
 };
 
-// torch_compile's max-autotune for GEMMs (GemmArgs::autotune), process-wide like TF32 below (inductor's
-// config is too); GemmAutotuneScope sets it for the Trainer's run and restores it.
-void set_gemm_autotune(bool on);
-bool gemm_autotune();
-class GemmAutotuneScope {
+// The distance between consecutive rows of a tensor of rows (the last dimension): its second-to-last
+// stride, which is the row length for a contiguous tensor and more for rows of a padded buffer.
+inline int64_t row_stride(const Tensor& t) {
+  return t.dim() >= 2 ? t.strides()[static_cast<size_t>(t.dim() - 2)] : t.dim() == 1 ? t.size(0) : 1;
+}
+
+// Sets a process-wide switch for a scope and restores its previous value.
+template <bool (*Get)(), void (*Set)(bool)>
+class SwitchScope {
  public:
-  explicit GemmAutotuneScope(bool on) : previous_(gemm_autotune()) { set_gemm_autotune(on); }
-  ~GemmAutotuneScope() { set_gemm_autotune(previous_); }
-  GemmAutotuneScope(const GemmAutotuneScope&) = delete;
-  GemmAutotuneScope& operator=(const GemmAutotuneScope&) = delete;
+  explicit SwitchScope(bool on) : previous_(Get()) { Set(on); }
+  ~SwitchScope() { Set(previous_); }
+  SwitchScope(const SwitchScope&) = delete;
+  SwitchScope& operator=(const SwitchScope&) = delete;
 
  private:
   bool previous_;
 };
+
+// torch_compile's max-autotune for GEMMs (GemmArgs::autotune), process-wide like TF32 below (inductor's
+// config is too); GemmAutotuneScope sets it for the Trainer's run and restores it.
+void set_gemm_autotune(bool on);
+bool gemm_autotune();
+using GemmAutotuneScope = SwitchScope<gemm_autotune, set_gemm_autotune>;
 
 // torch.backends.cuda.matmul.allow_tf32: the process's f32 matmul precision (off by default). The CPU
 // emulates TF32 by rounding the inputs, so its numerics can be tested without a GPU. Tf32Scope sets it for a
 // scope (the Trainer's --tf32) and restores the previous value.
 void set_allow_tf32(bool on);
 bool allow_tf32();
-class Tf32Scope {
- public:
-  explicit Tf32Scope(bool on) : previous_(allow_tf32()) { set_allow_tf32(on); }
-  ~Tf32Scope() { set_allow_tf32(previous_); }
-  Tf32Scope(const Tf32Scope&) = delete;
-  Tf32Scope& operator=(const Tf32Scope&) = delete;
-
- private:
-  bool previous_;
-};
+using Tf32Scope = SwitchScope<allow_tf32, set_allow_tf32>;
 
 // The backend that runs tensors of `device` (cpu, cuda, meta -> cpu for geometry only), or the interposer
 // of an InterposeScope of this thread for that device.

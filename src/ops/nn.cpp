@@ -11,6 +11,12 @@ namespace {
 backend::Backend& be(const Tensor& t) { return backend::backend_for(t.device()); }
 bool runs(const Tensor& t) { return !t.device().is_meta() && t.numel() > 0; }
 
+// Contiguous, or a matrix whose rows sit in a wider buffer (unit column stride): the padded rows the LM
+// head's logits and their gradient use, which GEMMs write and the cross-entropy kernels read as they are.
+bool padded_rows(const Tensor& t) {
+  return t.is_contiguous() || (t.dim() == 2 && t.strides()[1] == 1 && t.strides()[0] >= t.size(1));
+}
+
 void check_same(const char* op, const Tensor& a, const Tensor& b) {
   TR_CHECK(a.device() == b.device(), "{}: tensors on different devices: {} and {}", op, a.describe(),
            b.describe());
@@ -74,6 +80,7 @@ void run_gemm(const Operand& pa, const Operand& pb, const Tensor& c, int64_t bat
               backend::GemmEpilogue epilogue = backend::GemmEpilogue::none, const Tensor& bias = Tensor(),
               const Tensor& aux = Tensor()) {
   backend::GemmArgs g;
+  if (!c.is_contiguous()) g.ldc = c.strides()[0];  // rows of a padded buffer (padded_rows)
   g.epilogue = epilogue;
   g.bias = bias;
   g.aux = aux;
@@ -157,9 +164,10 @@ void matmul_into(const Tensor& out, const Tensor& a, const Tensor& b, bool trans
   MatmulPlan p = plan_matmul("matmul_into", a, b, trans_a, trans_b);
   TR_CHECK(out.device() == a.device(), "matmul_into: target {} is not on {}'s device", out.describe(),
            a.describe());
-  TR_CHECK(out.shape() == p.out_shape && out.is_contiguous() &&
+  TR_CHECK(out.shape() == p.out_shape && (out.is_contiguous() || (p.batch == 1 && padded_rows(out))) &&
                (out.dtype() == a.dtype() || out.dtype() == product_dtype(a.dtype(), true)),
-           "matmul_into: target {} does not fit {} @ {}", out.describe(), a.describe(), b.describe());
+           "matmul_into: target {} does not fit {} @ {} (contiguous, or a matrix's rows in a wider buffer)",
+           out.describe(), a.describe(), b.describe());
   if (!runs(out)) return;
   run_gemm(p.pa, p.pb, out, p.batch, p.m, p.n, p.k, alpha, beta);
 }
@@ -383,7 +391,7 @@ CrossEntropyOut cross_entropy_outputs(const Tensor& logits, const Tensor& labels
 
 CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index) {
   CrossEntropyOut o = cross_entropy_outputs(logits, labels, "cross_entropy");
-  Tensor lc = contiguous(logits), yc = contiguous(labels);
+  Tensor lc = padded_rows(logits) ? logits : contiguous(logits), yc = contiguous(labels);
   if (runs(o.loss)) be(logits).cross_entropy(lc, yc, ignore_index, o.loss, o.lse);
   return o;
 }
@@ -440,12 +448,13 @@ CrossEntropyOut cross_entropy_with_grad_(const Tensor& logits, const Tensor& lab
                                          const Tensor& grad_loss, const Tensor& glogits) {
   const bool in_place = glogits.storage() == logits.storage() && glogits.offset() == logits.offset() &&
                         glogits.dtype() == logits.dtype();
-  TR_CHECK(logits.dim() >= 1 && logits.is_contiguous() && glogits.is_contiguous() &&
+  TR_CHECK(logits.dim() >= 1 && padded_rows(logits) && padded_rows(glogits) &&
                glogits.shape() == logits.shape() && glogits.device() == logits.device() &&
-               (in_place || (logits.dtype() == DType::f32 &&
-                             (glogits.dtype() == DType::bf16 || glogits.dtype() == DType::f16))),
-           "cross_entropy_with_grad_: contiguous logits {} and their gradient {} in their place or, for f32 "
-           "logits, in bf16/f16",
+               (in_place ? glogits.strides() == logits.strides()
+                         : (logits.dtype() == DType::f32 &&
+                            (glogits.dtype() == DType::bf16 || glogits.dtype() == DType::f16))),
+           "cross_entropy_with_grad_: logits {} and their gradient {} (contiguous, or rows in a wider "
+           "buffer) in their place or, for f32 logits, in bf16/f16",
            logits.describe(), glogits.describe());
   CrossEntropyOut o = cross_entropy_outputs(logits, labels, "cross_entropy_with_grad_");
   TR_CHECK(grad_loss.numel() == labels.numel() && grad_loss.dtype() == o.lse.dtype() &&

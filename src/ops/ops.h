@@ -103,8 +103,8 @@ Tensor softmax_backward(const Tensor& y, const Tensor& gy, int64_t dim, bool log
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 // matmul whose product stays f32 for bf16/f16 operands (the accumulator unrounded); as matmul otherwise.
 Tensor matmul_f32(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
-// out = alpha * a @ b + beta * out, batched as matmul; out contiguous of the product's shape, in a's dtype or
-// f32 for bf16/f16 operands.
+// out = alpha * a @ b + beta * out, batched as matmul; out of the product's shape, in a's dtype or f32 for
+// bf16/f16 operands, contiguous or (one matrix) rows in a wider buffer: a view of a padded [m, ld] buffer.
 void matmul_into(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
                  double alpha, double beta);
 // out = alpha * op(a) @ op(b) + beta * out, in place; a, b, out 2-D, out contiguous.
@@ -163,7 +163,8 @@ void cross_entropy_backward_(const Tensor& logits, const Tensor& labels, const T
 void cross_entropy_backward_into(const Tensor& logits, const Tensor& labels, const Tensor& lse,
                                  const Tensor& grad_loss, int64_t ignore_index, const Tensor& out);
 // cross_entropy with the gradient for grad_loss (f32, one per row) made in the same call into `glogits`: the
-// logits themselves (contiguous) or, for f32 logits, a contiguous bf16/f16 tensor of their shape. The loss
+// logits themselves or, for f32 logits, a bf16/f16 tensor of their shape; either contiguous or a matrix's
+// rows in a wider buffer (cross_entropy reads such logits as they are too). The loss
 // and lse of cross_entropy; the gradient of cross_entropy_backward_ / _into up to f32 rounding (the CPU's
 // fused kernel scales the exps of the sum instead of taking exp(x - lse) again).
 CrossEntropyOut cross_entropy_with_grad_(const Tensor& logits, const Tensor& labels, int64_t ignore_index,

@@ -48,7 +48,7 @@ inline void row_grad(const float* xr, float l, float g, int64_t label, float* ou
 void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
                                const Tensor& loss, const Tensor& lse) {
   const int64_t v = logits.shape().back();
-  const int64_t rows = logits.numel() / std::max<int64_t>(v, 1);
+  const int64_t rows = logits.numel() / std::max<int64_t>(v, 1), ldx = backend::row_stride(logits);
   check_labels(labels, v, ignore_index, "cross_entropy");
   dispatch_float(logits.dtype(), "cross_entropy", [&]<typename T>() {
     using A = acc_t<T>;
@@ -65,7 +65,7 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, int64
         lsep[r] = 0;
         continue;
       }
-      const T* xr = xp + r * v;
+      const T* xr = xp + r * ldx;
       A l;
       if constexpr (std::is_same_v<T, float>) {
         l = row_lse(xr, v, wide);
@@ -87,20 +87,21 @@ namespace {
 // a per-thread buffer by the f32 kernel and rounded from there (L2), instead of being stored in f32 and
 // narrowed by a second pass over memory; the bits are those of the f32 kernel's values rounded once (RNE).
 template <typename H>
-void cross_entropy_backward_to_half(const float* xp, const int64_t* lp, const float* lsep, const float* gl,
-                                    H* gp, int64_t rows, int64_t v, int64_t ignore_index) {
+void cross_entropy_backward_to_half(const float* xp, int64_t ldx, const int64_t* lp, const float* lsep,
+                                    const float* gl, H* gp, int64_t ldg, int64_t rows, int64_t v,
+                                    int64_t ignore_index) {
   const bool wide = cpu_has_avx512f();
 #pragma omp parallel num_threads(threads_for(rows* v * 2))
   {
     std::vector<float> buf(static_cast<size_t>(v));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-      H* out = gp + r * v;
+      H* out = gp + r * ldg;
       if (lp[r] == ignore_index) {
         std::memset(static_cast<void*>(out), 0, static_cast<size_t>(v) * sizeof(H));  // +0 in bf16 and f16
         continue;
       }
-      row_grad(xp + r * v, lsep[r], gl[r], lp[r], buf.data(), v, wide);
+      row_grad(xp + r * ldx, lsep[r], gl[r], lp[r], buf.data(), v, wide);
       narrow_run(buf.data(), out, v);
     }
   }
@@ -113,6 +114,7 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& labe
                                         const Tensor& glogits) {
   const int64_t v = logits.shape().back();
   const int64_t rows = logits.numel() / std::max<int64_t>(v, 1);
+  const int64_t ldx = backend::row_stride(logits), ldg = backend::row_stride(glogits);
   if (glogits.dtype() != logits.dtype()) {
     TR_CHECK(
         logits.dtype() == DType::f32 && (glogits.dtype() == DType::bf16 || glogits.dtype() == DType::f16),
@@ -120,11 +122,11 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& labe
         dtype_name(glogits.dtype()), dtype_name(logits.dtype()));
     const float *xp = logits.data<float>(), *lsep = lse.data<float>(), *gl = grad_loss.data<float>();
     if (glogits.dtype() == DType::bf16)
-      cross_entropy_backward_to_half(xp, labels.data<int64_t>(), lsep, gl,
-                                     static_cast<BFloat16*>(glogits.data_ptr()), rows, v, ignore_index);
+      cross_entropy_backward_to_half(xp, ldx, labels.data<int64_t>(), lsep, gl,
+                                     static_cast<BFloat16*>(glogits.data_ptr()), ldg, rows, v, ignore_index);
     else
-      cross_entropy_backward_to_half(xp, labels.data<int64_t>(), lsep, gl,
-                                     static_cast<Half*>(glogits.data_ptr()), rows, v, ignore_index);
+      cross_entropy_backward_to_half(xp, ldx, labels.data<int64_t>(), lsep, gl,
+                                     static_cast<Half*>(glogits.data_ptr()), ldg, rows, v, ignore_index);
     return;
   }
   dispatch_float(logits.dtype(), "cross_entropy_backward", [&]<typename T>() {
@@ -138,12 +140,12 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& labe
     (void)wide;  // f32 only
 #pragma omp parallel for num_threads(threads_for(rows* v * 2)) schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-      T* out = gp + r * v;
+      T* out = gp + r * ldg;
       if (lp[r] == ignore_index) {
         for (int64_t i = 0; i < v; ++i) store(out, i, A(0));
         continue;
       }
-      const T* xr = xp + r * v;
+      const T* xr = xp + r * ldx;
       const A g = gl[r], l = lsep[r];
       if constexpr (std::is_same_v<T, float>) {
         row_grad(xr, l, g, lp[r], out, v, wide);
@@ -177,14 +179,16 @@ void CpuBackend::cross_entropy_with_grad(const Tensor& logits, const Tensor& lab
   const float* gl = grad_loss.data<float>();
   const DType gdt = glogits.dtype();
   const size_t row_bytes = static_cast<size_t>(v) * dtype_size(gdt);
+  const int64_t ldx = backend::row_stride(logits);
+  const size_t g_stride = static_cast<size_t>(backend::row_stride(glogits)) * dtype_size(gdt);
   const bool wide = cpu_has_avx512f();
 #pragma omp parallel num_threads(threads_for(rows* v * 2))
   {
     std::vector<float> buf(gdt == DType::f32 ? 0 : static_cast<size_t>(v));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = xp + r * v;
-      char* g = static_cast<char*>(glogits.data_ptr()) + static_cast<size_t>(r) * row_bytes;
+      const float* xr = xp + r * ldx;
+      char* g = static_cast<char*>(glogits.data_ptr()) + static_cast<size_t>(r) * g_stride;
       if (lp[r] == ignore_index) {
         out[r] = lsep[r] = 0.0f;
         std::memset(g, 0, row_bytes);  // +0 in every float dtype

@@ -33,10 +33,10 @@ ScratchPool::Lease widen(ScratchPool& pool, const T* p, int64_t batch, int64_t s
 // thread (oneDNN runs sequentially inside a parallel region); large ones use all threads each.
 void sgemm_batched(bool ta, bool tb, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
                    const float* a, int64_t lda, int64_t sa, const float* b, int64_t ldb, int64_t sb,
-                   float beta, float* c) {
+                   float beta, float* c, int64_t ldc) {
   auto one = [&](int64_t i) {
     dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a + i * sa, lda, b + i * sb,
-                                  ldb, beta, c + i * m * n, n);
+                                  ldb, beta, c + i * m * ldc, ldc);
     return st;
   };
   const bool per_thread = batch > 1 && m * n * k < (int64_t{1} << 22);
@@ -69,25 +69,26 @@ std::vector<float> round_to_tf32(const float* x, int64_t n) {
 
 namespace {
 
-// bf16/f16 operands widened to f32 and multiplied into the f32 product c (dense [batch, m, n]).
+// bf16/f16 operands widened to f32 and multiplied into the f32 product c ([batch, m, n], rows ldc apart).
 template <typename T>
-void widened_gemm(ScratchPool& pool, const backend::GemmArgs& g, float* c) {
+void widened_gemm(ScratchPool& pool, const backend::GemmArgs& g, float* c, int64_t ldc) {
   const int64_t ar = g.trans_a ? g.k : g.m, ac = g.trans_a ? g.m : g.k;
   const int64_t br = g.trans_b ? g.n : g.k, bc = g.trans_b ? g.k : g.n;
   const int64_t ba = g.stride_a == 0 ? 1 : g.batch, bb = g.stride_b == 0 ? 1 : g.batch;
   auto a = widen(pool, static_cast<const T*>(g.a.data_ptr()), ba, g.stride_a, ar, ac, g.lda);
   auto b = widen(pool, static_cast<const T*>(g.b.data_ptr()), bb, g.stride_b, br, bc, g.ldb);
   sgemm_batched(g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k, static_cast<float>(g.alpha), a.get(), ac,
-                ba == 1 ? 0 : ar * ac, b.get(), bc, bb == 1 ? 0 : br * bc, static_cast<float>(g.beta), c);
+                ba == 1 ? 0 : ar * ac, b.get(), bc, bb == 1 ? 0 : br * bc, static_cast<float>(g.beta), c,
+                ldc);
 }
 
 }  // namespace
 
 void CpuBackend::gemm(const backend::GemmArgs& g) {
   if (g.epilogue != backend::GemmEpilogue::none) {
-    TR_CHECK(g.batch == 1 && g.beta == 0.0 && g.bias.defined() && g.bias.numel() == g.n &&
+    TR_CHECK(g.batch == 1 && g.beta == 0.0 && g.c_ld() == g.n && g.bias.defined() && g.bias.numel() == g.n &&
                  g.bias.dtype() == g.c.dtype() && g.bias.is_contiguous(),
-             "gemm epilogue: needs batch 1, beta 0 and a contiguous [{}] bias of c's dtype", g.n);
+             "gemm epilogue: needs batch 1, beta 0, dense rows and a contiguous [{}] bias of c's dtype", g.n);
     const bool gelu = g.epilogue == backend::GemmEpilogue::bias_gelu;
     TR_CHECK(!gelu || (g.aux.defined() && g.aux.numel() == g.m * g.n && g.aux.dtype() == g.c.dtype() &&
                        g.aux.is_contiguous()),
@@ -109,7 +110,9 @@ void CpuBackend::gemm(const backend::GemmArgs& g) {
   }
   const auto ta = g.trans_a ? CblasTrans : CblasNoTrans;
   const auto tb = g.trans_b ? CblasTrans : CblasNoTrans;
-  const int64_t mn = g.m * g.n;
+  TR_CHECK(g.c_ld() >= g.n && (g.batch == 1 || g.c_ld() == g.n),
+           "matmul: rows of c {} apart for {} columns in a batch of {}", g.c_ld(), g.n, g.batch);
+  const int64_t ldc = g.c_ld(), mn = g.m * ldc;
   if (g.k == 0) {
     // Nothing to multiply: c = beta * c (c may hold garbage when beta is 0).
     if (g.beta == 0.0)
@@ -126,7 +129,7 @@ void CpuBackend::gemm(const backend::GemmArgs& g) {
     if (native_.preferred() && native_.run(g)) return;
     dispatch_float(g.a.dtype(), "matmul", [&]<typename T>() {
       if constexpr (std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>)
-        widened_gemm<T>(gemm_scratch_, g, static_cast<float*>(g.c.data_ptr()));
+        widened_gemm<T>(gemm_scratch_, g, static_cast<float*>(g.c.data_ptr()), ldc);
     });
     return;
   }
@@ -145,7 +148,7 @@ void CpuBackend::gemm(const backend::GemmArgs& g) {
         b = b32.data();
       }
       sgemm_batched(g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k, static_cast<float>(g.alpha), a, g.lda,
-                    g.stride_a, b, g.ldb, g.stride_b, static_cast<float>(g.beta), c);
+                    g.stride_a, b, g.ldb, g.stride_b, static_cast<float>(g.beta), c, ldc);
       return;
     }
     case DType::f64: {
@@ -154,7 +157,7 @@ void CpuBackend::gemm(const backend::GemmArgs& g) {
       double* c = static_cast<double*>(g.c.data_ptr());
       for (int64_t i = 0; i < g.batch; ++i)
         cblas_dgemm(CblasRowMajor, ta, tb, g.m, g.n, g.k, g.alpha, a + i * g.stride_a, g.lda,
-                    b + i * g.stride_b, g.ldb, g.beta, c + i * mn, g.n);
+                    b + i * g.stride_b, g.ldb, g.beta, c + i * mn, ldc);
       return;
     }
     case DType::bf16:
@@ -165,10 +168,10 @@ void CpuBackend::gemm(const backend::GemmArgs& g) {
           T* cp = static_cast<T*>(g.c.data_ptr());
           // beta 0 never reads c (which may hold garbage): no need to widen it.
           auto c = g.beta == 0.0
-                       ? gemm_scratch_.take(static_cast<size_t>(g.batch * mn))
-                       : widen(gemm_scratch_, static_cast<const T*>(cp), g.batch, mn, g.m, g.n, g.n);
-          widened_gemm<T>(gemm_scratch_, g, c.get());
-          convert_rows(c.get(), g.n, cp, g.n, g.batch * g.m, g.n, narrow_run<T>);
+                       ? gemm_scratch_.take(static_cast<size_t>(g.batch * g.m * g.n))
+                       : widen(gemm_scratch_, static_cast<const T*>(cp), g.batch, mn, g.m, g.n, ldc);
+          widened_gemm<T>(gemm_scratch_, g, c.get(), g.n);
+          convert_rows(c.get(), g.n, cp, ldc, g.batch * g.m, g.n, narrow_run<T>);
         }
       });
       return;

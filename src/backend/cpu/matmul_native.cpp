@@ -98,7 +98,7 @@ bool NativeMatmul::run(const backend::GemmArgs& g) {
   dnnl_memory_desc_t a_md, b_md, c_md;
   if (!describe(&a_md, dnnl_bf16, g.batch, g.stride_a, g.m, g.k, g.lda, g.trans_a) ||
       !describe(&b_md, dnnl_bf16, g.batch, g.stride_b, g.k, g.n, g.ldb, g.trans_b) ||
-      !describe(&c_md, cdt, g.batch, g.m * g.n, g.m, g.n, g.n, false))
+      !describe(&c_md, cdt, g.batch, g.m * g.c_ld(), g.m, g.n, g.c_ld(), false))
     return false;
   Handles h;
   dnnl_matmul_desc_t desc;

@@ -379,8 +379,9 @@ class CudaBackend final : public backend::Backend {
   void cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index, const Tensor& loss,
                      const Tensor& lse) override {
     // Labels are checked on the device; a bad one is reported at the next synchronization.
-    cuda::cross_entropy(stream(), logits.dtype(), logits.data_ptr(), labels.data<int64_t>(), loss.data_ptr(),
-                        lse.data_ptr(), rows_of(logits), last_dim(logits), ignore_index, bad_index());
+    cuda::cross_entropy(stream(), logits.dtype(), logits.data_ptr(), backend::row_stride(logits),
+                        labels.data<int64_t>(), loss.data_ptr(), lse.data_ptr(), rows_of(logits),
+                        last_dim(logits), ignore_index, bad_index());
   }
   void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
                               const Tensor& grad_loss, int64_t ignore_index, const Tensor& glogits) override {
@@ -389,8 +390,9 @@ class CudaBackend final : public backend::Backend {
                   (glogits.dtype() == DType::bf16 || glogits.dtype() == DType::f16)),
              "cross_entropy_backward: a {} gradient of {} logits (only f32 logits to bf16/f16)",
              dtype_name(glogits.dtype()), dtype_name(logits.dtype()));
-    cuda::cross_entropy_backward(stream(), logits.dtype(), logits.data_ptr(), labels.data<int64_t>(),
-                                 lse.data_ptr(), grad_loss.data_ptr(), glogits.data_ptr(), glogits.dtype(),
+    cuda::cross_entropy_backward(stream(), logits.dtype(), logits.data_ptr(), backend::row_stride(logits),
+                                 labels.data<int64_t>(), lse.data_ptr(), grad_loss.data_ptr(),
+                                 glogits.data_ptr(), glogits.dtype(), backend::row_stride(glogits),
                                  rows_of(logits), last_dim(logits), ignore_index);
   }
   void embedding(const Tensor& weight, const Tensor& ids, const Tensor& out) override {
@@ -634,9 +636,9 @@ void CudaBackend::gemm(const backend::GemmArgs& g) {
   if (g.epilogue == backend::GemmEpilogue::none) return legacy_gemm(g);
   // An epilogue cuBLASLt has no algorithm for: the bias as the initial c of a beta = 1 product (as the CPU
   // does), then the GELU as its own pass with the pre-activation kept in aux.
-  TR_CHECK(g.batch == 1 && g.beta == 0.0 && g.bias.defined() && g.bias.numel() == g.n &&
+  TR_CHECK(g.batch == 1 && g.beta == 0.0 && g.c_ld() == g.n && g.bias.defined() && g.bias.numel() == g.n &&
                g.bias.dtype() == g.c.dtype() && g.bias.is_contiguous(),
-           "gemm epilogue: needs batch 1, beta 0 and a contiguous [{}] bias of c's dtype", g.n);
+           "gemm epilogue: needs batch 1, beta 0, dense rows and a contiguous [{}] bias of c's dtype", g.n);
   TR_CHECK(g.epilogue != backend::GemmEpilogue::bias_gelu ||
                (g.aux.defined() && g.aux.numel() == g.m * g.n && g.aux.dtype() == g.c.dtype() &&
                 g.aux.is_contiguous()),
@@ -681,7 +683,7 @@ void CudaBackend::legacy_gemm(const backend::GemmArgs& g) {
       handle(), g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
       static_cast<int>(g.n), static_cast<int>(g.m), static_cast<int>(g.k), alpha, g.b.data_ptr(), t,
       static_cast<int>(g.ldb), g.stride_b, g.a.data_ptr(), t, static_cast<int>(g.lda), g.stride_a, beta,
-      g.c.data_ptr(), tc, static_cast<int>(g.n), g.m * g.n, static_cast<int>(g.batch), compute,
+      g.c.data_ptr(), tc, static_cast<int>(g.c_ld()), g.m * g.c_ld(), static_cast<int>(g.batch), compute,
       CUBLAS_GEMM_DEFAULT));
 }
 

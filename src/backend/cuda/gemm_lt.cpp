@@ -70,7 +70,7 @@ bool gemm_types(DType dt, bool tf32, cudaDataType_t* data, cublasComputeType_t* 
 struct LtGemm::Key {
   int dtype = 0, c_dtype = 0, compute = 0, epilogue = 0;
   bool ta = false, tb = false;
-  int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, sa = 0, sb = 0, batch = 0;
+  int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0, sa = 0, sb = 0, batch = 0;
   uint32_t align_a = 0, align_b = 0, align_c = 0, align_bias = 0, align_aux = 0;
   int device = 0;
   bool autotune = false;
@@ -127,7 +127,8 @@ void LtGemm::autotune(Plan& p, const backend::GemmArgs& g, const cublasLtMatmulH
                       int n, void* ws, cudaStream_t stream, Scratch& scratch) {
   constexpr int kTimed = 3;
   const bool gelu = g.epilogue == backend::GemmEpilogue::bias_gelu;
-  const size_t product = static_cast<size_t>(g.batch * g.m * g.n) * dtype_size(g.c.dtype());  // D's layout
+  const size_t product =
+      static_cast<size_t>(g.batch * g.m * g.c_ld()) * dtype_size(g.c.dtype());  // D's layout
   void* d = scratch.take(product);
   void* aux = gelu ? scratch.take(static_cast<size_t>(g.m * g.n) * dtype_size(g.aux.dtype())) : nullptr;
   if (gelu) set_desc(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
@@ -185,7 +186,9 @@ bool LtGemm::run(const backend::GemmArgs& g, cudaStream_t stream, Scratch& scrat
   const bool epi = g.epilogue != backend::GemmEpilogue::none;
   const bool gelu = g.epilogue == backend::GemmEpilogue::bias_gelu;
   if (g.k == 0 || g.m == 0 || g.n == 0) return false;
-  if (epi && (g.batch != 1 || g.beta != 0.0 || !g.bias.defined() || g.c.dtype() != g.a.dtype())) return false;
+  if (epi &&
+      (g.batch != 1 || g.beta != 0.0 || g.c_ld() != g.n || !g.bias.defined() || g.c.dtype() != g.a.dtype()))
+    return false;
   if (gelu && (!g.aux.defined() || g.n % 8 != 0))
     return false;  // the aux leading dim must be a multiple of 8
   // cuBLASLt's GELU in f64 is good to ~3e-10 relative (H200, cuBLASLt 13.1), not f64's: f64 is the reference
@@ -206,6 +209,7 @@ bool LtGemm::run(const backend::GemmArgs& g, cudaStream_t stream, Scratch& scrat
   key.k = g.k;
   key.lda = g.lda;
   key.ldb = g.ldb;
+  key.ldc = g.c_ld();
   key.sa = g.stride_a;
   key.sb = g.stride_b;
   key.batch = g.batch;
@@ -225,7 +229,7 @@ bool LtGemm::run(const backend::GemmArgs& g, cudaStream_t stream, Scratch& scrat
   auto it = plans_.find(key);
   Plan* plan = nullptr;
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's "A" is our b, its "B" our a;
-  // D is n x m column-major with leading dimension n.
+  // D is n x m column-major with leading dimension ldc (n, or a padded buffer's row stride).
   const cublasOperation_t op_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                           op_b = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   if (it == plans_.end()) {
@@ -246,10 +250,10 @@ bool LtGemm::run(const backend::GemmArgs& g, cudaStream_t stream, Scratch& scrat
     const uint64_t rb = op_b == CUBLAS_OP_N ? g.k : g.m, cb = op_b == CUBLAS_OP_N ? g.m : g.k;
     TR_LT_CHECK(cublasLtMatrixLayoutCreate(&p->a, t, ra, ca, g.ldb));
     TR_LT_CHECK(cublasLtMatrixLayoutCreate(&p->b, t, rb, cb, g.lda));
-    TR_LT_CHECK(cublasLtMatrixLayoutCreate(&p->c, tc, g.n, g.m, g.n));
+    TR_LT_CHECK(cublasLtMatrixLayoutCreate(&p->c, tc, g.n, g.m, g.c_ld()));
     if (g.batch > 1) {
       const int32_t count = static_cast<int32_t>(g.batch);
-      const int64_t sa = g.stride_b, sb = g.stride_a, sc = g.m * g.n;
+      const int64_t sa = g.stride_b, sb = g.stride_a, sc = g.m * g.c_ld();
       for (auto [l, s] : {std::pair{p->a, sa}, std::pair{p->b, sb}, std::pair{p->c, sc}}) {
         set_layout(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, count);
         set_layout(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, s);

@@ -165,11 +165,11 @@ __global__ void rms_norm_backward_kernel(const T* x, const T* w, const acc_t<T>*
 }
 
 template <typename T>
-__global__ void cross_entropy_kernel(const T* logits, const int64_t* labels, acc_t<T>* loss, acc_t<T>* lse,
-                                     int64_t v, int64_t ignore, int64_t* bad) {
+__global__ void cross_entropy_kernel(const T* logits, int64_t ldx, const int64_t* labels, acc_t<T>* loss,
+                                     acc_t<T>* lse, int64_t v, int64_t ignore, int64_t* bad) {
   using A = acc_t<T>;
   __shared__ A sh[32];
-  const int64_t row = blockIdx.x, base = row * v;
+  const int64_t row = blockIdx.x, base = row * ldx;
   const int64_t label = labels[row];
   const bool out_of_range = label != ignore && (label < 0 || label >= v);
   if (label == ignore || out_of_range) {  // the whole block takes this branch
@@ -197,16 +197,17 @@ __global__ void cross_entropy_kernel(const T* logits, const int64_t* labels, acc
 
 // G: the gradient's type (T, or a half type for f32 logits: the f32 value rounded once by st()).
 template <typename T, typename G = T>
-__global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* labels, const acc_t<T>* lse,
-                                              const acc_t<T>* grad_loss, G* g, int64_t v, int64_t ignore) {
+__global__ void cross_entropy_backward_kernel(const T* logits, int64_t ldx, const int64_t* labels,
+                                              const acc_t<T>* lse, const acc_t<T>* grad_loss, G* g,
+                                              int64_t ldg, int64_t v, int64_t ignore) {
   using A = acc_t<T>;
-  const int64_t row = blockIdx.x, base = row * v;
+  const int64_t row = blockIdx.x, base = row * ldx, gbase = row * ldg;
   const int64_t label = labels[row];
   const bool skip = label == ignore || label < 0 || label >= v;  // out of range: flagged by the forward
   const A gl = skip ? A(0) : grad_loss[row], l = skip ? A(0) : lse[row];
   for (int64_t i = threadIdx.x; i < v; i += blockDim.x) {
     A p = skip ? A(0) : gl * backend::exp_(ld(logits, base + i) - l);
-    st(g, base + i, i == label ? p - gl : p);
+    st(g, gbase + i, i == label ? p - gl : p);
   }
 }
 
@@ -380,19 +381,19 @@ void rms_norm_backward(Stream stream, DType dt, const void* x, const void* w, co
   TR_CUDA_LAUNCH_CHECK("rms_norm_backward");
 }
 
-void cross_entropy(Stream stream, DType dt, const void* logits, const int64_t* labels, void* loss, void* lse,
-                   int64_t rows, int64_t v, int64_t ignore_index, int64_t* bad) {
+void cross_entropy(Stream stream, DType dt, const void* logits, int64_t ldx, const int64_t* labels,
+                   void* loss, void* lse, int64_t rows, int64_t v, int64_t ignore_index, int64_t* bad) {
   dispatch_float(dt, [&]<typename T>() {
     cross_entropy_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(v), 0, stream>>>(
-        static_cast<const T*>(logits), labels, static_cast<acc_t<T>*>(loss), static_cast<acc_t<T>*>(lse), v,
-        ignore_index, bad);
+        static_cast<const T*>(logits), ldx, labels, static_cast<acc_t<T>*>(loss), static_cast<acc_t<T>*>(lse),
+        v, ignore_index, bad);
   });
   TR_CUDA_LAUNCH_CHECK("cross_entropy");
 }
 
-void cross_entropy_backward(Stream stream, DType dt, const void* logits, const int64_t* labels,
-                            const void* lse, const void* grad_loss, void* glogits, DType gdt, int64_t rows,
-                            int64_t v, int64_t ignore_index) {
+void cross_entropy_backward(Stream stream, DType dt, const void* logits, int64_t ldx, const int64_t* labels,
+                            const void* lse, const void* grad_loss, void* glogits, DType gdt, int64_t ldg,
+                            int64_t rows, int64_t v, int64_t ignore_index) {
   if (gdt != dt) {  // f32 logits, half gradient (checked by the caller): one rounding, no f32 gradient stored
     const auto* x = static_cast<const float*>(logits);
     const auto* l = static_cast<const float*>(lse);
@@ -400,19 +401,19 @@ void cross_entropy_backward(Stream stream, DType dt, const void* logits, const i
     if (gdt == DType::bf16)
       cross_entropy_backward_kernel<float, __nv_bfloat16>
           <<<static_cast<unsigned>(rows), threads_for_row(v), 0, stream>>>(
-              x, labels, l, g, static_cast<__nv_bfloat16*>(glogits), v, ignore_index);
+              x, ldx, labels, l, g, static_cast<__nv_bfloat16*>(glogits), ldg, v, ignore_index);
     else
       cross_entropy_backward_kernel<float, __half>
           <<<static_cast<unsigned>(rows), threads_for_row(v), 0, stream>>>(
-              x, labels, l, g, static_cast<__half*>(glogits), v, ignore_index);
+              x, ldx, labels, l, g, static_cast<__half*>(glogits), ldg, v, ignore_index);
     TR_CUDA_LAUNCH_CHECK("cross_entropy_backward");
     return;
   }
   dispatch_float(dt, [&]<typename T>() {
     using A = acc_t<T>;
     cross_entropy_backward_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(v), 0, stream>>>(
-        static_cast<const T*>(logits), labels, static_cast<const A*>(lse), static_cast<const A*>(grad_loss),
-        static_cast<T*>(glogits), v, ignore_index);
+        static_cast<const T*>(logits), ldx, labels, static_cast<const A*>(lse),
+        static_cast<const A*>(grad_loss), static_cast<T*>(glogits), ldg, v, ignore_index);
   });
   TR_CUDA_LAUNCH_CHECK("cross_entropy_backward");
 }
