@@ -160,5 +160,47 @@ TEST(PaddedRows, TheChunkedHeadKeepsItsLogitsInPaddedRows) {
   }
 }
 
+// The CUDA twins: a padded GEMM target and padded loss buffers on the GPU equal the CPU's within the
+// devices' rounding, the padding untouched; the chunked head's loss and gradients too (bf16, f32).
+TEST(PaddedRows, OnTheGpuPaddedRowsMatchTheCpu) {
+  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: padded rows on the GPU NOT tested";
+  const Device gpu = Device::cuda(0);
+  const int64_t m = 37, n = 50257, k = 64, ld = 50304;
+  for (const DType in : {DType::bf16, DType::f32}) {
+    const Tensor a = ops::to_dtype(test::randn({m, k}, 11), in),
+                 b = ops::to_dtype(test::randn({n, k}, 12), in);
+    const Tensor cpu = ops::empty({m, n});
+    ops::matmul_into(cpu, a, b, false, true, 1.0, 0.0);
+    const Tensor dev = ops::narrow(ops::full({m, ld}, kSentinel, DType::f32, gpu), 1, 0, n);
+    ops::matmul_into(dev, ops::to_device(a, gpu), ops::to_device(b, gpu), false, true, 1.0, 0.0);
+    const Tensor back = ops::to_device(dev, Device::cpu());
+    EXPECT_TRUE(test::all_close(ops::contiguous(back), cpu, 1e-4, 1e-4)) << dtype_name(in);
+    EXPECT_TRUE(padding_kept(back, ld)) << dtype_name(in);
+  }
+  const int64_t N = 40, D = 64, V = 50257;
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    const Tensor x0 = ops::to_dtype(test::randn({N, D}, 13), dt);
+    const Tensor w0 = ops::to_dtype(test::randn({V, D}, 14, DType::f32, Device::cpu(), 0.05), dt);
+    std::vector<int64_t> lab(N);
+    for (int64_t i = 0; i < N; ++i) lab[static_cast<size_t>(i)] = i % 9 == 0 ? -100 : (i * 4099) % V;
+    const Tensor labels = ops::from_vector<int64_t>(lab, {N});
+    auto run = [&](Device d) {
+      Tensor x = ops::to_device(x0, d), w = ops::to_device(w0, d);
+      autograd::set_requires_grad(x, true);
+      autograd::set_requires_grad(w, true);
+      const Tensor loss = linear_cross_entropy_sum(x, w, ops::to_device(labels, d), 16);
+      autograd::backward({loss});
+      return std::tuple{ops::to_device(loss, Device::cpu()).item(), ops::to_device(x.grad(), Device::cpu()),
+                        ops::to_device(w.grad(), Device::cpu())};
+    };
+    const auto [lc, dxc, dwc] = run(Device::cpu());
+    const auto [lg, dxg, dwg] = run(gpu);
+    const double tol = dt == DType::bf16 ? 2e-2 : 1e-4;
+    EXPECT_NEAR(lg, lc, 1e-4 * std::abs(lc)) << dtype_name(dt);
+    EXPECT_TRUE(test::all_close(dxg, dxc, tol, tol * 1e-2)) << dtype_name(dt) << " dx";
+    EXPECT_TRUE(test::all_close(dwg, dwc, tol, tol * 1e-2)) << dtype_name(dt) << " dw";
+  }
+}
+
 }  // namespace
 }  // namespace tr
