@@ -59,6 +59,14 @@ TEST(PaddedRows, AMatmulWritesTheRowsOfAWiderBufferAndNothingElse) {
         EXPECT_TRUE(padding_kept(padded, ld)) << what;
       }
   }
+  // Nothing to multiply (k = 0): the rows scaled by beta, or zeroed, and the padding kept.
+  for (const double beta : {0.0, 2.0}) {
+    const Tensor start = test::randn({3, 5}, 8), padded = padded_view(3, 5, 8, DType::f32);
+    ops::copy_(padded, start);
+    ops::matmul_into(padded, ops::empty({3, 0}), ops::empty({0, 5}), false, false, 1.0, beta);
+    EXPECT_TRUE(same_bits(padded, ops::affine(start, beta, 0.0))) << "k = 0, beta " << beta;
+    EXPECT_TRUE(padding_kept(padded, 8)) << "k = 0, beta " << beta;
+  }
   // Batched targets stay dense, and rows may not overlap.
   const Tensor a3 = test::randn({2, 4, 3}, 4), b3 = test::randn({2, 3, 5}, 5);
   const Tensor wide3 = ops::narrow(ops::empty({2, 4, 8}), 2, 0, 5);

@@ -114,11 +114,15 @@ void CpuBackend::gemm(const backend::GemmArgs& g) {
            "matmul: rows of c {} apart for {} columns in a batch of {}", g.c_ld(), g.n, g.batch);
   const int64_t ldc = g.c_ld(), mn = g.m * ldc;
   if (g.k == 0) {
-    // Nothing to multiply: c = beta * c (c may hold garbage when beta is 0).
-    if (g.beta == 0.0)
-      fill(g.c, 0.0);
-    else
-      affine(g.c, g.beta, 0.0, g.c);
+    // Nothing to multiply: c = beta * c (c may hold garbage when beta is 0), row by row in a padded buffer.
+    const bool dense = ldc == g.n;
+    for (int64_t i = 0; i < (dense ? 1 : g.m); ++i) {
+      const Tensor c = dense ? g.c : g.c.as_strided({g.n}, {1}, g.c.offset() + i * ldc);
+      if (g.beta == 0.0)
+        fill(c, 0.0);
+      else
+        affine(c, g.beta, 0.0, c);
+    }
     return;
   }
   if (g.c.dtype() == DType::f32 && g.a.dtype() != DType::f32) {
