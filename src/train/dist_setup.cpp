@@ -5,12 +5,14 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <vector>
 
 #include "core/error.h"
 #include "dist/env.h"
+#include "ops/ops.h"
 #include "train/setup.h"
 #include "train/zero.h"
 
@@ -129,6 +131,48 @@ std::unique_ptr<dist::ProcessGroup> join_group(const TrainingArguments& a) {
   const std::string backend = a.ddp_backend.empty() ? "gloo" : a.ddp_backend;
   return dist::init_process_group(env, dist::parse_comm_backend(backend),
                                   std::chrono::milliseconds(a.ddp_timeout * 1000));
+}
+
+namespace {
+
+uint64_t mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+// A hash of a tensor's bytes (8-byte words, each mixed in with a splitmix64 finalizer so that no bit's
+// change can cancel another's), continuing `h`: the ranks of a sharded run compare what each loaded.
+uint64_t content_hash(const Tensor& t, uint64_t h) {
+  const Tensor c = ops::contiguous(ops::to_device(t, Device::cpu()));
+  const auto* p = static_cast<const unsigned char*>(c.data_ptr());
+  const size_t n = c.nbytes();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = mix64(h ^ w);
+  }
+  for (; i < n; ++i) h = mix64(h ^ p[i]);
+  return h;
+}
+
+// Every rank of `g` made the same weights (each read the checkpoint itself, without rank 0's broadcast): a
+// node with another revision of the files would train apart from the others without a word.
+void check_same_weights(dist::ProcessGroup& g, uint64_t hash, const std::string& dir) {
+  std::vector<uint64_t> all(static_cast<size_t>(g.size()));
+  g.all_gather(&hash, all.data(), sizeof hash);
+  std::vector<int> differ;
+  for (int r = 1; r < g.size(); ++r)
+    if (all[static_cast<size_t>(r)] != all[0]) differ.push_back(r);
+  TR_CHECK(differ.empty(),
+           "{}: rank{} {} read other weights than rank 0 (another copy or revision of the checkpoint on its "
+           "node?); every rank of a sharded run loads the same files",
+           dir, differ.size() > 1 ? "s" : "", fmt::join(differ, ", "));
 }
 
 }  // namespace tr::train

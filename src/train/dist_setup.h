@@ -1,9 +1,11 @@
 // A distributed run's set-up: which ZeRO stage --fsdp asks for, the process group of a launched run, and the
 // check that every rank sees output_dir (a sharded run's ranks write one checkpoint together).
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
 
+#include "core/tensor.h"
 #include "dist/env.h"
 #include "dist/process_group.h"
 #include "train/args.h"
@@ -34,5 +36,11 @@ void check_fsdp_flags(const TrainingArguments& a, int world_size);
 std::unique_ptr<dist::ProcessGroup> join_group(const TrainingArguments& a);
 // Every rank can read what rank 0 writes into `dir` (a collective); throws naming --fsdp `strategy`.
 void check_shared_output_dir(dist::ProcessGroup& g, const std::string& dir, const char* strategy);
+
+// A hash of a tensor's bytes continuing `h` (splitmix64-mixed 8-byte words): what each rank loaded.
+uint64_t content_hash(const Tensor& t, uint64_t h);
+// Throws naming the ranks of `g` whose weights' hash differs from rank 0's (another copy or revision of the
+// checkpoint `dir` on their node).
+void check_same_weights(dist::ProcessGroup& g, uint64_t hash, const std::string& dir);
 
 }  // namespace tr::train

@@ -35,6 +35,7 @@
 #include "train/dist_setup.h"
 #include "train/zero.h"
 #include "train/zero3.h"
+#include "train/schedule.h"
 #include "train/setup.h"
 
 namespace tr::train {
@@ -44,49 +45,6 @@ namespace fs = std::filesystem;
 namespace {
 
 using clock = std::chrono::steady_clock;
-
-uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// A hash of a tensor's bytes (8-byte words, each mixed in with a splitmix64 finalizer so that no bit's
-// change can cancel another's), continuing `h`: the ranks of a sharded run compare what each loaded.
-uint64_t content_hash(const Tensor& t, uint64_t h) {
-  const Tensor c = ops::contiguous(ops::to_device(t, Device::cpu()));
-  const auto* p = static_cast<const unsigned char*>(c.data_ptr());
-  const size_t n = c.nbytes();
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    h = mix64(h ^ w);
-  }
-  for (; i < n; ++i) h = mix64(h ^ p[i]);
-  return h;
-}
-
-// Every rank of `g` made the same weights (each read the checkpoint itself, without rank 0's broadcast): a
-// node with another revision of the files would train apart from the others without a word.
-void check_same_weights(dist::ProcessGroup& g, uint64_t hash, const std::string& dir) {
-  std::vector<uint64_t> all(static_cast<size_t>(g.size()));
-  g.all_gather(&hash, all.data(), sizeof hash);
-  std::vector<int> differ;
-  for (int r = 1; r < g.size(); ++r)
-    if (all[static_cast<size_t>(r)] != all[0]) differ.push_back(r);
-  TR_CHECK(differ.empty(),
-           "{}: rank{} {} read other weights than rank 0 (another copy or revision of the checkpoint on its "
-           "node?); every rank of a sharded run loads the same files",
-           dir, differ.size() > 1 ? "s" : "", fmt::join(differ, ", "));
-}
-
-// A step count given as N >= 1, or as a ratio of `total` below 1 (HF's logging/save/eval_steps).
-int64_t steps_of(double v, int64_t total) {
-  return v >= 1 ? static_cast<int64_t>(v) : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(v * total)));
-}
 
 // An output_dir holding another run is refused unless the user says what to do with it.
 void check_output_dir(const TrainingArguments& a, bool resuming) {
@@ -132,41 +90,6 @@ void resolve_logging_dir(TrainingArguments& a, bool resuming) {
     }
   }
   a.logging_dir = report::default_logging_dir(a.output_dir);
-}
-
-// The step counts of a run (HF's: updates per epoch round up, warmup_steps as a count or a ratio).
-struct Schedule {
-  int64_t ga = 1, updates_per_epoch = 1, total = 0, warmup = 0, log_every = 1, save_every = 1, eval_every = 1;
-  IntervalStrategy eval = IntervalStrategy::no, save = IntervalStrategy::steps;
-  double epoch(int64_t step) const { return static_cast<double>(step) / updates_per_epoch; }
-  bool epoch_ends(int64_t step) const { return (step + 1) % updates_per_epoch == 0; }
-  // After 0-based `step`, by HF's step arithmetic (a save after the last step, whatever the interval).
-  bool evaluates_after(int64_t step) const {
-    return (eval == IntervalStrategy::steps && (step + 1) % eval_every == 0) ||
-           (eval == IntervalStrategy::epoch && epoch_ends(step));
-  }
-  bool saves_after(int64_t step) const {
-    return (save == IntervalStrategy::steps && (step + 1) % save_every == 0) ||
-           (save == IntervalStrategy::epoch && epoch_ends(step)) ||
-           (save != IntervalStrategy::no && step + 1 == total);
-  }
-};
-
-Schedule make_schedule(const TrainingArguments& a, int64_t batches_per_epoch) {
-  Schedule s;
-  s.ga = a.gradient_accumulation_steps;
-  s.updates_per_epoch = (batches_per_epoch + s.ga - 1) / s.ga;
-  s.total = a.max_steps > 0 ? a.max_steps
-                            : static_cast<int64_t>(std::ceil(a.num_train_epochs * s.updates_per_epoch));
-  s.warmup = a.warmup_steps >= 1  ? static_cast<int64_t>(a.warmup_steps)
-             : a.warmup_steps > 0 ? static_cast<int64_t>(std::ceil(a.warmup_steps * s.total))
-                                  : static_cast<int64_t>(std::ceil(a.warmup_ratio * s.total));
-  s.log_every = steps_of(a.logging_steps, s.total);
-  s.save_every = steps_of(a.save_steps, s.total);
-  s.eval_every = steps_of(a.eval_steps > 0 ? a.eval_steps : a.logging_steps, s.total);
-  s.eval = parse_interval_strategy(a.eval_strategy, "eval_strategy");
-  s.save = parse_interval_strategy(a.save_strategy, "save_strategy");
-  return s;
 }
 
 // One call of train(): what is set up before the first step (model, data, optimizer, resumed state) and

@@ -1,0 +1,31 @@
+// The step arithmetic of a training run, as HF's Trainer does it: optimizer updates per epoch, total and
+// warmup steps, and when to log, evaluate and save.
+#pragma once
+#include <cstdint>
+
+#include "train/args.h"
+
+namespace tr::train {
+
+// The step counts of a run (HF's: updates per epoch round up, warmup_steps as a count or a ratio).
+struct Schedule {
+  int64_t ga = 1, updates_per_epoch = 1, total = 0, warmup = 0, log_every = 1, save_every = 1, eval_every = 1;
+  IntervalStrategy eval = IntervalStrategy::no, save = IntervalStrategy::steps;
+  double epoch(int64_t step) const { return static_cast<double>(step) / updates_per_epoch; }
+  bool epoch_ends(int64_t step) const { return (step + 1) % updates_per_epoch == 0; }
+  // After 0-based `step`, by HF's step arithmetic (a save after the last step, whatever the interval).
+  bool evaluates_after(int64_t step) const {
+    return (eval == IntervalStrategy::steps && (step + 1) % eval_every == 0) ||
+           (eval == IntervalStrategy::epoch && epoch_ends(step));
+  }
+  bool saves_after(int64_t step) const {
+    return (save == IntervalStrategy::steps && (step + 1) % save_every == 0) ||
+           (save == IntervalStrategy::epoch && epoch_ends(step)) ||
+           (save != IntervalStrategy::no && step + 1 == total);
+  }
+};
+
+// From the arguments and the loader's micro-batches per epoch.
+Schedule make_schedule(const TrainingArguments& a, int64_t batches_per_epoch);
+
+}  // namespace tr::train
