@@ -1,9 +1,11 @@
 // `trainer estimate` (issue 13): the meta-device dry run predicts the peak a real CPU run measures
 // (train_peak_memory_gib x 2^30), exactly, across models, precisions, optimizers, checkpointing,
-// accumulation, loader workers and evaluation; the batch search and the knob table agree with real runs.
+// accumulation, loader workers and evaluation - per device for a device_map split; the batch search and the
+// knob table agree with real runs.
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <memory>
 
 #include "core/allocator.h"
 #include "core/caching_allocator.h"
@@ -109,6 +111,143 @@ INSTANTIATE_TEST_SUITE_P(
                                      a.gradient_accumulation_steps = 2;
                                    }}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// device_map auto over host partitions (cpu:N, to every op as distinct as two GPUs): the estimate places the
+// model as the run does and dry-runs each device on a meta device of its own. Each device's predicted peak is
+// what the split run measures there (train_peak_memory_gib_per_device), and each partition's allocations
+// replayed through the CUDA caching allocator's rules reserve what the estimate predicts for that device.
+struct SplitCase {
+  const char* name;
+  bool llama;
+  const char* max_memory;  // Llama's 6.4 MB tables: one per partition; GPT-2's tied table: both on cpu:1
+  void (*setup)(train::TrainingArguments&);
+};
+
+class EstimateMatchesSplitRun : public ::testing::TestWithParam<SplitCase> {};
+
+TEST_P(EstimateMatchesSplitRun, EachDevicesPeakExactly) {
+  const auto& c = GetParam();
+  Scratch s(std::string("estimate_split_") + c.name);
+  if (c.llama) std::ofstream(s.dir / "config.json") << kLlama;
+  auto a = s.args("run");
+  a.max_steps = 3;
+  a.gradient_accumulation_steps = 2;
+  a.device_map = "auto";
+  a.max_memory = c.max_memory;
+  c.setup(a);
+  const auto e = train::estimate_memory(a);
+  ASSERT_GE(e.devices.size(), 2u) << c.name << ": not split";
+  std::vector<std::unique_ptr<CachingAllocatorModel>> models;
+  std::vector<std::unique_ptr<ObserveAllocations>> observers;
+  for (const auto& d : e.devices) {  // the partitions (the host's allocator also serves the data pipeline)
+    models.emplace_back(d.device == "cpu" ? nullptr : std::make_unique<CachingAllocatorModel>());
+    if (models.back())
+      observers.push_back(
+          std::make_unique<ObserveAllocations>(cpu_allocator(d.device.back() - '0'), *models.back()));
+  }
+  train::TrainResult r;
+  r = train::train(a);
+  observers.clear();
+  ASSERT_EQ(r.device_peak_bytes.size(), e.devices.size()) << c.name;
+  int64_t weights = 0;
+  for (size_t i = 0; i < e.devices.size(); ++i) {
+    const auto& d = e.devices[i];
+    EXPECT_EQ(d.device, r.device_peak_bytes[i].first) << c.name << ": the placement differs";
+    EXPECT_EQ(d.peak_bytes, r.device_peak_bytes[i].second) << c.name << " on " << d.device;
+    if (models[i]) {
+      EXPECT_EQ(d.reserved_bytes, models[i]->stats().peak_reserved_bytes) << c.name << " on " << d.device;
+    }
+    EXPECT_GT(d.weight_bytes, 0) << d.device;
+    EXPECT_GT(d.held_bytes, d.weight_bytes) << d.device;  // and the optimizer state, at least
+    EXPECT_LE(d.held_bytes, d.peak_bytes) << d.device;
+    weights += d.weight_bytes;
+  }
+  EXPECT_EQ(weights, e.parameters * (a.bf16 || a.fp16 ? 2 : 4)) << "every parameter on one device";
+  EXPECT_EQ(e.peak_bytes, r.peak_bytes) << c.name << ": the embeddings' device";
+  EXPECT_EQ(e.setup_peak_bytes, r.setup_peak_bytes) << c.name;
+  EXPECT_EQ(e.save_peak_bytes, r.save_peak_bytes) << c.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    HostPartitions, EstimateMatchesSplitRun,
+    ::testing::Values(
+        SplitCase{"llama_adamw_eval", true, "cpu:1:7MB,cpu:2:7MB",
+                  [](train::TrainingArguments& a) {
+                    a.eval_strategy = "steps";
+                    a.eval_steps = 2;
+                    a.per_device_eval_batch_size = 4;
+                  }},
+        SplitCase{"gpt2_tied_bf16_checkpointing", false, "cpu:1:6500KB,cpu:2:6500KB",
+                  [](train::TrainingArguments& a) {
+                    a.bf16 = true;
+                    a.gradient_checkpointing = true;
+                  }},
+        // SGD updates in place (ops::sgd): the dry run once counted the GPU's old temporaries on the CPU
+        SplitCase{"llama_sgd_momentum", true, "cpu:1:7MB,cpu:2:7MB",
+                  [](train::TrainingArguments& a) {
+                    a.optim = "sgd";
+                    a.optim_args = "momentum=0.9,nesterov=true";
+                  }},
+        // the host takes the rest: its part counts the loader workers' batches too
+        SplitCase{"llama_host_part_8bit_workers", true, "cpu:1:7MB",
+                  [](train::TrainingArguments& a) {
+                    a.optim = "adamw_bnb_8bit";
+                    a.fp16 = true;
+                    a.dataloader_num_workers = 2;
+                  }}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(Estimate, ASplitIsRefusedWithoutItsBudgetsOrWithTheWrongDevices) {
+  Scratch s("estimate_split_refused");
+  auto a = s.args("run");
+  a.device_map = "auto";
+  auto message = [&](const train::MemoryTarget& t) {
+    try {
+      train::estimate_memory(a, t);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_NE(message({}).find("places the model over --max_memory's budgets"), std::string::npos)
+      << message({});
+  a.max_memory = "cpu:1:7MB,cpu:2:7MB";
+  const train::MemoryTarget gpu{1, 0, train::MemoryDevice::cuda};
+  EXPECT_NE(message(gpu).find("cpu:1 is a host partition, but --device cuda estimates GPUs"),
+            std::string::npos)
+      << message(gpu);
+  a.max_memory = "24GB,24GB";
+  EXPECT_NE(message({}).find("cuda:0 is a GPU: give --device cuda"), std::string::npos) << message({});
+  const train::MemoryTarget ranks{2, 0, train::MemoryDevice::cuda};
+  EXPECT_NE(message(ranks).find("each process would split its own replica"), std::string::npos)
+      << message(ranks);
+}
+
+// Two GPUs' split of a model that fits on neither: each GPU's share under the caching allocator's rules, in
+// the form a GPU runs attention (bf16 sdpa: the blocked form's score blocks, on both).
+TEST(Estimate, AGpuSplitCountsEachGpuApart) {
+  Scratch s("estimate_split_gpus");
+  auto a = s.args("run");
+  a.bf16 = true;
+  a.device_map = "auto";
+  a.max_memory = "6500KB,6500KB";  // the tied table with layer 0 on cuda:0, layer 1 on cuda:1
+  const train::MemoryTarget gpu{1, 0, train::MemoryDevice::cuda};
+  const auto e = train::estimate_memory(a, gpu);
+  ASSERT_EQ(e.devices.size(), 2u);
+  EXPECT_EQ(e.devices[0].device, "cuda:0");
+  EXPECT_EQ(e.devices[1].device, "cuda:1");
+  EXPECT_EQ(e.device_map, "embeddings, layer 0 and the head on cuda:0; layer 1 on cuda:1");
+  for (const auto& d : e.devices) EXPECT_GE(d.reserved_bytes, d.peak_bytes) << d.device;
+  EXPECT_EQ(e.peak_bytes, e.devices[0].peak_bytes);
+  EXPECT_EQ(e.reserved_bytes, e.devices[0].reserved_bytes);
+  // cuda:1 holds one layer: its peak is the layer's own state and activations, far below cuda:0's
+  EXPECT_LT(e.devices[1].peak_bytes, e.devices[0].peak_bytes / 4);
+  // The same layer on a CPU device takes the fused form: no score blocks, less memory at the peak.
+  a.max_memory = "cpu:1:6500KB,cpu:2:6500KB";
+  const auto host = train::estimate_memory(a);
+  ASSERT_EQ(host.devices.size(), 2u);
+  EXPECT_LT(host.devices[1].peak_bytes, e.devices[1].peak_bytes);
+}
 
 // The CPU allocator capped at `budget` bytes beyond what this process already holds, for the scope.
 struct CpuCap {

@@ -551,6 +551,33 @@ TEST(OptimErrors, AGradientOfAnotherDtypeOrShapeIsAnError) {
   }
 }
 
+// SGD updates in place on every backend (ops::sgd): once its momentum buffers exist a step allocates nothing
+// - on the CPU, and on the meta device, where `trainer estimate` counts what a run allocates (the GPU's old
+// tensor-op formulation made three temporaries per parameter there and on the GPU).
+TEST(OptimSgd, StepsInPlaceOnEveryDevice) {
+  for (const Device dev : {Device::cpu(), Device::meta(), Device::meta(3)}) {
+    for (const char* args : {"momentum=0.9,nesterov=true", ""}) {
+      Params ps;
+      ps.add("h.0.mlp.c_fc.weight", ops::zeros({300, 200}, DType::f32, dev));
+      ps.add("h.0.ln_1.bias", ops::zeros({200}, DType::f32, dev));
+      optim::OptimizerOptions o;
+      o.lr = 0.1;
+      o.weight_decay = 0.01;
+      o.args = optim::parse_optim_args(args);
+      auto opt = optim::make_optimizer("sgd", ps.list, o);
+      for (auto& [name, p] : ps.list) autograd::set_grad(*p, ops::zeros(p->shape(), DType::f32, dev));
+      Allocator& alloc = ops::allocator_for(dev);
+      opt->step();  // makes the momentum buffers
+      alloc.reset_peak();
+      const int64_t held = alloc.stats().current_bytes;
+      opt->step();
+      opt->step();
+      EXPECT_EQ(alloc.stats().peak_bytes, held) << dev.str() << " " << args;
+      EXPECT_EQ(opt->state_bytes(), 8 + (*args ? 4 * (300 * 200 + 200) : 0)) << dev.str() << " " << args;
+    }
+  }
+}
+
 TEST(OptimErrors, DecayGroupsFollowHuggingFace) {
   EXPECT_TRUE(optim::Optimizer::decays("model.layers.0.self_attn.q_proj.weight"));
   EXPECT_TRUE(optim::Optimizer::decays("transformer.wte.weight"));  // embeddings decay

@@ -1,6 +1,6 @@
 // The optimizers off the CPU: Adafactor's tensor-op formulation (what runs on a GPU) against its CPU loops,
-// on the CPU; and, with a GPU, 8-bit AdamW's kernels bit for bit and Adafactor within f32 rounding of the
-// CPU (skipped loudly without one).
+// on the CPU; and, with a GPU, 8-bit AdamW's and SGD's kernels bit for bit and Adafactor within f32 rounding
+// of the CPU (skipped loudly without one).
 #include <algorithm>
 #include <cmath>
 #include <deque>
@@ -93,12 +93,11 @@ TEST(OptimDevice, EightBitAdamWKernelsMatchTheCpuBitForBit) {
   for (size_t k = 0; k < sa.size(); ++k) EXPECT_EQ(host(sb[k].second), host(sa[k].second)) << sa[k].first;
 }
 
-// Adafactor and SGD run as tensor ops on a GPU: within f32 rounding of the CPU loops.
-TEST(OptimDevice, AdafactorAndSgdOnTheGpuFollowTheCpu) {
-  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: Adafactor and SGD on the GPU NOT tested";
+// Adafactor runs as tensor ops on a GPU: within f32 rounding of the CPU loops.
+TEST(OptimDevice, AdafactorOnTheGpuFollowsTheCpu) {
+  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: Adafactor on the GPU NOT tested";
   const Device gpu = Device::cuda(0);
-  for (auto [name, args] :
-       {std::pair{"adafactor", "beta1=0.9"}, std::pair{"sgd", "momentum=0.9,nesterov=true"}}) {
+  for (auto [name, args] : {std::pair{"adafactor", "beta1=0.9"}}) {
     Model cpu(Device::cpu()), dev(gpu);
     optim::OptimizerOptions o;
     o.lr = 1e-2;
@@ -114,6 +113,29 @@ TEST(OptimDevice, AdafactorAndSgdOnTheGpuFollowTheCpu) {
     for (size_t i = 0; i < cpu.tensors.size(); ++i)
       EXPECT_TRUE(test::all_close(ops::to_device(dev.tensors[i], Device::cpu()), cpu.tensors[i], 1e-5, 1e-7))
           << name << " " << cpu.list[i].first;
+  }
+}
+
+// SGD's kernel and the CPU loop share optim_math.h's sgd_element (fused multiply-adds as torch's CPU
+// kernels): the same bits, with and without momentum, Nesterov, dampening and weight decay.
+TEST(OptimDevice, SgdKernelMatchesTheCpuBitForBit) {
+  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: the SGD kernel NOT tested";
+  const Device gpu = Device::cuda(0);
+  for (const char* args : {"", "momentum=0.9", "momentum=0.9,nesterov=true", "momentum=0.8,dampening=0.3"}) {
+    Model cpu(Device::cpu()), dev(gpu);
+    optim::OptimizerOptions o;
+    o.lr = 1e-2;
+    o.weight_decay = 0.05;
+    o.args = optim::parse_optim_args(args);
+    auto a = optim::make_optimizer("sgd", cpu.list, o), b = optim::make_optimizer("sgd", dev.list, o);
+    for (int step = 0; step < 5; ++step) {
+      cpu.set_grads(step, Device::cpu());
+      dev.set_grads(step, gpu);
+      a->step();
+      b->step();
+    }
+    for (size_t i = 0; i < cpu.tensors.size(); ++i)
+      EXPECT_EQ(host(dev.tensors[i]), test::values(cpu.tensors[i])) << args << " " << cpu.list[i].first;
   }
 }
 

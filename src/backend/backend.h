@@ -311,6 +311,20 @@ class Backend {
   };
   virtual void adamw_8bit(const std::vector<AdamW8bitTensors>& tensors, const Tensor& signed_map,
                           const Tensor& unsigned_map) = 0;
+
+  // One SGD step per tensor (torch.optim.SGD's single-tensor formulas: optim_math.h's sgd_element, so every
+  // backend gives the CPU's bits): param, grad and momentum_buffer (undefined: no momentum) contiguous, one
+  // dtype (f32 or f64) and size; `first`: the buffer is made from this step's d_p. In place: no memory.
+  struct SgdTensors {
+    Tensor param, grad, momentum_buffer;
+    double weight_decay = 0.0;
+    bool first = false;
+  };
+  struct SgdHyper {
+    double lr = 1e-3, momentum = 0.0, dampening = 0.0;
+    bool nesterov = false;
+  };
+  virtual void sgd(const std::vector<SgdTensors>& tensors, const SgdHyper& h) = 0;
 };
 
 // The distance between consecutive rows of a tensor of rows (the last dimension): its second-to-last

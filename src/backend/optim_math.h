@@ -84,6 +84,34 @@ TR_HD T scaled_grad(T g, const GradScaling<T>& s) {
   return g * s.coef;  // coef is exactly 1 unless clipping: the same bits, and no branch in the element loop
 }
 
+// torch.optim.SGD's single-tensor update of one element, in its operation order; its add_(x, alpha) is a
+// fused multiply-add on torch's CPU kernels. `buf`: the momentum buffer's element (null: no momentum).
+template <typename T>
+struct SgdScalars {
+  T wd, momentum, one_damp, neg_lr;
+  bool decay, nesterov, first;  // decay: wd != 0; first: the buffer starts as this step's d_p
+  SgdScalars() = default;
+  SgdScalars(double lr, double weight_decay, double mom, double dampening, bool nest, bool is_first)
+      : wd(static_cast<T>(weight_decay)),
+        momentum(static_cast<T>(mom)),
+        one_damp(static_cast<T>(1.0 - dampening)),
+        neg_lr(static_cast<T>(-lr)),
+        decay(weight_decay != 0),
+        nesterov(nest),
+        first(is_first) {}
+};
+
+template <typename T>
+TR_HD void sgd_element(T& p, T g, T* buf, const SgdScalars<T>& c) {
+  T d = c.decay ? fused_multiply_add(p, c.wd, g) : g;  // d_p = grad.add(param, alpha=wd)
+  if (buf != nullptr) {
+    *buf =
+        c.first ? d : fused_multiply_add(d, c.one_damp, *buf * c.momentum);  // buf.mul_(m).add_(d_p, 1-damp)
+    d = c.nesterov ? fused_multiply_add(*buf, c.momentum, d) : *buf;         // d_p.add(buf, alpha=m), or buf
+  }
+  p = fused_multiply_add(d, c.neg_lr, p);  // param.add_(d_p, alpha=-lr)
+}
+
 // Elements a multi-tensor pass processes per work item (apex's multi_tensor_apply uses the same).
 constexpr int64_t kAdamWChunk = 1 << 16;
 

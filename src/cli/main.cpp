@@ -175,6 +175,10 @@ int estimate(tr::train::TrainingArguments a, const std::string& device_name, con
   const tr::train::MemoryTarget target{world, nproc_per_node, tr::train::parse_memory_device(device_name)};
   const bool cuda = target.device == tr::train::MemoryDevice::cuda;
   const int64_t budget = memory.empty() ? 0 : tr::train::parse_memory_size(memory, "device_memory");
+  TR_CHECK(budget == 0 || a.device_map.empty(),
+           "--device_memory {} with --device_map auto: a split's devices have --max_memory's budgets; the "
+           "batch search and the knob table are one device's (drop --device_memory, or --device_map)",
+           memory);
   if (a.per_device_train_batch_size == tr::train::kAutoBatch && budget > 0) {  // what `train` would pick
     const auto c = tr::train::auto_batch(a, budget, target);
     TR_CHECK(c.batch > 0, "--per_device_train_batch_size auto: not even batch 1 fits in --device_memory {}",
@@ -214,6 +218,16 @@ int estimate(tr::train::TrainingArguments a, const std::string& device_name, con
       j["reserved_bytes"] = e.reserved_bytes;
       j["workspace_bytes"] = e.workspace_bytes;
     }
+    if (!e.devices.empty()) {  // device_map auto: each device's share, in the placement's order
+      j["device_map"] = e.device_map;
+      for (const auto& d : e.devices) {
+        nlohmann::json one{
+            {"weight_bytes", d.weight_bytes}, {"held_bytes", d.held_bytes}, {"peak_bytes", d.peak_bytes}};
+        if (cuda) one["reserved_bytes"] = d.reserved_bytes;
+        if (d.budget_bytes > 0) one["budget_bytes"] = d.budget_bytes;
+        j["devices"][d.device] = one;
+      }
+    }
     if (budget > 0) {
       j["device_memory"] = budget;
       j["max_per_device_train_batch_size"] = max_batch;
@@ -233,6 +247,26 @@ int estimate(tr::train::TrainingArguments a, const std::string& device_name, con
                     : "");
   }
   for (const auto& [name, bytes] : e.breakdown) std::printf("  %-50s %s\n", name.c_str(), gib(bytes).c_str());
+  if (!e.devices.empty()) {
+    std::printf("device_map auto   %s\n", e.device_map.c_str());
+    std::printf("  %-8s %12s %12s %12s %12s %12s\n", "device", "weights", "held", "peak",
+                cuda ? "reserved" : "", "budget");
+    const auto g = [](int64_t b) { return fmt::format("{:>8.3f} GiB", static_cast<double>(b) / (1 << 30)); };
+    for (const auto& d : e.devices) {
+      const bool gpu = d.device.starts_with("cuda");
+      const int64_t need = gpu ? d.reserved_bytes + e.workspace_bytes : d.peak_bytes;
+      std::printf("  %-8s %12s %12s %12s %12s %12s  %s\n", d.device.c_str(), g(d.weight_bytes).c_str(),
+                  g(d.held_bytes).c_str(), g(d.peak_bytes).c_str(), gpu ? g(d.reserved_bytes).c_str() : "",
+                  d.budget_bytes > 0 ? g(d.budget_bytes).c_str() : "",
+                  d.budget_bytes == 0 ? ""
+                  : need <= d.budget_bytes
+                      ? "fits"
+                      : "OVER its budget: the budgets place the weights; leave room for the step");
+    }
+    std::printf(
+        "  (held: between steps - weights, fp32 masters, optimizer state, the step's inputs; peak: the run's "
+        "train_peak_memory_gib_per_device)\n");
+  }
   std::printf("peak              %s  (%s)\n", gib(e.peak_bytes).c_str(), e.peak_at.c_str());
   if (e.eval_peak_bytes > 0) std::printf("evaluation peak   %s\n", gib(e.eval_peak_bytes).c_str());
   if (e.save_peak_bytes > 0)

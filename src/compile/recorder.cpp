@@ -318,6 +318,11 @@ void Recorder::fused_adamw(const std::vector<AdamWTensors>& tensors, const AdamW
   inner_.fused_adamw(tensors, h, t);
 }
 
+void Recorder::sgd(const std::vector<SgdTensors>& tensors, const SgdHyper& h) {
+  refuse("sgd");
+  inner_.sgd(tensors, h);
+}
+
 void Recorder::adamw_8bit(const std::vector<AdamW8bitTensors>& tensors, const Tensor& signed_map,
                           const Tensor& unsigned_map) {
   refuse("adamw_8bit");

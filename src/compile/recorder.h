@@ -122,6 +122,7 @@ class Recorder final : public backend::Backend {
                    const GradTransform& t) override;
   void adamw_8bit(const std::vector<AdamW8bitTensors>& tensors, const Tensor& signed_map,
                   const Tensor& unsigned_map) override;
+  void sgd(const std::vector<SgdTensors>& tensors, const SgdHyper& h) override;
 
  private:
   void add(const char* name, const std::vector<Tensor>& t, const std::vector<Access>& a,

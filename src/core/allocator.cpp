@@ -3,6 +3,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include <sys/mman.h>
 
@@ -199,9 +201,15 @@ CpuAllocator& cpu_allocator(int index) {
   return partitions[index];
 }
 
-MetaAllocator& meta_allocator() {
-  static MetaAllocator a;
-  return a;
+MetaAllocator& meta_allocator(int index) {
+  TR_CHECK(index >= 0 && index < MetaAllocator::kDevices,
+           "meta:{}: the meta devices are meta and meta:1 to meta:{}", index, MetaAllocator::kDevices - 1);
+  static const auto all = [] {
+    std::vector<std::unique_ptr<MetaAllocator>> v;
+    for (int i = 0; i < MetaAllocator::kDevices; ++i) v.push_back(std::make_unique<MetaAllocator>(i));
+    return v;
+  }();
+  return *all[static_cast<size_t>(index)];
 }
 
 }  // namespace tr

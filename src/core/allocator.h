@@ -114,13 +114,18 @@ class CpuAllocator final : public Allocator {
 
 class MetaAllocator final : public Allocator {
  public:
+  // meta:1 .. meta:63 stand for the devices of a split in a dry run (`trainer estimate --device_map auto`),
+  // each counted apart as the devices they stand for are.
+  static constexpr int kDevices = 64;
+  explicit MetaAllocator(int index = 0) : index_(index) {}
   void* allocate(size_t nbytes) override;
   void deallocate(void* ptr, size_t nbytes) override;
-  Device device() const override { return Device::meta(); }
+  Device device() const override { return Device::meta(index_); }
   void empty_cache() override { notify_empty_cache(); }
 
  private:
   std::atomic<uintptr_t> next_key_{0};  // distinct block addresses while observed (never dereferenced)
+  int index_ = 0;
 };
 
 // `observer` sees `alloc`'s allocations for the scope's lifetime; throws when another observer is attached.
@@ -139,6 +144,7 @@ class ObserveAllocations {
 // not hidden state: their numbers are exactly what stats() reports).
 // The host's allocator; index > 0: host partition cpu:index (see CpuAllocator).
 CpuAllocator& cpu_allocator(int index = 0);
-MetaAllocator& meta_allocator();
+// The meta device's allocator; index > 0: meta:index's (see MetaAllocator).
+MetaAllocator& meta_allocator(int index = 0);
 
 }  // namespace tr

@@ -37,7 +37,7 @@ DType parse_dtype(std::string_view s) {
 std::string Device::str() const {
   switch (type) {
     case DeviceType::cpu: return index == 0 ? "cpu" : fmt::format("cpu:{}", index);
-    case DeviceType::meta: return "meta";
+    case DeviceType::meta: return index == 0 ? "meta" : fmt::format("meta:{}", index);
     case DeviceType::cuda: return fmt::format("cuda:{}", index);
   }
   return "?";

@@ -19,7 +19,8 @@ struct Device {
 
   static Device cpu() { return {DeviceType::cpu, 0}; }
   static Device cuda(int i = 0) { return {DeviceType::cuda, i}; }
-  static Device meta() { return {DeviceType::meta, 0}; }
+  // meta:N (N > 0): a dry run's stand-in for the N-th device of a split (each with an allocator of its own).
+  static Device meta(int i = 0) { return {DeviceType::meta, i}; }
   // "cpu", "meta", "cuda", "cuda:1"; throws on anything else.
   static Device parse(std::string_view s);
 };

@@ -39,9 +39,13 @@ Tensor CausalLM::attend(const Tensor& q, const Tensor& k, const Tensor& v, const
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const bool drop = o.training && o.dropout_gen && dropout_p > 0;
   // sdpa / flash_attention_2: the fused path; with dropout, the blocked form (same mask as eager's dropout).
-  if (attn_ != AttnImplementation::eager)
+  if (attn_ != AttnImplementation::eager) {
+    ops::AttentionForm form = attention_form_;
+    for (const auto& [d, f] : attention_forms_)
+      if (d == q.device()) form = f;
     return scaled_dot_product_attention(q, k, v, key_keep, true, scale, drop ? dropout_p : 0.0, o.dropout_gen,
-                                        window, attention_form_);
+                                        window, form);
+  }
   auto repeat_kv = [&](const Tensor& t) {  // [B, KV, S, D] -> [B, H, S, D]
     if (KV == H) return t;
     return reshape(expand(unsqueeze(t, 2), {B, KV, H / KV, S, D}), {B, H, S, D});

@@ -90,8 +90,10 @@ class CausalLM {
   void set_attn_implementation(AttnImplementation impl) { attn_ = impl; }
   void set_attn_implementation(const std::string& impl) { attn_ = parse_attn_implementation(impl); }
   // The form sdpa runs in (default: ops::attention_form's pick for the tensors' device and dtype). A dry run
-  // on the meta device sets the one its target device would pick (trainer estimate --device cuda).
+  // on the meta device sets the one its target device would pick (trainer estimate --device cuda); a dry run
+  // of a split sets it per device (`on`: the layers on that device; the others keep the model's form).
   void set_attention_form(ops::AttentionForm form) { attention_form_ = form; }
+  void set_attention_form(ops::AttentionForm form, Device on) { attention_forms_.emplace_back(on, form); }
   // ZeRO-3's gather/release around every forward (null: the parameters are always there). Not owned.
   void set_layer_hooks(LayerHooks* hooks) { hooks_ = hooks; }
   LayerHooks* layer_hooks() const { return hooks_; }
@@ -163,6 +165,7 @@ class CausalLM {
   DType dtype_;
   AttnImplementation attn_ = AttnImplementation::eager;
   ops::AttentionForm attention_form_ = ops::AttentionForm::automatic;
+  std::vector<std::pair<Device, ops::AttentionForm>> attention_forms_;  // per device, over attention_form_
   LayerHooks* hooks_ = nullptr;
   DevicePlacement placement_;
 };

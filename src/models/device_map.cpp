@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "models/causal_lm.h"
+#include "ops/ops.h"
 
 namespace tr::models {
 
@@ -158,6 +159,15 @@ DevicePlacement infer_auto_device_map(CausalLM& model, DType dtype, std::vector<
   for (size_t i = 0; i < L; ++i) p.layers[i] = unit_device[i + 1];
   p.head = tied ? p.embeddings : unit_device.back();
   return p;
+}
+
+void place_parameters(CausalLM& model, const DevicePlacement& p) {
+  for (auto& [name, t] : model.named_parameters()) {
+    if (t->device() == p.of(name)) continue;
+    *t = detach(ops::to_device(*t, p.of(name)));
+    autograd::set_requires_grad(*t, true);
+  }
+  model.set_placement(p);
 }
 
 std::vector<DeviceBudget> parse_device_memory(const std::string& text, const std::string& flag) {

@@ -52,6 +52,10 @@ std::vector<PlacementUnit> placement_units(CausalLM& model, DType dtype);
 // cannot hold it.
 DevicePlacement infer_auto_device_map(CausalLM& model, DType dtype, std::vector<DeviceBudget> budgets);
 
+// Moves each parameter of `model` (made whole on one device) to its place in `p`, as a trainable leaf, and
+// sets the placement: how a fresh model is split (initialized on the host first, as HF initializes).
+void place_parameters(CausalLM& model, const DevicePlacement& p);
+
 // "24GB,24GB" or "0:24GB,1:24GB,cpu:64GB" (HF's max_memory): the budget of each GPU in order, and the host's
 // when named. Throws naming `flag` on a size that does not parse.
 std::vector<DeviceBudget> parse_device_memory(const std::string& text, const std::string& flag);

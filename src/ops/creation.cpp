@@ -8,7 +8,7 @@ namespace tr::ops {
 Allocator& allocator_for(Device device) {
   switch (device.type) {
     case DeviceType::cpu: return cpu_allocator(device.index);
-    case DeviceType::meta: return meta_allocator();
+    case DeviceType::meta: return meta_allocator(device.index);
     case DeviceType::cuda: return backend::backend_for(device).allocator(device.index);
   }
   fail("no allocator for device {}", device.str());

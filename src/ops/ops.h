@@ -236,5 +236,6 @@ void fused_adamw(const std::vector<backend::Backend::AdamWTensors>& tensors,
                  const backend::Backend::AdamWHyper& h, const backend::Backend::GradTransform& t);
 void adamw_8bit(const std::vector<backend::Backend::AdamW8bitTensors>& tensors, const Tensor& signed_map,
                 const Tensor& unsigned_map);
+void sgd(const std::vector<backend::Backend::SgdTensors>& tensors, const backend::Backend::SgdHyper& h);
 
 }  // namespace tr::ops

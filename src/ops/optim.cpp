@@ -1,5 +1,5 @@
-// The optimizer passes (gradient statistics and transform, multi-tensor AdamW, 8-bit AdamW): the checks the
-// backends rely on - one device, contiguous operands, sizes and dtypes as backend.h documents - then
+// The optimizer passes (gradient statistics and transform, multi-tensor AdamW, 8-bit AdamW, SGD): the checks
+// the backends rely on - one device, contiguous operands, sizes and dtypes as backend.h documents - then
 // dispatch, one pass per device for a model split by device_map. Optimizers and the Trainer call these, never
 // a backend directly.
 #include <algorithm>
@@ -77,24 +77,26 @@ Tensor grad_stats(const std::vector<Tensor>& grads, double inv_scale, Device dev
   for (const Tensor& g : grads) {
     if (!g.defined()) continue;
     TR_CHECK(is_float(g.dtype()), "grad_stats: gradient {} is not floating point", g.describe());
-    TR_CHECK(g.device() == device || (!g.device().is_meta() && !device.is_meta()),
+    TR_CHECK(g.device() == device || g.device().is_meta() == device.is_meta(),
              "grad_stats: gradient {} is not on {}", g.describe(), device.str());
     present.push_back(contiguous(g));
   }
   TR_CHECK(std::isfinite(inv_scale) && inv_scale > 0, "grad_stats: inverse loss scale {} is not positive",
            inv_scale);
-  if (device.is_meta() || present.empty()) return zeros({2}, DType::f64, device);
+  if (present.empty()) return zeros({2}, DType::f64, device);
   // The backends add into the statistics chunk by chunk: a split model's consecutive runs of gradients on
-  // one device continue the same sum, so the norm has the bits of the one-device run.
+  // one device continue the same sum, so the norm has the bits of the one-device run. A dry run (meta) walks
+  // the same allocations.
   Tensor stats = zeros({2}, DType::f64, present.front().device());
   for (size_t i = 0; i < present.size();) {
     const Device d = present[i].device();
     size_t j = i;
     while (j < present.size() && present[j].device() == d) ++j;
     if (stats.device() != d) stats = to_device(stats, d);
-    backend::backend_for(d).grad_stats(
-        {present.begin() + static_cast<std::ptrdiff_t>(i), present.begin() + static_cast<std::ptrdiff_t>(j)},
-        inv_scale, stats);
+    if (!d.is_meta())
+      backend::backend_for(d).grad_stats({present.begin() + static_cast<std::ptrdiff_t>(i),
+                                          present.begin() + static_cast<std::ptrdiff_t>(j)},
+                                         inv_scale, stats);
     i = j;
   }
   return stats.device() == device ? stats : to_device(stats, device);
@@ -205,5 +207,27 @@ void adamw_8bit_on(const std::vector<backend::Backend::AdamW8bitTensors>& tensor
 }
 
 }  // namespace
+
+void sgd(const std::vector<backend::Backend::SgdTensors>& tensors, const backend::Backend::SgdHyper& h) {
+  if (tensors.empty()) return;
+  const Device first = device_or(tensors.front().param, Device::cpu());
+  for (const auto& [d, group] :
+       by_device(tensors, [&](const auto& x) { return device_or(x.param, first); })) {
+    for (const auto& x : group) {
+      const int64_t n = x.param.defined() ? x.param.numel() : -1;
+      check_operand("sgd", "parameter", x.param, d, -1);
+      TR_CHECK(is_master(x.param.dtype()), "sgd: parameter {} must be f32 or f64", x.param.describe());
+      check_operand("sgd", "gradient", x.grad, d, n);
+      TR_CHECK(x.grad.dtype() == x.param.dtype(), "sgd: gradient {} must have the parameter's dtype {}",
+               x.grad.describe(), dtype_name(x.param.dtype()));
+      if (x.momentum_buffer.defined()) {
+        check_operand("sgd", "momentum buffer", x.momentum_buffer, d, n);
+        TR_CHECK(x.momentum_buffer.dtype() == x.param.dtype(), "sgd: momentum buffer {} must be {}",
+                 x.momentum_buffer.describe(), dtype_name(x.param.dtype()));
+      }
+    }
+    if (!d.is_meta()) backend::backend_for(d).sgd(group, h);  // in place: a dry run allocates nothing here
+  }
+}
 
 }  // namespace tr::ops

@@ -4,12 +4,14 @@
 #include <fmt/format.h>
 
 #include <cctype>
+#include <memory>
 #include <string>
 
 #include "autograd/node.h"
 #include "backend/cuda_api.h"
 #include "core/allocator.h"
 #include "core/caching_allocator.h"
+#include "models/device_map.h"
 #include "ops/ops.h"
 #include "train/checkpoint.h"
 #include "train/mixed_precision.h"
@@ -33,17 +35,18 @@ int64_t bytes_of(const std::vector<Tensor>& ts) {
 // A micro-batch as the DataLoader hands it to the step: one int64 [B, T] tensor on the device (input_ids ==
 // labels). No host labels: the step counts a meta batch's labels as B x (T - 1) (packed blocks have no -100),
 // so a dry run allocates nothing on the host (where an allocator cap may be set).
-data::Batch meta_batch(int64_t batch, int64_t block) {
+data::Batch meta_batch(int64_t batch, int64_t block, Device device) {
   data::Batch b;
-  b.input_ids = b.labels = ops::empty({batch, block}, DType::i64, Device::meta());
+  b.input_ids = b.labels = ops::empty({batch, block}, DType::i64, device);
   return b;
 }
 
 // Where the meta allocator's peak rose: call mark(label) at the end of each phase.
 class PeakTracker {
  public:
+  explicit PeakTracker(Allocator& alloc) : alloc_(alloc) {}
   void mark(const std::string& phase) {
-    const int64_t peak = meta_allocator().stats().peak_bytes;
+    const int64_t peak = alloc_.stats().peak_bytes;
     if (peak > last_) {
       last_ = peak;
       where_ = phase;
@@ -53,32 +56,122 @@ class PeakTracker {
   const std::string& where() const { return where_; }
 
  private:
+  Allocator& alloc_;
   int64_t last_ = 0;
   std::string where_ = "set-up";
 };
 
-// Rank 0's side of a checkpoint save inside training (Run::save), on the meta device: the weights written
+// The devices a dry run counts: the meta device for one device's step; for a split (device_map auto), meta:k
+// standing for each device of the placement, so that each is counted apart as the run counts it.
+class DryDevices {
+ public:
+  // One device: meta.
+  DryDevices() { add(Device::meta(), Device::meta()); }
+  // A split over `real`'s devices: the host (cpu) stands as meta:1 (a fresh model is made there, as the run
+  // makes it on the host before placing it), the others as meta:2, meta:3, ... in the placement's order.
+  explicit DryDevices(const models::DevicePlacement& real) : real_placement_(real) {
+    for (const Device d : real.devices()) add(d, d == Device::cpu() ? host() : Device::meta(next_++));
+    meta_placement_.embeddings = meta_of(real.embeddings);
+    meta_placement_.head = meta_of(real.head);
+    for (const Device d : real.layers) meta_placement_.layers.push_back(meta_of(d));
+  }
+  static Device host() { return Device::meta(1); }
+  bool split() const { return !real_placement_.layers.empty(); }
+  const models::DevicePlacement& real_placement() const { return real_placement_; }
+  const models::DevicePlacement& meta_placement() const { return meta_placement_; }
+  size_t size() const { return meta_.size(); }
+  Device real(size_t i) const { return real_[i]; }
+  Device meta(size_t i) const { return meta_[i]; }
+  Allocator& allocator(size_t i) const { return meta_allocator(meta_[i].index); }
+  Device meta_of(Device real) const {
+    for (size_t i = 0; i < real_.size(); ++i)
+      if (real_[i] == real) return meta_[i];
+    fail("device placement: {} is not one of the split's devices", real.str());
+  }
+  // Bytes counted since the dry run began.
+  int64_t current(size_t i) const { return allocator(i).stats().current_bytes - base_[i]; }
+  int64_t peak(size_t i) const { return allocator(i).stats().peak_bytes - base_[i]; }
+  std::vector<int64_t> peaks() const {
+    std::vector<int64_t> out;
+    for (size_t i = 0; i < size(); ++i) out.push_back(peak(i));
+    return out;
+  }
+  void reset_peaks() const {
+    for (size_t i = 0; i < size(); ++i) allocator(i).reset_peak();
+  }
+
+ private:
+  void add(Device real, Device meta) {
+    real_.push_back(real);
+    meta_.push_back(meta);
+    meta_allocator(meta.index).reset_peak();
+    base_.push_back(meta_allocator(meta.index).stats().current_bytes);  // the caller's meta tensors
+  }
+  models::DevicePlacement real_placement_, meta_placement_;
+  std::vector<Device> real_, meta_;
+  std::vector<int64_t> base_;
+  int next_ = 2;
+};
+
+// Where a split run places the model (setup.cpp's load_model, from_pretrained's device_map): by its f32
+// weights over --max_memory's budgets, found on a model of shapes only. The budgets must name devices of
+// the kind --device estimates (and the host).
+models::DevicePlacement split_placement(const TrainingArguments& a, const models::ModelConfig& config,
+                                        const MemoryTarget& target) {
+  TR_CHECK(!a.max_memory.empty(),
+           "--device_map auto: the estimate of a split places the model over --max_memory's budgets; give "
+           "them (24GB,24GB,cpu:64GB with --device cuda; host partitions cpu:1:8MB,cpu:2:8MB with --device "
+           "cpu)");
+  TR_CHECK(target.world_size <= 1,
+           "--device_map auto with --world_size {}: each process would split its own replica; shard across "
+           "the processes with --fsdp full_shard instead",
+           target.world_size);
+  const auto budgets = models::parse_device_memory(a.max_memory, "max_memory");
+  const bool gpu = target.device == MemoryDevice::cuda;
+  for (const auto& b : budgets)
+    TR_CHECK(b.device == Device::cpu() || b.device.is_cuda() == gpu, "--max_memory {}: {} {}", a.max_memory,
+             b.device.str(),
+             gpu ? "is a host partition, but --device cuda estimates GPUs: give GPU budgets (24GB,24GB)"
+                 : "is a GPU: give --device cuda (or host partitions cpu:1:SIZE with --device cpu)");
+  Generator unused(0);
+  const auto shapes =
+      models::create_causal_lm(config, Device::meta(), DType::f32, unused, a.attn_implementation);
+  return models::infer_auto_device_map(*shapes, DType::f32, budgets);
+}
+
+// The model as a split run makes a fresh one: initialized whole on the host (meta:1 here), then each
+// parameter moved to its device.
+std::unique_ptr<models::CausalLM> split_model(const models::ModelConfig& config, const TrainingArguments& a,
+                                              const DryDevices& devices, Generator& init) {
+  auto model = models::create_causal_lm(config, DryDevices::host(), DType::f32, init, a.attn_implementation);
+  models::place_parameters(*model, devices.meta_placement());
+  return model;
+}
+
+// Rank 0's side of a checkpoint save inside training (Run::save), on the meta devices: the weights written
 // one parameter at a time as save_pretrained makes them (a sharded run's fp32 master gathered, GPT-2's
-// transposed copy), then the optimizer's state_dict. Returns the save's peak above `base`; `host_extra`
-// counts the host tensors state_dict makes (its step counts) when the host is the device.
-int64_t dry_save(models::CausalLM& model, MixedPrecision& mp, optim::Optimizer& opt,
-                 ShardedOptimizer* gathered, int64_t base, bool host_extra) {
-  MetaAllocator& meta = meta_allocator();
-  meta.reset_peak();
+// transposed copy), then the optimizer's state_dict. Returns each device's save peak; `host_extra` counts the
+// host tensors state_dict makes (its step counts) on the host's device when the host is one.
+std::vector<int64_t> dry_save(models::CausalLM& model, MixedPrecision& mp, optim::Optimizer& opt,
+                              ShardedOptimizer* gathered, const DryDevices& devices, bool host_extra) {
+  devices.reset_peaks();
   const auto weights = saved_weights(mp, gathered);
   const nn::ParamList params = model.named_parameters();
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor value = weights ? weights->parameter(i) : detach(*params[i].second);
     models::hf_tensor(model, params[i].first, value);  // both held while the writer takes the copy
   }
-  int64_t peak = meta.stats().peak_bytes - base;
+  std::vector<int64_t> peaks = devices.peaks();
   {
     const int64_t host = cpu_allocator().stats().current_bytes;
     const auto state = opt.state_dict();
     const int64_t extra = host_extra ? cpu_allocator().stats().current_bytes - host : 0;
-    peak = std::max(peak, meta.stats().current_bytes - base + extra);
+    for (size_t i = 0; i < devices.size(); ++i) {
+      const bool on_host = !devices.split() || devices.real(i) == Device::cpu();
+      peaks[i] = std::max(peaks[i], devices.current(i) + (on_host ? extra : 0));
+    }
   }
-  return peak;
+  return peaks;
 }
 
 }  // namespace
@@ -104,10 +197,6 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
   if (a.train_file.empty()) a.train_file = "(not read)";
   a.total_batch_size.clear();  // the batch and accumulation are taken as given (callers resolved the total)
   a.validate();
-  TR_CHECK(a.device_map.empty(),
-           "--device_map {}: the estimate is one device's step; `trainer info --device_map auto "
-           "--device_memory ...` prints where a split puts each layer",
-           a.device_map);
   TR_CHECK(a.per_device_train_batch_size > 0,
            "--per_device_train_batch_size auto is chosen against a memory budget: give --device_memory, or a "
            "number");
@@ -122,11 +211,16 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
   TR_CHECK(a.block_size <= config.max_position_embeddings, "--block_size {} exceeds the model's {} positions",
            a.block_size, config.max_position_embeddings);
 
-  MetaAllocator& meta = meta_allocator();
-  meta.reset_peak();
-  const int64_t base = meta.stats().current_bytes;  // meta tensors of the caller, not of this run
-  CachingAllocatorModel caching;  // every allocation from here on, as the CUDA caching allocator holds it
-  const ObserveAllocations observe(meta, caching);
+  // device_map auto: each device of the split counted on a meta device of its own.
+  const DryDevices devices =
+      a.device_map.empty() ? DryDevices() : DryDevices(split_placement(a, config, target));
+  // Every allocation from here on, as the CUDA caching allocator would hold it on each device.
+  std::vector<std::unique_ptr<CachingAllocatorModel>> caching;
+  std::vector<std::unique_ptr<ObserveAllocations>> observers;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    caching.push_back(std::make_unique<CachingAllocatorModel>());
+    observers.push_back(std::make_unique<ObserveAllocations>(devices.allocator(i), *caching.back()));
+  }
   MemoryEstimate e;
   e.device = device;
   e.per_device_train_batch_size = a.per_device_train_batch_size;
@@ -152,6 +246,8 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
     auto d = models::deferred_causal_lm(config, Device::meta(), init, a.attn_implementation);
     model = std::move(d.model);
     load = std::move(d.load);
+  } else if (devices.split()) {
+    model = split_model(config, a, devices, init);
   } else {
     model = models::create_causal_lm(config, Device::meta(), DType::f32, init, a.attn_implementation);
   }
@@ -170,10 +266,16 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
   if (deferred) build_shard(*z, model->named_parameters(), load, compute);
   MixedPrecision mp(model->named_parameters(), compute, a.fp16, zero && compute != DType::f32);
   model->set_dtype(compute);
-  // sdpa in the form the target device takes: on a GPU in half precision, the blocked form and its score
+  // sdpa in the form each target device takes: on a GPU in half precision, the blocked form and its score
   // blocks
-  model->set_attention_form(
-      ops::attention_form_for(device == MemoryDevice::cuda ? DeviceType::cuda : DeviceType::cpu, compute));
+  const auto form_on = [&](bool gpu) {
+    return ops::attention_form_for(gpu ? DeviceType::cuda : DeviceType::cpu, compute);
+  };
+  if (devices.split())
+    for (size_t i = 0; i < devices.size(); ++i)
+      model->set_attention_form(form_on(devices.real(i).is_cuda()), devices.meta(i));
+  else
+    model->set_attention_form(form_on(device == MemoryDevice::cuda));
   ShardedOptimizer* sharded = z.get();
   std::unique_ptr<optim::Optimizer> opt =
       zero ? std::move(z) : optim::make_optimizer(a.optim, mp.master_params(), oo);
@@ -192,13 +294,16 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
   }
   // The run measures train_peak_memory_gib from its first step: the set-up's own peak (loading the model
   // and, when sharded, keeping this rank's share) is reported apart.
-  e.setup_peak_bytes = meta.stats().peak_bytes - base;
-  meta.reset_peak();
-  PeakTracker tracker;
+  e.setup_peak_bytes = devices.peak(0);
+  devices.reset_peaks();
+  PeakTracker tracker(devices.allocator(0));  // the embeddings' device: the run's train_peak_memory_gib
   StepOptions so;
   so.gradient_checkpointing = a.gradient_checkpointing;
   so.max_grad_norm = a.max_grad_norm;
-  so.device = Device::meta();
+  so.device = devices.meta(0);  // where the embeddings are
+  // The loader hands a GPU's batches over on the device; the host's (host partitions too) stay in host
+  // memory, and the forward copies each micro-batch to the embeddings' device.
+  const Device batches = devices.split() && devices.real(0).is_cpu() ? DryDevices::host() : devices.meta(0);
   int64_t micro_now = 0;
   so.on_micro_batch = [&](int64_t step, const Tensor&) {
     if (micro_now > 0)
@@ -214,26 +319,36 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
   // after the second repeat its memory exactly (gradients accumulate in place), so at most two run; the
   // others' input tensors are made too (as the run draws the whole step's batches first) and stay alive.
   const int64_t simulated = std::min<int64_t>(a.gradient_accumulation_steps, 2);
+  std::vector<int64_t> held(devices.size());  // between steps: the persistent state and the step's inputs
   for (int64_t step = 0; step < 2; ++step) {
     micro_now = 0;
     std::vector<data::Batch> micro, waiting;
     for (int64_t m = 0; m < a.gradient_accumulation_steps; ++m)
-      (m < simulated ? micro : waiting).push_back(meta_batch(a.per_device_train_batch_size, a.block_size));
+      (m < simulated ? micro : waiting)
+          .push_back(meta_batch(a.per_device_train_batch_size, a.block_size, batches));
     step_fn->run(step, micro, a.learning_rate);
     tracker.mark(fmt::format("optimizer step {} (gradient statistics, update, half copies)", step + 1));
+    for (size_t i = 0; i < devices.size(); ++i) held[i] = devices.current(i);
   }
+  std::vector<int64_t> peaks = devices.peaks();
+  e.peak_at = tracker.where();
   const int64_t state = opt->state_bytes();
   // Loader workers hold up to prefetch_factor (2) queued batches each, plus the one each builds: host
-  // memory, the device's on the CPU only.
+  // memory, the device's when the device is the host (one CPU device, or a split's host part).
   const int64_t batch_bytes = a.per_device_train_batch_size * a.block_size * 8;
-  const int64_t prefetch = device == MemoryDevice::cpu ? a.dataloader_num_workers * (2 + 1) * batch_bytes : 0;
+  const int64_t loader_bytes = a.dataloader_num_workers * (2 + 1) * batch_bytes;
+  const auto prefetch_on = [&](size_t i) {
+    const bool host = devices.split() ? devices.real(i) == Device::cpu() : device == MemoryDevice::cpu;
+    return host ? loader_bytes : 0;
+  };
+  const int64_t prefetch = prefetch_on(0);
   const bool evaluates = parse_interval_strategy(a.eval_strategy, "eval_strategy") != IntervalStrategy::no;
   const bool saves = parse_interval_strategy(a.save_strategy, "save_strategy") != IntervalStrategy::no;
   if (a.do_eval || evaluates) {  // a no-grad forward of one evaluation batch
-    meta.reset_peak();
+    devices.reset_peaks();
     {
       autograd::NoGradGuard no_grad;
-      const data::Batch b = meta_batch(a.per_device_eval_batch_size, a.block_size);
+      const data::Batch b = meta_batch(a.per_device_eval_batch_size, a.block_size, batches);
       models::ForwardOptions fo;
       fo.labels = b.labels;
       fo.num_items_in_batch = 1.0;
@@ -241,31 +356,43 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
       model->forward(b.input_ids, fo);
     }
     // The loader's workers are still holding their batches while an evaluation runs inside the loop.
-    e.eval_peak_bytes = meta.stats().peak_bytes - base + prefetch;
+    e.eval_peak_bytes = devices.peak(0) + prefetch;
     // Evaluations inside the loop (eval_strategy) count in train_peak_memory_gib; the final one of --do_eval
     // runs after it is taken.
+    if (evaluates) {
+      if (devices.peak(0) > peaks[0]) e.peak_at = "evaluation forward (eval_strategy)";
+      for (size_t i = 0; i < devices.size(); ++i) peaks[i] = std::max(peaks[i], devices.peak(i));
+    }
   }
-  e.peak_bytes = tracker.peak() - base + prefetch;
   if (device == MemoryDevice::cuda)
     e.workspace_bytes = static_cast<int64_t>(backend::kCublasLtWorkspaceBytes);
-  e.peak_at = tracker.where();
-  if (evaluates && e.eval_peak_bytes > e.peak_bytes) {
-    e.peak_bytes = e.eval_peak_bytes;
-    e.peak_at = "evaluation forward (eval_strategy)";
-  }
   // Every save_strategy but "no" saves inside the loop (at the latest after the last step).
   if (saves) {
     ShardedOptimizer* gathered =
         sharded && (mp.masters_sharded() || (full && !mp.enabled())) ? sharded : nullptr;
-    const int64_t save = dry_save(*model, mp, *opt, gathered, base, device == MemoryDevice::cpu) + prefetch;
-    e.save_peak_bytes = save;
-    if (save > e.peak_bytes) {
-      e.peak_bytes = save;
+    const std::vector<int64_t> save =
+        dry_save(*model, mp, *opt, gathered, devices, device == MemoryDevice::cpu);
+    e.save_peak_bytes = save[0] + prefetch;
+    if (save[0] > peaks[0])
       e.peak_at =
           gathered ? "checkpoint save (each fp32 master gathered as it is written)" : "checkpoint save";
+    for (size_t i = 0; i < devices.size(); ++i) peaks[i] = std::max(peaks[i], save[i]);
+  }
+  e.peak_bytes = peaks[0] + prefetch;
+  e.reserved_bytes = caching[0]->stats().peak_reserved_bytes;
+  if (devices.split()) {
+    e.device_map = devices.real_placement().summary();
+    for (size_t i = 0; i < devices.size(); ++i) {
+      int64_t on = 0;
+      for (const auto& [name, p] : model->named_parameters())
+        if (p->device() == devices.meta(i)) on += static_cast<int64_t>(p->nbytes());
+      int64_t budget = 0;  // the host's, when not given: unbounded
+      for (const auto& b : models::parse_device_memory(a.max_memory, "max_memory"))
+        if (b.device == devices.real(i)) budget = b.bytes;
+      e.devices.push_back({devices.real(i).str(), on, held[i] + prefetch_on(i), peaks[i] + prefetch_on(i),
+                           caching[i]->stats().peak_reserved_bytes, budget});
     }
   }
-  e.reserved_bytes = caching.stats().peak_reserved_bytes;
   const int64_t grads = weight_bytes;  // one gradient per parameter, in the compute dtype
   const int64_t shard = sharded ? sharded->shard_bytes() - state : 0;  // slices of masters and gradients
   e.breakdown = {
@@ -275,6 +402,10 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
       {"optimizer state", state},
       {"data batches (one step)", a.gradient_accumulation_steps * batch_bytes},
       {"data loader prefetch", prefetch}};
+  if (devices.split()) {  // the rows above are the whole model's; each device's share is in e.devices
+    e.breakdown.emplace_back("gradients (all, for reference)", grads);
+    return e;
+  }
   int64_t persistent = 0;
   for (const auto& [name, b] : e.breakdown) persistent += b;
   if (full) e.breakdown.emplace_back("weights (all, for reference)", weight_bytes);

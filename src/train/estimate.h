@@ -57,6 +57,22 @@ struct MemoryEstimate {
   // name -> bytes, in the order printed: weights, fp32 masters, gradients, optimizer state, data batches,
   // activations and workspace at the peak (the rest of the peak).
   std::vector<std::pair<std::string, int64_t>> breakdown;
+  // device_map auto (--max_memory's budgets): the run's placement ("embeddings and layer 0 on cuda:0; ...")
+  // and each device's share, in the placement's order. peak_bytes, reserved_bytes and the phases above are
+  // the embeddings' device's, as train_results.json's train_peak_memory_gib is; the run's
+  // train_peak_memory_gib_per_device is each device's peak_bytes.
+  struct DeviceShare {
+    std::string device;        // the device the run uses ("cuda:1", "cpu:2", "cpu")
+    int64_t weight_bytes = 0;  // the parameters placed there
+    int64_t held_bytes = 0;    // between steps: weights, fp32 masters, optimizer state (and the inputs)
+    int64_t peak_bytes = 0;
+    int64_t reserved_bytes = 0;  // under the CUDA caching allocator's rules (a GPU's)
+    // --max_memory's budget for it (0: the host's, unbounded). HF's budgets place the weights; what the step
+    // needs there is peak_bytes (a GPU: reserved_bytes and cuBLASLt's workspace).
+    int64_t budget_bytes = 0;
+  };
+  std::string device_map;
+  std::vector<DeviceShare> devices;
   int64_t per_device_train_batch_size = 0, gradient_accumulation_steps = 0;
 };
 
@@ -67,7 +83,9 @@ struct MemoryEstimate {
 // gradients (the sharded optimizer dry-runs against a group that moves nothing), with full_shard also the
 // parameters gathered one unit at a time and released (zero3.h); without, DDP's replicas,
 // whose per-rank memory is one process's (the gradient buckets travel through host buffers outside the
-// allocator).
+// allocator). --device_map auto with --max_memory: the model placed as the run places it, each device of the
+// split dry-run on a meta device of its own (meta:1 the host, where a fresh model is made; then meta:2, ...),
+// in the form that device runs attention (MemoryEstimate::devices).
 MemoryEstimate estimate_memory(const TrainingArguments& a, const MemoryTarget& target = {});
 
 // "80GB" (10^9), "24GiB" (2^30), "512MB", "1.5TB", or plain bytes; throws naming `flag` otherwise.

@@ -101,12 +101,7 @@ std::unique_ptr<models::CausalLM> load_model(const TrainingArguments& a, const s
   if (split) {
     const models::DevicePlacement p = models::infer_auto_device_map(
         *model, DType::f32, models::parse_device_memory(a.max_memory, "max_memory"));
-    for (auto& [name, t] : model->named_parameters()) {
-      if (t->device() == p.of(name)) continue;
-      *t = detach(ops::to_device(*t, p.of(name)));
-      autograd::set_requires_grad(*t, true);
-    }
-    model->set_placement(p);
+    models::place_parameters(*model, p);
   }
   return model;
 }

@@ -164,6 +164,9 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
   // (auto_find_batch_size's retries) or an earlier run's in the same process.
   ops::allocator_for(dev_).reset_peak();
   ops::allocator_for(dev_).reset_peak_reserved();
+  if (a.device_map == "auto" && !a.max_memory.empty())  // a split's host partitions (a GPU's is dev_)
+    for (const auto& b : models::parse_device_memory(a.max_memory, "max_memory"))
+      if (b.device.is_cpu()) ops::allocator_for(b.device).reset_peak();
   // Mixed precision: the model computes in half precision, the optimizer updates fp32 masters.
   compute_ = a.bf16 ? DType::bf16 : a.fp16 ? DType::f16 : DType::f32;
   if (main_ && compute_ != DType::f32)  // once per run: how this CPU computes half-precision matmuls

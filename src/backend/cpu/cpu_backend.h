@@ -71,6 +71,7 @@ class CpuBackend final : public backend::Backend {
   void grad_stats(const std::vector<Tensor>& grads, double inv_scale, const Tensor& stats) override;
   void transform_grads(const std::vector<std::pair<Tensor, Tensor>>& src_dst,
                        const GradTransform& t) override;
+  void sgd(const std::vector<SgdTensors>& tensors, const SgdHyper& h) override;
   void fused_adamw(const std::vector<AdamWTensors>& tensors, const AdamWHyper& h,
                    const GradTransform& t) override;
   void adamw_8bit(const std::vector<AdamW8bitTensors>& tensors, const Tensor& signed_map,

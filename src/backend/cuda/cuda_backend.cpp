@@ -496,6 +496,23 @@ class CudaBackend final : public backend::Backend {
     cuda::fused_adamw(stream(), dt, chunks.data(), static_cast<int64_t>(chunks.size()), h.lr, h.weight_decay,
                       h.beta1, h.beta2, h.eps, h.step, t.inv_scale, t.max_norm, st, scratch);
   }
+  void sgd(const std::vector<SgdTensors>& tensors, const SgdHyper& h) override {
+    for (const auto& x : tensors) {
+      const int64_t n = x.param.numel();
+      const Tensor& buf = x.momentum_buffer;
+      TR_CHECK(
+          (x.param.dtype() == DType::f32 || x.param.dtype() == DType::f64) && x.param.is_contiguous() &&
+              x.param.device().is_cuda() && x.grad.dtype() == x.param.dtype() && x.grad.numel() == n &&
+              x.grad.is_contiguous() && x.grad.device() == x.param.device() &&
+              (!buf.defined() || (buf.dtype() == x.param.dtype() && buf.numel() == n && buf.is_contiguous() &&
+                                  buf.device() == x.param.device())),
+          "sgd: {} needs a contiguous f32/f64 gradient and momentum buffer of its dtype and size on its GPU",
+          x.param.describe());
+      cuda::sgd(stream(), x.param.dtype(), x.param.data_ptr(), x.grad.data_ptr(),
+                buf.defined() ? buf.data_ptr() : nullptr, n, h.lr, x.weight_decay, h.momentum, h.dampening,
+                h.nesterov, x.first);
+    }
+  }
   void adamw_8bit(const std::vector<AdamW8bitTensors>& tensors, const Tensor& signed_map,
                   const Tensor& unsigned_map) override {
     TR_CHECK(signed_map.numel() == 256 && unsigned_map.numel() == 256 && signed_map.dtype() == DType::f32 &&

@@ -169,4 +169,8 @@ void adamw_8bit_blockwise(Stream stream, float* p, const float* g, uint8_t* c1, 
 void adamw_32bit_state(Stream stream, float* p, const float* g, float* s1, float* s2, int64_t n,
                        const backend::Adam8bitConsts& k);
 
+// One tensor's SGD step in place (buf null: no momentum); element math: backend/optim_math.h's sgd_element.
+void sgd(Stream stream, DType dt, void* p, const void* g, void* buf, int64_t n, double lr,
+         double weight_decay, double momentum, double dampening, bool nesterov, bool first);
+
 }  // namespace tr::cuda

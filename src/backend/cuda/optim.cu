@@ -183,7 +183,39 @@ __global__ void adamw_32bit_kernel(float* p, const float* g, float* s1, float* s
   }
 }
 
+// Bound by memory bandwidth: param, grad and the buffer read, param and the buffer written, once each.
+template <typename T>
+__global__ void sgd_kernel(T* p, const T* g, T* buf, int64_t n, backend::SgdScalars<T> c) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    T pi = p[i];
+    if (buf != nullptr) {
+      T bi = buf[i];
+      backend::sgd_element(pi, g[i], &bi, c);
+      buf[i] = bi;
+    } else {
+      backend::sgd_element(pi, g[i], static_cast<T*>(nullptr), c);
+    }
+    p[i] = pi;
+  }
+}
+
 }  // namespace
+
+void sgd(Stream stream, DType dt, void* p, const void* g, void* buf, int64_t n, double lr,
+         double weight_decay, double momentum, double dampening, bool nesterov, bool first) {
+  if (n == 0) return;
+  if (dt == DType::f32) {
+    sgd_kernel<float><<<blocks_for(n), 256, 0, stream>>>(
+        static_cast<float*>(p), static_cast<const float*>(g), static_cast<float*>(buf), n,
+        backend::SgdScalars<float>(lr, weight_decay, momentum, dampening, nesterov, first));
+  } else {
+    sgd_kernel<double><<<blocks_for(n), 256, 0, stream>>>(
+        static_cast<double*>(p), static_cast<const double*>(g), static_cast<double*>(buf), n,
+        backend::SgdScalars<double>(lr, weight_decay, momentum, dampening, nesterov, first));
+  }
+  TR_CUDA_LAUNCH_CHECK("sgd");
+}
 
 void adamw_8bit_blockwise(Stream stream, float* p, const float* g, uint8_t* c1, uint8_t* c2, float* absmax1,
                           float* absmax2, int64_t n, const backend::Adam8bitConsts& k, const float* qs,
