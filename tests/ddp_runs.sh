@@ -8,6 +8,7 @@
 #  3. resume: a world-size-2 checkpoint continued at world size 2 (bit-exact), 1 and 3 (within 1e-5);
 #  4. SIGTERM to the launcher: every rank stops at the same step, one checkpoint, exit 0, and it resumes;
 #  5. a rank killed with SIGKILL: the launcher exits 1 naming it within seconds, no process left behind;
+#     with --max_restarts, two nodes' groups restart together and resume bit-exactly from a checkpoint;
 #  6. bad input: a missing rank 0, disagreeing world sizes, --fsdp offload, launch flags, an incompatible
 #     resume.
 # Usage: ddp_runs.sh TRAINER TOKENIZER_DIR TEXT WORK_DIR
@@ -135,6 +136,43 @@ python3 -c "import sys; sys.exit(not $took < 20)" || fail "the launcher took $to
 sleep 0.2
 pgrep -f "output_dir killed" >/dev/null && fail "processes left behind"
 echo "ddp_runs: rank killed -> launcher exit 1 after $took s, no process left"
+
+# 5b. --max_restarts across two nodes: node 1's rank is killed once checkpoints exist; node 0's launcher (the
+# rendezvous store's host) sees node 1 open round 1, both groups restart together, the new ranks resume from
+# the newest checkpoint in output_dir, and the run ends with an uninterrupted run's losses, bit for bit.
+el=(--tokenizer_name "$tok" --train_file "$text" --block_size 16 --learning_rate 0.01 --use_cpu --max_steps 60
+    --logging_steps 1 --save_steps 2 --save_total_limit 2 --config_name gpt2.json --per_device_train_batch_size 2
+    --ddp_timeout 60)
+elastic_node() {  # NAME NODE_RANK
+  OMP_NUM_THREADS=1 "$trainer" launch --nnodes 2 --node_rank "$2" --nproc_per_node 1 --master_addr 127.0.0.1 \
+    --master_port "$port" --max_restarts 1 train "${el[@]}" --output_dir "$1" >"$1.node$2.log" 2>&1
+}
+next_port
+elastic_node straight 1 & n1=$!
+elastic_node straight 0 || { tail straight.node0.log; fail "the uninterrupted two-node run"; }
+wait $n1 || { tail straight.node1.log; fail "the uninterrupted run's node 1"; }
+next_port
+elastic_node elastic 1 & n1=$!
+elastic_node elastic 0 & n0=$!
+for _ in $(seq 1200); do
+  tr '\r' '\n' <elastic.node0.log | grep -q "step \(1[0-9]\|[5-9]\)/60" && break
+  sleep 0.1
+done
+victim=$(pgrep -P "$(pgrep -f "launch --nnodes 2 --node_rank 1 .*--output_dir elastic\$")")
+kill -KILL "$victim" || fail "no rank of node 1 to kill (the run ended before step 5?)"
+wait $n0 || { tail elastic.node0.log; fail "node 0 did not finish after the restart"; }
+wait $n1 || { tail elastic.node1.log; fail "node 1 did not finish after the restart"; }
+grep -q "ended with killed by SIGKILL (9); stopping the other ranks" elastic.node1.log || fail "node 1: no failure"
+grep -q "another node restarts its ranks (round 1); stopping the local ranks" elastic.node0.log ||
+  { tail elastic.node0.log; fail "node 0 did not hear of node 1's restart"; }
+for n in 0 1; do
+  grep -q "restarting the local group (restart 1 of 1, every node together)" "elastic.node$n.log" ||
+    fail "node $n did not restart"
+done
+grep -q "train: restart 1 of the group: resuming from elastic/checkpoint-" elastic.node0.log || fail "no resume"
+compare straight elastic 0
+pgrep -f "output_dir elastic" >/dev/null && fail "processes left behind after the restart"
+echo "ddp_runs: two nodes restarted together and resumed: $(grep -o 'resuming from [^ ]*' elastic.node0.log)"
 
 # 6. Bad input: one message each, non-zero exit, no hang.
 next_port

@@ -1,6 +1,7 @@
 // The distributed layer in one process: the launcher environment (torchrun, srun, mpirun and their errors),
-// rank 0's TCP store, a Gloo group of threads on 127.0.0.1 (collectives, rendezvous failures), the sampler's
-// rank slices, and DDP's gradient reduction against a single process's sum.
+// the TCP store and the launchers' restart rounds, a Gloo group of threads on 127.0.0.1 (collectives,
+// rendezvous failures), the sampler's rank slices, and DDP's gradient reduction against a single process's
+// sum.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -18,6 +19,7 @@
 #include "dist/env.h"
 #include "dist/launcher.h"
 #include "dist/process_group.h"
+#include "dist/rendezvous.h"
 #include "dist/store.h"
 #include "ops/ops.h"
 #include "autograd/checkpoint.h"
@@ -69,6 +71,14 @@ TEST(DistEnv, ReadsEachLaunchersContract) {
   EXPECT_EQ(t.group_rank, 1);
   EXPECT_EQ(t.master_addr, "node0");
   EXPECT_EQ(t.master_port, 1234);
+  EXPECT_EQ(t.restart_count, 0);
+  EXPECT_FALSE(t.agent_store);  // real torchrun's store speaks torch's protocol: rank 0 serves ours
+  auto again = env_of({{"WORLD_SIZE", "2"},
+                       {"RANK", "1"},
+                       {"TORCHELASTIC_RESTART_COUNT", "2"},
+                       {"TRAINER_AGENT_STORE", "1"}});
+  EXPECT_EQ(again.restart_count, 2);
+  EXPECT_TRUE(again.agent_store);
   auto s = env_of({{"SLURM_NTASKS", "8"},
                    {"SLURM_STEP_NUM_TASKS", "8"},
                    {"SLURM_PROCID", "5"},
@@ -128,6 +138,64 @@ TEST(DistStore, SetGetAddWaitAcrossClients) {
   EXPECT_EQ(b.add("n", 3), 5);
   EXPECT_FALSE(a.get("absent", dist::Millis(100)).has_value());
   EXPECT_EQ(a.wait({"k", "absent", "n"}, dist::Millis(100)), std::vector<std::string>{"absent"});
+}
+
+// A client's keys live under its prefix: an attempt's ranks never see an older attempt's.
+TEST(DistStore, PrefixesKeepAttemptsApart) {
+  const int port = test_port(44);
+  dist::StoreServer server(port);
+  dist::StoreClient first("127.0.0.1", port, dist::Millis(2000), "attempt/0/"),
+      second("127.0.0.1", port, dist::Millis(2000), "attempt/1/"),
+      plain("127.0.0.1", port, dist::Millis(2000));
+  first.set("arrived/0", "2");
+  EXPECT_FALSE(second.get("arrived/0", dist::Millis(50)).has_value());
+  EXPECT_EQ(plain.get("attempt/0/arrived/0", dist::Millis(50)), "2");
+  EXPECT_EQ(second.add("claim/0", 1), 1);  // a restarted rank 0 claims its rank afresh
+}
+
+// The launchers' rounds (rendezvous.h) for three nodes in one process: a failure opens one round however
+// many nodes fail in it, the others hear of it, every node joins it before its workers start, a node that
+// gives up stops the others, node 0 waits for every node to finish, and its going away is news too.
+TEST(DistLaunch, NodesAgreeOnRestartRounds) {
+  const int port = test_port(45);
+  const dist::Millis join(5000);
+  auto n0 = std::make_unique<dist::LaunchRendezvous>(3, 0, "127.0.0.1", port, join);
+  dist::LaunchRendezvous n1(3, 1, "127.0.0.1", port, join), n2(3, 2, "127.0.0.1", port, join);
+  EXPECT_FALSE(n0->poll(0).restart_into.has_value());
+  EXPECT_TRUE(n0->poll(0).stop.empty());
+  EXPECT_EQ(n1.next_round(0), 1);  // node 1's workers failed
+  EXPECT_EQ(n2.next_round(0), 1);  // node 2's too (their peers vanished): the same round, not a second one
+  EXPECT_EQ(n0->poll(0).restart_into, 1);
+  EXPECT_FALSE(n0->poll(1).restart_into.has_value()) << "one failure opened two rounds";
+  // Nobody starts round 1 before every node's old workers are gone.
+  auto j1 = std::async(std::launch::async, [&] { n1.join(1, join); });
+  auto j2 = std::async(std::launch::async, [&] { n2.join(1, join); });
+  EXPECT_EQ(j1.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
+  n0->join(1, join);
+  j1.get();
+  j2.get();
+  try {
+    n1.join(2, dist::Millis(200));
+    ADD_FAILURE() << "joined a round alone";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("restart 2: 1 of 3 nodes joined within 0.2 s"), std::string::npos)
+        << e.what();
+  }
+  // Node 0 finishes, and waits for the others; one of them finishing is not enough.
+  n1.finish(join);
+  try {
+    n0->finish(dist::Millis(300));
+    ADD_FAILURE() << "node 0 finished before node 2";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("did not within 0.3 s"), std::string::npos) << e.what();
+  }
+  // A node out of restarts: the others stop, naming it.
+  n2.give_up("rank 2 ended with exit status 1");
+  EXPECT_EQ(n1.poll(1).stop, "node 2 gave up: rank 2 ended with exit status 1");
+  // Node 0's launcher gone: the store with it.
+  n0.reset();
+  EXPECT_NE(n1.poll(1).stop.find("node 0's trainer launch (the rendezvous store) is gone"),
+            std::string::npos);
 }
 
 // A stray client (an HTTP probe, random bytes, a huge length) is dropped; the store goes on serving.

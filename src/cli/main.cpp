@@ -349,7 +349,9 @@ constexpr const char* kLaunchUsage =
     "LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID;\n"
     "OMP_NUM_THREADS split across them unless set). Rank 0's output is shown as is, the others' behind\n"
     "[rank N]. SIGINT/SIGTERM: every rank finishes its step and saves a checkpoint. When a process fails,\n"
-    "the others are stopped and the launcher exits 1 naming the rank.\n";
+    "the others are stopped and the launcher exits 1 naming the rank - or, with --max_restarts, every\n"
+    "node's group restarts together (node 0's launcher serves the rendezvous store at MASTER_ADDR:\n"
+    "MASTER_PORT for all rounds) and `train` resumes from the newest checkpoint in its output_dir.\n";
 
 // `trainer launch`: torchrun's flags, then a subcommand of ours run by every local process.
 int launch_command(int argc, char** argv, tr::cli::StopSignals& signals) {

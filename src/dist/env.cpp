@@ -47,6 +47,8 @@ DistEnv read_dist_env(const EnvLookup& env) {
     d.group_rank = int_var(env, "GROUP_RANK", 0, 0, kMax);
     TR_CHECK(d.world_size == 1 || env("RANK"), "environment variable WORLD_SIZE={} is set but RANK is not",
              d.world_size);
+    d.restart_count = int_var(env, "TORCHELASTIC_RESTART_COUNT", 0, 0, kMax);
+    d.agent_store = env("TRAINER_AGENT_STORE").value_or("") == "1";
   } else if (env("SLURM_STEP_NUM_TASKS") && env("SLURM_PROCID")) {
     // srun's job step (a batch script itself also sees SLURM_NTASKS and SLURM_PROCID=0, but no step: a
     // plain `trainer train` there is one process, not rank 0 of SLURM_NTASKS).

@@ -15,6 +15,12 @@ struct DistEnv {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string launcher = "none";  // torchrun (trainer launch, torchrun), slurm, mpirun, or none
+  // torchrun's attempt (TORCHELASTIC_RESTART_COUNT: 0, then one more per restart of the group), and whether
+  // `trainer launch` serves the rendezvous store (TRAINER_AGENT_STORE=1, ours: node 0's launcher outlives
+  // the attempts, so every node restarts into the same store): rank 0 then connects to it like the others,
+  // and each attempt's keys are its own.
+  int restart_count = 0;
+  bool agent_store = false;
   bool distributed() const { return world_size > 1; }
   bool is_main() const { return rank == 0; }
 };

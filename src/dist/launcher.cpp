@@ -13,10 +13,14 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <random>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "core/error.h"
+#include "dist/rendezvous.h"
 
 extern char** environ;
 
@@ -63,7 +67,8 @@ std::vector<std::string> worker_env(const LaunchOptions& o, int local, int resta
       {"MASTER_PORT", std::to_string(o.master_port)},
       {"TORCHELASTIC_RUN_ID", o.rdzv_id},
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart)},
-      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)}};
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
+      {"TRAINER_AGENT_STORE", "1"}};  // node 0's launcher serves the store (rendezvous.h)
   // The cores are shared by the local processes (torchrun sets 1; a split keeps CPU training fast).
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {
     const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
@@ -158,12 +163,24 @@ void signal_all(std::vector<Worker>& ws, int sig) {
     if (w.running) ::kill(w.pid, sig);
 }
 
-// One attempt: runs the workers until all have ended. Returns the first failure's description ("" if none).
-std::string run_group(const LaunchOptions& o, std::vector<Worker>& ws, int restart) {
-  for (auto& w : ws) start(o, w, restart);
-  std::string first_failure;
+// How one attempt ended: this node's first failure, or news from the other nodes.
+struct Attempt {
+  std::string failure;              // "": none of this node's workers failed
+  std::optional<int> restart_into;  // another node opened this round
+  std::string stop;                 // another node gave up, or node 0's launcher is gone
+};
+
+// One attempt: runs the workers of `round` until all have ended, stopping them early on a local failure or
+// on the other nodes' news.
+Attempt run_group(const LaunchOptions& o, std::vector<Worker>& ws, int round, LaunchRendezvous& rdzv) {
+  for (auto& w : ws) start(o, w, round);
+  Attempt at;
   bool forwarded = false;
-  Clock::time_point kill_at = Clock::time_point::max();
+  Clock::time_point kill_at = Clock::time_point::max(), next_poll = Clock::now();
+  const auto stop_all = [&] {
+    signal_all(ws, SIGTERM);
+    kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.kill_grace_seconds * 1e3));
+  };
   for (;;) {
     std::vector<pollfd> pfds;
     std::vector<Worker*> owners;
@@ -188,16 +205,30 @@ std::string run_group(const LaunchOptions& o, std::vector<Worker>& ws, int resta
       if (r == w.pid || (r < 0 && errno != EINTR)) {
         w.running = false;
         w.status = status;
-        if (failed(status) && first_failure.empty()) {
-          first_failure = "rank " + std::to_string(w.rank) + " (local rank " + std::to_string(w.local_rank) +
-                          ", pid " + std::to_string(w.pid) + ") ended with " + describe(status);
-          std::fprintf(stderr, "trainer launch: %s; stopping the other ranks\n", first_failure.c_str());
-          signal_all(ws, SIGTERM);
-          kill_at =
-              Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.kill_grace_seconds * 1e3));
+        if (failed(status) && at.failure.empty() && !at.restart_into && at.stop.empty()) {
+          at.failure = "rank " + std::to_string(w.rank) + " (local rank " + std::to_string(w.local_rank) +
+                       ", pid " + std::to_string(w.pid) + ") ended with " + describe(status);
+          std::fprintf(stderr, "trainer launch: %s; stopping the other ranks\n", at.failure.c_str());
+          stop_all();
         }
       } else {
         any_running = true;
+      }
+    }
+    // The other nodes' news, a few times a second, while this node's workers run undisturbed.
+    if (any_running && at.failure.empty() && !at.restart_into && at.stop.empty() &&
+        Clock::now() >= next_poll) {
+      next_poll = Clock::now() + std::chrono::milliseconds(200);
+      const LaunchRendezvous::News n = rdzv.poll(round);
+      if (n.restart_into || !n.stop.empty()) {
+        at.restart_into = n.restart_into;
+        at.stop = n.stop;
+        std::fprintf(
+            stderr, "trainer launch: %s; stopping the local ranks\n",
+            !n.stop.empty()
+                ? n.stop.c_str()
+                : fmt::format("another node restarts its ranks (round {})", *n.restart_into).c_str());
+        stop_all();
       }
     }
     if (!forwarded && o.stop_requested && o.stop_requested()) {  // each rank finishes its step and saves
@@ -211,7 +242,7 @@ std::string run_group(const LaunchOptions& o, std::vector<Worker>& ws, int resta
     if (!any_running) {
       for (auto& w : ws)
         while (w.out_fd >= 0) pump(w);  // the last lines of the workers
-      return first_failure;
+      return at;
     }
   }
 }
@@ -271,15 +302,41 @@ int launch(const LaunchOptions& o) {
     ws[static_cast<size_t>(l)].local_rank = l;
     ws[static_cast<size_t>(l)].rank = o.node_rank * o.nproc_per_node + l;
   }
-  for (int restart = 0;; ++restart) {
-    const std::string failure = run_group(o, ws, restart);
-    if (failure.empty()) return 0;
-    if (restart >= o.max_restarts || (o.stop_requested && o.stop_requested())) {
-      std::fprintf(stderr, "trainer launch: failed: %s\n", failure.c_str());
+  // torchrun's join timeout: node 0 may start minutes after the others
+  LaunchRendezvous rdzv(o.nnodes, o.node_rank, o.master_addr, o.master_port, std::chrono::minutes(15));
+  for (int round = 0;;) {
+    const Attempt at = run_group(o, ws, round, rdzv);
+    if (!at.stop.empty()) {
+      std::fprintf(stderr, "trainer launch: failed: %s\n", at.stop.c_str());
       return 1;
     }
-    std::fprintf(stderr, "trainer launch: restarting the local group (%d of %d restarts)\n", restart + 1,
-                 o.max_restarts);
+    if (at.failure.empty() && !at.restart_into) {
+      try {
+        rdzv.finish(std::chrono::minutes(15));
+      } catch (const Error& e) {
+        std::fprintf(stderr, "%s\n", e.what());
+        return 1;
+      }
+      return 0;
+    }
+    // A restart round is global: every node's workers start over in it, from a failure anywhere.
+    const int next = at.restart_into.value_or(round + 1);
+    const std::string why =
+        !at.failure.empty() ? at.failure : fmt::format("another node restarts its ranks (round {})", next);
+    if (next > o.max_restarts || (o.stop_requested && o.stop_requested())) {
+      std::fprintf(stderr, "trainer launch: failed: %s\n", why.c_str());
+      rdzv.give_up(why);
+      return 1;
+    }
+    round = at.restart_into ? next : rdzv.next_round(round);
+    std::fprintf(stderr, "trainer launch: restarting the local group (restart %d of %d%s)\n", round,
+                 o.max_restarts, o.nnodes > 1 ? ", every node together" : "");
+    try {  // every node's old workers gone before any new one starts
+      rdzv.join(round, std::chrono::minutes(15));
+    } catch (const Error& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      return 1;
+    }
   }
 }
 

@@ -134,8 +134,12 @@ void check_in(StoreClient& c, const DistEnv& env, Millis timeout) {
 class GlooGroup final : public ProcessGroup {
  public:
   GlooGroup(const DistEnv& env, Millis timeout) : env_(env), timeout_(timeout) {
-    if (env.rank == 0) server_ = std::make_unique<StoreServer>(env.master_port);
-    client_ = std::make_unique<StoreClient>(env.master_addr, env.master_port, timeout);
+    // Under `trainer launch` node 0's launcher serves the store; an attempt's keys are its own (a restarted
+    // group meets in the same store as fresh ranks).
+    if (env.rank == 0 && !env.agent_store) server_ = std::make_unique<StoreServer>(env.master_port);
+    client_ =
+        std::make_unique<StoreClient>(env.master_addr, env.master_port, timeout,
+                                      env.agent_store ? fmt::format("attempt/{}/", env.restart_count) : "");
     check_in(*client_, env, timeout);
     try {
       dev_ = gloo::transport::tcp::CreateDevice(transport_attr(env.master_addr, env.master_port));

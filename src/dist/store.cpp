@@ -131,7 +131,7 @@ StoreServer::StoreServer(int port) : port_(port), state_(std::make_shared<State>
   if (rc != 0 || ::listen(listen_fd_, 1024) != 0) {
     const int e = errno;
     ::close(listen_fd_);
-    fail("rank 0 cannot serve the rendezvous store on port {} (MASTER_PORT / --master_port): {}{}", port,
+    fail("cannot serve the rendezvous store on port {} (MASTER_PORT / --master_port): {}{}", port,
          std::strerror(e), e == EADDRINUSE ? " - another run or process holds it; choose another port" : "");
   }
   acceptor_ = std::thread([this] { accept_loop(); });
@@ -187,8 +187,8 @@ StoreServer::~StoreServer() {
   for (int fd : state_->fds) ::close(fd);
 }
 
-StoreClient::StoreClient(const std::string& host, int port, Millis timeout)
-    : endpoint_(host + ":" + std::to_string(port)) {
+StoreClient::StoreClient(const std::string& host, int port, Millis timeout, std::string prefix)
+    : endpoint_(host + ":" + std::to_string(port)), prefix_(std::move(prefix)) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::string last = "no attempt";
   for (;;) {
@@ -211,8 +211,8 @@ StoreClient::StoreClient(const std::string& host, int port, Millis timeout)
     ::freeaddrinfo(res);
     if (fd_ >= 0) break;
     TR_CHECK(std::chrono::steady_clock::now() < deadline,
-             "could not reach the rendezvous store at {} within {} s ({}): is rank 0 running, and are "
-             "--master_addr / --master_port (MASTER_ADDR / MASTER_PORT) right?",
+             "could not reach the rendezvous store at {} within {} s ({}): is node 0 (its trainer launch, or "
+             "rank 0) running, and are --master_addr / --master_port (MASTER_ADDR / MASTER_PORT) right?",
              endpoint_, timeout.count() / 1000.0, last);
     std::this_thread::sleep_for(Millis(50));
   }
@@ -224,9 +224,10 @@ StoreClient::~StoreClient() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::optional<std::string> StoreClient::request(char op, const std::string& key, const std::string& value,
+std::optional<std::string> StoreClient::request(char op, const std::string& name, const std::string& value,
                                                 int64_t arg) {
   std::lock_guard<std::mutex> g(mu_);
+  const std::string key = prefix_ + name;
   const uint32_t klen = static_cast<uint32_t>(key.size());
   const uint64_t vlen = value.size();
   char found = 0;
@@ -235,7 +236,7 @@ std::optional<std::string> StoreClient::request(char op, const std::string& key,
   const bool ok = write_all(fd_, &op, 1) && write_all(fd_, &klen, 4) && write_all(fd_, key.data(), klen) &&
                   write_all(fd_, &vlen, 8) && write_all(fd_, value.data(), vlen) && write_all(fd_, &arg, 8) &&
                   read_all(fd_, &found, 1) && read_all(fd_, &n, 8) && read_string(fd_, reply, n);
-  TR_CHECK(ok, "the rendezvous store at {} closed the connection (rank 0 ended?)", endpoint_);
+  TR_CHECK(ok, "the rendezvous store at {} closed the connection (its host ended?)", endpoint_);
   if (!found) return std::nullopt;
   return reply;
 }

@@ -1,5 +1,6 @@
-// The rendezvous key-value store, served over TCP by rank 0 at MASTER_ADDR:MASTER_PORT (torch's TCPStore
-// role; Gloo's packaged stores are file/hash/redis only). Ranks publish and wait for keys through it: their
+// The rendezvous key-value store, served over TCP at MASTER_ADDR:MASTER_PORT by node 0's `trainer launch`
+// (or by rank 0 when another launcher started the ranks) - torch's TCPStore role; Gloo's packaged stores are
+// file/hash/redis only. Ranks publish and wait for keys through it: their
 // arrival, their world size, and Gloo's transport addresses. Every wait has a deadline and names what is
 // missing when it passes.
 #pragma once
@@ -16,7 +17,7 @@ namespace tr::dist {
 
 using Millis = std::chrono::milliseconds;
 
-// Rank 0's server: a listening socket on all interfaces, a thread per connection.
+// The server: a listening socket on all interfaces, a thread per connection.
 class StoreServer {
  public:
   // Throws naming the port when it cannot be bound (in use by another run, or privileged).
@@ -35,11 +36,12 @@ class StoreServer {
   std::thread acceptor_;
 };
 
-// One rank's connection to the server.
+// One rank's (or launcher's) connection to the server.
 class StoreClient {
  public:
-  // Connects to host:port, retrying until `timeout` (rank 0 may start later than this rank).
-  StoreClient(const std::string& host, int port, Millis timeout);
+  // Connects to host:port, retrying until `timeout` (the server may start later than this client). Every key
+  // is read and written under `prefix` (an attempt's own: "attempt/2/").
+  StoreClient(const std::string& host, int port, Millis timeout, std::string prefix = "");
   ~StoreClient();
   StoreClient(const StoreClient&) = delete;
   StoreClient& operator=(const StoreClient&) = delete;
@@ -57,7 +59,7 @@ class StoreClient {
   std::optional<std::string> request(char op, const std::string& key, const std::string& value, int64_t arg);
   std::mutex mu_;  // one request at a time on the socket
   int fd_ = -1;
-  std::string endpoint_;
+  std::string endpoint_, prefix_;
 };
 
 }  // namespace tr::dist
