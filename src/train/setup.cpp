@@ -1,11 +1,15 @@
 // Tokenizer, model and data construction shared by `trainer train` and `trainer eval`; see setup.h.
 #include "train/setup.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
+#include <functional>
 
 #include "backend/cuda_api.h"
 #include "data/tokenize.h"
+#include "dist/process_group.h"
 #include "models/device_map.h"
 
 namespace tr::train {
@@ -25,14 +29,46 @@ namespace {
 
 bool is_shards(const std::string& f) { return f.size() > 4 && f.substr(f.size() - 4) == ".bin"; }
 
+// `make()` on rank 0 of `group`, its result broadcast to every rank (HF's main_process_first around the
+// dataset's tokenization, without a cache on disk: the other ranks need not read the file, or have it). One
+// tokenization with all of rank 0's threads instead of one per rank at once. An error on rank 0 is rethrown
+// there and named on the others.
+std::vector<uint32_t> from_rank0(dist::ProcessGroup& group, const std::string& file,
+                                 const std::function<std::vector<uint32_t>()>& make) {
+  std::vector<uint32_t> ids;
+  std::exception_ptr failure;
+  int64_t n = -1;
+  if (group.rank() == 0) {
+    try {
+      ids = make();
+      n = static_cast<int64_t>(ids.size());
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  group.broadcast(&n, sizeof n, 0);
+  if (failure) std::rethrow_exception(failure);
+  TR_CHECK(n >= 0, "{}: rank 0 could not read or tokenize it (its message says why)", file);
+  ids.resize(static_cast<size_t>(n));
+  constexpr size_t kChunk = size_t{1} << 24;  // 64 MB per broadcast
+  for (size_t at = 0; at < ids.size(); at += kChunk)
+    group.broadcast(ids.data() + at, std::min(kChunk, ids.size() - at) * sizeof(uint32_t), 0);
+  return ids;
+}
+
 std::shared_ptr<const data::TokenStream> stream_of(const std::string& file, const tokenizers::Tokenizer* tok,
-                                                   int64_t vocab, const std::string& text_column) {
+                                                   int64_t vocab, const std::string& text_column,
+                                                   dist::ProcessGroup* group) {
   if (is_shards(file)) return std::make_shared<data::TokenStream>(data::expand_inputs({file}), vocab);
   TR_CHECK(tok != nullptr, "{}: a text file needs a tokenizer (--tokenizer_name, or a model folder with one)",
            file);
-  auto ids = data::tokenize_text_files(*tok, {file}, 0, data::DocumentOptions{text_column});
-  TR_CHECK(!ids.empty(), "{}: no tokens (empty file?)", file);
-  return std::make_shared<data::TokenStream>(std::move(ids));
+  const auto tokenize = [&] {
+    auto ids = data::tokenize_text_files(*tok, {file}, 0, data::DocumentOptions{text_column});
+    TR_CHECK(!ids.empty(), "{}: no tokens (empty file?)", file);
+    return ids;
+  };
+  return std::make_shared<data::TokenStream>(
+      group != nullptr && group->size() > 1 ? from_rank0(*group, file, tokenize) : tokenize());
 }
 
 }  // namespace
@@ -139,17 +175,17 @@ Device training_device(const TrainingArguments& a) {
 }
 
 Streams load_streams(const TrainingArguments& a, const tokenizers::Tokenizer* tok, int64_t vocab,
-                     bool want_validation) {
+                     bool want_validation, dist::ProcessGroup* group) {
   Streams s;
   TR_CHECK(!a.train_file.empty(), "--train_file is required");
-  auto all = stream_of(a.train_file, tok, vocab, a.text_column_name);
+  auto all = stream_of(a.train_file, tok, vocab, a.text_column_name, group);
   if (!want_validation) {
     s.train = all;
     return s;
   }
   if (!a.validation_file.empty()) {
     s.train = all;
-    s.validation = stream_of(a.validation_file, tok, vocab, a.text_column_name);
+    s.validation = stream_of(a.validation_file, tok, vocab, a.text_column_name, group);
     return s;
   }
   TR_CHECK(a.validation_split_percentage > 0,

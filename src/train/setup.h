@@ -13,6 +13,10 @@
 #include "tokenizers/tokenizer.h"
 #include "train/args.h"
 
+namespace tr::dist {
+class ProcessGroup;
+}
+
 namespace tr::train {
 
 tokenizers::Tokenizer load_tokenizer(const TrainingArguments& a);
@@ -47,8 +51,9 @@ struct Streams {
   std::shared_ptr<const data::TokenStream> train, validation;  // validation null when not wanted
 };
 // want_validation: an eval is requested. Errors name the file: empty data, ids beyond the vocabulary, a
-// text file without a tokenizer (`tok` null).
+// text file without a tokenizer (`tok` null). `group` (a distributed run): rank 0 alone reads and tokenizes
+// text files and broadcasts the tokens (token shards are read by every rank: mapped, not tokenized).
 Streams load_streams(const TrainingArguments& a, const tokenizers::Tokenizer* tok, int64_t vocab,
-                     bool want_validation);
+                     bool want_validation, dist::ProcessGroup* group = nullptr);
 
 }  // namespace tr::train

@@ -207,7 +207,7 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
            model_->config().max_position_embeddings);
   streams_ = load_streams(
       a, tok_ ? &*tok_ : nullptr, vocab_,
-      a.do_eval || parse_interval_strategy(a.eval_strategy, "eval_strategy") != IntervalStrategy::no);
+      a.do_eval || parse_interval_strategy(a.eval_strategy, "eval_strategy") != IntervalStrategy::no, group_);
   loader_ = make_loader();
   sched_ = make_schedule(a, loader_->batches_per_epoch());
   optim::OptimizerOptions oo;
