@@ -197,6 +197,32 @@ INSTANTIATE_TEST_SUITE_P(
                   }}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// torch_compile: the arena the estimate expects (the step's live peak above what stays between steps) is the
+// one the compiled step plans from its trace, to within the buffers fusion elides; under CUDA graphs it stays
+// allocated between steps and the reserved bytes grow by it.
+TEST(Estimate, TheCompiledArenaIsTheLivePeakAboveWhatStays) {
+  Scratch s("estimate_compiled");
+  std::ofstream(s.dir / "config.json") << kLlama;
+  auto a = s.args("run");
+  a.max_steps = 2;
+  a.torch_compile = true;
+  a.save_strategy = "no";
+  const auto e = train::estimate_memory(a);
+  const auto r = train::train(a);
+  ASSERT_GT(r.planned_peak_bytes, 0) << "no step was compiled";
+  EXPECT_GT(e.compiled_arena_bytes, 0);
+  EXPECT_EQ(e.peak_bytes, r.peak_bytes);  // the capturing step runs eagerly
+  const double planned = static_cast<double>(e.held_bytes + e.compiled_arena_bytes);
+  EXPECT_NEAR(planned, static_cast<double>(r.planned_peak_bytes), 1e-3 * planned);
+  const train::MemoryTarget gpu{1, 0, train::MemoryDevice::cuda};
+  const auto graphs = train::estimate_memory(a, gpu);
+  a.torch_compile_mode = "max-autotune-no-cudagraphs";
+  const auto no_graphs = train::estimate_memory(a, gpu);
+  EXPECT_EQ(graphs.peak_bytes, no_graphs.peak_bytes);
+  EXPECT_GE(graphs.reserved_bytes, no_graphs.reserved_bytes + graphs.compiled_arena_bytes)
+      << "the graphs' arena is a segment of its own";
+}
+
 TEST(Estimate, ASplitIsRefusedWithoutItsBudgetsOrWithTheWrongDevices) {
   Scratch s("estimate_split_refused");
   auto a = s.args("run");

@@ -211,9 +211,12 @@ int estimate(tr::train::TrainingArguments a, const std::string& device_name, con
                      {"eval_peak_bytes", e.eval_peak_bytes},
                      {"setup_peak_bytes", e.setup_peak_bytes},
                      {"save_peak_bytes", e.save_peak_bytes},
+                     {"held_bytes", e.held_bytes},
                      {"per_device_train_batch_size", e.per_device_train_batch_size},
                      {"gradient_accumulation_steps", e.gradient_accumulation_steps},
                      {"breakdown", b}};
+    if (a.torch_compile || !a.torch_compile_backend.empty() || !a.torch_compile_mode.empty())
+      j["compiled_arena_bytes"] = e.compiled_arena_bytes;
     if (cuda) {
       j["reserved_bytes"] = e.reserved_bytes;
       j["workspace_bytes"] = e.workspace_bytes;
@@ -269,6 +272,11 @@ int estimate(tr::train::TrainingArguments a, const std::string& device_name, con
   }
   std::printf("peak              %s  (%s)\n", gib(e.peak_bytes).c_str(), e.peak_at.c_str());
   if (e.eval_peak_bytes > 0) std::printf("evaluation peak   %s\n", gib(e.eval_peak_bytes).c_str());
+  if (e.compiled_arena_bytes > 0)
+    std::printf(
+        "compiled arena    %s  (torch_compile: a step's buffers planned into one block%s)\n",
+        gib(e.compiled_arena_bytes).c_str(),
+        cuda && a.compile_device_graphs() ? "; kept between steps by the CUDA graphs, in reserved" : "");
   if (e.save_peak_bytes > 0)
     std::printf("checkpoint save   %s  (the weights written one tensor at a time)\n",
                 gib(e.save_peak_bytes).c_str());

@@ -332,6 +332,15 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
   }
   std::vector<int64_t> peaks = devices.peaks();
   e.peak_at = tracker.where();
+  e.held_bytes = held[0];
+  if (a.torch_compile && !devices.split()) {
+    // The compiled step packs a step's buffers into one arena: the live peak above what stays between steps
+    // (compiled_step.cpp plans it from the traced first step). Under CUDA graphs the arena stays allocated
+    // between steps, a segment of its own beside the eager memory the capturing step left cached: reserved.
+    e.compiled_arena_bytes = std::max<int64_t>(0, peaks[0] - held[0]);
+    if (device == MemoryDevice::cuda && a.compile_device_graphs())
+      ops::empty({e.compiled_arena_bytes}, DType::u8, devices.meta(0));  // allocated and freed: reserved
+  }
   const int64_t state = opt->state_bytes();
   // Loader workers hold up to prefetch_factor (2) queued batches each, plus the one each builds: host
   // memory, the device's when the device is the host (one CPU device, or a split's host part).

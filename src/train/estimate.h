@@ -50,6 +50,12 @@ struct MemoryEstimate {
   // for either device (the tests check it against a CPU run replayed through the same model).
   int64_t reserved_bytes = 0;
   int64_t workspace_bytes = 0;  // cuda: cuBLASLt's workspace
+  // What stays allocated between steps: weights, fp32 masters, optimizer state, the step's inputs.
+  int64_t held_bytes = 0;
+  // --torch_compile: the arena the compiled step plans for a step's buffers (the live peak above held_bytes;
+  // the run's compiled_planned_peak_memory_gib is about held_bytes + this). Under CUDA graphs it stays
+  // allocated between steps: in reserved_bytes, beside the eager memory the capturing step left cached.
+  int64_t compiled_arena_bytes = 0;
   // What must fit in the device's memory: cuda reserved_bytes + workspace_bytes, cpu peak_bytes.
   int64_t fit_bytes() const {
     return device == MemoryDevice::cuda ? reserved_bytes + workspace_bytes : peak_bytes;
