@@ -93,27 +93,30 @@ TEST(OptimDevice, EightBitAdamWKernelsMatchTheCpuBitForBit) {
   for (size_t k = 0; k < sa.size(); ++k) EXPECT_EQ(host(sb[k].second), host(sa[k].second)) << sa[k].first;
 }
 
+// Five steps of optimizer `name` (args, lr 1e-2, weight decay 0.05) on the CPU model and on `gpu`'s.
+void five_steps_both(const char* name, const char* args, Model& cpu, Model& dev, Device gpu) {
+  optim::OptimizerOptions o;
+  o.lr = 1e-2;
+  o.weight_decay = 0.05;
+  o.args = optim::parse_optim_args(args);
+  auto a = optim::make_optimizer(name, cpu.list, o), b = optim::make_optimizer(name, dev.list, o);
+  for (int step = 0; step < 5; ++step) {
+    cpu.set_grads(step, Device::cpu());
+    dev.set_grads(step, gpu);
+    a->step();
+    b->step();
+  }
+}
+
 // Adafactor runs as tensor ops on a GPU: within f32 rounding of the CPU loops.
 TEST(OptimDevice, AdafactorOnTheGpuFollowsTheCpu) {
   if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: Adafactor on the GPU NOT tested";
   const Device gpu = Device::cuda(0);
-  for (auto [name, args] : {std::pair{"adafactor", "beta1=0.9"}}) {
-    Model cpu(Device::cpu()), dev(gpu);
-    optim::OptimizerOptions o;
-    o.lr = 1e-2;
-    o.weight_decay = 0.05;
-    o.args = optim::parse_optim_args(args);
-    auto a = optim::make_optimizer(name, cpu.list, o), b = optim::make_optimizer(name, dev.list, o);
-    for (int step = 0; step < 5; ++step) {
-      cpu.set_grads(step, Device::cpu());
-      dev.set_grads(step, gpu);
-      a->step();
-      b->step();
-    }
-    for (size_t i = 0; i < cpu.tensors.size(); ++i)
-      EXPECT_TRUE(test::all_close(ops::to_device(dev.tensors[i], Device::cpu()), cpu.tensors[i], 1e-5, 1e-7))
-          << name << " " << cpu.list[i].first;
-  }
+  Model cpu(Device::cpu()), dev(gpu);
+  five_steps_both("adafactor", "beta1=0.9", cpu, dev, gpu);
+  for (size_t i = 0; i < cpu.tensors.size(); ++i)
+    EXPECT_TRUE(test::all_close(ops::to_device(dev.tensors[i], Device::cpu()), cpu.tensors[i], 1e-5, 1e-7))
+        << cpu.list[i].first;
 }
 
 // SGD's kernel and the CPU loop share optim_math.h's sgd_element (fused multiply-adds as torch's CPU
@@ -123,17 +126,7 @@ TEST(OptimDevice, SgdKernelMatchesTheCpuBitForBit) {
   const Device gpu = Device::cuda(0);
   for (const char* args : {"", "momentum=0.9", "momentum=0.9,nesterov=true", "momentum=0.8,dampening=0.3"}) {
     Model cpu(Device::cpu()), dev(gpu);
-    optim::OptimizerOptions o;
-    o.lr = 1e-2;
-    o.weight_decay = 0.05;
-    o.args = optim::parse_optim_args(args);
-    auto a = optim::make_optimizer("sgd", cpu.list, o), b = optim::make_optimizer("sgd", dev.list, o);
-    for (int step = 0; step < 5; ++step) {
-      cpu.set_grads(step, Device::cpu());
-      dev.set_grads(step, gpu);
-      a->step();
-      b->step();
-    }
+    five_steps_both("sgd", args, cpu, dev, gpu);
     for (size_t i = 0; i < cpu.tensors.size(); ++i)
       EXPECT_EQ(host(dev.tensors[i]), test::values(cpu.tensors[i])) << args << " " << cpu.list[i].first;
   }
