@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <future>
 #include <map>
 #include <numeric>
@@ -169,29 +170,47 @@ TEST(DistLaunch, NodesAgreeOnRestartRounds) {
   EXPECT_EQ(n0->poll(0).restart_into, 1);
   EXPECT_FALSE(n0->poll(1).restart_into.has_value()) << "one failure opened two rounds";
   // Nobody starts round 1 before every node's old workers are gone.
-  auto j1 = std::async(std::launch::async, [&] { n1.join(1, join); });
-  auto j2 = std::async(std::launch::async, [&] { n2.join(1, join); });
+  const std::function<bool()> no_stop;
+  auto j1 = std::async(std::launch::async, [&] { n1.join(1, join, no_stop); });
+  auto j2 = std::async(std::launch::async, [&] { n2.join(1, join, no_stop); });
   EXPECT_EQ(j1.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
-  n0->join(1, join);
+  n0->join(1, join, no_stop);
   j1.get();
   j2.get();
-  try {
-    n1.join(2, dist::Millis(200));
-    ADD_FAILURE() << "joined a round alone";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("restart 2: 1 of 3 nodes joined within 0.2 s"), std::string::npos)
-        << e.what();
+  const auto error_of = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(error_of([&] {
+              n1.join(2, dist::Millis(200), no_stop);
+            }).find("restart 2: 1 of 3 nodes joined within 0.2 s"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { n2.join(3, join, [] { return true; }); }).find("stopped by a signal during restart 3"),
+      std::string::npos);
+  // Node 0 finishes, and waits for the others; one of them finishing is not enough, and a node that
+  // restarts meanwhile ends the wait at once, as a node that already finished ends a restart's.
+  n1.finish(1, join);
+  EXPECT_NE(error_of([&] { n0->finish(1, dist::Millis(300)); }).find("did not within 0.3 s"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              n2.join(4, join, no_stop);
+            }).find("restart 4: 2 node(s) already finished their ranks; a restart needs every node"),
+            std::string::npos);
+  {
+    dist::LaunchRendezvous m0(2, 0, "127.0.0.1", test_port(48), join),
+        m1(2, 1, "127.0.0.1", test_port(48), join);
+    EXPECT_EQ(m1.next_round(0), 1);
+    EXPECT_NE(error_of([&] { m0.finish(0, join); }).find("another node restarts its ranks (round 1)"),
+              std::string::npos);
   }
-  // Node 0 finishes, and waits for the others; one of them finishing is not enough.
-  n1.finish(join);
-  try {
-    n0->finish(dist::Millis(300));
-    ADD_FAILURE() << "node 0 finished before node 2";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("did not within 0.3 s"), std::string::npos) << e.what();
-  }
-  // A node out of restarts: the others stop, naming it.
+  // A node out of restarts: the others stop, naming it - the first reason given, not its consequences.
   n2.give_up("rank 2 ended with exit status 1");
+  n1.give_up("rank 1 lost its peer");
   EXPECT_EQ(n1.poll(1).stop, "node 2 gave up: rank 2 ended with exit status 1");
   // Node 0's launcher gone: the store with it.
   n0.reset();
@@ -350,8 +369,6 @@ TEST(DistGloo, NcclIsRefusedClearlyOnThisBuild) {
   }
 }
 
-// Rank r's batch k, concatenated over the ranks, is the single process's batch k: the order does not
-// depend on the world size.
 // A text --train_file is read and tokenized by rank 0 alone, its tokens broadcast: the other ranks get the
 // one-process streams (train and the validation split) without reading the file - a path only rank 0 has -
 // and an error on rank 0 reaches every rank.
@@ -399,6 +416,8 @@ TEST(DistData, RankZeroTokenizesForEveryRank) {
         << errors[r];
 }
 
+// Rank r's batch k, concatenated over the ranks, is the single process's batch k: the order does not
+// depend on the world size.
 TEST(DistSampler, RankSlicesMakeTheSingleProcessBatches) {
   auto stream = std::make_shared<data::TokenStream>(std::vector<uint32_t>(37 * 4, 1));  // 37 samples of 4
   for (int world : {2, 3, 5}) {

@@ -215,20 +215,22 @@ int estimate(tr::train::TrainingArguments a, const std::string& device_name, con
                      {"per_device_train_batch_size", e.per_device_train_batch_size},
                      {"gradient_accumulation_steps", e.gradient_accumulation_steps},
                      {"breakdown", b}};
-    if (a.torch_compile || !a.torch_compile_backend.empty() || !a.torch_compile_mode.empty())
-      j["compiled_arena_bytes"] = e.compiled_arena_bytes;
+    if (e.compiled_arena_bytes > 0) j["compiled_arena_bytes"] = e.compiled_arena_bytes;
     if (cuda) {
       j["reserved_bytes"] = e.reserved_bytes;
       j["workspace_bytes"] = e.workspace_bytes;
     }
     if (!e.devices.empty()) {  // device_map auto: each device's share, in the placement's order
       j["device_map"] = e.device_map;
+      j["devices"] = nlohmann::json::array();
       for (const auto& d : e.devices) {
-        nlohmann::json one{
-            {"weight_bytes", d.weight_bytes}, {"held_bytes", d.held_bytes}, {"peak_bytes", d.peak_bytes}};
+        nlohmann::json one{{"device", d.device},
+                           {"weight_bytes", d.weight_bytes},
+                           {"held_bytes", d.held_bytes},
+                           {"peak_bytes", d.peak_bytes}};
         if (cuda) one["reserved_bytes"] = d.reserved_bytes;
         if (d.budget_bytes > 0) one["budget_bytes"] = d.budget_bytes;
-        j["devices"][d.device] = one;
+        j["devices"].push_back(one);
       }
     }
     if (budget > 0) {
@@ -272,6 +274,8 @@ int estimate(tr::train::TrainingArguments a, const std::string& device_name, con
   }
   std::printf("peak              %s  (%s)\n", gib(e.peak_bytes).c_str(), e.peak_at.c_str());
   if (e.eval_peak_bytes > 0) std::printf("evaluation peak   %s\n", gib(e.eval_peak_bytes).c_str());
+  tr::train::TrainingArguments compiled = a;
+  compiled.apply_compile_defaults();  // a mode or backend alone turns compile on
   if (e.compiled_arena_bytes > 0)
     std::printf(
         "compiled arena    %s  (torch_compile: a step's buffers planned into one block%s)\n",

@@ -303,16 +303,25 @@ int launch(const LaunchOptions& o) {
     ws[static_cast<size_t>(l)].rank = o.node_rank * o.nproc_per_node + l;
   }
   // torchrun's join timeout: node 0 may start minutes after the others
-  LaunchRendezvous rdzv(o.nnodes, o.node_rank, o.master_addr, o.master_port, std::chrono::minutes(15));
+  const auto wait_limit = std::chrono::minutes(15);
+  LaunchRendezvous rdzv(o.nnodes, o.node_rank, o.master_addr, o.master_port, wait_limit);
+  const auto stopped = [&] { return o.stop_requested && o.stop_requested(); };
+  const auto fail_with = [&](const std::string& why) {
+    std::fprintf(stderr, "trainer launch: failed: %s\n", why.c_str());
+    rdzv.give_up(why);
+    rdzv.linger();
+    return 1;
+  };
   for (int round = 0;;) {
     const Attempt at = run_group(o, ws, round, rdzv);
     if (!at.stop.empty()) {
       std::fprintf(stderr, "trainer launch: failed: %s\n", at.stop.c_str());
+      rdzv.linger();
       return 1;
     }
     if (at.failure.empty() && !at.restart_into) {
       try {
-        rdzv.finish(std::chrono::minutes(15));
+        rdzv.finish(round, wait_limit);
       } catch (const Error& e) {
         std::fprintf(stderr, "%s\n", e.what());
         return 1;
@@ -321,21 +330,19 @@ int launch(const LaunchOptions& o) {
     }
     // A restart round is global: every node's workers start over in it, from a failure anywhere.
     const int next = at.restart_into.value_or(round + 1);
-    const std::string why =
-        !at.failure.empty() ? at.failure : fmt::format("another node restarts its ranks (round {})", next);
-    if (next > o.max_restarts || (o.stop_requested && o.stop_requested())) {
-      std::fprintf(stderr, "trainer launch: failed: %s\n", why.c_str());
-      rdzv.give_up(why);
-      return 1;
-    }
-    round = at.restart_into ? next : rdzv.next_round(round);
-    std::fprintf(stderr, "trainer launch: restarting the local group (restart %d of %d%s)\n", round,
-                 o.max_restarts, o.nnodes > 1 ? ", every node together" : "");
-    try {  // every node's old workers gone before any new one starts
-      rdzv.join(round, std::chrono::minutes(15));
+    if (stopped()) return fail_with("stopped by a signal after round " + std::to_string(round));
+    if (next > o.max_restarts)
+      return fail_with(!at.failure.empty()
+                           ? at.failure
+                           : fmt::format("another node restarts its ranks (round {}), past --max_restarts {}",
+                                         next, o.max_restarts));
+    try {
+      round = at.restart_into ? next : rdzv.next_round(round);
+      std::fprintf(stderr, "trainer launch: restarting the local group (restart %d of %d%s)\n", round,
+                   o.max_restarts, o.nnodes > 1 ? ", every node together" : "");
+      rdzv.join(round, wait_limit, stopped);  // every node's old workers gone before any new one starts
     } catch (const Error& e) {
-      std::fprintf(stderr, "%s\n", e.what());
-      return 1;
+      return fail_with(e.what());
     }
   }
 }

@@ -27,15 +27,19 @@ SGD::SGD(const nn::ParamList& params, OptimizerOptions opts) : Optimizer(params,
 void SGD::step() {
   ++step_;
   std::vector<backend::Backend::SgdTensors> tensors;
+  std::vector<Slot*> made;  // their new momentum buffers are kept once the pass has written them
   for (auto& s : slots_) {
     const Tensor g = detail::gradient("SGD", s.name, *s.param);
     if (!g.defined()) continue;  // as torch: parameters without a gradient are skipped
     const bool first = momentum_ != 0 && !s.momentum_buffer.defined();
-    if (first) s.momentum_buffer = ops::empty(s.param->shape(), s.param->dtype(), s.param->device());
-    tensors.push_back(
-        {*s.param, ops::contiguous(g), s.momentum_buffer, s.decay ? opts_.weight_decay : 0.0, first});
+    const Tensor buf =
+        first ? ops::empty(s.param->shape(), s.param->dtype(), s.param->device()) : s.momentum_buffer;
+    if (first) made.push_back(&s);
+    tensors.push_back({*s.param, ops::contiguous(g), buf, s.decay ? opts_.weight_decay : 0.0, first});
   }
   ops::sgd(tensors, {opts_.lr, momentum_, dampening_, nesterov_});
+  for (size_t i = 0, k = 0; i < tensors.size() && k < made.size(); ++i)
+    if (tensors[i].first) made[k++]->momentum_buffer = tensors[i].momentum_buffer;
 }
 
 std::vector<std::pair<std::string, Tensor>> SGD::state_dict() const {

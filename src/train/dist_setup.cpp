@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include "core/error.h"
 #include "dist/env.h"
 #include "ops/ops.h"
+#include "train/checkpoint.h"
 #include "train/setup.h"
 #include "train/zero.h"
 
@@ -173,6 +175,31 @@ void check_same_weights(dist::ProcessGroup& g, uint64_t hash, const std::string&
            "{}: rank{} {} read other weights than rank 0 (another copy or revision of the checkpoint on its "
            "node?); every rank of a sharded run loads the same files",
            dir, differ.size() > 1 ? "s" : "", fmt::join(differ, ", "));
+}
+
+TrainingArguments elastic_resume(const TrainingArguments& a, dist::ProcessGroup* group) {
+  const dist::DistEnv env = dist::read_dist_env();
+  if (!a.resume_from_checkpoint.empty() || env.restart_count == 0) return a;
+  std::string last;
+  if ((group == nullptr || group->rank() == 0) && fs::is_directory(a.output_dir))
+    last = latest_checkpoint(a.output_dir);
+  if (group != nullptr) {  // rank 0's choice for every rank
+    int64_t n = static_cast<int64_t>(last.size());
+    group->broadcast(&n, sizeof n, 0);
+    last.resize(static_cast<size_t>(n));
+    if (n > 0) group->broadcast(last.data(), last.size(), 0);
+  }
+  if (last.empty()) return a;  // nothing saved before the failure: the run starts over
+  TR_CHECK(fs::is_directory(last),
+           "restart {} of the group: rank 0 resumes from {}, which rank {} does not see: give every node one "
+           "shared --output_dir",
+           env.restart_count, last, group ? group->rank() : 0);
+  TrainingArguments r = a;
+  r.resume_from_checkpoint = last;
+  if (env.rank == 0)
+    std::fprintf(stderr, "train: restart %d of the group: resuming from %s\n", env.restart_count,
+                 last.c_str());
+  return r;
 }
 
 }  // namespace tr::train

@@ -34,6 +34,13 @@ void check_fsdp_flags(const TrainingArguments& a, int world_size);
 // Throws before connecting for what a distributed run cannot do (--fsdp options not built, an optimizer that
 // does not shard, full_shard with torch_compile, automatic batch sizes, GPUs without NCCL).
 std::unique_ptr<dist::ProcessGroup> join_group(const TrainingArguments& a);
+
+// A group its launcher restarted (torchrun's TORCHELASTIC_RESTART_COUNT > 0) continues from the newest
+// checkpoint in output_dir, as HF's example scripts resume from get_last_checkpoint(output_dir): otherwise a
+// restart would start over, or be refused by the output_dir check. Rank 0 picks it and every rank of `group`
+// takes that one (a rank that does not see it - output_dir not one shared folder - fails naming it). An
+// explicit --resume_from_checkpoint (false included) is kept.
+TrainingArguments elastic_resume(const TrainingArguments& a, dist::ProcessGroup* group);
 // Every rank can read what rank 0 writes into `dir` (a collective); throws naming --fsdp `strategy`.
 void check_shared_output_dir(dist::ProcessGroup& g, const std::string& dir, const char* strategy);
 

@@ -52,7 +52,8 @@ struct Streams {
 };
 // want_validation: an eval is requested. Errors name the file: empty data, ids beyond the vocabulary, a
 // text file without a tokenizer (`tok` null). `group` (a distributed run): rank 0 alone reads and tokenizes
-// text files and broadcasts the tokens (token shards are read by every rank: mapped, not tokenized).
+// text files and broadcasts the tokens (token shards are read by every rank: mapped, not tokenized); the
+// others wait for it within --ddp_timeout - a corpus that takes longer wants `trainer tokenize` ahead.
 Streams load_streams(const TrainingArguments& a, const tokenizers::Tokenizer* tok, int64_t vocab,
                      bool want_validation, dist::ProcessGroup* group = nullptr);
 

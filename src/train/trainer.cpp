@@ -712,29 +712,12 @@ void Run::finish() {
               {"log_history", st_.log_history}});
 }
 
-// A group its launcher restarted (torchrun's TORCHELASTIC_RESTART_COUNT > 0) continues from the newest
-// checkpoint in output_dir, as HF's example scripts resume from get_last_checkpoint(output_dir): otherwise
-// a restart would start over, or be refused by the output_dir check. An explicit --resume_from_checkpoint
-// (false included) is kept.
-TrainingArguments elastic_resume(const TrainingArguments& a) {
-  const dist::DistEnv env = dist::read_dist_env();
-  if (!a.resume_from_checkpoint.empty() || env.restart_count == 0 || !fs::is_directory(a.output_dir))
-    return a;
-  const std::string last = latest_checkpoint(a.output_dir);
-  if (last.empty()) return a;  // nothing saved before the failure: the run starts over
-  TrainingArguments r = a;
-  r.resume_from_checkpoint = last;
-  if (env.rank == 0)
-    std::fprintf(stderr, "train: restart %d of the group: resuming from %s\n", env.restart_count,
-                 last.c_str());
-  return r;
-}
-
 }  // namespace
 
 TrainResult train(const TrainingArguments& given, const TrainHooks& hooks) {
   given.validate();
-  const TrainingArguments args = elastic_resume(given);
+  const auto group = join_group(given);
+  const TrainingArguments args = elastic_resume(given, group.get());
   // --tf32: f32 matmuls read TF32 inputs (tensor cores on a GPU; emulated by rounding on the CPU); unset,
   // compile turns it on for a GPU run as HF's does.
   backend::Tf32Scope tf32(args.tf32_on(training_device(args)));
@@ -742,7 +725,6 @@ TrainResult train(const TrainingArguments& given, const TrainHooks& hooks) {
   compile_args.apply_compile_defaults();  // a mode alone turns compile on
   backend::GemmAutotuneScope autotune(compile_args.compile_autotunes());
   const bool resuming = !args.resume_from_checkpoint.empty() && args.resume_from_checkpoint != "false";
-  const auto group = join_group(args);
   // Before anything in output_dir is read or replaced: a second trainer on the same folder is refused.
   // Rank 0 holds the lock for the run; the others start once it has checked and cleaned the folder.
   std::optional<OutputDirLock> lock;
