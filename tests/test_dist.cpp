@@ -115,6 +115,8 @@ TEST(DistEnv, BadValuesNameTheVariable) {
       {{{"WORLD_SIZE", "2"}, {"RANK", "2"}},
        "rank 2 (from the torchrun environment) is not below the world size 2"},
       {{{"WORLD_SIZE", "2"}}, "WORLD_SIZE=2 is set but RANK is not"},
+      {{{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"TORCHELASTIC_RESTART_COUNT", "-1"}},
+       "TORCHELASTIC_RESTART_COUNT=-1: expected a value in [0, "},
       {{{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_PORT", "70000"}},
        "MASTER_PORT=70000: expected a value in [1, 65535]"},
       {{{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_ADDR", ""}}, "MASTER_ADDR is empty"},

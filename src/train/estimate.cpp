@@ -391,12 +391,13 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
   e.reserved_bytes = caching[0]->stats().peak_reserved_bytes;
   if (devices.split()) {
     e.device_map = devices.real_placement().summary();
+    const auto budgets = models::parse_device_memory(a.max_memory, "max_memory");  // checked above
     for (size_t i = 0; i < devices.size(); ++i) {
       int64_t on = 0;
       for (const auto& [name, p] : model->named_parameters())
         if (p->device() == devices.meta(i)) on += static_cast<int64_t>(p->nbytes());
       int64_t budget = 0;  // the host's, when not given: unbounded
-      for (const auto& b : models::parse_device_memory(a.max_memory, "max_memory"))
+      for (const auto& b : budgets)
         if (b.device == devices.real(i)) budget = b.bytes;
       e.devices.push_back({devices.real(i).str(), on, held[i] + prefetch_on(i), peaks[i] + prefetch_on(i),
                            caching[i]->stats().peak_reserved_bytes, budget});
