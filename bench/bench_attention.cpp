@@ -1,9 +1,10 @@
 // Causal attention on the CPU, forward + backward, in three forms across sequence lengths: the backend's
 // fused (tiled) kernel, the blocked GEMM form (ops/attention_blocked.cpp) and eager (materialized scores,
 // HF's reference); then what sdpa runs for that shape. Tokens per call stay fixed, so rows compare cost per
-// token as T grows.
+// token as T grows. With a dropout probability, each form drops the probabilities (attention dropout as in
+// training).
 //
-//   bench_attention [iters=5] [tokens=4096] [heads=4] [head_dim=64] [dtype=f32|bf16]
+//   bench_attention [iters=5] [tokens=4096] [heads=4] [head_dim=64] [dtype=f32|bf16] [dropout=0]
 #include <cstdio>
 #include <cstring>
 
@@ -17,16 +18,21 @@ int main(int argc, char** argv) {
   const int64_t tokens = argc > 2 ? std::atoll(argv[2]) : 4096, H = argc > 3 ? std::atoll(argv[3]) : 4,
                 D = argc > 4 ? std::atoll(argv[4]) : 64;
   const DType dt = argc > 5 && std::strcmp(argv[5], "bf16") == 0 ? DType::bf16 : DType::f32;
-  if (iters < 1 || tokens < 64 || H < 1 || D < 1) {
+  const double p = argc > 6 ? std::atof(argv[6]) : 0.0;
+  if (iters < 1 || tokens < 64 || H < 1 || D < 1 || p < 0 || p >= 1) {
     std::fprintf(stderr,
-                 "usage: bench_attention [iters>=1] [tokens>=64] [heads>=1] [head_dim>=1] [f32|bf16]\n");
+                 "usage: bench_attention [iters>=1] [tokens>=64] [heads>=1] [head_dim>=1] [f32|bf16] "
+                 "[dropout in [0, 1)]\n");
     return 2;
   }
   Generator gen(1);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  std::printf("causal attention forward+backward, %lld tokens per call, %lld heads x %lld, %s, %d threads\n",
-              static_cast<long long>(tokens), static_cast<long long>(H), static_cast<long long>(D),
-              std::string(dtype_name(dt)).c_str(), omp_get_max_threads());
+  std::printf(
+      "causal attention forward+backward, %lld tokens per call, %lld heads x %lld, %s, dropout %g, %d "
+      "threads\n",
+      static_cast<long long>(tokens), static_cast<long long>(H), static_cast<long long>(D),
+      std::string(dtype_name(dt)).c_str(), p, omp_get_max_threads());
+  const ops::AttentionDropout drop{p, 5, 0};
   std::printf("%6s %4s %10s %10s %10s   %-8s %s\n", "T", "B", "fused ms", "blocked ms", "eager ms", "sdpa",
               "sdpa / eager time");
   for (int64_t T = 64; T <= tokens; T *= 2) {
@@ -38,15 +44,16 @@ int main(int argc, char** argv) {
     const double fused = bench::median_seconds(
         [&] {
           const Tensor none;  // the backend's tiled kernel, whatever sdpa would pick for this shape
-          ops::AttentionOut o = ops::attention(q, k, v, none, true, scale, 0, ops::AttentionForm::fused);
-          ops::attention_backward(q, k, v, none, true, scale, o.out, o.lse, dy, 0, ops::AttentionForm::fused);
+          const auto fused = ops::AttentionForm::fused;
+          ops::AttentionOut o = ops::attention(q, k, v, none, true, scale, 0, fused, drop);
+          ops::attention_backward(q, k, v, none, true, scale, o.out, o.lse, dy, 0, fused, drop);
         },
         iters, 1);
     const double blocked = bench::median_seconds(
         [&] {
           const Tensor none;
-          ops::AttentionOut o = ops::attention_blocked(q, k, v, none, true, scale);
-          ops::attention_blocked_backward(q, k, v, none, true, scale, o.out, o.lse, dy);
+          ops::AttentionOut o = ops::attention_blocked(q, k, v, none, true, scale, 0, drop);
+          ops::attention_blocked_backward(q, k, v, none, true, scale, o.out, o.lse, dy, 0, drop);
         },
         iters, 1);
     std::vector<float> m(static_cast<size_t>(T * T));
@@ -57,11 +64,11 @@ int main(int argc, char** argv) {
         [&] {
           Tensor ql = ops::clone(q), kl = ops::clone(k), vl = ops::clone(v);
           for (Tensor* t : {&ql, &kl, &vl}) autograd::set_requires_grad(*t, true);
-          Tensor y = models::eager_attention(ql, kl, vl, mask, scale, 0.0, nullptr, false);
+          Tensor y = models::eager_attention(ql, kl, vl, mask, scale, p, &gen, p > 0);
           autograd::backward({y}, {dy});
         },
         iters, 1);
-    const bool blocked_pick = ops::attention_form(q, k) == ops::AttentionForm::blocked;
+    const bool blocked_pick = ops::attention_form(q, k, p > 0) == ops::AttentionForm::blocked;
     const double sdpa = blocked_pick ? blocked : fused;
     std::printf("%6lld %4lld %10.2f %10.2f %10.2f   %-8s %.2f\n", static_cast<long long>(T),
                 static_cast<long long>(B), fused * 1e3, blocked * 1e3, eager * 1e3,

@@ -260,6 +260,20 @@ std::vector<GradCase> cases() {
                [](const Inputs& x) {  // a cache of 2 keys before the 5 queries; each sees 2 keys
                  return scaled_dot_product_attention(x[0], x[1], x[2], Tensor(), true, 0.7, 0.0, nullptr, 2);
                }});
+  // Attention dropout in either form: a generator at the same state in every evaluation draws the same mask,
+  // so the function is smooth and its gradient is the dropped softmax's.
+  for (ops::AttentionForm form : {ops::AttentionForm::fused, ops::AttentionForm::blocked})
+    c.push_back({"attention",
+                 form == ops::AttentionForm::fused ? "attention_dropout_fused" : "attention_dropout_blocked",
+                 [] {
+                   return Inputs{rnd({2, 2, 5, 3}, 50), rnd({2, 1, 6, 3}, 51), rnd({2, 1, 6, 3}, 52)};
+                 },
+                 [form](const Inputs& x) {
+                   Generator gen(9);
+                   gen.set_state({9, 40});
+                   return scaled_dot_product_attention(x[0], x[1], x[2], Tensor(), true, 0.7, 0.4, &gen, 0,
+                                                       form);
+                 }});
   c.push_back(
       {"linear_cross_entropy", "linear_cross_entropy_chunks_of_2",
        [] {

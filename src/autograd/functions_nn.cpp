@@ -264,32 +264,21 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                                     bool causal, double scale, double dropout_p, Generator* gen,
                                     int64_t window, ops::AttentionForm form) {
+  // Attention dropout draws the mask from the generator as dropout() on the [B, H, T, S] probabilities
+  // would (in either form), and the backward redraws the same mask.
+  ops::AttentionDropout drop;
   if (dropout_p > 0) {
-    // Attention dropout: the blocked form draws the mask from the generator as dropout() on the [B, H, T, S]
-    // probabilities would, and redraws the same mask in backward.
     TR_CHECK(gen != nullptr, "attention dropout needs a generator");
-    const ops::AttentionDropout drop{
-        dropout_p, gen->seed(),
-        gen->reserve(static_cast<uint64_t>(q.size(0) * q.size(1) * q.size(2) * k.size(2)))};
-    ops::AttentionOut o = ops::attention_blocked(q, k, v, key_keep, causal, scale, 0, drop, window);
-    if (needs_grad({&q, &k, &v})) {
-      Tensor out = o.out.as_strided(o.out.shape(), o.out.strides(), o.out.offset()), lse = o.lse;
-      record("attention", {&q, &k, &v}, {&o.out},
-             [q, k, v, key_keep, causal, scale, out, lse, drop, window](const Grads& g) -> Grads {
-               ops::AttentionGrads r = ops::attention_blocked_backward(q, k, v, key_keep, causal, scale, out,
-                                                                       lse, g[0], 0, drop, window);
-               return {r.dq, r.dk, r.dv};
-             });
-    }
-    return o.out;
+    drop = {dropout_p, gen->seed(),
+            gen->reserve(static_cast<uint64_t>(q.size(0) * q.size(1) * q.size(2) * k.size(2)))};
   }
-  ops::AttentionOut o = ops::attention(q, k, v, key_keep, causal, scale, window, form);
+  ops::AttentionOut o = ops::attention(q, k, v, key_keep, causal, scale, window, form, drop);
   if (needs_grad({&q, &k, &v})) {
     Tensor out = o.out.as_strided(o.out.shape(), o.out.strides(), o.out.offset()), lse = o.lse;
     record("attention", {&q, &k, &v}, {&o.out},
-           [q, k, v, key_keep, causal, scale, out, lse, window, form](const Grads& g) -> Grads {
-             ops::AttentionGrads r =
-                 ops::attention_backward(q, k, v, key_keep, causal, scale, out, lse, g[0], window, form);
+           [q, k, v, key_keep, causal, scale, out, lse, window, form, drop](const Grads& g) -> Grads {
+             ops::AttentionGrads r = ops::attention_backward(q, k, v, key_keep, causal, scale, out, lse, g[0],
+                                                             window, form, drop);
              return {r.dq, r.dk, r.dv};
            });
   }

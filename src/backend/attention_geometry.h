@@ -15,6 +15,14 @@ struct AttentionGeometry {
   double scale;
   const bool* keep;    // [B, S] or null
   int64_t window = 0;  // causal only: keys a query sees, itself included (0: all before it)
+  // Attention dropout (Backend::AttentionDropout): the probability of query t of head row bh = b * H + h for
+  // key s is kept when uniform(seed, offset, drop_index(bh, t, s)) >= dropout, then scaled by keep_scale.
+  float dropout = 0.0f;
+  double keep_scale = 1.0;
+  uint64_t seed = 0, offset = 0;
+  TR_HD uint64_t drop_index(int64_t bh, int64_t t, int64_t s) const {
+    return static_cast<uint64_t>((bh * T + t) * S + s);
+  }
   // Lowest key index query t may see.
   TR_HD int64_t first_key(int64_t t) const {
     if (!causal || window <= 0) return 0;

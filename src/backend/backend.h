@@ -24,6 +24,14 @@ const char* binary_name(BinaryOp op);
 // batch 1 and beta 0.
 enum class GemmEpilogue { none, bias, bias_gelu };
 
+// Attention dropout with the Philox seed and offset dropout() on the [B, H, T, S] probabilities would use:
+// element ((b * H + h) * T + t) * S + s kept when uniform(seed, offset, index) >= p, then scaled by
+// 1 / (1 - p); forward and backward draw the same mask. p = 0: none.
+struct AttentionDropout {
+  double p = 0.0;
+  uint64_t seed = 0, offset = 0;
+};
+
 // Batched GEMM c[b] = alpha * op(a[b]) @ op(b[b]) + beta * c[b], row-major. op(x) = x^T when trans.
 // a is stored as [M, K] (or [K, M] when trans_a) with leading dimension lda and batch stride stride_a
 // (0 broadcasts); likewise b. c is contiguous [batch, M, N]. a and b share one floating dtype; c has it too,
@@ -202,14 +210,17 @@ class Backend {
   // D] contiguous (H a multiple of Hkv: grouped-query heads share k/v); key_keep bool [B, S] or undefined
   // (false = padding, never attended); causal masks key s > query t + (S - T), and with window > 0 (a
   // sliding window, causal only) also key s <= t + (S - T) - window. out like q; lse f32 [B, H, T] (f64 for
-  // f64), -inf for rows with nothing to attend (their output is 0).
+  // f64), -inf for rows with nothing to attend (their output is 0). With drop.p > 0 the probabilities are
+  // dropped as AttentionBlock's (the mask dropout() on [B, H, T, S] would draw); lse stays undropped.
   virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
-                         bool causal, int64_t window, double scale, const Tensor& out, const Tensor& lse) = 0;
-  // Gradients from the saved out and lse (scores recomputed blockwise); dq, dk, dv overwritten.
+                         bool causal, int64_t window, double scale, const AttentionDropout& drop,
+                         const Tensor& out, const Tensor& lse) = 0;
+  // Gradients from the saved out and lse (scores recomputed blockwise, the same dropout mask redrawn); dq,
+  // dk, dv overwritten.
   virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
-                                  bool causal, int64_t window, double scale, const Tensor& out,
-                                  const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
-                                  const Tensor& dv) = 0;
+                                  bool causal, int64_t window, double scale, const AttentionDropout& drop,
+                                  const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
+                                  const Tensor& dk, const Tensor& dv) = 0;
 
   // Blocked attention (ops::attention_blocked: the two products run as GEMMs, tensor cores on a GPU): one
   // block of queries t0 .. t0 + tq - 1 of every head against keys 0 .. sk - 1, with the fused kernel's

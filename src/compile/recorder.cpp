@@ -243,21 +243,31 @@ void Recorder::rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const
       [=](Backend& b, const T& t, uint64_t) { b.rope(t[0], t[1], t[2], t[3], seq_major, inverse, t[4]); });
 }
 
+namespace {
+// The dropout of a replay: the Philox offset moved by the step's shift.
+backend::AttentionDropout drop_at(backend::AttentionDropout d, uint64_t shift) {
+  if (d.p > 0) d.offset += shift;
+  return d;
+}
+}  // namespace
+
 void Recorder::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
-                         bool causal, int64_t window, double scale, const Tensor& out, const Tensor& lse) {
-  add("attention", {q, k, v, key_keep, out, lse}, {R, R, R, R, W, W}, [=](Backend& b, const T& t, uint64_t) {
-    b.attention(t[0], t[1], t[2], t[3], causal, window, scale, t[4], t[5]);
-  });
+                         bool causal, int64_t window, double scale, const backend::AttentionDropout& drop,
+                         const Tensor& out, const Tensor& lse) {
+  add("attention", {q, k, v, key_keep, out, lse}, {R, R, R, R, W, W},
+      [=](Backend& b, const T& t, uint64_t shift) {
+        b.attention(t[0], t[1], t[2], t[3], causal, window, scale, drop_at(drop, shift), t[4], t[5]);
+      });
 }
 
 void Recorder::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
-                                  bool causal, int64_t window, double scale, const Tensor& out,
-                                  const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
-                                  const Tensor& dv) {
+                                  bool causal, int64_t window, double scale,
+                                  const backend::AttentionDropout& drop, const Tensor& out, const Tensor& lse,
+                                  const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   add("attention_backward", {q, k, v, key_keep, out, lse, dout, dq, dk, dv}, {R, R, R, R, R, R, R, W, W, W},
-      [=](Backend& b, const T& t, uint64_t) {
-        b.attention_backward(t[0], t[1], t[2], t[3], causal, window, scale, t[4], t[5], t[6], t[7], t[8],
-                             t[9]);
+      [=](Backend& b, const T& t, uint64_t shift) {
+        b.attention_backward(t[0], t[1], t[2], t[3], causal, window, scale, drop_at(drop, shift), t[4], t[5],
+                             t[6], t[7], t[8], t[9]);
       });
 }
 

@@ -106,10 +106,12 @@ class Recorder final : public backend::Backend {
   void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions, bool seq_major,
             bool inverse, const Tensor& y) override;
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, bool causal,
-                 int64_t window, double scale, const Tensor& out, const Tensor& lse) override;
+                 int64_t window, double scale, const backend::AttentionDropout& drop, const Tensor& out,
+                 const Tensor& lse) override;
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
-                          bool causal, int64_t window, double scale, const Tensor& out, const Tensor& lse,
-                          const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv) override;
+                          bool causal, int64_t window, double scale, const backend::AttentionDropout& drop,
+                          const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
+                          const Tensor& dk, const Tensor& dv) override;
   void attention_block_softmax(const Tensor& scores, const AttentionBlock& a, const Tensor& probs,
                                const Tensor& lse) override;
   void attention_block_grad(const Tensor& scores, const Tensor& dp, const Tensor& lse, const Tensor& delta,

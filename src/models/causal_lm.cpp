@@ -38,11 +38,13 @@ Tensor CausalLM::attend(const Tensor& q, const Tensor& k, const Tensor& v, const
   const int64_t B = q.size(0), H = q.size(1), D = q.size(3), KV = k.size(1), S = k.size(2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const bool drop = o.training && o.dropout_gen && dropout_p > 0;
-  // sdpa / flash_attention_2: the fused path; with dropout, the blocked form (same mask as eager's dropout).
+  // sdpa / flash_attention_2: the form ops::attention_form_for picks (dropout draws eager's mask in either).
   if (attn_ != AttnImplementation::eager) {
-    ops::AttentionForm form = attention_form_;
-    for (const auto& [d, f] : attention_forms_)
-      if (d == q.device()) form = f;
+    std::optional<DeviceType> target = attention_device_;
+    for (const auto& [d, t] : attention_devices_)
+      if (d == q.device()) target = t;
+    const ops::AttentionForm form =
+        target ? ops::attention_form_for(*target, q.dtype(), D, drop) : ops::AttentionForm::automatic;
     return scaled_dot_product_attention(q, k, v, key_keep, true, scale, drop ? dropout_p : 0.0, o.dropout_gen,
                                         window, form);
   }

@@ -89,11 +89,13 @@ class CausalLM {
   AttnImplementation attn_implementation() const { return attn_; }
   void set_attn_implementation(AttnImplementation impl) { attn_ = impl; }
   void set_attn_implementation(const std::string& impl) { attn_ = parse_attn_implementation(impl); }
-  // The form sdpa runs in (default: ops::attention_form's pick for the tensors' device and dtype). A dry run
-  // on the meta device sets the one its target device would pick (trainer estimate --device cuda); a dry run
-  // of a split sets it per device (`on`: the layers on that device; the others keep the model's form).
-  void set_attention_form(ops::AttentionForm form) { attention_form_ = form; }
-  void set_attention_form(ops::AttentionForm form, Device on) { attention_forms_.emplace_back(on, form); }
+  // The device type whose rule picks sdpa's form (ops::attention_form_for; default: the tensors' own). A dry
+  // run on the meta device names the one it stands for (trainer estimate --device cuda); a dry run of a split
+  // names it per device (`on`: the layers on that device; the others keep the model's).
+  void set_attention_device(DeviceType stands_for) { attention_device_ = stands_for; }
+  void set_attention_device(DeviceType stands_for, Device on) {
+    attention_devices_.emplace_back(on, stands_for);
+  }
   // ZeRO-3's gather/release around every forward (null: the parameters are always there). Not owned.
   void set_layer_hooks(LayerHooks* hooks) { hooks_ = hooks; }
   LayerHooks* layer_hooks() const { return hooks_; }
@@ -164,8 +166,8 @@ class CausalLM {
   Device device_;
   DType dtype_;
   AttnImplementation attn_ = AttnImplementation::eager;
-  ops::AttentionForm attention_form_ = ops::AttentionForm::automatic;
-  std::vector<std::pair<Device, ops::AttentionForm>> attention_forms_;  // per device, over attention_form_
+  std::optional<DeviceType> attention_device_;
+  std::vector<std::pair<Device, DeviceType>> attention_devices_;  // per device, over attention_device_
   LayerHooks* hooks_ = nullptr;
   DevicePlacement placement_;
 };

@@ -550,27 +550,30 @@ Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t offset) {
 
 namespace {
 
-AttentionForm resolve(AttentionForm form, const Tensor& q, const Tensor& k) {
-  return form == AttentionForm::automatic ? attention_form(q, k) : form;
+AttentionForm resolve(AttentionForm form, const Tensor& q, const Tensor& k, const AttentionDropout& d) {
+  return form == AttentionForm::automatic ? attention_form(q, k, d.p > 0) : form;
+}
+
+void check_dropout(const AttentionDropout& d) {
+  TR_CHECK(d.p >= 0 && d.p < 1, "attention: dropout {} must be in [0, 1)", d.p);
 }
 
 }  // namespace
 
-AttentionForm attention_form_for(DeviceType device, DType dtype) {
-  // On a GPU in bf16/f16 the blocked form runs the products on tensor cores (cuBLASLt); the tiled kernel of
-  // the backend covers f32/f64 there.
-  if (device == DeviceType::cuda)
-    return dtype == DType::bf16 || dtype == DType::f16 ? AttentionForm::blocked : AttentionForm::fused;
-  return AttentionForm::fused;
+AttentionForm attention_form_for(DeviceType device, DType dtype, int64_t head_dim, bool dropout) {
+  if (device != DeviceType::cuda) return AttentionForm::fused;
+  if (dtype == DType::bf16 || dtype == DType::f16)  // tensor cores: the flash kernel, or cuBLASLt's GEMMs
+    return head_dim % 8 == 0 && head_dim <= 128 ? AttentionForm::fused : AttentionForm::blocked;
+  return dropout ? AttentionForm::blocked : AttentionForm::fused;
 }
 
-AttentionForm attention_form(const Tensor& q, const Tensor& k) {
+AttentionForm attention_form(const Tensor& q, const Tensor& k, bool dropout) {
   (void)k;
-  return attention_form_for(q.device().type, q.dtype());
+  return attention_form_for(q.device().type, q.dtype(), q.size(3), dropout);
 }
 
 AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, bool causal,
-                       double scale, int64_t window, AttentionForm form) {
+                       double scale, int64_t window, AttentionForm form, AttentionDropout dropout) {
   TR_CHECK(window >= 0 && (window == 0 || causal), "attention: a sliding window of {} needs causal attention",
            window);
   TR_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
@@ -578,6 +581,7 @@ AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
            v.describe());
   check_same("attention", q, k);
   check_same("attention", q, v);
+  check_dropout(dropout);
   TR_CHECK(is_floating(q.dtype()), "attention: expected floating tensors, got {}", q.describe());
   TR_CHECK(k.shape() == v.shape() && k.size(0) == q.size(0) && k.size(3) == q.size(3) && k.size(1) > 0 &&
                q.size(1) % k.size(1) == 0,
@@ -588,30 +592,32 @@ AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
                  key_keep.device() == q.device(),
              "attention: key mask {} must be bool [B, S] = [{}, {}] on {}", key_keep.describe(), k.size(0),
              k.size(2), q.device().str());
-  if (resolve(form, q, k) == AttentionForm::blocked)
-    return attention_blocked(q, k, v, key_keep, causal, scale, 0, {}, window);
+  if (resolve(form, q, k, dropout) == AttentionForm::blocked)
+    return attention_blocked(q, k, v, key_keep, causal, scale, 0, dropout, window);
   Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v),
          mc = key_keep.defined() ? contiguous(key_keep) : key_keep;
   AttentionOut o{empty(q.shape(), q.dtype(), q.device()),
                  empty({q.size(0), q.size(1), q.size(2)}, stat_dtype(q.dtype()), q.device())};
-  if (runs(o.out)) be(q).attention(qc, kc, vc, mc, causal, window, scale, o.out, o.lse);
+  if (runs(o.out)) be(q).attention(qc, kc, vc, mc, causal, window, scale, dropout, o.out, o.lse);
   return o;
 }
 
 AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                                   bool causal, double scale, const Tensor& out, const Tensor& lse,
-                                  const Tensor& dout, int64_t window, AttentionForm form) {
+                                  const Tensor& dout, int64_t window, AttentionForm form,
+                                  AttentionDropout dropout) {
   TR_CHECK(dout.shape() == q.shape(), "attention_backward: grad {} does not match q {}", dout.describe(),
            q.describe());
-  if (resolve(form, q, k) == AttentionForm::blocked)
-    return attention_blocked_backward(q, k, v, key_keep, causal, scale, out, lse, dout, 0, {}, window);
+  check_dropout(dropout);
+  if (resolve(form, q, k, dropout) == AttentionForm::blocked)
+    return attention_blocked_backward(q, k, v, key_keep, causal, scale, out, lse, dout, 0, dropout, window);
   Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v), oc = contiguous(out),
          dc = contiguous(dout);
   Tensor mc = key_keep.defined() ? contiguous(key_keep) : key_keep;
   AttentionGrads g{empty(q.shape(), q.dtype(), q.device()), empty(k.shape(), k.dtype(), k.device()),
                    empty(v.shape(), v.dtype(), v.device())};
   if (runs(g.dq)) {
-    be(q).attention_backward(qc, kc, vc, mc, causal, window, scale, oc, lse, dc, g.dq, g.dk, g.dv);
+    be(q).attention_backward(qc, kc, vc, mc, causal, window, scale, dropout, oc, lse, dc, g.dq, g.dk, g.dv);
   } else if (!q.device().is_meta()) {  // no queries: the keys and values got no gradient
     if (runs(g.dk)) be(q).fill(g.dk, 0.0);
     if (runs(g.dv)) be(q).fill(g.dv, 0.0);

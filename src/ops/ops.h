@@ -190,32 +190,34 @@ struct AttentionOut {
 // The two ways attention() computes the same function: the backend's fused (tiled) kernel, or the blocked
 // GEMM form below. `automatic` takes attention_form()'s pick; the others force one (benchmarks, tests).
 enum class AttentionForm { automatic, fused, blocked };
-// attention()'s pick for these operands, from their device and dtype (and shape, should a rule need it)
-// alone, so a run, its dry run and its rerun pick alike: blocked for bf16/f16 on a GPU (tensor-core GEMMs),
-// fused otherwise - on the CPU the fused kernel's sgemm tiles beat the blocked form at every length measured
-// (bench/bench_attention).
-AttentionForm attention_form(const Tensor& q, const Tensor& k);
-// The same rule by device type and dtype: what a dry run on the meta device asks for the device it stands in
-// for (trainer estimate --device cuda), so its peak counts the form the real run takes.
-AttentionForm attention_form_for(DeviceType device, DType dtype);
+// attention()'s pick for these operands, from their device, dtype, head dim and whether the probabilities
+// are dropped alone, so a run, its dry run and its rerun pick alike. The fused kernel everywhere it runs the
+// case at speed: on the CPU always (its sgemm tiles beat the blocked form at every length measured,
+// bench/bench_attention, dropout included); on a GPU in bf16/f16 the tensor-core flash kernel for head dims
+// that are multiples of 8 up to 128 (the blocked form's GEMMs above), f32/f64 the tiled kernel without
+// dropout (with it, the blocked form's GEMMs).
+AttentionForm attention_form(const Tensor& q, const Tensor& k, bool dropout = false);
+// The same rule by device type: what a dry run on the meta device asks for the device it stands in for
+// (trainer estimate --device cuda), so its peak counts the form the real run takes.
+AttentionForm attention_form_for(DeviceType device, DType dtype, int64_t head_dim, bool dropout);
+// Dropout needs dropout.p in [0, 1) and applies to the probabilities in either form.
 AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, bool causal,
-                       double scale, int64_t window = 0, AttentionForm form = AttentionForm::automatic);
+                       double scale, int64_t window = 0, AttentionForm form = AttentionForm::automatic,
+                       backend::AttentionDropout dropout = {});
 struct AttentionGrads {
   Tensor dq, dk, dv;
 };
 AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                                   bool causal, double scale, const Tensor& out, const Tensor& lse,
                                   const Tensor& dout, int64_t window = 0,
-                                  AttentionForm form = AttentionForm::automatic);
+                                  AttentionForm form = AttentionForm::automatic,
+                                  backend::AttentionDropout dropout = {});
 // The same attention computed a block of `block` queries at a time (0: about 2^26 score elements per block)
 // with both products as batched GEMMs and the softmax as a row kernel (ops/attention_blocked.cpp); what
 // attention() runs on a GPU in bf16/f16. Same outputs (lse included), so either backward fits either forward.
-// Attention dropout with the Philox seed and offset dropout() on the [B, H, T, S] probabilities would use:
-// the same mask in forward and backward.
-struct AttentionDropout {
-  double p = 0.0;
-  uint64_t seed = 0, offset = 0;
-};
+// Attention dropout (backend.h): the mask dropout() on the [B, H, T, S] probabilities would draw, the same
+// in forward and backward.
+using AttentionDropout = backend::AttentionDropout;
 AttentionOut attention_blocked(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                                bool causal, double scale, int64_t block = 0, AttentionDropout dropout = {},
                                int64_t window = 0);

@@ -266,16 +266,14 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
   if (deferred) build_shard(*z, model->named_parameters(), load, compute);
   MixedPrecision mp(model->named_parameters(), compute, a.fp16, zero && compute != DType::f32);
   model->set_dtype(compute);
-  // sdpa in the form each target device takes: on a GPU in half precision, the blocked form and its score
-  // blocks
-  const auto form_on = [&](bool gpu) {
-    return ops::attention_form_for(gpu ? DeviceType::cuda : DeviceType::cpu, compute);
-  };
+  // sdpa in the form each target device takes (e.g. the blocked form and its score blocks where a GPU's
+  // fused kernels do not cover the case)
+  const auto type_of = [](bool gpu) { return gpu ? DeviceType::cuda : DeviceType::cpu; };
   if (devices.split())
     for (size_t i = 0; i < devices.size(); ++i)
-      model->set_attention_form(form_on(devices.real(i).is_cuda()), devices.meta(i));
+      model->set_attention_device(type_of(devices.real(i).is_cuda()), devices.meta(i));
   else
-    model->set_attention_form(form_on(device == MemoryDevice::cuda));
+    model->set_attention_device(type_of(device == MemoryDevice::cuda));
   ShardedOptimizer* sharded = z.get();
   std::unique_ptr<optim::Optimizer> opt =
       zero ? std::move(z) : optim::make_optimizer(a.optim, mp.master_params(), oo);

@@ -11,6 +11,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/attention_geometry.h"
 #include "backend/cpu/attention_kernels.h"
+#include "backend/cpu/attention_rows.h"
 #include "backend/cpu/loops.h"
 #include "backend/cpu/philox_cpu.h"
 #include "backend/cpu/vec_unary.h"
@@ -32,7 +33,7 @@ void forward_kernel(const Geo& g, const T* q, const T* k, const T* v, T* out, ac
   {
     std::vector<A> qt(static_cast<size_t>(kBlock * g.D)), acc(static_cast<size_t>(kBlock * g.D)),
         kb(static_cast<size_t>(kBlock * g.D)), vb(static_cast<size_t>(kBlock * g.D)), m(kBlock), l(kBlock),
-        s(static_cast<size_t>(kBlock * kBlock));
+        s(static_cast<size_t>(kBlock * kBlock)), z(kBlock, A(1));
 #pragma omp for collapse(3) schedule(dynamic)
     for (int64_t b = 0; b < g.B; ++b)
       for (int64_t h = 0; h < g.H; ++h)
@@ -80,13 +81,15 @@ void forward_kernel(const Geo& g, const T* q, const T* k, const T* v, T* out, ac
                 unary_row<backend::UnaryOp::exp>(si, si, ns);
               else
                 for (int64_t j = 0; j < ns; ++j) si[j] = std::exp(si[j]);
+              if (g.dropout > 0) attn::drop_factors(g, b * g.H + h, t0 + i, s0, ns, z.data());
               for (int64_t j = 0; j < ns; ++j) {
                 const A p = si[j];
                 if (p == A(0)) continue;
-                rowsum += p;
+                rowsum += p;  // the softmax's sum is undropped; the product takes p * z
+                const A pz = p * z[j];
                 const A* vj = vb.data() + j * g.D;
 #pragma omp simd
-                for (int64_t c = 0; c < g.D; ++c) ai[c] += p * vj[c];
+                for (int64_t c = 0; c < g.D; ++c) ai[c] += pz * vj[c];
               }
               l[i] = l[i] * corr + rowsum;
               m[i] = mx;
@@ -114,7 +117,7 @@ void backward_kernel(const Geo& g, const T* q, const T* k, const T* v, const T* 
         dqa(static_cast<size_t>(g.T * g.D)), delta(static_cast<size_t>(g.T)),
         kf(static_cast<size_t>(g.S * g.D)), vf(static_cast<size_t>(g.S * g.D)),
         qrow(static_cast<size_t>(g.D)), dorow(static_cast<size_t>(g.D)), prow(static_cast<size_t>(g.S)),
-        dprow(static_cast<size_t>(g.S));
+        dprow(static_cast<size_t>(g.S)), zrow(static_cast<size_t>(g.S), A(1));
 #pragma omp for collapse(2) schedule(dynamic)
     for (int64_t b = 0; b < g.B; ++b)
       for (int64_t kvh = 0; kvh < g.KV; ++kvh) {
@@ -165,11 +168,12 @@ void backward_kernel(const Geo& g, const T* q, const T* k, const T* v, const T* 
               unary_row<backend::UnaryOp::exp>(prow.data(), prow.data(), s_end);
             else
               for (int64_t s = 0; s < s_end; ++s) prow[s] = std::exp(prow[s]);
+            if (g.dropout > 0) attn::drop_factors(g, b * g.H + h, t, 0, s_end, zrow.data());
             for (int64_t s = 0; s < s_end; ++s) {
               if (!g.visible(b, t, s)) continue;
               const A* ks = kf.data() + s * g.D;
-              const A p = prow[s], dp = dprow[s];
-              const A ds = p * (dp - delta[t]) * static_cast<A>(g.scale);
+              const A z = zrow[s], p = prow[s] * z, dp = dprow[s];  // p: the dropped probability (for dv)
+              const A ds = prow[s] * (dp * z - delta[t]) * static_cast<A>(g.scale);
               A* dks = dka.data() + s * g.D;
               A* dvs = dva.data() + s * g.D;
 #pragma omp simd
@@ -191,26 +195,32 @@ void backward_kernel(const Geo& g, const T* q, const T* k, const T* v, const T* 
 }
 
 Geo geometry(const Tensor& q, const Tensor& k, const Tensor& key_keep, bool causal, int64_t window,
-             double scale) {
+             double scale, const backend::AttentionDropout& drop) {
   Geo g{q.size(0), q.size(1), k.size(1),
         q.size(2), k.size(2), q.size(3),
         causal,    scale,     key_keep.defined() ? key_keep.data<bool>() : nullptr,
         window};
+  TR_CHECK(drop.p >= 0 && drop.p < 1, "attention: dropout {} must be in [0, 1)", drop.p);
+  g.dropout = static_cast<float>(drop.p);
+  g.keep_scale = 1.0 / (1.0 - drop.p);
+  g.seed = drop.seed;
+  g.offset = drop.offset;
   return g;
 }
 
 }  // namespace
 
 // bf16 attention runs its tile products on AMX where this process may use the tiles (and the head dim fills
-// whole 32-deep tile steps); elsewhere on widened sgemm tiles.
+// whole 32-deep tile steps) and nothing is dropped; elsewhere on widened sgemm tiles.
 bool CpuBackend::amx_attention(int64_t head_dim) const { return native_.amx_tiles() && head_dim % 32 == 0; }
 
 void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
-                           bool causal, int64_t window, double scale, const Tensor& out, const Tensor& lse) {
-  const Geo g = geometry(q, k, key_keep, causal, window, scale);
+                           bool causal, int64_t window, double scale, const backend::AttentionDropout& drop,
+                           const Tensor& out, const Tensor& lse) {
+  const Geo g = geometry(q, k, key_keep, causal, window, scale, drop);
   dispatch_float(q.dtype(), "attention", [&]<typename T>() {
     if constexpr (std::is_same_v<T, BFloat16>) {
-      if (amx_attention(g.D)) {
+      if (amx_attention(g.D) && g.dropout == 0) {
         attention_amx_forward(g, q.data<BFloat16>(), k.data<BFloat16>(), v.data<BFloat16>(),
                               out.data<BFloat16>(), lse.data<float>());
         return;
@@ -229,13 +239,14 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, co
 }
 
 void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
-                                    bool causal, int64_t window, double scale, const Tensor& out,
+                                    bool causal, int64_t window, double scale,
+                                    const backend::AttentionDropout& drop, const Tensor& out,
                                     const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
                                     const Tensor& dv) {
-  const Geo g = geometry(q, k, key_keep, causal, window, scale);
+  const Geo g = geometry(q, k, key_keep, causal, window, scale, drop);
   dispatch_float(q.dtype(), "attention_backward", [&]<typename T>() {
     if constexpr (std::is_same_v<T, BFloat16>) {
-      if (amx_attention(g.D)) {
+      if (amx_attention(g.D) && g.dropout == 0) {
         attention_amx_backward(g, q.data<BFloat16>(), k.data<BFloat16>(), v.data<BFloat16>(),
                                out.data<BFloat16>(), lse.data<float>(), dout.data<BFloat16>(),
                                dq.data<BFloat16>(), dk.data<BFloat16>(), dv.data<BFloat16>());

@@ -4,7 +4,8 @@
 // by the per-element dot products of a scalar kernel; causal tiles stop at their last visible key, so a long
 // causal sequence does about half the products of materialized attention. The products run sequentially
 // inside our parallel loops (oneDNN does not nest), each (batch, kv head) group on one thread in backward,
-// so the summation order, and the result, does not depend on the thread count.
+// so the summation order, and the result, does not depend on the thread count. Attention dropout scales the
+// probabilities of the P V and P^T dO products by each element's factor (drop_factors).
 #include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
@@ -55,7 +56,7 @@ void attention_gemm_forward(const backend::AttentionGeometry& g, const T* q, con
   {
     std::vector<float> qt(static_cast<size_t>(kQ * D)), acc(static_cast<size_t>(kQ * D)),
         kb(static_cast<size_t>(kK * D)), vb(static_cast<size_t>(kK * D)), s(static_cast<size_t>(kQ * kK)),
-        m(kQ), l(kQ);
+        m(kQ), l(kQ), z(g.dropout > 0 ? kK : 0);
 #pragma omp for collapse(3) schedule(dynamic)
     for (int64_t b = 0; b < g.B; ++b)
       for (int64_t h = 0; h < g.H; ++h)
@@ -89,6 +90,10 @@ void attention_gemm_forward(const backend::AttentionGeometry& g, const T* q, con
                 for (int64_t c = 0; c < D; ++c) acc[i * D + c] *= corr;
               l[i] = l[i] * corr + rowsum;
               m[i] = mx;
+              if (g.dropout > 0) {  // the sum stays undropped (the softmax's); the product takes p * z
+                drop_factors(g, b * g.H + h, t0 + i, s0, ns, z.data());
+                for (int64_t j = 0; j < ns; ++j) si[j] *= z[j];
+              }
             }
             bad |= !gemm(false, false, nt, D, ns, s.data(), ns, vr, D, true, acc.data(), D);  // acc += P V
           }
@@ -115,7 +120,8 @@ void attention_gemm_backward(const backend::AttentionGeometry& g, const T* q, co
     std::vector<float> kbuf(static_cast<size_t>(std::is_same_v<T, float> ? 0 : S * D)), vbuf(kbuf.size()),
         dka(static_cast<size_t>(S * D)), dva(static_cast<size_t>(S * D)), qt(static_cast<size_t>(kQ * D)),
         dot(static_cast<size_t>(kQ * D)), ot(static_cast<size_t>(kQ * D)), dqt(static_cast<size_t>(kQ * D)),
-        p(static_cast<size_t>(kQ * kK)), ds(static_cast<size_t>(kQ * kK)), delta(kQ);
+        p(static_cast<size_t>(kQ * kK)), ds(static_cast<size_t>(kQ * kK)), delta(kQ),
+        z(g.dropout > 0 ? kK : 0);
 #pragma omp for collapse(2) schedule(dynamic)
     for (int64_t b = 0; b < g.B; ++b)
       for (int64_t kvh = 0; kvh < g.KV; ++kvh) {
@@ -151,6 +157,14 @@ void attention_gemm_backward(const backend::AttentionGeometry& g, const T* q, co
                 for (int64_t j = 0; j < ns; ++j) pi[j] = pi[j] * scale - lp[i];
                 mask_row(g, b, t0 + i, s0, ns, pi);
                 unary_row<backend::UnaryOp::exp>(pi, pi, ns);
+                if (g.dropout > 0) {  // dv takes p * z; ds = p * (dp * z - delta) * scale
+                  drop_factors(g, b * g.H + h, t0 + i, s0, ns, z.data());
+                  for (int64_t j = 0; j < ns; ++j) {
+                    di[j] = pi[j] * (di[j] * z[j] - delta[i]) * scale;
+                    pi[j] *= z[j];
+                  }
+                  continue;
+                }
                 for (int64_t j = 0; j < ns; ++j) di[j] = pi[j] * (di[j] - delta[i]) * scale;
               }
               bad |= !gemm(true, false, ns, D, nt, p.data(), ns, dot.data(), D, true, dva.data() + s0 * D, D);

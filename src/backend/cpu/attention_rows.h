@@ -10,6 +10,7 @@
 
 #include "backend/attention_geometry.h"
 #include "backend/cpu/convert.h"
+#include "backend/cpu/philox_cpu.h"
 #include "backend/cpu/vec_math512.h"
 
 namespace tr::cpu::attn {
@@ -56,6 +57,22 @@ inline void mask_row(const backend::AttentionGeometry& g, int64_t b, int64_t t, 
   if (g.keep != nullptr)
     for (int64_t j = 0; j < ns; ++j)
       if (!g.keep[b * g.S + s0 + j]) row[j] = kNegInf;
+}
+
+// The dropout factors (0 or keep_scale; AttentionGeometry) of keys s0 .. s0 + n - 1 for query t of head row
+// bh into z: Philox words a run at a time into L1, then the factors in vectors (as the blocked form's rows).
+template <typename A>
+void drop_factors(const backend::AttentionGeometry& g, int64_t bh, int64_t t, int64_t s0, int64_t n, A* z) {
+  constexpr int64_t kRun = 256;
+  alignas(64) uint32_t w[kRun];
+  const A keep = static_cast<A>(g.keep_scale);
+  const uint64_t first = g.drop_index(bh, t, s0);
+  for (int64_t j0 = 0; j0 < n; j0 += kRun) {
+    const int64_t m = std::min(kRun, n - j0);
+    philox_fill(g.seed, g.offset, first + static_cast<uint64_t>(j0), m, w);
+#pragma omp simd
+    for (int64_t j = 0; j < m; ++j) z[j0 + j] = uniform_from_word(w[j]) >= g.dropout ? keep : A(0);
+  }
 }
 
 }  // namespace tr::cpu::attn

@@ -64,10 +64,12 @@ class CpuBackend final : public backend::Backend {
   void attention_block_grad(const Tensor& scores, const Tensor& dp, const Tensor& lse, const Tensor& delta,
                             const AttentionBlock& a, const Tensor& probs, const Tensor& dscores) override;
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, bool causal,
-                 int64_t window, double scale, const Tensor& out, const Tensor& lse) override;
+                 int64_t window, double scale, const backend::AttentionDropout& drop, const Tensor& out,
+                 const Tensor& lse) override;
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
-                          bool causal, int64_t window, double scale, const Tensor& out, const Tensor& lse,
-                          const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv) override;
+                          bool causal, int64_t window, double scale, const backend::AttentionDropout& drop,
+                          const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
+                          const Tensor& dk, const Tensor& dv) override;
   void grad_stats(const std::vector<Tensor>& grads, double inv_scale, const Tensor& stats) override;
   void transform_grads(const std::vector<std::pair<Tensor, Tensor>>& src_dst,
                        const GradTransform& t) override;

@@ -19,8 +19,19 @@ constexpr int kMaxHeadDim = 256;
 
 using Geo = backend::AttentionGeometry;
 
+// The dropout factor of (head row bh, query t, key s): 1 without dropout, else 0 or keep_scale as the CPU
+// twin's drop_factors; `shift` (a CUDA graph's launch, null otherwise) moves the Philox offset.
+template <typename A>
+__device__ __forceinline__ A drop_factor(const Geo& g, const uint64_t* shift, int64_t bh, int64_t t,
+                                         int64_t s) {
+  if (g.dropout == 0.0f) return A(1);
+  const uint64_t w = philox_word(g.seed, g.offset + (shift ? *shift : 0), g.drop_index(bh, t, s));
+  return uniform_from_word(w) >= g.dropout ? static_cast<A>(g.keep_scale) : A(0);
+}
+
 template <typename T>
-__global__ void attention_forward_kernel(Geo g, const T* q, const T* k, const T* v, T* out, acc_t<T>* lse) {
+__global__ void attention_forward_kernel(Geo g, const uint64_t* shift, const T* q, const T* k, const T* v,
+                                         T* out, acc_t<T>* lse) {
   using A = acc_t<T>;
   const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (row >= g.B * g.H * g.T) return;
@@ -36,8 +47,8 @@ __global__ void attention_forward_kernel(Geo g, const T* q, const T* k, const T*
     A sc = 0;
     for (int64_t c = 0; c < g.D; ++c) sc += ld(qp, c) * static_cast<A>(g.scale) * ld(kp, s * g.D + c);
     const A mx = sc > m ? sc : m;
-    const A corr = exp(m - mx), p = exp(sc - mx);
-    for (int64_t c = 0; c < g.D; ++c) acc[c] = acc[c] * corr + p * ld(vp, s * g.D + c);
+    const A corr = exp(m - mx), p = exp(sc - mx), pz = p * drop_factor<A>(g, shift, bh, t, s);
+    for (int64_t c = 0; c < g.D; ++c) acc[c] = acc[c] * corr + pz * ld(vp, s * g.D + c);
     l = l * corr + p;
     m = mx;
   }
@@ -56,8 +67,8 @@ __global__ void attention_delta_kernel(Geo g, const T* out, const T* dout, acc_t
 }
 
 template <typename T>
-__global__ void attention_dq_kernel(Geo g, const T* q, const T* k, const T* v, const acc_t<T>* lse,
-                                    const acc_t<T>* delta, const T* dout, T* dq) {
+__global__ void attention_dq_kernel(Geo g, const uint64_t* shift, const T* q, const T* k, const T* v,
+                                    const acc_t<T>* lse, const acc_t<T>* delta, const T* dout, T* dq) {
   using A = acc_t<T>;
   const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (row >= g.B * g.H * g.T) return;
@@ -74,8 +85,8 @@ __global__ void attention_dq_kernel(Geo g, const T* q, const T* k, const T* v, c
         sc += ld(q, row * g.D + c) * ld(kp, s * g.D + c);
         dp += ld(dout, row * g.D + c) * ld(vp, s * g.D + c);
       }
-      const A p = exp(sc * static_cast<A>(g.scale) - lse[row]);
-      const A ds = p * (dp - delta[row]) * static_cast<A>(g.scale);
+      const A p = exp(sc * static_cast<A>(g.scale) - lse[row]), z = drop_factor<A>(g, shift, bh, t, s);
+      const A ds = p * (dp * z - delta[row]) * static_cast<A>(g.scale);
       for (int64_t c = 0; c < g.D; ++c) acc[c] += ds * ld(kp, s * g.D + c);
     }
   }
@@ -83,8 +94,9 @@ __global__ void attention_dq_kernel(Geo g, const T* q, const T* k, const T* v, c
 }
 
 template <typename T>
-__global__ void attention_dkv_kernel(Geo g, const T* q, const T* k, const T* v, const acc_t<T>* lse,
-                                     const acc_t<T>* delta, const T* dout, T* dk, T* dv) {
+__global__ void attention_dkv_kernel(Geo g, const uint64_t* shift, const T* q, const T* k, const T* v,
+                                     const acc_t<T>* lse, const acc_t<T>* delta, const T* dout, T* dk,
+                                     T* dv) {
   using A = acc_t<T>;
   const int64_t krow = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (krow >= g.B * g.KV * g.S) return;
@@ -101,10 +113,11 @@ __global__ void attention_dkv_kernel(Geo g, const T* q, const T* k, const T* v, 
         sc += ld(q, row * g.D + c) * ld(k, krow * g.D + c);
         dp += ld(dout, row * g.D + c) * ld(v, krow * g.D + c);
       }
-      const A p = exp(sc * static_cast<A>(g.scale) - lse[row]);
-      const A ds = p * (dp - delta[row]) * static_cast<A>(g.scale);
+      const A p = exp(sc * static_cast<A>(g.scale) - lse[row]),
+              z = drop_factor<A>(g, shift, b * g.H + h, t, s);
+      const A ds = p * (dp * z - delta[row]) * static_cast<A>(g.scale);
       for (int64_t c = 0; c < g.D; ++c) {
-        av[c] += p * ld(dout, row * g.D + c);
+        av[c] += p * z * ld(dout, row * g.D + c);
         ak[c] += ds * ld(q, row * g.D + c);
       }
     }
@@ -171,7 +184,8 @@ __device__ __forceinline__ int64_t tile_last_key(const Geo& g, int64_t t0) {
 
 template <typename T>
 __global__ void __launch_bounds__(kTileThreads)
-    attention_forward_tiled(Geo g, const T* q, const T* k, const T* v, T* out, acc_t<T>* lse) {
+    attention_forward_tiled(Geo g, const uint64_t* shift, const T* q, const T* k, const T* v, T* out,
+                            acc_t<T>* lse) {
   using A = acc_t<T>;
   extern __shared__ double smem_d[];  // double-aligned
   A* smem = reinterpret_cast<A*>(smem_d);
@@ -211,7 +225,8 @@ __global__ void __launch_bounds__(kTileThreads)
 #pragma unroll
     for (int i = 0; i < kPerRow; ++i) {
       const A p = mx == A(-INFINITY) ? A(0) : exp(sc[i] - mx);
-      Ps[r * (kTile + 1) + sub + kRowThreads * i] = p;
+      const int64_t s = s0 + sub + kRowThreads * i;  // the sum is undropped; the product takes p * z
+      Ps[r * (kTile + 1) + sub + kRowThreads * i] = p == A(0) ? p : p * drop_factor<A>(g, shift, bh, t, s);
       psum += p;
     }
     psum = row_sum(psum);
@@ -240,8 +255,8 @@ __global__ void __launch_bounds__(kTileThreads)
 
 template <typename T>
 __global__ void __launch_bounds__(kTileThreads)
-    attention_dq_tiled(Geo g, const T* q, const T* k, const T* v, const acc_t<T>* lse, const acc_t<T>* delta,
-                       const T* dout, T* dq) {
+    attention_dq_tiled(Geo g, const uint64_t* shift, const T* q, const T* k, const T* v, const acc_t<T>* lse,
+                       const acc_t<T>* delta, const T* dout, T* dq) {
   using A = acc_t<T>;
   extern __shared__ double smem_d[];
   A* smem = reinterpret_cast<A*>(smem_d);
@@ -280,7 +295,7 @@ __global__ void __launch_bounds__(kTileThreads)
       const int64_t s = s0 + j;
       A ds = 0;
       if (t < g.T && s < g.S && lse_r != A(-INFINITY) && g.visible(b, t, s))
-        ds = exp(sc[i] - lse_r) * (dp[i] - delta_r) * scale;
+        ds = exp(sc[i] - lse_r) * (dp[i] * drop_factor<A>(g, shift, bh, t, s) - delta_r) * scale;
       DSs[r * (kTile + 1) + j] = ds;
     }
     __syncwarp();
@@ -300,8 +315,8 @@ __global__ void __launch_bounds__(kTileThreads)
 
 template <typename T>
 __global__ void __launch_bounds__(kTileThreads)
-    attention_dkv_tiled(Geo g, const T* q, const T* k, const T* v, const acc_t<T>* lse, const acc_t<T>* delta,
-                        const T* dout, T* dk, T* dv) {
+    attention_dkv_tiled(Geo g, const uint64_t* shift, const T* q, const T* k, const T* v, const acc_t<T>* lse,
+                        const acc_t<T>* delta, const T* dout, T* dk, T* dv) {
   using A = acc_t<T>;
   extern __shared__ double smem_d[];
   A* smem = reinterpret_cast<A*>(smem_d);
@@ -347,8 +362,10 @@ __global__ void __launch_bounds__(kTileThreads)
         const int64_t t = t0 + qi;
         A p = 0, d = 0;
         if (t < g.T && s < g.S && Ls[qi] != A(-INFINITY) && g.visible(b, t, s)) {
+          const A z = drop_factor<A>(g, shift, bh, t, s);
           p = exp(sc[i] - Ls[qi]);
-          d = p * (dp[i] - Dl[qi]);
+          d = p * (dp[i] * z - Dl[qi]);
+          p *= z;  // dv takes the dropped probability
         }
         Ps[r * (kTile + 1) + qi] = p;
         DSs[r * (kTile + 1) + qi] = d;
@@ -356,7 +373,7 @@ __global__ void __launch_bounds__(kTileThreads)
       __syncwarp();
       for (int qi = 0; qi < kTile; ++qi) {
         const A p = Ps[r * (kTile + 1) + qi], d = DSs[r * (kTile + 1) + qi];
-        if (p == A(0)) continue;  // d = p * (...) is 0 too
+        if (p == A(0) && d == A(0)) continue;  // hidden (a dropped key still has d = -p delta)
 #pragma unroll
         for (int i = 0; i < kCols; ++i) {
           const int c = sub + kRowThreads * i;
@@ -522,23 +539,42 @@ bool allow_smem(K kernel, size_t bytes) {
 
 }  // namespace
 
+namespace {
+
+Geo geometry(const bool* keep, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D, bool causal,
+             int64_t window, double scale, double dropout, uint64_t seed, uint64_t offset) {
+  Geo g{B, H, KV, T, S, D, causal, scale, keep, window};
+  g.dropout = static_cast<float>(dropout);
+  g.keep_scale = 1.0 / (1.0 - dropout);
+  g.seed = seed;
+  g.offset = offset;
+  return g;
+}
+
+}  // namespace
+
 void attention(Stream stream, DType dt, const void* q, const void* k, const void* v, const bool* keep,
                void* out, void* lse, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D,
-               bool causal, int64_t window, double scale) {
+               bool causal, int64_t window, double scale, double dropout, uint64_t seed, uint64_t offset,
+               const uint64_t* shift) {
+  if (flash_attention_fits(dt, D))
+    return flash_attention(stream, dt, q, k, v, keep, out, lse, B, H, KV, T, S, D, causal, window, scale,
+                           dropout, seed, offset, shift);
   if (D > kMaxHeadDim) throw std::runtime_error("cuda attention: head dim above 256 is not supported");
   if (B * H * T == 0) return;
-  Geo g{B, H, KV, T, S, D, causal, scale, keep, window};
+  const Geo g = geometry(keep, B, H, KV, T, S, D, causal, window, scale, dropout, seed, offset);
+  if (dropout == 0) shift = nullptr;
   dispatch_float(dt, [&]<typename TT>() {
     using A = acc_t<TT>;
     const size_t smem = forward_smem<A>(D);
     if (D <= kTileMaxDim && allow_smem(attention_forward_tiled<TT>, smem)) {
       const int64_t blocks = B * H * ((T + kTile - 1) / kTile);
       attention_forward_tiled<TT><<<static_cast<unsigned>(blocks), kTileThreads, smem, stream>>>(
-          g, static_cast<const TT*>(q), static_cast<const TT*>(k), static_cast<const TT*>(v),
+          g, shift, static_cast<const TT*>(q), static_cast<const TT*>(k), static_cast<const TT*>(v),
           static_cast<TT*>(out), static_cast<A*>(lse));
     } else {
       attention_forward_kernel<TT><<<blocks_for(B * H * T, 128), 128, 0, stream>>>(
-          g, static_cast<const TT*>(q), static_cast<const TT*>(k), static_cast<const TT*>(v),
+          g, shift, static_cast<const TT*>(q), static_cast<const TT*>(k), static_cast<const TT*>(v),
           static_cast<TT*>(out), static_cast<A*>(lse));
     }
   });
@@ -548,9 +584,14 @@ void attention(Stream stream, DType dt, const void* q, const void* k, const void
 void attention_backward(Stream stream, DType dt, const void* q, const void* k, const void* v,
                         const bool* keep, const void* out, const void* lse, const void* dout, void* dq,
                         void* dk, void* dv, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D,
-                        bool causal, int64_t window, double scale, Scratch& scratch) {
+                        bool causal, int64_t window, double scale, double dropout, uint64_t seed,
+                        uint64_t offset, const uint64_t* shift, Scratch& scratch) {
+  if (flash_attention_fits(dt, D))
+    return flash_attention_backward(stream, dt, q, k, v, keep, out, lse, dout, dq, dk, dv, B, H, KV, T, S, D,
+                                    causal, window, scale, dropout, seed, offset, shift, scratch);
   if (D > kMaxHeadDim) throw std::runtime_error("cuda attention: head dim above 256 is not supported");
-  Geo g{B, H, KV, T, S, D, causal, scale, keep, window};
+  const Geo g = geometry(keep, B, H, KV, T, S, D, causal, window, scale, dropout, seed, offset);
+  if (dropout == 0) shift = nullptr;
   if (B * H * T == 0) return;
   dispatch_float(dt, [&]<typename TT>() {
     using A = acc_t<TT>;
@@ -569,18 +610,18 @@ void attention_backward(Stream stream, DType dt, const void* q, const void* k, c
     if (tiled) {
       const int64_t qblocks = B * H * ((T + kTile - 1) / kTile), kblocks = B * KV * ((S + kTile - 1) / kTile);
       attention_dq_tiled<TT><<<static_cast<unsigned>(qblocks), kTileThreads, dq_smem<A>(D), stream>>>(
-          g, qp, kp, vp, lp, delta, dop, static_cast<TT*>(dq));
+          g, shift, qp, kp, vp, lp, delta, dop, static_cast<TT*>(dq));
       TR_CUDA_LAUNCH_CHECK("attention_dq");
       if (kblocks > 0)
         attention_dkv_tiled<TT><<<static_cast<unsigned>(kblocks), kTileThreads, dkv_smem<A>(D), stream>>>(
-            g, qp, kp, vp, lp, delta, dop, static_cast<TT*>(dk), static_cast<TT*>(dv));
+            g, shift, qp, kp, vp, lp, delta, dop, static_cast<TT*>(dk), static_cast<TT*>(dv));
       TR_CUDA_LAUNCH_CHECK("attention_dkv");
     } else {
-      attention_dq_kernel<TT><<<blocks_for(B * H * T, 128), 128, 0, stream>>>(g, qp, kp, vp, lp, delta, dop,
-                                                                              static_cast<TT*>(dq));
+      attention_dq_kernel<TT><<<blocks_for(B * H * T, 128), 128, 0, stream>>>(g, shift, qp, kp, vp, lp, delta,
+                                                                              dop, static_cast<TT*>(dq));
       TR_CUDA_LAUNCH_CHECK("attention_dq");
       attention_dkv_kernel<TT><<<blocks_for(B * KV * S, 128), 128, 0, stream>>>(
-          g, qp, kp, vp, lp, delta, dop, static_cast<TT*>(dk), static_cast<TT*>(dv));
+          g, shift, qp, kp, vp, lp, delta, dop, static_cast<TT*>(dk), static_cast<TT*>(dv));
       TR_CUDA_LAUNCH_CHECK("attention_dkv");
     }
   });

@@ -1,0 +1,499 @@
+// CUDA flash attention for bf16/f16 on tensor cores (sm_80+): FlashAttention-2's schedule on mma.sync
+// m16n8k16 with f32 accumulation. Forward: a block of 4 warps owns 64 queries (16 a warp) and streams 64-key
+// tiles of K and V through shared memory; the scores stay in registers, the online softmax rescales the
+// output accumulators, and the probabilities (times dropout's factors) feed the P V product straight from the
+// score fragments (an m16n8 accumulator pair is an m16k16 A fragment). Backward recomputes the tiles from the
+// saved logsumexp: one kernel per query tile for dq, one per key tile for dk/dv (summing grouped query heads
+// in the block), so there are no atomics and the result is deterministic, as attention.cu's tiled kernels.
+// Bound by fragment loads from shared memory and the tensor cores' issue rate (no ldmatrix or cp.async
+// pipelining yet; the dropout's Philox words cost ~40 integer ops per score). The semantics are
+// Backend::attention's; the CPU twin is backend/cpu/attention_gemm.cpp (dropout as attn::drop_factors).
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <type_traits>
+
+#include "backend/attention_geometry.h"
+#include "backend/cuda/common.cuh"
+#include "core/rng.h"
+
+namespace tr::cuda {
+
+namespace {
+
+using Geo = backend::AttentionGeometry;
+
+constexpr int kWarps = 4, kThreads = 32 * kWarps;
+constexpr int kOwn = 16 * kWarps;  // rows a block owns: queries (forward, dq) or keys (dk/dv)
+constexpr int kTile = 64;          // rows of a streamed tile: keys (forward, dq) or queries (dk/dv)
+constexpr int kN = kTile / 8;      // its n-blocks of 8
+
+// Shared-memory row pitch in halves: 8 more than the padded head dim, so the fragment loads of the 8 row
+// groups x 4 lanes of a warp hit 32 different banks.
+template <int DP>
+constexpr int pitch() {
+  return DP + 8;
+}
+
+// d += a b for one 16 x 8 x 16 product (a: row-major 16 x 16, b: column-major 16 x 8).
+template <typename T>
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  (void)d, (void)a, (void)b0, (void)b1;
+  __trap();  // flash_attention_fits() keeps older devices off these kernels
+#endif
+}
+
+// Two values rounded (RNE) into one register, the lower index in the low half (the fragments' order).
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+// Two adjacent halves (a pair along the row) and two halves one row apart (a pair down a column).
+__device__ __forceinline__ uint32_t pair(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ __forceinline__ uint32_t column_pair(const uint16_t* p, int step) {
+  return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[step]) << 16);
+}
+
+// Rows r0 .. r0 + NR - 1 of a [rows, D] matrix into shared memory (pitch<DP>()), zeros past either end:
+// 16-byte chunks (D is a multiple of 8), one vector load each where the pointers allow.
+template <int DP, int NR>
+__device__ void load_tile(uint16_t* dst, const uint16_t* src, int64_t r0, int64_t rows, int D, bool vec) {
+  constexpr int kChunks = DP / 8;
+  for (int e = threadIdx.x; e < NR * kChunks; e += kThreads) {
+    const int rr = e / kChunks, c = (e % kChunks) * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r0 + rr < rows && c < D) {
+      const uint16_t* p = src + (r0 + rr) * D + c;
+      if (vec) {
+        v = *reinterpret_cast<const uint4*>(p);
+      } else {
+        v.x = pair(p);  // 4-byte aligned: D is a multiple of 8 and every tensor starts on an even element
+        v.y = pair(p + 2);
+        v.z = pair(p + 4);
+        v.w = pair(p + 6);
+      }
+    }
+    *reinterpret_cast<uint4*>(dst + rr * pitch<DP>() + c) = v;
+  }
+}
+
+// The A fragment (16 x 16 at column k0) of the 16 rows at `rows` (pitch<DP>()): lane (g, i) = (lane / 4,
+// lane % 4) holds rows g and g + 8 at columns k0 + 2i, 2i + 1 and k0 + 8 + 2i, 2i + 1.
+template <int DP>
+__device__ __forceinline__ void a_fragment(uint32_t (&a)[4], const uint16_t* rows, int k0, int g, int i) {
+  constexpr int P = pitch<DP>();
+  a[0] = pair(rows + g * P + k0 + 2 * i);
+  a[1] = pair(rows + (g + 8) * P + k0 + 2 * i);
+  a[2] = pair(rows + g * P + k0 + 8 + 2 * i);
+  a[3] = pair(rows + (g + 8) * P + k0 + 8 + 2 * i);
+}
+
+// acc[j] (16 x 8 blocks) = the warp's 16 rows (`rows`) times the transposes of the tile's 64 rows (`tile`),
+// over the padded head dim: the lane holds B[k][n] = tile[8 j + g][k0 + 2i, 2i + 1] (and + 8).
+template <typename T, int DP>
+__device__ __forceinline__ void rows_times_tile_t(float (&acc)[kN][4], const uint16_t* rows,
+                                                  const uint16_t* tile, int g, int i) {
+  constexpr int P = pitch<DP>();
+#pragma unroll
+  for (int j = 0; j < kN; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll
+  for (int k0 = 0; k0 < DP; k0 += 16) {
+    uint32_t a[4];
+    a_fragment<DP>(a, rows, k0, g, i);
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+      const uint16_t* b = tile + (8 * j + g) * P + k0 + 2 * i;
+      mma<T>(acc[j], a, pair(b), pair(b + 8));
+    }
+  }
+}
+
+// out[n] (16 x 8 blocks over the head dim) += x (16 x 64, as score fragments) times the tile's 64 rows: the
+// score blocks 2kk and 2kk + 1 are the A fragment of keys 16 kk .. 16 kk + 15, and the lane holds
+// B[k][n] = tile[16 kk + 2i, 2i + 1 (and + 8)][8 n + g].
+template <typename T, int DP>
+__device__ __forceinline__ void scores_times_tile(float (&out)[DP / 8][4], const float (&x)[kN][4],
+                                                  const uint16_t* tile, int g, int i) {
+  constexpr int P = pitch<DP>();
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+    const uint32_t a[4] = {pack2<T>(x[2 * kk][0], x[2 * kk][1]), pack2<T>(x[2 * kk][2], x[2 * kk][3]),
+                           pack2<T>(x[2 * kk + 1][0], x[2 * kk + 1][1]),
+                           pack2<T>(x[2 * kk + 1][2], x[2 * kk + 1][3])};
+#pragma unroll
+    for (int n = 0; n < DP / 8; ++n) {
+      const uint16_t* b = tile + (16 * kk + 2 * i) * P + 8 * n + g;
+      mma<T>(out[n], a, column_pair(b, P), column_pair(b + 8 * P, P));
+    }
+  }
+}
+
+// The dropout factor of (head row bh, query t, key s), as attention.cu's drop_factor and the CPU's.
+__device__ __forceinline__ float drop_factor(const Geo& g, const uint64_t* shift, int64_t bh, int64_t t,
+                                             int64_t s) {
+  if (g.dropout == 0.0f) return 1.0f;
+  const uint32_t w = philox_word(g.seed, g.offset + (shift ? *shift : 0), g.drop_index(bh, t, s));
+  return uniform_from_word(w) >= g.dropout ? static_cast<float>(g.keep_scale) : 0.0f;
+}
+
+// Rows t (g and g + 8 of the warp's 16) of [*, D] at `base`: the two values of each 16 x 8 block the lane
+// holds, rounded, as one 4-byte store.
+template <typename T, int DP>
+__device__ __forceinline__ void store_rows(uint16_t* base, int64_t r0, int64_t rows, int D,
+                                           const float (&x)[DP / 8][4], const float (&mul)[2], int g, int i) {
+#pragma unroll
+  for (int n = 0; n < DP / 8; ++n)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t r = r0 + g + 8 * half;
+      const int c = 8 * n + 2 * i;
+      if (r < rows && c < D)
+        *reinterpret_cast<uint32_t*>(base + r * D + c) =
+            pack2<T>(x[n][2 * half] * mul[half], x[n][2 * half + 1] * mul[half]);
+    }
+}
+
+template <typename T, int DP>
+__global__ void __launch_bounds__(kThreads)
+    flash_forward(Geo geo, const uint64_t* shift, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                  uint16_t* out, float* lse, bool vec) {
+  extern __shared__ uint4 smem[];
+  constexpr int P = pitch<DP>();
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* Ks = Qs + kOwn * P;
+  uint16_t* Vs = Ks + kTile * P;
+  const Geo& G = geo;
+  const int64_t tiles = (G.T + kOwn - 1) / kOwn, bh = blockIdx.x / tiles, t0 = (blockIdx.x % tiles) * kOwn;
+  const int64_t h = bh % G.H, b = bh / G.H, kvh = h / (G.H / G.KV);
+  const int D = static_cast<int>(G.D), warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, i = threadIdx.x % 4;
+  const uint16_t* kb = k + (b * G.KV + kvh) * G.S * D;
+  const uint16_t* vb = v + (b * G.KV + kvh) * G.S * D;
+  load_tile<DP, kOwn>(Qs, q + bh * G.T * D, t0, G.T, D, vec);
+  const int64_t tr[2] = {t0 + 16 * warp + g, t0 + 16 * warp + g + 8};  // the lane's two query rows
+  const float scale = static_cast<float>(G.scale);
+  float o[DP / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const int64_t t_last = (t0 + kOwn < G.T ? t0 + kOwn : G.T) - 1, s_end = G.last_key(t_last) + 1;
+  for (int64_t s0 = G.first_key(t0) / kTile * kTile; s0 < s_end; s0 += kTile) {
+    __syncthreads();  // the previous tile is consumed (and Qs written, the first time)
+    load_tile<DP, kTile>(Ks, kb, s0, G.S, D, vec);
+    load_tile<DP, kTile>(Vs, vb, s0, G.S, D, vec);
+    __syncthreads();
+    float sc[kN][4];
+    rows_times_tile_t<T, DP>(sc, Qs + 16 * warp * P, Ks, g, i);
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int j = 0; j < kN; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t t = tr[e / 2], s = s0 + 8 * j + 2 * i + e % 2;
+        sc[j][e] = t < G.T && s < G.S && G.visible(b, t, s) ? sc[j][e] * scale : -INFINITY;
+        mx[e / 2] = fmaxf(mx[e / 2], sc[j][e]);
+      }
+    float corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {  // a row's 64 scores are spread over the 4 lanes of its group
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      corr[r] = mx[r] == -INFINITY ? 1.0f : __expf(m[r] - mx[r]);
+      m[r] = mx[r];
+      l[r] *= corr[r];
+    }
+#pragma unroll
+    for (int j = 0; j < kN; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2;
+        const float p = mx[r] == -INFINITY ? 0.0f : __expf(sc[j][e] - mx[r]);
+        l[r] += p;  // the softmax's sum is undropped; the product takes p * z
+        sc[j][e] = p == 0.0f ? 0.0f : p * drop_factor(G, shift, bh, tr[r], s0 + 8 * j + 2 * i + e % 2);
+      }
+#pragma unroll
+    for (int n = 0; n < DP / 8; ++n) {
+      o[n][0] *= corr[0], o[n][1] *= corr[0];
+      o[n][2] *= corr[1], o[n][3] *= corr[1];
+    }
+    scores_times_tile<T, DP>(o, sc, Vs, g, i);
+  }
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    if (i == 0 && tr[r] < G.T) lse[bh * G.T + tr[r]] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
+  }
+  store_rows<T, DP>(out + bh * G.T * D, t0 + 16 * warp, G.T, D, o, inv, g, i);
+}
+
+// delta = rowsum(dout * out) in f32, a warp per row.
+template <typename T>
+__global__ void flash_delta(const T* out, const T* dout, float* delta, int64_t rows, int64_t D) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= rows) return;
+  float s = 0.0f;
+  for (int64_t c = threadIdx.x % 32; c < D; c += 32) s += ld(out, row * D + c) * ld(dout, row * D + c);
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (threadIdx.x % 32 == 0) delta[row] = s;
+}
+
+template <typename T, int DP>
+__global__ void __launch_bounds__(kThreads)
+    flash_dq(Geo geo, const uint64_t* shift, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+             const float* lse, const float* delta, const uint16_t* dout, uint16_t* dq, bool vec) {
+  extern __shared__ uint4 smem[];
+  constexpr int P = pitch<DP>();
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* dOs = Qs + kOwn * P;
+  uint16_t* Ks = dOs + kOwn * P;
+  uint16_t* Vs = Ks + kTile * P;
+  const Geo& G = geo;
+  const int64_t tiles = (G.T + kOwn - 1) / kOwn, bh = blockIdx.x / tiles, t0 = (blockIdx.x % tiles) * kOwn;
+  const int64_t h = bh % G.H, b = bh / G.H, kvh = h / (G.H / G.KV);
+  const int D = static_cast<int>(G.D), warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, i = threadIdx.x % 4;
+  const uint16_t* kb = k + (b * G.KV + kvh) * G.S * D;
+  const uint16_t* vb = v + (b * G.KV + kvh) * G.S * D;
+  load_tile<DP, kOwn>(Qs, q + bh * G.T * D, t0, G.T, D, vec);
+  load_tile<DP, kOwn>(dOs, dout + bh * G.T * D, t0, G.T, D, vec);
+  const int64_t tr[2] = {t0 + 16 * warp + g, t0 + 16 * warp + g + 8};
+  float L[2], Dl[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    L[r] = tr[r] < G.T ? lse[bh * G.T + tr[r]] : -INFINITY;
+    Dl[r] = tr[r] < G.T ? delta[bh * G.T + tr[r]] : 0.0f;
+  }
+  const float scale = static_cast<float>(G.scale);
+  float acc[DP / 8][4] = {};
+  const int64_t t_last = (t0 + kOwn < G.T ? t0 + kOwn : G.T) - 1, s_end = G.last_key(t_last) + 1;
+  for (int64_t s0 = G.first_key(t0) / kTile * kTile; s0 < s_end; s0 += kTile) {
+    __syncthreads();
+    load_tile<DP, kTile>(Ks, kb, s0, G.S, D, vec);
+    load_tile<DP, kTile>(Vs, vb, s0, G.S, D, vec);
+    __syncthreads();
+    float sc[kN][4], dp[kN][4];
+    rows_times_tile_t<T, DP>(sc, Qs + 16 * warp * P, Ks, g, i);
+    rows_times_tile_t<T, DP>(dp, dOs + 16 * warp * P, Vs, g, i);
+#pragma unroll
+    for (int j = 0; j < kN; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2;
+        const int64_t t = tr[r], s = s0 + 8 * j + 2 * i + e % 2;
+        float ds = 0.0f;
+        if (t < G.T && s < G.S && L[r] != -INFINITY && G.visible(b, t, s)) {
+          const float p = __expf(sc[j][e] * scale - L[r]);
+          ds = p * (dp[j][e] * drop_factor(G, shift, bh, t, s) - Dl[r]) * scale;
+        }
+        sc[j][e] = ds;
+      }
+    scores_times_tile<T, DP>(acc, sc, Ks, g, i);  // dq += ds k
+  }
+  const float one[2] = {1.0f, 1.0f};
+  store_rows<T, DP>(dq + bh * G.T * D, t0 + 16 * warp, G.T, D, acc, one, g, i);
+}
+
+template <typename T, int DP>
+__global__ void __launch_bounds__(kThreads)
+    flash_dkv(Geo geo, const uint64_t* shift, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+              const float* lse, const float* delta, const uint16_t* dout, uint16_t* dk, uint16_t* dv,
+              bool vec) {
+  extern __shared__ uint4 smem[];
+  constexpr int P = pitch<DP>();
+  uint16_t* Ks = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* Vs = Ks + kOwn * P;
+  uint16_t* Qs = Vs + kOwn * P;
+  uint16_t* dOs = Qs + kTile * P;
+  float* Ls = reinterpret_cast<float*>(dOs + kTile * P);  // the query tile's lse and delta
+  float* Dl = Ls + kTile;
+  const Geo& G = geo;
+  const int64_t tiles = (G.S + kOwn - 1) / kOwn, bkv = blockIdx.x / tiles, s0 = (blockIdx.x % tiles) * kOwn;
+  const int64_t kvh = bkv % G.KV, b = bkv / G.KV, rep = G.H / G.KV;
+  const int D = static_cast<int>(G.D), warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, i = threadIdx.x % 4;
+  load_tile<DP, kOwn>(Ks, k + bkv * G.S * D, s0, G.S, D, vec);
+  load_tile<DP, kOwn>(Vs, v + bkv * G.S * D, s0, G.S, D, vec);
+  const int64_t sr[2] = {s0 + 16 * warp + g, s0 + 16 * warp + g + 8};  // the lane's two key rows
+  const float scale = static_cast<float>(G.scale);
+  // Causal: the first query that can see key s0 is t = s0 - (S - T).
+  const int64_t t_first = G.causal && s0 - (G.S - G.T) > 0 ? s0 - (G.S - G.T) : 0;
+  float ak[DP / 8][4] = {}, av[DP / 8][4] = {};
+  for (int64_t hr = 0; hr < rep; ++hr) {
+    const int64_t bh = b * G.H + kvh * rep + hr;
+    for (int64_t t0 = t_first / kTile * kTile; t0 < G.T; t0 += kTile) {
+      __syncthreads();
+      load_tile<DP, kTile>(Qs, q + bh * G.T * D, t0, G.T, D, vec);
+      load_tile<DP, kTile>(dOs, dout + bh * G.T * D, t0, G.T, D, vec);
+      for (int e = threadIdx.x; e < kTile; e += kThreads) {
+        const bool in = t0 + e < G.T;
+        Ls[e] = in ? lse[bh * G.T + t0 + e] : -INFINITY;
+        Dl[e] = in ? delta[bh * G.T + t0 + e] : 0.0f;
+      }
+      __syncthreads();
+      float st[kN][4], dpt[kN][4];  // the warp's 16 keys against the tile's 64 queries
+      rows_times_tile_t<T, DP>(st, Ks + 16 * warp * P, Qs, g, i);
+      rows_times_tile_t<T, DP>(dpt, Vs + 16 * warp * P, dOs, g, i);
+#pragma unroll
+      for (int j = 0; j < kN; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int qi = 8 * j + 2 * i + e % 2;
+          const int64_t s = sr[e / 2], t = t0 + qi;
+          float p = 0.0f, ds = 0.0f;
+          if (t < G.T && s < G.S && Ls[qi] != -INFINITY && G.visible(b, t, s)) {
+            const float z = drop_factor(G, shift, bh, t, s);
+            p = __expf(st[j][e] * scale - Ls[qi]);
+            ds = p * (dpt[j][e] * z - Dl[qi]) * scale;
+            p *= z;  // dv takes the dropped probability
+          }
+          st[j][e] = p;
+          dpt[j][e] = ds;
+        }
+      scores_times_tile<T, DP>(av, st, dOs, g, i);  // dv += p^T do
+      scores_times_tile<T, DP>(ak, dpt, Qs, g, i);  // dk += ds^T q
+    }
+  }
+  const float one[2] = {1.0f, 1.0f};
+  store_rows<T, DP>(dk + bkv * G.S * D, s0 + 16 * warp, G.S, D, ak, one, g, i);
+  store_rows<T, DP>(dv + bkv * G.S * D, s0 + 16 * warp, G.S, D, av, one, g, i);
+}
+
+template <int DP>
+constexpr size_t forward_smem() {
+  return static_cast<size_t>(kOwn + 2 * kTile) * pitch<DP>() * 2;
+}
+template <int DP>
+constexpr size_t dq_smem() {
+  return static_cast<size_t>(2 * kOwn + 2 * kTile) * pitch<DP>() * 2;
+}
+template <int DP>
+constexpr size_t dkv_smem() {
+  return static_cast<size_t>(2 * kOwn + 2 * kTile) * pitch<DP>() * 2 + 2 * kTile * sizeof(float);
+}
+
+// Opts a kernel into more than 48 KiB of dynamic shared memory (the flash kernels need at most ~70 KiB).
+template <typename K>
+void use_smem(K kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    TR_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+Geo flash_geometry(const bool* keep, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D,
+                   bool causal, int64_t window, double scale, double dropout, uint64_t seed,
+                   uint64_t offset) {
+  Geo g{B, H, KV, T, S, D, causal, scale, keep, window};
+  g.dropout = static_cast<float>(dropout);
+  g.keep_scale = 1.0 / (1.0 - dropout);
+  g.seed = seed;
+  g.offset = offset;
+  return g;
+}
+
+// Calls f.template operator()<T, DP>() with the CUDA half type and the head dim padded to 64 or 128.
+template <typename F>
+void dispatch_flash(DType dt, int64_t D, F&& f) {
+  const auto by_dim = [&]<typename T>() {
+    if (D <= 64)
+      f.template operator()<T, 64>();
+    else
+      f.template operator()<T, 128>();
+  };
+  if (dt == DType::bf16)
+    by_dim.template operator()<__nv_bfloat16>();
+  else
+    by_dim.template operator()<__half>();
+}
+
+bool all_aligned(std::initializer_list<const void*> ps) {
+  for (const void* p : ps)
+    if (!aligned_to(p, 16)) return false;
+  return true;
+}
+
+}  // namespace
+
+bool flash_attention_fits(DType dt, int64_t D) {
+  if ((dt != DType::bf16 && dt != DType::f16) || D <= 0 || D % 8 != 0 || D > 128) return false;
+  int dev = 0, major = 0;
+  TR_CUDA_CHECK(cudaGetDevice(&dev));
+  TR_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  return major >= 8;
+}
+
+void flash_attention(Stream stream, DType dt, const void* q, const void* k, const void* v, const bool* keep,
+                     void* out, void* lse, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D,
+                     bool causal, int64_t window, double scale, double dropout, uint64_t seed,
+                     uint64_t offset, const uint64_t* shift) {
+  if (B * H * T == 0) return;
+  const Geo g = flash_geometry(keep, B, H, KV, T, S, D, causal, window, scale, dropout, seed, offset);
+  const bool vec = all_aligned({q, k, v});
+  const auto blocks = static_cast<unsigned>(B * H * ((T + kOwn - 1) / kOwn));
+  dispatch_flash(dt, D, [&]<typename T_, int DP>() {
+    use_smem(flash_forward<T_, DP>, forward_smem<DP>());
+    flash_forward<T_, DP><<<blocks, kThreads, forward_smem<DP>(), stream>>>(
+        g, dropout > 0 ? shift : nullptr, static_cast<const uint16_t*>(q), static_cast<const uint16_t*>(k),
+        static_cast<const uint16_t*>(v), static_cast<uint16_t*>(out), static_cast<float*>(lse), vec);
+  });
+  TR_CUDA_LAUNCH_CHECK("flash_attention");
+}
+
+void flash_attention_backward(Stream stream, DType dt, const void* q, const void* k, const void* v,
+                              const bool* keep, const void* out, const void* lse, const void* dout, void* dq,
+                              void* dk, void* dv, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S,
+                              int64_t D, bool causal, int64_t window, double scale, double dropout,
+                              uint64_t seed, uint64_t offset, const uint64_t* shift, Scratch& scratch) {
+  if (B * H * T == 0) {  // no queries: the keys and values get no gradient
+    if (B * KV * S * D > 0) {
+      TR_CUDA_CHECK(cudaMemsetAsync(dk, 0, static_cast<size_t>(B * KV * S * D) * 2, stream));
+      TR_CUDA_CHECK(cudaMemsetAsync(dv, 0, static_cast<size_t>(B * KV * S * D) * 2, stream));
+    }
+    return;
+  }
+  const Geo g = flash_geometry(keep, B, H, KV, T, S, D, causal, window, scale, dropout, seed, offset);
+  if (dropout == 0) shift = nullptr;
+  const bool vec = all_aligned({q, k, v, dout});
+  auto* delta = static_cast<float*>(scratch.take(static_cast<size_t>(B * H * T) * sizeof(float)));
+  const auto* lp = static_cast<const float*>(lse);
+  const auto* qp = static_cast<const uint16_t*>(q);
+  const auto* kp = static_cast<const uint16_t*>(k);
+  const auto* vp = static_cast<const uint16_t*>(v);
+  const auto* dop = static_cast<const uint16_t*>(dout);
+  const auto qblocks = static_cast<unsigned>(B * H * ((T + kOwn - 1) / kOwn));
+  const auto kblocks = static_cast<unsigned>(B * KV * ((S + kOwn - 1) / kOwn));
+  dispatch_flash(dt, D, [&]<typename T_, int DP>() {
+    flash_delta<T_><<<blocks_for(B * H * T * 32, 256), 256, 0, stream>>>(
+        static_cast<const T_*>(out), static_cast<const T_*>(dout), delta, B * H * T, D);
+    TR_CUDA_LAUNCH_CHECK("flash_attention_delta");
+    use_smem(flash_dq<T_, DP>, dq_smem<DP>());
+    flash_dq<T_, DP><<<qblocks, kThreads, dq_smem<DP>(), stream>>>(g, shift, qp, kp, vp, lp, delta, dop,
+                                                                   static_cast<uint16_t*>(dq), vec);
+    TR_CUDA_LAUNCH_CHECK("flash_attention_dq");
+    if (kblocks > 0) {
+      use_smem(flash_dkv<T_, DP>, dkv_smem<DP>());
+      flash_dkv<T_, DP><<<kblocks, kThreads, dkv_smem<DP>(), stream>>>(
+          g, shift, qp, kp, vp, lp, delta, dop, static_cast<uint16_t*>(dk), static_cast<uint16_t*>(dv), vec);
+      TR_CUDA_LAUNCH_CHECK("flash_attention_dkv");
+    }
+  });
+}
+
+}  // namespace tr::cuda
