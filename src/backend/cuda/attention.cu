@@ -6,6 +6,7 @@
 // one-thread-per-row kernels. The CPU twin in backend/cpu/attention.cpp defines the semantics.
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 
 #include "backend/attention_geometry.h"
 #include "backend/cuda/common.cuh"
@@ -541,6 +542,14 @@ bool allow_smem(K kernel, size_t bytes) {
 
 namespace {
 
+// The flash kernels move pairs of halves: every operand starts on an even element (views at odd offsets take
+// the tiled kernels).
+bool aligned4(std::initializer_list<const void*> ps) {
+  for (const void* p : ps)
+    if (!aligned_to(p, 4)) return false;
+  return true;
+}
+
 Geo geometry(const bool* keep, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D, bool causal,
              int64_t window, double scale, double dropout, uint64_t seed, uint64_t offset) {
   Geo g{B, H, KV, T, S, D, causal, scale, keep, window};
@@ -557,7 +566,7 @@ void attention(Stream stream, DType dt, const void* q, const void* k, const void
                void* out, void* lse, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D,
                bool causal, int64_t window, double scale, double dropout, uint64_t seed, uint64_t offset,
                const uint64_t* shift) {
-  if (flash_attention_fits(dt, D))
+  if (flash_attention_fits(dt, D) && aligned4({q, k, v, out}))
     return flash_attention(stream, dt, q, k, v, keep, out, lse, B, H, KV, T, S, D, causal, window, scale,
                            dropout, seed, offset, shift);
   if (D > kMaxHeadDim) throw std::runtime_error("cuda attention: head dim above 256 is not supported");
@@ -586,7 +595,7 @@ void attention_backward(Stream stream, DType dt, const void* q, const void* k, c
                         void* dk, void* dv, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D,
                         bool causal, int64_t window, double scale, double dropout, uint64_t seed,
                         uint64_t offset, const uint64_t* shift, Scratch& scratch) {
-  if (flash_attention_fits(dt, D))
+  if (flash_attention_fits(dt, D) && aligned4({q, k, v, out, dout, dq, dk, dv}))
     return flash_attention_backward(stream, dt, q, k, v, keep, out, lse, dout, dq, dk, dv, B, H, KV, T, S, D,
                                     causal, window, scale, dropout, seed, offset, shift, scratch);
   if (D > kMaxHeadDim) throw std::runtime_error("cuda attention: head dim above 256 is not supported");

@@ -10,6 +10,7 @@
 // Backend::attention's; the CPU twin is backend/cpu/attention_gemm.cpp (dropout as attn::drop_factors).
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <stdexcept>
 #include <type_traits>
 
@@ -149,13 +150,42 @@ __device__ __forceinline__ void scores_times_tile(float (&out)[DP / 8][4], const
   }
 }
 
-// The dropout factor of (head row bh, query t, key s), as attention.cu's drop_factor and the CPU's.
-__device__ __forceinline__ float drop_factor(const Geo& g, const uint64_t* shift, int64_t bh, int64_t t,
-                                             int64_t s) {
-  if (g.dropout == 0.0f) return 1.0f;
-  const uint32_t w = philox_word(g.seed, g.offset + (shift ? *shift : 0), g.drop_index(bh, t, s));
+// The Philox offset of this launch's dropout: the call's, moved by a CUDA graph's shift where one is set.
+__device__ __forceinline__ uint64_t drop_offset(const Geo& g, const uint64_t* shift) {
+  return g.offset + (shift ? *shift : 0);
+}
+
+__device__ __forceinline__ float factor_of(const Geo& g, uint32_t w) {
   return uniform_from_word(w) >= g.dropout ? static_cast<float>(g.keep_scale) : 0.0f;
 }
+
+// The dropout factor of (head row bh, query t, key s), as attention.cu's drop_factor and the CPU's.
+__device__ __forceinline__ float drop_factor(const Geo& g, uint64_t offset, int64_t bh, int64_t t,
+                                             int64_t s) {
+  if (g.dropout == 0.0f) return 1.0f;
+  return factor_of(g, philox_word(g.seed, offset, g.drop_index(bh, t, s)));
+}
+
+__device__ __forceinline__ uint32_t word_of(const Philox4& b, uint64_t j) {  // selects, not a local array
+  return j == 0 ? b.w[0] : j == 1 ? b.w[1] : j == 2 ? b.w[2] : b.w[3];
+}
+
+// The factors of keys s and s + 1 for query t: adjacent words, one Philox block for both unless they
+// straddle two (the per-score cost is Philox's ~40 integer ops a block).
+__device__ __forceinline__ void drop_pair(const Geo& g, uint64_t offset, int64_t bh, int64_t t, int64_t s,
+                                          float& z0, float& z1) {
+  if (g.dropout == 0.0f) {
+    z0 = z1 = 1.0f;
+    return;
+  }
+  const uint64_t i = g.drop_index(bh, t, s), j = i % 4;
+  const Philox4 b = philox4x32(offset + i / 4, g.seed);
+  z0 = factor_of(g, word_of(b, j));
+  z1 = factor_of(g, j == 3 ? philox4x32(offset + i / 4 + 1, g.seed).w[0] : word_of(b, j + 1));
+}
+
+// max that keeps a NaN (fmaxf drops it): a row of NaN scores gives NaN, as the CPU twin.
+__device__ __forceinline__ float nan_max(float a, float b) { return a != a || a > b ? a : b; }
 
 // Rows t (g and g + 8 of the warp's 16) of [*, D] at `base`: the two values of each 16 x 8 block the lane
 // holds, rounded, as one 4-byte store.
@@ -192,6 +222,7 @@ __global__ void __launch_bounds__(kThreads)
   load_tile<DP, kOwn>(Qs, q + bh * G.T * D, t0, G.T, D, vec);
   const int64_t tr[2] = {t0 + 16 * warp + g, t0 + 16 * warp + g + 8};  // the lane's two query rows
   const float scale = static_cast<float>(G.scale);
+  const uint64_t offset = drop_offset(G, shift);
   float o[DP / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const int64_t t_last = (t0 + kOwn < G.T ? t0 + kOwn : G.T) - 1, s_end = G.last_key(t_last) + 1;
   for (int64_t s0 = G.first_key(t0) / kTile * kTile; s0 < s_end; s0 += kTile) {
@@ -208,13 +239,13 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e) {
         const int64_t t = tr[e / 2], s = s0 + 8 * j + 2 * i + e % 2;
         sc[j][e] = t < G.T && s < G.S && G.visible(b, t, s) ? sc[j][e] * scale : -INFINITY;
-        mx[e / 2] = fmaxf(mx[e / 2], sc[j][e]);
+        mx[e / 2] = nan_max(sc[j][e], mx[e / 2]);
       }
     float corr[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {  // a row's 64 scores are spread over the 4 lanes of its group
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      mx[r] = nan_max(__shfl_xor_sync(0xffffffffu, mx[r], 1), mx[r]);
+      mx[r] = nan_max(__shfl_xor_sync(0xffffffffu, mx[r], 2), mx[r]);
       corr[r] = mx[r] == -INFINITY ? 1.0f : __expf(m[r] - mx[r]);
       m[r] = mx[r];
       l[r] *= corr[r];
@@ -222,11 +253,17 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int j = 0; j < kN; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2;
-        const float p = mx[r] == -INFINITY ? 0.0f : __expf(sc[j][e] - mx[r]);
-        l[r] += p;  // the softmax's sum is undropped; the product takes p * z
-        sc[j][e] = p == 0.0f ? 0.0f : p * drop_factor(G, shift, bh, tr[r], s0 + 8 * j + 2 * i + e % 2);
+      for (int r = 0; r < 2; ++r) {
+        float p[2], z[2];
+        for (int e = 0; e < 2; ++e) {
+          p[e] = mx[r] == -INFINITY ? 0.0f : __expf(sc[j][2 * r + e] - mx[r]);
+          l[r] += p[e];  // the softmax's sum is undropped; the product takes p * z
+        }
+        if (p[0] != 0.0f || p[1] != 0.0f) {
+          drop_pair(G, offset, bh, tr[r], s0 + 8 * j + 2 * i, z[0], z[1]);
+          p[0] *= z[0], p[1] *= z[1];
+        }
+        sc[j][2 * r] = p[0], sc[j][2 * r + 1] = p[1];
       }
 #pragma unroll
     for (int n = 0; n < DP / 8; ++n) {
@@ -246,15 +283,17 @@ __global__ void __launch_bounds__(kThreads)
   store_rows<T, DP>(out + bh * G.T * D, t0 + 16 * warp, G.T, D, o, inv, g, i);
 }
 
-// delta = rowsum(dout * out) in f32, a warp per row.
+// delta = rowsum(dout * out) in f32, a warp per row (rows strided over the grid, which blocks_for caps).
 template <typename T>
 __global__ void flash_delta(const T* out, const T* dout, float* delta, int64_t rows, int64_t D) {
-  const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
-  if (row >= rows) return;
-  float s = 0.0f;
-  for (int64_t c = threadIdx.x % 32; c < D; c += 32) s += ld(out, row * D + c) * ld(dout, row * D + c);
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  if (threadIdx.x % 32 == 0) delta[row] = s;
+  const int64_t warps = gridDim.x * static_cast<int64_t>(blockDim.x / 32);
+  for (int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32; row < rows;
+       row += warps) {
+    float s = 0.0f;
+    for (int64_t c = threadIdx.x % 32; c < D; c += 32) s += ld(out, row * D + c) * ld(dout, row * D + c);
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (threadIdx.x % 32 == 0) delta[row] = s;
+  }
 }
 
 template <typename T, int DP>
@@ -283,6 +322,7 @@ __global__ void __launch_bounds__(kThreads)
     Dl[r] = tr[r] < G.T ? delta[bh * G.T + tr[r]] : 0.0f;
   }
   const float scale = static_cast<float>(G.scale);
+  const uint64_t offset = drop_offset(G, shift);
   float acc[DP / 8][4] = {};
   const int64_t t_last = (t0 + kOwn < G.T ? t0 + kOwn : G.T) - 1, s_end = G.last_key(t_last) + 1;
   for (int64_t s0 = G.first_key(t0) / kTile * kTile; s0 < s_end; s0 += kTile) {
@@ -296,15 +336,18 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int j = 0; j < kN; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2;
-        const int64_t t = tr[r], s = s0 + 8 * j + 2 * i + e % 2;
-        float ds = 0.0f;
-        if (t < G.T && s < G.S && L[r] != -INFINITY && G.visible(b, t, s)) {
-          const float p = __expf(sc[j][e] * scale - L[r]);
-          ds = p * (dp[j][e] * drop_factor(G, shift, bh, t, s) - Dl[r]) * scale;
+      for (int r = 0; r < 2; ++r) {
+        const int64_t t = tr[r], s = s0 + 8 * j + 2 * i;
+        float z[2];
+        drop_pair(G, offset, bh, t, s, z[0], z[1]);
+        for (int e = 0; e < 2; ++e) {
+          float ds = 0.0f;
+          if (t < G.T && s + e < G.S && L[r] != -INFINITY && G.visible(b, t, s + e)) {
+            const float p = __expf(sc[j][2 * r + e] * scale - L[r]);
+            ds = p * (dp[j][2 * r + e] * z[e] - Dl[r]) * scale;
+          }
+          sc[j][2 * r + e] = ds;
         }
-        sc[j][e] = ds;
       }
     scores_times_tile<T, DP>(acc, sc, Ks, g, i);  // dq += ds k
   }
@@ -333,12 +376,16 @@ __global__ void __launch_bounds__(kThreads)
   load_tile<DP, kOwn>(Vs, v + bkv * G.S * D, s0, G.S, D, vec);
   const int64_t sr[2] = {s0 + 16 * warp + g, s0 + 16 * warp + g + 8};  // the lane's two key rows
   const float scale = static_cast<float>(G.scale);
-  // Causal: the first query that can see key s0 is t = s0 - (S - T).
+  const uint64_t offset = drop_offset(G, shift);
+  // Causal: the first query that can see key s0 is t = s0 - (S - T); with a window of W keys the last one
+  // that sees the block's last key s0 + kOwn - 1 is t = s0 + kOwn - 1 - (S - T) + W - 1.
   const int64_t t_first = G.causal && s0 - (G.S - G.T) > 0 ? s0 - (G.S - G.T) : 0;
+  const int64_t t_stop = G.causal && G.window > 0 ? s0 + kOwn - 1 - (G.S - G.T) + G.window : G.T;
+  const int64_t t_end = t_stop < G.T ? t_stop : G.T;
   float ak[DP / 8][4] = {}, av[DP / 8][4] = {};
   for (int64_t hr = 0; hr < rep; ++hr) {
     const int64_t bh = b * G.H + kvh * rep + hr;
-    for (int64_t t0 = t_first / kTile * kTile; t0 < G.T; t0 += kTile) {
+    for (int64_t t0 = t_first / kTile * kTile; t0 < t_end; t0 += kTile) {
       __syncthreads();
       load_tile<DP, kTile>(Qs, q + bh * G.T * D, t0, G.T, D, vec);
       load_tile<DP, kTile>(dOs, dout + bh * G.T * D, t0, G.T, D, vec);
@@ -359,7 +406,7 @@ __global__ void __launch_bounds__(kThreads)
           const int64_t s = sr[e / 2], t = t0 + qi;
           float p = 0.0f, ds = 0.0f;
           if (t < G.T && s < G.S && Ls[qi] != -INFINITY && G.visible(b, t, s)) {
-            const float z = drop_factor(G, shift, bh, t, s);
+            const float z = drop_factor(G, offset, bh, t, s);
             p = __expf(st[j][e] * scale - Ls[qi]);
             ds = p * (dpt[j][e] * z - Dl[qi]) * scale;
             p *= z;  // dv takes the dropped probability
