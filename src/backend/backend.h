@@ -104,7 +104,7 @@ class Backend {
     return "";
   }
   // How matmuls of `operands` (bf16/f16) run natively here where that beats f32 (a CPU's AMX tiles, or AMD
-  // Zen 5's AVX512_BF16 dot products); none where they are widened. A GPU answers none: the question is asked
+  // Zen 4/5's AVX512_BF16 dot products); none where they are widened. A GPU answers none: the question is asked
   // of CPUs choosing a default precision.
   virtual NativeHalf native_half_matmul(DType operands) const {
     (void)operands;

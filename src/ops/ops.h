@@ -113,7 +113,7 @@ void addmm_(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, b
 // One sentence when `device` emulates matmuls of bf16/f16 operands (widened to f32) instead of running them
 // natively, naming what the hardware offers; "" when native (a GPU) or not asked (f32, meta).
 std::string gemm_precision_note(Device device, DType operands);
-// How `device` runs bf16/f16 matmuls natively and faster than f32 (a CPU's AMX or AMD Zen 5's AVX512_BF16);
+// How `device` runs bf16/f16 matmuls natively and faster than f32 (a CPU's AMX or AMD Zen 4/5's AVX512_BF16);
 // none where they are widened, and on meta.
 backend::NativeHalf native_half_matmul(Device device, DType operands);
 // x [..., in] @ w[out, in]^T + bias[out].

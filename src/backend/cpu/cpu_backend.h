@@ -1,5 +1,5 @@
 // The CPU backend: OpenMP-parallel kernels, GEMM through oneDNN's sgemm (f32), its bf16 matmul primitive
-// on AMX or AMD Zen 5's AVX512_BF16 (matmul_native.cpp; elsewhere bf16/f16 widened to f32 in pooled scratch)
+// on AMX or AMD Zen 4/5's AVX512_BF16 (matmul_native.cpp; elsewhere bf16/f16 widened to f32 in pooled scratch)
 // and OpenBLAS (f64). Method bodies live in mirror-named files (elementwise.cpp, fused.cpp, reduce.cpp,
 // matmul.cpp, norm.cpp, loss.cpp, optim.cpp, attention.cpp with attention_gemm.cpp and, for bf16 on AMX
 // tiles, attention_amx.cpp).

@@ -213,12 +213,13 @@ std::string CpuBackend::gemm_precision_note(DType operands) const {
                      lib, impl)
                : fmt::format(
                      "bf16 matmuls run natively on this CPU, as AVX512_BF16 dot products ({}: {}; about "
-                     "2x the f32 sgemm on AMD Zen 5), accumulating in f32",
+                     "2x the f32 sgemm on AMD Zen 4 and Zen 5), accumulating in f32",
                      lib, impl);
   if (is_bf16 && native_.has_bf16() && kernel)
     return fmt::format(
         "bf16 is widened to f32 on this CPU: its AVX512_BF16 matmul ({}: {}) is not known to beat the f32 "
-        "sgemm here (0.6x on Intel cores without AMX; 2.3x only measured on AMD Zen 5), so matmuls widen "
+        "sgemm here (0.6x on Intel cores without AMX; 2.1-2.3x measured on AMD Zen 4 and 5), so matmuls "
+        "widen "
         "bf16 "
         "to f32; --bf16 {}",
         lib, impl, kNoSpeedup);

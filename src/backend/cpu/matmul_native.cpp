@@ -77,7 +77,7 @@ NativeMatmul::NativeMatmul() {
   // leaf 1, EAX: base family in bits 8-11, plus the extended family (bits 20-27) when the base is 0xF
   if (amd && __get_cpuid(1, &eax, &ebx, &ecx, &edx)) {
     const unsigned base = eax >> 8 & 0xFu, family = base == 0xFu ? base + (eax >> 20 & 0xFFu) : base;
-    zen5_ = family >= 0x1Au;
+    amd_zen4_ = family >= 0x19u;  // Zen 3 shares family 0x19 but lacks AVX512_BF16 (bf16_ says)
   }
   // leaf 7, sub-leaf 0: EDX bit 23 is AVX512_FP16
   avx512_fp16_ = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx >> 23 & 1u);

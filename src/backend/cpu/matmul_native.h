@@ -20,11 +20,11 @@ class NativeMatmul {
   // Whether this CPU runs bf16 matmuls natively (AVX512_BF16 or AMX, as oneDNN sees it).
   bool has_bf16() const { return bf16_; }
   // Whether they beat widening to f32 sgemm (bench/bench_ops' native rows, docs/PERFORMANCE.md): with AMX
-  // (1,730 GFLOP/s against 352 f32 on a Xeon), and on AMD Zen 5 (family 0x1A) and later, whose AVX512_BF16
-  // dot products run at twice the f32 FMA rate (859 against 369, 2.3x). Intel's AVX512_BF16 without AMX
-  // measured 0.55-0.65x (one port for VDPBF16PS, two for FMA), so bf16 widens to f32 there; Zen 4 (256-bit
-  // units) is not measured and widens too.
-  bool preferred() const { return amx_ || (bf16_ && zen5_); }
+  // (1,730 GFLOP/s against 352 f32 on a Xeon), and on AMD's AVX512_BF16 (Zen 4, family 0x19, and later),
+  // whose dot products run at twice the f32 FMA rate (Zen 5: 859 against 369, 2.3x; Zen 4 with its 256-bit
+  // units: 429 against 206, 2.1x). Intel's AVX512_BF16 without AMX measured 0.55-0.65x (one port for
+  // VDPBF16PS, two for FMA), so bf16 widens to f32 there.
+  bool preferred() const { return amx_ || (bf16_ && amd_zen4_); }
   // Whether the native kernel is AMX's (else AVX512_BF16 dot products), for the notes that say which.
   bool amx() const { return amx_; }
   // The kernel oneDNN would run a [64, 64] x [64, 64] matmul of `dt` operands into f32 with here, probed once
@@ -46,7 +46,7 @@ class NativeMatmul {
  private:
   dnnl_engine_t engine_ = nullptr;
   dnnl_stream_t stream_ = nullptr;
-  bool bf16_ = false, amx_ = false, zen5_ = false, avx512_fp16_ = false, tiles_ = false;
+  bool bf16_ = false, amx_ = false, amd_zen4_ = false, avx512_fp16_ = false, tiles_ = false;
   std::string bf16_impl_, f16_impl_;
 };
 
