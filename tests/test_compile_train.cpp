@@ -350,12 +350,13 @@ TEST(CompileGpu, CudaGraphReplaysEqualEagerBitForBit) {
 // Inductor's fusion: the chain dropout -> residual add -> GELU -> scale -> product, and the GELU backward
 // into an in-place accumulation, run fused and unfused from one recording; every stored value equal bit for
 // bit (f32, bf16, f64; 3001 elements, so chunks end mid-vector), with Philox shifts, and fewer calls and a
-// smaller arena fused.
-TEST(Compile, ElementwiseChainsFuseBitExactly) {
+// smaller arena fused. On `dev`: the CPU's chunked stages, or the CUDA backend's one-kernel chain.
+void expect_chains_fuse_bit_exactly(Device dev) {
   for (const DType dt : {DType::f32, DType::bf16, DType::f64}) {
     Generator g1(1), g2(2), g3(3);
-    const Tensor a = ops::to_dtype(ops::randn({3001}, g1), dt), b = ops::to_dtype(ops::randn({3001}, g2), dt);
-    const Tensor acc = ops::zeros({3001}, dt);
+    auto on = [&](const Tensor& t) { return ops::to_device(ops::to_dtype(t, dt), dev); };
+    const Tensor a = on(ops::randn({3001}, g1)), b = on(ops::randn({3001}, g2));
+    const Tensor acc = on(ops::zeros({3001}));
     auto region = [&] {
       const Tensor s = ops::binary(backend::BinaryOp::add, b, ops::dropout(a, 0.25, 7, 100));
       const Tensor u = ops::affine(ops::unary(backend::UnaryOp::gelu_tanh, s), 0.5, 1.0);
@@ -364,32 +365,71 @@ TEST(Compile, ElementwiseChainsFuseBitExactly) {
       ops::binary_(backend::BinaryOp::add, acc, gs);  // in place, as gradients accumulate
       return v;
     };
-    compile::Recorder rec(backend::backend_for(Device::cpu()));
+    compile::Recorder rec(backend::backend_for(dev));
     Tensor out;
     {
-      const backend::InterposeScope scope(Device::cpu(), rec);
+      const backend::InterposeScope scope(dev, rec);
       out = region();
     }
     compile::Recorder copy_of_rec = rec;
-    compile::Graph plain(rec, {out, acc}, Device::cpu(), false);
-    compile::Graph fused(copy_of_rec, {out, acc}, Device::cpu(), true);
+    compile::Graph plain(rec, {out, acc}, dev, false);
+    compile::Graph fused(copy_of_rec, {out, acc}, dev, true);
     EXPECT_EQ(fused.fusion().chains, 1) << dtype_name(dt);  // the whole region is one chain
     EXPECT_EQ(fused.fusion().calls_fused, static_cast<int64_t>(plain.num_calls())) << dtype_name(dt);
     EXPECT_GE(fused.fusion().buffers_elided, 4) << dtype_name(dt);  // dropout's, the GELU's, the affine's, gs
     EXPECT_EQ(fused.num_calls(), 1u);
     EXPECT_LT(fused.arena_bytes(), plain.arena_bytes());
     for (const uint64_t shift : {uint64_t{0}, uint64_t{12345}}) {
-      ops::copy_(a, ops::to_dtype(ops::randn({3001}, g3), dt));
-      ops::copy_(acc, ops::ones({3001}, dt));
-      plain.replay(backend::backend_for(Device::cpu()), shift);
+      ops::copy_(a, on(ops::randn({3001}, g3)));
+      ops::copy_(acc, on(ops::ones({3001})));
+      plain.replay(backend::backend_for(dev), shift);
       const Tensor plain_out = ops::clone(plain.outputs()[0]), plain_acc = ops::clone(acc);
-      ops::copy_(acc, ops::ones({3001}, dt));
-      fused.replay(backend::backend_for(Device::cpu()), shift);
-      const auto bits = [](const Tensor& t) { return ops::to_vector<double>(ops::to_dtype(t, DType::f64)); };
+      ops::copy_(acc, on(ops::ones({3001})));
+      fused.replay(backend::backend_for(dev), shift);
+      const auto bits = [](const Tensor& t) {
+        return ops::to_vector<double>(ops::to_dtype(ops::to_device(t, Device::cpu()), DType::f64));
+      };
       EXPECT_EQ(bits(fused.outputs()[0]), bits(plain_out)) << dtype_name(dt) << " shift " << shift;
       EXPECT_EQ(bits(acc), bits(plain_acc)) << dtype_name(dt) << " shift " << shift;
     }
   }
+}
+
+TEST(Compile, ElementwiseChainsFuseBitExactly) { expect_chains_fuse_bit_exactly(Device::cpu()); }
+
+// The CUDA backend runs a chain as one kernel with the unfused kernels' element math: the same bits.
+TEST(CompileGpu, ElementwiseChainsFuseBitExactlyOnTheGpu) {
+  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: the CUDA fused chain NOT tested";
+  expect_chains_fuse_bit_exactly(Device::cuda(0));
+}
+
+// A run longer than a chain may be (Backend::kMaxFusedStages) is split into chains of at most that many
+// stages; the values crossing a split are stored, and every result keeps the unfused bits.
+TEST(Compile, LongRunsSplitIntoChainsOfAtMostTheCap) {
+  Generator g(5);
+  const Tensor x = ops::randn({1000}, g);
+  const int calls = backend::Backend::kMaxFusedStages + 4;
+  auto region = [&] {
+    Tensor v = x;
+    for (int k = 0; k < calls; ++k) v = ops::affine(v, 1.0 + 0.01 * k, 0.5);
+    return v;
+  };
+  compile::Recorder rec(backend::backend_for(Device::cpu()));
+  Tensor out;
+  {
+    const backend::InterposeScope scope(Device::cpu(), rec);
+    out = region();
+  }
+  compile::Recorder copy_of_rec = rec;
+  compile::Graph plain(rec, {out}, Device::cpu(), false);
+  compile::Graph fused(copy_of_rec, {out}, Device::cpu(), true);
+  EXPECT_EQ(fused.fusion().chains, 2);
+  EXPECT_EQ(fused.fusion().calls_fused, calls);
+  EXPECT_EQ(fused.num_calls(), 2u);
+  plain.replay(backend::backend_for(Device::cpu()), 0);
+  const Tensor want = ops::clone(plain.outputs()[0]);
+  fused.replay(backend::backend_for(Device::cpu()), 0);
+  EXPECT_EQ(ops::to_vector<float>(fused.outputs()[0]), ops::to_vector<float>(want));
 }
 
 // A call that sees a buffer of the run at another offset would read elements another chunk writes: the run

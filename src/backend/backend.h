@@ -104,8 +104,8 @@ class Backend {
     return "";
   }
   // How matmuls of `operands` (bf16/f16) run natively here where that beats f32 (a CPU's AMX tiles, or AMD
-  // Zen 4/5's AVX512_BF16 dot products); none where they are widened. A GPU answers none: the question is asked
-  // of CPUs choosing a default precision.
+  // Zen 4/5's AVX512_BF16 dot products); none where they are widened. A GPU answers none: the question is
+  // asked of CPUs choosing a default precision.
   virtual NativeHalf native_half_matmul(DType operands) const {
     (void)operands;
     return NativeHalf::none;
@@ -267,6 +267,9 @@ class Backend {
     int32_t in[2] = {0, 0};           // operand: a tensor index >= 0, or -1 - k for stage k's value
     int32_t out = -1;                 // the tensor the value is stored into; -1: not stored
   };
+  // A chain holds at most this many stages (so at most 3x as many tensors): compile::fuse_elementwise splits
+  // longer runs.
+  static constexpr int kMaxFusedStages = 16;
   virtual bool fuses_elementwise() const { return false; }
   virtual void fused_elementwise(const std::vector<FusedStage>& stages, const std::vector<Tensor>& t) {
     (void)stages;

@@ -125,7 +125,9 @@ FuseResult fuse_elementwise(std::vector<Call>& calls, std::vector<Buffer>& buffe
   std::vector<Call> out;
   out.reserve(calls.size());
   for (size_t i = 0; i < calls.size();) {
-    const size_t j = calls[i].pointwise ? run_end(calls, i) : i + 1;
+    const size_t j = calls[i].pointwise ? std::min(run_end(calls, i),
+                                                   i + static_cast<size_t>(backend::Backend::kMaxFusedStages))
+                                        : i + 1;
     if (j - i < 2) {
       out.push_back(std::move(calls[i++]));
       continue;

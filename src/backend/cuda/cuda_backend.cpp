@@ -582,6 +582,43 @@ class CudaBackend final : public backend::Backend {
                   captured_shift(p));
   }
   bool philox_shift_on_device() const override { return true; }
+  bool fuses_elementwise() const override { return true; }
+  void fused_elementwise(const std::vector<FusedStage>& stages, const std::vector<Tensor>& t) override {
+    TR_CHECK(!stages.empty() && stages.size() <= static_cast<size_t>(cuda::kFusedStages) && !t.empty() &&
+                 t.size() <= static_cast<size_t>(cuda::kFusedTensors),
+             "fused_elementwise: {} stages over {} tensors (at most {} over {})", stages.size(), t.size(),
+             cuda::kFusedStages, cuda::kFusedTensors);
+    static_assert(static_cast<int>(FusedStage::Kind::dropout) ==
+                  static_cast<int>(cuda::FusedChainStage::Kind::dropout));
+    cuda::FusedChain c;
+    c.stages = static_cast<int>(stages.size());
+    double p = 0;
+    for (size_t k = 0; k < stages.size(); ++k) {
+      const FusedStage& s = stages[k];
+      for (int j = 0; j < 2; ++j)
+        TR_CHECK(s.in[j] < static_cast<int32_t>(t.size()) && -1 - s.in[j] < static_cast<int32_t>(k),
+                 "fused_elementwise: stage {} reads operand {}", k, s.in[j]);
+      TR_CHECK(s.out >= -1 && s.out < static_cast<int32_t>(t.size()), "fused_elementwise: stage {} stores {}",
+               k, s.out);
+      c.stage[k] = {static_cast<cuda::FusedChainStage::Kind>(s.kind),
+                    s.unary,
+                    s.binary,
+                    {s.in[0], s.in[1]},
+                    s.out,
+                    s.alpha,
+                    s.beta,
+                    s.seed,
+                    s.offset};
+      if (s.kind == FusedStage::Kind::dropout) p = std::max(p, s.alpha);
+    }
+    for (size_t i = 0; i < t.size(); ++i) {
+      TR_CHECK(t[i].numel() == t[0].numel() && t[i].dtype() == t[0].dtype() && t[i].is_contiguous() &&
+                   t[i].device() == t[0].device(),
+               "fused_elementwise: tensors must be contiguous, of one dtype, size and device");
+      c.tensor[i] = t[i].data_ptr();
+    }
+    cuda::fused_elementwise(stream(), t[0].dtype(), c, t[0].numel(), captured_shift(p));
+  }
   std::string autotune_summary() const override {
     if (!lt_ || lt_->tuned() == 0) return "";
     return fmt::format(

@@ -351,6 +351,56 @@ void dropout(Stream stream, DType dt, const void* x, void* y, int64_t n, double 
 }
 
 namespace {
+
+// One thread per element (grid-stride), every stage in registers: the chain's tensors are read and written
+// once, so it is bound by memory bandwidth like one elementwise kernel (the unfused calls each paid a pass).
+// The element math is the unfused functors' (UnaryF, UnaryBackwardF, BinaryF, AffineF, DropoutF), so a
+// fused chain gives their bits.
+template <typename T>
+__global__ void fused_chain_kernel(FusedChain c, int64_t n, const uint64_t* shift) {
+  using A = acc_t<T>;
+  const uint64_t moved = shift ? *shift : 0;
+  GRID_STRIDE_I(int64_t, i, n) {
+    A value[kFusedStages];
+    for (int k = 0; k < c.stages; ++k) {
+      const FusedChainStage& s = c.stage[k];
+      const auto in = [&](int j) {
+        const int32_t o = s.in[j];
+        return o >= 0 ? to_acc(static_cast<const T*>(c.tensor[o])[i]) : value[-1 - o];
+      };
+      A v;
+      switch (s.kind) {
+        case FusedChainStage::Kind::unary: v = backend::unary_fn(s.unary, in(0)); break;
+        case FusedChainStage::Kind::unary_backward: v = in(1) * backend::unary_grad(s.unary, in(0)); break;
+        case FusedChainStage::Kind::binary: v = backend::binary_fn(s.binary, in(0), in(1)); break;
+        case FusedChainStage::Kind::affine:
+          v = static_cast<A>(s.alpha) * in(0) + static_cast<A>(s.beta);
+          break;
+        default: {  // dropout: the element's Philox word is its index in the tensor
+          const float p = static_cast<float>(s.alpha);
+          const bool keep =
+              uniform_from_word(philox_word(s.seed, s.offset + moved, static_cast<uint64_t>(i))) >= p;
+          v = keep ? in(0) * static_cast<A>(1.0 / (1.0 - s.alpha)) : A(0);
+        }
+      }
+      const T r = from_acc<T>(v);
+      value[k] = to_acc(r);
+      if (s.out >= 0) static_cast<T*>(c.tensor[s.out])[i] = r;
+    }
+  }
+}
+
+}  // namespace
+
+void fused_elementwise(Stream stream, DType dt, const FusedChain& chain, int64_t n, const uint64_t* shift) {
+  if (n == 0 || chain.stages == 0) return;
+  if (chain.stages > kFusedStages) throw std::runtime_error("fused_elementwise: more than 16 stages");
+  dispatch_float(
+      dt, [&]<typename T>() { fused_chain_kernel<T><<<blocks_for(n), 256, 0, stream>>>(chain, n, shift); });
+  TR_CUDA_LAUNCH_CHECK("fused_elementwise");
+}
+
+namespace {
 __global__ void set_u64_kernel(uint64_t* p, uint64_t v) { *p = v; }
 }  // namespace
 

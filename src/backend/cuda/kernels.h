@@ -58,6 +58,26 @@ void masked_fill(Stream stream, DType dt, const void* x, const bool* mask, void*
                  int64_t n, double value);
 // shift (device memory, or null): added to offset when the kernel runs - a CUDA graph captured once draws
 // new numbers at each launch (Backend::set_philox_shift). The same for the attention blocks below.
+// A fused elementwise chain (Backend::FusedStage; torch_compile's inductor fusion): per element, the stages
+// in order, each value rounded to the dtype as the unfused kernel stores it, stored where `out` >= 0.
+// Operands: a tensor index >= 0 or -1 - k for stage k's value. At most kFusedStages stages
+// (Backend::kMaxFusedStages) over kFusedTensors contiguous tensors of n elements; shift as dropout's below.
+constexpr int kFusedStages = 16, kFusedTensors = 3 * kFusedStages;
+struct FusedChainStage {
+  enum class Kind : uint8_t { unary, unary_backward, binary, affine, dropout } kind = Kind::binary;
+  UnaryOp unary = UnaryOp::neg;
+  BinaryOp binary = BinaryOp::add;
+  int32_t in[2] = {0, 0};
+  int32_t out = -1;
+  double alpha = 1.0, beta = 0.0;  // affine: alpha x + beta; dropout: alpha = p
+  uint64_t seed = 0, offset = 0;
+};
+struct FusedChain {
+  int stages = 0;
+  FusedChainStage stage[kFusedStages];
+  void* tensor[kFusedTensors] = {};
+};
+void fused_elementwise(Stream stream, DType dt, const FusedChain& chain, int64_t n, const uint64_t* shift);
 void dropout(Stream stream, DType dt, const void* x, void* y, int64_t n, double p, uint64_t seed,
              uint64_t offset, const uint64_t* shift = nullptr);
 // *p = value, in stream order (no host synchronization, unlike a copy from pageable memory).
