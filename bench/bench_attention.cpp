@@ -58,9 +58,9 @@ int main(int argc, char** argv) {
     Tensor q = make(), k = make(), v = make(), dy = make();
     const double fused = timed([&] {
       const Tensor none;  // the backend's tiled kernel, whatever sdpa would pick for this shape
-      const auto fused = ops::AttentionForm::fused;
-      ops::AttentionOut o = ops::attention(q, k, v, none, true, scale, 0, fused, drop);
-      ops::attention_backward(q, k, v, none, true, scale, o.out, o.lse, dy, 0, fused, drop);
+      const auto form = ops::AttentionForm::fused;
+      ops::AttentionOut o = ops::attention(q, k, v, none, true, scale, 0, form, drop);
+      ops::attention_backward(q, k, v, none, true, scale, o.out, o.lse, dy, 0, form, drop);
     });
     const double blocked = timed([&] {
       const Tensor none;

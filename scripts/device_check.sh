@@ -94,9 +94,9 @@ has hf && timeout 90 python3 bench/hf_trainer_peer.py --batch $B --steps $S --wa
   tee -a "$OUT/train.jsonl"
 has bench && echo "== block benchmark" && timeout 60 "$work/bin/bench_block" 20 cuda 2>&1 | tee -a "$OUT/bench.log"
 # attention alone, forward + backward, GPT-2's heads with attention dropout: the flash kernels (fused),
-# the blocked GEMM form and eager, T = 64 .. 4096 at 16K tokens a call
+# the blocked GEMM form and eager, T = 64 .. 8192 at 8K tokens a call
 has bench && echo "== attention benchmark" &&
-  timeout 60 "$work/bin/bench_attention" 5 16384 12 64 bf16 0.1 cuda 2>&1 | tee -a "$OUT/bench.log"
+  timeout 60 "$work/bin/bench_attention" 5 8192 12 64 bf16 0.1 cuda 2>&1 | tee -a "$OUT/bench.log"
 has hf && timeout 150 python3 bench/hf_trainer_peer.py --batch $B --steps $S --warmup $W --compile 2>&1 |
   tail -n 1 | tee -a "$OUT/train.jsonl"
 # CPU thread scaling on this 16-core host (issue 18): the block at 1, 4 and 16 threads, torch beside it

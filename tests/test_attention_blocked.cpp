@@ -93,9 +93,9 @@ TEST_P(AttentionBlocked, MatchesTheFusedKernelForwardAndBackward) {
   }
 }
 
-// Attention dropout through the blocked form draws the mask dropout() draws on the [B, H, T, S]
-// probabilities: output and gradients equal eager attention (softmax, dropout, matmul) from the same
-// generator state, and the generator advances alike.
+// Attention dropout through the blocked form (and the fused kernel) draws the mask dropout() draws on the
+// [B, H, T, S] probabilities: output and gradients equal eager attention (softmax, dropout, matmul) from the
+// same generator state, and the generator advances alike.
 TEST_P(AttentionBlocked, DropoutMatchesEagerAttentionFromTheSameGenerator) {
   const auto [dev, dt] = GetParam();
   if (dev.is_cuda() && !backend::cuda_available())
@@ -119,32 +119,36 @@ TEST_P(AttentionBlocked, DropoutMatchesEagerAttentionFromTheSameGenerator) {
   Tensor probs = softmax(masked_fill(mul_scalar(matmul(rq, rk, false, true), scale), causal, -INFINITY), -1);
   Tensor ref = matmul(dropout(probs, p, g1, true), rv);
   autograd::backward({ref}, {dout});
-  // Blocked, from the same generator state.
-  Generator g2(7);
-  g2.set_state({7, 100});
-  auto on = [&](const Tensor& t) {
-    Tensor x = ops::to_device(ops::to_dtype(t, dt), dev);
-    autograd::set_requires_grad(x, true);
-    return x;
-  };
-  Tensor bq = on(q), bk = on(k), bv = on(v);
-  Tensor out = scaled_dot_product_attention(bq, bk, bv, Tensor(), true, scale, p, &g2);
-  autograd::backward({out}, {ops::to_device(ops::to_dtype(dout, dt), dev)});
-  EXPECT_EQ(g2.state().offset, g1.state().offset);
-  auto cpu = [](const Tensor& t) { return ops::to_dtype(ops::to_device(t, Device::cpu()), DType::f64); };
-  EXPECT_TRUE(test::all_close(cpu(out), ops::to_dtype(ref, DType::f64), tol, tol)) << "out";
-  EXPECT_TRUE(test::all_close(cpu(bq.grad()), rq.grad(), tol, tol)) << "dq";
-  EXPECT_TRUE(test::all_close(cpu(bk.grad()), rk.grad(), tol, tol)) << "dk";
-  EXPECT_TRUE(test::all_close(cpu(bv.grad()), rv.grad(), tol, tol)) << "dv";
-  // Dropout really dropped: the result differs from attention without it.
-  auto plain = ops::attention(ops::to_dtype(q, DType::f64), ops::to_dtype(k, DType::f64),
-                              ops::to_dtype(v, DType::f64), Tensor(), true, scale);
-  EXPECT_FALSE(test::all_close(cpu(out), plain.out, 1e-3, 1e-3));
+  for (const auto form : {ops::AttentionForm::blocked, ops::AttentionForm::fused}) {
+    SCOPED_TRACE(form == ops::AttentionForm::blocked ? "blocked" : "fused");
+    // From the same generator state.
+    Generator g2(7);
+    g2.set_state({7, 100});
+    auto on = [&](const Tensor& t) {  // a leaf of its own per form (f64 on the CPU would be q itself)
+      Tensor x = ops::clone(ops::to_device(ops::to_dtype(t, dt), dev));
+      autograd::set_requires_grad(x, true);
+      return x;
+    };
+    Tensor bq = on(q), bk = on(k), bv = on(v);
+    Tensor out = scaled_dot_product_attention(bq, bk, bv, Tensor(), true, scale, p, &g2, 0, form);
+    autograd::backward({out}, {ops::to_device(ops::to_dtype(dout, dt), dev)});
+    EXPECT_EQ(g2.state().offset, g1.state().offset);
+    auto cpu = [](const Tensor& t) { return ops::to_dtype(ops::to_device(t, Device::cpu()), DType::f64); };
+    EXPECT_TRUE(test::all_close(cpu(out), ops::to_dtype(ref, DType::f64), tol, tol)) << "out";
+    EXPECT_TRUE(test::all_close(cpu(bq.grad()), rq.grad(), tol, tol)) << "dq";
+    EXPECT_TRUE(test::all_close(cpu(bk.grad()), rk.grad(), tol, tol)) << "dk";
+    EXPECT_TRUE(test::all_close(cpu(bv.grad()), rv.grad(), tol, tol)) << "dv";
+    // Dropout really dropped: the result differs from attention without it.
+    auto plain = ops::attention(ops::to_dtype(q, DType::f64), ops::to_dtype(k, DType::f64),
+                                ops::to_dtype(v, DType::f64), Tensor(), true, scale);
+    EXPECT_FALSE(test::all_close(cpu(out), plain.out, 1e-3, 1e-3));
+  }
 }
 
 // A dry run on the meta device allocates what the blocked form allocates on the CPU, forward and backward:
-// score blocks, probabilities, row copies (trainer estimate's peak for sdpa with attention dropout, and for a
-// GPU in half precision, counts them). Three query blocks, the last partial; with padding and dropout.
+// score blocks, probabilities, row copies (trainer estimate's peak counts them where a device takes the
+// blocked form: a GPU's f32 with attention dropout, half-precision head dims the flash kernels do not cover).
+// Three query blocks, the last partial; with padding and dropout.
 TEST(AttentionBlockedMemory, TheMetaDryRunPeaksAsTheCpuRun) {
   const int64_t B = 2, H = 4, KV = 2, T = 40, S = 40, D = 16, block = 16;
   const double scale = 0.25;

@@ -617,7 +617,7 @@ INSTANTIATE_TEST_SUITE_P(Models, Generation,
                          });
 
 // Mistral's sliding_window (HF: key > query - window): with one layer, a token changes the logits of the
-// window's positions only; sdpa (fused kernel, and the blocked form under attention dropout) equals eager's
+// window's positions only; sdpa (the fused kernel, attention dropout inside it) equals eager's
 // band mask in loss and every gradient; incremental decoding past the window equals the full forward; a
 // window as long as the sequence is plain causal attention. Qwen2's max_window_layers keeps the first
 // layers full.
@@ -675,7 +675,7 @@ TEST(SlidingWindow, MasksKeysOutsideTheWindowInEveryAttentionImplementation) {
     return std::make_pair(loss.item(), g);
   };
   for (const std::string type : {"mistral", "qwen2"}) {
-    for (double p : {0.0, 0.25}) {  // attention dropout: sdpa takes the blocked form
+    for (double p : {0.0, 0.25}) {  // attention dropout: drawn inside sdpa's kernel as eager's
       SCOPED_TRACE(type + " attention_dropout " + std::to_string(p));
       auto m = windowed(type, 2, 3, p);
       Generator g1(5), g2(5);

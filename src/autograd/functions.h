@@ -88,8 +88,9 @@ Tensor embedding(const Tensor& weight, const Tensor& ids);
 Tensor rope(const Tensor& x, const ops::RopeTables& tables, const Tensor& positions, bool seq_major = false);
 // Fused memory-efficient attention: q [B, H, T, D], k/v [B, Hkv, S, D] (grouped-query heads share k/v),
 // key_keep bool [B, S] (false = padding) or undefined. Saves only q, k, v, out and the row logsumexp.
-// dropout_p > 0 (training): attention dropout drawn from `gen` (ops::AttentionDropout, either form). window > 0 (causal): each query sees its last `window` keys, itself included
-// (Mistral's sliding_window). `form` forces the fused or blocked form (default: ops::attention_form's pick).
+// dropout_p > 0 (training): attention dropout drawn from `gen` (ops::AttentionDropout, either form). window
+// > 0 (causal): each query sees its last `window` keys, itself included (Mistral's sliding_window). `form`
+// forces the fused or blocked form (default: ops::attention_form's pick).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                                     bool causal, double scale, double dropout_p = 0.0,
                                     Generator* gen = nullptr, int64_t window = 0,

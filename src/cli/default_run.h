@@ -12,12 +12,13 @@ std::string data_dir();
 void ensure_default_data();
 train::TrainingArguments default_run_arguments();
 // The default run's precision: bf16 mixed precision where the training device is a CPU that runs bf16
-// matmuls natively and faster (AMX, AMD Zen 4/5's AVX512_BF16), else fp32; `precision_given` (--bf16/--fp16 on
-// the command line) keeps the user's choice. In bf16 it trains more than 500 steps unless `steps_given`:
+// matmuls natively and faster (AMX, AMD Zen 4/5's AVX512_BF16), else fp32; `precision_given` (--bf16/--fp16
+// on the command line) keeps the user's choice. In bf16 it trains more than 500 steps unless `steps_given`:
 // about the fp32 run's wall time at the default run's measured speed-up on that kind of CPU
 // (docs/PERFORMANCE.md: 1.37x with AMX; on AMD's AVX512_BF16 1.54-1.60x on Zen 4, where 750 bf16 steps took
-// 120 s against fp32's 123 s for 500, eval loss 5.95 against 6.15). Returns the line to print when it picked
-// bf16.
+// 120 s against fp32's 123 s for 500, eval loss 5.95 against 6.15 - Zen 5 measured 1.12x before the bf16
+// kernel work of later sessions, so its time for 750 is to be measured again). Returns the line to print when
+// it picked bf16.
 inline constexpr int64_t kBf16DefaultStepsAmx = 690;
 inline constexpr int64_t kBf16DefaultStepsAvx512Bf16 = 750;
 std::string choose_default_precision(train::TrainingArguments& a, bool precision_given, bool steps_given);

@@ -126,9 +126,9 @@ class CausalLM {
   std::pair<Tensor, Tensor> cached_kv(const ForwardOptions& o, size_t layer, const Tensor& k,
                                       const Tensor& v) const;
   // Attention over q [B, H, T, D] and k/v [B, KV, T, D]: eager (with `mask`, k/v repeated to H heads) or the
-  // fused kernel (causal + `key_keep` + the sliding `window`, which eager's `mask` must already hold). With
-  // attention dropout in training, sdpa takes the blocked form (GEMMs + row softmax per query block), whose
-  // dropout mask equals eager's from the same generator.
+  // fused kernel (causal + `key_keep` + the sliding `window`, which eager's `mask` must already hold) or the
+  // blocked form, as ops::attention_form_for picks. Attention dropout in training draws eager's mask from the
+  // same generator in either.
   Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& key_keep,
                 double dropout_p, const ForwardOptions& o, int64_t window = 0) const;
   // Decoder layer `index`, as a checkpoint region when o.gradient_checkpointing (dropout replayed exactly),

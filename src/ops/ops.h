@@ -192,10 +192,11 @@ struct AttentionOut {
 enum class AttentionForm { automatic, fused, blocked };
 // attention()'s pick for these operands, from their device, dtype, head dim and whether the probabilities
 // are dropped alone, so a run, its dry run and its rerun pick alike. The fused kernel everywhere it runs the
-// case at speed: on the CPU always (its sgemm tiles beat the blocked form at every length measured,
-// bench/bench_attention, dropout included); on a GPU in bf16/f16 the tensor-core flash kernel for head dims
-// that are multiples of 8 up to 128 (the blocked form's GEMMs above), f32/f64 the tiled kernel without
-// dropout (with it, the blocked form's GEMMs).
+// case at speed: on the CPU (its sgemm tiles beat the blocked form at every length measured,
+// bench/bench_attention, dropout included) except bf16 with dropout on an AMX host (the blocked form's GEMMs
+// on the tiles; the fused kernel's AMX path takes no dropout); on a GPU in bf16/f16 the tensor-core flash
+// kernel for head dims that are multiples of 8 up to 128 (the blocked form's GEMMs above), f32/f64 the tiled
+// kernel without dropout (with it, the blocked form's GEMMs).
 AttentionForm attention_form(const Tensor& q, const Tensor& k, bool dropout = false);
 // The same rule by device type: what a dry run on the meta device asks for the device it stands in for
 // (trainer estimate --device cuda), so its peak counts the form the real run takes.
@@ -214,9 +215,9 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
                                   backend::AttentionDropout dropout = {});
 // The same attention computed a block of `block` queries at a time (0: about 2^26 score elements per block)
 // with both products as batched GEMMs and the softmax as a row kernel (ops/attention_blocked.cpp); what
-// attention() runs on a GPU in bf16/f16. Same outputs (lse included), so either backward fits either forward.
-// Attention dropout (backend.h): the mask dropout() on the [B, H, T, S] probabilities would draw, the same
-// in forward and backward.
+// attention() runs where the fused kernels do not cover the case (attention_form_for). Same outputs (lse
+// included), so either backward fits either forward. Attention dropout (backend.h): the mask dropout() on the
+// [B, H, T, S] probabilities would draw, the same in forward and backward.
 using AttentionDropout = backend::AttentionDropout;
 AttentionOut attention_blocked(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                                bool causal, double scale, int64_t block = 0, AttentionDropout dropout = {},

@@ -327,7 +327,7 @@ __global__ void __launch_bounds__(kTileThreads)
   A* Qs = Vs + kTile * pitch;
   A* dOs = Qs + kTile * pitch;
   A* Ps = dOs + kTile * pitch;        // [key][query], kTile + 1 wide
-  A* DSs = Ps + kTile * (kTile + 1);  // p * (dp - delta), same layout
+  A* DSs = Ps + kTile * (kTile + 1);  // p * (dp z - delta), same layout
   A* Ls = DSs + kTile * (kTile + 1);  // the query tile's lse and delta
   A* Dl = Ls + kTile;
   const int64_t bkv = blockIdx.x / tiles_k, s0 = (blockIdx.x % tiles_k) * kTile;
@@ -380,7 +380,7 @@ __global__ void __launch_bounds__(kTileThreads)
           const int c = sub + kRowThreads * i;
           if (c < g.D) {
             av[i] += p * dOs[qi * pitch + c];
-            ak[i] += d * Qs[qi * pitch + c];  // Qs holds q * scale: dk = sum p (dp - delta) scale q
+            ak[i] += d * Qs[qi * pitch + c];  // Qs holds q * scale: dk = sum p (dp z - delta) scale q
           }
         }
       }

@@ -588,8 +588,13 @@ class CudaBackend final : public backend::Backend {
                  t.size() <= static_cast<size_t>(cuda::kFusedTensors),
              "fused_elementwise: {} stages over {} tensors (at most {} over {})", stages.size(), t.size(),
              cuda::kFusedStages, cuda::kFusedTensors);
-    static_assert(static_cast<int>(FusedStage::Kind::dropout) ==
-                  static_cast<int>(cuda::FusedChainStage::Kind::dropout));
+    using K = cuda::FusedChainStage::Kind;
+    static_assert(cuda::kFusedStages == kMaxFusedStages);
+    static_assert(static_cast<int>(FusedStage::Kind::unary) == static_cast<int>(K::unary) &&
+                  static_cast<int>(FusedStage::Kind::unary_backward) == static_cast<int>(K::unary_backward) &&
+                  static_cast<int>(FusedStage::Kind::binary) == static_cast<int>(K::binary) &&
+                  static_cast<int>(FusedStage::Kind::affine) == static_cast<int>(K::affine) &&
+                  static_cast<int>(FusedStage::Kind::dropout) == static_cast<int>(K::dropout));
     cuda::FusedChain c;
     c.stages = static_cast<int>(stages.size());
     double p = 0;
@@ -600,7 +605,7 @@ class CudaBackend final : public backend::Backend {
                  "fused_elementwise: stage {} reads operand {}", k, s.in[j]);
       TR_CHECK(s.out >= -1 && s.out < static_cast<int32_t>(t.size()), "fused_elementwise: stage {} stores {}",
                k, s.out);
-      c.stage[k] = {static_cast<cuda::FusedChainStage::Kind>(s.kind),
+      c.stage[k] = {static_cast<K>(s.kind),
                     s.unary,
                     s.binary,
                     {s.in[0], s.in[1]},

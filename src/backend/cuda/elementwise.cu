@@ -394,7 +394,8 @@ __global__ void fused_chain_kernel(FusedChain c, int64_t n, const uint64_t* shif
 
 void fused_elementwise(Stream stream, DType dt, const FusedChain& chain, int64_t n, const uint64_t* shift) {
   if (n == 0 || chain.stages == 0) return;
-  if (chain.stages > kFusedStages) throw std::runtime_error("fused_elementwise: more than 16 stages");
+  if (chain.stages > kFusedStages)
+    throw std::runtime_error("fused_elementwise: more than " + std::to_string(kFusedStages) + " stages");
   dispatch_float(
       dt, [&]<typename T>() { fused_chain_kernel<T><<<blocks_for(n), 256, 0, stream>>>(chain, n, shift); });
   TR_CUDA_LAUNCH_CHECK("fused_elementwise");

@@ -56,8 +56,6 @@ void affine(Stream stream, DType dt, const void* x, void* y, int64_t n, double a
 void pow_scalar(Stream stream, DType dt, const void* x, void* y, int64_t n, double exponent);
 void masked_fill(Stream stream, DType dt, const void* x, const bool* mask, void* y, const Strided& g,
                  int64_t n, double value);
-// shift (device memory, or null): added to offset when the kernel runs - a CUDA graph captured once draws
-// new numbers at each launch (Backend::set_philox_shift). The same for the attention blocks below.
 // A fused elementwise chain (Backend::FusedStage; torch_compile's inductor fusion): per element, the stages
 // in order, each value rounded to the dtype as the unfused kernel stores it, stored where `out` >= 0.
 // Operands: a tensor index >= 0 or -1 - k for stage k's value. At most kFusedStages stages
@@ -78,6 +76,8 @@ struct FusedChain {
   void* tensor[kFusedTensors] = {};
 };
 void fused_elementwise(Stream stream, DType dt, const FusedChain& chain, int64_t n, const uint64_t* shift);
+// shift (device memory, or null): added to offset when the kernel runs - a CUDA graph captured once draws
+// new numbers at each launch (Backend::set_philox_shift). The same for the attention blocks below.
 void dropout(Stream stream, DType dt, const void* x, void* y, int64_t n, double p, uint64_t seed,
              uint64_t offset, const uint64_t* shift = nullptr);
 // *p = value, in stream order (no host synchronization, unlike a copy from pageable memory).
