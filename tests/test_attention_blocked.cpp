@@ -8,7 +8,7 @@
 #include <cmath>
 
 #include "backend/cuda_api.h"
-#include "test_util.h"
+#include "attention_test_util.h"
 
 namespace tr {
 namespace {
@@ -34,31 +34,9 @@ const Case kCases[] = {
     {"full_1100_keys_padded", 3, 2, 1, 3, 1100, 8, false, true, 2},
 };
 
-Tensor keep_mask(const Case& c) {
-  Tensor keep = ops::full({c.B, c.S}, 1.0, DType::boolean);
-  if (!c.padded) return Tensor();
-  bool* k = keep.data<bool>();
-  k[1] = false;  // batch 0: one padded key
-  if (c.B > 2)
-    for (int64_t s = 0; s < c.S; ++s) k[2 * c.S + s] = false;  // batch 2: nothing to attend
-  return keep;
-}
-
-std::vector<double> host(const Tensor& t) { return test::values(ops::to_device(t, Device::cpu())); }
-
-// lse: -inf where nothing is visible on both sides, close elsewhere.
-::testing::AssertionResult same_lse(const Tensor& a, const Tensor& b, double tol) {
-  auto x = host(a), y = host(b);
-  for (size_t i = 0; i < x.size(); ++i) {
-    if (std::isinf(x[i]) || std::isinf(y[i])) {
-      if (x[i] != y[i]) return ::testing::AssertionFailure() << "lse " << i << ": " << x[i] << " vs " << y[i];
-      continue;
-    }
-    if (std::abs(x[i] - y[i]) > tol * (1 + std::abs(y[i])))
-      return ::testing::AssertionFailure() << "lse " << i << ": " << x[i] << " vs " << y[i];
-  }
-  return ::testing::AssertionSuccess();
-}
+Tensor keep_mask(const Case& c) { return test::attention_keep_mask(c.B, c.S, c.padded); }
+using test::same_lse;
+std::vector<double> host(const Tensor& t) { return test::host_values(t); }
 
 class AttentionBlocked : public ::testing::TestWithParam<std::tuple<Device, DType>> {};
 

@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "backend/cuda_api.h"
-#include "test_util.h"
+#include "attention_test_util.h"
 
 namespace tr {
 namespace {
@@ -31,30 +31,8 @@ const Case kCases[] = {
     {"full_d64_two_tiles", 1, 2, 2, 100, 129, 64, false, true},
 };
 
-Tensor keep_mask(const Case& c) {
-  if (!c.padded) return Tensor();
-  Tensor keep = ops::full({c.B, c.S}, 1.0, DType::boolean);
-  bool* k = keep.data<bool>();
-  k[1] = false;  // batch 0: one padded key
-  if (c.B > 2)
-    for (int64_t s = 0; s < c.S; ++s) k[2 * c.S + s] = false;  // batch 2: nothing to attend
-  return keep;
-}
-
-std::vector<double> host(const Tensor& t) { return test::values(ops::to_device(t, Device::cpu())); }
-
-::testing::AssertionResult same_lse(const Tensor& a, const Tensor& b, double tol) {
-  auto x = host(a), y = host(b);
-  for (size_t i = 0; i < x.size(); ++i) {
-    if (std::isinf(x[i]) || std::isinf(y[i])) {
-      if (x[i] != y[i]) return ::testing::AssertionFailure() << "lse " << i << ": " << x[i] << " vs " << y[i];
-      continue;
-    }
-    if (std::abs(x[i] - y[i]) > tol * (1 + std::abs(y[i])))
-      return ::testing::AssertionFailure() << "lse " << i << ": " << x[i] << " vs " << y[i];
-  }
-  return ::testing::AssertionSuccess();
-}
+Tensor keep_mask(const Case& c) { return test::attention_keep_mask(c.B, c.S, c.padded); }
+using test::same_lse;
 
 class FusedAttentionDropout : public ::testing::TestWithParam<std::tuple<Device, DType>> {};
 

@@ -23,6 +23,14 @@ struct AttentionGeometry {
   TR_HD uint64_t drop_index(int64_t bh, int64_t t, int64_t s) const {
     return static_cast<uint64_t>((bh * T + t) * S + s);
   }
+  // Sets the dropout of probability p (in [0, 1)) with that Philox stream.
+  AttentionGeometry& with_dropout(double p, uint64_t philox_seed, uint64_t philox_offset) {
+    dropout = static_cast<float>(p);
+    keep_scale = 1.0 / (1.0 - p);
+    seed = philox_seed;
+    offset = philox_offset;
+    return *this;
+  }
   // Lowest key index query t may see.
   TR_HD int64_t first_key(int64_t t) const {
     if (!causal || window <= 0) return 0;

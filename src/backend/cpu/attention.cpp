@@ -201,11 +201,7 @@ Geo geometry(const Tensor& q, const Tensor& k, const Tensor& key_keep, bool caus
         causal,    scale,     key_keep.defined() ? key_keep.data<bool>() : nullptr,
         window};
   TR_CHECK(drop.p >= 0 && drop.p < 1, "attention: dropout {} must be in [0, 1)", drop.p);
-  g.dropout = static_cast<float>(drop.p);
-  g.keep_scale = 1.0 / (1.0 - drop.p);
-  g.seed = drop.seed;
-  g.offset = drop.offset;
-  return g;
+  return g.with_dropout(drop.p, drop.seed, drop.offset);
 }
 
 }  // namespace

@@ -553,11 +553,7 @@ bool aligned4(std::initializer_list<const void*> ps) {
 Geo geometry(const bool* keep, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D, bool causal,
              int64_t window, double scale, double dropout, uint64_t seed, uint64_t offset) {
   Geo g{B, H, KV, T, S, D, causal, scale, keep, window};
-  g.dropout = static_cast<float>(dropout);
-  g.keep_scale = 1.0 / (1.0 - dropout);
-  g.seed = seed;
-  g.offset = offset;
-  return g;
+  return g.with_dropout(dropout, seed, offset);
 }
 
 }  // namespace

@@ -444,17 +444,6 @@ void use_smem(K kernel, size_t bytes) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-Geo flash_geometry(const bool* keep, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D,
-                   bool causal, int64_t window, double scale, double dropout, uint64_t seed,
-                   uint64_t offset) {
-  Geo g{B, H, KV, T, S, D, causal, scale, keep, window};
-  g.dropout = static_cast<float>(dropout);
-  g.keep_scale = 1.0 / (1.0 - dropout);
-  g.seed = seed;
-  g.offset = offset;
-  return g;
-}
-
 // Calls f.template operator()<T, DP>() with the CUDA half type and the head dim padded to 64 or 128.
 template <typename F>
 void dispatch_flash(DType dt, int64_t D, F&& f) {
@@ -491,7 +480,7 @@ void flash_attention(Stream stream, DType dt, const void* q, const void* k, cons
                      bool causal, int64_t window, double scale, double dropout, uint64_t seed,
                      uint64_t offset, const uint64_t* shift) {
   if (B * H * T == 0) return;
-  const Geo g = flash_geometry(keep, B, H, KV, T, S, D, causal, window, scale, dropout, seed, offset);
+  const Geo g = Geo{B, H, KV, T, S, D, causal, scale, keep, window}.with_dropout(dropout, seed, offset);
   const bool vec = all_aligned({q, k, v});
   const auto blocks = static_cast<unsigned>(B * H * ((T + kOwn - 1) / kOwn));
   dispatch_flash(dt, D, [&]<typename T_, int DP>() {
@@ -515,7 +504,7 @@ void flash_attention_backward(Stream stream, DType dt, const void* q, const void
     }
     return;
   }
-  const Geo g = flash_geometry(keep, B, H, KV, T, S, D, causal, window, scale, dropout, seed, offset);
+  const Geo g = Geo{B, H, KV, T, S, D, causal, scale, keep, window}.with_dropout(dropout, seed, offset);
   if (dropout == 0) shift = nullptr;
   const bool vec = all_aligned({q, k, v, dout});
   auto* delta = static_cast<float*>(scratch.take(static_cast<size_t>(B * H * T) * sizeof(float)));
