@@ -276,6 +276,30 @@ class Backend {
     (void)t;
     fail("fused_elementwise: the {} backend does not fuse elementwise calls", name());
   }
+  // What every backend checks of a chain before running it: at most kMaxFusedStages stages, each reading
+  // tensors of `t` or earlier stages' values and storing into a tensor of `t` or nowhere; the tensors
+  // contiguous, of one dtype, element count and device.
+  static void check_fused_chain(const std::vector<FusedStage>& stages, const std::vector<Tensor>& t) {
+    TR_CHECK(!stages.empty() && !t.empty() && stages.size() <= static_cast<size_t>(kMaxFusedStages),
+             "fused_elementwise: {} stages over {} tensors (1 to {} stages)", stages.size(), t.size(),
+             kMaxFusedStages);
+    for (const Tensor& x : t)
+      TR_CHECK(x.numel() == t[0].numel() && x.dtype() == t[0].dtype() && x.device() == t[0].device() &&
+                   x.is_contiguous(),
+               "fused_elementwise: tensors must be contiguous, of one dtype, size and device ({} vs {})",
+               x.describe(), t[0].describe());
+    const auto nt = static_cast<int32_t>(t.size());
+    for (size_t k = 0; k < stages.size(); ++k) {
+      const FusedStage& s = stages[k];
+      const int n = s.kind == FusedStage::Kind::binary || s.kind == FusedStage::Kind::unary_backward ? 2 : 1;
+      for (int j = 0; j < n; ++j)
+        TR_CHECK(s.in[j] < nt && (s.in[j] >= 0 || -1 - s.in[j] < static_cast<int32_t>(k)),
+                 "fused_elementwise: stage {} reads operand {} (tensors: {}, earlier stages: {})", k, s.in[j],
+                 nt, k);
+      TR_CHECK(s.out >= -1 && s.out < nt, "fused_elementwise: stage {} stores into tensor {} of {}", k, s.out,
+               nt);
+    }
+  }
 
   // How an optimizer reads its gradients, so that mixed precision and clipping need no host sync and no f32
   // copy of half gradients: in the parameter's precision T (f32, or f64 for f64 parameters) each element is

@@ -39,24 +39,10 @@ int operands(Stage::Kind k) { return k == Stage::Kind::binary || k == Stage::Kin
 }  // namespace
 
 void CpuBackend::fused_elementwise(const std::vector<Stage>& stages, const std::vector<Tensor>& t) {
-  TR_CHECK(!stages.empty() && !t.empty(), "fused_elementwise: an empty chain");
+  check_fused_chain(stages, t);
   const int64_t n = t[0].numel();
   const DType dt = t[0].dtype();
-  for (const Tensor& x : t)
-    TR_CHECK(x.numel() == n && x.dtype() == dt && x.is_contiguous(),
-             "fused_elementwise: tensors must be contiguous, of one dtype and size ({} {} vs {} {})",
-             dtype_name(x.dtype()), x.numel(), dtype_name(dt), n);
   const auto ns = static_cast<int64_t>(stages.size());
-  const auto nt = static_cast<int64_t>(t.size());
-  for (int64_t k = 0; k < ns; ++k) {
-    const Stage& s = stages[static_cast<size_t>(k)];
-    for (int j = 0; j < operands(s.kind); ++j)
-      TR_CHECK(s.in[j] < nt && (s.in[j] >= 0 || -1 - s.in[j] < k),
-               "fused_elementwise: stage {} reads operand {} (tensors: {}, earlier stages: {})", k, s.in[j],
-               nt, k);
-    TR_CHECK(s.out >= -1 && s.out < nt, "fused_elementwise: stage {} stores into tensor {} of {}", k, s.out,
-             nt);
-  }
   dispatch_float(dt, "fused_elementwise", [&]<typename T>() {
     std::vector<T*> base(t.size());
     for (size_t i = 0; i < t.size(); ++i) base[i] = static_cast<T*>(t[i].data_ptr());

@@ -584,10 +584,9 @@ class CudaBackend final : public backend::Backend {
   bool philox_shift_on_device() const override { return true; }
   bool fuses_elementwise() const override { return true; }
   void fused_elementwise(const std::vector<FusedStage>& stages, const std::vector<Tensor>& t) override {
-    TR_CHECK(!stages.empty() && stages.size() <= static_cast<size_t>(cuda::kFusedStages) && !t.empty() &&
-                 t.size() <= static_cast<size_t>(cuda::kFusedTensors),
-             "fused_elementwise: {} stages over {} tensors (at most {} over {})", stages.size(), t.size(),
-             cuda::kFusedStages, cuda::kFusedTensors);
+    check_fused_chain(stages, t);
+    TR_CHECK(t.size() <= static_cast<size_t>(cuda::kFusedTensors),
+             "fused_elementwise: {} tensors (at most {})", t.size(), cuda::kFusedTensors);
     using K = cuda::FusedChainStage::Kind;
     static_assert(cuda::kFusedStages == kMaxFusedStages);
     static_assert(static_cast<int>(FusedStage::Kind::unary) == static_cast<int>(K::unary) &&
@@ -600,11 +599,6 @@ class CudaBackend final : public backend::Backend {
     double p = 0;
     for (size_t k = 0; k < stages.size(); ++k) {
       const FusedStage& s = stages[k];
-      for (int j = 0; j < 2; ++j)
-        TR_CHECK(s.in[j] < static_cast<int32_t>(t.size()) && -1 - s.in[j] < static_cast<int32_t>(k),
-                 "fused_elementwise: stage {} reads operand {}", k, s.in[j]);
-      TR_CHECK(s.out >= -1 && s.out < static_cast<int32_t>(t.size()), "fused_elementwise: stage {} stores {}",
-               k, s.out);
       c.stage[k] = {static_cast<K>(s.kind),
                     s.unary,
                     s.binary,
@@ -616,12 +610,7 @@ class CudaBackend final : public backend::Backend {
                     s.offset};
       if (s.kind == FusedStage::Kind::dropout) p = std::max(p, s.alpha);
     }
-    for (size_t i = 0; i < t.size(); ++i) {
-      TR_CHECK(t[i].numel() == t[0].numel() && t[i].dtype() == t[0].dtype() && t[i].is_contiguous() &&
-                   t[i].device() == t[0].device(),
-               "fused_elementwise: tensors must be contiguous, of one dtype, size and device");
-      c.tensor[i] = t[i].data_ptr();
-    }
+    for (size_t i = 0; i < t.size(); ++i) c.tensor[i] = t[i].data_ptr();
     cuda::fused_elementwise(stream(), t[0].dtype(), c, t[0].numel(), captured_shift(p));
   }
   std::string autotune_summary() const override {

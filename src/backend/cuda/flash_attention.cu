@@ -204,6 +204,24 @@ __device__ __forceinline__ void store_rows(uint16_t* base, int64_t r0, int64_t r
     }
 }
 
+// The kOwn queries a forward or dq block owns: head row bh from t0, its batch and kv head's K and V, the
+// lane's two query rows, and the 64-key tiles any of its queries may see (s_begin .. s_end, tile-aligned).
+struct QueryBlock {
+  int64_t bh, b, t0, s_begin, s_end;
+  int64_t tr[2];
+  const uint16_t *kb, *vb;
+  __device__ QueryBlock(const Geo& G, const uint16_t* k, const uint16_t* v, int warp, int g) {
+    const int64_t tiles = (G.T + kOwn - 1) / kOwn;
+    bh = blockIdx.x / tiles, t0 = (blockIdx.x % tiles) * kOwn, b = bh / G.H;
+    const int64_t kvh = bh % G.H / (G.H / G.KV);
+    kb = k + (b * G.KV + kvh) * G.S * G.D;
+    vb = v + (b * G.KV + kvh) * G.S * G.D;
+    tr[0] = t0 + 16 * warp + g, tr[1] = tr[0] + 8;
+    const int64_t t_last = (t0 + kOwn < G.T ? t0 + kOwn : G.T) - 1;
+    s_begin = G.first_key(t0) / kTile * kTile, s_end = G.last_key(t_last) + 1;
+  }
+};
+
 template <typename T, int DP>
 __global__ void __launch_bounds__(kThreads)
     flash_forward(Geo geo, const uint64_t* shift, const uint16_t* q, const uint16_t* k, const uint16_t* v,
@@ -214,21 +232,18 @@ __global__ void __launch_bounds__(kThreads)
   uint16_t* Ks = Qs + kOwn * P;
   uint16_t* Vs = Ks + kTile * P;
   const Geo& G = geo;
-  const int64_t tiles = (G.T + kOwn - 1) / kOwn, bh = blockIdx.x / tiles, t0 = (blockIdx.x % tiles) * kOwn;
-  const int64_t h = bh % G.H, b = bh / G.H, kvh = h / (G.H / G.KV);
   const int D = static_cast<int>(G.D), warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, i = threadIdx.x % 4;
-  const uint16_t* kb = k + (b * G.KV + kvh) * G.S * D;
-  const uint16_t* vb = v + (b * G.KV + kvh) * G.S * D;
+  const QueryBlock qb(G, k, v, warp, g);
+  const int64_t bh = qb.bh, b = qb.b, t0 = qb.t0;
+  const int64_t(&tr)[2] = qb.tr;
   load_tile<DP, kOwn>(Qs, q + bh * G.T * D, t0, G.T, D, vec);
-  const int64_t tr[2] = {t0 + 16 * warp + g, t0 + 16 * warp + g + 8};  // the lane's two query rows
   const float scale = static_cast<float>(G.scale);
   const uint64_t offset = drop_offset(G, shift);
   float o[DP / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  const int64_t t_last = (t0 + kOwn < G.T ? t0 + kOwn : G.T) - 1, s_end = G.last_key(t_last) + 1;
-  for (int64_t s0 = G.first_key(t0) / kTile * kTile; s0 < s_end; s0 += kTile) {
+  for (int64_t s0 = qb.s_begin; s0 < qb.s_end; s0 += kTile) {
     __syncthreads();  // the previous tile is consumed (and Qs written, the first time)
-    load_tile<DP, kTile>(Ks, kb, s0, G.S, D, vec);
-    load_tile<DP, kTile>(Vs, vb, s0, G.S, D, vec);
+    load_tile<DP, kTile>(Ks, qb.kb, s0, G.S, D, vec);
+    load_tile<DP, kTile>(Vs, qb.vb, s0, G.S, D, vec);
     __syncthreads();
     float sc[kN][4];
     rows_times_tile_t<T, DP>(sc, Qs + 16 * warp * P, Ks, g, i);
@@ -307,14 +322,12 @@ __global__ void __launch_bounds__(kThreads)
   uint16_t* Ks = dOs + kOwn * P;
   uint16_t* Vs = Ks + kTile * P;
   const Geo& G = geo;
-  const int64_t tiles = (G.T + kOwn - 1) / kOwn, bh = blockIdx.x / tiles, t0 = (blockIdx.x % tiles) * kOwn;
-  const int64_t h = bh % G.H, b = bh / G.H, kvh = h / (G.H / G.KV);
   const int D = static_cast<int>(G.D), warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, i = threadIdx.x % 4;
-  const uint16_t* kb = k + (b * G.KV + kvh) * G.S * D;
-  const uint16_t* vb = v + (b * G.KV + kvh) * G.S * D;
+  const QueryBlock qb(G, k, v, warp, g);
+  const int64_t bh = qb.bh, b = qb.b, t0 = qb.t0;
+  const int64_t(&tr)[2] = qb.tr;
   load_tile<DP, kOwn>(Qs, q + bh * G.T * D, t0, G.T, D, vec);
   load_tile<DP, kOwn>(dOs, dout + bh * G.T * D, t0, G.T, D, vec);
-  const int64_t tr[2] = {t0 + 16 * warp + g, t0 + 16 * warp + g + 8};
   float L[2], Dl[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -324,11 +337,10 @@ __global__ void __launch_bounds__(kThreads)
   const float scale = static_cast<float>(G.scale);
   const uint64_t offset = drop_offset(G, shift);
   float acc[DP / 8][4] = {};
-  const int64_t t_last = (t0 + kOwn < G.T ? t0 + kOwn : G.T) - 1, s_end = G.last_key(t_last) + 1;
-  for (int64_t s0 = G.first_key(t0) / kTile * kTile; s0 < s_end; s0 += kTile) {
+  for (int64_t s0 = qb.s_begin; s0 < qb.s_end; s0 += kTile) {
     __syncthreads();
-    load_tile<DP, kTile>(Ks, kb, s0, G.S, D, vec);
-    load_tile<DP, kTile>(Vs, vb, s0, G.S, D, vec);
+    load_tile<DP, kTile>(Ks, qb.kb, s0, G.S, D, vec);
+    load_tile<DP, kTile>(Vs, qb.vb, s0, G.S, D, vec);
     __syncthreads();
     float sc[kN][4], dp[kN][4];
     rows_times_tile_t<T, DP>(sc, Qs + 16 * warp * P, Ks, g, i);
