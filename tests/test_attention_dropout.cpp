@@ -110,17 +110,14 @@ INSTANTIATE_TEST_SUITE_P(DevicesAndDtypes, FusedAttentionDropout,
                          });
 
 // The form sdpa takes, by device type, dtype, head dim and dropout: the fused kernels wherever they cover
-// the case (the CPU except bf16 with dropout on an AMX host; a GPU's flash kernels for bf16/f16 head dims
-// that are multiples of 8 up to 128, its tiled kernels for f32/f64 without dropout), the blocked form's GEMMs
-// elsewhere.
+// the case (the CPU always; a GPU's flash kernels for bf16/f16 head dims that are multiples of 8 up to 128,
+// its tiled kernels for f32/f64 without dropout), the blocked form's GEMMs elsewhere.
 TEST(AttentionForm, TheRulePicksTheFusedKernelsWhereTheyCoverTheCase) {
   using F = ops::AttentionForm;
-  const bool amx = ops::native_half_matmul(Device::cpu(), DType::bf16) == backend::NativeHalf::amx;
   for (DType dt : {DType::f64, DType::f32, DType::bf16, DType::f16})
     for (bool drop : {false, true}) {
-      const F cpu = amx && dt == DType::bf16 && drop ? F::blocked : F::fused;  // AMX tiles take no dropout
-      EXPECT_EQ(ops::attention_form_for(DeviceType::cpu, dt, 64, drop), cpu);
-      EXPECT_EQ(ops::attention_form_for(DeviceType::cpu, dt, 256, drop), cpu);
+      EXPECT_EQ(ops::attention_form_for(DeviceType::cpu, dt, 64, drop), F::fused);
+      EXPECT_EQ(ops::attention_form_for(DeviceType::cpu, dt, 256, drop), F::fused);
     }
   for (DType dt : {DType::bf16, DType::f16})
     for (bool drop : {false, true}) {

@@ -561,13 +561,7 @@ void check_dropout(const AttentionDropout& d) {
 }  // namespace
 
 AttentionForm attention_form_for(DeviceType device, DType dtype, int64_t head_dim, bool dropout) {
-  if (device != DeviceType::cuda) {
-    // The fused kernel's AMX tiles take no dropout (its sgemm tiles do): with dropout on an AMX host, bf16
-    // keeps the blocked form, whose GEMMs run on the tiles.
-    const bool amx = dtype == DType::bf16 && dropout &&
-                     native_half_matmul(Device::cpu(), DType::bf16) == backend::NativeHalf::amx;
-    return amx ? AttentionForm::blocked : AttentionForm::fused;
-  }
+  if (device != DeviceType::cuda) return AttentionForm::fused;  // every dtype, dropout included
   if (dtype == DType::bf16 || dtype == DType::f16)  // tensor cores: the flash kernel, or cuBLASLt's GEMMs
     return head_dim % 8 == 0 && head_dim <= 128 ? AttentionForm::fused : AttentionForm::blocked;
   return dropout ? AttentionForm::blocked : AttentionForm::fused;

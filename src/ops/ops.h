@@ -192,9 +192,8 @@ struct AttentionOut {
 enum class AttentionForm { automatic, fused, blocked };
 // attention()'s pick for these operands, from their device, dtype, head dim and whether the probabilities
 // are dropped alone, so a run, its dry run and its rerun pick alike. The fused kernel everywhere it runs the
-// case at speed: on the CPU (its sgemm tiles beat the blocked form at every length measured,
-// bench/bench_attention, dropout included) except bf16 with dropout on an AMX host (the blocked form's GEMMs
-// on the tiles; the fused kernel's AMX path takes no dropout); on a GPU in bf16/f16 the tensor-core flash
+// case at speed: on the CPU always (its sgemm or native bf16 tiles beat the blocked form at every length
+// measured, bench/bench_attention, dropout included); on a GPU in bf16/f16 the tensor-core flash
 // kernel for head dims that are multiples of 8 up to 128 (the blocked form's GEMMs above), f32/f64 the tiled
 // kernel without dropout (with it, the blocked form's GEMMs).
 AttentionForm attention_form(const Tensor& q, const Tensor& k, bool dropout = false);

@@ -12,6 +12,7 @@
 #include "backend/attention_geometry.h"
 #include "backend/cpu/attention_kernels.h"
 #include "backend/cpu/attention_rows.h"
+#include "backend/cpu/bf16_dot.h"
 #include "backend/cpu/loops.h"
 #include "backend/cpu/philox_cpu.h"
 #include "backend/cpu/vec_unary.h"
@@ -206,9 +207,16 @@ Geo geometry(const Tensor& q, const Tensor& k, const Tensor& key_keep, bool caus
 
 }  // namespace
 
-// bf16 attention runs its tile products on AMX where this process may use the tiles (and the head dim fills
-// whole 32-deep tile steps) and nothing is dropped; elsewhere on widened sgemm tiles.
-bool CpuBackend::amx_attention(int64_t head_dim) const { return native_.amx_tiles() && head_dim % 32 == 0; }
+// bf16 attention runs its tile products on AMX where this process may use the tiles, else on AVX512_BF16 dot
+// products where bf16 matmuls run natively (AMD Zen 4 and later: NativeMatmul::preferred; Intel's
+// AVX512_BF16 without AMX runs them slower than f32 FMAs), for head dims that fill whole 32-deep steps;
+// elsewhere on widened sgemm tiles.
+std::optional<Bf16Tiles> CpuBackend::bf16_attention_tiles(int64_t head_dim) const {
+  if (head_dim % 32 != 0) return std::nullopt;
+  if (native_.amx_tiles()) return Bf16Tiles::amx;
+  if (native_.native_for(DType::bf16) && dpbf16::available()) return Bf16Tiles::avx512_bf16;
+  return std::nullopt;
+}
 
 void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                            bool causal, int64_t window, double scale, const backend::AttentionDropout& drop,
@@ -216,9 +224,9 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, co
   const Geo g = geometry(q, k, key_keep, causal, window, scale, drop);
   dispatch_float(q.dtype(), "attention", [&]<typename T>() {
     if constexpr (std::is_same_v<T, BFloat16>) {
-      if (amx_attention(g.D) && g.dropout == 0) {
-        attention_amx_forward(g, q.data<BFloat16>(), k.data<BFloat16>(), v.data<BFloat16>(),
-                              out.data<BFloat16>(), lse.data<float>());
+      if (const auto tiles = bf16_attention_tiles(g.D)) {
+        attention_bf16_forward(*tiles, g, q.data<BFloat16>(), k.data<BFloat16>(), v.data<BFloat16>(),
+                               out.data<BFloat16>(), lse.data<float>());
         return;
       }
     }
@@ -242,10 +250,10 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
   const Geo g = geometry(q, k, key_keep, causal, window, scale, drop);
   dispatch_float(q.dtype(), "attention_backward", [&]<typename T>() {
     if constexpr (std::is_same_v<T, BFloat16>) {
-      if (amx_attention(g.D) && g.dropout == 0) {
-        attention_amx_backward(g, q.data<BFloat16>(), k.data<BFloat16>(), v.data<BFloat16>(),
-                               out.data<BFloat16>(), lse.data<float>(), dout.data<BFloat16>(),
-                               dq.data<BFloat16>(), dk.data<BFloat16>(), dv.data<BFloat16>());
+      if (const auto tiles = bf16_attention_tiles(g.D)) {
+        attention_bf16_backward(*tiles, g, q.data<BFloat16>(), k.data<BFloat16>(), v.data<BFloat16>(),
+                                out.data<BFloat16>(), lse.data<float>(), dout.data<BFloat16>(),
+                                dq.data<BFloat16>(), dk.data<BFloat16>(), dv.data<BFloat16>());
         return;
       }
     }

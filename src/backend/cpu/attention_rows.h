@@ -1,5 +1,5 @@
-// Row pieces the CPU fused attention kernels share (attention_gemm.cpp's sgemm tiles, attention_amx.cpp's AMX
-// tiles): tile sizes, the mask of a score row, the vectorized softmax reductions. CPU-only.
+// Row pieces the CPU fused attention kernels share (attention_gemm.cpp's sgemm tiles, attention_bf16.cpp's
+// native bf16 tiles): tile sizes, the mask of a score row, the vectorized softmax reductions. CPU-only.
 #pragma once
 #include <immintrin.h>
 

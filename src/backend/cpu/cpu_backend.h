@@ -1,10 +1,13 @@
 // The CPU backend: OpenMP-parallel kernels, GEMM through oneDNN's sgemm (f32), its bf16 matmul primitive
-// on AMX or AMD Zen 4/5's AVX512_BF16 (matmul_native.cpp; elsewhere bf16/f16 widened to f32 in pooled scratch)
-// and OpenBLAS (f64). Method bodies live in mirror-named files (elementwise.cpp, fused.cpp, reduce.cpp,
-// matmul.cpp, norm.cpp, loss.cpp, optim.cpp, attention.cpp with attention_gemm.cpp and, for bf16 on AMX
-// tiles, attention_amx.cpp).
+// on AMX or AMD Zen 4/5's AVX512_BF16 (matmul_native.cpp; elsewhere bf16/f16 widened to f32 in pooled
+// scratch) and OpenBLAS (f64). Method bodies live in mirror-named files (elementwise.cpp, fused.cpp,
+// reduce.cpp, matmul.cpp, norm.cpp, loss.cpp, optim.cpp, attention.cpp with attention_gemm.cpp and, for bf16
+// on native bf16 products, attention_bf16.cpp).
 #pragma once
+#include <optional>
+
 #include "backend/backend.h"
+#include "backend/cpu/attention_kernels.h"
 #include "backend/cpu/matmul_native.h"
 #include "backend/cpu/scratch_pool.h"
 
@@ -80,8 +83,9 @@ class CpuBackend final : public backend::Backend {
                   const Tensor& unsigned_map) override;
   // The widened GEMMs' f32 operand copies (matmul.cpp).
   ScratchPool& gemm_scratch() { return gemm_scratch_; }
-  // Whether bf16 attention with this head dim runs its tile products on AMX (attention.cpp).
-  bool amx_attention(int64_t head_dim) const;
+  // Where bf16 attention with this head dim runs its tile products natively (attention.cpp): AMX tiles, or
+  // AVX512_BF16 dot products where they beat f32 FMAs; none: widened sgemm tiles.
+  std::optional<Bf16Tiles> bf16_attention_tiles(int64_t head_dim) const;
 
  private:
   ScratchPool gemm_scratch_;

@@ -1,9 +1,11 @@
-// CPU fused attention for bf16 on AMX tiles: attention_gemm.cpp's tiling (64 queries against blocks of 256
-// keys, online softmax forward, probabilities recomputed from the logsumexp backward) with every tile product
-// an AMX bf16 dot product accumulating in f32, instead of an sgemm on operands widened to f32. As
-// FlashAttention-2 on a GPU, the probabilities (and dS backward) are rounded to bf16 as the second product's
-// operand; the softmax statistics stay f32. Bound by the f32 row work (mask, exp, rounding, transposes) once
-// the products run on tiles: at T = 64 the five backward products of a tile take less time than its exp.
+// CPU fused attention for bf16 with every tile product a native bf16 dot product accumulating in f32 - on AMX
+// tiles (Xeon) or AVX512_BF16 dot products (AMD Zen 4 and later) - instead of an sgemm on operands widened to
+// f32: attention_gemm.cpp's tiling (64 queries against blocks of 256 keys, online softmax forward,
+// probabilities recomputed from the logsumexp backward). As FlashAttention-2 on a GPU, the probabilities
+// (and dS backward) are rounded to bf16 as the second product's operand; the softmax statistics stay f32.
+// Attention dropout scales the probabilities of the P V and P^T dO products (drop_factors). Bound by the f32
+// row work (mask, exp, rounding, transposes) once the products are native: at T = 64 the five backward
+// products of a tile take less time than its exp.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -11,6 +13,7 @@
 #include "backend/cpu/amx_tiles.h"
 #include "backend/cpu/attention_kernels.h"
 #include "backend/cpu/attention_rows.h"
+#include "backend/cpu/bf16_dot.h"
 #include "backend/cpu/loops.h"
 #include "backend/cpu/vec_unary.h"
 
@@ -32,7 +35,7 @@ void load_rows(const BFloat16* p, int64_t rows, int64_t rows_pad, int64_t D, BFl
   std::fill(a + rows * D, a + rows_pad * D, BFloat16{});
 }
 
-// dst[i * ld + j] = bf16(src[i * lds + j]) for i < rows, j < cols; zero up to cols_pad and rows_pad.
+// dst[i * cols_pad + j] = bf16(src[i * lds + j]) for i < rows, j < cols; zero up to cols_pad and rows_pad.
 void round_rows(const float* src, int64_t lds, int64_t rows, int64_t cols, int64_t rows_pad, int64_t cols_pad,
                 BFloat16* dst) {
   for (int64_t i = 0; i < rows; ++i) {
@@ -51,10 +54,40 @@ void round_transposed(const float* src, int64_t lds, int64_t rows, int64_t cols,
     for (int64_t j = 0; j < cols; ++j) dst[j * ld + i] = from_f32<BFloat16>(src[i * lds + j]);
 }
 
-}  // namespace
+// The two tile products the kernels need, on AMX tiles: c = a b (a rows, b VNNI pairs; amx::gemm's padding)
+// and c += x^T b for an f32 x rounded to bf16 (transposed into rows: tiles load rows).
+struct AmxTiles {
+  void product(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t lda, const BFloat16* b,
+               int64_t ldb, float* c, int64_t ldc, bool accumulate) const {
+    amx::gemm(M, N, K, a, lda, b, ldb, c, ldc, accumulate);
+  }
+  // c[n16 x D] += bf16(x[nt x ns])^T b, b the pairs of q32 rows of D columns; scratch n16 x q32.
+  void product_xt(const float* x, int64_t lds, int64_t nt, int64_t ns, int64_t n16, int64_t q32,
+                  const BFloat16* b, int64_t D, float* c, BFloat16* scratch) const {
+    round_transposed(x, lds, nt, ns, n16, q32, scratch);
+    amx::gemm(n16, D, q32, scratch, q32, b, 2 * D, c, D, true);
+  }
+  void release() const { amx::release(); }
+};
 
-void attention_amx_forward(const backend::AttentionGeometry& g, const BFloat16* q, const BFloat16* k,
-                           const BFloat16* v, BFloat16* out, float* lse) {
+// The same on AVX512_BF16 dot products, whose A operand may come as pairs of its transpose: x^T needs no
+// transpose, only x's rows rounded in pairs.
+struct DotProducts {
+  void product(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t lda, const BFloat16* b,
+               int64_t ldb, float* c, int64_t ldc, bool accumulate) const {
+    dpbf16::gemm(M, N, K, a, lda / 2, 1, b, ldb, c, ldc, accumulate);
+  }
+  void product_xt(const float* x, int64_t lds, int64_t nt, int64_t ns, int64_t n16, int64_t q32,
+                  const BFloat16* b, int64_t D, float* c, BFloat16* scratch) const {
+    dpbf16::pack_pairs_rounded(x, lds, nt, ns, q32, n16, scratch);
+    dpbf16::gemm(n16, D, q32, scratch, 1, n16, b, 2 * D, c, D, true);
+  }
+  void release() const {}
+};
+
+template <class Tiles>
+void forward(const Tiles& tiles, const backend::AttentionGeometry& g, const BFloat16* q, const BFloat16* k,
+             const BFloat16* v, BFloat16* out, float* lse) {
   const int64_t D = g.D, rep = g.H / g.KV, q_tiles = (g.T + kQ - 1) / kQ;
   const bool wide = cpu_has_avx512f();
   const float scale = static_cast<float>(g.scale);
@@ -62,7 +95,8 @@ void attention_amx_forward(const backend::AttentionGeometry& g, const BFloat16* 
   {
     std::vector<BFloat16> qa(static_cast<size_t>(kQ * D)), kt(static_cast<size_t>(kK * D)),
         vv(static_cast<size_t>(kK * D)), pb(static_cast<size_t>(kQ * kK));
-    std::vector<float> s(static_cast<size_t>(kQ * kK)), acc(static_cast<size_t>(kQ * D)), m(kQ), l(kQ);
+    std::vector<float> s(static_cast<size_t>(kQ * kK)), acc(static_cast<size_t>(kQ * D)), m(kQ), l(kQ),
+        z(g.dropout > 0 ? kK : 0);
 #pragma omp for collapse(3) schedule(dynamic)
     for (int64_t b = 0; b < g.B; ++b)
       for (int64_t h = 0; h < g.H; ++h)
@@ -78,7 +112,7 @@ void attention_amx_forward(const backend::AttentionGeometry& g, const BFloat16* 
           for (int64_t s0 = first_block(g, t0); s0 < s_end; s0 += kK) {
             const int64_t ns = std::min(kK, s_end - s0), n16 = round_up(ns, 16), k32 = round_up(ns, 32);
             amx::pack_transposed(kp + s0 * D, ns, D, D, n16, kt.data());
-            amx::gemm(m16, n16, D, qa.data(), D, kt.data(), 2 * n16, s.data(), n16, false);  // s = q k^T
+            tiles.product(m16, n16, D, qa.data(), D, kt.data(), 2 * n16, s.data(), n16, false);  // s = q k^T
             for (int64_t i = 0; i < nt; ++i) {
               float* si = s.data() + i * n16;
               for (int64_t j = 0; j < ns; ++j) si[j] *= scale;
@@ -95,10 +129,14 @@ void attention_amx_forward(const backend::AttentionGeometry& g, const BFloat16* 
                 for (int64_t c = 0; c < D; ++c) acc[i * D + c] *= corr;
               l[i] = l[i] * corr + rowsum;
               m[i] = mx;
+              if (g.dropout > 0) {  // the sum stays undropped (the softmax's); the product takes p * z
+                drop_factors(g, b * g.H + h, t0 + i, s0, ns, z.data());
+                for (int64_t j = 0; j < ns; ++j) si[j] *= z[j];
+              }
             }
             round_rows(s.data(), n16, nt, ns, m16, k32, pb.data());
             amx::pack_pairs(vp + s0 * D, ns, D, D, k32, vv.data());
-            amx::gemm(m16, D, k32, pb.data(), k32, vv.data(), 2 * D, acc.data(), D, true);  // acc += P V
+            tiles.product(m16, D, k32, pb.data(), k32, vv.data(), 2 * D, acc.data(), D, true);  // acc += P V
           }
           BFloat16* op = out + ((b * g.H + h) * g.T + t0) * D;
           float* lp = lse + (b * g.H + h) * g.T + t0;
@@ -108,25 +146,54 @@ void attention_amx_forward(const backend::AttentionGeometry& g, const BFloat16* 
             lp[i] = l[i] > 0.0f ? m[i] + std::log(l[i]) : kNegInf;
           }
         }
-    amx::release();
+    tiles.release();
+  }
+}
+
+// Probabilities p and dS (in ds) of one score tile from the raw products q k^T (in p) and dO v^T (in ds):
+// p = exp(s scale - lse) masked, ds = p (dp z - delta) scale; p then takes the dropout factors z (dv's
+// operand).
+void tile_grads(const backend::AttentionGeometry& g, int64_t b, int64_t h, int64_t t0, int64_t nt, int64_t s0,
+                int64_t ns, int64_t ld, const float* lp, const float* delta, float* p, float* ds, float* z) {
+  const float scale = static_cast<float>(g.scale);
+  for (int64_t i = 0; i < nt; ++i) {
+    float* pi = p + i * ld;
+    float* di = ds + i * ld;
+    if (lp[i] == kNegInf) {  // the row attended nothing: no gradient through it
+      std::fill(pi, pi + ns, 0.0f);
+      std::fill(di, di + ns, 0.0f);
+      continue;
+    }
+    for (int64_t j = 0; j < ns; ++j) pi[j] = pi[j] * scale - lp[i];
+    mask_row(g, b, t0 + i, s0, ns, pi);
+    unary_row<backend::UnaryOp::exp>(pi, pi, ns);
+    if (g.dropout > 0) {
+      drop_factors(g, b * g.H + h, t0 + i, s0, ns, z);
+      for (int64_t j = 0; j < ns; ++j) {
+        di[j] = pi[j] * (di[j] * z[j] - delta[i]) * scale;
+        pi[j] *= z[j];
+      }
+      continue;
+    }
+    for (int64_t j = 0; j < ns; ++j) di[j] = pi[j] * (di[j] - delta[i]) * scale;
   }
 }
 
 // Per (batch, kv head): k^T, v^T and k packed once for the whole sequence; per query tile: q and dout as A
 // rows and as VNNI pairs (the B operands of dk += dS^T q, dv += P^T dout).
-void attention_amx_backward(const backend::AttentionGeometry& g, const BFloat16* q, const BFloat16* k,
-                            const BFloat16* v, const BFloat16* out, const float* lse, const BFloat16* dout,
-                            BFloat16* dq, BFloat16* dk, BFloat16* dv) {
+template <class Tiles>
+void backward(const Tiles& tiles, const backend::AttentionGeometry& g, const BFloat16* q, const BFloat16* k,
+              const BFloat16* v, const BFloat16* out, const float* lse, const BFloat16* dout, BFloat16* dq,
+              BFloat16* dk, BFloat16* dv) {
   const int64_t D = g.D, S = g.S, rep = g.H / g.KV, S16 = round_up(S, 16), S32 = round_up(S, 32);
-  const float scale = static_cast<float>(g.scale);
 #pragma omp parallel
   {
     std::vector<BFloat16> kt(static_cast<size_t>(S16 * D)), vt(kt.size()),
         kpairs(static_cast<size_t>(S32 * D)), qa(static_cast<size_t>(kQ * D)), doa(qa.size()),
-        qpairs(qa.size()), dopairs(qa.size()), pt(static_cast<size_t>(kK * kQ)), dst(pt.size()),
-        dsb(pt.size());
+        qpairs(qa.size()), dopairs(qa.size()), xt(static_cast<size_t>(kK * kQ)), dsb(xt.size());
     std::vector<float> dka(static_cast<size_t>(S16 * D)), dva(dka.size()), dof(static_cast<size_t>(kQ * D)),
-        of(dof.size()), dqt(dof.size()), p(static_cast<size_t>(kQ * kK)), ds(p.size()), delta(kQ);
+        of(dof.size()), dqt(dof.size()), p(static_cast<size_t>(kQ * kK)), ds(p.size()), delta(kQ),
+        z(g.dropout > 0 ? kK : 0);
 #pragma omp for collapse(2) schedule(dynamic)
     for (int64_t b = 0; b < g.B; ++b)
       for (int64_t kvh = 0; kvh < g.KV; ++kvh) {
@@ -153,27 +220,15 @@ void attention_amx_backward(const backend::AttentionGeometry& g, const BFloat16*
             const int64_t s_end = g.last_key(t0 + nt - 1) + 1;
             for (int64_t s0 = first_block(g, t0); s0 < s_end; s0 += kK) {
               const int64_t ns = std::min(kK, s_end - s0), n16 = round_up(ns, 16), k32 = round_up(ns, 32);
-              amx::gemm(m16, n16, D, qa.data(), D, kt.data() + 2 * s0, 2 * S16, p.data(), n16, false);
-              amx::gemm(m16, n16, D, doa.data(), D, vt.data() + 2 * s0, 2 * S16, ds.data(), n16, false);
-              for (int64_t i = 0; i < nt; ++i) {
-                float* pi = p.data() + i * n16;
-                float* di = ds.data() + i * n16;
-                if (lp[i] == kNegInf) {  // the row attended nothing: no gradient through it
-                  std::fill(pi, pi + ns, 0.0f);
-                  std::fill(di, di + ns, 0.0f);
-                  continue;
-                }
-                for (int64_t j = 0; j < ns; ++j) pi[j] = pi[j] * scale - lp[i];
-                mask_row(g, b, t0 + i, s0, ns, pi);
-                unary_row<backend::UnaryOp::exp>(pi, pi, ns);
-                for (int64_t j = 0; j < ns; ++j) di[j] = pi[j] * (di[j] - delta[i]) * scale;
-              }
-              round_transposed(p.data(), n16, nt, ns, n16, q32, pt.data());
-              round_transposed(ds.data(), n16, nt, ns, n16, q32, dst.data());
+              tiles.product(m16, n16, D, qa.data(), D, kt.data() + 2 * s0, 2 * S16, p.data(), n16, false);
+              tiles.product(m16, n16, D, doa.data(), D, vt.data() + 2 * s0, 2 * S16, ds.data(), n16, false);
+              tile_grads(g, b, h, t0, nt, s0, ns, n16, lp, delta.data(), p.data(), ds.data(), z.data());
               round_rows(ds.data(), n16, nt, ns, m16, k32, dsb.data());
-              amx::gemm(n16, D, q32, pt.data(), q32, dopairs.data(), 2 * D, dva.data() + s0 * D, D, true);
-              amx::gemm(n16, D, q32, dst.data(), q32, qpairs.data(), 2 * D, dka.data() + s0 * D, D, true);
-              amx::gemm(m16, D, k32, dsb.data(), k32, kpairs.data() + s0 * D, 2 * D, dqt.data(), D, true);
+              tiles.product_xt(p.data(), n16, nt, ns, n16, q32, dopairs.data(), D, dva.data() + s0 * D,
+                               xt.data());  // dv += P^T dO
+              tiles.product_xt(ds.data(), n16, nt, ns, n16, q32, qpairs.data(), D, dka.data() + s0 * D,
+                               xt.data());  // dk += dS^T q
+              tiles.product(m16, D, k32, dsb.data(), k32, kpairs.data() + s0 * D, 2 * D, dqt.data(), D, true);
             }
             for (int64_t i = 0; i < nt * D; ++i) store(dq + off, i, dqt[i]);
           }
@@ -183,8 +238,27 @@ void attention_amx_backward(const backend::AttentionGeometry& g, const BFloat16*
           store(dv + kv_off, i, dva[i]);
         }
       }
-    amx::release();
+    tiles.release();
   }
+}
+
+}  // namespace
+
+void attention_bf16_forward(Bf16Tiles tiles, const backend::AttentionGeometry& g, const BFloat16* q,
+                            const BFloat16* k, const BFloat16* v, BFloat16* out, float* lse) {
+  if (tiles == Bf16Tiles::amx)
+    forward(AmxTiles{}, g, q, k, v, out, lse);
+  else
+    forward(DotProducts{}, g, q, k, v, out, lse);
+}
+
+void attention_bf16_backward(Bf16Tiles tiles, const backend::AttentionGeometry& g, const BFloat16* q,
+                             const BFloat16* k, const BFloat16* v, const BFloat16* out, const float* lse,
+                             const BFloat16* dout, BFloat16* dq, BFloat16* dk, BFloat16* dv) {
+  if (tiles == Bf16Tiles::amx)
+    backward(AmxTiles{}, g, q, k, v, out, lse, dout, dq, dk, dv);
+  else
+    backward(DotProducts{}, g, q, k, v, out, lse, dout, dq, dk, dv);
 }
 
 }  // namespace tr::cpu
