@@ -150,35 +150,6 @@ void forward(const Tiles& tiles, const backend::AttentionGeometry& g, const BFlo
   }
 }
 
-// Probabilities p and dS (in ds) of one score tile from the raw products q k^T (in p) and dO v^T (in ds):
-// p = exp(s scale - lse) masked, ds = p (dp z - delta) scale; p then takes the dropout factors z (dv's
-// operand).
-void tile_grads(const backend::AttentionGeometry& g, int64_t b, int64_t h, int64_t t0, int64_t nt, int64_t s0,
-                int64_t ns, int64_t ld, const float* lp, const float* delta, float* p, float* ds, float* z) {
-  const float scale = static_cast<float>(g.scale);
-  for (int64_t i = 0; i < nt; ++i) {
-    float* pi = p + i * ld;
-    float* di = ds + i * ld;
-    if (lp[i] == kNegInf) {  // the row attended nothing: no gradient through it
-      std::fill(pi, pi + ns, 0.0f);
-      std::fill(di, di + ns, 0.0f);
-      continue;
-    }
-    for (int64_t j = 0; j < ns; ++j) pi[j] = pi[j] * scale - lp[i];
-    mask_row(g, b, t0 + i, s0, ns, pi);
-    unary_row<backend::UnaryOp::exp>(pi, pi, ns);
-    if (g.dropout > 0) {
-      drop_factors(g, b * g.H + h, t0 + i, s0, ns, z);
-      for (int64_t j = 0; j < ns; ++j) {
-        di[j] = pi[j] * (di[j] * z[j] - delta[i]) * scale;
-        pi[j] *= z[j];
-      }
-      continue;
-    }
-    for (int64_t j = 0; j < ns; ++j) di[j] = pi[j] * (di[j] - delta[i]) * scale;
-  }
-}
-
 // Per (batch, kv head): k^T, v^T and k packed once for the whole sequence; per query tile: q and dout as A
 // rows and as VNNI pairs (the B operands of dk += dS^T q, dv += P^T dout).
 template <class Tiles>

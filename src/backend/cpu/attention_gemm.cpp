@@ -113,7 +113,6 @@ template <typename T>
 void attention_gemm_backward(const backend::AttentionGeometry& g, const T* q, const T* k, const T* v,
                              const T* out, const float* lse, const T* dout, T* dq, T* dk, T* dv) {
   const int64_t D = g.D, S = g.S, rep = g.H / g.KV;
-  const float scale = static_cast<float>(g.scale);
   int bad = 0;
 #pragma omp parallel reduction(| : bad)
   {
@@ -146,27 +145,7 @@ void attention_gemm_backward(const backend::AttentionGeometry& g, const T* q, co
               const int64_t ns = std::min(kK, s_end - s0);
               bad |= !gemm(false, true, nt, ns, D, qt.data(), D, kr + s0 * D, D, false, p.data(), ns);
               bad |= !gemm(false, true, nt, ns, D, dot.data(), D, vr + s0 * D, D, false, ds.data(), ns);
-              for (int64_t i = 0; i < nt; ++i) {
-                float* pi = p.data() + i * ns;
-                float* di = ds.data() + i * ns;
-                if (lp[i] == kNegInf) {  // the row attended nothing: no gradient through it
-                  std::fill(pi, pi + ns, 0.0f);
-                  std::fill(di, di + ns, 0.0f);
-                  continue;
-                }
-                for (int64_t j = 0; j < ns; ++j) pi[j] = pi[j] * scale - lp[i];
-                mask_row(g, b, t0 + i, s0, ns, pi);
-                unary_row<backend::UnaryOp::exp>(pi, pi, ns);
-                if (g.dropout > 0) {  // dv takes p * z; ds = p * (dp * z - delta) * scale
-                  drop_factors(g, b * g.H + h, t0 + i, s0, ns, z.data());
-                  for (int64_t j = 0; j < ns; ++j) {
-                    di[j] = pi[j] * (di[j] * z[j] - delta[i]) * scale;
-                    pi[j] *= z[j];
-                  }
-                  continue;
-                }
-                for (int64_t j = 0; j < ns; ++j) di[j] = pi[j] * (di[j] - delta[i]) * scale;
-              }
+              tile_grads(g, b, h, t0, nt, s0, ns, ns, lp, delta.data(), p.data(), ds.data(), z.data());
               bad |= !gemm(true, false, ns, D, nt, p.data(), ns, dot.data(), D, true, dva.data() + s0 * D, D);
               bad |= !gemm(true, false, ns, D, nt, ds.data(), ns, qt.data(), D, true, dka.data() + s0 * D, D);
               bad |= !gemm(false, false, nt, D, ns, ds.data(), ns, kr + s0 * D, D, true, dqt.data(), D);
