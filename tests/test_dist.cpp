@@ -74,13 +74,26 @@ TEST(DistEnv, ReadsEachLaunchersContract) {
   EXPECT_EQ(t.master_addr, "node0");
   EXPECT_EQ(t.master_port, 1234);
   EXPECT_EQ(t.restart_count, 0);
-  EXPECT_FALSE(t.agent_store);  // real torchrun's store speaks torch's protocol: rank 0 serves ours
+  EXPECT_EQ(t.store_host, dist::StoreHost::rank0);  // no launcher's store: rank 0 serves ours
   auto again = env_of({{"WORLD_SIZE", "2"},
                        {"RANK", "1"},
                        {"TORCHELASTIC_RESTART_COUNT", "2"},
+                       {"TORCHELASTIC_USE_AGENT_STORE", "True"},
                        {"TRAINER_AGENT_STORE", "1"}});
   EXPECT_EQ(again.restart_count, 2);
-  EXPECT_TRUE(again.agent_store);
+  EXPECT_EQ(again.store_host, dist::StoreHost::trainer_launch);  // ours wins: `trainer launch` serves it
+  // Real torchrun: its agent's TCPStore, when it says so (static rendezvous; c10d from torch 2.5).
+  auto torch = env_of({{"WORLD_SIZE", "2"},
+                       {"RANK", "0"},
+                       {"TORCHELASTIC_RUN_ID", "job7"},
+                       {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                       {"TRAINER_TORCH_STORE_PROTOCOL", "2"}});
+  EXPECT_EQ(torch.store_host, dist::StoreHost::torch_agent);
+  EXPECT_EQ(torch.run_id, "job7");
+  EXPECT_EQ(torch.torch_store_protocol, dist::TorchStoreProtocol::v2);
+  EXPECT_EQ(
+      env_of({{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"TORCHELASTIC_USE_AGENT_STORE", "False"}}).store_host,
+      dist::StoreHost::rank0);  // torch 1.x's c10d rendezvous: nobody listens, rank 0 serves
   auto s = env_of({{"SLURM_NTASKS", "8"},
                    {"SLURM_STEP_NUM_TASKS", "8"},
                    {"SLURM_PROCID", "5"},
@@ -117,6 +130,8 @@ TEST(DistEnv, BadValuesNameTheVariable) {
       {{{"WORLD_SIZE", "2"}}, "WORLD_SIZE=2 is set but RANK is not"},
       {{{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"TORCHELASTIC_RESTART_COUNT", "-1"}},
        "TORCHELASTIC_RESTART_COUNT=-1: expected a value in [0, "},
+      {{{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"TRAINER_TORCH_STORE_PROTOCOL", "3"}},
+       "TRAINER_TORCH_STORE_PROTOCOL=3: expected 1 (torch 1.x to 2.1) or 2 (torch 2.2 and later)"},
       {{{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_PORT", "70000"}},
        "MASTER_PORT=70000: expected a value in [1, 65535]"},
       {{{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_ADDR", ""}}, "MASTER_ADDR is empty"},

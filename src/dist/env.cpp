@@ -48,7 +48,12 @@ DistEnv read_dist_env(const EnvLookup& env) {
     TR_CHECK(d.world_size == 1 || env("RANK"), "environment variable WORLD_SIZE={} is set but RANK is not",
              d.world_size);
     d.restart_count = int_var(env, "TORCHELASTIC_RESTART_COUNT", 0, 0, kMax);
-    d.agent_store = env("TRAINER_AGENT_STORE").value_or("") == "1";
+    d.run_id = env("TORCHELASTIC_RUN_ID").value_or("none");
+    if (env("TRAINER_AGENT_STORE").value_or("") == "1")
+      d.store_host = StoreHost::trainer_launch;
+    else if (env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True")  // Python's str(True)
+      d.store_host = StoreHost::torch_agent;
+    d.torch_store_protocol = parse_torch_store_protocol(env("TRAINER_TORCH_STORE_PROTOCOL").value_or(""));
   } else if (env("SLURM_STEP_NUM_TASKS") && env("SLURM_PROCID")) {
     // srun's job step (a batch script itself also sees SLURM_NTASKS and SLURM_PROCID=0, but no step: a
     // plain `trainer train` there is one process, not rank 0 of SLURM_NTASKS).

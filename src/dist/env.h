@@ -8,19 +8,28 @@
 #include <optional>
 #include <string>
 
+#include "dist/torch_store.h"
+
 namespace tr::dist {
+
+enum class StoreHost { rank0, trainer_launch, torch_agent };
 
 struct DistEnv {
   int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1, group_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string launcher = "none";  // torchrun (trainer launch, torchrun), slurm, mpirun, or none
-  // torchrun's attempt (TORCHELASTIC_RESTART_COUNT: 0, then one more per restart of the group), and whether
-  // `trainer launch` serves the rendezvous store (TRAINER_AGENT_STORE=1, ours: node 0's launcher outlives
-  // the attempts, so every node restarts into the same store): rank 0 then connects to it like the others,
-  // and each attempt's keys are its own.
+  // torchrun's attempt (TORCHELASTIC_RESTART_COUNT: 0, then one more per restart of the group) and run
+  // (TORCHELASTIC_RUN_ID).
   int restart_count = 0;
-  bool agent_store = false;
+  std::string run_id = "none";
+  // Who serves the rendezvous store. Rank 0 (ours, at MASTER_PORT) unless a launcher does: `trainer launch`
+  // (TRAINER_AGENT_STORE=1, ours: node 0's launcher outlives the attempts, so every node restarts into the
+  // same store) or real torchrun's agent (TORCHELASTIC_USE_AGENT_STORE=True: PyTorch's TCPStore, whose
+  // protocol TRAINER_TORCH_STORE_PROTOCOL may name). Under a launcher rank 0 connects like the others and
+  // each attempt's keys are its own.
+  StoreHost store_host = StoreHost::rank0;
+  TorchStoreProtocol torch_store_protocol = TorchStoreProtocol::detect;
   bool distributed() const { return world_size > 1; }
   bool is_main() const { return rank == 0; }
 };

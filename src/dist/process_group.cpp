@@ -50,7 +50,7 @@ constexpr uint32_t kGatherVTag = 0x67760000;
 // Gloo's rendezvous reads and writes keys through this adapter onto our TCP store, under a prefix.
 class GlooStore final : public gloo::rendezvous::Store {
  public:
-  GlooStore(StoreClient& c, Millis timeout, std::string prefix = "gloo/")
+  GlooStore(dist::Store& c, Millis timeout, std::string prefix = "gloo/")
       : c_(c), timeout_(timeout), prefix_(std::move(prefix)) {}
   void set(const std::string& key, const std::vector<char>& data) override {
     c_.set(prefix_ + key, std::string(data.begin(), data.end()));
@@ -71,7 +71,7 @@ class GlooStore final : public gloo::rendezvous::Store {
   }
 
  private:
-  StoreClient& c_;
+  dist::Store& c_;
   Millis timeout_;
   std::string prefix_;
 };
@@ -108,7 +108,7 @@ gloo::transport::tcp::attr transport_attr(const std::string& master, int port) {
 
 // Every rank announces itself with its world size; all must arrive within the timeout, agree on the size,
 // and no rank may be claimed twice.
-void check_in(StoreClient& c, const DistEnv& env, Millis timeout) {
+void check_in(Store& c, const DistEnv& env, Millis timeout) {
   const std::string me = std::to_string(env.rank);
   const int64_t claims = c.add("claim/" + me, 1);
   TR_CHECK(claims == 1, "rendezvous at {}: RANK {} was started twice (check the launcher's ranks)",
@@ -131,16 +131,42 @@ void check_in(StoreClient& c, const DistEnv& env, Millis timeout) {
   }
 }
 
+// This rank's connection to the run's rendezvous store (DistEnv::store_host), rank 0 serving it into
+// `server` when no launcher does. Under a launcher an attempt's keys are its own (a restarted group meets in
+// the same store as fresh ranks); on torchrun's store ours stay apart from the agent's and PyTorch's.
+std::unique_ptr<Store> connect_store(const DistEnv& env, Millis timeout,
+                                     std::unique_ptr<StoreServer>& server) {
+  switch (env.store_host) {
+    case StoreHost::trainer_launch:
+      return std::make_unique<StoreClient>(env.master_addr, env.master_port, timeout,
+                                           fmt::format("attempt/{}/", env.restart_count));
+    case StoreHost::torch_agent:
+      return std::make_unique<TorchStoreClient>(
+          env.master_addr, env.master_port, timeout,
+          fmt::format("trainer/{}/attempt_{}/", env.run_id, env.restart_count), env.torch_store_protocol);
+    case StoreHost::rank0: break;
+  }
+  if (env.rank == 0) server = std::make_unique<StoreServer>(env.master_port);
+  return std::make_unique<StoreClient>(env.master_addr, env.master_port, timeout);
+}
+
+std::string rendezvous_note(const DistEnv& env, const Store& store) {
+  if (env.store_host == StoreHost::torch_agent) {
+    const auto* t = dynamic_cast<const TorchStoreClient*>(&store);
+    return fmt::format("rendezvous through torchrun's store at {} (PyTorch's TCPStore protocol of torch {})",
+                       store.endpoint(),
+                       t != nullptr && t->protocol() == TorchStoreProtocol::v1 ? "1.x to 2.1" : "2.2+");
+  }
+  return fmt::format("rendezvous through the store at {}, served by {}", store.endpoint(),
+                     env.store_host == StoreHost::trainer_launch ? "node 0's trainer launch" : "rank 0");
+}
+
 class GlooGroup final : public ProcessGroup {
  public:
   GlooGroup(const DistEnv& env, Millis timeout) : env_(env), timeout_(timeout) {
-    // Under `trainer launch` node 0's launcher serves the store; an attempt's keys are its own (a restarted
-    // group meets in the same store as fresh ranks).
-    if (env.rank == 0 && !env.agent_store) server_ = std::make_unique<StoreServer>(env.master_port);
-    client_ =
-        std::make_unique<StoreClient>(env.master_addr, env.master_port, timeout,
-                                      env.agent_store ? fmt::format("attempt/{}/", env.restart_count) : "");
+    client_ = connect_store(env, timeout, server_);
     check_in(*client_, env, timeout);
+    rendezvous_ = rendezvous_note(env, *client_);
     try {
       dev_ = gloo::transport::tcp::CreateDevice(transport_attr(env.master_addr, env.master_port));
       auto ctx = std::make_shared<gloo::rendezvous::Context>(env.rank, env.world_size);
@@ -162,6 +188,7 @@ class GlooGroup final : public ProcessGroup {
   int rank() const override { return env_.rank; }
   int size() const override { return env_.world_size; }
   const char* backend_name() const override { return "gloo"; }
+  std::string rendezvous() const override { return rendezvous_; }
 
   // A sub-group over the parent's store and transport: the colors gathered, then the members of this
   // rank's color connected under a prefix of their own.
@@ -333,7 +360,8 @@ class GlooGroup final : public ProcessGroup {
   DistEnv env_;
   Millis timeout_;
   std::unique_ptr<StoreServer> server_;
-  std::unique_ptr<StoreClient> client_;
+  std::unique_ptr<Store> client_;
+  std::string rendezvous_;
   std::shared_ptr<gloo::transport::Device> dev_;
   std::shared_ptr<gloo::Context> ctx_;
   int splits_ = 0;               // splits made so far: each connects under a prefix of its own

@@ -64,6 +64,8 @@ class ProcessGroup {
   // same color form one group, ranked in this group's order. The parent must outlive it; the sub-group's
   // traffic counts in the parent's stats() as well.
   virtual std::unique_ptr<ProcessGroup> split(int color) = 0;
+  // Where the ranks met, for the run's banner ("" for a group that needed no rendezvous).
+  virtual std::string rendezvous() const { return ""; }
   // A copy: collectives of a sub-group may add to it from another thread (ZeRO-3's gathers).
   CommStats stats() const {
     std::lock_guard<std::mutex> g(stats_mu_);

@@ -17,34 +17,14 @@
 #include <map>
 
 #include "core/error.h"
+#include "dist/socket_io.h"
 
 namespace tr::dist {
 
 namespace {
 
-bool write_all(int fd, const void* p, size_t n) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    const ssize_t w = ::send(fd, c, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    c += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
-bool read_all(int fd, void* p, size_t n) {
-  char* c = static_cast<char*>(p);
-  while (n > 0) {
-    const ssize_t r = ::recv(fd, c, n, 0);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    c += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
+using io::read_all;
+using io::write_all;
 
 // Our keys are short and values at most a few KiB (Gloo's addresses): anything larger is not one of ours.
 constexpr uint64_t kMaxKey = 4096, kMaxValue = uint64_t{16} << 20;
@@ -189,35 +169,12 @@ StoreServer::~StoreServer() {
 
 StoreClient::StoreClient(const std::string& host, int port, Millis timeout, std::string prefix)
     : endpoint_(host + ":" + std::to_string(port)), prefix_(std::move(prefix)) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::string last = "no attempt";
-  for (;;) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    const int g = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
-    TR_CHECK(g == 0, "MASTER_ADDR {}: cannot resolve the host name ({})", host, ::gai_strerror(g));
-    for (addrinfo* ai = res; ai != nullptr && fd_ < 0; ai = ai->ai_next) {
-      const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-      if (fd < 0) continue;
-      if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
-        fd_ = fd;
-      } else {
-        last = std::strerror(errno);
-        ::close(fd);
-      }
-    }
-    ::freeaddrinfo(res);
-    if (fd_ >= 0) break;
-    TR_CHECK(std::chrono::steady_clock::now() < deadline,
-             "could not reach the rendezvous store at {} within {} s ({}): is node 0 (its trainer launch, or "
-             "rank 0) running, and are --master_addr / --master_port (MASTER_ADDR / MASTER_PORT) right?",
-             endpoint_, timeout.count() / 1000.0, last);
-    std::this_thread::sleep_for(Millis(50));
-  }
-  const int one = 1;
-  ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  fd_ = io::connect_until(host, port, std::chrono::steady_clock::now() + timeout, last);
+  TR_CHECK(fd_ >= 0,
+           "could not reach the rendezvous store at {} within {} s ({}): is node 0 (its trainer launch, or "
+           "rank 0) running, and are --master_addr / --master_port (MASTER_ADDR / MASTER_PORT) right?",
+           endpoint_, timeout.count() / 1000.0, last);
 }
 
 StoreClient::~StoreClient() {

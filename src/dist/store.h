@@ -36,8 +36,24 @@ class StoreServer {
   std::thread acceptor_;
 };
 
+// What the rendezvous needs of a key-value store: ours (StoreClient) or torchrun's agent store
+// (TorchStoreClient, torch_store.h). Keys are the caller's; each client adds its own prefix.
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  // The key's value once it is set, or nullopt when `timeout` passes first.
+  virtual std::optional<std::string> get(const std::string& key, Millis timeout) = 0;
+  // Adds `delta` to the integer stored at key (absent: 0) and returns the sum.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // Waits until every key is set; returns the keys still missing when `timeout` passed (empty: all there).
+  virtual std::vector<std::string> wait(const std::vector<std::string>& keys, Millis timeout) = 0;
+  // host:port, for messages.
+  virtual const std::string& endpoint() const = 0;
+};
+
 // One rank's (or launcher's) connection to the server.
-class StoreClient {
+class StoreClient final : public Store {
  public:
   // Connects to host:port, retrying until `timeout` (the server may start later than this client). Every key
   // is read and written under `prefix` (an attempt's own: "attempt/2/").
@@ -46,14 +62,11 @@ class StoreClient {
   StoreClient(const StoreClient&) = delete;
   StoreClient& operator=(const StoreClient&) = delete;
 
-  void set(const std::string& key, const std::string& value);
-  // The key's value once it is set, or nullopt when `timeout` passes first.
-  std::optional<std::string> get(const std::string& key, Millis timeout);
-  // Adds `delta` to the integer stored at key (absent: 0) and returns the sum.
-  int64_t add(const std::string& key, int64_t delta);
-  // Waits until every key is set; returns the keys still missing when `timeout` passed (empty: all there).
-  std::vector<std::string> wait(const std::vector<std::string>& keys, Millis timeout);
-  const std::string& endpoint() const { return endpoint_; }
+  void set(const std::string& key, const std::string& value) override;
+  std::optional<std::string> get(const std::string& key, Millis timeout) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  std::vector<std::string> wait(const std::vector<std::string>& keys, Millis timeout) override;
+  const std::string& endpoint() const override { return endpoint_; }
 
  private:
   std::optional<std::string> request(char op, const std::string& key, const std::string& value, int64_t arg);

@@ -362,6 +362,8 @@ void Run::announce() const {
       a_.optim.c_str(), static_cast<long long>(streams_.train->size()), static_cast<long long>(sched_.total),
       static_cast<long long>(sched_.ga), static_cast<long long>(a_.per_device_train_batch_size),
       static_cast<long long>(a_.block_size), world.c_str());
+  if (group_ && !group_->rendezvous().empty())
+    std::fprintf(stderr, "train: %s\n", group_->rendezvous().c_str());
 }
 
 // The micro-batches of the next optimizer step: gradient_accumulation_steps of them, fewer at the end of an
