@@ -10,8 +10,9 @@ pkgs+=(libcairo2-dev fonts-dejavu-core python3-protobuf python3-crc32c)
 # Tokenizers: ICU for Unicode normalization forms, character classes and graphemes; SentencePiece's tools
 # (spm_train, spm_normalize) are the tests' reference for the Precompiled normalizer's charsmaps.
 pkgs+=(libicu-dev sentencepiece)
-# Distributed training on CPUs: Gloo collectives over TCP.
-pkgs+=(libgloo-dev)
+# Distributed training on CPUs: Gloo collectives over TCP; Open MPI's mpirun, one of the launchers the tests
+# start ranks with (tests/launcher_compat.sh).
+pkgs+=(libgloo-dev openmpi-bin)
 # Data files: .gz (zlib) and .zst (zstd) inputs.
 pkgs+=(zlib1g-dev libzstd-dev)
 # The fuzz targets (scripts/fuzz.sh, ctest fuzz_smoke): clang, its libFuzzer/sanitizer runtimes, and LLVM's

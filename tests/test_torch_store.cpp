@@ -3,7 +3,7 @@
 // clients (Python TCPStore through a hex-dumping proxy), the protocol probe tells the two apart (and never
 // sends 2.2's handshake to an old server), waits poll without leaving a WAIT pending, and a Gloo group of
 // three ranks meets through it as under real torchrun (TORCHELASTIC_USE_AGENT_STORE=True). The real
-// torchrun run is tests/torchrun_compat.sh.
+// torchrun run is tests/launcher_compat.sh.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
