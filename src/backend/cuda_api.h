@@ -15,6 +15,10 @@ inline constexpr size_t kCublasLtWorkspaceBytes = size_t{32} << 20;
 bool cuda_compiled();
 // The CUDA backend; throws when built without CUDA or when no GPU is present.
 Backend& cuda_backend();
+// Makes cuda:index the calling thread's current device - the one kernels, streams, cuBLAS handles and graph
+// captures of the backend follow - as PyTorch's device guard; backend_for(cuda:i) calls it, so an op on
+// another GPU's tensors runs on that GPU. Cheap when it already is current.
+void cuda_use_device(int index);
 // Copies between host and a GPU (or two GPUs): both contiguous, same dtype and size.
 void cuda_copy_between_devices(const Tensor& src, const Tensor& dst);
 // Host memory for data headed to a GPU: page-locked (cudaHostAlloc) when a GPU is usable, else plain

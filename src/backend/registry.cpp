@@ -65,6 +65,8 @@ InterposeScope::InterposeScope(Device device, Backend& interposer)
 InterposeScope::~InterposeScope() { t_interposer[slot(device_)] = previous_; }
 
 Backend& backend_for(Device device) {
+  // A GPU's work goes to that GPU (its stream, handles; an interposer's recorded calls too).
+  if (device.is_cuda()) cuda_use_device(device.index);
   if (Backend* b = t_interposer[slot(device)]) return *b;
   switch (device.type) {
     case DeviceType::cpu:

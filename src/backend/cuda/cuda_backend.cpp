@@ -246,22 +246,21 @@ class CudaBackend final : public backend::Backend {
   CudaBackend() {
     const int n = device_count_uncached();
     for (int i = 0; i < n; ++i) allocators_.push_back(std::make_unique<CudaAllocator>(i));
+    shift_dev_.assign(static_cast<size_t>(n), nullptr);
+    blas_.assign(static_cast<size_t>(n), nullptr);
+    lt_.resize(static_cast<size_t>(n));
   }
   ~CudaBackend() override {
     if (bad_host_) cudaFreeHost(bad_host_);
-    if (blas_) cublasDestroy(blas_);
-    if (shift_dev_) cudaFree(shift_dev_);
+    for (cublasHandle_t h : blas_)
+      if (h) cublasDestroy(h);
+    for (uint64_t* p : shift_dev_)
+      if (p) cudaFree(p);
   }
   const char* name() const override { return "cuda"; }
   // The stream every launcher, copy and GEMM of the current device is queued on: its compute stream, in whose
   // order CudaAllocator reuses freed blocks and after which CopyStream's batches are ordered.
-  cuda::Stream stream() const {
-    int d = 0;
-    TR_CUDA_CHECK(cudaGetDevice(&d));
-    TR_CHECK(d >= 0 && d < static_cast<int>(allocators_.size()), "cuda: the current device {} does not exist",
-             d);
-    return allocators_[static_cast<size_t>(d)]->stream();
-  }
+  cuda::Stream stream() const { return allocators_[current()]->stream(); }
   std::unique_ptr<DeviceGraph> capture_graph(int device_index, const std::function<void()>& work) override;
   Allocator& allocator(int index) override {
     TR_CHECK(index >= 0 && index < static_cast<int>(allocators_.size()),
@@ -614,15 +613,20 @@ class CudaBackend final : public backend::Backend {
     cuda::fused_elementwise(stream(), t[0].dtype(), c, t[0].numel(), captured_shift(p));
   }
   std::string autotune_summary() const override {
-    if (!lt_ || lt_->tuned() == 0) return "";
+    size_t tuned = 0, away = 0;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      for (const auto& lt : lt_)
+        if (lt) tuned += lt->tuned(), away += lt->tuned_away();
+    }
+    if (tuned == 0) return "";
     return fmt::format(
         "max-autotune timed up to {} cuBLASLt algorithms for {} GEMM shapes; {} kept another "
         "than the heuristic's first",
-        LtGemm::kAutotuneCandidates, lt_->tuned(), lt_->tuned_away());
+        LtGemm::kAutotuneCandidates, tuned, away);
   }
   void set_philox_shift(int device_index, uint64_t shift) override {
-    TR_CHECK(device_index == 0, "set_philox_shift: CUDA graphs run on cuda:0 only (asked for cuda:{})",
-             device_index);
+    backend::cuda_use_device(device_index);
     cuda::set_u64(stream(), shift_slot(), shift);
   }
 
@@ -634,30 +638,51 @@ class CudaBackend final : public backend::Backend {
              "gradient transform: clipping needs the f64 [2] statistics of grad_stats on the GPU");
     return t.stats.data<double>();
   }
-  cublasHandle_t handle() {
-    std::lock_guard<std::mutex> g(mu_);
-    if (!blas_) TR_CUBLAS_CHECK(cublasCreate(&blas_));
-    TR_CUBLAS_CHECK(cublasSetStream(blas_, stream()));
-    return blas_;
+  // The current device (the tensors' own: backend_for makes it current), checked against those present.
+  size_t current() const {
+    int d = 0;
+    TR_CUDA_CHECK(cudaGetDevice(&d));
+    TR_CHECK(d >= 0 && d < static_cast<int>(allocators_.size()), "cuda: the current device {} does not exist",
+             d);
+    return static_cast<size_t>(d);
   }
-  // The device word set_philox_shift() writes; allocated at the first capture that draws.
-  uint64_t* shift_slot() {
+  // The current device's cuBLAS handle (a handle belongs to the device current at its creation).
+  cublasHandle_t handle() {
+    const size_t d = current();
     std::lock_guard<std::mutex> g(mu_);
-    if (!shift_dev_) {
-      TR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&shift_dev_), sizeof(uint64_t)));
-      TR_CUDA_CHECK(cudaMemset(shift_dev_, 0, sizeof(uint64_t)));
+    cublasHandle_t& h = blas_[d];
+    if (!h) TR_CUBLAS_CHECK(cublasCreate(&h));
+    TR_CUBLAS_CHECK(cublasSetStream(h, stream()));
+    return h;
+  }
+  // The current device's cuBLASLt GEMMs: plans (heuristics answer per GPU) and workspace of its own.
+  LtGemm& lt() {
+    const size_t d = current();
+    std::lock_guard<std::mutex> g(mu_);
+    if (!lt_[d]) lt_[d] = std::make_unique<LtGemm>();
+    return *lt_[d];
+  }
+  // The current device's word set_philox_shift() writes; allocated at the first capture that draws.
+  uint64_t* shift_slot() {
+    const size_t d = current();
+    std::lock_guard<std::mutex> g(mu_);
+    uint64_t*& w = shift_dev_[d];
+    if (!w) {
+      TR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&w), sizeof(uint64_t)));
+      TR_CUDA_CHECK(cudaMemset(w, 0, sizeof(uint64_t)));
     }
-    return shift_dev_;
+    return w;
   }
   // What a random kernel adds to its Philox offset on the device: the shift word while a graph is captured
   // (its launches then draw each step's numbers), nothing otherwise.
   const uint64_t* captured_shift(double p) { return capturing_ && p > 0 ? shift_slot() : nullptr; }
   std::vector<std::unique_ptr<CudaAllocator>> allocators_;
   CaptureScratch* capturing_ = nullptr;  // while capture_graph() runs: the scratch its graph keeps
-  uint64_t* shift_dev_ = nullptr;
-  std::mutex mu_;
-  cublasHandle_t blas_ = nullptr;
-  std::unique_ptr<LtGemm> lt_;  // created at the first GEMM (no cuBLASLt handle on a machine without a GPU)
+  // Per device (index), created at first use on it (no handle on a machine without a GPU).
+  std::vector<uint64_t*> shift_dev_;
+  mutable std::mutex mu_;
+  std::vector<cublasHandle_t> blas_;
+  std::vector<std::unique_ptr<LtGemm>> lt_;
   // Mapped host memory kernels flag a bad index in ({value, kind, limit}); see report_device_errors().
   int64_t* bad_host_ = nullptr;
   int64_t* bad_dev_ = nullptr;
@@ -665,7 +690,9 @@ class CudaBackend final : public backend::Backend {
     std::lock_guard<std::mutex> g(mu_);
     if (!bad_host_) {
       TR_CUDA_CHECK(
-          cudaHostAlloc(reinterpret_cast<void**>(&bad_host_), 3 * sizeof(int64_t), cudaHostAllocMapped));
+          // Portable: every device's kernels may flag into it, not only the device current now.
+          cudaHostAlloc(reinterpret_cast<void**>(&bad_host_), 3 * sizeof(int64_t),
+                        cudaHostAllocMapped | cudaHostAllocPortable));
       bad_host_[0] = bad_host_[2] = 0;
       bad_host_[1] = cuda::kBadNone;
       TR_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&bad_dev_), bad_host_, 0));
@@ -677,12 +704,8 @@ class CudaBackend final : public backend::Backend {
 
 void CudaBackend::gemm(const backend::GemmArgs& g) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!lt_) lt_ = std::make_unique<LtGemm>();
-  }
-  {
     AllocatorScratch scratch(allocator(g.c.device().index), capturing_);  // max-autotune's trial outputs
-    if (lt_->run(g, stream(), scratch)) return;
+    if (lt().run(g, stream(), scratch)) return;
   }
   if (g.epilogue == backend::GemmEpilogue::none) return legacy_gemm(g);
   // An epilogue cuBLASLt has no algorithm for: the bias as the initial c of a beta = 1 product (as the CPU
@@ -821,6 +844,16 @@ Backend& cuda_backend() {
   return cuda::instance();
 }
 
+void cuda_use_device(int index) {
+  if (!cuda_available()) return;  // (cuda_backend() then says why)
+  int current = -1;
+  TR_CUDA_CHECK(cudaGetDevice(&current));
+  if (current == index) return;
+  TR_CHECK(index >= 0 && index < cuda_device_count(), "cuda:{} does not exist ({} GPUs present)", index,
+           cuda_device_count());
+  TR_CUDA_CHECK(cudaSetDevice(index));
+}
+
 std::string cuda_device_name(int index) {
   cudaDeviceProp p{};
   if (!cuda_available() || cudaGetDeviceProperties(&p, index) != cudaSuccess) {
@@ -877,6 +910,7 @@ Allocator& pinned_host_allocator() {
 CopyStream::CopyStream(Device device) : device_(device) {
   if (!device.is_cuda()) return;
   cuda_backend();
+  cuda_use_device(device.index);  // the stream and events belong to the device copied to
   cudaStream_t s = nullptr;
   cudaEvent_t e = nullptr, c = nullptr;
   TR_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -904,6 +938,7 @@ void CopyStream::copy_async(const Tensor& host, const Tensor& dev) {
   }
   // The device block may have been freed by tensors that kernels queued on the compute stream still read:
   // the copy waits for them on the device, not on the host.
+  cuda_use_device(device_.index);
   TR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(compute_), cuda::instance().stream()));
   TR_CUDA_CHECK(
       cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), static_cast<cudaEvent_t>(compute_), 0));
@@ -913,6 +948,7 @@ void CopyStream::copy_async(const Tensor& host, const Tensor& dev) {
 
 void CopyStream::make_compute_wait() {
   if (!stream_) return;
+  cuda_use_device(device_.index);
   TR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(stream_)));
   // The compute stream waits for the event, the host does not.
   TR_CUDA_CHECK(cudaStreamWaitEvent(cuda::instance().stream(), static_cast<cudaEvent_t>(event_), 0));
@@ -931,7 +967,14 @@ void cuda_copy_between_devices(const Tensor& src, const Tensor& dst) {
                                                 : cudaMemcpyDeviceToDevice;
   if (!src.device().is_cpu()) cuda_backend();
   if (!dst.device().is_cpu()) cuda_backend();
-  // On the compute stream, after what is queued there, and finished before returning (as cudaMemcpy).
+  // From another GPU: what src's device still has queued for it finishes first (its stream is not ours).
+  if (kind == cudaMemcpyDeviceToDevice && src.device() != dst.device()) {
+    cuda_use_device(src.device().index);
+    TR_CUDA_CHECK(cudaStreamSynchronize(cuda::instance().stream()));
+  }
+  // On the compute stream of the device copied to (from, for the host), after what is queued there, and
+  // finished before returning (as cudaMemcpy).
+  cuda_use_device(dst.device().is_cpu() ? src.device().index : dst.device().index);
   const cudaStream_t stream = cuda::instance().stream();
   TR_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), src.nbytes(), kind, stream));
   TR_CUDA_CHECK(cudaStreamSynchronize(stream));
