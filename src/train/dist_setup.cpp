@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "backend/cuda_api.h"
 #include "dist/env.h"
 #include "ops/ops.h"
 #include "train/checkpoint.h"
@@ -124,12 +125,18 @@ std::unique_ptr<dist::ProcessGroup> join_group(const TrainingArguments& a) {
            "--auto_find_batch_size / --per_device_train_batch_size auto with WORLD_SIZE {}: the ranks would "
            "retry on their own; give the batch size",
            env.world_size);
-  // Each rank would need cuda:LOCAL_RANK and the gradients a device-side collective; until the NCCL group
-  // exists, a GPU run of several processes is refused rather than crowding every rank onto cuda:0.
-  TR_CHECK(!training_device(a).is_cuda(),
-           "WORLD_SIZE {} on a GPU: distributed training on GPUs needs the NCCL process group, which is not "
-           "built yet; --use_cpu trains the {} processes on the CPUs with Gloo",
-           env.world_size, env.world_size);
+  // GPU ranks train on cuda:LOCAL_RANK (training_device); their collectives go through host memory over
+  // Gloo until the NCCL group exists.
+  const Device dev = training_device(a);
+  if (dev.is_cuda() && env.is_main()) {
+    const int gpus = backend::cuda_device_count();
+    std::fprintf(stderr,
+                 "train: note: %d processes per node on %d GPU(s)%s; DDP/ZeRO collectives over gloo through "
+                 "host memory (the NCCL process group is not built yet)\n",
+                 env.local_world_size, gpus,
+                 env.local_world_size > gpus ? ", so GPUs are shared by several ranks (slower, same numbers)"
+                                             : ", one each");
+  }
   const std::string backend = a.ddp_backend.empty() ? "gloo" : a.ddp_backend;
   return dist::init_process_group(env, dist::parse_comm_backend(backend),
                                   std::chrono::milliseconds(a.ddp_timeout * 1000));

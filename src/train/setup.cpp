@@ -171,7 +171,12 @@ std::optional<tokenizers::Tokenizer> load_tokenizer_for_data(const TrainingArgum
 }
 
 Device training_device(const TrainingArguments& a) {
-  return a.use_cpu ? Device::cpu() : backend::default_device();
+  const Device d = a.use_cpu ? Device::cpu() : backend::default_device();
+  if (!d.is_cuda()) return d;
+  // A launched rank trains on its node's GPU LOCAL_RANK (torch.cuda.set_device(local_rank) in HF's
+  // scripts); more local ranks than GPUs share them in turn.
+  const dist::DistEnv env = dist::read_dist_env();
+  return env.distributed() ? Device::cuda(env.local_rank % backend::cuda_device_count()) : d;
 }
 
 Streams load_streams(const TrainingArguments& a, const tokenizers::Tokenizer* tok, int64_t vocab,
