@@ -1,0 +1,442 @@
+// The flash attention kernels themselves (flash_attention.cu launches them; the semantics and the schedule
+// are described there), in a header of their own so that the CPU can run this very code:
+// tests/cuda_emulator.h defines the CUDA built-ins and mma.sync for the host and
+// tests/test_flash_emulated.cpp runs every kernel against an f64 reference - the parity test of kernels that
+// otherwise only run on a GPU.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "backend/attention_geometry.h"
+#include "core/rng.h"
+
+// A kernel's dynamic shared memory (the emulation points it at a host buffer).
+#ifndef TR_FLASH_SMEM
+#define TR_FLASH_SMEM(name) extern __shared__ uint4 name[]
+#endif
+
+// The kernels' namespace (the emulation's own, so its host copies never meet the device build's symbols).
+#ifndef TR_FLASH_NAMESPACE
+#define TR_FLASH_NAMESPACE flash
+#endif
+
+namespace tr::cuda::TR_FLASH_NAMESPACE {
+
+using Geo = backend::AttentionGeometry;
+
+constexpr int kWarps = 4, kThreads = 32 * kWarps;
+constexpr int kOwn = 16 * kWarps;  // rows a block owns: queries (forward, dq) or keys (dk/dv)
+constexpr int kTile = 64;          // rows of a streamed tile: keys (forward, dq) or queries (dk/dv)
+constexpr int kN = kTile / 8;      // its n-blocks of 8
+
+// Shared-memory row pitch in halves: 8 more than the padded head dim, so the fragment loads of the 8 row
+// groups x 4 lanes of a warp hit 32 different banks.
+template <int DP>
+constexpr int pitch() {
+  return DP + 8;
+}
+
+#ifndef TR_FLASH_EMULATED  // (the CPU emulation, tests/cuda_emulator.h, brings its own)
+// d += a b for one 16 x 8 x 16 product (a: row-major 16 x 16, b: column-major 16 x 8).
+template <typename T>
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  (void)d, (void)a, (void)b0, (void)b1;
+  __trap();  // flash_attention_fits() keeps older devices off these kernels
+#endif
+}
+#endif
+
+// Two values rounded (RNE) into one register, the lower index in the low half (the fragments' order).
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+// Two adjacent halves (a pair along the row) and two halves one row apart (a pair down a column).
+__device__ __forceinline__ uint32_t pair(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ __forceinline__ uint32_t column_pair(const uint16_t* p, int step) {
+  return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[step]) << 16);
+}
+
+// Rows r0 .. r0 + NR - 1 of a [rows, D] matrix into shared memory (pitch<DP>()), zeros past either end:
+// 16-byte chunks (D is a multiple of 8), one vector load each where the pointers allow.
+template <int DP, int NR>
+__device__ void load_tile(uint16_t* dst, const uint16_t* src, int64_t r0, int64_t rows, int D, bool vec) {
+  constexpr int kChunks = DP / 8;
+  for (int e = threadIdx.x; e < NR * kChunks; e += kThreads) {
+    const int rr = e / kChunks, c = (e % kChunks) * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r0 + rr < rows && c < D) {
+      const uint16_t* p = src + (r0 + rr) * D + c;
+      if (vec) {
+        v = *reinterpret_cast<const uint4*>(p);
+      } else {
+        v.x = pair(p);  // 4-byte aligned: D is a multiple of 8 and every tensor starts on an even element
+        v.y = pair(p + 2);
+        v.z = pair(p + 4);
+        v.w = pair(p + 6);
+      }
+    }
+    *reinterpret_cast<uint4*>(dst + rr * pitch<DP>() + c) = v;
+  }
+}
+
+// The A fragment (16 x 16 at column k0) of the 16 rows at `rows` (pitch<DP>()): lane (g, i) = (lane / 4,
+// lane % 4) holds rows g and g + 8 at columns k0 + 2i, 2i + 1 and k0 + 8 + 2i, 2i + 1.
+template <int DP>
+__device__ __forceinline__ void a_fragment(uint32_t (&a)[4], const uint16_t* rows, int k0, int g, int i) {
+  constexpr int P = pitch<DP>();
+  a[0] = pair(rows + g * P + k0 + 2 * i);
+  a[1] = pair(rows + (g + 8) * P + k0 + 2 * i);
+  a[2] = pair(rows + g * P + k0 + 8 + 2 * i);
+  a[3] = pair(rows + (g + 8) * P + k0 + 8 + 2 * i);
+}
+
+// acc[j] (16 x 8 blocks) = the warp's 16 rows (`rows`) times the transposes of the tile's 64 rows (`tile`),
+// over the padded head dim: the lane holds B[k][n] = tile[8 j + g][k0 + 2i, 2i + 1] (and + 8).
+template <typename T, int DP>
+__device__ __forceinline__ void rows_times_tile_t(float (&acc)[kN][4], const uint16_t* rows,
+                                                  const uint16_t* tile, int g, int i) {
+  constexpr int P = pitch<DP>();
+#pragma unroll
+  for (int j = 0; j < kN; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll
+  for (int k0 = 0; k0 < DP; k0 += 16) {
+    uint32_t a[4];
+    a_fragment<DP>(a, rows, k0, g, i);
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+      const uint16_t* b = tile + (8 * j + g) * P + k0 + 2 * i;
+      mma<T>(acc[j], a, pair(b), pair(b + 8));
+    }
+  }
+}
+
+// out[n] (16 x 8 blocks over the head dim) += x (16 x 64, as score fragments) times the tile's 64 rows: the
+// score blocks 2kk and 2kk + 1 are the A fragment of keys 16 kk .. 16 kk + 15, and the lane holds
+// B[k][n] = tile[16 kk + 2i, 2i + 1 (and + 8)][8 n + g].
+template <typename T, int DP>
+__device__ __forceinline__ void scores_times_tile(float (&out)[DP / 8][4], const float (&x)[kN][4],
+                                                  const uint16_t* tile, int g, int i) {
+  constexpr int P = pitch<DP>();
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+    const uint32_t a[4] = {pack2<T>(x[2 * kk][0], x[2 * kk][1]), pack2<T>(x[2 * kk][2], x[2 * kk][3]),
+                           pack2<T>(x[2 * kk + 1][0], x[2 * kk + 1][1]),
+                           pack2<T>(x[2 * kk + 1][2], x[2 * kk + 1][3])};
+#pragma unroll
+    for (int n = 0; n < DP / 8; ++n) {
+      const uint16_t* b = tile + (16 * kk + 2 * i) * P + 8 * n + g;
+      mma<T>(out[n], a, column_pair(b, P), column_pair(b + 8 * P, P));
+    }
+  }
+}
+
+// The Philox offset of this launch's dropout: the call's, moved by a CUDA graph's shift where one is set.
+__device__ __forceinline__ uint64_t drop_offset(const Geo& g, const uint64_t* shift) {
+  return g.offset + (shift ? *shift : 0);
+}
+
+__device__ __forceinline__ float factor_of(const Geo& g, uint32_t w) {
+  return uniform_from_word(w) >= g.dropout ? static_cast<float>(g.keep_scale) : 0.0f;
+}
+
+// The dropout factor of (head row bh, query t, key s), as attention.cu's drop_factor and the CPU's.
+__device__ __forceinline__ float drop_factor(const Geo& g, uint64_t offset, int64_t bh, int64_t t,
+                                             int64_t s) {
+  if (g.dropout == 0.0f) return 1.0f;
+  return factor_of(g, philox_word(g.seed, offset, g.drop_index(bh, t, s)));
+}
+
+__device__ __forceinline__ uint32_t word_of(const Philox4& b, uint64_t j) {  // selects, not a local array
+  return j == 0 ? b.w[0] : j == 1 ? b.w[1] : j == 2 ? b.w[2] : b.w[3];
+}
+
+// The factors of keys s and s + 1 for query t: adjacent words, one Philox block for both unless they
+// straddle two (the per-score cost is Philox's ~40 integer ops a block).
+__device__ __forceinline__ void drop_pair(const Geo& g, uint64_t offset, int64_t bh, int64_t t, int64_t s,
+                                          float& z0, float& z1) {
+  if (g.dropout == 0.0f) {
+    z0 = z1 = 1.0f;
+    return;
+  }
+  const uint64_t i = g.drop_index(bh, t, s), j = i % 4;
+  const Philox4 b = philox4x32(offset + i / 4, g.seed);
+  z0 = factor_of(g, word_of(b, j));
+  z1 = factor_of(g, j == 3 ? philox4x32(offset + i / 4 + 1, g.seed).w[0] : word_of(b, j + 1));
+}
+
+// max that keeps a NaN (fmaxf drops it): a row of NaN scores gives NaN, as the CPU twin.
+__device__ __forceinline__ float nan_max(float a, float b) { return a != a || a > b ? a : b; }
+
+// Rows t (g and g + 8 of the warp's 16) of [*, D] at `base`: the two values of each 16 x 8 block the lane
+// holds, rounded, as one 4-byte store.
+template <typename T, int DP>
+__device__ __forceinline__ void store_rows(uint16_t* base, int64_t r0, int64_t rows, int D,
+                                           const float (&x)[DP / 8][4], const float (&mul)[2], int g, int i) {
+#pragma unroll
+  for (int n = 0; n < DP / 8; ++n)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t r = r0 + g + 8 * half;
+      const int c = 8 * n + 2 * i;
+      if (r < rows && c < D)
+        *reinterpret_cast<uint32_t*>(base + r * D + c) =
+            pack2<T>(x[n][2 * half] * mul[half], x[n][2 * half + 1] * mul[half]);
+    }
+}
+
+// The kOwn queries a forward or dq block owns: head row bh from t0, its batch and kv head's K and V, the
+// lane's two query rows, and the 64-key tiles any of its queries may see (s_begin .. s_end, tile-aligned).
+struct QueryBlock {
+  int64_t bh, b, t0, s_begin, s_end;
+  int64_t tr[2];
+  const uint16_t *kb, *vb;
+  __device__ QueryBlock(const Geo& G, const uint16_t* k, const uint16_t* v, int warp, int g) {
+    const int64_t tiles = (G.T + kOwn - 1) / kOwn;
+    bh = blockIdx.x / tiles, t0 = (blockIdx.x % tiles) * kOwn, b = bh / G.H;
+    const int64_t kvh = bh % G.H / (G.H / G.KV);
+    kb = k + (b * G.KV + kvh) * G.S * G.D;
+    vb = v + (b * G.KV + kvh) * G.S * G.D;
+    tr[0] = t0 + 16 * warp + g, tr[1] = tr[0] + 8;
+    const int64_t t_last = (t0 + kOwn < G.T ? t0 + kOwn : G.T) - 1;
+    s_begin = G.first_key(t0) / kTile * kTile, s_end = G.last_key(t_last) + 1;
+  }
+};
+
+template <typename T, int DP>
+__global__ void __launch_bounds__(kThreads)
+    flash_forward(Geo geo, const uint64_t* shift, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                  uint16_t* out, float* lse, bool vec) {
+  TR_FLASH_SMEM(smem);
+  constexpr int P = pitch<DP>();
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* Ks = Qs + kOwn * P;
+  uint16_t* Vs = Ks + kTile * P;
+  const Geo& G = geo;
+  const int D = static_cast<int>(G.D), warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, i = threadIdx.x % 4;
+  const QueryBlock qb(G, k, v, warp, g);
+  const int64_t bh = qb.bh, b = qb.b, t0 = qb.t0;
+  const int64_t(&tr)[2] = qb.tr;
+  load_tile<DP, kOwn>(Qs, q + bh * G.T * D, t0, G.T, D, vec);
+  const float scale = static_cast<float>(G.scale);
+  const uint64_t offset = drop_offset(G, shift);
+  float o[DP / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  for (int64_t s0 = qb.s_begin; s0 < qb.s_end; s0 += kTile) {
+    __syncthreads();  // the previous tile is consumed (and Qs written, the first time)
+    load_tile<DP, kTile>(Ks, qb.kb, s0, G.S, D, vec);
+    load_tile<DP, kTile>(Vs, qb.vb, s0, G.S, D, vec);
+    __syncthreads();
+    float sc[kN][4];
+    rows_times_tile_t<T, DP>(sc, Qs + 16 * warp * P, Ks, g, i);
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int j = 0; j < kN; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t t = tr[e / 2], s = s0 + 8 * j + 2 * i + e % 2;
+        sc[j][e] = t < G.T && s < G.S && G.visible(b, t, s) ? sc[j][e] * scale : -INFINITY;
+        mx[e / 2] = nan_max(sc[j][e], mx[e / 2]);
+      }
+    float corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {  // a row's 64 scores are spread over the 4 lanes of its group
+      mx[r] = nan_max(__shfl_xor_sync(0xffffffffu, mx[r], 1), mx[r]);
+      mx[r] = nan_max(__shfl_xor_sync(0xffffffffu, mx[r], 2), mx[r]);
+      corr[r] = mx[r] == -INFINITY ? 1.0f : __expf(m[r] - mx[r]);
+      m[r] = mx[r];
+      l[r] *= corr[r];
+    }
+#pragma unroll
+    for (int j = 0; j < kN; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float p[2], z[2];
+        for (int e = 0; e < 2; ++e) {
+          p[e] = mx[r] == -INFINITY ? 0.0f : __expf(sc[j][2 * r + e] - mx[r]);
+          l[r] += p[e];  // the softmax's sum is undropped; the product takes p * z
+        }
+        if (p[0] != 0.0f || p[1] != 0.0f) {
+          drop_pair(G, offset, bh, tr[r], s0 + 8 * j + 2 * i, z[0], z[1]);
+          p[0] *= z[0], p[1] *= z[1];
+        }
+        sc[j][2 * r] = p[0], sc[j][2 * r + 1] = p[1];
+      }
+#pragma unroll
+    for (int n = 0; n < DP / 8; ++n) {
+      o[n][0] *= corr[0], o[n][1] *= corr[0];
+      o[n][2] *= corr[1], o[n][3] *= corr[1];
+    }
+    scores_times_tile<T, DP>(o, sc, Vs, g, i);
+  }
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    if (i == 0 && tr[r] < G.T) lse[bh * G.T + tr[r]] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
+  }
+  store_rows<T, DP>(out + bh * G.T * D, t0 + 16 * warp, G.T, D, o, inv, g, i);
+}
+
+template <typename T, int DP>
+__global__ void __launch_bounds__(kThreads)
+    flash_dq(Geo geo, const uint64_t* shift, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+             const float* lse, const float* delta, const uint16_t* dout, uint16_t* dq, bool vec) {
+  TR_FLASH_SMEM(smem);
+  constexpr int P = pitch<DP>();
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* dOs = Qs + kOwn * P;
+  uint16_t* Ks = dOs + kOwn * P;
+  uint16_t* Vs = Ks + kTile * P;
+  const Geo& G = geo;
+  const int D = static_cast<int>(G.D), warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, i = threadIdx.x % 4;
+  const QueryBlock qb(G, k, v, warp, g);
+  const int64_t bh = qb.bh, b = qb.b, t0 = qb.t0;
+  const int64_t(&tr)[2] = qb.tr;
+  load_tile<DP, kOwn>(Qs, q + bh * G.T * D, t0, G.T, D, vec);
+  load_tile<DP, kOwn>(dOs, dout + bh * G.T * D, t0, G.T, D, vec);
+  float L[2], Dl[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    L[r] = tr[r] < G.T ? lse[bh * G.T + tr[r]] : -INFINITY;
+    Dl[r] = tr[r] < G.T ? delta[bh * G.T + tr[r]] : 0.0f;
+  }
+  const float scale = static_cast<float>(G.scale);
+  const uint64_t offset = drop_offset(G, shift);
+  float acc[DP / 8][4] = {};
+  for (int64_t s0 = qb.s_begin; s0 < qb.s_end; s0 += kTile) {
+    __syncthreads();
+    load_tile<DP, kTile>(Ks, qb.kb, s0, G.S, D, vec);
+    load_tile<DP, kTile>(Vs, qb.vb, s0, G.S, D, vec);
+    __syncthreads();
+    float sc[kN][4], dp[kN][4];
+    rows_times_tile_t<T, DP>(sc, Qs + 16 * warp * P, Ks, g, i);
+    rows_times_tile_t<T, DP>(dp, dOs + 16 * warp * P, Vs, g, i);
+#pragma unroll
+    for (int j = 0; j < kN; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int64_t t = tr[r], s = s0 + 8 * j + 2 * i;
+        float z[2] = {1.0f, 1.0f};  // Philox only for a pair with a visible score (rows past T, future keys)
+        if (t < G.T && L[r] != -INFINITY && (G.visible(b, t, s) || G.visible(b, t, s + 1)))
+          drop_pair(G, offset, bh, t, s, z[0], z[1]);
+        for (int e = 0; e < 2; ++e) {
+          float ds = 0.0f;
+          if (t < G.T && s + e < G.S && L[r] != -INFINITY && G.visible(b, t, s + e)) {
+            const float p = __expf(sc[j][2 * r + e] * scale - L[r]);
+            ds = p * (dp[j][2 * r + e] * z[e] - Dl[r]) * scale;
+          }
+          sc[j][2 * r + e] = ds;
+        }
+      }
+    scores_times_tile<T, DP>(acc, sc, Ks, g, i);  // dq += ds k
+  }
+  const float one[2] = {1.0f, 1.0f};
+  store_rows<T, DP>(dq + bh * G.T * D, t0 + 16 * warp, G.T, D, acc, one, g, i);
+}
+
+template <typename T, int DP>
+__global__ void __launch_bounds__(kThreads)
+    flash_dkv(Geo geo, const uint64_t* shift, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+              const float* lse, const float* delta, const uint16_t* dout, uint16_t* dk, uint16_t* dv,
+              bool vec) {
+  TR_FLASH_SMEM(smem);
+  constexpr int P = pitch<DP>();
+  uint16_t* Ks = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* Vs = Ks + kOwn * P;
+  uint16_t* Qs = Vs + kOwn * P;
+  uint16_t* dOs = Qs + kTile * P;
+  float* Ls = reinterpret_cast<float*>(dOs + kTile * P);  // the query tile's lse and delta
+  float* Dl = Ls + kTile;
+  const Geo& G = geo;
+  const int64_t tiles = (G.S + kOwn - 1) / kOwn, bkv = blockIdx.x / tiles, s0 = (blockIdx.x % tiles) * kOwn;
+  const int64_t kvh = bkv % G.KV, b = bkv / G.KV, rep = G.H / G.KV;
+  const int D = static_cast<int>(G.D), warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, i = threadIdx.x % 4;
+  load_tile<DP, kOwn>(Ks, k + bkv * G.S * D, s0, G.S, D, vec);
+  load_tile<DP, kOwn>(Vs, v + bkv * G.S * D, s0, G.S, D, vec);
+  const int64_t sr[2] = {s0 + 16 * warp + g, s0 + 16 * warp + g + 8};  // the lane's two key rows
+  const float scale = static_cast<float>(G.scale);
+  const uint64_t offset = drop_offset(G, shift);
+  // Causal: the first query that can see key s0 is t = s0 - (S - T); with a window of W keys the last one
+  // that sees the block's last key s0 + kOwn - 1 is t = s0 + kOwn - 1 - (S - T) + W - 1.
+  const int64_t t_first = G.causal && s0 - (G.S - G.T) > 0 ? s0 - (G.S - G.T) : 0;
+  const int64_t t_stop = G.causal && G.window > 0 ? s0 + kOwn - 1 - (G.S - G.T) + G.window : G.T;
+  const int64_t t_end = t_stop < G.T ? t_stop : G.T;
+  float ak[DP / 8][4] = {}, av[DP / 8][4] = {};
+  for (int64_t hr = 0; hr < rep; ++hr) {
+    const int64_t bh = b * G.H + kvh * rep + hr;
+    for (int64_t t0 = t_first / kTile * kTile; t0 < t_end; t0 += kTile) {
+      __syncthreads();
+      load_tile<DP, kTile>(Qs, q + bh * G.T * D, t0, G.T, D, vec);
+      load_tile<DP, kTile>(dOs, dout + bh * G.T * D, t0, G.T, D, vec);
+      for (int e = threadIdx.x; e < kTile; e += kThreads) {
+        const bool in = t0 + e < G.T;
+        Ls[e] = in ? lse[bh * G.T + t0 + e] : -INFINITY;
+        Dl[e] = in ? delta[bh * G.T + t0 + e] : 0.0f;
+      }
+      __syncthreads();
+      float st[kN][4], dpt[kN][4];  // the warp's 16 keys against the tile's 64 queries
+      rows_times_tile_t<T, DP>(st, Ks + 16 * warp * P, Qs, g, i);
+      rows_times_tile_t<T, DP>(dpt, Vs + 16 * warp * P, dOs, g, i);
+#pragma unroll
+      for (int j = 0; j < kN; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int qi = 8 * j + 2 * i + e % 2;
+          const int64_t s = sr[e / 2], t = t0 + qi;
+          float p = 0.0f, ds = 0.0f;
+          if (t < G.T && s < G.S && Ls[qi] != -INFINITY && G.visible(b, t, s)) {
+            const float z = drop_factor(G, offset, bh, t, s);
+            p = __expf(st[j][e] * scale - Ls[qi]);
+            ds = p * (dpt[j][e] * z - Dl[qi]) * scale;
+            p *= z;  // dv takes the dropped probability
+          }
+          st[j][e] = p;
+          dpt[j][e] = ds;
+        }
+      scores_times_tile<T, DP>(av, st, dOs, g, i);  // dv += p^T do
+      scores_times_tile<T, DP>(ak, dpt, Qs, g, i);  // dk += ds^T q
+    }
+  }
+  const float one[2] = {1.0f, 1.0f};
+  store_rows<T, DP>(dk + bkv * G.S * D, s0 + 16 * warp, G.S, D, ak, one, g, i);
+  store_rows<T, DP>(dv + bkv * G.S * D, s0 + 16 * warp, G.S, D, av, one, g, i);
+}
+
+template <int DP>
+constexpr size_t forward_smem() {
+  return static_cast<size_t>(kOwn + 2 * kTile) * pitch<DP>() * 2;
+}
+template <int DP>
+constexpr size_t dq_smem() {
+  return static_cast<size_t>(2 * kOwn + 2 * kTile) * pitch<DP>() * 2;
+}
+template <int DP>
+constexpr size_t dkv_smem() {
+  return static_cast<size_t>(2 * kOwn + 2 * kTile) * pitch<DP>() * 2 + 2 * kTile * sizeof(float);
+}
+
+}  // namespace tr::cuda::TR_FLASH_NAMESPACE

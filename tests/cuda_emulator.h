@@ -1,0 +1,178 @@
+// The host emulation of the CUDA built-ins our flash kernels use, so that tests run the kernels' own source
+// (backend/cuda/flash_kernels.cuh) on the CPU: each CUDA thread of a block is a std::thread, __syncthreads
+// and warp collectives are barriers, a kernel's shared memory is a host buffer poisoned with NaN halves
+// before every block (a read of what no thread wrote shows up), and mma.sync m16n8k16 gathers the warp's
+// fragments by the PTX ISA's layout tables (groupID = lane / 4, thread-in-group = lane % 4) and sums in f64.
+// Include it before the kernels' header, in a test translation unit that includes no CUDA header. What it
+// cannot show: races a real GPU would expose, __expf's precision, the tensor cores' own rounding.
+#pragma once
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#define TR_FLASH_EMULATED 1
+#define TR_FLASH_NAMESPACE flash_emulated
+#define TR_FLASH_SMEM(name) uint4* name = ::tr::emu::shared_memory
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(x)
+
+struct uint4 {
+  uint32_t x, y, z, w;
+};
+inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return {a, b, c, d}; }
+struct EmulatedDim3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+inline thread_local EmulatedDim3 threadIdx, blockIdx;
+
+struct __nv_bfloat16 {
+  uint16_t x;
+};
+struct __half {
+  uint16_t x;
+};
+struct __nv_bfloat162 {
+  uint16_t x, y;
+};
+struct __half2 {
+  uint16_t x, y;
+};
+
+namespace tr::emu {
+
+constexpr int kWarps = 4;
+// The launch in flight (one at a time): its barriers, shared memory and the operand type of its halves.
+inline std::barrier<>* block_barrier = nullptr;
+inline std::barrier<>* warp_barrier[kWarps] = {};
+inline uint4* shared_memory = nullptr;
+inline bool f16 = false;
+struct Lane {
+  uint32_t a[4], b[2];
+  float f;
+};
+// Two sets, alternating per collective: a lane can be at most one collective ahead of the others (each
+// starts with a warp barrier), so one barrier per collective suffices.
+inline Lane lanes[2][kWarps][32];
+inline thread_local unsigned collective = 0;
+
+inline float bf16_to_float(uint16_t h) {
+  const uint32_t u = uint32_t{h} << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline float f16_to_float(uint16_t h) {
+  const uint32_t s = h >> 15 & 1, e = h >> 10 & 31, m = h & 1023;
+  const float v = e == 0    ? std::ldexp(static_cast<float>(m), -24)
+                  : e == 31 ? (m ? NAN : INFINITY)
+                            : std::ldexp(static_cast<float>(m | 1024), static_cast<int>(e) - 25);
+  return s ? -v : v;
+}
+inline uint16_t float_to_bf16(float f) {  // round to nearest even
+  if (std::isnan(f)) return 0x7fc0;
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fff + (u >> 16 & 1);
+  return static_cast<uint16_t>(u >> 16);
+}
+inline uint16_t float_to_f16(float f) {  // round to nearest even (exact for the tests' ranges)
+  if (std::isnan(f)) return 0x7e00;
+  const uint16_t s = std::signbit(f) ? 0x8000 : 0;
+  const double a = std::fabs(static_cast<double>(f));
+  if (a >= 65520.0) return s | 0x7c00;
+  if (a < std::ldexp(1.0, -14)) return s | static_cast<uint16_t>(std::nearbyint(a * std::ldexp(1.0, 24)));
+  int e;
+  double q = std::nearbyint(std::frexp(a, &e) * 2048.0);  // 11 significant bits
+  if (q == 2048.0) q = 1024.0, ++e;
+  const int biased = e - 1 + 15;
+  if (biased >= 31) return s | 0x7c00;
+  return s | static_cast<uint16_t>(biased << 10 | (static_cast<uint16_t>(q) - 1024));
+}
+inline float half_to_float(uint16_t h) { return f16 ? f16_to_float(h) : bf16_to_float(h); }
+inline uint16_t float_to_half(float f) { return f16 ? float_to_f16(f) : float_to_bf16(f); }
+inline int warp() { return static_cast<int>(threadIdx.x / 32); }
+inline int lane() { return static_cast<int>(threadIdx.x % 32); }
+inline void warp_sync() { warp_barrier[warp()]->arrive_and_wait(); }
+// This lane's warp's slots for its next collective.
+inline Lane* lanes_now() { return lanes[collective++ % 2][warp()]; }
+
+// Runs kernel() as `grid` blocks of `threads` (kWarps warps) with `smem_bytes` of shared memory.
+template <typename F>
+void launch(unsigned grid, int threads, size_t smem_bytes, F&& kernel) {
+  std::vector<uint4> smem(smem_bytes / 16 + 1);
+  std::memset(smem.data(), 0xff, smem.size() * 16);
+  shared_memory = smem.data();
+  std::barrier<> block(threads);
+  std::barrier<> warps[kWarps] = {std::barrier<>(32), std::barrier<>(32), std::barrier<>(32),
+                                  std::barrier<>(32)};
+  block_barrier = &block;
+  for (int w = 0; w < kWarps; ++w) warp_barrier[w] = &warps[w];
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      threadIdx.x = static_cast<unsigned>(t);
+      for (unsigned b = 0; b < grid; ++b) {
+        blockIdx.x = b;
+        kernel();
+        block.arrive_and_wait();
+        if (t == 0) std::memset(smem.data(), 0xff, smem.size() * 16);  // the next block finds poison
+        block.arrive_and_wait();
+      }
+    });
+  for (auto& th : pool) th.join();
+}
+
+}  // namespace tr::emu
+
+inline void __syncthreads() { tr::emu::block_barrier->arrive_and_wait(); }
+inline float __shfl_xor_sync(unsigned, float v, int mask) {
+  tr::emu::Lane* l = tr::emu::lanes_now();
+  l[tr::emu::lane()].f = v;
+  tr::emu::warp_sync();
+  return l[tr::emu::lane() ^ mask].f;
+}
+inline float __expf(float x) { return std::exp(x); }
+inline void __trap() { std::abort(); }
+inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
+  return {tr::emu::float_to_bf16(a), tr::emu::float_to_bf16(b)};
+}
+inline __half2 __floats2half2_rn(float a, float b) {
+  return {tr::emu::float_to_f16(a), tr::emu::float_to_f16(b)};
+}
+
+namespace tr::cuda::flash_emulated {
+
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}: d (16 x 8) += a (16 x 16, row-major) b (16 x 8,
+// column-major), each lane holding the PTX ISA's fragment elements: a's registers 0-3 are (row g, cols 2t,
+// 2t+1), (row g+8, same), (row g, cols 2t+8, 2t+9), (row g+8, same); b's (k 2t, 2t+1) and (k 2t+8, 2t+9) of
+// column g; c's (row g, cols 2t, 2t+1) then row g+8.
+template <typename T>
+inline void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  emu::Lane* l = emu::lanes_now();
+  const int me = emu::lane();
+  for (int r = 0; r < 4; ++r) l[me].a[r] = a[r];
+  l[me].b[0] = b0, l[me].b[1] = b1;
+  emu::warp_sync();
+  auto half_of = [](uint32_t w, int hi) {
+    return emu::half_to_float(static_cast<uint16_t>(hi ? w >> 16 : w));
+  };
+  auto A = [&](int row, int col) {
+    return half_of(l[row % 8 * 4 + col % 8 / 2].a[(row >= 8 ? 1 : 0) + (col >= 8 ? 2 : 0)], col % 2);
+  };
+  auto B = [&](int k, int n) { return half_of(l[n * 4 + k % 8 / 2].b[k >= 8 ? 1 : 0], k % 2); };
+  const int g = me / 4, t = me % 4;
+  for (int e = 0; e < 4; ++e) {
+    const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
+    double acc = d[e];
+    for (int k = 0; k < 16; ++k) acc += static_cast<double>(A(row, k)) * B(k, col);
+    d[e] = static_cast<float>(acc);
+  }
+}
+
+}  // namespace tr::cuda::flash_emulated

@@ -1,0 +1,218 @@
+// The CUDA flash attention kernels' own source (backend/cuda/flash_kernels.cuh) run on the CPU through
+// tests/cuda_emulator.h: forward, dq and dk/dv for bf16 and f16 against an f64 reference of the same masking
+// rule and dropout stream (AttentionGeometry, Philox words as the CPU kernels draw them) - uneven T and S,
+// causal with a key cache and with more queries than keys (rows that see nothing), windows from 1 key to
+// wider than S, padded keys with a batch that sees nothing, grouped-query and multi-query heads, dropout with
+// a graph shift, head dims 8 to 128 (both padded widths) with pairwise and 16-byte loads. Their parity test
+// where there is no GPU; the GPU itself runs them in FusedAttentionDropout.*cuda*.
+#include "cuda_emulator.h"  // first: the CUDA built-ins the kernels' header expects
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <string>
+#include <vector>
+
+// The kernels' register punning: built with -fno-strict-aliasing here (and their #pragma unroll ignored).
+#pragma GCC diagnostic ignored "-Wstrict-aliasing"
+#include "backend/cuda/flash_kernels.cuh"
+
+namespace tr {
+namespace {
+
+namespace fk = cuda::flash_emulated;
+using Geo = backend::AttentionGeometry;
+
+struct FlashCase {
+  int64_t B, H, KV, T, S, D;
+  bool causal;
+  int64_t window;
+  bool padded;
+  double dropout;
+  bool f16;
+  bool vec;  // 16-byte loads (aligned rows), else pairs
+};
+
+std::string name_of(const FlashCase& c) {
+  return fmt::format("B{} H{} KV{} T{} S{} D{} causal{} window{} padded{} dropout{} {}{}", c.B, c.H, c.KV,
+                     c.T, c.S, c.D, c.causal, c.window, c.padded, c.dropout, c.f16 ? "f16" : "bf16",
+                     c.vec ? " vec" : "");
+}
+
+struct Reference {
+  std::vector<double> out, lse, dq, dk, dv;
+};
+
+// f64 attention forward and backward on the rounded inputs (values as read by `in`), dropout factors z.
+template <typename In, typename Z>
+Reference reference(const FlashCase& c, const Geo& g, In in, Z z) {
+  const int64_t T = c.T, S = c.S, D = c.D, rep = c.H / c.KV;
+  Reference r{std::vector<double>(c.B * c.H * T * D), std::vector<double>(c.B * c.H * T),
+              std::vector<double>(c.B * c.H * T * D), std::vector<double>(c.B * c.KV * S * D),
+              std::vector<double>(c.B * c.KV * S * D)};
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t h = 0; h < c.H; ++h) {
+      const int64_t bh = b * c.H + h, bkv = b * c.KV + h / rep;
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<double> sc(S, -INFINITY), p(S, 0.0), o(D, 0.0);
+        double m = -INFINITY;
+        for (int64_t s = 0; s < S; ++s) {
+          if (!g.visible(b, t, s)) continue;
+          double a = 0;
+          for (int64_t d = 0; d < D; ++d) a += in.q(bh, t, d) * in.k(bkv, s, d);
+          sc[s] = a * g.scale;
+          m = std::max(m, sc[s]);
+        }
+        double l = 0;
+        for (int64_t s = 0; s < S; ++s)
+          if (sc[s] != -INFINITY) l += std::exp(sc[s] - m);
+        r.lse[bh * T + t] = l > 0 ? m + std::log(l) : -INFINITY;
+        if (l == 0) continue;
+        for (int64_t s = 0; s < S; ++s) p[s] = sc[s] == -INFINITY ? 0 : std::exp(sc[s] - m) / l;
+        for (int64_t s = 0; s < S; ++s)
+          for (int64_t d = 0; d < D && p[s] != 0; ++d) o[d] += p[s] * z(bh, t, s) * in.v(bkv, s, d);
+        double delta = 0;
+        for (int64_t d = 0; d < D; ++d) {
+          r.out[(bh * T + t) * D + d] = o[d];
+          delta += o[d] * in.dout(bh, t, d);
+        }
+        for (int64_t s = 0; s < S; ++s) {
+          if (p[s] == 0) continue;
+          double dp = 0;
+          for (int64_t d = 0; d < D; ++d) dp += in.dout(bh, t, d) * in.v(bkv, s, d);
+          const double ds = p[s] * (dp * z(bh, t, s) - delta) * g.scale;
+          for (int64_t d = 0; d < D; ++d) {
+            r.dq[(bh * T + t) * D + d] += ds * in.k(bkv, s, d);
+            r.dk[(bkv * S + s) * D + d] += ds * in.q(bh, t, d);
+            r.dv[(bkv * S + s) * D + d] += p[s] * z(bh, t, s) * in.dout(bh, t, d);
+          }
+        }
+      }
+    }
+  return r;
+}
+
+// The worst |got - want| over the largest |want| (at least 1e-3): bf16/f16 outputs after rounded P and dS.
+double relative_error(const std::vector<uint16_t>& got, const std::vector<double>& want) {
+  double scale = 1e-3, worst = 0;
+  for (double w : want) scale = std::max(scale, std::fabs(w));
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double x = emu::half_to_float(got[i]);
+    worst = std::max(worst, std::isfinite(x) ? std::fabs(x - want[i]) : INFINITY);
+  }
+  return worst / scale;
+}
+
+void run_case(const FlashCase& c, uint64_t seed) {
+  emu::f16 = c.f16;
+  std::mt19937 gen(static_cast<uint32_t>(seed));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t nq = c.B * c.H * c.T * c.D, nk = c.B * c.KV * c.S * c.D;
+  auto draw = [&](int64_t n) {
+    std::vector<uint16_t> x(static_cast<size_t>(n));
+    for (auto& e : x) e = emu::float_to_half(normal(gen));
+    return x;
+  };
+  const auto q = draw(nq), k = draw(nk), v = draw(nk), dout = draw(nq);
+  std::vector<uint16_t> out(nq, 0xdead), dq(nq, 0xdead), dk(nk, 0xdead), dv(nk, 0xdead);
+  std::vector<uint8_t> keep_bytes(static_cast<size_t>(c.B * c.S), 1);
+  if (c.padded) {
+    for (int64_t s = 0; s < c.S; ++s) keep_bytes[s] = s % 5 != 3;
+    if (c.B > 1) std::fill(keep_bytes.begin() + c.S, keep_bytes.begin() + 2 * c.S, 0);  // sees nothing
+  }
+  const bool* keep = c.padded ? reinterpret_cast<const bool*>(keep_bytes.data()) : nullptr;
+  const Geo g =
+      Geo{c.B, c.H, c.KV, c.T, c.S, c.D, c.causal, 1.0 / std::sqrt(static_cast<double>(c.D)), keep, c.window}
+          .with_dropout(c.dropout, 1234567, 77);
+  std::vector<float> lse(static_cast<size_t>(c.B * c.H * c.T), 12345.0f), delta(lse.size());
+  const uint64_t shift_word = 5;  // a replayed graph's Philox shift
+  const uint64_t* shift = c.dropout > 0 ? &shift_word : nullptr;
+  const auto blocks = [](int64_t rows, int64_t groups) {
+    return static_cast<unsigned>(groups * ((rows + fk::kOwn - 1) / fk::kOwn));
+  };
+  auto kernels = [&]<typename T, int DP>() {
+    emu::launch(blocks(c.T, c.B * c.H), fk::kThreads, fk::forward_smem<DP>(), [&] {
+      fk::flash_forward<T, DP>(g, shift, q.data(), k.data(), v.data(), out.data(), lse.data(), c.vec);
+    });
+    for (int64_t row = 0; row < c.B * c.H * c.T; ++row) {  // (flash_delta's rowsum, on the host)
+      float s = 0;
+      for (int64_t d = 0; d < c.D; ++d)
+        s += emu::half_to_float(out[row * c.D + d]) * emu::half_to_float(dout[row * c.D + d]);
+      delta[row] = s;
+    }
+    emu::launch(blocks(c.T, c.B * c.H), fk::kThreads, fk::dq_smem<DP>(), [&] {
+      fk::flash_dq<T, DP>(g, shift, q.data(), k.data(), v.data(), lse.data(), delta.data(), dout.data(),
+                          dq.data(), c.vec);
+    });
+    emu::launch(blocks(c.S, c.B * c.KV), fk::kThreads, fk::dkv_smem<DP>(), [&] {
+      fk::flash_dkv<T, DP>(g, shift, q.data(), k.data(), v.data(), lse.data(), delta.data(), dout.data(),
+                           dk.data(), dv.data(), c.vec);
+    });
+  };
+  if (c.f16)
+    c.D <= 64 ? kernels.template operator()<__half, 64>() : kernels.template operator()<__half, 128>();
+  else
+    c.D <= 64 ? kernels.template operator()<__nv_bfloat16, 64>()
+              : kernels.template operator()<__nv_bfloat16, 128>();
+
+  const uint64_t offset = g.offset + (shift ? *shift : 0);
+  auto z = [&](int64_t bh, int64_t t, int64_t s) -> double {
+    if (g.dropout == 0.0f) return 1.0;
+    return uniform_from_word(philox_word(g.seed, offset, g.drop_index(bh, t, s))) >= g.dropout
+               ? static_cast<double>(static_cast<float>(g.keep_scale))
+               : 0.0;
+  };
+  struct Inputs {  // the rounded inputs as f64, by (row, position, dim)
+    const FlashCase& c;
+    const std::vector<uint16_t>&xq, &xk, &xv, &xdo;
+    double at(const std::vector<uint16_t>& x, int64_t row, int64_t pos, int64_t d, int64_t n) const {
+      return emu::half_to_float(x[(row * n + pos) * c.D + d]);
+    }
+    double q(int64_t bh, int64_t t, int64_t d) const { return at(xq, bh, t, d, c.T); }
+    double k(int64_t bkv, int64_t s, int64_t d) const { return at(xk, bkv, s, d, c.S); }
+    double v(int64_t bkv, int64_t s, int64_t d) const { return at(xv, bkv, s, d, c.S); }
+    double dout(int64_t bh, int64_t t, int64_t d) const { return at(xdo, bh, t, d, c.T); }
+  };
+  const Reference r = reference(c, g, Inputs{c, q, k, v, dout}, z);
+  // bf16/f16 outputs after probabilities and dS rounded to the operand type (FlashAttention-2's rule).
+  const double tol = 2e-2;
+  EXPECT_LE(relative_error(out, r.out), tol) << "out";
+  EXPECT_LE(relative_error(dq, r.dq), tol) << "dq";
+  EXPECT_LE(relative_error(dk, r.dk), tol) << "dk";
+  EXPECT_LE(relative_error(dv, r.dv), tol) << "dv";
+  for (size_t i = 0; i < lse.size(); ++i) {
+    const double a = lse[i], b = r.lse[i];
+    ASSERT_TRUE(std::isinf(b) ? std::isinf(a) && a < 0 : std::fabs(a - b) < 1e-3)
+        << "lse[" << i << "] " << a << " against " << b;
+  }
+}
+
+TEST(FlashEmulated, EveryKernelMatchesTheF64Reference) {
+  const FlashCase cases[] = {
+      {1, 1, 1, 16, 16, 16, false, 0, false, 0.0, false, false},
+      {1, 2, 1, 70, 70, 64, true, 0, false, 0.0, false, false},
+      {2, 4, 2, 65, 130, 40, true, 0, true, 0.0, false, false},    // a key cache, padding
+      {1, 2, 2, 100, 37, 72, true, 0, false, 0.0, false, false},   // T > S: early rows see nothing
+      {1, 2, 1, 90, 150, 8, true, 20, false, 0.0, false, false},   // a window
+      {2, 2, 1, 67, 129, 128, false, 0, true, 0.3, false, false},  // dropout, a batch that sees nothing
+      {1, 4, 2, 130, 200, 24, true, 33, true, 0.2, true, false},   // f16, window, dropout
+      {1, 1, 1, 1, 1, 8, true, 0, false, 0.5, false, false},
+      {1, 8, 2, 128, 192, 128, true, 0, false, 0.1, false, true},   // 16-byte loads, whole tiles
+      {1, 2, 1, 64, 64, 56, true, 1, true, 0.0, true, true},        // window 1: only itself
+      {2, 2, 2, 77, 33, 48, false, 0, true, 0.25, false, true},     // not causal, T > S
+      {1, 2, 1, 60, 300, 32, true, 400, false, 0.0, false, false},  // a window wider than S
+      {2, 8, 1, 1, 257, 16, true, 0, true, 0.15, false, true},      // one query (decoding), MQA
+      {1, 2, 1, 129, 129, 128, true, 64, false, 0.4, true, true},   // f16, D 128, window = a tile
+      {2, 2, 2, 200, 64, 8, true, 0, true, 0.0, false, false},      // T > S causal: many empty rows
+  };
+  uint64_t seed = 100;
+  for (const FlashCase& c : cases) {
+    SCOPED_TRACE(name_of(c));
+    run_case(c, seed++);
+  }
+}
+
+}  // namespace
+}  // namespace tr
