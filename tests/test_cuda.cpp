@@ -314,3 +314,43 @@ TEST(CudaDevice, EmbeddingBackwardGroupsIdsOnTheDevice) {
 
 }  // namespace
 }  // namespace tr
+
+namespace tr {
+namespace {
+
+// NCCL on one GPU, a world of one rank (all a single-GPU machine can form: NCCL takes one GPU per rank):
+// every collective the process group uses, through the host staging, and a split. Skipped without a GPU;
+// without CUDA support, asking for a communicator says so.
+TEST(CudaNccl, AWorldOfOneRunsEveryCollective) {
+  if (!backend::cuda_available()) {
+    EXPECT_THROW(backend::NcclComm::unique_id(), Error);
+    GTEST_SKIP() << "no CUDA GPU here: NCCL NOT tested";
+  }
+  backend::NcclComm c(0, 0, 1, backend::NcclComm::unique_id(), std::chrono::milliseconds(30000));
+  EXPECT_EQ(c.rank(), 0);
+  EXPECT_EQ(c.size(), 1);
+  std::vector<float> f = {1.5f, -2.0f, 3.25f};
+  c.all_reduce_sum(f.data(), f.size(), DType::f32);
+  EXPECT_EQ(f, (std::vector<float>{1.5f, -2.0f, 3.25f}));
+  double d[2] = {1e300, -0.5};
+  c.all_reduce_sum(d, 2, DType::f64);
+  EXPECT_EQ(d[0], 1e300);
+  int64_t v = 4242;
+  c.broadcast(&v, sizeof v, 0);
+  EXPECT_EQ(v, 4242);
+  int32_t mine = 7, all = 0;
+  c.all_gather(&mine, &all, sizeof mine);
+  EXPECT_EQ(all, 7);
+  const char in[5] = "abcd";
+  char out[5] = {};
+  c.exchange(in, {4}, out, {4});  // to and from itself
+  EXPECT_EQ(std::string(out, 4), "abcd");
+  auto sub = c.split(3, 0);
+  EXPECT_EQ(sub->size(), 1);
+  float one = 2.0f;
+  sub->all_reduce_sum(&one, 1, DType::f32);
+  EXPECT_EQ(one, 2.0f);
+}
+
+}  // namespace
+}  // namespace tr

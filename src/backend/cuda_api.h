@@ -1,7 +1,10 @@
 // Entry points the CUDA backend provides; backend/cuda implements them with CUDA and backend/no_cuda with
 // clear errors, so no code outside the backends needs an #ifdef.
 #pragma once
+#include <chrono>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 
@@ -46,6 +49,45 @@ class CopyStream {
   void* stream_ = nullptr;   // cudaStream_t
   void* event_ = nullptr;    // cudaEvent_t: the copies queued so far
   void* compute_ = nullptr;  // cudaEvent_t: the compute work queued before a copy
+};
+
+// An NCCL communicator, one GPU per rank (backend/cuda/nccl_comm.cpp; NCCL is loaded when the first one is
+// made, so a binary without libnccl.so.2 beside it still runs everything else; without CUDA: throws). The
+// collectives take host memory, staged through a device buffer on the GPU's compute stream (after the kernels
+// queued there), and return when the result is back in host memory. Every wait polls NCCL's asynchronous
+// errors and aborts the communicator past `timeout`: a peer that died or hangs is an error naming the
+// collective, never a silent hang.
+class NcclComm {
+ public:
+  // ncclGetUniqueId's bytes, which rank 0 hands every rank before they construct theirs.
+  static std::string unique_id();
+  NcclComm(int device_index, int rank, int world, const std::string& id, std::chrono::milliseconds timeout);
+  ~NcclComm();
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+  int rank() const { return rank_; }
+  int size() const { return world_; }
+  // Element-wise sums of n f32 or f64 values, in place.
+  void all_reduce_sum(void* data, size_t n, DType dt);
+  void broadcast(void* data, size_t bytes, int root);
+  void all_gather(const void* in, void* out, size_t bytes);
+  // Point-to-point in one group: send_bytes[j] bytes from `in` (consecutive by peer) to rank j, recv_bytes[i]
+  // bytes from rank i into `out` (consecutive by peer); zero counts are skipped. all_to_all, the variable
+  // gathers and gather_v to one rank are this.
+  void exchange(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                const std::vector<size_t>& recv_bytes);
+  // ncclCommSplit: the ranks giving the same color, ordered by key (every rank calls it).
+  std::unique_ptr<NcclComm> split(int color, int key);
+
+ private:
+  NcclComm(int device_index, int rank, int world, void* comm, std::chrono::milliseconds timeout);
+  void* staging(size_t bytes);  // the device buffer, grown to at least `bytes`
+  void wait(const char* what);  // until the compute stream's work is done (or fails, or times out)
+  int device_, rank_, world_;
+  void* comm_ = nullptr;  // ncclComm_t
+  void* buf_ = nullptr;
+  size_t buf_bytes_ = 0;
+  std::chrono::milliseconds timeout_;
 };
 
 // cuda:0 when a GPU is usable, else the CPU (a CUDA build without a GPU says so once on stderr).

@@ -26,6 +26,7 @@
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 
+#include "backend/cuda_api.h"
 #include "core/error.h"
 #include "dist/store.h"
 
@@ -368,6 +369,102 @@ class GlooGroup final : public ProcessGroup {
   GlooGroup* parent_ = nullptr;  // a sub-group's traffic counts in its parent's stats too
 };
 
+// NCCL between one GPU per rank (cuda:LOCAL_RANK; backend::NcclComm): the ranks meet in the rendezvous store
+// as Gloo's do, rank 0's NCCL unique id travels through it, then every collective is NCCL's over host buffers
+// staged through the GPU. The variable gathers, gather_v and all_to_all are grouped sends and receives.
+class NcclGroup final : public ProcessGroup {
+ public:
+  NcclGroup(const DistEnv& env, Millis timeout) : env_(env) {
+    const int gpus = backend::cuda_device_count();
+    TR_CHECK(gpus > 0, "--ddp_backend nccl: {}; use --ddp_backend gloo",
+             backend::cuda_compiled() ? "no CUDA GPU is present" : "this build has no CUDA support");
+    TR_CHECK(env.local_world_size <= gpus,
+             "--ddp_backend nccl: {} processes on this node but {} GPU(s); NCCL takes one GPU per rank (use "
+             "--ddp_backend gloo to share them)",
+             env.local_world_size, gpus);
+    store_ = connect_store(env, timeout, server_);
+    check_in(*store_, env, timeout);
+    rendezvous_ = rendezvous_note(env, *store_);
+    if (env.rank == 0) store_->set("nccl/id", backend::NcclComm::unique_id());
+    const auto id = store_->get("nccl/id", timeout);
+    TR_CHECK(id.has_value(), "rendezvous at {}: rank 0's NCCL id did not arrive within --ddp_timeout {} s",
+             store_->endpoint(), timeout.count() / 1000.0);
+    comm_ = std::make_unique<backend::NcclComm>(env.local_rank, env.rank, env.world_size, *id, timeout);
+    barrier();  // every rank connected: the store is not read again
+  }
+  int rank() const override { return comm_->rank(); }
+  int size() const override { return comm_->size(); }
+  const char* backend_name() const override { return "nccl"; }
+  std::string rendezvous() const override { return rendezvous_; }
+  void all_reduce_sum(float* data, size_t n) override {
+    timed(n * 4, [&] { comm_->all_reduce_sum(data, n, DType::f32); });
+  }
+  void all_reduce_sum(double* data, size_t n) override {
+    timed(n * 8, [&] { comm_->all_reduce_sum(data, n, DType::f64); });
+  }
+  void broadcast(void* data, size_t bytes, int root) override {
+    timed(bytes, [&] { comm_->broadcast(data, bytes, root); });
+  }
+  void all_gather(const void* in, void* out, size_t bytes) override {
+    timed(bytes, [&] { comm_->all_gather(in, out, bytes); });
+  }
+  void all_gather_v(const void* in, size_t bytes, void* out, const std::vector<size_t>& counts) override {
+    check_counts(counts, bytes, "all_gather_v");
+    timed(bytes, [&] { comm_->exchange(in, std::vector<size_t>(counts.size(), bytes), out, counts); });
+  }
+  void gather_v(const void* in, size_t bytes, void* out, const std::vector<size_t>& counts, int root,
+                uint32_t) override {  // (NCCL orders calls itself: no tag needed)
+    check_counts(counts, bytes, "gather_v");
+    std::vector<size_t> send(counts.size(), 0), recv(counts.size(), 0);
+    send[static_cast<size_t>(root)] = bytes;
+    if (rank() == root) recv = counts;
+    timed(bytes, [&] { comm_->exchange(in, send, out, recv); });
+  }
+  void all_to_all(const void* in, void* out, size_t bytes) override {
+    const std::vector<size_t> each(static_cast<size_t>(size()), bytes);
+    timed(bytes * each.size(), [&] { comm_->exchange(in, each, out, each); });
+  }
+  void all_to_all_v(const float* in, const std::vector<int64_t>& send_counts, float* out,
+                    const std::vector<int64_t>& recv_counts) override {
+    std::vector<size_t> send, recv;
+    size_t bytes = 0;
+    for (int64_t c : send_counts) send.push_back(static_cast<size_t>(c) * 4), bytes += send.back();
+    for (int64_t c : recv_counts) recv.push_back(static_cast<size_t>(c) * 4);
+    timed(bytes, [&] { comm_->exchange(in, send, out, recv); });
+  }
+  void barrier() override {
+    float one = 1.0f;
+    comm_->all_reduce_sum(&one, 1, DType::f32);
+  }
+  std::unique_ptr<ProcessGroup> split(int color) override {
+    return std::unique_ptr<ProcessGroup>(new NcclGroup(comm_->split(color, rank()), this));
+  }
+
+ private:
+  NcclGroup(std::unique_ptr<backend::NcclComm> comm, NcclGroup* parent)
+      : env_(parent->env_), comm_(std::move(comm)), parent_(parent) {}
+  void check_counts(const std::vector<size_t>& counts, size_t bytes, const char* what) const {
+    TR_CHECK(counts.size() == static_cast<size_t>(size()) && counts[static_cast<size_t>(rank())] == bytes,
+             "{}: {} counts for {} ranks, this rank's {} (its block has {} bytes)", what, counts.size(),
+             size(), counts.size() > static_cast<size_t>(rank()) ? counts[static_cast<size_t>(rank())] : 0,
+             bytes);
+  }
+  template <typename F>
+  void timed(size_t bytes, F&& fn) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    add_stats(bytes, seconds);
+    if (parent_) parent_->add_stats(bytes, seconds);
+  }
+  DistEnv env_;
+  std::unique_ptr<StoreServer> server_;
+  std::unique_ptr<Store> store_;
+  std::string rendezvous_;
+  std::unique_ptr<backend::NcclComm> comm_;
+  NcclGroup* parent_ = nullptr;  // a sub-group's traffic counts in its parent's stats too
+};
+
 class DryRunGroup final : public ProcessGroup {
  public:
   explicit DryRunGroup(int world) : world_(world) {}
@@ -413,11 +510,10 @@ void ProcessGroup::reduce_scatter_sum(const float* in, float* out, size_t n, std
 
 std::unique_ptr<ProcessGroup> init_process_group(const DistEnv& env, CommBackend backend, Millis timeout) {
   TR_CHECK(env.distributed(), "init_process_group: a world of one process needs no group");
-  TR_CHECK(backend == CommBackend::gloo,
-           "--ddp_backend nccl: this build has no NCCL process group yet; use --ddp_backend gloo");
-  // A peer that dies mid-send would raise SIGPIPE in Gloo's socket writes and end this process without a
-  // word; ignored, the write fails and the collective reports the dead peer (Python does the same).
+  // A peer that dies mid-send would raise SIGPIPE in Gloo's (or the store's) socket writes and end this
+  // process without a word; ignored, the write fails and the collective reports the dead peer (as Python).
   std::signal(SIGPIPE, SIG_IGN);
+  if (backend == CommBackend::nccl) return std::make_unique<NcclGroup>(env, timeout);
   return std::make_unique<GlooGroup>(env, timeout);
 }
 

@@ -19,6 +19,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/gemm_lt.h"
+#include "backend/cuda/streams.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda_api.h"
 #include "backend/optim_math.h"
@@ -261,6 +262,11 @@ class CudaBackend final : public backend::Backend {
   // The stream every launcher, copy and GEMM of the current device is queued on: its compute stream, in whose
   // order CudaAllocator reuses freed blocks and after which CopyStream's batches are ordered.
   cuda::Stream stream() const { return allocators_[current()]->stream(); }
+  cudaStream_t stream_of(int device) {
+    TR_CHECK(device >= 0 && device < static_cast<int>(allocators_.size()),
+             "cuda:{} does not exist ({} GPUs present)", device, allocators_.size());
+    return allocators_[static_cast<size_t>(device)]->stream();
+  }
   std::unique_ptr<DeviceGraph> capture_graph(int device_index, const std::function<void()>& work) override;
   Allocator& allocator(int index) override {
     TR_CHECK(index >= 0 && index < static_cast<int>(allocators_.size()),
@@ -818,6 +824,8 @@ CudaBackend& instance() {
 }
 
 }  // namespace
+
+cudaStream_t compute_stream(int device) { return instance().stream_of(device); }
 }  // namespace tr::cuda
 
 namespace tr::backend {

@@ -33,3 +33,31 @@ void CopyStream::copy_async(const Tensor& host, const Tensor& dev) { cuda_copy_b
 void CopyStream::make_compute_wait() {}
 void CopyStream::synchronize() {}
 }  // namespace tr::backend
+
+namespace tr::backend {
+// No NCCL without CUDA: a communicator is never made, so the members after the constructor are unreachable.
+std::string NcclComm::unique_id() {
+  fail("--ddp_backend nccl: this build of trainer has no CUDA support (rebuild with TRAINER_CUDA=ON)");
+}
+NcclComm::NcclComm(int, int, int, const std::string&, std::chrono::milliseconds)
+    : device_(0), rank_(0), world_(0), timeout_(0) {
+  unique_id();
+}
+NcclComm::NcclComm(int, int, int, void*, std::chrono::milliseconds)
+    : device_(0), rank_(0), world_(0), timeout_(0) {
+  unique_id();
+}
+NcclComm::~NcclComm() = default;
+void NcclComm::all_reduce_sum(void*, size_t, DType) { unique_id(); }
+void NcclComm::broadcast(void*, size_t, int) { unique_id(); }
+void NcclComm::all_gather(const void*, void*, size_t) { unique_id(); }
+void NcclComm::exchange(const void*, const std::vector<size_t>&, void*, const std::vector<size_t>&) {
+  unique_id();
+}
+std::unique_ptr<NcclComm> NcclComm::split(int, int) {
+  unique_id();
+  return nullptr;
+}
+void* NcclComm::staging(size_t) { return nullptr; }
+void NcclComm::wait(const char*) {}
+}  // namespace tr::backend

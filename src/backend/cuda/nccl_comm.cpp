@@ -1,0 +1,264 @@
+// NCCL communicators (cuda_api.h's NcclComm). libnccl.so.2 is opened at the first communicator (dlopen), so
+// the binary starts where NCCL is absent and says so only when a run asks for it. Host data is staged through
+// a device buffer on the GPU's compute stream; a wait polls the stream and ncclCommGetAsyncError, aborting
+// the communicator past the deadline. Bound by the staging copies (host <-> device) beside NCCL's own
+// transfer.
+#include <dlfcn.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/streams.h"
+#include "backend/cuda_api.h"
+
+namespace tr::backend {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The NCCL entry points we call, resolved once from libnccl.so.2.
+struct Nccl {
+  decltype(&ncclGetUniqueId) get_unique_id = nullptr;
+  decltype(&ncclCommInitRank) init_rank = nullptr;
+  decltype(&ncclCommSplit) split = nullptr;
+  decltype(&ncclCommDestroy) destroy = nullptr;
+  decltype(&ncclCommAbort) abort = nullptr;
+  decltype(&ncclCommGetAsyncError) async_error = nullptr;
+  decltype(&ncclGetErrorString) error_string = nullptr;
+  decltype(&ncclAllReduce) all_reduce = nullptr;
+  decltype(&ncclBroadcast) broadcast = nullptr;
+  decltype(&ncclAllGather) all_gather = nullptr;
+  decltype(&ncclSend) send = nullptr;
+  decltype(&ncclRecv) recv = nullptr;
+  decltype(&ncclGroupStart) group_start = nullptr;
+  decltype(&ncclGroupEnd) group_end = nullptr;
+  decltype(&ncclCommUserRank) user_rank = nullptr;
+  decltype(&ncclCommCount) count = nullptr;
+};
+
+const Nccl& nccl() {
+  static const Nccl n = [] {
+    void* lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
+    if (lib == nullptr) lib = dlopen("libnccl.so", RTLD_NOW | RTLD_GLOBAL);
+    TR_CHECK(
+        lib != nullptr,
+        "--ddp_backend nccl: cannot load NCCL (libnccl.so.2: {}); install it (the CUDA toolkit's, or pip's "
+        "nvidia-nccl) and put its folder on LD_LIBRARY_PATH, or use --ddp_backend gloo",
+        dlerror());
+    Nccl f;
+    auto get = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+      TR_CHECK(fn != nullptr, "NCCL: libnccl.so.2 lacks {} (NCCL 2.18 or later is needed)", name);
+    };
+    get(f.get_unique_id, "ncclGetUniqueId");
+    get(f.init_rank, "ncclCommInitRank");
+    get(f.split, "ncclCommSplit");
+    get(f.destroy, "ncclCommDestroy");
+    get(f.abort, "ncclCommAbort");
+    get(f.async_error, "ncclCommGetAsyncError");
+    get(f.error_string, "ncclGetErrorString");
+    get(f.all_reduce, "ncclAllReduce");
+    get(f.broadcast, "ncclBroadcast");
+    get(f.all_gather, "ncclAllGather");
+    get(f.send, "ncclSend");
+    get(f.recv, "ncclRecv");
+    get(f.group_start, "ncclGroupStart");
+    get(f.group_end, "ncclGroupEnd");
+    get(f.user_rank, "ncclCommUserRank");
+    get(f.count, "ncclCommCount");
+    return f;
+  }();
+  return n;
+}
+
+void check(ncclResult_t r, const char* what) {
+  TR_CHECK(r == ncclSuccess, "NCCL {}: {}", what, nccl().error_string(r));
+}
+
+ncclComm_t as_comm(void* c) { return static_cast<ncclComm_t>(c); }
+
+// Runs fn with `device` current, restoring the caller's.
+template <typename F>
+void on_device(int device, F&& fn) {
+  int prev = 0;
+  TR_CUDA_CHECK(cudaGetDevice(&prev));
+  TR_CUDA_CHECK(cudaSetDevice(device));
+  try {
+    fn();
+  } catch (...) {
+    cudaSetDevice(prev);
+    throw;
+  }
+  TR_CUDA_CHECK(cudaSetDevice(prev));
+}
+
+}  // namespace
+
+std::string NcclComm::unique_id() {
+  cuda_backend();  // a GPU is present (else its message)
+  ncclUniqueId id;
+  check(nccl().get_unique_id(&id), "ncclGetUniqueId");
+  return std::string(id.internal, sizeof id.internal);
+}
+
+NcclComm::NcclComm(int device_index, int rank, int world, const std::string& id,
+                   std::chrono::milliseconds timeout)
+    : device_(device_index), rank_(rank), world_(world), timeout_(timeout) {
+  cuda_backend();
+  ncclUniqueId uid;
+  TR_CHECK(id.size() == sizeof uid.internal, "NCCL: a unique id of {} bytes (expected {})", id.size(),
+           sizeof uid.internal);
+  std::memcpy(uid.internal, id.data(), sizeof uid.internal);
+  ncclComm_t c = nullptr;
+  // Blocking: every rank has checked in at the store before (process_group.cpp), so none is missing here.
+  on_device(device_, [&] { check(nccl().init_rank(&c, world, uid, rank), "ncclCommInitRank"); });
+  comm_ = c;
+}
+
+NcclComm::NcclComm(int device_index, int rank, int world, void* comm, std::chrono::milliseconds timeout)
+    : device_(device_index), rank_(rank), world_(world), comm_(comm), timeout_(timeout) {}
+
+NcclComm::~NcclComm() {
+  if (buf_) {
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(device_);
+    cudaFree(buf_);
+    cudaSetDevice(prev);
+  }
+  if (comm_) nccl().destroy(as_comm(comm_));  // at exit the driver may be gone: nothing to report
+}
+
+void* NcclComm::staging(size_t bytes) {
+  if (bytes <= buf_bytes_) return buf_;
+  if (buf_) TR_CUDA_CHECK(cudaFree(buf_));
+  buf_ = nullptr;
+  buf_bytes_ = 0;
+  const size_t n = std::max<size_t>(bytes, size_t{1} << 20);
+  TR_CUDA_CHECK(cudaMalloc(&buf_, n));
+  buf_bytes_ = n;
+  return buf_;
+}
+
+void NcclComm::wait(const char* what) {
+  const cudaStream_t s = cuda::compute_stream(device_);
+  const auto deadline = Clock::now() + timeout_;
+  for (;;) {
+    const cudaError_t q = cudaStreamQuery(s);
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) TR_CUDA_CHECK(q);
+    ncclResult_t r = ncclSuccess;
+    check(nccl().async_error(as_comm(comm_), &r), "ncclCommGetAsyncError");
+    if (r != ncclSuccess && r != ncclInProgress) {
+      nccl().abort(as_comm(comm_));
+      comm_ = nullptr;
+      fail("NCCL {} (rank {} of {}) failed: {} - a peer process ended or its GPU failed", what, rank_, world_,
+           nccl().error_string(r));
+    }
+    if (Clock::now() > deadline) {
+      nccl().abort(as_comm(comm_));
+      comm_ = nullptr;
+      fail("NCCL {} (rank {} of {}): no progress within --ddp_timeout {} s - a peer process ended or stalled",
+           what, rank_, world_, timeout_.count() / 1000.0);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+void NcclComm::all_reduce_sum(void* data, size_t n, DType dt) {
+  TR_CHECK(dt == DType::f32 || dt == DType::f64, "NCCL all_reduce: f32 or f64 values, not {}",
+           dtype_name(dt));
+  TR_CHECK(comm_ != nullptr, "NCCL: the communicator was aborted after an earlier failure");
+  const size_t bytes = n * dtype_size(dt);
+  if (bytes == 0) return;
+  on_device(device_, [&] {
+    const cudaStream_t s = cuda::compute_stream(device_);
+    void* d = staging(bytes);
+    TR_CUDA_CHECK(cudaMemcpyAsync(d, data, bytes, cudaMemcpyHostToDevice, s));
+    check(
+        nccl().all_reduce(d, d, n, dt == DType::f32 ? ncclFloat32 : ncclFloat64, ncclSum, as_comm(comm_), s),
+        "all_reduce");
+    wait("all_reduce");
+    TR_CUDA_CHECK(cudaMemcpy(data, d, bytes, cudaMemcpyDeviceToHost));  // the stream is drained
+  });
+}
+
+void NcclComm::broadcast(void* data, size_t bytes, int root) {
+  TR_CHECK(comm_ != nullptr, "NCCL: the communicator was aborted after an earlier failure");
+  if (bytes == 0) return;
+  on_device(device_, [&] {
+    const cudaStream_t s = cuda::compute_stream(device_);
+    void* d = staging(bytes);
+    if (rank_ == root) TR_CUDA_CHECK(cudaMemcpyAsync(d, data, bytes, cudaMemcpyHostToDevice, s));
+    check(nccl().broadcast(d, d, bytes, ncclUint8, root, as_comm(comm_), s), "broadcast");
+    wait("broadcast");
+    TR_CUDA_CHECK(cudaMemcpy(data, d, bytes, cudaMemcpyDeviceToHost));
+  });
+}
+
+void NcclComm::all_gather(const void* in, void* out, size_t bytes) {
+  TR_CHECK(comm_ != nullptr, "NCCL: the communicator was aborted after an earlier failure");
+  if (bytes == 0) return;
+  const size_t total = bytes * static_cast<size_t>(world_);
+  on_device(device_, [&] {
+    const cudaStream_t s = cuda::compute_stream(device_);
+    auto* d = static_cast<char*>(staging(total));
+    char* mine = d + bytes * static_cast<size_t>(rank_);  // in place: this rank's block of the output
+    TR_CUDA_CHECK(cudaMemcpyAsync(mine, in, bytes, cudaMemcpyHostToDevice, s));
+    check(nccl().all_gather(mine, d, bytes, ncclUint8, as_comm(comm_), s), "all_gather");
+    wait("all_gather");
+    TR_CUDA_CHECK(cudaMemcpy(out, d, total, cudaMemcpyDeviceToHost));
+  });
+}
+
+void NcclComm::exchange(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                        const std::vector<size_t>& recv_bytes) {
+  TR_CHECK(comm_ != nullptr, "NCCL: the communicator was aborted after an earlier failure");
+  const size_t w = static_cast<size_t>(world_);
+  TR_CHECK(send_bytes.size() == w && recv_bytes.size() == w,
+           "NCCL exchange: {} send and {} receive counts for {} ranks", send_bytes.size(), recv_bytes.size(),
+           w);
+  size_t sent = 0, received = 0;
+  for (size_t j = 0; j < w; ++j) sent += send_bytes[j], received += recv_bytes[j];
+  if (sent + received == 0) return;
+  on_device(device_, [&] {
+    const cudaStream_t s = cuda::compute_stream(device_);
+    auto* d = static_cast<char*>(staging(sent + received));
+    char* din = d;
+    char* dout = d + sent;
+    if (sent) TR_CUDA_CHECK(cudaMemcpyAsync(din, in, sent, cudaMemcpyHostToDevice, s));
+    check(nccl().group_start(), "group start");
+    size_t so = 0, ro = 0;
+    for (size_t j = 0; j < w; ++j) {
+      if (send_bytes[j])
+        check(nccl().send(din + so, send_bytes[j], ncclUint8, static_cast<int>(j), as_comm(comm_), s),
+              "send");
+      if (recv_bytes[j])
+        check(nccl().recv(dout + ro, recv_bytes[j], ncclUint8, static_cast<int>(j), as_comm(comm_), s),
+              "recv");
+      so += send_bytes[j];
+      ro += recv_bytes[j];
+    }
+    check(nccl().group_end(), "group end");
+    wait("exchange");
+    if (received) TR_CUDA_CHECK(cudaMemcpy(out, dout, received, cudaMemcpyDeviceToHost));
+  });
+}
+
+std::unique_ptr<NcclComm> NcclComm::split(int color, int key) {
+  TR_CHECK(comm_ != nullptr, "NCCL: the communicator was aborted after an earlier failure");
+  ncclComm_t c = nullptr;
+  on_device(device_, [&] { check(nccl().split(as_comm(comm_), color, key, &c, nullptr), "ncclCommSplit"); });
+  TR_CHECK(c != nullptr, "NCCL split: color {} gave this rank no communicator", color);
+  int rank = 0, size = 0;
+  check(nccl().user_rank(c, &rank), "ncclCommUserRank");
+  check(nccl().count(c, &size), "ncclCommCount");
+  return std::unique_ptr<NcclComm>(new NcclComm(device_, rank, size, c, timeout_));
+}
+
+}  // namespace tr::backend
