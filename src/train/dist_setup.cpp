@@ -125,20 +125,20 @@ std::unique_ptr<dist::ProcessGroup> join_group(const TrainingArguments& a) {
            "--auto_find_batch_size / --per_device_train_batch_size auto with WORLD_SIZE {}: the ranks would "
            "retry on their own; give the batch size",
            env.world_size);
-  // GPU ranks train on cuda:LOCAL_RANK (training_device); their collectives go through host memory over
-  // Gloo until the NCCL group exists.
-  const Device dev = training_device(a);
-  if (dev.is_cuda() && env.is_main()) {
+  // GPU ranks train on cuda:LOCAL_RANK (training_device); their buckets go through host memory, over Gloo
+  // (the default until NCCL's path has run on GPUs) or NCCL.
+  const std::string comm = a.ddp_backend.empty() ? "gloo" : a.ddp_backend;
+  if (training_device(a).is_cuda() && env.is_main()) {
     const int gpus = backend::cuda_device_count();
     std::fprintf(stderr,
-                 "train: note: %d processes per node on %d GPU(s)%s; DDP/ZeRO collectives over gloo through "
-                 "host memory (the NCCL process group is not built yet)\n",
+                 "train: note: %d processes per node on %d GPU(s)%s; DDP/ZeRO buckets over %s through host "
+                 "memory\n",
                  env.local_world_size, gpus,
                  env.local_world_size > gpus ? ", so GPUs are shared by several ranks (slower, same numbers)"
-                                             : ", one each");
+                                             : ", one each",
+                 comm.c_str());
   }
-  const std::string backend = a.ddp_backend.empty() ? "gloo" : a.ddp_backend;
-  return dist::init_process_group(env, dist::parse_comm_backend(backend),
+  return dist::init_process_group(env, dist::parse_comm_backend(comm),
                                   std::chrono::milliseconds(a.ddp_timeout * 1000));
 }
 
