@@ -88,16 +88,8 @@ void CausalLM::set_placement(DevicePlacement p) {
       "device placement: a tied head reads the embeddings' table, so it runs on their device ({}), not {}",
       p.embeddings.str(), p.head.str());
   TR_CHECK(!hooks_ || p.single(), "device placement: a split model cannot also be sharded (--fsdp)");
-  // The CUDA backend launches on one current device with one BLAS handle: a split may use one GPU (and the
-  // host), not several, until it keeps a stream and handles per device.
-  std::vector<int> gpus;
-  for (const Device d : p.devices())
-    if (d.is_cuda()) gpus.push_back(d.index);
-  TR_CHECK(gpus.size() <= 1,
-           "device placement over {} GPUs: running one model across several GPUs is not supported yet (the "
-           "CUDA backend keeps one current device); give one GPU's budget (and the host's), or shard with "
-           "--fsdp",
-           gpus.size());
+  // Several GPUs in one split: each op runs on its tensors' GPU (backend_for makes it current; streams,
+  // cuBLAS/cuBLASLt handles and plans are per device) and the boundary copies wait for the source's stream.
   for (const auto& [name, t] : named_parameters())
     TR_CHECK(t->device() == p.of(name), "device placement: '{}' is on {}, its place is {}", name,
              t->device().str(), p.of(name).str());
