@@ -117,22 +117,8 @@ void forward(const Tiles& tiles, const backend::AttentionGeometry& g, const BFlo
               float* si = s.data() + i * n16;
               for (int64_t j = 0; j < ns; ++j) si[j] *= scale;
               mask_row(g, b, t0 + i, s0, ns, si);
-              const float bm = max_of(si, ns, wide);
-              const float mx = bm > m[i] || bm != bm ? bm : m[i];
-              if (mx == kNegInf) {  // nothing visible yet: the row adds nothing to the product below
-                std::fill(si, si + ns, 0.0f);
-                continue;
-              }
-              const float corr = std::exp(m[i] - mx);
-              const float rowsum = exp_sum_of(si, mx, ns, wide);
-              if (m[i] != kNegInf && corr != 1.0f)
-                for (int64_t c = 0; c < D; ++c) acc[i * D + c] *= corr;
-              l[i] = l[i] * corr + rowsum;
-              m[i] = mx;
-              if (g.dropout > 0) {  // the sum stays undropped (the softmax's); the product takes p * z
-                drop_factors(g, b * g.H + h, t0 + i, s0, ns, z.data());
-                for (int64_t j = 0; j < ns; ++j) si[j] *= z[j];
-              }
+              online_softmax_row(g, b * g.H + h, t0 + i, s0, ns, si, m[i], l[i], acc.data() + i * D, D,
+                                 z.data(), wide);
             }
             round_rows(s.data(), n16, nt, ns, m16, k32, pb.data());
             amx::pack_pairs(vp + s0 * D, ns, D, D, k32, vv.data());

@@ -78,22 +78,8 @@ void attention_gemm_forward(const backend::AttentionGeometry& g, const T* q, con
             for (int64_t i = 0; i < nt; ++i) {
               float* si = s.data() + i * ns;
               mask_row(g, b, t0 + i, s0, ns, si);
-              const float bm = max_of(si, ns, wide);  // NaN propagates
-              const float mx = bm > m[i] || bm != bm ? bm : m[i];
-              if (mx == kNegInf) {  // nothing visible yet: the row adds nothing to the product below
-                std::fill(si, si + ns, 0.0f);
-                continue;
-              }
-              const float corr = std::exp(m[i] - mx);
-              const float rowsum = exp_sum_of(si, mx, ns, wide);  // si = exp(si - mx)
-              if (m[i] != kNegInf && corr != 1.0f)  // (the first visible block finds acc at zero)
-                for (int64_t c = 0; c < D; ++c) acc[i * D + c] *= corr;
-              l[i] = l[i] * corr + rowsum;
-              m[i] = mx;
-              if (g.dropout > 0) {  // the sum stays undropped (the softmax's); the product takes p * z
-                drop_factors(g, b * g.H + h, t0 + i, s0, ns, z.data());
-                for (int64_t j = 0; j < ns; ++j) si[j] *= z[j];
-              }
+              online_softmax_row(g, b * g.H + h, t0 + i, s0, ns, si, m[i], l[i], acc.data() + i * D, D,
+                                 z.data(), wide);
             }
             bad |= !gemm(false, false, nt, D, ns, s.data(), ns, vr, D, true, acc.data(), D);  // acc += P V
           }

@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -73,6 +74,31 @@ void drop_factors(const backend::AttentionGeometry& g, int64_t bh, int64_t t, in
     philox_fill(g.seed, g.offset, first + static_cast<uint64_t>(j0), m, w);
 #pragma omp simd
     for (int64_t j = 0; j < m; ++j) z[j0 + j] = uniform_from_word(w[j]) >= g.dropout ? keep : A(0);
+  }
+}
+
+// One score row of the online softmax (FlashAttention-2's forward): folds the masked scores si[0, ns) of
+// query t (head row bh) into its running max m and sum l, rescales the row's accumulator acc[0, D) by the
+// change of max, and leaves in si the probabilities times their dropout factors (z: ns floats of scratch) -
+// the P V operand; a row with nothing visible yet leaves zeros. The sum stays undropped (the softmax's).
+inline void online_softmax_row(const backend::AttentionGeometry& g, int64_t bh, int64_t t, int64_t s0,
+                               int64_t ns, float* si, float& m, float& l, float* acc, int64_t D, float* z,
+                               bool wide) {
+  const float bm = max_of(si, ns, wide);  // NaN propagates
+  const float mx = bm > m || bm != bm ? bm : m;
+  if (mx == kNegInf) {
+    std::fill(si, si + ns, 0.0f);
+    return;
+  }
+  const float corr = std::exp(m - mx);
+  const float rowsum = exp_sum_of(si, mx, ns, wide);  // si = exp(si - mx)
+  if (m != kNegInf && corr != 1.0f)                   // (the first visible block finds acc at zero)
+    for (int64_t c = 0; c < D; ++c) acc[c] *= corr;
+  l = l * corr + rowsum;
+  m = mx;
+  if (g.dropout > 0) {
+    drop_factors(g, bh, t, s0, ns, z);
+    for (int64_t j = 0; j < ns; ++j) si[j] *= z[j];
   }
 }
 
