@@ -41,15 +41,6 @@ namespace {
              __FILE__, __LINE__);                                                                        \
   } while (0)
 
-int device_count_uncached() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no device" error
-    return 0;
-  }
-  return n;
-}
-
 // A device's compute stream: every launcher, copy and GEMM queues there (created on first use, non-blocking:
 // nothing orders it with the legacy default stream, which nothing of ours uses). A stream of our own is what
 // CUDA graph capture and NCCL overlap need.
@@ -245,7 +236,7 @@ class CudaGraph final : public backend::Backend::DeviceGraph {
 class CudaBackend final : public backend::Backend {
  public:
   CudaBackend() {
-    const int n = device_count_uncached();
+    const int n = backend::cuda_device_count();
     for (int i = 0; i < n; ++i) allocators_.push_back(std::make_unique<CudaAllocator>(i));
     shift_dev_.assign(static_cast<size_t>(n), nullptr);
     blas_.assign(static_cast<size_t>(n), nullptr);
@@ -826,167 +817,6 @@ CudaBackend& instance() {
 }  // namespace
 
 cudaStream_t compute_stream(int device) { return instance().stream_of(device); }
+backend::Backend& backend_instance() { return instance(); }
+void report_device_errors() { instance().report_device_errors(); }
 }  // namespace tr::cuda
-
-namespace tr::backend {
-
-bool cuda_compiled() { return true; }
-int cuda_device_count() {
-  static const int n = cuda::device_count_uncached();
-  return n;
-}
-bool cuda_available() { return cuda_device_count() > 0; }
-
-Device default_device() {
-  if (cuda_available()) return Device::cuda(0);
-  static std::once_flag noticed;
-  std::call_once(noticed, [] {
-    std::fprintf(stderr, "trainer: built with CUDA but no GPU is present (%s); running on the CPU\n",
-                 cuda_summary().c_str());
-  });
-  return Device::cpu();
-}
-
-Backend& cuda_backend() {
-  TR_CHECK(cuda_available(), "a cuda tensor was requested, but no CUDA GPU is present ({})", cuda_summary());
-  return cuda::instance();
-}
-
-void cuda_use_device(int index) {
-  if (!cuda_available()) return;  // (cuda_backend() then says why)
-  int current = -1;
-  TR_CUDA_CHECK(cudaGetDevice(&current));
-  if (current == index) return;
-  TR_CHECK(index >= 0 && index < cuda_device_count(), "cuda:{} does not exist ({} GPUs present)", index,
-           cuda_device_count());
-  TR_CUDA_CHECK(cudaSetDevice(index));
-}
-
-std::string cuda_device_name(int index) {
-  cudaDeviceProp p{};
-  if (!cuda_available() || cudaGetDeviceProperties(&p, index) != cudaSuccess) {
-    cudaGetLastError();
-    return "";
-  }
-  return p.name;
-}
-
-std::string cuda_summary() {
-  int rt = 0, drv = 0;
-  cudaRuntimeGetVersion(&rt);
-  if (cudaDriverGetVersion(&drv) != cudaSuccess) cudaGetLastError();
-  const int n = cuda_device_count();
-  std::string s = fmt::format("CUDA runtime {}.{}, driver {}.{}, {} GPU(s)", rt / 1000, (rt % 1000) / 10,
-                              drv / 1000, (drv % 1000) / 10, n);
-  for (int i = 0; i < n; ++i) {
-    cudaDeviceProp p{};
-    if (cudaGetDeviceProperties(&p, i) == cudaSuccess)
-      s += fmt::format("; cuda:{} {} sm_{}{} {:.1f} GiB", i, p.name, p.major, p.minor,
-                       static_cast<double>(p.totalGlobalMem) / (1 << 30));
-  }
-  return s;
-}
-
-namespace {
-
-// cudaHostAlloc-backed host memory (falls back to the CPU allocator without a GPU).
-class PinnedAllocator final : public Allocator {
- public:
-  void* allocate(size_t nbytes) override {
-    if (nbytes == 0) return nullptr;
-    void* p = nullptr;
-    TR_CUDA_CHECK(cudaHostAlloc(&p, nbytes, cudaHostAllocDefault));
-    record_alloc(nbytes);
-    return p;
-  }
-  void deallocate(void* p, size_t nbytes) override {
-    if (!p) return;
-    cudaFreeHost(p);
-    record_free(nbytes);
-  }
-  Device device() const override { return Device::cpu(); }
-};
-
-}  // namespace
-
-Allocator& pinned_host_allocator() {
-  if (!cuda_available()) return cpu_allocator();
-  static PinnedAllocator a;
-  return a;
-}
-
-CopyStream::CopyStream(Device device) : device_(device) {
-  if (!device.is_cuda()) return;
-  cuda_backend();
-  cuda_use_device(device.index);  // the stream and events belong to the device copied to
-  cudaStream_t s = nullptr;
-  cudaEvent_t e = nullptr, c = nullptr;
-  TR_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  stream_ = s;
-  TR_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  event_ = e;
-  TR_CUDA_CHECK(cudaEventCreateWithFlags(&c, cudaEventDisableTiming));
-  compute_ = c;
-}
-
-CopyStream::~CopyStream() {
-  if (compute_) cudaEventDestroy(static_cast<cudaEvent_t>(compute_));
-  if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
-  if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
-}
-
-void CopyStream::copy_async(const Tensor& host, const Tensor& dev) {
-  TR_CHECK(host.device().is_cpu() && dev.device() == device_ && host.is_contiguous() && dev.is_contiguous() &&
-               host.nbytes() == dev.nbytes() && host.dtype() == dev.dtype(),
-           "copy_async: {} -> {} must be contiguous host -> {} tensors of one size", host.describe(),
-           dev.describe(), device_.str());
-  if (!stream_) {
-    cuda_copy_between_devices(host, dev);
-    return;
-  }
-  // The device block may have been freed by tensors that kernels queued on the compute stream still read:
-  // the copy waits for them on the device, not on the host.
-  cuda_use_device(device_.index);
-  TR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(compute_), cuda::instance().stream()));
-  TR_CUDA_CHECK(
-      cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), static_cast<cudaEvent_t>(compute_), 0));
-  TR_CUDA_CHECK(cudaMemcpyAsync(dev.data_ptr(), host.data_ptr(), host.nbytes(), cudaMemcpyHostToDevice,
-                                static_cast<cudaStream_t>(stream_)));
-}
-
-void CopyStream::make_compute_wait() {
-  if (!stream_) return;
-  cuda_use_device(device_.index);
-  TR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(stream_)));
-  // The compute stream waits for the event, the host does not.
-  TR_CUDA_CHECK(cudaStreamWaitEvent(cuda::instance().stream(), static_cast<cudaEvent_t>(event_), 0));
-}
-
-void CopyStream::synchronize() {
-  if (stream_) TR_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
-}
-
-void cuda_copy_between_devices(const Tensor& src, const Tensor& dst) {
-  TR_CHECK(src.nbytes() == dst.nbytes() && src.dtype() == dst.dtype(), "copy between {} and {}: sizes differ",
-           src.describe(), dst.describe());
-  if (src.nbytes() == 0) return;
-  cudaMemcpyKind kind = src.device().is_cpu()   ? cudaMemcpyHostToDevice
-                        : dst.device().is_cpu() ? cudaMemcpyDeviceToHost
-                                                : cudaMemcpyDeviceToDevice;
-  if (!src.device().is_cpu()) cuda_backend();
-  if (!dst.device().is_cpu()) cuda_backend();
-  // From another GPU: what src's device still has queued for it finishes first (its stream is not ours).
-  if (kind == cudaMemcpyDeviceToDevice && src.device() != dst.device()) {
-    cuda_use_device(src.device().index);
-    TR_CUDA_CHECK(cudaStreamSynchronize(cuda::instance().stream()));
-  }
-  // On the compute stream of the device copied to (from, for the host), after what is queued there, and
-  // finished before returning (as cudaMemcpy).
-  cuda_use_device(dst.device().is_cpu() ? src.device().index : dst.device().index);
-  const cudaStream_t stream = cuda::instance().stream();
-  TR_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), src.nbytes(), kind, stream));
-  TR_CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (kind == cudaMemcpyDeviceToHost) cuda::instance().report_device_errors();  // the queue has drained
-}
-
-}  // namespace tr::backend
