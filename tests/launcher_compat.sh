@@ -5,7 +5,8 @@
 #     (--master_addr/--master_port) the agent's own TCPStore holds MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=
 #     True) and the ranks meet through it in torch's protocol; with --standalone (c10d) torch < 2.5 leaves
 #     MASTER_PORT to rank 0 and 2.5+ shares a fresh agent store;
-#  2. Open MPI's mpirun (OMPI_COMM_WORLD_* and MASTER_ADDR/MASTER_PORT passed with -x; rank 0 serves).
+#  2. Open MPI's mpirun (OMPI_COMM_WORLD_* and MASTER_ADDR/MASTER_PORT passed with -x; rank 0 serves);
+#  3. Slurm's srun, where a cluster answers (SLURM_PROCID / SLURM_STEP_NUM_TASKS / SLURM_LOCALID; rank 0 serves).
 # Each trains 2 ranks to the losses of 1 process with the same global batch (1e-5) and of `trainer launch`
 # (bitwise).
 # Usage: launcher_compat.sh TRAINER TOKENIZER_DIR TEXT WORK_DIR
@@ -17,8 +18,10 @@ for p in python3 /usr/bin/python3; do  # (a pyenv python3 first on PATH may lack
   if "$p" -c "import torch.distributed.run" 2>/dev/null; then py=$p && break; fi
 done
 mpi=$(command -v mpirun || true)
-if [[ -z $py && -z $mpi ]]; then
-  echo "$suite: SKIPPED: neither PyTorch's torchrun nor mpirun here - other launchers NOT tested"
+slurm=
+command -v srun >/dev/null && timeout 10 srun -n 1 true >/dev/null 2>&1 && slurm=srun
+if [[ -z $py && -z $mpi && -z $slurm ]]; then
+  echo "$suite: SKIPPED: no PyTorch torchrun, mpirun or Slurm cluster here - other launchers NOT tested"
   exit 77
 fi
 one w1 6 --config_name gpt2.json
@@ -64,5 +67,17 @@ if [[ -n $mpi ]]; then
   tested+=("mpirun ($("$mpi" --version 2>/dev/null | head -n 1))")
 else
   echo "$suite: SKIPPED PART: no mpirun here - Open MPI NOT tested"
+fi
+if [[ -n $slurm ]]; then
+  next_port
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=$port OMP_NUM_THREADS=1 timeout 300 srun -n 2 --export=ALL "$trainer" train \
+    "${common[@]}" --config_name gpt2.json --per_device_train_batch_size 3 --output_dir srun_w2 >srun_w2.log 2>&1 ||
+    { tail -20 srun_w2.log; fail "srun"; }
+  grep -q "x 2 processes (DDP over gloo" srun_w2.log || fail "srun's run did not train on 2 processes"
+  compare w1 srun_w2 1e-5
+  compare launch_w2 srun_w2 0
+  tested+=("srun ($(srun --version 2>/dev/null))")
+else
+  echo "$suite: SKIPPED PART: no Slurm cluster answers srun here - srun NOT tested"
 fi
 echo "$suite: OK: $(IFS=,; echo "${tested[*]}")"
