@@ -378,10 +378,9 @@ class NcclGroup final : public ProcessGroup {
     const int gpus = backend::cuda_device_count();
     TR_CHECK(gpus > 0, "--ddp_backend nccl: {}; use --ddp_backend gloo",
              backend::cuda_compiled() ? "no CUDA GPU is present" : "this build has no CUDA support");
-    TR_CHECK(env.local_world_size <= gpus,
-             "--ddp_backend nccl: {} processes on this node but {} GPU(s); NCCL takes one GPU per rank (use "
-             "--ddp_backend gloo to share them)",
-             env.local_world_size, gpus);
+    // The rank's GPU, as training_device picks it (cuda:LOCAL_RANK of those visible; with one visible GPU per
+    // task, as srun --gpus-per-task gives, that one). NCCL refuses two ranks on one GPU itself.
+    device_ = env.local_rank % gpus;
     store_ = connect_store(env, timeout, server_);
     check_in(*store_, env, timeout);
     rendezvous_ = rendezvous_note(env, *store_);
@@ -389,7 +388,7 @@ class NcclGroup final : public ProcessGroup {
     const auto id = store_->get("nccl/id", timeout);
     TR_CHECK(id.has_value(), "rendezvous at {}: rank 0's NCCL id did not arrive within --ddp_timeout {} s",
              store_->endpoint(), timeout.count() / 1000.0);
-    comm_ = std::make_unique<backend::NcclComm>(env.local_rank, env.rank, env.world_size, *id, timeout);
+    comm_ = std::make_unique<backend::NcclComm>(device_, env.rank, env.world_size, *id, timeout);
     barrier();  // every rank connected: the store is not read again
   }
   int rank() const override { return comm_->rank(); }
@@ -410,11 +409,16 @@ class NcclGroup final : public ProcessGroup {
   }
   void all_gather_v(const void* in, size_t bytes, void* out, const std::vector<size_t>& counts) override {
     check_counts(counts, bytes, "all_gather_v");
-    timed(bytes, [&] { comm_->exchange(in, std::vector<size_t>(counts.size(), bytes), out, counts); });
+    // exchange() sends consecutive blocks, one per peer: this rank's block once for each.
+    std::vector<char> each(bytes * counts.size());
+    for (size_t j = 0; j < counts.size() && bytes > 0; ++j) std::memcpy(each.data() + j * bytes, in, bytes);
+    timed(bytes,
+          [&] { comm_->exchange(each.data(), std::vector<size_t>(counts.size(), bytes), out, counts); });
   }
   void gather_v(const void* in, size_t bytes, void* out, const std::vector<size_t>& counts, int root,
                 uint32_t) override {  // (NCCL orders calls itself: no tag needed)
     check_counts(counts, bytes, "gather_v");
+    TR_CHECK(root >= 0 && root < size(), "gather_v: root {} is not a rank of {}", root, size());
     std::vector<size_t> send(counts.size(), 0), recv(counts.size(), 0);
     send[static_cast<size_t>(root)] = bytes;
     if (rank() == root) recv = counts;
@@ -434,15 +438,16 @@ class NcclGroup final : public ProcessGroup {
   }
   void barrier() override {
     float one = 1.0f;
-    comm_->all_reduce_sum(&one, 1, DType::f32);
+    timed(4, [&] { comm_->all_reduce_sum(&one, 1, DType::f32); });
   }
   std::unique_ptr<ProcessGroup> split(int color) override {
+    TR_CHECK(color >= 0, "process group split over nccl: color {} (NCCL takes colors >= 0)", color);
     return std::unique_ptr<ProcessGroup>(new NcclGroup(comm_->split(color, rank()), this));
   }
 
  private:
   NcclGroup(std::unique_ptr<backend::NcclComm> comm, NcclGroup* parent)
-      : env_(parent->env_), comm_(std::move(comm)), parent_(parent) {}
+      : env_(parent->env_), device_(parent->device_), comm_(std::move(comm)), parent_(parent) {}
   void check_counts(const std::vector<size_t>& counts, size_t bytes, const char* what) const {
     TR_CHECK(counts.size() == static_cast<size_t>(size()) && counts[static_cast<size_t>(rank())] == bytes,
              "{}: {} counts for {} ranks, this rank's {} (its block has {} bytes)", what, counts.size(),
@@ -458,6 +463,7 @@ class NcclGroup final : public ProcessGroup {
     if (parent_) parent_->add_stats(bytes, seconds);
   }
   DistEnv env_;
+  int device_ = 0;
   std::unique_ptr<StoreServer> server_;
   std::unique_ptr<Store> store_;
   std::string rendezvous_;

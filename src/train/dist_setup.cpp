@@ -128,7 +128,11 @@ std::unique_ptr<dist::ProcessGroup> join_group(const TrainingArguments& a) {
   // GPU ranks train on cuda:LOCAL_RANK (training_device); their buckets go through host memory, over Gloo
   // (the default until NCCL's path has run on GPUs) or NCCL.
   const std::string comm = a.ddp_backend.empty() ? "gloo" : a.ddp_backend;
-  if (training_device(a).is_cuda() && env.is_main()) {
+  const Device dev = training_device(a);
+  // This thread's CUDA context on the rank's own GPU from the start (torch.cuda.set_device(local_rank)): else
+  // the first CUDA call of the rendezvous makes one on cuda:0 in every rank.
+  if (dev.is_cuda()) backend::cuda_use_device(dev.index);
+  if (dev.is_cuda() && env.is_main()) {
     const int gpus = backend::cuda_device_count();
     std::fprintf(stderr,
                  "train: note: %d processes per node on %d GPU(s)%s; DDP/ZeRO buckets over %s through host "

@@ -124,11 +124,6 @@ EvalResult evaluate_command(const TrainingArguments& a) {
   const dist::DistEnv env = dist::read_dist_env();
   std::unique_ptr<dist::ProcessGroup> group;
   if (env.distributed()) {
-    TR_CHECK(
-        !model->device().is_cuda(),
-        "WORLD_SIZE {} on a GPU: distributed evaluation on GPUs needs the NCCL process group, which is not "
-        "built yet; --use_cpu evaluates on the CPUs with Gloo",
-        env.world_size);
     group = dist::init_process_group(env,
                                      dist::parse_comm_backend(a.ddp_backend.empty() ? "gloo" : a.ddp_backend),
                                      std::chrono::milliseconds(a.ddp_timeout * 1000));

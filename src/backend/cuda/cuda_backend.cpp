@@ -146,9 +146,11 @@ class CudaAllocator final : public Allocator {
       return fmt::format("cuda:{} ({:.2f} GiB free of {:.2f} GiB)", index, free_b / 1073741824.0,
                          total_b / 1073741824.0);
     };
-    size_t free_b = 0, total_b = 0;
-    on_device(index, [&] { return cudaMemGetInfo(&free_b, &total_b); });
-    b.total_memory = total_b;
+    // From the properties, not cudaMemGetInfo: that would create a context on every visible GPU in every
+    // process (8 ranks on 8 GPUs: 8 contexts a GPU).
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, index) != cudaSuccess) cudaGetLastError();
+    b.total_memory = prop.totalGlobalMem;
     return b;
   }
 
@@ -666,7 +668,8 @@ class CudaBackend final : public backend::Backend {
     uint64_t*& w = shift_dev_[d];
     if (!w) {
       TR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&w), sizeof(uint64_t)));
-      TR_CUDA_CHECK(cudaMemset(w, 0, sizeof(uint64_t)));
+      // On the compute stream, ordered before set_philox_shift's write (cudaMemset's legacy stream is not).
+      TR_CUDA_CHECK(cudaMemsetAsync(w, 0, sizeof(uint64_t), allocators_[d]->stream()));
     }
     return w;
   }

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <thread>
 
@@ -24,9 +25,8 @@ using Clock = std::chrono::steady_clock;
 // The NCCL entry points we call, resolved once from libnccl.so.2.
 struct Nccl {
   decltype(&ncclGetUniqueId) get_unique_id = nullptr;
-  decltype(&ncclCommInitRank) init_rank = nullptr;
+  decltype(&ncclCommInitRankConfig) init_rank = nullptr;
   decltype(&ncclCommSplit) split = nullptr;
-  decltype(&ncclCommDestroy) destroy = nullptr;
   decltype(&ncclCommAbort) abort = nullptr;
   decltype(&ncclCommGetAsyncError) async_error = nullptr;
   decltype(&ncclGetErrorString) error_string = nullptr;
@@ -56,9 +56,8 @@ const Nccl& nccl() {
       TR_CHECK(fn != nullptr, "NCCL: libnccl.so.2 lacks {} (NCCL 2.18 or later is needed)", name);
     };
     get(f.get_unique_id, "ncclGetUniqueId");
-    get(f.init_rank, "ncclCommInitRank");
+    get(f.init_rank, "ncclCommInitRankConfig");
     get(f.split, "ncclCommSplit");
-    get(f.destroy, "ncclCommDestroy");
     get(f.abort, "ncclCommAbort");
     get(f.async_error, "ncclCommGetAsyncError");
     get(f.error_string, "ncclGetErrorString");
@@ -76,9 +75,46 @@ const Nccl& nccl() {
   return n;
 }
 
+// Non-blocking communicators return ncclInProgress for work they finish later (wait() and ready() poll it).
 void check(ncclResult_t r, const char* what) {
-  TR_CHECK(r == ncclSuccess, "NCCL {}: {}", what, nccl().error_string(r));
+  TR_CHECK(r == ncclSuccess || r == ncclInProgress, "NCCL {}: {}", what, nccl().error_string(r));
 }
+
+// Non-blocking (config.blocking = 0): no NCCL call can wait forever for a peer that is gone; every wait is
+// ours, with its deadline.
+ncclConfig_t nonblocking() {
+  ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+  c.blocking = 0;
+  return c;
+}
+
+// Polls a communicator NCCL is still setting up (init, split) until it is ready; aborts it past the deadline.
+void ready(ncclComm_t c, const char* what, Clock::time_point deadline, double timeout_s) {
+  for (;;) {
+    ncclResult_t r = ncclInProgress;
+    check(nccl().async_error(c, &r), "ncclCommGetAsyncError");
+    if (r == ncclSuccess) return;
+    if (r != ncclInProgress || Clock::now() > deadline) {
+      nccl().abort(c);
+      TR_CHECK(r == ncclInProgress, "NCCL {}: {}", what, nccl().error_string(r));
+      fail("NCCL {}: not every rank joined within --ddp_timeout {} s", what, timeout_s);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+// ncclGroupStart .. ncclGroupEnd, ended also when an enqueue throws (else every later call of the thread
+// would join the open group).
+class GroupScope {
+ public:
+  GroupScope() { check(nccl().group_start(), "group start"); }
+  ~GroupScope() noexcept(false) {
+    const ncclResult_t r = nccl().group_end();
+    if (!std::uncaught_exceptions()) check(r, "group end");
+  }
+  GroupScope(const GroupScope&) = delete;
+  GroupScope& operator=(const GroupScope&) = delete;
+};
 
 ncclComm_t as_comm(void* c) { return static_cast<ncclComm_t>(c); }
 
@@ -115,8 +151,11 @@ NcclComm::NcclComm(int device_index, int rank, int world, const std::string& id,
            sizeof uid.internal);
   std::memcpy(uid.internal, id.data(), sizeof uid.internal);
   ncclComm_t c = nullptr;
-  // Blocking: every rank has checked in at the store before (process_group.cpp), so none is missing here.
-  on_device(device_, [&] { check(nccl().init_rank(&c, world, uid, rank), "ncclCommInitRank"); });
+  on_device(device_, [&] {
+    ncclConfig_t config = nonblocking();
+    check(nccl().init_rank(&c, world, uid, rank, &config), "ncclCommInitRankConfig");
+    ready(c, "ncclCommInitRankConfig", Clock::now() + timeout_, timeout_.count() / 1000.0);
+  });
   comm_ = c;
 }
 
@@ -131,7 +170,9 @@ NcclComm::~NcclComm() {
     cudaFree(buf_);
     cudaSetDevice(prev);
   }
-  if (comm_) nccl().destroy(as_comm(comm_));  // at exit the driver may be gone: nothing to report
+  // Abort, not destroy: every collective was waited for, so nothing is pending, and abort never waits on a
+  // peer (destroy could, while an error unwinds). At exit the driver may be gone: nothing to report.
+  if (comm_) nccl().abort(as_comm(comm_));
 }
 
 void* NcclComm::staging(size_t bytes) {
@@ -151,7 +192,11 @@ void NcclComm::wait(const char* what) {
   for (;;) {
     const cudaError_t q = cudaStreamQuery(s);
     if (q == cudaSuccess) return;
-    if (q != cudaErrorNotReady) TR_CUDA_CHECK(q);
+    if (q != cudaErrorNotReady) {
+      nccl().abort(as_comm(comm_));
+      comm_ = nullptr;
+      TR_CUDA_CHECK(q);
+    }
     ncclResult_t r = ncclSuccess;
     check(nccl().async_error(as_comm(comm_), &r), "ncclCommGetAsyncError");
     if (r != ncclSuccess && r != ncclInProgress) {
@@ -232,19 +277,20 @@ void NcclComm::exchange(const void* in, const std::vector<size_t>& send_bytes, v
     char* din = d;
     char* dout = d + sent;
     if (sent) TR_CUDA_CHECK(cudaMemcpyAsync(din, in, sent, cudaMemcpyHostToDevice, s));
-    check(nccl().group_start(), "group start");
-    size_t so = 0, ro = 0;
-    for (size_t j = 0; j < w; ++j) {
-      if (send_bytes[j])
-        check(nccl().send(din + so, send_bytes[j], ncclUint8, static_cast<int>(j), as_comm(comm_), s),
-              "send");
-      if (recv_bytes[j])
-        check(nccl().recv(dout + ro, recv_bytes[j], ncclUint8, static_cast<int>(j), as_comm(comm_), s),
-              "recv");
-      so += send_bytes[j];
-      ro += recv_bytes[j];
+    {
+      const GroupScope group;
+      size_t so = 0, ro = 0;
+      for (size_t j = 0; j < w; ++j) {
+        if (send_bytes[j])
+          check(nccl().send(din + so, send_bytes[j], ncclUint8, static_cast<int>(j), as_comm(comm_), s),
+                "send");
+        if (recv_bytes[j])
+          check(nccl().recv(dout + ro, recv_bytes[j], ncclUint8, static_cast<int>(j), as_comm(comm_), s),
+                "recv");
+        so += send_bytes[j];
+        ro += recv_bytes[j];
+      }
     }
-    check(nccl().group_end(), "group end");
     wait("exchange");
     if (received) TR_CUDA_CHECK(cudaMemcpy(out, dout, received, cudaMemcpyDeviceToHost));
   });
@@ -253,7 +299,11 @@ void NcclComm::exchange(const void* in, const std::vector<size_t>& send_bytes, v
 std::unique_ptr<NcclComm> NcclComm::split(int color, int key) {
   TR_CHECK(comm_ != nullptr, "NCCL: the communicator was aborted after an earlier failure");
   ncclComm_t c = nullptr;
-  on_device(device_, [&] { check(nccl().split(as_comm(comm_), color, key, &c, nullptr), "ncclCommSplit"); });
+  on_device(device_, [&] {
+    ncclConfig_t config = nonblocking();
+    check(nccl().split(as_comm(comm_), color, key, &c, &config), "ncclCommSplit");
+    if (c != nullptr) ready(c, "ncclCommSplit", Clock::now() + timeout_, timeout_.count() / 1000.0);
+  });
   TR_CHECK(c != nullptr, "NCCL split: color {} gave this rank no communicator", color);
   int rank = 0, size = 0;
   check(nccl().user_rank(c, &rank), "ncclCommUserRank");
