@@ -124,13 +124,8 @@ void forward(const Tiles& tiles, const backend::AttentionGeometry& g, const BFlo
             amx::pack_pairs(vp + s0 * D, ns, D, D, k32, vv.data());
             tiles.product(m16, D, k32, pb.data(), k32, vv.data(), 2 * D, acc.data(), D, true);  // acc += P V
           }
-          BFloat16* op = out + ((b * g.H + h) * g.T + t0) * D;
-          float* lp = lse + (b * g.H + h) * g.T + t0;
-          for (int64_t i = 0; i < nt; ++i) {
-            const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-            for (int64_t c = 0; c < D; ++c) store(op, i * D + c, acc[i * D + c] * inv);
-            lp[i] = l[i] > 0.0f ? m[i] + std::log(l[i]) : kNegInf;
-          }
+          finish_rows(nt, D, acc.data(), m.data(), l.data(), out + ((b * g.H + h) * g.T + t0) * D,
+                      lse + (b * g.H + h) * g.T + t0);
         }
     tiles.release();
   }

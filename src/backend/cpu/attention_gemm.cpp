@@ -83,13 +83,8 @@ void attention_gemm_forward(const backend::AttentionGeometry& g, const T* q, con
             }
             bad |= !gemm(false, false, nt, D, ns, s.data(), ns, vr, D, true, acc.data(), D);  // acc += P V
           }
-          T* op = out + ((b * g.H + h) * g.T + t0) * D;
-          float* lp = lse + (b * g.H + h) * g.T + t0;
-          for (int64_t i = 0; i < nt; ++i) {
-            const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-            for (int64_t c = 0; c < D; ++c) store(op, i * D + c, acc[i * D + c] * inv);
-            lp[i] = l[i] > 0.0f ? m[i] + std::log(l[i]) : kNegInf;
-          }
+          finish_rows(nt, D, acc.data(), m.data(), l.data(), out + ((b * g.H + h) * g.T + t0) * D,
+                      lse + (b * g.H + h) * g.T + t0);
         }
   }
   TR_CHECK(!bad, "attention: oneDNN sgemm refused a tile product (head dim {})", D);

@@ -11,6 +11,7 @@
 
 #include "backend/attention_geometry.h"
 #include "backend/cpu/convert.h"
+#include "backend/cpu/loops.h"
 #include "backend/cpu/philox_cpu.h"
 #include "backend/cpu/vec_math512.h"
 #include "backend/cpu/vec_unary.h"
@@ -99,6 +100,18 @@ inline void online_softmax_row(const backend::AttentionGeometry& g, int64_t bh, 
   if (g.dropout > 0) {
     drop_factors(g, bh, t, s0, ns, z);
     for (int64_t j = 0; j < ns; ++j) si[j] *= z[j];
+  }
+}
+
+// The end of a query tile's forward: out rows = acc / l (T's rounding), lse = m + log l; a row that saw
+// nothing gets zeros and -inf.
+template <typename T>
+void finish_rows(int64_t nt, int64_t D, const float* acc, const float* m, const float* l, T* out,
+                 float* lse) {
+  for (int64_t i = 0; i < nt; ++i) {
+    const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+    for (int64_t c = 0; c < D; ++c) store(out, i * D + c, acc[i * D + c] * inv);
+    lse[i] = l[i] > 0.0f ? m[i] + std::log(l[i]) : kNegInf;
   }
 }
 
