@@ -104,10 +104,11 @@ print(json.dumps({"peer": f"trainer.cpp {attn}", "batch": B, "tokens_per_second"
 PY
 }
 if has train; then for run in sdpa eager compiled; do train_ours $run; done; fi
-# DDP on the GPU (issue 12): 2 ranks of `trainer launch` sharing this GPU (gloo through host memory) against 1
-# process with the same global batch, a small GPT-2 in fp32 without dropout: losses within 1e-5 per step.
+# DDP and FSDP on the GPU (issue 12): 2 ranks of `trainer launch` sharing this GPU (gloo through host memory)
+# against 1 process with the same global batch, a small GPT-2 in fp32 without dropout: losses within 1e-5 per
+# step for DDP, ZeRO-2 (shard on the GPU) and ZeRO-3 with the shard offloaded to host memory.
 if has ddp; then
-  echo "== DDP on the GPU: 2 ranks vs 1 process"
+  echo "== DDP / FSDP on the GPU: 2 ranks vs 1 process"
   echo '{"model_type": "gpt2", "vocab_size": 50257, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64,
     "resid_pdrop": 0, "embd_pdrop": 0, "attn_pdrop": 0}' >/tmp/ddp_gpt2.json
   ddp_common=(--config_name /tmp/ddp_gpt2.json --tokenizer_name "$tok" --train_file tests/data/tricky.txt
@@ -115,20 +116,28 @@ if has ddp; then
     --overwrite_output_dir)
   timeout 60 "$work/bin/trainer" train "${ddp_common[@]}" --per_device_train_batch_size 4 --output_dir /tmp/ddp_w1 \
     >/tmp/ddp_w1.log 2>&1; echo "1 process: exit $?"
-  timeout 90 "$work/bin/trainer" launch --nproc_per_node 2 --master_port 29731 train "${ddp_common[@]}" \
-    --per_device_train_batch_size 2 --output_dir /tmp/ddp_w2 >/tmp/ddp_w2.log 2>&1; echo "2 ranks: exit $?"
-  grep -E "note|error|processes" /tmp/ddp_w2.log | head -n 6
-  python3 - <<'PY' | tee -a "$OUT/train.jsonl"
-import json
+  port=29731
+  for variant in ddp "shard_grad_op" "full_shard offload"; do
+    fsdp=(); [[ $variant == ddp ]] || fsdp=(--fsdp "$variant")
+    name=${variant// /_}
+    timeout 90 "$work/bin/trainer" launch --nproc_per_node 2 --master_port $((port++)) train "${ddp_common[@]}" \
+      "${fsdp[@]}" --per_device_train_batch_size 2 --output_dir /tmp/ddp_$name >/tmp/ddp_$name.log 2>&1
+    echo "2 ranks, $variant: exit $?"
+    grep -E "note|error|processes|offload" /tmp/ddp_$name.log | head -n 6
+    VARIANT=$name python3 - <<'PY' | tee -a "$OUT/train.jsonl"
+import json, os
 def rows(d):
     try:
         return {j["step"]: j["loss"] for j in map(json.loads, open(d + "/metrics.jsonl")) if "loss" in j}
     except OSError:
         return {}
-a, b = rows("/tmp/ddp_w1"), rows("/tmp/ddp_w2")
+v = os.environ["VARIANT"]
+a, b = rows("/tmp/ddp_w1"), rows("/tmp/ddp_" + v)
 worst = max((abs(a[k] - b[k]) / abs(a[k]) for k in a if k in b), default=None)
-print(json.dumps({"ddp_gpu_steps": len(b), "ddp_gpu_worst_rel_loss_diff": worst, "ok": bool(a) and a.keys() == b.keys() and worst < 1e-5}))
+print(json.dumps({"gpu_ranks": v, "steps": len(b), "worst_rel_loss_diff": worst,
+                  "ok": bool(a) and a.keys() == b.keys() and worst is not None and worst < 1e-5}))
 PY
+  done
 fi
 W=$((S / 4))
 has hf && timeout 90 python3 bench/hf_trainer_peer.py --batch $B --steps $S --warmup $W 2>&1 | tail -n 1 |

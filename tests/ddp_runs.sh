@@ -9,7 +9,7 @@
 #  4. SIGTERM to the launcher: every rank stops at the same step, one checkpoint, exit 0, and it resumes;
 #  5. a rank killed with SIGKILL: the launcher exits 1 naming it within seconds, no process left behind;
 #     with --max_restarts, two nodes' groups restart together and resume bit-exactly from a checkpoint;
-#  6. bad input: a missing rank 0, disagreeing world sizes, --fsdp offload, launch flags, an incompatible
+#  6. bad input: a missing rank 0, disagreeing world sizes, --fsdp offload alone, launch flags, an incompatible
 #     resume.
 # Usage: ddp_runs.sh TRAINER TOKENIZER_DIR TEXT WORK_DIR
 set -euo pipefail
@@ -191,8 +191,8 @@ wait $r0 || true
 grep -q "was started with WORLD_SIZE" mismatch0.log mismatch1.log || { cat mismatch*.log; fail "mismatch"; }
 next_port
 rc=0; "$trainer" launch --nproc_per_node 2 --master_port "$port" train "${common[@]}" --config_name gpt2.json \
-  --per_device_train_batch_size 3 --output_dir fsdp --fsdp "full_shard offload auto_wrap" >fsdp.log 2>&1 || rc=$?
-[[ $rc == 1 ]] && grep -q "error: --fsdp full_shard offload auto_wrap: offload is not built yet" fsdp.log ||
+  --per_device_train_batch_size 3 --output_dir fsdp --fsdp "offload auto_wrap" >fsdp.log 2>&1 || rc=$?
+[[ $rc == 1 ]] && grep -q "error: --fsdp offload auto_wrap: offload can't work on its own" fsdp.log ||
   { cat fsdp.log; fail "--fsdp under a launch"; }
 rc=0; "$trainer" train "${common[@]}" --config_name gpt2.json --output_dir fsdp1 --fsdp full_shrad >fsdp1.log 2>&1 || rc=$?
 [[ $rc == 1 ]] && grep -q "fsdp 'full_shrad' is not one of .*did you mean 'full_shard'" fsdp1.log || { cat fsdp1.log; fail "--fsdp typo"; }

@@ -223,6 +223,33 @@ TEST(Estimate, TheCompiledArenaIsTheLivePeakAboveWhatStays) {
       << "the graphs' arena is a segment of its own";
 }
 
+// --fsdp offload on a GPU: this rank's shard (fp32 masters, gradient shard, AdamW's two moments: 16 bytes an
+// element) leaves the device's peak for host memory; on the CPU it stays where it is.
+TEST(Estimate, OffloadMovesTheShardToTheHost) {
+  Scratch s("estimate_offload");
+  std::ofstream(s.dir / "config.json") << kLlama;
+  auto a = s.args("run");
+  a.bf16 = true;
+  for (const char* strategy : {"shard_grad_op", "full_shard"}) {
+    SCOPED_TRACE(strategy);
+    a.fsdp = strategy;
+    const train::MemoryTarget gpu{3, 0, train::MemoryDevice::cuda}, cpu{3, 0, train::MemoryDevice::cpu};
+    const auto kept = train::estimate_memory(a, gpu);
+    a.fsdp = std::string(strategy) + " offload";
+    const auto moved = train::estimate_memory(a, gpu);
+    const int64_t shard = (kept.parameters + 2) / 3;
+    EXPECT_EQ(kept.offloaded_bytes, 0);
+    EXPECT_EQ(moved.offloaded_bytes, 16 * shard + 8);  // and AdamW's step count
+    EXPECT_LE(moved.peak_bytes, kept.peak_bytes - moved.offloaded_bytes + 64);
+    EXPECT_GE(moved.peak_bytes, kept.peak_bytes - moved.offloaded_bytes);
+    EXPECT_LT(moved.reserved_bytes, kept.reserved_bytes);
+    const auto host = train::estimate_memory(a, cpu);  // a CPU run: nothing to move
+    EXPECT_EQ(host.offloaded_bytes, 0);
+    a.fsdp = strategy;
+    EXPECT_EQ(host.peak_bytes, train::estimate_memory(a, cpu).peak_bytes);
+  }
+}
+
 TEST(Estimate, ASplitIsRefusedWithoutItsBudgetsOrWithTheWrongDevices) {
   Scratch s("estimate_split_refused");
   auto a = s.args("run");

@@ -10,8 +10,8 @@
 #     (within 1e-5); a one-process checkpoint continued sharded at 2; SGD's momentum across world sizes;
 #  4. SIGTERM to the launcher: one checkpoint with every rank's file, exit 0; two nodes (two launchers) equal
 #     one when they share output_dir, and are refused before training when they do not;
-#  5. bad input: an optimizer that needs whole tensors, a rank file missing on resume (full_shard's own:
-#     zero3_runs.sh).
+#  5. bad input: an optimizer that needs whole tensors, offload without a strategy, a rank file missing on
+#     resume (full_shard's own: zero3_runs.sh).
 # Usage: zero_runs.sh TRAINER TOKENIZER_DIR TEXT WORK_DIR
 set -euo pipefail
 suite=zero_runs
@@ -40,6 +40,12 @@ many zero_w3_small 3 2 --config_name gpt2.json --fsdp shard_grad_op --ddp_bucket
 compare zero_w3 zero_w3_small 0
 many zero_w3_compile 3 2 --config_name gpt2.json --fsdp shard_grad_op --torch_compile
 compare zero_w3 zero_w3_compile 0
+# --fsdp offload on the host: the shard is in host memory already (said once), the same bits. Off the host
+# (cpu:1, cuda:0) the offloaded shard's bits are test_zero_devices.cpp's.
+many zero_w2_offload 2 3 --config_name gpt2.json --fsdp "shard_grad_op offload"
+grep -q "train: --fsdp offload: the run is on the host, where the shard is already" zero_w2_offload.log ||
+  fail "offload on the host does not say so"
+compare zero_w2 zero_w2_offload 0
 
 # 2. One optimizer file per rank, the state split three ways (DDP's ranks each hold all of it).
 for k in 0 1 2; do [[ -s zero_w3/checkpoint-4/optimizer.rank-$k.safetensors ]] || fail "no optimizer.rank-$k"; done
@@ -125,6 +131,11 @@ rc=0; "$trainer" launch --nproc_per_node 2 --master_port "$port" train "${common
   --per_device_train_batch_size 3 --output_dir ada --fsdp shard_grad_op --optim adafactor >ada.log 2>&1 || rc=$?
 [[ $rc == 1 ]] && grep -q "error: --fsdp shard_grad_op with --optim adafactor: sharding splits tensors" ada.log ||
   { cat ada.log; fail "adafactor sharded"; }
+next_port
+rc=0; "$trainer" launch --nproc_per_node 2 --master_port "$port" train "${common[@]}" --config_name gpt2.json \
+  --per_device_train_batch_size 3 --output_dir alone --fsdp offload >alone.log 2>&1 || rc=$?
+[[ $rc == 1 ]] && grep -q "error: --fsdp offload: offload can't work on its own; add it to a sharding strategy" alone.log ||
+  { cat alone.log; fail "offload without a strategy"; }
 cp -r zero_w3/checkpoint-4 broken && rm broken/optimizer.rank-1.safetensors
 next_port
 rc=0; "$trainer" launch --nproc_per_node 2 --master_port "$port" train "${common[@]}" --config_name gpt2.json \

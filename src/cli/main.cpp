@@ -216,6 +216,7 @@ int estimate(tr::train::TrainingArguments a, const std::string& device_name, con
                      {"gradient_accumulation_steps", e.gradient_accumulation_steps},
                      {"breakdown", b}};
     if (e.compiled_arena_bytes > 0) j["compiled_arena_bytes"] = e.compiled_arena_bytes;
+    if (e.offloaded_bytes > 0) j["offloaded_bytes"] = e.offloaded_bytes;
     if (cuda) {
       j["reserved_bytes"] = e.reserved_bytes;
       j["workspace_bytes"] = e.workspace_bytes;
@@ -281,6 +282,9 @@ int estimate(tr::train::TrainingArguments a, const std::string& device_name, con
         "compiled arena    %s  (torch_compile: a step's buffers planned into one block%s)\n",
         gib(e.compiled_arena_bytes).c_str(),
         cuda && a.compile_device_graphs() ? "; kept between steps by the CUDA graphs, in reserved" : "");
+  if (e.offloaded_bytes > 0)
+    std::printf("host (offload)    %s  (--fsdp offload: fp32 masters, gradient shard, optimizer state)\n",
+                gib(e.offloaded_bytes).c_str());
   if (e.save_peak_bytes > 0)
     std::printf("checkpoint save   %s  (the weights written one tensor at a time)\n",
                 gib(e.save_peak_bytes).c_str());

@@ -152,7 +152,8 @@ const std::vector<ArgSpec>& argument_specs() {
       {"fsdp", &A::fsdp,
        "sharding (space-separated): shard_grad_op (ZeRO-2: gradients and optimizer state 1/N per rank), "
        "full_shard (ZeRO-3: parameters too, gathered per layer); hybrid_shard, hybrid_shard_zero2 (the same "
-       "within each node, replicated across nodes); offload not built yet; auto_wrap, no_shard",
+       "within each node, replicated across nodes); offload (with one of them: fp32 masters, gradient shard "
+       "and optimizer state in host memory, updated there); auto_wrap, no_shard",
        "distributed"},
       {"fsdp_config", &A::fsdp_config, "a JSON file of FSDP options", "distributed"},
       {"average_tokens_across_devices", &A::average_tokens_across_devices,

@@ -89,13 +89,6 @@ void check_shared_output_dir(dist::ProcessGroup& g, const std::string& dir, cons
 }
 
 void check_fsdp_flags(const TrainingArguments& a, int world_size) {
-  for (const std::string& o : a.fsdp_options())
-    TR_CHECK(
-        o != "offload",
-        "--fsdp {}: offload is not built yet (it moves masters and optimizer state to host memory, where a "
-        "CPU run keeps them already); shard_grad_op, full_shard, hybrid_shard and hybrid_shard_zero2 are, "
-        "and without --fsdp the {} processes train with DDP",
-        a.fsdp, world_size);
   int strategies = 0;
   for (const char* s : {"full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2"})
     strategies += a.fsdp_has(s) ? 1 : 0;
@@ -103,6 +96,12 @@ void check_fsdp_flags(const TrainingArguments& a, int world_size) {
            "--fsdp {}: full_shard, shard_grad_op, hybrid_shard and hybrid_shard_zero2 are sharding "
            "strategies; give one",
            a.fsdp);
+  // HF's rule: offload moves a sharded optimizer's shard to the host, so it needs a sharding strategy.
+  TR_CHECK(
+      !a.fsdp_has("offload") || strategies == 1,
+      "--fsdp {}: offload can't work on its own; add it to a sharding strategy, e.g. --fsdp \"full_shard "
+      "offload\" or \"shard_grad_op offload\" (without --fsdp the {} processes train with DDP)",
+      a.fsdp, world_size);
   const char* strategy = fsdp_strategy(a);
   TR_CHECK(zero_stage(a) == 0 || shards_elementwise(a.optim),
            "--fsdp {} with --optim {}: sharding splits tensors into flat slices, which only "

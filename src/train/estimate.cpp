@@ -259,10 +259,14 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
   const bool zero = stage > 0;
   const auto group = zero ? dist::dry_run_group(shard_world) : nullptr;
   std::unique_ptr<ShardedOptimizer> z;
+  // --fsdp offload on a GPU: the shard on the host's stand-in, so the device's peak leaves it out (a CPU run
+  // keeps it where it is).
+  const bool offload = zero && a.fsdp_has("offload") && device == MemoryDevice::cuda;
   if (zero)
     z = std::make_unique<ShardedOptimizer>(*group, model->named_parameters(), a.optim, oo,
                                            a.ddp_bucket_cap_mb << 20, compute != DType::f32, stage,
-                                           deferred ? std::optional(Device::meta()) : std::nullopt);
+                                           deferred ? std::optional(Device::meta()) : std::nullopt,
+                                           offload ? std::optional(DryDevices::host()) : std::nullopt);
   if (deferred) build_shard(*z, model->named_parameters(), load, compute);
   MixedPrecision mp(model->named_parameters(), compute, a.fp16, zero && compute != DType::f32);
   model->set_dtype(compute);
@@ -403,11 +407,16 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
   }
   const int64_t grads = weight_bytes;  // one gradient per parameter, in the compute dtype
   const int64_t shard = sharded ? sharded->shard_bytes() - state : 0;  // slices of masters and gradients
+  if (offload) e.offloaded_bytes = shard + state;                      // in host memory, not on the device
   e.breakdown = {
       {full ? "weights (none between uses: each unit gathered as it runs)" : "weights", bytes_of(weights)},
-      {sharded ? "fp32 masters (this rank's slices) and reduced gradient shard" : "fp32 masters",
-       sharded ? shard : bytes_of(masters)},
-      {"optimizer state", state},
+      {offload   ? "fp32 masters and reduced gradient shard (offloaded: in host memory)"
+       : sharded ? "fp32 masters (this rank's slices) and reduced gradient shard"
+                 : "fp32 masters",
+       offload   ? 0
+       : sharded ? shard
+                 : bytes_of(masters)},
+      {offload ? "optimizer state (offloaded: in host memory)" : "optimizer state", offload ? 0 : state},
       {"data batches (one step)", a.gradient_accumulation_steps * batch_bytes},
       {"data loader prefetch", prefetch}};
   if (devices.split()) {  // the rows above are the whole model's; each device's share is in e.devices
@@ -418,6 +427,9 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
   for (const auto& [name, b] : e.breakdown) persistent += b;
   if (full) e.breakdown.emplace_back("weights (all, for reference)", weight_bytes);
   e.breakdown.emplace_back("gradients (all, for reference)", grads);
+  if (offload)
+    e.breakdown.emplace_back("host memory (offload): fp32 masters, gradient shard, optimizer state",
+                             e.offloaded_bytes);
   const bool save_peak = e.peak_at.rfind("checkpoint save", 0) == 0;
   e.breakdown.emplace_back(save_peak ? "the save's tensors and the optimizer state_dict at the peak"
                            : full    ? "activations, gathered units, gradients and workspace at the peak"

@@ -56,6 +56,9 @@ struct MemoryEstimate {
   // the run's compiled_planned_peak_memory_gib is about held_bytes + this). Under CUDA graphs it stays
   // allocated between steps: in reserved_bytes, beside the eager memory the capturing step left cached.
   int64_t compiled_arena_bytes = 0;
+  // --fsdp offload on cuda: this rank's fp32 masters, gradient shard and optimizer state, in host memory
+  // (none of it in peak_bytes / reserved_bytes).
+  int64_t offloaded_bytes = 0;
   // What must fit in the device's memory: cuda reserved_bytes + workspace_bytes, cpu peak_bytes.
   int64_t fit_bytes() const {
     return device == MemoryDevice::cuda ? reserved_bytes + workspace_bytes : peak_bytes;

@@ -226,10 +226,17 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
   if (zero) {
     // Hybrid sharding: ZeRO within each node, the node's gradient shard summed with the other nodes'.
     if (hybrid_sharding(a)) hybrid_ = hybrid_groups(*group_, dist::read_dist_env());
-    auto z = std::make_unique<ShardedOptimizer>(hybrid_.shard ? *hybrid_.shard : *group_,
-                                                model_->named_parameters(), a.optim, oo,
-                                                a.ddp_bucket_cap_mb << 20, compute_ != DType::f32, stage,
-                                                deferred ? std::optional(dev_) : std::nullopt);
+    // --fsdp offload: the shard (masters, summed gradients, optimizer state) in host memory, updated there;
+    // a CPU run keeps it there already.
+    const bool offload = a.fsdp_has("offload") && !dev_.is_cpu();
+    if (main_ && a.fsdp_has("offload"))
+      std::fprintf(stderr, "train: --fsdp offload: %s\n",
+                   offload ? "fp32 masters, gradient shard and optimizer state in host memory, updated there"
+                           : "the run is on the host, where the shard is already: nothing to move");
+    auto z = std::make_unique<ShardedOptimizer>(
+        hybrid_.shard ? *hybrid_.shard : *group_, model_->named_parameters(), a.optim, oo,
+        a.ddp_bucket_cap_mb << 20, compute_ != DType::f32, stage,
+        deferred ? std::optional(dev_) : std::nullopt, offload ? std::optional(Device::cpu()) : std::nullopt);
     z->set_replicas(hybrid_.replicas.get());
     if (deferred) {
       // Read from a checkpoint (fresh init is the same on every rank by construction): checked to agree.
@@ -339,21 +346,24 @@ void Run::announce() const {
       hybrid_.shard
           ? fmt::format(" sharded within each of {} nodes, replicated across them;", hybrid_.replicas->size())
           : "";
+  const auto* sharded = dynamic_cast<const ShardedOptimizer*>(opt_.get());
+  const std::string offload =
+      sharded && sharded->offloaded() ? "; the shard offloaded to host memory and updated there" : "";
   const std::string world =
       !group_ ? ""
       : full_ ? fmt::format(
                     " x {} processes (ZeRO-3 {} over {}:{} parameters, gradients and optimizer state "
                     "1/{} per rank, gathered one decoder layer at a time ({} layers and the root), {} MB per "
-                    "collective)",
+                    "collective{})",
                     group_->size(), fsdp_strategy(a_), group_->backend_name(), nodes, shard, full_->layers(),
-                    a_.ddp_bucket_cap_mb)
-      : dynamic_cast<const ShardedOptimizer*>(opt_.get())
-          ? fmt::format(
-                " x {} processes (ZeRO-2 {} over {}:{} gradients reduce-scattered, optimizer "
-                "state 1/{} per rank, {} MB per collective)",
-                group_->size(), fsdp_strategy(a_), group_->backend_name(), nodes, shard, a_.ddp_bucket_cap_mb)
-          : fmt::format(" x {} processes (DDP over {}, buckets of {} MB)", group_->size(),
-                        group_->backend_name(), a_.ddp_bucket_cap_mb);
+                    a_.ddp_bucket_cap_mb, offload)
+      : sharded ? fmt::format(
+                      " x {} processes (ZeRO-2 {} over {}:{} gradients reduce-scattered, optimizer "
+                      "state 1/{} per rank, {} MB per collective{})",
+                      group_->size(), fsdp_strategy(a_), group_->backend_name(), nodes, shard,
+                      a_.ddp_bucket_cap_mb, offload)
+                : fmt::format(" x {} processes (DDP over {}, buckets of {} MB)", group_->size(),
+                              group_->backend_name(), a_.ddp_bucket_cap_mb);
   std::fprintf(
       stderr,
       "train: %s, %.1fM parameters, %s, optim %s; %lld tokens; %lld optimizer steps of %lld x %lld x %lld "

@@ -12,6 +12,7 @@
 #include "io/safetensors.h"
 #include "autograd/node.h"
 #include "ops/ops.h"
+#include "train/host_stage.h"
 
 namespace tr::train {
 
@@ -55,15 +56,17 @@ bool shards_elementwise(const std::string& name) {
 ShardedOptimizer::ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamList& masters,
                                    const std::string& optim, const optim::OptimizerOptions& opts,
                                    int64_t bucket_cap_bytes, bool own_masters, int stage,
-                                   std::optional<Device> deferred_on)
+                                   std::optional<Device> deferred_on, std::optional<Device> offload_to)
     : Optimizer(masters, opts),
       group_(group),
       layout_(masters, group.size()),
-      own_(own_masters || stage == 3),
+      own_(own_masters || stage == 3 || offload_to.has_value()),
       stage_(stage),
-      dev_(deferred_on       ? *deferred_on
-           : masters.empty() ? Device::cpu()
-                             : masters.front().second->device()) {
+      model_dev_(deferred_on       ? *deferred_on
+                 : masters.empty() ? Device::cpu()
+                                   : masters.front().second->device()),
+      offloaded_(offload_to.has_value()) {
+  dev_ = offload_to ? *offload_to : model_dev_;
   TR_CHECK(stage == 2 || stage == 3, "ShardedOptimizer: ZeRO stage {} (2 or 3)", stage);
   TR_CHECK(shards_elementwise(optim),
            "--fsdp {} with --optim {}: sharding splits tensors into flat slices, which only "
@@ -71,12 +74,11 @@ ShardedOptimizer::ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamLis
            "{}'s state needs whole tensors",
            fsdp_option(), optim, optim);
   TR_CHECK(!deferred_on || own_, "ShardedOptimizer: deferred masters need a shard of its own");
-  const Device where = deferred_on ? Device::meta() : dev_;
+  const Device where = deferred_on ? Device::meta() : model_dev_;
   for (const auto& [name, p] : masters)
-    TR_CHECK(p->device() == where && (dev_.is_cpu() || dev_.is_meta()) && p->dtype() == DType::f32 &&
-                 p->is_contiguous(),
-             "--fsdp {}: parameter '{}' is {}; sharding runs on fp32 host parameters (Gloo)", fsdp_option(),
-             name, p->describe());
+    TR_CHECK(p->device() == where && p->dtype() == DType::f32 && p->is_contiguous(),
+             "--fsdp {}: parameter '{}' is {}; sharding takes contiguous fp32 parameters, all on {}",
+             fsdp_option(), name, p->describe(), where.str());
   round_ = std::max<int64_t>(1, bucket_cap_bytes / static_cast<int64_t>(sizeof(float)) / group.size());
   bucket_elems_ = std::max<int64_t>(1, bucket_cap_bytes / static_cast<int64_t>(sizeof(float)));
   slices_ = layout_.slices(masters, group.rank());
@@ -92,9 +94,8 @@ ShardedOptimizer::ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamLis
     slice_param_.push_back(p);
     slice_at_.push_back(at);
     if (own_) {
-      if (!dev_.is_meta() && !deferred_on)
-        std::memcpy(master_flat_.data<float>() + pos, m.data<float>() + at,
-                    static_cast<size_t>(n) * sizeof(float));
+      if (!dev_.is_meta() && !deferred_on)  // from the model's device to the shard's
+        ops::copy_(host_stage::stretch(master_flat_, pos, n), host_stage::stretch(m, at, n));
       slice_params_.push_back(master_flat_.as_strided({n}, {1}, pos));
     } else {
       slice_params_.push_back(m.as_strided({n}, {1}, m.offset() + at));
@@ -108,14 +109,16 @@ ShardedOptimizer::ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamLis
 void ShardedOptimizer::fill(size_t p, const Tensor& value) {
   TR_CHECK(own_ && p < params_.size(), "ShardedOptimizer::fill: parameter {} of {}", p, params_.size());
   TR_CHECK(value.shape() == params_[p].second->shape() && value.dtype() == DType::f32 &&
-               value.is_contiguous() && value.device() == dev_,
+               value.is_contiguous() && value.device() == model_dev_,
            "ShardedOptimizer::fill: '{}' is {}, expected contiguous f32 {} on {}", params_[p].first,
-           value.describe(), shape_str(params_[p].second->shape()), dev_.str());
-  if (dev_.is_meta()) return;
+           value.describe(), shape_str(params_[p].second->shape()), model_dev_.str());
+  if (dev_.is_meta() || value.device().is_meta()) return;
   for (size_t k = 0; k < slice_param_.size(); ++k)
-    if (slice_param_[k] == p)
-      std::memcpy(master_flat_.data<float>() + slice_pos_[k], value.data<float>() + slice_at_[k],
-                  static_cast<size_t>(slice_params_[k].numel()) * sizeof(float));
+    if (slice_param_[k] == p) {
+      const int64_t n = slice_params_[k].numel();
+      ops::copy_(host_stage::stretch(master_flat_, slice_pos_[k], n),
+                 host_stage::stretch(value, slice_at_[k], n));
+    }
 }
 
 namespace {
@@ -185,15 +188,26 @@ void ShardedOptimizer::reduce_scatter(const std::vector<Tensor>& grads, double s
                     static_cast<size_t>(cnt) * sizeof(float));
       });
     }
-    if (!dev_.is_meta())
-      group_.reduce_scatter_sum(send_.data(), grad_flat_.data<float>() + k0, static_cast<size_t>(n),
-                                scratch_);
+    if (dev_.is_meta()) continue;
+    float* out = grad_out(k0, n);
+    group_.reduce_scatter_sum(send_.data(), out, static_cast<size_t>(n), scratch_);
+    if (scale != 1.0) {  // as DDP's buckets: the f32 scale applied to the f32 sums
+      const float s = static_cast<float>(scale);
+      for (int64_t i = 0; i < n; ++i) out[i] *= s;
+    }
+    grad_out_done(k0, n);
   }
-  if (scale != 1.0 && !dev_.is_meta()) {  // as DDP's buckets: the f32 scale applied to the f32 sums
-    const float s = static_cast<float>(scale);
-    float* g = grad_flat_.data<float>();
-    for (int64_t i = 0; i < S; ++i) g[i] *= s;
-  }
+}
+
+float* ShardedOptimizer::grad_out(int64_t at, int64_t n) {
+  if (host_stage::direct(grad_flat_)) return grad_flat_.data<float>() + at;
+  staged_.resize(static_cast<size_t>(std::max<int64_t>(n, 1)));
+  return staged_.data();
+}
+
+void ShardedOptimizer::grad_out_done(int64_t at, int64_t n) {
+  if (!host_stage::direct(grad_flat_))
+    host_stage::write(staged_.data(), host_stage::stretch(grad_flat_, at, n));
 }
 
 // Buckets from the end of the flat space (backward finishes the last parameters first).
@@ -250,14 +264,12 @@ void ShardedOptimizer::read_grad(size_t p, int64_t at, int64_t n, float* dst) co
     if (dst != nullptr) std::fill(dst, dst + n, 0.0f);
     return;
   }
-  // A stretch at a time: a half gradient is never widened whole.
+  // A stretch at a time: a half gradient is never widened whole, a GPU's moves only the stretch.
   const Tensor c = ops::contiguous(g);
-  const Tensor f =
-      c.dtype() == DType::f32 ? c : ops::to_dtype(c.as_strided({n}, {1}, c.offset() + at), DType::f32);
+  const Tensor f = c.dtype() == DType::f32 ? host_stage::stretch(c, at, n)
+                                           : ops::to_dtype(host_stage::stretch(c, at, n), DType::f32);
   if (dst == nullptr || dev_.is_meta()) return;  // a dry run: the same allocations, no values
-  const Tensor h = f.device().is_cpu() ? f : ops::to_device(f, Device::cpu());
-  std::memcpy(dst, h.data<float>() + (c.dtype() == DType::f32 ? at : 0),
-              static_cast<size_t>(n) * sizeof(float));
+  host_stage::read(f, dst);
 }
 
 // Each rank sends the part of the bucket inside rank j's shard to rank j, and adds the parts it receives
@@ -283,11 +295,14 @@ void ShardedOptimizer::reduce_bucket(const Bucket& b) {
   });
   if (!dev_.is_meta()) {
     group_.all_to_all_v(send_.data(), send_counts, scratch_.data(), recv_counts);
-    float* out = mine > 0 ? grad_flat_.data<float>() + (mine_lo - me * S) : nullptr;
-    for (int64_t k = 0; k < mine; ++k) {
-      float sum = scratch_[static_cast<size_t>(k)];
-      for (int i = 1; i < world; ++i) sum += scratch_[static_cast<size_t>(i * mine + k)];
-      out[k] = bucket_scale_ == 1.0f ? sum : sum * bucket_scale_;
+    if (mine > 0) {
+      float* out = grad_out(mine_lo - me * S, mine);
+      for (int64_t k = 0; k < mine; ++k) {
+        float sum = scratch_[static_cast<size_t>(k)];
+        for (int i = 1; i < world; ++i) sum += scratch_[static_cast<size_t>(i * mine + k)];
+        out[k] = bucket_scale_ == 1.0f ? sum : sum * bucket_scale_;
+      }
+      grad_out_done(mine_lo - me * S, mine);
     }
   }
   for (size_t p : b.params)
@@ -297,13 +312,22 @@ void ShardedOptimizer::reduce_bucket(const Bucket& b) {
 void ShardedOptimizer::reduce_replicas() {
   if (replicas_ == nullptr || replicas_->size() == 1 || dev_.is_meta()) return;
   allocate_state();
-  replicas_->all_reduce_sum(grad_flat_.data<float>(), static_cast<size_t>(grad_flat_.numel()));
+  // One call over the whole shard (the sum's order is the collective's, whatever the shard's device).
+  const int64_t n = grad_flat_.numel();
+  float* g = grad_out(0, n);
+  if (!host_stage::direct(grad_flat_)) host_stage::read(grad_flat_, g);
+  replicas_->all_reduce_sum(g, static_cast<size_t>(n));
+  grad_out_done(0, n);
 }
 
 Tensor ShardedOptimizer::global_stats(double inv_scale) const {
   TR_CHECK(inner_ != nullptr, "ShardedOptimizer: statistics before any gradient was reduced");
   Tensor stats = ops::grad_stats(slice_grads_, inv_scale, dev_);
-  if (!dev_.is_meta()) group_.all_reduce_sum(stats.data<double>(), 2);
+  if (dev_.is_meta()) return stats;
+  double v[2];
+  host_stage::read(stats, v);
+  group_.all_reduce_sum(v, 2);
+  host_stage::write(v, stats);
   return stats;
 }
 
@@ -320,28 +344,37 @@ void ShardedOptimizer::update(const backend::Backend::GradTransform& t, const st
 // Own masters: each rank rounds its updated slices to the model's half dtype and the halves are gathered
 // straight into the model's weights (half the bytes of gathering f32; rounding is per element, so the bits
 // are those of rounding the gathered f32).
+// Without copies (fp32 training with an offloaded shard) the model's own fp32 weights are gathered into.
 void ShardedOptimizer::gather_rounded(const std::vector<Tensor>& copies) {
-  TR_CHECK(copies.size() == params_.size(), "ShardedOptimizer: {} weight copies for {} parameters",
-           copies.size(), params_.size());
-  const DType half = copies.empty() ? DType::f32 : copies.front().dtype();
+  const bool into_params = copies.empty() && offloaded_;
+  TR_CHECK(into_params || copies.size() == params_.size(),
+           "ShardedOptimizer: {} weight copies for {} parameters", copies.size(), params_.size());
+  const auto dst = [&](size_t p) -> const Tensor& { return into_params ? *params_[p].second : copies[p]; };
+  const DType half = into_params || copies.empty() ? DType::f32 : copies.front().dtype();
   const size_t es = dtype_size(half);
   const int64_t S = layout_.shard;
   const size_t world = static_cast<size_t>(group_.size());
-  std::vector<char> recv(world * static_cast<size_t>(round_) * es);
+  std::vector<char> recv(world * static_cast<size_t>(round_) * es), sent;
   for (int64_t k0 = 0; k0 < S; k0 += round_) {
     const int64_t n = std::min(round_, S - k0);
     const Tensor mine = ops::contiguous(ops::to_dtype(master_flat_.as_strided({n}, {1}, k0), half));
     if (dev_.is_meta()) continue;
-    group_.all_gather(mine.data_ptr(), recv.data(), static_cast<size_t>(n) * es);
+    const void* from = mine.data_ptr();
+    if (!host_stage::direct(mine)) {  // rounded on the shard's device, then to the host
+      sent.resize(mine.nbytes());
+      host_stage::read(mine, sent.data());
+      from = sent.data();
+    }
+    group_.all_gather(from, recv.data(), static_cast<size_t>(n) * es);
     for (size_t j = 0; j < world; ++j) {
       const int64_t lo = static_cast<int64_t>(j) * S + k0;
       const char* block = recv.data() + static_cast<size_t>(j) * static_cast<size_t>(n) * es;
       layout_.visit(lo, lo + n, [&](size_t p, int64_t at, int64_t cnt, int64_t pos) {
-        TR_CHECK(copies[p].dtype() == half && copies[p].is_contiguous() && copies[p].device().is_cpu(),
-                 "ShardedOptimizer: weight copy {} is not a contiguous host {} tensor", copies[p].describe(),
-                 dtype_name(half));
-        std::memcpy(static_cast<char*>(copies[p].data_ptr()) + static_cast<size_t>(at) * es,
-                    block + static_cast<size_t>(pos) * es, static_cast<size_t>(cnt) * es);
+        const Tensor& c = dst(p);
+        TR_CHECK(c.dtype() == half && c.is_contiguous() && c.device() == model_dev_,
+                 "ShardedOptimizer: weight copy {} is not a contiguous {} tensor on {}", c.describe(),
+                 dtype_name(half), model_dev_.str());
+        host_stage::write(block + static_cast<size_t>(pos) * es, host_stage::stretch(c, at, cnt));
       });
     }
   }
@@ -365,9 +398,19 @@ Tensor ShardedOptimizer::gather_master(size_t p, int root) {
   const int64_t first = std::max(lo, group_.rank() * S);  // this rank's first element of the parameter
   const size_t mine = counts[static_cast<size_t>(group_.rank())];
   const float* from = nullptr;
-  if (mine)
-    from =
-        own_ ? master_flat_.data<float>() + (first - group_.rank() * S) : param.data<float>() + (first - lo);
+  std::vector<float> staged;
+  if (mine) {
+    const int64_t n = static_cast<int64_t>(mine / sizeof(float));
+    const Tensor src = own_ ? host_stage::stretch(master_flat_, first - group_.rank() * S, n)
+                            : host_stage::stretch(param, first - lo, n);
+    if (host_stage::direct(src)) {
+      from = src.data<float>();
+    } else {
+      staged.resize(static_cast<size_t>(n));
+      host_stage::read(src, staged.data());
+      from = staged.data();
+    }
+  }
   Tensor out = mine_out ? ops::empty(param.shape(), DType::f32, Device::cpu()) : Tensor();
   group_.gather_v(from, mine, mine_out ? out.data_ptr() : nullptr, counts, root, static_cast<uint32_t>(p));
   return out;
@@ -385,8 +428,7 @@ void ShardedOptimizer::all_gather(const std::vector<Tensor>& copies) {
     const int64_t n = std::min(round_, S - k0);
     std::fill(send_.begin(), send_.begin() + n, 0.0f);
     layout_.visit(base + k0, base + k0 + n, [&](size_t p, int64_t at, int64_t cnt, int64_t pos) {
-      std::memcpy(send_.data() + pos, params_[p].second->data<float>() + at,
-                  static_cast<size_t>(cnt) * sizeof(float));
+      host_stage::read(host_stage::stretch(*params_[p].second, at, cnt), send_.data() + pos);
     });
     group_.all_gather(send_.data(), scratch_.data(), static_cast<size_t>(n) * sizeof(float));
     for (size_t j = 0; j < world; ++j) {
@@ -394,8 +436,7 @@ void ShardedOptimizer::all_gather(const std::vector<Tensor>& copies) {
       const int64_t lo = static_cast<int64_t>(j) * S + k0;
       const float* block = scratch_.data() + static_cast<int64_t>(j) * n;
       layout_.visit(lo, lo + n, [&](size_t p, int64_t at, int64_t cnt, int64_t pos) {
-        std::memcpy(params_[p].second->data<float>() + at, block + pos,
-                    static_cast<size_t>(cnt) * sizeof(float));
+        host_stage::write(block + pos, host_stage::stretch(*params_[p].second, at, cnt));
       });
     }
   }

@@ -54,11 +54,16 @@ class ShardedOptimizer final : public optim::Optimizer {
   // and updates are gathered rounded into the model's half weights.
   // `stage` 3 (full_shard, zero3.h): the shard is always copied out (the model's parameters are released
   // between uses) and an update gathers nothing - FullShard gathers each layer when it is used.
-  // `deferred_on` (own masters only): the masters are meta tensors of their shapes, the shard lives on this
-  // device and starts as zeros until fill() gives each parameter's values (build_shard).
+  // `deferred_on` (own masters only): the masters are meta tensors of their shapes, the model is made on this
+  // device, and the shard starts as zeros until fill() gives each parameter's values (build_shard).
+  // `offload_to` (--fsdp offload): the shard - fp32 masters, summed gradients, optimizer state - lives on
+  // this device (the host; a dry run's stand-in for it) instead of the model's, and is updated there; the
+  // shard is then always its own copy. The model may be on any device: the collectives move host buffers,
+  // staged through copies where the model or the shard is not in the host's memory (host_stage.h).
   ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamList& masters, const std::string& optim,
                    const optim::OptimizerOptions& opts, int64_t bucket_cap_bytes, bool own_masters = false,
-                   int stage = 2, std::optional<Device> deferred_on = std::nullopt);
+                   int stage = 2, std::optional<Device> deferred_on = std::nullopt,
+                   std::optional<Device> offload_to = std::nullopt);
   // Deferred masters: this rank's slices of parameter p copied from `value` (contiguous f32 of its shape on
   // the shard's device; nothing moves on the meta device).
   void fill(size_t p, const Tensor& value);
@@ -91,6 +96,9 @@ class ShardedOptimizer final : public optim::Optimizer {
   // the whole fp32 model.
   Tensor gather_master(size_t p, int root = 0);
   bool owns_masters() const { return own_; }
+  // Where the shard lives (the model's device, or the host when offloaded), and whether it was offloaded.
+  Device shard_device() const { return dev_; }
+  bool offloaded() const { return offloaded_; }
   int stage() const { return stage_; }
   // The --fsdp option this stage is ("shard_grad_op", "full_shard"), for messages.
   const char* fsdp_option() const { return stage_ == 3 ? "full_shard" : "shard_grad_op"; }
@@ -130,6 +138,10 @@ class ShardedOptimizer final : public optim::Optimizer {
   void reduce_bucket(const Bucket& b);
   // Elements [at, at + n) of parameter p's gradient as f32 into `dst` (zeros without a gradient).
   void read_grad(size_t p, int64_t at, int64_t n, float* dst) const;
+  // Host memory for elements [at, at + n) of the gradient shard, and their landing there (a copy unless
+  // the shard is in host memory).
+  float* grad_out(int64_t at, int64_t n);
+  void grad_out_done(int64_t at, int64_t n);
 
   dist::ProcessGroup& group_;
   dist::ProcessGroup* replicas_ = nullptr;
@@ -138,9 +150,11 @@ class ShardedOptimizer final : public optim::Optimizer {
   std::vector<StateSlice> slices_;
   bool own_ = false;
   int stage_ = 2;
-  Device dev_;          // the host, or the meta device of `trainer estimate` (no values moved)
-  Tensor master_flat_;  // own masters: this rank's fp32 slices
-  Tensor grad_flat_;    // this rank's shard of the summed gradients
+  Device dev_;        // the shard's device (a meta device in `trainer estimate`: no values moved)
+  Device model_dev_;  // the model's: where gradients are read and gathered weights written
+  bool offloaded_ = false;
+  Tensor master_flat_;                              // own masters: this rank's fp32 slices
+  Tensor grad_flat_;                                // this rank's shard of the summed gradients
   std::vector<Tensor> slice_params_, slice_grads_;  // views of the masters (or master_flat_) and grad_flat_
   std::unique_ptr<optim::Optimizer> inner_;  // the element-wise optimizer over the slices (allocate_state)
   nn::ParamList inner_params_;               // its parameters: the slices, under their parameters' names
@@ -148,7 +162,7 @@ class ShardedOptimizer final : public optim::Optimizer {
   std::vector<size_t> slice_param_;          // each slice's parameter index
   std::vector<int64_t> slice_at_;            // and its first element within that parameter
   std::string optim_name_;
-  std::vector<float> send_, scratch_;
+  std::vector<float> send_, scratch_, staged_;  // staged_: a stretch of the shard on its way to or from it
   // Overlapped reduction (begin_backward .. finish_backward).
   int64_t bucket_elems_ = 1;
   std::vector<Bucket> buckets_;

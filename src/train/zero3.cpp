@@ -11,6 +11,7 @@
 #include "core/suggest.h"
 #include "ops/ops.h"
 #include "train/checkpoint.h"
+#include "train/host_stage.h"
 
 namespace tr::train {
 
@@ -36,7 +37,6 @@ void narrow_to(const float* src, DType t, void* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
     h[i] = t == DType::bf16 ? float_to_bf16_bits(src[i]) : float_to_half_bits(src[i]);
 }
-
 
 }  // namespace
 
@@ -76,7 +76,9 @@ FullShard::FullShard(ShardedOptimizer& opt, const nn::ParamList& params, int64_t
       p = own;
     }
     const int layer = models::CausalLM::decoder_layer_of(params[k].first);
-    const int u = layer < 0 && embed_unit_ > 0 && models::CausalLM::is_embedding(params[k].first) ? embed_unit_ : layer + 1;
+    const int u = layer < 0 && embed_unit_ > 0 && models::CausalLM::is_embedding(params[k].first)
+                      ? embed_unit_
+                      : layer + 1;
     unit_of_[k] = u;
     units_[static_cast<size_t>(u)].params.push_back(k);
     index_[p.impl_ptr().get()] = k;
@@ -250,18 +252,26 @@ void FullShard::gather_chunk(const Chunk& c) {
   }
   send_.resize(std::max<size_t>(1, static_cast<size_t>(mine) * es));
   recv_.resize(std::max<size_t>(1, static_cast<size_t>(total) * es));
-  const float* master = opt_.master_flat_.data<float>();
+  const Tensor& master = opt_.master_flat_;  // on the model's device, or the host when offloaded
   int64_t pos = 0;
   for (const Piece& p : c.pieces) {
     if (p.owner != me) continue;
-    narrow_to(master + (p.flat - base), dtype_, send_.data() + static_cast<size_t>(pos) * es, p.n);
+    const float* from = nullptr;
+    if (host_stage::direct(master)) {
+      from = master.data<float>() + (p.flat - base);
+    } else {  // the fp32 piece to the host, rounded there (the same bits as rounding on the device)
+      gather_tmp_.resize(static_cast<size_t>(p.n));
+      host_stage::read(host_stage::stretch(master, p.flat - base, p.n), gather_tmp_.data());
+      from = gather_tmp_.data();
+    }
+    narrow_to(from, dtype_, send_.data() + static_cast<size_t>(pos) * es, p.n);
     pos += p.n;
   }
   opt_.group_.all_gather_v(send_.data(), static_cast<size_t>(mine) * es, recv_.data(), counts);
   pos = 0;
   for (const Piece& p : c.pieces) {
-    auto* dst = static_cast<char*>(params_[p.param].second->data_ptr()) + static_cast<size_t>(p.at) * es;
-    std::memcpy(dst, recv_.data() + static_cast<size_t>(pos) * es, static_cast<size_t>(p.n) * es);
+    host_stage::write(recv_.data() + static_cast<size_t>(pos) * es,
+                      host_stage::stretch(*params_[p.param].second, p.at, p.n));
     pos += p.n;
   }
 }
@@ -274,7 +284,7 @@ void FullShard::begin_step() {
                  ? std::string("the embeddings' unit")
                  : fmt::format("unit {}", &u - units_.data() - 1));
   opt_.allocate_state();
-  if (!meta_) std::fill_n(opt_.grad_flat_.data<float>(), opt_.grad_flat_.numel(), 0.0f);
+  if (!meta_) ops::fill_(opt_.grad_flat_, 0.0);
 }
 
 void FullShard::begin_backward(double scale) {
@@ -346,28 +356,45 @@ void FullShard::reduce_chunk(const Chunk& c) {
     if (!g.defined()) {
       std::fill_n(fsend_.data() + pos, p.n, 0.0f);
     } else {
-      // A strided gradient is copied contiguous (on the meta device too: a dry run allocates what this does).
-      const Tensor h = ops::contiguous(g.device().is_cpu() || meta_ ? g : ops::to_device(g, Device::cpu()));
-      if (!meta_)
-        widen(static_cast<const char*>(h.data_ptr()) + static_cast<size_t>(p.at) * dtype_size(h.dtype()),
-              h.dtype(), fsend_.data() + pos, p.n);
+      // A strided gradient is copied contiguous (on the meta device too: a dry run allocates what this does);
+      // from a GPU only the piece moves, in its own dtype.
+      const Tensor h = ops::contiguous(g);
+      if (!meta_) {
+        const Tensor piece = host_stage::stretch(h, p.at, p.n);
+        const void* from = host_stage::direct(piece) ? piece.data_ptr() : nullptr;
+        if (from == nullptr) {
+          grad_tmp_.resize(piece.nbytes());
+          host_stage::read(piece, grad_tmp_.data());
+          from = grad_tmp_.data();
+        }
+        widen(from, h.dtype(), fsend_.data() + pos, p.n);
+      }
     }
     pos += p.n;
   }
   if (meta_) return;
   std::vector<int64_t> recv_counts(static_cast<size_t>(world), mine);
   opt_.group_.all_to_all_v(fsend_.data(), c.per_rank, frecv_.data(), recv_counts);
-  float* shard = opt_.grad_flat_.data<float>();
+  const Tensor& shard = opt_.grad_flat_;
+  const bool direct = host_stage::direct(shard);
   const int64_t base = static_cast<int64_t>(me) * opt_.layout().shard;
   pos = 0;
   for (const Piece& p : c.pieces) {
     if (p.owner != me) continue;
-    float* out = shard + (p.flat - base);
+    // Accumulated over micro-batches in place: a shard off the host's memory comes over and goes back.
+    const Tensor piece = host_stage::stretch(shard, p.flat - base, p.n);
+    float* out = direct ? piece.data<float>() : nullptr;
+    if (!direct) {
+      shard_tmp_.resize(static_cast<size_t>(p.n));
+      host_stage::read(piece, shard_tmp_.data());
+      out = shard_tmp_.data();
+    }
     for (int64_t k = 0; k < p.n; ++k) {
       float sum = frecv_[static_cast<size_t>(pos + k)];
       for (int i = 1; i < world; ++i) sum += frecv_[static_cast<size_t>(i * mine + pos + k)];
       out[k] += scale_ == 1.0f ? sum : sum * scale_;
     }
+    if (!direct) host_stage::write(shard_tmp_.data(), piece);
     pos += p.n;
   }
 }

@@ -127,6 +127,9 @@ class FullShard final : public models::LayerHooks {
   double blocked_ = 0, reduce_seconds_ = 0;
   std::vector<char> send_, recv_;  // the communication thread's
   std::vector<float> fsend_, frecv_;
+  std::vector<float> gather_tmp_;  // the communication thread's: master pieces off the host
+  std::vector<float> shard_tmp_;   // the training thread's: gradient shard pieces off the host
+  std::vector<char> grad_tmp_;     // and gradient pieces off the host
   // The communication thread: queued gathers run in order; done_ counts the finished tickets.
   std::mutex mu_;
   std::condition_variable cv_;

@@ -1,0 +1,226 @@
+// ZeRO off the host: the sharded optimizer and ZeRO-3's gathers with the model on another device (cpu:1, a
+// host partition that every copy treats as distinct as a GPU; cuda:0 too where a GPU is) and the shard either
+// beside it or offloaded to the host (--fsdp offload). Every variant must give the host run's bits.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "autograd/functions.h"
+#include "autograd/node.h"
+#include "backend/cuda_api.h"
+#include "dist_test_util.h"
+#include "models/causal_lm.h"
+#include "ops/ops.h"
+#include "optim/optimizer.h"
+#include "train/zero.h"
+#include "train/zero3.h"
+
+namespace {
+
+using namespace tr;
+using test::test_port;
+using test::with_group;
+
+// Where the model lives and where its shard does (nullopt: beside the model).
+struct Placement {
+  std::string name;
+  Device model;
+  std::optional<Device> offload;
+};
+
+std::vector<Placement> placements() {
+  std::vector<Placement> out{{"host", Device::cpu(), std::nullopt},
+                             {"partition", Device{DeviceType::cpu, 1}, std::nullopt},
+                             {"partition_offload", Device{DeviceType::cpu, 1}, Device::cpu()}};
+  if (backend::cuda_device_count() > 0) {
+    out.push_back({"cuda", Device::cuda(0), std::nullopt});
+    out.push_back({"cuda_offload", Device::cuda(0), Device::cpu()});
+  }
+  return out;
+}
+
+Tensor random_tensor(const Shape& shape, uint32_t seed) {
+  Tensor t = ops::empty(shape, DType::f32);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n(0.0f, 0.5f);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = n(rng);
+  return t;
+}
+
+const std::vector<std::pair<std::string, Shape>> kShapes{
+    {"h.0.attn.weight", {5, 3}}, {"h.0.attn.bias", {3}}, {"ln_f.weight", {4}}, {"lm_head.weight", {2, 5}}};
+
+std::vector<Tensor> gradients(int rank, int step, Device d) {
+  std::vector<Tensor> g;
+  for (size_t i = 0; i < kShapes.size(); ++i)
+    g.push_back(ops::to_device(
+        random_tensor(kShapes[i].second, static_cast<uint32_t>(1000 * step + 10 * rank + i)), d));
+  return g;
+}
+
+optim::OptimizerOptions adamw_options() {
+  optim::OptimizerOptions o;
+  o.lr = 0.05;
+  o.weight_decay = 0.1;
+  return o;
+}
+
+// After three sharded steps: the model's weights (fp32, or the bf16 copies under mixed precision) as host
+// floats, and each master gathered whole on rank 0.
+struct Outcome {
+  std::vector<std::vector<float>> weights, masters;
+};
+
+enum class Path { one_pass, buckets };
+
+// Three steps of 3 ranks over 8-byte rounds (one element per rank per collective): the compiled step's
+// one-pass reduce-scatter, or the eager step's buckets completed by grad-ready reports in backward's order.
+Outcome train_sharded(const Placement& pl, bool mixed, Path path, int port) {
+  Outcome out;
+  with_group(3, port, [&](int r, dist::ProcessGroup& g) {
+    if (pl.model.is_cuda()) backend::cuda_use_device(pl.model.index);
+    std::vector<Tensor> ps, copies;
+    nn::ParamList list;
+    ps.reserve(kShapes.size());
+    for (size_t i = 0; i < kShapes.size(); ++i) {
+      ps.push_back(
+          ops::to_device(random_tensor(kShapes[i].second, 100 + static_cast<uint32_t>(i)), pl.model));
+      list.emplace_back(kShapes[i].first, &ps.back());
+    }
+    train::ShardedOptimizer opt(g, list, "adamw_torch_fused", adamw_options(), 8, mixed, 2, std::nullopt,
+                                pl.offload);
+    EXPECT_EQ(opt.shard_device(), pl.offload ? *pl.offload : pl.model);
+    if (mixed)  // the half weights the model computes with; the masters are the shard's alone
+      for (auto& p : ps) copies.push_back(ops::to_dtype(p, DType::bf16));
+    for (int step = 0; step < 3; ++step) {
+      const std::vector<Tensor> grads = gradients(r, step, pl.model);
+      if (path == Path::one_pass) {
+        opt.reduce_scatter(grads, 0.5);
+      } else {
+        for (size_t i = 0; i < ps.size(); ++i) autograd::set_grad(ps[i], grads[i]);
+        opt.begin_backward(0.5);
+        for (size_t i = ps.size(); i-- > 0;) opt.grad_ready(ps[i].impl_ptr().get());
+        opt.finish_backward();
+        for (const Tensor& p : ps) EXPECT_FALSE(p.grad().defined());  // dropped once reduced
+      }
+      opt.update({1.0, 0.3, opt.global_stats(1.0)}, copies);  // clipped at 0.3: the global norm matters
+    }
+    std::vector<std::vector<float>> masters;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const Tensor m = opt.gather_master(i, 0);
+      if (r == 0) masters.push_back(ops::to_vector<float>(m));
+    }
+    if (r != 0) return;
+    out.masters = masters;
+    for (size_t i = 0; i < ps.size(); ++i)
+      out.weights.push_back(ops::to_vector<float>(mixed ? copies[i] : ps[i]));
+  });
+  return out;
+}
+
+TEST(ZeroDevices, ShardedAdamWGivesTheHostBitsOnEveryPlacement) {
+  int port = 60;
+  for (const bool mixed : {false, true})
+    for (const Path path : {Path::one_pass, Path::buckets}) {
+      const Outcome want = train_sharded(placements().front(), mixed, path, test_port(port++));
+      ASSERT_EQ(want.weights.size(), kShapes.size());
+      for (const Placement& pl : placements()) {
+        if (pl.name == "host") continue;
+        SCOPED_TRACE(pl.name + (mixed ? " bf16" : " fp32") +
+                     (path == Path::buckets ? " buckets" : " one pass"));
+        const Outcome got = train_sharded(pl, mixed, path, test_port(port++));
+        ASSERT_EQ(got.weights.size(), want.weights.size());
+        for (size_t i = 0; i < want.weights.size(); ++i) {
+          EXPECT_EQ(got.weights[i], want.weights[i]) << kShapes[i].first;
+          EXPECT_EQ(got.masters[i], want.masters[i]) << kShapes[i].first;
+        }
+      }
+    }
+}
+
+// The fp32 weights moved at all: a run that updated nothing would pass the comparison above.
+TEST(ZeroDevices, TheUpdateMovesTheWeights) {
+  const Outcome o = train_sharded(placements()[2], false, Path::one_pass, test_port(90));
+  ASSERT_FALSE(o.weights.empty());
+  const std::vector<float> before = ops::to_vector<float>(random_tensor(kShapes[0].second, 100));
+  EXPECT_NE(o.weights[0], before);
+  EXPECT_EQ(o.weights[0], o.masters[0]);  // fp32: the weights are the masters
+}
+
+// ZeRO-3 on GPT-2 (2 layers): the gradient shard after one backward, and the loss of a forward gathered from
+// the updated shard, equal to the host run's on every placement.
+struct FullShardOutcome {
+  std::vector<float> grad_shard;
+  double loss_after = 0;
+};
+
+FullShardOutcome train_full_shard(const Placement& pl, bool tied, int port) {
+  const nlohmann::json cfg = {
+      {"model_type", "gpt2"}, {"vocab_size", 61},           {"n_embd", 16},     {"n_layer", 2},
+      {"n_head", 2},          {"n_positions", 16},          {"resid_pdrop", 0}, {"embd_pdrop", 0},
+      {"attn_pdrop", 0},      {"tie_word_embeddings", tied}};
+  const auto config = models::ModelConfig::from_json(cfg, "test");
+  const auto ids = [&](int r) {
+    std::vector<int64_t> v(2 * 8);
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] = static_cast<int64_t>((i * 7 + 13 * static_cast<size_t>(r)) % 61);
+    return ops::from_vector<int64_t>(v, {2, 8}, pl.model);
+  };
+  FullShardOutcome out;
+  with_group(2, port, [&](int r, dist::ProcessGroup& g) {
+    if (pl.model.is_cuda()) backend::cuda_use_device(pl.model.index);
+    const auto loss_of = [&](models::CausalLM& m) {
+      models::ForwardOptions fo;
+      fo.labels = ids(r);
+      fo.num_items_in_batch = 28;
+      fo.return_logits = false;
+      return m.forward(ids(r), fo).loss;
+    };
+    Generator gen(3);
+    auto model = models::create_causal_lm(config, pl.model, DType::f32, gen);
+    const nn::ParamList params = model->named_parameters();
+    train::ShardedOptimizer opt(g, params, "adamw_torch", adamw_options(), 1 << 10, false, 3, std::nullopt,
+                                pl.offload);
+    train::FullShard full(opt, params, 1 << 10);  // 256-element chunks: several per unit
+    model->set_layer_hooks(&full);
+    EXPECT_TRUE(full.all_released());
+    full.begin_step();
+    full.begin_backward(1.0);
+    {
+      autograd::GradReadyScope ready([&](const TensorImpl* leaf) { full.grad_ready(leaf); });
+      autograd::backward({loss_of(*model)});
+    }
+    full.finish_backward();
+    EXPECT_TRUE(full.all_released());
+    const std::vector<float> shard = ops::to_vector<float>(opt.grad_shard());
+    opt.update({1.0, 1.0, opt.global_stats(1.0)}, {});
+    double loss = 0;
+    {
+      autograd::NoGradGuard no_grad;
+      loss = ops::to_vector<double>(loss_of(*model))[0];
+    }
+    EXPECT_TRUE(full.all_released());
+    if (r == 1) {  // rank 1's shard: the second half of the flat space
+      out.grad_shard = shard;
+      out.loss_after = loss;
+    }
+  });
+  return out;
+}
+
+TEST(ZeroDevices, FullShardGathersAndReducesOffTheHost) {
+  int port = 91;
+  for (const bool tied : {true, false}) {
+    const FullShardOutcome want = train_full_shard(placements().front(), tied, test_port(port++));
+    ASSERT_FALSE(want.grad_shard.empty());
+    for (const Placement& pl : placements()) {
+      if (pl.name == "host") continue;
+      SCOPED_TRACE(pl.name + (tied ? " tied" : " untied"));
+      const FullShardOutcome got = train_full_shard(pl, tied, test_port(port++));
+      EXPECT_EQ(got.grad_shard, want.grad_shard);
+      EXPECT_EQ(got.loss_after, want.loss_after);
+    }
+  }
+}
+
+}  // namespace
