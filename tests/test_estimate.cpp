@@ -248,6 +248,14 @@ TEST(Estimate, OffloadMovesTheShardToTheHost) {
     a.fsdp = strategy;
     EXPECT_EQ(host.peak_bytes, train::estimate_memory(a, cpu).peak_bytes);
   }
+  // The knob table on a GPU ends with it: the least memory sharding gives; the CPU's has no such row.
+  a.fsdp.clear();
+  const auto gpu_rows = train::knob_table(a, {3, 0, train::MemoryDevice::cuda});
+  ASSERT_EQ(gpu_rows.back().knob, "fsdp full_shard offload");
+  for (const auto& r : gpu_rows)
+    EXPECT_LT(gpu_rows.back().peak_bytes, r.peak_bytes + (&r == &gpu_rows.back()));
+  for (const auto& r : train::knob_table(a, {3, 0, train::MemoryDevice::cpu}))
+    EXPECT_EQ(r.knob.find("offload"), std::string::npos);
 }
 
 TEST(Estimate, ASplitIsRefusedWithoutItsBudgetsOrWithTheWrongDevices) {

@@ -528,6 +528,10 @@ std::vector<KnobRow> knob_table(const TrainingArguments& a, const MemoryTarget& 
         !(stage3 && a.torch_compile))
       with("fsdp " + strategy, [strategy](auto& t) { t.fsdp = strategy; });
   }
+  // On a GPU, ZeRO-3 with its shard in host memory: the least GPU memory sharding gives.
+  if (world_size > 1 && target.device == MemoryDevice::cuda && shards_elementwise(a.optim) &&
+      !a.fsdp_has("offload") && !a.torch_compile)
+    with("fsdp full_shard offload", [](auto& t) { t.fsdp = "full_shard offload"; });
   std::vector<KnobRow> out;
   for (const auto& [knob, t] : rows) out.push_back({knob, estimate_memory(t, target).fit_bytes()});
   return out;
