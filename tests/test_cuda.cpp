@@ -332,6 +332,10 @@ TEST(CudaNccl, AWorldOfOneRunsEveryCollective) {
   std::vector<float> f = {1.5f, -2.0f, 3.25f};
   c.all_reduce_sum(f.data(), f.size(), DType::f32);
   EXPECT_EQ(f, (std::vector<float>{1.5f, -2.0f, 3.25f}));
+  // In the GPU's own memory (DDP's device buckets): in place, nothing through the host.
+  Tensor g = ops::from_vector<float>(f, {3}, Device::cuda(0));
+  c.all_reduce_sum_device(g.data_ptr(), 3, DType::f32);
+  EXPECT_EQ(ops::to_vector<float>(g), f);
   double d[2] = {1e300, -0.5};
   c.all_reduce_sum(d, 2, DType::f64);
   EXPECT_EQ(d[0], 1e300);

@@ -67,8 +67,10 @@ class NcclComm {
   NcclComm& operator=(const NcclComm&) = delete;
   int rank() const { return rank_; }
   int size() const { return world_; }
-  // Element-wise sums of n f32 or f64 values, in place.
+  // Element-wise sums of n f32 or f64 values, in place (host memory, staged through the GPU).
   void all_reduce_sum(void* data, size_t n, DType dt);
+  // The same over this communicator's GPU's own memory, in place: no host copies (DDP's device buckets).
+  void all_reduce_sum_device(void* device_data, size_t n, DType dt);
   void broadcast(void* data, size_t bytes, int root);
   void all_gather(const void* in, void* out, size_t bytes);
   // Point-to-point in one group: send_bytes[j] bytes from `in` (consecutive by peer) to rank j, recv_bytes[i]

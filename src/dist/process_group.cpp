@@ -401,6 +401,11 @@ class NcclGroup final : public ProcessGroup {
   void all_reduce_sum(double* data, size_t n) override {
     timed(n * 8, [&] { comm_->all_reduce_sum(data, n, DType::f64); });
   }
+  bool all_reduce_sum_device(float* data, size_t n, int device) override {
+    if (device != device_) return false;
+    timed(n * 4, [&] { comm_->all_reduce_sum_device(data, n, DType::f32); });
+    return true;
+  }
   void broadcast(void* data, size_t bytes, int root) override {
     timed(bytes, [&] { comm_->broadcast(data, bytes, root); });
   }

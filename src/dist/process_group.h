@@ -36,6 +36,13 @@ class ProcessGroup {
   // Element-wise sums over the ranks, in place (host memory). Every rank gets the same bits.
   virtual void all_reduce_sum(float* data, size_t n) = 0;
   virtual void all_reduce_sum(double* data, size_t n) = 0;
+  // The same for n f32 values in the memory of GPU `device`, where the transport reads device memory itself
+  // (NCCL, on the rank's own GPU): returns false, having done nothing, where it does not - the caller then
+  // stages through host memory.
+  virtual bool all_reduce_sum_device(float* data, size_t n, int device) {
+    (void)data, (void)n, (void)device;
+    return false;
+  }
   // Rank `root`'s bytes to every rank.
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
   // Every rank's `bytes` from `in`, concatenated by rank into `out` (size() * bytes).

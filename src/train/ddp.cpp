@@ -6,6 +6,7 @@
 
 #include "autograd/node.h"
 #include "ops/ops.h"
+#include "train/host_stage.h"
 
 namespace tr::train {
 
@@ -51,6 +52,10 @@ void GradReducer::begin(const nn::ParamList& params) {
   index_.clear();
   plan_.clear();
   for (const auto& [name, p] : params) params_.push_back(p);
+  device_ = params_.empty() ? Device::cpu() : params_.front()->device();
+  for (const Tensor* p : params_)
+    TR_CHECK(p->device() == device_, "DDP: parameters on {} and {}; the reducer takes one device",
+             device_.str(), p->device().str());
   const size_t n = params_.size();
   host_.assign(n, Tensor());
   summed_.assign(n, 0);
@@ -75,6 +80,9 @@ void GradReducer::begin(const nn::ParamList& params) {
   int64_t largest = 0;
   for (const auto& b : plan_) largest = std::max(largest, b.elems);
   buffer_.resize(static_cast<size_t>(largest));
+  // Made here, on the training thread: allocations keep their order whatever the communication thread does.
+  const bool on_device = device_ != Device::cpu() && !device_.is_meta();
+  device_bucket_ = on_device ? ops::empty({std::max<int64_t>(largest, 1)}, DType::f32, device_) : Tensor();
   finishing_ = abort_ = false;
   error_ = nullptr;
   comm_ = std::thread([this] { run_buckets(); });
@@ -114,7 +122,10 @@ void GradReducer::run_buckets() {
         early = b.waiting <= 0 && !finishing_;
       }
       early_ += early ? 1 : 0;
-      reduce_bucket(b);
+      if (device_bucket_.defined())
+        reduce_device_bucket(b);
+      else
+        reduce_bucket(b);
     }
   } catch (...) {
     error_ = std::current_exception();
@@ -148,6 +159,42 @@ void GradReducer::reduce_bucket(Bucket& b) {
         ops::copy_(g, ops::to_device(ops::to_dtype(h, g.dtype()), g.device()));
       h = Tensor();
     }
+  }
+}
+
+// Off the host: each segment widened into the device bucket, the bucket summed in place (NCCL) or through
+// host memory (Gloo: the same bits as a host gradient's bucket), scaled in f32, and each segment rounded back
+// into its gradient at once (no whole-gradient copy anywhere).
+void GradReducer::reduce_device_bucket(Bucket& b) {
+  const Tensor bucket = host_stage::stretch(device_bucket_, 0, b.elems);
+  std::vector<Tensor> grads(b.segs.size());
+  for (size_t i = 0; i < b.segs.size(); ++i) {
+    const Segment& s = b.segs[i];
+    const Tensor& p = *params_[s.param];
+    Tensor g = p.grad();
+    if (!g.defined() || !g.is_contiguous()) {  // missing: zeros; strided: made contiguous (the same values)
+      g = g.defined() ? ops::contiguous(g) : ops::zeros(p.shape(), p.dtype(), p.device());
+      autograd::set_grad(p, g);
+    }
+    grads[i] = g;
+    ops::copy_(host_stage::stretch(bucket, s.slot, s.n), host_stage::stretch(g, s.at, s.n));
+  }
+  if (device_.is_cuda() &&
+      group_.all_reduce_sum_device(bucket.data<float>(), static_cast<size_t>(b.elems), device_.index)) {
+    if (scale_ != 1.0f)
+      ops::copy_(bucket,
+                 ops::binary(backend::BinaryOp::mul, bucket, ops::full({}, scale_, DType::f32, device_)));
+  } else {
+    host_stage::read(bucket, buffer_.data());
+    group_.all_reduce_sum(buffer_.data(), static_cast<size_t>(b.elems));
+    if (scale_ != 1.0f)
+      for (int64_t i = 0; i < b.elems; ++i) buffer_[static_cast<size_t>(i)] *= scale_;
+    host_stage::write(buffer_.data(), bucket);
+  }
+  ++buckets_;
+  for (size_t i = 0; i < b.segs.size(); ++i) {
+    const Segment& s = b.segs[i];
+    ops::copy_(host_stage::stretch(grads[i], s.at, s.n), host_stage::stretch(bucket, s.slot, s.n));
   }
 }
 

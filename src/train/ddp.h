@@ -3,9 +3,11 @@
 // --ddp_bucket_cap_mb, last parameters first (the order backward finishes them). During the step's last
 // backward a communication thread all-reduces each bucket as soon as the autograd engine reports all of its
 // gradients final (autograd::GradReadyScope), overlapping the rest of backward; accumulation micro-batches
-// before it reduce nothing (DDP's no_sync). Buckets travel as f32 on the host whatever the gradients' dtype:
-// half gradients are summed in f32 and rounded once, the same bits on every rank. The optimizer then sees
-// the global gradient, so clipping and the fp16 skip read the same statistics on every rank.
+// before it reduce nothing (DDP's no_sync). Buckets are f32 whatever the gradients' dtype: half gradients are
+// summed in f32 and rounded once, the same bits on every rank. Host gradients fill a host buffer; a device's
+// (a GPU's, a host partition's) fill a bucket on that device, reduced there where the group's transport reads
+// device memory (NCCL on the rank's GPU: no host copies), else staged through host memory. The optimizer then
+// sees the global gradient, so clipping and the fp16 skip read the same statistics on every rank.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -59,11 +61,14 @@ class GradReducer {
   };
   void run_buckets();
   void reduce_bucket(Bucket& b);
+  void reduce_device_bucket(Bucket& b);
 
   dist::ProcessGroup& group_;
   int64_t cap_elems_;
   float scale_;
   std::vector<float> buffer_;
+  Device device_;         // the gradients'
+  Tensor device_bucket_;  // off the host: the largest bucket's f32 elements on device_
   std::vector<const Tensor*> params_;
   std::vector<Tensor> host_;  // a gradient's host f32 copy while its buckets are in flight
   std::vector<int64_t> summed_;
