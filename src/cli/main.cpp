@@ -282,9 +282,15 @@ int estimate(tr::train::TrainingArguments a, const std::string& device_name, con
         "compiled arena    %s  (torch_compile: a step's buffers planned into one block%s)\n",
         gib(e.compiled_arena_bytes).c_str(),
         cuda && a.compile_device_graphs() ? "; kept between steps by the CUDA graphs, in reserved" : "");
-  if (e.offloaded_bytes > 0)
-    std::printf("host (offload)    %s  (--fsdp offload: fp32 masters, gradient shard, optimizer state)\n",
-                gib(e.offloaded_bytes).c_str());
+  if (e.offloaded_bytes > 0) {
+    const int local = nproc_per_node > 0 ? nproc_per_node : world;  // ranks sharing one host
+    std::printf(
+        "host (offload)    %s  (--fsdp offload: fp32 masters, gradient shard, optimizer state; %s for %d "
+        "ranks "
+        "on one host)\n",
+        gib(e.offloaded_bytes).c_str(),
+        fmt::format("{:.3f} GiB", static_cast<double>(e.offloaded_bytes) * local / (1 << 30)).c_str(), local);
+  }
   if (e.save_peak_bytes > 0)
     std::printf("checkpoint save   %s  (the weights written one tensor at a time)\n",
                 gib(e.save_peak_bytes).c_str());

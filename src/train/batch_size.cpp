@@ -72,13 +72,7 @@ int64_t predict_batch_split(TrainingArguments& a, int64_t effective) {
   return 0;
 }
 
-namespace {
-
-// What a run may use for --per_device_train_batch_size auto: allocator_budget, or on the host what the kernel
-// reports available (MemAvailable).
-int64_t auto_batch_budget(Device dev) {
-  const Allocator& al = ops::allocator_for(dev);
-  if (al.limit() > 0 || al.capacity() > 0) return allocator_budget(al);
+int64_t host_memory_available() {
   int64_t avail = 0;
   std::ifstream in("/proc/meminfo");
   for (std::string key; in >> key;) {
@@ -93,6 +87,16 @@ int64_t auto_batch_budget(Device dev) {
   if (cg >> max_b && cur >> used_b && max_b > used_b)
     avail = avail > 0 ? std::min(avail, max_b - used_b) : max_b - used_b;
   return avail;
+}
+
+namespace {
+
+// What a run may use for --per_device_train_batch_size auto: allocator_budget, or on the host what the kernel
+// reports available.
+int64_t auto_batch_budget(Device dev) {
+  const Allocator& al = ops::allocator_for(dev);
+  if (al.limit() > 0 || al.capacity() > 0) return allocator_budget(al);
+  return host_memory_available();
 }
 
 }  // namespace

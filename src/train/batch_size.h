@@ -21,4 +21,8 @@ void resolve_batch(TrainingArguments& a, const std::string& resume);
 // auto_find_batch_size's next try: the largest divisor of `effective` at most 0.9 x bs (0: none left).
 int64_t smaller_batch(int64_t bs, int64_t effective);
 
+// Host memory this process may still take: what the kernel reports available (MemAvailable), within a
+// container's cgroup (v2) limit; 0 when neither can be read.
+int64_t host_memory_available();
+
 }  // namespace tr::train

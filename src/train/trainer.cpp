@@ -92,6 +92,25 @@ void resolve_logging_dir(TrainingArguments& a, bool resuming) {
   a.logging_dir = report::default_logging_dir(a.output_dir);
 }
 
+// --fsdp offload on a GPU: the shard's host memory, made now (the GPU's peak does not see it), said once per
+// node with what this node's ranks take together against what the host had available before they began.
+void note_offload(ShardedOptimizer& z, int64_t host_free) {
+  z.allocate_state();
+  const dist::DistEnv env = dist::read_dist_env();
+  if (env.local_rank != 0) return;
+  const double gib = 1 << 30, mine = static_cast<double>(z.shard_bytes()) / gib;
+  const double node = mine * env.local_world_size, free = static_cast<double>(host_free) / gib;
+  std::fprintf(
+      stderr,
+      "train: --fsdp offload: fp32 masters, gradient shard and optimizer state in host memory, updated "
+      "there: %.2f GiB per rank, %.2f GiB for this node's %d ranks (%.2f GiB available)\n",
+      mine, node, env.local_world_size, free);
+  if (host_free > 0 && node > free)
+    std::fprintf(stderr,
+                 "train: warning: --fsdp offload needs more host memory than this node has available; expect "
+                 "swapping or the OOM killer (more nodes, or full_shard without offload, shrink it)\n");
+}
+
 // One call of train(): what is set up before the first step (model, data, optimizer, resumed state) and
 // the loop around the step - logging, evaluation, saving, stopping - and the files of a finished run.
 class Run {
@@ -229,15 +248,17 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
     // --fsdp offload: the shard (masters, summed gradients, optimizer state) in host memory, updated there;
     // a CPU run keeps it there already.
     const bool offload = a.fsdp_has("offload") && !dev_.is_cpu();
-    if (main_ && a.fsdp_has("offload"))
-      std::fprintf(stderr, "train: --fsdp offload: %s\n",
-                   offload ? "fp32 masters, gradient shard and optimizer state in host memory, updated there"
-                           : "the run is on the host, where the shard is already: nothing to move");
+    const int64_t host_free = offload ? host_memory_available() : 0;  // before this node's ranks take theirs
+    if (main_ && a.fsdp_has("offload") && !offload)
+      std::fprintf(stderr,
+                   "train: --fsdp offload: the run is on the host, where the shard is already: nothing "
+                   "to move\n");
     auto z = std::make_unique<ShardedOptimizer>(
         hybrid_.shard ? *hybrid_.shard : *group_, model_->named_parameters(), a.optim, oo,
         a.ddp_bucket_cap_mb << 20, compute_ != DType::f32, stage,
         deferred ? std::optional(dev_) : std::nullopt, offload ? std::optional(Device::cpu()) : std::nullopt);
     z->set_replicas(hybrid_.replicas.get());
+    if (offload) note_offload(*z, host_free);
     if (deferred) {
       // Read from a checkpoint (fresh init is the same on every rank by construction): checked to agree.
       const std::string dir = !resume_.empty() ? resume_ : a.model_name_or_path;
