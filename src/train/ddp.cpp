@@ -79,6 +79,7 @@ void GradReducer::begin(const nn::ParamList& params) {
   if (plan_.back().elems == 0) plan_.pop_back();
   int64_t largest = 0;
   for (const auto& b : plan_) largest = std::max(largest, b.elems);
+  buffer_.pin(device_.is_cuda());
   buffer_.resize(static_cast<size_t>(largest));
   // Made here, on the training thread: allocations keep their order whatever the communication thread does.
   const bool on_device = device_ != Device::cpu() && !device_.is_meta();

@@ -18,6 +18,7 @@
 
 #include "dist/process_group.h"
 #include "nn/layers.h"
+#include "train/host_stage.h"
 
 namespace tr::train {
 
@@ -66,9 +67,9 @@ class GradReducer {
   dist::ProcessGroup& group_;
   int64_t cap_elems_;
   float scale_;
-  std::vector<float> buffer_;
-  Device device_;         // the gradients'
-  Tensor device_bucket_;  // off the host: the largest bucket's f32 elements on device_
+  host_stage::StagingBuffer<float> buffer_;  // a bucket on the host (pinned for a GPU's, under Gloo)
+  Device device_;                            // the gradients'
+  Tensor device_bucket_;                     // off the host: the largest bucket's f32 elements on device_
   std::vector<const Tensor*> params_;
   std::vector<Tensor> host_;  // a gradient's host f32 copy while its buckets are in flight
   std::vector<int64_t> summed_;

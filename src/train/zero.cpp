@@ -67,6 +67,11 @@ ShardedOptimizer::ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamLis
                                    : masters.front().second->device()),
       offloaded_(offload_to.has_value()) {
   dev_ = offload_to ? *offload_to : model_dev_;
+  const bool gpu = dev_.is_cuda() || model_dev_.is_cuda();
+  send_.pin(gpu);
+  staged_.pin(gpu);
+  rounded_.pin(gpu);
+  gathered_.pin(gpu);
   TR_CHECK(stage == 2 || stage == 3, "ShardedOptimizer: ZeRO stage {} (2 or 3)", stage);
   TR_CHECK(shards_elementwise(optim),
            "--fsdp {} with --optim {}: sharding splits tensors into flat slices, which only "
@@ -354,21 +359,22 @@ void ShardedOptimizer::gather_rounded(const std::vector<Tensor>& copies) {
   const size_t es = dtype_size(half);
   const int64_t S = layout_.shard;
   const size_t world = static_cast<size_t>(group_.size());
-  std::vector<char> recv(world * static_cast<size_t>(round_) * es), sent;
+  gathered_.resize(world * static_cast<size_t>(round_) * es);
+  char* recv = gathered_.data();
   for (int64_t k0 = 0; k0 < S; k0 += round_) {
     const int64_t n = std::min(round_, S - k0);
     const Tensor mine = ops::contiguous(ops::to_dtype(master_flat_.as_strided({n}, {1}, k0), half));
     if (dev_.is_meta()) continue;
     const void* from = mine.data_ptr();
     if (!host_stage::direct(mine)) {  // rounded on the shard's device, then to the host
-      sent.resize(mine.nbytes());
-      host_stage::read(mine, sent.data());
-      from = sent.data();
+      rounded_.resize(mine.nbytes());
+      host_stage::read(mine, rounded_.data());
+      from = rounded_.data();
     }
-    group_.all_gather(from, recv.data(), static_cast<size_t>(n) * es);
+    group_.all_gather(from, recv, static_cast<size_t>(n) * es);
     for (size_t j = 0; j < world; ++j) {
       const int64_t lo = static_cast<int64_t>(j) * S + k0;
-      const char* block = recv.data() + static_cast<size_t>(j) * static_cast<size_t>(n) * es;
+      const char* block = recv + static_cast<size_t>(j) * static_cast<size_t>(n) * es;
       layout_.visit(lo, lo + n, [&](size_t p, int64_t at, int64_t cnt, int64_t pos) {
         const Tensor& c = dst(p);
         TR_CHECK(c.dtype() == half && c.is_contiguous() && c.device() == model_dev_,

@@ -17,6 +17,7 @@
 
 #include "dist/process_group.h"
 #include "optim/optimizer.h"
+#include "train/host_stage.h"
 
 namespace tr::train {
 
@@ -162,7 +163,12 @@ class ShardedOptimizer final : public optim::Optimizer {
   std::vector<size_t> slice_param_;          // each slice's parameter index
   std::vector<int64_t> slice_at_;            // and its first element within that parameter
   std::string optim_name_;
-  std::vector<float> send_, scratch_, staged_;  // staged_: a stretch of the shard on its way to or from it
+  std::vector<float> scratch_;  // the collectives' receiving side (host only)
+  // The host side of copies to and from the model's and the shard's devices (pinned beside a GPU): send_
+  // the gradients read for a collective, staged_ a stretch of the shard, rounded_ / gathered_ a round of
+  // gather_rounded's halves on their way from the shard and into the model.
+  host_stage::StagingBuffer<float> send_, staged_;
+  host_stage::StagingBuffer<char> rounded_, gathered_;
   // Overlapped reduction (begin_backward .. finish_backward).
   int64_t bucket_elems_ = 1;
   std::vector<Bucket> buckets_;

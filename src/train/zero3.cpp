@@ -49,6 +49,12 @@ FullShard::FullShard(ShardedOptimizer& opt, const nn::ParamList& params, int64_t
            params.size(), L.numel.size());
   dtype_ = params.empty() ? DType::f32 : params.front().second->dtype();
   meta_ = !params.empty() && params.front().second->device().is_meta();
+  const bool gpu =
+      opt.shard_device().is_cuda() || (!params.empty() && params.front().second->device().is_cuda());
+  recv_.pin(gpu);
+  gather_tmp_.pin(gpu);
+  shard_tmp_.pin(gpu);
+  grad_tmp_.pin(gpu);
   int layers = 0;
   bool untied = false;
   for (const auto& [name, p] : params) {

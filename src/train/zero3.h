@@ -125,11 +125,13 @@ class FullShard final : public models::LayerHooks {
   bool in_backward_ = false;
   int64_t gathers_ = 0, prefetched_ = 0;
   double blocked_ = 0, reduce_seconds_ = 0;
-  std::vector<char> send_, recv_;  // the communication thread's
+  std::vector<char> send_;                // the communication thread's
+  host_stage::StagingBuffer<char> recv_;  // and the gathered pieces on their way into the parameters
   std::vector<float> fsend_, frecv_;
-  std::vector<float> gather_tmp_;  // the communication thread's: master pieces off the host
-  std::vector<float> shard_tmp_;   // the training thread's: gradient shard pieces off the host
-  std::vector<char> grad_tmp_;     // and gradient pieces off the host
+  // Pieces off the host (pinned beside a GPU): the communication thread's master pieces, the training
+  // thread's gradient shard pieces and gradient pieces.
+  host_stage::StagingBuffer<float> gather_tmp_, shard_tmp_;
+  host_stage::StagingBuffer<char> grad_tmp_;
   // The communication thread: queued gathers run in order; done_ counts the finished tickets.
   std::mutex mu_;
   std::condition_variable cv_;
