@@ -134,7 +134,7 @@ rc=0; "$trainer" launch --nproc_per_node 2 --master_port "$port" train "${common
 next_port
 rc=0; "$trainer" launch --nproc_per_node 2 --master_port "$port" train "${common[@]}" --config_name gpt2.json \
   --per_device_train_batch_size 3 --output_dir alone --fsdp offload >alone.log 2>&1 || rc=$?
-[[ $rc == 1 ]] && grep -q "error: --fsdp offload: offload can't work on its own; add it to a sharding strategy" alone.log ||
+[[ $rc == 1 ]] && grep -q "error: --fsdp offload can't work on its own. It needs to be added to --fsdp full_shard" alone.log ||
   { cat alone.log; fail "offload without a strategy"; }
 cp -r zero_w3/checkpoint-4 broken && rm broken/optimizer.rank-1.safetensors
 next_port

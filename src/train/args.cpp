@@ -343,6 +343,11 @@ void TrainingArguments::validate() const {
   TR_CHECK(pad_vocab_to_multiple_of >= 0 && pad_vocab_to_multiple_of <= (1 << 20),
            "--pad_vocab_to_multiple_of must be in [0, 1048576], got {}", pad_vocab_to_multiple_of);
   report_names(report_to);  // throws on an unknown integration
+  // HF's own check (TrainingArguments.__post_init__), for every run.
+  const std::vector<std::string> fsdp_list = fsdp_options();  // throws on an unknown option
+  TR_CHECK(fsdp_list != std::vector<std::string>{"offload"},
+           "--fsdp offload can't work on its own. It needs to be added to --fsdp full_shard or --fsdp "
+           "shard_grad_op. For example, --fsdp \"full_shard offload\"");
   if (!torch_compile_mode.empty())
     check_one_of("torch_compile_mode", torch_compile_mode,
                  {"default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"});

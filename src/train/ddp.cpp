@@ -82,8 +82,14 @@ void GradReducer::begin(const nn::ParamList& params) {
   buffer_.pin(device_.is_cuda());
   buffer_.resize(static_cast<size_t>(largest));
   // Made here, on the training thread: allocations keep their order whatever the communication thread does.
+  // Kept from step to step (one bucket's worth, at most --ddp_bucket_cap_mb; `trainer estimate` counts it).
   const bool on_device = device_ != Device::cpu() && !device_.is_meta();
-  device_bucket_ = on_device ? ops::empty({std::max<int64_t>(largest, 1)}, DType::f32, device_) : Tensor();
+  if (!on_device || (device_bucket_.defined() && device_bucket_.device() != device_))
+    device_bucket_ = Tensor();
+  if (on_device && (!device_bucket_.defined() || device_bucket_.numel() < largest)) {
+    device_bucket_ = Tensor();  // the old one goes first: never two at once
+    device_bucket_ = ops::empty({std::max<int64_t>(largest, 1)}, DType::f32, device_);
+  }
   finishing_ = abort_ = false;
   error_ = nullptr;
   comm_ = std::thread([this] { run_buckets(); });
@@ -180,19 +186,23 @@ void GradReducer::reduce_device_bucket(Bucket& b) {
     grads[i] = g;
     ops::copy_(host_stage::stretch(bucket, s.slot, s.n), host_stage::stretch(g, s.at, s.n));
   }
+  ++buckets_;
   if (device_.is_cuda() &&
       group_.all_reduce_sum_device(bucket.data<float>(), static_cast<size_t>(b.elems), device_.index)) {
-    if (scale_ != 1.0f)
-      ops::copy_(bucket,
-                 ops::binary(backend::BinaryOp::mul, bucket, ops::full({}, scale_, DType::f32, device_)));
-  } else {
-    host_stage::read(bucket, buffer_.data());
-    group_.all_reduce_sum(buffer_.data(), static_cast<size_t>(b.elems));
-    if (scale_ != 1.0f)
-      for (int64_t i = 0; i < b.elems; ++i) buffer_[static_cast<size_t>(i)] *= scale_;
-    host_stage::write(buffer_.data(), bucket);
+    // The scale and the rounding in one pass into each gradient: no bucket-sized temporary.
+    const Tensor scale = ops::full({1}, scale_, DType::f32, device_);
+    for (size_t i = 0; i < b.segs.size(); ++i) {
+      const Segment& s = b.segs[i];
+      ops::scaled_copy_(host_stage::stretch(grads[i], s.at, s.n), host_stage::stretch(bucket, s.slot, s.n),
+                        scale);
+    }
+    return;
   }
-  ++buckets_;
+  host_stage::read(bucket, buffer_.data());
+  group_.all_reduce_sum(buffer_.data(), static_cast<size_t>(b.elems));
+  if (scale_ != 1.0f)
+    for (int64_t i = 0; i < b.elems; ++i) buffer_[static_cast<size_t>(i)] *= scale_;
+  host_stage::write(buffer_.data(), bucket);
   for (size_t i = 0; i < b.segs.size(); ++i) {
     const Segment& s = b.segs[i];
     ops::copy_(host_stage::stretch(grads[i], s.at, s.n), host_stage::stretch(bucket, s.slot, s.n));

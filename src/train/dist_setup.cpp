@@ -96,11 +96,14 @@ void check_fsdp_flags(const TrainingArguments& a, int world_size) {
            "--fsdp {}: full_shard, shard_grad_op, hybrid_shard and hybrid_shard_zero2 are sharding "
            "strategies; give one",
            a.fsdp);
-  // HF's rule: offload moves a sharded optimizer's shard to the host, so it needs a sharding strategy.
+  // Offload moves a sharded optimizer's shard to the host, so it needs a sharding strategy. HF refuses
+  // "offload" alone (so does TrainingArguments::validate); with other options but no strategy (e.g.
+  // "offload auto_wrap") we refuse too rather than train with DDP and ignore it.
   TR_CHECK(
       !a.fsdp_has("offload") || strategies == 1,
-      "--fsdp {}: offload can't work on its own; add it to a sharding strategy, e.g. --fsdp \"full_shard "
-      "offload\" or \"shard_grad_op offload\" (without --fsdp the {} processes train with DDP)",
+      "--fsdp {}: offload moves a sharded optimizer's shard to host memory, so it needs a sharding "
+      "strategy: add full_shard or shard_grad_op, e.g. --fsdp \"full_shard offload\" (without --fsdp the "
+      "{} processes train with DDP)",
       a.fsdp, world_size);
   const char* strategy = fsdp_strategy(a);
   TR_CHECK(zero_stage(a) == 0 || shards_elementwise(a.optim),
@@ -124,8 +127,8 @@ std::unique_ptr<dist::ProcessGroup> join_group(const TrainingArguments& a) {
            "--auto_find_batch_size / --per_device_train_batch_size auto with WORLD_SIZE {}: the ranks would "
            "retry on their own; give the batch size",
            env.world_size);
-  // GPU ranks train on cuda:LOCAL_RANK (training_device); their buckets go through host memory, over Gloo
-  // (the default until NCCL's path has run on GPUs) or NCCL.
+  // GPU ranks train on cuda:LOCAL_RANK (training_device); DDP's buckets stay on the GPU under NCCL and go
+  // through host memory under Gloo (the default until NCCL's path has run on GPUs), as ZeRO's collectives do.
   const std::string comm = a.ddp_backend.empty() ? "gloo" : a.ddp_backend;
   const Device dev = training_device(a);
   // This thread's CUDA context on the rank's own GPU from the start (torch.cuda.set_device(local_rank)): else

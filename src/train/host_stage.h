@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "backend/cuda_api.h"
+#include "core/error.h"
 #include "core/storage.h"
 #include "ops/ops.h"
 
@@ -24,6 +25,7 @@ inline Tensor over(void* data, const Tensor& like) {
 
 // src's bytes (contiguous) into host memory at dst.
 inline void read(const Tensor& src, void* dst) {
+  TR_CHECK(src.is_contiguous(), "host_stage::read: {} is not contiguous", src.describe());
   if (src.numel() == 0) return;
   if (direct(src)) {
     std::memcpy(dst, src.data_ptr(), src.nbytes());
@@ -34,6 +36,7 @@ inline void read(const Tensor& src, void* dst) {
 
 // Host memory at src into dst (contiguous), byte for byte.
 inline void write(const void* src, const Tensor& dst) {
+  TR_CHECK(dst.is_contiguous(), "host_stage::write: {} is not contiguous", dst.describe());
   if (dst.numel() == 0) return;
   if (direct(dst)) {
     std::memcpy(dst.data_ptr(), src, dst.nbytes());
@@ -44,6 +47,8 @@ inline void write(const void* src, const Tensor& dst) {
 
 // Elements [at, at + n) of contiguous t as a 1-D view.
 inline Tensor stretch(const Tensor& t, int64_t at, int64_t n) {
+  TR_CHECK(t.is_contiguous() && at >= 0 && n >= 0 && at + n <= t.numel(),
+           "host_stage::stretch: elements [{}, {}) of {}", at, at + n, t.describe());
   return t.as_strided({n}, {1}, t.offset() + at);
 }
 

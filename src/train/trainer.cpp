@@ -192,6 +192,12 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
     if (const std::string note = ops::gemm_precision_note(dev_, compute_); !note.empty())
       std::fprintf(stderr, "train: note: %s\n", note.c_str());
   const int stage = group_ ? zero_stage(a) : 0;
+  if (main_ && !group_ && !a.fsdp.empty())  // as HF's Trainer outside a distributed launch
+    std::fprintf(
+        stderr,
+        "train: note: --fsdp %s shards across launched processes (WORLD_SIZE > 1); one process trains "
+        "unsharded\n",
+        a.fsdp.c_str());
   // A sharded run that keeps no whole fp32 model (ZeRO-3, or ZeRO-2 under mixed precision) makes it one
   // parameter at a time (build_shard below). Every rank makes the same values, so nothing is broadcast.
   std::optional<models::DeferredModel> deferred;
