@@ -40,8 +40,10 @@ class StepCore {
   void empty_cache(StepResult& r);
 
   StepState& state() { return s_; }
-  // ZeRO-2's buckets go during the last backward (the eager step on the host or in a dry run).
-  bool zero_overlaps() const { return overlap_ && (o_.device.is_cpu() || o_.device.is_meta()); }
+  // ZeRO-2's buckets go during the last backward in the eager step, on any device: reduced on the training
+  // thread as the engine reports them, each gradient dropped once reduced (the memory ZeRO-2 saves, and what
+  // `trainer estimate`'s dry run counts; on a GPU the reductions wait for the stream instead of overlapping).
+  bool zero_overlaps() const { return overlap_; }
   const StepOptions& options() const { return o_; }
   const nn::ParamList& params() const { return params_; }
 
