@@ -124,6 +124,9 @@ if has ddp; then
       "${fsdp[@]}" --per_device_train_batch_size 2 --output_dir /tmp/ddp_$name >/tmp/ddp_$name.log 2>&1
     echo "2 ranks, $variant: exit $?"
     grep -E "note|error|processes|offload" /tmp/ddp_$name.log | head -n 6
+    # issue 13 on GPU ranks: rank 0's measured peak against `trainer estimate --world_size 2` for the same flags
+    "$work/bin/trainer" estimate "${ddp_common[@]}" "${fsdp[@]}" --per_device_train_batch_size 2 \
+      --output_dir /tmp/ddp_est --world_size 2 --device cuda --json >/tmp/ddp_$name.est.json 2>/dev/null
     VARIANT=$name python3 - <<'PY' | tee -a "$OUT/train.jsonl"
 import json, os
 def rows(d):
@@ -134,7 +137,14 @@ def rows(d):
 v = os.environ["VARIANT"]
 a, b = rows("/tmp/ddp_w1"), rows("/tmp/ddp_" + v)
 worst = max((abs(a[k] - b[k]) / abs(a[k]) for k in a if k in b), default=None)
+try:
+    measured = json.load(open(f"/tmp/ddp_{v}/train_results.json"))["train_peak_memory_gib_per_rank"][0] * 2**30
+    predicted = json.load(open(f"/tmp/ddp_{v}.est.json"))["peak_bytes"]
+except (OSError, KeyError, ValueError, IndexError):
+    measured = predicted = None
 print(json.dumps({"gpu_ranks": v, "steps": len(b), "worst_rel_loss_diff": worst,
+                  "rank0_peak_bytes": measured, "estimated_peak_bytes": predicted,
+                  "estimate_over_measured": predicted / measured if measured else None,
                   "ok": bool(a) and a.keys() == b.keys() and worst is not None and worst < 1e-5}))
 PY
   done
