@@ -1,10 +1,11 @@
-// The host emulation of the CUDA built-ins our flash kernels use, so that tests run the kernels' own source
-// (backend/cuda/flash_kernels.cuh) on the CPU: each CUDA thread of a block is a std::thread, __syncthreads
-// and warp collectives are barriers, a kernel's shared memory is a host buffer poisoned with NaN halves
-// before every block (a read of what no thread wrote shows up), and mma.sync m16n8k16 gathers the warp's
-// fragments by the PTX ISA's layout tables (groupID = lane / 4, thread-in-group = lane % 4) and sums in f64.
-// Include it before the kernels' header, in a test translation unit that includes no CUDA header. What it
-// cannot show: races a real GPU would expose, __expf's precision, the tensor cores' own rounding.
+// The host emulation of the CUDA built-ins our flash and tiled attention kernels use, so that tests run the
+// kernels' own source (backend/cuda/flash_kernels.cuh, attention_tiled.cuh) on the CPU: each CUDA thread of a
+// block is a std::thread, __syncthreads and warp collectives are barriers, a kernel's shared memory is a host
+// buffer poisoned with NaN halves before every block (a read of what no thread wrote shows up), and mma.sync
+// m16n8k16 gathers the warp's fragments by the PTX ISA's layout tables (groupID = lane / 4, thread-in-group =
+// lane % 4) and sums in f64. Include it before the kernels' header, in a test translation unit that includes
+// no CUDA header. What it cannot show: races a real GPU would expose, __expf's precision, the tensor cores'
+// own rounding.
 #pragma once
 #include <barrier>
 #include <cmath>
@@ -17,6 +18,9 @@
 #define TR_FLASH_EMULATED 1
 #define TR_FLASH_NAMESPACE flash_emulated
 #define TR_FLASH_SMEM(name) uint4* name = ::tr::emu::shared_memory
+#define TR_ATTN_EMULATED 1
+#define TR_ATTN_NAMESPACE tiled_emulated
+#define TR_ATTN_SMEM(name) double* name = reinterpret_cast<double*>(::tr::emu::shared_memory)
 #define __global__
 #define __device__
 #define __forceinline__ inline
@@ -29,7 +33,7 @@ inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return
 struct EmulatedDim3 {
   unsigned x = 0, y = 0, z = 0;
 };
-inline thread_local EmulatedDim3 threadIdx, blockIdx;
+inline thread_local EmulatedDim3 threadIdx, blockIdx, blockDim;
 
 struct __nv_bfloat16 {
   uint16_t x;
@@ -55,6 +59,7 @@ inline bool f16 = false;
 struct Lane {
   uint32_t a[4], b[2];
   float f;
+  double d;
 };
 // Two sets, alternating per collective: a lane can be at most one collective ahead of the others (each
 // starts with a warp barrier), so one barrier per collective suffices.
@@ -117,6 +122,7 @@ void launch(unsigned grid, int threads, size_t smem_bytes, F&& kernel) {
   for (int t = 0; t < threads; ++t)
     pool.emplace_back([&, t] {
       threadIdx.x = static_cast<unsigned>(t);
+      blockDim.x = static_cast<unsigned>(threads);
       for (unsigned b = 0; b < grid; ++b) {
         blockIdx.x = b;
         kernel();
@@ -137,6 +143,13 @@ inline float __shfl_xor_sync(unsigned, float v, int mask) {
   tr::emu::warp_sync();
   return l[tr::emu::lane() ^ mask].f;
 }
+inline double __shfl_xor_sync(unsigned, double v, int mask) {
+  tr::emu::Lane* l = tr::emu::lanes_now();
+  l[tr::emu::lane()].d = v;
+  tr::emu::warp_sync();
+  return l[tr::emu::lane() ^ mask].d;
+}
+inline void __syncwarp() { tr::emu::warp_sync(); }
 inline float __expf(float x) { return std::exp(x); }
 inline void __trap() { std::abort(); }
 inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
@@ -176,3 +189,20 @@ inline void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
 }
 
 }  // namespace tr::cuda::flash_emulated
+
+// What the tiled attention kernels take from backend/cuda/common.cuh, for the types they are emulated in
+// (f32 and f64: their accumulators are their own types), and the host's exp and log overloads.
+namespace tr::cuda {
+template <typename T>
+using acc_t = T;
+template <typename T>
+inline T ld(const T* p, int64_t i) {
+  return p[i];
+}
+template <typename T, typename A>
+inline void st(T* p, int64_t i, A v) {
+  p[i] = static_cast<T>(v);
+}
+using std::exp;
+using std::log;
+}  // namespace tr::cuda

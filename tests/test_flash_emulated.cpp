@@ -18,6 +18,7 @@
 // The kernels' register punning: built with -fno-strict-aliasing here (and their #pragma unroll ignored).
 #pragma GCC diagnostic ignored "-Wstrict-aliasing"
 #include "backend/cuda/flash_kernels.cuh"
+#include "attention_f64_reference.h"
 
 namespace tr {
 namespace {
@@ -39,59 +40,6 @@ std::string name_of(const FlashCase& c) {
   return fmt::format("B{} H{} KV{} T{} S{} D{} causal{} window{} padded{} dropout{} {}{}", c.B, c.H, c.KV,
                      c.T, c.S, c.D, c.causal, c.window, c.padded, c.dropout, c.f16 ? "f16" : "bf16",
                      c.vec ? " vec" : "");
-}
-
-struct Reference {
-  std::vector<double> out, lse, dq, dk, dv;
-};
-
-// f64 attention forward and backward on the rounded inputs (values as read by `in`), dropout factors z.
-template <typename In, typename Z>
-Reference reference(const FlashCase& c, const Geo& g, In in, Z z) {
-  const int64_t T = c.T, S = c.S, D = c.D, rep = c.H / c.KV;
-  Reference r{std::vector<double>(c.B * c.H * T * D), std::vector<double>(c.B * c.H * T),
-              std::vector<double>(c.B * c.H * T * D), std::vector<double>(c.B * c.KV * S * D),
-              std::vector<double>(c.B * c.KV * S * D)};
-  for (int64_t b = 0; b < c.B; ++b)
-    for (int64_t h = 0; h < c.H; ++h) {
-      const int64_t bh = b * c.H + h, bkv = b * c.KV + h / rep;
-      for (int64_t t = 0; t < T; ++t) {
-        std::vector<double> sc(S, -INFINITY), p(S, 0.0), o(D, 0.0);
-        double m = -INFINITY;
-        for (int64_t s = 0; s < S; ++s) {
-          if (!g.visible(b, t, s)) continue;
-          double a = 0;
-          for (int64_t d = 0; d < D; ++d) a += in.q(bh, t, d) * in.k(bkv, s, d);
-          sc[s] = a * g.scale;
-          m = std::max(m, sc[s]);
-        }
-        double l = 0;
-        for (int64_t s = 0; s < S; ++s)
-          if (sc[s] != -INFINITY) l += std::exp(sc[s] - m);
-        r.lse[bh * T + t] = l > 0 ? m + std::log(l) : -INFINITY;
-        if (l == 0) continue;
-        for (int64_t s = 0; s < S; ++s) p[s] = sc[s] == -INFINITY ? 0 : std::exp(sc[s] - m) / l;
-        for (int64_t s = 0; s < S; ++s)
-          for (int64_t d = 0; d < D && p[s] != 0; ++d) o[d] += p[s] * z(bh, t, s) * in.v(bkv, s, d);
-        double delta = 0;
-        for (int64_t d = 0; d < D; ++d) {
-          r.out[(bh * T + t) * D + d] = o[d];
-          delta += o[d] * in.dout(bh, t, d);
-        }
-        for (int64_t s = 0; s < S; ++s) {
-          if (p[s] == 0) continue;
-          double dp = 0;
-          for (int64_t d = 0; d < D; ++d) dp += in.dout(bh, t, d) * in.v(bkv, s, d);
-          const double ds = p[s] * (dp * z(bh, t, s) - delta) * g.scale;
-          for (int64_t d = 0; d < D; ++d) {
-            r.dq[(bh * T + t) * D + d] += ds * in.k(bkv, s, d);
-            r.dk[(bkv * S + s) * D + d] += ds * in.q(bh, t, d);
-            r.dv[(bkv * S + s) * D + d] += p[s] * z(bh, t, s) * in.dout(bh, t, d);
-          }
-        }
-      }
-    }
-  return r;
 }
 
 // The worst |got - want| over the largest |want| (at least 1e-3): bf16/f16 outputs after rounded P and dS.
@@ -175,7 +123,7 @@ void run_case(const FlashCase& c, uint64_t seed) {
     double v(int64_t bkv, int64_t s, int64_t d) const { return at(xv, bkv, s, d, c.S); }
     double dout(int64_t bh, int64_t t, int64_t d) const { return at(xdo, bh, t, d, c.T); }
   };
-  const Reference r = reference(c, g, Inputs{c, q, k, v, dout}, z);
+  const test::Reference r = test::reference(c, g, Inputs{c, q, k, v, dout}, z);
   // bf16/f16 outputs after probabilities and dS rounded to the operand type (FlashAttention-2's rule).
   const double tol = 2e-2;
   EXPECT_LE(relative_error(out, r.out), tol) << "out";
