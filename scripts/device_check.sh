@@ -23,7 +23,7 @@ parts=" ${DEVICE_PARTS:-tests sanitize train ddp hf bench cpu trace} "
 has() { [[ $parts == *" $1 "* ]]; }
 tests_rc=0; : >"$OUT/tests.log"
 has tests && echo "== GPU tests"
-filter=${DEVICE_TESTS:-*Cuda*:*cuda*:*Gpu*:*Device*}
+filter=${DEVICE_TESTS:-*Cuda*:*cuda*:*Gpu*:*Device*:DistDdp.GradReducer*}
 has tests && suites=$("$work/bin/trainer_tests" --gtest_list_tests --gtest_filter="$filter" | awk '/^[^ ].*\.$/{print $1}')
 for s in ${suites:-}; do
   timeout 90 "$work/bin/trainer_tests" --gtest_filter="$s*" >"$OUT/suite.log" 2>&1
