@@ -19,6 +19,7 @@ export LD_LIBRARY_PATH="$work/lib:${extra}${LD_LIBRARY_PATH:-}"
 export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell} TRAINER_TORCH_PYTHON=python3 TRAINER_BENCH_DIR="$PWD/bench"
 echo "== machine"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
+"$work/bin/trainer" version | head -n 3  # ours: CUDA runtime/driver, the GPU and CPU libraries as found here
 parts=" ${DEVICE_PARTS:-tests sanitize train ddp hf bench cpu trace} "
 has() { [[ $parts == *" $1 "* ]]; }
 tests_rc=0; : >"$OUT/tests.log"

@@ -15,6 +15,10 @@
 
 namespace tr::backend {
 
+// The CPU libraries the host kernels call, with their versions and configuration: oneDNN (f32/bf16 GEMMs),
+// OpenBLAS (f64 GEMMs) - "oneDNN 2.6.3, OpenBLAS 0.3.21 (its build line; core SkylakeX)".
+std::string cpu_library_versions();
+
 const char* unary_name(UnaryOp op);
 const char* binary_name(BinaryOp op);
 

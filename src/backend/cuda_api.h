@@ -98,5 +98,8 @@ Device default_device();
 std::string cuda_device_name(int index);
 // One line about the CUDA runtime, driver and devices (or why there is none).
 std::string cuda_summary();
+// The GPU libraries, each as built against and as found at run time: cuBLASLt (linked), NCCL (opened at the
+// first communicator) and cuDNN (present or not; no op uses it yet). Empty without CUDA.
+std::string gpu_library_versions();
 
 }  // namespace tr::backend

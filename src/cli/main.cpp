@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "backend/backend.h"
 #include "backend/cuda_api.h"
 #include "cli/default_run.h"
 #include "cli/flags.h"
@@ -585,6 +586,9 @@ int main(int argc, char** argv) {
     }
     if (*version) {
       std::printf("trainer.cpp; %s\n", tr::backend::cuda_summary().c_str());
+      if (const std::string gpu = tr::backend::gpu_library_versions(); !gpu.empty())
+        std::printf("gpu libraries: %s\n", gpu.c_str());
+      std::printf("cpu libraries: %s\n", tr::backend::cpu_library_versions().c_str());
       for (tr::DType dt : {tr::DType::bf16, tr::DType::f16}) {
         const std::string note = tr::ops::gemm_precision_note(tr::Device::cpu(), dt);
         if (!note.empty()) std::printf("cpu: %s\n", note.c_str());

@@ -235,3 +235,15 @@ std::string CpuBackend::gemm_precision_note(DType operands) const {
 }
 
 }  // namespace tr::cpu
+
+namespace tr::backend {
+
+std::string cpu_library_versions() {
+  const dnnl_version_t* v = dnnl_version();
+  const char* config = openblas_get_config();
+  const char* core = openblas_get_corename();
+  return fmt::format("oneDNN {}.{}.{}, {} (core {})", v->major, v->minor, v->patch,
+                     config ? config : "OpenBLAS (no build line)", core ? core : "unknown");
+}
+
+}  // namespace tr::backend

@@ -1,7 +1,11 @@
 // The CUDA backend's entry points of cuda_api.h on the host side: the devices present and their summary, the
 // default device, the device guard (cuda_use_device), page-locked host memory, CopyStream and the copies
 // between host and GPUs. The backend itself is cuda_backend.cpp.
+#include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <cudnn_version.h>
+#include <dlfcn.h>
+#include <nccl.h>
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -83,6 +87,39 @@ std::string cuda_summary() {
                        static_cast<double>(p.totalGlobalMem) / (1 << 30));
   }
   return s;
+}
+
+namespace {
+
+// major.minor.patch of a version code major * 10000 + minor * 100 + patch (cuBLAS, cuDNN 9, NCCL >= 2.9).
+std::string dotted(size_t code) {
+  return fmt::format("{}.{}.{}", code / 10000, code / 100 % 100, code % 100);
+}
+
+// A library's version at run time through dlopen (nullopt-like 0 when it is absent or lacks the symbol).
+template <typename Fn, typename Get>
+size_t runtime_version(const char* lib, const char* symbol, Get get) {
+  void* h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+  if (h == nullptr) return 0;
+  const auto fn = reinterpret_cast<Fn>(dlsym(h, symbol));
+  return fn ? get(fn) : 0;
+}
+
+}  // namespace
+
+std::string gpu_library_versions() {
+  const size_t nccl = runtime_version<int (*)(int*)>("libnccl.so.2", "ncclGetVersion", [](auto fn) {
+    int v = 0;
+    return fn(&v) == 0 ? static_cast<size_t>(v) : size_t{0};
+  });
+  const size_t cudnn =
+      runtime_version<size_t (*)()>("libcudnn.so.9", "cudnnGetVersion", [](auto fn) { return fn(); });
+  return fmt::format(
+      "cuBLASLt {} (built against {}); NCCL {} (built against {}; opened at the first communicator); cuDNN "
+      "{} "
+      "(built against {}; no op uses it yet: attention runs our flash and tiled kernels)",
+      dotted(cublasLtGetVersion()), dotted(CUBLAS_VERSION), nccl ? dotted(nccl) : "not found (libnccl.so.2)",
+      dotted(NCCL_VERSION_CODE), cudnn ? dotted(cudnn) : "not found (libcudnn.so.9)", dotted(CUDNN_VERSION));
 }
 
 namespace {

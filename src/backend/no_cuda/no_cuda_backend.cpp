@@ -8,6 +8,7 @@ bool cuda_available() { return false; }
 Device default_device() { return Device::cpu(); }
 int cuda_device_count() { return 0; }
 std::string cuda_device_name(int) { return ""; }
+std::string gpu_library_versions() { return ""; }
 std::string cuda_summary() {
   return "CUDA: not compiled in (configure with -DTRAINER_CUDA=ON and nvcc present)";
 }
