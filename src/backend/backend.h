@@ -372,6 +372,8 @@ class Backend {
 // The distance between consecutive rows of a tensor of rows (the last dimension): its second-to-last
 // stride, which is the row length for a contiguous tensor and more for rows of a padded buffer.
 inline int64_t row_stride(const Tensor& t) {
+  // A contiguous tensor's rows are its row length apart, whatever strides its size-1 dimensions carry.
+  if (t.is_contiguous()) return t.dim() > 0 ? t.size(t.dim() - 1) : 1;
   return t.dim() >= 2 ? t.strides()[static_cast<size_t>(t.dim() - 2)] : t.dim() == 1 ? t.size(0) : 1;
 }
 

@@ -703,6 +703,8 @@ class CudaBackend final : public backend::Backend {
 };
 
 void CudaBackend::gemm(const backend::GemmArgs& g) {
+  TR_CHECK(g.c_ld() >= g.n && (g.batch == 1 || g.c_ld() == g.n),
+           "matmul: rows of c {} apart for {} columns in a batch of {}", g.c_ld(), g.n, g.batch);
   {
     AllocatorScratch scratch(allocator(g.c.device().index), capturing_);  // max-autotune's trial outputs
     if (lt().run(g, stream(), scratch)) return;

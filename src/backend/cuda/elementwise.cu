@@ -352,12 +352,15 @@ void dropout(Stream stream, DType dt, const void* x, void* y, int64_t n, double 
 
 namespace {
 
-// One thread per element (grid-stride), every stage in registers: the chain's tensors are read and written
-// once, so it is bound by memory bandwidth like one elementwise kernel (the unfused calls each paid a pass).
+// One thread per element (grid-stride): the chain's tensors are read and written once, so it is bound by
+// memory bandwidth like one elementwise kernel (the unfused calls each paid a pass). The chain (~1.2 KB) is a
+// __grid_constant__ parameter, read in place rather than copied per thread, since stages and operands are
+// indexed at run time; the stage values live in a small per-thread array. Dropout's keep scale comes from
+// the host (1 / (1 - p) in f64, as the unfused kernel computes it).
 // The element math is the unfused functors' (UnaryF, UnaryBackwardF, BinaryF, AffineF, DropoutF), so a
 // fused chain gives their bits.
 template <typename T>
-__global__ void fused_chain_kernel(FusedChain c, int64_t n, const uint64_t* shift) {
+__global__ void fused_chain_kernel(const __grid_constant__ FusedChain c, int64_t n, const uint64_t* shift) {
   using A = acc_t<T>;
   const uint64_t moved = shift ? *shift : 0;
   GRID_STRIDE_I(int64_t, i, n) {
@@ -380,7 +383,7 @@ __global__ void fused_chain_kernel(FusedChain c, int64_t n, const uint64_t* shif
           const float p = static_cast<float>(s.alpha);
           const bool keep =
               uniform_from_word(philox_word(s.seed, s.offset + moved, static_cast<uint64_t>(i))) >= p;
-          v = keep ? in(0) * static_cast<A>(1.0 / (1.0 - s.alpha)) : A(0);
+          v = keep ? in(0) * static_cast<A>(s.beta) : A(0);  // beta: 1 / (1 - p), from the launcher
         }
       }
       const T r = from_acc<T>(v);
@@ -396,8 +399,11 @@ void fused_elementwise(Stream stream, DType dt, const FusedChain& chain, int64_t
   if (n == 0 || chain.stages == 0) return;
   if (chain.stages > kFusedStages)
     throw std::runtime_error("fused_elementwise: more than " + std::to_string(kFusedStages) + " stages");
+  FusedChain c = chain;
+  for (int k = 0; k < c.stages; ++k)
+    if (c.stage[k].kind == FusedChainStage::Kind::dropout) c.stage[k].beta = 1.0 / (1.0 - c.stage[k].alpha);
   dispatch_float(
-      dt, [&]<typename T>() { fused_chain_kernel<T><<<blocks_for(n), 256, 0, stream>>>(chain, n, shift); });
+      dt, [&]<typename T>() { fused_chain_kernel<T><<<blocks_for(n), 256, 0, stream>>>(c, n, shift); });
   TR_CUDA_LAUNCH_CHECK("fused_elementwise");
 }
 

@@ -67,7 +67,7 @@ struct FusedChainStage {
   BinaryOp binary = BinaryOp::add;
   int32_t in[2] = {0, 0};
   int32_t out = -1;
-  double alpha = 1.0, beta = 0.0;  // affine: alpha x + beta; dropout: alpha = p
+  double alpha = 1.0, beta = 0.0;  // affine: alpha x + beta; dropout: alpha = p (beta: set at launch)
   uint64_t seed = 0, offset = 0;
 };
 struct FusedChain {
