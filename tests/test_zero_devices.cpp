@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
 
 #include "autograd/functions.h"
 #include "autograd/node.h"
@@ -13,6 +12,7 @@
 #include "models/causal_lm.h"
 #include "ops/ops.h"
 #include "optim/optimizer.h"
+#include "test_util.h"
 #include "train/zero.h"
 #include "train/zero3.h"
 
@@ -56,11 +56,7 @@ void expect_same(const std::vector<float>& got, const std::vector<float>& want, 
 }
 
 Tensor random_tensor(const Shape& shape, uint32_t seed) {
-  Tensor t = ops::empty(shape, DType::f32);
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> n(0.0f, 0.5f);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = n(rng);
-  return t;
+  return test::randn(shape, seed, DType::f32, Device::cpu(), 0.5);
 }
 
 const std::vector<std::pair<std::string, Shape>> kShapes{
