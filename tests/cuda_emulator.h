@@ -1,5 +1,6 @@
-// The host emulation of the CUDA built-ins our flash and tiled attention kernels use, so that tests run the
-// kernels' own source (backend/cuda/flash_kernels.cuh, attention_tiled.cuh) on the CPU: each CUDA thread of a
+// The host emulation of the CUDA built-ins our flash and tiled attention kernels and the row kernels use, so
+// that tests run the kernels' own source (backend/cuda/flash_kernels.cuh, attention_tiled.cuh,
+// row_kernels.cuh) on the CPU: each CUDA thread of a
 // block is a std::thread, __syncthreads and warp collectives are barriers, a kernel's shared memory is a host
 // buffer poisoned with NaN halves before every block (a read of what no thread wrote shows up), and mma.sync
 // m16n8k16 gathers the warp's fragments by the PTX ISA's layout tables (groupID = lane / 4, thread-in-group =
@@ -13,7 +14,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <type_traits>
 #include <vector>
+
+#include "backend/cuda/kernels.h"  // BadIndexKind
 
 #define TR_FLASH_EMULATED 1
 #define TR_FLASH_NAMESPACE flash_emulated
@@ -21,6 +25,9 @@
 #define TR_ATTN_EMULATED 1
 #define TR_ATTN_NAMESPACE tiled_emulated
 #define TR_ATTN_SMEM(name) double* name = reinterpret_cast<double*>(::tr::emu::shared_memory)
+#define TR_ROW_EMULATED 1
+#define TR_ROW_NAMESPACE rows_emulated
+#define TR_ROW_SMEM(name) double* name = reinterpret_cast<double*>(::tr::emu::shared_memory)
 #define __global__
 #define __device__
 #define __forceinline__ inline
@@ -190,18 +197,46 @@ inline void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
 
 }  // namespace tr::cuda::flash_emulated
 
-// What the tiled attention kernels take from backend/cuda/common.cuh, for the types they are emulated in
-// (f32 and f64: their accumulators are their own types), and the host's exp and log overloads.
+// What the tiled attention and row kernels take from backend/cuda/common.cuh: accumulator types (f32 for the
+// halves, as on the device), loads that widen and stores that round to nearest even, the bad-index report,
+// and the host's exp and log overloads.
 namespace tr::cuda {
 template <typename T>
-using acc_t = T;
+struct EmulatedAcc {
+  using type = T;
+};
+template <>
+struct EmulatedAcc<__nv_bfloat16> {
+  using type = float;
+};
+template <>
+struct EmulatedAcc<__half> {
+  using type = float;
+};
 template <typename T>
-inline T ld(const T* p, int64_t i) {
-  return p[i];
+using acc_t = typename EmulatedAcc<T>::type;
+template <typename T>
+inline acc_t<T> ld(const T* p, int64_t i) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return emu::bf16_to_float(p[i].x);
+  else if constexpr (std::is_same_v<T, __half>)
+    return emu::f16_to_float(p[i].x);
+  else
+    return p[i];
 }
 template <typename T, typename A>
 inline void st(T* p, int64_t i, A v) {
-  p[i] = static_cast<T>(v);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    p[i].x = emu::float_to_bf16(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, __half>)
+    p[i].x = emu::float_to_f16(static_cast<float>(v));
+  else
+    p[i] = static_cast<T>(v);
+}
+inline void report_bad(int64_t* bad, int64_t kind, int64_t value, int64_t limit) {
+  bad[0] = value;
+  bad[2] = limit;
+  bad[1] = kind;
 }
 using std::exp;
 using std::log;

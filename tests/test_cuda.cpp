@@ -1,5 +1,7 @@
 // The CUDA build on any machine: what it reports, the CPU fallback without a GPU, and (with a GPU) device
 // tensors, copies and the dropout/RNG bits matching the CPU exactly.
+#include <fmt/format.h>
+
 #include "test_util.h"
 
 namespace tr {
@@ -255,8 +257,8 @@ TEST(CudaDevice, HalfLogitGradientMatchesTheCpu) {
     size_t differ = 0;  // exp may differ in the last f32 bit between the GPU's and the CPU's vector code
     for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
     EXPECT_LE(differ * 1000, a.size()) << dtype_name(dt) << ": " << differ << " values differ";
-    // The loss and the gradient from one call (the chunked head's): the CPU fuses them, the GPU runs its two
-    // kernels; the same values.
+    // The loss and the gradient from one call (the chunked head's): fused on both devices (the GPU's from its
+    // own online logsumexp); the same values but for a rounding moved by a last bit.
     const Tensor logits_dev = ops::to_device(logits, gpu), fused = ops::empty({N, V}, dt, gpu);
     const ops::CrossEntropyOut fce = ops::cross_entropy_with_grad_(logits_dev, ops::to_device(labels, gpu),
                                                                    -100, ops::to_device(grad, gpu), fused);
@@ -354,6 +356,80 @@ TEST(CudaNccl, AWorldOfOneRunsEveryCollective) {
   float one = 2.0f;
   sub->all_reduce_sum(&one, 1, DType::f32);
   EXPECT_EQ(one, 2.0f);
+}
+
+}  // namespace
+}  // namespace tr
+
+namespace tr {
+namespace {
+
+// The row kernels (backend/cuda/row_kernels.cuh; emulated on the CPU by RowKernelsEmulated.*) at model
+// widths, on both launch paths: the warp-per-row norms (768, and 4096 in bf16: 16 packs a lane) and the block
+// kernels they decline (770: not whole packs; 4096 in f32: past 16 packs a lane), residual and gradient adds
+// included; then cross-entropy's loss, gradient and fused kernels over GPT-2's vocabulary in dense and padded
+// rows, in place and into a half gradient. Against the CPU within each dtype's rounding; the residual sums
+// (one f32 add rounded once on both) bit for bit.
+TEST(CudaDevice, RowKernelsMatchTheCpuAtModelWidths) {
+  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: the row kernels NOT tested on a GPU";
+  const Device gpu = Device::cuda(0);
+  auto dev = [&](const Tensor& t) { return ops::to_device(t, gpu); };
+  auto host = [](const Tensor& t) { return ops::to_device(t, Device::cpu()); };
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    const double tol = dt == DType::bf16 ? 2e-2 : 2e-5;
+    for (const int64_t n : {int64_t{768}, int64_t{770}, int64_t{4096}}) {
+      const std::string what = fmt::format("{} n {}", dtype_name(dt), n);
+      const int64_t rows = 37;
+      const Tensor x = ops::to_dtype(test::randn({rows, n}, 1), dt),
+                   r = ops::to_dtype(test::randn({rows, n}, 2), dt);
+      const Tensor w = ops::to_dtype(test::randn({n}, 3), dt), b = ops::to_dtype(test::randn({n}, 4), dt);
+      const Tensor gy = ops::to_dtype(test::randn({rows, n}, 5), dt),
+                   ga = ops::to_dtype(test::randn({rows, n}, 6), dt);
+      const ops::NormOut lc = ops::add_layer_norm(x, r, w, b, 1e-5);
+      const ops::NormOut lg = ops::add_layer_norm(dev(x), dev(r), dev(w), dev(b), 1e-5);
+      EXPECT_EQ(test::values(host(lg.sum)), test::values(lc.sum)) << what;
+      EXPECT_TRUE(test::all_close(host(lg.y), lc.y, tol, tol)) << what << " layer_norm y";
+      EXPECT_TRUE(test::all_close(host(lg.mean), lc.mean, 1e-5, 1e-5)) << what << " mean";
+      EXPECT_TRUE(test::all_close(host(lg.rstd), lc.rstd, 1e-5, 1e-5)) << what << " rstd";
+      // The backward from the same statistics on both sides.
+      const ops::NormGrads bc =
+          ops::layer_norm_backward(lc.sum, w, lc.mean, lc.rstd, gy, true, true, true, ga);
+      const ops::NormGrads bg = ops::layer_norm_backward(dev(lc.sum), dev(w), dev(lc.mean), dev(lc.rstd),
+                                                         dev(gy), true, true, true, dev(ga));
+      EXPECT_TRUE(test::all_close(host(bg.gx), bc.gx, tol, tol)) << what << " layer_norm gx";
+      EXPECT_TRUE(test::all_close(host(bg.gw), bc.gw, tol, tol * 10)) << what << " layer_norm gw";
+      const ops::NormOut rc = ops::add_rms_norm(x, r, w, 1e-6);
+      const ops::NormOut rg = ops::add_rms_norm(dev(x), dev(r), dev(w), 1e-6);
+      EXPECT_TRUE(test::all_close(host(rg.y), rc.y, tol, tol)) << what << " rms_norm y";
+      const ops::NormGrads sc = ops::rms_norm_backward(rc.sum, w, rc.rstd, gy, true, true);
+      const ops::NormGrads sg =
+          ops::rms_norm_backward(dev(rc.sum), dev(w), dev(rc.rstd), dev(gy), true, true);
+      EXPECT_TRUE(test::all_close(host(sg.gx), sc.gx, tol, tol)) << what << " rms_norm gx";
+    }
+  }
+  const int64_t N = 6, V = 50257, ld = 50304;
+  const Tensor labels = ops::from_vector<int64_t>({3, -100, 0, V - 1, 17, 50000}, {N});
+  const Tensor grad = ops::from_vector<float>({1.0f, 1.0f, 4096.0f, 2.5e-4f, 3.0f, 0.5f}, {N});
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    const Tensor logits = ops::to_dtype(ops::affine(test::randn({N, V}, 9), 4.0, 0.0), dt);
+    const ops::CrossEntropyOut ce = ops::cross_entropy(logits, labels, -100);
+    const Tensor want = ops::cross_entropy_backward(logits, labels, ce.lse, grad, -100);
+    for (const bool padded : {false, true}) {
+      const std::string what = fmt::format("{} padded {}", dtype_name(dt), padded);
+      Tensor x = padded ? ops::narrow(ops::zeros({N, ld}, dt, gpu), 1, 0, V) : ops::empty({N, V}, dt, gpu);
+      ops::copy_(x, dev(logits));
+      const ops::CrossEntropyOut loss_only = ops::cross_entropy(x, dev(labels), -100);
+      EXPECT_TRUE(test::all_close(host(loss_only.loss), ce.loss, 1e-5, 1e-5)) << what;
+      const Tensor g_only = ops::cross_entropy_backward(x, dev(labels), loss_only.lse, dev(grad), -100);
+      const ops::CrossEntropyOut both =
+          ops::cross_entropy_with_grad_(x, dev(labels), -100, dev(grad), x);  // in place
+      // The fused kernel's loss is the loss kernel's, its gradient the gradient kernel's, bit for bit.
+      EXPECT_EQ(test::values(host(both.loss)), test::values(host(loss_only.loss))) << what;
+      EXPECT_EQ(test::values(host(ops::contiguous(x))), test::values(host(g_only))) << what;
+      EXPECT_TRUE(test::all_close(host(ops::contiguous(x)), want, dt == DType::bf16 ? 1e-2 : 1e-4, 1e-6))
+          << what;
+    }
+  }
 }
 
 }  // namespace

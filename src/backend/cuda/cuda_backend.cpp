@@ -383,15 +383,27 @@ class CudaBackend final : public backend::Backend {
   }
   void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
                               const Tensor& grad_loss, int64_t ignore_index, const Tensor& glogits) override {
+    check_logit_gradient(logits, glogits);
+    cuda::cross_entropy_backward(stream(), logits.dtype(), logits.data_ptr(), backend::row_stride(logits),
+                                 labels.data<int64_t>(), lse.data_ptr(), grad_loss.data_ptr(),
+                                 glogits.data_ptr(), glogits.dtype(), backend::row_stride(glogits),
+                                 rows_of(logits), last_dim(logits), ignore_index);
+  }
+  void cross_entropy_with_grad(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
+                               const Tensor& loss, const Tensor& lse, const Tensor& grad_loss,
+                               const Tensor& glogits) override {
+    check_logit_gradient(logits, glogits);
+    cuda::cross_entropy_with_grad(
+        stream(), logits.dtype(), logits.data_ptr(), backend::row_stride(logits), labels.data<int64_t>(),
+        loss.data_ptr(), lse.data_ptr(), grad_loss.data_ptr(), glogits.data_ptr(), glogits.dtype(),
+        backend::row_stride(glogits), rows_of(logits), last_dim(logits), ignore_index, bad_index());
+  }
+  static void check_logit_gradient(const Tensor& logits, const Tensor& glogits) {
     TR_CHECK(glogits.dtype() == logits.dtype() ||
                  (logits.dtype() == DType::f32 &&
                   (glogits.dtype() == DType::bf16 || glogits.dtype() == DType::f16)),
              "cross_entropy_backward: a {} gradient of {} logits (only f32 logits to bf16/f16)",
              dtype_name(glogits.dtype()), dtype_name(logits.dtype()));
-    cuda::cross_entropy_backward(stream(), logits.dtype(), logits.data_ptr(), backend::row_stride(logits),
-                                 labels.data<int64_t>(), lse.data_ptr(), grad_loss.data_ptr(),
-                                 glogits.data_ptr(), glogits.dtype(), backend::row_stride(glogits),
-                                 rows_of(logits), last_dim(logits), ignore_index);
   }
   void embedding(const Tensor& weight, const Tensor& ids, const Tensor& out) override {
     cuda::embedding(stream(), weight.dtype(), weight.data_ptr(), ids.data<int64_t>(), out.data_ptr(),

@@ -114,6 +114,11 @@ void cross_entropy(Stream stream, DType dt, const void* logits, int64_t ldx, con
 void cross_entropy_backward(Stream stream, DType dt, const void* logits, int64_t ldx, const int64_t* labels,
                             const void* lse, const void* grad_loss, void* glogits, DType gdt, int64_t ldg,
                             int64_t rows, int64_t v, int64_t ignore_index);
+// Both in one kernel (the loss pass, then the gradient from the row's fresh logsumexp): glogits may be the
+// logits themselves. The loss and lse bits are cross_entropy's, the gradient's cross_entropy_backward's.
+void cross_entropy_with_grad(Stream stream, DType dt, const void* logits, int64_t ldx, const int64_t* labels,
+                             void* loss, void* lse, const void* grad_loss, void* glogits, DType gdt,
+                             int64_t ldg, int64_t rows, int64_t v, int64_t ignore_index, int64_t* bad);
 // An id outside [0, v) is flagged (kBadEmbeddingIndex) and its row is 0.
 void embedding(Stream stream, DType dt, const void* weight, const int64_t* ids, void* out, int64_t n,
                int64_t v, int64_t d, int64_t* bad);

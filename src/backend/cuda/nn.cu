@@ -1,13 +1,15 @@
-// CUDA LayerNorm / RMSNorm (forward, backward), cross-entropy (forward saves logsumexp; backward recomputes
-// softmax, never storing probabilities), embedding gather and deterministic scatter-add (grouped by a device
-// radix sort: no host round trip), rotary embedding.
-// Weight/bias gradients are reduced by one thread per column walking the rows in order: deterministic.
+// CUDA LayerNorm / RMSNorm (forward, backward), cross-entropy, embedding gather and deterministic scatter-add
+// (grouped by a device radix sort: no host round trip), rotary embedding. The norms' rows up to 16 packs a
+// lane and every cross-entropy row go to row_kernels.cuh (a warp per norm row, the row in registers; the loss,
+// the gradient or both in one pass pair); wider or unaligned norm rows and f64 take the block-per-row kernels
+// here. Weight/bias gradients are reduced by one thread per column walking the rows in order: deterministic.
 #include <algorithm>
 #include <cmath>
 
 #include <cub/cub.cuh>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/row_kernels.cuh"
 #include "backend/unary_math.h"
 
 namespace tr::cuda {
@@ -165,53 +167,6 @@ __global__ void rms_norm_backward_kernel(const T* x, const T* w, const acc_t<T>*
 }
 
 template <typename T>
-__global__ void cross_entropy_kernel(const T* logits, int64_t ldx, const int64_t* labels, acc_t<T>* loss,
-                                     acc_t<T>* lse, int64_t v, int64_t ignore, int64_t* bad) {
-  using A = acc_t<T>;
-  __shared__ A sh[32];
-  const int64_t row = blockIdx.x, base = row * ldx;
-  const int64_t label = labels[row];
-  const bool out_of_range = label != ignore && (label < 0 || label >= v);
-  if (label == ignore || out_of_range) {  // the whole block takes this branch
-    if (threadIdx.x == 0) {
-      loss[row] = lse[row] = 0;
-      if (out_of_range) report_bad(bad, kBadLabel, label, v);
-    }
-    return;
-  }
-  A mx = -INFINITY;
-  for (int64_t i = threadIdx.x; i < v; i += blockDim.x) {
-    A t = ld(logits, base + i);
-    mx = t > mx ? t : mx;
-  }
-  mx = block_max(mx, sh);
-  A s = 0;
-  for (int64_t i = threadIdx.x; i < v; i += blockDim.x) s += backend::exp_(ld(logits, base + i) - mx);
-  s = block_sum(s, sh);
-  if (threadIdx.x == 0) {
-    const A l = mx + std::log(s);
-    lse[row] = l;
-    loss[row] = l - ld(logits, base + label);
-  }
-}
-
-// G: the gradient's type (T, or a half type for f32 logits: the f32 value rounded once by st()).
-template <typename T, typename G = T>
-__global__ void cross_entropy_backward_kernel(const T* logits, int64_t ldx, const int64_t* labels,
-                                              const acc_t<T>* lse, const acc_t<T>* grad_loss, G* g,
-                                              int64_t ldg, int64_t v, int64_t ignore) {
-  using A = acc_t<T>;
-  const int64_t row = blockIdx.x, base = row * ldx, gbase = row * ldg;
-  const int64_t label = labels[row];
-  const bool skip = label == ignore || label < 0 || label >= v;  // out of range: flagged by the forward
-  const A gl = skip ? A(0) : grad_loss[row], l = skip ? A(0) : lse[row];
-  for (int64_t i = threadIdx.x; i < v; i += blockDim.x) {
-    A p = skip ? A(0) : gl * backend::exp_(ld(logits, base + i) - l);
-    st(g, gbase + i, i == label ? p - gl : p);
-  }
-}
-
-template <typename T>
 __global__ void embedding_kernel(const T* w, const int64_t* ids, T* out, int64_t n, int64_t v, int64_t d,
                                  int64_t* bad) {
   const int64_t total = n * d;
@@ -326,13 +281,69 @@ int threads_for_row(int64_t n) { return n >= 1024 ? 1024 : n >= 256 ? 256 : 64; 
 
 }  // namespace
 
+namespace {
+
+// The warp-per-row kernels take halves and f32 rows of whole packs up to rows::norm_warp_max, every pointer
+// 16-byte aligned; anything else (f64, odd widths, Llama-8B's f32 rows) takes the block-per-row kernels.
+bool all_aligned(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (p && !aligned_to(p, 16)) return false;
+  return true;
+}
+template <typename T>
+int warp_norm_packs(int64_t n, std::initializer_list<const void*> ptrs) {
+  return all_aligned(ptrs) ? rows::norm_packs_for<T>(n) : 0;
+}
+constexpr int kNormWarps = 8;  // rows per block of the warp kernels
+unsigned norm_blocks(int64_t rows) { return static_cast<unsigned>((rows + kNormWarps - 1) / kNormWarps); }
+
+template <typename T, bool kRms>
+bool norm_rows(Stream stream, const rows::NormRows<T>& a) {
+  if constexpr (std::is_same_v<T, double>) {
+    return false;
+  } else {
+    const int packs = warp_norm_packs<T>(a.n, {a.x, a.w, a.b, a.res, a.sum, a.y});
+    if (packs == 0 || a.rows == 0) return packs != 0;
+    rows::with_norm_packs(packs, [&](auto p) {
+      rows::norm_rows_kernel<T, decltype(p)::value, kRms>
+          <<<norm_blocks(a.rows), 32 * kNormWarps, 0, stream>>>(a);
+    });
+    return true;
+  }
+}
+
+template <typename T, bool kRms>
+bool norm_grad_rows(Stream stream, const rows::NormGradRows<T>& a) {
+  if constexpr (std::is_same_v<T, double>) {
+    return false;
+  } else {
+    if (warp_norm_packs<T>(a.n, {a.x, a.w, a.gy, a.gadd, a.gx}) == 0) return false;
+    if (a.rows > 0)
+      rows::norm_grad_rows_kernel<T, kRms><<<norm_blocks(a.rows), 32 * kNormWarps, 0, stream>>>(a);
+    return true;
+  }
+}
+
+}  // namespace
+
 void layer_norm(Stream stream, DType dt, const void* x, const void* w, const void* b, void* y, void* mean,
                 void* rstd, int64_t rows, int64_t n, double eps, const void* res, void* sum) {
   dispatch_float(dt, [&]<typename T>() {
-    layer_norm_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(n), 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(b), static_cast<T*>(y),
-        static_cast<acc_t<T>*>(mean), static_cast<acc_t<T>*>(rstd), n, eps, static_cast<const T*>(res),
-        static_cast<T*>(sum));
+    using A = acc_t<T>;
+    const rows::NormRows<T> a{static_cast<const T*>(x),
+                              static_cast<const T*>(w),
+                              static_cast<const T*>(b),
+                              static_cast<const T*>(res),
+                              static_cast<T*>(sum),
+                              static_cast<T*>(y),
+                              static_cast<A*>(mean),
+                              static_cast<A*>(rstd),
+                              rows,
+                              static_cast<int>(n),
+                              eps};
+    if (n > INT32_MAX || !norm_rows<T, false>(stream, a))
+      layer_norm_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(n), 0, stream>>>(
+          a.x, a.w, a.b, a.y, a.mean, a.rstd, n, eps, a.res, a.sum);
   });
   TR_CUDA_LAUNCH_CHECK("layer_norm");
 }
@@ -342,15 +353,17 @@ void layer_norm_backward(Stream stream, DType dt, const void* x, const void* w, 
                          int64_t n, const void* gadd, Scratch& scratch) {
   dispatch_float(dt, [&]<typename T>() {
     using A = acc_t<T>;
-    if (gx)
+    const rows::NormGradRows<T> a{static_cast<const T*>(x),    static_cast<const T*>(w),
+                                  static_cast<const A*>(mean), static_cast<const A*>(rstd),
+                                  static_cast<const T*>(gy),   static_cast<const T*>(gadd),
+                                  static_cast<T*>(gx),         rows,
+                                  static_cast<int>(n)};
+    if (gx && (n > INT32_MAX || !norm_grad_rows<T, false>(stream, a)))
       layer_norm_backward_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(n), 0, stream>>>(
-          static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const A*>(mean),
-          static_cast<const A*>(rstd), static_cast<const T*>(gy), static_cast<T*>(gx), n,
-          static_cast<const T*>(gadd));
+          a.x, a.w, a.mean, a.rstd, a.gy, a.gx, n, a.gadd);
     if (gw || gb)
-      norm_param_grads<T>(stream, static_cast<const T*>(x), static_cast<const A*>(mean),
-                          static_cast<const A*>(rstd), static_cast<const T*>(gy), static_cast<T*>(gw),
-                          static_cast<T*>(gb), rows, n, scratch);
+      norm_param_grads<T>(stream, a.x, a.mean, a.rstd, a.gy, static_cast<T*>(gw), static_cast<T*>(gb), rows,
+                          n, scratch);
   });
   TR_CUDA_LAUNCH_CHECK("layer_norm_backward");
 }
@@ -358,9 +371,21 @@ void layer_norm_backward(Stream stream, DType dt, const void* x, const void* w, 
 void rms_norm(Stream stream, DType dt, const void* x, const void* w, void* y, void* rstd, int64_t rows,
               int64_t n, double eps, const void* res, void* sum) {
   dispatch_float(dt, [&]<typename T>() {
-    rms_norm_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(n), 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), static_cast<acc_t<T>*>(rstd),
-        n, eps, static_cast<const T*>(res), static_cast<T*>(sum));
+    using A = acc_t<T>;
+    const rows::NormRows<T> a{static_cast<const T*>(x),
+                              static_cast<const T*>(w),
+                              nullptr,
+                              static_cast<const T*>(res),
+                              static_cast<T*>(sum),
+                              static_cast<T*>(y),
+                              nullptr,
+                              static_cast<A*>(rstd),
+                              rows,
+                              static_cast<int>(n),
+                              eps};
+    if (n > INT32_MAX || !norm_rows<T, true>(stream, a))
+      rms_norm_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(n), 0, stream>>>(
+          a.x, a.w, a.y, a.rstd, n, eps, a.res, a.sum);
   });
   TR_CUDA_LAUNCH_CHECK("rms_norm");
 }
@@ -370,23 +395,62 @@ void rms_norm_backward(Stream stream, DType dt, const void* x, const void* w, co
                        Scratch& scratch) {
   dispatch_float(dt, [&]<typename T>() {
     using A = acc_t<T>;
-    if (gx)
+    const rows::NormGradRows<T> a{static_cast<const T*>(x),
+                                  static_cast<const T*>(w),
+                                  nullptr,
+                                  static_cast<const A*>(rstd),
+                                  static_cast<const T*>(gy),
+                                  static_cast<const T*>(gadd),
+                                  static_cast<T*>(gx),
+                                  rows,
+                                  static_cast<int>(n)};
+    if (gx && (n > INT32_MAX || !norm_grad_rows<T, true>(stream, a)))
       rms_norm_backward_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(n), 0, stream>>>(
-          static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const A*>(rstd),
-          static_cast<const T*>(gy), static_cast<T*>(gx), n, static_cast<const T*>(gadd));
+          a.x, a.w, a.rstd, a.gy, a.gx, n, a.gadd);
     if (gw)
-      norm_param_grads<T>(stream, static_cast<const T*>(x), nullptr, static_cast<const A*>(rstd),
-                          static_cast<const T*>(gy), static_cast<T*>(gw), nullptr, rows, n, scratch);
+      norm_param_grads<T>(stream, a.x, nullptr, a.rstd, a.gy, static_cast<T*>(gw), nullptr, rows, n, scratch);
   });
   TR_CUDA_LAUNCH_CHECK("rms_norm_backward");
 }
 
+namespace {
+
+// Threads per cross-entropy row: a pack (or element) or four each up to 1024, at least two warps.
+int ce_threads(int64_t per_row) {
+  int t = 64;
+  while (t < 1024 && t * 4 < per_row) t *= 2;
+  return t;
+}
+
+template <rows::CeMode kMode, typename T, typename G>
+void launch_ce(Stream stream, rows::CeRows<T, G> a, int64_t rows) {
+  a.packed = rows::ce_packable(a.logits, a.ldx, a.glogits, a.ldg);
+  const int threads = ce_threads(a.packed ? a.v / rows::kPack<T> : a.v);
+  rows::cross_entropy_rows_kernel<kMode, T, G>
+      <<<static_cast<unsigned>(rows), threads, 64 * sizeof(double), stream>>>(a);
+}
+
+// Runs f.template operator()<T, G>() for logits of dt and a gradient of gdt: the same type, or a half
+// gradient of f32 logits (checked by the backend).
+template <typename F>
+void dispatch_ce(DType dt, DType gdt, F&& f) {
+  if (gdt != dt && gdt == DType::bf16) return f.template operator()<float, __nv_bfloat16>();
+  if (gdt != dt) return f.template operator()<float, __half>();
+  dispatch_float(dt, [&]<typename T>() { f.template operator()<T, T>(); });
+}
+
+}  // namespace
+
 void cross_entropy(Stream stream, DType dt, const void* logits, int64_t ldx, const int64_t* labels,
                    void* loss, void* lse, int64_t rows, int64_t v, int64_t ignore_index, int64_t* bad) {
+  if (rows == 0) return;
   dispatch_float(dt, [&]<typename T>() {
-    cross_entropy_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(v), 0, stream>>>(
-        static_cast<const T*>(logits), ldx, labels, static_cast<acc_t<T>*>(loss), static_cast<acc_t<T>*>(lse),
-        v, ignore_index, bad);
+    using A = acc_t<T>;
+    launch_ce<rows::CeMode::loss, T, T>(
+        stream,
+        {static_cast<const T*>(logits), ldx, labels, static_cast<A*>(loss), static_cast<A*>(lse), nullptr,
+         nullptr, 0, v, ignore_index, bad, false},
+        rows);
   });
   TR_CUDA_LAUNCH_CHECK("cross_entropy");
 }
@@ -394,28 +458,31 @@ void cross_entropy(Stream stream, DType dt, const void* logits, int64_t ldx, con
 void cross_entropy_backward(Stream stream, DType dt, const void* logits, int64_t ldx, const int64_t* labels,
                             const void* lse, const void* grad_loss, void* glogits, DType gdt, int64_t ldg,
                             int64_t rows, int64_t v, int64_t ignore_index) {
-  if (gdt != dt) {  // f32 logits, half gradient (checked by the caller): one rounding, no f32 gradient stored
-    const auto* x = static_cast<const float*>(logits);
-    const auto* l = static_cast<const float*>(lse);
-    const auto* g = static_cast<const float*>(grad_loss);
-    if (gdt == DType::bf16)
-      cross_entropy_backward_kernel<float, __nv_bfloat16>
-          <<<static_cast<unsigned>(rows), threads_for_row(v), 0, stream>>>(
-              x, ldx, labels, l, g, static_cast<__nv_bfloat16*>(glogits), ldg, v, ignore_index);
-    else
-      cross_entropy_backward_kernel<float, __half>
-          <<<static_cast<unsigned>(rows), threads_for_row(v), 0, stream>>>(
-              x, ldx, labels, l, g, static_cast<__half*>(glogits), ldg, v, ignore_index);
-    TR_CUDA_LAUNCH_CHECK("cross_entropy_backward");
-    return;
-  }
-  dispatch_float(dt, [&]<typename T>() {
+  if (rows == 0) return;
+  dispatch_ce(dt, gdt, [&]<typename T, typename G>() {
     using A = acc_t<T>;
-    cross_entropy_backward_kernel<T><<<static_cast<unsigned>(rows), threads_for_row(v), 0, stream>>>(
-        static_cast<const T*>(logits), ldx, labels, static_cast<const A*>(lse),
-        static_cast<const A*>(grad_loss), static_cast<T*>(glogits), ldg, v, ignore_index);
+    launch_ce<rows::CeMode::grad, T, G>(
+        stream,
+        {static_cast<const T*>(logits), ldx, labels, nullptr, const_cast<A*>(static_cast<const A*>(lse)),
+         static_cast<const A*>(grad_loss), static_cast<G*>(glogits), ldg, v, ignore_index, nullptr, false},
+        rows);
   });
   TR_CUDA_LAUNCH_CHECK("cross_entropy_backward");
+}
+
+void cross_entropy_with_grad(Stream stream, DType dt, const void* logits, int64_t ldx, const int64_t* labels,
+                             void* loss, void* lse, const void* grad_loss, void* glogits, DType gdt,
+                             int64_t ldg, int64_t rows, int64_t v, int64_t ignore_index, int64_t* bad) {
+  if (rows == 0) return;
+  dispatch_ce(dt, gdt, [&]<typename T, typename G>() {
+    using A = acc_t<T>;
+    launch_ce<rows::CeMode::both, T, G>(
+        stream,
+        {static_cast<const T*>(logits), ldx, labels, static_cast<A*>(loss), static_cast<A*>(lse),
+         static_cast<const A*>(grad_loss), static_cast<G*>(glogits), ldg, v, ignore_index, bad, false},
+        rows);
+  });
+  TR_CUDA_LAUNCH_CHECK("cross_entropy_with_grad");
 }
 
 void embedding(Stream stream, DType dt, const void* weight, const int64_t* ids, void* out, int64_t n,
