@@ -1,4 +1,4 @@
-# PyTorch CPU peer for the benchmarks: times the same work as bench/*.cpp and prints one JSON line.
+# PyTorch peer (CPU, or the GPU for block and kernels) for the benchmarks: times the same work as bench/*.cpp and prints one JSON line.
 # Run by the C++ benchmarks with Debian's python3-torch (scripts/setup.sh --bench).
 import json, math, sys, time
 
@@ -69,11 +69,69 @@ def ops(iters):
     return out
 
 
+def kernels(iters, device, N):
+    """bench_kernels.cpp's ops, bf16, at the same shapes: torch's eager kernels on the same device."""
+    F = torch.nn.functional
+    dev = torch.device(device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    bf = torch.bfloat16
+    d, V, ldv = 768, 50257, 50304
+
+    def t(fn, reps=5):
+        def many():
+            for _ in range(reps):
+                fn()
+        return timeit(many, iters, sync=sync) / reps
+
+    def rnd(*shape, dtype=bf):
+        return torch.randn(*shape, device=dev).to(dtype)
+
+    out = {"torch": torch.__version__}
+    src, dst = rnd(N, 4 * d), torch.empty(N, 4 * d, device=dev, dtype=bf)
+    out["copy"] = t(lambda: dst.copy_(src))
+    x, r, w, b = rnd(N, d), rnd(N, d), rnd(d), rnd(d)
+    out["add_layer_norm"] = t(lambda: F.layer_norm(x + r, (d,), w, b, 1e-5))
+    s = x + r
+    _, mean, rstd = torch.ops.aten.native_layer_norm(s, (d,), w, b, 1e-5)
+    gy, ga = rnd(N, d), rnd(N, d)
+    out["layer_norm_backward_gx"] = t(
+        lambda: torch.ops.aten.native_layer_norm_backward(gy, s, (d,), mean, rstd, w, b, [True, False, False])[0] + ga)
+    out["layer_norm_backward"] = t(
+        lambda: torch.ops.aten.native_layer_norm_backward(gy, s, (d,), mean, rstd, w, b, [True, True, True])[0] + ga)
+    if hasattr(F, "rms_norm"):
+        lx, lw = rnd(N // 2, 4096), rnd(4096)
+        out["rms_norm"] = t(lambda: F.rms_norm(lx, (4096,), lw, 1e-5))
+    labels = (torch.arange(N, device=dev) * 97) % V
+    logits = rnd(N, ldv)[:, :V]
+    out["cross_entropy"] = t(lambda: F.cross_entropy(logits, labels, reduction="none"))
+    lg = logits.detach().clone().requires_grad_(True)
+
+    def fwd_bwd():
+        F.cross_entropy(lg, labels, reduction="mean").backward()
+        lg.grad = None
+    out["cross_entropy_fwd_bwd"] = t(fwd_bwd)
+    hx, hw = rnd(N, d), rnd(ldv, d)
+    out["head_matmul"] = t(lambda: hx @ hw.t(), reps=2)
+    a, w1 = rnd(N, d), rnd(4 * d, d)
+    out["mlp_matmul"] = t(lambda: a @ w1.t())
+    sm = rnd(N, 1024)
+    out["softmax"] = t(lambda: torch.softmax(sm, -1))
+    n = 124_000_000 * N // 16384
+    p = torch.nn.Parameter(torch.randn(n, device=dev))
+    p.grad = torch.randn(n, device=dev)
+    fused = {"fused": True} if device == "cuda" else {}  # (torch 1.13's AdamW has no fused flag)
+    opt = torch.optim.AdamW([p], lr=1e-4, weight_decay=0.01, **fused)
+    out["adamw"] = t(opt.step, reps=2)
+    return out
+
+
 if __name__ == "__main__":
     torch.set_num_threads(int(sys.argv[2]))
     if sys.argv[1] == "block":
         B, T, d, H, iters = map(int, sys.argv[3:8])
         device = sys.argv[8] if len(sys.argv) > 8 else "cpu"
         print(json.dumps(block(B, T, d, H, iters, device)))
+    elif sys.argv[1] == "kernels":
+        print(json.dumps(kernels(int(sys.argv[3]), sys.argv[4], int(sys.argv[5]))))
     else:
         print(json.dumps(ops(int(sys.argv[3]))))

@@ -158,6 +158,9 @@ has bench && echo "== block benchmark" && timeout 60 "$work/bin/bench_block" 20 
 # the blocked GEMM form and eager, T = 64 .. 8192 at 8K tokens a call
 has bench && echo "== attention benchmark" &&
   timeout 60 "$work/bin/bench_attention" 5 8192 12 64 bf16 0.1 cuda 2>&1 | tee -a "$OUT/bench.log"
+# each kernel at GPT-2 124M's training shapes (Llama-8B's rms_norm): GB/s or TFLOP/s, share of the H200's
+# peak and of a device copy, torch's eager kernel beside it
+has bench && echo "== kernel benchmark" && timeout 90 "$work/bin/bench_kernels" 10 cuda 2>&1 | tee -a "$OUT/bench.log"
 has hf && timeout 150 python3 bench/hf_trainer_peer.py --batch $B --steps $S --warmup $W --compile 2>&1 |
   tail -n 1 | tee -a "$OUT/train.jsonl"
 # CPU thread scaling on this 16-core host (issue 18): the block at 1, 4 and 16 threads, torch beside it

@@ -4,9 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake --preset release >/dev/null
-cmake --build --preset release --target trainer_tests bench_block bench_attention trainer kernel_trace
+cmake --build --preset release --target trainer_tests bench_block bench_attention bench_kernels trainer kernel_trace
 rm -rf .device && mkdir -p .device/stage/bin .device/stage/lib
 cp build/release/tests/trainer_tests build/release/bench/bench_block build/release/bench/bench_attention \
+  build/release/bench/bench_kernels \
   build/release/trainer .device/stage/bin/
 # The kernel tracer (LD_PRELOAD) and the CUPTI it was built against (the wheels' CUPTI may be another)
 cp build/release/bench/libkernel_trace.so .device/stage/lib/

@@ -272,6 +272,14 @@ TEST(Report, SummaryGivesMfuWhereThePeakIsKnown) {
   EXPECT_NE(t.find("3.0000 vs the unigram baseline 7.0000"), std::string::npos) << t;
   EXPECT_DOUBLE_EQ(report::peak_flops("NVIDIA H100 PCIe", DType::f32, true), 378e12);
   EXPECT_DOUBLE_EQ(report::peak_flops("NVIDIA A100-SXM4-80GB", DType::f32, false), 19.5e12);
+  // HBM bandwidth, for the kernel benchmark's share of peak.
+  EXPECT_DOUBLE_EQ(report::peak_memory_bandwidth("NVIDIA H200"), 4.8e12);
+  EXPECT_DOUBLE_EQ(report::peak_memory_bandwidth("NVIDIA H100 80GB HBM3"), 3.35e12);
+  EXPECT_DOUBLE_EQ(report::peak_memory_bandwidth("NVIDIA H100 PCIe"), 2.0e12);
+  EXPECT_DOUBLE_EQ(report::peak_memory_bandwidth("NVIDIA A100-SXM4-80GB"), 2.039e12);
+  EXPECT_DOUBLE_EQ(report::peak_memory_bandwidth("NVIDIA A100-SXM4-40GB"), 1.555e12);
+  EXPECT_DOUBLE_EQ(report::peak_memory_bandwidth("NVIDIA L4"), 0.3e12);
+  EXPECT_DOUBLE_EQ(report::peak_memory_bandwidth("cpu"), 0.0);
   s.device = "cpu";
   EXPECT_NE(report::summary_table(s).find("MFU          n/a: the peak FLOP/s of cpu is not known"),
             std::string::npos);

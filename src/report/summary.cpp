@@ -31,6 +31,26 @@ double peak_flops(const std::string& device, DType compute, bool tf32) {
   return 0;
 }
 
+double peak_memory_bandwidth(const std::string& device) {
+  struct Peak {
+    const char* name;
+    double bytes_per_second;
+  };
+  // Longest names first: "H100 PCIe" before "H100", the 80 GB A100s before the rest.
+  static const Peak table[] = {
+      {"H200", 4.8e12},   {"H100 PCIe", 2.0e12},        {"H100 NVL", 3.9e12},
+      {"H100", 3.35e12},  {"A100-SXM4-80GB", 2.039e12}, {"A100 80GB PCIe", 1.935e12},
+      {"A100", 1.555e12}, {"L40S", 0.864e12},           {"L4", 0.3e12},
+  };
+  const std::string padded = " " + device + " ";
+  for (const auto& p : table) {
+    const std::string n = p.name;
+    for (const std::string sep : {" ", "-"})
+      if (padded.find(" " + n + sep) != std::string::npos) return p.bytes_per_second;
+  }
+  return 0;
+}
+
 namespace {
 
 std::string duration(double s) {
@@ -57,24 +77,23 @@ std::string summary_table(const RunSummary& s) {
   row("tokens/s", fmt::format("{:.0f}", s.tokens_per_second) +
                       (s.world_size > 1 ? fmt::format(" ({} processes)", s.world_size) : std::string()));
   if (s.world_size > 1)
-    row("DDP", fmt::format("{}: {:.1f} MB all-reduced per step; {:.1f}% of training time waiting on collectives",
-                           s.comm_backend, s.comm_bytes_per_step / 1e6,
-                           s.seconds > 0 ? 100 * s.comm_wait_seconds / s.seconds : 0.0));
+    row("DDP",
+        fmt::format("{}: {:.1f} MB all-reduced per step; {:.1f}% of training time waiting on collectives",
+                    s.comm_backend, s.comm_bytes_per_step / 1e6,
+                    s.seconds > 0 ? 100 * s.comm_wait_seconds / s.seconds : 0.0));
   const double per_process = s.tokens_per_second / std::max(1, s.world_size);
   const double peak = peak_flops(s.device, s.compute, s.tf32);
   const std::string precision = s.compute == DType::f32    ? (s.tf32 ? "tf32" : "fp32")
                                 : s.compute == DType::bf16 ? "bf16"
                                                            : "fp16";
   if (peak > 0 && s.flops_per_token > 0)
-    row("MFU",
-        fmt::format("{:.1f}% of {}'s {:.0f} TFLOP/s ({})",
-                    100 * per_process * s.flops_per_token / peak, s.device, peak / 1e12, precision));
+    row("MFU", fmt::format("{:.1f}% of {}'s {:.0f} TFLOP/s ({})",
+                           100 * per_process * s.flops_per_token / peak, s.device, peak / 1e12, precision));
   else
     row("MFU", fmt::format("n/a: the peak FLOP/s of {} is not known ({:.3g} GFLOP/s of model math done)",
                            s.device, per_process * s.flops_per_token / 1e9));
-  row("peak memory",
-      fmt::format("{:.3f} GiB on {}{}", static_cast<double>(s.peak_bytes) / (1 << 30), s.device,
-                  s.world_size > 1 ? " (rank 0)" : ""));
+  row("peak memory", fmt::format("{:.3f} GiB on {}{}", static_cast<double>(s.peak_bytes) / (1 << 30),
+                                 s.device, s.world_size > 1 ? " (rank 0)" : ""));
   row("train loss",
       fmt::format("{:.4f} (mean of the run; last logged {:.4f})", s.train_loss, s.last_logged_loss));
   if (s.has_eval)

@@ -30,6 +30,8 @@ struct RunSummary {
 // Dense peak FLOP/s of a GPU (by its CUDA name) for matmuls in `compute` (tf32 for f32 when `tf32`); 0 when
 // not known (every CPU, unlisted GPUs).
 double peak_flops(const std::string& device, DType compute, bool tf32);
+// A GPU's HBM bandwidth in bytes/s from its data sheet (by its CUDA name); 0 when not known.
+double peak_memory_bandwidth(const std::string& device);
 
 // The table, one "name  value" row per line.
 std::string summary_table(const RunSummary& s);
