@@ -1,8 +1,9 @@
 // CUDA LayerNorm / RMSNorm (forward, backward), cross-entropy, embedding gather and deterministic scatter-add
 // (grouped by a device radix sort: no host round trip), rotary embedding. The norms' rows up to 16 packs a
-// lane and every cross-entropy row go to row_kernels.cuh (a warp per norm row, the row in registers; the loss,
-// the gradient or both in one pass pair); wider or unaligned norm rows and f64 take the block-per-row kernels
-// here. Weight/bias gradients are reduced by one thread per column walking the rows in order: deterministic.
+// lane and every cross-entropy row go to row_kernels.cuh (a warp per norm row, the row in registers; the
+// loss, the gradient or both in one pass pair); wider or unaligned norm rows and f64 take the block-per-row
+// kernels here. Weight/bias gradients are reduced by one thread per column walking the rows in order:
+// deterministic.
 #include <algorithm>
 #include <cmath>
 
@@ -424,7 +425,8 @@ int ce_threads(int64_t per_row) {
 
 template <rows::CeMode kMode, typename T, typename G>
 void launch_ce(Stream stream, rows::CeRows<T, G> a, int64_t rows) {
-  a.packed = rows::ce_packable(a.logits, a.ldx, a.glogits, a.ldg);
+  a.packed = rows::ce_packable<T, G>(a.logits, a.ldx, nullptr, 0);
+  a.packed_grad = a.packed && a.glogits && rows::ce_packable(a.logits, a.ldx, a.glogits, a.ldg);
   const int threads = ce_threads(a.packed ? a.v / rows::kPack<T> : a.v);
   rows::cross_entropy_rows_kernel<kMode, T, G>
       <<<static_cast<unsigned>(rows), threads, 64 * sizeof(double), stream>>>(a);
@@ -449,7 +451,7 @@ void cross_entropy(Stream stream, DType dt, const void* logits, int64_t ldx, con
     launch_ce<rows::CeMode::loss, T, T>(
         stream,
         {static_cast<const T*>(logits), ldx, labels, static_cast<A*>(loss), static_cast<A*>(lse), nullptr,
-         nullptr, 0, v, ignore_index, bad, false},
+         nullptr, 0, v, ignore_index, bad, false, false},
         rows);
   });
   TR_CUDA_LAUNCH_CHECK("cross_entropy");
@@ -464,7 +466,8 @@ void cross_entropy_backward(Stream stream, DType dt, const void* logits, int64_t
     launch_ce<rows::CeMode::grad, T, G>(
         stream,
         {static_cast<const T*>(logits), ldx, labels, nullptr, const_cast<A*>(static_cast<const A*>(lse)),
-         static_cast<const A*>(grad_loss), static_cast<G*>(glogits), ldg, v, ignore_index, nullptr, false},
+         static_cast<const A*>(grad_loss), static_cast<G*>(glogits), ldg, v, ignore_index, nullptr, false,
+         false},
         rows);
   });
   TR_CUDA_LAUNCH_CHECK("cross_entropy_backward");
@@ -479,7 +482,7 @@ void cross_entropy_with_grad(Stream stream, DType dt, const void* logits, int64_
     launch_ce<rows::CeMode::both, T, G>(
         stream,
         {static_cast<const T*>(logits), ldx, labels, static_cast<A*>(loss), static_cast<A*>(lse),
-         static_cast<const A*>(grad_loss), static_cast<G*>(glogits), ldg, v, ignore_index, bad, false},
+         static_cast<const A*>(grad_loss), static_cast<G*>(glogits), ldg, v, ignore_index, bad, false, false},
         rows);
   });
   TR_CUDA_LAUNCH_CHECK("cross_entropy_with_grad");

@@ -59,6 +59,19 @@ __device__ __forceinline__ A row_exp(A x) {
 #endif
 }
 
+// a * b rounded on its own, never contracted into a following add (the CPU twin scales, then subtracts).
+template <typename A>
+__device__ __forceinline__ A mul_rn(A a, A b) {
+#if defined(TR_ROW_EMULATED)
+  return a * b;
+#else
+  if constexpr (sizeof(A) == 8)
+    return __dmul_rn(a, b);
+  else
+    return __fmul_rn(a, b);
+#endif
+}
+
 template <typename A>
 __device__ __forceinline__ A warp_sum(A v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -86,7 +99,7 @@ template <typename A, int V>
 __device__ __forceinline__ MaxSum<A> absorb(MaxSum<A> acc, const A (&x)[V]) {
   A m = x[0];
 #pragma unroll
-  for (int k = 1; k < V; ++k) m = x[k] > m ? x[k] : m;
+  for (int k = 1; k < V; ++k) m = (x[k] > m || x[k] != x[k]) ? x[k] : m;  // a NaN wins: the sum turns NaN
   A s = 0;
   if (m != -INFINITY) {  // a pack of -inf adds nothing
 #pragma unroll
@@ -127,12 +140,14 @@ struct CeRows {
   G* glogits;                 // may be the logits themselves (G = T)
   int64_t ldg;
   int64_t v, ignore;
-  int64_t* bad;  // a label out of range is flagged here (kernels.h BadIndexKind)
-  bool packed;   // every row and gradient row 16-byte aligned: packs, else one element at a time
+  int64_t* bad;      // a label out of range is flagged here (kernels.h BadIndexKind)
+  bool packed;       // every logits row 16-byte aligned: packs, else one element at a time
+  bool packed_grad;  // packed, and every gradient row on a pack boundary too: the gradient written in packs
 };
 
-// Whether a launch may move rows as packs: the logits and gradient rows all start on a pack boundary (so the
-// tail of each row, v % kPack elements, goes one at a time).
+// Whether a launch may move rows as packs: every logits row (and gradient row, when g is given) starts on a
+// pack boundary (the tail of each row, v % kPack elements, goes one at a time). The launcher decides the loss
+// pass and the thread count from the logits alone, so the loss bits never depend on the gradient's layout.
 template <typename T, typename G>
 inline bool ce_packable(const T* x, int64_t ldx, const G* g, int64_t ldg) {
   constexpr int V = kPack<T>;
@@ -192,7 +207,8 @@ __global__ void __launch_bounds__(1024) cross_entropy_rows_kernel(const CeRows<T
   if constexpr (kMode != CeMode::loss) {
     G* g = a.glogits + row * a.ldg;
     const A gl = skip ? A(0) : a.grad_loss[row];
-    for (int64_t j = tid; j < packs; j += threads) {
+    const int64_t gpacks = a.packed_grad ? packs : 0, gtail = gpacks * V;
+    for (int64_t j = tid; j < gpacks; j += threads) {
       Out o;
       if (skip) {
 #pragma unroll
@@ -201,14 +217,14 @@ __global__ void __launch_bounds__(1024) cross_entropy_rows_kernel(const CeRows<T
         const In p = load_last(reinterpret_cast<const In*>(x) + j);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-          const A q = gl * row_exp(ld(p.v, k) - l);
+          const A q = mul_rn(gl, row_exp(ld(p.v, k) - l));
           st(o.v, k, j * V + k == label ? q - gl : q);
         }
       }
       reinterpret_cast<Out*>(g)[j] = o;
     }
-    for (int64_t i = tail + tid; i < a.v; i += threads) {
-      const A q = skip ? A(0) : gl * row_exp(ld(x, i) - l);
+    for (int64_t i = gtail + tid; i < a.v; i += threads) {
+      const A q = skip ? A(0) : mul_rn(gl, row_exp(ld(x, i) - l));
       st(g, i, i == label ? q - gl : q);
     }
   }
