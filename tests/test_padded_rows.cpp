@@ -1,6 +1,7 @@
 // Rows in a wider buffer (GemmArgs::ldc, backend::row_stride): GEMMs write a matrix whose rows are padded,
 // the cross-entropy kernels read logits and write their gradient there, and the chunked LM head keeps its
-// [rows, vocab] logits that way, so no head GEMM sees GPT-2's odd vocabulary as a leading dimension.
+// [rows, vocab] logits that way, so no head GEMM sees GPT-2's odd vocabulary as a leading dimension. Also:
+// half rows on the CPU go through the f32 row kernels (HalfRows).
 #include <cstring>
 #include <set>
 
@@ -165,6 +166,30 @@ TEST(PaddedRows, TheChunkedHeadKeepsItsLogitsInPaddedRows) {
     const Tensor xf = ops::to_dtype(x, DType::f32), wf = ops::to_dtype(w, DType::f32);
     const double ref = cross_entropy(linear(xf, wf), labels, -100, Reduction::sum).item();
     EXPECT_NEAR(loss.item(), ref, 1e-5 * std::abs(ref)) << dtype_name(dt);
+  }
+}
+
+// Half rows on the CPU (softmax, log-softmax, cross-entropy and its gradient over bf16/f16 logits) run the
+// f32 kernels on the widened row: the f32 kernel's bits for the same values, rounded once where the output is
+// half - not a slower scalar path of their own.
+TEST(HalfRows, TheCpuRunsHalfRowsThroughItsF32Kernels) {
+  const int64_t N = 5, V = 1031;  // an odd width: vector tails
+  const Tensor labels = ops::from_vector<int64_t>({3, -100, 0, V - 1, 2}, {N});
+  const Tensor grad = ops::from_vector<float>({1.0f, 1.0f, 4096.0f, 2.5e-4f, 3.0f}, {N});
+  for (const DType dt : {DType::bf16, DType::f16}) {
+    const Tensor x = ops::to_dtype(ops::affine(test::randn({N, V}, 21), 3.0, 0.0), dt);
+    const Tensor wide = ops::to_dtype(x, DType::f32);
+    for (const bool log : {false, true}) {
+      const Tensor got = ops::softmax(x, -1, log);
+      const Tensor want = ops::to_dtype(ops::softmax(wide, -1, log), dt);
+      EXPECT_TRUE(same_bits(got, want)) << dtype_name(dt) << (log ? " log_softmax" : " softmax");
+    }
+    const ops::CrossEntropyOut ce = ops::cross_entropy(x, labels, -100);
+    const ops::CrossEntropyOut cw = ops::cross_entropy(wide, labels, -100);
+    EXPECT_TRUE(same_bits(ce.loss, cw.loss) && same_bits(ce.lse, cw.lse)) << dtype_name(dt);
+    const Tensor g = ops::cross_entropy_backward(x, labels, ce.lse, grad, -100);
+    const Tensor gw = ops::to_dtype(ops::cross_entropy_backward(wide, labels, cw.lse, grad, -100), dt);
+    EXPECT_TRUE(same_bits(g, gw)) << dtype_name(dt) << " gradient";
   }
 }
 

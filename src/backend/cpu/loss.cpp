@@ -57,26 +57,35 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, int64
     A* out = static_cast<A*>(loss.data_ptr());
     A* lsep = static_cast<A*>(lse.data_ptr());
     const bool wide = cpu_has_avx512f();
-    (void)wide;  // f32 only
-#pragma omp parallel for num_threads(threads_for(rows* v * 2)) schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      if (lp[r] == ignore_index) {
-        out[r] = 0;
-        lsep[r] = 0;
-        continue;
+    constexpr bool kHalf = std::is_same_v<A, float> && !std::is_same_v<T, float>;
+#pragma omp parallel num_threads(threads_for(rows* v * 2))
+    {
+      // Half logits: each row widened into this buffer (L1/L2) and run through the f32 kernel - the f32
+      // kernel's bits for the same values, at its vector speed.
+      std::vector<float> buf(kHalf ? static_cast<size_t>(v) : 0);
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < rows; ++r) {
+        if (lp[r] == ignore_index) {
+          out[r] = 0;
+          lsep[r] = 0;
+          continue;
+        }
+        const T* xr = xp + r * ldx;
+        A l;
+        if constexpr (std::is_same_v<T, float>) {
+          l = row_lse(xr, v, wide);
+        } else if constexpr (kHalf) {
+          widen_run(xr, buf.data(), v);
+          l = row_lse(buf.data(), v, wide);
+        } else {
+          A mx = -std::numeric_limits<A>::infinity(), s = 0;
+          for (int64_t i = 0; i < v; ++i) mx = std::max(mx, load(xr, i));
+          for (int64_t i = 0; i < v; ++i) s += backend::exp_(load(xr, i) - mx);
+          l = mx + std::log(s);
+        }
+        lsep[r] = l;
+        out[r] = l - load(xr, lp[r]);
       }
-      const T* xr = xp + r * ldx;
-      A l;
-      if constexpr (std::is_same_v<T, float>) {
-        l = row_lse(xr, v, wide);
-      } else {
-        A mx = -std::numeric_limits<A>::infinity(), s = 0;
-        for (int64_t i = 0; i < v; ++i) mx = std::max(mx, load(xr, i));
-        for (int64_t i = 0; i < v; ++i) s += backend::exp_(load(xr, i) - mx);
-        l = mx + std::log(s);
-      }
-      lsep[r] = l;
-      out[r] = l - load(xr, lp[r]);
     }
   });
 }
@@ -137,21 +146,31 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& labe
     const A* gl = static_cast<const A*>(grad_loss.data_ptr());
     T* gp = static_cast<T*>(glogits.data_ptr());
     const bool wide = cpu_has_avx512f();
-    (void)wide;  // f32 only
-#pragma omp parallel for num_threads(threads_for(rows* v * 2)) schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      T* out = gp + r * ldg;
-      if (lp[r] == ignore_index) {
-        for (int64_t i = 0; i < v; ++i) store(out, i, A(0));
-        continue;
-      }
-      const T* xr = xp + r * ldx;
-      const A g = gl[r], l = lsep[r];
-      if constexpr (std::is_same_v<T, float>) {
-        row_grad(xr, l, g, lp[r], out, v, wide);
-      } else {
-        for (int64_t i = 0; i < v; ++i) store(out, i, g * backend::exp_(load(xr, i) - l));
-        store(out, lp[r], load(out, lp[r]) - g);
+    constexpr bool kHalf = std::is_same_v<A, float> && !std::is_same_v<T, float>;
+#pragma omp parallel num_threads(threads_for(rows* v * 2))
+    {
+      // Half logits: the row widened, the f32 kernel's gradient made in this buffer and rounded once (the
+      // label's value too: scaled, the gradient subtracted, then rounded).
+      std::vector<float> buf(kHalf ? static_cast<size_t>(v) : 0);
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < rows; ++r) {
+        T* out = gp + r * ldg;
+        if (lp[r] == ignore_index) {
+          for (int64_t i = 0; i < v; ++i) store(out, i, A(0));
+          continue;
+        }
+        const T* xr = xp + r * ldx;
+        const A g = gl[r], l = lsep[r];
+        if constexpr (std::is_same_v<T, float>) {
+          row_grad(xr, l, g, lp[r], out, v, wide);
+        } else if constexpr (kHalf) {
+          widen_run(xr, buf.data(), v);
+          row_grad(buf.data(), l, g, lp[r], buf.data(), v, wide);
+          narrow_run(buf.data(), out, v);
+        } else {
+          for (int64_t i = 0; i < v; ++i) store(out, i, g * backend::exp_(load(xr, i) - l));
+          store(out, lp[r], load(out, lp[r]) - g);
+        }
       }
     }
   });

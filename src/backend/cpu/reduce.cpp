@@ -5,6 +5,7 @@
 #include <numeric>
 #include <vector>
 
+#include "backend/cpu/convert.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
 #include "backend/unary_math.h"
@@ -134,42 +135,67 @@ void CpuBackend::topk(const Tensor& x, int64_t k, const Tensor& values, const Te
   });
 }
 
+namespace {
+
+// One f32 row's softmax (or log-softmax) into out (which may be a): the max, then the exps' sum while the
+// row is in L1, then the scaled exps - recomputing exp beats a second pass over stored terms.
+void softmax_row_f32(const float* a, float* out, int64_t n, bool log) {
+  float mx = row_max(a, n);
+  if (mx == -std::numeric_limits<float>::infinity()) mx = 0;  // fully masked row: exp(-inf) = 0 everywhere
+  const float sum = exp_sum(a, mx, nullptr, n);
+  if (log) {
+    const float lse = mx + std::log(sum);
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) out[i] = a[i] - lse;
+  } else {
+    exp_scale(a, mx, sum > 0 ? 1.0f / sum : 0.0f, out, n);  // fully masked row -> zeros
+  }
+}
+
+// The same in T's own accumulator (f64), one element at a time.
+template <typename T>
+void softmax_row(const T* a, T* out, int64_t n, bool log) {
+  using A = acc_t<T>;
+  A mx = -std::numeric_limits<A>::infinity();
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, load(a, i));
+  if (mx == -std::numeric_limits<A>::infinity()) mx = 0;
+  A sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += backend::exp_(load(a, i) - mx);
+  if (log) {
+    const A lse = mx + std::log(sum);
+    for (int64_t i = 0; i < n; ++i) store(out, i, load(a, i) - lse);
+  } else {
+    const A inv = sum > A(0) ? A(1) / sum : A(0);
+    for (int64_t i = 0; i < n; ++i) store(out, i, backend::exp_(load(a, i) - mx) * inv);
+  }
+}
+
+}  // namespace
+
 void CpuBackend::softmax(const Tensor& x, bool log, const Tensor& y) {
   const int64_t n = x.shape().back();
   const int64_t rows = x.numel() / std::max<int64_t>(n, 1);
   dispatch_float(x.dtype(), "softmax", [&]<typename T>() {
     using A = acc_t<T>;
+    constexpr bool kHalf = std::is_same_v<A, float> && !std::is_same_v<T, float>;
     const T* xp = static_cast<const T*>(x.data_ptr());
     T* yp = static_cast<T*>(y.data_ptr());
-#pragma omp parallel for num_threads(threads_for(rows* n * 4)) schedule(static)
-    for (int64_t row = 0; row < rows; ++row) {
-      const T* a = xp + row * n;
-      T* out = yp + row * n;
-      A mx = -std::numeric_limits<A>::infinity();
-      if constexpr (std::is_same_v<T, float>) {
-        mx = row_max(a, n);
-      } else {
-        for (int64_t i = 0; i < n; ++i) mx = std::max(mx, load(a, i));
-      }
-      if (mx == -std::numeric_limits<A>::infinity()) mx = 0;  // fully masked row: exp(-inf) = 0 everywhere
-      A sum = 0;
-      if (log) {
-        if constexpr (std::is_same_v<T, float>) {
-          sum = exp_sum(a, mx, nullptr, n);
+#pragma omp parallel num_threads(threads_for(rows* n * 4))
+    {
+      // Half rows are widened into this buffer and run through the f32 kernels (their vector exp and sums),
+      // each result rounded once.
+      std::vector<float> buf(kHalf ? static_cast<size_t>(n) : 0);
+#pragma omp for schedule(static)
+      for (int64_t row = 0; row < rows; ++row) {
+        if constexpr (kHalf) {
+          widen_run(xp + row * n, buf.data(), n);
+          softmax_row_f32(buf.data(), buf.data(), n, log);
+          narrow_run(buf.data(), yp + row * n, n);
+        } else if constexpr (std::is_same_v<T, float>) {
+          softmax_row_f32(xp + row * n, yp + row * n, n, log);
         } else {
-          for (int64_t i = 0; i < n; ++i) sum += backend::exp_(load(a, i) - mx);
+          softmax_row(xp + row * n, yp + row * n, n, log);
         }
-        A lse = mx + std::log(sum);
-#pragma omp simd
-        for (int64_t i = 0; i < n; ++i) store(out, i, load(a, i) - lse);
-      } else if constexpr (std::is_same_v<T, float>) {
-        // The row is in L1 after the max pass: recomputing exp beats a second pass over stored terms.
-        sum = exp_sum(a, mx, nullptr, n);
-        exp_scale(a, mx, sum > 0 ? 1.0f / sum : 0.0f, out, n);  // fully masked row -> zeros
-      } else {
-        for (int64_t i = 0; i < n; ++i) sum += backend::exp_(load(a, i) - mx);
-        A inv = sum > A(0) ? A(1) / sum : A(0);
-        for (int64_t i = 0; i < n; ++i) store(out, i, backend::exp_(load(a, i) - mx) * inv);
       }
     }
   });
