@@ -34,18 +34,22 @@ for s in ${suites:-}; do
   ((rc)) && { tests_rc=1; grep -E "Failure|error|Expected|Which is|actual|FAILED  \]" "$OUT/suite.log" | head -n 12; }
 done
 rm -f "$OUT/suite.log"
-# The flash kernels under compute-sanitizer (what the CPU emulation, tests/test_flash_emulated.cpp, cannot
-# show): shared-memory races between warps, out-of-bounds accesses (60 s each at most).
+# The emulated kernels under compute-sanitizer (what the CPU emulation, tests/test_flash_emulated.cpp and
+# test_row_kernels_emulated.cpp, cannot show): shared-memory races between warps, out-of-bounds accesses -
+# the flash kernels, then the row kernels (60 s each at most).
 if has sanitize; then
   san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
   if [[ -z $san ]]; then echo "== compute-sanitizer: not found"; else
-    for tool in racecheck memcheck; do
-      echo "== compute-sanitizer --tool $tool: the flash kernels"
-      timeout 60 "$san" --tool "$tool" --error-exitcode 3 "$work/bin/trainer_tests" \
-        --gtest_filter='*FusedAttentionDropout.MatchesTheBlockedFormFromTheSameSeed/cuda_bfloat16*' \
-        >"$OUT/sanitize_$tool.log" 2>&1
-      echo "exit $? ($(grep -cE "^========= (Error|Race|Invalid|Uninitialized)" "$OUT/sanitize_$tool.log") reports)"
-      grep -E "^========= (Error|Race|Invalid|Uninitialized|    at)" "$OUT/sanitize_$tool.log" | head -n 8
+    for what in flash rows; do
+      f='*FusedAttentionDropout.MatchesTheBlockedFormFromTheSameSeed/cuda_bfloat16*'
+      [[ $what == rows ]] && f='CudaDevice.RowKernelsMatchTheCpuAtModelWidths'
+      for tool in racecheck memcheck; do
+        echo "== compute-sanitizer --tool $tool: the $what kernels"
+        timeout 60 "$san" --tool "$tool" --error-exitcode 3 "$work/bin/trainer_tests" --gtest_filter="$f" \
+          >"$OUT/sanitize_${what}_$tool.log" 2>&1
+        echo "exit $? ($(grep -cE "^========= (Error|Race|Invalid|Uninitialized)" "$OUT/sanitize_${what}_$tool.log") reports)"
+        grep -E "^========= (Error|Race|Invalid|Uninitialized|    at)" "$OUT/sanitize_${what}_$tool.log" | head -n 8
+      done
     done
   fi
 fi

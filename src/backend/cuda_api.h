@@ -53,10 +53,12 @@ class CopyStream {
 
 // An NCCL communicator, one GPU per rank (backend/cuda/nccl_comm.cpp; NCCL is loaded when the first one is
 // made, so a binary without libnccl.so.2 beside it still runs everything else; without CUDA: throws). The
-// collectives take host memory, staged through a device buffer on the GPU's compute stream (after the kernels
-// queued there), and return when the result is back in host memory. Every wait polls NCCL's asynchronous
-// errors and aborts the communicator past `timeout`: a peer that died or hangs is an error naming the
-// collective, never a silent hang.
+// collectives run on a communication stream of the communicator's own, so the kernels other threads queue on
+// the compute stream meanwhile (the rest of backward) run beside them: host memory is staged through a device
+// buffer there, and a collective over device memory first waits (on the GPU) for the compute work queued
+// before the call. Each returns when its result is complete (in host memory, or in the device buffer). Every
+// wait polls the collective's own event and NCCL's asynchronous errors, and aborts the communicator past
+// `timeout`: a peer that died or hangs is an error naming the collective, never a silent hang.
 class NcclComm {
  public:
   // ncclGetUniqueId's bytes, which rank 0 hands every rank before they construct theirs.
@@ -84,11 +86,17 @@ class NcclComm {
  private:
   NcclComm(int device_index, int rank, int world, void* comm, std::chrono::milliseconds timeout);
   void* staging(size_t bytes);  // the device buffer, grown to at least `bytes`
-  void wait(const char* what);  // until the compute stream's work is done (or fails, or times out)
+  // The communication stream (made at the first call, on device_), for a collective over host memory; with
+  // `after_compute`, it first waits for the compute work queued so far (device inputs).
+  void* begin(bool after_compute);
+  void wait(const char* what);  // until the communication stream's work is done (or fails, or times out)
   int device_, rank_, world_;
   void* comm_ = nullptr;  // ncclComm_t
   void* buf_ = nullptr;
   size_t buf_bytes_ = 0;
+  void* stream_ = nullptr;  // cudaStream_t: the communication stream
+  void* queued_ = nullptr;  // cudaEvent_t: the compute work a device collective follows
+  void* done_ = nullptr;    // cudaEvent_t: the last collective's end, which wait() polls
   std::chrono::milliseconds timeout_;
 };
 

@@ -1,8 +1,10 @@
 // NCCL communicators (cuda_api.h's NcclComm). libnccl.so.2 is opened at the first communicator (dlopen), so
-// the binary starts where NCCL is absent and says so only when a run asks for it. Host data is staged through
-// a device buffer on the GPU's compute stream; a wait polls the stream and ncclCommGetAsyncError, aborting
-// the communicator past the deadline. Bound by the staging copies (host <-> device) beside NCCL's own
-// transfer.
+// the binary starts where NCCL is absent and says so only when a run asks for it. Collectives run on the
+// communicator's own stream - host data staged through a device buffer there, device data after an event of
+// the compute stream - so the compute stream keeps running what other threads queue meanwhile (DDP's buckets
+// beside the rest of backward, ZeRO-3's prefetched gathers beside the layer that runs). A wait polls the
+// collective's event and ncclCommGetAsyncError, aborting the communicator past the deadline. Bound by the
+// staging copies (host <-> device) beside NCCL's own transfer.
 #include <dlfcn.h>
 #include <nccl.h>
 
@@ -11,6 +13,8 @@
 #include <exception>
 #include <mutex>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/streams.h"
@@ -118,6 +122,13 @@ class GroupScope {
 
 ncclComm_t as_comm(void* c) { return static_cast<ncclComm_t>(c); }
 
+// A result from the staging buffer to host memory, once the collective that made it is done (wait): on the
+// communication stream, which has nothing else queued, so it cannot block on a peer.
+void copy_back(void* host, const void* device, size_t bytes, cudaStream_t s) {
+  TR_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, s));
+  TR_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
 // Runs fn with `device` current, restoring the caller's.
 template <typename F>
 void on_device(int device, F&& fn) {
@@ -163,11 +174,14 @@ NcclComm::NcclComm(int device_index, int rank, int world, void* comm, std::chron
     : device_(device_index), rank_(rank), world_(world), comm_(comm), timeout_(timeout) {}
 
 NcclComm::~NcclComm() {
-  if (buf_) {
+  if (buf_ || stream_) {
     int prev = 0;
     cudaGetDevice(&prev);
     cudaSetDevice(device_);
-    cudaFree(buf_);
+    if (buf_) cudaFree(buf_);
+    if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+    if (queued_) cudaEventDestroy(static_cast<cudaEvent_t>(queued_));
+    if (done_) cudaEventDestroy(static_cast<cudaEvent_t>(done_));
     cudaSetDevice(prev);
   }
   // Abort, not destroy: every collective was waited for, so nothing is pending, and abort never waits on a
@@ -186,31 +200,57 @@ void* NcclComm::staging(size_t bytes) {
   return buf_;
 }
 
+// Called with device_ current.
+void* NcclComm::begin(bool after_compute) {
+  if (stream_ == nullptr) {
+    cudaStream_t s = nullptr;
+    cudaEvent_t a = nullptr, b = nullptr;
+    TR_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    TR_CUDA_CHECK(cudaEventCreateWithFlags(&a, cudaEventDisableTiming));
+    TR_CUDA_CHECK(cudaEventCreateWithFlags(&b, cudaEventDisableTiming));
+    stream_ = s, queued_ = a, done_ = b;
+  }
+  const auto s = static_cast<cudaStream_t>(stream_);
+  if (after_compute) {  // on the GPU: the host goes on at once
+    const auto q = static_cast<cudaEvent_t>(queued_);
+    TR_CUDA_CHECK(cudaEventRecord(q, cuda::compute_stream(device_)));
+    TR_CUDA_CHECK(cudaStreamWaitEvent(s, q, 0));
+  }
+  return s;
+}
+
+// Called with device_ current, after a collective was queued on the communication stream: first until a
+// non-blocking communicator has finished queuing it (ncclInProgress), then until the stream has run it.
 void NcclComm::wait(const char* what) {
-  const cudaStream_t s = cuda::compute_stream(device_);
   const auto deadline = Clock::now() + timeout_;
+  const auto give_up = [&](const std::string& why) {
+    nccl().abort(as_comm(comm_));
+    comm_ = nullptr;
+    fail("NCCL {} (rank {} of {}) {}", what, rank_, world_, why);
+  };
+  // NCCL's state: true while the collective is still being queued; throws for a failure or past the deadline.
+  const auto queuing = [&] {
+    ncclResult_t r = ncclSuccess;
+    check(nccl().async_error(as_comm(comm_), &r), "ncclCommGetAsyncError");
+    if (r != ncclSuccess && r != ncclInProgress)
+      give_up(fmt::format("failed: {} - a peer process ended or its GPU failed", nccl().error_string(r)));
+    if (Clock::now() > deadline)
+      give_up(fmt::format("made no progress within --ddp_timeout {} s - a peer process ended or stalled",
+                          timeout_.count() / 1000.0));
+    return r == ncclInProgress;
+  };
+  while (queuing()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  const auto done = static_cast<cudaEvent_t>(done_);
+  TR_CUDA_CHECK(cudaEventRecord(done, static_cast<cudaStream_t>(stream_)));
   for (;;) {
-    const cudaError_t q = cudaStreamQuery(s);
+    const cudaError_t q = cudaEventQuery(done);
     if (q == cudaSuccess) return;
     if (q != cudaErrorNotReady) {
       nccl().abort(as_comm(comm_));
       comm_ = nullptr;
       TR_CUDA_CHECK(q);
     }
-    ncclResult_t r = ncclSuccess;
-    check(nccl().async_error(as_comm(comm_), &r), "ncclCommGetAsyncError");
-    if (r != ncclSuccess && r != ncclInProgress) {
-      nccl().abort(as_comm(comm_));
-      comm_ = nullptr;
-      fail("NCCL {} (rank {} of {}) failed: {} - a peer process ended or its GPU failed", what, rank_, world_,
-           nccl().error_string(r));
-    }
-    if (Clock::now() > deadline) {
-      nccl().abort(as_comm(comm_));
-      comm_ = nullptr;
-      fail("NCCL {} (rank {} of {}): no progress within --ddp_timeout {} s - a peer process ended or stalled",
-           what, rank_, world_, timeout_.count() / 1000.0);
-    }
+    queuing();
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
@@ -222,14 +262,14 @@ void NcclComm::all_reduce_sum(void* data, size_t n, DType dt) {
   const size_t bytes = n * dtype_size(dt);
   if (bytes == 0) return;
   on_device(device_, [&] {
-    const cudaStream_t s = cuda::compute_stream(device_);
     void* d = staging(bytes);
+    const auto s = static_cast<cudaStream_t>(begin(false));
     TR_CUDA_CHECK(cudaMemcpyAsync(d, data, bytes, cudaMemcpyHostToDevice, s));
     check(
         nccl().all_reduce(d, d, n, dt == DType::f32 ? ncclFloat32 : ncclFloat64, ncclSum, as_comm(comm_), s),
         "all_reduce");
     wait("all_reduce");
-    TR_CUDA_CHECK(cudaMemcpy(data, d, bytes, cudaMemcpyDeviceToHost));  // the stream is drained
+    copy_back(data, d, bytes, s);
   });
 }
 
@@ -241,7 +281,7 @@ void NcclComm::all_reduce_sum_device(void* device_data, size_t n, DType dt) {
   // On the compute stream, after the kernels that wrote the values; the wait polls NCCL's errors against
   // the timeout (a dead peer fails here instead of hanging the stream).
   on_device(device_, [&] {
-    const cudaStream_t s = cuda::compute_stream(device_);
+    const auto s = static_cast<cudaStream_t>(begin(true));
     check(nccl().all_reduce(device_data, device_data, n, dt == DType::f32 ? ncclFloat32 : ncclFloat64,
                             ncclSum, as_comm(comm_), s),
           "all_reduce");
@@ -253,12 +293,12 @@ void NcclComm::broadcast(void* data, size_t bytes, int root) {
   TR_CHECK(comm_ != nullptr, "NCCL: the communicator was aborted after an earlier failure");
   if (bytes == 0) return;
   on_device(device_, [&] {
-    const cudaStream_t s = cuda::compute_stream(device_);
     void* d = staging(bytes);
+    const auto s = static_cast<cudaStream_t>(begin(false));
     if (rank_ == root) TR_CUDA_CHECK(cudaMemcpyAsync(d, data, bytes, cudaMemcpyHostToDevice, s));
     check(nccl().broadcast(d, d, bytes, ncclUint8, root, as_comm(comm_), s), "broadcast");
     wait("broadcast");
-    TR_CUDA_CHECK(cudaMemcpy(data, d, bytes, cudaMemcpyDeviceToHost));
+    copy_back(data, d, bytes, s);
   });
 }
 
@@ -267,13 +307,13 @@ void NcclComm::all_gather(const void* in, void* out, size_t bytes) {
   if (bytes == 0) return;
   const size_t total = bytes * static_cast<size_t>(world_);
   on_device(device_, [&] {
-    const cudaStream_t s = cuda::compute_stream(device_);
     auto* d = static_cast<char*>(staging(total));
+    const auto s = static_cast<cudaStream_t>(begin(false));
     char* mine = d + bytes * static_cast<size_t>(rank_);  // in place: this rank's block of the output
     TR_CUDA_CHECK(cudaMemcpyAsync(mine, in, bytes, cudaMemcpyHostToDevice, s));
     check(nccl().all_gather(mine, d, bytes, ncclUint8, as_comm(comm_), s), "all_gather");
     wait("all_gather");
-    TR_CUDA_CHECK(cudaMemcpy(out, d, total, cudaMemcpyDeviceToHost));
+    copy_back(out, d, total, s);
   });
 }
 
@@ -288,8 +328,8 @@ void NcclComm::exchange(const void* in, const std::vector<size_t>& send_bytes, v
   for (size_t j = 0; j < w; ++j) sent += send_bytes[j], received += recv_bytes[j];
   if (sent + received == 0) return;
   on_device(device_, [&] {
-    const cudaStream_t s = cuda::compute_stream(device_);
     auto* d = static_cast<char*>(staging(sent + received));
+    const auto s = static_cast<cudaStream_t>(begin(false));
     char* din = d;
     char* dout = d + sent;
     if (sent) TR_CUDA_CHECK(cudaMemcpyAsync(din, in, sent, cudaMemcpyHostToDevice, s));
@@ -308,7 +348,7 @@ void NcclComm::exchange(const void* in, const std::vector<size_t>& send_bytes, v
       }
     }
     wait("exchange");
-    if (received) TR_CUDA_CHECK(cudaMemcpy(out, dout, received, cudaMemcpyDeviceToHost));
+    if (received) copy_back(out, dout, received, s);
   });
 }
 
