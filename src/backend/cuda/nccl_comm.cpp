@@ -174,6 +174,10 @@ NcclComm::NcclComm(int device_index, int rank, int world, void* comm, std::chron
     : device_(device_index), rank_(rank), world_(world), comm_(comm), timeout_(timeout) {}
 
 NcclComm::~NcclComm() {
+  // Abort, not destroy: every collective was waited for, so nothing is pending, and abort never waits on a
+  // peer (destroy could, while an error unwinds). At exit the driver may be gone: nothing to report. The
+  // communicator goes before the buffer and the stream it used.
+  if (comm_) nccl().abort(as_comm(comm_));
   if (buf_ || stream_) {
     int prev = 0;
     cudaGetDevice(&prev);
@@ -184,9 +188,6 @@ NcclComm::~NcclComm() {
     if (done_) cudaEventDestroy(static_cast<cudaEvent_t>(done_));
     cudaSetDevice(prev);
   }
-  // Abort, not destroy: every collective was waited for, so nothing is pending, and abort never waits on a
-  // peer (destroy could, while an error unwinds). At exit the driver may be gone: nothing to report.
-  if (comm_) nccl().abort(as_comm(comm_));
 }
 
 void* NcclComm::staging(size_t bytes) {
