@@ -8,6 +8,7 @@
 #include "backend/cpu/convert.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
+#include "backend/cpu/vec_math512.h"
 #include "backend/unary_math.h"
 
 namespace tr::cpu {
@@ -138,17 +139,20 @@ void CpuBackend::topk(const Tensor& x, int64_t k, const Tensor& values, const Te
 namespace {
 
 // One f32 row's softmax (or log-softmax) into out (which may be a): the max, then the exps' sum while the
-// row is in L1, then the scaled exps - recomputing exp beats a second pass over stored terms.
-void softmax_row_f32(const float* a, float* out, int64_t n, bool log) {
-  float mx = row_max(a, n);
+// row is in L1, then the scaled exps - recomputing exp beats a second pass over stored terms. `wide`: the
+// AVX-512 twins (vec_math512.h: the same bits, 16 lanes at a time).
+void softmax_row_f32(const float* a, float* out, int64_t n, bool log, bool wide) {
+  float mx = wide ? row_max_512(a, n) : row_max(a, n);
   if (mx == -std::numeric_limits<float>::infinity()) mx = 0;  // fully masked row: exp(-inf) = 0 everywhere
-  const float sum = exp_sum(a, mx, nullptr, n);
+  const float sum = wide ? exp_sum_512(a, mx, nullptr, n) : exp_sum(a, mx, nullptr, n);
   if (log) {
     const float lse = mx + std::log(sum);
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) out[i] = a[i] - lse;
+  } else if (wide) {
+    exp_scale_512(a, mx, sum > 0 ? 1.0f / sum : 0.0f, out, n);  // fully masked row -> zeros
   } else {
-    exp_scale(a, mx, sum > 0 ? 1.0f / sum : 0.0f, out, n);  // fully masked row -> zeros
+    exp_scale(a, mx, sum > 0 ? 1.0f / sum : 0.0f, out, n);
   }
 }
 
@@ -180,6 +184,7 @@ void CpuBackend::softmax(const Tensor& x, bool log, const Tensor& y) {
     constexpr bool kHalf = std::is_same_v<A, float> && !std::is_same_v<T, float>;
     const T* xp = static_cast<const T*>(x.data_ptr());
     T* yp = static_cast<T*>(y.data_ptr());
+    const bool wide = cpu_has_avx512f();
 #pragma omp parallel num_threads(threads_for(rows* n * 4))
     {
       // Half rows are widened into this buffer and run through the f32 kernels (their vector exp and sums),
@@ -189,10 +194,10 @@ void CpuBackend::softmax(const Tensor& x, bool log, const Tensor& y) {
       for (int64_t row = 0; row < rows; ++row) {
         if constexpr (kHalf) {
           widen_run(xp + row * n, buf.data(), n);
-          softmax_row_f32(buf.data(), buf.data(), n, log);
+          softmax_row_f32(buf.data(), buf.data(), n, log, wide);
           narrow_run(buf.data(), yp + row * n, n);
         } else if constexpr (std::is_same_v<T, float>) {
-          softmax_row_f32(xp + row * n, yp + row * n, n, log);
+          softmax_row_f32(xp + row * n, yp + row * n, n, log, wide);
         } else {
           softmax_row(xp + row * n, yp + row * n, n, log);
         }
