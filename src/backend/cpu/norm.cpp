@@ -30,7 +30,9 @@ template <typename T>
 const T* add_residual(const T* x, const T* res, T* sum, int64_t r, int64_t n) {
   if (!res) return x + r * n;
   T* s = sum + r * n;
-  for (int64_t i = 0; i < n; ++i) store(s, i, load(x + r * n, i) + load(res + r * n, i));
+  const T *a = x + r * n, *b = res + r * n;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) store(s, i, load(a, i) + load(b, i));
   return s;
 }
 
@@ -55,22 +57,31 @@ void CpuBackend::layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, d
     for (int64_t r = 0; r < rows; ++r) {
       const T* xr = add_residual(xp, res, sp, r, n);
       T* yr = yp + r * n;
+      // Branch-free loops, so each runs in vectors (the sums add in lanes, then across them).
       A s = 0;
+#pragma omp simd reduction(+ : s)
       for (int64_t i = 0; i < n; ++i) s += load(xr, i);
-      A mu = s / static_cast<A>(n);
+      const A mu = s / static_cast<A>(n);
       A v = 0;
+#pragma omp simd reduction(+ : v)
       for (int64_t i = 0; i < n; ++i) {
-        A d = load(xr, i) - mu;
+        const A d = load(xr, i) - mu;
         v += d * d;
       }
-      A rs = A(1) / std::sqrt(v / static_cast<A>(n) + static_cast<A>(eps));
+      const A rs = A(1) / std::sqrt(v / static_cast<A>(n) + static_cast<A>(eps));
       mp[r] = mu;
       rp[r] = rs;
-      for (int64_t i = 0; i < n; ++i) {
-        A h = (load(xr, i) - mu) * rs;
-        if (wp) h *= load(wp, i);
-        if (bp) h += load(bp, i);
-        store(yr, i, h);
+      if (wp && bp) {
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) store(yr, i, (load(xr, i) - mu) * rs * load(wp, i) + load(bp, i));
+      } else {
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) {
+          A h = (load(xr, i) - mu) * rs;
+          if (wp) h *= load(wp, i);
+          if (bp) h += load(bp, i);
+          store(yr, i, h);
+        }
       }
     }
   });
@@ -165,15 +176,17 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& w, double eps, const Te
       const T* xr = add_residual(xp, res, sp, r, n);
       T* yr = yp + r * n;
       A ss = 0;
+#pragma omp simd reduction(+ : ss)
       for (int64_t i = 0; i < n; ++i) {
-        A v = load(xr, i);
+        const A v = load(xr, i);
         ss += v * v;
       }
-      A rs = A(1) / std::sqrt(ss / static_cast<A>(n) + static_cast<A>(eps));
+      const A rs = A(1) / std::sqrt(ss / static_cast<A>(n) + static_cast<A>(eps));
       rp[r] = rs;
+#pragma omp simd
       for (int64_t i = 0; i < n; ++i) {
         // As HF: normalize in fp32, cast to the input dtype, then scale by the weight.
-        A h = round_as<T>(load(xr, i) * rs);
+        const A h = round_as<T>(load(xr, i) * rs);
         store(yr, i, wp ? h * load(wp, i) : h);
       }
     }
@@ -202,22 +215,27 @@ void CpuBackend::rms_norm_backward(const Tensor& x, const Tensor& w, const Tenso
         const T* xr = xp + r * n;
         const T* gr = gp + r * n;
         const A rs = rp[r];
-        A sum_gx = 0;
-        for (int64_t i = 0; i < n; ++i) {
-          A xh = load(xr, i) * rs;
-          A g = load(gr, i);
-          if (bw) bw[i] += static_cast<double>(g * xh);
-          A gh = wp ? g * load(wp, i) : g;
-          sum_gx += gh * xh;
+        // As layer_norm_backward: the f64 column partials (their bits kept), then the row sum in lanes.
+        if (bw) {
+#pragma omp simd
+          for (int64_t i = 0; i < n; ++i) bw[i] += static_cast<double>(load(gr, i) * (load(xr, i) * rs));
         }
         if (!gxp) continue;
+        A sum_gx = 0;
+#pragma omp simd reduction(+ : sum_gx)
+        for (int64_t i = 0; i < n; ++i) {
+          const A gh = wp ? load(gr, i) * load(wp, i) : load(gr, i);
+          sum_gx += gh * (load(xr, i) * rs);
+        }
         const A mgx = sum_gx / static_cast<A>(n);
         T* out = gxp + r * n;
+        const T* add = gap ? gap + r * n : nullptr;
+#pragma omp simd
         for (int64_t i = 0; i < n; ++i) {
-          A xh = load(xr, i) * rs;
-          A gh = wp ? load(gr, i) * load(wp, i) : load(gr, i);
+          const A xh = load(xr, i) * rs;
+          const A gh = wp ? load(gr, i) * load(wp, i) : load(gr, i);
           const A v = rs * (gh - xh * mgx);
-          store(out, i, gap ? v + load(gap + r * n, i) : v);
+          store(out, i, add ? v + load(add, i) : v);
         }
       }
     }
