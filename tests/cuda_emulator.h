@@ -1,6 +1,6 @@
 // The host emulation of the CUDA built-ins our flash and tiled attention kernels and the row kernels use, so
 // that tests run the kernels' own source (backend/cuda/flash_kernels.cuh, attention_tiled.cuh,
-// row_kernels.cuh) on the CPU: each CUDA thread of a
+// row_kernels.cuh, fused_chain.cuh) on the CPU: each CUDA thread of a
 // block is a std::thread, __syncthreads and warp collectives are barriers, a kernel's shared memory is a host
 // buffer poisoned with NaN halves before every block (a read of what no thread wrote shows up), and mma.sync
 // m16n8k16 gathers the warp's fragments by the PTX ISA's layout tables (groupID = lane / 4, thread-in-group =
@@ -28,6 +28,9 @@
 #define TR_ROW_EMULATED 1
 #define TR_ROW_NAMESPACE rows_emulated
 #define TR_ROW_SMEM(name) double* name = reinterpret_cast<double*>(::tr::emu::shared_memory)
+#define TR_CHAIN_EMULATED 1
+#define TR_CHAIN_NAMESPACE chain_emulated
+#define __grid_constant__
 #define __global__
 #define __device__
 #define __forceinline__ inline
@@ -40,7 +43,7 @@ inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return
 struct EmulatedDim3 {
   unsigned x = 0, y = 0, z = 0;
 };
-inline thread_local EmulatedDim3 threadIdx, blockIdx, blockDim;
+inline thread_local EmulatedDim3 threadIdx, blockIdx, blockDim, gridDim;
 
 struct __nv_bfloat16 {
   uint16_t x;
@@ -130,6 +133,7 @@ void launch(unsigned grid, int threads, size_t smem_bytes, F&& kernel) {
     pool.emplace_back([&, t] {
       threadIdx.x = static_cast<unsigned>(t);
       blockDim.x = static_cast<unsigned>(threads);
+      gridDim.x = grid;
       for (unsigned b = 0; b < grid; ++b) {
         blockIdx.x = b;
         kernel();
@@ -232,6 +236,16 @@ inline void st(T* p, int64_t i, A v) {
     p[i].x = emu::float_to_f16(static_cast<float>(v));
   else
     p[i] = static_cast<T>(v);
+}
+template <typename T>
+inline acc_t<T> to_acc(T x) {
+  return ld(&x, 0);
+}
+template <typename T>
+inline T from_acc(acc_t<T> v) {
+  T r;
+  st(&r, 0, v);
+  return r;
 }
 inline void report_bad(int64_t* bad, int64_t kind, int64_t value, int64_t limit) {
   bad[0] = value;

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/fused_chain.cuh"
 #include "backend/unary_math.h"
 #include "core/rng.h"
 
@@ -350,60 +351,14 @@ void dropout(Stream stream, DType dt, const void* x, void* y, int64_t n, double 
   TR_CUDA_LAUNCH_CHECK("dropout");
 }
 
-namespace {
-
-// One thread per element (grid-stride): the chain's tensors are read and written once, so it is bound by
-// memory bandwidth like one elementwise kernel (the unfused calls each paid a pass). The chain (~1.2 KB) is a
-// __grid_constant__ parameter, read in place rather than copied per thread, since stages and operands are
-// indexed at run time; the stage values live in a small per-thread array. Dropout's keep scale comes from
-// the host (1 / (1 - p) in f64, as the unfused kernel computes it).
-// The element math is the unfused functors' (UnaryF, UnaryBackwardF, BinaryF, AffineF, DropoutF), so a
-// fused chain gives their bits.
-template <typename T>
-__global__ void fused_chain_kernel(const __grid_constant__ FusedChain c, int64_t n, const uint64_t* shift) {
-  using A = acc_t<T>;
-  const uint64_t moved = shift ? *shift : 0;
-  GRID_STRIDE_I(int64_t, i, n) {
-    A value[kFusedStages];
-    for (int k = 0; k < c.stages; ++k) {
-      const FusedChainStage& s = c.stage[k];
-      const auto in = [&](int j) {
-        const int32_t o = s.in[j];
-        return o >= 0 ? to_acc(static_cast<const T*>(c.tensor[o])[i]) : value[-1 - o];
-      };
-      A v;
-      switch (s.kind) {
-        case FusedChainStage::Kind::unary: v = backend::unary_fn(s.unary, in(0)); break;
-        case FusedChainStage::Kind::unary_backward: v = in(1) * backend::unary_grad(s.unary, in(0)); break;
-        case FusedChainStage::Kind::binary: v = backend::binary_fn(s.binary, in(0), in(1)); break;
-        case FusedChainStage::Kind::affine:
-          v = static_cast<A>(s.alpha) * in(0) + static_cast<A>(s.beta);
-          break;
-        default: {  // dropout: the element's Philox word is its index in the tensor
-          const float p = static_cast<float>(s.alpha);
-          const bool keep =
-              uniform_from_word(philox_word(s.seed, s.offset + moved, static_cast<uint64_t>(i))) >= p;
-          v = keep ? in(0) * static_cast<A>(s.beta) : A(0);  // beta: 1 / (1 - p), from the launcher
-        }
-      }
-      const T r = from_acc<T>(v);
-      value[k] = to_acc(r);
-      if (s.out >= 0) static_cast<T*>(c.tensor[s.out])[i] = r;
-    }
-  }
-}
-
-}  // namespace
-
-void fused_elementwise(Stream stream, DType dt, const FusedChain& chain, int64_t n, const uint64_t* shift) {
-  if (n == 0 || chain.stages == 0) return;
-  if (chain.stages > kFusedStages)
+void fused_elementwise(Stream stream, DType dt, const FusedChain& stages, int64_t n, const uint64_t* shift) {
+  if (n == 0 || stages.stages == 0) return;
+  if (stages.stages > kFusedStages)
     throw std::runtime_error("fused_elementwise: more than " + std::to_string(kFusedStages) + " stages");
-  FusedChain c = chain;
-  for (int k = 0; k < c.stages; ++k)
-    if (c.stage[k].kind == FusedChainStage::Kind::dropout) c.stage[k].beta = 1.0 / (1.0 - c.stage[k].alpha);
-  dispatch_float(
-      dt, [&]<typename T>() { fused_chain_kernel<T><<<blocks_for(n), 256, 0, stream>>>(c, n, shift); });
+  const FusedChain c = chain::prepared(stages);
+  dispatch_float(dt, [&]<typename T>() {
+    chain::fused_chain_kernel<T><<<blocks_for(n), 256, 0, stream>>>(c, n, shift);
+  });
   TR_CUDA_LAUNCH_CHECK("fused_elementwise");
 }
 

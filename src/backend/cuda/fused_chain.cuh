@@ -1,0 +1,71 @@
+// The CUDA fused elementwise chain (torch_compile's inductor fusion; elementwise.cu launches it), in a header
+// of its own so that the CPU runs this very code: tests/cuda_emulator.h defines the CUDA built-ins and
+// tests/test_chain_emulated.cpp compares it with the CPU backend's fused chains bit for bit. Bound by memory
+// bandwidth like one elementwise kernel: the chain's tensors are read and written once.
+#pragma once
+#include <cstdint>
+
+#include "backend/cuda/kernels.h"
+#include "backend/unary_math.h"
+#include "core/rng.h"
+#ifndef TR_CHAIN_EMULATED
+#include "backend/cuda/common.cuh"  // acc_t, to_acc, from_acc (the emulation brings its own)
+#endif
+
+// The kernel's namespace (the emulation's own, so its host copy never meets the device build's symbols).
+#ifndef TR_CHAIN_NAMESPACE
+#define TR_CHAIN_NAMESPACE chain
+#endif
+
+namespace tr::cuda::TR_CHAIN_NAMESPACE {
+
+// What the launcher settles on the host before a launch: dropout's keep scale, 1 / (1 - p) in f64 as the
+// unfused kernel computes it, into the stage's beta.
+inline FusedChain prepared(const FusedChain& chain) {
+  FusedChain c = chain;
+  for (int k = 0; k < c.stages; ++k)
+    if (c.stage[k].kind == FusedChainStage::Kind::dropout) c.stage[k].beta = 1.0 / (1.0 - c.stage[k].alpha);
+  return c;
+}
+
+// One thread per element (grid-stride). The chain (~1.2 KB) is a __grid_constant__ parameter, read in place
+// rather than copied per thread, since stages and operands are indexed at run time; the stage values live in
+// a small per-thread array. The element math is the unfused functors' (UnaryF, UnaryBackwardF, BinaryF,
+// AffineF, DropoutF: unary_math.h and rng.h), each stage's value rounded to T as a stored tensor would be, so
+// a fused chain gives their bits. `shift` (a CUDA graph's launch, or null) moves dropout's Philox offsets.
+template <typename T>
+__global__ void fused_chain_kernel(const __grid_constant__ FusedChain c, int64_t n, const uint64_t* shift) {
+  using A = acc_t<T>;
+  const uint64_t moved = shift ? *shift : 0;
+  const int64_t step = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    A value[kFusedStages];
+    for (int k = 0; k < c.stages; ++k) {
+      const FusedChainStage& s = c.stage[k];
+      const auto in = [&](int j) {
+        const int32_t o = s.in[j];
+        return o >= 0 ? to_acc(static_cast<const T*>(c.tensor[o])[i]) : value[-1 - o];
+      };
+      A v;
+      switch (s.kind) {
+        case FusedChainStage::Kind::unary: v = backend::unary_fn(s.unary, in(0)); break;
+        case FusedChainStage::Kind::unary_backward: v = in(1) * backend::unary_grad(s.unary, in(0)); break;
+        case FusedChainStage::Kind::binary: v = backend::binary_fn(s.binary, in(0), in(1)); break;
+        case FusedChainStage::Kind::affine:
+          v = static_cast<A>(s.alpha) * in(0) + static_cast<A>(s.beta);
+          break;
+        default: {  // dropout: the element's Philox word is its index in the tensor
+          const float p = static_cast<float>(s.alpha);
+          const bool keep =
+              uniform_from_word(philox_word(s.seed, s.offset + moved, static_cast<uint64_t>(i))) >= p;
+          v = keep ? in(0) * static_cast<A>(s.beta) : A(0);  // beta: 1 / (1 - p), from prepared()
+        }
+      }
+      const T r = from_acc<T>(v);
+      value[k] = to_acc(r);
+      if (s.out >= 0) static_cast<T*>(c.tensor[s.out])[i] = r;
+    }
+  }
+}
+
+}  // namespace tr::cuda::TR_CHAIN_NAMESPACE

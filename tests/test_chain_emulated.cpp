@@ -1,0 +1,112 @@
+// The CUDA fused elementwise chain's own source (backend/cuda/fused_chain.cuh) run on the CPU through
+// tests/cuda_emulator.h, against the CPU backend's fused_elementwise on the same stages: the chains
+// compile::fuse_elementwise makes (dropout + residual add, the GELU backward with its gradient adds, exp /
+// affine / binary runs), f32 and bf16, a grid smaller than the tensors (the grid-stride loop), values kept
+// and not stored, and dropout with a CUDA graph's Philox shift - bit for bit. What the GPU itself adds (its
+// exp and tanh) is the device's to show: CompileGpu.* there.
+#include "cuda_emulator.h"  // first: the CUDA built-ins the kernel's header expects
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/fused_chain.cuh"
+#include "ops/ops.h"
+
+namespace tr {
+namespace {
+
+namespace ck = cuda::chain_emulated;
+using Stage = backend::Backend::FusedStage;
+using Kind = Stage::Kind;
+
+Stage stage(Kind kind, std::initializer_list<int32_t> in, int32_t out) {
+  Stage s;
+  s.kind = kind;
+  int j = 0;
+  for (int32_t o : in) s.in[j++] = o;
+  s.out = out;
+  return s;
+}
+
+// Runs `stages` over `count` tensors of n elements (inputs drawn, outputs poisoned) on the CPU backend and
+// through the emulated kernel; every tensor's bytes must agree.
+template <typename T>
+void check_chain(const char* what, const std::vector<Stage>& stages, int count, DType dt, uint64_t shift) {
+  SCOPED_TRACE(fmt::format("{} in {}, shift {}", what, dtype_name(dt), shift));
+  const int64_t n = 1000;
+  std::vector<Tensor> cpu;
+  Generator gen(17);
+  for (int k = 0; k < count; ++k)
+    cpu.push_back(ops::to_dtype(ops::affine(ops::randn({n}, gen), 1.5, 0.25), dt));
+  std::vector<std::vector<T>> dev(static_cast<size_t>(count));
+  for (int k = 0; k < count; ++k) {
+    dev[static_cast<size_t>(k)].resize(static_cast<size_t>(n));
+    std::memcpy(dev[static_cast<size_t>(k)].data(), cpu[static_cast<size_t>(k)].data_ptr(), n * sizeof(T));
+  }
+  // The CPU runs the stages with the shift already in their offsets (what a replay of a plan does there).
+  std::vector<Stage> shifted = stages;
+  for (Stage& s : shifted) s.offset += shift;
+  backend::backend_for(Device::cpu()).fused_elementwise(shifted, cpu);
+
+  cuda::FusedChain c;
+  c.stages = static_cast<int>(stages.size());
+  for (size_t k = 0; k < stages.size(); ++k) {
+    const Stage& s = stages[k];
+    c.stage[k] = {static_cast<cuda::FusedChainStage::Kind>(s.kind),
+                  s.unary,
+                  s.binary,
+                  {s.in[0], s.in[1]},
+                  s.out,
+                  s.alpha,
+                  s.beta,
+                  s.seed,
+                  s.offset};
+  }
+  for (int k = 0; k < count; ++k) c.tensor[k] = dev[static_cast<size_t>(k)].data();
+  const cuda::FusedChain p = ck::prepared(c);
+  const uint64_t word = shift;
+  emu::launch(3, 64, 0, [&] { ck::fused_chain_kernel<T>(p, n, shift ? &word : nullptr); });  // 192 threads
+  for (int k = 0; k < count; ++k)
+    EXPECT_EQ(0, std::memcmp(dev[static_cast<size_t>(k)].data(), cpu[static_cast<size_t>(k)].data_ptr(),
+                             n * sizeof(T)))
+        << "tensor " << k;
+}
+
+template <typename T>
+void check_all(DType dt) {
+  // Dropout into a kept value, plus the residual: GPT-2's attention/MLP output (t0 x, t1 residual, t2 out).
+  Stage drop = stage(Kind::dropout, {0}, -1);
+  drop.alpha = 0.1, drop.seed = 1234, drop.offset = 77;
+  const Stage add = stage(Kind::binary, {-1, 1}, 2);
+  for (const uint64_t shift : {uint64_t{0}, uint64_t{5}})
+    check_chain<T>("dropout + residual", {drop, add}, 3, dt, shift);
+  // The GELU backward, scaled and accumulated: t0 x, t1 gy, t2 accumulated gradient; stores t3 and t2.
+  Stage gelu = stage(Kind::unary_backward, {0, 1}, 3);
+  gelu.unary = backend::UnaryOp::gelu_tanh;
+  Stage half = stage(Kind::affine, {-1}, -1);
+  half.alpha = 0.5, half.beta = 0.0;
+  Stage acc = stage(Kind::binary, {2, -2}, 2);
+  check_chain<T>("gelu backward + accumulate", {gelu, half, acc}, 4, dt, 0);
+  // exp, a product with a tensor, an affine and a subtraction of the first value (t0, t1; out t2, t3).
+  Stage e = stage(Kind::unary, {0}, -1);
+  e.unary = backend::UnaryOp::exp;
+  Stage mul = stage(Kind::binary, {-1, 1}, 2);
+  mul.binary = backend::BinaryOp::mul;
+  Stage aff = stage(Kind::affine, {-2}, -1);
+  aff.alpha = -1.25, aff.beta = 3.0;
+  Stage sub = stage(Kind::binary, {-3, -1}, 3);
+  sub.binary = backend::BinaryOp::sub;
+  check_chain<T>("exp, mul, affine, sub", {e, mul, aff, sub}, 4, dt, 0);
+}
+
+TEST(ChainEmulated, TheCudaChainGivesTheCpuChainsBits) {
+  check_all<float>(DType::f32);
+  check_all<__nv_bfloat16>(DType::bf16);
+}
+
+}  // namespace
+}  // namespace tr
