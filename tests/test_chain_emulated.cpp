@@ -14,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/fused_chain.cuh"
+#include "backend/cuda/fused_chain_of.h"
 #include "ops/ops.h"
 
 namespace tr {
@@ -52,21 +53,9 @@ void check_chain(const char* what, const std::vector<Stage>& stages, int count, 
   for (Stage& s : shifted) s.offset += shift;
   backend::backend_for(Device::cpu()).fused_elementwise(shifted, cpu);
 
-  cuda::FusedChain c;
-  c.stages = static_cast<int>(stages.size());
-  for (size_t k = 0; k < stages.size(); ++k) {
-    const Stage& s = stages[k];
-    c.stage[k] = {static_cast<cuda::FusedChainStage::Kind>(s.kind),
-                  s.unary,
-                  s.binary,
-                  {s.in[0], s.in[1]},
-                  s.out,
-                  s.alpha,
-                  s.beta,
-                  s.seed,
-                  s.offset};
-  }
-  for (int k = 0; k < count; ++k) c.tensor[k] = dev[static_cast<size_t>(k)].data();
+  std::vector<void*> ptrs;
+  for (int k = 0; k < count; ++k) ptrs.push_back(dev[static_cast<size_t>(k)].data());
+  const cuda::FusedChain c = cuda::chain_of(stages, ptrs);  // the backend's own conversion
   const cuda::FusedChain p = ck::prepared(c);
   const uint64_t word = shift;
   emu::launch(3, 64, 0, [&] { ck::fused_chain_kernel<T>(p, n, shift ? &word : nullptr); });  // 192 threads

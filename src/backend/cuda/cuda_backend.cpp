@@ -24,6 +24,7 @@
 #include "backend/cuda_api.h"
 #include "backend/optim_math.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/fused_chain_of.h"
 #include "core/caching_allocator.h"
 
 namespace tr::cuda {
@@ -597,30 +598,12 @@ class CudaBackend final : public backend::Backend {
     check_fused_chain(stages, t);
     TR_CHECK(t.size() <= static_cast<size_t>(cuda::kFusedTensors),
              "fused_elementwise: {} tensors (at most {})", t.size(), cuda::kFusedTensors);
-    using K = cuda::FusedChainStage::Kind;
-    static_assert(cuda::kFusedStages == kMaxFusedStages);
-    static_assert(static_cast<int>(FusedStage::Kind::unary) == static_cast<int>(K::unary) &&
-                  static_cast<int>(FusedStage::Kind::unary_backward) == static_cast<int>(K::unary_backward) &&
-                  static_cast<int>(FusedStage::Kind::binary) == static_cast<int>(K::binary) &&
-                  static_cast<int>(FusedStage::Kind::affine) == static_cast<int>(K::affine) &&
-                  static_cast<int>(FusedStage::Kind::dropout) == static_cast<int>(K::dropout));
-    cuda::FusedChain c;
-    c.stages = static_cast<int>(stages.size());
-    double p = 0;
-    for (size_t k = 0; k < stages.size(); ++k) {
-      const FusedStage& s = stages[k];
-      c.stage[k] = {static_cast<K>(s.kind),
-                    s.unary,
-                    s.binary,
-                    {s.in[0], s.in[1]},
-                    s.out,
-                    s.alpha,
-                    s.beta,
-                    s.seed,
-                    s.offset};
+    std::vector<void*> ptrs;
+    double p = 0;  // the largest dropout probability (captured_shift's condition)
+    for (const Tensor& x : t) ptrs.push_back(x.data_ptr());
+    for (const FusedStage& s : stages)
       if (s.kind == FusedStage::Kind::dropout) p = std::max(p, s.alpha);
-    }
-    for (size_t i = 0; i < t.size(); ++i) c.tensor[i] = t[i].data_ptr();
+    const cuda::FusedChain c = cuda::chain_of(stages, ptrs);
     cuda::fused_elementwise(stream(), t[0].dtype(), c, t[0].numel(), captured_shift(p));
   }
   std::string autotune_summary() const override {
