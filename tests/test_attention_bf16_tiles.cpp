@@ -82,7 +82,7 @@ TEST(AttentionBf16Tiles, NativeProductsMatchTheF64KernelForwardAndBackward) {
       backend::AttentionGeometry g{
           c.B,     c.H, c.KV, c.T, c.S, c.D, c.causal, scale, keep.defined() ? keep.data<bool>() : nullptr,
           c.window};
-      g.with_dropout(drop.p, drop.seed, drop.offset);
+      g.with_dropout(drop.p, drop.seed, drop.offset).dense_rows();
       cpu::attention_bf16_forward(t, g, qb.data<BFloat16>(), kb.data<BFloat16>(), vb.data<BFloat16>(),
                                   out.data<BFloat16>(), lse.data<float>());
       cpu::attention_bf16_backward(t, g, qb.data<BFloat16>(), kb.data<BFloat16>(), vb.data<BFloat16>(),

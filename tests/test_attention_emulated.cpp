@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "attention_f64_reference.h"
+#include "attention_layouts.h"
 #include "backend/cuda/attention_tiled.cuh"
 
 namespace tr {
@@ -28,11 +29,13 @@ struct TiledCase {
   int64_t window;
   bool padded;
   double dropout;
+  test::Layout layout = test::Layout::dense;
 };
 
 std::string name_of(const TiledCase& c) {
   return fmt::format("B{} H{} KV{} T{} S{} D{} causal{} window{} padded{} dropout{}", c.B, c.H, c.KV, c.T,
-                     c.S, c.D, c.causal, c.window, c.padded, c.dropout);
+                     c.S, c.D, c.causal, c.window, c.padded, c.dropout) +
+         " " + test::layout_name(c.layout);
 }
 
 // The worst |got - want| over the largest |want| (at least 1e-3).
@@ -59,39 +62,47 @@ void run_case(const TiledCase& c, uint64_t seed, double tol) {
   };
   const auto q = draw(nq), k = draw(nk), v = draw(nk), dout = draw(nq);
   const T poison = std::numeric_limits<T>::quiet_NaN();  // an output no thread writes shows up
-  std::vector<T> out(nq, poison), dq(nq, poison), dk(nk, poison), dv(nk, poison);
+  std::vector<T> out, dq, dk, dv;
+  test::Placement<T> P(c.layout, c.B, c.H, c.KV, c.T, c.S, c.D, poison);
+  P.put(P.q(), P.rows.q, q, false);
+  P.put(P.k(), P.rows.k, k, true);
+  P.put(P.v(), P.rows.v, v, true);
+  P.put(P.dout(), P.rows.dout, dout, false);
   std::vector<uint8_t> keep_bytes(static_cast<size_t>(c.B * c.S), 1);
   if (c.padded) {
     for (int64_t s = 0; s < c.S; ++s) keep_bytes[s] = s % 5 != 3;
     if (c.B > 1) std::fill(keep_bytes.begin() + c.S, keep_bytes.begin() + 2 * c.S, 0);  // sees nothing
   }
   const bool* keep = c.padded ? reinterpret_cast<const bool*>(keep_bytes.data()) : nullptr;
-  const test::Geo g =
+  test::Geo g =
       test::Geo{c.B,  c.H,     c.KV, c.T, c.S, c.D, c.causal, 1.0 / std::sqrt(static_cast<double>(c.D)),
                 keep, c.window}
           .with_dropout(c.dropout, 1234567, 77);
+  g.rows = P.rows;
   std::vector<T> lse(static_cast<size_t>(c.B * c.H * c.T), poison), delta(lse.size());
   const uint64_t shift_word = 5;  // a replayed graph's Philox shift
   const uint64_t* shift = c.dropout > 0 ? &shift_word : nullptr;
   const auto blocks = [](int64_t rows, int64_t groups) {
     return static_cast<unsigned>(groups * ((rows + tk::kTile - 1) / tk::kTile));
   };
-  emu::launch(blocks(c.T, c.B * c.H), tk::kTileThreads, tk::forward_smem<T>(c.D), [&] {
-    tk::attention_forward_tiled<T>(g, shift, q.data(), k.data(), v.data(), out.data(), lse.data());
-  });
+  emu::launch(blocks(c.T, c.B * c.H), tk::kTileThreads, tk::forward_smem<T>(c.D),
+              [&] { tk::attention_forward_tiled<T>(g, shift, P.q(), P.k(), P.v(), P.out(), lse.data()); });
+  out = P.take(P.out(), P.rows.out, false);
   for (int64_t row = 0; row < c.B * c.H * c.T; ++row) {  // attention_delta_kernel's sum, on the host
     T d = 0;
     for (int64_t e = 0; e < c.D; ++e) d += dout[row * c.D + e] * out[row * c.D + e];
     delta[row] = d;
   }
   emu::launch(blocks(c.T, c.B * c.H), tk::kTileThreads, tk::dq_smem<T>(c.D), [&] {
-    tk::attention_dq_tiled<T>(g, shift, q.data(), k.data(), v.data(), lse.data(), delta.data(), dout.data(),
-                              dq.data());
+    tk::attention_dq_tiled<T>(g, shift, P.q(), P.k(), P.v(), lse.data(), delta.data(), P.dout(), P.dq());
   });
   emu::launch(blocks(c.S, c.B * c.KV), tk::kTileThreads, tk::dkv_smem<T>(c.D), [&] {
-    tk::attention_dkv_tiled<T>(g, shift, q.data(), k.data(), v.data(), lse.data(), delta.data(), dout.data(),
-                               dk.data(), dv.data());
+    tk::attention_dkv_tiled<T>(g, shift, P.q(), P.k(), P.v(), lse.data(), delta.data(), P.dout(), P.dk(),
+                               P.dv());
   });
+  dq = P.take(P.dq(), P.rows.dq, false);
+  dk = P.take(P.dk(), P.rows.dk, true);
+  dv = P.take(P.dv(), P.rows.dv, true);
 
   const uint64_t offset = g.offset + (shift ? *shift : 0);
   auto z = [&](int64_t bh, int64_t t, int64_t s) -> double {  // drop_factor's, in T
@@ -132,6 +143,9 @@ const TiledCase kCases[] = {
     {1, 1, 1, 1, 1, 8, true, 0, false, 0.5},
     {2, 8, 1, 1, 257, 16, true, 0, true, 0.15},  // one query (decoding), MQA
     {2, 2, 2, 200, 64, 8, true, 0, true, 0.0},   // T > S causal: many empty rows
+    // The layouts models hand over: a packed q/k/v projection and sequence-major heads.
+    {2, 3, 3, 70, 70, 40, true, 0, true, 0.2, test::Layout::packed},
+    {1, 4, 2, 65, 130, 24, true, 0, false, 0.0, test::Layout::seq_major},
 };
 
 TEST(TiledAttentionEmulated, FloatKernelsMatchTheF64Reference) {

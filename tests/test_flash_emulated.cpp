@@ -19,6 +19,7 @@
 #pragma GCC diagnostic ignored "-Wstrict-aliasing"
 #include "backend/cuda/flash_kernels.cuh"
 #include "attention_f64_reference.h"
+#include "attention_layouts.h"
 
 namespace tr {
 namespace {
@@ -34,12 +35,14 @@ struct FlashCase {
   double dropout;
   bool f16;
   bool vec;  // 16-byte loads (aligned rows), else pairs
+  test::Layout layout = test::Layout::dense;
 };
 
 std::string name_of(const FlashCase& c) {
   return fmt::format("B{} H{} KV{} T{} S{} D{} causal{} window{} padded{} dropout{} {}{}", c.B, c.H, c.KV,
                      c.T, c.S, c.D, c.causal, c.window, c.padded, c.dropout, c.f16 ? "f16" : "bf16",
-                     c.vec ? " vec" : "");
+                     c.vec ? " vec" : "") +
+         " " + test::layout_name(c.layout);
 }
 
 // The worst |got - want| over the largest |want| (at least 1e-3): bf16/f16 outputs after rounded P and dS.
@@ -64,16 +67,22 @@ void run_case(const FlashCase& c, uint64_t seed) {
     return x;
   };
   const auto q = draw(nq), k = draw(nk), v = draw(nk), dout = draw(nq);
-  std::vector<uint16_t> out(nq, 0xdead), dq(nq, 0xdead), dk(nk, 0xdead), dv(nk, 0xdead);
+  std::vector<uint16_t> out, dq, dk, dv;
+  test::Placement<uint16_t> P(c.layout, c.B, c.H, c.KV, c.T, c.S, c.D, 0xdead);  // 0xdead: never written
+  P.put(P.q(), P.rows.q, q, false);
+  P.put(P.k(), P.rows.k, k, true);
+  P.put(P.v(), P.rows.v, v, true);
+  P.put(P.dout(), P.rows.dout, dout, false);
   std::vector<uint8_t> keep_bytes(static_cast<size_t>(c.B * c.S), 1);
   if (c.padded) {
     for (int64_t s = 0; s < c.S; ++s) keep_bytes[s] = s % 5 != 3;
     if (c.B > 1) std::fill(keep_bytes.begin() + c.S, keep_bytes.begin() + 2 * c.S, 0);  // sees nothing
   }
   const bool* keep = c.padded ? reinterpret_cast<const bool*>(keep_bytes.data()) : nullptr;
-  const Geo g =
+  Geo g =
       Geo{c.B, c.H, c.KV, c.T, c.S, c.D, c.causal, 1.0 / std::sqrt(static_cast<double>(c.D)), keep, c.window}
           .with_dropout(c.dropout, 1234567, 77);
+  g.rows = P.rows;
   std::vector<float> lse(static_cast<size_t>(c.B * c.H * c.T), 12345.0f), delta(lse.size());
   const uint64_t shift_word = 5;  // a replayed graph's Philox shift
   const uint64_t* shift = c.dropout > 0 ? &shift_word : nullptr;
@@ -81,9 +90,9 @@ void run_case(const FlashCase& c, uint64_t seed) {
     return static_cast<unsigned>(groups * ((rows + fk::kOwn - 1) / fk::kOwn));
   };
   auto kernels = [&]<typename T, int DP>() {
-    emu::launch(blocks(c.T, c.B * c.H), fk::kThreads, fk::forward_smem<DP>(), [&] {
-      fk::flash_forward<T, DP>(g, shift, q.data(), k.data(), v.data(), out.data(), lse.data(), c.vec);
-    });
+    emu::launch(blocks(c.T, c.B * c.H), fk::kThreads, fk::forward_smem<DP>(),
+                [&] { fk::flash_forward<T, DP>(g, shift, P.q(), P.k(), P.v(), P.out(), lse.data(), c.vec); });
+    out = P.take(P.out(), P.rows.out, false);
     for (int64_t row = 0; row < c.B * c.H * c.T; ++row) {  // (flash_delta's rowsum, on the host)
       float s = 0;
       for (int64_t d = 0; d < c.D; ++d)
@@ -91,13 +100,15 @@ void run_case(const FlashCase& c, uint64_t seed) {
       delta[row] = s;
     }
     emu::launch(blocks(c.T, c.B * c.H), fk::kThreads, fk::dq_smem<DP>(), [&] {
-      fk::flash_dq<T, DP>(g, shift, q.data(), k.data(), v.data(), lse.data(), delta.data(), dout.data(),
-                          dq.data(), c.vec);
+      fk::flash_dq<T, DP>(g, shift, P.q(), P.k(), P.v(), lse.data(), delta.data(), P.dout(), P.dq(), c.vec);
     });
     emu::launch(blocks(c.S, c.B * c.KV), fk::kThreads, fk::dkv_smem<DP>(), [&] {
-      fk::flash_dkv<T, DP>(g, shift, q.data(), k.data(), v.data(), lse.data(), delta.data(), dout.data(),
-                           dk.data(), dv.data(), c.vec);
+      fk::flash_dkv<T, DP>(g, shift, P.q(), P.k(), P.v(), lse.data(), delta.data(), P.dout(), P.dk(), P.dv(),
+                           c.vec);
     });
+    dq = P.take(P.dq(), P.rows.dq, false);
+    dk = P.take(P.dk(), P.rows.dk, true);
+    dv = P.take(P.dv(), P.rows.dv, true);
   };
   if (c.f16)
     c.D <= 64 ? kernels.template operator()<__half, 64>() : kernels.template operator()<__half, 128>();
@@ -154,6 +165,11 @@ TEST(FlashEmulated, EveryKernelMatchesTheF64Reference) {
       {2, 8, 1, 1, 257, 16, true, 0, true, 0.15, false, true},      // one query (decoding), MQA
       {1, 2, 1, 129, 129, 128, true, 64, false, 0.4, true, true},   // f16, D 128, window = a tile
       {2, 2, 2, 200, 64, 8, true, 0, true, 0.0, false, false},      // T > S causal: many empty rows
+      // The layouts models hand over: GPT-2's packed projection (rows 3 H D apart) and sequence-major heads.
+      {2, 4, 4, 70, 70, 64, true, 0, true, 0.1, false, true, test::Layout::packed},
+      {1, 2, 2, 65, 65, 24, true, 0, false, 0.0, true, false, test::Layout::packed},
+      {2, 4, 2, 65, 130, 40, true, 0, true, 0.2, false, false, test::Layout::seq_major},
+      {1, 4, 1, 129, 129, 128, true, 0, false, 0.0, false, true, test::Layout::seq_major},
   };
   uint64_t seed = 100;
   for (const FlashCase& c : cases) {

@@ -18,6 +18,25 @@ Tensor shape_op(const char* name, const Tensor& x, Tensor y, F fn) {
   return y;
 }
 
+// The pieces' common buffer when they are exactly the pieces of one contiguous tensor of shape xs cut along d
+// (attention writes q/k/v's gradients so into one buffer): the split's backward is then that buffer, no copy.
+Tensor joined(const Grads& g, const Shape& xs, int64_t d, const std::vector<int64_t>& sizes) {
+  const Strides st = contiguous_strides(xs);
+  const int64_t base = g[0].offset();
+  int64_t at = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    Shape piece = xs;
+    piece[d] = sizes[i];
+    if (g[i].storage() != g[0].storage() || g[i].dtype() != g[0].dtype() || g[i].shape() != piece ||
+        g[i].offset() != base + at * st[d])
+      return {};
+    for (size_t k = 0; k < xs.size(); ++k)  // a dim of size 1 may carry any stride
+      if (piece[k] != 1 && g[i].stride(static_cast<int64_t>(k)) != st[k]) return {};
+    at += sizes[i];
+  }
+  return g[0].as_strided(xs, st, base);
+}
+
 }  // namespace
 
 Tensor view(const Tensor& x, const Shape& shape) {
@@ -133,6 +152,9 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
           ref = &gi;
       }
       if (!ref) return {Tensor()};
+      if (all) {
+        if (Tensor whole = joined(g, xs, d, sizes); whole.defined()) return {whole};
+      }
       Tensor gx =
           all ? ops::empty(xs, ref->dtype(), ref->device()) : ops::zeros(xs, ref->dtype(), ref->device());
       int64_t at2 = 0;

@@ -9,6 +9,19 @@
 
 namespace tr::backend {
 
+// Where row t of head h in batch b of a [B, H, T, D] attention operand starts, in elements from its data
+// pointer: b * batch + h * head + t * row (the head dim itself is contiguous). Through it the kernels read q,
+// k, v in the projections' [B, T, H, D] layout and write out and the gradients where the caller keeps them,
+// so a model needs no head split/merge copies.
+struct HeadRows {
+  int64_t batch = 0, head = 0, row = 0;
+  TR_HD int64_t at(int64_t b, int64_t h, int64_t t) const { return b * batch + h * head + t * row; }
+  static HeadRows dense(int64_t heads, int64_t rows, int64_t D) { return {heads * rows * D, rows * D, D}; }
+};
+struct AttentionRows {
+  HeadRows q, k, v, out, dout, dq, dk, dv;
+};
+
 struct AttentionGeometry {
   int64_t B, H, KV, T, S, D;  // batch, query heads, kv heads, queries, keys, head dim
   bool causal;
@@ -20,6 +33,7 @@ struct AttentionGeometry {
   float dropout = 0.0f;
   double keep_scale = 1.0;
   uint64_t seed = 0, offset = 0;
+  AttentionRows rows{};  // the operands' layouts (dense_rows(): contiguous [B, H, T, D] / [B, KV, S, D])
   TR_HD uint64_t drop_index(int64_t bh, int64_t t, int64_t s) const {
     return static_cast<uint64_t>((bh * T + t) * S + s);
   }
@@ -29,6 +43,12 @@ struct AttentionGeometry {
     keep_scale = 1.0 / (1.0 - p);
     seed = philox_seed;
     offset = philox_offset;
+    return *this;
+  }
+  // Every operand contiguous.
+  AttentionGeometry& dense_rows() {
+    const HeadRows qr = HeadRows::dense(H, T, D), kr = HeadRows::dense(KV, S, D);
+    rows = {qr, kr, kr, qr, qr, qr, kr, kr};
     return *this;
   }
   // Lowest key index query t may see.

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/adamw8bit_math.h"
+#include "backend/attention_geometry.h"
 #include "backend/op_kinds.h"
 #include "core/allocator.h"
 #include "core/tensor.h"
@@ -35,6 +36,27 @@ struct AttentionDropout {
   double p = 0.0;
   uint64_t seed = 0, offset = 0;
 };
+
+// Rows of an attention operand [B, H, T, D] whose head dim is contiguous (Backend::attention).
+inline HeadRows head_rows(const Tensor& t) {
+  return t.defined() ? HeadRows{t.stride(0), t.stride(1), t.stride(2)} : HeadRows{};
+}
+
+// The kernels' view of an attention call: shapes from q [B, H, T, D] and k [B, KV, S, D], the key mask, the
+// dropout, and each given operand's rows.
+inline AttentionGeometry attention_geometry(const Tensor& q, const Tensor& k, const Tensor& v,
+                                            const Tensor& key_keep, bool causal, int64_t window, double scale,
+                                            const AttentionDropout& drop, const Tensor& out,
+                                            const Tensor& dout = {}, const Tensor& dq = {},
+                                            const Tensor& dk = {}, const Tensor& dv = {}) {
+  AttentionGeometry g{q.size(0), q.size(1), k.size(1),
+                      q.size(2), k.size(2), q.size(3),
+                      causal,    scale,     key_keep.defined() ? key_keep.data<bool>() : nullptr,
+                      window};
+  g.rows = {head_rows(q),    head_rows(k),  head_rows(v),  head_rows(out),
+            head_rows(dout), head_rows(dq), head_rows(dk), head_rows(dv)};
+  return g.with_dropout(drop.p, drop.seed, drop.offset);
+}
 
 // Batched GEMM c[b] = alpha * op(a[b]) @ op(b[b]) + beta * c[b], row-major. op(x) = x^T when trans.
 // a is stored as [M, K] (or [K, M] when trans_a) with leading dimension lda and batch stride stride_a
@@ -211,10 +233,12 @@ class Backend {
                     bool seq_major, bool inverse, const Tensor& y) = 0;
 
   // Fused attention with online softmax (never holds a T x S score matrix). q [B, H, T, D], k/v [B, Hkv, S,
-  // D] contiguous (H a multiple of Hkv: grouped-query heads share k/v); key_keep bool [B, S] or undefined
+  // D] (H a multiple of Hkv: grouped-query heads share k/v); every operand here and in the backward (out,
+  // dout, dq, dk, dv too) with any strides but a contiguous head dim, read and written through its HeadRows
+  // (attention_geometry()), so a model's projections serve as they are; key_keep bool [B, S] or undefined
   // (false = padding, never attended); causal masks key s > query t + (S - T), and with window > 0 (a
-  // sliding window, causal only) also key s <= t + (S - T) - window. out like q; lse f32 [B, H, T] (f64 for
-  // f64), -inf for rows with nothing to attend (their output is 0). With drop.p > 0 the probabilities are
+  // sliding window, causal only) also key s <= t + (S - T) - window. out [B, H, T, D]; lse f32 [B, H, T] (f64
+  // for f64), -inf for rows with nothing to attend (their output is 0). With drop.p > 0 the probabilities are
   // dropped as AttentionBlock's (the mask dropout() on [B, H, T, S] would draw); lse stays undropped.
   virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                          bool causal, int64_t window, double scale, const AttentionDropout& drop,

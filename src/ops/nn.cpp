@@ -1,6 +1,9 @@
 // Matmul/linear, layer and RMS norm, cross-entropy, embedding, rotary embedding, dropout and cat:
 // checks, output allocation and dispatch.
+#include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "ops/ops.h"
 
@@ -558,6 +561,69 @@ void check_dropout(const AttentionDropout& d) {
   TR_CHECK(d.p >= 0 && d.p < 1, "attention: dropout {} must be in [0, 1)", d.p);
 }
 
+// An attention operand as the fused kernels read it (Backend::attention: any strides with the head dim
+// contiguous and rows at least a head dim apart, sgemm's leading-dimension rule): a model's q/k/v views of
+// its projections serve in place; anything else (an expanded sequence, say) is copied.
+Tensor rows_of(const Tensor& x) {
+  const bool unit = x.size(3) <= 1 || x.stride(3) == 1, apart = x.size(2) <= 1 || x.stride(2) >= x.size(3);
+  return unit && apart ? x : contiguous(x);
+}
+
+// Whether (size, stride) pairs tile one dense block without overlap, in some order of the dims.
+bool dense_layout(std::vector<std::pair<int64_t, int64_t>> dims) {
+  std::sort(dims.begin(), dims.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+  int64_t expect = 1;
+  for (const auto& [n, st] : dims) {
+    if (n == 1) continue;
+    if (st != expect) return false;
+    expect *= n;
+  }
+  return true;
+}
+
+std::vector<std::pair<int64_t, int64_t>> dims_of(const Tensor& x) {
+  std::vector<std::pair<int64_t, int64_t>> d;
+  for (int64_t i = 0; i < x.dim(); ++i) d.emplace_back(x.size(i), x.stride(i));
+  return d;
+}
+
+// Gradient buffers laid out as their inputs, so the gradients flow back through the inputs' views with no
+// copies: inputs that are views of one buffer at equally spaced offsets (a packed qkv projection read in
+// place) get views of one fresh buffer laid out alike, a permuted dense input the same permutation, anything
+// else a contiguous tensor.
+std::vector<Tensor> grads_like(const std::vector<const Tensor*>& xs) {
+  const Tensor& f = *xs[0];
+  std::vector<int64_t> offs;
+  bool joint = xs.size() > 1;
+  for (const Tensor* x : xs) {
+    joint = joint && x->storage() == f.storage() && x->shape() == f.shape() && x->strides() == f.strides();
+    offs.push_back(x->offset());
+  }
+  std::vector<int64_t> sorted = offs;
+  std::sort(sorted.begin(), sorted.end());
+  const int64_t step = sorted.size() > 1 ? sorted[1] - sorted[0] : 0;
+  for (size_t i = 1; joint && i < sorted.size(); ++i) joint = step > 0 && sorted[i] - sorted[i - 1] == step;
+  std::vector<Tensor> out;
+  if (joint) {
+    auto dims = dims_of(f);
+    dims.emplace_back(static_cast<int64_t>(xs.size()), step);
+    if (dense_layout(dims)) {
+      const Tensor buf = empty({f.numel() * static_cast<int64_t>(xs.size())}, f.dtype(), f.device());
+      for (const Tensor* x : xs)
+        out.push_back(buf.as_strided(f.shape(), f.strides(), x->offset() - sorted[0]));
+      return out;
+    }
+  }
+  for (const Tensor* x : xs) {
+    if (dense_layout(dims_of(*x))) {
+      out.push_back(empty({x->numel()}, x->dtype(), x->device()).as_strided(x->shape(), x->strides(), 0));
+    } else {
+      out.push_back(empty(x->shape(), x->dtype(), x->device()));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 AttentionForm attention_form_for(DeviceType device, DType dtype, int64_t head_dim, bool dropout) {
@@ -594,10 +660,12 @@ AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
              k.size(2), q.device().str());
   if (resolve(form, q, k, dropout) == AttentionForm::blocked)
     return attention_blocked(q, k, v, key_keep, causal, scale, 0, dropout, window);
-  Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v),
+  Tensor qc = rows_of(q), kc = rows_of(k), vc = rows_of(v),
          mc = key_keep.defined() ? contiguous(key_keep) : key_keep;
-  AttentionOut o{empty(q.shape(), q.dtype(), q.device()),
-                 empty({q.size(0), q.size(1), q.size(2)}, stat_dtype(q.dtype()), q.device())};
+  // out in the [B, T, H, D] layout a model merges heads from, so its merge is a view.
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
+  AttentionOut o{transpose(empty({B, T, H, D}, q.dtype(), q.device()), 1, 2),
+                 empty({B, H, T}, stat_dtype(q.dtype()), q.device())};
   if (runs(o.out)) be(q).attention(qc, kc, vc, mc, causal, window, scale, dropout, o.out, o.lse);
   return o;
 }
@@ -611,17 +679,21 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
   check_dropout(dropout);
   if (resolve(form, q, k, dropout) == AttentionForm::blocked)
     return attention_blocked_backward(q, k, v, key_keep, causal, scale, out, lse, dout, 0, dropout, window);
-  Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v), oc = contiguous(out),
-         dc = contiguous(dout);
+  if (q.numel() == 0)  // no queries: the keys and values get no gradient
+    return {empty(q.shape(), q.dtype(), q.device()), zeros(k.shape(), k.dtype(), k.device()),
+            zeros(v.shape(), v.dtype(), v.device())};
+  Tensor qc = rows_of(q), kc = rows_of(k), vc = rows_of(v), oc = rows_of(out), dc = rows_of(dout);
   Tensor mc = key_keep.defined() ? contiguous(key_keep) : key_keep;
-  AttentionGrads g{empty(q.shape(), q.dtype(), q.device()), empty(k.shape(), k.dtype(), k.device()),
-                   empty(v.shape(), v.dtype(), v.device())};
-  if (runs(g.dq)) {
-    be(q).attention_backward(qc, kc, vc, mc, causal, window, scale, dropout, oc, lse, dc, g.dq, g.dk, g.dv);
-  } else if (!q.device().is_meta()) {  // no queries: the keys and values got no gradient
-    if (runs(g.dk)) be(q).fill(g.dk, 0.0);
-    if (runs(g.dv)) be(q).fill(g.dv, 0.0);
+  AttentionGrads g;
+  if (q.shape() == k.shape()) {  // q, k, v possibly one packed projection
+    const auto r = grads_like({&qc, &kc, &vc});
+    g = {r[0], r[1], r[2]};
+  } else {
+    const auto rq = grads_like({&qc}), rkv = grads_like({&kc, &vc});
+    g = {rq[0], rkv[0], rkv[1]};
   }
+  if (runs(g.dq))
+    be(q).attention_backward(qc, kc, vc, mc, causal, window, scale, dropout, oc, lse, dc, g.dq, g.dk, g.dv);
   return g;
 }
 

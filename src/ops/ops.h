@@ -200,7 +200,11 @@ AttentionForm attention_form(const Tensor& q, const Tensor& k, bool dropout = fa
 // The same rule by device type: what a dry run on the meta device asks for the device it stands in for
 // (trainer estimate --device cuda), so its peak counts the form the real run takes.
 AttentionForm attention_form_for(DeviceType device, DType dtype, int64_t head_dim, bool dropout);
-// Dropout needs dropout.p in [0, 1) and applies to the probabilities in either form.
+// Dropout needs dropout.p in [0, 1) and applies to the probabilities in either form. The fused form reads
+// q/k/v views in place (a contiguous head dim suffices: GPT-2's split c_attn, Llama's heads), returns out as
+// a [B, H, T, D] view of [B, T, H, D] memory (merging heads is then a view) and gives the gradients the
+// inputs' layout - q/k/v views of one projection get views of one buffer laid out as it, which split's
+// backward passes on whole - so a layer makes no head split/merge copies.
 AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, bool causal,
                        double scale, int64_t window = 0, AttentionForm form = AttentionForm::automatic,
                        backend::AttentionDropout dropout = {});

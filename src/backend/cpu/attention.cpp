@@ -41,20 +41,23 @@ void forward_kernel(const Geo& g, const T* q, const T* k, const T* v, T* out, ac
         for (int64_t qt_i = 0; qt_i < q_tiles; ++qt_i) {
           const int64_t t0 = qt_i * kBlock, t1 = std::min(g.T, t0 + kBlock), nt = t1 - t0;
           const int64_t kvh = h / rep;
-          const T* qp = q + ((b * g.H + h) * g.T + t0) * g.D;
-          const T* kp = k + (b * g.KV + kvh) * g.S * g.D;
-          const T* vp = v + (b * g.KV + kvh) * g.S * g.D;
-          for (int64_t i = 0; i < nt * g.D; ++i) qt[i] = load(qp, i) * static_cast<A>(g.scale);
+          const T* qp = q + g.rows.q.at(b, h, t0);
+          const T* kp = k + g.rows.k.at(b, kvh, 0);
+          const T* vp = v + g.rows.v.at(b, kvh, 0);
+          for (int64_t i = 0; i < nt; ++i)
+            for (int64_t c = 0; c < g.D; ++c)
+              qt[i * g.D + c] = load(qp + i * g.rows.q.row, c) * static_cast<A>(g.scale);
           std::fill(acc.begin(), acc.begin() + nt * g.D, A(0));
           std::fill(m.begin(), m.end(), -std::numeric_limits<A>::infinity());
           std::fill(l.begin(), l.end(), A(0));
           const int64_t s_end = g.last_key(t1 - 1) + 1;
           for (int64_t s0 = g.first_key(t0); s0 < s_end; s0 += kBlock) {
             const int64_t s1 = std::min(s_end, s0 + kBlock), ns = s1 - s0;
-            for (int64_t i = 0; i < ns * g.D; ++i) {
-              kb[i] = load(kp + s0 * g.D, i);
-              vb[i] = load(vp + s0 * g.D, i);
-            }
+            for (int64_t j = 0; j < ns; ++j)
+              for (int64_t c = 0; c < g.D; ++c) {
+                kb[j * g.D + c] = load(kp + (s0 + j) * g.rows.k.row, c);
+                vb[j * g.D + c] = load(vp + (s0 + j) * g.rows.v.row, c);
+              }
             for (int64_t i = 0; i < nt; ++i) {
               const A* qi = qt.data() + i * g.D;
               A* si = s.data() + i * kBlock;
@@ -96,11 +99,11 @@ void forward_kernel(const Geo& g, const T* q, const T* k, const T* v, T* out, ac
               m[i] = mx;
             }
           }
-          T* op = out + ((b * g.H + h) * g.T + t0) * g.D;
+          T* op = out + g.rows.out.at(b, h, t0);
           A* lp = lse + (b * g.H + h) * g.T + t0;
           for (int64_t i = 0; i < nt; ++i) {
             const A inv = l[i] > A(0) ? A(1) / l[i] : A(0);
-            for (int64_t c = 0; c < g.D; ++c) store(op, i * g.D + c, acc[i * g.D + c] * inv);
+            for (int64_t c = 0; c < g.D; ++c) store(op + i * g.rows.out.row, c, acc[i * g.D + c] * inv);
             lp[i] = l[i] > A(0) ? m[i] + std::log(l[i]) : -std::numeric_limits<A>::infinity();
           }
         }
@@ -122,28 +125,33 @@ void backward_kernel(const Geo& g, const T* q, const T* k, const T* v, const T* 
 #pragma omp for collapse(2) schedule(dynamic)
     for (int64_t b = 0; b < g.B; ++b)
       for (int64_t kvh = 0; kvh < g.KV; ++kvh) {
-        const int64_t kv_off = (b * g.KV + kvh) * g.S * g.D;
-        for (int64_t i = 0; i < g.S * g.D; ++i) {
-          kf[i] = load(k + kv_off, i);
-          vf[i] = load(v + kv_off, i);
-        }
+        const T* kp = k + g.rows.k.at(b, kvh, 0);
+        const T* vp = v + g.rows.v.at(b, kvh, 0);
+        for (int64_t s = 0; s < g.S; ++s)
+          for (int64_t c = 0; c < g.D; ++c) {
+            kf[s * g.D + c] = load(kp + s * g.rows.k.row, c);
+            vf[s * g.D + c] = load(vp + s * g.rows.v.row, c);
+          }
         std::fill(dka.begin(), dka.end(), A(0));
         std::fill(dva.begin(), dva.end(), A(0));
         for (int64_t r = 0; r < rep; ++r) {
-          const int64_t h = kvh * rep + r, q_off = (b * g.H + h) * g.T * g.D;
+          const int64_t h = kvh * rep + r;
+          const T* qh = q + g.rows.q.at(b, h, 0);
+          const T* oh = out + g.rows.out.at(b, h, 0);
+          const T* doh = dout + g.rows.dout.at(b, h, 0);
           const A* lp = lse + (b * g.H + h) * g.T;
           std::fill(dqa.begin(), dqa.end(), A(0));
           for (int64_t t = 0; t < g.T; ++t) {  // delta_t = rowsum(dO * O)
             A d = 0;
             for (int64_t c = 0; c < g.D; ++c)
-              d += load(dout + q_off, t * g.D + c) * load(out + q_off, t * g.D + c);
+              d += load(doh + t * g.rows.dout.row, c) * load(oh + t * g.rows.out.row, c);
             delta[t] = d;
           }
           for (int64_t t = 0; t < g.T; ++t) {
             if (lp[t] == -std::numeric_limits<A>::infinity()) continue;  // row attended nothing
             for (int64_t c = 0; c < g.D; ++c) {
-              qrow[c] = load(q + q_off, t * g.D + c);
-              dorow[c] = load(dout + q_off, t * g.D + c);
+              qrow[c] = load(qh + t * g.rows.q.row, c);
+              dorow[c] = load(doh + t * g.rows.dout.row, c);
             }
             A* dqt = dqa.data() + t * g.D;
             const int64_t s_end = g.last_key(t) + 1;
@@ -185,24 +193,23 @@ void backward_kernel(const Geo& g, const T* q, const T* k, const T* v, const T* 
               }
             }
           }
-          for (int64_t i = 0; i < g.T * g.D; ++i) store(dq + q_off, i, dqa[i]);
+          T* dqh = dq + g.rows.dq.at(b, h, 0);
+          for (int64_t t = 0; t < g.T; ++t)
+            for (int64_t c = 0; c < g.D; ++c) store(dqh + t * g.rows.dq.row, c, dqa[t * g.D + c]);
         }
-        for (int64_t i = 0; i < g.S * g.D; ++i) {
-          store(dk + kv_off, i, dka[i]);
-          store(dv + kv_off, i, dva[i]);
-        }
+        T* dkp = dk + g.rows.dk.at(b, kvh, 0);
+        T* dvp = dv + g.rows.dv.at(b, kvh, 0);
+        for (int64_t s = 0; s < g.S; ++s)
+          for (int64_t c = 0; c < g.D; ++c) {
+            store(dkp + s * g.rows.dk.row, c, dka[s * g.D + c]);
+            store(dvp + s * g.rows.dv.row, c, dva[s * g.D + c]);
+          }
       }
   }
 }
 
-Geo geometry(const Tensor& q, const Tensor& k, const Tensor& key_keep, bool causal, int64_t window,
-             double scale, const backend::AttentionDropout& drop) {
-  Geo g{q.size(0), q.size(1), k.size(1),
-        q.size(2), k.size(2), q.size(3),
-        causal,    scale,     key_keep.defined() ? key_keep.data<bool>() : nullptr,
-        window};
+void check_dropout(const backend::AttentionDropout& drop) {
   TR_CHECK(drop.p >= 0 && drop.p < 1, "attention: dropout {} must be in [0, 1)", drop.p);
-  return g.with_dropout(drop.p, drop.seed, drop.offset);
 }
 
 }  // namespace
@@ -221,7 +228,8 @@ std::optional<Bf16Tiles> CpuBackend::bf16_attention_tiles(int64_t head_dim) cons
 void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep,
                            bool causal, int64_t window, double scale, const backend::AttentionDropout& drop,
                            const Tensor& out, const Tensor& lse) {
-  const Geo g = geometry(q, k, key_keep, causal, window, scale, drop);
+  check_dropout(drop);
+  const Geo g = backend::attention_geometry(q, k, v, key_keep, causal, window, scale, drop, out);
   dispatch_float(q.dtype(), "attention", [&]<typename T>() {
     if constexpr (std::is_same_v<T, BFloat16>) {
       if (const auto tiles = bf16_attention_tiles(g.D)) {
@@ -247,7 +255,9 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
                                     const backend::AttentionDropout& drop, const Tensor& out,
                                     const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
                                     const Tensor& dv) {
-  const Geo g = geometry(q, k, key_keep, causal, window, scale, drop);
+  check_dropout(drop);
+  const Geo g =
+      backend::attention_geometry(q, k, v, key_keep, causal, window, scale, drop, out, dout, dq, dk, dv);
   dispatch_float(q.dtype(), "attention_backward", [&]<typename T>() {
     if constexpr (std::is_same_v<T, BFloat16>) {
       if (const auto tiles = bf16_attention_tiles(g.D)) {

@@ -29,9 +29,10 @@ constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 // blocks stay inside the packed buffers' padding and on whole VNNI pairs.
 int64_t first_block(const backend::AttentionGeometry& g, int64_t t0) { return g.first_key(t0) / 32 * 32; }
 
-// rows x D bf16 rows from p into a, rows rows .. rows_pad zeroed (a tile's A operand).
-void load_rows(const BFloat16* p, int64_t rows, int64_t rows_pad, int64_t D, BFloat16* a) {
-  std::copy(p, p + rows * D, a);
+// rows x D bf16 rows, ld apart from p, into dense rows of a, rows rows .. rows_pad zeroed (a tile's A
+// operand).
+void load_rows(const BFloat16* p, int64_t ld, int64_t rows, int64_t rows_pad, int64_t D, BFloat16* a) {
+  for (int64_t r = 0; r < rows; ++r) std::copy(p + r * ld, p + r * ld + D, a + r * D);
   std::fill(a + rows * D, a + rows_pad * D, BFloat16{});
 }
 
@@ -102,16 +103,17 @@ void forward(const Tiles& tiles, const backend::AttentionGeometry& g, const BFlo
       for (int64_t h = 0; h < g.H; ++h)
         for (int64_t tile = 0; tile < q_tiles; ++tile) {
           const int64_t t0 = tile * kQ, nt = std::min(kQ, g.T - t0), m16 = round_up(nt, 16), kvh = h / rep;
-          const BFloat16* kp = k + (b * g.KV + kvh) * g.S * D;
-          const BFloat16* vp = v + (b * g.KV + kvh) * g.S * D;
-          load_rows(q + ((b * g.H + h) * g.T + t0) * D, nt, m16, D, qa.data());
+          const BFloat16* kp = k + g.rows.k.at(b, kvh, 0);
+          const BFloat16* vp = v + g.rows.v.at(b, kvh, 0);
+          const int64_t ldk = g.rows.k.row, ldv = g.rows.v.row;
+          load_rows(q + g.rows.q.at(b, h, t0), g.rows.q.row, nt, m16, D, qa.data());
           std::fill(acc.begin(), acc.begin() + m16 * D, 0.0f);
           std::fill(m.begin(), m.end(), kNegInf);
           std::fill(l.begin(), l.end(), 0.0f);
           const int64_t s_end = g.last_key(t0 + nt - 1) + 1;
           for (int64_t s0 = first_block(g, t0); s0 < s_end; s0 += kK) {
             const int64_t ns = std::min(kK, s_end - s0), n16 = round_up(ns, 16), k32 = round_up(ns, 32);
-            amx::pack_transposed(kp + s0 * D, ns, D, D, n16, kt.data());
+            amx::pack_transposed(kp + s0 * ldk, ns, D, ldk, n16, kt.data());
             tiles.product(m16, n16, D, qa.data(), D, kt.data(), 2 * n16, s.data(), n16, false);  // s = q k^T
             for (int64_t i = 0; i < nt; ++i) {
               float* si = s.data() + i * n16;
@@ -121,10 +123,10 @@ void forward(const Tiles& tiles, const backend::AttentionGeometry& g, const BFlo
                                  z.data(), wide);
             }
             round_rows(s.data(), n16, nt, ns, m16, k32, pb.data());
-            amx::pack_pairs(vp + s0 * D, ns, D, D, k32, vv.data());
+            amx::pack_pairs(vp + s0 * ldv, ns, D, ldv, k32, vv.data());
             tiles.product(m16, D, k32, pb.data(), k32, vv.data(), 2 * D, acc.data(), D, true);  // acc += P V
           }
-          finish_rows(nt, D, acc.data(), m.data(), l.data(), out + ((b * g.H + h) * g.T + t0) * D,
+          finish_rows(nt, D, acc.data(), m.data(), l.data(), out + g.rows.out.at(b, h, t0), g.rows.out.row,
                       lse + (b * g.H + h) * g.T + t0);
         }
     tiles.release();
@@ -149,24 +151,27 @@ void backward(const Tiles& tiles, const backend::AttentionGeometry& g, const BFl
 #pragma omp for collapse(2) schedule(dynamic)
     for (int64_t b = 0; b < g.B; ++b)
       for (int64_t kvh = 0; kvh < g.KV; ++kvh) {
-        const int64_t kv_off = (b * g.KV + kvh) * S * D;
-        amx::pack_transposed(k + kv_off, S, D, D, S16, kt.data());
-        amx::pack_transposed(v + kv_off, S, D, D, S16, vt.data());
-        amx::pack_pairs(k + kv_off, S, D, D, S32, kpairs.data());
+        const BFloat16* kp = k + g.rows.k.at(b, kvh, 0);
+        const BFloat16* vp = v + g.rows.v.at(b, kvh, 0);
+        amx::pack_transposed(kp, S, D, g.rows.k.row, S16, kt.data());
+        amx::pack_transposed(vp, S, D, g.rows.v.row, S16, vt.data());
+        amx::pack_pairs(kp, S, D, g.rows.k.row, S32, kpairs.data());
         std::fill(dka.begin(), dka.end(), 0.0f);
         std::fill(dva.begin(), dva.end(), 0.0f);
         for (int64_t r = 0; r < rep; ++r) {
           const int64_t h = kvh * rep + r;
           for (int64_t t0 = 0; t0 < g.T; t0 += kQ) {
             const int64_t nt = std::min(kQ, g.T - t0), m16 = round_up(nt, 16), q32 = round_up(nt, 32);
-            const int64_t off = ((b * g.H + h) * g.T + t0) * D;
+            const BFloat16* qp = q + g.rows.q.at(b, h, t0);
+            const BFloat16* dop = dout + g.rows.dout.at(b, h, t0);
+            const int64_t ldq = g.rows.q.row, lddo = g.rows.dout.row;
             const float* lp = lse + (b * g.H + h) * g.T + t0;
-            load_rows(q + off, nt, m16, D, qa.data());
-            load_rows(dout + off, nt, m16, D, doa.data());
-            amx::pack_pairs(q + off, nt, D, D, q32, qpairs.data());
-            amx::pack_pairs(dout + off, nt, D, D, q32, dopairs.data());
-            to_f32(dout + off, nt * D, dof.data());
-            to_f32(out + off, nt * D, of.data());
+            load_rows(qp, ldq, nt, m16, D, qa.data());
+            load_rows(dop, lddo, nt, m16, D, doa.data());
+            amx::pack_pairs(qp, nt, D, ldq, q32, qpairs.data());
+            amx::pack_pairs(dop, nt, D, lddo, q32, dopairs.data());
+            rows_to_f32(dop, nt, lddo, D, dof.data());
+            rows_to_f32(out + g.rows.out.at(b, h, t0), nt, g.rows.out.row, D, of.data());
             for (int64_t i = 0; i < nt; ++i) delta[i] = row_dot(dof.data() + i * D, of.data() + i * D, D);
             std::fill(dqt.begin(), dqt.begin() + m16 * D, 0.0f);
             const int64_t s_end = g.last_key(t0 + nt - 1) + 1;
@@ -182,13 +187,11 @@ void backward(const Tiles& tiles, const backend::AttentionGeometry& g, const BFl
                                xt.data());  // dk += dS^T q
               tiles.product(m16, D, k32, dsb.data(), k32, kpairs.data() + s0 * D, 2 * D, dqt.data(), D, true);
             }
-            for (int64_t i = 0; i < nt * D; ++i) store(dq + off, i, dqt[i]);
+            store_rows(dqt.data(), nt, D, dq + g.rows.dq.at(b, h, t0), g.rows.dq.row);
           }
         }
-        for (int64_t i = 0; i < S * D; ++i) {
-          store(dk + kv_off, i, dka[i]);
-          store(dv + kv_off, i, dva[i]);
-        }
+        store_rows(dka.data(), S, D, dk + g.rows.dk.at(b, kvh, 0), g.rows.dk.row);
+        store_rows(dva.data(), S, D, dv + g.rows.dv.at(b, kvh, 0), g.rows.dv.row);
       }
     tiles.release();
   }

@@ -32,18 +32,6 @@ bool gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int
                     c, ldc) == dnnl_success;
 }
 
-// n values from p as f32: p itself for f32, else widened into buf.
-template <typename T>
-const float* as_f32(const T* p, int64_t n, std::vector<float>& buf) {
-  if constexpr (std::is_same_v<T, float>) {
-    (void)n, (void)buf;
-    return p;
-  } else {
-    widen_run(p, buf.data(), n);
-    return buf.data();
-  }
-}
-
 }  // namespace
 
 template <typename T>
@@ -62,28 +50,31 @@ void attention_gemm_forward(const backend::AttentionGeometry& g, const T* q, con
       for (int64_t h = 0; h < g.H; ++h)
         for (int64_t tile = 0; tile < q_tiles; ++tile) {
           const int64_t t0 = tile * kQ, nt = std::min(kQ, g.T - t0), kvh = h / rep;
-          const T* qp = q + ((b * g.H + h) * g.T + t0) * D;
-          const T* kp = k + (b * g.KV + kvh) * g.S * D;
-          const T* vp = v + (b * g.KV + kvh) * g.S * D;
-          for (int64_t i = 0; i < nt * D; ++i) qt[i] = load(qp, i) * static_cast<float>(g.scale);
+          const T* qp = q + g.rows.q.at(b, h, t0);
+          const T* kp = k + g.rows.k.at(b, kvh, 0);
+          const T* vp = v + g.rows.v.at(b, kvh, 0);
+          for (int64_t i = 0; i < nt; ++i)
+            for (int64_t c = 0; c < D; ++c)
+              qt[i * D + c] = load(qp + i * g.rows.q.row, c) * static_cast<float>(g.scale);
           std::fill(acc.begin(), acc.begin() + nt * D, 0.0f);
           std::fill(m.begin(), m.end(), kNegInf);
           std::fill(l.begin(), l.end(), 0.0f);
           const int64_t s_end = g.last_key(t0 + nt - 1) + 1;
           for (int64_t s0 = g.first_key(t0); s0 < s_end; s0 += kK) {
             const int64_t ns = std::min(kK, s_end - s0);
-            const float* kr = as_f32(kp + s0 * D, ns * D, kb);
-            const float* vr = as_f32(vp + s0 * D, ns * D, vb);
-            bad |= !gemm(false, true, nt, ns, D, qt.data(), D, kr, D, false, s.data(), ns);
+            int64_t ldk = g.rows.k.row, ldv = g.rows.v.row;
+            const float* kr = rows_f32(kp + s0 * ldk, ns, D, ldk, kb);
+            const float* vr = rows_f32(vp + s0 * ldv, ns, D, ldv, vb);
+            bad |= !gemm(false, true, nt, ns, D, qt.data(), D, kr, ldk, false, s.data(), ns);
             for (int64_t i = 0; i < nt; ++i) {
               float* si = s.data() + i * ns;
               mask_row(g, b, t0 + i, s0, ns, si);
               online_softmax_row(g, b * g.H + h, t0 + i, s0, ns, si, m[i], l[i], acc.data() + i * D, D,
                                  z.data(), wide);
             }
-            bad |= !gemm(false, false, nt, D, ns, s.data(), ns, vr, D, true, acc.data(), D);  // acc += P V
+            bad |= !gemm(false, false, nt, D, ns, s.data(), ns, vr, ldv, true, acc.data(), D);  // acc += P V
           }
-          finish_rows(nt, D, acc.data(), m.data(), l.data(), out + ((b * g.H + h) * g.T + t0) * D,
+          finish_rows(nt, D, acc.data(), m.data(), l.data(), out + g.rows.out.at(b, h, t0), g.rows.out.row,
                       lse + (b * g.H + h) * g.T + t0);
         }
   }
@@ -105,39 +96,37 @@ void attention_gemm_backward(const backend::AttentionGeometry& g, const T* q, co
 #pragma omp for collapse(2) schedule(dynamic)
     for (int64_t b = 0; b < g.B; ++b)
       for (int64_t kvh = 0; kvh < g.KV; ++kvh) {
-        const int64_t kv_off = (b * g.KV + kvh) * S * D;
-        const float* kr = as_f32(k + kv_off, S * D, kbuf);
-        const float* vr = as_f32(v + kv_off, S * D, vbuf);
+        int64_t ldk = g.rows.k.row, ldv = g.rows.v.row;
+        const float* kr = rows_f32(k + g.rows.k.at(b, kvh, 0), S, D, ldk, kbuf);
+        const float* vr = rows_f32(v + g.rows.v.at(b, kvh, 0), S, D, ldv, vbuf);
         std::fill(dka.begin(), dka.end(), 0.0f);
         std::fill(dva.begin(), dva.end(), 0.0f);
         for (int64_t r = 0; r < rep; ++r) {
           const int64_t h = kvh * rep + r;
           for (int64_t t0 = 0; t0 < g.T; t0 += kQ) {
-            const int64_t nt = std::min(kQ, g.T - t0), off = ((b * g.H + h) * g.T + t0) * D;
+            const int64_t nt = std::min(kQ, g.T - t0);
             const float* lp = lse + (b * g.H + h) * g.T + t0;
-            to_f32(q + off, nt * D, qt.data());
-            to_f32(dout + off, nt * D, dot.data());
-            to_f32(out + off, nt * D, ot.data());
+            rows_to_f32(q + g.rows.q.at(b, h, t0), nt, g.rows.q.row, D, qt.data());
+            rows_to_f32(dout + g.rows.dout.at(b, h, t0), nt, g.rows.dout.row, D, dot.data());
+            rows_to_f32(out + g.rows.out.at(b, h, t0), nt, g.rows.out.row, D, ot.data());
             for (int64_t i = 0; i < nt; ++i)  // delta_t = rowsum(dO * O)
               delta[i] = row_dot(dot.data() + i * D, ot.data() + i * D, D);
             std::fill(dqt.begin(), dqt.begin() + nt * D, 0.0f);
             const int64_t s_end = g.last_key(t0 + nt - 1) + 1;
             for (int64_t s0 = g.first_key(t0); s0 < s_end; s0 += kK) {
               const int64_t ns = std::min(kK, s_end - s0);
-              bad |= !gemm(false, true, nt, ns, D, qt.data(), D, kr + s0 * D, D, false, p.data(), ns);
-              bad |= !gemm(false, true, nt, ns, D, dot.data(), D, vr + s0 * D, D, false, ds.data(), ns);
+              bad |= !gemm(false, true, nt, ns, D, qt.data(), D, kr + s0 * ldk, ldk, false, p.data(), ns);
+              bad |= !gemm(false, true, nt, ns, D, dot.data(), D, vr + s0 * ldv, ldv, false, ds.data(), ns);
               tile_grads(g, b, h, t0, nt, s0, ns, ns, lp, delta.data(), p.data(), ds.data(), z.data());
               bad |= !gemm(true, false, ns, D, nt, p.data(), ns, dot.data(), D, true, dva.data() + s0 * D, D);
               bad |= !gemm(true, false, ns, D, nt, ds.data(), ns, qt.data(), D, true, dka.data() + s0 * D, D);
-              bad |= !gemm(false, false, nt, D, ns, ds.data(), ns, kr + s0 * D, D, true, dqt.data(), D);
+              bad |= !gemm(false, false, nt, D, ns, ds.data(), ns, kr + s0 * ldk, ldk, true, dqt.data(), D);
             }
-            for (int64_t i = 0; i < nt * D; ++i) store(dq + off, i, dqt[i]);
+            store_rows(dqt.data(), nt, D, dq + g.rows.dq.at(b, h, t0), g.rows.dq.row);
           }
         }
-        for (int64_t i = 0; i < S * D; ++i) {
-          store(dk + kv_off, i, dka[i]);
-          store(dv + kv_off, i, dva[i]);
-        }
+        store_rows(dka.data(), S, D, dk + g.rows.dk.at(b, kvh, 0), g.rows.dk.row);
+        store_rows(dva.data(), S, D, dv + g.rows.dv.at(b, kvh, 0), g.rows.dv.row);
       }
   }
   TR_CHECK(!bad, "attention_backward: oneDNN sgemm refused a tile product (head dim {})", D);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "backend/attention_geometry.h"
 #include "backend/cpu/convert.h"
@@ -29,6 +30,33 @@ void to_f32(const T* p, int64_t n, float* dst) {
     std::copy(p, p + n, dst);
   else
     widen_run(p, dst, n);
+}
+
+// n rows of D values, ld apart from p, as dense f32 rows into dst.
+template <typename T>
+void rows_to_f32(const T* p, int64_t n, int64_t ld, int64_t D, float* dst) {
+  for (int64_t r = 0; r < n; ++r) to_f32(p + r * ld, D, dst + r * D);
+}
+
+// n rows of D values, ld apart from p, as f32 rows: p itself for f32 (ld unchanged), else widened into buf
+// (ld = D).
+template <typename T>
+const float* rows_f32(const T* p, int64_t n, int64_t D, int64_t& ld, std::vector<float>& buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    (void)n, (void)D, (void)buf;
+    return p;
+  } else {
+    rows_to_f32(p, n, ld, D, buf.data());
+    ld = D;
+    return buf.data();
+  }
+}
+
+// Dense f32 rows of src (n x D) stored to rows ld apart from p, in T's rounding.
+template <typename T>
+void store_rows(const float* src, int64_t n, int64_t D, T* p, int64_t ld) {
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < D; ++c) store(p + r * ld, c, src[r * D + c]);
 }
 
 // The softmax row reductions, vectorized: as scalar loops (a dependent max / add per key) they were half of
@@ -106,11 +134,11 @@ inline void online_softmax_row(const backend::AttentionGeometry& g, int64_t bh, 
 // The end of a query tile's forward: out rows = acc / l (T's rounding), lse = m + log l; a row that saw
 // nothing gets zeros and -inf.
 template <typename T>
-void finish_rows(int64_t nt, int64_t D, const float* acc, const float* m, const float* l, T* out,
+void finish_rows(int64_t nt, int64_t D, const float* acc, const float* m, const float* l, T* out, int64_t ld,
                  float* lse) {
   for (int64_t i = 0; i < nt; ++i) {
     const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-    for (int64_t c = 0; c < D; ++c) store(out, i * D + c, acc[i * D + c] * inv);
+    for (int64_t c = 0; c < D; ++c) store(out + i * ld, c, acc[i * D + c] * inv);
     lse[i] = l[i] > 0.0f ? m[i] + std::log(l[i]) : kNegInf;
   }
 }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <utility>
 
 #include "backend/attention_geometry.h"
 #include "backend/cuda/attention_tiled.cuh"
@@ -29,24 +30,26 @@ __global__ void attention_forward_kernel(Geo g, const uint64_t* shift, const T* 
   const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (row >= g.B * g.H * g.T) return;
   const int64_t t = row % g.T, bh = row / g.T, h = bh % g.H, b = bh / g.H, kvh = h / (g.H / g.KV);
-  const T* qp = q + row * g.D;
-  const T* kp = k + (b * g.KV + kvh) * g.S * g.D;
-  const T* vp = v + (b * g.KV + kvh) * g.S * g.D;
+  const T* qp = q + g.rows.q.at(b, h, t);
+  const T* kp = k + g.rows.k.at(b, kvh, 0);
+  const T* vp = v + g.rows.v.at(b, kvh, 0);
+  const int64_t lk = g.rows.k.row, lv = g.rows.v.row;
   A acc[kMaxHeadDim];
   for (int64_t c = 0; c < g.D; ++c) acc[c] = 0;
   A m = -INFINITY, l = 0;
   for (int64_t s = 0; s <= g.last_key(t); ++s) {
     if (!g.visible(b, t, s)) continue;
     A sc = 0;
-    for (int64_t c = 0; c < g.D; ++c) sc += ld(qp, c) * static_cast<A>(g.scale) * ld(kp, s * g.D + c);
+    for (int64_t c = 0; c < g.D; ++c) sc += ld(qp, c) * static_cast<A>(g.scale) * ld(kp, s * lk + c);
     const A mx = sc > m ? sc : m;
     const A corr = exp(m - mx), p = exp(sc - mx), pz = p * drop_factor<A>(g, shift, bh, t, s);
-    for (int64_t c = 0; c < g.D; ++c) acc[c] = acc[c] * corr + pz * ld(vp, s * g.D + c);
+    for (int64_t c = 0; c < g.D; ++c) acc[c] = acc[c] * corr + pz * ld(vp, s * lv + c);
     l = l * corr + p;
     m = mx;
   }
   const A inv = l > A(0) ? A(1) / l : A(0);
-  for (int64_t c = 0; c < g.D; ++c) st(out, row * g.D + c, acc[c] * inv);
+  T* op = out + g.rows.out.at(b, h, t);
+  for (int64_t c = 0; c < g.D; ++c) st(op, c, acc[c] * inv);
   lse[row] = l > A(0) ? m + log(l) : -INFINITY;
 }
 
@@ -54,8 +57,11 @@ template <typename T>
 __global__ void attention_delta_kernel(Geo g, const T* out, const T* dout, acc_t<T>* delta) {
   const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (row >= g.B * g.H * g.T) return;
+  const int64_t t = row % g.T, bh = row / g.T, h = bh % g.H, b = bh / g.H;
+  const T* dp = dout + g.rows.dout.at(b, h, t);
+  const T* op = out + g.rows.out.at(b, h, t);
   acc_t<T> d = 0;
-  for (int64_t c = 0; c < g.D; ++c) d += ld(dout, row * g.D + c) * ld(out, row * g.D + c);
+  for (int64_t c = 0; c < g.D; ++c) d += ld(dp, c) * ld(op, c);
   delta[row] = d;
 }
 
@@ -66,8 +72,11 @@ __global__ void attention_dq_kernel(Geo g, const uint64_t* shift, const T* q, co
   const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (row >= g.B * g.H * g.T) return;
   const int64_t t = row % g.T, bh = row / g.T, h = bh % g.H, b = bh / g.H, kvh = h / (g.H / g.KV);
-  const T* kp = k + (b * g.KV + kvh) * g.S * g.D;
-  const T* vp = v + (b * g.KV + kvh) * g.S * g.D;
+  const T* kp = k + g.rows.k.at(b, kvh, 0);
+  const T* vp = v + g.rows.v.at(b, kvh, 0);
+  const T* qp = q + g.rows.q.at(b, h, t);
+  const T* dop = dout + g.rows.dout.at(b, h, t);
+  const int64_t lk = g.rows.k.row, lv = g.rows.v.row;
   A acc[kMaxHeadDim];
   for (int64_t c = 0; c < g.D; ++c) acc[c] = 0;
   if (lse[row] != -INFINITY) {
@@ -75,15 +84,16 @@ __global__ void attention_dq_kernel(Geo g, const uint64_t* shift, const T* q, co
       if (!g.visible(b, t, s)) continue;
       A sc = 0, dp = 0;
       for (int64_t c = 0; c < g.D; ++c) {
-        sc += ld(q, row * g.D + c) * ld(kp, s * g.D + c);
-        dp += ld(dout, row * g.D + c) * ld(vp, s * g.D + c);
+        sc += ld(qp, c) * ld(kp, s * lk + c);
+        dp += ld(dop, c) * ld(vp, s * lv + c);
       }
       const A p = exp(sc * static_cast<A>(g.scale) - lse[row]), z = drop_factor<A>(g, shift, bh, t, s);
       const A ds = p * (dp * z - delta[row]) * static_cast<A>(g.scale);
-      for (int64_t c = 0; c < g.D; ++c) acc[c] += ds * ld(kp, s * g.D + c);
+      for (int64_t c = 0; c < g.D; ++c) acc[c] += ds * ld(kp, s * lk + c);
     }
   }
-  for (int64_t c = 0; c < g.D; ++c) st(dq, row * g.D + c, acc[c]);
+  T* dqp = dq + g.rows.dq.at(b, h, t);
+  for (int64_t c = 0; c < g.D; ++c) st(dqp, c, acc[c]);
 }
 
 template <typename T>
@@ -94,6 +104,8 @@ __global__ void attention_dkv_kernel(Geo g, const uint64_t* shift, const T* q, c
   const int64_t krow = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (krow >= g.B * g.KV * g.S) return;
   const int64_t s = krow % g.S, bkv = krow / g.S, kvh = bkv % g.KV, b = bkv / g.KV, rep = g.H / g.KV;
+  const T* kp = k + g.rows.k.at(b, kvh, s);
+  const T* vp = v + g.rows.v.at(b, kvh, s);
   A ak[kMaxHeadDim], av[kMaxHeadDim];
   for (int64_t c = 0; c < g.D; ++c) ak[c] = av[c] = 0;
   for (int64_t r = 0; r < rep; ++r) {
@@ -101,23 +113,27 @@ __global__ void attention_dkv_kernel(Geo g, const uint64_t* shift, const T* q, c
     for (int64_t t = 0; t < g.T; ++t) {
       const int64_t row = (b * g.H + h) * g.T + t;
       if (!g.visible(b, t, s) || lse[row] == -INFINITY) continue;
+      const T* qp = q + g.rows.q.at(b, h, t);
+      const T* dop = dout + g.rows.dout.at(b, h, t);
       A sc = 0, dp = 0;
       for (int64_t c = 0; c < g.D; ++c) {
-        sc += ld(q, row * g.D + c) * ld(k, krow * g.D + c);
-        dp += ld(dout, row * g.D + c) * ld(v, krow * g.D + c);
+        sc += ld(qp, c) * ld(kp, c);
+        dp += ld(dop, c) * ld(vp, c);
       }
       const A p = exp(sc * static_cast<A>(g.scale) - lse[row]),
               z = drop_factor<A>(g, shift, b * g.H + h, t, s);
       const A ds = p * (dp * z - delta[row]) * static_cast<A>(g.scale);
       for (int64_t c = 0; c < g.D; ++c) {
-        av[c] += p * z * ld(dout, row * g.D + c);
-        ak[c] += ds * ld(q, row * g.D + c);
+        av[c] += p * z * ld(dop, c);
+        ak[c] += ds * ld(qp, c);
       }
     }
   }
+  T* dkp = dk + g.rows.dk.at(b, kvh, s);
+  T* dvp = dv + g.rows.dv.at(b, kvh, s);
   for (int64_t c = 0; c < g.D; ++c) {
-    st(dk, krow * g.D + c, ak[c]);
-    st(dv, krow * g.D + c, av[c]);
+    st(dkp, c, ak[c]);
+    st(dvp, c, av[c]);
   }
 }
 
@@ -252,33 +268,25 @@ bool allow_smem(K kernel, size_t bytes) {
 
 namespace {
 
-// The flash kernels move pairs of halves: every operand starts on an even element (views at odd offsets take
-// the tiled kernels).
-bool aligned4(std::initializer_list<const void*> ps) {
-  for (const void* p : ps)
-    if (!aligned_to(p, 4)) return false;
+// The flash kernels move pairs of halves: every row of every operand starts on an even element (views at odd
+// offsets or with odd strides take the tiled kernels).
+bool rows_aligned4(std::initializer_list<std::pair<const void*, backend::HeadRows>> ops) {
+  for (const auto& [p, r] : ops)
+    if (!aligned_to(p, 4) || r.batch % 2 != 0 || r.head % 2 != 0 || r.row % 2 != 0) return false;
   return true;
-}
-
-Geo geometry(const bool* keep, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D, bool causal,
-             int64_t window, double scale, double dropout, uint64_t seed, uint64_t offset) {
-  Geo g{B, H, KV, T, S, D, causal, scale, keep, window};
-  return g.with_dropout(dropout, seed, offset);
 }
 
 }  // namespace
 
-void attention(Stream stream, DType dt, const void* q, const void* k, const void* v, const bool* keep,
-               void* out, void* lse, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D,
-               bool causal, int64_t window, double scale, double dropout, uint64_t seed, uint64_t offset,
-               const uint64_t* shift) {
-  if (flash_attention_fits(dt, D) && aligned4({q, k, v, out}))
-    return flash_attention(stream, dt, q, k, v, keep, out, lse, B, H, KV, T, S, D, causal, window, scale,
-                           dropout, seed, offset, shift);
+void attention(Stream stream, DType dt, const Geo& g, const void* q, const void* k, const void* v, void* out,
+               void* lse, const uint64_t* shift) {
+  const auto& r = g.rows;
+  if (flash_attention_fits(dt, g.D) && rows_aligned4({{q, r.q}, {k, r.k}, {v, r.v}, {out, r.out}}))
+    return flash_attention(stream, dt, g, q, k, v, out, lse, shift);
+  const int64_t B = g.B, H = g.H, T = g.T, D = g.D;
   if (D > kMaxHeadDim) throw std::runtime_error("cuda attention: head dim above 256 is not supported");
   if (B * H * T == 0) return;
-  const Geo g = geometry(keep, B, H, KV, T, S, D, causal, window, scale, dropout, seed, offset);
-  if (dropout == 0) shift = nullptr;
+  if (g.dropout == 0) shift = nullptr;
   dispatch_float(dt, [&]<typename TT>() {
     using A = acc_t<TT>;
     const size_t smem = forward_smem<A>(D);
@@ -296,17 +304,17 @@ void attention(Stream stream, DType dt, const void* q, const void* k, const void
   TR_CUDA_LAUNCH_CHECK("attention");
 }
 
-void attention_backward(Stream stream, DType dt, const void* q, const void* k, const void* v,
-                        const bool* keep, const void* out, const void* lse, const void* dout, void* dq,
-                        void* dk, void* dv, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D,
-                        bool causal, int64_t window, double scale, double dropout, uint64_t seed,
-                        uint64_t offset, const uint64_t* shift, Scratch& scratch) {
-  if (flash_attention_fits(dt, D) && aligned4({q, k, v, out, dout, dq, dk, dv}))
-    return flash_attention_backward(stream, dt, q, k, v, keep, out, lse, dout, dq, dk, dv, B, H, KV, T, S, D,
-                                    causal, window, scale, dropout, seed, offset, shift, scratch);
+void attention_backward(Stream stream, DType dt, const Geo& g, const void* q, const void* k, const void* v,
+                        const void* out, const void* lse, const void* dout, void* dq, void* dk, void* dv,
+                        const uint64_t* shift, Scratch& scratch) {
+  const auto& r = g.rows;
+  if (flash_attention_fits(dt, g.D) &&
+      rows_aligned4(
+          {{q, r.q}, {k, r.k}, {v, r.v}, {out, r.out}, {dout, r.dout}, {dq, r.dq}, {dk, r.dk}, {dv, r.dv}}))
+    return flash_attention_backward(stream, dt, g, q, k, v, out, lse, dout, dq, dk, dv, shift, scratch);
+  const int64_t B = g.B, H = g.H, KV = g.KV, T = g.T, S = g.S, D = g.D;
   if (D > kMaxHeadDim) throw std::runtime_error("cuda attention: head dim above 256 is not supported");
-  const Geo g = geometry(keep, B, H, KV, T, S, D, causal, window, scale, dropout, seed, offset);
-  if (dropout == 0) shift = nullptr;
+  if (g.dropout == 0) shift = nullptr;
   if (B * H * T == 0) return;
   dispatch_float(dt, [&]<typename TT>() {
     using A = acc_t<TT>;

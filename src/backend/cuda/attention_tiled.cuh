@@ -61,14 +61,14 @@ __device__ __forceinline__ A row_sum(A v) {
   return v;
 }
 
-// Rows [r0, r0 + kTile) of a [rows, D] matrix into shared memory with leading dim D + 1 (bank-conflict
-// free), times `mul`; rows past the end are zeros.
+// Rows [r0, r0 + kTile) of a [rows, D] matrix whose rows are ld apart into shared memory with leading dim
+// D + 1 (bank-conflict free), times `mul`; rows past the end are zeros.
 template <typename T, typename A>
-__device__ void load_tile(A* dst, const T* src, int64_t r0, int64_t rows, int64_t D, A mul) {
+__device__ void load_tile(A* dst, const T* src, int64_t r0, int64_t rows, int64_t ld_src, int64_t D, A mul) {
   const int64_t pitch = D + 1;
   for (int64_t e = threadIdx.x; e < kTile * D; e += blockDim.x) {
     const int64_t rr = e / D, c = e % D;
-    dst[rr * pitch + c] = r0 + rr < rows ? ld(src, (r0 + rr) * D + c) * mul : A(0);
+    dst[rr * pitch + c] = r0 + rr < rows ? ld(src, (r0 + rr) * ld_src + c) * mul : A(0);
   }
 }
 
@@ -108,9 +108,9 @@ __global__ void __launch_bounds__(kTileThreads)
   const int64_t h = bh % g.H, b = bh / g.H, kvh = h / (g.H / g.KV);
   const int r = threadIdx.x / kRowThreads, sub = threadIdx.x % kRowThreads;
   const int64_t t = t0 + r;
-  const T* kb = k + (b * g.KV + kvh) * g.S * g.D;
-  const T* vb = v + (b * g.KV + kvh) * g.S * g.D;
-  load_tile(Qs, q + bh * g.T * g.D, t0, g.T, g.D, static_cast<A>(g.scale));
+  const T* kb = k + g.rows.k.at(b, kvh, 0);
+  const T* vb = v + g.rows.v.at(b, kvh, 0);
+  load_tile(Qs, q + g.rows.q.at(b, h, 0), t0, g.T, g.rows.q.row, g.D, static_cast<A>(g.scale));
   const int64_t last = tile_last_key(g, t0), n_kt = last < 0 ? 0 : last / kTile + 1;
   A m = -INFINITY, l = 0, o[kCols];
 #pragma unroll
@@ -119,8 +119,8 @@ __global__ void __launch_bounds__(kTileThreads)
   for (int64_t kt = g.first_key(t0) / kTile; kt < n_kt; ++kt) {
     const int64_t s0 = kt * kTile;
     __syncthreads();  // the previous tile is consumed
-    load_tile(Ks, kb, s0, g.S, g.D, A(1));
-    load_tile(Vs, vb, s0, g.S, g.D, A(1));
+    load_tile(Ks, kb, s0, g.S, g.rows.k.row, g.D, A(1));
+    load_tile(Vs, vb, s0, g.S, g.rows.v.row, g.D, A(1));
     __syncthreads();
     A sc[kPerRow], tmax = -INFINITY;
     dot_rows(Qs + r * pitch, Ks, sub, pitch, g.D, sc);
@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(kTileThreads)
   const int64_t row = bh * g.T + t;
 #pragma unroll
   for (int i = 0; i < kCols; ++i)
-    if (sub + kRowThreads * i < g.D) st(out, row * g.D + sub + kRowThreads * i, o[i] * inv);
+    if (sub + kRowThreads * i < g.D) st(out + g.rows.out.at(b, h, t), sub + kRowThreads * i, o[i] * inv);
   if (sub == 0) lse[row] = l > A(0) ? m + log(l) : A(-INFINITY);
 }
 
@@ -180,11 +180,11 @@ __global__ void __launch_bounds__(kTileThreads)
   const int64_t h = bh % g.H, b = bh / g.H, kvh = h / (g.H / g.KV);
   const int r = threadIdx.x / kRowThreads, sub = threadIdx.x % kRowThreads;
   const int64_t t = t0 + r, row = bh * g.T + t;
-  const T* kb = k + (b * g.KV + kvh) * g.S * g.D;
-  const T* vb = v + (b * g.KV + kvh) * g.S * g.D;
+  const T* kb = k + g.rows.k.at(b, kvh, 0);
+  const T* vb = v + g.rows.v.at(b, kvh, 0);
   const A scale = static_cast<A>(g.scale);
-  load_tile(Qs, q + bh * g.T * g.D, t0, g.T, g.D, scale);
-  load_tile(dOs, dout + bh * g.T * g.D, t0, g.T, g.D, A(1));
+  load_tile(Qs, q + g.rows.q.at(b, h, 0), t0, g.T, g.rows.q.row, g.D, scale);
+  load_tile(dOs, dout + g.rows.dout.at(b, h, 0), t0, g.T, g.rows.dout.row, g.D, A(1));
   const A lse_r = t < g.T ? lse[row] : A(-INFINITY), delta_r = t < g.T ? delta[row] : A(0);
   const int64_t last = tile_last_key(g, t0), n_kt = last < 0 ? 0 : last / kTile + 1;
   A acc[kCols];
@@ -193,8 +193,8 @@ __global__ void __launch_bounds__(kTileThreads)
   for (int64_t kt = g.first_key(t0) / kTile; kt < n_kt; ++kt) {
     const int64_t s0 = kt * kTile;
     __syncthreads();
-    load_tile(Ks, kb, s0, g.S, g.D, A(1));
-    load_tile(Vs, vb, s0, g.S, g.D, A(1));
+    load_tile(Ks, kb, s0, g.S, g.rows.k.row, g.D, A(1));
+    load_tile(Vs, vb, s0, g.S, g.rows.v.row, g.D, A(1));
     __syncthreads();
     A sc[kPerRow], dp[kPerRow];
     dot_rows(Qs + r * pitch, Ks, sub, pitch, g.D, sc);
@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kTileThreads)
   if (t >= g.T) return;
 #pragma unroll
   for (int i = 0; i < kCols; ++i)
-    if (sub + kRowThreads * i < g.D) st(dq, row * g.D + sub + kRowThreads * i, acc[i]);
+    if (sub + kRowThreads * i < g.D) st(dq + g.rows.dq.at(b, h, t), sub + kRowThreads * i, acc[i]);
 }
 
 template <typename T>
@@ -244,19 +244,19 @@ __global__ void __launch_bounds__(kTileThreads)
   const int r = threadIdx.x / kRowThreads, sub = threadIdx.x % kRowThreads;  // r: this thread's key row
   const int64_t s = s0 + r;
   const A scale = static_cast<A>(g.scale);
-  load_tile(Ks, k + bkv * g.S * g.D, s0, g.S, g.D, A(1));
-  load_tile(Vs, v + bkv * g.S * g.D, s0, g.S, g.D, A(1));
+  load_tile(Ks, k + g.rows.k.at(b, kvh, 0), s0, g.S, g.rows.k.row, g.D, A(1));
+  load_tile(Vs, v + g.rows.v.at(b, kvh, 0), s0, g.S, g.rows.v.row, g.D, A(1));
   // Causal: the first query that can see key s0 is t = s0 - (S - T).
   const int64_t t_first = g.causal ? (s0 - (g.S - g.T) > 0 ? s0 - (g.S - g.T) : 0) : 0;
   A ak[kCols], av[kCols];
 #pragma unroll
   for (int i = 0; i < kCols; ++i) ak[i] = av[i] = 0;
   for (int64_t hr = 0; hr < rep; ++hr) {
-    const int64_t bh = b * g.H + kvh * rep + hr;
+    const int64_t h = kvh * rep + hr, bh = b * g.H + h;
     for (int64_t t0 = (t_first / kTile) * kTile; t0 < g.T; t0 += kTile) {
       __syncthreads();
-      load_tile(Qs, q + bh * g.T * g.D, t0, g.T, g.D, scale);
-      load_tile(dOs, dout + bh * g.T * g.D, t0, g.T, g.D, A(1));
+      load_tile(Qs, q + g.rows.q.at(b, h, 0), t0, g.T, g.rows.q.row, g.D, scale);
+      load_tile(dOs, dout + g.rows.dout.at(b, h, 0), t0, g.T, g.rows.dout.row, g.D, A(1));
       for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
         const bool in = t0 + i < g.T;
         Ls[i] = in ? lse[bh * g.T + t0 + i] : A(-INFINITY);
@@ -296,13 +296,14 @@ __global__ void __launch_bounds__(kTileThreads)
     }
   }
   if (s >= g.S) return;
-  const int64_t krow = bkv * g.S + s;
+  T* dkp = dk + g.rows.dk.at(b, kvh, s);
+  T* dvp = dv + g.rows.dv.at(b, kvh, s);
 #pragma unroll
   for (int i = 0; i < kCols; ++i) {
     const int c = sub + kRowThreads * i;
     if (c < g.D) {
-      st(dk, krow * g.D + c, ak[i]);
-      st(dv, krow * g.D + c, av[i]);
+      st(dkp, c, ak[i]);
+      st(dvp, c, av[i]);
     }
   }
 }

@@ -424,10 +424,9 @@ class CudaBackend final : public backend::Backend {
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, bool causal,
                  int64_t window, double scale, const backend::AttentionDropout& drop, const Tensor& out,
                  const Tensor& lse) override {
-    cuda::attention(stream(), q.dtype(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                    key_keep.defined() ? key_keep.data<bool>() : nullptr, out.data_ptr(), lse.data_ptr(),
-                    q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), causal, window, scale,
-                    drop.p, drop.seed, drop.offset, captured_shift(drop.p));
+    cuda::attention(
+        stream(), q.dtype(), backend::attention_geometry(q, k, v, key_keep, causal, window, scale, drop, out),
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), captured_shift(drop.p));
   }
   void grad_stats(const std::vector<Tensor>& grads, double inv_scale, const Tensor& stats) override {
     TR_CHECK(stats.dtype() == DType::f64 && stats.numel() == 2 && stats.is_contiguous() &&
@@ -567,11 +566,11 @@ class CudaBackend final : public backend::Backend {
                           const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
                           const Tensor& dk, const Tensor& dv) override {
     AllocatorScratch scratch(allocator(q.device().index), capturing_);
-    cuda::attention_backward(stream(), q.dtype(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                             key_keep.defined() ? key_keep.data<bool>() : nullptr, out.data_ptr(),
-                             lse.data_ptr(), dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
-                             q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), causal, window,
-                             scale, drop.p, drop.seed, drop.offset, captured_shift(drop.p), scratch);
+    cuda::attention_backward(
+        stream(), q.dtype(),
+        backend::attention_geometry(q, k, v, key_keep, causal, window, scale, drop, out, dout, dq, dk, dv),
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), dout.data_ptr(),
+        dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), captured_shift(drop.p), scratch);
   }
   void attention_block_softmax(const Tensor& scores, const AttentionBlock& a, const Tensor& probs,
                                const Tensor& lse) override {

@@ -13,6 +13,7 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <type_traits>
+#include <utility>
 
 #include "backend/attention_geometry.h"
 #include "backend/cuda/common.cuh"
@@ -25,15 +26,19 @@ namespace {
 
 using namespace flash;
 
-// delta = rowsum(dout * out) in f32, a warp per row (rows strided over the grid, which blocks_for caps).
+// delta = rowsum(dout * out) in f32, a warp per row (rows bh * T + t strided over the grid, which blocks_for
+// caps).
 template <typename T>
-__global__ void flash_delta(const T* out, const T* dout, float* delta, int64_t rows, int64_t D) {
-  const int64_t warps = gridDim.x * static_cast<int64_t>(blockDim.x / 32);
+__global__ void flash_delta(Geo g, const T* out, const T* dout, float* delta) {
+  const int64_t warps = gridDim.x * static_cast<int64_t>(blockDim.x / 32), rows = g.B * g.H * g.T;
   for (int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32; row < rows;
        row += warps) {
+    const int64_t t = row % g.T, bh = row / g.T, b = bh / g.H, h = bh % g.H;
+    const T* o = out + g.rows.out.at(b, h, t);
+    const T* d = dout + g.rows.dout.at(b, h, t);
     float s = 0.0f;
-    for (int64_t c = threadIdx.x % 32; c < D; c += 32) s += ld(out, row * D + c) * ld(dout, row * D + c);
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    for (int64_t c = threadIdx.x % 32; c < g.D; c += 32) s += ld(o, c) * ld(d, c);
+    for (int o2 = 16; o2 > 0; o2 >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o2);
     if (threadIdx.x % 32 == 0) delta[row] = s;
   }
 }
@@ -61,9 +66,10 @@ void dispatch_flash(DType dt, int64_t D, F&& f) {
     by_dim.template operator()<__half>();
 }
 
-bool all_aligned(std::initializer_list<const void*> ps) {
-  for (const void* p : ps)
-    if (!aligned_to(p, 16)) return false;
+// Every row of every operand starts on a 16-byte boundary: the tiles move as uint4 (else as pairs).
+bool rows_aligned16(std::initializer_list<std::pair<const void*, backend::HeadRows>> ops) {
+  for (const auto& [p, r] : ops)
+    if (!aligned_to(p, 16) || r.batch % 8 != 0 || r.head % 8 != 0 || r.row % 8 != 0) return false;
   return true;
 }
 
@@ -77,38 +83,27 @@ bool flash_attention_fits(DType dt, int64_t D) {
   return major >= 8;
 }
 
-void flash_attention(Stream stream, DType dt, const void* q, const void* k, const void* v, const bool* keep,
-                     void* out, void* lse, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D,
-                     bool causal, int64_t window, double scale, double dropout, uint64_t seed,
-                     uint64_t offset, const uint64_t* shift) {
-  if (B * H * T == 0) return;
-  const Geo g = Geo{B, H, KV, T, S, D, causal, scale, keep, window}.with_dropout(dropout, seed, offset);
-  const bool vec = all_aligned({q, k, v});
-  const auto blocks = static_cast<unsigned>(B * H * ((T + kOwn - 1) / kOwn));
-  dispatch_flash(dt, D, [&]<typename T_, int DP>() {
+void flash_attention(Stream stream, DType dt, const Geo& g, const void* q, const void* k, const void* v,
+                     void* out, void* lse, const uint64_t* shift) {
+  if (g.B * g.H * g.T == 0) return;
+  const bool vec = rows_aligned16({{q, g.rows.q}, {k, g.rows.k}, {v, g.rows.v}});
+  const auto blocks = static_cast<unsigned>(g.B * g.H * ((g.T + kOwn - 1) / kOwn));
+  dispatch_flash(dt, g.D, [&]<typename T_, int DP>() {
     use_smem(flash_forward<T_, DP>, forward_smem<DP>());
     flash_forward<T_, DP><<<blocks, kThreads, forward_smem<DP>(), stream>>>(
-        g, dropout > 0 ? shift : nullptr, static_cast<const uint16_t*>(q), static_cast<const uint16_t*>(k),
+        g, g.dropout > 0 ? shift : nullptr, static_cast<const uint16_t*>(q), static_cast<const uint16_t*>(k),
         static_cast<const uint16_t*>(v), static_cast<uint16_t*>(out), static_cast<float*>(lse), vec);
   });
   TR_CUDA_LAUNCH_CHECK("flash_attention");
 }
 
-void flash_attention_backward(Stream stream, DType dt, const void* q, const void* k, const void* v,
-                              const bool* keep, const void* out, const void* lse, const void* dout, void* dq,
-                              void* dk, void* dv, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S,
-                              int64_t D, bool causal, int64_t window, double scale, double dropout,
-                              uint64_t seed, uint64_t offset, const uint64_t* shift, Scratch& scratch) {
-  if (B * H * T == 0) {  // no queries: the keys and values get no gradient
-    if (B * KV * S * D > 0) {
-      TR_CUDA_CHECK(cudaMemsetAsync(dk, 0, static_cast<size_t>(B * KV * S * D) * 2, stream));
-      TR_CUDA_CHECK(cudaMemsetAsync(dv, 0, static_cast<size_t>(B * KV * S * D) * 2, stream));
-    }
-    return;
-  }
-  const Geo g = Geo{B, H, KV, T, S, D, causal, scale, keep, window}.with_dropout(dropout, seed, offset);
-  if (dropout == 0) shift = nullptr;
-  const bool vec = all_aligned({q, k, v, dout});
+void flash_attention_backward(Stream stream, DType dt, const Geo& g, const void* q, const void* k,
+                              const void* v, const void* out, const void* lse, const void* dout, void* dq,
+                              void* dk, void* dv, const uint64_t* shift, Scratch& scratch) {
+  if (g.B * g.H * g.T == 0) return;  // no queries: ops::attention_backward gives zero dk/dv itself
+  if (g.dropout == 0) shift = nullptr;
+  const bool vec = rows_aligned16({{q, g.rows.q}, {k, g.rows.k}, {v, g.rows.v}, {dout, g.rows.dout}});
+  const int64_t B = g.B, H = g.H, KV = g.KV, T = g.T, S = g.S;
   auto* delta = static_cast<float*>(scratch.take(static_cast<size_t>(B * H * T) * sizeof(float)));
   const auto* lp = static_cast<const float*>(lse);
   const auto* qp = static_cast<const uint16_t*>(q);
@@ -117,9 +112,9 @@ void flash_attention_backward(Stream stream, DType dt, const void* q, const void
   const auto* dop = static_cast<const uint16_t*>(dout);
   const auto qblocks = static_cast<unsigned>(B * H * ((T + kOwn - 1) / kOwn));
   const auto kblocks = static_cast<unsigned>(B * KV * ((S + kOwn - 1) / kOwn));
-  dispatch_flash(dt, D, [&]<typename T_, int DP>() {
-    flash_delta<T_><<<blocks_for(B * H * T * 32, 256), 256, 0, stream>>>(
-        static_cast<const T_*>(out), static_cast<const T_*>(dout), delta, B * H * T, D);
+  dispatch_flash(dt, g.D, [&]<typename T_, int DP>() {
+    flash_delta<T_><<<blocks_for(B * H * T * 32, 256), 256, 0, stream>>>(g, static_cast<const T_*>(out),
+                                                                         static_cast<const T_*>(dout), delta);
     TR_CUDA_LAUNCH_CHECK("flash_attention_delta");
     use_smem(flash_dq<T_, DP>, dq_smem<DP>());
     flash_dq<T_, DP><<<qblocks, kThreads, dq_smem<DP>(), stream>>>(g, shift, qp, kp, vp, lp, delta, dop,

@@ -79,20 +79,22 @@ __device__ __forceinline__ uint32_t column_pair(const uint16_t* p, int step) {
   return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[step]) << 16);
 }
 
-// Rows r0 .. r0 + NR - 1 of a [rows, D] matrix into shared memory (pitch<DP>()), zeros past either end:
-// 16-byte chunks (D is a multiple of 8), one vector load each where the pointers allow.
+// Rows r0 .. r0 + NR - 1 of a [rows, D] matrix whose rows are ld apart into shared memory (pitch<DP>()),
+// zeros past either end: 16-byte chunks (D is a multiple of 8), one vector load each where the pointers and
+// strides allow.
 template <int DP, int NR>
-__device__ void load_tile(uint16_t* dst, const uint16_t* src, int64_t r0, int64_t rows, int D, bool vec) {
+__device__ void load_tile(uint16_t* dst, const uint16_t* src, int64_t r0, int64_t rows, int64_t ld, int D,
+                          bool vec) {
   constexpr int kChunks = DP / 8;
   for (int e = threadIdx.x; e < NR * kChunks; e += kThreads) {
     const int rr = e / kChunks, c = (e % kChunks) * 8;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (r0 + rr < rows && c < D) {
-      const uint16_t* p = src + (r0 + rr) * D + c;
+      const uint16_t* p = src + (r0 + rr) * ld + c;
       if (vec) {
         v = *reinterpret_cast<const uint4*>(p);
       } else {
-        v.x = pair(p);  // 4-byte aligned: D is a multiple of 8 and every tensor starts on an even element
+        v.x = pair(p);  // 4-byte aligned: D, ld and every operand's start are even (flash_attention.cu)
         v.y = pair(p + 2);
         v.z = pair(p + 4);
         v.w = pair(p + 6);
@@ -190,10 +192,10 @@ __device__ __forceinline__ void drop_pair(const Geo& g, uint64_t offset, int64_t
 // max that keeps a NaN (fmaxf drops it): a row of NaN scores gives NaN, as the CPU twin.
 __device__ __forceinline__ float nan_max(float a, float b) { return a != a || a > b ? a : b; }
 
-// Rows t (g and g + 8 of the warp's 16) of [*, D] at `base`: the two values of each 16 x 8 block the lane
-// holds, rounded, as one 4-byte store.
+// Rows t (g and g + 8 of the warp's 16) of [*, D] at `base`, rows ld apart: the two values of each 16 x 8
+// block the lane holds, rounded, as one 4-byte store.
 template <typename T, int DP>
-__device__ __forceinline__ void store_rows(uint16_t* base, int64_t r0, int64_t rows, int D,
+__device__ __forceinline__ void store_rows(uint16_t* base, int64_t r0, int64_t rows, int64_t ld, int D,
                                            const float (&x)[DP / 8][4], const float (&mul)[2], int g, int i) {
 #pragma unroll
   for (int n = 0; n < DP / 8; ++n)
@@ -202,23 +204,24 @@ __device__ __forceinline__ void store_rows(uint16_t* base, int64_t r0, int64_t r
       const int64_t r = r0 + g + 8 * half;
       const int c = 8 * n + 2 * i;
       if (r < rows && c < D)
-        *reinterpret_cast<uint32_t*>(base + r * D + c) =
+        *reinterpret_cast<uint32_t*>(base + r * ld + c) =
             pack2<T>(x[n][2 * half] * mul[half], x[n][2 * half + 1] * mul[half]);
     }
 }
 
-// The kOwn queries a forward or dq block owns: head row bh from t0, its batch and kv head's K and V, the
-// lane's two query rows, and the 64-key tiles any of its queries may see (s_begin .. s_end, tile-aligned).
+// The kOwn queries a forward or dq block owns: head row bh = b * H + h from t0, its batch and kv head's K and
+// V, the lane's two query rows, and the 64-key tiles any of its queries may see (s_begin .. s_end,
+// tile-aligned).
 struct QueryBlock {
-  int64_t bh, b, t0, s_begin, s_end;
+  int64_t bh, b, h, t0, s_begin, s_end;
   int64_t tr[2];
   const uint16_t *kb, *vb;
   __device__ QueryBlock(const Geo& G, const uint16_t* k, const uint16_t* v, int warp, int g) {
     const int64_t tiles = (G.T + kOwn - 1) / kOwn;
-    bh = blockIdx.x / tiles, t0 = (blockIdx.x % tiles) * kOwn, b = bh / G.H;
-    const int64_t kvh = bh % G.H / (G.H / G.KV);
-    kb = k + (b * G.KV + kvh) * G.S * G.D;
-    vb = v + (b * G.KV + kvh) * G.S * G.D;
+    bh = blockIdx.x / tiles, t0 = (blockIdx.x % tiles) * kOwn, b = bh / G.H, h = bh % G.H;
+    const int64_t kvh = h / (G.H / G.KV);
+    kb = k + G.rows.k.at(b, kvh, 0);
+    vb = v + G.rows.v.at(b, kvh, 0);
     tr[0] = t0 + 16 * warp + g, tr[1] = tr[0] + 8;
     const int64_t t_last = (t0 + kOwn < G.T ? t0 + kOwn : G.T) - 1;
     s_begin = G.first_key(t0) / kTile * kTile, s_end = G.last_key(t_last) + 1;
@@ -239,14 +242,14 @@ __global__ void __launch_bounds__(kThreads)
   const QueryBlock qb(G, k, v, warp, g);
   const int64_t bh = qb.bh, b = qb.b, t0 = qb.t0;
   const int64_t(&tr)[2] = qb.tr;
-  load_tile<DP, kOwn>(Qs, q + bh * G.T * D, t0, G.T, D, vec);
+  load_tile<DP, kOwn>(Qs, q + G.rows.q.at(b, qb.h, 0), t0, G.T, G.rows.q.row, D, vec);
   const float scale = static_cast<float>(G.scale);
   const uint64_t offset = drop_offset(G, shift);
   float o[DP / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   for (int64_t s0 = qb.s_begin; s0 < qb.s_end; s0 += kTile) {
     __syncthreads();  // the previous tile is consumed (and Qs written, the first time)
-    load_tile<DP, kTile>(Ks, qb.kb, s0, G.S, D, vec);
-    load_tile<DP, kTile>(Vs, qb.vb, s0, G.S, D, vec);
+    load_tile<DP, kTile>(Ks, qb.kb, s0, G.S, G.rows.k.row, D, vec);
+    load_tile<DP, kTile>(Vs, qb.vb, s0, G.S, G.rows.v.row, D, vec);
     __syncthreads();
     float sc[kN][4];
     rows_times_tile_t<T, DP>(sc, Qs + 16 * warp * P, Ks, g, i);
@@ -298,7 +301,7 @@ __global__ void __launch_bounds__(kThreads)
     inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
     if (i == 0 && tr[r] < G.T) lse[bh * G.T + tr[r]] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
   }
-  store_rows<T, DP>(out + bh * G.T * D, t0 + 16 * warp, G.T, D, o, inv, g, i);
+  store_rows<T, DP>(out + G.rows.out.at(b, qb.h, 0), t0 + 16 * warp, G.T, G.rows.out.row, D, o, inv, g, i);
 }
 
 template <typename T, int DP>
@@ -316,8 +319,8 @@ __global__ void __launch_bounds__(kThreads)
   const QueryBlock qb(G, k, v, warp, g);
   const int64_t bh = qb.bh, b = qb.b, t0 = qb.t0;
   const int64_t(&tr)[2] = qb.tr;
-  load_tile<DP, kOwn>(Qs, q + bh * G.T * D, t0, G.T, D, vec);
-  load_tile<DP, kOwn>(dOs, dout + bh * G.T * D, t0, G.T, D, vec);
+  load_tile<DP, kOwn>(Qs, q + G.rows.q.at(b, qb.h, 0), t0, G.T, G.rows.q.row, D, vec);
+  load_tile<DP, kOwn>(dOs, dout + G.rows.dout.at(b, qb.h, 0), t0, G.T, G.rows.dout.row, D, vec);
   float L[2], Dl[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -329,8 +332,8 @@ __global__ void __launch_bounds__(kThreads)
   float acc[DP / 8][4] = {};
   for (int64_t s0 = qb.s_begin; s0 < qb.s_end; s0 += kTile) {
     __syncthreads();
-    load_tile<DP, kTile>(Ks, qb.kb, s0, G.S, D, vec);
-    load_tile<DP, kTile>(Vs, qb.vb, s0, G.S, D, vec);
+    load_tile<DP, kTile>(Ks, qb.kb, s0, G.S, G.rows.k.row, D, vec);
+    load_tile<DP, kTile>(Vs, qb.vb, s0, G.S, G.rows.v.row, D, vec);
     __syncthreads();
     float sc[kN][4], dp[kN][4];
     rows_times_tile_t<T, DP>(sc, Qs + 16 * warp * P, Ks, g, i);
@@ -355,7 +358,7 @@ __global__ void __launch_bounds__(kThreads)
     scores_times_tile<T, DP>(acc, sc, Ks, g, i);  // dq += ds k
   }
   const float one[2] = {1.0f, 1.0f};
-  store_rows<T, DP>(dq + bh * G.T * D, t0 + 16 * warp, G.T, D, acc, one, g, i);
+  store_rows<T, DP>(dq + G.rows.dq.at(b, qb.h, 0), t0 + 16 * warp, G.T, G.rows.dq.row, D, acc, one, g, i);
 }
 
 template <typename T, int DP>
@@ -375,8 +378,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t tiles = (G.S + kOwn - 1) / kOwn, bkv = blockIdx.x / tiles, s0 = (blockIdx.x % tiles) * kOwn;
   const int64_t kvh = bkv % G.KV, b = bkv / G.KV, rep = G.H / G.KV;
   const int D = static_cast<int>(G.D), warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, i = threadIdx.x % 4;
-  load_tile<DP, kOwn>(Ks, k + bkv * G.S * D, s0, G.S, D, vec);
-  load_tile<DP, kOwn>(Vs, v + bkv * G.S * D, s0, G.S, D, vec);
+  load_tile<DP, kOwn>(Ks, k + G.rows.k.at(b, kvh, 0), s0, G.S, G.rows.k.row, D, vec);
+  load_tile<DP, kOwn>(Vs, v + G.rows.v.at(b, kvh, 0), s0, G.S, G.rows.v.row, D, vec);
   const int64_t sr[2] = {s0 + 16 * warp + g, s0 + 16 * warp + g + 8};  // the lane's two key rows
   const float scale = static_cast<float>(G.scale);
   const uint64_t offset = drop_offset(G, shift);
@@ -387,11 +390,11 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t t_end = t_stop < G.T ? t_stop : G.T;
   float ak[DP / 8][4] = {}, av[DP / 8][4] = {};
   for (int64_t hr = 0; hr < rep; ++hr) {
-    const int64_t bh = b * G.H + kvh * rep + hr;
+    const int64_t h = kvh * rep + hr, bh = b * G.H + h;
     for (int64_t t0 = t_first / kTile * kTile; t0 < t_end; t0 += kTile) {
       __syncthreads();
-      load_tile<DP, kTile>(Qs, q + bh * G.T * D, t0, G.T, D, vec);
-      load_tile<DP, kTile>(dOs, dout + bh * G.T * D, t0, G.T, D, vec);
+      load_tile<DP, kTile>(Qs, q + G.rows.q.at(b, h, 0), t0, G.T, G.rows.q.row, D, vec);
+      load_tile<DP, kTile>(dOs, dout + G.rows.dout.at(b, h, 0), t0, G.T, G.rows.dout.row, D, vec);
       for (int e = threadIdx.x; e < kTile; e += kThreads) {
         const bool in = t0 + e < G.T;
         Ls[e] = in ? lse[bh * G.T + t0 + e] : -INFINITY;
@@ -422,8 +425,8 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   const float one[2] = {1.0f, 1.0f};
-  store_rows<T, DP>(dk + bkv * G.S * D, s0 + 16 * warp, G.S, D, ak, one, g, i);
-  store_rows<T, DP>(dv + bkv * G.S * D, s0 + 16 * warp, G.S, D, av, one, g, i);
+  store_rows<T, DP>(dk + G.rows.dk.at(b, kvh, 0), s0 + 16 * warp, G.S, G.rows.dk.row, D, ak, one, g, i);
+  store_rows<T, DP>(dv + G.rows.dv.at(b, kvh, 0), s0 + 16 * warp, G.S, G.rows.dv.row, D, av, one, g, i);
 }
 
 template <int DP>

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "backend/adamw8bit_math.h"
+#include "backend/attention_geometry.h"
 #include "backend/op_kinds.h"
 #include "core/dtype.h"
 
@@ -136,30 +137,25 @@ enum BadIndexKind : int64_t { kBadNone = 0, kBadRopePosition = 1, kBadEmbeddingI
 void rope(Stream stream, DType dt, const void* x, const float* cos, const float* sin, const int64_t* pos,
           void* y, int64_t B, int64_t H, int64_t T, int64_t D, bool seq_major, bool inverse, int64_t P,
           int64_t* bad);
-// Fused attention (see Backend::attention): q [B, H, T, D], k/v [B, KV, S, D], keep [B, S] or null; dropout
-// p with Philox (seed, offset + *shift where shift is set: a CUDA graph's launch). bf16/f16 with a head dim
-// that flash_attention_fits() run the tensor-core flash kernels (flash_attention.cu) on sm_80+; everything
-// else the tiled kernels (attention.cu).
-void attention(Stream stream, DType dt, const void* q, const void* k, const void* v, const bool* keep,
-               void* out, void* lse, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D,
-               bool causal, int64_t window, double scale, double dropout, uint64_t seed, uint64_t offset,
-               const uint64_t* shift);
-void attention_backward(Stream stream, DType dt, const void* q, const void* k, const void* v,
-                        const bool* keep, const void* out, const void* lse, const void* dout, void* dq,
-                        void* dk, void* dv, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D,
-                        bool causal, int64_t window, double scale, double dropout, uint64_t seed,
-                        uint64_t offset, const uint64_t* shift, Scratch& scratch);
+// Fused attention (see Backend::attention): g's shapes (q [B, H, T, D], k/v [B, KV, S, D]), key mask, dropout
+// (Philox seed, offset + *shift where shift is set: a CUDA graph's launch) and each operand's rows (HeadRows:
+// any strides, the head dim contiguous). bf16/f16 with a head dim that flash_attention_fits() and rows on
+// even elements run the tensor-core flash kernels (flash_attention.cu) on sm_80+; everything else the tiled
+// kernels (attention.cu). Without queries the backward leaves dk/dv alone (ops::attention_backward gives
+// zeros).
+void attention(Stream stream, DType dt, const backend::AttentionGeometry& g, const void* q, const void* k,
+               const void* v, void* out, void* lse, const uint64_t* shift);
+void attention_backward(Stream stream, DType dt, const backend::AttentionGeometry& g, const void* q,
+                        const void* k, const void* v, const void* out, const void* lse, const void* dout,
+                        void* dq, void* dk, void* dv, const uint64_t* shift, Scratch& scratch);
 // The flash kernels' cases: bf16/f16, head dims that are multiples of 8 up to 128, a device of sm_80+.
 bool flash_attention_fits(DType dt, int64_t D);
-void flash_attention(Stream stream, DType dt, const void* q, const void* k, const void* v, const bool* keep,
-                     void* out, void* lse, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S, int64_t D,
-                     bool causal, int64_t window, double scale, double dropout, uint64_t seed,
-                     uint64_t offset, const uint64_t* shift);
-void flash_attention_backward(Stream stream, DType dt, const void* q, const void* k, const void* v,
-                              const bool* keep, const void* out, const void* lse, const void* dout, void* dq,
-                              void* dk, void* dv, int64_t B, int64_t H, int64_t KV, int64_t T, int64_t S,
-                              int64_t D, bool causal, int64_t window, double scale, double dropout,
-                              uint64_t seed, uint64_t offset, const uint64_t* shift, Scratch& scratch);
+void flash_attention(Stream stream, DType dt, const backend::AttentionGeometry& g, const void* q,
+                     const void* k, const void* v, void* out, void* lse, const uint64_t* shift);
+void flash_attention_backward(Stream stream, DType dt, const backend::AttentionGeometry& g, const void* q,
+                              const void* k, const void* v, const void* out, const void* lse,
+                              const void* dout, void* dq, void* dk, void* dv, const uint64_t* shift,
+                              Scratch& scratch);
 // Blocked attention's row kernels (Backend::attention_block_softmax / _grad): geometry as the fused kernel
 // (keep [B, S] or null); the block's queries t0 .. t0 + tq - 1 against keys 0 .. sk - 1. sdt: the scores'
 // dtype (f32/f64), pdt: the probabilities'.
