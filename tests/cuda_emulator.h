@@ -68,6 +68,7 @@ inline uint4* shared_memory = nullptr;
 inline bool f16 = false;
 struct Lane {
   uint32_t a[4], b[2];
+  const uint16_t* row;  // ldmatrix: the row address this lane gives
   float f;
   double d;
 };
@@ -197,6 +198,32 @@ inline void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
     for (int k = 0; k < 16; ++k) acc += static_cast<double>(A(row, k)) * B(k, col);
     d[e] = static_cast<float>(acc);
   }
+}
+
+// ldmatrix.sync.aligned.m8n8.{x2,x4}[.trans].shared.b16 as the PTX ISA defines it: lane 8 m + r gives the
+// address of row r of matrix m; register m of lane 4 g + i gets that matrix's row g, columns 2i and 2i + 1
+// (low half first), or with .trans its rows 2i and 2i + 1 of column g.
+template <bool Trans, int N>
+inline void ldmatrix(uint32_t (&r)[N], const uint16_t* p) {
+  emu::Lane* l = emu::lanes_now();
+  const int me = emu::lane();
+  l[me].row = me < 8 * N ? p : nullptr;  // .x2: lanes 16-31 give no address
+  emu::warp_sync();
+  const int g = me / 4, i = me % 4;
+  for (int m = 0; m < N; ++m) {
+    auto row = [&](int k) { return l[8 * m + k].row; };  // lanes 8m .. 8m + 7 give the matrix's rows
+    const uint16_t lo = Trans ? row(2 * i)[g] : row(g)[2 * i];
+    const uint16_t hi = Trans ? row(2 * i + 1)[g] : row(g)[2 * i + 1];
+    r[m] = static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16;
+  }
+}
+template <bool Trans>
+inline void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* p) {
+  ldmatrix<Trans, 4>(r, p);
+}
+template <bool Trans>
+inline void ldmatrix_x2(uint32_t (&r)[2], const uint16_t* p) {
+  ldmatrix<Trans, 2>(r, p);
 }
 
 }  // namespace tr::cuda::flash_emulated

@@ -5,8 +5,9 @@
 // score fragments (an m16n8 accumulator pair is an m16k16 A fragment). Backward recomputes the tiles from the
 // saved logsumexp: one kernel per query tile for dq, one per key tile for dk/dv (summing grouped query heads
 // in the block), so there are no atomics and the result is deterministic, as attention.cu's tiled kernels.
-// Bound by fragment loads from shared memory and the tensor cores' issue rate (no ldmatrix or cp.async
-// pipelining yet; the dropout's Philox words cost ~40 integer ops per score). The semantics are
+// Fragments come from shared memory by ldmatrix (four 8 x 8 matrices an instruction, transposed for the
+// P V operand), so the bound is the tensor cores' issue rate against the tile loads, which are not yet
+// pipelined (no cp.async double buffering); the dropout's Philox words cost ~40 integer ops per score. The semantics are
 // Backend::attention's; the CPU twin is backend/cpu/attention_gemm.cpp (dropout as attn::drop_factors).
 #include <algorithm>
 #include <cmath>

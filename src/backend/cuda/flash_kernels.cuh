@@ -59,6 +59,46 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
   __trap();  // flash_attention_fits() keeps older devices off these kernels
 #endif
 }
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: four 8 x 8 matrices of halves from shared memory in one
+// instruction. Lane 8 m + r gives the address of row r of matrix m (16 bytes, 16-byte aligned); register m
+// receives, at lane (g, i) = (lane / 4, lane % 4), matrix m's row g, columns 2i and 2i + 1 - or with Trans,
+// rows 2i and 2i + 1 of column g (the transpose's row g).
+template <bool Trans>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  if constexpr (Trans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+#else
+  (void)r, (void)p;
+  __trap();
+#endif
+}
+// The same for two matrices (lanes 0-15 give the addresses; the others' are ignored).
+template <bool Trans>
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const uint16_t* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  if constexpr (Trans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(a));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(a));
+#else
+  (void)r, (void)p;
+  __trap();
+#endif
+}
 #endif
 
 // Two values rounded (RNE) into one register, the lower index in the low half (the fragments' order).
@@ -73,11 +113,8 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
-// Two adjacent halves (a pair along the row) and two halves one row apart (a pair down a column).
+// Two adjacent halves (a pair along the row).
 __device__ __forceinline__ uint32_t pair(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
-__device__ __forceinline__ uint32_t column_pair(const uint16_t* p, int step) {
-  return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[step]) << 16);
-}
 
 // Rows r0 .. r0 + NR - 1 of a [rows, D] matrix whose rows are ld apart into shared memory (pitch<DP>()),
 // zeros past either end: 16-byte chunks (D is a multiple of 8), one vector load each where the pointers and
@@ -104,53 +141,73 @@ __device__ void load_tile(uint16_t* dst, const uint16_t* src, int64_t r0, int64_
   }
 }
 
-// The A fragment (16 x 16 at column k0) of the 16 rows at `rows` (pitch<DP>()): lane (g, i) = (lane / 4,
-// lane % 4) holds rows g and g + 8 at columns k0 + 2i, 2i + 1 and k0 + 8 + 2i, 2i + 1.
+// The fragments come from shared memory through ldmatrix: one instruction per four 8 x 8 matrices where
+// 32-bit loads took four (A) and 16-bit loads of a column took sixteen (the B operand of P V and its backward
+// twins), the loads these kernels were bound by. Rows pitch<DP>() halves apart keep every matrix's eight rows
+// on different banks.
+
+// The A fragment (16 x 16 at column k0) of the 16 rows at `rows`: lane (g, i) holds rows g and g + 8 at
+// columns k0 + 2i, 2i + 1 and k0 + 8 + 2i, 2i + 1 - matrices (rows 0-7 | 8-15) x (columns k0 | k0 + 8).
 template <int DP>
-__device__ __forceinline__ void a_fragment(uint32_t (&a)[4], const uint16_t* rows, int k0, int g, int i) {
+__device__ __forceinline__ void a_fragment(uint32_t (&a)[4], const uint16_t* rows, int k0, int lane) {
   constexpr int P = pitch<DP>();
-  a[0] = pair(rows + g * P + k0 + 2 * i);
-  a[1] = pair(rows + (g + 8) * P + k0 + 2 * i);
-  a[2] = pair(rows + g * P + k0 + 8 + 2 * i);
-  a[3] = pair(rows + (g + 8) * P + k0 + 8 + 2 * i);
+  const int m = lane / 8, r = lane % 8;
+  ldmatrix_x4<false>(a, rows + (r + 8 * (m % 2)) * P + k0 + 8 * (m / 2));
 }
 
 // acc[j] (16 x 8 blocks) = the warp's 16 rows (`rows`) times the transposes of the tile's 64 rows (`tile`),
-// over the padded head dim: the lane holds B[k][n] = tile[8 j + g][k0 + 2i, 2i + 1] (and + 8).
+// over the padded head dim: the lane holds B[k][n] = tile[8 j + g][k0 + 2i, 2i + 1] (and + 8), two n-blocks'
+// B operands per ldmatrix (matrices (rows 8j | 8j + 8) x (columns k0 | k0 + 8)).
 template <typename T, int DP>
 __device__ __forceinline__ void rows_times_tile_t(float (&acc)[kN][4], const uint16_t* rows,
                                                   const uint16_t* tile, int g, int i) {
   constexpr int P = pitch<DP>();
+  const int lane = 4 * g + i, m = lane / 8, r = lane % 8;
 #pragma unroll
   for (int j = 0; j < kN; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 #pragma unroll
   for (int k0 = 0; k0 < DP; k0 += 16) {
     uint32_t a[4];
-    a_fragment<DP>(a, rows, k0, g, i);
+    a_fragment<DP>(a, rows, k0, lane);
 #pragma unroll
-    for (int j = 0; j < kN; ++j) {
-      const uint16_t* b = tile + (8 * j + g) * P + k0 + 2 * i;
-      mma<T>(acc[j], a, pair(b), pair(b + 8));
+    for (int j = 0; j < kN; j += 2) {
+      uint32_t b[4];
+      ldmatrix_x4<false>(b, tile + (8 * (j + m / 2) + r) * P + k0 + 8 * (m % 2));
+      mma<T>(acc[j], a, b[0], b[1]);
+      mma<T>(acc[j + 1], a, b[2], b[3]);
     }
   }
 }
 
 // out[n] (16 x 8 blocks over the head dim) += x (16 x 64, as score fragments) times the tile's 64 rows: the
 // score blocks 2kk and 2kk + 1 are the A fragment of keys 16 kk .. 16 kk + 15, and the lane holds
-// B[k][n] = tile[16 kk + 2i, 2i + 1 (and + 8)][8 n + g].
-template <typename T, int DP>
+// B[k][n] = tile[16 kk + 2i, 2i + 1 (and + 8)][8 n + g]: the transposed matrices (rows 16 kk | 16 kk + 8) x
+// (columns 8n | 8n + 8), two n-blocks per ldmatrix.
+template <typename T, int DP, bool kNarrow = false>
 __device__ __forceinline__ void scores_times_tile(float (&out)[DP / 8][4], const float (&x)[kN][4],
                                                   const uint16_t* tile, int g, int i) {
   constexpr int P = pitch<DP>();
+  const int lane = 4 * g + i, m = lane / 8, r = lane % 8;
 #pragma unroll
   for (int kk = 0; kk < kTile / 16; ++kk) {
     const uint32_t a[4] = {pack2<T>(x[2 * kk][0], x[2 * kk][1]), pack2<T>(x[2 * kk][2], x[2 * kk][3]),
                            pack2<T>(x[2 * kk + 1][0], x[2 * kk + 1][1]),
                            pack2<T>(x[2 * kk + 1][2], x[2 * kk + 1][3])};
+    if constexpr (!kNarrow) {
 #pragma unroll
-    for (int n = 0; n < DP / 8; ++n) {
-      const uint16_t* b = tile + (16 * kk + 2 * i) * P + 8 * n + g;
-      mma<T>(out[n], a, column_pair(b, P), column_pair(b + 8 * P, P));
+      for (int n = 0; n < DP / 8; n += 2) {
+        uint32_t b[4];
+        ldmatrix_x4<true>(b, tile + (16 * kk + 8 * (m % 2) + r) * P + 8 * (n + m / 2));
+        mma<T>(out[n], a, b[0], b[1]);
+        mma<T>(out[n + 1], a, b[2], b[3]);
+      }
+    } else {  // one n-block per load: dk/dv's kernel at DP 128 (its 128 accumulators) spills with two more
+#pragma unroll
+      for (int n = 0; n < DP / 8; ++n) {
+        uint32_t b[2];
+        ldmatrix_x2<true>(b, tile + (16 * kk + 8 * (m % 2) + r) * P + 8 * n);
+        mma<T>(out[n], a, b[0], b[1]);
+      }
     }
   }
 }
@@ -420,8 +477,8 @@ __global__ void __launch_bounds__(kThreads)
           st[j][e] = p;
           dpt[j][e] = ds;
         }
-      scores_times_tile<T, DP>(av, st, dOs, g, i);  // dv += p^T do
-      scores_times_tile<T, DP>(ak, dpt, Qs, g, i);  // dk += ds^T q
+      scores_times_tile<T, DP, (DP > 64)>(av, st, dOs, g, i);  // dv += p^T do
+      scores_times_tile<T, DP, (DP > 64)>(ak, dpt, Qs, g, i);  // dk += ds^T q
     }
   }
   const float one[2] = {1.0f, 1.0f};
