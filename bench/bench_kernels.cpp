@@ -1,8 +1,10 @@
-// Kernel benchmark at GPT-2 124M's and Llama-8B's training shapes (bf16): each op's time, the bytes it must
+// Kernel benchmark at GPT-2 124M's and Llama-8B's training shapes (bf16; norms, loss, GEMMs, softmax,
+// attention forward + backward, AdamW): each op's time, the bytes it must
 // move at least (or its FLOPs), the GB/s or TFLOP/s that makes, its share of the device's data-sheet peak and
 // of a plain device copy measured in the same run, next to PyTorch on the same device (torch_peer.py
 // kernels). Usage: bench_kernels [iters] [cuda|cpu] [rows]. On the CPU (no peak known) it checks the harness
 // on smaller rows.
+#include <algorithm>
 #include <cstdio>
 
 #include "autograd/functions.h"
@@ -124,6 +126,29 @@ int run(int argc, char** argv) {
                 2.0 * N * d * 4 * d);
     const Tensor s = randn({N, 1024});
     b.bytes_row("softmax 1024", "softmax", b.time([&] { ops::softmax(s, -1); }), 2 * h * N * 1024);
+  }
+  {
+    // GPT-2's attention (causal, 12 heads of 64) forward and backward as the model runs it: q/k/v read in
+    // place from the packed [B, T, 3 x 768] projection, dout as merging heads hands it back. FLOPs of the
+    // causal half: two products forward, five backward (7 B H T^2 D).
+    const int64_t T = std::min<int64_t>(N, 1024), B = std::max<int64_t>(1, N / T), H = 12, D = 64;
+    const Tensor qkv = randn({B, T, 3 * H * D}), dout = ops::transpose(randn({B, T, H, D}), 1, 2);
+    auto heads = [&](int64_t i) {
+      return ops::transpose(ops::view(ops::narrow(qkv, 2, i * H * D, H * D), {B, T, H, D}), 1, 2);
+    };
+    const Tensor q = heads(0), k = heads(1), v = heads(2);
+    const auto automatic = ops::AttentionForm::automatic;
+    for (const double p : {0.0, 0.1}) {
+      const ops::AttentionDropout drop{p, 1, 0};
+      const double t = b.time(
+          [&] {
+            const ops::AttentionOut o = ops::attention(q, k, v, Tensor(), true, 0.125, 0, automatic, drop);
+            ops::attention_backward(q, k, v, Tensor(), true, 0.125, o.out, o.lse, dout, 0, automatic, drop);
+          },
+          1);
+      b.flops_row(p > 0 ? "attention fwd+bwd, dropout 0.1" : "attention fwd+bwd (causal 12 x 64)",
+                  p > 0 ? "attention_dropout" : "attention", t, 7.0 * B * H * T * T * D);
+    }
   }
   {
     // AdamW over GPT-2 124M's parameters (at 16384 rows; scaled with them), f32 masters and moments, bf16

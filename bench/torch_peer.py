@@ -116,6 +116,17 @@ def kernels(iters, device, N):
     out["mlp_matmul"] = t(lambda: a @ w1.t())
     sm = rnd(N, 1024)
     out["softmax"] = t(lambda: torch.softmax(sm, -1))
+    if hasattr(F, "scaled_dot_product_attention"):  # torch >= 2.0: its flash kernels on a GPU
+        T = min(N, 1024)
+        B, H, D = max(1, N // T), 12, 64
+        qkv = rnd(B, T, 3 * H * D).requires_grad_(True)
+        dout = rnd(B, T, H, D).transpose(1, 2)
+        for key, pd in (("attention", 0.0), ("attention_dropout", 0.1)):
+            def attention_fwd_bwd(pd=pd):
+                q, k, v = (u.view(B, T, H, D).transpose(1, 2) for u in qkv.split(H * D, dim=-1))
+                F.scaled_dot_product_attention(q, k, v, dropout_p=pd, is_causal=True).backward(dout)
+                qkv.grad = None
+            out[key] = t(attention_fwd_bwd, reps=1)
     n = 124_000_000 * N // 16384
     p = torch.nn.Parameter(torch.randn(n, device=dev))
     p.grad = torch.randn(n, device=dev)
