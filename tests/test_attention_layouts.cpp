@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "attention_test_util.h"
 #include "autograd/functions.h"
@@ -133,19 +134,11 @@ TEST(AttentionLayouts, ExpandedKeysAreCopiedAndNoQueriesGiveZeroGradients) {
 }
 
 // Through autograd, the packed projection's gradient is the attention's own buffer: split's backward finds
-// its pieces already side by side and hands that buffer on, and the whole GPT-2 step (forward, backward)
-// records no copy of a head-sized tensor.
-TEST(AttentionLayouts, AGpt2StepMakesNoHeadCopies) {
-  const auto config = models::ModelConfig::from_json(nlohmann::json{{"model_type", "gpt2"},
-                                                                    {"vocab_size", 64},
-                                                                    {"n_embd", 32},
-                                                                    {"n_layer", 2},
-                                                                    {"n_head", 4},
-                                                                    {"n_positions", 32},
-                                                                    {"embd_pdrop", 0.0},
-                                                                    {"resid_pdrop", 0.0},
-                                                                    {"attn_pdrop", 0.1}},
-                                                     "config.json");
+// its pieces already side by side and hands that buffer on, and a whole GPT-2 step (forward, backward)
+// records no copy of a head-sized tensor; nor does Llama's (sequence-major heads after rope, grouped k/v).
+void expect_no_head_copies(const nlohmann::json& config_json, int64_t layers,
+                           std::vector<int64_t> head_sizes) {
+  const auto config = models::ModelConfig::from_json(config_json, "config.json");
   Generator init(7), drop(3), data(11);
   auto model = models::create_causal_lm(config, Device::cpu(), DType::f32, init, "sdpa");
   const int64_t B = 2, T = 16;
@@ -167,12 +160,36 @@ TEST(AttentionLayouts, AGpt2StepMakesNoHeadCopies) {
     if (name != "copy") continue;
     for (const compile::Arg& a : call.args) {
       int64_t n = 1;
-      for (int64_t s : a.shape) n *= s;
-      head_sized_copies += n == B * T * 32 || n == B * T * 96;  // one of q/k/v/out, or the projection
+      for (int64_t e : a.shape) n *= e;
+      for (int64_t h : head_sizes) head_sized_copies += n == B * T * h;  // q/k/v/out, or a projection
     }
   }
-  EXPECT_EQ(attention_calls, 2 * 2) << "expected the fused attention, forward and backward, in each layer";
+  EXPECT_EQ(attention_calls, 2 * layers)
+      << "expected the fused attention, forward and backward, in each layer";
   EXPECT_EQ(head_sized_copies, 0) << "a head split/merge copy is back";
+}
+
+TEST(AttentionLayouts, GptAndLlamaStepsMakeNoHeadCopies) {
+  expect_no_head_copies({{"model_type", "gpt2"},
+                         {"vocab_size", 64},
+                         {"n_embd", 32},
+                         {"n_layer", 2},
+                         {"n_head", 4},
+                         {"n_positions", 32},
+                         {"embd_pdrop", 0.0},
+                         {"resid_pdrop", 0.0},
+                         {"attn_pdrop", 0.1}},
+                        2, {32, 96});
+  expect_no_head_copies({{"model_type", "llama"},
+                         {"vocab_size", 64},
+                         {"hidden_size", 32},
+                         {"intermediate_size", 48},
+                         {"num_hidden_layers", 2},
+                         {"num_attention_heads", 4},
+                         {"num_key_value_heads", 2},
+                         {"max_position_embeddings", 32},
+                         {"attention_dropout", 0.1}},
+                        2, {32, 16});
 }
 
 }  // namespace
