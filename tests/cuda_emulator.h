@@ -65,6 +65,7 @@ constexpr int kWarps = 4;
 inline std::barrier<>* block_barrier = nullptr;
 inline std::barrier<>* warp_barrier[kWarps] = {};
 inline uint4* shared_memory = nullptr;
+inline size_t shared_bytes = 0;
 inline bool f16 = false;
 struct Lane {
   uint32_t a[4], b[2];
@@ -124,6 +125,7 @@ void launch(unsigned grid, int threads, size_t smem_bytes, F&& kernel) {
   std::vector<uint4> smem(smem_bytes / 16 + 1);
   std::memset(smem.data(), 0xff, smem.size() * 16);
   shared_memory = smem.data();
+  shared_bytes = smem_bytes;
   std::barrier<> block(threads);
   std::barrier<> warps[kWarps] = {std::barrier<>(32), std::barrier<>(32), std::barrier<>(32),
                                   std::barrier<>(32)};
@@ -208,6 +210,10 @@ inline void ldmatrix(uint32_t (&r)[N], const uint16_t* p) {
   emu::Lane* l = emu::lanes_now();
   const int me = emu::lane();
   l[me].row = me < 8 * N ? p : nullptr;  // .x2: lanes 16-31 give no address
+  // A row is 16 bytes of this block's shared memory, on a 16-byte boundary (else the GPU faults).
+  const auto at = reinterpret_cast<const char*>(p) - reinterpret_cast<const char*>(emu::shared_memory);
+  if (me < 8 * N && (at < 0 || at % 16 != 0 || static_cast<size_t>(at) + 16 > emu::shared_bytes))
+    std::abort();
   emu::warp_sync();
   const int g = me / 4, i = me % 4;
   for (int m = 0; m < N; ++m) {
