@@ -66,6 +66,7 @@ inline std::barrier<>* block_barrier = nullptr;
 inline std::barrier<>* warp_barrier[kWarps] = {};
 inline uint4* shared_memory = nullptr;
 inline size_t shared_bytes = 0;
+inline bool copies_land_at_issue = false;  // cp.async: at once, else at the wait that covers it
 inline bool f16 = false;
 struct Lane {
   uint32_t a[4], b[2];
@@ -223,6 +224,41 @@ inline void ldmatrix(uint32_t (&r)[N], const uint16_t* p) {
     r[m] = static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16;
   }
 }
+// cp.async as the ISA allows it to behave: a copy lands at the latest by the wait_group that covers its group
+// - here exactly then, so a read of a tile before its wait finds the previous tile or poison - or, with
+// emu::copies_land_at_issue, at once, so a copy into a buffer other warps still read (a missing
+// __syncthreads) overwrites it under them.
+struct AsyncCopy {
+  uint16_t* dst;
+  const uint16_t* src;
+  int bytes;
+  int group;
+};
+inline thread_local std::vector<AsyncCopy> async_copies;
+inline thread_local int async_groups = 0;  // groups committed by this thread
+inline void land(const AsyncCopy& c) {
+  for (int e = 0; e < 8; ++e) c.dst[e] = 2 * e < c.bytes ? c.src[e] : uint16_t{0};
+}
+inline void cp_async16(uint16_t* dst, const uint16_t* src, int bytes) {
+  const AsyncCopy c{dst, src, bytes, async_groups};
+  if (emu::copies_land_at_issue)
+    land(c);
+  else
+    async_copies.push_back(c);
+}
+inline void cp_async_commit() { ++async_groups; }
+template <int N>
+inline void cp_async_wait() {
+  std::vector<AsyncCopy> later;
+  for (const AsyncCopy& c : async_copies) {
+    if (c.group < async_groups - N)
+      land(c);
+    else
+      later.push_back(c);
+  }
+  async_copies = std::move(later);
+}
+
 template <bool Trans>
 inline void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* p) {
   ldmatrix<Trans, 4>(r, p);

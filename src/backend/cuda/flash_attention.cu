@@ -6,8 +6,11 @@
 // saved logsumexp: one kernel per query tile for dq, one per key tile for dk/dv (summing grouped query heads
 // in the block), so there are no atomics and the result is deterministic, as attention.cu's tiled kernels.
 // Fragments come from shared memory by ldmatrix (four 8 x 8 matrices an instruction, transposed for the
-// P V operand), so the bound is the tensor cores' issue rate against the tile loads, which are not yet
-// pipelined (no cp.async double buffering); the dropout's Philox words cost ~40 integer ops per score. The semantics are
+// P V operand); the forward streams K and V by cp.async, the next tile's K copied in under this tile's
+// softmax and P V and its V under the next Q K^T (149 registers at head dim 64 on sm_90 against 124
+// without: 3 blocks an SM instead of 4 - the device run weighs the overlap against the occupancy); the
+// backward kernels still load their tiles synchronously. The dropout's Philox words cost ~40 integer ops per
+// score. The semantics are
 // Backend::attention's; the CPU twin is backend/cpu/attention_gemm.cpp (dropout as attn::drop_factors).
 #include <algorithm>
 #include <cmath>

@@ -81,6 +81,31 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* p)
   __trap();
 #endif
 }
+// cp.async.cg.shared.global: 16 bytes from global src to shared dst without a register round trip (L2 only:
+// a tile is read once per block), of which the first `bytes` come from src and the rest are zeros (0: src is
+// not read). They land by the cp_async_wait<N>() that leaves at most N of this thread's later groups
+// (cp_async_commit) in flight; other threads see them after a __syncthreads that follows that wait.
+__device__ __forceinline__ void cp_async16(uint16_t* dst, const uint16_t* src, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(bytes) : "memory");
+#else
+  (void)dst, (void)src, (void)bytes;
+  __trap();
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
 // The same for two matrices (lanes 0-15 give the addresses; the others' are ignored).
 template <bool Trans>
 __device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const uint16_t* p) {
@@ -138,6 +163,20 @@ __device__ void load_tile(uint16_t* dst, const uint16_t* src, int64_t r0, int64_
       }
     }
     *reinterpret_cast<uint4*>(dst + rr * pitch<DP>() + c) = v;
+  }
+}
+
+// load_tile's rows as cp.async copies (one group for the caller to commit) where 16-byte loads are allowed;
+// else load_tile itself, whose stores the caller's next __syncthreads publishes.
+template <int DP, int NR>
+__device__ void load_tile_async(uint16_t* dst, const uint16_t* src, int64_t r0, int64_t rows, int64_t ld,
+                                int D, bool vec) {
+  if (!vec) return load_tile<DP, NR>(dst, src, r0, rows, ld, D, vec);
+  constexpr int kChunks = DP / 8;
+  for (int e = threadIdx.x; e < NR * kChunks; e += kThreads) {
+    const int rr = e / kChunks, c = (e % kChunks) * 8;
+    const bool in = r0 + rr < rows && c < D;
+    cp_async16(dst + rr * pitch<DP>() + c, in ? src + (r0 + rr) * ld + c : src, in ? 16 : 0);
   }
 }
 
@@ -303,13 +342,24 @@ __global__ void __launch_bounds__(kThreads)
   const float scale = static_cast<float>(G.scale);
   const uint64_t offset = drop_offset(G, shift);
   float o[DP / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  // K and V stream through one buffer each, the next tile's K copied in while this tile's softmax and P V
+  // run, its V while the next Q K^T does: the copy groups go K0, V0, K1, V1, ..., so waiting until one
+  // group is left in flight finds the buffer about to be read complete.
+  if (qb.s_begin < qb.s_end) {
+    load_tile_async<DP, kTile>(Ks, qb.kb, qb.s_begin, G.S, G.rows.k.row, D, vec);
+    cp_async_commit();
+    load_tile_async<DP, kTile>(Vs, qb.vb, qb.s_begin, G.S, G.rows.v.row, D, vec);
+    cp_async_commit();
+  }
   for (int64_t s0 = qb.s_begin; s0 < qb.s_end; s0 += kTile) {
-    __syncthreads();  // the previous tile is consumed (and Qs written, the first time)
-    load_tile<DP, kTile>(Ks, qb.kb, s0, G.S, G.rows.k.row, D, vec);
-    load_tile<DP, kTile>(Vs, qb.vb, s0, G.S, G.rows.v.row, D, vec);
-    __syncthreads();
+    const bool more = s0 + kTile < qb.s_end;
+    cp_async_wait<1>();  // this tile's K (its V may still be in flight)
+    __syncthreads();     // ... for every thread (and Qs, the first time)
     float sc[kN][4];
     rows_times_tile_t<T, DP>(sc, Qs + 16 * warp * P, Ks, g, i);
+    __syncthreads();  // every warp is done with Ks: the next tile's K may come in
+    if (more) load_tile_async<DP, kTile>(Ks, qb.kb, s0 + kTile, G.S, G.rows.k.row, D, vec);
+    cp_async_commit();
     float mx[2] = {m[0], m[1]};
 #pragma unroll
     for (int j = 0; j < kN; ++j)
@@ -348,7 +398,12 @@ __global__ void __launch_bounds__(kThreads)
       o[n][0] *= corr[0], o[n][1] *= corr[0];
       o[n][2] *= corr[1], o[n][3] *= corr[1];
     }
+    cp_async_wait<1>();  // this tile's V (the next K may still be in flight)
+    __syncthreads();
     scores_times_tile<T, DP>(o, sc, Vs, g, i);
+    __syncthreads();  // every warp is done with Vs: the next tile's V may come in
+    if (more) load_tile_async<DP, kTile>(Vs, qb.vb, s0 + kTile, G.S, G.rows.v.row, D, vec);
+    cp_async_commit();
   }
   float inv[2];
 #pragma unroll
