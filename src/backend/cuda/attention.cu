@@ -266,22 +266,10 @@ bool allow_smem(K kernel, size_t bytes) {
 
 }  // namespace
 
-namespace {
-
-// The flash kernels move pairs of halves: every row of every operand starts on an even element (views at odd
-// offsets or with odd strides take the tiled kernels).
-bool rows_aligned4(std::initializer_list<std::pair<const void*, backend::HeadRows>> ops) {
-  for (const auto& [p, r] : ops)
-    if (!aligned_to(p, 4) || r.batch % 2 != 0 || r.head % 2 != 0 || r.row % 2 != 0) return false;
-  return true;
-}
-
-}  // namespace
-
 void attention(Stream stream, DType dt, const Geo& g, const void* q, const void* k, const void* v, void* out,
                void* lse, const uint64_t* shift) {
   const auto& r = g.rows;
-  if (flash_attention_fits(dt, g.D) && rows_aligned4({{q, r.q}, {k, r.k}, {v, r.v}, {out, r.out}}))
+  if (flash_attention_fits(dt, g.D) && half_rows_aligned({{q, r.q}, {k, r.k}, {v, r.v}, {out, r.out}}, 4))
     return flash_attention(stream, dt, g, q, k, v, out, lse, shift);
   const int64_t B = g.B, H = g.H, T = g.T, D = g.D;
   if (D > kMaxHeadDim) throw std::runtime_error("cuda attention: head dim above 256 is not supported");
@@ -309,8 +297,9 @@ void attention_backward(Stream stream, DType dt, const Geo& g, const void* q, co
                         const uint64_t* shift, Scratch& scratch) {
   const auto& r = g.rows;
   if (flash_attention_fits(dt, g.D) &&
-      rows_aligned4(
-          {{q, r.q}, {k, r.k}, {v, r.v}, {out, r.out}, {dout, r.dout}, {dq, r.dq}, {dk, r.dk}, {dv, r.dv}}))
+      half_rows_aligned(
+          {{q, r.q}, {k, r.k}, {v, r.v}, {out, r.out}, {dout, r.dout}, {dq, r.dq}, {dk, r.dk}, {dv, r.dv}},
+          4))
     return flash_attention_backward(stream, dt, g, q, k, v, out, lse, dout, dq, dk, dv, shift, scratch);
   const int64_t B = g.B, H = g.H, KV = g.KV, T = g.T, S = g.S, D = g.D;
   if (D > kMaxHeadDim) throw std::runtime_error("cuda attention: head dim above 256 is not supported");

@@ -6,9 +6,12 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
+#include "backend/attention_geometry.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 
@@ -136,6 +139,16 @@ __device__ __forceinline__ T from_acc(acc_t<T> v) {
 }
 
 inline bool aligned_to(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// Whether every row of every attention operand of 2-byte elements (pointer and HeadRows) starts on a
+// `bytes` boundary: 4 lets the flash kernels move pairs of halves, 16 whole uint4 chunks.
+inline bool half_rows_aligned(std::initializer_list<std::pair<const void*, backend::HeadRows>> ops,
+                              size_t bytes) {
+  const auto e = static_cast<int64_t>(bytes / 2);
+  for (const auto& [p, r] : ops)
+    if (!aligned_to(p, bytes) || r.batch % e != 0 || r.head % e != 0 || r.row % e != 0) return false;
+  return true;
+}
 
 // True when the operand `which` of g is laid out contiguously over g's shape (size-1 dims ignored).
 inline bool is_contiguous_operand(const Strided& g, int which) {

@@ -70,13 +70,6 @@ void dispatch_flash(DType dt, int64_t D, F&& f) {
     by_dim.template operator()<__half>();
 }
 
-// Every row of every operand starts on a 16-byte boundary: the tiles move as uint4 (else as pairs).
-bool rows_aligned16(std::initializer_list<std::pair<const void*, backend::HeadRows>> ops) {
-  for (const auto& [p, r] : ops)
-    if (!aligned_to(p, 16) || r.batch % 8 != 0 || r.head % 8 != 0 || r.row % 8 != 0) return false;
-  return true;
-}
-
 }  // namespace
 
 bool flash_attention_fits(DType dt, int64_t D) {
@@ -90,7 +83,7 @@ bool flash_attention_fits(DType dt, int64_t D) {
 void flash_attention(Stream stream, DType dt, const Geo& g, const void* q, const void* k, const void* v,
                      void* out, void* lse, const uint64_t* shift) {
   if (g.B * g.H * g.T == 0) return;
-  const bool vec = rows_aligned16({{q, g.rows.q}, {k, g.rows.k}, {v, g.rows.v}});
+  const bool vec = half_rows_aligned({{q, g.rows.q}, {k, g.rows.k}, {v, g.rows.v}}, 16);
   const auto blocks = static_cast<unsigned>(g.B * g.H * ((g.T + kOwn - 1) / kOwn));
   dispatch_flash(dt, g.D, [&]<typename T_, int DP>() {
     use_smem(flash_forward<T_, DP>, forward_smem<DP>());
@@ -106,7 +99,7 @@ void flash_attention_backward(Stream stream, DType dt, const Geo& g, const void*
                               void* dk, void* dv, const uint64_t* shift, Scratch& scratch) {
   if (g.B * g.H * g.T == 0) return;  // no queries: ops::attention_backward gives zero dk/dv itself
   if (g.dropout == 0) shift = nullptr;
-  const bool vec = rows_aligned16({{q, g.rows.q}, {k, g.rows.k}, {v, g.rows.v}, {dout, g.rows.dout}});
+  const bool vec = half_rows_aligned({{q, g.rows.q}, {k, g.rows.k}, {v, g.rows.v}, {dout, g.rows.dout}}, 16);
   const int64_t B = g.B, H = g.H, KV = g.KV, T = g.T, S = g.S;
   auto* delta = static_cast<float*>(scratch.take(static_cast<size_t>(B * H * T) * sizeof(float)));
   const auto* lp = static_cast<const float*>(lse);
