@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <string>
@@ -40,5 +41,55 @@ void with_group(int world, int port, F fn, const std::function<void(dist::DistEn
   for (auto& t : ts) t.join();
   for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
 }
+
+// A group that forwards to `inner` and counts the collectives that went over a device's memory (the *_on
+// calls) and those over host buffers; with `staged`, it reads no device's memory but the host's own, so
+// callers take their staged path (a GPU's under Gloo) on a host partition too.
+class CountingGroup final : public dist::ProcessGroup {
+ public:
+  CountingGroup(dist::ProcessGroup& inner, bool staged) : inner_(inner), staged_(staged) {}
+  std::atomic<int> on_device{0}, on_host{0};  // ZeRO-3 gathers on its communication thread
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  const char* backend_name() const override { return inner_.backend_name(); }
+  void all_reduce_sum(float* d, size_t n) override { ++on_host, inner_.all_reduce_sum(d, n); }
+  void all_reduce_sum(double* d, size_t n) override { ++on_host, inner_.all_reduce_sum(d, n); }
+  void broadcast(void* d, size_t b, int root) override { ++on_host, inner_.broadcast(d, b, root); }
+  void all_gather(const void* in, void* out, size_t b) override { ++on_host, inner_.all_gather(in, out, b); }
+  void all_gather_v(const void* in, size_t b, void* out, const std::vector<size_t>& c) override {
+    ++on_host, inner_.all_gather_v(in, b, out, c);
+  }
+  void gather_v(const void* in, size_t b, void* out, const std::vector<size_t>& c, int root,
+                uint32_t tag) override {
+    ++on_host, inner_.gather_v(in, b, out, c, root, tag);
+  }
+  void all_to_all(const void* in, void* out, size_t b) override { ++on_host, inner_.all_to_all(in, out, b); }
+  void all_to_all_v(const float* in, const std::vector<int64_t>& s, float* out,
+                    const std::vector<int64_t>& r) override {
+    ++on_host, inner_.all_to_all_v(in, s, out, r);
+  }
+  void barrier() override { inner_.barrier(); }
+  std::unique_ptr<dist::ProcessGroup> split(int color) override { return inner_.split(color); }
+  bool reads(Device d) const override { return staged_ ? d == Device::cpu() : inner_.reads(d); }
+  void all_reduce_sum_on(Device d, float* p, size_t n) override {
+    ++on_device, inner_.all_reduce_sum_on(d, p, n);
+  }
+  void reduce_scatter_sum_on(Device d, const float* in, float* out, size_t n) override {
+    ++on_device, inner_.reduce_scatter_sum_on(d, in, out, n);
+  }
+  void reduce_blocks_on(Device d, const float* in, const std::vector<int64_t>& c, float* out) override {
+    ++on_device, inner_.reduce_blocks_on(d, in, c, out);
+  }
+  void all_gather_on(Device d, const void* in, void* out, size_t b) override {
+    ++on_device, inner_.all_gather_on(d, in, out, b);
+  }
+  void all_gather_v_on(Device d, const void* in, size_t b, void* out, const std::vector<size_t>& c) override {
+    ++on_device, inner_.all_gather_v_on(d, in, b, out, c);
+  }
+
+ private:
+  dist::ProcessGroup& inner_;
+  bool staged_;
+};
 
 }  // namespace tr::test

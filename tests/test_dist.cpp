@@ -497,45 +497,53 @@ TEST(DistDdp, GradReducerSumsAcrossBucketsAndDtypes) {
   if (backend::cuda_device_count() > 0) devices.push_back(Device::cuda(0));
   int port = 200;
   for (const Device dev : devices)
-    for (DType dt : {DType::f32, DType::bf16}) {
-      SCOPED_TRACE(dev.str());
-      const int world = 2;
-      auto grad_of = [](int r, int64_t i, int64_t k) {
-        return static_cast<float>((r + 1) * (i + 1)) + 0.5f * k;
-      };
-      with_group(world, test_port(port++), [&](int r, dist::ProcessGroup& g) {
-        if (dev.is_cuda()) backend::cuda_use_device(dev.index);
-        std::vector<Tensor> ps{ops::zeros({7}, dt, dev), ops::zeros({2, 3}, dt, dev),
-                               ops::zeros({3}, dt, dev)};
-        nn::ParamList list;
-        std::vector<std::string> names{"a", "b", "c"};
-        for (size_t i = 0; i < ps.size(); ++i) list.emplace_back(names[i], &ps[i]);
-        for (int64_t i = 0; i < 3; ++i) {
-          if (r == 1 && i == 2) continue;  // rank 1 has no gradient for c
-          Tensor gr = ops::empty(ps[static_cast<size_t>(i)].shape(), DType::f32);
-          for (int64_t k = 0; k < gr.numel(); ++k) gr.data<float>()[k] = grad_of(r, i, k);
-          autograd::set_grad(ps[static_cast<size_t>(i)], ops::to_device(ops::to_dtype(gr, dt), dev));
-        }
-        train::GradReducer red(g, 5 * 4);
-        red.reduce(list);
-        EXPECT_EQ(red.buckets(), 4);  // 16 elements in buckets of 5
-        for (int64_t i = 0; i < 3; ++i) {
-          ASSERT_EQ(ps[static_cast<size_t>(i)].grad().device(), dev);
-          Tensor got =
-              ops::to_device(ops::to_dtype(ps[static_cast<size_t>(i)].grad(), DType::f32), Device::cpu());
-          for (int64_t k = 0; k < got.numel(); ++k) {
-            float want = 0;
-            for (int q = 0; q < world; ++q) {
-              if (q == 1 && i == 2) continue;
-              // each rank's contribution as its dtype held it
-              want += ops::to_dtype(ops::full({}, grad_of(q, i, k), DType::f32), dt).item() * 1.0f;
-            }
-            const float rounded = ops::to_dtype(ops::full({}, want, DType::f32), dt).item();
-            ASSERT_EQ(got.data<float>()[k], rounded) << "tensor " << i << " element " << k;
+    for (const bool staged : {false, true})
+      for (DType dt : {DType::f32, DType::bf16}) {
+        if (staged && dev == Device::cpu()) continue;
+        SCOPED_TRACE(dev.str() + (staged ? " staged" : ""));
+        const int world = 2;
+        auto grad_of = [](int r, int64_t i, int64_t k) {
+          return static_cast<float>((r + 1) * (i + 1)) + 0.5f * k;
+        };
+        with_group(world, test_port(port++), [&](int r, dist::ProcessGroup& gloo) {
+          test::CountingGroup g(gloo, staged);
+          if (dev.is_cuda()) backend::cuda_use_device(dev.index);
+          std::vector<Tensor> ps{ops::zeros({7}, dt, dev), ops::zeros({2, 3}, dt, dev),
+                                 ops::zeros({3}, dt, dev)};
+          nn::ParamList list;
+          std::vector<std::string> names{"a", "b", "c"};
+          for (size_t i = 0; i < ps.size(); ++i) list.emplace_back(names[i], &ps[i]);
+          for (int64_t i = 0; i < 3; ++i) {
+            if (r == 1 && i == 2) continue;  // rank 1 has no gradient for c
+            Tensor gr = ops::empty(ps[static_cast<size_t>(i)].shape(), DType::f32);
+            for (int64_t k = 0; k < gr.numel(); ++k) gr.data<float>()[k] = grad_of(r, i, k);
+            autograd::set_grad(ps[static_cast<size_t>(i)], ops::to_device(ops::to_dtype(gr, dt), dev));
           }
-        }
-      });
-    }
+          train::GradReducer red(g, 5 * 4);
+          red.reduce(list);
+          EXPECT_EQ(red.buckets(), 4);  // 16 elements in buckets of 5
+          // A partition's buckets are summed in its own memory unless the group declines it (Gloo beside a
+          // GPU): then they travel through host copies.
+          const bool in_place = dev == Device{DeviceType::cpu, 1} && !staged;
+          EXPECT_EQ(g.on_device, in_place ? 4 : 0);
+          EXPECT_EQ(g.on_host, in_place ? 0 : 4);
+          for (int64_t i = 0; i < 3; ++i) {
+            ASSERT_EQ(ps[static_cast<size_t>(i)].grad().device(), dev);
+            Tensor got =
+                ops::to_device(ops::to_dtype(ps[static_cast<size_t>(i)].grad(), DType::f32), Device::cpu());
+            for (int64_t k = 0; k < got.numel(); ++k) {
+              float want = 0;
+              for (int q = 0; q < world; ++q) {
+                if (q == 1 && i == 2) continue;
+                // each rank's contribution as its dtype held it
+                want += ops::to_dtype(ops::full({}, grad_of(q, i, k), DType::f32), dt).item() * 1.0f;
+              }
+              const float rounded = ops::to_dtype(ops::full({}, want, DType::f32), dt).item();
+              ASSERT_EQ(got.data<float>()[k], rounded) << "tensor " << i << " element " << k;
+            }
+          }
+        });
+      }
 }
 
 Tensor random_param(const Shape& shape, uint64_t seed) {

@@ -22,16 +22,20 @@ using namespace tr;
 using test::test_port;
 using test::with_group;
 
-// Where the model lives and where its shard does (nullopt: beside the model).
+// Where the model lives and where its shard does (nullopt: beside the model); `staged`: the group declines
+// the model device's memory, so the collectives go through host copies (as a GPU's under Gloo) where they
+// would run on the device's memory (the Gloo group reads a host partition's).
 struct Placement {
   std::string name;
   Device model;
   std::optional<Device> offload;
+  bool staged = false;
 };
 
 std::vector<Placement> placements() {
   std::vector<Placement> out{{"host", Device::cpu(), std::nullopt},
                              {"partition", Device{DeviceType::cpu, 1}, std::nullopt},
+                             {"partition_staged", Device{DeviceType::cpu, 1}, std::nullopt, true},
                              {"partition_offload", Device{DeviceType::cpu, 1}, Device::cpu()}};
   if (backend::cuda_device_count() > 0) {
     out.push_back({"cuda", Device::cuda(0), std::nullopt});
@@ -89,7 +93,8 @@ enum class Path { one_pass, buckets };
 // one-pass reduce-scatter, or the eager step's buckets completed by grad-ready reports in backward's order.
 Outcome train_sharded(const Placement& pl, bool mixed, Path path, int port) {
   Outcome out;
-  with_group(3, port, [&](int r, dist::ProcessGroup& g) {
+  with_group(3, port, [&](int r, dist::ProcessGroup& gloo) {
+    test::CountingGroup g(gloo, pl.staged);
     if (pl.model.is_cuda()) backend::cuda_use_device(pl.model.index);
     std::vector<Tensor> ps, copies;
     nn::ParamList list;
@@ -116,6 +121,13 @@ Outcome train_sharded(const Placement& pl, bool mixed, Path path, int port) {
         for (const Tensor& p : ps) EXPECT_FALSE(p.grad().defined());  // dropped once reduced
       }
       opt.update({1.0, 0.3, opt.global_stats(1.0)}, copies);  // clipped at 0.3: the global norm matters
+    }
+    // Only the model's memory on a partition the group reads moves without host copies: there every
+    // reduction and gather is a device collective, and the host's are global_stats' (one a step).
+    const bool device_path = pl.name == "partition";
+    EXPECT_EQ(g.on_device > 0, device_path);
+    if (device_path) {
+      EXPECT_EQ(g.on_host, 3);
     }
     std::vector<std::vector<float>> masters;
     for (size_t i = 0; i < ps.size(); ++i) {
@@ -156,11 +168,16 @@ TEST(ZeroDevices, ShardedAdamWGivesTheHostBitsOnEveryPlacement) {
 
 // The fp32 weights moved at all: a run that updated nothing would pass the comparison above.
 TEST(ZeroDevices, TheUpdateMovesTheWeights) {
-  const Outcome o = train_sharded(placements()[2], false, Path::one_pass, test_port(90));
-  ASSERT_FALSE(o.weights.empty());
-  const std::vector<float> before = ops::to_vector<float>(random_tensor(kShapes[0].second, 100));
-  EXPECT_NE(o.weights[0], before);
-  EXPECT_EQ(o.weights[0], o.masters[0]);  // fp32: the weights are the masters
+  int port = 130;
+  for (const Placement& pl : placements()) {
+    if (pl.name != "partition" && pl.name != "partition_offload") continue;
+    SCOPED_TRACE(pl.name);
+    const Outcome o = train_sharded(pl, false, Path::one_pass, test_port(port++));
+    ASSERT_FALSE(o.weights.empty());
+    const std::vector<float> before = ops::to_vector<float>(random_tensor(kShapes[0].second, 100));
+    EXPECT_NE(o.weights[0], before);
+    EXPECT_EQ(o.weights[0], o.masters[0]);  // fp32: the weights are the masters
+  }
 }
 
 // ZeRO-3 on GPT-2 (2 layers): the gradient shard after one backward, and the loss of a forward gathered from
@@ -183,7 +200,8 @@ FullShardOutcome train_full_shard(const Placement& pl, bool tied, int port) {
     return ops::from_vector<int64_t>(v, {2, 8}, pl.model);
   };
   FullShardOutcome out;
-  with_group(2, port, [&](int r, dist::ProcessGroup& g) {
+  with_group(2, port, [&](int r, dist::ProcessGroup& gloo) {
+    test::CountingGroup g(gloo, pl.staged);
     if (pl.model.is_cuda()) backend::cuda_use_device(pl.model.index);
     const auto loss_of = [&](models::CausalLM& m) {
       models::ForwardOptions fo;
@@ -216,6 +234,12 @@ FullShardOutcome train_full_shard(const Placement& pl, bool tied, int port) {
       loss = ops::to_vector<double>(loss_of(*model))[0];
     }
     EXPECT_TRUE(full.all_released());
+    // On a partition the group reads, every gather and reduction runs over its memory; the host's one
+    // collective is global_stats'.
+    EXPECT_EQ(g.on_device > 0, pl.name == "partition");
+    if (pl.name == "partition") {
+      EXPECT_EQ(g.on_host, 1);
+    }
     if (r == 1) {  // rank 1's shard: the second half of the flat space
       out.grad_shard = shard;
       out.loss_after = loss;

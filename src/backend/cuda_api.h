@@ -73,6 +73,17 @@ class NcclComm {
   void all_reduce_sum(void* data, size_t n, DType dt);
   // The same over this communicator's GPU's own memory, in place: no host copies (DDP's device buckets).
   void all_reduce_sum_device(void* device_data, size_t n, DType dt);
+  // Over the GPU's memory too: out (n f32) = the sum over the ranks of their in[rank * n, (rank + 1) * n)
+  // (ncclReduceScatter; ZeRO's gradient shard).
+  void reduce_scatter_sum_device(const float* in, float* out, size_t n);
+  // Block j of `in` (counts[j] f32, consecutive by rank) summed into rank j's `out` (one ncclReduce per
+  // non-empty block, grouped; ZeRO's buckets that span shards).
+  void reduce_blocks_device(const float* in, const std::vector<int64_t>& counts, float* out);
+  // Every rank's `bytes` from `in`, concatenated by rank into `out` (ncclAllGather; ZeRO's updated shard).
+  void all_gather_device(const void* in, void* out, size_t bytes);
+  // Variable blocks: rank j's counts[j] bytes (this rank's from `in`) concatenated by rank into `out` (one
+  // ncclBroadcast per non-empty block, grouped; ZeRO-3's gather of a chunk).
+  void all_gather_v_device(const void* in, void* out, const std::vector<size_t>& counts);
   void broadcast(void* data, size_t bytes, int root);
   void all_gather(const void* in, void* out, size_t bytes);
   // Point-to-point in one group: send_bytes[j] bytes from `in` (consecutive by peer) to rank j, recv_bytes[i]

@@ -401,10 +401,37 @@ class NcclGroup final : public ProcessGroup {
   void all_reduce_sum(double* data, size_t n) override {
     timed(n * 8, [&] { comm_->all_reduce_sum(data, n, DType::f64); });
   }
-  bool all_reduce_sum_device(float* data, size_t n, int device) override {
-    if (device != device_) return false;
+  bool reads(Device d) const override { return d.is_cpu() || d == Device::cuda(device_); }
+  void all_reduce_sum_on(Device d, float* data, size_t n) override {
+    if (!d.is_cuda()) return ProcessGroup::all_reduce_sum_on(d, data, n);
+    check_device(d, "all_reduce_sum");
     timed(n * 4, [&] { comm_->all_reduce_sum_device(data, n, DType::f32); });
-    return true;
+  }
+  void reduce_scatter_sum_on(Device d, const float* in, float* out, size_t n) override {
+    if (!d.is_cuda()) return ProcessGroup::reduce_scatter_sum_on(d, in, out, n);
+    check_device(d, "reduce_scatter_sum");
+    timed(n * 4 * static_cast<size_t>(size()), [&] { comm_->reduce_scatter_sum_device(in, out, n); });
+  }
+  void reduce_blocks_on(Device d, const float* in, const std::vector<int64_t>& counts, float* out) override {
+    if (!d.is_cuda()) return ProcessGroup::reduce_blocks_on(d, in, counts, out);
+    check_device(d, "reduce_blocks");
+    TR_CHECK(counts.size() == static_cast<size_t>(size()), "reduce_blocks: {} counts for {} ranks",
+             counts.size(), size());
+    size_t bytes = 0;
+    for (int64_t c : counts) bytes += static_cast<size_t>(c) * 4;
+    timed(bytes, [&] { comm_->reduce_blocks_device(in, counts, out); });
+  }
+  void all_gather_on(Device d, const void* in, void* out, size_t bytes) override {
+    if (!d.is_cuda()) return ProcessGroup::all_gather_on(d, in, out, bytes);
+    check_device(d, "all_gather");
+    timed(bytes, [&] { comm_->all_gather_device(in, out, bytes); });
+  }
+  void all_gather_v_on(Device d, const void* in, size_t bytes, void* out,
+                       const std::vector<size_t>& counts) override {
+    if (!d.is_cuda()) return ProcessGroup::all_gather_v_on(d, in, bytes, out, counts);
+    check_device(d, "all_gather_v");
+    check_counts(counts, bytes, "all_gather_v");
+    timed(bytes, [&] { comm_->all_gather_v_device(in, out, counts); });
   }
   void broadcast(void* data, size_t bytes, int root) override {
     timed(bytes, [&] { comm_->broadcast(data, bytes, root); });
@@ -453,6 +480,10 @@ class NcclGroup final : public ProcessGroup {
  private:
   NcclGroup(std::unique_ptr<backend::NcclComm> comm, NcclGroup* parent)
       : env_(parent->env_), device_(parent->device_), comm_(std::move(comm)), parent_(parent) {}
+  void check_device(Device d, const char* what) const {
+    TR_CHECK(d == Device::cuda(device_), "NCCL {} over {}'s memory: this rank's communicator is on cuda:{}",
+             what, d.str(), device_);
+  }
   void check_counts(const std::vector<size_t>& counts, size_t bytes, const char* what) const {
     TR_CHECK(counts.size() == static_cast<size_t>(size()) && counts[static_cast<size_t>(rank())] == bytes,
              "{}: {} counts for {} ranks, this rank's {} (its block has {} bytes)", what, counts.size(),
@@ -478,7 +509,8 @@ class NcclGroup final : public ProcessGroup {
 
 class DryRunGroup final : public ProcessGroup {
  public:
-  explicit DryRunGroup(int world) : world_(world) {}
+  DryRunGroup(int world, bool device_memory) : world_(world), device_memory_(device_memory) {}
+  bool reads(Device d) const override { return d.is_cpu() || (device_memory_ && d.is_meta()); }
   int rank() const override { return 0; }
   int size() const override { return world_; }
   const char* backend_name() const override { return "dry run"; }
@@ -498,13 +530,14 @@ class DryRunGroup final : public ProcessGroup {
 
  private:
   int world_;
+  bool device_memory_;
 };
 
 }  // namespace
 
-std::unique_ptr<ProcessGroup> dry_run_group(int world_size) {
+std::unique_ptr<ProcessGroup> dry_run_group(int world_size, bool device_memory) {
   TR_CHECK(world_size >= 1 && world_size <= (1 << 20), "a world of {} processes", world_size);
-  return std::make_unique<DryRunGroup>(world_size);
+  return std::make_unique<DryRunGroup>(world_size, device_memory);
 }
 
 void ProcessGroup::reduce_scatter_sum(const float* in, float* out, size_t n, std::vector<float>& scratch) {
@@ -517,6 +550,57 @@ void ProcessGroup::reduce_scatter_sum(const float* in, float* out, size_t n, std
     const float* b = scratch.data() + r * n;
     for (size_t i = 0; i < n; ++i) out[i] += b[i];
   }
+}
+
+void ProcessGroup::reduce_blocks(const float* in, const std::vector<int64_t>& counts, float* out,
+                                 std::vector<float>& scratch) {
+  const size_t world = static_cast<size_t>(size());
+  TR_CHECK(counts.size() == world, "reduce_blocks: {} counts for {} ranks", counts.size(), world);
+  const int64_t mine = counts[static_cast<size_t>(rank())];
+  scratch.resize(std::max<size_t>(world * static_cast<size_t>(mine), 1));
+  all_to_all_v(in, counts, scratch.data(), std::vector<int64_t>(world, mine));
+  for (int64_t k = 0; k < mine; ++k) {
+    float sum = scratch[static_cast<size_t>(k)];
+    for (size_t i = 1; i < world; ++i) sum += scratch[i * static_cast<size_t>(mine) + static_cast<size_t>(k)];
+    out[k] = sum;
+  }
+}
+
+// The host's memory (partitions included) through the host collectives: the same bits as host buffers.
+namespace {
+void check_host(Device d, const char* what) {
+  TR_CHECK(d.is_cpu(), "{} over {}'s memory: this group's transport reads the host's memory only (stage it)",
+           what, d.str());
+}
+}  // namespace
+
+void ProcessGroup::all_reduce_sum_on(Device d, float* data, size_t n) {
+  check_host(d, "all_reduce_sum");
+  all_reduce_sum(data, n);
+}
+
+void ProcessGroup::reduce_scatter_sum_on(Device d, const float* in, float* out, size_t n) {
+  check_host(d, "reduce_scatter_sum");
+  std::vector<float> scratch;
+  reduce_scatter_sum(in, out, n, scratch);
+}
+
+void ProcessGroup::reduce_blocks_on(Device d, const float* in, const std::vector<int64_t>& counts,
+                                    float* out) {
+  check_host(d, "reduce_blocks");
+  std::vector<float> scratch;
+  reduce_blocks(in, counts, out, scratch);
+}
+
+void ProcessGroup::all_gather_on(Device d, const void* in, void* out, size_t bytes) {
+  check_host(d, "all_gather");
+  all_gather(in, out, bytes);
+}
+
+void ProcessGroup::all_gather_v_on(Device d, const void* in, size_t bytes, void* out,
+                                   const std::vector<size_t>& counts) {
+  check_host(d, "all_gather_v");
+  all_gather_v(in, bytes, out, counts);
 }
 
 std::unique_ptr<ProcessGroup> init_process_group(const DistEnv& env, CommBackend backend, Millis timeout) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device.h"
 #include "dist/env.h"
 
 namespace tr::dist {
@@ -36,13 +37,6 @@ class ProcessGroup {
   // Element-wise sums over the ranks, in place (host memory). Every rank gets the same bits.
   virtual void all_reduce_sum(float* data, size_t n) = 0;
   virtual void all_reduce_sum(double* data, size_t n) = 0;
-  // The same for n f32 values in the memory of GPU `device`, where the transport reads device memory itself
-  // (NCCL, on the rank's own GPU): returns false, having done nothing, where it does not - the caller then
-  // stages through host memory.
-  virtual bool all_reduce_sum_device(float* data, size_t n, int device) {
-    (void)data, (void)n, (void)device;
-    return false;
-  }
   // Rank `root`'s bytes to every rank.
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
   // Every rank's `bytes` from `in`, concatenated by rank into `out` (size() * bytes).
@@ -66,7 +60,29 @@ class ProcessGroup {
   // The ranks' blocks are added in rank order, so the bits do not depend on the transport. `scratch` holds
   // size() * n floats between calls (no allocation per bucket).
   void reduce_scatter_sum(const float* in, float* out, size_t n, std::vector<float>& scratch);
+  // reduce_blocks_on in host memory: the blocks go to their ranks (all_to_all_v) and are added in rank order.
+  void reduce_blocks(const float* in, const std::vector<int64_t>& counts, float* out,
+                     std::vector<float>& scratch);
   virtual void barrier() = 0;
+
+  // ---- The same collectives over the memory of device `d`, without host copies, where reads(d) holds:
+  // every group reads the host's memory (host partitions such as cpu:1 included: the host collectives above
+  // do the work, with their bits), NCCL also its rank's own GPU, waiting for the compute stream's queued work
+  // first. Where reads(d) does not hold, callers stage through host memory (train/host_stage.h).
+  virtual bool reads(Device d) const { return d.is_cpu(); }
+  // all_reduce_sum over n f32 values in d's memory.
+  virtual void all_reduce_sum_on(Device d, float* data, size_t n);
+  // reduce_scatter_sum's result (size() * n floats in, this rank's n out) in d's memory. NCCL sums in its
+  // own order: the bits may differ from the host's, as its all-reduce's do.
+  virtual void reduce_scatter_sum_on(Device d, const float* in, float* out, size_t n);
+  // Block j of `in` (counts[j] floats, consecutive by rank; the same counts on every rank) summed over the
+  // ranks into rank j's `out` (counts[rank()] floats): ZeRO's reduction of a bucket that spans shards.
+  virtual void reduce_blocks_on(Device d, const float* in, const std::vector<int64_t>& counts, float* out);
+  // all_gather in d's memory.
+  virtual void all_gather_on(Device d, const void* in, void* out, size_t bytes);
+  // all_gather_v in d's memory (ZeRO-3's gather of a chunk's pieces).
+  virtual void all_gather_v_on(Device d, const void* in, size_t bytes, void* out,
+                               const std::vector<size_t>& counts);
   // torch.distributed.new_group by colors (MPI_Comm_split): every rank calls it; the ranks that give the
   // same color form one group, ranked in this group's order. The parent must outlive it; the sub-group's
   // traffic counts in the parent's stats() as well.
@@ -93,8 +109,9 @@ class ProcessGroup {
 };
 
 // Rank 0 of a world of `world_size` whose collectives move and wait for nothing: `trainer estimate`'s dry run
-// of a sharded step on the meta device, where there are no values to exchange.
-std::unique_ptr<ProcessGroup> dry_run_group(int world_size);
+// of a sharded step on the meta device, where there are no values to exchange. With `device_memory` it
+// reads the meta device's memory, as NCCL reads its GPU's: the dry run takes the device paths' buffers.
+std::unique_ptr<ProcessGroup> dry_run_group(int world_size, bool device_memory = false);
 
 // The group of a distributed environment (env.distributed() must hold). Rank 0 serves the store at
 // MASTER_PORT for the group's lifetime. Throws naming the ranks that did not arrive within `timeout`.

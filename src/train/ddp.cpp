@@ -169,9 +169,10 @@ void GradReducer::reduce_bucket(Bucket& b) {
   }
 }
 
-// Off the host: each segment widened into the device bucket, the bucket summed in place (NCCL) or through
-// host memory (Gloo: the same bits as a host gradient's bucket), scaled in f32, and each segment rounded back
-// into its gradient at once (no whole-gradient copy anywhere).
+// Off the host: each segment widened into the device bucket, the bucket summed in place where the transport
+// reads the device's memory (NCCL on its GPU, any group on a host partition) or else staged through host
+// memory (Gloo beside a GPU: the same bits as a host gradient's bucket), scaled in f32, and each segment
+// rounded back into its gradient at once (no whole-gradient copy anywhere).
 void GradReducer::reduce_device_bucket(Bucket& b) {
   const Tensor bucket = host_stage::stretch(device_bucket_, 0, b.elems);
   std::vector<Tensor> grads(b.segs.size());
@@ -187,8 +188,8 @@ void GradReducer::reduce_device_bucket(Bucket& b) {
     ops::copy_(host_stage::stretch(bucket, s.slot, s.n), host_stage::stretch(g, s.at, s.n));
   }
   ++buckets_;
-  if (device_.is_cuda() &&
-      group_.all_reduce_sum_device(bucket.data<float>(), static_cast<size_t>(b.elems), device_.index)) {
+  if (group_.reads(device_)) {
+    group_.all_reduce_sum_on(device_, bucket.data<float>(), static_cast<size_t>(b.elems));
     // The scale and the rounding in one pass into each gradient: no bucket-sized temporary.
     const Tensor scale = ops::full({1}, scale_, DType::f32, device_);
     for (size_t i = 0; i < b.segs.size(); ++i) {

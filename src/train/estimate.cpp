@@ -257,7 +257,10 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
   oo.weight_decay = a.weight_decay;
   oo.args = optim::parse_optim_args(a.optim_args);
   const bool zero = stage > 0;
-  const auto group = zero ? dist::dry_run_group(shard_world) : nullptr;
+  // NCCL (--ddp_backend nccl) reduces and gathers in the GPU's memory through buffers there
+  // (zero_device.cpp); Gloo beside a GPU stages through host memory no allocator counts.
+  const bool nccl = device == MemoryDevice::cuda && a.ddp_backend == "nccl";
+  const auto group = zero ? dist::dry_run_group(shard_world, nccl) : nullptr;
   std::unique_ptr<ShardedOptimizer> z;
   // --fsdp offload on a GPU: the shard on the host's stand-in, so the device's peak leaves it out (a CPU run
   // keeps it where it is).

@@ -28,18 +28,6 @@ FlatLayout::FlatLayout(const nn::ParamList& params, int world_size) : world(worl
   shard = (total + world - 1) / world;
 }
 
-template <typename F>
-void FlatLayout::visit(int64_t lo, int64_t hi, F&& fn) const {
-  hi = std::min(hi, total);
-  if (lo >= hi) return;
-  // The last parameter starting at or before lo, then onwards.
-  size_t k = static_cast<size_t>(std::upper_bound(offset.begin(), offset.end(), lo) - offset.begin()) - 1;
-  for (; k < offset.size() && offset[k] < hi; ++k) {
-    const int64_t a = std::max(lo, offset[k]), b = std::min(hi, offset[k] + numel[k]);
-    if (a < b) fn(k, a - offset[k], b - a, a - lo);
-  }
-}
-
 std::vector<StateSlice> FlatLayout::slices(const nn::ParamList& params, int rank) const {
   std::vector<StateSlice> out;
   const int64_t lo = rank * shard;
@@ -166,6 +154,7 @@ void ShardedOptimizer::reduce_scatter(const std::vector<Tensor>& grads, double s
   allocate_state();
   TR_CHECK(grads.size() == params_.size(), "ShardedOptimizer: {} gradients for {} parameters", grads.size(),
            params_.size());
+  if (device_comm()) return reduce_scatter_on_device(grads, scale);
   // On the host in their own dtype: half gradients widen to f32 a visited stretch at a time, so no f32 copy
   // of the whole gradient set exists at once.
   std::vector<Tensor> host(grads.size());
@@ -282,7 +271,7 @@ void ShardedOptimizer::read_grad(size_t p, int64_t at, int64_t n, float* dst) co
 void ShardedOptimizer::reduce_bucket(const Bucket& b) {
   const int world = group_.size();
   const int64_t S = layout_.shard;
-  std::vector<int64_t> send_counts(static_cast<size_t>(world)), recv_counts(static_cast<size_t>(world));
+  std::vector<int64_t> send_counts(static_cast<size_t>(world));
   int64_t total = 0;
   for (int j = 0; j < world; ++j) {
     const int64_t lo = std::max(b.lo, j * S), hi = std::min(b.hi, (j + 1) * S);
@@ -290,24 +279,21 @@ void ShardedOptimizer::reduce_bucket(const Bucket& b) {
     total += send_counts[static_cast<size_t>(j)];
   }
   const int me = group_.rank();
-  const int64_t mine_lo = std::max(b.lo, me * S), mine = send_counts[static_cast<size_t>(me)];
-  for (int i = 0; i < world; ++i) recv_counts[static_cast<size_t>(i)] = mine;
-  send_.resize(std::max({send_.size(), static_cast<size_t>(total), size_t{1}}));
-  scratch_.resize(std::max({scratch_.size(), static_cast<size_t>(world * mine), size_t{1}}));
-  // The bucket's gradient stretch, in flat order, is exactly the concatenation of the ranks' parts.
-  layout_.visit(b.lo, b.hi, [&](size_t p, int64_t at, int64_t cnt, int64_t pos) {
-    read_grad(p, at, cnt, dev_.is_meta() ? nullptr : send_.data() + pos);
-  });
-  if (!dev_.is_meta()) {
-    group_.all_to_all_v(send_.data(), send_counts, scratch_.data(), recv_counts);
-    if (mine > 0) {
-      float* out = grad_out(mine_lo - me * S, mine);
-      for (int64_t k = 0; k < mine; ++k) {
-        float sum = scratch_[static_cast<size_t>(k)];
-        for (int i = 1; i < world; ++i) sum += scratch_[static_cast<size_t>(i * mine + k)];
-        out[k] = bucket_scale_ == 1.0f ? sum : sum * bucket_scale_;
-      }
-      grad_out_done(mine_lo - me * S, mine);
+  const int64_t mine_lo = std::max(b.lo, me * S) - me * S, mine = send_counts[static_cast<size_t>(me)];
+  if (device_comm()) {
+    reduce_bucket_on_device(b, send_counts, mine_lo, mine);
+  } else {
+    send_.resize(std::max({send_.size(), static_cast<size_t>(total), size_t{1}}));
+    // The bucket's gradient stretch, in flat order, is exactly the concatenation of the ranks' parts.
+    layout_.visit(b.lo, b.hi, [&](size_t p, int64_t at, int64_t cnt, int64_t pos) {
+      read_grad(p, at, cnt, dev_.is_meta() ? nullptr : send_.data() + pos);
+    });
+    if (!dev_.is_meta()) {
+      float* out = mine > 0 ? grad_out(mine_lo, mine) : nullptr;
+      group_.reduce_blocks(send_.data(), send_counts, out, scratch_);
+      if (bucket_scale_ != 1.0f)
+        for (int64_t k = 0; k < mine; ++k) out[k] *= bucket_scale_;
+      if (mine > 0) grad_out_done(mine_lo, mine);
     }
   }
   for (size_t p : b.params)
@@ -319,6 +305,10 @@ void ShardedOptimizer::reduce_replicas() {
   allocate_state();
   // One call over the whole shard (the sum's order is the collective's, whatever the shard's device).
   const int64_t n = grad_flat_.numel();
+  if (replicas_->reads(dev_) && dev_ != Device::cpu()) {
+    replicas_->all_reduce_sum_on(dev_, grad_flat_.data<float>(), static_cast<size_t>(n));
+    return;
+  }
   float* g = grad_out(0, n);
   if (!host_stage::direct(grad_flat_)) host_stage::read(grad_flat_, g);
   replicas_->all_reduce_sum(g, static_cast<size_t>(n));
@@ -356,6 +346,11 @@ void ShardedOptimizer::gather_rounded(const std::vector<Tensor>& copies) {
            "ShardedOptimizer: {} weight copies for {} parameters", copies.size(), params_.size());
   const auto dst = [&](size_t p) -> const Tensor& { return into_params ? *params_[p].second : copies[p]; };
   const DType half = into_params || copies.empty() ? DType::f32 : copies.front().dtype();
+  for (size_t p = 0; p < params_.size() && !dev_.is_meta(); ++p)
+    TR_CHECK(dst(p).dtype() == half && dst(p).is_contiguous() && dst(p).device() == model_dev_,
+             "ShardedOptimizer: weight copy {} is not a contiguous {} tensor on {}", dst(p).describe(),
+             dtype_name(half), model_dev_.str());
+  if (device_comm()) return gather_on_device(dst, half);
   const size_t es = dtype_size(half);
   const int64_t S = layout_.shard;
   const size_t world = static_cast<size_t>(group_.size());
@@ -376,11 +371,7 @@ void ShardedOptimizer::gather_rounded(const std::vector<Tensor>& copies) {
       const int64_t lo = static_cast<int64_t>(j) * S + k0;
       const char* block = recv + static_cast<size_t>(j) * static_cast<size_t>(n) * es;
       layout_.visit(lo, lo + n, [&](size_t p, int64_t at, int64_t cnt, int64_t pos) {
-        const Tensor& c = dst(p);
-        TR_CHECK(c.dtype() == half && c.is_contiguous() && c.device() == model_dev_,
-                 "ShardedOptimizer: weight copy {} is not a contiguous {} tensor on {}", c.describe(),
-                 dtype_name(half), model_dev_.str());
-        host_stage::write(block + static_cast<size_t>(pos) * es, host_stage::stretch(c, at, cnt));
+        host_stage::write(block + static_cast<size_t>(pos) * es, host_stage::stretch(dst(p), at, cnt));
       });
     }
   }
@@ -425,6 +416,10 @@ Tensor ShardedOptimizer::gather_master(size_t p, int root) {
 // Every rank's updated slices into every rank's masters, a bounded stretch of each shard per call.
 void ShardedOptimizer::all_gather(const std::vector<Tensor>& copies) {
   if (dev_.is_meta()) return;  // a dry run: nothing allocated here
+  if (device_comm()) {
+    gather_on_device([&](size_t p) -> const Tensor& { return *params_[p].second; }, DType::f32);
+    return round_into(copies);
+  }
   const int64_t S = layout_.shard;
   const size_t world = static_cast<size_t>(group_.size());
   scratch_.resize(world * static_cast<size_t>(round_));
@@ -446,6 +441,10 @@ void ShardedOptimizer::all_gather(const std::vector<Tensor>& copies) {
       });
     }
   }
+  round_into(copies);
+}
+
+void ShardedOptimizer::round_into(const std::vector<Tensor>& copies) {
   TR_CHECK(copies.empty() || copies.size() == params_.size(),
            "ShardedOptimizer: {} weight copies for {} parameters", copies.size(), params_.size());
   for (size_t i = 0; i < copies.size(); ++i)

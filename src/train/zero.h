@@ -7,6 +7,7 @@
 // Checkpoints hold one optimizer.rank-K.safetensors per rank with each slice's place in its metadata;
 // load_optimizer_state reassembles any world size's slices (or a whole optimizer.safetensors) for any other.
 #pragma once
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -41,6 +42,18 @@ struct FlatLayout {
   // The slices of rank r's shard, in order.
   std::vector<StateSlice> slices(const nn::ParamList& params, int rank) const;
 };
+
+template <typename F>
+inline void FlatLayout::visit(int64_t lo, int64_t hi, F&& fn) const {
+  hi = std::min(hi, total);
+  if (lo >= hi) return;
+  // The last parameter starting at or before lo, then onwards.
+  size_t k = static_cast<size_t>(std::upper_bound(offset.begin(), offset.end(), lo) - offset.begin()) - 1;
+  for (; k < offset.size() && offset[k] < hi; ++k) {
+    const int64_t a = std::max(lo, offset[k]), b = std::min(hi, offset[k] + numel[k]);
+    if (a < b) fn(k, a - offset[k], b - a, a - lo);
+  }
+}
 
 // Whether --optim `name` shards element-wise (the optimizers ShardedOptimizer accepts).
 bool shards_elementwise(const std::string& name);
@@ -130,6 +143,21 @@ class ShardedOptimizer final : public optim::Optimizer {
   friend class FullShard;  // ZeRO-3 reads the master shard and adds into the gradient shard
   void all_gather(const std::vector<Tensor>& copies);
   void gather_rounded(const std::vector<Tensor>& copies);
+  void round_into(const std::vector<Tensor>& copies);  // the fp32 parameters rounded into their copies
+  // ---- Collectives over the model's device's own memory (zero_device.cpp): where the group reads it (NCCL
+  // on its GPU; any group on a host partition) and the shard is beside the model, the gradients are widened
+  // into a device buffer and reduced straight into the shard, and the updated shard is gathered straight
+  // into the model - no host copies, one wait per collective instead of a synchronizing copy per piece.
+  bool device_comm() const;
+  void reduce_scatter_on_device(const std::vector<Tensor>& grads, double scale);
+  // `counts`: the bucket's part in each rank's shard; this rank's part lands at [mine_lo, mine_lo + mine)
+  // of the gradient shard.
+  struct Bucket;
+  void reduce_bucket_on_device(const Bucket& b, const std::vector<int64_t>& counts, int64_t mine_lo,
+                               int64_t mine);
+  // Every rank's updated shard, in `dtype`, into dst(p) for every parameter p (own masters: rounded from
+  // this rank's fp32 slices; else this rank's slices of the fp32 parameters, which are updated in place).
+  void gather_on_device(const std::function<const Tensor&(size_t)>& dst, DType dtype);
   struct Bucket {
     int64_t lo = 0, hi = 0;  // flat range
     std::vector<size_t> params;

@@ -145,6 +145,8 @@ void FullShard::worker() {
     const auto t0 = std::chrono::steady_clock::now();
     std::exception_ptr err;
     try {
+      // The gathers' device copies run on this thread: on the model's GPU, as the training thread's.
+      if (opt_.model_dev_.is_cuda()) backend::cuda_use_device(opt_.model_dev_.index);
       if (!error_)
         for (const Chunk& c : unit->chunks) gather_chunk(c);
     } catch (...) {
@@ -201,6 +203,7 @@ void FullShard::prefetch(int layer) {
 void FullShard::start_gather(Unit& u, bool prefetch) {
   if (u.state != State::released) return;
   for (size_t k : u.params) params_[k].second->storage()->reacquire();
+  if (!gather_recv_.defined() && opt_.device_comm()) make_gather_buffers();
   ++gathers_;
   if (prefetch) ++prefetched_;
   if (meta_) {  // a dry run: the storage is taken, no values move
@@ -246,6 +249,7 @@ void FullShard::release(Unit& u) {
 // pieces (the chunk in flat order) into the parameters.
 void FullShard::gather_chunk(const Chunk& c) {
   if (meta_) return;  // a dry run: the storage is taken, no values move
+  if (opt_.device_comm()) return gather_chunk_on_device(c);
   const size_t es = dtype_size(dtype_);
   const int me = opt_.rank();
   const int64_t base = static_cast<int64_t>(me) * opt_.layout().shard;
@@ -350,6 +354,7 @@ void FullShard::reduce(Unit& u) {
 // Every rank's gradient pieces of the chunk to their owners (all_to_all_v); this rank adds its pieces'
 // rank-ordered sums, times the scale, into its gradient shard (accumulating over micro-batches).
 void FullShard::reduce_chunk(const Chunk& c) {
+  if (opt_.device_comm()) return reduce_chunk_on_device(c);
   const int world = opt_.world_size(), me = opt_.rank();
   const int64_t mine = c.per_rank[static_cast<size_t>(me)];
   int64_t total = 0;

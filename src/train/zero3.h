@@ -109,6 +109,13 @@ class FullShard final : public models::LayerHooks {
   void reduce(Unit& u);
   void gather_chunk(const Chunk& c);
   void reduce_chunk(const Chunk& c);
+  // The same over the model's device's memory where the optimizer's collectives run there
+  // (ShardedOptimizer::device_comm; zero_device.cpp): pieces packed and unpacked by device copies.
+  void gather_chunk_on_device(const Chunk& c);
+  void reduce_chunk_on_device(const Chunk& c);
+  // The device path's gather buffers (this rank's pieces of a chunk, every rank's), made for the largest
+  // chunk at the first gather, on the training thread: the allocation order stays independent of timing.
+  void make_gather_buffers();
 
   ShardedOptimizer& opt_;
   nn::ParamList params_;
@@ -125,6 +132,7 @@ class FullShard final : public models::LayerHooks {
   bool in_backward_ = false;
   int64_t gathers_ = 0, prefetched_ = 0;
   double blocked_ = 0, reduce_seconds_ = 0;
+  Tensor gather_send_, gather_recv_;      // make_gather_buffers
   std::vector<char> send_;                // the communication thread's
   host_stage::StagingBuffer<char> recv_;  // and the gathered pieces on their way into the parameters
   std::vector<float> fsend_, frecv_;

@@ -37,6 +37,8 @@ struct Nccl {
   decltype(&ncclAllReduce) all_reduce = nullptr;
   decltype(&ncclBroadcast) broadcast = nullptr;
   decltype(&ncclAllGather) all_gather = nullptr;
+  decltype(&ncclReduceScatter) reduce_scatter = nullptr;
+  decltype(&ncclReduce) reduce = nullptr;
   decltype(&ncclSend) send = nullptr;
   decltype(&ncclRecv) recv = nullptr;
   decltype(&ncclGroupStart) group_start = nullptr;
@@ -68,6 +70,8 @@ const Nccl& nccl() {
     get(f.all_reduce, "ncclAllReduce");
     get(f.broadcast, "ncclBroadcast");
     get(f.all_gather, "ncclAllGather");
+    get(f.reduce_scatter, "ncclReduceScatter");
+    get(f.reduce, "ncclReduce");
     get(f.send, "ncclSend");
     get(f.recv, "ncclRecv");
     get(f.group_start, "ncclGroupStart");
@@ -287,6 +291,78 @@ void NcclComm::all_reduce_sum_device(void* device_data, size_t n, DType dt) {
                             ncclSum, as_comm(comm_), s),
           "all_reduce");
     wait("all_reduce");
+  });
+}
+
+// The device collectives below follow all_reduce_sum_device: queued after the compute stream's work on the
+// communication stream, the host waiting (with the timeout) until they ran, so the compute stream's next
+// kernels read the results. Bound by NCCL's transfer alone: no staging copies.
+void NcclComm::reduce_scatter_sum_device(const float* in, float* out, size_t n) {
+  TR_CHECK(comm_ != nullptr, "NCCL: the communicator was aborted after an earlier failure");
+  if (n == 0) return;
+  on_device(device_, [&] {
+    const auto s = static_cast<cudaStream_t>(begin(true));
+    check(nccl().reduce_scatter(in, out, n, ncclFloat32, ncclSum, as_comm(comm_), s), "reduce_scatter");
+    wait("reduce_scatter");
+  });
+}
+
+void NcclComm::reduce_blocks_device(const float* in, const std::vector<int64_t>& counts, float* out) {
+  TR_CHECK(comm_ != nullptr, "NCCL: the communicator was aborted after an earlier failure");
+  TR_CHECK(counts.size() == static_cast<size_t>(world_), "NCCL reduce_blocks: {} counts for {} ranks",
+           counts.size(), world_);
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  if (total == 0) return;
+  on_device(device_, [&] {
+    const auto s = static_cast<cudaStream_t>(begin(true));
+    {
+      const GroupScope group;
+      int64_t at = 0;
+      for (int j = 0; j < world_; ++j) {
+        const auto n = static_cast<size_t>(counts[static_cast<size_t>(j)]);
+        // Only the root writes recvbuff; elsewhere NCCL gets a valid device pointer it leaves alone.
+        float* recv = j == rank_ ? out : const_cast<float*>(in + at);
+        if (n > 0)
+          check(nccl().reduce(in + at, recv, n, ncclFloat32, ncclSum, j, as_comm(comm_), s), "reduce");
+        at += static_cast<int64_t>(n);
+      }
+    }
+    wait("reduce_blocks");
+  });
+}
+
+void NcclComm::all_gather_device(const void* in, void* out, size_t bytes) {
+  TR_CHECK(comm_ != nullptr, "NCCL: the communicator was aborted after an earlier failure");
+  if (bytes == 0) return;
+  on_device(device_, [&] {
+    const auto s = static_cast<cudaStream_t>(begin(true));
+    check(nccl().all_gather(in, out, bytes, ncclUint8, as_comm(comm_), s), "all_gather");
+    wait("all_gather");
+  });
+}
+
+void NcclComm::all_gather_v_device(const void* in, void* out, const std::vector<size_t>& counts) {
+  TR_CHECK(comm_ != nullptr, "NCCL: the communicator was aborted after an earlier failure");
+  TR_CHECK(counts.size() == static_cast<size_t>(world_), "NCCL all_gather_v: {} counts for {} ranks",
+           counts.size(), world_);
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  if (total == 0) return;
+  on_device(device_, [&] {
+    const auto s = static_cast<cudaStream_t>(begin(true));
+    {
+      const GroupScope group;
+      size_t at = 0;
+      for (int j = 0; j < world_; ++j) {
+        const size_t n = counts[static_cast<size_t>(j)];
+        char* to = static_cast<char*>(out) + at;
+        if (n > 0)
+          check(nccl().broadcast(j == rank_ ? in : to, to, n, ncclUint8, j, as_comm(comm_), s), "broadcast");
+        at += n;
+      }
+    }
+    wait("all_gather_v");
   });
 }
 

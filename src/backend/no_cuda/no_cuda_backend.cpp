@@ -51,6 +51,10 @@ NcclComm::NcclComm(int, int, int, void*, std::chrono::milliseconds)
 NcclComm::~NcclComm() = default;
 void NcclComm::all_reduce_sum(void*, size_t, DType) { unique_id(); }
 void NcclComm::all_reduce_sum_device(void*, size_t, DType) { unique_id(); }
+void NcclComm::reduce_scatter_sum_device(const float*, float*, size_t) { unique_id(); }
+void NcclComm::reduce_blocks_device(const float*, const std::vector<int64_t>&, float*) { unique_id(); }
+void NcclComm::all_gather_device(const void*, void*, size_t) { unique_id(); }
+void NcclComm::all_gather_v_device(const void*, void*, const std::vector<size_t>&) { unique_id(); }
 void NcclComm::broadcast(void*, size_t, int) { unique_id(); }
 void NcclComm::all_gather(const void*, void*, size_t) { unique_id(); }
 void NcclComm::exchange(const void*, const std::vector<size_t>&, void*, const std::vector<size_t>&) {
