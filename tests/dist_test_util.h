@@ -18,10 +18,11 @@ namespace tr::test {
 // tests of one process.
 inline int test_port(int k) { return 20000 + (static_cast<int>(::getpid()) * 7 + k * 131) % 12000; }
 
-// Runs fn(rank, group) on `world` threads, each a rank of one Gloo group on 127.0.0.1; `setup` may change
-// each rank's environment (who serves the store).
+// Runs fn(rank, group) on `world` threads, each a rank of one Gloo group on 127.0.0.1 (or NCCL's, whose ranks
+// need a GPU each); `setup` may change each rank's environment (who serves the store).
 template <typename F>
-void with_group(int world, int port, F fn, const std::function<void(dist::DistEnv&)>& setup = {}) {
+void with_group(int world, int port, F fn, const std::function<void(dist::DistEnv&)>& setup = {},
+                dist::CommBackend backend = dist::CommBackend::gloo) {
   std::vector<std::thread> ts;
   std::vector<std::string> errors(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r)
@@ -32,7 +33,7 @@ void with_group(int world, int port, F fn, const std::function<void(dist::DistEn
         e.world_size = world;
         e.master_port = port;
         if (setup) setup(e);
-        auto g = dist::init_process_group(e, dist::CommBackend::gloo, std::chrono::milliseconds(20000));
+        auto g = dist::init_process_group(e, backend, std::chrono::milliseconds(20000));
         fn(r, *g);
       } catch (const std::exception& x) {
         errors[static_cast<size_t>(r)] = x.what();

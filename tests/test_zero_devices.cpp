@@ -89,56 +89,67 @@ struct Outcome {
 
 enum class Path { one_pass, buckets };
 
-// Three steps of 3 ranks over 8-byte rounds (one element per rank per collective): the compiled step's
-// one-pass reduce-scatter, or the eager step's buckets completed by grad-ready reports in backward's order.
-Outcome train_sharded(const Placement& pl, bool mixed, Path path, int port) {
+// Whether the collectives run over the model's device's memory: a partition the Gloo group reads, or the
+// GPU under NCCL; everything else stages through host memory.
+bool device_path(const Placement& pl, dist::CommBackend backend) {
+  return pl.name == "partition" ||
+         (backend == dist::CommBackend::nccl && pl.model.is_cuda() && !pl.offload && !pl.staged);
+}
+
+// Three steps of `world` ranks (3 unless NCCL's one GPU) over 8-byte rounds (one element per rank per
+// collective): the compiled step's one-pass reduce-scatter, or the eager step's buckets completed by
+// grad-ready reports in backward's order.
+Outcome train_sharded(const Placement& pl, bool mixed, Path path, int port, int world = 3,
+                      dist::CommBackend backend = dist::CommBackend::gloo) {
   Outcome out;
-  with_group(3, port, [&](int r, dist::ProcessGroup& gloo) {
-    test::CountingGroup g(gloo, pl.staged);
-    if (pl.model.is_cuda()) backend::cuda_use_device(pl.model.index);
-    std::vector<Tensor> ps, copies;
-    nn::ParamList list;
-    ps.reserve(kShapes.size());
-    for (size_t i = 0; i < kShapes.size(); ++i) {
-      ps.push_back(
-          ops::to_device(random_tensor(kShapes[i].second, 100 + static_cast<uint32_t>(i)), pl.model));
-      list.emplace_back(kShapes[i].first, &ps.back());
-    }
-    train::ShardedOptimizer opt(g, list, "adamw_torch_fused", adamw_options(), 8, mixed, 2, std::nullopt,
-                                pl.offload);
-    EXPECT_EQ(opt.shard_device(), pl.offload ? *pl.offload : pl.model);
-    if (mixed)  // the half weights the model computes with; the masters are the shard's alone
-      for (auto& p : ps) copies.push_back(ops::to_dtype(p, DType::bf16));
-    for (int step = 0; step < 3; ++step) {
-      const std::vector<Tensor> grads = gradients(r, step, pl.model);
-      if (path == Path::one_pass) {
-        opt.reduce_scatter(grads, 0.5);
-      } else {
-        for (size_t i = 0; i < ps.size(); ++i) autograd::set_grad(ps[i], grads[i]);
-        opt.begin_backward(0.5);
-        for (size_t i = ps.size(); i-- > 0;) opt.grad_ready(ps[i].impl_ptr().get());
-        opt.finish_backward();
-        for (const Tensor& p : ps) EXPECT_FALSE(p.grad().defined());  // dropped once reduced
-      }
-      opt.update({1.0, 0.3, opt.global_stats(1.0)}, copies);  // clipped at 0.3: the global norm matters
-    }
-    // Only the model's memory on a partition the group reads moves without host copies: there every
-    // reduction and gather is a device collective, and the host's are global_stats' (one a step).
-    const bool device_path = pl.name == "partition";
-    EXPECT_EQ(g.on_device > 0, device_path);
-    if (device_path) {
-      EXPECT_EQ(g.on_host, 3);
-    }
-    std::vector<std::vector<float>> masters;
-    for (size_t i = 0; i < ps.size(); ++i) {
-      const Tensor m = opt.gather_master(i, 0);
-      if (r == 0) masters.push_back(ops::to_vector<float>(m));
-    }
-    if (r != 0) return;
-    out.masters = masters;
-    for (size_t i = 0; i < ps.size(); ++i)
-      out.weights.push_back(ops::to_vector<float>(mixed ? copies[i] : ps[i]));
-  });
+  with_group(
+      world, port,
+      [&](int r, dist::ProcessGroup& inner) {
+        test::CountingGroup g(inner, pl.staged);
+        if (pl.model.is_cuda()) backend::cuda_use_device(pl.model.index);
+        std::vector<Tensor> ps, copies;
+        nn::ParamList list;
+        ps.reserve(kShapes.size());
+        for (size_t i = 0; i < kShapes.size(); ++i) {
+          ps.push_back(
+              ops::to_device(random_tensor(kShapes[i].second, 100 + static_cast<uint32_t>(i)), pl.model));
+          list.emplace_back(kShapes[i].first, &ps.back());
+        }
+        train::ShardedOptimizer opt(g, list, "adamw_torch_fused", adamw_options(), 8, mixed, 2, std::nullopt,
+                                    pl.offload);
+        EXPECT_EQ(opt.shard_device(), pl.offload ? *pl.offload : pl.model);
+        if (mixed)  // the half weights the model computes with; the masters are the shard's alone
+          for (auto& p : ps) copies.push_back(ops::to_dtype(p, DType::bf16));
+        for (int step = 0; step < 3; ++step) {
+          const std::vector<Tensor> grads = gradients(r, step, pl.model);
+          if (path == Path::one_pass) {
+            opt.reduce_scatter(grads, 0.5);
+          } else {
+            for (size_t i = 0; i < ps.size(); ++i) autograd::set_grad(ps[i], grads[i]);
+            opt.begin_backward(0.5);
+            for (size_t i = ps.size(); i-- > 0;) opt.grad_ready(ps[i].impl_ptr().get());
+            opt.finish_backward();
+            for (const Tensor& p : ps) EXPECT_FALSE(p.grad().defined());  // dropped once reduced
+          }
+          opt.update({1.0, 0.3, opt.global_stats(1.0)}, copies);  // clipped at 0.3: the global norm matters
+        }
+        // Only the model's memory on a partition the group reads moves without host copies: there every
+        // reduction and gather is a device collective, and the host's are global_stats' (one a step).
+        EXPECT_EQ(g.on_device > 0, device_path(pl, backend));
+        if (device_path(pl, backend)) {
+          EXPECT_EQ(g.on_host, 3);
+        }
+        std::vector<std::vector<float>> masters;
+        for (size_t i = 0; i < ps.size(); ++i) {
+          const Tensor m = opt.gather_master(i, 0);
+          if (r == 0) masters.push_back(ops::to_vector<float>(m));
+        }
+        if (r != 0) return;
+        out.masters = masters;
+        for (size_t i = 0; i < ps.size(); ++i)
+          out.weights.push_back(ops::to_vector<float>(mixed ? copies[i] : ps[i]));
+      },
+      {}, backend);
   return out;
 }
 
@@ -187,7 +198,9 @@ struct FullShardOutcome {
   double loss_after = 0;
 };
 
-FullShardOutcome train_full_shard(const Placement& pl, bool tied, int port) {
+// One step of `world` ranks (2 unless NCCL's one GPU); the last rank's gradient shard and loss.
+FullShardOutcome train_full_shard(const Placement& pl, bool tied, int port, int world = 2,
+                                  dist::CommBackend backend = dist::CommBackend::gloo) {
   const nlohmann::json cfg = {
       {"model_type", "gpt2"}, {"vocab_size", 61},           {"n_embd", 16},     {"n_layer", 2},
       {"n_head", 2},          {"n_positions", 16},          {"resid_pdrop", 0}, {"embd_pdrop", 0},
@@ -200,51 +213,54 @@ FullShardOutcome train_full_shard(const Placement& pl, bool tied, int port) {
     return ops::from_vector<int64_t>(v, {2, 8}, pl.model);
   };
   FullShardOutcome out;
-  with_group(2, port, [&](int r, dist::ProcessGroup& gloo) {
-    test::CountingGroup g(gloo, pl.staged);
-    if (pl.model.is_cuda()) backend::cuda_use_device(pl.model.index);
-    const auto loss_of = [&](models::CausalLM& m) {
-      models::ForwardOptions fo;
-      fo.labels = ids(r);
-      fo.num_items_in_batch = 28;
-      fo.return_logits = false;
-      return m.forward(ids(r), fo).loss;
-    };
-    Generator gen(3);
-    auto model = models::create_causal_lm(config, pl.model, DType::f32, gen);
-    const nn::ParamList params = model->named_parameters();
-    train::ShardedOptimizer opt(g, params, "adamw_torch", adamw_options(), 1 << 10, false, 3, std::nullopt,
-                                pl.offload);
-    train::FullShard full(opt, params, 1 << 10);  // 256-element chunks: several per unit
-    model->set_layer_hooks(&full);
-    EXPECT_TRUE(full.all_released());
-    full.begin_step();
-    full.begin_backward(1.0);
-    {
-      autograd::GradReadyScope ready([&](const TensorImpl* leaf) { full.grad_ready(leaf); });
-      autograd::backward({loss_of(*model)});
-    }
-    full.finish_backward();
-    EXPECT_TRUE(full.all_released());
-    const std::vector<float> shard = ops::to_vector<float>(opt.grad_shard());
-    opt.update({1.0, 1.0, opt.global_stats(1.0)}, {});
-    double loss = 0;
-    {
-      autograd::NoGradGuard no_grad;
-      loss = ops::to_vector<double>(loss_of(*model))[0];
-    }
-    EXPECT_TRUE(full.all_released());
-    // On a partition the group reads, every gather and reduction runs over its memory; the host's one
-    // collective is global_stats'.
-    EXPECT_EQ(g.on_device > 0, pl.name == "partition");
-    if (pl.name == "partition") {
-      EXPECT_EQ(g.on_host, 1);
-    }
-    if (r == 1) {  // rank 1's shard: the second half of the flat space
-      out.grad_shard = shard;
-      out.loss_after = loss;
-    }
-  });
+  with_group(
+      world, port,
+      [&](int r, dist::ProcessGroup& inner) {
+        test::CountingGroup g(inner, pl.staged);
+        if (pl.model.is_cuda()) backend::cuda_use_device(pl.model.index);
+        const auto loss_of = [&](models::CausalLM& m) {
+          models::ForwardOptions fo;
+          fo.labels = ids(r);
+          fo.num_items_in_batch = 28;
+          fo.return_logits = false;
+          return m.forward(ids(r), fo).loss;
+        };
+        Generator gen(3);
+        auto model = models::create_causal_lm(config, pl.model, DType::f32, gen);
+        const nn::ParamList params = model->named_parameters();
+        train::ShardedOptimizer opt(g, params, "adamw_torch", adamw_options(), 1 << 10, false, 3,
+                                    std::nullopt, pl.offload);
+        train::FullShard full(opt, params, 1 << 10);  // 256-element chunks: several per unit
+        model->set_layer_hooks(&full);
+        EXPECT_TRUE(full.all_released());
+        full.begin_step();
+        full.begin_backward(1.0);
+        {
+          autograd::GradReadyScope ready([&](const TensorImpl* leaf) { full.grad_ready(leaf); });
+          autograd::backward({loss_of(*model)});
+        }
+        full.finish_backward();
+        EXPECT_TRUE(full.all_released());
+        const std::vector<float> shard = ops::to_vector<float>(opt.grad_shard());
+        opt.update({1.0, 1.0, opt.global_stats(1.0)}, {});
+        double loss = 0;
+        {
+          autograd::NoGradGuard no_grad;
+          loss = ops::to_vector<double>(loss_of(*model))[0];
+        }
+        EXPECT_TRUE(full.all_released());
+        // On a partition the group reads, every gather and reduction runs over its memory; the host's one
+        // collective is global_stats'.
+        EXPECT_EQ(g.on_device > 0, device_path(pl, backend));
+        if (device_path(pl, backend)) {
+          EXPECT_EQ(g.on_host, 1);
+        }
+        if (r == world - 1) {  // the last rank's shard: the end of the flat space
+          out.grad_shard = shard;
+          out.loss_after = loss;
+        }
+      },
+      {}, backend);
   return out;
 }
 
@@ -265,6 +281,37 @@ TEST(ZeroDevices, FullShardGathersAndReducesOffTheHost) {
       else
         EXPECT_NEAR(got.loss_after, want.loss_after, 1e-4 * std::abs(want.loss_after));
     }
+  }
+}
+
+// A world of one still runs every collective of the device paths (the reduce-scatter, the per-owner reduce,
+// the all-gather, ZeRO-3's grouped broadcasts): NCCL's over the GPU's memory where there is one (two ranks
+// need two GPUs: NCCL refuses a GPU twice), else Gloo's over a partition - against the host's run.
+TEST(ZeroDevices, AWorldOfOneRunsTheDevicePaths) {
+  const bool gpu = backend::cuda_device_count() > 0;
+  const Placement host = placements().front();
+  const Placement dev = gpu ? Placement{"cuda", Device::cuda(0), std::nullopt} : placements()[1];
+  const auto comm = gpu ? dist::CommBackend::nccl : dist::CommBackend::gloo;
+  ASSERT_TRUE(device_path(dev, comm));
+  int port = 140;
+  for (const bool mixed : {false, true})
+    for (const Path path : {Path::one_pass, Path::buckets}) {
+      SCOPED_TRACE(std::string(mixed ? "bf16" : "fp32") + (path == Path::buckets ? " buckets" : " one pass"));
+      const Outcome want = train_sharded(host, mixed, path, test_port(port++), 1);
+      const Outcome got = train_sharded(dev, mixed, path, test_port(port++), 1, comm);
+      ASSERT_EQ(got.weights.size(), want.weights.size());
+      for (size_t i = 0; i < want.weights.size(); ++i) {
+        expect_same(got.weights[i], want.weights[i], gpu ? (mixed ? 1e-2 : 1e-5) : 0, kShapes[i].first);
+        expect_same(got.masters[i], want.masters[i], gpu ? 1e-5 : 0, kShapes[i].first);
+      }
+    }
+  for (const bool tied : {true, false}) {
+    SCOPED_TRACE(tied ? "full shard, tied" : "full shard, untied");
+    const FullShardOutcome want = train_full_shard(host, tied, test_port(port++), 1);
+    const FullShardOutcome got = train_full_shard(dev, tied, test_port(port++), 1, comm);
+    ASSERT_FALSE(want.grad_shard.empty());
+    expect_same(got.grad_shard, want.grad_shard, gpu ? 1e-4 : 0, "gradient shard");
+    EXPECT_NEAR(got.loss_after, want.loss_after, gpu ? 1e-4 * std::abs(want.loss_after) : 0);
   }
 }
 

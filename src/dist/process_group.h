@@ -113,7 +113,7 @@ class ProcessGroup {
 // reads the meta device's memory, as NCCL reads its GPU's: the dry run takes the device paths' buffers.
 std::unique_ptr<ProcessGroup> dry_run_group(int world_size, bool device_memory = false);
 
-// The group of a distributed environment (env.distributed() must hold). Rank 0 serves the store at
+// The group of a distributed environment (one process is a world of one). Rank 0 serves the store at
 // MASTER_PORT for the group's lifetime. Throws naming the ranks that did not arrive within `timeout`.
 std::unique_ptr<ProcessGroup> init_process_group(const DistEnv& env, CommBackend backend,
                                                  std::chrono::milliseconds timeout);
