@@ -488,62 +488,75 @@ TEST(DistSampler, LoadersAgreeOnBatchesPerEpoch) {
   }
 }
 
-// The reducer's sum equals the sum of the ranks' gradients for f32 and bf16, across bucket boundaries
-// (a 5-element cap splits tensors), and a missing gradient counts as zeros - for gradients on the host, on a
-// host partition (cpu:1: device buckets staged through host memory, as a GPU's under Gloo) and on a GPU
-// where there is one.
+// The reducer's sum equals the sum of the ranks' gradients for f32 and bf16, across bucket boundaries (a
+// 5-element cap splits tensors), and a missing gradient counts as zeros. A bucket off the host is summed in
+// its own memory where the group reads it (a host partition under Gloo, the GPU under NCCL), else through
+// host copies (`staged`: Gloo beside a GPU).
+void check_grad_reducer(Device dev, DType dt, bool staged, int world, dist::CommBackend comm, int port) {
+  SCOPED_TRACE(dev.str() + (staged ? " staged " : " ") + std::string(dtype_name(dt)) + " " +
+               dist::comm_backend_name(comm));
+  auto grad_of = [](int r, int64_t i, int64_t k) { return static_cast<float>((r + 1) * (i + 1)) + 0.5f * k; };
+  with_group(
+      world, port,
+      [&](int r, dist::ProcessGroup& inner) {
+        test::CountingGroup g(inner, staged);
+        if (dev.is_cuda()) backend::cuda_use_device(dev.index);
+        std::vector<Tensor> ps{ops::zeros({7}, dt, dev), ops::zeros({2, 3}, dt, dev),
+                               ops::zeros({3}, dt, dev)};
+        nn::ParamList list;
+        std::vector<std::string> names{"a", "b", "c"};
+        for (size_t i = 0; i < ps.size(); ++i) list.emplace_back(names[i], &ps[i]);
+        for (int64_t i = 0; i < 3; ++i) {
+          if (r == 1 && i == 2) continue;  // rank 1 has no gradient for c
+          Tensor gr = ops::empty(ps[static_cast<size_t>(i)].shape(), DType::f32);
+          for (int64_t k = 0; k < gr.numel(); ++k) gr.data<float>()[k] = grad_of(r, i, k);
+          autograd::set_grad(ps[static_cast<size_t>(i)], ops::to_device(ops::to_dtype(gr, dt), dev));
+        }
+        train::GradReducer red(g, 5 * 4);
+        red.reduce(list);
+        EXPECT_EQ(red.buckets(), 4);  // 16 elements in buckets of 5
+        const bool in_place = !staged && (dev == Device{DeviceType::cpu, 1} ||
+                                          (dev.is_cuda() && comm == dist::CommBackend::nccl));
+        EXPECT_EQ(g.on_device, in_place ? 4 : 0);
+        EXPECT_EQ(g.on_host, in_place ? 0 : 4);
+        for (int64_t i = 0; i < 3; ++i) {
+          ASSERT_EQ(ps[static_cast<size_t>(i)].grad().device(), dev);
+          Tensor got =
+              ops::to_device(ops::to_dtype(ps[static_cast<size_t>(i)].grad(), DType::f32), Device::cpu());
+          for (int64_t k = 0; k < got.numel(); ++k) {
+            float want = 0;
+            for (int q = 0; q < world; ++q) {
+              if (q == 1 && i == 2) continue;
+              // each rank's contribution as its dtype held it
+              want += ops::to_dtype(ops::full({}, grad_of(q, i, k), DType::f32), dt).item() * 1.0f;
+            }
+            const float rounded = ops::to_dtype(ops::full({}, want, DType::f32), dt).item();
+            ASSERT_EQ(got.data<float>()[k], rounded) << "tensor " << i << " element " << k;
+          }
+        }
+      },
+      {}, comm);
+}
+
 TEST(DistDdp, GradReducerSumsAcrossBucketsAndDtypes) {
   std::vector<Device> devices{Device::cpu(), Device{DeviceType::cpu, 1}};
   if (backend::cuda_device_count() > 0) devices.push_back(Device::cuda(0));
   int port = 200;
   for (const Device dev : devices)
     for (const bool staged : {false, true})
-      for (DType dt : {DType::f32, DType::bf16}) {
-        if (staged && dev == Device::cpu()) continue;
-        SCOPED_TRACE(dev.str() + (staged ? " staged" : ""));
-        const int world = 2;
-        auto grad_of = [](int r, int64_t i, int64_t k) {
-          return static_cast<float>((r + 1) * (i + 1)) + 0.5f * k;
-        };
-        with_group(world, test_port(port++), [&](int r, dist::ProcessGroup& gloo) {
-          test::CountingGroup g(gloo, staged);
-          if (dev.is_cuda()) backend::cuda_use_device(dev.index);
-          std::vector<Tensor> ps{ops::zeros({7}, dt, dev), ops::zeros({2, 3}, dt, dev),
-                                 ops::zeros({3}, dt, dev)};
-          nn::ParamList list;
-          std::vector<std::string> names{"a", "b", "c"};
-          for (size_t i = 0; i < ps.size(); ++i) list.emplace_back(names[i], &ps[i]);
-          for (int64_t i = 0; i < 3; ++i) {
-            if (r == 1 && i == 2) continue;  // rank 1 has no gradient for c
-            Tensor gr = ops::empty(ps[static_cast<size_t>(i)].shape(), DType::f32);
-            for (int64_t k = 0; k < gr.numel(); ++k) gr.data<float>()[k] = grad_of(r, i, k);
-            autograd::set_grad(ps[static_cast<size_t>(i)], ops::to_device(ops::to_dtype(gr, dt), dev));
-          }
-          train::GradReducer red(g, 5 * 4);
-          red.reduce(list);
-          EXPECT_EQ(red.buckets(), 4);  // 16 elements in buckets of 5
-          // A partition's buckets are summed in its own memory unless the group declines it (Gloo beside a
-          // GPU): then they travel through host copies.
-          const bool in_place = dev == Device{DeviceType::cpu, 1} && !staged;
-          EXPECT_EQ(g.on_device, in_place ? 4 : 0);
-          EXPECT_EQ(g.on_host, in_place ? 0 : 4);
-          for (int64_t i = 0; i < 3; ++i) {
-            ASSERT_EQ(ps[static_cast<size_t>(i)].grad().device(), dev);
-            Tensor got =
-                ops::to_device(ops::to_dtype(ps[static_cast<size_t>(i)].grad(), DType::f32), Device::cpu());
-            for (int64_t k = 0; k < got.numel(); ++k) {
-              float want = 0;
-              for (int q = 0; q < world; ++q) {
-                if (q == 1 && i == 2) continue;
-                // each rank's contribution as its dtype held it
-                want += ops::to_dtype(ops::full({}, grad_of(q, i, k), DType::f32), dt).item() * 1.0f;
-              }
-              const float rounded = ops::to_dtype(ops::full({}, want, DType::f32), dt).item();
-              ASSERT_EQ(got.data<float>()[k], rounded) << "tensor " << i << " element " << k;
-            }
-          }
-        });
-      }
+      for (DType dt : {DType::f32, DType::bf16})
+        if (!staged || dev != Device::cpu())
+          check_grad_reducer(dev, dt, staged, 2, dist::CommBackend::gloo, test_port(port++));
+}
+
+// NCCL's in-place bucket sum on the one GPU a device run has (a world of one: the collective runs, adding
+// nothing); a partition under Gloo without one.
+TEST(DistDdp, GradReducerOverAWorldOfOne) {
+  const bool gpu = backend::cuda_device_count() > 0;
+  int port = 215;
+  for (DType dt : {DType::f32, DType::bf16})
+    check_grad_reducer(gpu ? Device::cuda(0) : Device{DeviceType::cpu, 1}, dt, false, 1,
+                       gpu ? dist::CommBackend::nccl : dist::CommBackend::gloo, test_port(port++));
 }
 
 Tensor random_param(const Shape& shape, uint64_t seed) {
