@@ -578,6 +578,43 @@ TEST(OptimSgd, StepsInPlaceOnEveryDevice) {
   }
 }
 
+// Half gradients are widened a group of parameters at a time (Optimizer::step with gradients): three 8 MiB
+// fp32 parameters with bf16 gradients hold at most the 16 MiB group bound of f32 copies at once (the whole
+// model's, 24 MiB, before), and two grouped steps equal two steps over f32 gradients of the same values bit
+// for bit (the step count advances once a step: the bias corrections see it).
+TEST(OptimGroups, HalfGradientsWidenAGroupAtATime) {
+  const Shape shape{1024, 2048};  // 2M elements: 8 MiB in f32
+  for (const std::string name : {"sgd", "adafactor", "adamw_bnb_8bit"}) {
+    SCOPED_TRACE(name);
+    Params grouped;
+    for (int i = 0; i < 3; ++i)
+      grouped.add("h." + std::to_string(i) + ".w", test::randn(shape, 10 + i, DType::f32));
+    Params whole = grouped.clone();
+    optim::OptimizerOptions o;
+    o.lr = 0.01;
+    o.weight_decay = 0.1;
+    auto a = optim::make_optimizer(name, grouped.list, o), b = optim::make_optimizer(name, whole.list, o);
+    Allocator& alloc = ops::allocator_for(Device::cpu());
+    for (int step = 0; step < 2; ++step) {
+      std::vector<Tensor> half;
+      for (int i = 0; i < 3; ++i) half.push_back(test::randn(shape, 100 * step + i, DType::bf16));
+      const int64_t held = alloc.stats().current_bytes;
+      alloc.reset_peak();
+      a->step(half, {}, {});
+      const int64_t extra = alloc.stats().peak_bytes - held;
+      EXPECT_GE(extra, int64_t{8} << 20);   // a copy was made...
+      EXPECT_LE(extra, int64_t{16} << 20);  // ... a group's at most
+      for (int i = 0; i < 3; ++i)
+        autograd::set_grad(*whole.list[i].second, ops::to_dtype(half[i], DType::f32));
+      b->step();
+    }
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(ops::to_vector<float>(*grouped.list[i].second), ops::to_vector<float>(*whole.list[i].second))
+          << grouped.list[i].first;
+    EXPECT_EQ(a->step_count(), 2);
+  }
+}
+
 TEST(OptimErrors, DecayGroupsFollowHuggingFace) {
   EXPECT_TRUE(optim::Optimizer::decays("model.layers.0.self_attn.q_proj.weight"));
   EXPECT_TRUE(optim::Optimizer::decays("transformer.wte.weight"));  // embeddings decay

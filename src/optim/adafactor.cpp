@@ -225,9 +225,10 @@ void Adafactor::update_with_ops(Slot& s, const Tensor& g) {
   ops::copy_(p, bin(BinaryOp::sub, np, upd));
 }
 
-void Adafactor::step() {
-  ++step_;
-  for (auto& s : slots_) {
+void Adafactor::step_params(size_t lo, size_t hi, bool advance) {
+  if (advance) ++step_;
+  for (size_t i = lo; i < hi; ++i) {
+    Slot& s = slots_[i];
     const Tensor g = detail::gradient("Adafactor", s.name, *s.param);
     if (!g.defined()) continue;  // as transformers: parameters without a gradient are skipped
     // A meta dry run (`trainer estimate`) models the CPU, whose update below allocates its scratch outside

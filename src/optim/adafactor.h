@@ -16,7 +16,6 @@ class Adafactor : public Optimizer {
   // Trainer's choice; relative_step ignores the learning rate as transformers does with lr=None).
   // Weight decay from the options, applied to the names decays() accepts.
   Adafactor(const nn::ParamList& params, OptimizerOptions opts);
-  void step() override;
   int64_t step_count() const override { return step_; }
   // {"step", "exp_avg_sq_row.<name>" + "exp_avg_sq_col.<name>" (2+ dims) or "exp_avg_sq.<name>",
   //  "exp_avg.<name>" with beta1}
@@ -25,6 +24,9 @@ class Adafactor : public Optimizer {
   // Parameters off the CPU always take the tensor-op formulation (update_with_ops); this makes CPU
   // parameters take it too, so its formulas are tested against the loops without a GPU.
   void use_tensor_ops(bool on) { tensor_ops_ = on; }
+
+ protected:
+  void step_params(size_t lo, size_t hi, bool advance) override;
 
  private:
   struct Slot {

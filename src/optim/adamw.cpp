@@ -16,15 +16,16 @@ AdamW::AdamW(const nn::ParamList& params, AdamWOptions opts, bool multi_tensor)
                       ops::zeros(p->shape(), p->dtype(), p->device()), decays(name)});
 }
 
-void AdamW::step() {
+void AdamW::step_params(size_t lo, size_t hi, bool advance) {
   // Gradients checked and made contiguous up front: the multi-tensor pass reads them all inside one parallel
   // region, where nothing may throw.
   std::vector<backend::Backend::AdamWTensors> list;
-  for (auto& s : slots_) {
+  for (size_t i = lo; i < hi; ++i) {
+    const Slot& s = slots_[i];
     Tensor g = detail::gradient("AdamW", s.name, *s.param);
     if (g.defined()) list.push_back({*s.param, g, s.exp_avg, s.exp_avg_sq, s.decay, {}});  // none: skipped
   }
-  run(list, {});
+  run(list, {}, advance);
 }
 
 void AdamW::step(const std::vector<Tensor>& grads, const backend::Backend::GradTransform& t,
@@ -42,12 +43,12 @@ void AdamW::step(const std::vector<Tensor>& grads, const backend::Backend::GradT
     list.push_back({*s.param, ops::contiguous(grads[i]), s.exp_avg, s.exp_avg_sq, s.decay,
                     copies.empty() ? Tensor() : copies[i]});
   }
-  run(list, t);
+  run(list, t, true);
 }
 
 void AdamW::run(const std::vector<backend::Backend::AdamWTensors>& list,
-                const backend::Backend::GradTransform& t) {
-  ++step_;
+                const backend::Backend::GradTransform& t, bool advance) {
+  if (advance) ++step_;
   if (list.empty()) return;
   // The backend's pass (OpenMP over 64K-element chunks on the CPU, one kernel on a GPU) with the element math
   // of backend/optim_math.h: per tensor (adamw_torch) or all tensors at once (the fused flavours) give the

@@ -15,7 +15,7 @@ class AdamW : public Optimizer {
   // kernels do; the element-wise arithmetic is the same, so the results equal the per-tensor ones bit for
   // bit.
   AdamW(const nn::ParamList& params, AdamWOptions opts, bool multi_tensor = false);
-  void step() override;
+  using Optimizer::step;  // step(): every parameter from its .grad()
   // One fused pass: the gradients read through `t`, the half weight copies written by the same kernel.
   void step(const std::vector<Tensor>& grads, const backend::Backend::GradTransform& t,
             const std::vector<Tensor>& copies) override;
@@ -24,6 +24,9 @@ class AdamW : public Optimizer {
   std::vector<std::pair<std::string, Tensor>> state_dict() const override;
   void load_state_dict(const std::map<std::string, Tensor>& state) override;
 
+ protected:
+  void step_params(size_t lo, size_t hi, bool advance) override;
+
  private:
   struct Slot {
     std::string name;
@@ -31,7 +34,8 @@ class AdamW : public Optimizer {
     Tensor exp_avg, exp_avg_sq;
     bool decay;
   };
-  void run(const std::vector<backend::Backend::AdamWTensors>& list, const backend::Backend::GradTransform& t);
+  void run(const std::vector<backend::Backend::AdamWTensors>& list, const backend::Backend::GradTransform& t,
+           bool advance);
   std::vector<Slot> slots_;
   bool multi_tensor_;
   int64_t step_ = 0;

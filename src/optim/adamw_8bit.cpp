@@ -100,15 +100,16 @@ AdamW8bit::AdamW8bit(const nn::ParamList& params, OptimizerOptions opts)
   }
 }
 
-void AdamW8bit::step() {
-  ++step_;
+void AdamW8bit::step_params(size_t lo, size_t hi, bool advance) {
+  if (advance) ++step_;
   const float lr = static_cast<float>(opts_.lr), b1 = static_cast<float>(opts_.beta1),
               b2 = static_cast<float>(opts_.beta2), eps = static_cast<float>(opts_.eps);
   const float t = static_cast<float>(step_);
   const float correction1 = 1.0f - std::pow(b1, t);
   const float correction2 = std::sqrt(1.0f - std::pow(b2, t));
   std::vector<backend::Backend::AdamW8bitTensors> list;
-  for (auto& s : slots_) {
+  for (size_t i = lo; i < hi; ++i) {
+    Slot& s = slots_[i];
     const Tensor g = detail::gradient("AdamW8bit", s.name, *s.param);
     if (!g.defined()) continue;  // parameters without a gradient are skipped
     const float wd = static_cast<float>(s.decay ? opts_.weight_decay : 0.0);

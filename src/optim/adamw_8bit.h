@@ -25,7 +25,6 @@ class AdamW8bit : public Optimizer {
   // Weight decay from the options on the names decays() accepts, applied after the Adam step as bitsandbytes'
   // kernels do: p = (p - lr * m_hat / (sqrt(v_hat) + eps)) * (1 - lr * wd).
   AdamW8bit(const nn::ParamList& params, OptimizerOptions opts);
-  void step() override;
   int64_t step_count() const override { return step_; }
   // {"step", per parameter "state1.<name>", "state2.<name>" (u8 codes, flat) + "absmax1.<name>",
   //  "absmax2.<name>" (f32 per block), or "state1"/"state2" as f32 tensors for 32-bit state}
@@ -35,6 +34,9 @@ class AdamW8bit : public Optimizer {
   // Whether a parameter keeps 32-bit state: fewer than min_8bit_size elements, or an embedding (the Trainer
   // registers every nn.Embedding weight for 32-bit state: names with "embed", "wte" or "wpe").
   static bool keeps_32bit_state(const std::string& name, int64_t numel, int64_t min_8bit_size = 4096);
+
+ protected:
+  void step_params(size_t lo, size_t hi, bool advance) override;
 
  private:
   struct Slot {

@@ -33,28 +33,48 @@ void Optimizer::step(const std::vector<Tensor>& grads, const backend::Backend::G
   TR_CHECK(grads.size() == params_.size() && (copies.empty() || copies.size() == params_.size()),
            "optimizer step: {} gradients and {} weight copies for {} parameters", grads.size(), copies.size(),
            params_.size());
-  std::vector<std::pair<Tensor, Tensor>> pairs;
-  const bool identity = t.inv_scale == 1.0 && t.max_norm <= 0;
-  for (size_t i = 0; i < grads.size(); ++i) {
-    Tensor& p = *params_[i].second;
-    if (!grads[i].defined()) {
-      autograd::zero_grad(p);
-      continue;
-    }
-    TR_CHECK(grads[i].shape() == p.shape() && grads[i].device() == p.device(),
+  const size_t n = grads.size();
+  // A gradient in another dtype than its parameter's is widened into a copy: the groups bound those copies.
+  const auto widened = [&](size_t i) {
+    return grads[i].defined() && grads[i].dtype() != params_[i].second->dtype()
+               ? static_cast<int64_t>(params_[i].second->nbytes())
+               : int64_t{0};
+  };
+  int64_t budget = int64_t{16} << 20;  // small models in one group: one multi-tensor pass, as before
+  for (size_t i = 0; i < n; ++i) {
+    const Tensor& p = *params_[i].second;
+    TR_CHECK(!grads[i].defined() || (grads[i].shape() == p.shape() && grads[i].device() == p.device()),
              "optimizer step: the gradient of '{}' is {}, the parameter {}", params_[i].first,
              grads[i].describe(), p.describe());
-    Tensor g = ops::contiguous(grads[i]);
-    const bool in_place = g.dtype() == p.dtype();  // fp32 training: the gradient is transformed where it is
-    Tensor dst = in_place ? g : ops::empty(p.shape(), p.dtype(), p.device());
-    if (!(identity && in_place)) pairs.emplace_back(g, dst);
-    autograd::set_grad(p, dst);
+    budget = std::max(budget, widened(i));
   }
-  ops::transform_grads(pairs, t);
-  step();
-  if (copies.empty()) return;
-  for (size_t i = 0; i < grads.size(); ++i)
-    if (grads[i].defined()) ops::copy_(copies[i], *params_[i].second);  // rounded to nearest even
+  const bool identity = t.inv_scale == 1.0 && t.max_norm <= 0;
+  size_t lo = 0;
+  do {
+    size_t hi = lo;
+    for (int64_t bytes = 0; hi < n && (hi == lo || bytes + widened(hi) <= budget); ++hi) bytes += widened(hi);
+    std::vector<std::pair<Tensor, Tensor>> pairs;
+    for (size_t i = lo; i < hi; ++i) {
+      Tensor& p = *params_[i].second;
+      if (!grads[i].defined()) {
+        autograd::zero_grad(p);
+        continue;
+      }
+      Tensor g = ops::contiguous(grads[i]);
+      const bool in_place = g.dtype() == p.dtype();  // fp32 training: the gradient is transformed where it is
+      Tensor dst = in_place ? g : ops::empty(p.shape(), p.dtype(), p.device());
+      if (!(identity && in_place)) pairs.emplace_back(g, dst);
+      autograd::set_grad(p, dst);
+    }
+    ops::transform_grads(pairs, t);
+    step_params(lo, hi, lo == 0);
+    for (size_t i = lo; i < hi; ++i) {
+      if (widened(i) > 0) autograd::zero_grad(*params_[i].second);  // the group's f32 copies go now
+      if (!copies.empty() && grads[i].defined())
+        ops::copy_(copies[i], *params_[i].second);  // rounded to nearest even
+    }
+    lo = hi;
+  } while (lo < n);
 }
 
 void Optimizer::zero_grad() {

@@ -22,12 +22,14 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
   // One update from the parameters' .grad() (parameters without a gradient are skipped, as torch).
-  virtual void step() = 0;
+  virtual void step() { step_params(0, params_.size(), true); }
   // One update whose gradients are `grads` (parallel to the parameters; undefined: none, skipped), of any
   // floating dtype, read through `t` (loss-scale inverse and clip coefficient, backend.h); when `copies` is
   // non-empty each updated parameter is also rounded into copies[i] (the model's half weights under mixed
   // precision). The default writes the transformed gradients into the parameters' .grad in one backend pass,
-  // runs step() and copies; AdamW does all of it in its one fused pass.
+  // updates and copies, a group of parameters at a time: a half gradient's f32 copy (the parameters' dtype)
+  // lives only while its group updates, so at most the largest parameter's (or 16 MiB) exist at once instead
+  // of the whole model's - 30 GiB at an 8B model's step. AdamW does all of it in its one fused pass.
   virtual void step(const std::vector<Tensor>& grads, const backend::Backend::GradTransform& t,
                     const std::vector<Tensor>& copies);
   void zero_grad();
@@ -46,6 +48,9 @@ class Optimizer {
 
  protected:
   Optimizer(const nn::ParamList& params, OptimizerOptions opts);
+  // The update of parameters [lo, hi) that have a gradient, the step count advanced when `advance` (a step's
+  // first group): per parameter the same arithmetic whatever the groups, so grouped steps give step()'s bits.
+  virtual void step_params(size_t lo, size_t hi, bool advance) = 0;
   nn::ParamList params_;
   OptimizerOptions opts_;
 };

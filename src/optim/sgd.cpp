@@ -24,11 +24,12 @@ SGD::SGD(const nn::ParamList& params, OptimizerOptions opts) : Optimizer(params,
   for (const auto& [name, p] : params) slots_.push_back({name, p, Tensor(), decays(name)});
 }
 
-void SGD::step() {
-  ++step_;
+void SGD::step_params(size_t lo, size_t hi, bool advance) {
+  if (advance) ++step_;
   std::vector<backend::Backend::SgdTensors> tensors;
   std::vector<Slot*> made;  // their new momentum buffers are kept once the pass has written them
-  for (auto& s : slots_) {
+  for (size_t i = lo; i < hi; ++i) {
+    Slot& s = slots_[i];
     const Tensor g = detail::gradient("SGD", s.name, *s.param);
     if (!g.defined()) continue;  // as torch: parameters without a gradient are skipped
     const bool first = momentum_ != 0 && !s.momentum_buffer.defined();

@@ -11,13 +11,15 @@ class SGD : public Optimizer {
   // --optim_args: momentum (0), dampening (0), nesterov (false); weight decay from the options, applied to
   // the names decays() accepts (HF passes it through its parameter groups).
   SGD(const nn::ParamList& params, OptimizerOptions opts);
-  void step() override;
   int64_t step_count() const override { return step_; }
   // {"step", "momentum_buffer.<name>" for the parameters that have one (torch creates it at their first
   // gradient)}
   std::vector<std::pair<std::string, Tensor>> state_dict() const override;
   // A missing momentum buffer means "not created yet", as in torch's state.
   void load_state_dict(const std::map<std::string, Tensor>& state) override;
+
+ protected:
+  void step_params(size_t lo, size_t hi, bool advance) override;
 
  private:
   struct Slot {

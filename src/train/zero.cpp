@@ -415,11 +415,11 @@ Tensor ShardedOptimizer::gather_master(size_t p, int root) {
 
 // Every rank's updated slices into every rank's masters, a bounded stretch of each shard per call.
 void ShardedOptimizer::all_gather(const std::vector<Tensor>& copies) {
-  if (dev_.is_meta()) return;  // a dry run: nothing allocated here
-  if (device_comm()) {
+  if (device_comm()) {  // a dry run too: the device path's buffers, nothing moved
     gather_on_device([&](size_t p) -> const Tensor& { return *params_[p].second; }, DType::f32);
     return round_into(copies);
   }
+  if (dev_.is_meta()) return;  // a dry run of the host path: nothing allocated here
   const int64_t S = layout_.shard;
   const size_t world = static_cast<size_t>(group_.size());
   scratch_.resize(world * static_cast<size_t>(round_));
@@ -458,6 +458,13 @@ void ShardedOptimizer::step() {
   std::vector<Tensor> grads;
   for (const auto& [name, p] : params_) grads.push_back(p->grad());
   step(grads, {}, {});
+}
+
+void ShardedOptimizer::step_params(size_t lo, size_t hi, bool advance) {
+  TR_CHECK(lo == 0 && hi == params_.size() && advance,
+           "ShardedOptimizer: the shard updates as a whole, not parameters [{}, {}) of {}", lo, hi,
+           params_.size());
+  step();
 }
 
 void ShardedOptimizer::step(const std::vector<Tensor>& grads, const backend::Backend::GradTransform& t,

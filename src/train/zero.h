@@ -124,6 +124,12 @@ class ShardedOptimizer final : public optim::Optimizer {
   void step() override;
   void step(const std::vector<Tensor>& grads, const backend::Backend::GradTransform& t,
             const std::vector<Tensor>& copies) override;
+
+ protected:
+  // The shard updates as a whole (its collectives span every parameter): [0, n) only, as step().
+  void step_params(size_t lo, size_t hi, bool advance) override;
+
+ public:
   void set_lr(double lr) override;
   int64_t step_count() const override { return inner_ ? inner_->step_count() : 0; }
   // This rank's slices' state (1-D entries under the unsharded names), and where they lie.

@@ -168,8 +168,7 @@ void FullShard::reduce_chunk_on_device(const Chunk& c) {
     widen_into(stretch(send, pos, p.n), g.defined() ? ops::contiguous(g) : g, p.at);
     pos += p.n;
   }
-  if (meta_) return;
-  opt_.group_.reduce_blocks_on(dev, send.data<float>(), c.per_rank, sum.data<float>());
+  if (!meta_) opt_.group_.reduce_blocks_on(dev, send.data<float>(), c.per_rank, sum.data<float>());
   scale_in_place(stretch(sum, 0, mine), scale_);
   pos = 0;
   for (const Piece& p : c.pieces) {
