@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One GPU check run (under ~8 minutes) on the device machine: unpack the CUDA build made by
+# One GPU check run on the device machine (all parts can outlast one 600 s device call: run
+# DEVICE_PARTS="tests train hf llama" first, the rest in a second call): unpack the CUDA build made by
 # scripts/package_device.sh, print the GPU and library versions, run the GPU tests (every CUDA parity test,
 # one process per suite so a sticky CUDA error cannot hide the suites after it), GPT-2 124M training (bf16,
 # T=1024, fused AdamW, batch $DEVICE_BATCH or 16) through `trainer train` (sdpa, eager, and sdpa with
