@@ -9,6 +9,9 @@
 #include <functional>
 #include <random>
 
+#include "backend/adamw8bit_math.h"
+#include "backend/cpu/adam8bit512.h"
+#include "backend/cpu/vec_math512.h"
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "optim/adamw.h"
@@ -239,6 +242,66 @@ std::map<std::string, Tensor> state_map(const optim::Optimizer& opt) {
   std::map<std::string, Tensor> out;
   for (const auto& [k, t] : opt.state_dict()) out[k] = t;
   return out;
+}
+
+// The branchless lower bound in quantize_code picks bitsandbytes' code for every input: the nearest, a tie
+// (a midpoint) to the even index, the ends clamped, NaN to code 0 - against a plain std::lower_bound search,
+// on both maps, for every code, every midpoint, their neighbours one ulp away and random values.
+TEST(Optim8bit, QuantizeCodePicksTheNearestCodeAsTheBranchingSearchDid) {
+  const auto reference = [](const std::array<float, 256>& code, float x) -> int {
+    const int lo = static_cast<int>(std::lower_bound(code.begin(), code.end(), x) - code.begin());
+    if (lo == 0 || x != x) return 0;
+    if (lo == 256) return 255;
+    const float m = (code[lo - 1] + code[lo]) * 0.5f;
+    return x > m ? lo : x < m ? lo - 1 : ((lo - 1) % 2 == 0 ? lo - 1 : lo);
+  };
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.2f, 1.2f);
+  for (bool is_signed : {true, false}) {
+    const auto& code = optim::dynamic_map(is_signed);
+    std::vector<float> xs{NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 2.0f, -2.0f};
+    for (int i = 0; i < 256; ++i) {
+      for (float c : {code[i], i < 255 ? (code[i] + code[i + 1]) * 0.5f : code[i]})
+        xs.insert(xs.end(), {c, std::nextafter(c, -INFINITY), std::nextafter(c, INFINITY)});
+    }
+    for (int i = 0; i < 20000; ++i) xs.push_back(u(rng));
+    for (float x : xs)
+      ASSERT_EQ(backend::quantize_code(code.data(), x), reference(code, x))
+          << (is_signed ? "signed " : "unsigned ") << x;
+  }
+}
+
+// The CPU's AVX-512 requantization (16 elements at once) gives the scalar adam8bit_codes' bits: random
+// moments against random block maxima, codes and midpoints exactly, zeros of both signs, values beyond the
+// ends, a zero block (quantized against 1) and NaN.
+TEST(Optim8bit, CodesOf16ElementsAreTheScalarCodes) {
+  if (!cpu::cpu_has_avx512f()) GTEST_SKIP() << "no AVX-512 on this CPU: the scalar codes alone run";
+  const auto& qs = optim::dynamic_map(true);
+  const auto& qu = optim::dynamic_map(false);
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1.5f, 1.5f);
+  for (int round = 0; round < 4000; ++round) {
+    float s1[16], s2[16];
+    const float max1 = round % 7 == 0 ? 0.0f : std::abs(u(rng)),
+                max2 = round % 5 == 0 ? 0.0f : std::abs(u(rng));
+    for (int j = 0; j < 16; ++j) {
+      const int pick = (round + j) % 6;
+      s1[j] = pick == 0   ? qs[(round * 16 + j) % 256] * (max1 > 0 ? max1 : 1.0f)
+              : pick == 1 ? (j % 2 ? 0.0f : -0.0f)
+              : pick == 2 ? (round % 3 ? 3.0f : NAN)
+                          : u(rng);
+      s2[j] = pick == 0 ? qu[(round * 16 + j) % 256] * (max2 > 0 ? max2 : 1.0f) : std::abs(u(rng));
+      if (pick == 3 && j < 15) s1[j] = (qs[j * 16] + qs[j * 16 + 1]) * 0.5f;  // a midpoint: the tie rule
+    }
+    uint8_t w1[16], w2[16];
+    cpu::adam8bit_codes16(s1, s2, max1, max2, qs.data(), qu.data(), w1, w2);
+    for (int j = 0; j < 16; ++j) {
+      uint8_t c1 = 0, c2 = 0;
+      backend::adam8bit_codes(s1[j], s2[j], max1, max2, qs.data(), qu.data(), c1, c2);
+      ASSERT_EQ(w1[j], c1) << "round " << round << " lane " << j << " s1 " << s1[j] << " max1 " << max1;
+      ASSERT_EQ(w2[j], c2) << "round " << round << " lane " << j << " s2 " << s2[j] << " max2 " << max2;
+    }
+  }
 }
 
 TEST(Optim8bit, FirstStepIsFp32AdamWAndTheStoredMomentsAreWithinOneCode) {
