@@ -73,6 +73,7 @@ struct Lane {
   const uint16_t* row;  // ldmatrix: the row address this lane gives
   float f;
   double d;
+  uint32_t u;
 };
 // Two sets, alternating per collective: a lane can be at most one collective ahead of the others (each
 // starts with a warp barrier), so one barrier per collective suffices.
@@ -164,6 +165,12 @@ inline double __shfl_xor_sync(unsigned, double v, int mask) {
   tr::emu::warp_sync();
   return l[tr::emu::lane() ^ mask].d;
 }
+inline unsigned __shfl_sync(unsigned, unsigned v, int src) {
+  tr::emu::Lane* l = tr::emu::lanes_now();
+  l[tr::emu::lane()].u = v;
+  tr::emu::warp_sync();
+  return l[src % 32].u;
+}
 inline void __syncwarp() { tr::emu::warp_sync(); }
 inline float __expf(float x) { return std::exp(x); }
 inline void __trap() { std::abort(); }
@@ -229,23 +236,26 @@ inline void ldmatrix(uint32_t (&r)[N], const uint16_t* p) {
 // emu::copies_land_at_issue, at once, so a copy into a buffer other warps still read (a missing
 // __syncthreads) overwrites it under them.
 struct AsyncCopy {
-  uint16_t* dst;
-  const uint16_t* src;
-  int bytes;
+  void* dst;
+  const void* src;
+  int size, bytes;  // size bytes land: the first `bytes` from src, zeros after
   int group;
 };
 inline thread_local std::vector<AsyncCopy> async_copies;
 inline thread_local int async_groups = 0;  // groups committed by this thread
 inline void land(const AsyncCopy& c) {
-  for (int e = 0; e < 8; ++e) c.dst[e] = 2 * e < c.bytes ? c.src[e] : uint16_t{0};
+  std::memset(c.dst, 0, static_cast<size_t>(c.size));
+  std::memcpy(c.dst, c.src, static_cast<size_t>(c.bytes));
 }
-inline void cp_async16(uint16_t* dst, const uint16_t* src, int bytes) {
-  const AsyncCopy c{dst, src, bytes, async_groups};
+inline void copy_async(void* dst, const void* src, int size, int bytes) {
+  const AsyncCopy c{dst, src, size, bytes, async_groups};
   if (emu::copies_land_at_issue)
     land(c);
   else
     async_copies.push_back(c);
 }
+inline void cp_async16(uint16_t* dst, const uint16_t* src, int bytes) { copy_async(dst, src, 16, bytes); }
+inline void cp_async4(float* dst, const float* src, int bytes) { copy_async(dst, src, 4, bytes); }
 inline void cp_async_commit() { ++async_groups; }
 template <int N>
 inline void cp_async_wait() {

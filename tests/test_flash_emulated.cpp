@@ -178,9 +178,10 @@ TEST(FlashEmulated, EveryKernelMatchesTheF64Reference) {
   }
 }
 
-// The forward kernel streams K and V by cp.async: the test above lands each copy at its wait (a read before
-// the wait sees poison); here every copy lands at issue, so one into a buffer another warp still reads would
-// change results.
+// Every kernel streams its tiles by cp.async (the forward through one buffer each for K and V, dq and dk/dv
+// through two slots): the test above lands each copy at its wait (a read before the wait sees poison); here
+// every copy lands at issue, so one into a buffer another warp still reads would change results. Dropout's
+// keep bits, traded between lanes by shuffles, are checked against the reference's own Philox words.
 TEST(FlashEmulated, CopiesLandingAtIssueGiveTheSameResults) {
   const FlashCase cases[] = {
       {1, 8, 2, 128, 192, 128, true, 0, false, 0.1, false, true},

@@ -7,11 +7,16 @@
 // in the block), so there are no atomics and the result is deterministic, as attention.cu's tiled kernels.
 // Fragments come from shared memory by ldmatrix (four 8 x 8 matrices an instruction, transposed for the
 // P V operand); the forward streams K and V by cp.async, the next tile's K copied in under this tile's
-// softmax and P V and its V under the next Q K^T (149 registers at head dim 64 on sm_90 against 124
-// without: 3 blocks an SM instead of 4 - the device run weighs the overlap against the occupancy); the
-// backward kernels still load their tiles synchronously. The dropout's Philox words cost ~40 integer ops per
-// score. The semantics are
-// Backend::attention's; the CPU twin is backend/cpu/attention_gemm.cpp (dropout as attn::drop_factors).
+// softmax and P V and its V under the next Q K^T (159 registers at head dim 64 on sm_90: 3 blocks an SM).
+// The backward kernels double-buffer theirs by cp.async: the next tile (K and V for dq; Q, dO, lse and
+// delta for dk/dv) comes in under the whole of this one's work, one barrier a tile. That takes 54-55 KiB of
+// shared memory at head dim 64 and 102-103 KiB at 128: two blocks an SM on an H100/H200, as their ~240
+// registers allow anyway, one on an A100 at head dim 128. Dropout's Philox blocks (~80 integer
+// instructions each) are made once per four keep words: a lane makes those of 32 keys of one row (16 keys
+// of two queries in dk/dv) and the warp trades them by shuffles - 8-9 blocks per lane and 64 x 64 tile in
+// each kernel, where a block per score pair (forward, dq: 16-24) or per score (dk/dv: 32) outweighed the
+// tile's mma work several times. The semantics are Backend::attention's; the CPU twin is
+// backend/cpu/attention_gemm.cpp (dropout as attn::drop_factors).
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
@@ -47,7 +52,7 @@ __global__ void flash_delta(Geo g, const T* out, const T* dout, float* delta) {
   }
 }
 
-// Opts a kernel into more than 48 KiB of dynamic shared memory (the flash kernels need at most ~70 KiB).
+// Opts a kernel into more than 48 KiB of dynamic shared memory (the flash kernels need at most 103 KiB).
 template <typename K>
 void use_smem(K kernel, size_t bytes) {
   if (bytes > 48 * 1024)

@@ -94,6 +94,16 @@ __device__ __forceinline__ void cp_async16(uint16_t* dst, const uint16_t* src, i
   __trap();
 #endif
 }
+// cp.async.ca.shared.global of 4 bytes (the .cg form copies 16 only): the first `bytes` (4 or 0) from src.
+__device__ __forceinline__ void cp_async4(float* dst, const float* src, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(bytes) : "memory");
+#else
+  (void)dst, (void)src, (void)bytes;
+  __trap();
+#endif
+}
 __device__ __forceinline__ void cp_async_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -256,33 +266,46 @@ __device__ __forceinline__ uint64_t drop_offset(const Geo& g, const uint64_t* sh
   return g.offset + (shift ? *shift : 0);
 }
 
-__device__ __forceinline__ float factor_of(const Geo& g, uint32_t w) {
-  return uniform_from_word(w) >= g.dropout ? static_cast<float>(g.keep_scale) : 0.0f;
-}
-
-// The dropout factor of (head row bh, query t, key s), as attention.cu's drop_factor and the CPU's.
-__device__ __forceinline__ float drop_factor(const Geo& g, uint64_t offset, int64_t bh, int64_t t,
-                                             int64_t s) {
-  if (g.dropout == 0.0f) return 1.0f;
-  return factor_of(g, philox_word(g.seed, offset, g.drop_index(bh, t, s)));
-}
-
-__device__ __forceinline__ uint32_t word_of(const Philox4& b, uint64_t j) {  // selects, not a local array
-  return j == 0 ? b.w[0] : j == 1 ? b.w[1] : j == 2 ? b.w[2] : b.w[3];
-}
-
-// The factors of keys s and s + 1 for query t: adjacent words, one Philox block for both unless they
-// straddle two (the per-score cost is Philox's ~40 integer ops a block).
-__device__ __forceinline__ void drop_pair(const Geo& g, uint64_t offset, int64_t bh, int64_t t, int64_t s,
-                                          float& z0, float& z1) {
-  if (g.dropout == 0.0f) {
-    z0 = z1 = 1.0f;
-    return;
+// Dropout's keep bits of the N (16 or 32) keys s .. s + N - 1 of query t in head row bh (bit k: key s + k
+// kept, uniform(word) >= dropout): their Philox words are consecutive (drop_index), so the N / 4 + 1 blocks
+// that hold them are made once each. A lane makes the bits of one row's keys and the warp shares them by
+// shuffles, where drawing each score's word on its own made a Philox block per score pair (forward, dq) or
+// per score (dk/dv): ~80 integer instructions each, several times the tile's tensor-core work. A query past
+// T has no bits (its scores are never kept).
+template <int N>
+__device__ __forceinline__ uint32_t keep_bits(const Geo& g, uint64_t offset, int64_t bh, int64_t t,
+                                              int64_t s) {
+  if (t >= g.T) return 0;
+  const uint64_t first = g.drop_index(bh, t, s), b0 = first / 4, b1 = (first + N - 1) / 4;
+  uint32_t bits = 0;
+#pragma unroll
+  for (int k = 0; k <= N / 4; ++k) {
+    if (b0 + k > b1) break;
+    const Philox4 p = philox4x32(offset + b0 + k, g.seed);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const auto pos = static_cast<int64_t>(4 * (b0 + k) + w - first);
+      if (pos >= 0 && pos < N && uniform_from_word(p.w[w]) >= g.dropout) bits |= 1u << pos;
+    }
   }
-  const uint64_t i = g.drop_index(bh, t, s), j = i % 4;
-  const Philox4 b = philox4x32(offset + i / 4, g.seed);
-  z0 = factor_of(g, word_of(b, j));
-  z1 = factor_of(g, j == 3 ? philox4x32(offset + i / 4 + 1, g.seed).w[0] : word_of(b, j + 1));
+  return bits;
+}
+
+// The factor of a score whose keep bit is bit `pos` of `bits`: keep_scale or 0.
+__device__ __forceinline__ float factor_of(const Geo& g, uint32_t bits, int pos) {
+  return bits >> pos & 1u ? static_cast<float>(g.keep_scale) : 0.0f;
+}
+
+// The keep bits of the 64 keys from s0 for a forward or dq lane's two query rows tr[0] = t and tr[1] = t + 8
+// (kb[r][h]: keys s0 + 32 h ..): lane i of the row group makes row i / 2's half i % 2, and the group's four
+// lanes trade them. Every lane of the warp calls it (shuffles).
+__device__ __forceinline__ void row_keep_bits(const Geo& g, uint64_t offset, int64_t bh, int64_t t,
+                                              int64_t s0, int gi, int i, uint32_t (&kb)[2][2]) {
+  const uint32_t mine = keep_bits<32>(g, offset, bh, t + 8 * (i >> 1), s0 + 32 * (i & 1));
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) kb[r][h] = __shfl_sync(0xffffffffu, mine, 4 * gi + 2 * r + h);
 }
 
 // max that keeps a NaN (fmaxf drops it): a row of NaN scores gives NaN, as the CPU twin.
@@ -360,6 +383,8 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // every warp is done with Ks: the next tile's K may come in
     if (more) load_tile_async<DP, kTile>(Ks, qb.kb, s0 + kTile, G.S, G.rows.k.row, D, vec);
     cp_async_commit();
+    uint32_t kb[2][2] = {};  // dropout's keep bits of the lane's rows
+    if (G.dropout > 0.0f) row_keep_bits(G, offset, bh, tr[0], s0, g, i, kb);
     float mx[2] = {m[0], m[1]};
 #pragma unroll
     for (int j = 0; j < kN; ++j)
@@ -382,14 +407,11 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < kN; ++j)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float p[2], z[2];
+        float p[2];
         for (int e = 0; e < 2; ++e) {
           p[e] = mx[r] == -INFINITY ? 0.0f : __expf(sc[j][2 * r + e] - mx[r]);
           l[r] += p[e];  // the softmax's sum is undropped; the product takes p * z
-        }
-        if (p[0] != 0.0f || p[1] != 0.0f) {
-          drop_pair(G, offset, bh, tr[r], s0 + 8 * j + 2 * i, z[0], z[1]);
-          p[0] *= z[0], p[1] *= z[1];
+          if (G.dropout > 0.0f) p[e] *= factor_of(G, kb[r][j / 4], (8 * j + 2 * i + e) % 32);
         }
         sc[j][2 * r] = p[0], sc[j][2 * r + 1] = p[1];
       }
@@ -424,15 +446,19 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int P = pitch<DP>();
   uint16_t* Qs = reinterpret_cast<uint16_t*>(smem);
   uint16_t* dOs = Qs + kOwn * P;
-  uint16_t* Ks = dOs + kOwn * P;
-  uint16_t* Vs = Ks + kTile * P;
+  uint16_t* KV = dOs + kOwn * P;  // two slots of a K tile then a V tile: one read while the next comes in
   const Geo& G = geo;
   const int D = static_cast<int>(G.D), warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, i = threadIdx.x % 4;
   const QueryBlock qb(G, k, v, warp, g);
   const int64_t bh = qb.bh, b = qb.b, t0 = qb.t0;
   const int64_t(&tr)[2] = qb.tr;
-  load_tile<DP, kOwn>(Qs, q + G.rows.q.at(b, qb.h, 0), t0, G.T, G.rows.q.row, D, vec);
-  load_tile<DP, kOwn>(dOs, dout + G.rows.dout.at(b, qb.h, 0), t0, G.T, G.rows.dout.row, D, vec);
+  load_tile_async<DP, kOwn>(Qs, q + G.rows.q.at(b, qb.h, 0), t0, G.T, G.rows.q.row, D, vec);
+  load_tile_async<DP, kOwn>(dOs, dout + G.rows.dout.at(b, qb.h, 0), t0, G.T, G.rows.dout.row, D, vec);
+  if (qb.s_begin < qb.s_end) {
+    load_tile_async<DP, kTile>(KV, qb.kb, qb.s_begin, G.S, G.rows.k.row, D, vec);
+    load_tile_async<DP, kTile>(KV + kTile * P, qb.vb, qb.s_begin, G.S, G.rows.v.row, D, vec);
+  }
+  cp_async_commit();  // one copy group a tile (the first with Q and dO): waiting for all finds it landed
   float L[2], Dl[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -442,33 +468,41 @@ __global__ void __launch_bounds__(kThreads)
   const float scale = static_cast<float>(G.scale);
   const uint64_t offset = drop_offset(G, shift);
   float acc[DP / 8][4] = {};
-  for (int64_t s0 = qb.s_begin; s0 < qb.s_end; s0 += kTile) {
-    __syncthreads();
-    load_tile<DP, kTile>(Ks, qb.kb, s0, G.S, G.rows.k.row, D, vec);
-    load_tile<DP, kTile>(Vs, qb.vb, s0, G.S, G.rows.v.row, D, vec);
-    __syncthreads();
+  int slot = 0;
+  for (int64_t s0 = qb.s_begin; s0 < qb.s_end; s0 += kTile, slot ^= 1) {
+    cp_async_wait<0>();  // this tile's K and V
+    __syncthreads();  // ... for every thread, and every warp is done with the other slot: the next comes in
+    if (s0 + kTile < qb.s_end) {
+      uint16_t* next = KV + (slot ^ 1) * 2 * kTile * P;
+      load_tile_async<DP, kTile>(next, qb.kb, s0 + kTile, G.S, G.rows.k.row, D, vec);
+      load_tile_async<DP, kTile>(next + kTile * P, qb.vb, s0 + kTile, G.S, G.rows.v.row, D, vec);
+    }
+    cp_async_commit();
+    const uint16_t* Ks = KV + slot * 2 * kTile * P;
+    const uint16_t* Vs = Ks + kTile * P;
     float sc[kN][4], dp[kN][4];
     rows_times_tile_t<T, DP>(sc, Qs + 16 * warp * P, Ks, g, i);
     rows_times_tile_t<T, DP>(dp, dOs + 16 * warp * P, Vs, g, i);
+    uint32_t kb[2][2] = {};  // dropout's keep bits of the lane's rows
+    if (G.dropout > 0.0f) row_keep_bits(G, offset, bh, tr[0], s0, g, i, kb);
 #pragma unroll
     for (int j = 0; j < kN; ++j)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int64_t t = tr[r], s = s0 + 8 * j + 2 * i;
-        float z[2] = {1.0f, 1.0f};  // Philox only for a pair with a visible score (rows past T, future keys)
-        if (t < G.T && L[r] != -INFINITY && (G.visible(b, t, s) || G.visible(b, t, s + 1)))
-          drop_pair(G, offset, bh, t, s, z[0], z[1]);
         for (int e = 0; e < 2; ++e) {
           float ds = 0.0f;
           if (t < G.T && s + e < G.S && L[r] != -INFINITY && G.visible(b, t, s + e)) {
             const float p = __expf(sc[j][2 * r + e] * scale - L[r]);
-            ds = p * (dp[j][2 * r + e] * z[e] - Dl[r]) * scale;
+            const float z = G.dropout > 0.0f ? factor_of(G, kb[r][j / 4], (8 * j + 2 * i + e) % 32) : 1.0f;
+            ds = p * (dp[j][2 * r + e] * z - Dl[r]) * scale;
           }
           sc[j][2 * r + e] = ds;
         }
       }
     scores_times_tile<T, DP>(acc, sc, Ks, g, i);  // dq += ds k
   }
+  cp_async_wait<0>();  // (a block with no tile leaves no copy in flight)
   const float one[2] = {1.0f, 1.0f};
   store_rows<T, DP>(dq + G.rows.dq.at(b, qb.h, 0), t0 + 16 * warp, G.T, G.rows.dq.row, D, acc, one, g, i);
 }
@@ -482,16 +516,14 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int P = pitch<DP>();
   uint16_t* Ks = reinterpret_cast<uint16_t*>(smem);
   uint16_t* Vs = Ks + kOwn * P;
-  uint16_t* Qs = Vs + kOwn * P;
-  uint16_t* dOs = Qs + kTile * P;
-  float* Ls = reinterpret_cast<float*>(dOs + kTile * P);  // the query tile's lse and delta
-  float* Dl = Ls + kTile;
+  uint16_t* QD = Vs + kOwn * P;  // two slots of a query tile's Q then dO: one read while the next comes in
+  float* LD = reinterpret_cast<float*>(QD + 4 * kTile * P);  // and of its lse then delta
   const Geo& G = geo;
   const int64_t tiles = (G.S + kOwn - 1) / kOwn, bkv = blockIdx.x / tiles, s0 = (blockIdx.x % tiles) * kOwn;
   const int64_t kvh = bkv % G.KV, b = bkv / G.KV, rep = G.H / G.KV;
   const int D = static_cast<int>(G.D), warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, i = threadIdx.x % 4;
-  load_tile<DP, kOwn>(Ks, k + G.rows.k.at(b, kvh, 0), s0, G.S, G.rows.k.row, D, vec);
-  load_tile<DP, kOwn>(Vs, v + G.rows.v.at(b, kvh, 0), s0, G.S, G.rows.v.row, D, vec);
+  load_tile_async<DP, kOwn>(Ks, k + G.rows.k.at(b, kvh, 0), s0, G.S, G.rows.k.row, D, vec);
+  load_tile_async<DP, kOwn>(Vs, v + G.rows.v.at(b, kvh, 0), s0, G.S, G.rows.v.row, D, vec);
   const int64_t sr[2] = {s0 + 16 * warp + g, s0 + 16 * warp + g + 8};  // the lane's two key rows
   const float scale = static_cast<float>(G.scale);
   const uint64_t offset = drop_offset(G, shift);
@@ -499,43 +531,71 @@ __global__ void __launch_bounds__(kThreads)
   // that sees the block's last key s0 + kOwn - 1 is t = s0 + kOwn - 1 - (S - T) + W - 1.
   const int64_t t_first = G.causal && s0 - (G.S - G.T) > 0 ? s0 - (G.S - G.T) : 0;
   const int64_t t_stop = G.causal && G.window > 0 ? s0 + kOwn - 1 - (G.S - G.T) + G.window : G.T;
-  const int64_t t_end = t_stop < G.T ? t_stop : G.T;
-  float ak[DP / 8][4] = {}, av[DP / 8][4] = {};
-  for (int64_t hr = 0; hr < rep; ++hr) {
-    const int64_t h = kvh * rep + hr, bh = b * G.H + h;
-    for (int64_t t0 = t_first / kTile * kTile; t0 < t_end; t0 += kTile) {
-      __syncthreads();
-      load_tile<DP, kTile>(Qs, q + G.rows.q.at(b, h, 0), t0, G.T, G.rows.q.row, D, vec);
-      load_tile<DP, kTile>(dOs, dout + G.rows.dout.at(b, h, 0), t0, G.T, G.rows.dout.row, D, vec);
-      for (int e = threadIdx.x; e < kTile; e += kThreads) {
-        const bool in = t0 + e < G.T;
-        Ls[e] = in ? lse[bh * G.T + t0 + e] : -INFINITY;
-        Dl[e] = in ? delta[bh * G.T + t0 + e] : 0.0f;
-      }
-      __syncthreads();
-      float st[kN][4], dpt[kN][4];  // the warp's 16 keys against the tile's 64 queries
-      rows_times_tile_t<T, DP>(st, Ks + 16 * warp * P, Qs, g, i);
-      rows_times_tile_t<T, DP>(dpt, Vs + 16 * warp * P, dOs, g, i);
-#pragma unroll
-      for (int j = 0; j < kN; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int qi = 8 * j + 2 * i + e % 2;
-          const int64_t s = sr[e / 2], t = t0 + qi;
-          float p = 0.0f, ds = 0.0f;
-          if (t < G.T && s < G.S && Ls[qi] != -INFINITY && G.visible(b, t, s)) {
-            const float z = drop_factor(G, offset, bh, t, s);
-            p = __expf(st[j][e] * scale - Ls[qi]);
-            ds = p * (dpt[j][e] * z - Dl[qi]) * scale;
-            p *= z;  // dv takes the dropped probability
-          }
-          st[j][e] = p;
-          dpt[j][e] = ds;
-        }
-      scores_times_tile<T, DP, (DP > 64)>(av, st, dOs, g, i);  // dv += p^T do
-      scores_times_tile<T, DP, (DP > 64)>(ak, dpt, Qs, g, i);  // dk += ds^T q
+  const int64_t t_end = t_stop < G.T ? t_stop : G.T, t_lo = t_first / kTile * kTile;
+  // The query tiles t_lo, t_lo + kTile, .. below t_end of each head of the group, one after the other.
+  const auto fetch = [&](int64_t h, int64_t t0, int slot_to) {
+    const int64_t bh = b * G.H + h;
+    uint16_t* qs = QD + slot_to * 2 * kTile * P;
+    load_tile_async<DP, kTile>(qs, q + G.rows.q.at(b, h, 0), t0, G.T, G.rows.q.row, D, vec);
+    load_tile_async<DP, kTile>(qs + kTile * P, dout + G.rows.dout.at(b, h, 0), t0, G.T, G.rows.dout.row, D,
+                               vec);
+    float* ls = LD + slot_to * 2 * kTile;
+    for (int e = threadIdx.x; e < kTile; e += kThreads) {  // rows past T: zeros, never read
+      const bool in = t0 + e < G.T;
+      cp_async4(ls + e, in ? lse + bh * G.T + t0 + e : lse, in ? 4 : 0);
+      cp_async4(ls + kTile + e, in ? delta + bh * G.T + t0 + e : delta, in ? 4 : 0);
     }
+  };
+  const int64_t h_end = (kvh + 1) * rep;
+  int64_t h = t_lo < t_end ? kvh * rep : h_end, t0 = t_lo;  // the tile at hand
+  if (h < h_end) fetch(h, t0, 0);
+  cp_async_commit();  // one copy group a tile (the first with K and V): waiting for all finds it landed
+  float ak[DP / 8][4] = {}, av[DP / 8][4] = {};
+  for (int slot = 0; h < h_end; slot ^= 1) {
+    cp_async_wait<0>();  // this tile's Q, dO, lse and delta
+    __syncthreads();  // ... for every thread, and every warp is done with the other slot: the next comes in
+    const bool wrap = t0 + kTile >= t_end;
+    const int64_t h_next = wrap ? h + 1 : h, t_next = wrap ? t_lo : t0 + kTile;
+    if (h_next < h_end) fetch(h_next, t_next, slot ^ 1);
+    cp_async_commit();
+    const int64_t bh = b * G.H + h;
+    const uint16_t* Qs = QD + slot * 2 * kTile * P;
+    const uint16_t* dOs = Qs + kTile * P;
+    const float* Ls = LD + slot * 2 * kTile;
+    const float* Dl = Ls + kTile;
+    float st[kN][4], dpt[kN][4];  // the warp's 16 keys against the tile's 64 queries
+    rows_times_tile_t<T, DP>(st, Ks + 16 * warp * P, Qs, g, i);
+    rows_times_tile_t<T, DP>(dpt, Vs + 16 * warp * P, dOs, g, i);
+    // Dropout's keep bits: lane L makes those of queries t0 + 2L and t0 + 2L + 1 against the warp's 16 keys
+    // (low and high half); the lane holding queries 8j + 2i, 8j + 2i + 1 reads lane 4j + i's.
+    uint32_t mine = 0;
+    if (G.dropout > 0.0f) {
+      const int64_t tq = t0 + 2 * (threadIdx.x % 32), sw = s0 + 16 * warp;
+      mine = keep_bits<16>(G, offset, bh, tq, sw) | keep_bits<16>(G, offset, bh, tq + 1, sw) << 16;
+    }
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+      const uint32_t kbj = G.dropout > 0.0f ? __shfl_sync(0xffffffffu, mine, 4 * j + i) : 0u;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qi = 8 * j + 2 * i + e % 2;
+        const int64_t s = sr[e / 2], t = t0 + qi;
+        float p = 0.0f, ds = 0.0f;
+        if (t < G.T && s < G.S && Ls[qi] != -INFINITY && G.visible(b, t, s)) {
+          const float z = G.dropout > 0.0f ? factor_of(G, kbj, 16 * (e % 2) + g + 8 * (e / 2)) : 1.0f;
+          p = __expf(st[j][e] * scale - Ls[qi]);
+          ds = p * (dpt[j][e] * z - Dl[qi]) * scale;
+          p *= z;  // dv takes the dropped probability
+        }
+        st[j][e] = p;
+        dpt[j][e] = ds;
+      }
+    }
+    scores_times_tile<T, DP, (DP > 64)>(av, st, dOs, g, i);  // dv += p^T do
+    scores_times_tile<T, DP, (DP > 64)>(ak, dpt, Qs, g, i);  // dk += ds^T q
+    h = h_next, t0 = t_next;
   }
+  cp_async_wait<0>();  // (a block with no query tile leaves no copy in flight)
   const float one[2] = {1.0f, 1.0f};
   store_rows<T, DP>(dk + G.rows.dk.at(b, kvh, 0), s0 + 16 * warp, G.S, G.rows.dk.row, D, ak, one, g, i);
   store_rows<T, DP>(dv + G.rows.dv.at(b, kvh, 0), s0 + 16 * warp, G.S, G.rows.dv.row, D, av, one, g, i);
@@ -547,11 +607,11 @@ constexpr size_t forward_smem() {
 }
 template <int DP>
 constexpr size_t dq_smem() {
-  return static_cast<size_t>(2 * kOwn + 2 * kTile) * pitch<DP>() * 2;
+  return static_cast<size_t>(2 * kOwn + 4 * kTile) * pitch<DP>() * 2;
 }
 template <int DP>
 constexpr size_t dkv_smem() {
-  return static_cast<size_t>(2 * kOwn + 2 * kTile) * pitch<DP>() * 2 + 2 * kTile * sizeof(float);
+  return static_cast<size_t>(2 * kOwn + 4 * kTile) * pitch<DP>() * 2 + 4 * kTile * sizeof(float);
 }
 
 }  // namespace tr::cuda::TR_FLASH_NAMESPACE
