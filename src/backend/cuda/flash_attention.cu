@@ -60,6 +60,14 @@ void use_smem(K kernel, size_t bytes) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
+// The current device's shared memory a block may opt into.
+size_t smem_per_block() {
+  int dev = 0, bytes = 0;
+  TR_CUDA_CHECK(cudaGetDevice(&dev));
+  TR_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return static_cast<size_t>(bytes);
+}
+
 // Calls f.template operator()<T, DP>() with the CUDA half type and the head dim padded to 64 or 128.
 template <typename F>
 void dispatch_flash(DType dt, int64_t D, F&& f) {
@@ -82,7 +90,9 @@ bool flash_attention_fits(DType dt, int64_t D) {
   int dev = 0, major = 0;
   TR_CUDA_CHECK(cudaGetDevice(&dev));
   TR_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  return major >= 8;
+  const size_t need = D <= 64 ? std::max(forward_smem<64>(), dkv_smem<64, 1>())
+                              : std::max(forward_smem<128>(), dkv_smem<128, 1>());
+  return major >= 8 && smem_per_block() >= need;
 }
 
 void flash_attention(Stream stream, DType dt, const Geo& g, const void* q, const void* k, const void* v,
@@ -114,20 +124,28 @@ void flash_attention_backward(Stream stream, DType dt, const Geo& g, const void*
   const auto* dop = static_cast<const uint16_t*>(dout);
   const auto qblocks = static_cast<unsigned>(B * H * ((T + kOwn - 1) / kOwn));
   const auto kblocks = static_cast<unsigned>(B * KV * ((S + kOwn - 1) / kOwn));
+  const size_t smem = smem_per_block();
+  const auto kernels = [&]<typename T_, int DP, int Slots>() {
+    use_smem(flash_dq<T_, DP, Slots>, dq_smem<DP, Slots>());
+    flash_dq<T_, DP, Slots><<<qblocks, kThreads, dq_smem<DP, Slots>(), stream>>>(
+        g, shift, qp, kp, vp, lp, delta, dop, static_cast<uint16_t*>(dq), vec);
+    TR_CUDA_LAUNCH_CHECK("flash_attention_dq");
+    if (kblocks > 0) {
+      use_smem(flash_dkv<T_, DP, Slots>, dkv_smem<DP, Slots>());
+      flash_dkv<T_, DP, Slots><<<kblocks, kThreads, dkv_smem<DP, Slots>(), stream>>>(
+          g, shift, qp, kp, vp, lp, delta, dop, static_cast<uint16_t*>(dk), static_cast<uint16_t*>(dv), vec);
+      TR_CUDA_LAUNCH_CHECK("flash_attention_dkv");
+    }
+  };
   dispatch_flash(dt, g.D, [&]<typename T_, int DP>() {
     flash_delta<T_><<<blocks_for(B * H * T * 32, 256), 256, 0, stream>>>(g, static_cast<const T_*>(out),
                                                                          static_cast<const T_*>(dout), delta);
     TR_CUDA_LAUNCH_CHECK("flash_attention_delta");
-    use_smem(flash_dq<T_, DP>, dq_smem<DP>());
-    flash_dq<T_, DP><<<qblocks, kThreads, dq_smem<DP>(), stream>>>(g, shift, qp, kp, vp, lp, delta, dop,
-                                                                   static_cast<uint16_t*>(dq), vec);
-    TR_CUDA_LAUNCH_CHECK("flash_attention_dq");
-    if (kblocks > 0) {
-      use_smem(flash_dkv<T_, DP>, dkv_smem<DP>());
-      flash_dkv<T_, DP><<<kblocks, kThreads, dkv_smem<DP>(), stream>>>(
-          g, shift, qp, kp, vp, lp, delta, dop, static_cast<uint16_t*>(dk), static_cast<uint16_t*>(dv), vec);
-      TR_CUDA_LAUNCH_CHECK("flash_attention_dkv");
-    }
+    // Two slots where a block may hold them (an H100's 227 KiB; an RTX 4090's 99 KiB takes one at 128).
+    if (smem >= std::max(dq_smem<DP, 2>(), dkv_smem<DP, 2>()))
+      kernels.template operator()<T_, DP, 2>();
+    else
+      kernels.template operator()<T_, DP, 1>();
   });
 }
 

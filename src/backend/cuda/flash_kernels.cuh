@@ -438,7 +438,9 @@ __global__ void __launch_bounds__(kThreads)
   store_rows<T, DP>(out + G.rows.out.at(b, qb.h, 0), t0 + 16 * warp, G.T, G.rows.out.row, D, o, inv, g, i);
 }
 
-template <typename T, int DP>
+// The backward kernels stream their tiles through Slots buffers: 2, the next tile copied in under this one's
+// work, where the device's shared memory per block allows (dq_smem, dkv_smem), else 1 (copied in after it).
+template <typename T, int DP, int Slots = 2>
 __global__ void __launch_bounds__(kThreads)
     flash_dq(Geo geo, const uint64_t* shift, const uint16_t* q, const uint16_t* k, const uint16_t* v,
              const float* lse, const float* delta, const uint16_t* dout, uint16_t* dq, bool vec) {
@@ -446,7 +448,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int P = pitch<DP>();
   uint16_t* Qs = reinterpret_cast<uint16_t*>(smem);
   uint16_t* dOs = Qs + kOwn * P;
-  uint16_t* KV = dOs + kOwn * P;  // two slots of a K tile then a V tile: one read while the next comes in
+  uint16_t* KV = dOs + kOwn * P;  // Slots slots of a K tile then a V tile
   const Geo& G = geo;
   const int D = static_cast<int>(G.D), warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, i = threadIdx.x % 4;
   const QueryBlock qb(G, k, v, warp, g);
@@ -454,10 +456,12 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t(&tr)[2] = qb.tr;
   load_tile_async<DP, kOwn>(Qs, q + G.rows.q.at(b, qb.h, 0), t0, G.T, G.rows.q.row, D, vec);
   load_tile_async<DP, kOwn>(dOs, dout + G.rows.dout.at(b, qb.h, 0), t0, G.T, G.rows.dout.row, D, vec);
-  if (qb.s_begin < qb.s_end) {
-    load_tile_async<DP, kTile>(KV, qb.kb, qb.s_begin, G.S, G.rows.k.row, D, vec);
-    load_tile_async<DP, kTile>(KV + kTile * P, qb.vb, qb.s_begin, G.S, G.rows.v.row, D, vec);
-  }
+  const auto fetch = [&](int64_t s0, int slot_to) {
+    uint16_t* ks = KV + slot_to * 2 * kTile * P;
+    load_tile_async<DP, kTile>(ks, qb.kb, s0, G.S, G.rows.k.row, D, vec);
+    load_tile_async<DP, kTile>(ks + kTile * P, qb.vb, s0, G.S, G.rows.v.row, D, vec);
+  };
+  if (qb.s_begin < qb.s_end) fetch(qb.s_begin, 0);
   cp_async_commit();  // one copy group a tile (the first with Q and dO): waiting for all finds it landed
   float L[2], Dl[2];
 #pragma unroll
@@ -469,15 +473,13 @@ __global__ void __launch_bounds__(kThreads)
   const uint64_t offset = drop_offset(G, shift);
   float acc[DP / 8][4] = {};
   int slot = 0;
-  for (int64_t s0 = qb.s_begin; s0 < qb.s_end; s0 += kTile, slot ^= 1) {
+  for (int64_t s0 = qb.s_begin; s0 < qb.s_end; s0 += kTile, slot = (slot + 1) % Slots) {
     cp_async_wait<0>();  // this tile's K and V
     __syncthreads();  // ... for every thread, and every warp is done with the other slot: the next comes in
-    if (s0 + kTile < qb.s_end) {
-      uint16_t* next = KV + (slot ^ 1) * 2 * kTile * P;
-      load_tile_async<DP, kTile>(next, qb.kb, s0 + kTile, G.S, G.rows.k.row, D, vec);
-      load_tile_async<DP, kTile>(next + kTile * P, qb.vb, s0 + kTile, G.S, G.rows.v.row, D, vec);
+    if constexpr (Slots == 2) {
+      if (s0 + kTile < qb.s_end) fetch(s0 + kTile, slot ^ 1);
+      cp_async_commit();
     }
-    cp_async_commit();
     const uint16_t* Ks = KV + slot * 2 * kTile * P;
     const uint16_t* Vs = Ks + kTile * P;
     float sc[kN][4], dp[kN][4];
@@ -501,13 +503,18 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     scores_times_tile<T, DP>(acc, sc, Ks, g, i);  // dq += ds k
+    if constexpr (Slots == 1) {
+      __syncthreads();  // every warp is done with the slot
+      if (s0 + kTile < qb.s_end) fetch(s0 + kTile, 0);
+      cp_async_commit();
+    }
   }
   cp_async_wait<0>();  // (a block with no tile leaves no copy in flight)
   const float one[2] = {1.0f, 1.0f};
   store_rows<T, DP>(dq + G.rows.dq.at(b, qb.h, 0), t0 + 16 * warp, G.T, G.rows.dq.row, D, acc, one, g, i);
 }
 
-template <typename T, int DP>
+template <typename T, int DP, int Slots = 2>
 __global__ void __launch_bounds__(kThreads)
     flash_dkv(Geo geo, const uint64_t* shift, const uint16_t* q, const uint16_t* k, const uint16_t* v,
               const float* lse, const float* delta, const uint16_t* dout, uint16_t* dk, uint16_t* dv,
@@ -516,8 +523,8 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int P = pitch<DP>();
   uint16_t* Ks = reinterpret_cast<uint16_t*>(smem);
   uint16_t* Vs = Ks + kOwn * P;
-  uint16_t* QD = Vs + kOwn * P;  // two slots of a query tile's Q then dO: one read while the next comes in
-  float* LD = reinterpret_cast<float*>(QD + 4 * kTile * P);  // and of its lse then delta
+  uint16_t* QD = Vs + kOwn * P;  // Slots slots of a query tile's Q then dO
+  float* LD = reinterpret_cast<float*>(QD + Slots * 2 * kTile * P);  // and of its lse then delta
   const Geo& G = geo;
   const int64_t tiles = (G.S + kOwn - 1) / kOwn, bkv = blockIdx.x / tiles, s0 = (blockIdx.x % tiles) * kOwn;
   const int64_t kvh = bkv % G.KV, b = bkv / G.KV, rep = G.H / G.KV;
@@ -551,13 +558,15 @@ __global__ void __launch_bounds__(kThreads)
   if (h < h_end) fetch(h, t0, 0);
   cp_async_commit();  // one copy group a tile (the first with K and V): waiting for all finds it landed
   float ak[DP / 8][4] = {}, av[DP / 8][4] = {};
-  for (int slot = 0; h < h_end; slot ^= 1) {
+  for (int slot = 0; h < h_end; slot = (slot + 1) % Slots) {
     cp_async_wait<0>();  // this tile's Q, dO, lse and delta
     __syncthreads();  // ... for every thread, and every warp is done with the other slot: the next comes in
     const bool wrap = t0 + kTile >= t_end;
     const int64_t h_next = wrap ? h + 1 : h, t_next = wrap ? t_lo : t0 + kTile;
-    if (h_next < h_end) fetch(h_next, t_next, slot ^ 1);
-    cp_async_commit();
+    if constexpr (Slots == 2) {
+      if (h_next < h_end) fetch(h_next, t_next, slot ^ 1);
+      cp_async_commit();
+    }
     const int64_t bh = b * G.H + h;
     const uint16_t* Qs = QD + slot * 2 * kTile * P;
     const uint16_t* dOs = Qs + kTile * P;
@@ -593,6 +602,11 @@ __global__ void __launch_bounds__(kThreads)
     }
     scores_times_tile<T, DP, (DP > 64)>(av, st, dOs, g, i);  // dv += p^T do
     scores_times_tile<T, DP, (DP > 64)>(ak, dpt, Qs, g, i);  // dk += ds^T q
+    if constexpr (Slots == 1) {
+      __syncthreads();  // every warp is done with the slot
+      if (h_next < h_end) fetch(h_next, t_next, 0);
+      cp_async_commit();
+    }
     h = h_next, t0 = t_next;
   }
   cp_async_wait<0>();  // (a block with no query tile leaves no copy in flight)
@@ -605,13 +619,14 @@ template <int DP>
 constexpr size_t forward_smem() {
   return static_cast<size_t>(kOwn + 2 * kTile) * pitch<DP>() * 2;
 }
-template <int DP>
+template <int DP, int Slots = 2>
 constexpr size_t dq_smem() {
-  return static_cast<size_t>(2 * kOwn + 4 * kTile) * pitch<DP>() * 2;
+  return static_cast<size_t>(2 * kOwn + Slots * 2 * kTile) * pitch<DP>() * 2;
 }
-template <int DP>
+template <int DP, int Slots = 2>
 constexpr size_t dkv_smem() {
-  return static_cast<size_t>(2 * kOwn + 4 * kTile) * pitch<DP>() * 2 + 4 * kTile * sizeof(float);
+  return static_cast<size_t>(2 * kOwn + Slots * 2 * kTile) * pitch<DP>() * 2 +
+         Slots * 2 * kTile * sizeof(float);
 }
 
 }  // namespace tr::cuda::TR_FLASH_NAMESPACE
