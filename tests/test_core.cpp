@@ -454,6 +454,23 @@ TEST(Philox, WordsOfARunAreTheWordsOneByOne) {
     }
 }
 
+// philox_block_words (the CUDA dropout kernel's pack of 4 or 8 elements) gives philox_word's words, across
+// the 32-bit counter carry.
+TEST(Philox, BlockWordsOfAPackAreTheWordsOneByOne) {
+  for (const uint64_t offset : {uint64_t{0}, uint64_t{1234}, (uint64_t{1} << 32) - 1})
+    for (const uint64_t first : {uint64_t{0}, uint64_t{4}, uint64_t{8}, uint64_t{1} << 40}) {
+      uint32_t w4[4], w8[8];
+      philox_block_words(77, offset, first, w4);
+      philox_block_words(77, offset, first, w8);
+      for (uint64_t k = 0; k < 8; ++k) {
+        if (k < 4) {
+          ASSERT_EQ(w4[k], philox_word(77, offset, first + k)) << first << " " << k;
+        }
+        ASSERT_EQ(w8[k], philox_word(77, offset, first + k)) << first << " " << k;
+      }
+    }
+}
+
 // The AVX-512 Philox (eight blocks at once) gives philox_word's words, across the 32-bit counter carry, and
 // philox_words_fast's runs (ragged heads and tails around the vector middle) too.
 TEST(Philox, EightBlocksAtOnceMatchOneByOne) {

@@ -36,6 +36,18 @@ TR_HD uint32_t philox_word(uint64_t seed, uint64_t offset, uint64_t i) {
   return philox4x32(offset + i / 4, seed).w[i % 4];
 }
 
+// The N words first .. first + N - 1 of that stream into w, for first and N multiples of 4: N / 4 blocks,
+// none made twice (a GPU thread's pack of dropout elements; philox_word per element makes each block 4
+// times).
+template <int N>
+TR_HD void philox_block_words(uint64_t seed, uint64_t offset, uint64_t first, uint32_t (&w)[N]) {
+  static_assert(N % 4 == 0, "whole blocks");
+  for (int b = 0; b < N / 4; ++b) {
+    const Philox4 r = philox4x32(offset + first / 4 + static_cast<uint64_t>(b), seed);
+    for (int k = 0; k < 4; ++k) w[4 * b + k] = r.w[k];
+  }
+}
+
 // Calls f(k, word) for the words first .. first + n - 1 of that stream, k counting from 0: philox_word's
 // words, with each Philox block computed once for its four words (host loops over runs of a draw).
 template <typename F>
