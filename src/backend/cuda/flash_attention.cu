@@ -11,7 +11,8 @@
 // The backward kernels double-buffer theirs by cp.async: the next tile (K and V for dq; Q, dO, lse and
 // delta for dk/dv) comes in under the whole of this one's work, one barrier a tile. That takes 54-55 KiB of
 // shared memory at head dim 64 and 102-103 KiB at 128: two blocks an SM on an H100/H200, as their ~240
-// registers allow anyway, one on an A100 at head dim 128. Dropout's Philox blocks (~80 integer
+// registers allow anyway; where an SM would hold fewer (an A100 at head dim 128, an RTX 4090) they take one
+// slot, the next tile copied in after this one's work. Dropout's Philox blocks (~80 integer
 // instructions each) are made once per four keep words: a lane makes those of 32 keys of one row (16 keys
 // of two queries in dk/dv) and the warp trades them by shuffles - 8-9 blocks per lane and 64 x 64 tile in
 // each kernel, where a block per score pair (forward, dq: 16-24) or per score (dk/dv: 32) outweighed the
@@ -60,11 +61,13 @@ void use_smem(K kernel, size_t bytes) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-// The current device's shared memory a block may opt into.
-size_t smem_per_block() {
+// The current device's shared memory a block may opt into, or an SM holds (per_sm).
+size_t smem_bytes(bool per_sm = false) {
   int dev = 0, bytes = 0;
   TR_CUDA_CHECK(cudaGetDevice(&dev));
-  TR_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  TR_CUDA_CHECK(cudaDeviceGetAttribute(
+      &bytes, per_sm ? cudaDevAttrMaxSharedMemoryPerMultiprocessor : cudaDevAttrMaxSharedMemoryPerBlockOptin,
+      dev));
   return static_cast<size_t>(bytes);
 }
 
@@ -92,7 +95,7 @@ bool flash_attention_fits(DType dt, int64_t D) {
   TR_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   const size_t need = D <= 64 ? std::max(forward_smem<64>(), dkv_smem<64, 1>())
                               : std::max(forward_smem<128>(), dkv_smem<128, 1>());
-  return major >= 8 && smem_per_block() >= need;
+  return major >= 8 && smem_bytes() >= need;
 }
 
 void flash_attention(Stream stream, DType dt, const Geo& g, const void* q, const void* k, const void* v,
@@ -124,7 +127,7 @@ void flash_attention_backward(Stream stream, DType dt, const Geo& g, const void*
   const auto* dop = static_cast<const uint16_t*>(dout);
   const auto qblocks = static_cast<unsigned>(B * H * ((T + kOwn - 1) / kOwn));
   const auto kblocks = static_cast<unsigned>(B * KV * ((S + kOwn - 1) / kOwn));
-  const size_t smem = smem_per_block();
+  const size_t smem = smem_bytes(), smem_sm = smem_bytes(true);
   const auto kernels = [&]<typename T_, int DP, int Slots>() {
     use_smem(flash_dq<T_, DP, Slots>, dq_smem<DP, Slots>());
     flash_dq<T_, DP, Slots><<<qblocks, kThreads, dq_smem<DP, Slots>(), stream>>>(
@@ -141,8 +144,11 @@ void flash_attention_backward(Stream stream, DType dt, const Geo& g, const void*
     flash_delta<T_><<<blocks_for(B * H * T * 32, 256), 256, 0, stream>>>(g, static_cast<const T_*>(out),
                                                                          static_cast<const T_*>(dout), delta);
     TR_CUDA_LAUNCH_CHECK("flash_attention_delta");
-    // Two slots where a block may hold them (an H100's 227 KiB; an RTX 4090's 99 KiB takes one at 128).
-    if (smem >= std::max(dq_smem<DP, 2>(), dkv_smem<DP, 2>()))
+    // Two slots where an SM still holds the two blocks the kernels' ~240 registers allow (1 KiB each for the
+    // system): an H100/H200 (228 KiB an SM); an A100 (164) takes one at head dim 128, an RTX 4090 (100) one
+    // at both.
+    const size_t two = std::max(dq_smem<DP, 2>(), dkv_smem<DP, 2>());
+    if (smem >= two && smem_sm >= 2 * (two + 1024))
       kernels.template operator()<T_, DP, 2>();
     else
       kernels.template operator()<T_, DP, 1>();
