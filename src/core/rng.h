@@ -33,7 +33,13 @@ TR_HD Philox4 philox4x32(uint64_t counter, uint64_t key) {
 
 // The i-th 32-bit random word of the stream that starts at counter `offset` under `seed`.
 TR_HD uint32_t philox_word(uint64_t seed, uint64_t offset, uint64_t i) {
-  return philox4x32(offset + i / 4, seed).w[i % 4];
+  const Philox4 b = philox4x32(offset + i / 4, seed);
+#ifdef __CUDA_ARCH__  // selects: a block indexed by a runtime i % 4 went through local memory
+  const uint64_t j = i % 4;
+  return j == 0 ? b.w[0] : j == 1 ? b.w[1] : j == 2 ? b.w[2] : b.w[3];
+#else
+  return b.w[i % 4];
+#endif
 }
 
 // The N words first .. first + N - 1 of that stream into w, for first and N multiples of 4: N / 4 blocks,
