@@ -36,9 +36,9 @@ Stage stage(Kind kind, std::initializer_list<int32_t> in, int32_t out) {
 // Runs `stages` over `count` tensors of n elements (inputs drawn, outputs poisoned) on the CPU backend and
 // through the emulated kernel; every tensor's bytes must agree.
 template <typename T>
-void check_chain(const char* what, const std::vector<Stage>& stages, int count, DType dt, uint64_t shift) {
-  SCOPED_TRACE(fmt::format("{} in {}, shift {}", what, dtype_name(dt), shift));
-  const int64_t n = 1000;
+void check_chain(const char* what, const std::vector<Stage>& stages, int count, DType dt, uint64_t shift,
+                 int64_t n = 1000) {
+  SCOPED_TRACE(fmt::format("{} in {}, shift {}, {} elements", what, dtype_name(dt), shift, n));
   std::vector<Tensor> cpu;
   Generator gen(17);
   for (int k = 0; k < count; ++k)
@@ -72,7 +72,13 @@ void check_all(DType dt) {
   drop.alpha = 0.1, drop.seed = 1234, drop.offset = 77;
   const Stage add = stage(Kind::binary, {-1, 1}, 2);
   for (const uint64_t shift : {uint64_t{0}, uint64_t{5}})
-    check_chain<T>("dropout + residual", {drop, add}, 3, dt, shift);
+    for (const int64_t n : {1000, 1003, 3})  // the kernel's quads of elements, a ragged last one
+      check_chain<T>("dropout + residual", {drop, add}, 3, dt, shift, n);
+  // Two dropout stages in one chain: each its own block of every quad.
+  Stage drop2 = drop;
+  drop2.in[0] = 1, drop2.alpha = 0.3, drop2.seed = 99, drop2.offset = 5;
+  const Stage add2 = stage(Kind::binary, {-1, -2}, 2);
+  check_chain<T>("two dropouts", {drop, drop2, add2}, 3, dt, 5, 1001);
   // The GELU backward, scaled and accumulated: t0 x, t1 gy, t2 accumulated gradient; stores t3 and t2.
   Stage gelu = stage(Kind::unary_backward, {0, 1}, 3);
   gelu.unary = backend::UnaryOp::gelu_tanh;

@@ -28,42 +28,50 @@ inline FusedChain prepared(const FusedChain& chain) {
   return c;
 }
 
-// One thread per element (grid-stride). The chain (~1.2 KB) is a __grid_constant__ parameter, read in place
-// rather than copied per thread, since stages and operands are indexed at run time; the stage values live in
-// a small per-thread array. The element math is the unfused functors' (UnaryF, UnaryBackwardF, BinaryF,
-// AffineF, DropoutF: unary_math.h and rng.h), each stage's value rounded to T as a stored tensor would be, so
-// a fused chain gives their bits. `shift` (a CUDA graph's launch, or null) moves dropout's Philox offsets.
+// Four consecutive elements a thread (grid-stride over quads): a dropout stage's words for them are one
+// Philox block's (element i takes word i % 4 of block i / 4), made once where a thread per element made it
+// four times (~80 integer instructions each, more than the chain's memory traffic). The chain (~1.2 KB) is a
+// __grid_constant__ parameter, read in place rather than copied per thread, since stages and operands are
+// indexed at run time; the stage values live in a small per-thread array. The element math is the unfused
+// functors' (UnaryF, UnaryBackwardF, BinaryF, AffineF, DropoutF: unary_math.h and rng.h), each stage's value
+// rounded to T as a stored tensor would be, so a fused chain gives their bits. `shift` (a CUDA graph's
+// launch, or null) moves dropout's Philox offsets.
 template <typename T>
 __global__ void fused_chain_kernel(const __grid_constant__ FusedChain c, int64_t n, const uint64_t* shift) {
   using A = acc_t<T>;
   const uint64_t moved = shift ? *shift : 0;
-  const int64_t step = static_cast<int64_t>(blockDim.x) * gridDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
-    A value[kFusedStages];
-    for (int k = 0; k < c.stages; ++k) {
-      const FusedChainStage& s = c.stage[k];
-      const auto in = [&](int j) {
-        const int32_t o = s.in[j];
-        return o >= 0 ? to_acc(static_cast<const T*>(c.tensor[o])[i]) : value[-1 - o];
-      };
-      A v;
-      switch (s.kind) {
-        case FusedChainStage::Kind::unary: v = backend::unary_fn(s.unary, in(0)); break;
-        case FusedChainStage::Kind::unary_backward: v = in(1) * backend::unary_grad(s.unary, in(0)); break;
-        case FusedChainStage::Kind::binary: v = backend::binary_fn(s.binary, in(0), in(1)); break;
-        case FusedChainStage::Kind::affine:
-          v = static_cast<A>(s.alpha) * in(0) + static_cast<A>(s.beta);
-          break;
-        default: {  // dropout: the element's Philox word is its index in the tensor
-          const float p = static_cast<float>(s.alpha);
-          const bool keep =
-              uniform_from_word(philox_word(s.seed, s.offset + moved, static_cast<uint64_t>(i))) >= p;
-          v = keep ? in(0) * static_cast<A>(s.beta) : A(0);  // beta: 1 / (1 - p), from prepared()
+  const int64_t step = static_cast<int64_t>(blockDim.x) * gridDim.x, quads = (n + 3) / 4;
+  for (int64_t q = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; q < quads; q += step) {
+    Philox4 block{};  // the Philox block of dropout stage `made` for this quad (-1: none yet)
+    int made = -1;
+    for (int64_t i = 4 * q; i < 4 * q + 4 && i < n; ++i) {
+      A value[kFusedStages];
+      for (int k = 0; k < c.stages; ++k) {
+        const FusedChainStage& s = c.stage[k];
+        const auto in = [&](int j) {
+          const int32_t o = s.in[j];
+          return o >= 0 ? to_acc(static_cast<const T*>(c.tensor[o])[i]) : value[-1 - o];
+        };
+        A v;
+        switch (s.kind) {
+          case FusedChainStage::Kind::unary: v = backend::unary_fn(s.unary, in(0)); break;
+          case FusedChainStage::Kind::unary_backward: v = in(1) * backend::unary_grad(s.unary, in(0)); break;
+          case FusedChainStage::Kind::binary: v = backend::binary_fn(s.binary, in(0), in(1)); break;
+          case FusedChainStage::Kind::affine:
+            v = static_cast<A>(s.alpha) * in(0) + static_cast<A>(s.beta);
+            break;
+          default: {  // dropout: the element's Philox word is its index in the tensor (philox_word's)
+            if (made != k) block = philox4x32(s.offset + moved + static_cast<uint64_t>(q), s.seed), made = k;
+            const int64_t e = i % 4;
+            const uint32_t w = e == 0 ? block.w[0] : e == 1 ? block.w[1] : e == 2 ? block.w[2] : block.w[3];
+            const float p = static_cast<float>(s.alpha);
+            v = uniform_from_word(w) >= p ? in(0) * static_cast<A>(s.beta) : A(0);  // beta: 1 / (1 - p)
+          }
         }
+        const T r = from_acc<T>(v);
+        value[k] = to_acc(r);
+        if (s.out >= 0) static_cast<T*>(c.tensor[s.out])[i] = r;
       }
-      const T r = from_acc<T>(v);
-      value[k] = to_acc(r);
-      if (s.out >= 0) static_cast<T*>(c.tensor[s.out])[i] = r;
     }
   }
 }
