@@ -147,14 +147,11 @@ struct BlockRows {
   const uint64_t* shift;  // a CUDA graph's launch: added to offset (null: none)
   __device__ int64_t batch(int64_t row) const { return row / per_group / g.KV; }
   __device__ int64_t query(int64_t row) const { return t0 + row % per_group % tq; }
-  // The dropout factor of (row, key s), as the CPU twin: from the element's index in [B, H, T, S].
-  __device__ double factor(int64_t row, int64_t s) const {
-    if (dropout == 0.0f) return 1.0;
+  // The Philox word index of (row, key 0), as the CPU twin: the element's index in [B, H, T, S].
+  __device__ uint64_t drop_first(int64_t row) const {
     const int64_t grp = row / per_group, rr = row % per_group;
     const int64_t h = grp % g.KV * (g.H / g.KV) + rr / tq;
-    const uint64_t idx = static_cast<uint64_t>(((batch(row) * g.H + h) * g.T + query(row)) * g.S + s);
-    return uniform_from_word(philox_word(seed, offset + (shift ? *shift : 0), idx)) >= dropout ? keep_scale
-                                                                                               : 0.0;
+    return static_cast<uint64_t>(((batch(row) * g.H + h) * g.T + query(row)) * g.S);
   }
 };
 
@@ -163,11 +160,21 @@ struct BlockRows {
 struct RowView {
   int64_t lo, hi;
   const bool* keep;
+  uint64_t first = 0, at = 0;  // dropout: the row's first Philox word and the stream's offset (shift added)
   __device__ RowView(const BlockRows& br, int64_t row)
       : lo(br.g.first_key(br.query(row))),
         hi(br.g.last_key(br.query(row))),
-        keep(br.g.keep ? br.g.keep + br.batch(row) * br.g.S : nullptr) {}
+        keep(br.g.keep ? br.g.keep + br.batch(row) * br.g.S : nullptr) {
+    if (br.dropout != 0.0f) first = br.drop_first(row), at = br.offset + (br.shift ? *br.shift : 0);
+  }
   __device__ bool on(int64_t s) const { return s >= lo && s <= hi && (keep == nullptr || keep[s]); }
+  // The dropout factor of key s (1 without dropout).
+  __device__ double factor(const BlockRows& br, int64_t s) const {
+    if (br.dropout == 0.0f) return 1.0;
+    return uniform_from_word(philox_word(br.seed, at, first + static_cast<uint64_t>(s))) >= br.dropout
+               ? br.keep_scale
+               : 0.0;
+  }
 };
 
 // Keys per thread held in registers by block_softmax_kernel: rows up to 4 x 256 keys are read once.
@@ -207,7 +214,7 @@ __global__ void block_softmax_kernel(BlockRows br, const A* scores, P* probs, A*
       const int64_t s = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
       if (s < br.sk)
         st(p, s,
-           v[j] != A(-INFINITY) && l != A(-INFINITY) ? exp(v[j] - l) * static_cast<A>(br.factor(row, s))
+           v[j] != A(-INFINITY) && l != A(-INFINITY) ? exp(v[j] - l) * static_cast<A>(rv.factor(br, s))
                                                      : A(0));
     }
     return;
@@ -227,7 +234,7 @@ __global__ void block_softmax_kernel(BlockRows br, const A* scores, P* probs, A*
   const A l = m + log(block_sum(sum, sh));
   if (threadIdx.x == 0) lse[row] = l;
   for (int64_t s = threadIdx.x; s < br.sk; s += blockDim.x)
-    st(p, s, rv.on(s) ? exp(x[s] * scale - l) * static_cast<A>(br.factor(row, s)) : A(0));
+    st(p, s, rv.on(s) ? exp(x[s] * scale - l) * static_cast<A>(rv.factor(br, s)) : A(0));
 }
 
 // One block per row (row constants once, RowView); bound by HBM: 8 bytes read and 2-4 written per score.
@@ -240,7 +247,7 @@ __global__ void block_grad_kernel(BlockRows br, const A* scores, const A* dp, co
   const bool any = l != A(-INFINITY);
   for (int64_t s = threadIdx.x; s < br.sk; s += blockDim.x) {
     const bool on = any && rv.on(s);
-    const A pv = on ? exp(scores[base + s] * scale - l) : A(0), z = static_cast<A>(br.factor(row, s));
+    const A pv = on ? exp(scores[base + s] * scale - l) : A(0), z = static_cast<A>(rv.factor(br, s));
     st(probs, base + s, pv * z);
     st(dscores, base + s, pv * (dp[base + s] * z - dl) * scale);
   }
