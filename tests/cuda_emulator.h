@@ -8,6 +8,7 @@
 // no CUDA header. What it cannot show: races a real GPU would expose, __expf's precision, the tensor cores'
 // own rounding.
 #pragma once
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "backend/cuda/kernels.h"  // BadIndexKind
+#include "core/rng.h"
 
 #define TR_FLASH_EMULATED 1
 #define TR_FLASH_NAMESPACE flash_emulated
@@ -182,6 +184,14 @@ inline __half2 __floats2half2_rn(float a, float b) {
 }
 
 namespace tr::cuda::flash_emulated {
+
+// The Philox blocks the flash kernels make (their unqualified calls find this one first): a test reads and
+// resets the count to see the dropout's random work per score.
+inline std::atomic<int64_t> philox_blocks{0};
+inline Philox4 philox4x32(uint64_t counter, uint64_t key) {
+  philox_blocks.fetch_add(1, std::memory_order_relaxed);
+  return tr::philox4x32(counter, key);
+}
 
 // mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}: d (16 x 8) += a (16 x 16, row-major) b (16 x 8,
 // column-major), each lane holding the PTX ISA's fragment elements: a's registers 0-3 are (row g, cols 2t,

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -58,6 +59,9 @@ double relative_error(const std::vector<uint16_t>& got, const std::vector<double
 
 // The backward kernels' tile slots: 2 (the next tile copied in under this one) or 1 (a device with less
 // shared memory a block).
+// Philox blocks each kernel made in the last run_case: forward, dq, dk/dv.
+int64_t blocks_made[3];
+
 void run_case(const FlashCase& c, uint64_t seed, int slots = 2) {
   emu::f16 = c.f16;
   std::mt19937 gen(static_cast<uint32_t>(seed));
@@ -92,8 +96,10 @@ void run_case(const FlashCase& c, uint64_t seed, int slots = 2) {
     return static_cast<unsigned>(groups * ((rows + fk::kOwn - 1) / fk::kOwn));
   };
   auto kernels = [&]<typename T, int DP>() {
+    fk::philox_blocks = 0;
     emu::launch(blocks(c.T, c.B * c.H), fk::kThreads, fk::forward_smem<DP>(),
                 [&] { fk::flash_forward<T, DP>(g, shift, P.q(), P.k(), P.v(), P.out(), lse.data(), c.vec); });
+    blocks_made[0] = fk::philox_blocks.exchange(0);
     out = P.take(P.out(), P.rows.out, false);
     for (int64_t row = 0; row < c.B * c.H * c.T; ++row) {  // (flash_delta's rowsum, on the host)
       float s = 0;
@@ -102,14 +108,17 @@ void run_case(const FlashCase& c, uint64_t seed, int slots = 2) {
       delta[row] = s;
     }
     auto backward = [&]<int Slots>() {
+      fk::philox_blocks = 0;
       emu::launch(blocks(c.T, c.B * c.H), fk::kThreads, fk::dq_smem<DP, Slots>(), [&] {
         fk::flash_dq<T, DP, Slots>(g, shift, P.q(), P.k(), P.v(), lse.data(), delta.data(), P.dout(), P.dq(),
                                    c.vec);
       });
+      blocks_made[1] = fk::philox_blocks.exchange(0);
       emu::launch(blocks(c.S, c.B * c.KV), fk::kThreads, fk::dkv_smem<DP, Slots>(), [&] {
         fk::flash_dkv<T, DP, Slots>(g, shift, P.q(), P.k(), P.v(), lse.data(), delta.data(), P.dout(), P.dk(),
                                     P.dv(), c.vec);
       });
+      blocks_made[2] = fk::philox_blocks.exchange(0);
     };
     if (slots == 1)
       backward.template operator()<1>();
@@ -205,6 +214,23 @@ TEST(FlashEmulated, CopiesLandingAtIssueGiveTheSameResults) {
     run_case(c, seed++);
   }
   emu::copies_land_at_issue = false;
+}
+
+// Dropout's random work: two GPT-2-like causal heads (T = S = 256, head dim 64) have 65,792 visible keep
+// words, 16,448 Philox blocks' worth. Each kernel makes 1.25 blocks per four visible words (whole diagonal
+// tiles: 1.06 at T = 1024), where a block per visible score pair (forward, dq) made 2.01 and one per visible
+// score (dk/dv) 4.
+TEST(FlashEmulated, DropoutMakesEachPhiloxBlockAboutOnce) {
+  const FlashCase c{1, 2, 2, 256, 256, 64, true, 0, false, 0.1, false, true};
+  run_case(c, 7);
+  const double words = 2.0 * 256 * 257 / 2;  // visible (query, key) pairs of the two heads
+  const char* names[] = {"forward", "dq", "dk/dv"};
+  for (int k = 0; k < 3; ++k) {
+    const double per_block = static_cast<double>(blocks_made[k]) / (words / 4);
+    std::printf("%s: %lld Philox blocks, %.2f per block of four visible words\n", names[k],
+                static_cast<long long>(blocks_made[k]), per_block);
+    EXPECT_LE(per_block, 1.5) << names[k];
+  }
 }
 
 // One slot (a device whose blocks hold less shared memory: dk/dv at head dim 128 on an RTX 4090) gives the
