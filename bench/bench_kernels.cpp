@@ -97,6 +97,8 @@ int run(int argc, char** argv) {
     ops::layer_norm_backward(ln.sum, w, ln.mean, ln.rstd, gy, true, true, true, ga);
   }),
               4 * h * N * d);
+  // GPT-2's residual dropout (p 0.1): x in, y out; a Philox block per four elements.
+  b.bytes_row("dropout 768 (p 0.1)", "dropout", b.time([&] { ops::dropout(x, 0.1, 1, 0); }), 2 * h * N * d);
   {
     const Tensor lx = randn({L_rows, L_d}), lw = randn({L_d});
     b.bytes_row("rms_norm 4096 (Llama-8B)", "rms_norm", b.time([&] { ops::rms_norm(lx, lw, 1e-5); }),
