@@ -2,17 +2,31 @@
 // tests/cuda_emulator.h, against the CPU backend's fused_elementwise on the same stages: the chains
 // compile::fuse_elementwise makes (dropout + residual add, the GELU backward with its gradient adds, exp /
 // affine / binary runs), f32 and bf16, a grid smaller than the tensors (the grid-stride loop), values kept
-// and not stored, and dropout with a CUDA graph's Philox shift - bit for bit. What the GPU itself adds (its
+// and not stored, and dropout with a CUDA graph's Philox shift - bit for bit; with one or two dropout stages
+// the kernel makes one Philox block per four elements each (counted). What the GPU itself adds (its
 // exp and tanh) is the device's to show: CompileGpu.* there.
 #include "cuda_emulator.h"  // first: the CUDA built-ins the kernel's header expects
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
+#include <atomic>
+
 #include "backend/backend.h"
+
+// The Philox blocks the chain kernel makes (its unqualified calls find this one first).
+namespace tr::cuda::chain_emulated {
+inline std::atomic<int64_t> philox_blocks{0};
+inline Philox4 philox4x32(uint64_t counter, uint64_t key) {
+  philox_blocks.fetch_add(1, std::memory_order_relaxed);
+  return tr::philox4x32(counter, key);
+}
+}  // namespace tr::cuda::chain_emulated
+
 #include "backend/cuda/fused_chain.cuh"
 #include "backend/cuda/fused_chain_of.h"
 #include "ops/ops.h"
@@ -58,7 +72,14 @@ void check_chain(const char* what, const std::vector<Stage>& stages, int count, 
   const cuda::FusedChain c = cuda::chain_of(stages, ptrs);  // the backend's own conversion
   const cuda::FusedChain p = ck::prepared(c);
   const uint64_t word = shift;
+  ck::philox_blocks = 0;
   emu::launch(3, 64, 0, [&] { ck::fused_chain_kernel<T>(p, n, shift ? &word : nullptr); });  // 192 threads
+  // A dropout stage makes one Philox block per four elements (one per element made four times as many).
+  const auto drops =
+      std::count_if(stages.begin(), stages.end(), [](const Stage& s) { return s.kind == Kind::dropout; });
+  if (drops <= 2) {  // (the kernel keeps two stages' blocks of a quad; a third takes the second's place)
+    EXPECT_EQ(ck::philox_blocks.load(), drops * ((n + 3) / 4)) << "Philox blocks";
+  }
   for (int k = 0; k < count; ++k)
     EXPECT_EQ(0, std::memcmp(dev[static_cast<size_t>(k)].data(), cpu[static_cast<size_t>(k)].data_ptr(),
                              n * sizeof(T)))
@@ -79,6 +100,10 @@ void check_all(DType dt) {
   drop2.in[0] = 1, drop2.alpha = 0.3, drop2.seed = 99, drop2.offset = 5;
   const Stage add2 = stage(Kind::binary, {-1, -2}, 2);
   check_chain<T>("two dropouts", {drop, drop2, add2}, 3, dt, 5, 1001);
+  Stage drop3 = drop2;
+  drop3.in[0] = 2, drop3.alpha = 0.5, drop3.offset = 9;
+  const Stage add3 = stage(Kind::binary, {-3, -4}, 2);  // (drop + drop2) + drop3
+  check_chain<T>("three dropouts", {drop, drop2, add2, drop3, add3}, 3, dt, 0, 1002);
   // The GELU backward, scaled and accumulated: t0 x, t1 gy, t2 accumulated gradient; stores t3 and t2.
   Stage gelu = stage(Kind::unary_backward, {0, 1}, 3);
   gelu.unary = backend::UnaryOp::gelu_tanh;

@@ -42,8 +42,10 @@ __global__ void fused_chain_kernel(const __grid_constant__ FusedChain c, int64_t
   const uint64_t moved = shift ? *shift : 0;
   const int64_t step = static_cast<int64_t>(blockDim.x) * gridDim.x, quads = (n + 3) / 4;
   for (int64_t q = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; q < quads; q += step) {
-    Philox4 block{};  // the Philox block of dropout stage `made` for this quad (-1: none yet)
-    int made = -1;
+    // The Philox blocks of this quad for two dropout stages (made0, made1: which; -1 none yet). A chain has
+    // one dropout stage, two at most in practice; a third takes the second slot over each time.
+    Philox4 block0{}, block1{};
+    int made0 = -1, made1 = -1;
     for (int64_t i = 4 * q; i < 4 * q + 4 && i < n; ++i) {
       A value[kFusedStages];
       for (int k = 0; k < c.stages; ++k) {
@@ -61,9 +63,19 @@ __global__ void fused_chain_kernel(const __grid_constant__ FusedChain c, int64_t
             v = static_cast<A>(s.alpha) * in(0) + static_cast<A>(s.beta);
             break;
           default: {  // dropout: the element's Philox word is its index in the tensor (philox_word's)
-            if (made != k) block = philox4x32(s.offset + moved + static_cast<uint64_t>(q), s.seed), made = k;
-            const int64_t e = i % 4;
-            const uint32_t w = e == 0 ? block.w[0] : e == 1 ? block.w[1] : e == 2 ? block.w[2] : block.w[3];
+            if (made0 != k && made1 != k) {
+              const Philox4 made = philox4x32(s.offset + moved + static_cast<uint64_t>(q), s.seed);
+              if (made0 < 0)
+                block0 = made, made0 = k;
+              else
+                block1 = made, made1 = k;
+            }
+            const int64_t e = i % 4;  // word e of the stage's block, by selects (no local memory)
+            const uint32_t w0 = made0 == k ? block0.w[0] : block1.w[0],
+                           w1 = made0 == k ? block0.w[1] : block1.w[1];
+            const uint32_t w2 = made0 == k ? block0.w[2] : block1.w[2],
+                           w3 = made0 == k ? block0.w[3] : block1.w[3];
+            const uint32_t w = e == 0 ? w0 : e == 1 ? w1 : e == 2 ? w2 : w3;
             const float p = static_cast<float>(s.alpha);
             v = uniform_from_word(w) >= p ? in(0) * static_cast<A>(s.beta) : A(0);  // beta: 1 / (1 - p)
           }
