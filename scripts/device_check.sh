@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU check run on the device machine (all parts can outlast one 600 s device call: run
-# DEVICE_PARTS="tests train hf llama" first, the rest in a second call): unpack the CUDA build made by
+# DEVICE_PARTS="tests bench train hf" first - bench times the flash kernels and the dropout kernel that have
+# not run on a GPU yet - and "llama sanitize ddp cpu trace" in a second call): unpack the CUDA build made by
 # scripts/package_device.sh, print the GPU and library versions, run the GPU tests (every CUDA parity test,
 # one process per suite so a sticky CUDA error cannot hide the suites after it), GPT-2 124M training (bf16,
 # T=1024, fused AdamW, batch $DEVICE_BATCH or 16) through `trainer train` (sdpa, eager, and sdpa with
