@@ -73,7 +73,13 @@ void check_chain(const char* what, const std::vector<Stage>& stages, int count, 
   const cuda::FusedChain p = ck::prepared(c);
   const uint64_t word = shift;
   ck::philox_blocks = 0;
-  emu::launch(3, 64, 0, [&] { ck::fused_chain_kernel<T>(p, n, shift ? &word : nullptr); });  // 192 threads
+  const int elements = ck::chain_elements(p);  // the launcher's choice: 4 with a dropout stage, else 1
+  emu::launch(3, 64, 0, [&] {                  // 192 threads
+    if (elements == 4)
+      ck::fused_chain_kernel<T, 4>(p, n, shift ? &word : nullptr);
+    else
+      ck::fused_chain_kernel<T, 1>(p, n, shift ? &word : nullptr);
+  });
   // A dropout stage makes one Philox block per four elements (one per element made four times as many).
   const auto drops =
       std::count_if(stages.begin(), stages.end(), [](const Stage& s) { return s.kind == Kind::dropout; });

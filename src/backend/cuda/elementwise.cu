@@ -390,7 +390,10 @@ void fused_elementwise(Stream stream, DType dt, const FusedChain& stages, int64_
     throw std::runtime_error("fused_elementwise: more than " + std::to_string(kFusedStages) + " stages");
   const FusedChain c = chain::prepared(stages);
   dispatch_float(dt, [&]<typename T>() {
-    chain::fused_chain_kernel<T><<<blocks_for((n + 3) / 4), 256, 0, stream>>>(c, n, shift);
+    if (chain::chain_elements(c) == 4)
+      chain::fused_chain_kernel<T, 4><<<blocks_for((n + 3) / 4), 256, 0, stream>>>(c, n, shift);
+    else
+      chain::fused_chain_kernel<T, 1><<<blocks_for(n), 256, 0, stream>>>(c, n, shift);
   });
   TR_CUDA_LAUNCH_CHECK("fused_elementwise");
 }

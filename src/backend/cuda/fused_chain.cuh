@@ -28,25 +28,34 @@ inline FusedChain prepared(const FusedChain& chain) {
   return c;
 }
 
-// Four consecutive elements a thread (grid-stride over quads): a dropout stage's words for them are one
-// Philox block's (element i takes word i % 4 of block i / 4), made once where a thread per element made it
-// four times (~80 integer instructions each, more than the chain's memory traffic). The chain (~1.2 KB) is a
-// __grid_constant__ parameter, read in place rather than copied per thread, since stages and operands are
+// Elements a thread takes (E): four consecutive ones where the chain has a dropout stage, so the stage makes
+// one Philox block for them (element i takes word i % 4 of block i / 4) where a thread per element made it
+// four times (~80 integer instructions each, several times the chain's memory traffic); one otherwise, each
+// warp access then whole 128-byte lines (four a thread puts a warp's loads and stores 4 elements apart).
+inline int chain_elements(const FusedChain& c) {
+  for (int k = 0; k < c.stages; ++k)
+    if (c.stage[k].kind == FusedChainStage::Kind::dropout) return 4;
+  return 1;
+}
+
+// E consecutive elements a thread (grid-stride over groups of E; see chain_elements). The chain (~1.2 KB) is
+// a __grid_constant__ parameter, read in place rather than copied per thread, since stages and operands are
 // indexed at run time; the stage values live in a small per-thread array. The element math is the unfused
 // functors' (UnaryF, UnaryBackwardF, BinaryF, AffineF, DropoutF: unary_math.h and rng.h), each stage's value
 // rounded to T as a stored tensor would be, so a fused chain gives their bits. `shift` (a CUDA graph's
 // launch, or null) moves dropout's Philox offsets.
-template <typename T>
+template <typename T, int E>
 __global__ void fused_chain_kernel(const __grid_constant__ FusedChain c, int64_t n, const uint64_t* shift) {
+  static_assert(E == 1 || E == 4, "a thread's elements share Philox blocks of four");
   using A = acc_t<T>;
   const uint64_t moved = shift ? *shift : 0;
-  const int64_t step = static_cast<int64_t>(blockDim.x) * gridDim.x, quads = (n + 3) / 4;
-  for (int64_t q = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; q < quads; q += step) {
-    // The Philox blocks of this quad for two dropout stages (made0, made1: which; -1 none yet). A chain has
+  const int64_t step = static_cast<int64_t>(blockDim.x) * gridDim.x, groups = (n + E - 1) / E;
+  for (int64_t q = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; q < groups; q += step) {
+    // The Philox blocks of this group for two dropout stages (made0, made1: which; -1 none yet). A chain has
     // one dropout stage, two at most in practice; a third takes the second slot over each time.
     Philox4 block0{}, block1{};
     int made0 = -1, made1 = -1;
-    for (int64_t i = 4 * q; i < 4 * q + 4 && i < n; ++i) {
+    for (int64_t i = E * q; i < E * q + E && i < n; ++i) {
       A value[kFusedStages];
       for (int k = 0; k < c.stages; ++k) {
         const FusedChainStage& s = c.stage[k];
@@ -64,7 +73,7 @@ __global__ void fused_chain_kernel(const __grid_constant__ FusedChain c, int64_t
             break;
           default: {  // dropout: the element's Philox word is its index in the tensor (philox_word's)
             if (made0 != k && made1 != k) {
-              const Philox4 made = philox4x32(s.offset + moved + static_cast<uint64_t>(q), s.seed);
+              const Philox4 made = philox4x32(s.offset + moved + static_cast<uint64_t>(i / 4), s.seed);
               if (made0 < 0)
                 block0 = made, made0 = k;
               else
