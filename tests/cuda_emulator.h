@@ -1,6 +1,6 @@
 // The host emulation of the CUDA built-ins our flash and tiled attention kernels and the row kernels use, so
 // that tests run the kernels' own source (backend/cuda/flash_kernels.cuh, attention_tiled.cuh,
-// row_kernels.cuh, fused_chain.cuh) on the CPU: each CUDA thread of a
+// row_kernels.cuh, fused_chain.cuh, blocked_rows.cuh, dropout_packs.cuh) on the CPU: each CUDA thread of a
 // block is a std::thread, __syncthreads and warp collectives are barriers, a kernel's shared memory is a host
 // buffer poisoned with NaN halves before every block (a read of what no thread wrote shows up), and mma.sync
 // m16n8k16 gathers the warp's fragments by the PTX ISA's layout tables (groupID = lane / 4, thread-in-group =
@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -31,6 +32,11 @@
 #define TR_ROW_NAMESPACE rows_emulated
 #define TR_ROW_SMEM(name) double* name = reinterpret_cast<double*>(::tr::emu::shared_memory)
 #define TR_CHAIN_EMULATED 1
+#define TR_BROWS_EMULATED 1
+#define TR_BROWS_NAMESPACE blocked_emulated
+#define TR_BROWS_SMEM(name) double* name = reinterpret_cast<double*>(::tr::emu::shared_memory)
+#define TR_DROP_EMULATED 1
+#define TR_DROP_NAMESPACE drop_emulated
 #define TR_CHAIN_NAMESPACE chain_emulated
 #define __grid_constant__
 #define __global__
@@ -62,7 +68,7 @@ struct __half2 {
 
 namespace tr::emu {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = 8;  // blocks of up to 256 threads
 // The launch in flight (one at a time): its barriers, shared memory and the operand type of its halves.
 inline std::barrier<>* block_barrier = nullptr;
 inline std::barrier<>* warp_barrier[kWarps] = {};
@@ -126,15 +132,16 @@ inline Lane* lanes_now() { return lanes[collective++ % 2][warp()]; }
 // Runs kernel() as `grid` blocks of `threads` (kWarps warps) with `smem_bytes` of shared memory.
 template <typename F>
 void launch(unsigned grid, int threads, size_t smem_bytes, F&& kernel) {
+  if (threads < 1 || threads > kWarps * 32) std::abort();  // more warps than the emulation has barriers for
   std::vector<uint4> smem(smem_bytes / 16 + 1);
   std::memset(smem.data(), 0xff, smem.size() * 16);
   shared_memory = smem.data();
   shared_bytes = smem_bytes;
   std::barrier<> block(threads);
-  std::barrier<> warps[kWarps] = {std::barrier<>(32), std::barrier<>(32), std::barrier<>(32),
-                                  std::barrier<>(32)};
+  std::vector<std::unique_ptr<std::barrier<>>> warps;
+  for (int w = 0; w < kWarps; ++w) warps.push_back(std::make_unique<std::barrier<>>(32));
   block_barrier = &block;
-  for (int w = 0; w < kWarps; ++w) warp_barrier[w] = &warps[w];
+  for (int w = 0; w < kWarps; ++w) warp_barrier[w] = warps[static_cast<size_t>(w)].get();
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t)
     pool.emplace_back([&, t] {

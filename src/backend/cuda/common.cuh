@@ -1,5 +1,5 @@
 // Device-side helpers shared by the .cu files: dtype -> CUDA type mapping, f32/f64 accumulation,
-// launch checking, block reductions, and strided offset computation.
+// launch checking, strided offset computation (block reductions and packs: kernel_basics.cuh).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -13,6 +13,7 @@
 
 #include "backend/attention_geometry.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernel_basics.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace tr::cuda {
@@ -74,34 +75,6 @@ inline int blocks_for(int64_t n, int threads = 256) {
   return static_cast<int>(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);
 }
 
-// Sum / max over a block of blockDim.x (a multiple of 32, <= 1024) threads; every thread gets the result.
-template <typename A>
-__device__ A block_sum(A v, A* shared) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  A t = 0;
-  for (int w = 0; w < (blockDim.x >> 5); ++w) t += shared[w];
-  return t;
-}
-
-template <typename A>
-__device__ A block_max(A v, A* shared) {
-  for (int o = 16; o > 0; o >>= 1) {
-    A u = __shfl_xor_sync(0xffffffffu, v, o);
-    v = (u != u || u > v) ? u : v;
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  A t = shared[0];
-  for (int w = 1; w < (blockDim.x >> 5); ++w) t = (shared[w] != shared[w] || shared[w] > t) ? shared[w] : t;
-  return t;
-}
-
 // Flags a bad index for the backend's next synchronization (kernels.h BadIndexKind); any one of several
 // concurrent reports may win.
 __device__ __forceinline__ void report_bad(int64_t* bad, int64_t kind, int64_t value, int64_t limit) {
@@ -120,12 +93,6 @@ inline int64_t reduce_chunks(int64_t m, int64_t r) {
   if (c > 4096) c = 4096;
   return c < 1 ? 1 : c;
 }
-
-// 16-byte access: V elements moved as one aligned vector load/store.
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
 
 template <typename T>
 __device__ __forceinline__ acc_t<T> to_acc(T x) {

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/dropout_packs.cuh"
 #include "backend/cuda/fused_chain.cuh"
 #include "backend/unary_math.h"
 #include "core/rng.h"
@@ -150,44 +151,6 @@ struct AffineF {
   acc_t<T> alpha, beta;
   __device__ T operator()(int64_t, T x) const { return from_acc<T>(alpha * to_acc(x) + beta); }
 };
-
-template <typename T>
-struct DropoutF {
-  float p;
-  acc_t<T> scale;
-  uint64_t seed, offset;
-  const uint64_t* shift;  // a CUDA graph's launch: added to offset (null: none)
-  __device__ T operator()(int64_t i, T x) const {
-    const uint64_t at = offset + (shift ? *shift : 0);
-    const bool keep = uniform_from_word(philox_word(seed, at, static_cast<uint64_t>(i))) >= p;
-    return from_acc<T>(keep ? to_acc(x) * scale : acc_t<T>(0));
-  }
-};
-
-// Dropout over contiguous arrays in 16-byte packs of V elements (V a multiple of 4): the pack's V Philox
-// words from V / 4 blocks, where DropoutF through map1 made a block per element - ~80 integer instructions
-// each, which bound the kernel at several times its memory traffic. The words are philox_word's: the same
-// mask.
-template <int V, typename T>
-__global__ void dropout_packs_kernel(const T* x, T* y, int64_t n, float p, acc_t<T> scale, uint64_t seed,
-                                     uint64_t offset, const uint64_t* shift) {
-  const uint64_t at = offset + (shift ? *shift : 0);
-  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  const int64_t step = static_cast<int64_t>(blockDim.x) * gridDim.x;
-  const int64_t packs = n / V;
-  for (int64_t j = first; j < packs; j += step) {
-    const Pack<T, V> in = reinterpret_cast<const Pack<T, V>*>(x)[j];
-    uint32_t w[V];
-    philox_block_words(seed, at, static_cast<uint64_t>(j * V), w);
-    Pack<T, V> out;
-#pragma unroll
-    for (int k = 0; k < V; ++k)
-      out.v[k] = from_acc<T>(uniform_from_word(w[k]) >= p ? to_acc(in.v[k]) * scale : acc_t<T>(0));
-    reinterpret_cast<Pack<T, V>*>(y)[j] = out;
-  }
-  const DropoutF<T> f{p, scale, seed, offset, shift};
-  for (int64_t i = packs * V + first; i < n; i += step) y[i] = f(i, x[i]);
-}
 
 }  // namespace
 
@@ -373,12 +336,12 @@ void dropout(Stream stream, DType dt, const void* x, void* y, int64_t n, double 
     constexpr int V = static_cast<int>(16 / sizeof(T));
     if constexpr (V % 4 == 0) {
       if (aligned_to(x, 16) && aligned_to(y, 16)) {
-        dropout_packs_kernel<V><<<blocks_for((n + V - 1) / V), 256, 0, stream>>>(
+        drop::dropout_packs_kernel<V><<<blocks_for((n + V - 1) / V), 256, 0, stream>>>(
             static_cast<const T*>(x), static_cast<T*>(y), n, pf, scale, seed, offset, shift);
         return;
       }
     }
-    launch_map1(stream, DropoutF<T>{pf, scale, seed, offset, shift}, static_cast<const T*>(x),
+    launch_map1(stream, drop::DropoutF<T>{pf, scale, seed, offset, shift}, static_cast<const T*>(x),
                 static_cast<T*>(y), n);
   });
   TR_CUDA_LAUNCH_CHECK("dropout");
