@@ -97,6 +97,12 @@ int run(int argc, char** argv) {
     ops::layer_norm_backward(ln.sum, w, ln.mean, ln.rstd, gy, true, true, true, ga);
   }),
               4 * h * N * d);
+  // The MLP's bias gradient: [N, 3072] summed over the rows (read once; the 3072 sums are noise).
+  {
+    const Tensor g = randn({N, 4 * d});
+    b.bytes_row("bias gradient 3072 (column sums)", "bias_grad",
+                b.time([&] { ops::reduce(ops::ReduceOp::sum, g, {0}, false); }), h * N * 4 * d);
+  }
   // GPT-2's residual dropout (p 0.1): x in, y out; a Philox block per four elements.
   b.bytes_row("dropout 768 (p 0.1)", "dropout", b.time([&] { ops::dropout(x, 0.1, 1, 0); }), 2 * h * N * d);
   {

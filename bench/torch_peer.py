@@ -98,6 +98,8 @@ def kernels(iters, device, N):
         lambda: torch.ops.aten.native_layer_norm_backward(gy, s, (d,), mean, rstd, w, b, [True, False, False])[0] + ga)
     out["layer_norm_backward"] = t(
         lambda: torch.ops.aten.native_layer_norm_backward(gy, s, (d,), mean, rstd, w, b, [True, True, True])[0] + ga)
+    gb = rnd(N, 4 * d)
+    out["bias_grad"] = t(lambda: gb.sum(0))
     # (on a GPU torch's native_dropout also writes a 1-byte mask: 5 bytes an element against our 4)
     out["dropout"] = t(lambda: F.dropout(x, 0.1, training=True))
     if hasattr(F, "rms_norm"):

@@ -83,17 +83,6 @@ __device__ __forceinline__ void report_bad(int64_t* bad, int64_t kind, int64_t v
   bad[1] = kind;
 }
 
-// How many chunks a reduction of length r with m outputs splits into: enough threads to fill a GPU (~64K),
-// chunks of at least 64 elements, at most 4096 of them. 1: one thread per output suffices.
-inline int64_t reduce_chunks(int64_t m, int64_t r) {
-  if (m >= 65536 || r <= 128) return 1;
-  int64_t c = (65536 + m - 1) / m;
-  const int64_t by_len = (r + 63) / 64;
-  if (c > by_len) c = by_len;
-  if (c > 4096) c = 4096;
-  return c < 1 ? 1 : c;
-}
-
 template <typename T>
 __device__ __forceinline__ acc_t<T> to_acc(T x) {
   return ld(&x, 0);

@@ -1,6 +1,6 @@
 // What the kernels share that needs only CUDA's built-ins (threadIdx, shuffles, __syncthreads): block
-// reductions and 16-byte packs. Apart from common.cuh so that the headers the CPU runs through
-// tests/cuda_emulator.h (which defines those built-ins for the host) take them too.
+// reductions, their chunking and 16-byte packs. Apart from common.cuh so that the headers the CPU runs
+// through tests/cuda_emulator.h (which defines those built-ins for the host) take them too.
 #pragma once
 #include <cstdint>
 
@@ -33,6 +33,17 @@ __device__ A block_max(A v, A* shared) {
   for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w)
     t = (shared[w] != shared[w] || shared[w] > t) ? shared[w] : t;
   return t;
+}
+
+// How many chunks a reduction of length r with m outputs splits into: enough threads to fill a GPU (~64K),
+// chunks of at least 64 elements, at most 4096 of them. 1: one thread per output suffices.
+inline int64_t reduce_chunks(int64_t m, int64_t r) {
+  if (m >= 65536 || r <= 128) return 1;
+  int64_t c = (65536 + m - 1) / m;
+  const int64_t by_len = (r + 63) / 64;
+  if (c > by_len) c = by_len;
+  if (c > 4096) c = 4096;
+  return c < 1 ? 1 : c;
 }
 
 // 16-byte access: V elements moved as one aligned vector load/store.

@@ -10,6 +10,7 @@
 #include <cub/cub.cuh>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/reduce_kernels.cuh"
 #include "backend/cuda/row_kernels.cuh"
 #include "backend/unary_math.h"
 
@@ -78,50 +79,21 @@ __global__ void layer_norm_backward_kernel(const T* x, const T* w, const acc_t<T
   }
 }
 
-// gw[j] = sum_r gy[r, j] * xhat[r, j]; gb[j] = sum_r gy[r, j]. mean may be null (RMSNorm: xhat = x * rstd).
-// Rows split into `chunks` (reduce_chunks): pass 1 writes f64 partials [chunk][2][n], pass 2 adds them in
-// chunk order (deterministic).
-template <typename T>
-__global__ void norm_param_partial_kernel(const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, const T* gy,
-                                          double* partial, int64_t rows, int64_t n, int64_t chunk,
-                                          int64_t chunks) {
-  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < n * chunks;
-       t += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    const int64_t j = t % n, c = t / n, end = (c + 1) * chunk < rows ? (c + 1) * chunk : rows;
-    double aw = 0, ab = 0;
-    for (int64_t r = c * chunk; r < end; ++r) {
-      const acc_t<T> g = ld(gy, r * n + j);
-      const acc_t<T> xh = (ld(x, r * n + j) - (mean ? mean[r] : acc_t<T>(0))) * rstd[r];
-      aw += static_cast<double>(g * xh);
-      ab += static_cast<double>(g);
-    }
-    partial[(c * 2) * n + j] = aw;
-    partial[(c * 2 + 1) * n + j] = ab;
-  }
-}
-
-template <typename T>
-__global__ void norm_param_combine_kernel(const double* partial, T* gw, T* gb, int64_t n, int64_t chunks) {
-  const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (j >= n) return;
-  double aw = 0, ab = 0;
-  for (int64_t c = 0; c < chunks; ++c) {
-    aw += partial[(c * 2) * n + j];
-    ab += partial[(c * 2 + 1) * n + j];
-  }
-  if (gw) st(gw, j, static_cast<acc_t<T>>(aw));
-  if (gb) st(gb, j, static_cast<acc_t<T>>(ab));
-}
-
 template <typename T>
 void norm_param_grads(Stream stream, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, const T* gy,
                       T* gw, T* gb, int64_t rows, int64_t n, Scratch& scratch) {
   if (n == 0) return;
-  const int64_t chunks = reduce_chunks(n, rows), chunk = (rows + chunks - 1) / chunks;
+  constexpr int V = static_cast<int>(16 / sizeof(T));
+  const bool packs = n % V == 0 && aligned_to(x, 16) && aligned_to(gy, 16);
+  const int64_t chunks = reduce_chunks(packs ? n / V : n, rows), chunk = (rows + chunks - 1) / chunks;
   auto* partial = static_cast<double*>(scratch.take(sizeof(double) * 2 * n * chunks));
-  norm_param_partial_kernel<T>
-      <<<blocks_for(n * chunks), 256, 0, stream>>>(x, mean, rstd, gy, partial, rows, n, chunk, chunks);
-  norm_param_combine_kernel<T><<<blocks_for(n, 128), 128, 0, stream>>>(partial, gw, gb, n, chunks);
+  if (packs)
+    red::norm_param_packs_partial_kernel<T, V>
+        <<<blocks_for(n / V * chunks), 256, 0, stream>>>(x, mean, rstd, gy, partial, rows, n, chunk, chunks);
+  else
+    red::norm_param_partial_kernel<T>
+        <<<blocks_for(n * chunks), 256, 0, stream>>>(x, mean, rstd, gy, partial, rows, n, chunk, chunks);
+  red::norm_param_combine_kernel<T><<<blocks_for(n, 128), 128, 0, stream>>>(partial, gw, gb, n, chunks);
 }
 
 template <typename T>

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/reduce_kernels.cuh"
 #include "backend/unary_math.h"
 
 namespace tr::cuda {
@@ -27,46 +28,6 @@ __global__ void reduce_kernel(ReduceOp op, const T* x, T* y, int64_t outer, int6
       else
         acc += v;
     }
-    if (op == ReduceOp::mean) acc /= static_cast<double>(r);
-    st(y, o, static_cast<acc_t<T>>(acc));
-  }
-}
-
-// Long reductions with few outputs (bias and norm-weight gradients over B*T rows, a whole-tensor sum) split
-// r into C chunks so enough threads run: pass 1 writes one f64 partial per (chunk, output), pass 2 combines
-// the chunks in order, so the result does not depend on scheduling.
-__device__ __forceinline__ double combine(ReduceOp op, double acc, double v) {
-  if (op == ReduceOp::max) return (v != v || v > acc) ? v : acc;
-  if (op == ReduceOp::min) return (v != v || v < acc) ? v : acc;
-  return acc + v;
-}
-
-__device__ __forceinline__ double identity(ReduceOp op) {
-  return op == ReduceOp::max ? -INFINITY : op == ReduceOp::min ? INFINITY : 0.0;
-}
-
-template <typename T>
-__global__ void reduce_partial_kernel(ReduceOp op, const T* x, double* partial, int64_t outer, int64_t r,
-                                      int64_t inner, int64_t chunk, int64_t chunks) {
-  const int64_t m = outer * inner;
-  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < m * chunks;
-       t += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    const int64_t o = t % m, c = t / m, a = o / inner, j = o % inner;
-    const int64_t end = (c + 1) * chunk < r ? (c + 1) * chunk : r;
-    double acc = identity(op);
-    for (int64_t i = c * chunk; i < end; ++i)
-      acc = combine(op, acc, static_cast<double>(ld(x, (a * r + i) * inner + j)));
-    partial[t] = acc;
-  }
-}
-
-template <typename T>
-__global__ void reduce_combine_kernel(ReduceOp op, const double* partial, T* y, int64_t m, int64_t r,
-                                      int64_t chunks) {
-  for (int64_t o = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; o < m;
-       o += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    double acc = identity(op);
-    for (int64_t c = 0; c < chunks; ++c) acc = combine(op, acc, partial[c * m + o]);
     if (op == ReduceOp::mean) acc /= static_cast<double>(r);
     st(y, o, static_cast<acc_t<T>>(acc));
   }
@@ -178,12 +139,18 @@ void reduce(Stream stream, ReduceOp op, DType dt, const void* x, void* y, int64_
                                                           outer, r, inner);
       return;
     }
-    const int64_t chunk = (r + chunks - 1) / chunks;
-    auto* partial = static_cast<double*>(scratch.take(sizeof(double) * m * chunks));
-    reduce_partial_kernel<T><<<blocks_for(m * chunks), 256, 0, stream>>>(
-        op, static_cast<const T*>(x), partial, outer, r, inner, chunk, chunks);
-    reduce_combine_kernel<T>
-        <<<blocks_for(m), 256, 0, stream>>>(op, partial, static_cast<T*>(y), m, r, chunks);
+    constexpr int V = static_cast<int>(16 / sizeof(T));
+    const bool packs = inner % V == 0 && aligned_to(x, 16);
+    const int64_t c = packs ? reduce_chunks(m / V, r) : chunks, chunk = (r + c - 1) / c;
+    auto* partial = static_cast<double*>(scratch.take(sizeof(double) * m * c));
+    if (packs)
+      red::reduce_packs_partial_kernel<T, V><<<blocks_for(m / V * c), 256, 0, stream>>>(
+          op, static_cast<const T*>(x), partial, outer, r, inner, chunk, c);
+    else
+      red::reduce_partial_kernel<T><<<blocks_for(m * c), 256, 0, stream>>>(
+          op, static_cast<const T*>(x), partial, outer, r, inner, chunk, c);
+    red::reduce_combine_kernel<T>
+        <<<blocks_for(m), 256, 0, stream>>>(op, partial, static_cast<T*>(y), m, r, c);
   });
   TR_CUDA_LAUNCH_CHECK("reduce");
 }

@@ -1,0 +1,153 @@
+// The CUDA column reductions' own source (backend/cuda/reduce_kernels.cuh) run on the CPU through
+// tests/cuda_emulator.h: sum, mean, max and min over [outer, r, inner] in bf16, f16, f32 and f64 - the packed
+// pass 1 (16-byte rows, eight rows in flight) gives the scalar pass 1's partials bit for bit for the same
+// chunks, and the two passes give the CPU backend's reduction (bit for bit in the half types, whose f64 sums
+// are exact; within a unit of rounding in f32); the norms' weight and bias gradients likewise, packed against
+// scalar (bit for bit but in f64, where either may fuse a multiply-add) and against an f64 reference. The GPU
+// runs them in the CUDA parity tests.
+#include "cuda_emulator.h"  // first: the CUDA built-ins the kernels' header expects
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/reduce_kernels.cuh"
+#include "ops/ops.h"
+
+namespace tr {
+namespace {
+
+namespace rd = cuda::red_emulated;
+using Op = backend::ReduceOp;
+
+template <typename T>
+DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>) return DType::f32;
+  if constexpr (std::is_same_v<T, double>) return DType::f64;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return DType::bf16;
+  return DType::f16;
+}
+
+template <typename T>
+std::vector<T> bytes_of(const Tensor& t) {
+  std::vector<T> v(static_cast<size_t>(t.numel()));
+  std::memcpy(v.data(), t.data_ptr(), v.size() * sizeof(T));
+  return v;
+}
+
+template <typename T>
+double value(T x) {
+  return static_cast<double>(cuda::ld(&x, 0));
+}
+
+// The grid-stride kernels run on a small grid (two blocks of 64 threads): every thread walks many outputs.
+template <typename F>
+void run(F&& kernel) {
+  emu::launch(2, 64, 0, kernel);
+}
+
+template <typename T>
+void check_reduce(Op op, int64_t outer, int64_t r, int64_t inner) {
+  SCOPED_TRACE(fmt::format("op {} over [{}, {}, {}] of {}", static_cast<int>(op), outer, r, inner,
+                           dtype_name(dtype_of<T>())));
+  Generator gen(3);
+  const Tensor x = ops::to_dtype(ops::affine(ops::randn({outer, r, inner}, gen), 2.0, 0.25), dtype_of<T>());
+  const int64_t m = outer * inner;
+  const Tensor want = ops::empty({outer, inner}, dtype_of<T>());
+  backend::backend_for(Device::cpu()).reduce(op, x, outer, r, inner, want);
+
+  constexpr int V = static_cast<int>(16 / sizeof(T));
+  ASSERT_EQ(inner % V, 0) << "a case for the packed pass";
+  const int64_t chunks = cuda::reduce_chunks(m / V, r), chunk = (r + chunks - 1) / chunks;  // as reduce.cu
+  ASSERT_GT(chunks, 1) << "a case for the two passes";
+  const std::vector<T> in = bytes_of<T>(x);
+  std::vector<double> packed(static_cast<size_t>(m * chunks), NAN), scalar = packed;
+  run([&] {
+    rd::reduce_packs_partial_kernel<T, V>(op, in.data(), packed.data(), outer, r, inner, chunk, chunks);
+  });
+  run([&] { rd::reduce_partial_kernel<T>(op, in.data(), scalar.data(), outer, r, inner, chunk, chunks); });
+  EXPECT_EQ(0, std::memcmp(packed.data(), scalar.data(), packed.size() * sizeof(double)))
+      << "the packed partials differ from the scalar ones";
+  std::vector<T> got(static_cast<size_t>(m), cuda::from_acc<T>(cuda::acc_t<T>(NAN)));
+  run([&] { rd::reduce_combine_kernel<T>(op, packed.data(), got.data(), m, r, chunks); });
+  const std::vector<T> ref = bytes_of<T>(want);
+  if constexpr (sizeof(T) == 2) {
+    EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), got.size() * sizeof(T)));
+  } else {
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      worst = std::max(worst,
+                       std::fabs(value(got[i]) - value(ref[i])) / std::max(1e-30, std::fabs(value(ref[i]))));
+    EXPECT_LE(worst, (std::is_same_v<T, float> ? 1.2e-7 : 1e-15));
+  }
+}
+
+TEST(ReduceEmulated, PackedColumnSumsGiveTheScalarPartialsAndTheCpuResults) {
+  for (Op op : {Op::sum, Op::mean, Op::max, Op::min}) {
+    check_reduce<__nv_bfloat16>(op, 1, 1000, 96);  // a bias gradient's shape: one outer, long rows
+    check_reduce<__half>(op, 1, 517, 40);          // rows not a multiple of the eight in flight
+    check_reduce<float>(op, 3, 300, 20);           // several outers
+    check_reduce<double>(op, 2, 700, 6);
+  }
+}
+
+// The norms' weight and bias gradients: gw[j] = sum_r gy xhat, gb[j] = sum_r gy.
+template <typename T>
+void check_norm_params(int64_t rows, int64_t n, bool rms) {
+  SCOPED_TRACE(
+      fmt::format("{} rows of {} {}, {}", rows, n, dtype_name(dtype_of<T>()), rms ? "rms" : "layer"));
+  using A = cuda::acc_t<T>;
+  Generator gen(8);
+  const std::vector<T> x = bytes_of<T>(ops::to_dtype(ops::randn({rows, n}, gen), dtype_of<T>()));
+  const std::vector<T> gy = bytes_of<T>(ops::to_dtype(ops::randn({rows, n}, gen), dtype_of<T>()));
+  std::mt19937 g(11);
+  std::uniform_real_distribution<double> u(-0.5, 0.5);
+  std::vector<A> mean(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) mean[r] = static_cast<A>(u(g)), rstd[r] = static_cast<A>(1.5 + u(g));
+  const A* mp = rms ? nullptr : mean.data();
+  constexpr int V = static_cast<int>(16 / sizeof(T));
+  const int64_t chunks = cuda::reduce_chunks(n / V, rows), chunk = (rows + chunks - 1) / chunks;  // as nn.cu
+  ASSERT_GT(chunks, 1);
+  std::vector<double> packed(static_cast<size_t>(2 * n * chunks), NAN), scalar = packed;
+  run([&] {
+    rd::norm_param_packs_partial_kernel<T, V>(x.data(), mp, rstd.data(), gy.data(), packed.data(), rows, n,
+                                              chunk, chunks);
+  });
+  run([&] {
+    rd::norm_param_partial_kernel<T>(x.data(), mp, rstd.data(), gy.data(), scalar.data(), rows, n, chunk,
+                                     chunks);
+  });
+  if constexpr (std::is_same_v<T, double>) {  // f64: the compiler may contract gy * xhat + aw in either
+    for (size_t i = 0; i < packed.size(); ++i)
+      EXPECT_NEAR(packed[i], scalar[i], 1e-12 * std::max(1.0, std::fabs(scalar[i]))) << i;
+  } else {  // the product rounds to f32 before the f64 sum: nothing to contract
+    EXPECT_EQ(0, std::memcmp(packed.data(), scalar.data(), packed.size() * sizeof(double)));
+  }
+  std::vector<T> gw(static_cast<size_t>(n)), gb(static_cast<size_t>(n));
+  run([&] { rd::norm_param_combine_kernel<T>(packed.data(), gw.data(), gb.data(), n, chunks); });
+  double worst = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    double w = 0, b = 0, scale = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const double gv = value(gy[r * n + j]), xh = (value(x[r * n + j]) - (rms ? 0.0 : mean[r])) * rstd[r];
+      w += gv * xh, b += gv, scale += std::fabs(gv * xh) + std::fabs(gv);
+    }
+    worst = std::max({worst, std::fabs(value(gw[j]) - w) / scale, std::fabs(value(gb[j]) - b) / scale});
+  }
+  EXPECT_LE(worst, sizeof(T) == 2 ? 1.0 / 256 : 1e-6);
+}
+
+TEST(ReduceEmulated, PackedNormParameterGradientsGiveTheScalarPartials) {
+  check_norm_params<__nv_bfloat16>(600, 64, false);
+  check_norm_params<__half>(333, 24, true);
+  check_norm_params<float>(500, 12, false);
+  check_norm_params<double>(300, 4, true);
+}
+
+}  // namespace
+}  // namespace tr
