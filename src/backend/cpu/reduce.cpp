@@ -55,26 +55,27 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t r, 
       }
       return;
     }
-    // Reduce across rows: work items are (outer block, column chunk); each output column is summed over r in
-    // order by one thread, so the bits do not depend on the thread count. Column chunks keep all threads busy
-    // when outer is 1 (bias gradients): narrower chunks then, so that every thread gets some.
-    constexpr int64_t kChunk = 256;
+    // Reduce across rows: work items are (outer block, block of kCols columns); each output column is summed
+    // over r in order by one thread, so the bits do not depend on the thread count. A block's f64
+    // accumulators stay in registers through all the rows (an accumulator array in memory made every row a
+    // load and a store of it: 2.4x torch's time for a bias gradient), one pass over the rows per block.
+    constexpr int64_t kCols = 32;
     const int nt = threads_for(outer * r * inner);
-    const int64_t width = outer >= nt ? kChunk : std::clamp<int64_t>((inner / nt + 15) / 16 * 16, 16, kChunk);
-    const int64_t chunks = (inner + width - 1) / width;
+    const int64_t blocks = (inner + kCols - 1) / kCols;
 #pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t item = 0; item < outer * chunks; ++item) {
-      const int64_t o = item / chunks, j0 = (item % chunks) * width, n = std::min(inner, j0 + width) - j0;
-      double acc[kChunk];
-      for (int64_t j = 0; j < n; ++j) acc[j] = init;
+    for (int64_t item = 0; item < outer * blocks; ++item) {
+      const int64_t o = item / blocks, j0 = (item % blocks) * kCols, n = std::min(inner - j0, kCols);
       const T* col = xp + o * r * inner + j0;
-      if (is_sum) {  // the same adds in the same order, in vectors across the columns
+      double acc[kCols];
+      if (is_sum && n == kCols) {  // the same adds in the same order, in vectors across the columns
+        for (int64_t j = 0; j < kCols; ++j) acc[j] = 0.0;
         for (int64_t i = 0; i < r; ++i) {
           const T* row = col + i * inner;
 #pragma omp simd
-          for (int64_t j = 0; j < n; ++j) acc[j] += static_cast<double>(load(row, j));
+          for (int64_t j = 0; j < kCols; ++j) acc[j] += static_cast<double>(load(row, j));
         }
       } else {
+        for (int64_t j = 0; j < n; ++j) acc[j] = init;
         for (int64_t i = 0; i < r; ++i)
           for (int64_t j = 0; j < n; ++j)
             acc[j] = combine(acc[j], static_cast<double>(load(col + i * inner, j)));
