@@ -1,4 +1,4 @@
-// The training loop; see trainer.h.
+// The training loop; see trainer.h (the run's set-up: run_setup.cpp).
 #include "train/trainer.h"
 
 #include <unistd.h>
@@ -37,371 +37,13 @@
 #include "train/zero3.h"
 #include "train/schedule.h"
 #include "train/setup.h"
+#include "train/run.h"
 
 namespace tr::train {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-using clock = std::chrono::steady_clock;
-
-// An output_dir holding another run is refused unless the user says what to do with it.
-void check_output_dir(const TrainingArguments& a, bool resuming) {
-  if (resuming || !fs::is_directory(a.output_dir)) return;
-  const std::string last = latest_checkpoint(a.output_dir);
-  const bool has_model = fs::exists(fs::path(a.output_dir) / "model.safetensors") ||
-                         fs::exists(fs::path(a.output_dir) / "model.safetensors.index.json");
-  if (last.empty() && !has_model) return;
-  if (!a.overwrite_output_dir)
-    fail(
-        "--output_dir {} already holds a run ({}); pass --resume_from_checkpoint true to continue it or "
-        "--overwrite_output_dir to replace it",
-        a.output_dir, last.empty() ? "model.safetensors" : fs::path(last).filename().string());
-  for (const auto& e : fs::directory_iterator(a.output_dir)) {  // stale checkpoints would mix with ours
-    const std::string n = e.path().filename().string();
-    if (e.is_directory() && n.rfind("checkpoint-", 0) == 0) fs::remove_all(e.path());
-  }
-}
-
-// Checked: a full disk is an error naming the file and the reason, never a silently truncated result.
-void write_json(const fs::path& p, const nlohmann::json& j) { write_file(p.string(), j.dump(2) + "\n"); }
-
-// The checkpoint --resume_from_checkpoint names ("true": the newest in output_dir), or "" for a fresh run.
-std::string resume_dir(const TrainingArguments& a) {
-  if (a.resume_from_checkpoint.empty() || a.resume_from_checkpoint == "false") return "";
-  if (a.resume_from_checkpoint != "true") return a.resume_from_checkpoint;
-  const std::string last = latest_checkpoint(a.output_dir);
-  TR_CHECK(!last.empty(), "--resume_from_checkpoint true: no checkpoint-N folder in {}", a.output_dir);
-  return last;
-}
-
-// HF's default logging_dir (output_dir/runs/<time>_<host>); a resumed run keeps the one its output_dir's
-// training_args.json names, so its new event file joins the old ones in one TensorBoard run.
-void resolve_logging_dir(TrainingArguments& a, bool resuming) {
-  if (!a.logging_dir.empty()) return;
-  const fs::path saved = fs::path(a.output_dir) / "training_args.json";
-  if (resuming && fs::exists(saved)) {
-    const auto j = nlohmann::json::parse(std::ifstream(saved), nullptr, /*allow_exceptions=*/false);
-    if (j.is_object() && j.contains("logging_dir") && j["logging_dir"].is_string() &&
-        !j["logging_dir"].get<std::string>().empty()) {
-      a.logging_dir = j["logging_dir"].get<std::string>();
-      return;
-    }
-  }
-  a.logging_dir = report::default_logging_dir(a.output_dir);
-}
-
-// --fsdp offload on a GPU: the shard's host memory, made now (the GPU's peak does not see it), said once per
-// node with what this node's ranks take together against what the host had available before they began.
-void note_offload(ShardedOptimizer& z, int64_t host_free) {
-  z.allocate_state();
-  const dist::DistEnv env = dist::read_dist_env();
-  if (env.local_rank != 0) return;
-  const double gib = 1 << 30, mine = static_cast<double>(z.shard_bytes()) / gib;
-  const double node = mine * env.local_world_size, free = static_cast<double>(host_free) / gib;
-  std::fprintf(
-      stderr,
-      "train: --fsdp offload: fp32 masters, gradient shard and optimizer state in host memory, updated "
-      "there: %.2f GiB per rank, %.2f GiB for this node's %d ranks (%.2f GiB available)\n",
-      mine, node, env.local_world_size, free);
-  if (host_free > 0 && node > free)
-    std::fprintf(stderr,
-                 "train: warning: --fsdp offload needs more host memory than this node has available; expect "
-                 "swapping or the OOM killer (more nodes, or full_shard without offload, shrink it)\n");
-}
-
-// One call of train(): what is set up before the first step (model, data, optimizer, resumed state) and
-// the loop around the step - logging, evaluation, saving, stopping - and the files of a finished run.
-class Run {
- public:
-  // `group`: the ranks of a distributed run (null: one process). Rank 0 alone writes files and prints.
-  Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup* group);
-  TrainResult train();
-
- private:
-  std::unique_ptr<data::DataLoader> make_loader();
-  void resume();
-  void announce() const;
-  std::vector<data::Batch> next_micro_batches();
-  void after_step(int64_t step, const StepResult& s, double lr, int64_t start_step);
-  void evaluate_at(int64_t step);
-  void log(const nlohmann::json& entry);
-  void save();
-  void save_files();
-  ShardedOptimizer* gathered_masters() const;
-  void finish();
-  void draw_curves();
-  bool stop_requested();
-
-  const TrainingArguments& a_;
-  const TrainHooks& hooks_;
-  dist::ProcessGroup* group_;
-  bool main_;                                 // rank 0 (or the only process)
-  std::optional<tokenizers::Tokenizer> tok_;  // none: token shards without a tokenizer
-  std::string resume_;
-  Device dev_;
-  Generator init_gen_;
-  std::unique_ptr<models::CausalLM> model_;
-  int64_t vocab_ = 0;
-  Streams streams_;
-  std::unique_ptr<data::DataLoader> loader_;
-  Schedule sched_;
-  DType compute_ = DType::f32;
-  std::unique_ptr<MixedPrecision> mp_;
-  HybridGroups hybrid_;  // hybrid sharding: the node's shard group and the replicas across nodes
-  std::unique_ptr<optim::Optimizer> opt_;
-  std::unique_ptr<FullShard> full_;  // ZeRO-3: the model's layer hooks (destroyed before the model is used)
-  TrainerState st_;
-  Generator dropout_gen_;
-  std::unique_ptr<MetricsLog> metrics_;
-  std::unique_ptr<report::TensorBoardLog> tb_;  // with --report_to tensorboard
-  std::unique_ptr<StepWindow> window_;
-  TrainResult r_;
-  double eval_seconds_ = 0;  // kept out of the training throughput
-  int64_t tokens_ = 0;
-  clock::time_point train_start_;
-};
-
-// The run's first acts: output_dir made, the tokenizer read (its errors come before the model's).
-std::optional<tokenizers::Tokenizer> start_run(const TrainingArguments& a) {
-  fs::create_directories(a.output_dir);
-  return load_tokenizer_for_data(a);
-}
-
-Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup* group)
-    : a_(a),
-      hooks_(hooks),
-      group_(group),
-      main_(group == nullptr || group->rank() == 0),
-      tok_(start_run(a)),
-      resume_(resume_dir(a)),
-      dev_(training_device(a)),
-      init_gen_(a.seed),
-      dropout_gen_(a.seed) {
-  // This run's set-up peak (and a GPU's reserved one) start here: not an earlier attempt's
-  // (auto_find_batch_size's retries) or an earlier run's in the same process.
-  ops::allocator_for(dev_).reset_peak();
-  ops::allocator_for(dev_).reset_peak_reserved();
-  if (a.device_map == "auto" && !a.max_memory.empty())  // a split's host partitions (a GPU's is dev_)
-    for (const auto& b : models::parse_device_memory(a.max_memory, "max_memory"))
-      if (b.device.is_cpu()) ops::allocator_for(b.device).reset_peak();
-  // Mixed precision: the model computes in half precision, the optimizer updates fp32 masters.
-  compute_ = a.bf16 ? DType::bf16 : a.fp16 ? DType::f16 : DType::f32;
-  if (main_ && compute_ != DType::f32)  // once per run: how this CPU computes half-precision matmuls
-    if (const std::string note = ops::gemm_precision_note(dev_, compute_); !note.empty())
-      std::fprintf(stderr, "train: note: %s\n", note.c_str());
-  const int stage = group_ ? zero_stage(a) : 0;
-  if (main_ && !group_ && !a.fsdp.empty())  // as HF's Trainer outside a distributed launch
-    std::fprintf(
-        stderr,
-        "train: note: --fsdp %s shards across launched processes (WORLD_SIZE > 1); one process trains "
-        "unsharded\n",
-        a.fsdp.c_str());
-  // A sharded run that keeps no whole fp32 model (ZeRO-3, or ZeRO-2 under mixed precision) makes it one
-  // parameter at a time (build_shard below). Every rank makes the same values, so nothing is broadcast.
-  std::optional<models::DeferredModel> deferred;
-  if (stage == 3 || (stage == 2 && compute_ != DType::f32))
-    deferred = load_deferred_model(a, resume_, init_gen_, dev_, tok_ ? tok_->vocab_size() : 0);
-  if (deferred) {
-    model_ = std::move(deferred->model);
-  } else {
-    model_ = load_model(a, resume_, init_gen_, dev_, tok_ ? tok_->vocab_size() : 0);
-    if (group_)
-      broadcast_parameters(*group_, model_->named_parameters());  // DDP: rank 0's weights everywhere
-  }
-  if (!model_->placement().single()) {  // device_map auto split the model (validate() refused the rest)
-    TR_CHECK(group_ == nullptr,
-             "--device_map auto under a launcher ({} processes): each process would split its own replica; "
-             "shard across the processes with --fsdp full_shard instead",
-             group_ ? group_->size() : 1);
-    dev_ = model_->device();  // the batches go where the embeddings are
-    if (main_)
-      std::printf(
-          "device_map auto: %s; trained as a naive pipeline (one device busy at a time, as HF does): "
-          "--fsdp full_shard across processes keeps every GPU busy\n",
-          model_->placement().summary().c_str());
-  }
-  vocab_ = model_->config().vocab_size;
-  TR_CHECK(!tok_ || tok_->vocab_size() <= vocab_,
-           "tokenizer {} has {} tokens, more than the model's vocab_size {}",
-           a.tokenizer_name.empty() ? a.model_name_or_path : a.tokenizer_name, tok_ ? tok_->vocab_size() : 0,
-           vocab_);
-  TR_CHECK(a.block_size <= model_->config().max_position_embeddings,
-           "--block_size {} exceeds the model's {} positions", a.block_size,
-           model_->config().max_position_embeddings);
-  streams_ = load_streams(
-      a, tok_ ? &*tok_ : nullptr, vocab_,
-      a.do_eval || parse_interval_strategy(a.eval_strategy, "eval_strategy") != IntervalStrategy::no, group_);
-  loader_ = make_loader();
-  sched_ = make_schedule(a, loader_->batches_per_epoch());
-  optim::OptimizerOptions oo;
-  oo.lr = a.learning_rate;
-  oo.beta1 = a.adam_beta1;
-  oo.beta2 = a.adam_beta2;
-  oo.eps = a.adam_epsilon;
-  oo.weight_decay = a.weight_decay;
-  oo.args = optim::parse_optim_args(a.optim_args);
-  // ZeRO-2/3: this rank's slices of the fp32 weights, taken before mixed precision makes the half weights.
-  // A deferred model is made one parameter at a time (build_shard: slices kept, the half copy or, ZeRO-3,
-  // released storage in its place); a whole one gives its slices up at construction and MixedPrecision
-  // drops each f32 tensor as its half copy is made. ZeRO-3 then releases the parameters: from here on a
-  // layer's weights exist only while it runs.
-  const bool zero = stage > 0;
-  if (zero) {
-    // Hybrid sharding: ZeRO within each node, the node's gradient shard summed with the other nodes'.
-    if (hybrid_sharding(a)) hybrid_ = hybrid_groups(*group_, dist::read_dist_env());
-    // --fsdp offload: the shard (masters, summed gradients, optimizer state) in host memory, updated there;
-    // a CPU run keeps it there already.
-    const bool offload = a.fsdp_has("offload") && !dev_.is_cpu();
-    const int64_t host_free = offload ? host_memory_available() : 0;  // before this node's ranks take theirs
-    if (main_ && a.fsdp_has("offload") && !offload)
-      std::fprintf(stderr,
-                   "train: --fsdp offload: the run is on the host, where the shard is already: nothing "
-                   "to move\n");
-    auto z = std::make_unique<ShardedOptimizer>(
-        hybrid_.shard ? *hybrid_.shard : *group_, model_->named_parameters(), a.optim, oo,
-        a.ddp_bucket_cap_mb << 20, compute_ != DType::f32, stage,
-        deferred ? std::optional(dev_) : std::nullopt, offload ? std::optional(Device::cpu()) : std::nullopt);
-    z->set_replicas(hybrid_.replicas.get());
-    if (offload) note_offload(*z, host_free);
-    if (deferred) {
-      // Read from a checkpoint (fresh init is the same on every rank by construction): checked to agree.
-      const std::string dir = !resume_.empty() ? resume_ : a.model_name_or_path;
-      uint64_t hash = 1469598103934665603ull;
-      const auto load = [&](size_t i) {
-        Tensor t = deferred->load(i);
-        if (!dir.empty()) hash = content_hash(t, hash);
-        return t;
-      };
-      build_shard(*z, model_->named_parameters(), load, compute_);
-      if (!dir.empty()) check_same_weights(*group_, hash, dir);
-    }
-    opt_ = std::move(z);
-  }
-  // Mixed precision: the model computes in half precision, the optimizer updates fp32 masters.
-  mp_ = std::make_unique<MixedPrecision>(model_->named_parameters(), compute_, a.fp16,
-                                         zero && compute_ != DType::f32);
-  model_->set_dtype(compute_);
-  if (!zero) opt_ = optim::make_optimizer(a.optim, mp_->master_params(), oo);
-  if (stage == 3) {
-    full_ = std::make_unique<FullShard>(static_cast<ShardedOptimizer&>(*opt_), model_->named_parameters(),
-                                        a.ddp_bucket_cap_mb << 20, read_fsdp_config(a.fsdp_config));
-    model_->set_layer_hooks(full_.get());
-  }
-  st_.train_tokens = streams_.train->size();
-  st_.train_batch_size = a.per_device_train_batch_size;
-  st_.gradient_accumulation_steps = sched_.ga;
-  if (!resume_.empty()) resume();
-  st_.world_size = group_ ? group_->size() : 1;
-  if (main_) {
-    metrics_ = std::make_unique<MetricsLog>(a.output_dir, !resume_.empty(), st_.global_step);
-    write_json(fs::path(a.output_dir) / "training_args.json", a.to_json());
-  }
-  if (main_ &&
-      a.reports_tensorboard()) {  // as HF's TensorBoardCallback: the arguments and model config as text
-    tb_ = std::make_unique<report::TensorBoardLog>(a.logging_dir, resume_.empty() ? -1 : st_.global_step);
-    tb_->text("args", a.to_json().dump(2));
-    tb_->text("model_config", model_->config().to_json().dump(2));
-  }
-  if (main_) announce();
-  r_.per_device_train_batch_size = a.per_device_train_batch_size;
-  r_.gradient_accumulation_steps = sched_.ga;
-  if (streams_.validation)
-    r_.unigram_baseline = unigram_cross_entropy(*streams_.train, *streams_.validation, vocab_);
-}
-
-std::unique_ptr<data::DataLoader> Run::make_loader() {
-  data::DatasetOptions dopt;
-  dopt.block_size = a_.block_size;
-  dopt.seed = a_.seed;
-  dopt.vocab_size = vocab_;
-  if (group_) {  // each rank its slice of every global batch: the sample order of one process
-    dopt.rank = group_->rank();
-    dopt.world_size = group_->size();
-    dopt.rank_slice = a_.per_device_train_batch_size;
-  }
-  TR_CHECK(streams_.train->size() >= a_.block_size, "{}: {} tokens, fewer than one block of --block_size {}",
-           a_.train_file, streams_.train->size(), a_.block_size);
-  auto ds = std::make_shared<data::SequenceDataset>(streams_.train, dopt);
-  data::DataLoaderOptions lopt;
-  lopt.batch_size = a_.per_device_train_batch_size;
-  lopt.num_workers = static_cast<int>(a_.dataloader_num_workers);
-  lopt.pin_memory = a_.dataloader_pin_memory;
-  lopt.device = dev_;
-  lopt.drop_last = a_.dataloader_drop_last;
-  auto loader = std::make_unique<data::DataLoader>(ds, lopt);
-  TR_CHECK(loader->batches_per_epoch() >= 1,
-           "{}: {} blocks of {} tokens, fewer than one batch of {} (dataloader_drop_last)", a_.train_file,
-           ds->num_samples(), a_.block_size, a_.per_device_train_batch_size);
-  return loader;
-}
-
-void Run::resume() {
-  st_ = load_checkpoint_state(resume_, *opt_, *mp_, tok_.has_value());
-  // The checks name trainer_state.json, where the values come from (a damaged file reads as a mismatch).
-  const std::string state_file = (fs::path(resume_) / "trainer_state.json").string();
-  // The data position counts global batches: any world size whose ranks together draw the saved batch
-  // continues where the run stopped (DDP state is the same on every rank).
-  const int64_t world = group_ ? group_->size() : 1;
-  TR_CHECK(
-      st_.train_batch_size * st_.world_size == a_.per_device_train_batch_size * world &&
-          st_.gradient_accumulation_steps == sched_.ga,
-      "{}: saved with per_device_train_batch_size {} x {} process(es) and gradient_accumulation_steps {}; "
-      "resume with the same global batch (got {} x {} and {})",
-      state_file, st_.train_batch_size, st_.world_size, st_.gradient_accumulation_steps,
-      a_.per_device_train_batch_size, world, sched_.ga);
-  TR_CHECK(
-      st_.train_tokens == 0 || st_.train_tokens == streams_.train->size(),
-      "{}: saved while training on {} tokens, this run's training stream has {} (a different --train_file, "
-      "--validation_split_percentage or evaluation setting?); the data position would not match",
-      state_file, st_.train_tokens, streams_.train->size());
-  TR_CHECK(st_.global_step <= sched_.total,
-           "{}: global_step {} is past this run's {} optimizer steps (raise --max_steps or "
-           "--num_train_epochs to continue)",
-           state_file, st_.global_step, sched_.total);
-  st_.train_tokens = streams_.train->size();
-  loader_->seek(st_.position);
-  dropout_gen_.set_state(st_.dropout_rng);
-  std::fprintf(stderr, "train: resumed from %s at step %lld\n", resume_.c_str(),
-               static_cast<long long>(st_.global_step));
-}
-
-void Run::announce() const {
-  const int shard = hybrid_.shard ? hybrid_.shard->size() : group_ ? group_->size() : 1;
-  const std::string nodes =
-      hybrid_.shard
-          ? fmt::format(" sharded within each of {} nodes, replicated across them;", hybrid_.replicas->size())
-          : "";
-  const auto* sharded = dynamic_cast<const ShardedOptimizer*>(opt_.get());
-  const std::string offload =
-      sharded && sharded->offloaded() ? "; the shard offloaded to host memory and updated there" : "";
-  const std::string world =
-      !group_ ? ""
-      : full_ ? fmt::format(
-                    " x {} processes (ZeRO-3 {} over {}:{} parameters, gradients and optimizer state "
-                    "1/{} per rank, gathered one decoder layer at a time ({} layers and the root), {} MB per "
-                    "collective{})",
-                    group_->size(), fsdp_strategy(a_), group_->backend_name(), nodes, shard, full_->layers(),
-                    a_.ddp_bucket_cap_mb, offload)
-      : sharded ? fmt::format(
-                      " x {} processes (ZeRO-2 {} over {}:{} gradients reduce-scattered, optimizer "
-                      "state 1/{} per rank, {} MB per collective{})",
-                      group_->size(), fsdp_strategy(a_), group_->backend_name(), nodes, shard,
-                      a_.ddp_bucket_cap_mb, offload)
-                : fmt::format(" x {} processes (DDP over {}, buckets of {} MB)", group_->size(),
-                              group_->backend_name(), a_.ddp_bucket_cap_mb);
-  std::fprintf(
-      stderr,
-      "train: %s, %.1fM parameters, %s, optim %s; %lld tokens; %lld optimizer steps of %lld x %lld x %lld "
-      "tokens%s\n",
-      model_->config().model_type.c_str(), model_->num_parameters() / 1e6, dtype_name(compute_).data(),
-      a_.optim.c_str(), static_cast<long long>(streams_.train->size()), static_cast<long long>(sched_.total),
-      static_cast<long long>(sched_.ga), static_cast<long long>(a_.per_device_train_batch_size),
-      static_cast<long long>(a_.block_size), world.c_str());
-  if (group_ && !group_->rendezvous().empty())
-    std::fprintf(stderr, "train: %s\n", group_->rendezvous().c_str());
-}
+namespace detail {
 
 // The micro-batches of the next optimizer step: gradient_accumulation_steps of them, fewer at the end of an
 // epoch (a shorter last step, as HF).
@@ -749,6 +391,47 @@ void Run::finish() {
               {"world_size", st_.world_size},
               {"skipped_steps", st_.skipped_steps},
               {"log_history", st_.log_history}});
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::resume_dir;
+using detail::Run;
+
+// An output_dir holding another run is refused unless the user says what to do with it.
+void check_output_dir(const TrainingArguments& a, bool resuming) {
+  if (resuming || !fs::is_directory(a.output_dir)) return;
+  const std::string last = latest_checkpoint(a.output_dir);
+  const bool has_model = fs::exists(fs::path(a.output_dir) / "model.safetensors") ||
+                         fs::exists(fs::path(a.output_dir) / "model.safetensors.index.json");
+  if (last.empty() && !has_model) return;
+  if (!a.overwrite_output_dir)
+    fail(
+        "--output_dir {} already holds a run ({}); pass --resume_from_checkpoint true to continue it or "
+        "--overwrite_output_dir to replace it",
+        a.output_dir, last.empty() ? "model.safetensors" : fs::path(last).filename().string());
+  for (const auto& e : fs::directory_iterator(a.output_dir)) {  // stale checkpoints would mix with ours
+    const std::string n = e.path().filename().string();
+    if (e.is_directory() && n.rfind("checkpoint-", 0) == 0) fs::remove_all(e.path());
+  }
+}
+
+// HF's default logging_dir (output_dir/runs/<time>_<host>); a resumed run keeps the one its output_dir's
+// training_args.json names, so its new event file joins the old ones in one TensorBoard run.
+void resolve_logging_dir(TrainingArguments& a, bool resuming) {
+  if (!a.logging_dir.empty()) return;
+  const fs::path saved = fs::path(a.output_dir) / "training_args.json";
+  if (resuming && fs::exists(saved)) {
+    const auto j = nlohmann::json::parse(std::ifstream(saved), nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("logging_dir") && j["logging_dir"].is_string() &&
+        !j["logging_dir"].get<std::string>().empty()) {
+      a.logging_dir = j["logging_dir"].get<std::string>();
+      return;
+    }
+  }
+  a.logging_dir = report::default_logging_dir(a.output_dir);
 }
 
 }  // namespace

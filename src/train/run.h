@@ -1,0 +1,96 @@
+// The run behind train() (trainer.h): its set-up in run_setup.cpp, its loop and files in trainer.cpp.
+// Internal to the train layer.
+#pragma once
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "data/loader.h"
+#include "dist/process_group.h"
+#include "models/causal_lm.h"
+#include "optim/optimizer.h"
+#include "report/tensorboard.h"
+#include "tokenizers/tokenizer.h"
+#include "train/checkpoint.h"
+#include "train/dist_setup.h"
+#include "train/metrics_log.h"
+#include "train/mixed_precision.h"
+#include "train/schedule.h"
+#include "train/setup.h"
+#include "train/train_step.h"
+#include "train/trainer.h"
+#include "train/zero3.h"
+
+namespace tr::train::detail {
+
+using clock = std::chrono::steady_clock;
+
+// Checked: a full disk is an error naming the file and the reason, never a silently truncated result.
+void write_json(const std::filesystem::path& p, const nlohmann::json& j);
+// The checkpoint --resume_from_checkpoint names ("true": the newest in output_dir), or "" for a fresh run.
+std::string resume_dir(const TrainingArguments& a);
+
+// One call of train(): what is set up before the first step (model, data, optimizer, resumed state:
+// run_setup.cpp) and the loop around the step - logging, evaluation, saving, stopping - and the files of a
+// finished run (trainer.cpp).
+class Run {
+ public:
+  // `group`: the ranks of a distributed run (null: one process). Rank 0 alone writes files and prints.
+  Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup* group);
+  TrainResult train();
+
+ private:
+  // The set-up, in order (run_setup.cpp).
+  void start();
+  std::optional<models::DeferredModel> build_model(int stage);
+  void build_optimizer(int stage, std::optional<models::DeferredModel>& deferred);
+  void open_logs();
+  std::unique_ptr<data::DataLoader> make_loader();
+  void resume();
+  void announce() const;
+  std::vector<data::Batch> next_micro_batches();
+  void after_step(int64_t step, const StepResult& s, double lr, int64_t start_step);
+  void evaluate_at(int64_t step);
+  void log(const nlohmann::json& entry);
+  void save();
+  void save_files();
+  ShardedOptimizer* gathered_masters() const;
+  void finish();
+  void draw_curves();
+  bool stop_requested();
+
+  const TrainingArguments& a_;
+  const TrainHooks& hooks_;
+  dist::ProcessGroup* group_;
+  bool main_;                                 // rank 0 (or the only process)
+  std::optional<tokenizers::Tokenizer> tok_;  // none: token shards without a tokenizer
+  std::string resume_;
+  Device dev_;
+  Generator init_gen_;
+  std::unique_ptr<models::CausalLM> model_;
+  int64_t vocab_ = 0;
+  Streams streams_;
+  std::unique_ptr<data::DataLoader> loader_;
+  Schedule sched_;
+  DType compute_ = DType::f32;
+  std::unique_ptr<MixedPrecision> mp_;
+  HybridGroups hybrid_;  // hybrid sharding: the node's shard group and the replicas across nodes
+  std::unique_ptr<optim::Optimizer> opt_;
+  std::unique_ptr<FullShard> full_;  // ZeRO-3: the model's layer hooks (destroyed before the model is used)
+  TrainerState st_;
+  Generator dropout_gen_;
+  std::unique_ptr<MetricsLog> metrics_;
+  std::unique_ptr<report::TensorBoardLog> tb_;  // with --report_to tensorboard
+  std::unique_ptr<StepWindow> window_;
+  TrainResult r_;
+  double eval_seconds_ = 0;  // kept out of the training throughput
+  int64_t tokens_ = 0;
+  clock::time_point train_start_;
+};
+
+}  // namespace tr::train::detail
