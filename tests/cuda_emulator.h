@@ -134,7 +134,9 @@ inline Lane* lanes_now() { return lanes[collective++ % 2][warp()]; }
 // Runs kernel() as `grid` blocks of `threads` (kWarps warps) with `smem_bytes` of shared memory.
 template <typename F>
 void launch(unsigned grid, int threads, size_t smem_bytes, F&& kernel) {
-  if (threads < 1 || threads > kWarps * 32) std::abort();  // more warps than the emulation has barriers for
+  // Whole warps (a partial one would wait forever at its 32-thread barrier), no more than it has barriers
+  // for.
+  if (threads < 32 || threads % 32 != 0 || threads > kWarps * 32) std::abort();
   std::vector<uint4> smem(smem_bytes / 16 + 1);
   std::memset(smem.data(), 0xff, smem.size() * 16);
   shared_memory = smem.data();

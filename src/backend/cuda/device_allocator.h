@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "backend/cuda/cuda_check.h"
+#include "core/error.h"
 #include "core/allocator.h"
 #include "core/caching_allocator.h"
 

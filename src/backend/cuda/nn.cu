@@ -85,11 +85,11 @@ void norm_param_grads(Stream stream, const T* x, const acc_t<T>* mean, const acc
   if (n == 0) return;
   constexpr int V = static_cast<int>(16 / sizeof(T));
   const bool packs = n % V == 0 && aligned_to(x, 16) && aligned_to(gy, 16);
-  const int64_t chunks = reduce_chunks(packs ? n / V : n, rows), chunk = (rows + chunks - 1) / chunks;
+  const int64_t chunks = red::pass1_chunks(n, rows, n, V), chunk = (rows + chunks - 1) / chunks;
   auto* partial = static_cast<double*>(scratch.take(sizeof(double) * 2 * n * chunks));
   if (packs)
-    red::norm_param_packs_partial_kernel<T, V>
-        <<<blocks_for(n / V * chunks), 256, 0, stream>>>(x, mean, rstd, gy, partial, rows, n, chunk, chunks);
+    red::norm_param_packs_partial_kernel<T, V><<<blocks_for(n / V * chunks, 128), 128, 0, stream>>>(
+        x, mean, rstd, gy, partial, rows, n, chunk, chunks);
   else
     red::norm_param_partial_kernel<T>
         <<<blocks_for(n * chunks), 256, 0, stream>>>(x, mean, rstd, gy, partial, rows, n, chunk, chunks);

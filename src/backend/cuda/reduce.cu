@@ -141,10 +141,10 @@ void reduce(Stream stream, ReduceOp op, DType dt, const void* x, void* y, int64_
     }
     constexpr int V = static_cast<int>(16 / sizeof(T));
     const bool packs = inner % V == 0 && aligned_to(x, 16);
-    const int64_t c = packs ? reduce_chunks(m / V, r) : chunks, chunk = (r + c - 1) / c;
+    const int64_t c = red::pass1_chunks(m, r, inner, V), chunk = (r + c - 1) / c;
     auto* partial = static_cast<double*>(scratch.take(sizeof(double) * m * c));
     if (packs)
-      red::reduce_packs_partial_kernel<T, V><<<blocks_for(m / V * c), 256, 0, stream>>>(
+      red::reduce_packs_partial_kernel<T, V><<<blocks_for(m / V * c, 128), 128, 0, stream>>>(
           op, static_cast<const T*>(x), partial, outer, r, inner, chunk, c);
     else
       red::reduce_partial_kernel<T><<<blocks_for(m * c), 256, 0, stream>>>(

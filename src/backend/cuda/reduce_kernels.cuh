@@ -2,10 +2,11 @@
 // whole-tensor sum) and the norms' weight and bias gradients (nn.cu): r split into chunks, pass 1 one f64
 // partial per (chunk, output), pass 2 the chunks combined in order, so the result does not depend on
 // scheduling. reduce.cu and nn.cu launch them; in a header of their own so that the CPU runs this very code
-// (tests/cuda_emulator.h; tests/test_blocked_rows_emulated.cpp against the CPU backend's reductions). Bound
+// (tests/cuda_emulator.h; tests/test_reduce_emulated.cpp against the CPU backend's reductions). Bound
 // by HBM, and so by the bytes in flight: a thread per output reading 2-byte elements one row at a time kept
 // ~130 KB in flight and ran at ~0.4 TB/s on the H200 (GPT-2's bias gradients, 6.6 ms a step). Rows of 16-byte
-// packs, eight rows a thread at a time, keep ~3 MB in flight.
+// packs, eight rows a thread at a time, keep MBs in flight (GPT-2 768-column bias: 96 packs x 512 chunks,
+// 8 x 16 bytes a thread: ~6 MB).
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -31,6 +32,21 @@ __device__ __forceinline__ double combine(backend::ReduceOp op, double acc, doub
 
 __device__ __forceinline__ double identity(backend::ReduceOp op) {
   return op == backend::ReduceOp::max ? -INFINITY : op == backend::ReduceOp::min ? INFINITY : 0.0;
+}
+
+// Pass 1's chunks over r rows for m outputs, by the layout alone: where the outputs come in packs of V
+// (inner a multiple of V) the packed pass runs on aligned data, and unaligned data runs the scalar pass with
+// the same chunks, so the bits never depend on an address. Packed chunks may be as short as 32 rows: a pack
+// thread moves V columns, so GPT-2's 768-column norms need the shorter chunks to spread over every SM.
+inline int64_t pass1_chunks(int64_t m, int64_t r, int64_t inner, int V) {
+  if (inner % V != 0) return reduce_chunks(m, r);
+  const int64_t packs = m / V;
+  if (packs >= 65536 || r <= 64) return reduce_chunks(m, r);
+  int64_t c = (65536 + packs - 1) / packs;
+  const int64_t by_len = (r + 31) / 32;
+  if (c > by_len) c = by_len;
+  if (c > 4096) c = 4096;
+  return c < 1 ? 1 : c;
 }
 
 // Pass 1, any layout: thread t takes output t % m over chunk t / m.
