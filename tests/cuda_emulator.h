@@ -1,12 +1,12 @@
 // The host emulation of the CUDA built-ins our flash and tiled attention kernels and the row kernels use, so
 // that tests run the kernels' own source (backend/cuda/flash_kernels.cuh, attention_tiled.cuh,
-// row_kernels.cuh, fused_chain.cuh, blocked_rows.cuh, dropout_packs.cuh, reduce_kernels.cuh) on the CPU: each
-// CUDA thread of a block is a std::thread, __syncthreads and warp collectives are barriers, a kernel's shared
-// memory is a host buffer poisoned with NaN halves before every block (a read of what no thread wrote shows
-// up), and mma.sync m16n8k16 gathers the warp's fragments by the PTX ISA's layout tables (groupID = lane / 4,
-// thread-in-group = lane % 4) and sums in f64. Include it before the kernels' header, in a test translation
-// unit that includes no CUDA header. What it cannot show: races a real GPU would expose, __expf's precision,
-// the tensor cores' own rounding.
+// row_kernels.cuh, fused_chain.cuh, blocked_rows.cuh, dropout_packs.cuh, reduce_kernels.cuh,
+// optim_kernels.cuh) on the CPU: each CUDA thread of a block is a std::thread, __syncthreads and warp
+// collectives are barriers, a kernel's shared memory is a host buffer poisoned with NaN halves before every
+// block (a read of what no thread wrote shows up), and mma.sync m16n8k16 gathers the warp's fragments by the
+// PTX ISA's layout tables (groupID = lane / 4, thread-in-group = lane % 4) and sums in f64. Include it before
+// the kernels' header, in a test translation unit that includes no CUDA header. What it cannot show: races a
+// real GPU would expose, __expf's precision, the tensor cores' own rounding.
 #pragma once
 #include <atomic>
 #include <barrier>
@@ -39,6 +39,9 @@
 #define TR_DROP_NAMESPACE drop_emulated
 #define TR_RED_EMULATED 1
 #define TR_RED_NAMESPACE red_emulated
+#define TR_OPT_EMULATED 1
+#define TR_OPT_NAMESPACE opt_emulated
+#define TR_OPT_SMEM(type, name, count) type* name = reinterpret_cast<type*>(::tr::emu::shared_memory)
 #define TR_CHAIN_NAMESPACE chain_emulated
 #define __grid_constant__
 #define __global__
@@ -353,5 +356,6 @@ inline void report_bad(int64_t* bad, int64_t kind, int64_t value, int64_t limit)
   bad[1] = kind;
 }
 using std::exp;
+using std::isfinite;
 using std::log;
 }  // namespace tr::cuda

@@ -4,6 +4,7 @@
 // backend/optim_math.h's (compiled with
 // --fmad=false so only its explicit fmas fuse, as on the CPU).
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/optim_kernels.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/adamw8bit_math.h"
 #include "backend/optim_math.h"
@@ -12,28 +13,9 @@ namespace tr::cuda {
 
 namespace {
 
+using namespace opt;  // the kernels (optim_kernels.cuh)
+
 constexpr int kThreads = 512;
-
-// Gradient element i of storage dtype dt, widened as the CPU does (half -> f32 -> T).
-template <typename T>
-__device__ __forceinline__ T load_grad(const void* p, DType dt, int64_t i) {
-  switch (dt) {
-    case DType::bf16: return static_cast<T>(__bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]));
-    case DType::f16: return static_cast<T>(__half2float(static_cast<const __half*>(p)[i]));
-    case DType::f32: return static_cast<T>(static_cast<const float*>(p)[i]);
-    default: return static_cast<T>(static_cast<const double*>(p)[i]);
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ void store_as(void* p, DType dt, int64_t i, T v) {
-  switch (dt) {
-    case DType::bf16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(static_cast<float>(v)); return;
-    case DType::f16: static_cast<__half*>(p)[i] = __float2half_rn(static_cast<float>(v)); return;
-    case DType::f32: static_cast<float*>(p)[i] = static_cast<float>(v); return;
-    default: static_cast<double*>(p)[i] = static_cast<double>(v); return;
-  }
-}
 
 // Copies a host array into scratch in stream order (pageable: the copy is staged before it returns, so the
 // caller's array may go away).
@@ -42,78 +24,6 @@ C* upload(Stream stream, const C* host, int64_t count, Scratch& scratch) {
   C* d = static_cast<C*>(scratch.take(sizeof(C) * count));
   TR_CUDA_CHECK(cudaMemcpyAsync(d, host, sizeof(C) * count, cudaMemcpyHostToDevice, stream));
   return d;
-}
-
-__global__ void grad_stats_chunks(const GradChunk* chunks, double inv_scale, double* partial) {
-  __shared__ double shared[32];
-  const GradChunk c = chunks[blockIdx.x];
-  double ss = 0, bad = 0;
-  if (c.grad_dtype == DType::f64) {
-    for (int64_t i = threadIdx.x; i < c.n; i += blockDim.x) {
-      const double x = load_grad<double>(c.grad, c.grad_dtype, i) * inv_scale;
-      ss += x * x;
-      bad += isfinite(x) ? 0.0 : 1.0;
-    }
-  } else {
-    const float inv = static_cast<float>(inv_scale);
-    for (int64_t i = threadIdx.x; i < c.n; i += blockDim.x) {
-      const float x = load_grad<float>(c.grad, c.grad_dtype, i) * inv;
-      ss += static_cast<double>(x) * x;
-      bad += isfinite(x) ? 0.0 : 1.0;
-    }
-  }
-  ss = block_sum(ss, shared);
-  bad = block_sum(bad, shared);
-  if (threadIdx.x == 0) {
-    partial[2 * blockIdx.x] = ss;
-    partial[2 * blockIdx.x + 1] = bad;
-  }
-}
-
-// One block adds the chunk partials in a fixed order: the same bits on every run.
-__global__ void grad_stats_total(const double* partial, int64_t count, double* stats) {
-  __shared__ double shared[32];
-  double ss = 0, bad = 0;
-  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
-    ss += partial[2 * i];
-    bad += partial[2 * i + 1];
-  }
-  ss = block_sum(ss, shared);
-  bad = block_sum(bad, shared);
-  if (threadIdx.x == 0) {  // added to what stats holds (a split model's earlier devices)
-    stats[0] += ss;
-    stats[1] += bad;
-  }
-}
-
-template <typename T>
-__global__ void transform_kernel(const GradChunk* chunks, double inv_scale, double max_norm,
-                                 const double* stats) {
-  const GradChunk c = chunks[blockIdx.x];
-  const backend::GradScaling<T> gs = backend::grad_scaling<T>(inv_scale, max_norm, stats);
-  T* d = static_cast<T*>(c.dst);
-  for (int64_t i = threadIdx.x; i < c.n; i += blockDim.x)
-    d[i] = backend::scaled_grad(load_grad<T>(c.grad, c.grad_dtype, i), gs);
-}
-
-template <typename T>
-__global__ void fused_adamw_kernel(const AdamWChunk* chunks, backend::AdamWScalars<T> with_decay,
-                                   backend::AdamWScalars<T> without_decay, double inv_scale, double max_norm,
-                                   const double* stats) {
-  const AdamWChunk c = chunks[blockIdx.x];
-  const backend::AdamWScalars<T>& s = c.decay ? with_decay : without_decay;
-  const backend::GradScaling<T> gs = backend::grad_scaling<T>(inv_scale, max_norm, stats);
-  T* p = static_cast<T*>(c.param);
-  T* m = static_cast<T*>(c.exp_avg);
-  T* v = static_cast<T*>(c.exp_avg_sq);
-  for (int64_t i = threadIdx.x; i < c.n; i += blockDim.x) {
-    T pi = p[i], mi = m[i], vi = v[i];
-    backend::adamw_element(pi, backend::scaled_grad(load_grad<T>(c.grad, c.grad_dtype, i), gs), mi, vi, s);
-    p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
-    if (c.copy != nullptr) store_as(c.copy, c.copy_dtype, i, pi);
-  }
 }
 
 template <typename T>
@@ -125,79 +35,6 @@ void launch_adamw(Stream stream, const AdamWChunk* chunks, int64_t count, double
   fused_adamw_kernel<T>
       <<<static_cast<unsigned>(count), kThreads, 0, stream>>>(d, sd, sp, inv_scale, max_norm, stats);
   TR_CUDA_LAUNCH_CHECK("fused_adamw");
-}
-
-// bitsandbytes' blockwise 8-bit AdamW: one block of 256 threads per 256-element quantization block.
-__global__ void adamw_8bit_kernel(float* p, const float* g, uint8_t* c1, uint8_t* c2, float* absmax1,
-                                  float* absmax2, int64_t n, backend::Adam8bitConsts k, const float* qs_g,
-                                  const float* qu_g) {
-  __shared__ float qs[256], qu[256], red1[8], red2[8];
-  qs[threadIdx.x] = qs_g[threadIdx.x];
-  qu[threadIdx.x] = qu_g[threadIdx.x];
-  __syncthreads();
-  const int64_t i = blockIdx.x * backend::kAdam8bitBlock + threadIdx.x;
-  const bool active = i < n;
-  const float gi = active ? g[i] : 0.0f;
-  float s1 = 0.0f, s2 = 0.0f;
-  if (active)
-    backend::adam8bit_moments(gi, c1[i], c2[i], absmax1[blockIdx.x], absmax2[blockIdx.x], qs, qu, k, s1, s2);
-  // The block's absmax: a max is exact in any order, so the CPU's sequential fmax gives the same value.
-  float m1 = backend::abs_f32(s1), m2 = backend::abs_f32(s2);
-  for (int o = 16; o > 0; o >>= 1) {
-    m1 = backend::fmax_f32(m1, __shfl_xor_sync(0xffffffffu, m1, o));
-    m2 = backend::fmax_f32(m2, __shfl_xor_sync(0xffffffffu, m2, o));
-  }
-  if ((threadIdx.x & 31) == 0) {
-    red1[threadIdx.x >> 5] = m1;
-    red2[threadIdx.x >> 5] = m2;
-  }
-  __syncthreads();  // every thread has read the old absmax above
-  float max1 = 0.0f, max2 = 0.0f;
-  for (int w = 0; w < 8; ++w) {
-    max1 = backend::fmax_f32(max1, red1[w]);
-    max2 = backend::fmax_f32(max2, red2[w]);
-  }
-  if (threadIdx.x == 0) {
-    absmax1[blockIdx.x] = max1;
-    absmax2[blockIdx.x] = max2;
-  }
-  if (!active) return;
-  float pi = p[i];
-  backend::adam8bit_param(pi, gi, s1, s2, k);
-  p[i] = pi;
-  uint8_t q1, q2;
-  backend::adam8bit_codes(s1, s2, max1, max2, qs, qu, q1, q2);
-  c1[i] = q1;
-  c2[i] = q2;
-}
-
-__global__ void adamw_32bit_kernel(float* p, const float* g, float* s1, float* s2, int64_t n,
-                                   backend::Adam8bitConsts k) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    float pi = p[i], a = s1[i], b = s2[i];
-    backend::adam32_element(pi, g[i], a, b, k);
-    p[i] = pi;
-    s1[i] = a;
-    s2[i] = b;
-  }
-}
-
-// Bound by memory bandwidth: param, grad and the buffer read, param and the buffer written, once each.
-template <typename T>
-__global__ void sgd_kernel(T* p, const T* g, T* buf, int64_t n, backend::SgdScalars<T> c) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    T pi = p[i];
-    if (buf != nullptr) {
-      T bi = buf[i];
-      backend::sgd_element(pi, g[i], &bi, c);
-      buf[i] = bi;
-    } else {
-      backend::sgd_element(pi, g[i], static_cast<T*>(nullptr), c);
-    }
-    p[i] = pi;
-  }
 }
 
 }  // namespace

@@ -1,0 +1,259 @@
+// The CUDA optimizer kernels' own source (backend/cuda/optim_kernels.cuh) run on the CPU through
+// tests/cuda_emulator.h against the CPU backend, bit for bit: fused multi-tensor AdamW (f32 parameters,
+// bf16 / f16 / f32 gradients through the loss-scale inverse and the clip, with and without weight decay, the
+// bf16 weight copy, a tensor longer than one 64K chunk), the gradient transform, bitsandbytes' blockwise
+// 8-bit AdamW (a partial last block, three steps, NaN-free and with an infinite gradient) and its 32-bit
+// small-tensor path, SGD with momentum, dampening and Nesterov; the gradient statistics within f64 rounding
+// (their sums run in another order). Compiled without contracting multiply-adds, as optim.cu and the CPU's
+// optimizers. The GPU runs them in the CUDA parity tests (OptimDevice.*, CudaOptim.*).
+#include "cuda_emulator.h"  // first: the CUDA built-ins the kernels' header expects
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/optim_kernels.cuh"
+#include "ops/ops.h"
+#include "optim/adamw_8bit.h"
+
+namespace tr {
+namespace {
+
+namespace ok = cuda::opt_emulated;
+using BE = backend::Backend;
+
+backend::Backend& cpu() { return backend::backend_for(Device::cpu()); }
+
+Tensor draw(const Shape& s, Generator& gen, DType dt, double scale = 1.0) {
+  return ops::to_dtype(ops::affine(ops::randn(s, gen), scale, 0.0), dt);
+}
+Tensor copy_of(const Tensor& t) { return ops::contiguous(ops::clone(t)); }
+bool same(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
+}
+
+// The backend's chunking: 64K-element stretches of every tensor, one block each.
+std::vector<cuda::GradChunk> grad_chunks(const std::vector<std::pair<Tensor, Tensor>>& src_dst) {
+  std::vector<cuda::GradChunk> chunks;
+  for (const auto& [g, d] : src_dst)
+    for (int64_t b = 0; b < g.numel(); b += backend::kAdamWChunk)
+      chunks.push_back(
+          {static_cast<const char*>(g.data_ptr()) + b * static_cast<int64_t>(dtype_size(g.dtype())),
+           d.defined() ? static_cast<char*>(d.data_ptr()) + b * static_cast<int64_t>(dtype_size(d.dtype()))
+                       : nullptr,
+           std::min(backend::kAdamWChunk, g.numel() - b), g.dtype(), d.defined() ? d.dtype() : DType::f32});
+  return chunks;
+}
+
+TEST(OptimEmulated, FusedAdamWGivesTheCpuBits) {
+  Generator gen(21);
+  struct Case {
+    int64_t n;
+    DType grad;
+    bool decay, copy;
+  };
+  const Case cases[] = {{1000, DType::bf16, true, true},
+                        {37, DType::f32, false, false},
+                        {70000, DType::f16, true, false}};  // the last one: two chunks
+  std::vector<BE::AdamWTensors> on_cpu, emulated;
+  for (const Case& c : cases) {
+    const Tensor p = draw({c.n}, gen, DType::f32), g = draw({c.n}, gen, c.grad, 0.1);
+    const Tensor m = draw({c.n}, gen, DType::f32, 0.01),
+                 v = ops::affine(ops::binary(ops::BinaryOp::mul, m, m), 1.0, 1e-6);
+    const Tensor copy = c.copy ? ops::empty({c.n}, DType::bf16) : Tensor();
+    on_cpu.push_back({p, g, m, copy_of(v), c.decay, copy});
+    emulated.push_back(
+        {copy_of(p), g, copy_of(m), copy_of(v), c.decay, c.copy ? ops::empty({c.n}, DType::bf16) : Tensor()});
+  }
+  BE::AdamWHyper h;
+  h.lr = 3e-3, h.weight_decay = 0.1, h.step = 7;
+  for (const double max_norm : {0.0, 0.5}) {  // without and with clipping (the norm of these gradients > 0.5)
+    SCOPED_TRACE(fmt::format("max_norm {}", max_norm));
+    std::vector<Tensor> grads;
+    for (const auto& x : on_cpu) grads.push_back(x.grad);
+    const Tensor stats = ops::zeros({2}, DType::f64);
+    cpu().grad_stats(grads, 0.5, stats);
+    const BE::GradTransform t{0.5, max_norm, stats};
+    cpu().fused_adamw(on_cpu, h, t);
+
+    std::vector<cuda::AdamWChunk> chunks;
+    for (const auto& x : emulated)
+      for (int64_t b = 0; b < x.param.numel(); b += backend::kAdamWChunk) {
+        const int64_t gs = static_cast<int64_t>(dtype_size(x.grad.dtype()));
+        chunks.push_back(
+            {x.param.data<float>() + b, static_cast<const char*>(x.grad.data_ptr()) + b * gs,
+             x.exp_avg.data<float>() + b, x.exp_avg_sq.data<float>() + b,
+             x.param_copy.defined() ? static_cast<char*>(x.param_copy.data_ptr()) + 2 * b : nullptr,
+             std::min(backend::kAdamWChunk, x.param.numel() - b), x.decay ? 1 : 0, x.grad.dtype(),
+             x.param_copy.defined() ? x.param_copy.dtype() : DType::f32});
+      }
+    const backend::AdamWScalars<float> sd(h.lr, h.weight_decay, h.beta1, h.beta2, h.eps, h.step),
+        sp(h.lr, 0.0, h.beta1, h.beta2, h.eps, h.step);
+    const double* st = max_norm > 0 ? stats.data<double>() : nullptr;
+    emu::launch(static_cast<unsigned>(chunks.size()), 128, 0,
+                [&] { ok::fused_adamw_kernel<float>(chunks.data(), sd, sp, 0.5, max_norm, st); });
+    for (size_t i = 0; i < on_cpu.size(); ++i) {
+      EXPECT_TRUE(same(emulated[i].param, on_cpu[i].param)) << "param " << i;
+      EXPECT_TRUE(same(emulated[i].exp_avg, on_cpu[i].exp_avg)) << "exp_avg " << i;
+      EXPECT_TRUE(same(emulated[i].exp_avg_sq, on_cpu[i].exp_avg_sq)) << "exp_avg_sq " << i;
+      if (on_cpu[i].param_copy.defined()) {
+        EXPECT_TRUE(same(emulated[i].param_copy, on_cpu[i].param_copy)) << "copy " << i;
+      }
+    }
+    ++h.step;
+  }
+}
+
+TEST(OptimEmulated, GradientStatisticsAndTransformGiveTheCpuResults) {
+  Generator gen(4);
+  std::vector<Tensor> grads = {draw({1000}, gen, DType::bf16), draw({70000}, gen, DType::f32, 3.0),
+                               draw({5}, gen, DType::f16)};
+  {  // an infinite element: counted
+    Tensor g16 = ops::to_dtype(grads[2], DType::f32);
+    g16.data<float>()[3] = INFINITY;
+    grads[2] = ops::to_dtype(g16, DType::f16);
+  }
+  const Tensor stats = ops::zeros({2}, DType::f64);
+  cpu().grad_stats(grads, 0.25, stats);
+  std::vector<std::pair<Tensor, Tensor>> pairs;
+  for (const Tensor& g : grads) pairs.push_back({g, Tensor()});
+  const std::vector<cuda::GradChunk> chunks = grad_chunks(pairs);
+  std::vector<double> partial(2 * chunks.size(), NAN), got = {0.0, 0.0};
+  emu::launch(static_cast<unsigned>(chunks.size()), 128, 32 * sizeof(double),
+              [&] { ok::grad_stats_chunks(chunks.data(), 0.25, partial.data()); });
+  emu::launch(1, 256, 32 * sizeof(double),
+              [&] { ok::grad_stats_total(partial.data(), static_cast<int64_t>(chunks.size()), got.data()); });
+  const double* want = stats.data<double>();
+  EXPECT_EQ(got[0], want[0]) << "an infinite product: an infinite sum of squares";
+  EXPECT_TRUE(std::isinf(got[0]));
+  EXPECT_EQ(got[1], want[1]) << "non-finite count";
+  EXPECT_EQ(got[1], 1.0);
+
+  // The transform (unscale, clip) into f32, bit for bit.
+  grads.pop_back();  // finite gradients only
+  const Tensor fin = ops::zeros({2}, DType::f64);
+  cpu().grad_stats(grads, 0.25, fin);
+  std::vector<std::pair<Tensor, Tensor>> cpu_pairs, emu_pairs;
+  for (const Tensor& g : grads) {
+    cpu_pairs.push_back({g, ops::empty(g.shape(), DType::f32)});
+    emu_pairs.push_back({g, ops::empty(g.shape(), DType::f32)});
+  }
+  {  // the finite gradients' statistics: the same sum within f64 rounding (another order), no bad count
+    std::vector<std::pair<Tensor, Tensor>> fp;
+    for (const Tensor& g : grads) fp.push_back({g, Tensor()});
+    const std::vector<cuda::GradChunk> fc = grad_chunks(fp);
+    std::vector<double> fpart(2 * fc.size(), NAN), fgot = {0.0, 0.0};
+    emu::launch(static_cast<unsigned>(fc.size()), 128, 32 * sizeof(double),
+                [&] { ok::grad_stats_chunks(fc.data(), 0.25, fpart.data()); });
+    emu::launch(1, 256, 32 * sizeof(double),
+                [&] { ok::grad_stats_total(fpart.data(), static_cast<int64_t>(fc.size()), fgot.data()); });
+    EXPECT_NEAR(fgot[0], fin.data<double>()[0], 1e-12 * fin.data<double>()[0]);
+    EXPECT_GT(fgot[0], 0.0);
+    EXPECT_EQ(fgot[1], 0.0);
+  }
+  cpu().transform_grads(cpu_pairs, {0.25, 1.0, fin});
+  const std::vector<cuda::GradChunk> tc = grad_chunks(emu_pairs);
+  emu::launch(static_cast<unsigned>(tc.size()), 128, 0,
+              [&] { ok::transform_kernel<float>(tc.data(), 0.25, 1.0, fin.data<double>()); });
+  for (size_t i = 0; i < grads.size(); ++i) EXPECT_TRUE(same(emu_pairs[i].second, cpu_pairs[i].second)) << i;
+}
+
+TEST(OptimEmulated, EightBitAdamWGivesTheCpuBits) {
+  Generator gen(9);
+  const int64_t n = 1000,
+                blocks = (n + backend::kAdam8bitBlock - 1) / backend::kAdam8bitBlock;  // 4, last partial
+  const auto& smap = optim::dynamic_map(true);
+  const auto& umap = optim::dynamic_map(false);
+  const Tensor signed_map = ops::from_vector<float>(std::vector<float>(smap.begin(), smap.end()), {256});
+  const Tensor unsigned_map = ops::from_vector<float>(std::vector<float>(umap.begin(), umap.end()), {256});
+  std::mt19937 rng(3);
+  auto codes = [&] {
+    const Tensor c = ops::empty({n}, DType::u8);
+    for (int64_t i = 0; i < n; ++i) c.data<uint8_t>()[i] = static_cast<uint8_t>(rng() & 255);
+    return c;
+  };
+  auto absmax = [&] {
+    return ops::affine(ops::unary(ops::UnaryOp::abs, draw({blocks}, gen, DType::f32)), 0.01, 1e-3);
+  };
+  BE::AdamW8bitTensors c8{draw({n}, gen, DType::f32),
+                          draw({n}, gen, DType::f32, 0.1),
+                          codes(),
+                          codes(),
+                          absmax(),
+                          absmax(),
+                          true,
+                          {}};
+  BE::AdamW8bitTensors c32{draw({37}, gen, DType::f32),
+                           draw({37}, gen, DType::f32, 0.1),
+                           draw({37}, gen, DType::f32, 0.01),
+                           ops::affine(ops::unary(ops::UnaryOp::abs, draw({37}, gen, DType::f32)), 1e-4, 0.0),
+                           Tensor(),
+                           Tensor(),
+                           false,
+                           {}};
+  BE::AdamW8bitTensors e8{copy_of(c8.param),
+                          c8.grad,
+                          copy_of(c8.state1),
+                          copy_of(c8.state2),
+                          copy_of(c8.absmax1),
+                          copy_of(c8.absmax2),
+                          true,
+                          {}};
+  BE::AdamW8bitTensors e32{
+      copy_of(c32.param), c32.grad, copy_of(c32.state1), copy_of(c32.state2), Tensor(), Tensor(), false, {}};
+  for (int step = 1; step <= 3; ++step) {
+    SCOPED_TRACE(fmt::format("step {}", step));
+    const float lr = 1e-3f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, t = static_cast<float>(step);
+    const float c1 = 1.0f - std::pow(b1, t), c2 = std::sqrt(1.0f - std::pow(b2, t));
+    const backend::Adam8bitConsts k{b1,  b2, 1.0f - b1, 1.0f - b2, -lr * c2 / c1, eps * c2, 1.0f - lr * 0.01f,
+                                    true};
+    c8.k = e8.k = c32.k = e32.k = k;
+    if (step == 3) c8.grad.data<float>()[5] = INFINITY;  // an infinite gradient (bitsandbytes' NaN path)
+    cpu().adamw_8bit({c8, c32}, signed_map, unsigned_map);
+    emu::launch(static_cast<unsigned>(blocks), 256, 528 * sizeof(float), [&] {
+      ok::adamw_8bit_kernel(e8.param.data<float>(), e8.grad.data<float>(), e8.state1.data<uint8_t>(),
+                            e8.state2.data<uint8_t>(), e8.absmax1.data<float>(), e8.absmax2.data<float>(), n,
+                            k, signed_map.data<float>(), unsigned_map.data<float>());
+    });
+    emu::launch(1, 64, 0, [&] {
+      ok::adamw_32bit_kernel(e32.param.data<float>(), e32.grad.data<float>(), e32.state1.data<float>(),
+                             e32.state2.data<float>(), 37, k);
+    });
+    EXPECT_TRUE(same(e8.param, c8.param)) << "8-bit param";
+    EXPECT_TRUE(same(e8.state1, c8.state1)) << "first moment codes";
+    EXPECT_TRUE(same(e8.state2, c8.state2)) << "second moment codes";
+    EXPECT_TRUE(same(e8.absmax1, c8.absmax1)) << "absmax1";
+    EXPECT_TRUE(same(e8.absmax2, c8.absmax2)) << "absmax2";
+    EXPECT_TRUE(same(e32.param, c32.param)) << "32-bit param";
+    EXPECT_TRUE(same(e32.state1, c32.state1) && same(e32.state2, c32.state2)) << "32-bit moments";
+  }
+}
+
+TEST(OptimEmulated, SgdGivesTheCpuBits) {
+  Generator gen(12);
+  for (const bool nesterov : {false, true})
+    for (const bool first : {true, false}) {
+      SCOPED_TRACE(fmt::format("nesterov {} first {}", nesterov, first));
+      const int64_t n = 777;
+      const Tensor p = draw({n}, gen, DType::f32), g = draw({n}, gen, DType::f32, 0.1),
+                   buf = draw({n}, gen, DType::f32, 0.05);
+      BE::SgdTensors x{p, g, buf, 0.01, first};
+      BE::SgdHyper h;
+      h.lr = 0.05, h.momentum = 0.9, h.dampening = nesterov ? 0.0 : 0.1, h.nesterov = nesterov;
+      const Tensor ep = copy_of(p), eb = copy_of(buf);
+      cpu().sgd({x}, h);
+      const backend::SgdScalars<float> c(h.lr, x.weight_decay, h.momentum, h.dampening, nesterov, first);
+      emu::launch(2, 64, 0,
+                  [&] { ok::sgd_kernel<float>(ep.data<float>(), g.data<float>(), eb.data<float>(), n, c); });
+      EXPECT_TRUE(same(ep, p)) << "param";
+      EXPECT_TRUE(same(eb, buf)) << "momentum buffer";
+    }
+}
+
+}  // namespace
+}  // namespace tr
