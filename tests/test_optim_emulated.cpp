@@ -109,6 +109,19 @@ TEST(OptimEmulated, FusedAdamWGivesTheCpuBits) {
   }
 }
 
+// grad_stats through the two kernels (chunk partials, then their sum in one block).
+std::vector<double> emulated_stats(const std::vector<Tensor>& grads, double inv_scale) {
+  std::vector<std::pair<Tensor, Tensor>> pairs;
+  for (const Tensor& g : grads) pairs.push_back({g, Tensor()});
+  const std::vector<cuda::GradChunk> chunks = grad_chunks(pairs);
+  std::vector<double> partial(2 * chunks.size(), NAN), got = {0.0, 0.0};
+  emu::launch(static_cast<unsigned>(chunks.size()), 128, 32 * sizeof(double),
+              [&] { ok::grad_stats_chunks(chunks.data(), inv_scale, partial.data()); });
+  emu::launch(1, 256, 32 * sizeof(double),
+              [&] { ok::grad_stats_total(partial.data(), static_cast<int64_t>(chunks.size()), got.data()); });
+  return got;
+}
+
 TEST(OptimEmulated, GradientStatisticsAndTransformGiveTheCpuResults) {
   Generator gen(4);
   std::vector<Tensor> grads = {draw({1000}, gen, DType::bf16), draw({70000}, gen, DType::f32, 3.0),
@@ -120,14 +133,7 @@ TEST(OptimEmulated, GradientStatisticsAndTransformGiveTheCpuResults) {
   }
   const Tensor stats = ops::zeros({2}, DType::f64);
   cpu().grad_stats(grads, 0.25, stats);
-  std::vector<std::pair<Tensor, Tensor>> pairs;
-  for (const Tensor& g : grads) pairs.push_back({g, Tensor()});
-  const std::vector<cuda::GradChunk> chunks = grad_chunks(pairs);
-  std::vector<double> partial(2 * chunks.size(), NAN), got = {0.0, 0.0};
-  emu::launch(static_cast<unsigned>(chunks.size()), 128, 32 * sizeof(double),
-              [&] { ok::grad_stats_chunks(chunks.data(), 0.25, partial.data()); });
-  emu::launch(1, 256, 32 * sizeof(double),
-              [&] { ok::grad_stats_total(partial.data(), static_cast<int64_t>(chunks.size()), got.data()); });
+  const std::vector<double> got = emulated_stats(grads, 0.25);
   const double* want = stats.data<double>();
   EXPECT_EQ(got[0], want[0]) << "an infinite product: an infinite sum of squares";
   EXPECT_TRUE(std::isinf(got[0]));
@@ -143,19 +149,11 @@ TEST(OptimEmulated, GradientStatisticsAndTransformGiveTheCpuResults) {
     cpu_pairs.push_back({g, ops::empty(g.shape(), DType::f32)});
     emu_pairs.push_back({g, ops::empty(g.shape(), DType::f32)});
   }
-  {  // the finite gradients' statistics: the same sum within f64 rounding (another order), no bad count
-    std::vector<std::pair<Tensor, Tensor>> fp;
-    for (const Tensor& g : grads) fp.push_back({g, Tensor()});
-    const std::vector<cuda::GradChunk> fc = grad_chunks(fp);
-    std::vector<double> fpart(2 * fc.size(), NAN), fgot = {0.0, 0.0};
-    emu::launch(static_cast<unsigned>(fc.size()), 128, 32 * sizeof(double),
-                [&] { ok::grad_stats_chunks(fc.data(), 0.25, fpart.data()); });
-    emu::launch(1, 256, 32 * sizeof(double),
-                [&] { ok::grad_stats_total(fpart.data(), static_cast<int64_t>(fc.size()), fgot.data()); });
-    EXPECT_NEAR(fgot[0], fin.data<double>()[0], 1e-12 * fin.data<double>()[0]);
-    EXPECT_GT(fgot[0], 0.0);
-    EXPECT_EQ(fgot[1], 0.0);
-  }
+  // The finite gradients' statistics: the same sum within f64 rounding (another order), no bad count.
+  const std::vector<double> fgot = emulated_stats(grads, 0.25);
+  EXPECT_NEAR(fgot[0], fin.data<double>()[0], 1e-12 * fin.data<double>()[0]);
+  EXPECT_GT(fgot[0], 0.0);
+  EXPECT_EQ(fgot[1], 0.0);
   cpu().transform_grads(cpu_pairs, {0.25, 1.0, fin});
   const std::vector<cuda::GradChunk> tc = grad_chunks(emu_pairs);
   emu::launch(static_cast<unsigned>(tc.size()), 128, 0,

@@ -18,6 +18,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/reduce_kernels.cuh"
+#include "emulated_tensors.h"
 #include "ops/ops.h"
 
 namespace tr {
@@ -26,25 +27,9 @@ namespace {
 namespace rd = cuda::red_emulated;
 using Op = backend::ReduceOp;
 
-template <typename T>
-DType dtype_of() {
-  if constexpr (std::is_same_v<T, float>) return DType::f32;
-  if constexpr (std::is_same_v<T, double>) return DType::f64;
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return DType::bf16;
-  return DType::f16;
-}
-
-template <typename T>
-std::vector<T> bytes_of(const Tensor& t) {
-  std::vector<T> v(static_cast<size_t>(t.numel()));
-  std::memcpy(v.data(), t.data_ptr(), v.size() * sizeof(T));
-  return v;
-}
-
-template <typename T>
-double value(T x) {
-  return static_cast<double>(cuda::ld(&x, 0));
-}
+using test::bytes_of;
+using test::dtype_of;
+using test::value;
 
 // The grid-stride kernels run on a small grid (two blocks of 64 threads): every thread walks many outputs.
 template <typename F>
