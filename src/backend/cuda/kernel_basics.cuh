@@ -36,11 +36,11 @@ __device__ A block_max(A v, A* shared) {
 }
 
 // How many chunks a reduction of length r with m outputs splits into: enough threads to fill a GPU (~64K),
-// chunks of at least 64 elements, at most 4096 of them. 1: one thread per output suffices.
-inline int64_t reduce_chunks(int64_t m, int64_t r) {
-  if (m >= 65536 || r <= 128) return 1;
+// chunks of at least min_rows elements, at most 4096 of them. 1: one thread per output suffices.
+inline int64_t reduce_chunks(int64_t m, int64_t r, int64_t min_rows = 64) {
+  if (m >= 65536 || r <= 2 * min_rows) return 1;
   int64_t c = (65536 + m - 1) / m;
-  const int64_t by_len = (r + 63) / 64;
+  const int64_t by_len = (r + min_rows - 1) / min_rows;
   if (c > by_len) c = by_len;
   if (c > 4096) c = 4096;
   return c < 1 ? 1 : c;

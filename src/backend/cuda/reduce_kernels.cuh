@@ -39,14 +39,7 @@ __device__ __forceinline__ double identity(backend::ReduceOp op) {
 // the same chunks, so the bits never depend on an address. Packed chunks may be as short as 32 rows: a pack
 // thread moves V columns, so GPT-2's 768-column norms need the shorter chunks to spread over every SM.
 inline int64_t pass1_chunks(int64_t m, int64_t r, int64_t inner, int V) {
-  if (inner % V != 0) return reduce_chunks(m, r);
-  const int64_t packs = m / V;
-  if (packs >= 65536 || r <= 64) return reduce_chunks(m, r);
-  int64_t c = (65536 + packs - 1) / packs;
-  const int64_t by_len = (r + 31) / 32;
-  if (c > by_len) c = by_len;
-  if (c > 4096) c = 4096;
-  return c < 1 ? 1 : c;
+  return inner % V != 0 ? reduce_chunks(m, r) : reduce_chunks(m / V, r, 32);
 }
 
 // Pass 1, any layout: thread t takes output t % m over chunk t / m.
