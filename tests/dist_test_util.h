@@ -45,11 +45,14 @@ void with_group(int world, int port, F fn, const std::function<void(dist::DistEn
 
 // A group that forwards to `inner` and counts the collectives that went over a device's memory (the *_on
 // calls) and those over host buffers; with `staged`, it reads no device's memory but the host's own, so
-// callers take their staged path (a GPU's under Gloo) on a host partition too.
+// callers take their staged path (a GPU's under Gloo) on a host partition too. `before_reduce`, when set,
+// runs at the start of each reduction to owners (all_to_all_v, reduce_blocks_on: ZeRO-3's), on its caller's
+// thread.
 class CountingGroup final : public dist::ProcessGroup {
  public:
   CountingGroup(dist::ProcessGroup& inner, bool staged) : inner_(inner), staged_(staged) {}
   std::atomic<int> on_device{0}, on_host{0};  // ZeRO-3 gathers on its communication thread
+  std::function<void()> before_reduce;
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
   const char* backend_name() const override { return inner_.backend_name(); }
@@ -67,6 +70,7 @@ class CountingGroup final : public dist::ProcessGroup {
   void all_to_all(const void* in, void* out, size_t b) override { ++on_host, inner_.all_to_all(in, out, b); }
   void all_to_all_v(const float* in, const std::vector<int64_t>& s, float* out,
                     const std::vector<int64_t>& r) override {
+    if (before_reduce) before_reduce();
     ++on_host, inner_.all_to_all_v(in, s, out, r);
   }
   void barrier() override { inner_.barrier(); }
@@ -79,6 +83,7 @@ class CountingGroup final : public dist::ProcessGroup {
     ++on_device, inner_.reduce_scatter_sum_on(d, in, out, n);
   }
   void reduce_blocks_on(Device d, const float* in, const std::vector<int64_t>& c, float* out) override {
+    if (before_reduce) before_reduce();
     ++on_device, inner_.reduce_blocks_on(d, in, c, out);
   }
   void all_gather_on(Device d, const void* in, void* out, size_t b) override {

@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 
 #include "autograd/functions.h"
 #include "autograd/node.h"
@@ -196,11 +199,15 @@ TEST(ZeroDevices, TheUpdateMovesTheWeights) {
 struct FullShardOutcome {
   std::vector<float> grad_shard;
   double loss_after = 0;
+  // With `gated`: reductions run on the training thread, and those whose gate did not open within 5 s.
+  int on_training_thread = 0, gate_timeouts = 0;
 };
 
-// One step of `world` ranks (2 unless NCCL's one GPU); the last rank's gradient shard and loss.
+// One step of `world` ranks (2 unless NCCL's one GPU); the last rank's gradient shard and loss. `gated`:
+// one chunk per unit, and the k-th reduction to owners waits until the grad_ready call that queued it has
+// returned to the autograd engine - which it never does if the reduction runs inside that call.
 FullShardOutcome train_full_shard(const Placement& pl, bool tied, int port, int world = 2,
-                                  dist::CommBackend backend = dist::CommBackend::gloo) {
+                                  dist::CommBackend backend = dist::CommBackend::gloo, bool gated = false) {
   const nlohmann::json cfg = {
       {"model_type", "gpt2"}, {"vocab_size", 61},           {"n_embd", 16},     {"n_layer", 2},
       {"n_head", 2},          {"n_positions", 16},          {"resid_pdrop", 0}, {"embd_pdrop", 0},
@@ -230,16 +237,40 @@ FullShardOutcome train_full_shard(const Placement& pl, bool tied, int port, int 
         const nn::ParamList params = model->named_parameters();
         train::ShardedOptimizer opt(g, params, "adamw_torch", adamw_options(), 1 << 10, false, 3,
                                     std::nullopt, pl.offload);
-        train::FullShard full(opt, params, 1 << 10);  // 256-element chunks: several per unit
+        // 256-element chunks: several per unit (gated: one, at most 2 KB here).
+        train::FullShard full(opt, params, gated ? 1 << 20 : 1 << 10);
         model->set_layer_hooks(&full);
         EXPECT_TRUE(full.all_released());
+        std::mutex mu;
+        std::condition_variable cv;
+        int64_t returned = 0, calls = 0;  // reductions queued by finished grad_ready calls; reductions begun
+        std::atomic<int> on_training{0}, timeouts{0};
+        const std::thread::id training = std::this_thread::get_id();
+        if (gated)
+          g.before_reduce = [&] {
+            on_training += std::this_thread::get_id() == training ? 1 : 0;
+            std::unique_lock<std::mutex> lock(mu);
+            const int64_t k = ++calls;
+            if (!cv.wait_for(lock, std::chrono::seconds(5), [&] { return returned >= k; })) ++timeouts;
+          };
         full.begin_step();
         full.begin_backward(1.0);
         {
-          autograd::GradReadyScope ready([&](const TensorImpl* leaf) { full.grad_ready(leaf); });
+          autograd::GradReadyScope ready([&](const TensorImpl* leaf) {
+            full.grad_ready(leaf);
+            {
+              std::lock_guard<std::mutex> lock(mu);
+              returned = full.reductions();
+            }
+            cv.notify_all();
+          });
           autograd::backward({loss_of(*model)});
         }
         full.finish_backward();
+        g.before_reduce = nullptr;
+        if (gated) {
+          EXPECT_EQ(full.reductions(), full.units()) << "one chunk per unit";
+        }
         EXPECT_TRUE(full.all_released());
         const std::vector<float> shard = ops::to_vector<float>(opt.grad_shard());
         opt.update({1.0, 1.0, opt.global_stats(1.0)}, {});
@@ -258,6 +289,8 @@ FullShardOutcome train_full_shard(const Placement& pl, bool tied, int port, int 
         if (r == world - 1) {  // the last rank's shard: the end of the flat space
           out.grad_shard = shard;
           out.loss_after = loss;
+          out.on_training_thread = on_training;
+          out.gate_timeouts = timeouts;
         }
       },
       {}, backend);
@@ -282,6 +315,25 @@ TEST(ZeroDevices, FullShardGathersAndReducesOffTheHost) {
         EXPECT_NEAR(got.loss_after, want.loss_after, 1e-4 * std::abs(want.loss_after));
     }
   }
+}
+
+// ZeRO-3's gradient reductions run on its communication thread beside the backward of the layers below: each
+// reduction is held until the call that queued it has returned to the autograd engine, which a reduction on
+// the training thread would wait for in vain. On every placement (the host path, the device path over a
+// partition, staged, offloaded) the shard keeps the ungated run's bits.
+TEST(ZeroDevices, FullShardReducesBesideTheBackward) {
+  int port = 170;
+  for (const bool tied : {true, false})
+    for (const Placement& pl : placements()) {
+      SCOPED_TRACE(pl.name + (tied ? " tied" : " untied"));
+      const FullShardOutcome want = train_full_shard(pl, tied, test_port(port++));
+      const FullShardOutcome got =
+          train_full_shard(pl, tied, test_port(port++), 2, dist::CommBackend::gloo, true);
+      EXPECT_EQ(got.on_training_thread, 0);
+      EXPECT_EQ(got.gate_timeouts, 0);
+      expect_same(got.grad_shard, want.grad_shard, 0, "gradient shard");
+      EXPECT_EQ(got.loss_after, want.loss_after);
+    }
 }
 
 // A world of one still runs every collective of the device paths (the reduce-scatter, the per-owner reduce,

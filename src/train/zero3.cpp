@@ -134,31 +134,50 @@ FullShard::~FullShard() {
   if (comm_.joinable()) comm_.join();
 }
 
-// Queued gathers, one at a time in order (the collectives pair up across ranks by order).
+uint64_t FullShard::enqueue(Job job) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    job.ticket = ++issued_;
+    queue_.push_back(job);
+  }
+  cv_.notify_all();
+  return job.ticket;
+}
+
+// Queued jobs, one at a time in order (the collectives pair up across ranks by order). After a failure the
+// rest are skipped (their tickets still finish: the training thread rethrows the failure when it waits).
 void FullShard::worker() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stopping with nothing left
-    const auto [ticket, unit] = queue_.front();
+    const Job job = queue_.front();
+    const bool skip = error_ != nullptr || stop_;  // stopping mid-step: an error is unwinding
     lock.unlock();
     const auto t0 = std::chrono::steady_clock::now();
     std::exception_ptr err;
     try {
-      // The gathers' device copies run on this thread: on the model's GPU, as the training thread's.
-      if (opt_.model_dev_.is_cuda()) backend::cuda_use_device(opt_.model_dev_.index);
-      if (!error_)
-        for (const Chunk& c : unit->chunks) gather_chunk(c);
+      // The device copies run on this thread: on the model's GPU, as the training thread's.
+      if (!skip && opt_.model_dev_.is_cuda()) backend::cuda_use_device(opt_.model_dev_.index);
+      if (!skip) run(job);
     } catch (...) {
       err = std::current_exception();
     }
     lock.lock();
-    gather_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    (job.gather ? gather_seconds_ : reduce_seconds_) +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (err && !error_) error_ = err;
     queue_.pop_front();
-    done_ = ticket;
+    done_ = job.ticket;
     cv_.notify_all();
   }
+}
+
+void FullShard::run(const Job& job) {
+  if (job.gather)
+    for (const Chunk& c : job.gather->chunks) gather_chunk(c);
+  else
+    reduce_chunk(*job.reduce, *job.slot, job.scale);
 }
 
 FullShard::Unit& FullShard::unit(int u) {
@@ -210,27 +229,34 @@ void FullShard::start_gather(Unit& u, bool prefetch) {
     u.state = State::resident;
     return;
   }
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    u.ticket = ++issued_;
-    queue_.emplace_back(u.ticket, &u);
-  }
+  Job job;
+  job.gather = &u;
+  u.ticket = enqueue(job);
   u.state = State::pending;
-  cv_.notify_all();
+}
+
+void FullShard::wait_ticket(uint64_t ticket) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done_ >= ticket; });
+  blocked_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (error_) std::rethrow_exception(error_);
 }
 
 void FullShard::wait(Unit& u) {
   if (u.state != State::pending) return;
-  const auto t0 = std::chrono::steady_clock::now();
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return done_ >= u.ticket; });
-  blocked_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (error_) std::rethrow_exception(error_);
+  wait_ticket(u.ticket);
   u.state = State::resident;
 }
 
 void FullShard::drain() {
   for (Unit& u : units_) wait(u);
+  uint64_t last = 0;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    last = issued_;
+  }
+  wait_ticket(last);
 }
 
 double FullShard::comm_seconds() {
@@ -287,6 +313,7 @@ void FullShard::gather_chunk(const Chunk& c) {
 }
 
 void FullShard::begin_step() {
+  drain();  // a reduction of a step cut short may still be adding into the shard
   // Every unit released: a unit one rank thought gathered would skip that rank's part of a collective.
   for (const Unit& u : units_)
     TR_CHECK(u.state == State::released, "FullShard: {} still gathered at a step's start",
@@ -319,26 +346,39 @@ void FullShard::grad_ready(const TensorImpl* leaf) {
 
 void FullShard::finish_backward() {
   if (!in_backward_) return;
-  drain();  // the step's other collectives follow: nothing of ours may still be in flight
   // Units no gradient reached (none in a model that uses every parameter), in a fixed order on every rank
   // (the embeddings' unit first, then the last layer down to the root).
   // No backward_post prefetch here: no backward follows to use (and release) what it would gather.
   in_backward_ = false;
   for (auto u = units_.rbegin(); u != units_.rend(); ++u)
     if (!u->reduced) reduce(*u);
+  drain();  // the step's other collectives follow, and read the shard: nothing of ours may be in flight
 }
 
+// Each chunk packed into a free slot here and reduced on the communication thread, after whatever was
+// queued before it (a prefetched gather): the same order on every rank. A dry run reduces on the spot.
 void FullShard::reduce(Unit& u) {
-  drain();  // a prefetch in flight goes first: one collective at a time, in one order on every rank
-  const auto t0 = std::chrono::steady_clock::now();
-  for (const Chunk& c : u.chunks) reduce_chunk(c);
-  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  blocked_ += dt;
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    reduce_seconds_ += dt;
+  if (opt_.device_comm()) make_slots();
+  for (const Chunk& c : u.chunks) {
+    Slot& s = slots_[static_cast<size_t>(next_slot_)];
+    next_slot_ ^= 1;
+    if (!meta_) wait_ticket(s.ticket);  // the chunk before last is off this slot
+    if (opt_.device_comm())
+      pack_chunk_on_device(c, s);
+    else
+      pack_chunk(c, s);
+    ++reductions_;
+    if (meta_) {
+      reduce_chunk(c, s, scale_);
+      continue;
+    }
+    Job job;
+    job.reduce = &c;
+    job.slot = &s;
+    job.scale = scale_;
+    s.ticket = enqueue(job);
   }
-  for (size_t k : u.params) autograd::zero_grad(*params_[k].second);  // its sum is with its owners now
+  for (size_t k : u.params) autograd::zero_grad(*params_[k].second);  // packed: its sum is on its way
   release(u);
   u.reduced = true;
   // backward_post: the layer before this one comes while the engine moves on to it.
@@ -351,21 +391,16 @@ void FullShard::reduce(Unit& u) {
     prefetch(head_first ? layers_ - 1 : layer - 1);
 }
 
-// Every rank's gradient pieces of the chunk to their owners (all_to_all_v); this rank adds its pieces'
-// rank-ordered sums, times the scale, into its gradient shard (accumulating over micro-batches).
-void FullShard::reduce_chunk(const Chunk& c) {
-  if (opt_.device_comm()) return reduce_chunk_on_device(c);
-  const int world = opt_.world_size(), me = opt_.rank();
-  const int64_t mine = c.per_rank[static_cast<size_t>(me)];
+// The chunk's gradient pieces, in flat order (so by owner), widened to f32 into the slot.
+void FullShard::pack_chunk(const Chunk& c, Slot& s) {
   int64_t total = 0;
   for (int64_t n : c.per_rank) total += n;
-  fsend_.resize(std::max<size_t>(1, static_cast<size_t>(total)));
-  frecv_.resize(std::max<size_t>(1, static_cast<size_t>(world * mine)));
+  s.host.resize(std::max<size_t>(1, static_cast<size_t>(total)));
   int64_t pos = 0;
   for (const Piece& p : c.pieces) {
     const Tensor g = params_[p.param].second->grad();
     if (!g.defined()) {
-      std::fill_n(fsend_.data() + pos, p.n, 0.0f);
+      std::fill_n(s.host.data() + pos, p.n, 0.0f);
     } else {
       // A strided gradient is copied contiguous (on the meta device too: a dry run allocates what this does);
       // from a GPU only the piece moves, in its own dtype.
@@ -378,18 +413,27 @@ void FullShard::reduce_chunk(const Chunk& c) {
           host_stage::read(piece, grad_tmp_.data());
           from = grad_tmp_.data();
         }
-        widen(from, h.dtype(), fsend_.data() + pos, p.n);
+        widen(from, h.dtype(), s.host.data() + pos, p.n);
       }
     }
     pos += p.n;
   }
+}
+
+// Every rank's packed pieces of the chunk to their owners (all_to_all_v); this rank adds its pieces'
+// rank-ordered sums, times the scale, into its gradient shard (accumulating over micro-batches).
+void FullShard::reduce_chunk(const Chunk& c, Slot& s, float scale) {
+  if (opt_.device_comm()) return reduce_chunk_on_device(c, s, scale);
   if (meta_) return;
+  const int world = opt_.world_size(), me = opt_.rank();
+  const int64_t mine = c.per_rank[static_cast<size_t>(me)];
+  frecv_.resize(std::max<size_t>(1, static_cast<size_t>(world * mine)));
   std::vector<int64_t> recv_counts(static_cast<size_t>(world), mine);
-  opt_.group_.all_to_all_v(fsend_.data(), c.per_rank, frecv_.data(), recv_counts);
+  opt_.group_.all_to_all_v(s.host.data(), c.per_rank, frecv_.data(), recv_counts);
   const Tensor& shard = opt_.grad_flat_;
   const bool direct = host_stage::direct(shard);
   const int64_t base = static_cast<int64_t>(me) * opt_.layout().shard;
-  pos = 0;
+  int64_t pos = 0;
   for (const Piece& p : c.pieces) {
     if (p.owner != me) continue;
     // Accumulated over micro-batches in place: a shard off the host's memory comes over and goes back.
@@ -403,7 +447,7 @@ void FullShard::reduce_chunk(const Chunk& c) {
     for (int64_t k = 0; k < p.n; ++k) {
       float sum = frecv_[static_cast<size_t>(pos + k)];
       for (int i = 1; i < world; ++i) sum += frecv_[static_cast<size_t>(i * mine + pos + k)];
-      out[k] += scale_ == 1.0f ? sum : sum * scale_;
+      out[k] += scale == 1.0f ? sum : sum * scale;
     }
     if (!direct) host_stage::write(shard_tmp_.data(), piece);
     pos += p.n;

@@ -4,11 +4,14 @@
 // are a unit of their own) or one decoder layer - is all-gathered into
 // the model's own parameter tensors (their storage taken again, in the compute dtype) just before the
 // forward pass uses it and released right after; a layer is gathered again when its output gradient
-// arrives in backward, and once all of its parameters' gradients are final they are reduce-scattered (added
+// arrives in backward, and once all of its parameters' gradients are final they are packed into a send
+// buffer and the layer is released, while a communication thread reduce-scatters the packed chunk (adds it
 // into the owners' gradient shards: every micro-batch, so no whole gradient outlives its layer's backward)
-// and the layer is released. Every rank runs the same collectives in the same order: a rank without data
-// runs an idle micro-batch (idle_inputs) rather than none.
+// beside the backward of the layers below. Every rank runs the same collectives in the same order - the
+// communication thread runs gathers and reductions in the order the training thread queued them - and a
+// rank without data runs an idle micro-batch (idle_inputs) rather than none.
 #pragma once
+#include <array>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -39,9 +42,9 @@ FsdpOptions read_fsdp_config(const std::string& path);
 class FullShard final : public models::LayerHooks {
  public:
   // `opt` (stage 3) holds this rank's shard of `params` (the model's parameters, fp32 or the compute
-  // dtype); every parameter is released here. `bucket_cap_bytes` bounds each collective's payload. A
-  // prefetched gather runs on a communication thread, overlapping the layer that runs meanwhile; every other
-  // collective waits for it (the ranks' collectives stay in one order).
+  // dtype); every parameter is released here. `bucket_cap_bytes` bounds each collective's payload. Gathers
+  // and gradient reductions run on a communication thread in the order they were queued, overlapping the
+  // layer that runs meanwhile; the optimizer's collectives come after drain() (one order on every rank).
   FullShard(ShardedOptimizer& opt, const nn::ParamList& params, int64_t bucket_cap_bytes,
             FsdpOptions options = {});
   ~FullShard() override;
@@ -57,12 +60,15 @@ class FullShard final : public models::LayerHooks {
   // Before a step's first micro-batch: the gradient shard starts at zero.
   void begin_step();
   // One micro-batch's backward: begin_backward before it; grad_ready from the autograd engine (a unit whose
-  // gradients are all final is reduced into the owners' shards - times `scale` - its gradients dropped and
-  // the unit released); finish_backward after it (units no gradient reached, in a fixed order).
+  // gradients are all final is packed chunk by chunk into a send slot and queued for the communication
+  // thread, which adds the ranks' sums - times `scale` - into the owners' shards; its gradients are dropped
+  // and the unit released at once); finish_backward after it (units no gradient reached, in a fixed order;
+  // returns with every reduction done, the gradient shard complete).
   void begin_backward(double scale);
   void grad_ready(const TensorImpl* leaf);
   void finish_backward();
-  // Every queued gather finished (rethrows a failed one); before any collective of another caller.
+  // Every queued gather and reduction finished (rethrows a failed one); before any collective of another
+  // caller and before the gradient shard is read.
   void drain();
 
   // Units: the decoder layers, the root, and the embeddings apart from it when the head is untied.
@@ -74,6 +80,7 @@ class FullShard final : public models::LayerHooks {
   double blocked_seconds() const { return blocked_; }
   double comm_seconds();
   int64_t gathers() const { return gathers_; }  // unit gathers so far (tests: forward + backward per layer)
+  int64_t reductions() const { return reductions_; }  // chunk reductions queued so far
   // Whether every parameter is released (between steps).
   bool all_released() const;
 
@@ -99,23 +106,46 @@ class FullShard final : public models::LayerHooks {
   Unit& unit(int u);
   void start_gather(Unit& u, bool prefetch);  // storage taken here (the training thread's allocation order)
   void wait(Unit& u);
+  void wait_ticket(uint64_t ticket);  // the communication thread's jobs up to `ticket` done
   void gather(Unit& u) {
     start_gather(u, false);
     wait(u);
   }
   void prefetch(int layer);  // when that layer exists
   void release(Unit& u);
+  // A reduction's send side: a chunk's gradient pieces in f32, packed by the training thread while the
+  // communication thread reduces the chunk packed into the other slot. Host path: `host`; the device path:
+  // `send`, the owners' sums `sum` and the scale, on the shard's device (made once, at the first reduction).
+  struct Slot {
+    std::vector<float> host;
+    Tensor send, sum, scale;
+    uint64_t ticket = 0;  // the last job that read this slot
+  };
+  // A job of the communication thread: a unit's gather, or a packed chunk's reduction.
+  struct Job {
+    uint64_t ticket = 0;
+    Unit* gather = nullptr;
+    const Chunk* reduce = nullptr;
+    Slot* slot = nullptr;
+    float scale = 1;
+  };
+  uint64_t enqueue(Job job);  // returns its ticket
   void worker();
+  void run(const Job& job);
   void reduce(Unit& u);
   void gather_chunk(const Chunk& c);
-  void reduce_chunk(const Chunk& c);
+  void pack_chunk(const Chunk& c, Slot& s);                 // training thread
+  void reduce_chunk(const Chunk& c, Slot& s, float scale);  // communication thread (or a dry run's)
   // The same over the model's device's memory where the optimizer's collectives run there
   // (ShardedOptimizer::device_comm; zero_device.cpp): pieces packed and unpacked by device copies.
   void gather_chunk_on_device(const Chunk& c);
-  void reduce_chunk_on_device(const Chunk& c);
-  // The device path's gather buffers (this rank's pieces of a chunk, every rank's), made for the largest
-  // chunk at the first gather, on the training thread: the allocation order stays independent of timing.
+  void pack_chunk_on_device(const Chunk& c, Slot& s);
+  void reduce_chunk_on_device(const Chunk& c, Slot& s, float scale);
+  // The device path's buffers - the gather's (this rank's pieces of a chunk, every rank's) and the send
+  // slots' - made for the largest chunk at first use, on the training thread: the allocation order stays
+  // independent of timing.
   void make_gather_buffers();
+  void make_slots();
 
   ShardedOptimizer& opt_;
   nn::ParamList params_;
@@ -130,22 +160,24 @@ class FullShard final : public models::LayerHooks {
   bool meta_ = false;
   float scale_ = 1;
   bool in_backward_ = false;
-  int64_t gathers_ = 0, prefetched_ = 0;
+  int64_t gathers_ = 0, prefetched_ = 0, reductions_ = 0;
   double blocked_ = 0, reduce_seconds_ = 0;
   Tensor gather_send_, gather_recv_;      // make_gather_buffers
   std::vector<char> send_;                // the communication thread's
   host_stage::StagingBuffer<char> recv_;  // and the gathered pieces on their way into the parameters
-  std::vector<float> fsend_, frecv_;
-  // Pieces off the host (pinned beside a GPU): the communication thread's master pieces, the training
-  // thread's gradient shard pieces and gradient pieces.
+  std::array<Slot, 2> slots_;             // reductions: one packed while the other is reduced
+  int next_slot_ = 0;
+  std::vector<float> frecv_;  // the communication thread's receiving side of a reduction
+  // Pieces off the host (pinned beside a GPU): the communication thread's master pieces and gradient shard
+  // pieces, the training thread's gradient pieces.
   host_stage::StagingBuffer<float> gather_tmp_, shard_tmp_;
   host_stage::StagingBuffer<char> grad_tmp_;
-  // The communication thread: queued gathers run in order; done_ counts the finished tickets.
+  // The communication thread: queued jobs run in order; done_ is the last finished ticket.
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::pair<uint64_t, Unit*>> queue_;
+  std::deque<Job> queue_;
   uint64_t issued_ = 0, done_ = 0;
-  double gather_seconds_ = 0;  // under mu_
+  double gather_seconds_ = 0;  // under mu_, as reduce_seconds_
   std::exception_ptr error_;
   bool stop_ = false;
   std::thread comm_;

@@ -151,26 +151,50 @@ void FullShard::make_gather_buffers() {
   gather_recv_ = ops::empty({total}, dtype_, opt_.shard_device());
 }
 
+void FullShard::make_slots() {
+  if (slots_[0].send.defined()) return;
+  int64_t mine = 1, total = 1;
+  for (const Unit& u : units_)
+    for (const Chunk& c : u.chunks) {
+      int64_t t = 0;
+      for (int64_t n : c.per_rank) t += n;
+      mine = std::max(mine, c.per_rank[static_cast<size_t>(opt_.rank())]);
+      total = std::max(total, t);
+    }
+  const Device dev = opt_.shard_device();
+  for (Slot& s : slots_) {
+    s.send = ops::empty({total}, DType::f32, dev);
+    s.sum = ops::empty({mine}, DType::f32, dev);
+    s.scale = ops::empty({1}, DType::f32, dev);
+  }
+}
+
+// The chunk's gradient pieces widened into the slot by device copies queued here, on the training thread,
+// before the gradients are dropped: a gradient's memory is reused only after the copies that read it.
+void FullShard::pack_chunk_on_device(const Chunk& c, Slot& s) {
+  int64_t pos = 0;
+  for (const Piece& p : c.pieces) {
+    const Tensor g = params_[p.param].second->grad();
+    widen_into(stretch(s.send, pos, p.n), g.defined() ? ops::contiguous(g) : g, p.at);
+    pos += p.n;
+  }
+  if (scale_ != 1.0f) ops::fill_(s.scale, scale_);  // read by this slot's reduction, queued after
+}
+
 // Every rank's gradient pieces of the chunk summed into their owners; this rank's sums, times the scale,
-// added into its gradient shard (accumulating over micro-batches), as the host path does in f32.
-void FullShard::reduce_chunk_on_device(const Chunk& c) {
+// added into its gradient shard (accumulating over micro-batches), as the host path does in f32. On the
+// communication thread: the collective waits for the packing copies (NCCL: for the compute stream's queued
+// work), and the additions queue behind it; nothing is allocated here.
+void FullShard::reduce_chunk_on_device(const Chunk& c, Slot& s, float scale) {
   const Device dev = opt_.shard_device();
   const int me = opt_.rank();
   const int64_t base = static_cast<int64_t>(me) * opt_.layout().shard;
   const int64_t mine = c.per_rank[static_cast<size_t>(me)];
-  int64_t total = 0;
-  for (int64_t n : c.per_rank) total += n;
-  const Tensor send = ops::empty({std::max<int64_t>(total, 1)}, DType::f32, dev);
-  const Tensor sum = ops::empty({std::max<int64_t>(mine, 1)}, DType::f32, dev);
+  if (meta_) return;
+  opt_.group_.reduce_blocks_on(dev, s.send.data<float>(), c.per_rank, s.sum.data<float>());
+  const Tensor sum = stretch(s.sum, 0, mine);
+  if (scale != 1.0f && mine > 0) ops::binary_(ops::BinaryOp::mul, sum, s.scale);
   int64_t pos = 0;
-  for (const Piece& p : c.pieces) {
-    const Tensor g = params_[p.param].second->grad();
-    widen_into(stretch(send, pos, p.n), g.defined() ? ops::contiguous(g) : g, p.at);
-    pos += p.n;
-  }
-  if (!meta_) opt_.group_.reduce_blocks_on(dev, send.data<float>(), c.per_rank, sum.data<float>());
-  scale_in_place(stretch(sum, 0, mine), scale_);
-  pos = 0;
   for (const Piece& p : c.pieces) {
     if (p.owner != me) continue;
     ops::binary_(ops::BinaryOp::add, stretch(opt_.grad_flat_, p.flat - base, p.n), stretch(sum, pos, p.n));
