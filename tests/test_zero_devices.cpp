@@ -88,6 +88,33 @@ optim::OptimizerOptions adamw_options() {
 // floats, and each master gathered whole on rank 0.
 struct Outcome {
   std::vector<std::vector<float>> weights, masters;
+  int on_training_thread = 0, gate_timeouts = 0;  // as FullShardOutcome's (gated)
+};
+
+// A gate for the reductions to owners of one rank (`g.before_reduce`): the k-th waits until the call that
+// queued it has returned (`returned(queued so far)` after each grad_ready) - which it never does when the
+// reduction runs inside that call - counting timeouts (5 s) and reductions on the training thread.
+struct ReduceGate {
+  std::mutex mu;
+  std::condition_variable cv;
+  int64_t queued = 0, calls = 0;
+  std::atomic<int> on_training{0}, timeouts{0};
+  std::thread::id training = std::this_thread::get_id();
+  void install(test::CountingGroup& g) {
+    g.before_reduce = [this] {
+      on_training += std::this_thread::get_id() == training ? 1 : 0;
+      std::unique_lock<std::mutex> lock(mu);
+      const int64_t k = ++calls;
+      if (!cv.wait_for(lock, std::chrono::seconds(5), [&] { return queued >= k; })) ++timeouts;
+    };
+  }
+  void returned(int64_t queued_so_far) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      queued = queued_so_far;
+    }
+    cv.notify_all();
+  }
 };
 
 enum class Path { one_pass, buckets };
@@ -101,9 +128,10 @@ bool device_path(const Placement& pl, dist::CommBackend backend) {
 
 // Three steps of `world` ranks (3 unless NCCL's one GPU) over 8-byte rounds (one element per rank per
 // collective): the compiled step's one-pass reduce-scatter, or the eager step's buckets completed by
-// grad-ready reports in backward's order.
+// grad-ready reports in backward's order. `gated` (buckets): 64-byte buckets - two, each completed by its
+// own report - held by a ReduceGate.
 Outcome train_sharded(const Placement& pl, bool mixed, Path path, int port, int world = 3,
-                      dist::CommBackend backend = dist::CommBackend::gloo) {
+                      dist::CommBackend backend = dist::CommBackend::gloo, bool gated = false) {
   Outcome out;
   with_group(
       world, port,
@@ -118,8 +146,10 @@ Outcome train_sharded(const Placement& pl, bool mixed, Path path, int port, int 
               ops::to_device(random_tensor(kShapes[i].second, 100 + static_cast<uint32_t>(i)), pl.model));
           list.emplace_back(kShapes[i].first, &ps.back());
         }
-        train::ShardedOptimizer opt(g, list, "adamw_torch_fused", adamw_options(), 8, mixed, 2, std::nullopt,
-                                    pl.offload);
+        train::ShardedOptimizer opt(g, list, "adamw_torch_fused", adamw_options(), gated ? 64 : 8, mixed, 2,
+                                    std::nullopt, pl.offload);
+        ReduceGate gate;
+        if (gated) gate.install(g);
         EXPECT_EQ(opt.shard_device(), pl.offload ? *pl.offload : pl.model);
         if (mixed)  // the half weights the model computes with; the masters are the shard's alone
           for (auto& p : ps) copies.push_back(ops::to_dtype(p, DType::bf16));
@@ -130,12 +160,19 @@ Outcome train_sharded(const Placement& pl, bool mixed, Path path, int port, int 
           } else {
             for (size_t i = 0; i < ps.size(); ++i) autograd::set_grad(ps[i], grads[i]);
             opt.begin_backward(0.5);
-            for (size_t i = ps.size(); i-- > 0;) opt.grad_ready(ps[i].impl_ptr().get());
+            for (size_t i = ps.size(); i-- > 0;) {
+              opt.grad_ready(ps[i].impl_ptr().get());
+              gate.returned(static_cast<int64_t>(step * 2 + opt.buckets_queued()));
+            }
             opt.finish_backward();
             for (const Tensor& p : ps) EXPECT_FALSE(p.grad().defined());  // dropped once reduced
           }
+          if (gated) {
+            EXPECT_EQ(opt.buckets_queued(), 2u);
+          }
           opt.update({1.0, 0.3, opt.global_stats(1.0)}, copies);  // clipped at 0.3: the global norm matters
         }
+        g.before_reduce = nullptr;
         // Only the model's memory on a partition the group reads moves without host copies: there every
         // reduction and gather is a device collective, and the host's are global_stats' (one a step).
         EXPECT_EQ(g.on_device > 0, device_path(pl, backend));
@@ -149,6 +186,8 @@ Outcome train_sharded(const Placement& pl, bool mixed, Path path, int port, int 
         }
         if (r != 0) return;
         out.masters = masters;
+        out.on_training_thread = gate.on_training;
+        out.gate_timeouts = gate.timeouts;
         for (size_t i = 0; i < ps.size(); ++i)
           out.weights.push_back(ops::to_vector<float>(mixed ? copies[i] : ps[i]));
       },
@@ -241,28 +280,14 @@ FullShardOutcome train_full_shard(const Placement& pl, bool tied, int port, int 
         train::FullShard full(opt, params, gated ? 1 << 20 : 1 << 10);
         model->set_layer_hooks(&full);
         EXPECT_TRUE(full.all_released());
-        std::mutex mu;
-        std::condition_variable cv;
-        int64_t returned = 0, calls = 0;  // reductions queued by finished grad_ready calls; reductions begun
-        std::atomic<int> on_training{0}, timeouts{0};
-        const std::thread::id training = std::this_thread::get_id();
-        if (gated)
-          g.before_reduce = [&] {
-            on_training += std::this_thread::get_id() == training ? 1 : 0;
-            std::unique_lock<std::mutex> lock(mu);
-            const int64_t k = ++calls;
-            if (!cv.wait_for(lock, std::chrono::seconds(5), [&] { return returned >= k; })) ++timeouts;
-          };
+        ReduceGate gate;
+        if (gated) gate.install(g);
         full.begin_step();
         full.begin_backward(1.0);
         {
           autograd::GradReadyScope ready([&](const TensorImpl* leaf) {
             full.grad_ready(leaf);
-            {
-              std::lock_guard<std::mutex> lock(mu);
-              returned = full.reductions();
-            }
-            cv.notify_all();
+            gate.returned(full.reductions());
           });
           autograd::backward({loss_of(*model)});
         }
@@ -289,8 +314,8 @@ FullShardOutcome train_full_shard(const Placement& pl, bool tied, int port, int 
         if (r == world - 1) {  // the last rank's shard: the end of the flat space
           out.grad_shard = shard;
           out.loss_after = loss;
-          out.on_training_thread = on_training;
-          out.gate_timeouts = timeouts;
+          out.on_training_thread = gate.on_training;
+          out.gate_timeouts = gate.timeouts;
         }
       },
       {}, backend);
@@ -334,6 +359,22 @@ TEST(ZeroDevices, FullShardReducesBesideTheBackward) {
       expect_same(got.grad_shard, want.grad_shard, 0, "gradient shard");
       EXPECT_EQ(got.loss_after, want.loss_after);
     }
+}
+
+// ZeRO-2's buckets the same way: each reduced on the communication thread after the grad_ready call that
+// packed it returned, with the ungated run's bits (other bucket bounds: the sums are per element).
+TEST(ZeroDevices, ShardedBucketsReduceBesideTheBackward) {
+  int port = 200;
+  for (const Placement& pl : placements()) {
+    SCOPED_TRACE(pl.name);
+    const Outcome want = train_sharded(pl, true, Path::buckets, test_port(port++));
+    const Outcome got =
+        train_sharded(pl, true, Path::buckets, test_port(port++), 3, dist::CommBackend::gloo, true);
+    EXPECT_EQ(got.on_training_thread, 0);
+    EXPECT_EQ(got.gate_timeouts, 0);
+    EXPECT_EQ(got.weights, want.weights);
+    EXPECT_EQ(got.masters, want.masters);
+  }
 }
 
 // A world of one still runs every collective of the device paths (the reduce-scatter, the per-owner reduce,

@@ -60,9 +60,9 @@ double StepCore::label_tokens(const std::vector<data::Batch>& micro) {
   if (o_.group != nullptr) {  // this step's traffic starts here
     bytes_at_start_ = o_.group->stats().bytes;
     seconds_at_start_ = o_.group->stats().seconds;
-    if (full_) {
-      full_comm_at_start_ = full_->comm_seconds();
-      full_blocked_at_start_ = full_->blocked_seconds();
+    if (zero_) {
+      zero_comm_at_start_ = zero_->comm_seconds() + (full_ ? full_->comm_seconds() : 0);
+      zero_blocked_at_start_ = zero_->blocked_seconds() + (full_ ? full_->blocked_seconds() : 0);
     }
   }
   if (o_.group != nullptr && !o_.average_tokens_across_devices) {
@@ -212,14 +212,18 @@ void StepCore::finish(int64_t step, double lr, const Tensor& loss, StepResult& r
     Generator::State gs = s_.dropout_gen.state();
     o_.group->broadcast(&gs.offset, sizeof gs.offset, 0);
     s_.dropout_gen.set_state(gs);
-    // ZeRO-2's collectives all block the training thread; DDP's buckets overlap backward on their own thread.
-    r.comm_wait_seconds = zero_ ? o_.group->stats().seconds - seconds_at_start_
-                                : wait_ + std::chrono::duration<double>(t1 - t0).count();
-    // ZeRO-3's prefetched gathers run on its communication thread: only the part the training thread
-    // waited for counts.
-    if (full_)
-      r.comm_wait_seconds +=
-          (full_->blocked_seconds() - full_blocked_at_start_) - (full_->comm_seconds() - full_comm_at_start_);
+    // DDP's buckets overlap backward on their own thread: the wait for the last ones counts. ZeRO's
+    // collectives on the training thread (the update's gathers, the statistics) block it; those on a
+    // communication thread (ZeRO-2's buckets, ZeRO-3's gathers and reductions) count only where the training
+    // thread waited for them.
+    if (zero_) {
+      const double comm = zero_->comm_seconds() + (full_ ? full_->comm_seconds() : 0);
+      const double blocked = zero_->blocked_seconds() + (full_ ? full_->blocked_seconds() : 0);
+      r.comm_wait_seconds = o_.group->stats().seconds - seconds_at_start_ - (comm - zero_comm_at_start_) +
+                            (blocked - zero_blocked_at_start_);
+    } else {
+      r.comm_wait_seconds = wait_ + std::chrono::duration<double>(t1 - t0).count();
+    }
     r.comm_bytes = o_.group->stats().bytes - bytes_at_start_;
     wait_ = 0;
   }

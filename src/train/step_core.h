@@ -60,7 +60,8 @@ class StepCore {
   double wait_ = 0;        // collective waits of the step so far (label_tokens runs before the result)
   int64_t bytes_at_start_ = 0;
   double seconds_at_start_ = 0;
-  double full_comm_at_start_ = 0, full_blocked_at_start_ = 0;  // ZeRO-3's own counters at the step's start
+  // ZeRO's communication threads' counters (ShardedOptimizer's, FullShard's) at the step's start.
+  double zero_comm_at_start_ = 0, zero_blocked_at_start_ = 0;
   double active_ranks_ = 1;  // average_tokens_across_devices false: ranks with data this step
   // The step's scalars on the loss's device, at fixed addresses for the whole run (load_step_scalars):
   // f64 1 / label tokens, and the f32 seed of the backward (the fp16 loss scale).

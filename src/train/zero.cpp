@@ -57,6 +57,7 @@ ShardedOptimizer::ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamLis
   dev_ = offload_to ? *offload_to : model_dev_;
   const bool gpu = dev_.is_cuda() || model_dev_.is_cuda();
   send_.pin(gpu);
+  for (BucketSlot& b : slots_) b.host.pin(gpu);
   staged_.pin(gpu);
   rounded_.pin(gpu);
   gathered_.pin(gpu);
@@ -235,6 +236,7 @@ void ShardedOptimizer::begin_backward(double scale) {
   next_bucket_ = 0;
   bucket_scale_ = static_cast<float>(scale);
   in_backward_ = true;
+  if (!comm_ && !dev_.is_meta()) comm_ = std::make_unique<CommQueue>(model_dev_);
 }
 
 void ShardedOptimizer::grad_ready(const TensorImpl* leaf) {
@@ -250,6 +252,7 @@ void ShardedOptimizer::finish_backward() {
   if (!in_backward_) return;
   while (next_bucket_ < buckets_.size()) reduce_bucket(buckets_[next_bucket_++]);
   in_backward_ = false;
+  if (comm_) comm_->drain();  // the shard complete before the statistics read it
 }
 
 void ShardedOptimizer::read_grad(size_t p, int64_t at, int64_t n, float* dst) const {
@@ -266,8 +269,10 @@ void ShardedOptimizer::read_grad(size_t p, int64_t at, int64_t n, float* dst) co
   host_stage::read(f, dst);
 }
 
-// Each rank sends the part of the bucket inside rank j's shard to rank j, and adds the parts it receives
-// (its own shard's) in rank order into grad_flat_. Then gradients whose every bucket is done are dropped.
+// The bucket's gradients packed into a free slot (the one before last's reduction done) and those whose
+// every bucket is packed dropped, here; then, on the communication thread, each rank sends the part of the
+// bucket inside rank j's shard to rank j and adds the parts it receives (its own shard's) in rank order into
+// grad_flat_. A dry run reduces nothing and waits for nothing.
 void ShardedOptimizer::reduce_bucket(const Bucket& b) {
   const int world = group_.size();
   const int64_t S = layout_.shard;
@@ -280,24 +285,30 @@ void ShardedOptimizer::reduce_bucket(const Bucket& b) {
   }
   const int me = group_.rank();
   const int64_t mine_lo = std::max(b.lo, me * S) - me * S, mine = send_counts[static_cast<size_t>(me)];
-  if (device_comm()) {
-    reduce_bucket_on_device(b, send_counts, mine_lo, mine);
+  BucketSlot& s = slots_[static_cast<size_t>(next_slot_)];
+  next_slot_ ^= 1;
+  if (comm_) comm_->wait(s.ticket);
+  const bool device = device_comm();
+  if (device) {
+    pack_bucket_on_device(b, s);
   } else {
-    send_.resize(std::max({send_.size(), static_cast<size_t>(total), size_t{1}}));
+    s.host.resize(std::max({s.host.size(), static_cast<size_t>(total), size_t{1}}));
     // The bucket's gradient stretch, in flat order, is exactly the concatenation of the ranks' parts.
     layout_.visit(b.lo, b.hi, [&](size_t p, int64_t at, int64_t cnt, int64_t pos) {
-      read_grad(p, at, cnt, dev_.is_meta() ? nullptr : send_.data() + pos);
+      read_grad(p, at, cnt, dev_.is_meta() ? nullptr : s.host.data() + pos);
     });
-    if (!dev_.is_meta()) {
-      float* out = mine > 0 ? grad_out(mine_lo, mine) : nullptr;
-      group_.reduce_blocks(send_.data(), send_counts, out, scratch_);
-      if (bucket_scale_ != 1.0f)
-        for (int64_t k = 0; k < mine; ++k) out[k] *= bucket_scale_;
-      if (mine > 0) grad_out_done(mine_lo, mine);
-    }
   }
   for (size_t p : b.params)
-    if (--pending_[p] == 0) autograd::zero_grad(*params_[p].second);  // its sum is with its owners now
+    if (--pending_[p] == 0) autograd::zero_grad(*params_[p].second);  // packed: its sum is on its way
+  if (dev_.is_meta()) return;
+  s.ticket = comm_->push([this, &s, device, send_counts, mine_lo, mine, scale = bucket_scale_] {
+    if (device) return reduce_bucket_on_device(s, send_counts, mine_lo, mine, scale);
+    float* out = mine > 0 ? grad_out(mine_lo, mine) : nullptr;
+    group_.reduce_blocks(s.host.data(), send_counts, out, scratch_);
+    if (scale != 1.0f)
+      for (int64_t k = 0; k < mine; ++k) out[k] *= scale;
+    if (mine > 0) grad_out_done(mine_lo, mine);
+  });
 }
 
 void ShardedOptimizer::reduce_replicas() {
@@ -507,7 +518,6 @@ int64_t ShardedOptimizer::shard_bytes() const {
 // ---- checkpoints ----
 
 namespace {
-
 constexpr const char* kWhole = "optimizer.safetensors";
 
 std::string rank_file(int64_t rank) { return "optimizer.rank-" + std::to_string(rank) + ".safetensors"; }
@@ -593,8 +603,8 @@ int64_t elements(const Shape& shape) {
 }
 
 // Whether every file holding `key` holds one element per element of its slice of `param` (a per-element
-// state such as exp_avg or momentum_buffer, not a step count). Each file's entry is checked, overlapping or
-// not.
+// state such as exp_avg or momentum_buffer, not a step count). Each file's entry is checked, overlapping
+// or not.
 bool per_element(const std::string& key, const std::string& param, const std::vector<StateSource>& sources) {
   for (const auto& src : sources) {
     if (!src.file.contains(key)) continue;

@@ -8,6 +8,7 @@
 // load_optimizer_state reassembles any world size's slices (or a whole optimizer.safetensors) for any other.
 #pragma once
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <map>
 #include <memory>
@@ -18,6 +19,7 @@
 
 #include "dist/process_group.h"
 #include "optim/optimizer.h"
+#include "train/comm_queue.h"
 #include "train/host_stage.h"
 
 namespace tr::train {
@@ -87,12 +89,18 @@ class ShardedOptimizer final : public optim::Optimizer {
   // The same reduction during the step's last backward, bucket by bucket (buckets of the cap, last
   // parameters first, in the same order on every rank): begin_backward before it, grad_ready from the
   // autograd engine as each parameter's gradient is final - a bucket whose gradients are all final is
-  // reduced to its owners at once, and each gradient is dropped as soon as every bucket holding it is done
-  // (the memory ZeRO-2 saves during backward) - and finish_backward after it (the buckets left: a rank whose
-  // micro-batch was empty reduces zeros for all of them).
+  // packed at once into one of two send slots and reduced to its owners on a communication thread while the
+  // backward goes on, and each gradient is dropped as soon as every bucket holding it is packed (the memory
+  // ZeRO-2 saves during backward) - and finish_backward after it (the buckets left: a rank whose micro-batch
+  // was empty reduces zeros for all of them; returns with every bucket reduced). A dry run reduces in place.
   void begin_backward(double scale);
   void grad_ready(const TensorImpl* leaf);
   void finish_backward();
+  size_t buckets_queued() const { return next_bucket_; }  // this backward's buckets packed so far
+  // Seconds the training thread waited for the bucket reductions (a slot still in use, the last buckets),
+  // and seconds the communication thread spent on them.
+  double blocked_seconds() const { return comm_ ? comm_->blocked_seconds() : 0; }
+  double comm_seconds() { return comm_ ? comm_->busy_seconds() : 0; }
   // Hybrid sharding (hybrid_shard, hybrid_shard_zero2): the ranks that hold this same shard on the other
   // nodes. After each step's reduction within the node, reduce_replicas() sums the gradient shard over
   // them (a no-op without replicas): every node then updates identically.
@@ -159,8 +167,10 @@ class ShardedOptimizer final : public optim::Optimizer {
   // `counts`: the bucket's part in each rank's shard; this rank's part lands at [mine_lo, mine_lo + mine)
   // of the gradient shard.
   struct Bucket;
-  void reduce_bucket_on_device(const Bucket& b, const std::vector<int64_t>& counts, int64_t mine_lo,
-                               int64_t mine);
+  struct BucketSlot;
+  void pack_bucket_on_device(const Bucket& b, BucketSlot& s);
+  void reduce_bucket_on_device(BucketSlot& s, const std::vector<int64_t>& counts, int64_t mine_lo,
+                               int64_t mine, float scale);
   // Every rank's updated shard, in `dtype`, into dst(p) for every parameter p (own masters: rounded from
   // this rank's fp32 slices; else this rank's slices of the fp32 parameters, which are updated in place).
   void gather_on_device(const std::function<const Tensor&(size_t)>& dst, DType dtype);
@@ -169,8 +179,15 @@ class ShardedOptimizer final : public optim::Optimizer {
     std::vector<size_t> params;
     int waiting = 0;  // of params, not final yet
   };
+  // A bucket's send side, packed by the training thread while the communication thread reduces the other
+  // slot's: `host` (the host path), or `send` and `scale` on the shard's device (made at the first bucket).
+  struct BucketSlot {
+    host_stage::StagingBuffer<float> host;
+    Tensor send, scale;
+    uint64_t ticket = 0;  // the last reduction that read this slot
+  };
   void plan_buckets();
-  void reduce_bucket(const Bucket& b);
+  void reduce_bucket(const Bucket& b);  // packed into a free slot here, reduced on the communication thread
   // Elements [at, at + n) of parameter p's gradient as f32 into `dst` (zeros without a gradient).
   void read_grad(size_t p, int64_t at, int64_t n, float* dst) const;
   // Host memory for elements [at, at + n) of the gradient shard, and their landing there (a copy unless
@@ -212,6 +229,11 @@ class ShardedOptimizer final : public optim::Optimizer {
   size_t next_bucket_ = 0;
   float bucket_scale_ = 1;
   bool in_backward_ = false;
+  std::array<BucketSlot, 2> slots_;
+  int next_slot_ = 0;
+  // The bucket reductions, in order (made at the first overlapped backward; none in a dry run). Last: it
+  // goes first, skipping what is left, before the buffers its jobs use.
+  std::unique_ptr<CommQueue> comm_;
 };
 
 // ZeRO set-up from a model whose parameters are still meta tensors (models::DeferredModel): each parameter is

@@ -2,7 +2,6 @@
 #include "train/zero3.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
 #include "autograd/node.h"
@@ -122,63 +121,10 @@ FullShard::FullShard(ShardedOptimizer& opt, const nn::ParamList& params, int64_t
     u.state = State::resident;  // as built: released here
     release(u);
   }
-  if (!meta_) comm_ = std::thread([this] { worker(); });
+  if (!meta_) comm_ = std::make_unique<CommQueue>(opt.model_dev_);
 }
 
-FullShard::~FullShard() {
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  if (comm_.joinable()) comm_.join();
-}
-
-uint64_t FullShard::enqueue(Job job) {
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    job.ticket = ++issued_;
-    queue_.push_back(job);
-  }
-  cv_.notify_all();
-  return job.ticket;
-}
-
-// Queued jobs, one at a time in order (the collectives pair up across ranks by order). After a failure the
-// rest are skipped (their tickets still finish: the training thread rethrows the failure when it waits).
-void FullShard::worker() {
-  std::unique_lock<std::mutex> lock(mu_);
-  for (;;) {
-    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stopping with nothing left
-    const Job job = queue_.front();
-    const bool skip = error_ != nullptr || stop_;  // stopping mid-step: an error is unwinding
-    lock.unlock();
-    const auto t0 = std::chrono::steady_clock::now();
-    std::exception_ptr err;
-    try {
-      // The device copies run on this thread: on the model's GPU, as the training thread's.
-      if (!skip && opt_.model_dev_.is_cuda()) backend::cuda_use_device(opt_.model_dev_.index);
-      if (!skip) run(job);
-    } catch (...) {
-      err = std::current_exception();
-    }
-    lock.lock();
-    (job.gather ? gather_seconds_ : reduce_seconds_) +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (err && !error_) error_ = err;
-    queue_.pop_front();
-    done_ = job.ticket;
-    cv_.notify_all();
-  }
-}
-
-void FullShard::run(const Job& job) {
-  if (job.gather)
-    for (const Chunk& c : job.gather->chunks) gather_chunk(c);
-  else
-    reduce_chunk(*job.reduce, *job.slot, job.scale);
-}
+FullShard::~FullShard() = default;
 
 FullShard::Unit& FullShard::unit(int u) {
   TR_CHECK(u >= -1 && u < layers_, "FullShard: unit {} of {} layers and the root", u, layers_);
@@ -229,39 +175,21 @@ void FullShard::start_gather(Unit& u, bool prefetch) {
     u.state = State::resident;
     return;
   }
-  Job job;
-  job.gather = &u;
-  u.ticket = enqueue(job);
+  u.ticket = comm_->push([this, &u] {
+    for (const Chunk& c : u.chunks) gather_chunk(c);
+  });
   u.state = State::pending;
-}
-
-void FullShard::wait_ticket(uint64_t ticket) {
-  const auto t0 = std::chrono::steady_clock::now();
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return done_ >= ticket; });
-  blocked_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (error_) std::rethrow_exception(error_);
 }
 
 void FullShard::wait(Unit& u) {
   if (u.state != State::pending) return;
-  wait_ticket(u.ticket);
+  comm_->wait(u.ticket);
   u.state = State::resident;
 }
 
 void FullShard::drain() {
   for (Unit& u : units_) wait(u);
-  uint64_t last = 0;
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    last = issued_;
-  }
-  wait_ticket(last);
-}
-
-double FullShard::comm_seconds() {
-  std::lock_guard<std::mutex> g(mu_);
-  return gather_seconds_ + reduce_seconds_;
+  if (comm_) comm_->drain();
 }
 
 void FullShard::release(Unit& u) {
@@ -362,7 +290,7 @@ void FullShard::reduce(Unit& u) {
   for (const Chunk& c : u.chunks) {
     Slot& s = slots_[static_cast<size_t>(next_slot_)];
     next_slot_ ^= 1;
-    if (!meta_) wait_ticket(s.ticket);  // the chunk before last is off this slot
+    if (!meta_) comm_->wait(s.ticket);  // the chunk before last is off this slot
     if (opt_.device_comm())
       pack_chunk_on_device(c, s);
     else
@@ -372,11 +300,7 @@ void FullShard::reduce(Unit& u) {
       reduce_chunk(c, s, scale_);
       continue;
     }
-    Job job;
-    job.reduce = &c;
-    job.slot = &s;
-    job.scale = scale_;
-    s.ticket = enqueue(job);
+    s.ticket = comm_->push([this, &c, &s, scale = scale_] { reduce_chunk(c, s, scale); });
   }
   for (size_t k : u.params) autograd::zero_grad(*params_[k].second);  // packed: its sum is on its way
   release(u);

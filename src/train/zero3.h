@@ -12,17 +12,14 @@
 // rank without data runs an idle micro-batch (idle_inputs) rather than none.
 #pragma once
 #include <array>
-#include <condition_variable>
-#include <deque>
-#include <exception>
-#include <mutex>
+#include <memory>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "data/loader.h"
 #include "models/causal_lm.h"
+#include "train/comm_queue.h"
 #include "train/zero.h"
 
 namespace tr::train {
@@ -77,8 +74,8 @@ class FullShard final : public models::LayerHooks {
   int64_t prefetched() const { return prefetched_; }  // gathers started before they were needed
   // Seconds the training thread waited on this object's collectives (gathers not done yet, reductions),
   // and seconds its collectives took in all (overlapped gathers included).
-  double blocked_seconds() const { return blocked_; }
-  double comm_seconds();
+  double blocked_seconds() const { return comm_ ? comm_->blocked_seconds() : 0; }
+  double comm_seconds() { return comm_ ? comm_->busy_seconds() : 0; }
   int64_t gathers() const { return gathers_; }  // unit gathers so far (tests: forward + backward per layer)
   int64_t reductions() const { return reductions_; }  // chunk reductions queued so far
   // Whether every parameter is released (between steps).
@@ -106,7 +103,6 @@ class FullShard final : public models::LayerHooks {
   Unit& unit(int u);
   void start_gather(Unit& u, bool prefetch);  // storage taken here (the training thread's allocation order)
   void wait(Unit& u);
-  void wait_ticket(uint64_t ticket);  // the communication thread's jobs up to `ticket` done
   void gather(Unit& u) {
     start_gather(u, false);
     wait(u);
@@ -121,17 +117,6 @@ class FullShard final : public models::LayerHooks {
     Tensor send, sum, scale;
     uint64_t ticket = 0;  // the last job that read this slot
   };
-  // A job of the communication thread: a unit's gather, or a packed chunk's reduction.
-  struct Job {
-    uint64_t ticket = 0;
-    Unit* gather = nullptr;
-    const Chunk* reduce = nullptr;
-    Slot* slot = nullptr;
-    float scale = 1;
-  };
-  uint64_t enqueue(Job job);  // returns its ticket
-  void worker();
-  void run(const Job& job);
   void reduce(Unit& u);
   void gather_chunk(const Chunk& c);
   void pack_chunk(const Chunk& c, Slot& s);                 // training thread
@@ -161,7 +146,6 @@ class FullShard final : public models::LayerHooks {
   float scale_ = 1;
   bool in_backward_ = false;
   int64_t gathers_ = 0, prefetched_ = 0, reductions_ = 0;
-  double blocked_ = 0, reduce_seconds_ = 0;
   Tensor gather_send_, gather_recv_;      // make_gather_buffers
   std::vector<char> send_;                // the communication thread's
   host_stage::StagingBuffer<char> recv_;  // and the gathered pieces on their way into the parameters
@@ -172,15 +156,9 @@ class FullShard final : public models::LayerHooks {
   // pieces, the training thread's gradient pieces.
   host_stage::StagingBuffer<float> gather_tmp_, shard_tmp_;
   host_stage::StagingBuffer<char> grad_tmp_;
-  // The communication thread: queued jobs run in order; done_ is the last finished ticket.
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> queue_;
-  uint64_t issued_ = 0, done_ = 0;
-  double gather_seconds_ = 0;  // under mu_, as reduce_seconds_
-  std::exception_ptr error_;
-  bool stop_ = false;
-  std::thread comm_;
+  // The gathers and reductions, in queue order (none in a dry run). Last: it goes first, skipping what is
+  // left, before the buffers its jobs use.
+  std::unique_ptr<CommQueue> comm_;
 };
 
 // An idle micro-batch for a rank past its data (ZeRO-3: every rank must run every forward's collectives):

@@ -64,17 +64,28 @@ void ShardedOptimizer::reduce_scatter_on_device(const std::vector<Tensor>& grads
   }
 }
 
-void ShardedOptimizer::reduce_bucket_on_device(const Bucket& b, const std::vector<int64_t>& counts,
-                                               int64_t mine_lo, int64_t mine) {
-  // The bucket's gradient stretch, in flat order, is the concatenation of the ranks' blocks.
-  const Tensor send = ops::empty({b.hi - b.lo}, DType::f32, dev_);
+// The bucket's gradient stretch, in flat order (the concatenation of the ranks' blocks), widened into the
+// slot by device copies queued on the training thread, before the gradients are dropped. The slots are made
+// at the first bucket, for the cap: the allocation order does not depend on timing.
+void ShardedOptimizer::pack_bucket_on_device(const Bucket& b, BucketSlot& s) {
+  if (!s.send.defined()) {
+    s.send = ops::empty({std::max<int64_t>(bucket_elems_, 1)}, DType::f32, dev_);
+    s.scale = ops::empty({1}, DType::f32, dev_);
+  }
   layout_.visit(b.lo, b.hi, [&](size_t p, int64_t at, int64_t cnt, int64_t pos) {
     const Tensor grad = params_[p].second->grad();
-    widen_into(stretch(send, pos, cnt), grad.defined() ? ops::contiguous(grad) : grad, at);
+    widen_into(stretch(s.send, pos, cnt), grad.defined() ? ops::contiguous(grad) : grad, at);
   });
+  if (bucket_scale_ != 1.0f) ops::fill_(s.scale, bucket_scale_);  // read by this slot's reduction
+}
+
+// On the communication thread: the owners' sums straight into the gradient shard, scaled there in f32 (the
+// host path's `x *= s`); nothing is allocated here.
+void ShardedOptimizer::reduce_bucket_on_device(BucketSlot& s, const std::vector<int64_t>& counts,
+                                               int64_t mine_lo, int64_t mine, float scale) {
   const Tensor out = stretch(grad_flat_, mine > 0 ? mine_lo : 0, mine);
-  if (!dev_.is_meta()) group_.reduce_blocks_on(dev_, send.data<float>(), counts, out.data<float>());
-  scale_in_place(out, bucket_scale_);
+  group_.reduce_blocks_on(dev_, s.send.data<float>(), counts, out.data<float>());
+  if (scale != 1.0f && mine > 0) ops::binary_(ops::BinaryOp::mul, out, s.scale);
 }
 
 void ShardedOptimizer::gather_on_device(const std::function<const Tensor&(size_t)>& dst, DType dtype) {
