@@ -146,10 +146,10 @@ Outcome train_sharded(const Placement& pl, bool mixed, Path path, int port, int 
               ops::to_device(random_tensor(kShapes[i].second, 100 + static_cast<uint32_t>(i)), pl.model));
           list.emplace_back(kShapes[i].first, &ps.back());
         }
+        ReduceGate gate;  // before the optimizer: it outlives the reductions
+        if (gated) gate.install(g);
         train::ShardedOptimizer opt(g, list, "adamw_torch_fused", adamw_options(), gated ? 64 : 8, mixed, 2,
                                     std::nullopt, pl.offload);
-        ReduceGate gate;
-        if (gated) gate.install(g);
         EXPECT_EQ(opt.shard_device(), pl.offload ? *pl.offload : pl.model);
         if (mixed)  // the half weights the model computes with; the masters are the shard's alone
           for (auto& p : ps) copies.push_back(ops::to_dtype(p, DType::bf16));
@@ -271,6 +271,8 @@ FullShardOutcome train_full_shard(const Placement& pl, bool tied, int port, int 
           fo.return_logits = false;
           return m.forward(ids(r), fo).loss;
         };
+        ReduceGate gate;  // before the optimizer and FullShard: it outlives the reductions
+        if (gated) gate.install(g);
         Generator gen(3);
         auto model = models::create_causal_lm(config, pl.model, DType::f32, gen);
         const nn::ParamList params = model->named_parameters();
@@ -280,8 +282,6 @@ FullShardOutcome train_full_shard(const Placement& pl, bool tied, int port, int 
         train::FullShard full(opt, params, gated ? 1 << 20 : 1 << 10);
         model->set_layer_hooks(&full);
         EXPECT_TRUE(full.all_released());
-        ReduceGate gate;
-        if (gated) gate.install(g);
         full.begin_step();
         full.begin_backward(1.0);
         {

@@ -7,7 +7,7 @@
 
 namespace tr::train {
 
-CommQueue::CommQueue(Device device) : device_(device) {
+CommQueue::CommQueue(Device device, const dist::ProcessGroup& group) : device_(device), group_(group) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -49,6 +49,11 @@ double CommQueue::busy_seconds() {
   return busy_;
 }
 
+double CommQueue::collective_seconds() {
+  std::lock_guard<std::mutex> g(mu_);
+  return collective_;
+}
+
 void CommQueue::run() {
   std::unique_lock<std::mutex> lock(mu_);
   bool on_device = false;
@@ -60,6 +65,7 @@ void CommQueue::run() {
     const bool skip = error_ != nullptr || stop_;
     lock.unlock();
     const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = group_.stats().seconds;
     std::exception_ptr err;
     try {
       if (!skip && device_.is_cuda() && !on_device) {  // the device's copies and collectives run here too
@@ -72,7 +78,9 @@ void CommQueue::run() {
     }
     job = nullptr;  // what the job held goes before its ticket finishes
     lock.lock();
+    const double c1 = group_.stats().seconds;
     busy_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    collective_ += c1 - c0;
     if (err && !error_) error_ = err;
     done_ = ticket;
     cv_.notify_all();

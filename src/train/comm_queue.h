@@ -11,13 +11,15 @@
 #include <thread>
 
 #include "core/device.h"
+#include "dist/process_group.h"
 
 namespace tr::train {
 
 class CommQueue {
  public:
-  // Jobs that touch `device` (a GPU: its copies and collectives) run with it current on the thread.
-  explicit CommQueue(Device device);
+  // Jobs that touch `device` (a GPU: its copies and collectives) run with it current on the thread. The
+  // collectives of `group` that the jobs run are timed apart (collective_seconds).
+  CommQueue(Device device, const dist::ProcessGroup& group);
   // Skips the jobs not started (an error is unwinding the step) and joins the thread.
   ~CommQueue();
   CommQueue(const CommQueue&) = delete;
@@ -31,20 +33,23 @@ class CommQueue {
   void wait(uint64_t ticket);
   void drain() { wait(last()); }
   uint64_t last();  // the last ticket queued
-  // Seconds the callers of wait() spent blocked, and seconds the thread spent running jobs.
+  // Seconds the callers of wait() spent blocked; seconds the thread spent running jobs, and of them in
+  // `group`'s collectives (its stats' seconds: no other thread runs the group's collectives meanwhile).
   double blocked_seconds() const { return blocked_; }
   double busy_seconds();
+  double collective_seconds();
 
  private:
   void run();
 
   Device device_;
+  const dist::ProcessGroup& group_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::pair<uint64_t, std::function<void()>>> queue_;
   uint64_t issued_ = 0, done_ = 0;
-  double busy_ = 0;     // under mu_
-  double blocked_ = 0;  // the waiting thread's
+  double busy_ = 0, collective_ = 0;  // under mu_
+  double blocked_ = 0;                // the waiting thread's
   std::exception_ptr error_;
   bool stop_ = false;
   std::thread thread_;

@@ -236,7 +236,11 @@ void ShardedOptimizer::begin_backward(double scale) {
   next_bucket_ = 0;
   bucket_scale_ = static_cast<float>(scale);
   in_backward_ = true;
-  if (!comm_ && !dev_.is_meta()) comm_ = std::make_unique<CommQueue>(model_dev_);
+  if (!comm_ && !dev_.is_meta()) comm_ = std::make_unique<CommQueue>(model_dev_, group_);
+  // The staging of the shard's stretches (a shard off the host under Gloo) sized here: the communication
+  // thread's grad_out allocates nothing.
+  if (!dev_.is_meta() && !host_stage::direct(grad_flat_))
+    staged_.resize(static_cast<size_t>(std::max<int64_t>(bucket_elems_, 1)));
 }
 
 void ShardedOptimizer::grad_ready(const TensorImpl* leaf) {

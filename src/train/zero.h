@@ -92,15 +92,16 @@ class ShardedOptimizer final : public optim::Optimizer {
   // packed at once into one of two send slots and reduced to its owners on a communication thread while the
   // backward goes on, and each gradient is dropped as soon as every bucket holding it is packed (the memory
   // ZeRO-2 saves during backward) - and finish_backward after it (the buckets left: a rank whose micro-batch
-  // was empty reduces zeros for all of them; returns with every bucket reduced). A dry run reduces in place.
+  // was empty reduces zeros for all of them; returns with every bucket reduced). A dry run packs (the same
+  // allocations) and reduces nothing.
   void begin_backward(double scale);
   void grad_ready(const TensorImpl* leaf);
   void finish_backward();
   size_t buckets_queued() const { return next_bucket_; }  // this backward's buckets packed so far
   // Seconds the training thread waited for the bucket reductions (a slot still in use, the last buckets),
-  // and seconds the communication thread spent on them.
+  // and seconds the communication thread spent in their collectives.
   double blocked_seconds() const { return comm_ ? comm_->blocked_seconds() : 0; }
-  double comm_seconds() { return comm_ ? comm_->busy_seconds() : 0; }
+  double comm_seconds() { return comm_ ? comm_->collective_seconds() : 0; }
   // Hybrid sharding (hybrid_shard, hybrid_shard_zero2): the ranks that hold this same shard on the other
   // nodes. After each step's reduction within the node, reduce_replicas() sums the gradient shard over
   // them (a no-op without replicas): every node then updates identically.

@@ -121,7 +121,7 @@ FullShard::FullShard(ShardedOptimizer& opt, const nn::ParamList& params, int64_t
     u.state = State::resident;  // as built: released here
     release(u);
   }
-  if (!meta_) comm_ = std::make_unique<CommQueue>(opt.model_dev_);
+  if (!meta_) comm_ = std::make_unique<CommQueue>(opt.model_dev_, opt.group_);
 }
 
 FullShard::~FullShard() = default;
@@ -287,6 +287,16 @@ void FullShard::finish_backward() {
 // queued before it (a prefetched gather): the same order on every rank. A dry run reduces on the spot.
 void FullShard::reduce(Unit& u) {
   if (opt_.device_comm()) make_slots();
+  if (!meta_ && !opt_.device_comm() && !host_stage::direct(opt_.grad_flat_) && !shard_tmp_sized_) {
+    // The staging of the shard's pieces (a shard off the host under Gloo), sized once for the largest, before
+    // any reduction is queued: the communication thread's resizes then allocate nothing.
+    size_t largest = 1;
+    for (const Unit& v : units_)
+      for (const Chunk& c : v.chunks)
+        for (const Piece& p : c.pieces) largest = std::max(largest, static_cast<size_t>(p.n));
+    shard_tmp_.resize(largest);
+    shard_tmp_sized_ = true;
+  }
   for (const Chunk& c : u.chunks) {
     Slot& s = slots_[static_cast<size_t>(next_slot_)];
     next_slot_ ^= 1;

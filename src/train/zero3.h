@@ -73,9 +73,9 @@ class FullShard final : public models::LayerHooks {
   int layers() const { return layers_; }
   int64_t prefetched() const { return prefetched_; }  // gathers started before they were needed
   // Seconds the training thread waited on this object's collectives (gathers not done yet, reductions),
-  // and seconds its collectives took in all (overlapped gathers included).
+  // and seconds its collectives took in all on the communication thread (the group's time in them).
   double blocked_seconds() const { return comm_ ? comm_->blocked_seconds() : 0; }
-  double comm_seconds() { return comm_ ? comm_->busy_seconds() : 0; }
+  double comm_seconds() { return comm_ ? comm_->collective_seconds() : 0; }
   int64_t gathers() const { return gathers_; }  // unit gathers so far (tests: forward + backward per layer)
   int64_t reductions() const { return reductions_; }  // chunk reductions queued so far
   // Whether every parameter is released (between steps).
@@ -156,6 +156,7 @@ class FullShard final : public models::LayerHooks {
   // pieces, the training thread's gradient pieces.
   host_stage::StagingBuffer<float> gather_tmp_, shard_tmp_;
   host_stage::StagingBuffer<char> grad_tmp_;
+  bool shard_tmp_sized_ = false;  // on the training thread, before the first reduction
   // The gathers and reductions, in queue order (none in a dry run). Last: it goes first, skipping what is
   // left, before the buffers its jobs use.
   std::unique_ptr<CommQueue> comm_;
