@@ -9,13 +9,21 @@
 # time the training thread waited on collectives (buckets still in flight when backward ended, the small
 # reductions; ZeRO-2's reduce-scatter and all-gather block), rank 0's peak memory and each rank's optimizer
 # state. Usage: bench/ddp_bench.sh TRAINER TOKENIZER CORPUS [STEPS=30] [NPROC=2] [WORKDIR=/tmp/trainer-ddp]
-# [TRAIN FLAGS...] (added to every run, e.g. --bf16)
+# [TRAIN FLAGS...] (added to every run, e.g. --bf16). DDP_BENCH_MODEL=llama trains a Llama of hidden 256 x 8
+# layers with an untied head instead (its head's gradients are final first, its embeddings' last: the case
+# where ZeRO's reductions can overlap most of the backward).
 set -euo pipefail
 trainer=$1 tok=$2 corpus=$3 steps=${4:-30} nproc=${5:-2} work=${6:-/tmp/trainer-ddp}
 shift $(($# < 6 ? $# : 6))
 rm -rf "$work" && mkdir -p "$work"
-echo '{"model_type": "gpt2", "vocab_size": 50257, "n_embd": 256, "n_layer": 4, "n_head": 4, "n_positions": 128}' \
-  >"$work/config.json"
+if [[ ${DDP_BENCH_MODEL:-gpt2} == llama ]]; then
+  echo '{"model_type": "llama", "vocab_size": 50257, "hidden_size": 256, "intermediate_size": 1024,
+    "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+    "tie_word_embeddings": false}' >"$work/config.json"
+else
+  echo '{"model_type": "gpt2", "vocab_size": 50257, "n_embd": 256, "n_layer": 4, "n_head": 4, "n_positions": 128}' \
+    >"$work/config.json"
+fi
 common=(--config_name "$work/config.json" --tokenizer_name "$tok" --train_file "$corpus" --block_size 128
         --learning_rate 6e-4 --max_steps "$steps" --logging_steps 10 --save_strategy no --use_cpu "$@")
 "$trainer" train "${common[@]}" --per_device_train_batch_size 8 --output_dir "$work/one" >"$work/one.log" 2>&1 ||

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <random>
+#include <thread>
 
 #include "autograd/node.h"
 #include "dist_test_util.h"
@@ -12,6 +13,7 @@
 #include "optim/optimizer.h"
 #include "autograd/functions.h"
 #include "models/causal_lm.h"
+#include "train/comm_queue.h"
 #include "train/zero.h"
 #include "train/zero3.h"
 
@@ -213,6 +215,39 @@ TEST(DistZero, RefusesOptimizersThatNeedWholeTensors) {
 }
 
 // backward_hook runs its hook when the gradient arrives, before anything upstream of it runs backward.
+// ZeRO's communication thread: jobs in queue order off the caller's thread; a failure rethrown by the next
+// wait, with the jobs queued after it skipped (a rank whose collective failed starts no other); the waits
+// counted as blocked time.
+TEST(DistZero, CommQueueRunsInOrderAndRethrowsAFailure) {
+  const auto group = dist::dry_run_group(2);
+  train::CommQueue q(Device::cpu(), *group);
+  std::vector<int> order;
+  std::thread::id ran_on;
+  const uint64_t a = q.push([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    order.push_back(1);
+    ran_on = std::this_thread::get_id();
+  });
+  const uint64_t b = q.push([&] { order.push_back(2); });
+  EXPECT_EQ(b, a + 1);
+  q.wait(a);
+  q.drain();
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+  EXPECT_NE(ran_on, std::this_thread::get_id());
+  EXPECT_GT(q.blocked_seconds(), 0.03);
+  EXPECT_GE(q.busy_seconds(), q.blocked_seconds() - 0.01);
+  q.push([] { throw Error("the collective failed"); });
+  const uint64_t skipped = q.push([&] { order.push_back(3); });
+  try {
+    q.wait(skipped);
+    ADD_FAILURE() << "no rethrow";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the collective failed"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(order.size(), 2u);
+  EXPECT_THROW(q.drain(), Error);  // the failure stays
+}
+
 TEST(DistZero, BackwardHookRunsBeforeTheUpstreamBackward) {
   Tensor x = random_tensor({3}, 7);
   autograd::set_requires_grad(x, true);
