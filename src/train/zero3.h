@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "data/loader.h"
@@ -131,6 +132,7 @@ class FullShard final : public models::LayerHooks {
   // independent of timing.
   void make_gather_buffers();
   void make_slots();
+  std::pair<int64_t, int64_t> largest_chunk() const;  // this rank's part of any chunk, any chunk's elements
 
   ShardedOptimizer& opt_;
   nn::ParamList params_;

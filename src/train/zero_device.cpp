@@ -149,7 +149,7 @@ void FullShard::gather_chunk_on_device(const Chunk& c) {
   }
 }
 
-void FullShard::make_gather_buffers() {
+std::pair<int64_t, int64_t> FullShard::largest_chunk() const {
   int64_t mine = 1, total = 1;
   for (const Unit& u : units_)
     for (const Chunk& c : u.chunks) {
@@ -158,20 +158,18 @@ void FullShard::make_gather_buffers() {
       mine = std::max(mine, c.per_rank[static_cast<size_t>(opt_.rank())]);
       total = std::max(total, t);
     }
+  return {mine, total};
+}
+
+void FullShard::make_gather_buffers() {
+  const auto [mine, total] = largest_chunk();
   gather_send_ = ops::empty({mine}, dtype_, opt_.shard_device());
   gather_recv_ = ops::empty({total}, dtype_, opt_.shard_device());
 }
 
 void FullShard::make_slots() {
   if (slots_[0].send.defined()) return;
-  int64_t mine = 1, total = 1;
-  for (const Unit& u : units_)
-    for (const Chunk& c : u.chunks) {
-      int64_t t = 0;
-      for (int64_t n : c.per_rank) t += n;
-      mine = std::max(mine, c.per_rank[static_cast<size_t>(opt_.rank())]);
-      total = std::max(total, t);
-    }
+  const auto [mine, total] = largest_chunk();
   const Device dev = opt_.shard_device();
   for (Slot& s : slots_) {
     s.send = ops::empty({total}, DType::f32, dev);
