@@ -2,6 +2,7 @@
 #include "train/step_core.h"
 
 #include <chrono>
+#include <tuple>
 #include <cmath>
 #include <optional>
 
@@ -55,15 +56,17 @@ void StepCore::load_step_scalars(double items) {
   ops::fill_(seed_, s_.mp.loss_scale());
 }
 
+std::pair<double, double> StepCore::zero_thread_seconds() {
+  return {zero_->comm_seconds() + (full_ ? full_->comm_seconds() : 0),
+          zero_->blocked_seconds() + (full_ ? full_->blocked_seconds() : 0)};
+}
+
 double StepCore::label_tokens(const std::vector<data::Batch>& micro) {
   double items = step_label_tokens(micro);
   if (o_.group != nullptr) {  // this step's traffic starts here
     bytes_at_start_ = o_.group->stats().bytes;
     seconds_at_start_ = o_.group->stats().seconds;
-    if (zero_) {
-      zero_comm_at_start_ = zero_->comm_seconds() + (full_ ? full_->comm_seconds() : 0);
-      zero_blocked_at_start_ = zero_->blocked_seconds() + (full_ ? full_->blocked_seconds() : 0);
-    }
+    if (zero_) std::tie(zero_comm_at_start_, zero_blocked_at_start_) = zero_thread_seconds();
   }
   if (o_.group != nullptr && !o_.average_tokens_across_devices) {
     // Each rank's loss is its own mean: the step averages over the ranks that had data (a rank past the
@@ -217,8 +220,7 @@ void StepCore::finish(int64_t step, double lr, const Tensor& loss, StepResult& r
     // communication thread (ZeRO-2's buckets, ZeRO-3's gathers and reductions) count only where the training
     // thread waited for them.
     if (zero_) {
-      const double comm = zero_->comm_seconds() + (full_ ? full_->comm_seconds() : 0);
-      const double blocked = zero_->blocked_seconds() + (full_ ? full_->blocked_seconds() : 0);
+      const auto [comm, blocked] = zero_thread_seconds();
       r.comm_wait_seconds = o_.group->stats().seconds - seconds_at_start_ - (comm - zero_comm_at_start_) +
                             (blocked - zero_blocked_at_start_);
     } else {

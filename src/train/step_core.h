@@ -3,6 +3,7 @@
 // dropped, the loss and statistics read on the host once.
 #pragma once
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "train/ddp.h"
@@ -60,7 +61,9 @@ class StepCore {
   double wait_ = 0;        // collective waits of the step so far (label_tokens runs before the result)
   int64_t bytes_at_start_ = 0;
   double seconds_at_start_ = 0;
-  // ZeRO's communication threads' counters (ShardedOptimizer's, FullShard's) at the step's start.
+  // ZeRO's communication threads' counters (ShardedOptimizer's and FullShard's, summed): seconds in their
+  // collectives, seconds the training thread waited for them; and their values at the step's start.
+  std::pair<double, double> zero_thread_seconds();
   double zero_comm_at_start_ = 0, zero_blocked_at_start_ = 0;
   double active_ranks_ = 1;  // average_tokens_across_devices false: ranks with data this step
   // The step's scalars on the loss's device, at fixed addresses for the whole run (load_step_scalars):

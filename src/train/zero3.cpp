@@ -286,22 +286,20 @@ void FullShard::finish_backward() {
 // Each chunk packed into a free slot here and reduced on the communication thread, after whatever was
 // queued before it (a prefetched gather): the same order on every rank. A dry run reduces on the spot.
 void FullShard::reduce(Unit& u) {
-  if (opt_.device_comm()) make_slots();
-  if (!meta_ && !opt_.device_comm() && !host_stage::direct(opt_.grad_flat_) && !shard_tmp_sized_) {
-    // The staging of the shard's pieces (a shard off the host under Gloo), sized once for the largest, before
-    // any reduction is queued: the communication thread's resizes then allocate nothing.
-    size_t largest = 1;
-    for (const Unit& v : units_)
-      for (const Chunk& c : v.chunks)
-        for (const Piece& p : c.pieces) largest = std::max(largest, static_cast<size_t>(p.n));
-    shard_tmp_.resize(largest);
+  const bool device = opt_.device_comm();
+  if (device) make_slots();
+  if (!meta_ && !device && !host_stage::direct(opt_.grad_flat_) && !shard_tmp_sized_) {
+    // The staging of the shard's pieces (a shard off the host under Gloo), sized once for the largest part
+    // of a chunk this rank owns, before any reduction is queued: the communication thread's resizes then
+    // allocate nothing.
+    shard_tmp_.resize(static_cast<size_t>(largest_chunk().first));
     shard_tmp_sized_ = true;
   }
   for (const Chunk& c : u.chunks) {
     Slot& s = slots_[static_cast<size_t>(next_slot_)];
     next_slot_ ^= 1;
     if (!meta_) comm_->wait(s.ticket);  // the chunk before last is off this slot
-    if (opt_.device_comm())
+    if (device)
       pack_chunk_on_device(c, s);
     else
       pack_chunk(c, s);
