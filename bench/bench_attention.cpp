@@ -3,11 +3,15 @@
 // scores, HF's reference); then what sdpa runs for that shape. Tokens per call stay fixed, so rows compare
 // cost per token as T grows. With a dropout probability, each form drops the probabilities (attention dropout
 // as in training). On a GPU each call is timed to its end (synchronized); the fused form there is the flash
-// kernels for bf16 (the tiled kernels for f32).
+// kernels for bf16 (the tiled kernels for f32), and a cuDNN column times cuDNN's fused attention where it
+// takes the call (bf16 without dropout; "-" where it declines), which sdpa then runs.
 //
 //   bench_attention [iters=5] [tokens=4096] [heads=4] [head_dim=64] [dtype=f32|bf16] [dropout=0] [cpu|cuda]
 #include <cstdio>
 #include <cstring>
+#include <string>
+
+#include <fmt/format.h>
 
 #include "autograd/functions.h"
 #include "backend/cuda_api.h"
@@ -50,18 +54,24 @@ int main(int argc, char** argv) {
       dev.str().c_str(), static_cast<long long>(tokens), static_cast<long long>(H), static_cast<long long>(D),
       std::string(dtype_name(dt)).c_str(), p, omp_get_max_threads());
   const ops::AttentionDropout drop{p, 5, 0};
-  std::printf("%6s %4s %10s %10s %10s   %-8s %s\n", "T", "B", "fused ms", "blocked ms", "eager ms", "sdpa",
-              "sdpa / eager time");
+  std::printf("%6s %4s %10s %10s %10s %10s   %-8s %s\n", "T", "B", "fused ms", "cuDNN ms", "blocked ms",
+              "eager ms", "sdpa", "sdpa / eager time");
   for (int64_t T = 64; T <= tokens; T *= 2) {
     const int64_t B = tokens / T;
     const auto make = [&] { return ops::to_device(ops::to_dtype(ops::randn({B, H, T, D}, gen), dt), dev); };
     Tensor q = make(), k = make(), v = make(), dy = make();
-    const double fused = timed([&] {
+    const auto fused_call = [&] {
       const Tensor none;  // the backend's tiled kernel, whatever sdpa would pick for this shape
       const auto form = ops::AttentionForm::fused;
       ops::AttentionOut o = ops::attention(q, k, v, none, true, scale, 0, form, drop);
       ops::attention_backward(q, k, v, none, true, scale, o.out, o.lse, dy, 0, form, drop);
-    });
+    };
+    backend::cuda_use_cudnn_attention(false);  // our kernels (a no-op without CUDA)
+    const double fused = timed(fused_call);
+    backend::cuda_use_cudnn_attention(true);
+    const int64_t before = backend::cuda_cudnn_attention_counts().forward;
+    const double cudnn = gpu ? timed(fused_call) : 0.0;
+    const bool cudnn_ran = backend::cuda_cudnn_attention_counts().forward > before;
     const double blocked = timed([&] {
       const Tensor none;
       ops::AttentionOut o = ops::attention_blocked(q, k, v, none, true, scale, 0, drop);
@@ -79,10 +89,14 @@ int main(int argc, char** argv) {
       autograd::backward({y}, {dy});
     });
     const bool blocked_pick = ops::attention_form(q, k, p > 0) == ops::AttentionForm::blocked;
-    const double sdpa = blocked_pick ? blocked : fused;
-    std::printf("%6lld %4lld %10.2f %10.2f %10.2f   %-8s %.2f\n", static_cast<long long>(T),
-                static_cast<long long>(B), fused * 1e3, blocked * 1e3, eager * 1e3,
-                blocked_pick ? "blocked" : "fused", sdpa / eager);
+    const double sdpa = blocked_pick ? blocked : cudnn_ran ? cudnn : fused;
+    const std::string cudnn_ms = cudnn_ran ? fmt::format("{:.2f}", cudnn * 1e3) : "-";
+    std::printf("%6lld %4lld %10.2f %10s %10.2f %10.2f   %-8s %.2f\n", static_cast<long long>(T),
+                static_cast<long long>(B), fused * 1e3, cudnn_ms.c_str(), blocked * 1e3, eager * 1e3,
+                blocked_pick ? "blocked"
+                : cudnn_ran  ? "cuDNN"
+                             : "fused",
+                sdpa / eager);
   }
   return 0;
 }

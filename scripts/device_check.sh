@@ -146,6 +146,9 @@ has bench && echo "== block benchmark" && timeout 60 "$work/bin/bench_block" 20 
 # the blocked GEMM form and eager, T = 64 .. 8192 at 8K tokens a call
 has bench && echo "== attention benchmark" &&
   timeout 60 "$work/bin/bench_attention" 5 8192 12 64 bf16 0.1 cuda 2>&1 | tee -a "$OUT/bench.log"
+# without dropout (Llama's attention): cuDNN's fused attention beside our flash kernels, head dims 64 and 128
+has bench && echo "== attention benchmark, no dropout: cuDNN beside our flash kernels" &&
+  for hd in 64 128; do timeout 60 "$work/bin/bench_attention" 5 8192 8 $hd bf16 0 cuda 2>&1 | tee -a "$OUT/bench.log"; done
 # each kernel at GPT-2 124M's training shapes (Llama-8B's rms_norm): GB/s or TFLOP/s, share of the H200's
 # peak and of a device copy, torch's eager kernel beside it
 has bench && echo "== kernel benchmark" && timeout 90 "$work/bin/bench_kernels" 10 cuda 2>&1 | tee -a "$OUT/bench.log"
@@ -166,7 +169,7 @@ train_llama() {  # $1 name, $2 config, $3 block, $4 batch, $5 steps, then the op
       --train_file data/moby-dick/package/data/data.txt --block_size "$T" --per_device_train_batch_size "$B" --bf16 \
       --attn_implementation sdpa --max_steps "$S" --logging_steps 2 --save_strategy no --output_dir "/tmp/trainer_$name" \
       --overwrite_output_dir "$@" 2>&1 | tr '\r' '\n' >"/tmp/trainer_$name.log"
-    { grep -E "notice|warning|error|rror" "/tmp/trainer_$name.log" | head -n 8
+    { grep -E "notice|warning|error|rror|cuDNN" "/tmp/trainer_$name.log" | head -n 8
       grep -vE "^ *$|it/s|s/it" "/tmp/trainer_$name.log" | tail -n 4; } | tee -a "$OUT/train.log"
   fi
   python3 - "$name" "$cfg" "$T" "$B" "$gpu_mib" <<'PY' | tee -a "$OUT/train.jsonl"
@@ -199,6 +202,9 @@ PY
 if has llama; then
   echo "== Llama shapes: 3.2-1B beside HF Trainer, 3.1-8B where it fits"
   train_llama llama-1b bench/configs/llama-3.2-1b.json 2048 4 12 --optim adamw_torch_fused
+  # the same run on our flash kernels (cuDNN's fused attention off): the A/B of cuDNN attention in a step
+  (export TRAINER_CUDNN_ATTENTION=0; train_llama llama-1b-flash bench/configs/llama-3.2-1b.json 2048 4 12 \
+    --optim adamw_torch_fused)
   timeout 120 python3 bench/hf_trainer_peer.py --config bench/configs/llama-3.2-1b.json --block 2048 --batch 4 \
     --steps 12 --warmup 4 --name " llama-1b" 2>&1 | tail -n 1 | tee -a "$OUT/train.jsonl"
   train_llama llama-8b bench/configs/llama-3.1-8b.json 4096 1 8 --optim adamw_bnb_8bit --gradient_checkpointing

@@ -434,3 +434,111 @@ TEST(CudaDevice, RowKernelsMatchTheCpuAtModelWidths) {
 
 }  // namespace
 }  // namespace tr
+
+#include "backend/cuda_api.h"
+
+namespace tr {
+namespace {
+
+// Largest |a - b| over b's largest magnitude (host f32 values of equal shape).
+double relative_error(const Tensor& a, const Tensor& b) {
+  const auto va = test::values(a), vb = test::values(b);
+  double worst = 0, scale = 1e-30;
+  for (size_t i = 0; i < va.size(); ++i) {
+    worst = std::max(worst, std::abs(va[i] - vb[i]));
+    scale = std::max(scale, std::abs(vb[i]));
+  }
+  return worst / scale;
+}
+
+// cuDNN's fused attention (bf16/f16; causal and not; multi-head and grouped-query; dense and [B, T, H, D]
+// operands) against the f32 CPU reference of the same half values, next to our flash kernels: out, lse and
+// every gradient within half-precision bounds, and no farther from the reference than twice our kernels'
+// error. Asserts that cuDNN ran each call (its counts), so a refusal fails here with cuDNN's reason instead of
+// passing on our kernels.
+TEST(CudaDevice, CudnnAttentionMatchesTheReferenceAndOurKernels) {
+  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: cuDNN attention NOT tested";
+  struct Case {
+    DType dt;
+    bool causal;
+    int64_t H, KV, T, D;
+    bool seq_major;
+  };
+  const Case cases[] = {{DType::bf16, true, 4, 4, 128, 64, false},  {DType::bf16, true, 4, 2, 96, 64, true},
+                        {DType::bf16, false, 4, 4, 128, 128, true}, {DType::f16, true, 4, 1, 64, 64, false},
+                        {DType::f16, false, 2, 2, 200, 32, true}};
+  const Device gpu = Device::cuda(0);
+  for (const Case& c : cases) {
+    const std::string what = fmt::format("{} causal={} H={} KV={} T={} D={} {}", dtype_name(c.dt), c.causal,
+                                         c.H, c.KV, c.T, c.D, c.seq_major ? "seq-major" : "dense");
+    Generator gen(31);
+    const int64_t B = 2;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+    auto half = [&](const Shape& s) { return ops::to_dtype(ops::randn(s, gen), c.dt); };
+    const Tensor q = half({B, c.H, c.T, c.D}), k = half({B, c.KV, c.T, c.D}), v = half({B, c.KV, c.T, c.D}),
+                 dout = half({B, c.H, c.T, c.D});
+    auto f32 = [](const Tensor& t) { return ops::to_dtype(ops::to_device(t, Device::cpu()), DType::f32); };
+    const auto ref = ops::attention(f32(q), f32(k), f32(v), {}, c.causal, scale);
+    const auto rg = ops::attention_backward(f32(q), f32(k), f32(v), {}, c.causal, scale, ref.out, ref.lse,
+                                            f32(dout));
+    // The GPU's out, lse, dq, dk, dv as host f32.
+    auto run = [&](bool cudnn) {
+      backend::cuda_use_cudnn_attention(cudnn);
+      auto dev = [&](const Tensor& t) {
+        const Tensor d = ops::to_device(t, gpu);  // [B, T, H, D] memory read through [B, H, T, D] views
+        return c.seq_major ? ops::transpose(ops::contiguous(ops::transpose(d, 1, 2)), 1, 2) : d;
+      };
+      const Tensor dq_in = dev(q), dk_in = dev(k), dv_in = dev(v);
+      const auto o = ops::attention(dq_in, dk_in, dv_in, {}, c.causal, scale);
+      const auto g = ops::attention_backward(dq_in, dk_in, dv_in, {}, c.causal, scale, o.out, o.lse, dev(dout));
+      return std::vector<Tensor>{f32(o.out), f32(o.lse), f32(g.dq), f32(g.dk), f32(g.dv)};
+    };
+    const auto before = backend::cuda_cudnn_attention_counts();
+    const auto dnn = run(true);
+    const auto after = backend::cuda_cudnn_attention_counts();
+    const auto ours = run(false);
+    backend::cuda_use_cudnn_attention(true);
+    EXPECT_EQ(after.forward - before.forward, 1) << what << ": " << after.last_refusal;
+    EXPECT_EQ(after.backward - before.backward, 1) << what << ": " << after.last_refusal;
+    const std::vector<Tensor> want = {ref.out, ref.lse, rg.dq, rg.dk, rg.dv};
+    const char* names[] = {"out", "lse", "dq", "dk", "dv"};
+    const double bound = c.dt == DType::bf16 ? 3e-2 : 6e-3;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double e_dnn = relative_error(dnn[i], want[i]), e_ours = relative_error(ours[i], want[i]);
+      std::printf("%s %s: cuDNN %.2e, ours %.2e\n", what.c_str(), names[i], e_dnn, e_ours);
+      EXPECT_LE(e_dnn, bound) << what << " " << names[i];
+      EXPECT_LE(e_dnn, std::max(2 * e_ours, bound / 4)) << what << " " << names[i];
+    }
+  }
+}
+
+// Calls cuDNN's attention does not take (a padding mask, attention dropout, f32) run our kernels: its counts
+// stay, and the results are the reference's.
+TEST(CudaDevice, CudnnAttentionDeclinesWhatItDoesNotCompute) {
+  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: cuDNN attention NOT tested";
+  const Device gpu = Device::cuda(0);
+  Generator gen(5);
+  const Tensor q = ops::randn({1, 2, 64, 64}, gen), k = ops::randn({1, 2, 64, 64}, gen),
+               v = ops::randn({1, 2, 64, 64}, gen);
+  std::vector<uint8_t> keep(64, 1);
+  keep[7] = 0;
+  const Tensor kk = ops::to_dtype(ops::from_vector<uint8_t>(keep, {1, 64}), DType::boolean);
+  const auto before = backend::cuda_cudnn_attention_counts();
+  auto d = [&](const Tensor& t, DType dt) { return ops::to_device(ops::to_dtype(t, dt), gpu); };
+  const auto masked = ops::attention(d(q, DType::bf16), d(k, DType::bf16), d(v, DType::bf16),
+                                     ops::to_device(kk, gpu), true, 0.125);
+  backend::AttentionDropout drop{0.1, 3, 0};
+  ops::attention(d(q, DType::bf16), d(k, DType::bf16), d(v, DType::bf16), {}, true, 0.125, 0,
+                 ops::AttentionForm::automatic, drop);
+  ops::attention(d(q, DType::f32), d(k, DType::f32), d(v, DType::f32), {}, true, 0.125);
+  const auto after = backend::cuda_cudnn_attention_counts();
+  EXPECT_EQ(after.forward, before.forward);
+  const auto ref = ops::attention(ops::to_dtype(ops::to_dtype(q, DType::bf16), DType::f32),
+                                  ops::to_dtype(ops::to_dtype(k, DType::bf16), DType::f32),
+                                  ops::to_dtype(ops::to_dtype(v, DType::bf16), DType::f32), kk, true, 0.125);
+  EXPECT_TRUE(test::all_close(ops::to_dtype(ops::to_device(masked.out, Device::cpu()), DType::f32), ref.out,
+                              3e-2, 3e-2));
+}
+
+}  // namespace
+}  // namespace tr

@@ -111,6 +111,18 @@ class NcclComm {
   std::chrono::milliseconds timeout_;
 };
 
+// cuDNN's fused attention (backend/cuda/cudnn_sdpa.h), which the CUDA backend tries first for the calls it
+// takes (bf16/f16, no padding mask or dropout, ...): on unless TRAINER_CUDNN_ATTENTION=0 was set at start.
+// What it ran so far, over every GPU of the process.
+struct CudnnAttentionCounts {
+  int64_t forward = 0, backward = 0;  // calls cuDNN ran
+  int64_t plans = 0;                  // graphs planned (one per shape and layout, each direction)
+  int64_t refused = 0;                // shapes cuDNN could not plan (each said once on stderr)
+  std::string last_refusal;           // the latest refusal's reason
+};
+void cuda_use_cudnn_attention(bool on);
+CudnnAttentionCounts cuda_cudnn_attention_counts();
+
 // cuda:0 when a GPU is usable, else the CPU (a CUDA build without a GPU says so once on stderr).
 Device default_device();
 // cuda:<index>'s name ("NVIDIA H200"); empty when there is no such GPU or no CUDA.
@@ -118,7 +130,7 @@ std::string cuda_device_name(int index);
 // One line about the CUDA runtime, driver and devices (or why there is none).
 std::string cuda_summary();
 // The GPU libraries, each as built against and as found at run time: cuBLASLt (linked), NCCL (opened at the
-// first communicator) and cuDNN (present or not; no op uses it yet). Empty without CUDA.
+// first communicator) and cuDNN (opened at the first attention it may run). Empty without CUDA.
 std::string gpu_library_versions();
 
 }  // namespace tr::backend

@@ -1,5 +1,8 @@
 // Tensor creation, copies across dtypes and devices, and conversion to/from std::vector.
 #include <cstring>
+
+#include <fmt/format.h>
+
 #include "backend/cuda_api.h"
 #include "ops/ops.h"
 
@@ -16,6 +19,15 @@ Allocator& allocator_for(Device device) {
 
 bool fuses_elementwise(Device device) { return backend::backend_for(device).fuses_elementwise(); }
 std::string autotune_summary(Device device) { return backend::backend_for(device).autotune_summary(); }
+std::string cudnn_attention_summary(Device device) {
+  if (!device.is_cuda()) return "";
+  const backend::CudnnAttentionCounts c = backend::cuda_cudnn_attention_counts();
+  if (c.forward + c.backward + c.refused == 0) return "";
+  std::string s = fmt::format("cuDNN's fused attention ran {} forward and {} backward calls ({} plans)",
+                              c.forward, c.backward, c.plans);
+  if (c.refused > 0) s += fmt::format("; {} shapes refused, the last: {}", c.refused, c.last_refusal);
+  return s;
+}
 
 Range::Range(Device device, const char* name) {
   if (!device.is_cuda()) return;  // only a GPU backend has a profiler to tell

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cudnn_attention_rule.h"
 #include "ops/ops.h"
 
 namespace tr::ops {
@@ -624,12 +625,27 @@ std::vector<Tensor> grads_like(const std::vector<const Tensor*>& xs) {
   return out;
 }
 
+// A dry run standing in for a GPU: the workspace cuDNN's attention backward would take from the caching
+// allocator there, taken and given back as the GPU's backend does around the call (the sm_90 rule).
+void cudnn_workspace_on_meta(const Tensor& q, const Tensor& k, bool masked, bool causal, double scale,
+                             int64_t window, const AttentionDropout& dropout) {
+  backend::AttentionGeometry g{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2),
+                               q.size(3), causal,    scale,     nullptr,   window};
+  g.with_dropout(dropout.p, 0, 0);
+  if (masked || backend::cudnn_attention_declines(is_half(q.dtype()), g, 9, true) != nullptr) return;
+  const int64_t bytes =
+      backend::cudnn_attention_dq_accumulator_bytes(g) + backend::cudnn_attention_row_sum_bytes(g);
+  (void)empty({bytes}, DType::u8, q.device());
+}
+
 }  // namespace
 
 AttentionForm attention_form_for(DeviceType device, DType dtype, int64_t head_dim, bool dropout) {
   if (device != DeviceType::cuda) return AttentionForm::fused;  // every dtype, dropout included
-  if (dtype == DType::bf16 || dtype == DType::f16)  // tensor cores: the flash kernel, or cuBLASLt's GEMMs
-    return head_dim % 8 == 0 && head_dim <= 128 ? AttentionForm::fused : AttentionForm::blocked;
+  if (dtype == DType::bf16 || dtype == DType::f16) {  // tensor cores: cuDNN or the flash kernel, or the GEMMs
+    if (head_dim % 8 != 0 || head_dim > 128) return AttentionForm::blocked;
+    return dropout ? AttentionForm::fused : AttentionForm::fused_cudnn;
+  }
   return dropout ? AttentionForm::blocked : AttentionForm::fused;
 }
 
@@ -694,6 +710,8 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
   }
   if (runs(g.dq))
     be(q).attention_backward(qc, kc, vc, mc, causal, window, scale, dropout, oc, lse, dc, g.dq, g.dk, g.dv);
+  else if (q.device().is_meta() && resolve(form, q, k, dropout) == AttentionForm::fused_cudnn)
+    cudnn_workspace_on_meta(q, k, key_keep.defined(), causal, scale, window, dropout);
   return g;
 }
 

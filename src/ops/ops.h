@@ -34,6 +34,8 @@ Allocator& allocator_for(Device device);
 bool fuses_elementwise(Device device);
 // What torch_compile's max-autotune did on the device's GEMMs so far ("" where it does not tune).
 std::string autotune_summary(Device device);
+// What cuDNN's fused attention ran on the GPUs so far ("" off a GPU or when it ran nothing and refused nothing).
+std::string cudnn_attention_summary(Device device);
 Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
 Tensor full(const Shape& shape, double value, DType dtype = DType::f32, Device device = Device::cpu());
 Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
@@ -189,13 +191,16 @@ struct AttentionOut {
 };
 // The two ways attention() computes the same function: the backend's fused (tiled) kernel, or the blocked
 // GEMM form below. `automatic` takes attention_form()'s pick; the others force one (benchmarks, tests).
-enum class AttentionForm { automatic, fused, blocked };
+// fused_cudnn is the fused form where a GPU's cuDNN attention may take the call (half precision without
+// dropout): it runs as fused, and a meta dry run standing in for a GPU also counts the workspace cuDNN's
+// backward takes where backend/cudnn_attention_rule.h says cuDNN takes the call.
+enum class AttentionForm { automatic, fused, blocked, fused_cudnn };
 // attention()'s pick for these operands, from their device, dtype, head dim and whether the probabilities
 // are dropped alone, so a run, its dry run and its rerun pick alike. The fused kernel everywhere it runs the
 // case at speed: on the CPU always (its sgemm or native bf16 tiles beat the blocked form at every length
-// measured, bench/bench_attention, dropout included); on a GPU in bf16/f16 the tensor-core flash
-// kernel for head dims that are multiples of 8 up to 128 (the blocked form's GEMMs above), f32/f64 the tiled
-// kernel without dropout (with it, the blocked form's GEMMs).
+// measured, bench/bench_attention, dropout included); on a GPU in bf16/f16 cuDNN's fused attention or the
+// tensor-core flash kernel for head dims that are multiples of 8 up to 128 (the blocked form's GEMMs above),
+// f32/f64 the tiled kernel without dropout (with it, the blocked form's GEMMs).
 AttentionForm attention_form(const Tensor& q, const Tensor& k, bool dropout = false);
 // The same rule by device type: what a dry run on the meta device asks for the device it stands in for
 // (trainer estimate --device cuda), so its peak counts the form the real run takes.

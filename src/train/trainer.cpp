@@ -262,6 +262,8 @@ TrainResult Run::train() {
   r_.device_graph_captures = step_fn->device_graph_captures();
   if (const std::string tuned = ops::autotune_summary(dev_); !tuned.empty())
     std::fprintf(stderr, "torch_compile: %s\n", tuned.c_str());
+  if (const std::string dnn = ops::cudnn_attention_summary(dev_); main_ && !dnn.empty())
+    std::fprintf(stderr, "attention: %s\n", dnn.c_str());
   r_.peak_bytes = ops::allocator_for(dev_).stats().peak_bytes;
   if (!model_->placement().single())
     for (const Device d : model_->placement().devices())

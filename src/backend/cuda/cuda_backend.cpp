@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/cudnn_sdpa.h"
 #include "backend/cuda/gemm_lt.h"
 #include "backend/cuda/streams.h"
 #include "backend/cuda/kernels.h"
@@ -127,6 +128,7 @@ class CudaBackend final : public backend::Backend {
     shift_dev_.assign(static_cast<size_t>(n), nullptr);
     blas_.assign(static_cast<size_t>(n), nullptr);
     lt_.resize(static_cast<size_t>(n));
+    sdpa_.resize(static_cast<size_t>(n));
   }
   ~CudaBackend() override {
     if (bad_host_) cudaFreeHost(bad_host_);
@@ -307,9 +309,15 @@ class CudaBackend final : public backend::Backend {
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, bool causal,
                  int64_t window, double scale, const backend::AttentionDropout& drop, const Tensor& out,
                  const Tensor& lse) override {
-    cuda::attention(
-        stream(), q.dtype(), backend::attention_geometry(q, k, v, key_keep, causal, window, scale, drop, out),
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), captured_shift(drop.p));
+    const auto g = backend::attention_geometry(q, k, v, key_keep, causal, window, scale, drop, out);
+    {
+      AllocatorScratch scratch(allocator(q.device().index), capturing_);
+      if (sdpa().forward(stream(), q.dtype(), g, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                         lse.data<float>(), scratch))
+        return;
+    }
+    cuda::attention(stream(), q.dtype(), g, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                    lse.data_ptr(), captured_shift(drop.p));
   }
   void grad_stats(const std::vector<Tensor>& grads, double inv_scale, const Tensor& stats) override {
     TR_CHECK(stats.dtype() == DType::f64 && stats.numel() == 2 && stats.is_contiguous() &&
@@ -449,11 +457,14 @@ class CudaBackend final : public backend::Backend {
                           const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
                           const Tensor& dk, const Tensor& dv) override {
     AllocatorScratch scratch(allocator(q.device().index), capturing_);
-    cuda::attention_backward(
-        stream(), q.dtype(),
-        backend::attention_geometry(q, k, v, key_keep, causal, window, scale, drop, out, dout, dq, dk, dv),
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), dout.data_ptr(),
-        dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), captured_shift(drop.p), scratch);
+    const auto g =
+        backend::attention_geometry(q, k, v, key_keep, causal, window, scale, drop, out, dout, dq, dk, dv);
+    if (sdpa().backward(stream(), q.dtype(), g, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                        lse.data<float>(), dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), scratch))
+      return;
+    cuda::attention_backward(stream(), q.dtype(), g, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                             lse.data_ptr(), dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+                             captured_shift(drop.p), scratch);
   }
   void attention_block_softmax(const Tensor& scores, const AttentionBlock& a, const Tensor& probs,
                                const Tensor& lse) override {
@@ -538,6 +549,38 @@ class CudaBackend final : public backend::Backend {
     if (!lt_[d]) lt_[d] = std::make_unique<LtGemm>();
     return *lt_[d];
   }
+  // The current device's cuDNN attention (its handle and plans belong to that GPU).
+  cuda::CudnnSdpa& sdpa() {
+    const size_t d = current();
+    std::lock_guard<std::mutex> g(mu_);
+    if (!sdpa_[d]) {
+      sdpa_[d] = std::make_unique<cuda::CudnnSdpa>(static_cast<int>(d));
+      if (!sdpa_enabled_) sdpa_[d]->set_enabled(false);
+    }
+    return *sdpa_[d];
+  }
+
+ public:
+  void use_cudnn_attention(bool on) {
+    std::lock_guard<std::mutex> g(mu_);
+    sdpa_enabled_ = on;
+    for (auto& s : sdpa_)
+      if (s) s->set_enabled(on);
+  }
+  cuda::CudnnSdpa::Counts cudnn_attention_counts() {
+    cuda::CudnnSdpa::Counts total;
+    std::lock_guard<std::mutex> g(mu_);
+    for (const auto& s : sdpa_) {
+      if (!s) continue;
+      const auto c = s->counts();
+      total.forward += c.forward, total.backward += c.backward, total.plans += c.plans;
+      total.refused += c.refused;
+      if (!c.last_refusal.empty()) total.last_refusal = c.last_refusal;
+    }
+    return total;
+  }
+
+ private:
   // The current device's word set_philox_shift() writes; allocated at the first capture that draws.
   uint64_t* shift_slot() {
     const size_t d = current();
@@ -560,6 +603,8 @@ class CudaBackend final : public backend::Backend {
   mutable std::mutex mu_;
   std::vector<cublasHandle_t> blas_;
   std::vector<std::unique_ptr<LtGemm>> lt_;
+  std::vector<std::unique_ptr<cuda::CudnnSdpa>> sdpa_;
+  bool sdpa_enabled_ = true;
   // Mapped host memory kernels flag a bad index in ({value, kind, limit}); see report_device_errors().
   int64_t* bad_host_ = nullptr;
   int64_t* bad_dev_ = nullptr;
@@ -700,5 +745,7 @@ CudaBackend& instance() {
 
 cudaStream_t compute_stream(int device) { return instance().stream_of(device); }
 backend::Backend& backend_instance() { return instance(); }
+void use_cudnn_attention(bool on) { instance().use_cudnn_attention(on); }
+CudnnSdpa::Counts cudnn_attention_counts() { return instance().cudnn_attention_counts(); }
 void report_device_errors() { instance().report_device_errors(); }
 }  // namespace tr::cuda

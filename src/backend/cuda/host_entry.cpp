@@ -107,6 +107,14 @@ size_t runtime_version(const char* lib, const char* symbol, Get get) {
 
 }  // namespace
 
+void cuda_use_cudnn_attention(bool on) {
+  if (cuda_available()) cuda::use_cudnn_attention(on);
+}
+
+CudnnAttentionCounts cuda_cudnn_attention_counts() {
+  return cuda_available() ? cuda::cudnn_attention_counts() : CudnnAttentionCounts{};
+}
+
 std::string gpu_library_versions() {
   const size_t nccl = runtime_version<int (*)(int*)>("libnccl.so.2", "ncclGetVersion", [](auto fn) {
     int v = 0;
@@ -116,8 +124,8 @@ std::string gpu_library_versions() {
       runtime_version<size_t (*)()>("libcudnn.so.9", "cudnnGetVersion", [](auto fn) { return fn(); });
   return fmt::format(
       "cuBLASLt {} (built against {}); NCCL {} (built against {}; opened at the first communicator); cuDNN "
-      "{} "
-      "(built against {}; no op uses it yet: attention runs our flash and tiled kernels)",
+      "{} (built against {}; its fused attention runs bf16/f16 attention without padding masks or dropout, "
+      "our flash and tiled kernels the rest)",
       dotted(cublasLtGetVersion()), dotted(CUBLAS_VERSION), nccl ? dotted(nccl) : "not found (libnccl.so.2)",
       dotted(NCCL_VERSION_CODE), cudnn ? dotted(cudnn) : "not found (libcudnn.so.9)", dotted(CUDNN_VERSION));
 }

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/backend.h"
+#include "backend/cuda_api.h"
 
 namespace tr::cuda {
 
@@ -12,5 +13,8 @@ cudaStream_t compute_stream(int device);
 backend::Backend& backend_instance();
 // Throws for what kernels flagged since the last report (call after a synchronization).
 void report_device_errors();
+// cuDNN's attention on every GPU (cuda_api.h's cuda_use_cudnn_attention / cuda_cudnn_attention_counts).
+void use_cudnn_attention(bool on);
+backend::CudnnAttentionCounts cudnn_attention_counts();
 
 }  // namespace tr::cuda

@@ -9,6 +9,8 @@ Device default_device() { return Device::cpu(); }
 int cuda_device_count() { return 0; }
 std::string cuda_device_name(int) { return ""; }
 std::string gpu_library_versions() { return ""; }
+void cuda_use_cudnn_attention(bool) {}
+CudnnAttentionCounts cuda_cudnn_attention_counts() { return {}; }
 std::string cuda_summary() {
   return "CUDA: not compiled in (configure with -DTRAINER_CUDA=ON and nvcc present)";
 }

@@ -1,0 +1,40 @@
+// Which attention calls cuDNN's fused attention takes on a GPU (backend/cuda/cudnn_sdpa.h), and the workspace
+// its backward takes from the caching allocator: one rule for the CUDA backend and for the meta device's dry
+// run of a GPU step (trainer estimate --device cuda), which counts that workspace where the GPU would take
+// it.
+#pragma once
+#include <cstdint>
+
+#include "backend/attention_geometry.h"
+
+namespace tr::backend {
+
+// Why cuDNN's attention does not take a call of this geometry (nullptr when it does, layout permitting):
+// only where its result is ours - bf16/f16 (`half`), compute capability 8.0 or later, head dims multiples
+// of 8 up to 128 (256 on sm_90), no key padding mask, no sliding window, no attention dropout (cuDNN draws
+// its own Philox mask, not the one every other form draws), causal only with as many keys as queries (its
+// mask is aligned top-left, ours bottom-right), and no empty call.
+inline const char* cudnn_attention_declines(bool half, const AttentionGeometry& g, int major, bool backward) {
+  if (!half) return "not a half dtype";
+  if (major < 8) return "compute capability below 8.0";
+  if (g.D % 8 != 0 || g.D > (major == 9 ? 256 : 128)) return "its head dim";
+  if (g.keep != nullptr) return "a key padding mask";
+  if (g.window > 0) return "a sliding window";
+  if (g.dropout > 0) return "attention dropout (cuDNN's mask is not our Philox stream's)";
+  if (g.causal && g.T != g.S) return "causal attention over a key cache";
+  if (g.B * g.H * g.T == 0 || g.S == 0) return "an empty call";
+  if (backward && g.T == 1 && g.S == 1) return "a single query and key";
+  return nullptr;
+}
+
+// The backward's workspace ahead of the engine's own (which only a plan on the GPU knows; the dry run counts
+// these two): the f32 dQ accumulator [B, H, T, D], then rowsum(dO * O) f32 [B, H, T], each rounded up to 256
+// bytes.
+inline int64_t cudnn_attention_dq_accumulator_bytes(const AttentionGeometry& g) {
+  return (g.B * g.H * g.T * g.D * 4 + 255) / 256 * 256;
+}
+inline int64_t cudnn_attention_row_sum_bytes(const AttentionGeometry& g) {
+  return (g.B * g.H * g.T * 4 + 255) / 256 * 256;
+}
+
+}  // namespace tr::backend
