@@ -456,7 +456,7 @@ double relative_error(const Tensor& a, const Tensor& b) {
 // every gradient within half-precision bounds, and no farther from the reference than twice our kernels'
 // error. Asserts that cuDNN ran each call (its counts), so a refusal fails here with cuDNN's reason instead of
 // passing on our kernels.
-TEST(CudaDevice, CudnnAttentionMatchesTheReferenceAndOurKernels) {
+TEST(CudnnDevice, AttentionMatchesTheReferenceAndOurKernels) {
   if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: cuDNN attention NOT tested";
   struct Case {
     DType dt;
@@ -514,7 +514,7 @@ TEST(CudaDevice, CudnnAttentionMatchesTheReferenceAndOurKernels) {
 
 // Calls cuDNN's attention does not take (a padding mask, attention dropout, f32) run our kernels: its counts
 // stay, and the results are the reference's.
-TEST(CudaDevice, CudnnAttentionDeclinesWhatItDoesNotCompute) {
+TEST(CudnnDevice, AttentionDeclinesWhatItDoesNotCompute) {
   if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: cuDNN attention NOT tested";
   const Device gpu = Device::cuda(0);
   Generator gen(5);

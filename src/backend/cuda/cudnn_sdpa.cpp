@@ -336,7 +336,7 @@ void CudnnSdpa::run(const Entry& e, const std::vector<void*>& operands, void* wo
 }
 
 bool CudnnSdpa::forward(cudaStream_t stream, DType dt, const AttentionGeometry& g, const void* q,
-                        const void* k, const void* v, void* out, float* lse, Scratch& scratch) {
+                        const void* k, const void* v, void* out, void* lse, Scratch& scratch) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!unsupported(dt, g, major_, false, {q, k, v, out, lse}).empty() || !ready(stream)) return false;
   Entry* e = plan(key_of(false, dt, g), g, dt, false);
@@ -350,7 +350,7 @@ bool CudnnSdpa::forward(cudaStream_t stream, DType dt, const AttentionGeometry& 
 }
 
 bool CudnnSdpa::backward(cudaStream_t stream, DType dt, const AttentionGeometry& g, const void* q,
-                         const void* k, const void* v, const void* out, const float* lse, const void* dout,
+                         const void* k, const void* v, const void* out, const void* lse, const void* dout,
                          void* dq, void* dk, void* dv, Scratch& scratch) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!unsupported(dt, g, major_, true, {q, k, v, out, lse, dout, dq, dk, dv}).empty() || !ready(stream))
@@ -366,7 +366,7 @@ bool CudnnSdpa::backward(cudaStream_t stream, DType dt, const AttentionGeometry&
   auto* ws = static_cast<char*>(scratch.take(acc + sums + static_cast<size_t>(e->plan.workspace)));
   run(*e,
       {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), const_cast<void*>(out),
-       const_cast<void*>(dout), const_cast<float*>(lse), dq, dk, dv, &one, &scale, &minus_inf, ws + acc, ws},
+       const_cast<void*>(dout), const_cast<void*>(lse), dq, dk, dv, &one, &scale, &minus_inf, ws + acc, ws},
       e->plan.workspace > 0 ? ws + acc + sums : nullptr);
   ++counts_.backward;
   return true;

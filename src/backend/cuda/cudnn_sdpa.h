@@ -45,13 +45,14 @@ class CudnnSdpa {
   static std::string unsupported(DType dt, const backend::AttentionGeometry& g, int major, bool backward,
                                  std::initializer_list<const void*> ptrs);
 
-  // Queues out [B, H, T, D] and lse f32 [B, H, T] (contiguous) on `stream` and returns true; or returns false
-  // having queued nothing, when cuDNN does not take the call (the caller runs its own kernels).
+  // Queues out [B, H, T, D] and lse [B, H, T] (contiguous, f32 for the half types) on `stream` and returns
+  // true; or returns false having queued nothing, when cuDNN does not take the call (the caller runs its own
+  // kernels).
   bool forward(cudaStream_t stream, DType dt, const backend::AttentionGeometry& g, const void* q,
-               const void* k, const void* v, void* out, float* lse, Scratch& scratch);
+               const void* k, const void* v, void* out, void* lse, Scratch& scratch);
   // dq, dk, dv (overwritten) from the saved out and lse; same contract.
   bool backward(cudaStream_t stream, DType dt, const backend::AttentionGeometry& g, const void* q,
-                const void* k, const void* v, const void* out, const float* lse, const void* dout, void* dq,
+                const void* k, const void* v, const void* out, const void* lse, const void* dout, void* dq,
                 void* dk, void* dv, Scratch& scratch);
 
   // The graph of a call built without planning it, which needs no GPU: every tensor and operation
