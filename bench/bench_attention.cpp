@@ -69,9 +69,11 @@ int main(int argc, char** argv) {
     backend::cuda_use_cudnn_attention(false);  // our kernels (a no-op without CUDA)
     const double fused = timed(fused_call);
     backend::cuda_use_cudnn_attention(true);
-    const int64_t before = backend::cuda_cudnn_attention_counts().forward;
+    const auto before = backend::cuda_cudnn_attention_counts();
     const double cudnn = gpu ? timed(fused_call) : 0.0;
-    const bool cudnn_ran = backend::cuda_cudnn_attention_counts().forward > before;
+    const auto after =
+        backend::cuda_cudnn_attention_counts();  // both directions on cuDNN, or it is not its row
+    const bool cudnn_ran = after.forward > before.forward && after.backward > before.backward;
     const double blocked = timed([&] {
       const Tensor none;
       ops::AttentionOut o = ops::attention_blocked(q, k, v, none, true, scale, 0, drop);

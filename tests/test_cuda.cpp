@@ -2,6 +2,8 @@
 // tensors, copies and the dropout/RNG bits matching the CPU exactly.
 #include <fmt/format.h>
 
+#include "backend/cuda_api.h"
+
 #include "test_util.h"
 
 namespace tr {
@@ -435,8 +437,6 @@ TEST(CudaDevice, RowKernelsMatchTheCpuAtModelWidths) {
 }  // namespace
 }  // namespace tr
 
-#include "backend/cuda_api.h"
-
 namespace tr {
 namespace {
 
@@ -454,8 +454,8 @@ double relative_error(const Tensor& a, const Tensor& b) {
 // cuDNN's fused attention (bf16/f16; causal and not; multi-head and grouped-query; dense and [B, T, H, D]
 // operands) against the f32 CPU reference of the same half values, next to our flash kernels: out, lse and
 // every gradient within half-precision bounds, and no farther from the reference than twice our kernels'
-// error. Asserts that cuDNN ran each call (its counts), so a refusal fails here with cuDNN's reason instead of
-// passing on our kernels.
+// error. Asserts that cuDNN ran each call (its counts), so a refusal fails here with cuDNN's reason instead
+// of passing on our kernels.
 TEST(CudnnDevice, AttentionMatchesTheReferenceAndOurKernels) {
   if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: cuDNN attention NOT tested";
   struct Case {
@@ -464,8 +464,10 @@ TEST(CudnnDevice, AttentionMatchesTheReferenceAndOurKernels) {
     int64_t H, KV, T, D;
     bool seq_major;
   };
-  const Case cases[] = {{DType::bf16, true, 4, 4, 128, 64, false},  {DType::bf16, true, 4, 2, 96, 64, true},
-                        {DType::bf16, false, 4, 4, 128, 128, true}, {DType::f16, true, 4, 1, 64, 64, false},
+  const Case cases[] = {{DType::bf16, true, 4, 4, 128, 64, false},
+                        {DType::bf16, true, 4, 2, 96, 64, true},
+                        {DType::bf16, false, 4, 4, 128, 128, true},
+                        {DType::f16, true, 4, 1, 64, 64, false},
                         {DType::f16, false, 2, 2, 200, 32, true}};
   const Device gpu = Device::cuda(0);
   for (const Case& c : cases) {
@@ -479,8 +481,8 @@ TEST(CudnnDevice, AttentionMatchesTheReferenceAndOurKernels) {
                  dout = half({B, c.H, c.T, c.D});
     auto f32 = [](const Tensor& t) { return ops::to_dtype(ops::to_device(t, Device::cpu()), DType::f32); };
     const auto ref = ops::attention(f32(q), f32(k), f32(v), {}, c.causal, scale);
-    const auto rg = ops::attention_backward(f32(q), f32(k), f32(v), {}, c.causal, scale, ref.out, ref.lse,
-                                            f32(dout));
+    const auto rg =
+        ops::attention_backward(f32(q), f32(k), f32(v), {}, c.causal, scale, ref.out, ref.lse, f32(dout));
     // The GPU's out, lse, dq, dk, dv as host f32.
     auto run = [&](bool cudnn) {
       backend::cuda_use_cudnn_attention(cudnn);
@@ -490,7 +492,8 @@ TEST(CudnnDevice, AttentionMatchesTheReferenceAndOurKernels) {
       };
       const Tensor dq_in = dev(q), dk_in = dev(k), dv_in = dev(v);
       const auto o = ops::attention(dq_in, dk_in, dv_in, {}, c.causal, scale);
-      const auto g = ops::attention_backward(dq_in, dk_in, dv_in, {}, c.causal, scale, o.out, o.lse, dev(dout));
+      const auto g =
+          ops::attention_backward(dq_in, dk_in, dv_in, {}, c.causal, scale, o.out, o.lse, dev(dout));
       return std::vector<Tensor>{f32(o.out), f32(o.lse), f32(g.dq), f32(g.dk), f32(g.dv)};
     };
     const auto before = backend::cuda_cudnn_attention_counts();
@@ -508,6 +511,46 @@ TEST(CudnnDevice, AttentionMatchesTheReferenceAndOurKernels) {
       std::printf("%s %s: cuDNN %.2e, ours %.2e\n", what.c_str(), names[i], e_dnn, e_ours);
       EXPECT_LE(e_dnn, bound) << what << " " << names[i];
       EXPECT_LE(e_dnn, std::max(2 * e_ours, bound / 4)) << what << " " << names[i];
+    }
+  }
+}
+
+// cuDNN's attention inside a captured CUDA graph (torch_compile's replay on a GPU): a shape planned by an
+// eager call is captured as cuDNN's kernels and replays the eager call's bits; a shape first met during the
+// capture is not planned there (planning compiles and loads kernels) and runs our kernels in the graph.
+TEST(CudnnDevice, AttentionReplaysInACapturedGraph) {
+  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: cuDNN attention NOT tested";
+  const Device gpu = Device::cuda(0);
+  backend::Backend& be = backend::backend_for(gpu);
+  Generator gen(11);
+  for (const int64_t T : {128, 192}) {  // 128: planned eagerly first; 192: first met while capturing
+    SCOPED_TRACE(T);
+    auto make = [&] {
+      return ops::to_device(ops::to_dtype(ops::randn({2, 4, T, 64}, gen), DType::bf16), gpu);
+    };
+    const Tensor q = make(), k = make(), v = make();
+    const Tensor out = ops::empty({2, 4, T, 64}, DType::bf16, gpu),
+                 lse = ops::empty({2, 4, T}, DType::f32, gpu);
+    Tensor want_out, want_lse;
+    if (T == 128) {
+      be.attention(q, k, v, {}, true, 0, 0.125, {}, out, lse);
+      want_out = ops::to_device(out, Device::cpu()), want_lse = ops::to_device(lse, Device::cpu());
+      ops::fill_(out, 0.0);
+    }
+    const auto before = backend::cuda_cudnn_attention_counts();
+    auto graph = be.capture_graph(0, [&] { be.attention(q, k, v, {}, true, 0, 0.125, {}, out, lse); });
+    const auto after = backend::cuda_cudnn_attention_counts();
+    ASSERT_TRUE(graph);
+    graph->launch();
+    be.synchronize();
+    EXPECT_EQ(after.forward - before.forward, T == 128 ? 1 : 0) << after.last_refusal;
+    if (T == 128) {
+      EXPECT_EQ(test::values(ops::to_device(out, Device::cpu())), test::values(want_out));
+      EXPECT_EQ(test::values(ops::to_device(lse, Device::cpu())), test::values(want_lse));
+    } else {
+      auto f32 = [](const Tensor& t) { return ops::to_dtype(ops::to_device(t, Device::cpu()), DType::f32); };
+      const auto ref = ops::attention(f32(q), f32(k), f32(v), {}, true, 0.125);
+      EXPECT_TRUE(test::all_close(f32(out), ref.out, 3e-2, 3e-2));
     }
   }
 }

@@ -193,7 +193,9 @@ struct AttentionOut {
 // GEMM form below. `automatic` takes attention_form()'s pick; the others force one (benchmarks, tests).
 // fused_cudnn is the fused form where a GPU's cuDNN attention may take the call (half precision without
 // dropout): it runs as fused, and a meta dry run standing in for a GPU also counts the workspace cuDNN's
-// backward takes where backend/cudnn_attention_rule.h says cuDNN takes the call.
+// backward takes where backend/cudnn_attention_rule.h says cuDNN takes the call. On a GPU the backend
+// itself picks cuDNN or its own kernels for either fused form (backend::cuda_use_cudnn_attention turns
+// cuDNN off).
 enum class AttentionForm { automatic, fused, blocked, fused_cudnn };
 // attention()'s pick for these operands, from their device, dtype, head dim and whether the probabilities
 // are dropped alone, so a run, its dry run and its rerun pick alike. The fused kernel everywhere it runs the

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <type_traits>
 
 namespace tr::cuda::dnn {
@@ -64,16 +65,19 @@ void Api::check(cudnnStatus_t s, const std::string& what) const {
 }
 
 const Api* api(std::string* why) {
-  static const Loaded l = load();  // immutable once loaded, as NCCL's table
-  if (!l.why.empty()) {
-    if (why) *why = l.why;
+  // Immutable once loaded, as NCCL's table; never destroyed, so the backend's descriptors and handles can
+  // still be released through it while statics are torn down at exit.
+  static const Loaded* const l = new Loaded(load());
+  if (!l->why.empty()) {
+    if (why) *why = l->why;
     return nullptr;
   }
-  return &l.api;
+  return &l->api;
 }
 
 Desc::Desc(const Api& api, cudnnBackendDescriptorType_t type, const char* what) : api_(api), what_(what) {
-  api_.check(api_.create_descriptor(type, &d_), fmt::format("creating the {} descriptor", what_));
+  if (const cudnnStatus_t s = api_.create_descriptor(type, &d_); s != CUDNN_STATUS_SUCCESS)
+    api_.check(s, fmt::format("creating the {} descriptor", what_));
 }
 
 Desc::~Desc() {
@@ -82,12 +86,16 @@ Desc::~Desc() {
 
 Desc& Desc::set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count,
                 const void* values) {
-  api_.check(api_.set_attribute(d_, name, type, count, values),
-             fmt::format("setting attribute {} of the {} descriptor", static_cast<int>(name), what_));
+  // (The message is made only on failure: variant packs are set up on every call.)
+  if (const cudnnStatus_t s = api_.set_attribute(d_, name, type, count, values); s != CUDNN_STATUS_SUCCESS)
+    api_.check(s, fmt::format("setting attribute {} of the {} descriptor", static_cast<int>(name), what_));
   return *this;
 }
 
-void Desc::finalize() { api_.check(api_.finalize(d_), fmt::format("finalizing the {} descriptor", what_)); }
+void Desc::finalize() {
+  if (const cudnnStatus_t s = api_.finalize(d_); s != CUDNN_STATUS_SUCCESS)
+    api_.check(s, fmt::format("finalizing the {} descriptor", what_));
+}
 
 int64_t GraphBuilder::tensor(const TensorSpec& s) {
   const auto uid = static_cast<int64_t>(tensors_.size()) + 1;
@@ -273,6 +281,13 @@ GraphBuilder::Plan GraphBuilder::build(cudnnHandle_t handle, const Desc* device)
         p.plan = std::move(plan);
         p.workspace = ws;
         p.engine = engine_of(api_, *cfg);
+        // The plan's parts live as long as it (cudnn_frontend keeps them too): the engine config and every
+        // tensor and operation descriptor of the graph.
+        p.parts.push_back(std::move(cfg));
+        for (auto& [uid, t] : tensors_) p.parts.push_back(std::move(t));
+        for (auto* v : {&ops_, &op_params_})
+          for (auto& d : *v) p.parts.push_back(std::move(d));
+        tensors_.clear(), ops_.clear(), op_params_.clear();
         return p;
       } catch (const DnnError& e) {
         if (++refused <= 2)

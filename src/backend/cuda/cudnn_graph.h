@@ -107,8 +107,10 @@ class GraphBuilder {
   // With `device` (a CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR) and no handle, the plan is made for the GPU the
   // properties describe without one present (cuDNN 9.8's deviceless planning): how the tests check on a
   // machine without a GPU that cuDNN's engines take the graphs.
+  // A plan takes the builder's descriptors with it (the builder is spent).
   struct Plan {
     std::unique_ptr<Desc> graph, plan;
+    std::vector<std::unique_ptr<Desc>> parts;  // the engine config, tensors and operations it was made from
     int64_t workspace = 0;
     int64_t engine = -1;  // the engine's global index
   };

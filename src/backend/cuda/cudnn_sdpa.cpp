@@ -20,15 +20,16 @@ namespace tr::cuda {
 using backend::AttentionGeometry;
 using backend::HeadRows;
 
-// A plan's identity: everything the graph bakes in (shapes, layouts, the scale, the direction).
+// A plan's identity: everything the graph bakes in (shapes, layouts, the direction; the scale is passed by
+// value at each call). One plan per shape a run meets - its training and evaluation lengths - kept for the
+// run.
 struct CudnnSdpa::Key {
   bool backward;
   DType dt;
   int64_t B, H, KV, T, S, D;
   bool causal;
-  uint64_t scale_bits;
   std::vector<int64_t> strides;  // every operand's (batch, head, row)
-  auto tie() const { return std::tie(backward, dt, B, H, KV, T, S, D, causal, scale_bits, strides); }
+  auto tie() const { return std::tie(backward, dt, B, H, KV, T, S, D, causal, strides); }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
@@ -253,12 +254,14 @@ CudnnSdpa::Offline CudnnSdpa::plan_offline(DType dt, const AttentionGeometry& g,
   const auto device = dnn::device_properties(api, device_json);
   dnn::GraphBuilder b(api);
   build_graph(b, dt, g, backward);
+  const int64_t ops = b.operations();
   const auto plan = b.build(nullptr, device.get());
-  return {b.operations(), plan.workspace, plan.engine};
+  return {ops, plan.workspace, plan.engine};
 }
 
-bool CudnnSdpa::ready(cudaStream_t stream) {
+bool CudnnSdpa::ready(cudaStream_t stream, bool capturing) {
   if (!enabled_ || load_failed_) return false;
+  if (!handle_ && capturing) return false;  // (cudnnCreate is not a call to make inside a stream capture)
   std::string why;
   const dnn::Api* api = dnn::api(&why);
   if (api == nullptr) {
@@ -282,8 +285,12 @@ bool CudnnSdpa::ready(cudaStream_t stream) {
   return true;
 }
 
-CudnnSdpa::Entry* CudnnSdpa::plan(const Key& key, const AttentionGeometry& g, DType dt, bool backward) {
+CudnnSdpa::Entry* CudnnSdpa::plan(const Key& key, const AttentionGeometry& g, DType dt, bool backward,
+                                  bool capturing) {
   auto it = plans_.find(key);
+  // Planning compiles and loads kernels: never inside a stream capture. A shape first met there runs our
+  // kernels in the graph (an eager step before the capture plans the shapes a step has).
+  if (it == plans_.end() && capturing) return nullptr;
   if (it == plans_.end()) {
     auto e = std::make_unique<Entry>();
     const dnn::Api& api = *dnn::api(nullptr);
@@ -296,55 +303,94 @@ CudnnSdpa::Entry* CudnnSdpa::plan(const Key& key, const AttentionGeometry& g, DT
       e->ok = true;
       ++counts_.plans;
     } catch (const dnn::DnnError& err) {
-      e->refusal = err.what();
-      ++counts_.refused;
-      counts_.last_refusal = e->refusal;
-      std::fprintf(
-          stderr,
-          "cuda: cuDNN's fused attention refused the %s of B=%lld H=%lld KV=%lld T=%lld S=%lld D=%lld "
-          "(%s); that shape runs our kernels\n",
-          backward ? "backward" : "forward", static_cast<long long>(g.B), static_cast<long long>(g.H),
-          static_cast<long long>(g.KV), static_cast<long long>(g.T), static_cast<long long>(g.S),
-          static_cast<long long>(g.D), e->refusal.c_str());
+      refuse(*e, err.what(), g, backward);
     }
     it = plans_.emplace(key, std::move(e)).first;
   }
   return it->second->ok ? it->second.get() : nullptr;
 }
 
+// A shape cuDNN does not run: said once (its plan entry remembers), counted, and left to our kernels.
+void CudnnSdpa::refuse(Entry& e, const std::string& why, const AttentionGeometry& g, bool backward) {
+  e.ok = false;
+  e.refusal = why;
+  ++counts_.refused;
+  counts_.last_refusal = why;
+  std::fprintf(stderr,
+               "cuda: cuDNN's fused attention refused the %s of B=%lld H=%lld KV=%lld T=%lld S=%lld D=%lld "
+               "(%s); that shape runs our kernels\n",
+               backward ? "backward" : "forward", static_cast<long long>(g.B), static_cast<long long>(g.H),
+               static_cast<long long>(g.KV), static_cast<long long>(g.T), static_cast<long long>(g.S),
+               static_cast<long long>(g.D), why.c_str());
+}
+
+// Why the loaded cuDNN is too old for this direction (nullptr when it is not), said once: cudnn_frontend
+// rejects 9.10.0/9.10.1 and masks with lowest() below 9.10, and below 9.16 its backward adds a padding mask
+// when S % 128 != 0 (below 9.6 the accumulator also needs zeroing). Those runtimes keep our kernels.
+const char* CudnnSdpa::too_old(bool backward) {
+  const size_t v = dnn::api(nullptr)->get_version();
+  const char* why = backward && v < 91600 ? "the backward needs cuDNN 9.16 or later"
+                    : v < 91002           ? "the forward needs cuDNN 9.10.2 or later"
+                                          : nullptr;
+  if (why && !said_too_old_[backward]) {
+    said_too_old_[backward] = true;
+    ++counts_.refused;
+    counts_.last_refusal = fmt::format("{} (found {})", why, v);
+    std::fprintf(stderr, "cuda: %s; attention runs our kernels\n", counts_.last_refusal.c_str());
+  }
+  return why;
+}
+
 namespace {
 
 CudnnSdpa::Key key_of(bool backward, DType dt, const AttentionGeometry& g) {
-  uint64_t bits = 0;
-  const float scale = static_cast<float>(g.scale);
-  std::memcpy(&bits, &scale, sizeof scale);
   std::vector<int64_t> strides;
   const auto& r = g.rows;
   for (const HeadRows& h : {r.q, r.k, r.v, r.out, r.dout, r.dq, r.dk, r.dv})
     strides.insert(strides.end(), {h.batch, h.head, h.row});
-  return {backward, dt, g.B, g.H, g.KV, g.T, g.S, g.D, g.causal, bits, std::move(strides)};
+  return {backward, dt, g.B, g.H, g.KV, g.T, g.S, g.D, g.causal, std::move(strides)};
+}
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  TR_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
 }
 
 }  // namespace
 
-void CudnnSdpa::run(const Entry& e, const std::vector<void*>& operands, void* workspace) {
+// Runs e's plan, or, when cuDNN fails to (its variant pack or launch refused: nothing was queued), marks the
+// shape refused and returns false so that our kernels run it, now and at its later calls.
+bool CudnnSdpa::run(Entry& e, const std::vector<void*>& operands, void* workspace, const AttentionGeometry& g,
+                    bool backward) {
   std::vector<int64_t> uids;
   std::vector<void*> ptrs;
   for (size_t i = 0; i < e.uids.size(); ++i)
     if (e.uids[i] > 0) uids.push_back(e.uids[i]), ptrs.push_back(operands[i]);  // (0: not in this graph)
-  dnn::execute(*dnn::api(nullptr), static_cast<cudnnHandle_t>(handle_), *e.plan.plan, uids, ptrs, workspace);
+  try {
+    dnn::execute(*dnn::api(nullptr), static_cast<cudnnHandle_t>(handle_), *e.plan.plan, uids, ptrs,
+                 workspace);
+  } catch (const dnn::DnnError& err) {
+    refuse(e, err.what(), g, backward);
+    return false;
+  }
+  return true;
 }
 
 bool CudnnSdpa::forward(cudaStream_t stream, DType dt, const AttentionGeometry& g, const void* q,
                         const void* k, const void* v, void* out, void* lse, Scratch& scratch) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!unsupported(dt, g, major_, false, {q, k, v, out, lse}).empty() || !ready(stream)) return false;
-  Entry* e = plan(key_of(false, dt, g), g, dt, false);
+  if (!unsupported(dt, g, major_, false, {q, k, v, out, lse}).empty()) return false;
+  const bool graph = capturing(stream);
+  if (!ready(stream, graph) || too_old(false)) return false;
+  Entry* e = plan(key_of(false, dt, g), g, dt, false, graph);
   if (e == nullptr) return false;
   float scale = static_cast<float>(g.scale), minus_inf = -INFINITY;
   void* ws = e->plan.workspace > 0 ? scratch.take(static_cast<size_t>(e->plan.workspace)) : nullptr;
-  run(*e, {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), out, lse, &scale, &minus_inf},
-      ws);
+  if (!run(*e,
+           {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), out, lse, &scale, &minus_inf},
+           ws, g, false))
+    return false;
   ++counts_.forward;
   return true;
 }
@@ -353,21 +399,21 @@ bool CudnnSdpa::backward(cudaStream_t stream, DType dt, const AttentionGeometry&
                          const void* k, const void* v, const void* out, const void* lse, const void* dout,
                          void* dq, void* dk, void* dv, Scratch& scratch) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!unsupported(dt, g, major_, true, {q, k, v, out, lse, dout, dq, dk, dv}).empty() || !ready(stream))
-    return false;
-  // Below 9.16 cudnn_frontend adds a padding mask when S % 128 != 0, below 9.6 the accumulator needs zeroing:
-  // those runtimes keep our kernels.
-  if (dnn::api(nullptr)->get_version() < 91600) return false;
-  Entry* e = plan(key_of(true, dt, g), g, dt, true);
+  if (!unsupported(dt, g, major_, true, {q, k, v, out, lse, dout, dq, dk, dv}).empty()) return false;
+  const bool graph = capturing(stream);
+  if (!ready(stream, graph) || too_old(true)) return false;
+  Entry* e = plan(key_of(true, dt, g), g, dt, true, graph);
   if (e == nullptr) return false;
   float one = 1.0f, scale = static_cast<float>(g.scale), minus_inf = -INFINITY;
   const auto acc = static_cast<size_t>(backend::cudnn_attention_dq_accumulator_bytes(g)),
              sums = static_cast<size_t>(backend::cudnn_attention_row_sum_bytes(g));
   auto* ws = static_cast<char*>(scratch.take(acc + sums + static_cast<size_t>(e->plan.workspace)));
-  run(*e,
-      {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), const_cast<void*>(out),
-       const_cast<void*>(dout), const_cast<void*>(lse), dq, dk, dv, &one, &scale, &minus_inf, ws + acc, ws},
-      e->plan.workspace > 0 ? ws + acc + sums : nullptr);
+  if (!run(*e,
+           {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), const_cast<void*>(out),
+            const_cast<void*>(dout), const_cast<void*>(lse), dq, dk, dv, &one, &scale, &minus_inf, ws + acc,
+            ws},
+           e->plan.workspace > 0 ? ws + acc + sums : nullptr, g, true))
+    return false;
   ++counts_.backward;
   return true;
 }

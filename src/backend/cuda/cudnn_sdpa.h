@@ -12,6 +12,7 @@
 #include <cudnn_graph.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -76,10 +77,15 @@ class CudnnSdpa {
   struct Entry;
 
  private:
-  // The plan for `key` (built on first use), or null when cuDNN refused it.
-  Entry* plan(const Key& key, const backend::AttentionGeometry& g, DType dt, bool backward);
-  bool ready(cudaStream_t stream);
-  void run(const Entry& e, const std::vector<void*>& operands, void* workspace);
+  // The plan for `key` (built on first use, never while `capturing`), or null when there is none.
+  Entry* plan(const Key& key, const backend::AttentionGeometry& g, DType dt, bool backward, bool capturing);
+  // Whether cuDNN is on, loaded and has a handle bound to `stream`.
+  bool ready(cudaStream_t stream, bool capturing);
+  const char* too_old(bool backward);
+  void refuse(Entry& e, const std::string& why, const backend::AttentionGeometry& g, bool backward);
+  bool run(Entry& e, const std::vector<void*>& operands, void* workspace, const backend::AttentionGeometry& g,
+           bool backward);
+  bool said_too_old_[2] = {false, false};
   int major_;  // compute capability
   bool enabled_ = true;
   bool load_failed_ = false;
