@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda_api.h"
+#include "core/allocation_trace.h"
 #include "cli/default_run.h"
 #include "cli/flags.h"
 #include "cli/stop_signals.h"
@@ -516,6 +517,12 @@ int main(int argc, char** argv) {
   tok_cmd->add_option(
       "--text_column_name", topts.documents.text_column,
       "the column of .jsonl/.json/.csv/.tsv inputs holding the text (default: text, else the first)");
+  auto* replay_cmd = app.add_subcommand(
+      "replay-allocations",
+      "replay an allocation trace (TRAINER_ALLOCATOR_TRACE=FILE on train or estimate) through the CUDA "
+      "caching allocator's model: peak bytes and reserved bytes, as JSON");
+  std::string replay_trace;
+  replay_cmd->add_option("trace", replay_trace, "the trace file")->required();
   // Unknown train/eval flags get a suggestion (CLI11 only says "not expected").
   const std::string sub = argc >= 2 ? argv[1] : "";
   if (sub == "train" || sub == "eval" || sub == "estimate") {
@@ -581,6 +588,16 @@ int main(int argc, char** argv) {
     if (*gen_cmd) {
       std::printf("%s\n", tr::cli::sample_text(gen_model, prompt, max_new_tokens, do_sample, temperature,
                                                top_k, top_p, gen_seed, gen_device_map, gen_device_memory)
+                              .c_str());
+      return 0;
+    }
+    if (*replay_cmd) {
+      const tr::TraceReplay r = tr::replay_allocation_trace(replay_trace);
+      std::printf("%s\n", nlohmann::json{{"events", r.events},
+                                         {"allocations", r.allocations},
+                                         {"peak_bytes", r.peak_bytes},
+                                         {"peak_reserved_bytes", r.peak_reserved_bytes}}
+                              .dump()
                               .c_str());
       return 0;
     }

@@ -10,6 +10,7 @@
 #include "autograd/node.h"
 #include "backend/cuda_api.h"
 #include "core/allocator.h"
+#include "core/allocation_trace.h"
 #include "core/caching_allocator.h"
 #include "models/device_map.h"
 #include "ops/ops.h"
@@ -216,10 +217,13 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
       a.device_map.empty() ? DryDevices() : DryDevices(split_placement(a, config, target));
   // Every allocation from here on, as the CUDA caching allocator would hold it on each device.
   std::vector<std::unique_ptr<CachingAllocatorModel>> caching;
+  std::unique_ptr<AllocationTrace> trace;  // TRAINER_ALLOCATOR_TRACE: the first device's, as a GPU run writes
   std::vector<std::unique_ptr<ObserveAllocations>> observers;
   for (size_t i = 0; i < devices.size(); ++i) {
     caching.push_back(std::make_unique<CachingAllocatorModel>());
-    observers.push_back(std::make_unique<ObserveAllocations>(devices.allocator(i), *caching.back()));
+    AllocationObserver* watch = caching.back().get();
+    if (i == 0 && (trace = AllocationTrace::from_environment(watch))) watch = trace.get();
+    observers.push_back(std::make_unique<ObserveAllocations>(devices.allocator(i), *watch));
   }
   MemoryEstimate e;
   e.device = device;

@@ -16,6 +16,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda_api.h"
+#include "core/allocation_trace.h"
 #include "core/file_writer.h"
 #include "data/loader.h"
 #include "dist/env.h"
@@ -477,6 +478,10 @@ TrainResult train(const TrainingArguments& given, const TrainHooks& hooks) {
   // (A split model has no one-device estimate: its search is the OOM retries alone.)
   if (a.auto_find_batch_size && !resuming && !auto_batch && a.device_map.empty())
     predicted = predict_batch_split(a, effective);
+  // TRAINER_ALLOCATOR_TRACE: the training device's allocations as a trace (core/allocation_trace.h).
+  const auto trace = AllocationTrace::from_environment();
+  std::optional<ObserveAllocations> traced;
+  if (trace) traced.emplace(ops::allocator_for(training_device(a)), *trace);
   for (int64_t retries = 0;; ++retries) {
     try {
       TrainResult r = Run(a, hooks, group.get()).train();

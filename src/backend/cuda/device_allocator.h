@@ -55,6 +55,7 @@ class CudaAllocator final : public Allocator {
     // Stream 0 of the core is this device's compute stream: a freed block is reused in that stream's order.
     void* p = core_.allocate(nbytes, 0);
     record_alloc(nbytes);
+    notify_alloc(p, nbytes);  // (an allocation trace, TRAINER_ALLOCATOR_TRACE)
     if (poison()) TR_CUDA_CHECK(cudaMemsetAsync(p, 0xff, nbytes, stream_->get()));
     return p;
   }
@@ -62,9 +63,13 @@ class CudaAllocator final : public Allocator {
     if (!ptr) return;
     core_.free(ptr);
     record_free(nbytes);
+    notify_free(ptr);
   }
   Device device() const override { return Device::cuda(index_); }
-  void empty_cache() override { core_.empty_cache(); }
+  void empty_cache() override {
+    core_.empty_cache();
+    notify_empty_cache();
+  }
   int64_t capacity() const override { return static_cast<int64_t>(core_.capacity()); }
   int64_t peak_reserved_bytes() const override { return core_.stats().peak_reserved_bytes; }
   void reset_peak_reserved() override { core_.reset_peak(); }
