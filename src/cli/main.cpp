@@ -194,7 +194,9 @@ int estimate(tr::train::TrainingArguments a, const std::string& device_name, con
              a.total_batch_size, total, a.per_device_train_batch_size);
     a.gradient_accumulation_steps = total / a.per_device_train_batch_size;
   }
-  const auto e = tr::train::estimate_memory(a, target);
+  tr::train::MemoryTarget traced = target;
+  traced.trace_allocations = true;  // (TRAINER_ALLOCATOR_TRACE: this dry run's allocations)
+  const auto e = tr::train::estimate_memory(a, traced);
   const int64_t max_batch = budget > 0 ? tr::train::max_fitting_batch(a, budget, target) : 0;
   const auto knobs = budget > 0 ? tr::train::knob_table(a, target) : std::vector<tr::train::KnobRow>{};
   auto gib = [](int64_t b) {

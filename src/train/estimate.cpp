@@ -222,7 +222,8 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
   for (size_t i = 0; i < devices.size(); ++i) {
     caching.push_back(std::make_unique<CachingAllocatorModel>());
     AllocationObserver* watch = caching.back().get();
-    if (i == 0 && (trace = AllocationTrace::from_environment(watch))) watch = trace.get();
+    if (i == 0 && target.trace_allocations && (trace = AllocationTrace::from_environment(watch)))
+      watch = trace.get();
     observers.push_back(std::make_unique<ObserveAllocations>(devices.allocator(i), *watch));
   }
   MemoryEstimate e;

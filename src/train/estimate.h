@@ -26,6 +26,9 @@ struct MemoryTarget {
   int world_size = 1;
   int nproc_per_node = 0;
   MemoryDevice device = MemoryDevice::cpu;
+  // With TRAINER_ALLOCATOR_TRACE set, this dry run writes its allocations there (core/allocation_trace.h):
+  // `trainer estimate`'s own, not the batch searches' or the knob table's, which would overwrite it.
+  bool trace_allocations = false;
 };
 
 struct MemoryEstimate {
