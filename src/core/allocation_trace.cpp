@@ -54,15 +54,32 @@ int64_t AllocationTrace::events() const {
   return events_;
 }
 
-std::unique_ptr<AllocationTrace> AllocationTrace::from_environment(AllocationObserver* next) {
+std::unique_ptr<AllocationTrace> AllocationTrace::from_environment(AllocationObserver* next,
+                                                                   const std::string& suffix) {
   const char* path = std::getenv("TRAINER_ALLOCATOR_TRACE");
   if (path == nullptr || *path == '\0') return nullptr;
-  return std::make_unique<AllocationTrace>(path, next);
+  return std::make_unique<AllocationTrace>(path + suffix, next);
 }
+
+namespace {
+
+// Whether the file ends with a newline: a trace whose writer died before closing it stops mid-line, and that
+// last line could read as an event with the wrong size.
+bool ends_with_newline(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in || in.tellg() <= 0) return true;  // empty: nothing cut
+  in.seekg(-1, std::ios::end);
+  return in.get() == '\n';
+}
+
+}  // namespace
 
 TraceReplay replay_allocation_trace(const std::string& path) {
   std::ifstream in(path);
   TR_CHECK(in.good(), "allocation trace: cannot read {}", path);
+  TR_CHECK(ends_with_newline(path),
+           "allocation trace {}: the last line is cut off (the traced process stopped before closing it)",
+           path);
   CachingAllocatorModel model;
   TraceReplay r;
   std::unordered_map<int64_t, int64_t> live;  // id -> bytes

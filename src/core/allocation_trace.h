@@ -29,9 +29,11 @@ class AllocationTrace final : public AllocationObserver {
   void freed(const void* block) override;
   void cache_emptied() override;
   int64_t events() const;
-  // The trace TRAINER_ALLOCATOR_TRACE names (forwarding to `next`), or nullptr when the variable is unset or
-  // empty; the caller observes an allocator with it.
-  static std::unique_ptr<AllocationTrace> from_environment(AllocationObserver* next = nullptr);
+  // The trace TRAINER_ALLOCATOR_TRACE names, with `suffix` appended (".rank1": each process of a group writes
+  // its own), forwarding to `next`; nullptr when the variable is unset or empty. The caller observes an
+  // allocator with it.
+  static std::unique_ptr<AllocationTrace> from_environment(AllocationObserver* next = nullptr,
+                                                           const std::string& suffix = "");
 
  private:
   mutable std::mutex mu_;

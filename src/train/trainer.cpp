@@ -479,7 +479,8 @@ TrainResult train(const TrainingArguments& given, const TrainHooks& hooks) {
   if (a.auto_find_batch_size && !resuming && !auto_batch && a.device_map.empty())
     predicted = predict_batch_split(a, effective);
   // TRAINER_ALLOCATOR_TRACE: the training device's allocations as a trace (core/allocation_trace.h).
-  const auto trace = AllocationTrace::from_environment();
+  const auto trace = AllocationTrace::from_environment(
+      nullptr, group && group->rank() > 0 ? fmt::format(".rank{}", group->rank()) : std::string());
   std::optional<ObserveAllocations> traced;
   if (trace) traced.emplace(ops::allocator_for(training_device(a)), *trace);
   for (int64_t retries = 0;; ++retries) {

@@ -61,9 +61,11 @@ class CudaAllocator final : public Allocator {
   }
   void deallocate(void* ptr, size_t nbytes) override {
     if (!ptr) return;
-    core_.free(ptr);
+    // Told before the block can be handed out again (another thread may allocate on this device: the loader,
+    // ZeRO's communication thread), so a trace never sees its address reused before its free.
     record_free(nbytes);
     notify_free(ptr);
+    core_.free(ptr);
   }
   Device device() const override { return Device::cuda(index_); }
   void empty_cache() override {
