@@ -18,14 +18,15 @@ secs=600
 if ((!smoke)) && [[ "${1:-}" =~ ^[0-9]+$ ]]; then secs=$1; shift; fi
 ((smoke)) && secs=${FUZZ_SMOKE_SECONDS:-5}
 all_targets=(safetensors_header config_json tokenizer_json checkpoint_state optimizer_state args_file token_shard
-             metrics_jsonl documents fsdp_config rank_files device_memory)
+             metrics_jsonl documents fsdp_config rank_files device_memory allocation_trace)
 targets=("$@")
 ((${#targets[@]})) || targets=("${all_targets[@]}")
 
 # Inputs longer than max_len are cut, so each must hold the largest seed; JSON targets get the dictionary.
 declare -A max_len=([safetensors_header]=4096 [config_json]=4096 [tokenizer_json]=8192 [checkpoint_state]=4096
                     [optimizer_state]=4096 [args_file]=4096 [token_shard]=4096 [metrics_jsonl]=4096
-                    [documents]=4096 [fsdp_config]=4096 [rank_files]=4096 [device_memory]=256)
+                    [documents]=4096 [fsdp_config]=4096 [rank_files]=4096 [device_memory]=256
+                    [allocation_trace]=4096)
 declare -A dict=([config_json]=1 [tokenizer_json]=1 [checkpoint_state]=1 [args_file]=1 [metrics_jsonl]=1
                  [documents]=1 [fsdp_config]=1)
 

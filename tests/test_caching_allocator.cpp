@@ -6,8 +6,11 @@
 #include <cstdlib>
 #include <map>
 #include <set>
+#include <sstream>
+#include <string>
 #include <vector>
 
+#include "core/allocation_trace.h"
 #include "core/caching_allocator.h"
 #include "core/error.h"
 
@@ -170,6 +173,40 @@ TEST(CachingAllocatorModel, ReplaysAnObservedAllocatorAsTheCoreWould) {
   }
   EXPECT_EQ(meta.allocate(64), nullptr);  // the scope ended
   meta.deallocate(nullptr, 64);
+}
+
+// A trace read back: the requested peak and the reserved peak of the pools (a 1 MiB block fills half a 2 MiB
+// small segment; a 3 MiB one opens a 20 MiB segment, and after 'e' the next opens another).
+TEST(AllocationTraceReplay, ReplaysATextTraceThroughThePools) {
+  std::istringstream in("a 0 1048576\na 1 3145728\nf 1\ne\na 2 3145728\n\nf 0\nf 2\n");
+  const TraceReplay r = replay_allocation_trace(in, "t");
+  EXPECT_EQ(r.events, 7);
+  EXPECT_EQ(r.allocations, 3);
+  EXPECT_EQ(r.peak_bytes, 4 << 20);
+  EXPECT_EQ(r.peak_reserved_bytes, 22 << 20);
+}
+
+// Each malformed trace is refused with its line named - also a trace that stops while blocks are live, whose
+// model must not leak them (fuzz/regressions/allocation_trace).
+TEST(AllocationTraceReplay, RefusesMalformedTracesNamingTheLine) {
+  const std::pair<std::string, std::string> bad[] = {
+      {"a 0 64\na 1 40", "t: line 2 is cut off"},
+      {"a 0 64\na 0 64\n", "t line 2: expected"},     // an id still live
+      {"a 0 1099511627777\n", "t line 1: expected"},  // past 1 TiB
+      {"a 0 64 7\n", "t line 1: expected"},           // trailing fields
+      {"a 0 64\nf 0\nf 0\n", "t line 3: expected"},   // freed twice
+      {"a 0 -64\n", "t line 1: expected"},
+      {"e 1\n", "t line 1: expected"},
+  };
+  for (const auto& [text, message] : bad) {
+    std::istringstream in(text);
+    try {
+      replay_allocation_trace(in, "t");
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -61,55 +61,57 @@ std::unique_ptr<AllocationTrace> AllocationTrace::from_environment(AllocationObs
   return std::make_unique<AllocationTrace>(path + suffix, next);
 }
 
-namespace {
-
-// Whether the file ends with a newline: a trace whose writer died before closing it stops mid-line, and that
-// last line could read as an event with the wrong size.
-bool ends_with_newline(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in || in.tellg() <= 0) return true;  // empty: nothing cut
-  in.seekg(-1, std::ios::end);
-  return in.get() == '\n';
-}
-
-}  // namespace
-
 TraceReplay replay_allocation_trace(const std::string& path) {
   std::ifstream in(path);
   TR_CHECK(in.good(), "allocation trace: cannot read {}", path);
-  TR_CHECK(ends_with_newline(path),
-           "allocation trace {}: the last line is cut off (the traced process stopped before closing it)",
-           path);
+  return replay_allocation_trace(in, path);
+}
+
+TraceReplay replay_allocation_trace(std::istream& in, const std::string& name) {
+  // One allocation above 1 TiB is no device's; the sum bounds the model's address space (each allocation
+  // may open a segment up to 20 MiB larger than itself), so no count can overflow.
+  constexpr int64_t kMaxBytes = int64_t{1} << 40, kMaxTotal = int64_t{1} << 62;
   CachingAllocatorModel model;
   TraceReplay r;
   std::unordered_map<int64_t, int64_t> live;  // id -> bytes
-  int64_t current = 0, line_no = 0;
+  int64_t current = 0, total = 0, line_no = 0;
   std::string line;
   while (std::getline(in, line)) {
     ++line_no;
+    // getline stops at the end of the text without a newline only on a last line the writer never finished
+    // (it died before closing the file); that line could read as an event with the wrong size.
+    TR_CHECK(!in.eof(),
+             "allocation trace {}: line {} is cut off (the traced process stopped before closing it)", name,
+             line_no);
     if (line.empty()) continue;
     std::istringstream ls(line);
     char kind = 0;
     int64_t id = -1, bytes = -1;
+    std::string rest;
     ls >> kind;
     const auto key = [](int64_t i) { return reinterpret_cast<const void*>(static_cast<uintptr_t>(i) + 1); };
-    if (kind == 'a' && (ls >> id >> bytes) && id >= 0 && bytes > 0 && !live.count(id)) {
+    if (kind == 'a' && (ls >> id >> bytes) && !(ls >> rest) && id >= 0 && bytes > 0 && bytes <= kMaxBytes &&
+        !live.count(id)) {
+      total += bytes + static_cast<int64_t>(CachingAllocatorCore::kLargeSegment);
+      TR_CHECK(total <= kMaxTotal, "allocation trace {} line {}: more than 2^62 bytes allocated in all", name,
+               line_no);
       model.allocated(key(id), static_cast<size_t>(bytes));
       live[id] = bytes;
       current += bytes;
       r.peak_bytes = std::max(r.peak_bytes, current);
       ++r.allocations;
-    } else if (kind == 'f' && (ls >> id) && live.count(id)) {
+    } else if (kind == 'f' && (ls >> id) && !(ls >> rest) && live.count(id)) {
       model.freed(key(id));
       current -= live[id];
       live.erase(id);
-    } else if (kind == 'e') {
+    } else if (kind == 'e' && !(ls >> rest)) {
       model.cache_emptied();
     } else {
       fail(
-          "allocation trace {} line {}: expected 'a <id> <bytes>' (a new id), 'f <id>' (a live one) or 'e', "
-          "got '{}'",
-          path, line_no, line);
+          "allocation trace {} line {}: expected 'a <id> <bytes>' (a new id, 1 byte to 1 TiB), 'f <id>' (a "
+          "live "
+          "one) or 'e', got '{}'",
+          name, line_no, line.substr(0, 80));
     }
     ++r.events;
   }

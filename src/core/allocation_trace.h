@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <cstdio>
+#include <istream>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -52,5 +53,7 @@ struct TraceReplay {
   int64_t peak_bytes = 0, peak_reserved_bytes = 0;
 };
 TraceReplay replay_allocation_trace(const std::string& path);
+// The same for a trace read from `in`, named `name` in messages.
+TraceReplay replay_allocation_trace(std::istream& in, const std::string& name);
 
 }  // namespace tr

@@ -66,6 +66,7 @@ void Allocator::set_observer(AllocationObserver* observer) {
   TR_CHECK(observer == nullptr || observer_ == nullptr || observer_ == observer,
            "{} allocator: already observed", device().str());
   observer_ = observer;
+  observed_.store(observer != nullptr, std::memory_order_release);
 }
 
 bool Allocator::observed() const {
@@ -74,16 +75,19 @@ bool Allocator::observed() const {
 }
 
 void Allocator::notify_alloc(const void* block, size_t nbytes) {
+  if (!observed_.load(std::memory_order_acquire)) return;  // the common case: no lock per allocation
   std::lock_guard<std::mutex> g(mu_);
   if (observer_) observer_->allocated(block, nbytes);
 }
 
 void Allocator::notify_free(const void* block) {
+  if (!observed_.load(std::memory_order_acquire)) return;  // the common case: no lock per allocation
   std::lock_guard<std::mutex> g(mu_);
   if (observer_) observer_->freed(block);
 }
 
 void Allocator::notify_empty_cache() {
+  if (!observed_.load(std::memory_order_acquire)) return;  // the common case: no lock per allocation
   std::lock_guard<std::mutex> g(mu_);
   if (observer_) observer_->cache_emptied();
 }

@@ -78,6 +78,7 @@ class Allocator {
   mutable std::mutex mu_;
   AllocatorStats stats_;
   AllocationObserver* observer_ = nullptr;
+  std::atomic<bool> observed_{false};  // observer_ != nullptr, read without the lock
   int64_t limit_ = 0;
   std::atomic<bool> poison_{false};
 };

@@ -16,9 +16,16 @@ double mib(int64_t b) { return static_cast<double>(b) / 1048576.0; }
 CachingAllocatorCore::CachingAllocatorCore(Backend backend) : backend_(std::move(backend)) {}
 
 CachingAllocatorCore::~CachingAllocatorCore() {
-  // Segments still holding live blocks are left to the driver's teardown; free ones go back now.
+  // Segments still holding live blocks are left to the driver's teardown (their memory may still be read);
+  // free ones go back now. The bookkeeping of every block is ours to delete either way.
   std::lock_guard<std::mutex> g(mu_);
   release_free_segments();
+  for (Block* first : segments_)
+    for (Block* b = first; b != nullptr;) {
+      Block* next = b->next;
+      delete b;
+      b = next;
+    }
 }
 
 size_t CachingAllocatorCore::round_size(size_t n) {
