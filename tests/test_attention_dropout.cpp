@@ -110,9 +110,9 @@ INSTANTIATE_TEST_SUITE_P(DevicesAndDtypes, FusedAttentionDropout,
                          });
 
 // The form sdpa takes, by device type, dtype, head dim and dropout: the fused kernels wherever they cover
-// the case (the CPU always; a GPU's flash kernels for bf16/f16 head dims that are multiples of 8 up to 128,
-// without dropout as the form cuDNN may take; its tiled kernels for f32/f64 without dropout), the blocked
-// form's GEMMs elsewhere.
+// the case (the CPU always; on a GPU, for bf16/f16 head dims that are multiples of 8 up to 128, the form
+// cuDNN may take, dropout included, else the flash kernels; its tiled kernels for f32/f64 without dropout),
+// the blocked form's GEMMs elsewhere.
 TEST(AttentionForm, TheRulePicksTheFusedKernelsWhereTheyCoverTheCase) {
   using F = ops::AttentionForm;
   for (DType dt : {DType::f64, DType::f32, DType::bf16, DType::f16})
@@ -123,7 +123,7 @@ TEST(AttentionForm, TheRulePicksTheFusedKernelsWhereTheyCoverTheCase) {
   for (DType dt : {DType::bf16, DType::f16})
     for (bool drop : {false, true}) {
       for (int64_t d : {8, 40, 64, 72, 128})
-        EXPECT_EQ(ops::attention_form_for(DeviceType::cuda, dt, d, drop), drop ? F::fused : F::fused_cudnn);
+        EXPECT_EQ(ops::attention_form_for(DeviceType::cuda, dt, d, drop), F::fused_cudnn);
       for (int64_t d : {4, 60, 136, 256})
         EXPECT_EQ(ops::attention_form_for(DeviceType::cuda, dt, d, drop), F::blocked);
     }
@@ -133,29 +133,37 @@ TEST(AttentionForm, TheRulePicksTheFusedKernelsWhereTheyCoverTheCase) {
   }
 }
 
-// A meta dry run standing in for a GPU (form fused_cudnn) counts the workspace cuDNN's attention backward
-// takes there - the f32 dQ accumulator and row sums, backend/cudnn_attention_rule.h - exactly, taken and
-// given back around the call; none where cuDNN declines (a padding mask, dropout, causal over a key cache)
-// or for the plain fused form.
-TEST(AttentionForm, AMetaDryRunCountsTheWorkspaceOfCudnnsBackward) {
+// A meta dry run standing in for a GPU (form fused_cudnn) counts the workspace cuDNN's attention takes
+// there - in the backward the f32 dQ accumulator and row sums, under dropout in either direction the bf16
+// keep mask [B, H, T, S], backend/cudnn_attention_rule.h - exactly, taken and given back around the call;
+// none where cuDNN declines (a padding mask, causal over a key cache) or for the plain fused form.
+TEST(AttentionForm, AMetaDryRunCountsTheWorkspaceOfCudnnsAttention) {
   const Device meta = Device::meta();
   const int64_t B = 2, H = 4, KV = 2, T = 48, D = 16;
   auto make = [&](int64_t heads, int64_t n) { return ops::empty({B, heads, n, D}, DType::bf16, meta); };
   Allocator& a = ops::allocator_for(meta);
-  // Bytes the backward holds at its peak beyond what it returns (the gradients).
-  auto extra = [&](ops::AttentionForm form, const Tensor& keep, int64_t S, double p) {
+  // Bytes the backward (or the forward) holds at its peak beyond what it returns (the gradients, the output).
+  auto extra = [&](ops::AttentionForm form, const Tensor& keep, int64_t S, double p, bool backward = true) {
     const Tensor q = make(H, T), k = make(KV, S), v = make(KV, S), out = make(H, T), dout = make(H, T);
     const Tensor lse = ops::empty({B, H, T}, DType::f32, meta);
     a.reset_peak();
+    if (!backward) {
+      const auto o = ops::attention(q, k, v, keep, true, 0.25, 0, form, {p, 1, 0});
+      return a.stats().peak_bytes - a.stats().current_bytes;  // (o still held)
+    }
     const auto g = ops::attention_backward(q, k, v, keep, true, 0.25, out, lse, dout, 0, form, {p, 1, 0});
     return a.stats().peak_bytes - a.stats().current_bytes;  // (g still held)
   };
   using F = ops::AttentionForm;
   const int64_t ws = (B * H * T * D * 4 + 255) / 256 * 256 + (B * H * T * 4 + 255) / 256 * 256;
+  const int64_t mask = (B * H * T * T * 2 + 255) / 256 * 256;
   EXPECT_EQ(extra(F::fused_cudnn, {}, T, 0.0), ws);
   EXPECT_EQ(extra(F::fused, {}, T, 0.0), 0);
   EXPECT_EQ(extra(F::fused_cudnn, ops::empty({B, T}, DType::boolean, meta), T, 0.0), 0);
-  EXPECT_EQ(extra(F::fused_cudnn, {}, T, 0.1), 0);
+  EXPECT_EQ(extra(F::fused_cudnn, {}, T, 0.1), ws + mask);
+  EXPECT_EQ(extra(F::fused_cudnn, {}, T, 0.1, false), mask);
+  EXPECT_EQ(extra(F::fused_cudnn, {}, T, 0.0, false), 0);
+  EXPECT_EQ(extra(F::fused, {}, T, 0.1, false), 0);
   EXPECT_EQ(extra(F::fused_cudnn, {}, T + 8, 0.0), 0);
 }
 

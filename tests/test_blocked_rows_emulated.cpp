@@ -213,5 +213,43 @@ TEST(BlockedRowsEmulated, DropoutPacksGiveTheCpuMaskBitForBit) {
     }
 }
 
+// keep_mask_packs_kernel (cuDNN attention's dropout mask) against the CPU backend's dropout of ones: 1
+// exactly where the CPU keeps an element, 0 where it drops it - packs, tail and a graph's shift.
+template <typename T>
+void check_keep_mask(int64_t n, double p, uint64_t shift, unsigned grid) {
+  SCOPED_TRACE(fmt::format("{} elements of {}, p {}, shift {}, grid {}", n, dtype_name(dtype_of<T>()), p,
+                           shift, grid));
+  const DType dt = dtype_of<T>();
+  const Tensor ones = ops::full({n}, 1.0, dt), y = ops::empty({n}, dt);
+  const uint64_t seed = 91, offset = 12;
+  backend::backend_for(Device::cpu()).dropout(ones, p, seed, offset + shift, y);
+  const std::vector<T> dropped = bytes_of<T>(y);
+  std::vector<T> mask(static_cast<size_t>(n), cuda::from_acc<T>(cuda::acc_t<T>(NAN)));
+  constexpr int V = static_cast<int>(16 / sizeof(T));
+  const uint64_t word = shift;
+  emu::launch(grid, 64, 0, [&] {
+    dk::keep_mask_packs_kernel<V, T>(mask.data(), n, static_cast<float>(p), seed, offset,
+                                     shift ? &word : nullptr);
+  });
+  int64_t kept = 0;
+  for (size_t i = 0; i < mask.size(); ++i) {
+    const double m = static_cast<double>(cuda::to_acc(mask[i]));
+    const bool cpu_keeps = cuda::to_acc(dropped[i]) != 0;
+    ASSERT_EQ(m, cpu_keeps ? 1.0 : 0.0) << "element " << i;
+    kept += cpu_keeps;
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_LT(kept, n);  // both outcomes drawn: a mask of all ones would pass the rest
+}
+
+TEST(BlockedRowsEmulated, TheKeepMaskIsTheCpuDropoutsMask) {
+  for (const int64_t n : {int64_t{1000}, int64_t{1003}, int64_t{8 * 301 + 7}})
+    for (const uint64_t shift : {uint64_t{0}, uint64_t{9}}) {
+      check_keep_mask<__nv_bfloat16>(n, 0.1, shift, 2);
+      check_keep_mask<__half>(n, 0.5, shift, 1);
+      check_keep_mask<float>(n, 0.3, shift, 3);
+    }
+}
+
 }  // namespace
 }  // namespace tr

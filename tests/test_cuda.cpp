@@ -452,7 +452,8 @@ double relative_error(const Tensor& a, const Tensor& b) {
 }
 
 // cuDNN's fused attention (bf16/f16; causal and not; multi-head and grouped-query; dense and [B, T, H, D]
-// operands) against the f32 CPU reference of the same half values, next to our flash kernels: out, lse and
+// operands; attention dropout through our keep mask, which the CPU reference draws alike) against the f32
+// CPU reference of the same half values, next to our flash kernels: out, lse and
 // every gradient within half-precision bounds, and no farther from the reference than twice our kernels'
 // error. Asserts that cuDNN ran each call (its counts), so a refusal fails here with cuDNN's reason instead
 // of passing on our kernels.
@@ -463,16 +464,20 @@ TEST(CudnnDevice, AttentionMatchesTheReferenceAndOurKernels) {
     bool causal;
     int64_t H, KV, T, D;
     bool seq_major;
+    double dropout = 0.0;
   };
-  const Case cases[] = {{DType::bf16, true, 4, 4, 128, 64, false},
-                        {DType::bf16, true, 4, 2, 96, 64, true},
-                        {DType::bf16, false, 4, 4, 128, 128, true},
-                        {DType::f16, true, 4, 1, 64, 64, false},
-                        {DType::f16, false, 2, 2, 200, 32, true}};
+  const Case cases[] = {
+      {DType::bf16, true, 4, 4, 128, 64, false},   {DType::bf16, true, 4, 2, 96, 64, true},
+      {DType::bf16, false, 4, 4, 128, 128, true},  {DType::f16, true, 4, 1, 64, 64, false},
+      {DType::f16, false, 2, 2, 200, 32, true},    {DType::bf16, true, 4, 4, 128, 64, false, 0.1},
+      {DType::f16, true, 4, 2, 96, 64, true, 0.25}};
   const Device gpu = Device::cuda(0);
   for (const Case& c : cases) {
-    const std::string what = fmt::format("{} causal={} H={} KV={} T={} D={} {}", dtype_name(c.dt), c.causal,
-                                         c.H, c.KV, c.T, c.D, c.seq_major ? "seq-major" : "dense");
+    const std::string what =
+        fmt::format("{} causal={} H={} KV={} T={} D={} {} dropout={}", dtype_name(c.dt), c.causal, c.H, c.KV,
+                    c.T, c.D, c.seq_major ? "seq-major" : "dense", c.dropout);
+    const backend::AttentionDropout drop{c.dropout, 17, 4};
+    using Form = ops::AttentionForm;
     Generator gen(31);
     const int64_t B = 2;
     const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
@@ -480,9 +485,9 @@ TEST(CudnnDevice, AttentionMatchesTheReferenceAndOurKernels) {
     const Tensor q = half({B, c.H, c.T, c.D}), k = half({B, c.KV, c.T, c.D}), v = half({B, c.KV, c.T, c.D}),
                  dout = half({B, c.H, c.T, c.D});
     auto f32 = [](const Tensor& t) { return ops::to_dtype(ops::to_device(t, Device::cpu()), DType::f32); };
-    const auto ref = ops::attention(f32(q), f32(k), f32(v), {}, c.causal, scale);
-    const auto rg =
-        ops::attention_backward(f32(q), f32(k), f32(v), {}, c.causal, scale, ref.out, ref.lse, f32(dout));
+    const auto ref = ops::attention(f32(q), f32(k), f32(v), {}, c.causal, scale, 0, Form::automatic, drop);
+    const auto rg = ops::attention_backward(f32(q), f32(k), f32(v), {}, c.causal, scale, ref.out, ref.lse,
+                                            f32(dout), 0, Form::automatic, drop);
     // The GPU's out, lse, dq, dk, dv as host f32.
     auto run = [&](bool cudnn) {
       backend::cuda_use_cudnn_attention(cudnn);
@@ -491,9 +496,9 @@ TEST(CudnnDevice, AttentionMatchesTheReferenceAndOurKernels) {
         return c.seq_major ? ops::transpose(ops::contiguous(ops::transpose(d, 1, 2)), 1, 2) : d;
       };
       const Tensor dq_in = dev(q), dk_in = dev(k), dv_in = dev(v);
-      const auto o = ops::attention(dq_in, dk_in, dv_in, {}, c.causal, scale);
-      const auto g =
-          ops::attention_backward(dq_in, dk_in, dv_in, {}, c.causal, scale, o.out, o.lse, dev(dout));
+      const auto o = ops::attention(dq_in, dk_in, dv_in, {}, c.causal, scale, 0, Form::automatic, drop);
+      const auto g = ops::attention_backward(dq_in, dk_in, dv_in, {}, c.causal, scale, o.out, o.lse,
+                                             dev(dout), 0, Form::automatic, drop);
       return std::vector<Tensor>{f32(o.out), f32(o.lse), f32(g.dq), f32(g.dk), f32(g.dv)};
     };
     const auto before = backend::cuda_cudnn_attention_counts();
@@ -555,8 +560,41 @@ TEST(CudnnDevice, AttentionReplaysInACapturedGraph) {
   }
 }
 
-// Calls cuDNN's attention does not take (a padding mask, attention dropout, f32) run our kernels: its counts
-// stay, and the results are the reference's.
+// Attention dropout under cuDNN in a captured graph: the keep mask is drawn inside the graph, so a launch
+// after set_philox_shift(s) draws what an eager call at offset + s draws, bit for bit (torch_compile's
+// replay gets each step's own mask).
+TEST(CudnnDevice, DropoutInACapturedGraphFollowsThePhiloxShift) {
+  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: cuDNN attention NOT tested";
+  const Device gpu = Device::cuda(0);
+  backend::Backend& be = backend::backend_for(gpu);
+  Generator gen(13);
+  auto make = [&] {
+    return ops::to_device(ops::to_dtype(ops::randn({2, 4, 128, 64}, gen), DType::bf16), gpu);
+  };
+  const Tensor q = make(), k = make(), v = make();
+  const Tensor out = ops::empty({2, 4, 128, 64}, DType::bf16, gpu),
+               lse = ops::empty({2, 4, 128}, DType::f32, gpu);
+  auto eager = [&](uint64_t offset) {
+    be.attention(q, k, v, {}, true, 0, 0.125, {0.1, 5, offset}, out, lse);
+    return test::values(ops::to_device(out, Device::cpu()));
+  };
+  const auto before = backend::cuda_cudnn_attention_counts();
+  const auto at0 = eager(0), at7 = eager(7);
+  EXPECT_NE(at0, at7);
+  auto graph = be.capture_graph(0, [&] { be.attention(q, k, v, {}, true, 0, 0.125, {0.1, 5, 0}, out, lse); });
+  ASSERT_TRUE(graph);
+  EXPECT_EQ(backend::cuda_cudnn_attention_counts().forward - before.forward, 3) << before.last_refusal;
+  for (const auto& [shift, want] : {std::pair{uint64_t{7}, at7}, std::pair{uint64_t{0}, at0}}) {
+    ops::fill_(out, 0.0);
+    be.set_philox_shift(0, shift);
+    graph->launch();
+    be.synchronize();
+    EXPECT_EQ(test::values(ops::to_device(out, Device::cpu())), want) << "shift " << shift;
+  }
+}
+
+// Calls cuDNN's attention does not take (a padding mask, f32) run our kernels: its counts stay, and the
+// results are the reference's.
 TEST(CudnnDevice, AttentionDeclinesWhatItDoesNotCompute) {
   if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: cuDNN attention NOT tested";
   const Device gpu = Device::cuda(0);
@@ -570,9 +608,6 @@ TEST(CudnnDevice, AttentionDeclinesWhatItDoesNotCompute) {
   auto d = [&](const Tensor& t, DType dt) { return ops::to_device(ops::to_dtype(t, dt), gpu); };
   const auto masked = ops::attention(d(q, DType::bf16), d(k, DType::bf16), d(v, DType::bf16),
                                      ops::to_device(kk, gpu), true, 0.125);
-  backend::AttentionDropout drop{0.1, 3, 0};
-  ops::attention(d(q, DType::bf16), d(k, DType::bf16), d(v, DType::bf16), {}, true, 0.125, 0,
-                 ops::AttentionForm::automatic, drop);
   ops::attention(d(q, DType::f32), d(k, DType::f32), d(v, DType::f32), {}, true, 0.125);
   const auto after = backend::cuda_cudnn_attention_counts();
   EXPECT_EQ(after.forward, before.forward);

@@ -20,21 +20,27 @@ struct GraphCase {
   int64_t B, H, KV, T, D;
   bool causal, seq_major;
   int64_t forward_ops, backward_ops;  // cudnn_frontend's counts for the case
+  double dropout = 0.0;
 };
 
 // The forward: QK^T, scale, (GEN_INDEX x2, CMP_GE, BINARY_SELECT), max, sub, exp, sum, log, add, div, PV.
 // The backward: dO*O, sum, *1, QK^T, scale, -stats, (mask x4), exp, reshape, P^T dO (+ head sum), dO V^T,
-// -delta, *P, scale, reshape, dS^T Q (+ head sum), reshape, dS K, identity.
+// -delta, *P, scale, reshape, dS^T Q (+ head sum), reshape, dS K, identity. Attention dropout (our keep
+// mask as a tensor) adds 2 to the forward (* 1 / (1 - p), * keep) and 4 to the backward (P * keep, * 1 /
+// (1 - p), dP * keep, dS * 1 / (1 - p)).
 const GraphCase kGraphs[] = {
     {"causal_mha_dense", 2, 4, 4, 128, 64, true, false, 14, 22},
     {"causal_gqa_seq_major", 2, 8, 2, 256, 128, true, true, 14, 24},
     {"full_mha_seq_major", 1, 2, 2, 96, 32, false, true, 10, 18},
+    {"causal_mha_dropout", 2, 4, 4, 128, 64, true, false, 16, 26, 0.1},
+    {"causal_gqa_dropout_seq_major", 2, 8, 2, 256, 128, true, true, 16, 28, 0.1},
 };
 
 TEST(CudnnGraph, AttentionGraphsPassCudnnsDescriptorChecks) {
   for (const GraphCase& c : kGraphs) {
     SCOPED_TRACE(c.name);
     backend::AttentionGeometry g{c.B, c.H, c.KV, c.T, c.T, c.D, c.causal, 0.125, nullptr};
+    g.with_dropout(c.dropout, 1, 0);
     if (c.seq_major) {
       const backend::HeadRows q{c.T * c.H * c.D, c.D, c.H * c.D}, kv{c.T * c.KV * c.D, c.D, c.KV * c.D};
       g.rows = {q, kv, kv, q, q, q, kv, kv};
@@ -100,11 +106,11 @@ TEST(CudnnGraph, AttentionGraphsGetEnginesOnAnH100AndAnA100WithoutOne) {
   // Head dim 256, which backend/cudnn_attention_rule.h gives cuDNN on sm_90 only.
   const GraphCase d256{"causal_mha_d256", 1, 2, 2, 128, 256, true, false, 14, 22};
   for (const auto& [gpu, json] : {std::pair{"H100", kH100}, std::pair{"A100", kA100}})
-    for (const GraphCase& c : {kGraphs[0], kGraphs[1], kGraphs[2], d256}) {
+    for (const GraphCase& c : {kGraphs[0], kGraphs[1], kGraphs[2], kGraphs[3], kGraphs[4], d256}) {
       if (c.D > 128 && std::string(gpu) == "A100") continue;
       SCOPED_TRACE(std::string(gpu) + " " + c.name);
       backend::AttentionGeometry g{c.B, c.H, c.KV, c.T, c.T, c.D, c.causal, 0.125, nullptr};
-      g.dense_rows();
+      g.with_dropout(c.dropout, 1, 0).dense_rows();
       for (const bool backward : {false, true}) {
         try {
           const auto p = cuda::CudnnSdpa::plan_offline(DType::bf16, g, backward, json);

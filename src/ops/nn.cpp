@@ -625,17 +625,19 @@ std::vector<Tensor> grads_like(const std::vector<const Tensor*>& xs) {
   return out;
 }
 
-// A dry run standing in for a GPU: the workspace cuDNN's attention backward would take from the caching
-// allocator there, taken and given back as the GPU's backend does around the call (the sm_90 rule).
+// A dry run standing in for a GPU: the workspace cuDNN's attention would take from the caching allocator
+// there, taken and given back as the GPU's backend does around the call (the sm_90 rule) - the dropout's keep
+// mask, and in the backward the dQ accumulator and row sums ahead of it.
 void cudnn_workspace_on_meta(const Tensor& q, const Tensor& k, bool masked, bool causal, double scale,
-                             int64_t window, const AttentionDropout& dropout) {
+                             int64_t window, const AttentionDropout& dropout, bool backward) {
   backend::AttentionGeometry g{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2),
                                q.size(3), causal,    scale,     nullptr,   window};
   g.with_dropout(dropout.p, 0, 0);
-  if (masked || backend::cudnn_attention_declines(is_half(q.dtype()), g, 9, true) != nullptr) return;
-  const int64_t bytes =
-      backend::cudnn_attention_dq_accumulator_bytes(g) + backend::cudnn_attention_row_sum_bytes(g);
-  (void)empty({bytes}, DType::u8, q.device());
+  if (masked || backend::cudnn_attention_declines(is_half(q.dtype()), g, 9, backward) != nullptr) return;
+  int64_t bytes = backend::cudnn_attention_dropout_mask_bytes(g);
+  if (backward)
+    bytes += backend::cudnn_attention_dq_accumulator_bytes(g) + backend::cudnn_attention_row_sum_bytes(g);
+  if (bytes > 0) (void)empty({bytes}, DType::u8, q.device());
 }
 
 }  // namespace
@@ -644,7 +646,7 @@ AttentionForm attention_form_for(DeviceType device, DType dtype, int64_t head_di
   if (device != DeviceType::cuda) return AttentionForm::fused;  // every dtype, dropout included
   if (dtype == DType::bf16 || dtype == DType::f16) {  // tensor cores: cuDNN or the flash kernel, or the GEMMs
     if (head_dim % 8 != 0 || head_dim > 128) return AttentionForm::blocked;
-    return dropout ? AttentionForm::fused : AttentionForm::fused_cudnn;
+    return AttentionForm::fused_cudnn;  // dropout included (cuDNN through our mask, or the flash kernel)
   }
   return dropout ? AttentionForm::blocked : AttentionForm::fused;
 }
@@ -682,7 +684,10 @@ AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
   AttentionOut o{transpose(empty({B, T, H, D}, q.dtype(), q.device()), 1, 2),
                  empty({B, H, T}, stat_dtype(q.dtype()), q.device())};
-  if (runs(o.out)) be(q).attention(qc, kc, vc, mc, causal, window, scale, dropout, o.out, o.lse);
+  if (runs(o.out))
+    be(q).attention(qc, kc, vc, mc, causal, window, scale, dropout, o.out, o.lse);
+  else if (q.device().is_meta() && resolve(form, q, k, dropout) == AttentionForm::fused_cudnn)
+    cudnn_workspace_on_meta(q, k, key_keep.defined(), causal, scale, window, dropout, false);
   return o;
 }
 
@@ -711,7 +716,7 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
   if (runs(g.dq))
     be(q).attention_backward(qc, kc, vc, mc, causal, window, scale, dropout, oc, lse, dc, g.dq, g.dk, g.dv);
   else if (q.device().is_meta() && resolve(form, q, k, dropout) == AttentionForm::fused_cudnn)
-    cudnn_workspace_on_meta(q, k, key_keep.defined(), causal, scale, window, dropout);
+    cudnn_workspace_on_meta(q, k, key_keep.defined(), causal, scale, window, dropout, true);
   return g;
 }
 

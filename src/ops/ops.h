@@ -34,7 +34,8 @@ Allocator& allocator_for(Device device);
 bool fuses_elementwise(Device device);
 // What torch_compile's max-autotune did on the device's GEMMs so far ("" where it does not tune).
 std::string autotune_summary(Device device);
-// What cuDNN's fused attention ran on the GPUs so far ("" off a GPU or when it ran nothing and refused nothing).
+// What cuDNN's fused attention ran on the GPUs so far ("" off a GPU or when it ran nothing and refused
+// nothing).
 std::string cudnn_attention_summary(Device device);
 Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
 Tensor full(const Shape& shape, double value, DType dtype = DType::f32, Device device = Device::cpu());
@@ -191,11 +192,11 @@ struct AttentionOut {
 };
 // The two ways attention() computes the same function: the backend's fused (tiled) kernel, or the blocked
 // GEMM form below. `automatic` takes attention_form()'s pick; the others force one (benchmarks, tests).
-// fused_cudnn is the fused form where a GPU's cuDNN attention may take the call (half precision without
-// dropout): it runs as fused, and a meta dry run standing in for a GPU also counts the workspace cuDNN's
-// backward takes where backend/cudnn_attention_rule.h says cuDNN takes the call. On a GPU the backend
-// itself picks cuDNN or its own kernels for either fused form (backend::cuda_use_cudnn_attention turns
-// cuDNN off).
+// fused_cudnn is the fused form where a GPU's cuDNN attention may take the call (half precision): it runs as
+// fused, and a meta dry run standing in for a GPU also counts the workspace cuDNN takes (the dropout mask;
+// the backward's accumulators) where backend/cudnn_attention_rule.h says cuDNN takes the call. On a GPU the
+// backend itself picks cuDNN or its own kernels for either fused form (backend::cuda_use_cudnn_attention
+// turns cuDNN off).
 enum class AttentionForm { automatic, fused, blocked, fused_cudnn };
 // attention()'s pick for these operands, from their device, dtype, head dim and whether the probabilities
 // are dropped alone, so a run, its dry run and its rerun pick alike. The fused kernel everywhere it runs the

@@ -313,7 +313,7 @@ class CudaBackend final : public backend::Backend {
     {
       AllocatorScratch scratch(allocator(q.device().index), capturing_);
       if (sdpa().forward(stream(), q.dtype(), g, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-                         lse.data_ptr(), scratch))
+                         lse.data_ptr(), captured_shift(drop.p), scratch))
         return;
     }
     cuda::attention(stream(), q.dtype(), g, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
@@ -461,7 +461,7 @@ class CudaBackend final : public backend::Backend {
         backend::attention_geometry(q, k, v, key_keep, causal, window, scale, drop, out, dout, dq, dk, dv);
     if (sdpa().backward(stream(), q.dtype(), g, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                         lse.data_ptr(), dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
-                        scratch))
+                        captured_shift(drop.p), scratch))
       return;
     cuda::attention_backward(stream(), q.dtype(), g, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                              lse.data_ptr(), dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),

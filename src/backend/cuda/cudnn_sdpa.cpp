@@ -27,9 +27,9 @@ struct CudnnSdpa::Key {
   bool backward;
   DType dt;
   int64_t B, H, KV, T, S, D;
-  bool causal;
+  bool causal, dropout;
   std::vector<int64_t> strides;  // every operand's (batch, head, row)
-  auto tie() const { return std::tie(backward, dt, B, H, KV, T, S, D, causal, strides); }
+  auto tie() const { return std::tie(backward, dt, B, H, KV, T, S, D, causal, dropout, strides); }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
@@ -84,6 +84,11 @@ struct Shapes {
     r.is_virtual = is_virtual;
     return r;
   }
+  dnn::TensorSpec keep_mask(cudnnDataType_t io) const {  // dropout's, in memory: [B, H, T, S] dense
+    dnn::TensorSpec m = scores(io);
+    m.is_virtual = false;
+    return m;
+  }
 };
 
 // Causal masking of x [B, H, T, S] (T == S: key s visible to query t iff s <= t, cudnn_frontend's top-left
@@ -100,10 +105,10 @@ int64_t causal_mask(dnn::GraphBuilder& g, const Shapes& sh, int64_t x, int64_t m
 }
 
 // The forward: S = Q K^T * scale, masked; stats = max + log(sum(exp(S - max))); O = softmax(S) V (the
-// probabilities rounded to the inputs' type, as the engine's second product reads them). Operand ids in the
-// order of CudnnSdpa::Entry::uids.
+// probabilities, times keep / (1 - p) under dropout, rounded to the inputs' type, as the engine's second
+// product reads them). Operand ids in the order of CudnnSdpa::Entry::uids.
 std::vector<int64_t> forward_graph(dnn::GraphBuilder& g, const Shapes& sh, cudnnDataType_t io,
-                                   const backend::AttentionRows& r, bool causal) {
+                                   const backend::AttentionRows& r, bool causal, bool dropout) {
   const int64_t B = sh.B, H = sh.H, KV = sh.KV, T = sh.T, S = sh.S, D = sh.D;
   const int64_t q = g.tensor(operand(io, B, H, T, D, r.q)), kt = g.tensor(transposed(io, B, KV, S, D, r.k)),
                 v = g.tensor(operand(io, B, KV, S, D, r.v)), o = g.tensor(operand(io, B, H, T, D, r.out)),
@@ -114,7 +119,8 @@ std::vector<int64_t> forward_graph(dnn::GraphBuilder& g, const Shapes& sh, cudnn
   g.pointwise(CUDNN_POINTWISE_MUL, qk, scale, scaled);
   const int64_t x = causal ? causal_mask(g, sh, scaled, minus_inf) : scaled;
   const int64_t m = g.tensor(sh.rows()), centered = g.tensor(sh.scores()), e = g.tensor(sh.scores()),
-                z = g.tensor(sh.rows()), log_z = g.tensor(sh.rows()), p = g.tensor(sh.scores(io));
+                z = g.tensor(sh.rows()), log_z = g.tensor(sh.rows()),
+                p = g.tensor(sh.scores(dropout ? CUDNN_DATA_FLOAT : io));
   g.reduction(CUDNN_REDUCE_TENSOR_MAX, x, m);
   g.pointwise(CUDNN_POINTWISE_SUB, x, m, centered);
   g.pointwise(CUDNN_POINTWISE_EXP, centered, 0, e);
@@ -122,30 +128,43 @@ std::vector<int64_t> forward_graph(dnn::GraphBuilder& g, const Shapes& sh, cudnn
   g.pointwise(CUDNN_POINTWISE_LOG, z, 0, log_z);
   g.pointwise(CUDNN_POINTWISE_ADD, m, log_z, stats);
   g.pointwise(CUDNN_POINTWISE_DIV, e, z, p);
-  g.matmul(p, v, o);
-  return {q, kt, v, o, stats, scale, minus_inf};
+  if (!dropout) {
+    g.matmul(p, v, o);
+    return {q, kt, v, o, stats, scale, minus_inf, 0, 0};
+  }
+  // cudnn_frontend's custom dropout mask: P * (1 / (1 - p)), then * keep (the scale by value, the mask ours).
+  const int64_t keep = g.tensor(sh.keep_mask(io)), keep_scale = g.tensor(by_value()),
+                scaled_p = g.tensor(sh.scores()), dropped = g.tensor(sh.scores(io));
+  g.pointwise(CUDNN_POINTWISE_MUL, p, keep_scale, scaled_p);
+  g.pointwise(CUDNN_POINTWISE_MUL, scaled_p, keep, dropped);
+  g.matmul(dropped, v, o);
+  return {q, kt, v, o, stats, scale, minus_inf, keep, keep_scale};
 }
 
 // The backward (cudnn_frontend's composite graph on cuDNN 9): delta = rowsum(dO * O) into softmax_sum;
 // P = exp(Q K^T * scale - stats), masked; dV = P^T dO; dS = P * (dO V^T - delta) * scale; dK = dS^T Q;
 // dQ = dS K through an f32 accumulator. dK and dV of grouped heads are summed over the group by a reduction.
-// softmax_sum and the dQ accumulator live in the caller's workspace.
+// softmax_sum and the dQ accumulator live in the caller's workspace. Under dropout (keep mask M, factor
+// s = 1 / (1 - p)): softmax_sum = delta * (1 - p), dV = (P M s)^T dO, dS = P * (M (dO V^T) - softmax_sum) * s
+// * scale - the frontend's order of the same function.
 std::vector<int64_t> backward_graph(dnn::GraphBuilder& g, const Shapes& sh, cudnnDataType_t io,
-                                    const backend::AttentionRows& r, bool causal) {
+                                    const backend::AttentionRows& r, bool causal, bool dropout) {
   const int64_t B = sh.B, H = sh.H, KV = sh.KV, T = sh.T, S = sh.S, D = sh.D;
   const int64_t q = g.tensor(operand(io, B, H, T, D, r.q)), kt = g.tensor(transposed(io, B, KV, S, D, r.k)),
                 vt = g.tensor(transposed(io, B, KV, S, D, r.v)), o = g.tensor(operand(io, B, H, T, D, r.out)),
                 stats = g.tensor(sh.rows(false)), dout = g.tensor(operand(io, B, H, T, D, r.dout)),
                 dq = g.tensor(operand(io, B, H, T, D, r.dq)), dk = g.tensor(operand(io, B, KV, S, D, r.dk)),
-                dv = g.tensor(operand(io, B, KV, S, D, r.dv)), one = g.tensor(by_value()),
+                dv = g.tensor(operand(io, B, KV, S, D, r.dv)), one = dropout ? 0 : g.tensor(by_value()),
                 scale = g.tensor(by_value()), minus_inf = causal ? g.tensor(by_value()) : 0,
-                softmax_sum = g.tensor(sh.rows(false)),
+                keep = dropout ? g.tensor(sh.keep_mask(io)) : 0,
+                keep_scale = dropout ? g.tensor(by_value()) : 0,
+                keep_scale_inv = dropout ? g.tensor(by_value()) : 0, softmax_sum = g.tensor(sh.rows(false)),
                 dq_acc = g.tensor({{B, H, T, D}, {H * T * D, T * D, D, 1}, CUDNN_DATA_FLOAT});
   // delta (cudnn_frontend's dO * O intermediate strides, kept as it ships them).
   const int64_t d_o = g.tensor(inner({B, H, T, D}, {H * T * D, T * D, H * D, 1})), rs = g.tensor(sh.rows());
   g.pointwise(CUDNN_POINTWISE_MUL, dout, o, d_o);
   g.reduction(CUDNN_REDUCE_TENSOR_ADD, d_o, rs);
-  g.pointwise(CUDNN_POINTWISE_MUL, rs, one, softmax_sum);
+  g.pointwise(CUDNN_POINTWISE_MUL, rs, dropout ? keep_scale_inv : one, softmax_sum);
   // P, recomputed from the saved statistics.
   const int64_t qk = g.tensor(sh.scores()), scaled = g.tensor(sh.scores()), centered = g.tensor(sh.scores());
   g.matmul(q, kt, qk);
@@ -154,7 +173,14 @@ std::vector<int64_t> backward_graph(dnn::GraphBuilder& g, const Shapes& sh, cudn
   const int64_t x = causal ? causal_mask(g, sh, centered, minus_inf) : centered;
   const int64_t p = g.tensor(sh.scores()), pt = g.tensor(sh.scores_t(io));
   g.pointwise(CUDNN_POINTWISE_EXP, x, 0, p);
-  g.reshape(p, pt);
+  int64_t p_dropped = p;
+  if (dropout) {
+    const int64_t kept = g.tensor(sh.scores());
+    p_dropped = g.tensor(sh.scores());
+    g.pointwise(CUDNN_POINTWISE_MUL, p, keep, kept);
+    g.pointwise(CUDNN_POINTWISE_MUL, kept, keep_scale, p_dropped);
+  }
+  g.reshape(p_dropped, pt);
   // dV = P^T dO (summed over a group's query heads when they share a kv head).
   const bool grouped = H != KV;
   auto full = [&](int64_t kv_grad) {
@@ -163,13 +189,23 @@ std::vector<int64_t> backward_graph(dnn::GraphBuilder& g, const Shapes& sh, cudn
   const int64_t dv_full = full(dv);
   g.matmul(pt, dout, dv_full);
   if (grouped) g.reduction(CUDNN_REDUCE_TENSOR_ADD, dv_full, dv);
-  // dS = P * (dO V^T - delta) * scale.
+  // dS = P * (dO V^T - delta) * scale (the dropout's mask and factor around it).
   const int64_t dp = g.tensor(sh.scores()), dp_centered = g.tensor(sh.scores()), dpp = g.tensor(sh.scores()),
                 ds = g.tensor(sh.scores()), dst = g.tensor(sh.scores_t(io));
   g.matmul(dout, vt, dp);
-  g.pointwise(CUDNN_POINTWISE_SUB, dp, softmax_sum, dp_centered);
+  int64_t dp_kept = dp;
+  if (dropout) {
+    dp_kept = g.tensor(sh.scores());
+    g.pointwise(CUDNN_POINTWISE_MUL, dp, keep, dp_kept);
+  }
+  g.pointwise(CUDNN_POINTWISE_SUB, dp_kept, softmax_sum, dp_centered);
   g.pointwise(CUDNN_POINTWISE_MUL, dp_centered, p, dpp);
-  g.pointwise(CUDNN_POINTWISE_MUL, dpp, scale, ds);
+  int64_t dpp_scaled = dpp;
+  if (dropout) {
+    dpp_scaled = g.tensor(sh.scores());
+    g.pointwise(CUDNN_POINTWISE_MUL, dpp, keep_scale, dpp_scaled);
+  }
+  g.pointwise(CUDNN_POINTWISE_MUL, dpp_scaled, scale, ds);
   g.reshape(ds, dst);
   const int64_t dk_full = full(dk);
   g.matmul(dst, q, dk_full);
@@ -180,7 +216,8 @@ std::vector<int64_t> backward_graph(dnn::GraphBuilder& g, const Shapes& sh, cudn
   g.reshape(kt, kv);
   g.matmul(ds, kv, dq_acc);
   g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_acc, 0, dq);
-  return {q, kt, vt, o, dout, stats, dq, dk, dv, one, scale, minus_inf, softmax_sum, dq_acc};
+  return {q,         kt,          vt,     o,    dout,       stats,         dq, dk, dv, one, scale,
+          minus_inf, softmax_sum, dq_acc, keep, keep_scale, keep_scale_inv};
 }
 
 int compute_major(int device) {
@@ -235,9 +272,9 @@ const dnn::Api& loaded_api() {
 void build_graph(dnn::GraphBuilder& b, DType dt, const AttentionGeometry& g, bool backward) {
   const Shapes sh{g.B, g.H, g.KV, g.T, g.S, g.D};
   if (backward)
-    backward_graph(b, sh, dnn_type(dt), g.rows, g.causal);
+    backward_graph(b, sh, dnn_type(dt), g.rows, g.causal, g.dropout > 0);
   else
-    forward_graph(b, sh, dnn_type(dt), g.rows, g.causal);
+    forward_graph(b, sh, dnn_type(dt), g.rows, g.causal, g.dropout > 0);
 }
 
 }  // namespace
@@ -297,8 +334,8 @@ CudnnSdpa::Entry* CudnnSdpa::plan(const Key& key, const AttentionGeometry& g, DT
     try {
       dnn::GraphBuilder b(api);
       const Shapes sh{g.B, g.H, g.KV, g.T, g.S, g.D};
-      e->uids = backward ? backward_graph(b, sh, dnn_type(dt), g.rows, g.causal)
-                         : forward_graph(b, sh, dnn_type(dt), g.rows, g.causal);
+      e->uids = backward ? backward_graph(b, sh, dnn_type(dt), g.rows, g.causal, g.dropout > 0)
+                         : forward_graph(b, sh, dnn_type(dt), g.rows, g.causal, g.dropout > 0);
       e->plan = b.build(static_cast<cudnnHandle_t>(handle_));
       e->ok = true;
       ++counts_.plans;
@@ -348,7 +385,7 @@ CudnnSdpa::Key key_of(bool backward, DType dt, const AttentionGeometry& g) {
   const auto& r = g.rows;
   for (const HeadRows& h : {r.q, r.k, r.v, r.out, r.dout, r.dq, r.dk, r.dv})
     strides.insert(strides.end(), {h.batch, h.head, h.row});
-  return {backward, dt, g.B, g.H, g.KV, g.T, g.S, g.D, g.causal, std::move(strides)};
+  return {backward, dt, g.B, g.H, g.KV, g.T, g.S, g.D, g.causal, g.dropout > 0, std::move(strides)};
 }
 
 bool capturing(cudaStream_t stream) {
@@ -377,19 +414,36 @@ bool CudnnSdpa::run(Entry& e, const std::vector<void*>& operands, void* workspac
   return true;
 }
 
+namespace {
+
+// Under dropout, the call's keep mask drawn into `mask` on `stream` (our Philox stream: the mask every other
+// form of ours draws; `shift` moves its offset in a CUDA graph's launches).
+void draw_keep_mask(cudaStream_t stream, DType dt, const AttentionGeometry& g, void* mask,
+                    const uint64_t* shift) {
+  dropout_keep_mask(stream, dt, mask, g.B * g.H * g.T * g.S, g.dropout, g.seed, g.offset, shift);
+}
+
+}  // namespace
+
 bool CudnnSdpa::forward(cudaStream_t stream, DType dt, const AttentionGeometry& g, const void* q,
-                        const void* k, const void* v, void* out, void* lse, Scratch& scratch) {
+                        const void* k, const void* v, void* out, void* lse, const uint64_t* shift,
+                        Scratch& scratch) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!unsupported(dt, g, major_, false, {q, k, v, out, lse}).empty()) return false;
   const bool graph = capturing(stream);
   if (!ready(stream, graph) || too_old(false)) return false;
   Entry* e = plan(key_of(false, dt, g), g, dt, false, graph);
   if (e == nullptr) return false;
-  float scale = static_cast<float>(g.scale), minus_inf = -INFINITY;
-  void* ws = e->plan.workspace > 0 ? scratch.take(static_cast<size_t>(e->plan.workspace)) : nullptr;
+  float scale = static_cast<float>(g.scale), minus_inf = -INFINITY,
+        keep_scale = static_cast<float>(g.keep_scale);
+  const auto mask_bytes = static_cast<size_t>(backend::cudnn_attention_dropout_mask_bytes(g));
+  const size_t ws_bytes = mask_bytes + static_cast<size_t>(e->plan.workspace);
+  auto* ws = ws_bytes > 0 ? static_cast<char*>(scratch.take(ws_bytes)) : nullptr;
+  if (mask_bytes > 0) draw_keep_mask(stream, dt, g, ws, shift);
   if (!run(*e,
-           {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), out, lse, &scale, &minus_inf},
-           ws, g, false))
+           {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), out, lse, &scale, &minus_inf,
+            ws, &keep_scale},
+           e->plan.workspace > 0 ? ws + mask_bytes : nullptr, g, false))
     return false;
   ++counts_.forward;
   return true;
@@ -397,22 +451,28 @@ bool CudnnSdpa::forward(cudaStream_t stream, DType dt, const AttentionGeometry& 
 
 bool CudnnSdpa::backward(cudaStream_t stream, DType dt, const AttentionGeometry& g, const void* q,
                          const void* k, const void* v, const void* out, const void* lse, const void* dout,
-                         void* dq, void* dk, void* dv, Scratch& scratch) {
+                         void* dq, void* dk, void* dv, const uint64_t* shift, Scratch& scratch) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!unsupported(dt, g, major_, true, {q, k, v, out, lse, dout, dq, dk, dv}).empty()) return false;
   const bool graph = capturing(stream);
   if (!ready(stream, graph) || too_old(true)) return false;
   Entry* e = plan(key_of(true, dt, g), g, dt, true, graph);
   if (e == nullptr) return false;
-  float one = 1.0f, scale = static_cast<float>(g.scale), minus_inf = -INFINITY;
+  float one = 1.0f, scale = static_cast<float>(g.scale), minus_inf = -INFINITY,
+        keep_scale = static_cast<float>(g.keep_scale), keep_scale_inv = 1.0f - g.dropout;
+  // The workspace: dQ's accumulator, the row sums, the keep mask, then the engine's own.
   const auto acc = static_cast<size_t>(backend::cudnn_attention_dq_accumulator_bytes(g)),
-             sums = static_cast<size_t>(backend::cudnn_attention_row_sum_bytes(g));
-  auto* ws = static_cast<char*>(scratch.take(acc + sums + static_cast<size_t>(e->plan.workspace)));
+             sums = static_cast<size_t>(backend::cudnn_attention_row_sum_bytes(g)),
+             mask_bytes = static_cast<size_t>(backend::cudnn_attention_dropout_mask_bytes(g));
+  auto* ws =
+      static_cast<char*>(scratch.take(acc + sums + mask_bytes + static_cast<size_t>(e->plan.workspace)));
+  char* mask = ws + acc + sums;
+  if (mask_bytes > 0) draw_keep_mask(stream, dt, g, mask, shift);
   if (!run(*e,
            {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), const_cast<void*>(out),
             const_cast<void*>(dout), const_cast<void*>(lse), dq, dk, dv, &one, &scale, &minus_inf, ws + acc,
-            ws},
-           e->plan.workspace > 0 ? ws + acc + sums : nullptr, g, true))
+            ws, mask, &keep_scale, &keep_scale_inv},
+           e->plan.workspace > 0 ? mask + mask_bytes : nullptr, g, true))
     return false;
   ++counts_.backward;
   return true;

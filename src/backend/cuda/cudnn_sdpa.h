@@ -4,10 +4,10 @@
 // per shape and layout, run on the backend's compute stream with workspace from the caching allocator.
 //
 // It takes a call only where cuDNN computes our function (backend/cudnn_attention_rule.h: bf16/f16, no key
-// padding mask or attention dropout, ...; the logsumexp it saves is the one our backward reads, so a cuDNN
-// forward may pair with our backward and the reverse) on 16-byte aligned operands whose strides are
-// multiples of 8 elements. Everything else, and every shape cuDNN refuses (said once per shape on stderr),
-// runs the backend's flash or tiled kernels.
+// padding mask, attention dropout through our own Philox mask drawn for the call, ...; the logsumexp it saves
+// is the one our backward reads, so a cuDNN forward may pair with our backward and the reverse) on 16-byte
+// aligned operands whose strides are multiples of 8 elements. Everything else, and every shape cuDNN refuses
+// (said once per shape on stderr), runs the backend's flash or tiled kernels.
 #pragma once
 #include <cudnn_graph.h>
 
@@ -47,14 +47,15 @@ class CudnnSdpa {
                                  std::initializer_list<const void*> ptrs);
 
   // Queues out [B, H, T, D] and lse [B, H, T] (contiguous, f32 for the half types) on `stream` and returns
-  // true; or returns false having queued nothing, when cuDNN does not take the call (the caller runs its own
-  // kernels).
+  // true; or returns false, when cuDNN does not take the call (the caller runs its own kernels), having
+  // queued at most the dropout mask's drawing. `shift` moves the dropout's Philox offset in a CUDA graph's
+  // launches (null: none).
   bool forward(cudaStream_t stream, DType dt, const backend::AttentionGeometry& g, const void* q,
-               const void* k, const void* v, void* out, void* lse, Scratch& scratch);
+               const void* k, const void* v, void* out, void* lse, const uint64_t* shift, Scratch& scratch);
   // dq, dk, dv (overwritten) from the saved out and lse; same contract.
   bool backward(cudaStream_t stream, DType dt, const backend::AttentionGeometry& g, const void* q,
                 const void* k, const void* v, const void* out, const void* lse, const void* dout, void* dq,
-                void* dk, void* dv, Scratch& scratch);
+                void* dk, void* dv, const uint64_t* shift, Scratch& scratch);
 
   // The graph of a call built without planning it, which needs no GPU: every tensor and operation
   // descriptor finalized, so cuDNN has checked their attributes. Returns the number of operations; throws

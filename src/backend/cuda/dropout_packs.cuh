@@ -56,4 +56,27 @@ __global__ void dropout_packs_kernel(const T* x, T* y, int64_t n, float p, acc_t
   for (int64_t i = packs * V + first; i < n; i += step) y[i] = f(i, x[i]);
 }
 
+// Dropout's keep mask alone: y[i] = 1 where dropout over an array of n elements with (seed, offset) keeps
+// element i, 0 where it drops it - cuDNN's attention multiplies its probabilities by it. The same words, in
+// the same packs, as dropout_packs_kernel; bound by Philox's integer work (2 bytes written per element).
+template <int V, typename T>
+__global__ void keep_mask_packs_kernel(T* y, int64_t n, float p, uint64_t seed, uint64_t offset,
+                                       const uint64_t* shift) {
+  const uint64_t at = offset + (shift ? *shift : 0);
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t step = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  const int64_t packs = n / V;
+  const T one = from_acc<T>(acc_t<T>(1)), zero = from_acc<T>(acc_t<T>(0));
+  for (int64_t j = first; j < packs; j += step) {
+    uint32_t w[V];
+    philox_block_words(seed, at, static_cast<uint64_t>(j * V), w);
+    Pack<T, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) out.v[k] = uniform_from_word(w[k]) >= p ? one : zero;
+    reinterpret_cast<Pack<T, V>*>(y)[j] = out;
+  }
+  for (int64_t i = packs * V + first; i < n; i += step)
+    y[i] = uniform_from_word(philox_word(seed, at, static_cast<uint64_t>(i))) >= p ? one : zero;
+}
+
 }  // namespace tr::cuda::TR_DROP_NAMESPACE

@@ -347,6 +347,22 @@ void dropout(Stream stream, DType dt, const void* x, void* y, int64_t n, double 
   TR_CUDA_LAUNCH_CHECK("dropout");
 }
 
+void dropout_keep_mask(Stream stream, DType dt, void* y, int64_t n, double p, uint64_t seed, uint64_t offset,
+                       const uint64_t* shift) {
+  if (n == 0) return;
+  dispatch_float(dt, [&]<typename T>() {
+    constexpr int V = static_cast<int>(16 / sizeof(T));
+    if constexpr (V % 4 == 0) {
+      if (!aligned_to(y, 16)) throw std::runtime_error("dropout_keep_mask: the mask must be 16-byte aligned");
+      drop::keep_mask_packs_kernel<V><<<blocks_for((n + V - 1) / V), 256, 0, stream>>>(
+          static_cast<T*>(y), n, static_cast<float>(p), seed, offset, shift);
+    } else {
+      throw std::runtime_error("dropout_keep_mask: a half or f32 mask only");
+    }
+  });
+  TR_CUDA_LAUNCH_CHECK("dropout_keep_mask");
+}
+
 void fused_elementwise(Stream stream, DType dt, const FusedChain& stages, int64_t n, const uint64_t* shift) {
   if (n == 0 || stages.stages == 0) return;
   if (stages.stages > kFusedStages)

@@ -81,6 +81,10 @@ void fused_elementwise(Stream stream, DType dt, const FusedChain& chain, int64_t
 // new numbers at each launch (Backend::set_philox_shift). The same for the attention blocks below.
 void dropout(Stream stream, DType dt, const void* x, void* y, int64_t n, double p, uint64_t seed,
              uint64_t offset, const uint64_t* shift = nullptr);
+// y (n elements, 16-byte aligned, a half or f32 type) = 1 where dropout() with (p, seed, offset) keeps the
+// element, 0 where it drops it: the mask cuDNN's attention reads.
+void dropout_keep_mask(Stream stream, DType dt, void* y, int64_t n, double p, uint64_t seed, uint64_t offset,
+                       const uint64_t* shift);
 // *p = value, in stream order (no host synchronization, unlike a copy from pageable memory).
 void set_u64(Stream stream, uint64_t* p, uint64_t value);
 
