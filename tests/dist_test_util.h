@@ -82,9 +82,10 @@ class CountingGroup final : public dist::ProcessGroup {
   void reduce_scatter_sum_on(Device d, const float* in, float* out, size_t n) override {
     ++on_device, inner_.reduce_scatter_sum_on(d, in, out, n);
   }
-  void reduce_blocks_on(Device d, const float* in, const std::vector<int64_t>& c, float* out) override {
+  void reduce_blocks_on(Device d, const float* in, const std::vector<int64_t>& c, float* out,
+                        const backend::ComputeFence* after = nullptr) override {
     if (before_reduce) before_reduce();
-    ++on_device, inner_.reduce_blocks_on(d, in, c, out);
+    ++on_device, inner_.reduce_blocks_on(d, in, c, out, after);
   }
   void all_gather_on(Device d, const void* in, void* out, size_t b) override {
     ++on_device, inner_.all_gather_on(d, in, out, b);

@@ -51,6 +51,27 @@ class CopyStream {
   void* compute_ = nullptr;  // cudaEvent_t: the compute work queued before a copy
 };
 
+// A point in a device's compute stream. record() marks the work queued so far, on the thread that queued
+// it. A collective issued later, from any thread, then waits on the GPU for that point only, not for the
+// work queued after it. (ZeRO's buckets are packed on the training thread and reduced on the communication
+// thread while backward goes on: a mark taken at issue time would hold the reduction behind the rest of
+// backward.) Off a GPU it marks nothing.
+class ComputeFence {
+ public:
+  explicit ComputeFence(Device device);
+  ~ComputeFence();
+  ComputeFence(const ComputeFence&) = delete;
+  ComputeFence& operator=(const ComputeFence&) = delete;
+  void record();
+  // The cudaEvent_t of the last record() (null off a GPU or before the first).
+  void* event() const { return recorded_ ? event_ : nullptr; }
+
+ private:
+  Device device_;
+  void* event_ = nullptr;  // cudaEvent_t
+  bool recorded_ = false;
+};
+
 // An NCCL communicator, one GPU per rank (backend/cuda/nccl_comm.cpp; NCCL is loaded when the first one is
 // made, so a binary without libnccl.so.2 beside it still runs everything else; without CUDA: throws). The
 // collectives run on a communication stream of the communicator's own, so the kernels other threads queue on
@@ -77,8 +98,10 @@ class NcclComm {
   // (ncclReduceScatter; ZeRO's gradient shard).
   void reduce_scatter_sum_device(const float* in, float* out, size_t n);
   // Block j of `in` (counts[j] f32, consecutive by rank) summed into rank j's `out` (one ncclReduce per
-  // non-empty block, grouped; ZeRO's buckets that span shards).
-  void reduce_blocks_device(const float* in, const std::vector<int64_t>& counts, float* out);
+  // non-empty block, grouped; ZeRO's buckets that span shards). `after` (a cudaEvent_t, ComputeFence's):
+  // the compute-stream point `in` was written by; null: the compute work queued so far.
+  void reduce_blocks_device(const float* in, const std::vector<int64_t>& counts, float* out,
+                            const void* after = nullptr);
   // Every rank's `bytes` from `in`, concatenated by rank into `out` (ncclAllGather; ZeRO's updated shard).
   void all_gather_device(const void* in, void* out, size_t bytes);
   // Variable blocks: rank j's counts[j] bytes (this rank's from `in`) concatenated by rank into `out` (one
@@ -98,8 +121,9 @@ class NcclComm {
   NcclComm(int device_index, int rank, int world, void* comm, std::chrono::milliseconds timeout);
   void* staging(size_t bytes);  // the device buffer, grown to at least `bytes`
   // The communication stream (made at the first call, on device_), for a collective over host memory; with
-  // `after_compute`, it first waits for the compute work queued so far (device inputs).
-  void* begin(bool after_compute);
+  // `after_compute`, it first waits for the compute work queued so far (device inputs), or with `after` (a
+  // cudaEvent_t) for the compute work that event marks.
+  void* begin(bool after_compute, const void* after = nullptr);
   void wait(const char* what);  // until the communication stream's work is done (or fails, or times out)
   int device_, rank_, world_;
   void* comm_ = nullptr;  // ncclComm_t

@@ -412,14 +412,15 @@ class NcclGroup final : public ProcessGroup {
     check_device(d, "reduce_scatter_sum");
     timed(n * 4 * static_cast<size_t>(size()), [&] { comm_->reduce_scatter_sum_device(in, out, n); });
   }
-  void reduce_blocks_on(Device d, const float* in, const std::vector<int64_t>& counts, float* out) override {
-    if (!d.is_cuda()) return ProcessGroup::reduce_blocks_on(d, in, counts, out);
+  void reduce_blocks_on(Device d, const float* in, const std::vector<int64_t>& counts, float* out,
+                        const backend::ComputeFence* after = nullptr) override {
+    if (!d.is_cuda()) return ProcessGroup::reduce_blocks_on(d, in, counts, out, after);
     check_device(d, "reduce_blocks");
     TR_CHECK(counts.size() == static_cast<size_t>(size()), "reduce_blocks: {} counts for {} ranks",
              counts.size(), size());
     size_t bytes = 0;
     for (int64_t c : counts) bytes += static_cast<size_t>(c) * 4;
-    timed(bytes, [&] { comm_->reduce_blocks_device(in, counts, out); });
+    timed(bytes, [&] { comm_->reduce_blocks_device(in, counts, out, after ? after->event() : nullptr); });
   }
   void all_gather_on(Device d, const void* in, void* out, size_t bytes) override {
     if (!d.is_cuda()) return ProcessGroup::all_gather_on(d, in, out, bytes);
@@ -585,8 +586,8 @@ void ProcessGroup::reduce_scatter_sum_on(Device d, const float* in, float* out, 
   reduce_scatter_sum(in, out, n, scratch);
 }
 
-void ProcessGroup::reduce_blocks_on(Device d, const float* in, const std::vector<int64_t>& counts,
-                                    float* out) {
+void ProcessGroup::reduce_blocks_on(Device d, const float* in, const std::vector<int64_t>& counts, float* out,
+                                    const backend::ComputeFence*) {
   check_host(d, "reduce_blocks");
   std::vector<float> scratch;
   reduce_blocks(in, counts, out, scratch);

@@ -15,6 +15,10 @@
 #include "core/device.h"
 #include "dist/env.h"
 
+namespace tr::backend {
+class ComputeFence;
+}
+
 namespace tr::dist {
 
 enum class CommBackend { gloo, nccl };
@@ -77,7 +81,10 @@ class ProcessGroup {
   virtual void reduce_scatter_sum_on(Device d, const float* in, float* out, size_t n);
   // Block j of `in` (counts[j] floats, consecutive by rank; the same counts on every rank) summed over the
   // ranks into rank j's `out` (counts[rank()] floats): ZeRO's reduction of a bucket that spans shards.
-  virtual void reduce_blocks_on(Device d, const float* in, const std::vector<int64_t>& counts, float* out);
+  // `after` (recorded where `in` was written, maybe on another thread): on a GPU, the collective waits for
+  // that point of the compute stream instead of everything queued by the time it is issued.
+  virtual void reduce_blocks_on(Device d, const float* in, const std::vector<int64_t>& counts, float* out,
+                                const backend::ComputeFence* after = nullptr);
   // all_gather in d's memory.
   virtual void all_gather_on(Device d, const void* in, void* out, size_t bytes);
   // all_gather_v in d's memory (ZeRO-3's gather of a chunk's pieces).

@@ -185,7 +185,8 @@ class ShardedOptimizer final : public optim::Optimizer {
   struct BucketSlot {
     host_stage::StagingBuffer<float> host;
     Tensor send, scale;
-    uint64_t ticket = 0;  // the last reduction that read this slot
+    std::unique_ptr<backend::ComputeFence> packed;  // on a GPU: the compute-stream point after the packing
+    uint64_t ticket = 0;                            // the last reduction that read this slot
   };
   void plan_buckets();
   void reduce_bucket(const Bucket& b);  // packed into a free slot here, reduced on the communication thread

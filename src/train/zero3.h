@@ -116,7 +116,8 @@ class FullShard final : public models::LayerHooks {
   struct Slot {
     std::vector<float> host;
     Tensor send, sum, scale;
-    uint64_t ticket = 0;  // the last job that read this slot
+    std::unique_ptr<backend::ComputeFence> packed;  // on a GPU: the compute-stream point after the packing
+    uint64_t ticket = 0;                            // the last job that read this slot
   };
   void reduce(Unit& u);
   void gather_chunk(const Chunk& c);

@@ -71,12 +71,15 @@ void ShardedOptimizer::pack_bucket_on_device(const Bucket& b, BucketSlot& s) {
   if (!s.send.defined()) {
     s.send = ops::empty({std::max<int64_t>(bucket_elems_, 1)}, DType::f32, dev_);
     s.scale = ops::empty({1}, DType::f32, dev_);
+    if (dev_.is_cuda()) s.packed = std::make_unique<backend::ComputeFence>(dev_);
   }
   layout_.visit(b.lo, b.hi, [&](size_t p, int64_t at, int64_t cnt, int64_t pos) {
     const Tensor grad = params_[p].second->grad();
     widen_into(stretch(s.send, pos, cnt), grad.defined() ? ops::contiguous(grad) : grad, at);
   });
   if (bucket_scale_ != 1.0f) ops::fill_(s.scale, bucket_scale_);  // read by this slot's reduction
+  // The reduction waits for this point, not for the rest of backward queued by the time it is issued.
+  if (s.packed) s.packed->record();
 }
 
 // On the communication thread: the owners' sums straight into the gradient shard, scaled there in f32 (the
@@ -84,7 +87,7 @@ void ShardedOptimizer::pack_bucket_on_device(const Bucket& b, BucketSlot& s) {
 void ShardedOptimizer::reduce_bucket_on_device(BucketSlot& s, const std::vector<int64_t>& counts,
                                                int64_t mine_lo, int64_t mine, float scale) {
   const Tensor out = stretch(grad_flat_, mine > 0 ? mine_lo : 0, mine);
-  group_.reduce_blocks_on(dev_, s.send.data<float>(), counts, out.data<float>());
+  group_.reduce_blocks_on(dev_, s.send.data<float>(), counts, out.data<float>(), s.packed.get());
   if (scale != 1.0f && mine > 0) ops::binary_(ops::BinaryOp::mul, out, s.scale);
 }
 
@@ -175,6 +178,7 @@ void FullShard::make_slots() {
     s.send = ops::empty({total}, DType::f32, dev);
     s.sum = ops::empty({mine}, DType::f32, dev);
     s.scale = ops::empty({1}, DType::f32, dev);
+    if (dev.is_cuda()) s.packed = std::make_unique<backend::ComputeFence>(dev);
   }
 }
 
@@ -188,19 +192,20 @@ void FullShard::pack_chunk_on_device(const Chunk& c, Slot& s) {
     pos += p.n;
   }
   if (scale_ != 1.0f) ops::fill_(s.scale, scale_);  // read by this slot's reduction, queued after
+  if (s.packed) s.packed->record();                 // what the reduction waits for (not the rest of backward)
 }
 
 // Every rank's gradient pieces of the chunk summed into their owners; this rank's sums, times the scale,
 // added into its gradient shard (accumulating over micro-batches), as the host path does in f32. On the
-// communication thread: the collective waits for the packing copies (NCCL: for the compute stream's queued
-// work), and the additions queue behind it; nothing is allocated here.
+// communication thread: the collective waits for the packing copies (NCCL: for the compute-stream point the
+// packing recorded), and the additions queue behind it; nothing is allocated here.
 void FullShard::reduce_chunk_on_device(const Chunk& c, Slot& s, float scale) {
   const Device dev = opt_.shard_device();
   const int me = opt_.rank();
   const int64_t base = static_cast<int64_t>(me) * opt_.layout().shard;
   const int64_t mine = c.per_rank[static_cast<size_t>(me)];
   if (meta_) return;
-  opt_.group_.reduce_blocks_on(dev, s.send.data<float>(), c.per_rank, s.sum.data<float>());
+  opt_.group_.reduce_blocks_on(dev, s.send.data<float>(), c.per_rank, s.sum.data<float>(), s.packed.get());
   const Tensor sum = stretch(s.sum, 0, mine);
   if (scale != 1.0f && mine > 0) ops::binary_(ops::BinaryOp::mul, sum, s.scale);
   int64_t pos = 0;

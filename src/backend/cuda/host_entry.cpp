@@ -210,6 +210,26 @@ void CopyStream::synchronize() {
   if (stream_) TR_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
 }
 
+ComputeFence::ComputeFence(Device device) : device_(device) {
+  if (!device.is_cuda()) return;
+  cuda_backend();
+  cuda_use_device(device.index);
+  cudaEvent_t e = nullptr;
+  TR_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  event_ = e;
+}
+
+ComputeFence::~ComputeFence() {
+  if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+}
+
+void ComputeFence::record() {
+  if (!event_) return;
+  cuda_use_device(device_.index);
+  TR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), cuda::compute_stream(device_.index)));
+  recorded_ = true;
+}
+
 void cuda_copy_between_devices(const Tensor& src, const Tensor& dst) {
   TR_CHECK(src.nbytes() == dst.nbytes() && src.dtype() == dst.dtype(), "copy between {} and {}: sizes differ",
            src.describe(), dst.describe());

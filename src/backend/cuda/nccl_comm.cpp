@@ -206,7 +206,7 @@ void* NcclComm::staging(size_t bytes) {
 }
 
 // Called with device_ current.
-void* NcclComm::begin(bool after_compute) {
+void* NcclComm::begin(bool after_compute, const void* after) {
   if (stream_ == nullptr) {
     cudaStream_t s = nullptr;
     cudaEvent_t a = nullptr, b = nullptr;
@@ -216,7 +216,9 @@ void* NcclComm::begin(bool after_compute) {
     stream_ = s, queued_ = a, done_ = b;
   }
   const auto s = static_cast<cudaStream_t>(stream_);
-  if (after_compute) {  // on the GPU: the host goes on at once
+  if (after_compute && after != nullptr) {  // the point the caller marked when it queued the inputs
+    TR_CUDA_CHECK(cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(const_cast<void*>(after)), 0));
+  } else if (after_compute) {  // on the GPU: the host goes on at once
     const auto q = static_cast<cudaEvent_t>(queued_);
     TR_CUDA_CHECK(cudaEventRecord(q, cuda::compute_stream(device_)));
     TR_CUDA_CHECK(cudaStreamWaitEvent(s, q, 0));
@@ -307,7 +309,8 @@ void NcclComm::reduce_scatter_sum_device(const float* in, float* out, size_t n) 
   });
 }
 
-void NcclComm::reduce_blocks_device(const float* in, const std::vector<int64_t>& counts, float* out) {
+void NcclComm::reduce_blocks_device(const float* in, const std::vector<int64_t>& counts, float* out,
+                                    const void* after) {
   TR_CHECK(comm_ != nullptr, "NCCL: the communicator was aborted after an earlier failure");
   TR_CHECK(counts.size() == static_cast<size_t>(world_), "NCCL reduce_blocks: {} counts for {} ranks",
            counts.size(), world_);
@@ -315,7 +318,7 @@ void NcclComm::reduce_blocks_device(const float* in, const std::vector<int64_t>&
   for (int64_t c : counts) total += c;
   if (total == 0) return;
   on_device(device_, [&] {
-    const auto s = static_cast<cudaStream_t>(begin(true));
+    const auto s = static_cast<cudaStream_t>(begin(true, after));
     {
       const GroupScope group;
       int64_t at = 0;

@@ -32,6 +32,11 @@ CopyStream::CopyStream(Device device) : device_(device) {
   TR_CHECK(!device.is_cuda(), "CopyStream for {}: this build has no CUDA support", device.str());
 }
 CopyStream::~CopyStream() = default;
+ComputeFence::ComputeFence(Device device) : device_(device) {
+  TR_CHECK(!device.is_cuda(), "ComputeFence for {}: this build has no CUDA support", device.str());
+}
+ComputeFence::~ComputeFence() = default;
+void ComputeFence::record() {}
 void CopyStream::copy_async(const Tensor& host, const Tensor& dev) { cuda_copy_between_devices(host, dev); }
 void CopyStream::make_compute_wait() {}
 void CopyStream::synchronize() {}
@@ -54,7 +59,9 @@ NcclComm::~NcclComm() = default;
 void NcclComm::all_reduce_sum(void*, size_t, DType) { unique_id(); }
 void NcclComm::all_reduce_sum_device(void*, size_t, DType) { unique_id(); }
 void NcclComm::reduce_scatter_sum_device(const float*, float*, size_t) { unique_id(); }
-void NcclComm::reduce_blocks_device(const float*, const std::vector<int64_t>&, float*) { unique_id(); }
+void NcclComm::reduce_blocks_device(const float*, const std::vector<int64_t>&, float*, const void*) {
+  unique_id();
+}
 void NcclComm::all_gather_device(const void*, void*, size_t) { unique_id(); }
 void NcclComm::all_gather_v_device(const void*, void*, const std::vector<size_t>&) { unique_id(); }
 void NcclComm::broadcast(void*, size_t, int) { unique_id(); }
