@@ -2,6 +2,8 @@
 // tensors, copies and the dropout/RNG bits matching the CPU exactly.
 #include <fmt/format.h>
 
+#include <thread>
+
 #include "backend/cuda_api.h"
 
 #include "test_util.h"
@@ -353,6 +355,18 @@ TEST(CudaNccl, AWorldOfOneRunsEveryCollective) {
   char out[5] = {};
   c.exchange(in, {4}, out, {4});  // to and from itself
   EXPECT_EQ(std::string(out, 4), "abcd");
+  // A fenced reduction (ZeRO's buckets): the input written on the compute stream, the fence recorded after
+  // it on this thread, the collective issued from another thread and waiting for that point on the GPU.
+  const Tensor bucket = ops::full({3}, 0.0, DType::f32, Device::cuda(0)),
+               sum = ops::empty({3}, DType::f32, Device::cuda(0));
+  ops::fill_(bucket, 2.5);
+  backend::ComputeFence packed(Device::cuda(0));
+  EXPECT_EQ(packed.event(), nullptr);  // nothing recorded yet
+  packed.record();
+  std::thread([&] {
+    c.reduce_blocks_device(bucket.data<float>(), {3}, sum.data<float>(), packed.event());
+  }).join();
+  EXPECT_EQ(ops::to_vector<float>(sum), std::vector<float>(3, 2.5f));
   auto sub = c.split(3, 0);
   EXPECT_EQ(sub->size(), 1);
   float one = 2.0f;
