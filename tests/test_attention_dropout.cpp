@@ -6,6 +6,7 @@
 // dims padded inside the flash kernels. Also: the form rule, and that the mask depends on the offset.
 #include <cmath>
 
+#include "backend/cudnn_attention_rule.h"
 #include "backend/cuda_api.h"
 #include "attention_test_util.h"
 
@@ -165,6 +166,23 @@ TEST(AttentionForm, AMetaDryRunCountsTheWorkspaceOfCudnnsAttention) {
   EXPECT_EQ(extra(F::fused_cudnn, {}, T, 0.0, false), 0);
   EXPECT_EQ(extra(F::fused, {}, T, 0.1, false), 0);
   EXPECT_EQ(extra(F::fused_cudnn, {}, T + 8, 0.0), 0);
+}
+
+// cuDNN takes attention dropout only through a keep mask it can read: rows 16-byte aligned (keys a multiple
+// of 8) and the whole mask at most 1 GiB; without dropout neither limit applies.
+TEST(AttentionForm, CudnnTakesDropoutWhereItsMaskFits) {
+  auto declines = [](int64_t B, int64_t S, double p) {
+    backend::AttentionGeometry g{B, 12, 12, S, S, 64, true, 0.125, nullptr};
+    g.with_dropout(p, 1, 0);
+    const char* why = backend::cudnn_attention_declines(true, g, 9, true);
+    return std::string(why ? why : "");
+  };
+  EXPECT_EQ(declines(2, 1024, 0.1), "");
+  EXPECT_EQ(declines(2, 1020, 0.0), "");
+  EXPECT_NE(declines(2, 1020, 0.1).find("multiple of 8"), std::string::npos);
+  EXPECT_EQ(declines(43, 1024, 0.0), "");  // 43 x 12 x 1024^2 x 2 bytes: past 1 GiB
+  EXPECT_NE(declines(43, 1024, 0.1).find("1 GiB"), std::string::npos);
+  EXPECT_EQ(declines(42, 1024, 0.1), "");  // 1,056,964,608 bytes
 }
 
 // A bad probability is refused by name in either form.

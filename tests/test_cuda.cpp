@@ -607,8 +607,8 @@ TEST(CudnnDevice, DropoutInACapturedGraphFollowsThePhiloxShift) {
   }
 }
 
-// Calls cuDNN's attention does not take (a padding mask, f32) run our kernels: its counts stay, and the
-// results are the reference's.
+// Calls cuDNN's attention does not take (a padding mask, f32, dropout over keys not a multiple of 8) run
+// our kernels: its counts stay, and the results are the reference's.
 TEST(CudnnDevice, AttentionDeclinesWhatItDoesNotCompute) {
   if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: cuDNN attention NOT tested";
   const Device gpu = Device::cuda(0);
@@ -623,6 +623,9 @@ TEST(CudnnDevice, AttentionDeclinesWhatItDoesNotCompute) {
   const auto masked = ops::attention(d(q, DType::bf16), d(k, DType::bf16), d(v, DType::bf16),
                                      ops::to_device(kk, gpu), true, 0.125);
   ops::attention(d(q, DType::f32), d(k, DType::f32), d(v, DType::f32), {}, true, 0.125);
+  // Dropout over 60 keys: the keep mask's rows would not be 16-byte aligned.
+  const Tensor q60 = d(ops::randn({1, 2, 60, 64}, gen), DType::bf16);
+  ops::attention(q60, q60, q60, {}, true, 0.125, 0, ops::AttentionForm::automatic, {0.1, 3, 0});
   const auto after = backend::cuda_cudnn_attention_counts();
   EXPECT_EQ(after.forward, before.forward);
   const auto ref = ops::attention(ops::to_dtype(ops::to_dtype(q, DType::bf16), DType::f32),

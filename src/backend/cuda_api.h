@@ -136,8 +136,8 @@ class NcclComm {
 };
 
 // cuDNN's fused attention (backend/cuda/cudnn_sdpa.h), which the CUDA backend tries first for the calls it
-// takes (bf16/f16, no padding mask or dropout, ...): on unless TRAINER_CUDNN_ATTENTION=0 was set at start.
-// What it ran so far, over every GPU of the process.
+// takes (bf16/f16, no padding mask, dropout through our keep mask, ...): on unless TRAINER_CUDNN_ATTENTION=0
+// was set at start. What it ran so far, over every GPU of the process.
 struct CudnnAttentionCounts {
   int64_t forward = 0, backward = 0;  // calls cuDNN ran
   int64_t plans = 0;                  // graphs planned (one per shape and layout, each direction)

@@ -22,8 +22,8 @@ inline int64_t cudnn_attention_dropout_mask_bytes(const AttentionGeometry& g) {
 // Why cuDNN's attention does not take a call of this geometry (nullptr when it does, layout permitting):
 // only where its result is ours - bf16/f16 (`half`), compute capability 8.0 or later, head dims multiples
 // of 8 up to 128 (256 on sm_90), no key padding mask, no sliding window, attention dropout only through a
-// mask of at most kCudnnDropoutMaskLimit bytes, causal only with as many keys as queries (its mask is
-// aligned top-left, ours bottom-right), and no empty call.
+// mask of at most kCudnnDropoutMaskLimit bytes whose rows are 16-byte aligned (S a multiple of 8), causal
+// only with as many keys as queries (its mask is aligned top-left, ours bottom-right), and no empty call.
 inline const char* cudnn_attention_declines(bool half, const AttentionGeometry& g, int major, bool backward) {
   if (!half) return "not a half dtype";
   if (major < 8) return "compute capability below 8.0";
@@ -32,6 +32,8 @@ inline const char* cudnn_attention_declines(bool half, const AttentionGeometry& 
   if (g.window > 0) return "a sliding window";
   if (cudnn_attention_dropout_mask_bytes(g) > kCudnnDropoutMaskLimit)
     return "attention dropout whose [B, H, T, S] mask would pass 1 GiB";
+  if (g.dropout > 0 && g.S % 8 != 0)
+    return "attention dropout over keys not a multiple of 8 (mask rows unaligned)";
   if (g.causal && g.T != g.S) return "causal attention over a key cache";
   if (g.B * g.H * g.T == 0 || g.S == 0) return "an empty call";
   if (backward && g.T == 1 && g.S == 1) return "a single query and key";

@@ -72,7 +72,8 @@ class ProcessGroup {
   // ---- The same collectives over the memory of device `d`, without host copies, where reads(d) holds:
   // every group reads the host's memory (host partitions such as cpu:1 included: the host collectives above
   // do the work, with their bits), NCCL also its rank's own GPU, waiting for the compute stream's queued work
-  // first. Where reads(d) does not hold, callers stage through host memory (train/host_stage.h).
+  // first (or, given a fence, for the work before it). Where reads(d) does not hold, callers stage through
+  // host memory (train/host_stage.h).
   virtual bool reads(Device d) const { return d.is_cpu(); }
   // all_reduce_sum over n f32 values in d's memory.
   virtual void all_reduce_sum_on(Device d, float* data, size_t n);
