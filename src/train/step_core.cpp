@@ -116,7 +116,8 @@ Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& 
     if (empties_cache(step) && &real == &micro.front()) empty_cache(r);
     // DDP: the last backward launches each bucket's all-reduce as soon as its gradients are final.
     std::optional<autograd::GradReadyScope> ready;
-    // (CPU tensors only: the comm thread would need a stream of its own and events on a GPU.)
+    // (CPU tensors only: on a GPU the comm thread's packing copies would queue behind the backward already
+    // queued, so the overlap needs packing on this thread into two slots with a ComputeFence, as ZeRO does.)
     if (reducer_ && overlap_ && o_.device.is_cpu() && &real == &micro.back()) {
       reducer_->begin(params_);
       reducing_ = true;
