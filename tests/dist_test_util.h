@@ -76,8 +76,9 @@ class CountingGroup final : public dist::ProcessGroup {
   void barrier() override { inner_.barrier(); }
   std::unique_ptr<dist::ProcessGroup> split(int color) override { return inner_.split(color); }
   bool reads(Device d) const override { return staged_ ? d == Device::cpu() : inner_.reads(d); }
-  void all_reduce_sum_on(Device d, float* p, size_t n) override {
-    ++on_device, inner_.all_reduce_sum_on(d, p, n);
+  void all_reduce_sum_on(Device d, float* p, size_t n,
+                         const backend::ComputeFence* after = nullptr) override {
+    ++on_device, inner_.all_reduce_sum_on(d, p, n, after);
   }
   void reduce_scatter_sum_on(Device d, const float* in, float* out, size_t n) override {
     ++on_device, inner_.reduce_scatter_sum_on(d, in, out, n);

@@ -597,17 +597,26 @@ TEST(DistDdp, GradReadyReportsEachLeafOnceAfterItsLastUse) {
 }
 
 // Buckets all-reduced while backward runs give the same bits as all of them after it, on 3 ranks with
-// a bucket per weight so that the first one is ready after the first weight gradient.
-TEST(DistDdp, OverlappedBucketsEqualReducingAfterBackward) {
-  with_group(3, test_port(11), [](int r, dist::ProcessGroup& g) {
+// a bucket per weight so that the first one is ready after the first weight gradient: host gradients
+// (packed on the communication thread) and a host partition's (the device path: packed on the training
+// thread into two slots, as a GPU's, 6 buckets through 2 slots).
+void check_overlapped_buckets(Device dev, int port) {
+  SCOPED_TRACE(dev.str());
+  with_group(3, port, [dev](int r, dist::ProcessGroup& g) {
+    auto on = [&](Tensor t) {
+      if (dev == Device::cpu()) return t;
+      Tensor d = ops::to_device(t, dev);
+      autograd::set_requires_grad(d, true);
+      return d;
+    };
     auto run = [&](bool overlap) {
       std::vector<Tensor> ws;
-      for (int i = 0; i < 6; ++i) ws.push_back(random_param({8, 8}, 100 + static_cast<uint64_t>(i)));
+      for (int i = 0; i < 6; ++i) ws.push_back(on(random_param({8, 8}, 100 + static_cast<uint64_t>(i))));
       nn::ParamList list;
       std::vector<std::string> names(ws.size(), "w");
       for (size_t i = 0; i < ws.size(); ++i) list.emplace_back(names[i], &ws[i]);
-      Tensor x = random_param({5, 8}, 7 + static_cast<uint64_t>(r));  // each rank its own data
-      train::GradReducer red(g, 64 * 4);                              // a bucket per weight
+      Tensor x = on(random_param({5, 8}, 7 + static_cast<uint64_t>(r)));  // each rank its own data
+      train::GradReducer red(g, 64 * 4);                                  // a bucket per weight
       Tensor h = x;
       for (auto& w : ws) h = tanh(matmul(h, w));
       Tensor loss = sum(h);
@@ -633,7 +642,11 @@ TEST(DistDdp, OverlappedBucketsEqualReducingAfterBackward) {
         red.reduce(list);
       }
       std::vector<std::vector<float>> out;
-      for (auto& w : ws) out.emplace_back(w.grad().data<float>(), w.grad().data<float>() + w.numel());
+      for (auto& w : ws) {
+        EXPECT_EQ(w.grad().device(), dev);
+        const Tensor h = ops::to_device(w.grad(), Device::cpu());
+        out.emplace_back(h.data<float>(), h.data<float>() + h.numel());
+      }
       return std::make_pair(out, red.launched_early());
     };
     const auto [sync, none] = run(false);
@@ -642,6 +655,11 @@ TEST(DistDdp, OverlappedBucketsEqualReducingAfterBackward) {
     EXPECT_GT(early, 0);  // buckets did start before backward ended
     EXPECT_EQ(sync, over) << "rank " << r;
   });
+}
+
+TEST(DistDdp, OverlappedBucketsEqualReducingAfterBackward) {
+  check_overlapped_buckets(Device::cpu(), test_port(11));
+  check_overlapped_buckets(Device{DeviceType::cpu, 1}, test_port(13));
 }
 
 // Shards of a draw are the slices of the whole batch's draw, and every shard leaves the generator where the

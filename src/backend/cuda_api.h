@@ -93,7 +93,8 @@ class NcclComm {
   // Element-wise sums of n f32 or f64 values, in place (host memory, staged through the GPU).
   void all_reduce_sum(void* data, size_t n, DType dt);
   // The same over this communicator's GPU's own memory, in place: no host copies (DDP's device buckets).
-  void all_reduce_sum_device(void* device_data, size_t n, DType dt);
+  // `after`: as reduce_blocks_device's.
+  void all_reduce_sum_device(void* device_data, size_t n, DType dt, const void* after = nullptr);
   // Over the GPU's memory too: out (n f32) = the sum over the ranks of their in[rank * n, (rank + 1) * n)
   // (ncclReduceScatter; ZeRO's gradient shard).
   void reduce_scatter_sum_device(const float* in, float* out, size_t n);

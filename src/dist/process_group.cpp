@@ -402,10 +402,12 @@ class NcclGroup final : public ProcessGroup {
     timed(n * 8, [&] { comm_->all_reduce_sum(data, n, DType::f64); });
   }
   bool reads(Device d) const override { return d.is_cpu() || d == Device::cuda(device_); }
-  void all_reduce_sum_on(Device d, float* data, size_t n) override {
-    if (!d.is_cuda()) return ProcessGroup::all_reduce_sum_on(d, data, n);
+  void all_reduce_sum_on(Device d, float* data, size_t n,
+                         const backend::ComputeFence* after = nullptr) override {
+    if (!d.is_cuda()) return ProcessGroup::all_reduce_sum_on(d, data, n, after);
     check_device(d, "all_reduce_sum");
-    timed(n * 4, [&] { comm_->all_reduce_sum_device(data, n, DType::f32); });
+    timed(n * 4,
+          [&] { comm_->all_reduce_sum_device(data, n, DType::f32, after ? after->event() : nullptr); });
   }
   void reduce_scatter_sum_on(Device d, const float* in, float* out, size_t n) override {
     if (!d.is_cuda()) return ProcessGroup::reduce_scatter_sum_on(d, in, out, n);
@@ -575,7 +577,7 @@ void check_host(Device d, const char* what) {
 }
 }  // namespace
 
-void ProcessGroup::all_reduce_sum_on(Device d, float* data, size_t n) {
+void ProcessGroup::all_reduce_sum_on(Device d, float* data, size_t n, const backend::ComputeFence*) {
   check_host(d, "all_reduce_sum");
   all_reduce_sum(data, n);
 }

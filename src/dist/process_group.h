@@ -75,8 +75,9 @@ class ProcessGroup {
   // first (or, given a fence, for the work before it). Where reads(d) does not hold, callers stage through
   // host memory (train/host_stage.h).
   virtual bool reads(Device d) const { return d.is_cpu(); }
-  // all_reduce_sum over n f32 values in d's memory.
-  virtual void all_reduce_sum_on(Device d, float* data, size_t n);
+  // all_reduce_sum over n f32 values in d's memory (`after`: as reduce_blocks_on's).
+  virtual void all_reduce_sum_on(Device d, float* data, size_t n,
+                                 const backend::ComputeFence* after = nullptr);
   // reduce_scatter_sum's result (size() * n floats in, this rank's n out) in d's memory. NCCL sums in its
   // own order: the bits may differ from the host's, as its all-reduce's do.
   virtual void reduce_scatter_sum_on(Device d, const float* in, float* out, size_t n);

@@ -82,16 +82,26 @@ void GradReducer::begin(const nn::ParamList& params) {
   buffer_.pin(device_.is_cuda());
   buffer_.resize(static_cast<size_t>(largest));
   // Made here, on the training thread: allocations keep their order whatever the communication thread does.
-  // Kept from step to step (one bucket's worth, at most --ddp_bucket_cap_mb; `trainer estimate` counts it).
-  const bool on_device = device_ != Device::cpu() && !device_.is_meta();
-  if (!on_device || (device_bucket_.defined() && device_bucket_.device() != device_))
-    device_bucket_ = Tensor();
-  if (on_device && (!device_bucket_.defined() || device_bucket_.numel() < largest)) {
-    device_bucket_ = Tensor();  // the old one goes first: never two at once
-    device_bucket_ = ops::empty({std::max<int64_t>(largest, 1)}, DType::f32, device_);
+  // Kept from step to step (two buckets' worth, each at most --ddp_bucket_cap_mb; `trainer estimate` counts
+  // them).
+  on_device_ = device_ != Device::cpu() && !device_.is_meta();
+  const bool remake = !on_device_ || !slots_[0].bucket.defined() || slots_[0].bucket.device() != device_ ||
+                      slots_[0].bucket.numel() < largest;
+  if (remake) {
+    for (Slot& s : slots_) s = Slot();  // the old ones go first: never more than two at once
+    scale_t_ = Tensor();
   }
+  if (on_device_ && remake) {
+    for (Slot& s : slots_) {
+      s.bucket = ops::empty({std::max<int64_t>(largest, 1)}, DType::f32, device_);
+      if (device_.is_cuda()) s.packed = std::make_unique<backend::ComputeFence>(device_);
+    }
+    scale_t_ = ops::empty({1}, DType::f32, device_);
+  }
+  if (on_device_) ops::fill_(scale_t_, scale_);
   finishing_ = abort_ = false;
   error_ = nullptr;
+  next_pack_ = packed_ = reduced_ = 0;
   comm_ = std::thread([this] { run_buckets(); });
 }
 
@@ -103,6 +113,47 @@ void GradReducer::grad_ready(const TensorImpl* leaf) {
     for (size_t b : buckets_of_[it->second]) --plan_[b].waiting;
   }
   cv_.notify_all();
+  if (on_device_) pack_ready();
+}
+
+void GradReducer::pack_ready() {
+  while (next_pack_ < plan_.size()) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      if (plan_[next_pack_].waiting > 0 && !finishing_) return;
+      // The slot's last bucket (next_pack_ - 2) reduced and unpacked first; after a failure, nothing more.
+      cv_.wait(lk, [&] { return reduced_ + 2 > next_pack_ || error_ || abort_; });
+      if (error_ || abort_) return;
+      early_ += finishing_ ? 0 : 1;
+    }
+    pack(next_pack_);
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      packed_ = ++next_pack_;
+    }
+    cv_.notify_all();
+  }
+}
+
+// Bucket k's segments widened into its slot by copies queued here (a GPU's on the compute stream, right
+// after the backward kernels that finished the gradients), then the fence its all-reduce waits for. A
+// missing gradient becomes zeros and a strided one contiguous (the same values), here on the training thread.
+void GradReducer::pack(size_t k) {
+  Slot& s = slots_[k % 2];
+  const Bucket& b = plan_[k];
+  s.grads.assign(b.segs.size(), Tensor());
+  for (size_t i = 0; i < b.segs.size(); ++i) {
+    const Segment& seg = b.segs[i];
+    const Tensor& p = *params_[seg.param];
+    Tensor g = p.grad();
+    if (!g.defined() || !g.is_contiguous()) {
+      g = g.defined() ? ops::contiguous(g) : ops::zeros(p.shape(), p.dtype(), p.device());
+      autograd::set_grad(p, g);
+    }
+    s.grads[i] = g;
+    ops::copy_(host_stage::stretch(s.bucket, seg.slot, seg.n), host_stage::stretch(g, seg.at, seg.n));
+  }
+  if (s.packed) s.packed->record();
 }
 
 void GradReducer::finish() {
@@ -112,6 +163,7 @@ void GradReducer::finish() {
     finishing_ = true;
   }
   cv_.notify_all();
+  if (on_device_) pack_ready();  // the buckets left, whatever their reports
   comm_.join();
   if (error_) std::rethrow_exception(error_);
 }
@@ -120,23 +172,36 @@ void GradReducer::finish() {
 // once its gradients are final or backward has ended.
 void GradReducer::run_buckets() {
   try {
-    for (auto& b : plan_) {
+    for (size_t k = 0; k < plan_.size(); ++k) {
+      Bucket& b = plan_[k];
       bool early = false;
       {
         std::unique_lock<std::mutex> lk(mu_);
-        cv_.wait(lk, [&] { return b.waiting <= 0 || finishing_ || abort_; });
+        if (on_device_) {
+          cv_.wait(lk, [&] { return packed_ > k || abort_; });
+        } else {
+          cv_.wait(lk, [&] { return b.waiting <= 0 || finishing_ || abort_; });
+          early = b.waiting <= 0 && !finishing_;
+        }
         if (abort_) return;
-        early = b.waiting <= 0 && !finishing_;
       }
       early_ += early ? 1 : 0;
-      if (device_bucket_.defined())
-        reduce_device_bucket(b);
-      else
+      if (!on_device_) {
         reduce_bucket(b);
+        continue;
+      }
+      reduce_slot(k);
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        reduced_ = k + 1;
+      }
+      cv_.notify_all();
     }
   } catch (...) {
+    std::lock_guard<std::mutex> g(mu_);
     error_ = std::current_exception();
   }
+  cv_.notify_all();  // a training thread waiting for a slot
 }
 
 void GradReducer::reduce_bucket(Bucket& b) {
@@ -169,33 +234,24 @@ void GradReducer::reduce_bucket(Bucket& b) {
   }
 }
 
-// Off the host: each segment widened into the device bucket, the bucket summed in place where the transport
-// reads the device's memory (NCCL on its GPU, any group on a host partition) or else staged through host
-// memory (Gloo beside a GPU: the same bits as a host gradient's bucket), scaled in f32, and each segment
-// rounded back into its gradient at once (no whole-gradient copy anywhere).
-void GradReducer::reduce_device_bucket(Bucket& b) {
-  const Tensor bucket = host_stage::stretch(device_bucket_, 0, b.elems);
-  std::vector<Tensor> grads(b.segs.size());
-  for (size_t i = 0; i < b.segs.size(); ++i) {
-    const Segment& s = b.segs[i];
-    const Tensor& p = *params_[s.param];
-    Tensor g = p.grad();
-    if (!g.defined() || !g.is_contiguous()) {  // missing: zeros; strided: made contiguous (the same values)
-      g = g.defined() ? ops::contiguous(g) : ops::zeros(p.shape(), p.dtype(), p.device());
-      autograd::set_grad(p, g);
-    }
-    grads[i] = g;
-    ops::copy_(host_stage::stretch(bucket, s.slot, s.n), host_stage::stretch(g, s.at, s.n));
-  }
+// Off the host: bucket k's slot (packed on the training thread) summed in place where the transport reads
+// the device's memory (NCCL on its GPU, after the packing's fence; any group on a host partition) or else
+// staged through host memory (Gloo beside a GPU: the same bits as a host gradient's bucket), scaled in f32,
+// and each segment rounded back into its gradient at once (no whole-gradient copy anywhere). Nothing is
+// allocated here.
+void GradReducer::reduce_slot(size_t k) {
+  const Bucket& b = plan_[k];
+  Slot& slot = slots_[k % 2];
+  const Tensor bucket = host_stage::stretch(slot.bucket, 0, b.elems);
+  const std::vector<Tensor>& grads = slot.grads;
   ++buckets_;
   if (group_.reads(device_)) {
-    group_.all_reduce_sum_on(device_, bucket.data<float>(), static_cast<size_t>(b.elems));
+    group_.all_reduce_sum_on(device_, bucket.data<float>(), static_cast<size_t>(b.elems), slot.packed.get());
     // The scale and the rounding in one pass into each gradient: no bucket-sized temporary.
-    const Tensor scale = ops::full({1}, scale_, DType::f32, device_);
     for (size_t i = 0; i < b.segs.size(); ++i) {
       const Segment& s = b.segs[i];
       ops::scaled_copy_(host_stage::stretch(grads[i], s.at, s.n), host_stage::stretch(bucket, s.slot, s.n),
-                        scale);
+                        scale_t_);
     }
     return;
   }

@@ -4,13 +4,18 @@
 // backward a communication thread all-reduces each bucket as soon as the autograd engine reports all of its
 // gradients final (autograd::GradReadyScope), overlapping the rest of backward; accumulation micro-batches
 // before it reduce nothing (DDP's no_sync). Buckets are f32 whatever the gradients' dtype: half gradients are
-// summed in f32 and rounded once, the same bits on every rank. Host gradients fill a host buffer; a device's
-// (a GPU's, a host partition's) fill a bucket on that device, reduced there where the group's transport reads
-// device memory (NCCL on the rank's GPU: no host copies), else staged through host memory. The optimizer then
-// sees the global gradient, so clipping and the fp16 skip read the same statistics on every rank.
+// summed in f32 and rounded once, the same bits on every rank. Host gradients fill a host buffer on the
+// communication thread; a device's (a GPU's, a host partition's) are packed on the training thread, as the
+// engine reports a bucket complete, into one of two device slots (on a GPU with a ComputeFence after the
+// copies, so the all-reduce waits for them and not for the rest of backward queued later), reduced there
+// where the group's transport reads device memory (NCCL on the rank's GPU: no host copies), else staged
+// through host memory. The optimizer then sees the global gradient, so clipping and the fp16 skip read the
+// same statistics on every rank.
 #pragma once
+#include <array>
 #include <atomic>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -60,16 +65,30 @@ class GradReducer {
     int64_t elems = 0;
     int waiting = 0;  // parameters of this bucket not reported ready yet
   };
+  // Off the host: a bucket packed on the training thread, until the communication thread has reduced it.
+  struct Slot {
+    Tensor bucket;                                  // f32, the largest bucket's elements, on device_
+    std::unique_ptr<backend::ComputeFence> packed;  // on a GPU: the compute-stream point after the packing
+    std::vector<Tensor> grads;                      // the packed bucket's segments' gradients
+  };
   void run_buckets();
   void reduce_bucket(Bucket& b);
-  void reduce_device_bucket(Bucket& b);
+  // Training thread: packs the buckets whose gradients are all final (every one when finishing), in order,
+  // each into the slot the bucket two before it has left.
+  void pack_ready();
+  void pack(size_t k);
+  void reduce_slot(size_t k);  // communication thread
 
   dist::ProcessGroup& group_;
   int64_t cap_elems_;
   float scale_;
   host_stage::StagingBuffer<float> buffer_;  // a bucket on the host (pinned for a GPU's, under Gloo)
   Device device_;                            // the gradients'
-  Tensor device_bucket_;                     // off the host: the largest bucket's f32 elements on device_
+  bool on_device_ = false;                   // the gradients are off the host: slots, packed here
+  std::array<Slot, 2> slots_;                // kept from step to step (`trainer estimate` counts both)
+  Tensor scale_t_;                           // scale_ on device_, for the slots' unpacking
+  size_t next_pack_ = 0;                     // training thread: the next bucket to pack
+  size_t packed_ = 0, reduced_ = 0;          // buckets packed / reduced and unpacked (under mu_)
   std::vector<const Tensor*> params_;
   std::vector<Tensor> host_;  // a gradient's host f32 copy while its buckets are in flight
   std::vector<int64_t> summed_;

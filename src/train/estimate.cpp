@@ -306,14 +306,18 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
   // and, when sharded, keeping this rank's share) is reported apart.
   e.setup_peak_bytes = devices.peak(0);
   devices.reset_peaks();
-  // DDP on GPUs: one bucket of f32 gradients (the largest: the cap, or every parameter when fewer), kept on
-  // the GPU from the first reduction on (ddp.cpp); on the host the bucket is plain memory no allocator
-  // counts.
-  Tensor ddp_bucket;
-  if (world_size > 1 && stage == 0 && device == MemoryDevice::cuda)
-    ddp_bucket =
-        ops::empty({std::max<int64_t>(1, std::min<int64_t>(e.parameters, (a.ddp_bucket_cap_mb << 20) / 4))},
-                   DType::f32, devices.meta(0));
+  // DDP on GPUs: two slots of f32 gradients (each the largest bucket: the cap, or every parameter when
+  // fewer) and the sums' scale, kept on the GPU from the first reduction on (ddp.cpp); on the host the
+  // bucket is plain memory no allocator counts.
+  std::vector<Tensor> ddp_slots;
+  if (world_size > 1 && stage == 0 && device == MemoryDevice::cuda) {
+    const int64_t largest =
+        std::max<int64_t>(1, std::min<int64_t>(e.parameters, (a.ddp_bucket_cap_mb << 20) / 4));
+    for (int i = 0; i < 2; ++i) ddp_slots.push_back(ops::empty({largest}, DType::f32, devices.meta(0)));
+    ddp_slots.push_back(ops::empty({1}, DType::f32, devices.meta(0)));
+  }
+  int64_t ddp_bytes = 0;
+  for (const Tensor& t : ddp_slots) ddp_bytes += static_cast<int64_t>(t.nbytes());
   PeakTracker tracker(devices.allocator(0));  // the embeddings' device: the run's train_peak_memory_gib
   StepOptions so;
   so.gradient_checkpointing = a.gradient_checkpointing;
@@ -434,7 +438,7 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
                  : bytes_of(masters)},
       {offload ? "optimizer state (offloaded: in host memory)" : "optimizer state", offload ? 0 : state},
       {"data batches (one step)", a.gradient_accumulation_steps * batch_bytes},
-      {"DDP gradient bucket", ddp_bucket.defined() ? static_cast<int64_t>(ddp_bucket.nbytes()) : 0},
+      {"DDP gradient buckets (two slots)", ddp_bytes},
       {"data loader prefetch", prefetch}};
   if (devices.split()) {  // the rows above are the whole model's; each device's share is in e.devices
     e.breakdown.emplace_back("gradients (all, for reference)", grads);

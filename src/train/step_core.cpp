@@ -116,9 +116,9 @@ Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& 
     if (empties_cache(step) && &real == &micro.front()) empty_cache(r);
     // DDP: the last backward launches each bucket's all-reduce as soon as its gradients are final.
     std::optional<autograd::GradReadyScope> ready;
-    // (CPU tensors only: on a GPU the comm thread's packing copies would queue behind the backward already
-    // queued, so the overlap needs packing on this thread into two slots with a ComputeFence, as ZeRO does.)
-    if (reducer_ && overlap_ && o_.device.is_cpu() && &real == &micro.back()) {
+    // (A GPU's buckets are packed here, as the engine reports them, and their all-reduces wait for the
+    // packing only; a dry run on the meta device reduces after backward.)
+    if (reducer_ && overlap_ && !o_.device.is_meta() && &real == &micro.back()) {
       reducer_->begin(params_);
       reducing_ = true;
       ready.emplace([this](const TensorImpl* leaf) { reducer_->grad_ready(leaf); });

@@ -41,9 +41,10 @@ class StepCore {
   void empty_cache(StepResult& r);
 
   StepState& state() { return s_; }
-  // ZeRO-2's buckets go during the last backward in the eager step, on any device: reduced on the training
-  // thread as the engine reports them, each gradient dropped once reduced (the memory ZeRO-2 saves, and what
-  // `trainer estimate`'s dry run counts; on a GPU the reductions wait for the stream instead of overlapping).
+  // ZeRO-2's buckets go during the last backward in the eager step, on any device: packed on the training
+  // thread as the engine reports them and reduced on the communication thread (on a GPU after the packing's
+  // fence), each gradient dropped once packed (the memory ZeRO-2 saves, and what `trainer estimate`'s dry
+  // run counts).
   bool zero_overlaps() const { return overlap_; }
   const StepOptions& options() const { return o_; }
   const nn::ParamList& params() const { return params_; }

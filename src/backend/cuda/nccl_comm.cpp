@@ -280,15 +280,16 @@ void NcclComm::all_reduce_sum(void* data, size_t n, DType dt) {
   });
 }
 
-void NcclComm::all_reduce_sum_device(void* device_data, size_t n, DType dt) {
+void NcclComm::all_reduce_sum_device(void* device_data, size_t n, DType dt, const void* after) {
   TR_CHECK(dt == DType::f32 || dt == DType::f64, "NCCL all_reduce: f32 or f64 values, not {}",
            dtype_name(dt));
   TR_CHECK(comm_ != nullptr, "NCCL: the communicator was aborted after an earlier failure");
   if (n == 0) return;
-  // On the compute stream, after the kernels that wrote the values; the wait polls NCCL's errors against
-  // the timeout (a dead peer fails here instead of hanging the stream).
+  // On the communication stream, after the kernels that wrote the values (those queued so far, or those
+  // before `after`); the wait polls NCCL's errors against the timeout (a dead peer fails here instead of
+  // hanging the stream).
   on_device(device_, [&] {
-    const auto s = static_cast<cudaStream_t>(begin(true));
+    const auto s = static_cast<cudaStream_t>(begin(true, after));
     check(nccl().all_reduce(device_data, device_data, n, dt == DType::f32 ? ncclFloat32 : ncclFloat64,
                             ncclSum, as_comm(comm_), s),
           "all_reduce");

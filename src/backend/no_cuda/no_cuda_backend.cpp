@@ -57,7 +57,7 @@ NcclComm::NcclComm(int, int, int, void*, std::chrono::milliseconds)
 }
 NcclComm::~NcclComm() = default;
 void NcclComm::all_reduce_sum(void*, size_t, DType) { unique_id(); }
-void NcclComm::all_reduce_sum_device(void*, size_t, DType) { unique_id(); }
+void NcclComm::all_reduce_sum_device(void*, size_t, DType, const void*) { unique_id(); }
 void NcclComm::reduce_scatter_sum_device(const float*, float*, size_t) { unique_id(); }
 void NcclComm::reduce_blocks_device(const float*, const std::vector<int64_t>&, float*, const void*) {
   unique_id();
