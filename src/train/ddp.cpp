@@ -124,7 +124,6 @@ void GradReducer::pack_ready() {
       // The slot's last bucket (next_pack_ - 2) reduced and unpacked first; after a failure, nothing more.
       cv_.wait(lk, [&] { return reduced_ + 2 > next_pack_ || error_ || abort_; });
       if (error_ || abort_) return;
-      early_ += finishing_ ? 0 : 1;
     }
     pack(next_pack_);
     {
@@ -165,11 +164,13 @@ void GradReducer::finish() {
   cv_.notify_all();
   if (on_device_) pack_ready();  // the buckets left, whatever their reports
   comm_.join();
+  for (Slot& s : slots_) s.grads.clear();  // the gradients are the optimizer's to free now
   if (error_) std::rethrow_exception(error_);
 }
 
 // The communication thread: bucket k is reduced after k - 1 on every rank (collectives pair up by order),
-// once its gradients are final or backward has ended.
+// once its gradients are final or backward has ended (host gradients), or once the training thread has
+// packed it (a device's).
 void GradReducer::run_buckets() {
   try {
     for (size_t k = 0; k < plan_.size(); ++k) {
@@ -179,6 +180,7 @@ void GradReducer::run_buckets() {
         std::unique_lock<std::mutex> lk(mu_);
         if (on_device_) {
           cv_.wait(lk, [&] { return packed_ > k || abort_; });
+          early = !finishing_;
         } else {
           cv_.wait(lk, [&] { return b.waiting <= 0 || finishing_ || abort_; });
           early = b.waiting <= 0 && !finishing_;

@@ -51,6 +51,7 @@ class GradReducer {
     begin(params);
     finish();
   }
+  // Before begin(): a device's buckets read it from there.
   void set_scale(double scale) { scale_ = static_cast<float>(scale); }
   int64_t buckets() const { return buckets_; }       // all-reduce calls so far
   int64_t launched_early() const { return early_; }  // of them, started before finish()
