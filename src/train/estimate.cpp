@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 
 #include <cctype>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "autograd/node.h"
@@ -175,20 +177,16 @@ std::vector<int64_t> dry_save(models::CausalLM& model, MixedPrecision& mp, optim
   return peaks;
 }
 
-}  // namespace
+// The arguments as a run resolves them (less the files estimate does not read) and the model's config.
+struct Resolved {
+  TrainingArguments a;
+  models::ModelConfig config;
+  bool grown = false;  // a pretrained model's embeddings grown: the run builds that model whole
+};
 
-MemoryDevice parse_memory_device(const std::string& name) {
-  if (name == "cpu") return MemoryDevice::cpu;
-  if (name == "cuda") return MemoryDevice::cuda;
-  fail("--device '{}': expected cpu or cuda", name);
-}
-
-const char* memory_device_name(MemoryDevice d) { return d == MemoryDevice::cuda ? "cuda" : "cpu"; }
-
-MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget& target) {
-  const int world_size = target.world_size;
-  const MemoryDevice device = target.device;
-  TrainingArguments a = args;
+Resolved resolve(const TrainingArguments& args) {
+  Resolved r{args, {}, false};
+  TrainingArguments& a = r.a;
   a.apply_compile_defaults();
   TR_CHECK(a.model_name_or_path.empty() != a.config_name.empty(),
            "give exactly one of --model_name_or_path (its config.json is read, not its weights) and "
@@ -202,266 +200,378 @@ MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget
            "--per_device_train_batch_size auto is chosen against a memory budget: give --device_memory, or a "
            "number");
   // The tokenizer is not read: only --pad_vocab_to_multiple_of can change a fresh model's vocabulary here.
-  auto config = !a.config_name.empty() ? fresh_config(a, 0) : config_for(a.model_name_or_path);
-  bool grown = false;  // a pretrained model's embeddings grown: the run builds that model whole
+  r.config = !a.config_name.empty() ? fresh_config(a, 0) : config_for(a.model_name_or_path);
   if (const int64_t m = a.pad_vocab_to_multiple_of;
       a.config_name.empty() && m > 1) {  // pretrained: grown too
-    grown = config.vocab_size % m != 0;
-    config.vocab_size = (config.vocab_size + m - 1) / m * m;
+    r.grown = r.config.vocab_size % m != 0;
+    r.config.vocab_size = (r.config.vocab_size + m - 1) / m * m;
   }
-  TR_CHECK(a.block_size <= config.max_position_embeddings, "--block_size {} exceeds the model's {} positions",
-           a.block_size, config.max_position_embeddings);
+  TR_CHECK(a.block_size <= r.config.max_position_embeddings,
+           "--block_size {} exceeds the model's {} positions", a.block_size,
+           r.config.max_position_embeddings);
+  return r;
+}
 
-  // device_map auto: each device of the split counted on a meta device of its own.
-  const DryDevices devices =
-      a.device_map.empty() ? DryDevices() : DryDevices(split_placement(a, config, target));
-  // Every allocation from here on, as the CUDA caching allocator would hold it on each device.
-  std::vector<std::unique_ptr<CachingAllocatorModel>> caching;
-  std::unique_ptr<AllocationTrace> trace;  // TRAINER_ALLOCATOR_TRACE: the first device's, as a GPU run writes
-  std::vector<std::unique_ptr<ObserveAllocations>> observers;
-  for (size_t i = 0; i < devices.size(); ++i) {
-    caching.push_back(std::make_unique<CachingAllocatorModel>());
-    AllocationObserver* watch = caching.back().get();
-    if (i == 0 && target.trace_allocations && (trace = AllocationTrace::from_environment(watch)))
-      watch = trace.get();
-    observers.push_back(std::make_unique<ObserveAllocations>(devices.allocator(i), *watch));
-  }
-  MemoryEstimate e;
-  e.device = device;
-  e.per_device_train_batch_size = a.per_device_train_batch_size;
-  e.gradient_accumulation_steps = a.gradient_accumulation_steps;
-  Generator init(a.seed), dropout(a.seed);
-  const DType compute = a.bf16 ? DType::bf16 : a.fp16 ? DType::f16 : DType::f32;
-  // ZeRO-2/3: rank 0 of world_size with its shard's slices, taken before the half weights are made (the run's
-  // order: no whole fp32 masters are kept); ZeRO-3 then releases every parameter. As in the run, a model
-  // with no whole fp32 copy to keep is made one parameter at a time (build_shard).
-  const int stage = world_size <= 1 ? 0 : zero_stage(a);
+// How rank 0 of target.world_size shards: ZeRO-2/3 with its shard's slices, hybrid strategies within a node.
+struct Sharding {
+  int stage = 0;        // 0: none (one process or DDP)
+  int shard_world = 1;  // the ranks a shard is split among
+  // The model made one parameter at a time (build_shard), as a run does where no whole fp32 copy is kept.
+  bool deferred = false;
+  // --fsdp offload on a GPU: the shard on the host's stand-in, so the device's peak leaves it out (a CPU run
+  // keeps it where it is).
+  bool offload = false;
+};
+
+Sharding sharding_for(const TrainingArguments& a, const MemoryTarget& target, DType compute, bool grown) {
+  const int world_size = target.world_size;
+  Sharding s;
+  s.stage = world_size <= 1 ? 0 : zero_stage(a);
   // Hybrid sharding shards among the node's ranks (the replicas' gradient sum moves no memory).
   TR_CHECK(!hybrid_sharding(a) || world_size <= 1 || target.nproc_per_node > 0,
            "--fsdp {} shards within a node: give --nproc_per_node (the ranks per node) with --world_size {}",
            fsdp_strategy(a), world_size);
   const int local = target.nproc_per_node > 0 ? target.nproc_per_node : world_size;
   TR_CHECK(world_size % local == 0, "--nproc_per_node {} does not divide --world_size {}", local, world_size);
-  const int shard_world = hybrid_sharding(a) ? local : world_size;
+  s.shard_world = hybrid_sharding(a) ? local : world_size;
   if (world_size > 1) check_fsdp_flags(a, world_size);  // what a launched run would refuse
-  const bool deferred = (stage == 3 || (stage == 2 && compute != DType::f32)) && !grown;
-  std::function<Tensor(size_t)> load;
-  std::unique_ptr<models::CausalLM> model;
-  if (deferred) {
-    auto d = models::deferred_causal_lm(config, Device::meta(), init, a.attn_implementation);
-    model = std::move(d.model);
-    load = std::move(d.load);
-  } else if (devices.split()) {
-    model = split_model(config, a, devices, init);
-  } else {
-    model = models::create_causal_lm(config, Device::meta(), DType::f32, init, a.attn_implementation);
+  s.deferred = (s.stage == 3 || (s.stage == 2 && compute != DType::f32)) && !grown;
+  s.offload = s.stage > 0 && a.fsdp_has("offload") && target.device == MemoryDevice::cuda;
+  return s;
+}
+
+// One dry run of the training step on the meta devices: set-up, two optimizer steps, an evaluation forward
+// and a checkpoint save where the run has them, each phase's peak kept. Members are declared in the order
+// the run makes them, so that they are released in the reverse order while the observers still count.
+class DryRun {
+ public:
+  DryRun(Resolved r, const MemoryTarget& target);
+  MemoryEstimate estimate();
+
+ private:
+  void watch_allocations();
+  void build_model();
+  void build_optimizer();
+  void ddp_buckets();
+  void train_steps();
+  void evaluate();
+  void save();
+  void per_device_rows();
+  void breakdown();
+  Device batch_device() const;
+  // Loader workers hold up to prefetch_factor (2) queued batches each, plus the one each builds: host
+  // memory, the device's when the device is the host (one CPU device, or a split's host part).
+  int64_t prefetch_on(size_t i) const;
+  int64_t batch_bytes() const { return a_.per_device_train_batch_size * a_.block_size * 8; }
+
+  const TrainingArguments a_;
+  const models::ModelConfig config_;
+  const bool grown_;
+  const MemoryTarget target_;
+  const DType compute_;
+  // device_map auto: each device of the split counted on a meta device of its own.
+  const DryDevices devices_;
+  // Every allocation, as the CUDA caching allocator would hold it on each device.
+  std::vector<std::unique_ptr<CachingAllocatorModel>> caching_;
+  std::unique_ptr<AllocationTrace>
+      trace_;  // TRAINER_ALLOCATOR_TRACE: the first device's, as a GPU run writes
+  std::vector<std::unique_ptr<ObserveAllocations>> observers_;
+  MemoryEstimate e_;
+  Generator init_, dropout_;
+  Sharding sharding_;
+  std::function<Tensor(size_t)> load_;
+  std::unique_ptr<models::CausalLM> model_;
+  std::unique_ptr<dist::ProcessGroup> group_;
+  std::unique_ptr<MixedPrecision> mp_;
+  ShardedOptimizer* sharded_ = nullptr;  // opt_ when sharded
+  std::unique_ptr<optim::Optimizer> opt_;
+  std::vector<Tensor> weights_, masters_;
+  int64_t weight_bytes_ = 0;
+  std::unique_ptr<FullShard> full_;
+  std::vector<Tensor> ddp_slots_;
+  // The step and what its callbacks report to live as long as the run: the step keeps a few device
+  // scalars, counted in the evaluation's and the save's peaks.
+  PeakTracker tracker_;  // the embeddings' device: the run's train_peak_memory_gib
+  int64_t micro_now_ = 0;
+  std::unique_ptr<TrainStep> step_;
+  std::vector<int64_t> held_;   // between steps: the persistent state and the step's inputs
+  std::vector<int64_t> peaks_;  // each device's peak so far
+};
+
+DryRun::DryRun(Resolved r, const MemoryTarget& target)
+    : a_(std::move(r.a)),
+      config_(std::move(r.config)),
+      grown_(r.grown),
+      target_(target),
+      compute_(a_.bf16   ? DType::bf16
+               : a_.fp16 ? DType::f16
+                         : DType::f32),
+      devices_(a_.device_map.empty() ? DryDevices() : DryDevices(split_placement(a_, config_, target))),
+      init_(a_.seed),
+      dropout_(a_.seed),
+      tracker_(devices_.allocator(0)) {}
+
+MemoryEstimate DryRun::estimate() {
+  watch_allocations();
+  e_.device = target_.device;
+  e_.per_device_train_batch_size = a_.per_device_train_batch_size;
+  e_.gradient_accumulation_steps = a_.gradient_accumulation_steps;
+  sharding_ = sharding_for(a_, target_, compute_, grown_);
+  build_model();
+  build_optimizer();
+  // The run measures train_peak_memory_gib from its first step: the set-up's own peak (loading the model
+  // and, when sharded, keeping this rank's share) is reported apart.
+  e_.setup_peak_bytes = devices_.peak(0);
+  devices_.reset_peaks();
+  ddp_buckets();
+  train_steps();
+  if (a_.do_eval || parse_interval_strategy(a_.eval_strategy, "eval_strategy") != IntervalStrategy::no)
+    evaluate();
+  if (target_.device == MemoryDevice::cuda)
+    e_.workspace_bytes = static_cast<int64_t>(backend::kCublasLtWorkspaceBytes);
+  // Every save_strategy but "no" saves inside the loop (at the latest after the last step).
+  if (parse_interval_strategy(a_.save_strategy, "save_strategy") != IntervalStrategy::no) save();
+  e_.peak_bytes = peaks_[0] + prefetch_on(0);
+  e_.reserved_bytes = caching_[0]->stats().peak_reserved_bytes;
+  if (devices_.split()) per_device_rows();
+  breakdown();
+  return e_;
+}
+
+void DryRun::watch_allocations() {
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    caching_.push_back(std::make_unique<CachingAllocatorModel>());
+    AllocationObserver* watch = caching_.back().get();
+    if (i == 0 && target_.trace_allocations && (trace_ = AllocationTrace::from_environment(watch)))
+      watch = trace_.get();
+    observers_.push_back(std::make_unique<ObserveAllocations>(devices_.allocator(i), *watch));
   }
-  e.parameters = model->num_parameters();
+}
+
+void DryRun::build_model() {
+  if (sharding_.deferred) {
+    auto d = models::deferred_causal_lm(config_, Device::meta(), init_, a_.attn_implementation);
+    model_ = std::move(d.model);
+    load_ = std::move(d.load);
+  } else if (devices_.split()) {
+    model_ = split_model(config_, a_, devices_, init_);
+  } else {
+    model_ = models::create_causal_lm(config_, Device::meta(), DType::f32, init_, a_.attn_implementation);
+  }
+  e_.parameters = model_->num_parameters();
+}
+
+// The run's order: a sharded rank takes its slices before the half weights are made (no whole fp32 masters
+// are kept), ZeRO-3 then releases every parameter.
+void DryRun::build_optimizer() {
   optim::OptimizerOptions oo;
-  oo.lr = a.learning_rate;
-  oo.weight_decay = a.weight_decay;
-  oo.args = optim::parse_optim_args(a.optim_args);
-  const bool zero = stage > 0;
-  // NCCL (--ddp_backend nccl) reduces and gathers in the GPU's memory through buffers there
-  // (zero_device.cpp); Gloo beside a GPU stages through host memory no allocator counts.
-  const bool nccl = device == MemoryDevice::cuda && a.ddp_backend == "nccl";
-  const auto group = zero ? dist::dry_run_group(shard_world, nccl) : nullptr;
-  std::unique_ptr<ShardedOptimizer> z;
-  // --fsdp offload on a GPU: the shard on the host's stand-in, so the device's peak leaves it out (a CPU run
-  // keeps it where it is).
-  const bool offload = zero && a.fsdp_has("offload") && device == MemoryDevice::cuda;
-  if (zero)
-    z = std::make_unique<ShardedOptimizer>(*group, model->named_parameters(), a.optim, oo,
-                                           a.ddp_bucket_cap_mb << 20, compute != DType::f32, stage,
-                                           deferred ? std::optional(Device::meta()) : std::nullopt,
-                                           offload ? std::optional(DryDevices::host()) : std::nullopt);
-  if (deferred) build_shard(*z, model->named_parameters(), load, compute);
-  MixedPrecision mp(model->named_parameters(), compute, a.fp16, zero && compute != DType::f32);
-  model->set_dtype(compute);
+  oo.lr = a_.learning_rate;
+  oo.weight_decay = a_.weight_decay;
+  oo.args = optim::parse_optim_args(a_.optim_args);
+  const bool zero = sharding_.stage > 0;
+  if (zero) {
+    // NCCL (--ddp_backend nccl) reduces and gathers in the GPU's memory through buffers there
+    // (zero_device.cpp); Gloo beside a GPU stages through host memory no allocator counts.
+    const bool nccl = target_.device == MemoryDevice::cuda && a_.ddp_backend == "nccl";
+    group_ = dist::dry_run_group(sharding_.shard_world, nccl);
+    auto z = std::make_unique<ShardedOptimizer>(
+        *group_, model_->named_parameters(), a_.optim, oo, a_.ddp_bucket_cap_mb << 20, compute_ != DType::f32,
+        sharding_.stage, sharding_.deferred ? std::optional(Device::meta()) : std::nullopt,
+        sharding_.offload ? std::optional(DryDevices::host()) : std::nullopt);
+    sharded_ = z.get();
+    opt_ = std::move(z);
+    if (sharding_.deferred) build_shard(*sharded_, model_->named_parameters(), load_, compute_);
+  }
+  mp_ = std::make_unique<MixedPrecision>(model_->named_parameters(), compute_, a_.fp16,
+                                         zero && compute_ != DType::f32);
+  model_->set_dtype(compute_);
   // sdpa in the form each target device takes (e.g. the blocked form and its score blocks where a GPU's
   // fused kernels do not cover the case)
   const auto type_of = [](bool gpu) { return gpu ? DeviceType::cuda : DeviceType::cpu; };
-  if (devices.split())
-    for (size_t i = 0; i < devices.size(); ++i)
-      model->set_attention_device(type_of(devices.real(i).is_cuda()), devices.meta(i));
+  if (devices_.split())
+    for (size_t i = 0; i < devices_.size(); ++i)
+      model_->set_attention_device(type_of(devices_.real(i).is_cuda()), devices_.meta(i));
   else
-    model->set_attention_device(type_of(device == MemoryDevice::cuda));
-  ShardedOptimizer* sharded = z.get();
-  std::unique_ptr<optim::Optimizer> opt =
-      zero ? std::move(z) : optim::make_optimizer(a.optim, mp.master_params(), oo);
+    model_->set_attention_device(type_of(target_.device == MemoryDevice::cuda));
+  if (!zero) opt_ = optim::make_optimizer(a_.optim, mp_->master_params(), oo);
+  for (const auto& [name, p] : model_->named_parameters()) weights_.push_back(*p);
+  if (mp_->enabled() && !zero)
+    for (const auto& [name, p] : mp_->master_params()) masters_.push_back(*p);
+  weight_bytes_ = bytes_of(weights_);
+  if (sharding_.stage == 3) {
+    weights_.clear();  // released: none of them stays between uses
+    full_ = std::make_unique<FullShard>(*sharded_, model_->named_parameters(), a_.ddp_bucket_cap_mb << 20,
+                                        read_fsdp_config(a_.fsdp_config));
+    model_->set_layer_hooks(full_.get());
+  }
+}
 
-  std::vector<Tensor> weights, masters;
-  for (const auto& [name, p] : model->named_parameters()) weights.push_back(*p);
-  if (mp.enabled() && !zero)
-    for (const auto& [name, p] : mp.master_params()) masters.push_back(*p);
-  const int64_t weight_bytes = bytes_of(weights);
-  std::unique_ptr<FullShard> full;
-  if (stage == 3) {
-    weights.clear();  // released: none of them stays between uses
-    full = std::make_unique<FullShard>(*sharded, model->named_parameters(), a.ddp_bucket_cap_mb << 20,
-                                       read_fsdp_config(a.fsdp_config));
-    model->set_layer_hooks(full.get());
-  }
-  // The run measures train_peak_memory_gib from its first step: the set-up's own peak (loading the model
-  // and, when sharded, keeping this rank's share) is reported apart.
-  e.setup_peak_bytes = devices.peak(0);
-  devices.reset_peaks();
-  // DDP on GPUs: two slots of f32 gradients (each the largest bucket: the cap, or every parameter when
-  // fewer) and the sums' scale, kept on the GPU from the first reduction on (ddp.cpp); on the host the
-  // bucket is plain memory no allocator counts.
-  std::vector<Tensor> ddp_slots;
-  if (world_size > 1 && stage == 0 && device == MemoryDevice::cuda) {
-    const int64_t largest =
-        std::max<int64_t>(1, std::min<int64_t>(e.parameters, (a.ddp_bucket_cap_mb << 20) / 4));
-    for (int i = 0; i < 2; ++i) ddp_slots.push_back(ops::empty({largest}, DType::f32, devices.meta(0)));
-    ddp_slots.push_back(ops::empty({1}, DType::f32, devices.meta(0)));
-  }
-  int64_t ddp_bytes = 0;
-  for (const Tensor& t : ddp_slots) ddp_bytes += static_cast<int64_t>(t.nbytes());
-  PeakTracker tracker(devices.allocator(0));  // the embeddings' device: the run's train_peak_memory_gib
+// DDP on GPUs: two slots of f32 gradients (each the largest bucket: the cap, or every parameter when fewer)
+// and the sums' scale, kept on the GPU from the first reduction on (ddp.cpp); on the host the bucket is plain
+// memory no allocator counts.
+void DryRun::ddp_buckets() {
+  if (target_.world_size <= 1 || sharding_.stage != 0 || target_.device != MemoryDevice::cuda) return;
+  const int64_t largest =
+      std::max<int64_t>(1, std::min<int64_t>(e_.parameters, (a_.ddp_bucket_cap_mb << 20) / 4));
+  for (int i = 0; i < 2; ++i) ddp_slots_.push_back(ops::empty({largest}, DType::f32, devices_.meta(0)));
+  ddp_slots_.push_back(ops::empty({1}, DType::f32, devices_.meta(0)));
+}
+
+// The loader hands a GPU's batches over on the device; the host's (host partitions too) stay in host
+// memory, and the forward copies each micro-batch to the embeddings' device.
+Device DryRun::batch_device() const {
+  return devices_.split() && devices_.real(0).is_cpu() ? DryDevices::host() : devices_.meta(0);
+}
+
+int64_t DryRun::prefetch_on(size_t i) const {
+  const bool host =
+      devices_.split() ? devices_.real(i) == Device::cpu() : target_.device == MemoryDevice::cpu;
+  return host ? a_.dataloader_num_workers * (2 + 1) * batch_bytes() : 0;
+}
+
+// Two steps: the first makes the optimizer state, the second is the steady state with it. Micro-batches
+// after the second repeat its memory exactly (gradients accumulate in place), so at most two run; the
+// others' input tensors are made too (as the run draws the whole step's batches first) and stay alive.
+void DryRun::train_steps() {
   StepOptions so;
-  so.gradient_checkpointing = a.gradient_checkpointing;
-  so.max_grad_norm = a.max_grad_norm;
-  so.device = devices.meta(0);  // where the embeddings are
-  // The loader hands a GPU's batches over on the device; the host's (host partitions too) stay in host
-  // memory, and the forward copies each micro-batch to the embeddings' device.
-  const Device batches = devices.split() && devices.real(0).is_cpu() ? DryDevices::host() : devices.meta(0);
-  int64_t micro_now = 0;
-  so.on_micro_batch = [&](int64_t step, const Tensor&) {
-    if (micro_now > 0)
-      tracker.mark(fmt::format("forward/backward of micro-batch {} of step {}", micro_now, step + 1));
-    ++micro_now;
+  so.gradient_checkpointing = a_.gradient_checkpointing;
+  so.max_grad_norm = a_.max_grad_norm;
+  so.device = devices_.meta(0);  // where the embeddings are
+  so.on_micro_batch = [this](int64_t step, const Tensor&) {
+    if (micro_now_ > 0)
+      tracker_.mark(fmt::format("forward/backward of micro-batch {} of step {}", micro_now_, step + 1));
+    ++micro_now_;
   };
-  so.after_backward = [&](int64_t step, const nn::ParamList&) {
-    tracker.mark(fmt::format("forward/backward of micro-batch {} of step {}", micro_now, step + 1));
+  so.after_backward = [this](int64_t step, const nn::ParamList&) {
+    tracker_.mark(fmt::format("forward/backward of micro-batch {} of step {}", micro_now_, step + 1));
   };
-  const StepState ss{*model, mp, *opt, dropout, full.get()};
-  auto step_fn = make_eager_step(ss, so);
-  // Two steps: the first makes the optimizer state, the second is the steady state with it. Micro-batches
-  // after the second repeat its memory exactly (gradients accumulate in place), so at most two run; the
-  // others' input tensors are made too (as the run draws the whole step's batches first) and stay alive.
-  const int64_t simulated = std::min<int64_t>(a.gradient_accumulation_steps, 2);
-  std::vector<int64_t> held(devices.size());  // between steps: the persistent state and the step's inputs
+  step_ = make_eager_step(StepState{*model_, *mp_, *opt_, dropout_, full_.get()}, so);
+  const int64_t simulated = std::min<int64_t>(a_.gradient_accumulation_steps, 2);
+  held_.assign(devices_.size(), 0);
   for (int64_t step = 0; step < 2; ++step) {
-    micro_now = 0;
+    micro_now_ = 0;
     std::vector<data::Batch> micro, waiting;
-    for (int64_t m = 0; m < a.gradient_accumulation_steps; ++m)
+    for (int64_t m = 0; m < a_.gradient_accumulation_steps; ++m)
       (m < simulated ? micro : waiting)
-          .push_back(meta_batch(a.per_device_train_batch_size, a.block_size, batches));
-    step_fn->run(step, micro, a.learning_rate);
-    tracker.mark(fmt::format("optimizer step {} (gradient statistics, update, half copies)", step + 1));
-    for (size_t i = 0; i < devices.size(); ++i) held[i] = devices.current(i);
+          .push_back(meta_batch(a_.per_device_train_batch_size, a_.block_size, batch_device()));
+    step_->run(step, micro, a_.learning_rate);
+    tracker_.mark(fmt::format("optimizer step {} (gradient statistics, update, half copies)", step + 1));
+    for (size_t i = 0; i < devices_.size(); ++i) held_[i] = devices_.current(i);
   }
-  std::vector<int64_t> peaks = devices.peaks();
-  e.peak_at = tracker.where();
-  e.held_bytes = held[0];
-  if (a.torch_compile && !devices.split()) {
+  peaks_ = devices_.peaks();
+  e_.peak_at = tracker_.where();
+  e_.held_bytes = held_[0];
+  if (a_.torch_compile && !devices_.split()) {
     // The compiled step packs a step's buffers into one arena: the live peak above what stays between steps
     // (compiled_step.cpp plans it from the traced first step). Under CUDA graphs the arena stays allocated
     // between steps, a segment of its own beside the eager memory the capturing step left cached: reserved.
-    e.compiled_arena_bytes = std::max<int64_t>(0, peaks[0] - held[0]);
-    if (device == MemoryDevice::cuda && a.compile_device_graphs())
-      ops::empty({e.compiled_arena_bytes}, DType::u8, devices.meta(0));  // allocated and freed: reserved
+    e_.compiled_arena_bytes = std::max<int64_t>(0, peaks_[0] - held_[0]);
+    if (target_.device == MemoryDevice::cuda && a_.compile_device_graphs())
+      ops::empty({e_.compiled_arena_bytes}, DType::u8, devices_.meta(0));  // allocated and freed: reserved
   }
-  const int64_t state = opt->state_bytes();
-  // Loader workers hold up to prefetch_factor (2) queued batches each, plus the one each builds: host
-  // memory, the device's when the device is the host (one CPU device, or a split's host part).
-  const int64_t batch_bytes = a.per_device_train_batch_size * a.block_size * 8;
-  const int64_t loader_bytes = a.dataloader_num_workers * (2 + 1) * batch_bytes;
-  const auto prefetch_on = [&](size_t i) {
-    const bool host = devices.split() ? devices.real(i) == Device::cpu() : device == MemoryDevice::cpu;
-    return host ? loader_bytes : 0;
-  };
-  const int64_t prefetch = prefetch_on(0);
-  const bool evaluates = parse_interval_strategy(a.eval_strategy, "eval_strategy") != IntervalStrategy::no;
-  const bool saves = parse_interval_strategy(a.save_strategy, "save_strategy") != IntervalStrategy::no;
-  if (a.do_eval || evaluates) {  // a no-grad forward of one evaluation batch
-    devices.reset_peaks();
-    {
-      autograd::NoGradGuard no_grad;
-      const data::Batch b = meta_batch(a.per_device_eval_batch_size, a.block_size, batches);
-      models::ForwardOptions fo;
-      fo.labels = b.labels;
-      fo.num_items_in_batch = 1.0;
-      fo.return_logits = false;
-      model->forward(b.input_ids, fo);
-    }
-    // The loader's workers are still holding their batches while an evaluation runs inside the loop.
-    e.eval_peak_bytes = devices.peak(0) + prefetch;
-    // Evaluations inside the loop (eval_strategy) count in train_peak_memory_gib; the final one of --do_eval
-    // runs after it is taken.
-    if (evaluates) {
-      if (devices.peak(0) > peaks[0]) e.peak_at = "evaluation forward (eval_strategy)";
-      for (size_t i = 0; i < devices.size(); ++i) peaks[i] = std::max(peaks[i], devices.peak(i));
-    }
+}
+
+// A no-grad forward of one evaluation batch.
+void DryRun::evaluate() {
+  devices_.reset_peaks();
+  {
+    autograd::NoGradGuard no_grad;
+    const data::Batch b = meta_batch(a_.per_device_eval_batch_size, a_.block_size, batch_device());
+    models::ForwardOptions fo;
+    fo.labels = b.labels;
+    fo.num_items_in_batch = 1.0;
+    fo.return_logits = false;
+    model_->forward(b.input_ids, fo);
   }
-  if (device == MemoryDevice::cuda)
-    e.workspace_bytes = static_cast<int64_t>(backend::kCublasLtWorkspaceBytes);
-  // Every save_strategy but "no" saves inside the loop (at the latest after the last step).
-  if (saves) {
-    ShardedOptimizer* gathered =
-        sharded && (mp.masters_sharded() || (full && !mp.enabled())) ? sharded : nullptr;
-    const std::vector<int64_t> save =
-        dry_save(*model, mp, *opt, gathered, devices, device == MemoryDevice::cpu);
-    e.save_peak_bytes = save[0] + prefetch;
-    if (save[0] > peaks[0])
-      e.peak_at =
-          gathered ? "checkpoint save (each fp32 master gathered as it is written)" : "checkpoint save";
-    for (size_t i = 0; i < devices.size(); ++i) peaks[i] = std::max(peaks[i], save[i]);
+  // The loader's workers are still holding their batches while an evaluation runs inside the loop.
+  e_.eval_peak_bytes = devices_.peak(0) + prefetch_on(0);
+  // Evaluations inside the loop (eval_strategy) count in train_peak_memory_gib; the final one of --do_eval
+  // runs after it is taken.
+  if (parse_interval_strategy(a_.eval_strategy, "eval_strategy") == IntervalStrategy::no) return;
+  if (devices_.peak(0) > peaks_[0]) e_.peak_at = "evaluation forward (eval_strategy)";
+  for (size_t i = 0; i < devices_.size(); ++i) peaks_[i] = std::max(peaks_[i], devices_.peak(i));
+}
+
+void DryRun::save() {
+  ShardedOptimizer* gathered =
+      sharded_ && (mp_->masters_sharded() || (full_ && !mp_->enabled())) ? sharded_ : nullptr;
+  const std::vector<int64_t> save =
+      dry_save(*model_, *mp_, *opt_, gathered, devices_, target_.device == MemoryDevice::cpu);
+  e_.save_peak_bytes = save[0] + prefetch_on(0);
+  if (save[0] > peaks_[0])
+    e_.peak_at =
+        gathered ? "checkpoint save (each fp32 master gathered as it is written)" : "checkpoint save";
+  for (size_t i = 0; i < devices_.size(); ++i) peaks_[i] = std::max(peaks_[i], save[i]);
+}
+
+// A split's devices, each against its --max_memory budget.
+void DryRun::per_device_rows() {
+  e_.device_map = devices_.real_placement().summary();
+  const auto budgets = models::parse_device_memory(a_.max_memory, "max_memory");  // checked by the placement
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    int64_t on = 0;
+    for (const auto& [name, p] : model_->named_parameters())
+      if (p->device() == devices_.meta(i)) on += static_cast<int64_t>(p->nbytes());
+    int64_t budget = 0;  // the host's, when not given: unbounded
+    for (const auto& b : budgets)
+      if (b.device == devices_.real(i)) budget = b.bytes;
+    e_.devices.push_back({devices_.real(i).str(), on, held_[i] + prefetch_on(i), peaks_[i] + prefetch_on(i),
+                          caching_[i]->stats().peak_reserved_bytes, budget});
   }
-  e.peak_bytes = peaks[0] + prefetch;
-  e.reserved_bytes = caching[0]->stats().peak_reserved_bytes;
-  if (devices.split()) {
-    e.device_map = devices.real_placement().summary();
-    const auto budgets = models::parse_device_memory(a.max_memory, "max_memory");  // checked above
-    for (size_t i = 0; i < devices.size(); ++i) {
-      int64_t on = 0;
-      for (const auto& [name, p] : model->named_parameters())
-        if (p->device() == devices.meta(i)) on += static_cast<int64_t>(p->nbytes());
-      int64_t budget = 0;  // the host's, when not given: unbounded
-      for (const auto& b : budgets)
-        if (b.device == devices.real(i)) budget = b.bytes;
-      e.devices.push_back({devices.real(i).str(), on, held[i] + prefetch_on(i), peaks[i] + prefetch_on(i),
-                           caching[i]->stats().peak_reserved_bytes, budget});
-    }
-  }
-  const int64_t grads = weight_bytes;  // one gradient per parameter, in the compute dtype
-  const int64_t shard = sharded ? sharded->shard_bytes() - state : 0;  // slices of masters and gradients
-  if (offload) e.offloaded_bytes = shard + state;                      // in host memory, not on the device
-  e.breakdown = {
-      {full ? "weights (none between uses: each unit gathered as it runs)" : "weights", bytes_of(weights)},
-      {offload   ? "fp32 masters and reduced gradient shard (offloaded: in host memory)"
-       : sharded ? "fp32 masters (this rank's slices) and reduced gradient shard"
-                 : "fp32 masters",
-       offload   ? 0
-       : sharded ? shard
-                 : bytes_of(masters)},
+}
+
+void DryRun::breakdown() {
+  const bool offload = sharding_.offload;
+  const int64_t state = opt_->state_bytes();
+  const int64_t grads = weight_bytes_;  // one gradient per parameter, in the compute dtype
+  const int64_t shard = sharded_ ? sharded_->shard_bytes() - state : 0;  // slices of masters and gradients
+  if (offload) e_.offloaded_bytes = shard + state;                       // in host memory, not on the device
+  e_.breakdown = {
+      {full_ ? "weights (none between uses: each unit gathered as it runs)" : "weights", bytes_of(weights_)},
+      {offload    ? "fp32 masters and reduced gradient shard (offloaded: in host memory)"
+       : sharded_ ? "fp32 masters (this rank's slices) and reduced gradient shard"
+                  : "fp32 masters",
+       offload    ? 0
+       : sharded_ ? shard
+                  : bytes_of(masters_)},
       {offload ? "optimizer state (offloaded: in host memory)" : "optimizer state", offload ? 0 : state},
-      {"data batches (one step)", a.gradient_accumulation_steps * batch_bytes},
-      {"DDP gradient buckets (two slots)", ddp_bytes},
-      {"data loader prefetch", prefetch}};
-  if (devices.split()) {  // the rows above are the whole model's; each device's share is in e.devices
-    e.breakdown.emplace_back("gradients (all, for reference)", grads);
-    return e;
+      {"data batches (one step)", a_.gradient_accumulation_steps * batch_bytes()},
+      {"DDP gradient buckets (two slots)", bytes_of(ddp_slots_)},
+      {"data loader prefetch", prefetch_on(0)}};
+  if (devices_.split()) {  // the rows above are the whole model's; each device's share is in e_.devices
+    e_.breakdown.emplace_back("gradients (all, for reference)", grads);
+    return;
   }
   int64_t persistent = 0;
-  for (const auto& [name, b] : e.breakdown) persistent += b;
-  if (full) e.breakdown.emplace_back("weights (all, for reference)", weight_bytes);
-  e.breakdown.emplace_back("gradients (all, for reference)", grads);
+  for (const auto& [name, b] : e_.breakdown) persistent += b;
+  if (full_) e_.breakdown.emplace_back("weights (all, for reference)", weight_bytes_);
+  e_.breakdown.emplace_back("gradients (all, for reference)", grads);
   if (offload)
-    e.breakdown.emplace_back("host memory (offload): fp32 masters, gradient shard, optimizer state",
-                             e.offloaded_bytes);
-  const bool save_peak = e.peak_at.rfind("checkpoint save", 0) == 0;
-  e.breakdown.emplace_back(save_peak ? "the save's tensors and the optimizer state_dict at the peak"
-                           : full    ? "activations, gathered units, gradients and workspace at the peak"
-                                     : "activations, gradients and workspace at the peak",
-                           e.peak_bytes - persistent);
-  if (device == MemoryDevice::cuda) {
-    e.breakdown.emplace_back("caching allocator: rounding and cached free blocks",
-                             e.reserved_bytes - e.peak_bytes);
-    e.breakdown.emplace_back("cuBLASLt workspace (outside the caching allocator)", e.workspace_bytes);
+    e_.breakdown.emplace_back("host memory (offload): fp32 masters, gradient shard, optimizer state",
+                              e_.offloaded_bytes);
+  const bool save_peak = e_.peak_at.rfind("checkpoint save", 0) == 0;
+  e_.breakdown.emplace_back(save_peak ? "the save's tensors and the optimizer state_dict at the peak"
+                            : full_   ? "activations, gathered units, gradients and workspace at the peak"
+                                      : "activations, gradients and workspace at the peak",
+                            e_.peak_bytes - persistent);
+  if (target_.device == MemoryDevice::cuda) {
+    e_.breakdown.emplace_back("caching allocator: rounding and cached free blocks",
+                              e_.reserved_bytes - e_.peak_bytes);
+    e_.breakdown.emplace_back("cuBLASLt workspace (outside the caching allocator)", e_.workspace_bytes);
   }
-  return e;
+}
+}  // namespace
+
+MemoryDevice parse_memory_device(const std::string& name) {
+  if (name == "cpu") return MemoryDevice::cpu;
+  if (name == "cuda") return MemoryDevice::cuda;
+  fail("--device '{}': expected cpu or cuda", name);
+}
+
+const char* memory_device_name(MemoryDevice d) { return d == MemoryDevice::cuda ? "cuda" : "cpu"; }
+
+MemoryEstimate estimate_memory(const TrainingArguments& args, const MemoryTarget& target) {
+  return DryRun(resolve(args), target).estimate();
 }
 
 int64_t parse_memory_size(const std::string& text, const std::string& flag) {
