@@ -1,5 +1,6 @@
-// The `trainer` command line: train (no arguments: the default run), eval, generate, tokenize, info, flags,
-// version. Only this layer exits; the library throws.
+// The `trainer` command line: train (no arguments: the default run), eval, estimate, generate, tokenize,
+// plot, info, flags, version, replay-allocations and launch, each subcommand a class of its options and its
+// run. Only this layer exits; the library throws.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -7,7 +8,10 @@
 #include <cstdio>
 #include <cmath>
 #include <filesystem>
+#include <memory>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cuda_api.h"
@@ -394,226 +398,286 @@ int launch_command(int argc, char** argv, tr::cli::StopSignals& signals) {
   return tr::dist::launch(o);
 }
 
-}  // namespace
+// A subcommand of `trainer` (launch aside, parsed by hand): its options, bound to the fields CLI11 fills,
+// and what it runs when chosen.
+class Subcommand {
+ public:
+  virtual ~Subcommand() = default;
+  bool chosen() const { return static_cast<bool>(*cmd_); }
+  virtual int run(tr::cli::StopSignals& signals) = 0;
 
-int main(int argc, char** argv) {
-  // Before any thread of ours exists, only this object's thread takes SIGINT/SIGTERM/SIGHUP (see
-  // stop_signals.cpp for the heap corruption a handler caused). `train`: the step in flight finishes, a
-  // checkpoint is saved and the exit status is 0; other subcommands end by the signal.
-  // `launch`: the first signal is forwarded to the ranks, which finish their step and save.
-  const std::string first_arg = argc >= 2 ? argv[1] : "";
-  tr::cli::StopSignals signals(first_arg == "train"    ? tr::cli::FirstSignal::request_stop
-                               : first_arg == "launch" ? tr::cli::FirstSignal::forward
-                                                       : tr::cli::FirstSignal::exit_now);
-  CLI::App app{"trainer: train GPT-2 and Llama models in Hugging Face format, without Python"};
-  app.require_subcommand(1);
-  std::string dir;
-  if (argc >= 2 && std::string(argv[1]) == "launch") {
-    try {
-      return launch_command(argc, argv, signals);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "trainer: error: %s\n", e.what());
-      return 1;
-    }
+ protected:
+  CLI::App* cmd_ = nullptr;
+};
+
+class InfoCommand final : public Subcommand {
+ public:
+  explicit InfoCommand(CLI::App& app) {
+    cmd_ = app.add_subcommand("info", "print a model folder's type, parameter count, dtype and size");
+    cmd_->add_option("model_dir", dir_, "a Hugging Face model folder (config.json + model.safetensors)")
+        ->required();
+    cmd_->add_option(
+        "--device_map", device_map_,
+        "print where from_pretrained puts each part: auto (HF's; split by decoder layers when the "
+        "model does not fit the first device), cpu, cuda:N");
+    cmd_->add_option("--device_memory", device_memory_,
+                     "with --device_map auto: each GPU's budget in order, and the host's (HF's max_memory): "
+                     "24GB,24GB or 0:24GB,1:24GB,cpu:64GB");
   }
-  app.add_subcommand("launch", "run a subcommand in N processes (torchrun's flags; trainer launch --help)");
-  auto* info_cmd = app.add_subcommand("info", "print a model folder's type, parameter count, dtype and size");
-  info_cmd->add_option("model_dir", dir, "a Hugging Face model folder (config.json + model.safetensors)")
-      ->required();
-  std::string info_device_map, info_device_memory;
-  info_cmd->add_option(
-      "--device_map", info_device_map,
-      "print where from_pretrained puts each part: auto (HF's; split by decoder layers when the "
-      "model does not fit the first device), cpu, cuda:N");
-  info_cmd->add_option(
-      "--device_memory", info_device_memory,
-      "with --device_map auto: each GPU's budget in order, and the host's (HF's max_memory): "
-      "24GB,24GB or 0:24GB,1:24GB,cpu:64GB");
-  auto* version = app.add_subcommand("version", "print the build configuration");
-  auto* flags_cmd = app.add_subcommand("flags", "print the flag reference of train and eval (markdown)");
-  auto* train_cmd = app.add_subcommand(
-      "train", "train or fine-tune a causal LM (HF TrainingArguments names; no arguments: the default run)");
-  tr::cli::TrainingFlags train_flags;
-  tr::cli::add_training_flags(train_cmd, train_flags);
-  auto* eval_cmd = app.add_subcommand("eval", "evaluate a model folder: eval_loss and perplexity");
-  tr::cli::TrainingFlags eval_flags;
-  tr::cli::add_training_flags(eval_cmd, eval_flags);
-  auto* est_cmd = app.add_subcommand(
-      "estimate",
-      "the peak memory of a training step before running it (train's flags; no data, no weights)");
-  tr::cli::TrainingFlags est_flags;
-  tr::cli::add_training_flags(est_cmd, est_flags);
-  std::string est_device = "cpu", est_memory;
-  bool est_json = false;
-  int est_world = 1, est_nproc = 0;
-  est_cmd->add_option(
-      "--device", est_device,
-      "whose memory: cpu, or cuda (the CUDA caching allocator's reserved segments and cuBLASLt's "
-      "workspace)");
-  est_cmd->add_flag("--json", est_json, "one JSON object instead of the table");
-  est_cmd
-      ->add_option(
-          "--world_size", est_world,
-          "processes training together: one rank's memory (with --fsdp shard_grad_op or full_shard its "
-          "shard)")
-      ->check(CLI::Range(1, 1 << 20));
-  est_cmd
-      ->add_option("--nproc_per_node", est_nproc,
-                   "processes per node of --world_size (torchrun's name; default: all on one node): "
-                   "hybrid_shard and hybrid_shard_zero2 shard within a node")
-      ->check(CLI::Range(1, 1 << 20));
-  est_cmd->add_option("--device_memory", est_memory,
-                      "memory to fit in (80GB, 24GiB): the largest batch that fits and what each knob buys");
-  auto* gen_cmd = app.add_subcommand("generate", "continue a prompt with a model folder");
-  std::string gen_model, prompt;
-  int64_t max_new_tokens = 50, top_k = 0;
-  double temperature = 1.0, top_p = 1.0;
-  bool do_sample = false;
-  uint64_t gen_seed = 42;
-  gen_cmd->add_option("--model_name_or_path", gen_model, "HF model folder (with tokenizer.json)")->required();
-  gen_cmd->add_option("--prompt", prompt, "text to continue")->required();
-  gen_cmd->add_option("--max_new_tokens", max_new_tokens);
-  gen_cmd->add_option("--do_sample", do_sample, "sample instead of greedy")
-      ->expected(0, 1)
-      ->default_str("true");
-  gen_cmd->add_option("--temperature", temperature);
-  gen_cmd->add_option("--top_k", top_k);
-  gen_cmd->add_option("--top_p", top_p);
-  gen_cmd->add_option("--seed", gen_seed);
-  std::string gen_device_map, gen_device_memory;
-  gen_cmd->add_option(
-      "--device_map", gen_device_map,
-      "from_pretrained's: auto (split by decoder layers across the GPUs, then the host, when the "
-      "model does not fit the first), or a device");
-  gen_cmd->add_option(
-      "--device_memory", gen_device_memory,
-      "with --device_map auto: each GPU's budget, then the host's (24GB,24GB or 0:24GB,cpu:64GB)");
-  auto* plot_cmd = app.add_subcommand("plot", "draw runs' training curves (metrics.jsonl) into a PNG or SVG");
-  std::vector<std::string> plot_runs;
-  std::string plot_output = "training_curves.png", plot_metrics;
-  bool plot_log = false;
-  plot_cmd->add_option("run_dirs", plot_runs, "trainer output_dirs (or metrics.jsonl files), overlaid")
-      ->required();
-  plot_cmd->add_option("--output", plot_output,
-                       "the picture: FILE.png or FILE.svg (default training_curves.png)");
-  plot_cmd->add_option("--metrics", plot_metrics,
-                       "comma-separated panels (default: loss,eval_loss,learning_rate,grad_norm,"
-                       "tokens_per_second, those logged)");
-  plot_cmd->add_flag("--log_scale", plot_log, "loss panels on a log axis");
-  auto* tok_cmd = app.add_subcommand("tokenize", "text files -> llm.c token shards (train_*.bin, val_*.bin)");
-  std::string tokenizer_path;
-  tr::data::TokenizeOptions topts;
-  tok_cmd->add_option("--tokenizer_name_or_path", tokenizer_path, "tokenizer.json, or a folder with one")
-      ->required();
-  tok_cmd
-      ->add_option(
-          "--input", topts.inputs,
-          "data files or glob patterns: .txt (a document each), .jsonl/.json/.csv/.tsv (a document per "
-          "row), also .gz/.zst")
-      ->required();
-  tok_cmd->add_option("--output_dir", topts.output_dir, "where the shards go")->required();
-  tok_cmd->add_option("--validation_split_percentage", topts.validation_split_percentage,
-                      "percent of the token stream (from its start) for validation shards");
-  tok_cmd->add_option("--shard_size", topts.shard_tokens, "tokens per shard (default 100M)");
-  tok_cmd->add_option("--num_proc", topts.threads, "threads (default: all)");
-  tok_cmd->add_option(
-      "--text_column_name", topts.documents.text_column,
-      "the column of .jsonl/.json/.csv/.tsv inputs holding the text (default: text, else the first)");
-  auto* replay_cmd = app.add_subcommand(
-      "replay-allocations",
-      "replay an allocation trace (TRAINER_ALLOCATOR_TRACE=FILE on train or estimate) through the CUDA "
-      "caching allocator's model: peak bytes and reserved bytes, as JSON");
-  std::string replay_trace;
-  replay_cmd->add_option("trace", replay_trace, "the trace file")->required();
-  // Unknown train/eval flags get a suggestion (CLI11 only says "not expected").
+  int run(tr::cli::StopSignals&) override {
+    const int rc = info(dir_);
+    TR_CHECK(device_memory_.empty() || !device_map_.empty(), "--device_memory goes with --device_map auto");
+    if (rc == 0 && !device_map_.empty()) print_placement(dir_, device_map_, device_memory_);
+    return rc;
+  }
+
+ private:
+  std::string dir_, device_map_, device_memory_;
+};
+
+class VersionCommand final : public Subcommand {
+ public:
+  explicit VersionCommand(CLI::App& app) {
+    cmd_ = app.add_subcommand("version", "print the build configuration");
+  }
+  int run(tr::cli::StopSignals&) override {
+    std::printf("trainer.cpp; %s\n", tr::backend::cuda_summary().c_str());
+    if (const std::string gpu = tr::backend::gpu_library_versions(); !gpu.empty())
+      std::printf("gpu libraries: %s\n", gpu.c_str());
+    std::printf("cpu libraries: %s\n", tr::backend::cpu_library_versions().c_str());
+    for (tr::DType dt : {tr::DType::bf16, tr::DType::f16}) {
+      const std::string note = tr::ops::gemm_precision_note(tr::Device::cpu(), dt);
+      if (!note.empty()) std::printf("cpu: %s\n", note.c_str());
+    }
+    return 0;
+  }
+};
+
+class FlagsCommand final : public Subcommand {
+ public:
+  explicit FlagsCommand(CLI::App& app) {
+    cmd_ = app.add_subcommand("flags", "print the flag reference of train and eval (markdown)");
+  }
+  int run(tr::cli::StopSignals&) override {
+    std::printf("%s", tr::train::flags_markdown().c_str());
+    return 0;
+  }
+};
+
+class TrainCommand final : public Subcommand {
+ public:
+  explicit TrainCommand(CLI::App& app) {
+    cmd_ = app.add_subcommand(
+        "train",
+        "train or fine-tune a causal LM (HF TrainingArguments names; no arguments: the default run)");
+    tr::cli::add_training_flags(cmd_, flags_);
+  }
+  int run(tr::cli::StopSignals& signals) override {
+    // No model, data or args file: the default run (its settings can still be changed by flags).
+    const bool default_run = flags_.args_file.empty() && !flags_.given("model_name_or_path") &&
+                             !flags_.given("config_name") && !flags_.given("train_file");
+    if (default_run) tr::cli::ensure_default_data();
+    auto a = flags_.resolve(default_run ? tr::cli::default_run_arguments() : tr::train::TrainingArguments{});
+    // The default run may replace its own out/default, never a folder the user named.
+    if (default_run && flags_.given("output_dir") && !flags_.given("overwrite_output_dir"))
+      a.overwrite_output_dir = false;
+    if (default_run)
+      if (const std::string note = tr::cli::choose_default_precision(
+              a, flags_.given("bf16") || flags_.given("fp16"), flags_.given("max_steps"));
+          !note.empty())
+        std::fprintf(stderr, "trainer: %s\n", note.c_str());
+    return run_train(a, default_run, signals);
+  }
+
+ private:
+  tr::cli::TrainingFlags flags_;
+};
+
+class EvalCommand final : public Subcommand {
+ public:
+  explicit EvalCommand(CLI::App& app) {
+    cmd_ = app.add_subcommand("eval", "evaluate a model folder: eval_loss and perplexity");
+    tr::cli::add_training_flags(cmd_, flags_);
+  }
+  int run(tr::cli::StopSignals&) override {
+    auto a = flags_.resolve();
+    auto r = tr::train::evaluate_command(a);
+    if (tr::dist::read_dist_env().rank != 0) return 0;  // rank 0 reports for the group
+    std::printf(
+        "eval_loss %.4f  perplexity %.2f  (%lld sequences, %lld tokens, %.1f s); wrote "
+        "%s/eval_results.json\n",
+        r.loss, r.perplexity, static_cast<long long>(r.samples), static_cast<long long>(r.tokens), r.seconds,
+        a.output_dir.c_str());
+    return 0;
+  }
+
+ private:
+  tr::cli::TrainingFlags flags_;
+};
+
+class EstimateCommand final : public Subcommand {
+ public:
+  explicit EstimateCommand(CLI::App& app) {
+    cmd_ = app.add_subcommand(
+        "estimate",
+        "the peak memory of a training step before running it (train's flags; no data, no weights)");
+    tr::cli::add_training_flags(cmd_, flags_);
+    cmd_->add_option(
+        "--device", device_,
+        "whose memory: cpu, or cuda (the CUDA caching allocator's reserved segments and cuBLASLt's "
+        "workspace)");
+    cmd_->add_flag("--json", json_, "one JSON object instead of the table");
+    cmd_->add_option(
+            "--world_size", world_,
+            "processes training together: one rank's memory (with --fsdp shard_grad_op or full_shard "
+            "its shard)")
+        ->check(CLI::Range(1, 1 << 20));
+    cmd_->add_option("--nproc_per_node", nproc_,
+                     "processes per node of --world_size (torchrun's name; default: all on one node): "
+                     "hybrid_shard and hybrid_shard_zero2 shard within a node")
+        ->check(CLI::Range(1, 1 << 20));
+    cmd_->add_option("--device_memory", memory_,
+                     "memory to fit in (80GB, 24GiB): the largest batch that fits and what each knob buys");
+  }
+  // The flags estimate adds to train's, for the unknown-flag suggestions.
+  static std::vector<std::string> own_flags() {
+    return {"device", "json", "device_memory", "world_size", "nproc_per_node"};
+  }
+  int run(tr::cli::StopSignals&) override {
+    return estimate(flags_.resolve(), device_, memory_, json_, world_, nproc_);
+  }
+
+ private:
+  tr::cli::TrainingFlags flags_;
+  std::string device_ = "cpu", memory_;
+  bool json_ = false;
+  int world_ = 1, nproc_ = 0;
+};
+
+class GenerateCommand final : public Subcommand {
+ public:
+  explicit GenerateCommand(CLI::App& app) {
+    cmd_ = app.add_subcommand("generate", "continue a prompt with a model folder");
+    cmd_->add_option("--model_name_or_path", model_, "HF model folder (with tokenizer.json)")->required();
+    cmd_->add_option("--prompt", prompt_, "text to continue")->required();
+    cmd_->add_option("--max_new_tokens", max_new_tokens_);
+    cmd_->add_option("--do_sample", do_sample_, "sample instead of greedy")
+        ->expected(0, 1)
+        ->default_str("true");
+    cmd_->add_option("--temperature", temperature_);
+    cmd_->add_option("--top_k", top_k_);
+    cmd_->add_option("--top_p", top_p_);
+    cmd_->add_option("--seed", seed_);
+    cmd_->add_option(
+        "--device_map", device_map_,
+        "from_pretrained's: auto (split by decoder layers across the GPUs, then the host, when the "
+        "model does not fit the first), or a device");
+    cmd_->add_option(
+        "--device_memory", device_memory_,
+        "with --device_map auto: each GPU's budget, then the host's (24GB,24GB or 0:24GB,cpu:64GB)");
+  }
+  int run(tr::cli::StopSignals&) override {
+    std::printf("%s\n", tr::cli::sample_text(model_, prompt_, max_new_tokens_, do_sample_, temperature_,
+                                             top_k_, top_p_, seed_, device_map_, device_memory_)
+                            .c_str());
+    return 0;
+  }
+
+ private:
+  std::string model_, prompt_, device_map_, device_memory_;
+  int64_t max_new_tokens_ = 50, top_k_ = 0;
+  double temperature_ = 1.0, top_p_ = 1.0;
+  bool do_sample_ = false;
+  uint64_t seed_ = 42;
+};
+
+class PlotCommand final : public Subcommand {
+ public:
+  explicit PlotCommand(CLI::App& app) {
+    cmd_ = app.add_subcommand("plot", "draw runs' training curves (metrics.jsonl) into a PNG or SVG");
+    cmd_->add_option("run_dirs", runs_, "trainer output_dirs (or metrics.jsonl files), overlaid")->required();
+    cmd_->add_option("--output", output_, "the picture: FILE.png or FILE.svg (default training_curves.png)");
+    cmd_->add_option("--metrics", metrics_,
+                     "comma-separated panels (default: loss,eval_loss,learning_rate,grad_norm,"
+                     "tokens_per_second, those logged)");
+    cmd_->add_flag("--log_scale", log_, "loss panels on a log axis");
+  }
+  int run(tr::cli::StopSignals&) override { return plot(runs_, output_, metrics_, log_); }
+
+ private:
+  std::vector<std::string> runs_;
+  std::string output_ = "training_curves.png", metrics_;
+  bool log_ = false;
+};
+
+class TokenizeCommand final : public Subcommand {
+ public:
+  explicit TokenizeCommand(CLI::App& app) {
+    cmd_ = app.add_subcommand("tokenize", "text files -> llm.c token shards (train_*.bin, val_*.bin)");
+    cmd_->add_option("--tokenizer_name_or_path", tokenizer_, "tokenizer.json, or a folder with one")
+        ->required();
+    cmd_->add_option(
+            "--input", o_.inputs,
+            "data files or glob patterns: .txt (a document each), .jsonl/.json/.csv/.tsv (a document "
+            "per row), also .gz/.zst")
+        ->required();
+    cmd_->add_option("--output_dir", o_.output_dir, "where the shards go")->required();
+    cmd_->add_option("--validation_split_percentage", o_.validation_split_percentage,
+                     "percent of the token stream (from its start) for validation shards");
+    cmd_->add_option("--shard_size", o_.shard_tokens, "tokens per shard (default 100M)");
+    cmd_->add_option("--num_proc", o_.threads, "threads (default: all)");
+    cmd_->add_option("--text_column_name", o_.documents.text_column,
+                     "the column of .jsonl/.json/.csv/.tsv inputs holding the text (default: text, else the "
+                     "first)");
+  }
+  int run(tr::cli::StopSignals&) override { return tokenize(tokenizer_, o_); }
+
+ private:
+  std::string tokenizer_;
+  tr::data::TokenizeOptions o_;
+};
+
+class ReplayCommand final : public Subcommand {
+ public:
+  explicit ReplayCommand(CLI::App& app) {
+    cmd_ = app.add_subcommand(
+        "replay-allocations",
+        "replay an allocation trace (TRAINER_ALLOCATOR_TRACE=FILE on train or estimate) through the CUDA "
+        "caching allocator's model: peak bytes and reserved bytes, as JSON");
+    cmd_->add_option("trace", trace_, "the trace file")->required();
+  }
+  int run(tr::cli::StopSignals&) override {
+    const tr::TraceReplay r = tr::replay_allocation_trace(trace_);
+    std::printf("%s\n", nlohmann::json{{"events", r.events},
+                                       {"allocations", r.allocations},
+                                       {"peak_bytes", r.peak_bytes},
+                                       {"peak_reserved_bytes", r.peak_reserved_bytes}}
+                            .dump()
+                            .c_str());
+    return 0;
+  }
+
+ private:
+  std::string trace_;
+};
+
+// Unknown train/eval/estimate flags get a suggestion (CLI11 only says "not expected"): empty when none.
+std::string unknown_flags(int argc, char** argv) {
   const std::string sub = argc >= 2 ? argv[1] : "";
-  if (sub == "train" || sub == "eval" || sub == "estimate") {
-    auto names = tr::train::argument_names();
-    if (sub == "estimate")
-      names.insert(names.end(), {"device", "json", "device_memory", "world_size", "nproc_per_node"});
-    const std::string msg =
-        tr::cli::unknown_flag_message(std::vector<std::string>(argv + 2, argv + argc), names);
-    if (!msg.empty()) {
-      std::fprintf(stderr, "trainer %s: %s\n", argv[1], msg.c_str());
-      return 2;
-    }
+  if (sub != "train" && sub != "eval" && sub != "estimate") return "";
+  auto names = tr::train::argument_names();
+  if (sub == "estimate") {
+    const auto own = EstimateCommand::own_flags();
+    names.insert(names.end(), own.begin(), own.end());
   }
+  return tr::cli::unknown_flag_message(std::vector<std::string>(argv + 2, argv + argc), names);
+}
+
+// The chosen subcommand, run; the library's errors become one message and exit status 1.
+int run_chosen(const std::vector<std::unique_ptr<Subcommand>>& commands, tr::cli::StopSignals& signals) {
   try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
-  try {
-    if (*info_cmd) {
-      const int rc = info(dir);
-      TR_CHECK(info_device_memory.empty() || !info_device_map.empty(),
-               "--device_memory goes with --device_map auto");
-      if (rc == 0 && !info_device_map.empty()) print_placement(dir, info_device_map, info_device_memory);
-      return rc;
-    }
-    if (*tok_cmd) return tokenize(tokenizer_path, topts);
-    if (*plot_cmd) return plot(plot_runs, plot_output, plot_metrics, plot_log);
-    if (*est_cmd)
-      return estimate(est_flags.resolve(), est_device, est_memory, est_json, est_world, est_nproc);
-    if (*flags_cmd) {
-      std::printf("%s", tr::train::flags_markdown().c_str());
-      return 0;
-    }
-    if (*train_cmd) {
-      // No model, data or args file: the default run (its settings can still be changed by flags).
-      const bool default_run = train_flags.args_file.empty() && !train_flags.given("model_name_or_path") &&
-                               !train_flags.given("config_name") && !train_flags.given("train_file");
-      if (default_run) tr::cli::ensure_default_data();
-      auto a = train_flags.resolve(default_run ? tr::cli::default_run_arguments()
-                                               : tr::train::TrainingArguments{});
-      // The default run may replace its own out/default, never a folder the user named.
-      if (default_run && train_flags.given("output_dir") && !train_flags.given("overwrite_output_dir"))
-        a.overwrite_output_dir = false;
-      if (default_run)
-        if (const std::string note = tr::cli::choose_default_precision(
-                a, train_flags.given("bf16") || train_flags.given("fp16"), train_flags.given("max_steps"));
-            !note.empty())
-          std::fprintf(stderr, "trainer: %s\n", note.c_str());
-      return run_train(a, default_run, signals);
-    }
-    if (*eval_cmd) {
-      auto a = eval_flags.resolve();
-      auto r = tr::train::evaluate_command(a);
-      if (tr::dist::read_dist_env().rank != 0) return 0;  // rank 0 reports for the group
-      std::printf(
-          "eval_loss %.4f  perplexity %.2f  (%lld sequences, %lld tokens, %.1f s); wrote "
-          "%s/eval_results.json\n",
-          r.loss, r.perplexity, static_cast<long long>(r.samples), static_cast<long long>(r.tokens),
-          r.seconds, a.output_dir.c_str());
-      return 0;
-    }
-    if (*gen_cmd) {
-      std::printf("%s\n", tr::cli::sample_text(gen_model, prompt, max_new_tokens, do_sample, temperature,
-                                               top_k, top_p, gen_seed, gen_device_map, gen_device_memory)
-                              .c_str());
-      return 0;
-    }
-    if (*replay_cmd) {
-      const tr::TraceReplay r = tr::replay_allocation_trace(replay_trace);
-      std::printf("%s\n", nlohmann::json{{"events", r.events},
-                                         {"allocations", r.allocations},
-                                         {"peak_bytes", r.peak_bytes},
-                                         {"peak_reserved_bytes", r.peak_reserved_bytes}}
-                              .dump()
-                              .c_str());
-      return 0;
-    }
-    if (*version) {
-      std::printf("trainer.cpp; %s\n", tr::backend::cuda_summary().c_str());
-      if (const std::string gpu = tr::backend::gpu_library_versions(); !gpu.empty())
-        std::printf("gpu libraries: %s\n", gpu.c_str());
-      std::printf("cpu libraries: %s\n", tr::backend::cpu_library_versions().c_str());
-      for (tr::DType dt : {tr::DType::bf16, tr::DType::f16}) {
-        const std::string note = tr::ops::gemm_precision_note(tr::Device::cpu(), dt);
-        if (!note.empty()) std::printf("cpu: %s\n", note.c_str());
-      }
-      return 0;
-    }
+    for (const auto& c : commands)
+      if (c->chosen()) return c->run(signals);
   } catch (const nlohmann::json::exception& e) {
     // Defense in depth: every file is validated where it is read, so this is a bug; the JSON library's own
     // wording names no file or field and is not shown.
@@ -626,4 +690,49 @@ int main(int argc, char** argv) {
     return 1;
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Before any thread of ours exists, only this object's thread takes SIGINT/SIGTERM/SIGHUP (see
+  // stop_signals.cpp for the heap corruption a handler caused). `train`: the step in flight finishes, a
+  // checkpoint is saved and the exit status is 0; other subcommands end by the signal.
+  // `launch`: the first signal is forwarded to the ranks, which finish their step and save.
+  const std::string first_arg = argc >= 2 ? argv[1] : "";
+  tr::cli::StopSignals signals(first_arg == "train"    ? tr::cli::FirstSignal::request_stop
+                               : first_arg == "launch" ? tr::cli::FirstSignal::forward
+                                                       : tr::cli::FirstSignal::exit_now);
+  if (first_arg == "launch") {
+    try {
+      return launch_command(argc, argv, signals);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "trainer: error: %s\n", e.what());
+      return 1;
+    }
+  }
+  CLI::App app{"trainer: train GPT-2 and Llama models in Hugging Face format, without Python"};
+  app.require_subcommand(1);
+  app.add_subcommand("launch", "run a subcommand in N processes (torchrun's flags; trainer launch --help)");
+  std::vector<std::unique_ptr<Subcommand>> commands;  // in the order --help lists them
+  commands.push_back(std::make_unique<InfoCommand>(app));
+  commands.push_back(std::make_unique<VersionCommand>(app));
+  commands.push_back(std::make_unique<FlagsCommand>(app));
+  commands.push_back(std::make_unique<TrainCommand>(app));
+  commands.push_back(std::make_unique<EvalCommand>(app));
+  commands.push_back(std::make_unique<EstimateCommand>(app));
+  commands.push_back(std::make_unique<GenerateCommand>(app));
+  commands.push_back(std::make_unique<PlotCommand>(app));
+  commands.push_back(std::make_unique<TokenizeCommand>(app));
+  commands.push_back(std::make_unique<ReplayCommand>(app));
+  if (const std::string msg = unknown_flags(argc, argv); !msg.empty()) {
+    std::fprintf(stderr, "trainer %s: %s\n", argv[1], msg.c_str());
+    return 2;
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return run_chosen(commands, signals);
 }
