@@ -60,6 +60,10 @@ class Run {
   void save();
   void save_files();
   ShardedOptimizer* gathered_masters() const;
+  StepOptions step_options() const;
+  void announce_compile(const StepOptions& so) const;
+  void collect_results(const TrainStep& step_fn);
+  nlohmann::json results_json() const;
   void finish();
   void draw_curves();
   bool stop_requested();

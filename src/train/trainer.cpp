@@ -192,7 +192,7 @@ void Run::log(const nlohmann::json& entry) {
   if (tb_) tb_->log(entry);
 }
 
-TrainResult Run::train() {
+StepOptions Run::step_options() const {
   StepOptions so;
   so.gradient_checkpointing = a_.gradient_checkpointing;
   so.max_grad_norm = a_.max_grad_norm;
@@ -205,21 +205,29 @@ TrainResult Run::train() {
   so.average_tokens_across_devices = a_.average_tokens_across_devices;
   so.fuse_elementwise = a_.compile_fuses() && ops::fuses_elementwise(dev_);
   so.device_graphs = a_.compile_device_graphs() && dev_.is_cuda();
+  return so;
+}
+
+// What --torch_compile's backend and mode do on this device, in one line.
+void Run::announce_compile(const StepOptions& so) const {
+  std::string how = so.fuse_elementwise ? ", elementwise chains fused" : "";
+  if (so.device_graphs)
+    how += ", each replay one CUDA graph";
+  else if (a_.compile_device_graphs())
+    how += " (CUDA graphs on a GPU only)";
+  if (a_.compile_autotunes())
+    how += dev_.is_cuda() ? ", each GEMM shape's cuBLASLt candidates timed once"
+                          : " (GEMM autotuning on a GPU only: the CPU's libraries pick their kernels)";
+  std::fprintf(stderr,
+               "torch_compile: backend %s, mode %s: the step is captured per shape, planned into one arena "
+               "and replayed%s\n",
+               a_.torch_compile_backend.c_str(), a_.torch_compile_mode.c_str(), how.c_str());
+}
+
+TrainResult Run::train() {
+  const StepOptions so = step_options();
   const StepState ss{*model_, *mp_, *opt_, dropout_gen_, full_.get()};
-  if (a_.torch_compile) {
-    std::string how = so.fuse_elementwise ? ", elementwise chains fused" : "";
-    if (so.device_graphs)
-      how += ", each replay one CUDA graph";
-    else if (a_.compile_device_graphs())
-      how += " (CUDA graphs on a GPU only)";
-    if (a_.compile_autotunes())
-      how += dev_.is_cuda() ? ", each GEMM shape's cuBLASLt candidates timed once"
-                            : " (GEMM autotuning on a GPU only: the CPU's libraries pick their kernels)";
-    std::fprintf(stderr,
-                 "torch_compile: backend %s, mode %s: the step is captured per shape, planned into one arena "
-                 "and replayed%s\n",
-                 a_.torch_compile_backend.c_str(), a_.torch_compile_mode.c_str(), how.c_str());
-  }
+  if (a_.torch_compile) announce_compile(so);
   const auto step_fn = a_.torch_compile ? make_compiled_step(ss, so) : make_eager_step(ss, so);
   r_.setup_peak_bytes = ops::allocator_for(dev_).stats().peak_bytes;
   for (const Device d : model_->placement().devices()) ops::allocator_for(d).reset_peak();
@@ -253,14 +261,22 @@ TrainResult Run::train() {
   }
   if (main_) std::fprintf(stderr, "\n");
   r_.steps = total - start_step;
+  collect_results(*step_fn);
+  step_fn->release_memory();
+  finish();
+  return r_;
+}
+
+// The finished loop's numbers: throughput, what compile captured, each device's and each rank's peak.
+void Run::collect_results(const TrainStep& step_fn) {
   r_.seconds = std::chrono::duration<double>(clock::now() - train_start_).count() - eval_seconds_;
   r_.tokens_per_second = tokens_ / r_.seconds;
   r_.train_loss = window_->counted_sum() / std::max<int64_t>(1, r_.steps);
   r_.skipped_steps = st_.skipped_steps;
-  r_.compiled_shapes = step_fn->captured_shapes();
-  r_.planned_peak_bytes = step_fn->planned_peak_bytes();
-  r_.replayed_peak_bytes = step_fn->replayed_peak_bytes();
-  r_.device_graph_captures = step_fn->device_graph_captures();
+  r_.compiled_shapes = step_fn.captured_shapes();
+  r_.planned_peak_bytes = step_fn.planned_peak_bytes();
+  r_.replayed_peak_bytes = step_fn.replayed_peak_bytes();
+  r_.device_graph_captures = step_fn.device_graph_captures();
   if (const std::string tuned = ops::autotune_summary(dev_); !tuned.empty())
     std::fprintf(stderr, "torch_compile: %s\n", tuned.c_str());
   if (const std::string dnn = ops::cudnn_attention_summary(dev_); main_ && !dnn.empty())
@@ -282,7 +298,7 @@ TrainResult Run::train() {
   }
   r_.tokens = tokens_;
   r_.eval_seconds = eval_seconds_;
-  r_.global_step = total;
+  r_.global_step = sched_.total;
   r_.world_size = group_ ? group_->size() : 1;
   r_.comm_backend = group_ ? group_->backend_name() : "";
   r_.device_name = dev_.is_cuda() ? backend::cuda_device_name(dev_.index) : "cpu";
@@ -291,9 +307,6 @@ TrainResult Run::train() {
   r_.flops_per_token = 6.0 * static_cast<double>(model_->num_parameters()) +
                        12.0 * c.num_layers * c.num_heads * c.head_dim * a_.block_size;
   if (tb_) r_.logging_dir = a_.logging_dir;
-  step_fn->release_memory();
-  finish();
-  return r_;
 }
 
 // output_dir/training_curves.png from metrics.jsonl. The run's results are saved by now, so a picture that
@@ -309,22 +322,9 @@ void Run::draw_curves() {
   }
 }
 
-// The files of a finished run, as HF's Trainer leaves them: results, the final model and tokenizer, state.
-void Run::finish() {
+// train_results.json: HF's train metrics, our peaks (compiled, split, per rank) and the communication.
+nlohmann::json Run::results_json() const {
   const int64_t total = sched_.total;
-  const bool final_eval = a_.do_eval && streams_.validation;
-  if (final_eval && (r_.evals.empty() || st_.log_history.back().value("step", int64_t{-1}) != total ||
-                     !st_.log_history.back().contains("eval_loss")))
-    evaluate_at(total);  // on every rank: the evaluation is split across them
-  if (full_) full_->drain();
-  if (!main_) {  // the final model's fp32 weights: every rank takes part in their gathers
-    if (ShardedOptimizer* z = gathered_masters()) take_part_in_save(*z);
-    return;
-  }
-  if (st_.skipped_steps > 0)
-    std::fprintf(stderr,
-                 "train: %lld of %lld fp16 steps skipped for inf/nan gradients (final loss scale %g)\n",
-                 static_cast<long long>(st_.skipped_steps), static_cast<long long>(total), mp_->loss_scale());
   nlohmann::json all = {{"train_loss", r_.train_loss},
                         {"train_runtime", r_.seconds},
                         {"train_samples_per_second", (tokens_ / a_.block_size) / r_.seconds},
@@ -370,6 +370,26 @@ void Run::finish() {
     all["ddp_comm_wait_seconds"] = r_.comm_wait_seconds;
     all["ddp_comm_wait_share"] = r_.comm_wait_seconds / r_.seconds;
   }
+  return all;
+}
+
+// The files of a finished run, as HF's Trainer leaves them: results, the final model and tokenizer, state.
+void Run::finish() {
+  const int64_t total = sched_.total;
+  const bool final_eval = a_.do_eval && streams_.validation;
+  if (final_eval && (r_.evals.empty() || st_.log_history.back().value("step", int64_t{-1}) != total ||
+                     !st_.log_history.back().contains("eval_loss")))
+    evaluate_at(total);  // on every rank: the evaluation is split across them
+  if (full_) full_->drain();
+  if (!main_) {  // the final model's fp32 weights: every rank takes part in their gathers
+    if (ShardedOptimizer* z = gathered_masters()) take_part_in_save(*z);
+    return;
+  }
+  if (st_.skipped_steps > 0)
+    std::fprintf(stderr,
+                 "train: %lld of %lld fp16 steps skipped for inf/nan gradients (final loss scale %g)\n",
+                 static_cast<long long>(st_.skipped_steps), static_cast<long long>(total), mp_->loss_scale());
+  nlohmann::json all = results_json();
   write_json(fs::path(a_.output_dir) / "train_results.json", all);
   if (final_eval) {
     auto e = r_.evals.back().to_json();
