@@ -62,7 +62,7 @@ TEST(TrainerArgs, JsonFileFlagsAndSuggestions) {
   EXPECT_EQ(error_of([&] {
               a.update_from_json({{"max_steps", "ten"}}, "args.json");
             }),
-            "args.json: 'max_steps' has the wrong type (string)");
+            "args.json: 'max_steps' has the wrong type (string): expected an integer");
   // The round trip through training_args.json is lossless.
   train::TrainingArguments b;
   b.update_from_json(a.to_json(), "training_args.json");

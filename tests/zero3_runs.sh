@@ -147,9 +147,9 @@ refused bad_both "--fsdp full_shard shard_grad_op: full_shard, shard_grad_op, hy
   --fsdp "full_shard shard_grad_op"
 refused bad_optim "--fsdp full_shard with --optim adafactor: sharding splits tensors" --fsdp full_shard --optim adafactor
 echo '{"backward_prefetch": "BACKWARD_PRE", "forward_prefetc": true}' >typo.json
-refused bad_config1 "typo.json: backward_prefetch is \"BACKWARD_PRE\", expected \"backward_pre\", \"backward_post\" or \"no_prefetch\"" \
+refused bad_config1 "--fsdp_config typo.json: backward_prefetch is \"BACKWARD_PRE\", expected \"backward_pre\", \"backward_post\" or \"no_prefetch\"" \
   --fsdp full_shard --fsdp_config typo.json
 echo '{"forward_prefetc": true}' >typo.json
-refused bad_config2 "typo.json: unknown FSDP option 'forward_prefetc'.*did you mean 'forward_prefetch'" \
+refused bad_config2 "--fsdp_config typo.json: unknown FSDP option 'forward_prefetc'.*did you mean 'forward_prefetch'" \
   --fsdp full_shard --fsdp_config typo.json
 echo "zero3_runs: OK"

@@ -102,7 +102,12 @@ std::string sample_text(const std::string& model_dir, const std::string& prompt,
     po.max_memory = models::parse_device_memory(device_memory, "device_memory");
   }
   auto model = models::from_pretrained(model_dir, po);
-  auto ids = tok.encode(prompt, false);
+  std::vector<int32_t> ids;
+  try {
+    ids = tok.encode(prompt, false);
+  } catch (const Error& e) {
+    fail("--prompt: {}", e.what());
+  }
   TR_CHECK(!ids.empty(), "--prompt is empty");
   std::vector<int64_t> ids64(ids.begin(), ids.end());
   Tensor input = ops::from_vector<int64_t>(ids64, {1, static_cast<int64_t>(ids64.size())});

@@ -1,9 +1,56 @@
 // Registration of the TrainingArguments table with CLI11 and the args-file merge; see flags.h.
 #include "cli/flags.h"
 
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <limits>
+
 #include "core/suggest.h"
 
 namespace tr::cli {
+
+namespace {
+
+// CLI11 converts leniently (an integer out of range clamps, "" becomes 0, a bad word gets "Could not
+// convert"): the text of a typed flag is checked first, and refused with what the flag expects.
+template <class T>
+std::string check_flag_text(const std::string& v) {
+  if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::optional<bool>>) {
+    std::string l = v;
+    for (auto& c : l) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    for (const char* ok : {"true", "false", "1", "0", "yes", "no", "on", "off"})
+      if (l == ok) return "";
+    return "'" + v + "': expected true or false";
+  } else if constexpr (std::is_integral_v<T>) {
+    errno = 0;
+    char* end = nullptr;
+    const bool negative = v.find('-') != std::string::npos;
+    if constexpr (std::is_unsigned_v<T>) {
+      const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+      (void)n;
+    } else {
+      const long long n = std::strtoll(v.c_str(), &end, 10);
+      (void)n;
+    }
+    if (v.empty() || end == v.c_str() || *end != '\0') return "'" + v + "': expected an integer";
+    if (std::is_unsigned_v<T> && negative) return "'" + v + "': expected an integer >= 0";
+    if (errno == ERANGE)
+      return fmt::format("'{}': out of range (an integer from {} to {})", v, std::numeric_limits<T>::min(),
+                         std::numeric_limits<T>::max());
+    return "";
+  } else if constexpr (std::is_floating_point_v<T>) {
+    char* end = nullptr;
+    (void)std::strtod(v.c_str(), &end);
+    if (v.empty() || end == v.c_str() || *end != '\0') return "'" + v + "': expected a number";
+    return "";  // out of range: inf or 0, which validate() judges per flag
+  } else {
+    return "";
+  }
+}
+
+}  // namespace
 
 void add_training_flags(CLI::App* cmd, TrainingFlags& f) {
   cmd->add_option("args_file", f.args_file, "a JSON file of arguments (HF's `train.py args.json`)");
@@ -16,6 +63,7 @@ void add_training_flags(CLI::App* cmd, TrainingFlags& f) {
                 "--" + s.name, [&f, m](const bool& v) { f.parsed.*m = v; }, s.help);
             opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
             opt->expected(0, 1)->default_str("true")->option_text("[true|false]");
+            opt->check(CLI::Validator([](std::string& v) { return check_flag_text<T>(v); }, ""));
             return opt;
           }
           auto* opt = cmd->add_option("--" + s.name, f.parsed.*m, s.help);
@@ -24,6 +72,7 @@ void add_training_flags(CLI::App* cmd, TrainingFlags& f) {
             opt->expected(0, 1)->default_str("true")->option_text("[true|false]");
           if (s.name == "per_device_train_batch_size")  // `auto` (ours): chosen by the memory estimate
             opt->transform([](std::string v) { return v == "auto" ? std::to_string(train::kAutoBatch) : v; });
+          opt->check(CLI::Validator([](std::string& v) { return check_flag_text<T>(v); }, ""));
           return opt;
         },
         s.member);

@@ -16,6 +16,7 @@
 #include "backend/backend.h"
 #include "backend/cuda_api.h"
 #include "core/allocation_trace.h"
+#include "core/threads.h"
 #include "cli/default_run.h"
 #include "cli/flags.h"
 #include "cli/stop_signals.h"
@@ -95,6 +96,10 @@ void print_placement(const std::string& dir, const std::string& device_map,
 int info(const std::string& dir) {
   namespace fs = std::filesystem;
   using namespace tr;
+  TR_CHECK(fs::is_directory(dir),
+           "model_dir '{}': no such folder (a Hugging Face model folder: config.json + "
+           "model.safetensors)",
+           dir);
   auto config = models::ModelConfig::from_file((fs::path(dir) / "config.json").string());
   io::CheckpointReader ckpt(dir);
   std::map<std::string, int64_t> by_dtype;
@@ -144,6 +149,9 @@ int tokenize(const std::string& tokenizer_path, tr::data::TokenizeOptions o) {
       "under %s\n",
       static_cast<long long>(r.documents), r.bytes / 1e6, static_cast<long long>(r.train_tokens),
       r.train_shards.size(), static_cast<long long>(r.val_tokens), r.val_shards.size(), o.output_dir.c_str());
+  if (r.replaced_shards > 0)
+    std::printf("removed %lld shard(s) of an earlier tokenization there that this one did not replace\n",
+                static_cast<long long>(r.replaced_shards));
   return 0;
 }
 
@@ -248,7 +256,14 @@ int estimate(tr::train::TrainingArguments a, const std::string& device_name, con
       for (const auto& k : knobs) j["knobs"][k.knob] = k.peak_bytes;
     }
     std::printf("%s\n", j.dump().c_str());
-    return max_batch == 0 && budget > 0 ? 1 : 0;
+    if (max_batch == 0 && budget > 0) {  // the JSON is printed for scripts; the failure is said too
+      std::fprintf(stderr,
+                   "trainer: error: no per_device_train_batch_size fits in --device_memory %s (the JSON's "
+                   "knobs give each knob's peak)\n",
+                   memory.c_str());
+      return 1;
+    }
+    return 0;
   }
   std::printf("parameters        %lld (%.1fM)\n", static_cast<long long>(e.parameters), e.parameters / 1e6);
   if (world > 1) {
@@ -703,6 +718,13 @@ int main(int argc, char** argv) {
   tr::cli::StopSignals signals(first_arg == "train"    ? tr::cli::FirstSignal::request_stop
                                : first_arg == "launch" ? tr::cli::FirstSignal::forward
                                                        : tr::cli::FirstSignal::exit_now);
+  try {
+    tr::check_omp_num_threads_env();  // before any parallel region: libgomp fails to start threads by
+                                      // crashing
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "trainer: error: %s\n", e.what());
+    return 1;
+  }
   if (first_arg == "launch") {
     try {
       return launch_command(argc, argv, signals);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -62,6 +63,9 @@ std::unique_ptr<AllocationTrace> AllocationTrace::from_environment(AllocationObs
 }
 
 TraceReplay replay_allocation_trace(const std::string& path) {
+  std::error_code ec;
+  TR_CHECK(!std::filesystem::is_directory(path, ec),
+           "allocation trace: {} is a folder; give the trace file TRAINER_ALLOCATOR_TRACE named", path);
   std::ifstream in(path);
   TR_CHECK(in.good(), "allocation trace: cannot read {}", path);
   return replay_allocation_trace(in, path);

@@ -1,10 +1,14 @@
-// dtype names, device parsing and shape helpers.
+// dtype names, device parsing, shape helpers and thread-count bounds.
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <thread>
 
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/shape.h"
+#include "core/threads.h"
 
 namespace tr {
 
@@ -88,6 +92,21 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
     out[i] = da == 1 ? db : da;
   }
   return out;
+}
+
+int max_pool_threads() { return static_cast<int>(std::max(1024u, 4 * std::thread::hardware_concurrency())); }
+
+void check_omp_num_threads_env() {
+  const char* v = std::getenv("OMP_NUM_THREADS");
+  if (v == nullptr) return;
+  errno = 0;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  if (end == v) return;  // not a number: OpenMP warns and uses its default
+  TR_CHECK(errno != ERANGE && n <= max_pool_threads(),
+           "OMP_NUM_THREADS={}: more threads than a process here can usefully start; expected at most {} "
+           "(this machine has {} cores)",
+           v, max_pool_threads(), std::thread::hardware_concurrency());
 }
 
 }  // namespace tr

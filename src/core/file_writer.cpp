@@ -1,6 +1,8 @@
 // FileWriter: POSIX writes with errno in every message; see file_writer.h.
 #include "core/file_writer.h"
 
+#include <filesystem>
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -49,6 +51,14 @@ void write_file(const std::string& path, std::string_view content, bool sync) {
   FileWriter w(path);
   w.write(content);
   w.close(sync);
+}
+
+void make_directories(const std::string& dir, std::string_view what) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (!ec && std::filesystem::is_directory(dir, ec)) return;
+  fail("{}{}{}: cannot make that folder ({})", what, what.empty() ? "" : " ", dir,
+       ec ? ec.message() : "a file has that name");
 }
 
 }  // namespace tr

@@ -28,4 +28,8 @@ class FileWriter {
 // The whole file in one go.
 void write_file(const std::string& path, std::string_view content, bool sync = false);
 
+// `dir` and its parents made where missing; throws tr::Error "{what} {dir}: cannot make that folder (reason)"
+// - a file in the way, no permission - where std::filesystem would throw its own wording.
+void make_directories(const std::string& dir, std::string_view what = "");
+
 }  // namespace tr

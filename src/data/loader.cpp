@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <system_error>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -119,27 +120,37 @@ void DataLoader::start_workers() {
   const LoaderPosition start = pos_;
   const int64_t total = batches_per_epoch();
   for (int w = 0; w < opts_.num_workers; ++w) {
-    workers_.emplace_back([this, w, start, total] {
-      Slot& s = *slots_[static_cast<size_t>(w)];
-      // Worker w builds batches start.batch + w, + 2w, ... of this epoch, in order.
-      for (int64_t b = start.batch + w; b < total; b += opts_.num_workers) {
-        Batch batch;
-        try {
-          batch = make_batch(start.epoch, b);
-        } catch (...) {
-          std::lock_guard<std::mutex> g(s.mu);
-          s.error = std::current_exception();
-          s.cv.notify_all();
-          return;
-        }
-        std::unique_lock<std::mutex> lk(s.mu);
-        s.cv.wait(lk, [&] { return stop_ || static_cast<int>(s.queue.size()) < opts_.prefetch_factor; });
-        if (stop_) return;
-        s.queue.emplace_back(b, std::move(batch));
-        s.cv.notify_all();
-      }
-    });
+    try {
+      start_worker(w, start, total);
+    } catch (const std::system_error& e) {  // the system's thread limit: stop the ones started, then say so
+      stop_workers();
+      fail("dataloader: could not start worker {} of --dataloader_num_workers {} ({}); use fewer workers", w,
+           opts_.num_workers, e.what());
+    }
   }
+}
+
+// Worker w builds batches start.batch + w, + 2w, ... of this epoch, in order.
+void DataLoader::start_worker(int w, LoaderPosition start, int64_t total) {
+  workers_.emplace_back([this, w, start, total] {
+    Slot& s = *slots_[static_cast<size_t>(w)];
+    for (int64_t b = start.batch + w; b < total; b += opts_.num_workers) {
+      Batch batch;
+      try {
+        batch = make_batch(start.epoch, b);
+      } catch (...) {
+        std::lock_guard<std::mutex> g(s.mu);
+        s.error = std::current_exception();
+        s.cv.notify_all();
+        return;
+      }
+      std::unique_lock<std::mutex> lk(s.mu);
+      s.cv.wait(lk, [&] { return stop_ || static_cast<int>(s.queue.size()) < opts_.prefetch_factor; });
+      if (stop_) return;
+      s.queue.emplace_back(b, std::move(batch));
+      s.cv.notify_all();
+    }
+  });
 }
 
 void DataLoader::stop_workers() {

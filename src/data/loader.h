@@ -97,6 +97,7 @@ class DataLoader {
  private:
   Batch make_batch(int64_t epoch, int64_t b) const;
   void start_workers();
+  void start_worker(int w, LoaderPosition start, int64_t total);
   void stop_workers();
   struct Slot {
     std::mutex mu;

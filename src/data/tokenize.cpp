@@ -3,28 +3,39 @@
 
 #include <glob.h>
 
+#include <algorithm>
 #include <climits>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "core/error.h"
 #include "core/file_writer.h"
+#include "core/threads.h"
 #include "data/shards.h"
 
 namespace tr::data {
 
 namespace fs = std::filesystem;
 
-std::vector<std::string> expand_inputs(const std::vector<std::string>& patterns) {
+std::vector<std::string> expand_inputs(const std::vector<std::string>& patterns, const std::string& flag) {
   std::vector<std::string> out;
   for (const auto& p : patterns) {
     glob_t g{};
     const int rc = ::glob(p.c_str(), 0, nullptr, &g);
-    TR_CHECK(rc == 0 && g.gl_pathc > 0, "--input {}: no such file", p);
+    if (rc != 0 || g.gl_pathc == 0) {
+      globfree(&g);
+      fail("--{} {}: no such file", flag, p);
+    }
     std::vector<std::string> hits(g.gl_pathv, g.gl_pathv + g.gl_pathc);
     globfree(&g);
     std::sort(hits.begin(), hits.end());
+    for (const auto& h : hits) {
+      std::error_code ec;
+      TR_CHECK(!fs::is_directory(h, ec), "--{} {}: {} is a folder; give its files, e.g. {}/*.txt", flag, p, h,
+               h);
+    }
     out.insert(out.end(), hits.begin(), hits.end());
   }
   return out;
@@ -39,12 +50,20 @@ using TokenSink = std::function<void(const uint32_t* tokens, size_t n)>;
 // memory holds one group's text and ids whatever the inputs' size.
 void encode_stream(const tokenizers::Tokenizer& tok, const std::vector<std::string>& patterns, int threads,
                    const DocumentOptions& dopts, TokenizeResult& r,
-                   const std::function<void(int64_t, int64_t)>& progress, const TokenSink& sink) {
+                   const std::function<void(int64_t, int64_t)>& progress, const TokenSink& sink,
+                   const std::string& flag = "input") {
   const auto eos = tok.eos_token_id();
   TR_CHECK(eos.has_value(), "tokenize: the tokenizer has no end-of-text token to separate documents");
-  const auto files = expand_inputs(patterns);
+  TR_CHECK(threads >= 0 && threads <= max_pool_threads(),
+           "tokenize: --num_proc {}: expected 0 (every core) up to {} threads", threads, max_pool_threads());
+  const auto files = expand_inputs(patterns, flag);
   int64_t total_bytes = 0, done_files_bytes = 0, tokens = 0;
-  for (const auto& f : files) total_bytes += static_cast<int64_t>(fs::file_size(f));
+  for (const auto& f : files) {
+    std::error_code ec;
+    const auto size = fs::file_size(f, ec);
+    TR_CHECK(!ec, "--{} {}: cannot read its size ({})", flag, f, ec.message());
+    total_bytes += static_cast<int64_t>(size);
+  }
   std::vector<std::string> texts;
   size_t text_bytes = 0, group_first = 0, file = 0;
   int64_t read_in_file = 0;
@@ -90,7 +109,8 @@ void encode_stream(const tokenizers::Tokenizer& tok, const std::vector<std::stri
     });
     TR_CHECK(docs > 0 && !(docs == 1 && only_empty), "{}: {}", files[file],
              is_table_file(files[file]) ? "no rows" : "the file is empty");
-    done_files_bytes += static_cast<int64_t>(fs::file_size(files[file]));
+    std::error_code ec;  // read above; a file that vanished since counts as empty in the progress
+    done_files_bytes += static_cast<int64_t>(fs::file_size(files[file], ec));
     read_in_file = 0;
   }
   if (!files.empty()) file = files.size() - 1;
@@ -101,17 +121,65 @@ void encode_stream(const tokenizers::Tokenizer& tok, const std::vector<std::stri
 
 std::vector<uint32_t> tokenize_text_files(const tokenizers::Tokenizer& tok,
                                           const std::vector<std::string>& inputs, int threads,
-                                          const DocumentOptions& documents) {
+                                          const DocumentOptions& documents, const std::string& flag) {
   TokenizeResult r;
   std::vector<uint32_t> stream;
-  encode_stream(tok, inputs, threads, documents, r, {},
-                [&](const uint32_t* t, size_t n) { stream.insert(stream.end(), t, t + n); });
+  encode_stream(
+      tok, inputs, threads, documents, r, {},
+      [&](const uint32_t* t, size_t n) { stream.insert(stream.end(), t, t + n); }, flag);
   return stream;
 }
 
+namespace {
+
+// A shard name of ours: train_NNNNNN.bin or val_NNNNNN.bin.
+bool is_shard_name(const std::string& n) {
+  for (const std::string prefix : {"train_", "val_"})
+    if (n.size() == prefix.size() + 10 && n.rfind(prefix, 0) == 0 && n.ends_with(".bin"))
+      return std::all_of(n.begin() + static_cast<std::ptrdiff_t>(prefix.size()), n.end() - 4,
+                         [](char c) { return c >= '0' && c <= '9'; });
+  return false;
+}
+
+// The files a run writes into output_dir before they take their names: partial shards and the token
+// stream. All of them go when the run ends, whether it finished or failed.
+struct Scratch {
+  std::vector<std::string> paths;
+  ~Scratch() {
+    for (const auto& p : paths) {
+      std::error_code ec;
+      fs::remove(p, ec);
+    }
+  }
+};
+
+// The new shards take their names at once, after every one of them is complete; then the shards of an
+// earlier tokenization into the same folder that this one did not replace go, so that a glob over the
+// folder reads this run's tokens alone. Returns how many went.
+int64_t publish_shards(const std::string& dir,
+                       const std::vector<std::pair<std::string, std::string>>& renames) {
+  std::set<std::string> ours;
+  for (const auto& [from, to] : renames) {
+    std::error_code ec;
+    fs::rename(from, to, ec);
+    TR_CHECK(!ec, "tokenize: cannot name the shard {} ({})", to, ec.message());
+    ours.insert(fs::path(to).filename().string());
+  }
+  int64_t removed = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (e.is_regular_file() && is_shard_name(n) && !ours.count(n))
+      removed += fs::remove(e.path(), ec) ? 1 : 0;
+  }
+  return removed;
+}
+
+}  // namespace
+
 // Two passes over bounded memory: the token stream goes to a temporary file in output_dir (its length
 // decides the validation split: the first validation_split_percentage % of the stream), then the shards are
-// written from it in order, validation first.
+// written from it in order, validation first, under temporary names until all are complete.
 TokenizeResult tokenize_files(const tokenizers::Tokenizer& tok, const TokenizeOptions& o,
                               const std::function<void(int64_t, int64_t)>& progress) {
   TR_CHECK(!o.output_dir.empty(), "tokenize: --output_dir is required");
@@ -122,15 +190,10 @@ TokenizeResult tokenize_files(const tokenizers::Tokenizer& tok, const TokenizeOp
            "tokenize: --shard_size must be in [1, 2147483647] tokens (llm.c's int32 count), got {}",
            o.shard_tokens);
   TokenizeResult r;
-  fs::create_directories(o.output_dir);
+  make_directories(o.output_dir, "tokenize: --output_dir");
+  Scratch scratch;
   const std::string tmp = (fs::path(o.output_dir) / ".tokens.tmp").string();
-  struct Cleanup {
-    std::string path;
-    ~Cleanup() {
-      std::error_code ec;
-      fs::remove(path, ec);
-    }
-  } cleanup{tmp};
+  scratch.paths.push_back(tmp);
   int64_t total = 0;
   {
     FileWriter w(tmp);
@@ -144,13 +207,16 @@ TokenizeResult tokenize_files(const tokenizers::Tokenizer& tok, const TokenizeOp
   std::ifstream in(tmp, std::ios::binary);
   TR_CHECK(in.is_open(), "{}: cannot reopen the token stream", tmp);
   std::vector<uint32_t> chunk(size_t{1} << 20);
+  std::vector<std::pair<std::string, std::string>> renames;  // partial -> final
   auto write = [&](const char* prefix, int64_t begin, int64_t end, std::vector<std::string>& names) {
     int shard = 0;
     for (int64_t at = begin; at < end; at += o.shard_tokens, ++shard) {
       const int64_t stop = std::min(end, at + o.shard_tokens);
-      const std::string name =
-          (fs::path(o.output_dir) / fmt::format("{}_{:06d}.bin", prefix, shard)).string();
-      ShardWriter sw(name, tok.vocab_size(), stop - at);
+      const std::string file = fmt::format("{}_{:06d}.bin", prefix, shard);
+      const std::string name = (fs::path(o.output_dir) / file).string();
+      const std::string partial = (fs::path(o.output_dir) / ("." + file + ".partial")).string();
+      scratch.paths.push_back(partial);
+      ShardWriter sw(partial, tok.vocab_size(), stop - at);
       for (int64_t left = stop - at; left > 0;) {
         const auto n = static_cast<size_t>(std::min<int64_t>(left, static_cast<int64_t>(chunk.size())));
         in.read(reinterpret_cast<char*>(chunk.data()), static_cast<std::streamsize>(n * sizeof(uint32_t)));
@@ -160,6 +226,7 @@ TokenizeResult tokenize_files(const tokenizers::Tokenizer& tok, const TokenizeOp
         left -= static_cast<int64_t>(n);
       }
       sw.close();
+      renames.emplace_back(partial, name);
       names.push_back(name);
     }
   };
@@ -167,6 +234,7 @@ TokenizeResult tokenize_files(const tokenizers::Tokenizer& tok, const TokenizeOp
   write("train", n_val, total, r.train_shards);
   r.val_tokens = n_val;
   r.train_tokens = total - n_val;
+  r.replaced_shards = publish_shards(o.output_dir, renames);
   return r;
 }
 

@@ -29,6 +29,7 @@ struct TokenizeOptions {
 struct TokenizeResult {
   int64_t documents = 0, bytes = 0, train_tokens = 0, val_tokens = 0;
   std::vector<std::string> train_shards, val_shards;
+  int64_t replaced_shards = 0;  // an earlier tokenization's shards in output_dir that this one removed
 };
 
 // `progress(done_bytes, total_bytes)` is called as documents finish (may be empty).
@@ -36,11 +37,15 @@ TokenizeResult tokenize_files(const tokenizers::Tokenizer& tok, const TokenizeOp
                               const std::function<void(int64_t, int64_t)>& progress = {});
 
 // Small inputs tokenized in memory (one EOS between documents), for training without a tokenize step.
+// `flag` names the inputs in errors (train_file, validation_file).
 std::vector<uint32_t> tokenize_text_files(const tokenizers::Tokenizer& tok,
                                           const std::vector<std::string>& inputs, int threads = 0,
-                                          const DocumentOptions& documents = {});
+                                          const DocumentOptions& documents = {},
+                                          const std::string& flag = "input");
 
-// Expands glob patterns (sorted); a pattern matching nothing is an error naming it.
-std::vector<std::string> expand_inputs(const std::vector<std::string>& patterns);
+// Expands glob patterns (sorted) into files; a pattern matching nothing, or naming a folder, is an error
+// naming it and `flag`, the option that gave it.
+std::vector<std::string> expand_inputs(const std::vector<std::string>& patterns,
+                                       const std::string& flag = "input");
 
 }  // namespace tr::data

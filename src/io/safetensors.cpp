@@ -181,7 +181,7 @@ uint64_t parse_size(const std::string& s) {
 
 void save_sharded(const std::string& dir, const std::vector<TensorEntry>& entries, const TensorMaker& make,
                   uint64_t max_shard_bytes, const std::map<std::string, std::string>& metadata) {
-  fs::create_directories(dir);
+  make_directories(dir, "save_sharded");
   // Greedy in the given order, as transformers does: a tensor larger than the limit gets a shard of its own.
   // Shards hold consecutive entries, so `make` is still called once per tensor, in order.
   std::vector<std::pair<size_t, size_t>> shards{{0, 0}};  // [first, last) entry

@@ -135,7 +135,8 @@ DevicePlacement infer_auto_device_map(CausalLM& model, DType dtype, std::vector<
       TR_CHECK(
           d < budgets.size(),
           "device_map auto: the model's {} ({}) do not fit the devices' budgets ({}); {} is left without a "
-          "place: give more --device_memory, or a host budget",
+          "place: give larger budgets (--max_memory; --device_memory for generate and info), or a host "
+          "budget",
           gib(total), fmt::format("{} parameters' bytes in {}", model.num_parameters(), dtype_name(dtype)),
           [&] {
             std::string s;

@@ -53,9 +53,16 @@ Opened open_pretrained(const std::string& dir, const PretrainedOptions& opts) {
   const std::string cfg_path = (fs::path(dir) / "config.json").string();
   TR_CHECK(fs::exists(cfg_path), "{}: no config.json (is this a Hugging Face model folder?)", dir);
   Opened o{ModelConfig::from_file(cfg_path), std::make_shared<io::CheckpointReader>(dir), Device::cpu()};
-  o.device = opts.device_map.empty()     ? opts.device
-             : opts.device_map == "auto" ? opts.device
-                                         : Device::parse(opts.device_map);
+  o.device = opts.device_map.empty() ? opts.device
+             : opts.device_map == "auto"
+                 ? opts.device
+                 : [&] {
+                     try {
+                       return Device::parse(opts.device_map);
+                     } catch (const Error& e) {
+                       fail("--device_map {}: expected auto or a device; {}", opts.device_map, e.what());
+                     }
+                   }();
   if (opts.dtype) {
     o.dtype = *opts.dtype;
   } else {
@@ -182,7 +189,7 @@ void save_pretrained(CausalLM& model, const std::string& dir, const std::string&
   // Write into a temporary folder and rename, so an interrupted save leaves the previous model intact.
   const fs::path final_dir(dir), tmp_dir = fs::path(dir + ".tmp-save");
   fs::remove_all(tmp_dir);
-  fs::create_directories(tmp_dir);
+  make_directories(tmp_dir.string(), "save_pretrained");
   const nn::ParamList params = model.named_parameters();
   const DType dtype = weights ? weights->dtype : model.dtype();
   std::vector<io::TensorEntry> entries;
@@ -214,10 +221,10 @@ void save_pretrained(CausalLM& model, const std::string& dir, const std::string&
   write_file((tmp_dir / "config.json").string(), cfg.dump(2) + "\n");
   // Swap in. Files we do not own (tokenizer, training state) stay; the previous model files are moved aside
   // first and deleted only once the new ones are in place.
-  fs::create_directories(final_dir);
+  make_directories(final_dir.string(), "save_pretrained");
   const fs::path old_dir = fs::path(dir + ".old-save");
   fs::remove_all(old_dir);
-  fs::create_directories(old_dir);
+  make_directories(old_dir.string(), "save_pretrained");
   for (const auto& e : fs::directory_iterator(final_dir)) {
     const std::string n = e.path().filename().string();
     if (n == "config.json" || n == "model.safetensors" || n == "model.safetensors.index.json" ||

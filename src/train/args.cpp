@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/json_fields.h"
 #include "core/suggest.h"
+#include "core/threads.h"
 #include "optim/optimizer.h"
 
 namespace tr::train {
@@ -103,6 +104,9 @@ const std::vector<ArgSpec>& argument_specs() {
        "evaluation and saving"},
       {"logging_steps", &A::logging_steps, "log every N steps (ratio below 1)", "evaluation and saving"},
       {"logging_first_step", &A::logging_first_step, "also log the first step", "evaluation and saving"},
+      {"logging_nan_inf_filter", &A::logging_nan_inf_filter,
+       "log a nan/inf step loss as the mean of the logging window so far (false: as it is)",
+       "evaluation and saving"},
       {"report_to", &A::report_to,
        "tensorboard, jsonl, all or none, or a comma-separated list (metrics.jsonl is always written)",
        "evaluation and saving"},
@@ -298,16 +302,35 @@ void TrainingArguments::validate() const {
   TR_CHECK(block_size > 1, "--block_size must be at least 2, got {}", block_size);
   TR_CHECK(validation_split_percentage >= 0 && validation_split_percentage < 100,
            "--validation_split_percentage must be in [0, 100), got {}", validation_split_percentage);
-  TR_CHECK(learning_rate >= 0, "--learning_rate must not be negative");
+  // The optimizers' own ranges, as torch.optim checks them (a NaN fails every comparison here).
+  TR_CHECK(std::isfinite(learning_rate) && learning_rate >= 0,
+           "--learning_rate {}: expected a finite number >= 0", learning_rate);
+  TR_CHECK(adam_beta1 >= 0 && adam_beta1 < 1, "--adam_beta1 {}: expected a number in [0, 1)", adam_beta1);
+  TR_CHECK(adam_beta2 >= 0 && adam_beta2 < 1, "--adam_beta2 {}: expected a number in [0, 1)", adam_beta2);
+  TR_CHECK(std::isfinite(adam_epsilon) && adam_epsilon >= 0,
+           "--adam_epsilon {}: expected a finite number >= 0", adam_epsilon);
+  TR_CHECK(std::isfinite(weight_decay) && weight_decay >= 0,
+           "--weight_decay {}: expected a finite number >= 0", weight_decay);
+  TR_CHECK(!std::isnan(max_grad_norm), "--max_grad_norm nan: expected a number (0 or less: no clipping)");
+  TR_CHECK(std::isfinite(num_train_epochs), "--num_train_epochs {}: expected a finite number",
+           num_train_epochs);
   TR_CHECK(max_steps > 0 || num_train_epochs > 0, "--max_steps or --num_train_epochs must be positive");
   TR_CHECK(max_steps == -1 || max_steps > 0, "--max_steps must be positive (or -1), got {}", max_steps);
-  TR_CHECK(warmup_steps >= 0 && warmup_ratio >= 0 && warmup_ratio < 1,
-           "--warmup_steps/--warmup_ratio out of range");
-  TR_CHECK(logging_steps > 0, "--logging_steps must be positive");
-  TR_CHECK(save_steps > 0, "--save_steps must be positive");
-  TR_CHECK(eval_steps >= 0, "--eval_steps must not be negative");
+  TR_CHECK(std::isfinite(warmup_steps) && warmup_steps >= 0,
+           "--warmup_steps {}: expected a finite number >= 0", warmup_steps);
+  TR_CHECK(warmup_ratio >= 0 && warmup_ratio < 1, "--warmup_ratio {}: expected a number in [0, 1)",
+           warmup_ratio);
+  TR_CHECK(std::isfinite(logging_steps) && logging_steps > 0,
+           "--logging_steps {}: expected a positive number (a ratio of the run below 1)", logging_steps);
+  TR_CHECK(std::isfinite(save_steps) && save_steps > 0,
+           "--save_steps {}: expected a positive number (a ratio of the run below 1)", save_steps);
+  TR_CHECK(std::isfinite(eval_steps) && eval_steps >= 0,
+           "--eval_steps {}: expected a number >= 0 (0: --logging_steps; a ratio of the run below 1)",
+           eval_steps);
   TR_CHECK(save_total_limit >= 0, "--save_total_limit must not be negative");
-  TR_CHECK(dataloader_num_workers >= 0, "--dataloader_num_workers must not be negative");
+  TR_CHECK(dataloader_num_workers >= 0 && dataloader_num_workers <= max_pool_threads(),
+           "--dataloader_num_workers {}: expected 0 (the main thread builds the batches) up to {} threads",
+           dataloader_num_workers, max_pool_threads());
   TR_CHECK(torch_empty_cache_steps >= 0, "--torch_empty_cache_steps must not be negative");
   TR_CHECK(!(fp16 && bf16), "--fp16 and --bf16 are mutually exclusive: choose one half-precision type");
   check_one_of("lr_scheduler_type", lr_scheduler_type, scheduler_names());
@@ -348,6 +371,14 @@ void TrainingArguments::validate() const {
   TR_CHECK(fsdp_list != std::vector<std::string>{"offload"},
            "--fsdp offload can't work on its own. It needs to be added to --fsdp full_shard or --fsdp "
            "shard_grad_op. For example, --fsdp \"full_shard offload\"");
+  int strategies = 0;
+  for (const char* st : {"full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2"})
+    strategies += fsdp_has(st) ? 1 : 0;
+  TR_CHECK(
+      strategies <= 1,
+      "--fsdp {}: full_shard, shard_grad_op, hybrid_shard and hybrid_shard_zero2 are sharding strategies; "
+      "give one",
+      fsdp);
   if (!torch_compile_mode.empty())
     check_one_of("torch_compile_mode", torch_compile_mode,
                  {"default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"});
@@ -449,7 +480,13 @@ void TrainingArguments::update_from_json(const nlohmann::json& j, const std::str
             ok = value.is_string() || value.is_boolean();  // resume_from_checkpoint: true
           else
             ok = value.is_number();
-          TR_CHECK(ok, "{}: '{}' has the wrong type ({})", source, key, value.type_name());
+          const char* expected = std::is_same_v<T, bool> || std::is_same_v<T, std::optional<bool>>
+                                     ? "true or false"
+                                 : std::is_same_v<T, std::string> ? "a string"
+                                 : std::is_integral_v<T>          ? "an integer"
+                                                                  : "a number";
+          TR_CHECK(ok, "{}: '{}' has the wrong type ({}): expected {}", source, key, value.type_name(),
+                   expected);
           // Ranges are checked before any conversion: a value an integer flag cannot hold is an error, not
           // a wrapped or truncated number. (Flag-specific ranges are validate()'s.)
           if constexpr (std::is_same_v<T, std::string>)

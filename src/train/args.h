@@ -52,10 +52,11 @@ struct TrainingArguments {
   double warmup_ratio = 0;
   double logging_steps = 500;
   bool logging_first_step = false;
-  std::string report_to = "none";    // tensorboard, jsonl, all, none, or a comma-separated list
-  std::string logging_dir;           // empty: output_dir/runs/<time>_<host> (HF's default)
-  std::string eval_strategy = "no";  // no | steps | epoch
-  double eval_steps = 0;             // 0: logging_steps
+  bool logging_nan_inf_filter = true;  // a nan/inf step loss is logged as the window's mean so far (HF)
+  std::string report_to = "none";      // tensorboard, jsonl, all, none, or a comma-separated list
+  std::string logging_dir;             // empty: output_dir/runs/<time>_<host> (HF's default)
+  std::string eval_strategy = "no";    // no | steps | epoch
+  double eval_steps = 0;               // 0: logging_steps
   std::string save_strategy = "steps";
   double save_steps = 500;
   int64_t save_total_limit = 0;  // 0: keep all

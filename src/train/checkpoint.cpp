@@ -109,7 +109,7 @@ void write_checkpoint_files(const fs::path& tmp, models::CausalLM& model, const 
                             const TrainerState& st, const TrainingArguments& a, const SaveProbe& probe,
                             const std::function<void()>& others) {
   fs::remove_all(tmp);
-  fs::create_directories(tmp);
+  make_directories(tmp.string(), "checkpoint");
   models::save_pretrained(model, tmp.string(), "5GB", weights);
   if (probe) probe("model");
   save_optimizer_state(tmp.string(), opt);  // a sharded run: rank 0's file; `others` adds the other ranks'

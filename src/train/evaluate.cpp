@@ -107,12 +107,24 @@ double unigram_cross_entropy(const data::TokenStream& train, const data::TokenSt
 EvalResult evaluate_command(const TrainingArguments& a) {
   namespace fs = std::filesystem;
   TR_CHECK(!a.model_name_or_path.empty(), "trainer eval: --model_name_or_path is required");
+  TR_CHECK(fs::is_directory(a.model_name_or_path), "--model_name_or_path {}: no such model folder",
+           a.model_name_or_path);
   TR_CHECK(!a.output_dir.empty(), "trainer eval: --output_dir is required");
   TR_CHECK(!a.validation_file.empty() || !a.train_file.empty(),
            "trainer eval: give --validation_file (or --train_file to evaluate its validation split)");
+  TR_CHECK(!(a.fp16 && a.bf16), "--fp16 and --bf16 are mutually exclusive: choose one half-precision type");
+  TR_CHECK(a.per_device_eval_batch_size > 0, "--per_device_eval_batch_size {}: expected a positive count",
+           a.per_device_eval_batch_size);
+  TR_CHECK(a.block_size > 1, "--block_size {}: expected at least 2", a.block_size);
+  make_directories(a.output_dir, "--output_dir");  // before the work: the results have a place to go
   const auto tok = load_tokenizer_for_data(a);
   Generator gen(a.seed);
   auto model = load_model(a, "", gen, training_device(a));
+  TR_CHECK(!tok || tok->vocab_size() <= model->config().vocab_size,
+           "tokenizer {} has {} tokens, more than the model's vocab_size {}: give the model's own tokenizer "
+           "(--tokenizer_name)",
+           a.tokenizer_name.empty() ? a.model_name_or_path : a.tokenizer_name, tok ? tok->vocab_size() : 0,
+           model->config().vocab_size);
   TrainingArguments b = a;
   if (b.train_file.empty()) b.train_file = b.validation_file;  // only the validation stream is used
   auto streams = load_streams(b, tok ? &*tok : nullptr, model->config().vocab_size, true);
@@ -131,7 +143,6 @@ EvalResult evaluate_command(const TrainingArguments& a) {
   auto r = evaluate(*model, streams.validation, a.block_size, a.per_device_eval_batch_size,
                     !a.validation_file.empty() ? a.validation_file : a.train_file, group.get());
   if (group && group->rank() != 0) return r;
-  fs::create_directories(a.output_dir);
   write_file((fs::path(a.output_dir) / "eval_results.json").string(), r.to_json().dump(2) + "\n");
   return r;
 }

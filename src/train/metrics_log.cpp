@@ -37,11 +37,13 @@ void MetricsLog::write(const nlohmann::json& entry) {
   TR_CHECK(out_.good(), "{}: write failed: {}", path_, std::strerror(errno));
 }
 
-void StepWindow::add(double loss) {
-  const double counted = std::isfinite(loss) ? loss : window_n_ > 0 ? window_ / window_n_ : 0.0;
+bool StepWindow::add(double loss) {
+  const bool replaced = filter_ && !std::isfinite(loss);
+  const double counted = !replaced ? loss : window_n_ > 0 ? window_ / window_n_ : 0.0;
   window_ += counted;
   all_ += counted;
   ++window_n_;
+  return replaced;
 }
 
 double StepWindow::flush(int64_t step, double lr, double grad_norm, double seconds, double tps) {

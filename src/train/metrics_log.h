@@ -27,11 +27,12 @@ class MetricsLog {
 class StepWindow {
  public:
   // `show`: print the progress line (rank 0 of a distributed run; the others keep only the numbers).
-  StepWindow(int64_t start_step, int64_t total_steps, bool show = true)
-      : start_(start_step), total_(total_steps), show_(show) {}
-  // A finished step's loss: a non-finite one counts as the mean of the window so far (HF's
-  // logging_nan_inf_filter), 0 in an empty window.
-  void add(double loss);
+  // `filter`: HF's logging_nan_inf_filter.
+  StepWindow(int64_t start_step, int64_t total_steps, bool show = true, bool filter = true)
+      : start_(start_step), total_(total_steps), show_(show), filter_(filter) {}
+  // A finished step's loss. Filtered, a non-finite one counts as the mean of the window so far (0 in an
+  // empty window), and add() returns true; unfiltered it counts as it is (the window's mean is then nan).
+  bool add(double loss);
   // Prints the progress line for `step` (1-based; `seconds` of training since the start step, `tps` tokens
   // per second) and returns the window's mean loss; the next window starts empty.
   double flush(int64_t step, double lr, double grad_norm, double seconds, double tps);
@@ -40,7 +41,7 @@ class StepWindow {
 
  private:
   int64_t start_, total_;
-  bool show_;
+  bool show_, filter_;
   double window_ = 0, all_ = 0;
   int64_t window_n_ = 0;
 };

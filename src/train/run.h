@@ -60,6 +60,7 @@ class Run {
   void save();
   void save_files();
   ShardedOptimizer* gathered_masters() const;
+  void remove_stale_checkpoints() const;
   StepOptions step_options() const;
   void announce_compile(const StepOptions& so) const;
   void collect_results(const TrainStep& step_fn);
@@ -93,6 +94,7 @@ class Run {
   std::unique_ptr<StepWindow> window_;
   TrainResult r_;
   double eval_seconds_ = 0;  // kept out of the training throughput
+  bool nan_noted_ = false;   // a non-finite step loss was filtered and said so
   int64_t tokens_ = 0;
   clock::time_point train_start_;
 };

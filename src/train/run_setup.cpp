@@ -25,7 +25,13 @@ void write_json(const fs::path& p, const nlohmann::json& j) { write_file(p.strin
 // The checkpoint --resume_from_checkpoint names ("true": the newest in output_dir), or "" for a fresh run.
 std::string resume_dir(const TrainingArguments& a) {
   if (a.resume_from_checkpoint.empty() || a.resume_from_checkpoint == "false") return "";
-  if (a.resume_from_checkpoint != "true") return a.resume_from_checkpoint;
+  if (a.resume_from_checkpoint != "true") {
+    TR_CHECK(fs::is_directory(a.resume_from_checkpoint),
+             "--resume_from_checkpoint {}: no such checkpoint folder (true: the newest checkpoint-N in "
+             "--output_dir)",
+             a.resume_from_checkpoint);
+    return a.resume_from_checkpoint;
+  }
   const std::string last = latest_checkpoint(a.output_dir);
   TR_CHECK(!last.empty(), "--resume_from_checkpoint true: no checkpoint-N folder in {}", a.output_dir);
   return last;
@@ -54,7 +60,7 @@ void note_offload(ShardedOptimizer& z, int64_t host_free) {
 
 // The run's first acts: output_dir made, the tokenizer read (its errors come before the model's).
 std::optional<tokenizers::Tokenizer> start_run(const TrainingArguments& a) {
-  fs::create_directories(a.output_dir);
+  make_directories(a.output_dir, "--output_dir");
   return load_tokenizer_for_data(a);
 }
 }  // namespace
@@ -272,6 +278,10 @@ void Run::resume() {
            "{}: global_step {} is past this run's {} optimizer steps (raise --max_steps or "
            "--num_train_epochs to continue)",
            state_file, st_.global_step, sched_.total);
+  TR_CHECK(st_.position.batch <= loader_->batches_per_epoch(),
+           "{}: data_position.batch {} is past the {} batches of an epoch of this data (a damaged file, or a "
+           "different --train_file or batch size?)",
+           state_file, st_.position.batch, loader_->batches_per_epoch());
   st_.train_tokens = streams_.train->size();
   loader_->seek(st_.position);
   dropout_gen_.set_state(st_.dropout_rng);

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/error.h"
+
 namespace tr::train {
 
 namespace {
@@ -18,9 +20,18 @@ int64_t steps_of(double v, int64_t total) {
 Schedule make_schedule(const TrainingArguments& a, int64_t batches_per_epoch) {
   Schedule s;
   s.ga = a.gradient_accumulation_steps;
-  s.updates_per_epoch = (batches_per_epoch + s.ga - 1) / s.ga;
-  s.total = a.max_steps > 0 ? a.max_steps
-                            : static_cast<int64_t>(std::ceil(a.num_train_epochs * s.updates_per_epoch));
+  // A step takes ga batches, or the rest of the epoch (HF's): no overflow for any ga.
+  s.updates_per_epoch = batches_per_epoch / s.ga + (batches_per_epoch % s.ga != 0 ? 1 : 0);
+  if (a.max_steps > 0) {
+    s.total = a.max_steps;
+  } else {
+    const double steps = std::ceil(a.num_train_epochs * static_cast<double>(s.updates_per_epoch));
+    TR_CHECK(std::isfinite(steps) && steps <= 1e15,
+             "--num_train_epochs {}: {:.4g} optimizer steps of {} per epoch; expected a run of at most 1e15 "
+             "steps",
+             a.num_train_epochs, steps, s.updates_per_epoch);
+    s.total = static_cast<int64_t>(steps);
+  }
   s.warmup = a.warmup_steps >= 1  ? static_cast<int64_t>(a.warmup_steps)
              : a.warmup_steps > 0 ? static_cast<int64_t>(std::ceil(a.warmup_steps * s.total))
                                   : static_cast<int64_t>(std::ceil(a.warmup_ratio * s.total));

@@ -56,14 +56,16 @@ std::vector<uint32_t> from_rank0(dist::ProcessGroup& group, const std::string& f
   return ids;
 }
 
-std::shared_ptr<const data::TokenStream> stream_of(const std::string& file, const tokenizers::Tokenizer* tok,
-                                                   int64_t vocab, const std::string& text_column,
+// `flag` names the file in errors: train_file or validation_file.
+std::shared_ptr<const data::TokenStream> stream_of(const std::string& file, const char* flag,
+                                                   const tokenizers::Tokenizer* tok, int64_t vocab,
+                                                   const std::string& text_column,
                                                    dist::ProcessGroup* group) {
-  if (is_shards(file)) return std::make_shared<data::TokenStream>(data::expand_inputs({file}), vocab);
+  if (is_shards(file)) return std::make_shared<data::TokenStream>(data::expand_inputs({file}, flag), vocab);
   TR_CHECK(tok != nullptr, "{}: a text file needs a tokenizer (--tokenizer_name, or a model folder with one)",
            file);
   const auto tokenize = [&] {
-    auto ids = data::tokenize_text_files(*tok, {file}, 0, data::DocumentOptions{text_column});
+    auto ids = data::tokenize_text_files(*tok, {file}, 0, data::DocumentOptions{text_column}, flag);
     TR_CHECK(!ids.empty(), "{}: no tokens (empty file?)", file);
     return ids;
   };
@@ -179,18 +181,26 @@ Device training_device(const TrainingArguments& a) {
   return env.distributed() ? Device::cuda(env.local_rank % backend::cuda_device_count()) : d;
 }
 
+std::string validation_source(const TrainingArguments& a) {
+  return a.validation_file.empty() ? a.train_file + " (validation split)" : a.validation_file;
+}
+
 Streams load_streams(const TrainingArguments& a, const tokenizers::Tokenizer* tok, int64_t vocab,
                      bool want_validation, dist::ProcessGroup* group) {
   Streams s;
   TR_CHECK(!a.train_file.empty(), "--train_file is required");
-  auto all = stream_of(a.train_file, tok, vocab, a.text_column_name, group);
+  auto all = stream_of(a.train_file, "train_file", tok, vocab, a.text_column_name, group);
   if (!want_validation) {
     s.train = all;
     return s;
   }
   if (!a.validation_file.empty()) {
     s.train = all;
-    s.validation = stream_of(a.validation_file, tok, vocab, a.text_column_name, group);
+    s.validation = stream_of(a.validation_file, "validation_file", tok, vocab, a.text_column_name, group);
+    // Checked before any step: an evaluation that cannot run would otherwise fail after the training.
+    TR_CHECK(s.validation->size() >= a.block_size,
+             "--validation_file {}: {} validation tokens, fewer than one block of --block_size {}",
+             a.validation_file, s.validation->size(), a.block_size);
     return s;
   }
   TR_CHECK(a.validation_split_percentage > 0,

@@ -56,5 +56,7 @@ struct Streams {
 // others wait for it within --ddp_timeout - a corpus that takes longer wants `trainer tokenize` ahead.
 Streams load_streams(const TrainingArguments& a, const tokenizers::Tokenizer* tok, int64_t vocab,
                      bool want_validation, dist::ProcessGroup* group = nullptr);
+// What evaluation reads, for messages: --validation_file, or the train file's held-out split.
+std::string validation_source(const TrainingArguments& a);
 
 }  // namespace tr::train

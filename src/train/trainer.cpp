@@ -65,8 +65,7 @@ void Run::evaluate_at(int64_t step) {
   EvalResult e;
   try {
     e = evaluate(*model_, streams_.validation, a_.block_size, a_.per_device_eval_batch_size,
-                 a_.validation_file.empty() ? a_.train_file + " (validation split)" : a_.validation_file,
-                 group_);
+                 validation_source(a_), group_);
   } catch (const OutOfMemoryError& oom) {
     // Not the training batch's fault: auto_find_batch_size must not shrink it (HF's known pain).
     fail("evaluation ran out of memory; lower --per_device_eval_batch_size ({}): {}",
@@ -164,7 +163,13 @@ void Run::after_step(int64_t step, const StepResult& s, double lr, int64_t start
   if (step == start_step) r_.first_loss = s.loss;
   r_.losses.push_back(s.loss);
   r_.last_loss = s.loss;
-  window_->add(s.loss);
+  if (window_->add(s.loss) && main_ && !nan_noted_) {  // said once: the logged losses hide a diverged run
+    std::fprintf(stderr,
+                 "\ntrain: step %lld's loss is %g; logged as the mean of the window so far "
+                 "(--logging_nan_inf_filter; false logs it as it is)\n",
+                 static_cast<long long>(step + 1), s.loss);
+    nan_noted_ = true;
+  }
   if ((step + 1) % sched_.log_every != 0 && step + 1 != sched_.total && !(a_.logging_first_step && step == 0))
     return;
   const double secs = std::chrono::duration<double>(clock::now() - train_start_).count() - eval_seconds_;
@@ -224,7 +229,18 @@ void Run::announce_compile(const StepOptions& so) const {
                a_.torch_compile_backend.c_str(), a_.torch_compile_mode.c_str(), how.c_str());
 }
 
+// --overwrite_output_dir over an earlier run: its checkpoints would mix with this run's (resume takes the
+// newest), so they go - once this run is set up, so that a run that fails to start loses nothing.
+void Run::remove_stale_checkpoints() const {
+  if (!main_ || !a_.overwrite_output_dir || !resume_.empty() || !fs::is_directory(a_.output_dir)) return;
+  for (const auto& e : fs::directory_iterator(a_.output_dir)) {
+    const std::string n = e.path().filename().string();
+    if (e.is_directory() && n.rfind("checkpoint-", 0) == 0) fs::remove_all(e.path());
+  }
+}
+
 TrainResult Run::train() {
+  remove_stale_checkpoints();
   const StepOptions so = step_options();
   const StepState ss{*model_, *mp_, *opt_, dropout_gen_, full_.get()};
   if (a_.torch_compile) announce_compile(so);
@@ -233,7 +249,7 @@ TrainResult Run::train() {
   for (const Device d : model_->placement().devices()) ops::allocator_for(d).reset_peak();
   ops::allocator_for(dev_).reset_peak();
   const int64_t start_step = st_.global_step, total = sched_.total;
-  window_ = std::make_unique<StepWindow>(start_step, total, main_);
+  window_ = std::make_unique<StepWindow>(start_step, total, main_, a_.logging_nan_inf_filter);
   train_start_ = clock::now();
   for (int64_t step = start_step; step < total; ++step) {
     const double lr = lr_at(a_.lr_scheduler_type, a_.learning_rate, st_.scheduler_step, sched_.warmup, total);
@@ -435,10 +451,8 @@ void check_output_dir(const TrainingArguments& a, bool resuming) {
         "--output_dir {} already holds a run ({}); pass --resume_from_checkpoint true to continue it or "
         "--overwrite_output_dir to replace it",
         a.output_dir, last.empty() ? "model.safetensors" : fs::path(last).filename().string());
-  for (const auto& e : fs::directory_iterator(a.output_dir)) {  // stale checkpoints would mix with ours
-    const std::string n = e.path().filename().string();
-    if (e.is_directory() && n.rfind("checkpoint-", 0) == 0) fs::remove_all(e.path());
-  }
+  // The old run's checkpoints go only once the new run is set up (Run::train): a model, data or flag that
+  // fails to load leaves them as they were.
 }
 
 // HF's default logging_dir (output_dir/runs/<time>_<host>); a resumed run keeps the one its output_dir's
@@ -461,6 +475,8 @@ void resolve_logging_dir(TrainingArguments& a, bool resuming) {
 
 TrainResult train(const TrainingArguments& given, const TrainHooks& hooks) {
   given.validate();
+  (void)read_fsdp_config(
+      given.fsdp_config);  // read by every run, as HF's arguments do: a bad file fails here
   const auto group = join_group(given);
   const TrainingArguments args = elastic_resume(given, group.get());
   // --tf32: f32 matmuls read TF32 inputs (tensor cores on a GPU; emulated by rounding on the CPU); unset,

@@ -395,8 +395,14 @@ bool FullShard::all_released() const {
 FsdpOptions read_fsdp_config(const std::string& path) {
   FsdpOptions o;
   if (path.empty()) return o;
-  const nlohmann::json j = read_json_file(path);
-  TR_CHECK(j.is_object(), "{}: expected a JSON object of FSDP options, got {}", path, j.type_name());
+  nlohmann::json j;
+  try {
+    j = read_json_file(path);
+  } catch (const Error& e) {
+    fail("--fsdp_config {}", e.what());
+  }
+  TR_CHECK(j.is_object(), "--fsdp_config {}: expected a JSON object of FSDP options, got {}", path,
+           j.type_name());
   // HF's keys that describe what full_shard does here anyway, or that only apply to XLA / offloading
   // switched off: accepted without effect.
   static const std::vector<std::string> accepted = {"min_num_params",
@@ -416,23 +422,23 @@ FsdpOptions read_fsdp_config(const std::string& path) {
   for (const auto& [raw, v] : j.items()) {
     const std::string key = raw.rfind("fsdp_", 0) == 0 ? raw.substr(5) : raw;  // HF strips the prefix too
     if (key == "forward_prefetch") {
-      TR_CHECK(v.is_boolean(), "{}: {} is {}, expected true or false", path, raw, v.dump());
+      TR_CHECK(v.is_boolean(), "--fsdp_config {}: {} is {}, expected true or false", path, raw, v.dump());
       o.forward_prefetch = v.get<bool>();
     } else if (key == "backward_prefetch") {
       const std::string m = v.is_string() ? v.get<std::string>() : v.dump();
       TR_CHECK(m == "backward_pre" || m == "backward_post" || m == "no_prefetch",
-               "{}: {} is {}, expected \"backward_pre\", \"backward_post\" or \"no_prefetch\"", path, raw,
-               v.dump());
+               "--fsdp_config {}: {} is {}, expected \"backward_pre\", \"backward_post\" or \"no_prefetch\"",
+               path, raw, v.dump());
       o.backward_prefetch = m == "backward_pre"    ? FsdpOptions::BackwardPrefetch::pre
                             : m == "backward_post" ? FsdpOptions::BackwardPrefetch::post
                                                    : FsdpOptions::BackwardPrefetch::none;
     } else if (key == "xla" || key == "activation_checkpointing") {
       TR_CHECK(
-          !v.is_boolean() || !v.get<bool>(), "{}: {} true is not built here ({})", path, raw,
+          !v.is_boolean() || !v.get<bool>(), "--fsdp_config {}: {} true is not built here ({})", path, raw,
           key == "xla" ? "no XLA devices" : "use --gradient_checkpointing, which checkpoints every layer");
     } else {
-      TR_CHECK(std::find(known.begin(), known.end(), key) != known.end(), "{}: unknown FSDP option '{}'{}",
-               path, raw, did_you_mean(key, known));
+      TR_CHECK(std::find(known.begin(), known.end(), key) != known.end(),
+               "--fsdp_config {}: unknown FSDP option '{}'{}", path, raw, did_you_mean(key, known));
     }
   }
   return o;
