@@ -26,6 +26,14 @@ head -c 4096 /dev/urandom >"$work/garbage.txt"
 "$trainer" "${args[@]}" --overwrite_output_dir --save_strategy no >"$work/over.txt" 2>&1 ||
   { tail -c 2000 "$work/over.txt"; fail "the overwriting run"; }
 [[ ! -d $work/run/checkpoint-1 ]] || fail "the overwriting run kept the earlier run's checkpoints"
+[[ -z $(ls -A "$work/run" | grep overwritten) ]] || fail "set-aside checkpoints left behind: $(ls -A "$work/run")"
+
+# HF's boolean words (string_to_bool) are accepted; words that are not booleans are refused by name.
+"$trainer" estimate --config_name "$work/config.json" --bf16 t --do_eval y --gradient_checkpointing yes \
+  --block_size 32 --json >"$work/bools.txt" 2>&1 || fail "HF's boolean words refused: $(tail -c 300 "$work/bools.txt")"
+"$trainer" estimate --config_name "$work/config.json" --bf16 maybe >"$work/bools.txt" 2>&1 &&
+  fail "--bf16 maybe was accepted"
+grep -q -- "--bf16: 'maybe': expected true or false" "$work/bools.txt" || fail "no message for --bf16 maybe"
 
 # A --validation_file shorter than a block: refused before any step.
 echo hi >"$work/tiny.txt"

@@ -92,6 +92,14 @@ std::string choose_default_precision(train::TrainingArguments& a, bool precision
 std::string sample_text(const std::string& model_dir, const std::string& prompt, int64_t max_new_tokens,
                         bool do_sample, double temperature, int64_t top_k, double top_p, uint64_t seed,
                         const std::string& device_map, const std::string& device_memory) {
+  models::GenerateOptions go;
+  go.max_new_tokens = max_new_tokens;
+  go.do_sample = do_sample;
+  go.temperature = temperature;
+  go.top_k = top_k;
+  go.top_p = top_p;
+  go.seed = seed;
+  models::check_generate_options(go);  // before the model is read
   auto tok = tokenizers::Tokenizer::from_pretrained(model_dir);
   models::PretrainedOptions po;
   po.dtype = DType::f32;
@@ -111,13 +119,6 @@ std::string sample_text(const std::string& model_dir, const std::string& prompt,
   TR_CHECK(!ids.empty(), "--prompt is empty");
   std::vector<int64_t> ids64(ids.begin(), ids.end());
   Tensor input = ops::from_vector<int64_t>(ids64, {1, static_cast<int64_t>(ids64.size())});
-  models::GenerateOptions go;
-  go.max_new_tokens = max_new_tokens;
-  go.do_sample = do_sample;
-  go.temperature = temperature;
-  go.top_k = top_k;
-  go.top_p = top_p;
-  go.seed = seed;
   const Tensor out = ops::to_device(models::generate(*model, input, go), Device::cpu());
   std::vector<int32_t> all;
   const int64_t* d = out.data<int64_t>();

@@ -13,32 +13,34 @@ namespace tr::cli {
 
 namespace {
 
-// CLI11 converts leniently (an integer out of range clamps, "" becomes 0, a bad word gets "Could not
-// convert"): the text of a typed flag is checked first, and refused with what the flag expects.
+// CLI11 converts leniently (an integer out of range clamps, "" becomes 0, "010" is octal, a bad word gets
+// "Could not convert"): the text of a typed flag is checked first, refused with what the flag expects, and
+// an integer handed on in decimal (argparse's int()).
 template <class T>
-std::string check_flag_text(const std::string& v) {
+std::string check_flag_text(std::string& v) {
   if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::optional<bool>>) {
     std::string l = v;
     for (auto& c : l) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    for (const char* ok : {"true", "false", "1", "0", "yes", "no", "on", "off"})
+    // HF's string_to_bool words, and CLI11's
+    for (const char* ok :
+         {"true", "false", "t", "f", "yes", "no", "y", "n", "1", "0", "on", "off", "enable", "disable"})
       if (l == ok) return "";
     return "'" + v + "': expected true or false";
   } else if constexpr (std::is_integral_v<T>) {
     errno = 0;
     char* end = nullptr;
     const bool negative = v.find('-') != std::string::npos;
-    if constexpr (std::is_unsigned_v<T>) {
-      const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
-      (void)n;
-    } else {
-      const long long n = std::strtoll(v.c_str(), &end, 10);
-      (void)n;
-    }
+    std::string decimal;
+    if constexpr (std::is_unsigned_v<T>)
+      decimal = std::to_string(std::strtoull(v.c_str(), &end, 10));
+    else
+      decimal = std::to_string(std::strtoll(v.c_str(), &end, 10));
     if (v.empty() || end == v.c_str() || *end != '\0') return "'" + v + "': expected an integer";
     if (std::is_unsigned_v<T> && negative) return "'" + v + "': expected an integer >= 0";
     if (errno == ERANGE)
       return fmt::format("'{}': out of range (an integer from {} to {})", v, std::numeric_limits<T>::min(),
                          std::numeric_limits<T>::max());
+    v = decimal;
     return "";
   } else if constexpr (std::is_floating_point_v<T>) {
     char* end = nullptr;
@@ -63,7 +65,7 @@ void add_training_flags(CLI::App* cmd, TrainingFlags& f) {
                 "--" + s.name, [&f, m](const bool& v) { f.parsed.*m = v; }, s.help);
             opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
             opt->expected(0, 1)->default_str("true")->option_text("[true|false]");
-            opt->check(CLI::Validator([](std::string& v) { return check_flag_text<T>(v); }, ""));
+            opt->transform(CLI::Validator([](std::string& v) { return check_flag_text<T>(v); }, ""));
             return opt;
           }
           auto* opt = cmd->add_option("--" + s.name, f.parsed.*m, s.help);
@@ -72,7 +74,7 @@ void add_training_flags(CLI::App* cmd, TrainingFlags& f) {
             opt->expected(0, 1)->default_str("true")->option_text("[true|false]");
           if (s.name == "per_device_train_batch_size")  // `auto` (ours): chosen by the memory estimate
             opt->transform([](std::string v) { return v == "auto" ? std::to_string(train::kAutoBatch) : v; });
-          opt->check(CLI::Validator([](std::string& v) { return check_flag_text<T>(v); }, ""));
+          opt->transform(CLI::Validator([](std::string& v) { return check_flag_text<T>(v); }, ""));
           return opt;
         },
         s.member);

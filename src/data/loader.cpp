@@ -124,8 +124,12 @@ void DataLoader::start_workers() {
       start_worker(w, start, total);
     } catch (const std::system_error& e) {  // the system's thread limit: stop the ones started, then say so
       stop_workers();
-      fail("dataloader: could not start worker {} of --dataloader_num_workers {} ({}); use fewer workers", w,
-           opts_.num_workers, e.what());
+      const std::exception_ptr error = std::make_exception_ptr(Error(
+          fmt::format("dataloader: could not start worker {} of --dataloader_num_workers {} ({}); use fewer "
+                      "workers",
+                      w, opts_.num_workers, e.what())));
+      for (auto& s : slots_) s->error = error;  // a later next() rethrows it rather than wait for no one
+      std::rethrow_exception(error);
     }
   }
 }

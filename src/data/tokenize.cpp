@@ -132,13 +132,23 @@ std::vector<uint32_t> tokenize_text_files(const tokenizers::Tokenizer& tok,
 
 namespace {
 
-// A shard name of ours: train_NNNNNN.bin or val_NNNNNN.bin.
+// A shard name of ours: train_N.bin or val_N.bin, N of six digits or more ({:06d}).
 bool is_shard_name(const std::string& n) {
   for (const std::string prefix : {"train_", "val_"})
-    if (n.size() == prefix.size() + 10 && n.rfind(prefix, 0) == 0 && n.ends_with(".bin"))
+    if (n.size() >= prefix.size() + 10 && n.rfind(prefix, 0) == 0 && n.ends_with(".bin"))
       return std::all_of(n.begin() + static_cast<std::ptrdiff_t>(prefix.size()), n.end() - 4,
                          [](char c) { return c >= '0' && c <= '9'; });
   return false;
+}
+
+// Before any work: a folder with a shard's name would stop a rename half-way, leaving two tokenizations.
+void check_no_folder_in_the_way(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    TR_CHECK(!(is_shard_name(n) && e.is_directory()),
+             "tokenize: --output_dir {}: {} is a folder with a shard's name; move it away", dir, n);
+  }
 }
 
 // The files a run writes into output_dir before they take their names: partial shards and the token
@@ -162,7 +172,10 @@ int64_t publish_shards(const std::string& dir,
   for (const auto& [from, to] : renames) {
     std::error_code ec;
     fs::rename(from, to, ec);
-    TR_CHECK(!ec, "tokenize: cannot name the shard {} ({})", to, ec.message());
+    TR_CHECK(!ec,
+             "tokenize: cannot name the shard {} ({}); {} now holds shards of two tokenizations: remove its "
+             "train_*.bin and val_*.bin and tokenize again",
+             to, ec.message(), dir);
     ours.insert(fs::path(to).filename().string());
   }
   int64_t removed = 0;
@@ -189,8 +202,12 @@ TokenizeResult tokenize_files(const tokenizers::Tokenizer& tok, const TokenizeOp
   TR_CHECK(o.shard_tokens > 0 && o.shard_tokens <= INT32_MAX,
            "tokenize: --shard_size must be in [1, 2147483647] tokens (llm.c's int32 count), got {}",
            o.shard_tokens);
+  TR_CHECK(o.threads >= 0 && o.threads <= max_pool_threads(),
+           "tokenize: --num_proc {}: expected 0 (every core) up to {} threads", o.threads,
+           max_pool_threads());
   TokenizeResult r;
   make_directories(o.output_dir, "tokenize: --output_dir");
+  check_no_folder_in_the_way(o.output_dir);
   Scratch scratch;
   const std::string tmp = (fs::path(o.output_dir) / ".tokens.tmp").string();
   scratch.paths.push_back(tmp);

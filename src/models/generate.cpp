@@ -7,6 +7,17 @@
 
 namespace tr::models {
 
+void check_generate_options(const GenerateOptions& o) {
+  // HF's GenerationConfig ranges (its names are the CLI's flags); the sampling ones only when sampling, as
+  // HF's warpers (greedy decoding ignores them).
+  TR_CHECK(o.max_new_tokens >= 0, "--max_new_tokens {}: expected a count >= 0", o.max_new_tokens);
+  if (!o.do_sample) return;
+  TR_CHECK(std::isfinite(o.temperature) && o.temperature > 0,
+           "--temperature {}: expected a number > 0 when sampling", o.temperature);
+  TR_CHECK(o.top_k >= 0, "--top_k {}: expected 0 (off) or a positive count", o.top_k);
+  TR_CHECK(o.top_p > 0 && o.top_p <= 1, "--top_p {}: expected a number in (0, 1] (1: off)", o.top_p);
+}
+
 int64_t choose_token(const std::vector<double>& logits, const GenerateOptions& o, double u) {
   const int64_t V = static_cast<int64_t>(logits.size());
   TR_CHECK(V > 0, "generate: empty logits");
@@ -46,20 +57,18 @@ int64_t choose_token(const std::vector<double>& logits, const GenerateOptions& o
 Tensor generate(CausalLM& model, const Tensor& input_ids, const GenerateOptions& o) {
   TR_CHECK(input_ids.dim() == 2 && input_ids.dtype() == DType::i64 && input_ids.size(1) > 0,
            "generate: input_ids must be int64 [B, T] with T > 0, got {}", input_ids.describe());
-  // HF's GenerationConfig ranges (its names are the CLI's flags), and the positions checked before the
-  // first token rather than at the one past the model's last position.
-  TR_CHECK(o.max_new_tokens >= 0, "--max_new_tokens {}: expected a count >= 0", o.max_new_tokens);
-  TR_CHECK(!o.do_sample || (std::isfinite(o.temperature) && o.temperature > 0),
-           "--temperature {}: expected a number > 0 when sampling", o.temperature);
-  TR_CHECK(o.top_k >= 0, "--top_k {}: expected 0 (off) or a positive count", o.top_k);
-  TR_CHECK(o.top_p > 0 && o.top_p <= 1, "--top_p {}: expected a number in (0, 1] (1: off)", o.top_p);
+  check_generate_options(o);
+  // The positions, checked before the first token rather than at the one past the model's last position.
+  // The last new token is not fed back: prompt + max_new_tokens - 1 positions are read.
   const int64_t limit = model.config().max_position_embeddings, prompt = input_ids.size(1);
-  TR_CHECK(prompt <= limit, "the prompt has {} tokens, more than the model's {} positions", prompt, limit);
-  TR_CHECK(
-      o.max_new_tokens <= limit - prompt,
-      "--max_new_tokens {}: the prompt's {} tokens and the new ones would pass the model's {} positions; "
-      "at most {} new tokens fit",
-      o.max_new_tokens, prompt, limit, limit - prompt);
+  if (o.max_new_tokens > 0) {
+    TR_CHECK(prompt <= limit, "the prompt has {} tokens, more than the model's {} positions", prompt, limit);
+    TR_CHECK(
+        o.max_new_tokens <= limit - prompt + 1,
+        "--max_new_tokens {}: the prompt's {} tokens and the new ones would pass the model's {} positions; "
+        "at most {} new tokens fit",
+        o.max_new_tokens, prompt, limit, limit - prompt + 1);
+  }
   NoGradGuard ng;
   const int64_t B = input_ids.size(0);
   std::vector<std::vector<int64_t>> seqs(static_cast<size_t>(B));

@@ -19,6 +19,9 @@ struct GenerateOptions {
   bool use_cache = true;
 };
 
+// Throws naming the flag (HF's GenerationConfig names) when an option is out of its range.
+void check_generate_options(const GenerateOptions& opts);
+
 // input_ids int64 [B, T] -> [B, T + generated]. Runs without recording gradients.
 Tensor generate(CausalLM& model, const Tensor& input_ids, const GenerateOptions& opts = {});
 

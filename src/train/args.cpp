@@ -305,8 +305,10 @@ void TrainingArguments::validate() const {
   // The optimizers' own ranges, as torch.optim checks them (a NaN fails every comparison here).
   TR_CHECK(std::isfinite(learning_rate) && learning_rate >= 0,
            "--learning_rate {}: expected a finite number >= 0", learning_rate);
-  TR_CHECK(adam_beta1 >= 0 && adam_beta1 < 1, "--adam_beta1 {}: expected a number in [0, 1)", adam_beta1);
-  TR_CHECK(adam_beta2 >= 0 && adam_beta2 < 1, "--adam_beta2 {}: expected a number in [0, 1)", adam_beta2);
+  if (optim.rfind("adamw", 0) == 0) {  // the optimizers that read them (sgd and adafactor ignore them, as HF)
+    TR_CHECK(adam_beta1 >= 0 && adam_beta1 < 1, "--adam_beta1 {}: expected a number in [0, 1)", adam_beta1);
+    TR_CHECK(adam_beta2 >= 0 && adam_beta2 < 1, "--adam_beta2 {}: expected a number in [0, 1)", adam_beta2);
+  }
   TR_CHECK(std::isfinite(adam_epsilon) && adam_epsilon >= 0,
            "--adam_epsilon {}: expected a finite number >= 0", adam_epsilon);
   TR_CHECK(std::isfinite(weight_decay) && weight_decay >= 0,
@@ -318,7 +320,7 @@ void TrainingArguments::validate() const {
   TR_CHECK(max_steps == -1 || max_steps > 0, "--max_steps must be positive (or -1), got {}", max_steps);
   TR_CHECK(std::isfinite(warmup_steps) && warmup_steps >= 0,
            "--warmup_steps {}: expected a finite number >= 0", warmup_steps);
-  TR_CHECK(warmup_ratio >= 0 && warmup_ratio < 1, "--warmup_ratio {}: expected a number in [0, 1)",
+  TR_CHECK(warmup_ratio >= 0 && warmup_ratio <= 1, "--warmup_ratio {}: expected a number in [0, 1] (as HF)",
            warmup_ratio);
   TR_CHECK(std::isfinite(logging_steps) && logging_steps > 0,
            "--logging_steps {}: expected a positive number (a ratio of the run below 1)", logging_steps);

@@ -229,13 +229,14 @@ void Run::announce_compile(const StepOptions& so) const {
                a_.torch_compile_backend.c_str(), a_.torch_compile_mode.c_str(), how.c_str());
 }
 
-// --overwrite_output_dir over an earlier run: its checkpoints would mix with this run's (resume takes the
-// newest), so they go - once this run is set up, so that a run that fails to start loses nothing.
+// --overwrite_output_dir over an earlier run: its checkpoints, set aside by check_output_dir (they would mix
+// with this run's: resume takes the newest), go once this run is set up, so that a run that fails to start
+// loses nothing.
 void Run::remove_stale_checkpoints() const {
-  if (!main_ || !a_.overwrite_output_dir || !resume_.empty() || !fs::is_directory(a_.output_dir)) return;
+  if (!main_ || !fs::is_directory(a_.output_dir)) return;
   for (const auto& e : fs::directory_iterator(a_.output_dir)) {
     const std::string n = e.path().filename().string();
-    if (e.is_directory() && n.rfind("checkpoint-", 0) == 0) fs::remove_all(e.path());
+    if (e.is_directory() && n.rfind(".overwritten-checkpoint-", 0) == 0) fs::remove_all(e.path());
   }
 }
 
@@ -439,7 +440,11 @@ namespace {
 using detail::resume_dir;
 using detail::Run;
 
-// An output_dir holding another run is refused unless the user says what to do with it.
+constexpr const char* kSetAside = ".overwritten-";  // + checkpoint-N: an earlier run's, until this one starts
+
+// An output_dir holding another run is refused unless the user says what to do with it. Under
+// --overwrite_output_dir the earlier run's checkpoints are set aside (renamed: no resume, elastic restarts
+// included, finds them) and deleted once this run has started (Run::remove_stale_checkpoints).
 void check_output_dir(const TrainingArguments& a, bool resuming) {
   if (resuming || !fs::is_directory(a.output_dir)) return;
   const std::string last = latest_checkpoint(a.output_dir);
@@ -451,9 +456,43 @@ void check_output_dir(const TrainingArguments& a, bool resuming) {
         "--output_dir {} already holds a run ({}); pass --resume_from_checkpoint true to continue it or "
         "--overwrite_output_dir to replace it",
         a.output_dir, last.empty() ? "model.safetensors" : fs::path(last).filename().string());
-  // The old run's checkpoints go only once the new run is set up (Run::train): a model, data or flag that
-  // fails to load leaves them as they were.
+  std::vector<std::string> names;  // listed first: the renames change the folder being read
+  for (const auto& e : fs::directory_iterator(a.output_dir))
+    if (e.is_directory() && e.path().filename().string().rfind("checkpoint-", 0) == 0)
+      names.push_back(e.path().filename().string());
+  for (const std::string& n : names) {
+    const fs::path from = fs::path(a.output_dir) / n, aside = fs::path(a.output_dir) / (kSetAside + n);
+    std::error_code ec;
+    fs::remove_all(aside, ec);  // one set aside by an earlier attempt that never started
+    fs::rename(from, aside, ec);
+    TR_CHECK(!ec, "--overwrite_output_dir: cannot set {} aside ({})", from.string(), ec.message());
+  }
 }
+
+// A single process's run that fails to start (a model, data or flag that does not load) gives the earlier
+// run's checkpoints their names back. A launched group does not: the launcher's restart would resume them.
+class SetAsideCheckpoints {
+ public:
+  SetAsideCheckpoints(std::string dir, bool restore) : dir_(std::move(dir)), restore_(restore) {}
+  ~SetAsideCheckpoints() {
+    std::error_code ec;
+    if (!restore_ || !fs::is_directory(dir_, ec)) return;
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir_, ec))
+      if (e.path().filename().string().rfind(kSetAside, 0) == 0)
+        names.push_back(e.path().filename().string());
+    for (const std::string& n : names) {
+      const fs::path back = fs::path(dir_) / n.substr(std::strlen(kSetAside));
+      if (!fs::exists(back, ec)) fs::rename(fs::path(dir_) / n, back, ec);
+    }
+  }
+  SetAsideCheckpoints(const SetAsideCheckpoints&) = delete;
+  SetAsideCheckpoints& operator=(const SetAsideCheckpoints&) = delete;
+
+ private:
+  std::string dir_;
+  bool restore_;
+};
 
 // HF's default logging_dir (output_dir/runs/<time>_<host>); a resumed run keeps the one its output_dir's
 // training_args.json names, so its new event file joins the old ones in one TensorBoard run.
@@ -493,6 +532,7 @@ TrainResult train(const TrainingArguments& given, const TrainHooks& hooks) {
     lock.emplace(args.output_dir);
     check_output_dir(args, resuming);
   }
+  const SetAsideCheckpoints set_aside(args.output_dir, !group);
   if (group) group->barrier();
   if (group && zero_stage(args) > 0) check_shared_output_dir(*group, args.output_dir, fsdp_strategy(args));
   TrainingArguments a = args;
