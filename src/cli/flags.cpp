@@ -72,9 +72,15 @@ void add_training_flags(CLI::App* cmd, TrainingFlags& f) {
           opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // argparse: the last one wins
           if constexpr (std::is_same_v<T, bool>)  // `--bf16` alone means true; the help shows the choice
             opt->expected(0, 1)->default_str("true")->option_text("[true|false]");
-          if (s.name == "per_device_train_batch_size")  // `auto` (ours): chosen by the memory estimate
-            opt->transform([](std::string v) { return v == "auto" ? std::to_string(train::kAutoBatch) : v; });
-          opt->transform(CLI::Validator([](std::string& v) { return check_flag_text<T>(v); }, ""));
+          // One transform (CLI11 runs a flag's transforms last-added first): `auto` for the batch (ours:
+          // chosen by the memory estimate), then the text checked.
+          const bool batch = s.name == "per_device_train_batch_size";
+          opt->transform(CLI::Validator(
+              [batch](std::string& v) {
+                if (batch && v == "auto") v = std::to_string(train::kAutoBatch);
+                return check_flag_text<T>(v);
+              },
+              ""));
           return opt;
         },
         s.member);
