@@ -44,6 +44,8 @@ namespace tr::train {
 
 namespace fs = std::filesystem;
 
+constexpr const char* kSetAside = ".overwritten-";  // + checkpoint-N: an earlier run's, until this one starts
+
 namespace detail {
 
 // The micro-batches of the next optimizer step: gradient_accumulation_steps of them, fewer at the end of an
@@ -236,7 +238,7 @@ void Run::remove_stale_checkpoints() const {
   if (!main_ || !fs::is_directory(a_.output_dir)) return;
   for (const auto& e : fs::directory_iterator(a_.output_dir)) {
     const std::string n = e.path().filename().string();
-    if (e.is_directory() && n.rfind(".overwritten-checkpoint-", 0) == 0) fs::remove_all(e.path());
+    if (e.is_directory() && n.rfind(std::string(kSetAside) + "checkpoint-", 0) == 0) fs::remove_all(e.path());
   }
 }
 
@@ -439,8 +441,6 @@ namespace {
 
 using detail::resume_dir;
 using detail::Run;
-
-constexpr const char* kSetAside = ".overwritten-";  // + checkpoint-N: an earlier run's, until this one starts
 
 // An output_dir holding another run is refused unless the user says what to do with it. Under
 // --overwrite_output_dir the earlier run's checkpoints are set aside (renamed: no resume, elastic restarts
