@@ -12,20 +12,14 @@
 #include "train/run_lock.h"
 #include "train/trainer.h"
 #include "train_scratch.h"
+#include "test_util.h"
 
 namespace tr {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 TEST(OutputDirLock, ASecondLockIsRefusedUntilTheFirstIsReleased) {
   Scratch s("lock_twice");

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "models/causal_lm.h"
 #include "data/shards.h"
+#include "train/lr_schedule.h"
 #include "train/trainer.h"
 
 namespace tr {
@@ -17,16 +18,19 @@ namespace fs = std::filesystem;
 
 TEST(Schedule, MatchesHuggingFaceFormulas) {
   // linear with warmup W=10 over T=110: lr * t / W, then lr * (T - t) / (T - W)
-  EXPECT_DOUBLE_EQ(train::lr_at("linear", 1.0, 0, 10, 110), 0.0);
-  EXPECT_DOUBLE_EQ(train::lr_at("linear", 1.0, 5, 10, 110), 0.5);
-  EXPECT_DOUBLE_EQ(train::lr_at("linear", 1.0, 10, 10, 110), 1.0);
-  EXPECT_DOUBLE_EQ(train::lr_at("linear", 1.0, 60, 10, 110), 0.5);
-  EXPECT_DOUBLE_EQ(train::lr_at("linear", 1.0, 110, 10, 110), 0.0);
-  EXPECT_NEAR(train::lr_at("cosine", 1.0, 60, 10, 110), 0.5, 1e-12);
-  EXPECT_NEAR(train::lr_at("cosine", 1.0, 35, 10, 110), 0.5 * (1 + std::cos(M_PI * 0.25)), 1e-12);
-  EXPECT_DOUBLE_EQ(train::lr_at("constant", 2.0, 3, 10, 110), 2.0);
-  EXPECT_DOUBLE_EQ(train::lr_at("constant_with_warmup", 2.0, 3, 10, 110), 0.6);
-  EXPECT_DOUBLE_EQ(train::lr_at("constant_with_warmup", 2.0, 50, 10, 110), 2.0);
+  const auto lr_at = [](const char* type, double base, int64_t step, int64_t warmup, int64_t total) {
+    return train::LrSchedule(type, "", base).at(step, warmup, total);
+  };
+  EXPECT_DOUBLE_EQ(lr_at("linear", 1.0, 0, 10, 110), 0.0);
+  EXPECT_DOUBLE_EQ(lr_at("linear", 1.0, 5, 10, 110), 0.5);
+  EXPECT_DOUBLE_EQ(lr_at("linear", 1.0, 10, 10, 110), 1.0);
+  EXPECT_DOUBLE_EQ(lr_at("linear", 1.0, 60, 10, 110), 0.5);
+  EXPECT_DOUBLE_EQ(lr_at("linear", 1.0, 110, 10, 110), 0.0);
+  EXPECT_NEAR(lr_at("cosine", 1.0, 60, 10, 110), 0.5, 1e-12);
+  EXPECT_NEAR(lr_at("cosine", 1.0, 35, 10, 110), 0.5 * (1 + std::cos(M_PI * 0.25)), 1e-12);
+  EXPECT_DOUBLE_EQ(lr_at("constant", 2.0, 3, 10, 110), 2.0);
+  EXPECT_DOUBLE_EQ(lr_at("constant_with_warmup", 2.0, 3, 10, 110), 0.6);
+  EXPECT_DOUBLE_EQ(lr_at("constant_with_warmup", 2.0, 50, 10, 110), 2.0);
 }
 
 TEST(TrainingArguments, ContradictionsAndBadValuesNameTheFlag) {

@@ -1,13 +1,16 @@
-// Helpers shared by the tests: random tensors, closeness checks, and the list of backends to run.
+// Helpers shared by the tests: random tensors, closeness checks, error messages, and the list of backends to
+// run.
 #pragma once
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "autograd/functions.h"
 #include "backend/cuda_api.h"
+#include "core/error.h"
 #include "ops/ops.h"
 
 namespace tr::test {
@@ -24,6 +27,16 @@ inline Tensor rand(const Shape& s, uint64_t seed, double lo, double hi, DType dt
 }
 
 inline std::vector<double> values(const Tensor& t) { return ops::to_vector<double>(t); }
+
+// The message `fn` throws, or "(no error)".
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
 
 // Max over elements of |a - b| / (atol + rtol * |b|); <= 1 means close. NaN anywhere fails.
 inline ::testing::AssertionResult all_close(const Tensor& a, const Tensor& b, double rtol, double atol) {

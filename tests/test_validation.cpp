@@ -22,6 +22,7 @@
 #include "tokenizers/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
+#include "test_util.h"
 
 namespace tr {
 namespace {
@@ -153,14 +154,7 @@ void run_table(const json& base, const std::vector<FieldCase>& fields, const std
 // ---------------------------------------------------------------------------------------------------------
 // The reader itself: messages name the file, the field path, the expectation and what was found.
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 TEST(JsonFields, MessagesNameFileFieldExpectationAndValue) {
   const std::string f = "out/checkpoint-4/trainer_state.json";

@@ -111,6 +111,8 @@ std::string unknown_flag_message(const std::vector<std::string>& args,
     const std::string name =
         arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos : arg.find('=') - 2);
     if (name == "help" || std::find(known.begin(), known.end(), name) != known.end()) continue;
+    if (const auto* u = tr::train::unsupported_hf_argument(name))
+      return "--" + name + ": HF's argument is not supported here: " + u->why;
     std::string msg = "unknown flag --" + name;
     const std::string near = nearest_name(name, known);
     if (!near.empty()) msg += " (did you mean --" + near + "?)";

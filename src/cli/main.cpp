@@ -490,7 +490,8 @@ class TrainCommand final : public Subcommand {
   int run(tr::cli::StopSignals& signals) override {
     // No model, data or args file: the default run (its settings can still be changed by flags).
     const bool default_run = flags_.args_file.empty() && !flags_.given("model_name_or_path") &&
-                             !flags_.given("config_name") && !flags_.given("train_file");
+                             !flags_.given("config_name") && !flags_.given("model_type") &&
+                             !flags_.given("train_file");
     if (default_run) tr::cli::ensure_default_data();
     auto a = flags_.resolve(default_run ? tr::cli::default_run_arguments() : tr::train::TrainingArguments{});
     // The default run may replace its own out/default, never a folder the user named.

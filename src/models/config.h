@@ -54,4 +54,11 @@ struct ModelConfig {
   int64_t num_parameters() const;
 };
 
+// run_clm's --model_type: HF's config class of that type at its defaults (gpt2: GPT2Config(), llama:
+// LlamaConfig()), as to_dict() writes it. Throws for another type.
+nlohmann::json hf_default_config(const std::string& model_type);
+// run_clm's --config_overrides "k=v,k2=v2" (PretrainedConfig.update_from_string): every key must be in
+// `config`; a value is read as the type of the one it replaces (bool: true/1/y/yes, false/0/n/no).
+void apply_config_overrides(nlohmann::json& config, const std::string& overrides);
+
 }  // namespace tr::models

@@ -1,5 +1,5 @@
-// The TrainingArguments table (every flag once), validation, JSON in/out, the flag reference; HF's LR
-// schedules.
+// TrainingArguments: validation, HF's defaults for the best metric, JSON in and out, the flag reference (the
+// table itself: args_table.cpp).
 #include "train/args.h"
 
 #include <algorithm>
@@ -13,171 +13,11 @@
 #include "core/suggest.h"
 #include "core/threads.h"
 #include "optim/optimizer.h"
+#include "train/lr_schedule.h"
 
 namespace tr::train {
 
 using A = TrainingArguments;
-
-const std::vector<ArgSpec>& argument_specs() {
-  static const std::vector<ArgSpec> specs = {
-      {"model_name_or_path", &A::model_name_or_path, "HF model folder to fine-tune", "model and data"},
-      {"config_name", &A::config_name,
-       "train from scratch: a built-in name (gpt2, gpt2-medium, gpt2-mini, llama-60m, ...), a config.json or "
-       "an "
-       "HF folder",
-       "model and data"},
-      {"tokenizer_name", &A::tokenizer_name, "tokenizer.json, or a folder with one (default: the model's)",
-       "model and data"},
-      {"train_file", &A::train_file, "a text file, or llm.c / nanoGPT token shards (.bin, glob)",
-       "model and data"},
-      {"validation_file", &A::validation_file,
-       "text or token shards for evaluation (default: validation_split_percentage of train_file)",
-       "model and data"},
-      {"validation_split_percentage", &A::validation_split_percentage,
-       "without validation_file, the first this-many percent of the training tokens are held out for "
-       "evaluation",
-       "model and data"},
-      {"block_size", &A::block_size, "tokens per training sequence", "model and data"},
-      {"attn_implementation", &A::attn_implementation, "eager, sdpa or flash_attention_2", "model and data"},
-      {"pad_vocab_to_multiple_of", &A::pad_vocab_to_multiple_of,
-       "round the vocab_size up to a multiple of N (tensor-core friendly GEMMs: 64; 0: off; pretrained "
-       "models grow with mean-initialized rows)",
-       "model and data"},
-      {"device_map", &A::device_map,
-       "from_pretrained's device_map: auto splits a model too large for the first device by decoder layers "
-       "across the GPUs, then the host (train runs the split as a naive pipeline); eval also takes a device",
-       "model and data"},
-      {"max_memory", &A::max_memory,
-       "with device_map auto: each GPU's budget in order, and the host's (HF's max_memory): 24GB,24GB or "
-       "0:24GB,1:24GB,cpu:64GB (cpu:1:8MB: a host partition placed like a GPU, for trying a split)",
-       "model and data"},
-      {"text_column_name", &A::text_column_name,
-       "the column of .jsonl/.json/.csv/.tsv data files holding the text (default: text, else the first)",
-       "model and data"},
-      {"output_dir", &A::output_dir, "where checkpoints, the final model, tokenizer and metrics go",
-       "training"},
-      {"overwrite_output_dir", &A::overwrite_output_dir,
-       "allow an output_dir that already holds a trained model or checkpoints", "training"},
-      {"per_device_train_batch_size", &A::per_device_train_batch_size,
-       "sequences per micro-batch, or auto: the largest power of two the memory estimate fits (a GPU's "
-       "memory; on the CPU the allocator's cap or the memory available)",
-       "training"},
-      {"total_batch_size", &A::total_batch_size,
-       "ours: sequences (64) or tokens (65536tokens) per optimizer step; gradient_accumulation_steps becomes "
-       "it divided by per_device_train_batch_size",
-       "training"},
-      {"gradient_accumulation_steps", &A::gradient_accumulation_steps,
-       "micro-batches per optimizer step (loss normalized by the label tokens of the whole step)",
-       "training"},
-      {"learning_rate", &A::learning_rate, "peak learning rate", "training"},
-      {"weight_decay", &A::weight_decay, "decoupled weight decay (not for biases and norm weights)",
-       "training"},
-      {"adam_beta1", &A::adam_beta1, "", "training"},
-      {"adam_beta2", &A::adam_beta2, "", "training"},
-      {"adam_epsilon", &A::adam_epsilon, "", "training"},
-      {"max_grad_norm", &A::max_grad_norm, "clip the global gradient L2 norm to this (<= 0: off)",
-       "training"},
-      {"num_train_epochs", &A::num_train_epochs, "epochs (fractions allowed); max_steps > 0 overrides",
-       "training"},
-      {"max_steps", &A::max_steps, "optimizer steps (-1: from num_train_epochs)", "training"},
-      {"lr_scheduler_type", &A::lr_scheduler_type, "linear, cosine, constant or constant_with_warmup",
-       "training"},
-      {"warmup_steps", &A::warmup_steps, "warmup steps, or a ratio of the total below 1", "training"},
-      {"warmup_ratio", &A::warmup_ratio, "warmup as a ratio of the total steps", "training"},
-      {"optim", &A::optim,
-       "adamw_torch, adamw_torch_fused, adamw_apex_fused, adafactor, adamw_bnb_8bit (= adamw_8bit) or sgd",
-       "training"},
-      {"optim_args", &A::optim_args, "extra optimizer arguments, e.g. \"momentum=0.9,nesterov=true\"",
-       "training"},
-      {"seed", &A::seed, "seed of initialization, shuffling and dropout", "training"},
-      {"dataloader_num_workers", &A::dataloader_num_workers, "batch-building threads (0: the main thread)",
-       "training"},
-      {"dataloader_pin_memory", &A::dataloader_pin_memory, "page-locked batches for a GPU", "training"},
-      {"dataloader_drop_last", &A::dataloader_drop_last, "drop an epoch's incomplete last batch", "training"},
-      {"resume_from_checkpoint", &A::resume_from_checkpoint,
-       "a checkpoint folder, or true for the newest checkpoint-N in output_dir", "training"},
-      {"do_eval", &A::do_eval, "evaluate at the end of training", "evaluation and saving"},
-      {"eval_strategy", &A::eval_strategy, "no, steps or epoch", "evaluation and saving"},
-      {"eval_steps", &A::eval_steps, "evaluate every N steps (ratio below 1; 0: logging_steps)",
-       "evaluation and saving"},
-      {"per_device_eval_batch_size", &A::per_device_eval_batch_size, "sequences per evaluation batch",
-       "evaluation and saving"},
-      {"logging_steps", &A::logging_steps, "log every N steps (ratio below 1)", "evaluation and saving"},
-      {"logging_first_step", &A::logging_first_step, "also log the first step", "evaluation and saving"},
-      {"logging_nan_inf_filter", &A::logging_nan_inf_filter,
-       "log a nan/inf step loss as the mean of the logging window so far (false: as it is)",
-       "evaluation and saving"},
-      {"report_to", &A::report_to,
-       "tensorboard, jsonl, all or none, or a comma-separated list (metrics.jsonl is always written)",
-       "evaluation and saving"},
-      {"logging_dir", &A::logging_dir,
-       "TensorBoard's folder (default: output_dir/runs/<Mon DD_HH-MM-SS>_<host>; a resume keeps the run's)",
-       "evaluation and saving"},
-      {"save_strategy", &A::save_strategy, "no, steps or epoch (a checkpoint is also saved at the end)",
-       "evaluation and saving"},
-      {"save_steps", &A::save_steps, "checkpoint every N steps (ratio below 1)", "evaluation and saving"},
-      {"save_total_limit", &A::save_total_limit, "keep the newest N checkpoints (0: all)",
-       "evaluation and saving"},
-      {"use_cpu", &A::use_cpu, "train on the CPU even when a GPU is present", "precision and memory"},
-      {"bf16", &A::bf16, "bf16 compute copies, fp32 master weights", "precision and memory"},
-      {"fp16", &A::fp16, "fp16 compute copies, fp32 master weights, dynamic loss scaling",
-       "precision and memory"},
-      {"tf32", &A::tf32,
-       "fp32 matmuls with TF32 inputs (tensor cores; emulated by rounding on the CPU); unset: on for "
-       "torch_compile on a GPU without fp16, else off",
-       "precision and memory"},
-      {"gradient_checkpointing", &A::gradient_checkpointing, "recompute each decoder layer in backward",
-       "precision and memory"},
-      {"torch_empty_cache_steps", &A::torch_empty_cache_steps,
-       "release the allocator's cached blocks every N steps (after forward, before backward; 0: never)",
-       "precision and memory"},
-      {"auto_find_batch_size", &A::auto_find_batch_size,
-       "on out-of-memory retry with a smaller batch, raising gradient_accumulation_steps to keep the "
-       "effective batch",
-       "precision and memory"},
-      {"torch_compile", &A::torch_compile,
-       "capture the training step once per shape and replay it (static memory plan; same numbers as eager)",
-       "precision and memory"},
-      {"torch_compile_backend", &A::torch_compile_backend,
-       "inductor (default), cudagraphs, aot_cudagraphs, aot_eager or eager; setting it turns compile on",
-       "precision and memory"},
-      {"torch_compile_mode", &A::torch_compile_mode,
-       "default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs; setting it turns compile on",
-       "precision and memory"},
-      {"ddp_backend", &A::ddp_backend, "gloo or nccl (GPUs); default: gloo (until NCCL has run on GPUs)",
-       "distributed"},
-      {"ddp_timeout", &A::ddp_timeout,
-       "seconds a rank waits for the others (rendezvous and every collective) before failing", "distributed"},
-      {"ddp_bucket_cap_mb", &A::ddp_bucket_cap_mb, "MB of gradients per all-reduce bucket", "distributed"},
-      {"ddp_find_unused_parameters", &A::ddp_find_unused_parameters,
-       "accepted for HF compatibility: every parameter of our models gets a gradient", "distributed"},
-      {"ddp_broadcast_buffers", &A::ddp_broadcast_buffers,
-       "accepted for HF compatibility: our models hold no buffers that training changes", "distributed"},
-      {"fsdp", &A::fsdp,
-       "sharding (space-separated): shard_grad_op (ZeRO-2: gradients and optimizer state 1/N per rank), "
-       "full_shard (ZeRO-3: parameters too, gathered per layer); hybrid_shard, hybrid_shard_zero2 (the same "
-       "within each node, replicated across nodes); offload (with one of them: fp32 masters, gradient shard "
-       "and optimizer state in host memory, updated there); auto_wrap, no_shard",
-       "distributed"},
-      {"fsdp_config", &A::fsdp_config, "a JSON file of FSDP options", "distributed"},
-      {"average_tokens_across_devices", &A::average_tokens_across_devices,
-       "normalize the loss by the label tokens of all ranks (false: each rank by its own, gradients "
-       "averaged)",
-       "distributed"},
-  };
-  return specs;
-}
-
-std::vector<std::string> argument_names() {
-  std::vector<std::string> n;
-  for (const auto& s : argument_specs()) n.push_back(s.name);
-  return n;
-}
-
-const std::vector<std::string>& scheduler_names() {
-  static const std::vector<std::string> n = {"linear", "cosine", "constant", "constant_with_warmup"};
-  return n;
-}
 
 namespace {
 
@@ -276,17 +116,143 @@ bool TrainingArguments::reports_tensorboard() const {
   return false;
 }
 
+std::string TrainingArguments::best_metric_key() const {
+  std::string m = metric_for_best_model;
+  if (m.empty() && (load_best_model_at_end || lr_scheduler_type == "reduce_lr_on_plateau")) m = "loss";
+  if (m.empty()) return m;
+  return m.rfind("eval_", 0) == 0 ? m : "eval_" + m;
+}
+
+bool TrainingArguments::best_metric_greater() const {
+  const std::string m = best_metric_key();
+  return greater_is_better.value_or(!(m.size() >= 4 && m.compare(m.size() - 4, 4, "loss") == 0));
+}
+
+namespace {
+
+// HF's checks of the best-model arguments (TrainingArguments.__post_init__), and the metric named one that
+// our evaluation reports (HF finds out at the first evaluation).
+void check_best_model(const TrainingArguments& a) {
+  const std::string key = a.best_metric_key();
+  if (!key.empty()) {
+    const std::vector<std::string> metrics = {"eval_loss",    "eval_perplexity",
+                                              "eval_runtime", "eval_samples_per_second",
+                                              "eval_samples", "eval_tokens"};
+    TR_CHECK(std::find(metrics.begin(), metrics.end(), key) != metrics.end(),
+             "--metric_for_best_model {}: not a metric of our evaluation (eval_loss, eval_perplexity, "
+             "eval_runtime, eval_samples_per_second, eval_samples, eval_tokens){}",
+             a.metric_for_best_model, did_you_mean(key, metrics));
+  }
+  TR_CHECK(a.save_strategy != "best" || !key.empty(),
+           "--save_strategy best needs --metric_for_best_model (e.g. loss)");
+  TR_CHECK(a.lr_scheduler_type != "reduce_lr_on_plateau" || a.eval_strategy != "no",
+           "--lr_scheduler_type reduce_lr_on_plateau is stepped by evaluations: give --eval_strategy steps "
+           "or epoch");
+  TR_CHECK(a.save_strategy != "best" || a.eval_strategy != "no",
+           "--save_strategy best saves when an evaluation finds a new best: give --eval_strategy steps or "
+           "epoch");
+  if (!a.load_best_model_at_end || a.save_strategy == "best") return;
+  TR_CHECK(
+      a.eval_strategy == a.save_strategy,
+      "--load_best_model_at_end requires the save and eval strategies to match, but found --eval_strategy "
+      "{} and --save_strategy {}",
+      a.eval_strategy, a.save_strategy);
+  if (a.eval_strategy != "steps") return;
+  const double eval = a.eval_steps > 0 ? a.eval_steps : a.logging_steps, save = a.save_steps;
+  if (std::fmod(save, eval) == 0) return;
+  TR_CHECK(eval < 1 && save < 1,
+           "--load_best_model_at_end requires the saving steps to be a multiple of the evaluation steps, {}",
+           eval < 1 || save < 1
+               ? fmt::format("which cannot be guaranteed when mixing a ratio and a step count: --save_steps "
+                             "{} and --eval_steps {}",
+                             save, eval)
+               : fmt::format("but --save_steps {} is not a multiple of --eval_steps {}", save, eval));
+  // Two ratios compared as HF does, in millionths (0.2 / 0.1 leaves a floating-point remainder).
+  TR_CHECK(std::llround(eval * 1e6) > 0 && std::llround(save * 1e6) % std::llround(eval * 1e6) == 0,
+           "--load_best_model_at_end requires the saving steps to be a multiple of the evaluation steps, but "
+           "--save_steps {} is not a multiple of --eval_steps {}",
+           save, eval);
+}
+
+}  // namespace
+
+namespace {
+
+// The run_clm / HF arguments beside the guide's: ranges, and the values this Trainer has (the others
+// refused with what to do instead).
+void check_hf_extras(const TrainingArguments& a) {
+  TR_CHECK(a.max_train_samples >= 0, "--max_train_samples {}: expected a number of blocks >= 0 (0: all)",
+           a.max_train_samples);
+  TR_CHECK(a.max_eval_samples >= 0, "--max_eval_samples {}: expected a number of blocks >= 0 (0: all)",
+           a.max_eval_samples);
+  TR_CHECK(a.data_seed >= -1, "--data_seed {}: expected a seed >= 0 (-1: --seed)", a.data_seed);
+  TR_CHECK(a.dataloader_prefetch_factor >= 0 && a.dataloader_prefetch_factor <= 1024,
+           "--dataloader_prefetch_factor {}: expected 1 to 1024 batches per worker (0: the default)",
+           a.dataloader_prefetch_factor);
+  TR_CHECK(
+      a.dataloader_prefetch_factor == 0 || a.dataloader_num_workers > 0,
+      "--dataloader_prefetch_factor can only be set when data is loaded in a different process, i.e. when "
+      "--dataloader_num_workers > 0 (HF's rule; here the workers are threads)");
+  check_one_of("include_num_input_tokens_seen", a.include_num_input_tokens_seen,
+               {"no", "all", "non_padding", "true", "false"});
+  const std::vector<std::string> levels = {"debug", "info", "warning", "error", "critical", "passive"};
+  check_one_of("log_level", a.log_level, levels);
+  check_one_of("log_level_replica", a.log_level_replica, levels);
+  if (!a.gradient_checkpointing_kwargs.empty()) {
+    const auto j = nlohmann::json::parse(a.gradient_checkpointing_kwargs, nullptr, false);
+    TR_CHECK(j.is_object(),
+             "--gradient_checkpointing_kwargs '{}': expected a JSON object, e.g. "
+             "'{{\"use_reentrant\": false}}'",
+             a.gradient_checkpointing_kwargs);
+    for (auto it = j.begin(); it != j.end(); ++it)
+      TR_CHECK(
+          (it.key() == "use_reentrant" || it.key() == "preserve_rng_state") && it->is_boolean(),
+          "--gradient_checkpointing_kwargs: '{}': {}; expected use_reentrant or preserve_rng_state, true or "
+          "false",
+          it.key(), it->dump());
+  }
+  TR_CHECK(a.save_safetensors,
+           "--save_safetensors false: weights are saved as safetensors only (HF's "
+           "pickled pytorch_model.bin needs Python)");
+  TR_CHECK(a.use_fast_tokenizer,
+           "--use_fast_tokenizer false: the tokenizer here is tokenizer.json's (the fast "
+           "one); the slow Python tokenizers are not available");
+  TR_CHECK(a.eval_accumulation_steps >= 0 && a.preprocessing_num_workers >= 0,
+           "--eval_accumulation_steps and --preprocessing_num_workers must not be negative");
+}
+
+}  // namespace
+
 IntervalStrategy parse_interval_strategy(const std::string& name, const char* flag) {
   if (name == "no") return IntervalStrategy::no;
   if (name == "steps") return IntervalStrategy::steps;
   if (name == "epoch") return IntervalStrategy::epoch;
-  fail("--{} '{}': expected no, steps or epoch", flag, name);
+  if (name == "best" && std::string(flag) == "save_strategy") return IntervalStrategy::best;
+  fail("--{} '{}': expected no, steps{}", flag, name,
+       std::string(flag) == "save_strategy" ? ", epoch or best" : " or epoch");
 }
 
 void TrainingArguments::validate() const {
+  validate_run();
+  validate_optimizer();
+  validate_intervals();
+  validate_devices();
+  validate_distributed();
+  check_best_model(*this);
+  check_hf_extras(*this);
+}
+
+// What to train on, in what batches, where.
+void TrainingArguments::validate_run() const {
   TR_CHECK(!output_dir.empty(), "--output_dir is required");
-  TR_CHECK(model_name_or_path.empty() != config_name.empty(),
-           "give exactly one of --model_name_or_path (fine-tune) and --config_name (train from scratch)");
+  TR_CHECK(
+      (model_name_or_path.empty() ? 0 : 1) + (config_name.empty() ? 0 : 1) + (model_type.empty() ? 0 : 1) ==
+          1,
+      "give exactly one of --model_name_or_path (fine-tune), --config_name or --model_type (train from "
+      "scratch)");
+  TR_CHECK(config_overrides.empty() || !model_type.empty(),
+           "--config_overrides can't be used in combination with --config_name or --model_name_or_path (HF's "
+           "rule): edit that config.json, or give --model_type");
   TR_CHECK(!train_file.empty(), "--train_file is required");
   TR_CHECK(per_device_train_batch_size > 0 || per_device_train_batch_size == kAutoBatch,
            "--per_device_train_batch_size must be positive or auto, got {}", per_device_train_batch_size);
@@ -302,6 +268,17 @@ void TrainingArguments::validate() const {
   TR_CHECK(block_size > 1, "--block_size must be at least 2, got {}", block_size);
   TR_CHECK(validation_split_percentage >= 0 && validation_split_percentage < 100,
            "--validation_split_percentage must be in [0, 100), got {}", validation_split_percentage);
+  TR_CHECK(dataloader_num_workers >= 0 && dataloader_num_workers <= max_pool_threads(),
+           "--dataloader_num_workers {}: expected 0 (the main thread builds the batches) up to {} threads",
+           dataloader_num_workers, max_pool_threads());
+  TR_CHECK(torch_empty_cache_steps >= 0, "--torch_empty_cache_steps must not be negative");
+  TR_CHECK(!(fp16 && bf16), "--fp16 and --bf16 are mutually exclusive: choose one half-precision type");
+  (void)LrSchedule(lr_scheduler_type, lr_scheduler_kwargs, learning_rate);  // throws on a bad name or kwargs
+  check_one_of("attn_implementation", attn_implementation, {"eager", "sdpa", "flash_attention_2"});
+}
+
+// The optimizer's and the schedule's numbers, as torch.optim and HF check them.
+void TrainingArguments::validate_optimizer() const {
   // The optimizers' own ranges, as torch.optim checks them (a NaN fails every comparison here).
   TR_CHECK(std::isfinite(learning_rate) && learning_rate >= 0,
            "--learning_rate {}: expected a finite number >= 0", learning_rate);
@@ -322,6 +299,13 @@ void TrainingArguments::validate() const {
            "--warmup_steps {}: expected a finite number >= 0", warmup_steps);
   TR_CHECK(warmup_ratio >= 0 && warmup_ratio <= 1, "--warmup_ratio {}: expected a number in [0, 1] (as HF)",
            warmup_ratio);
+  check_one_of("optim", optim, optim::optimizer_names());
+  optim::parse_optim_args(optim_args);  // throws on a malformed entry
+  check_compile_backend(torch_compile_backend);
+}
+
+// Logging, evaluation and saving (HF's interval strategies), and run_clm's do_* switches.
+void TrainingArguments::validate_intervals() const {
   TR_CHECK(std::isfinite(logging_steps) && logging_steps > 0,
            "--logging_steps {}: expected a positive number (a ratio of the run below 1)", logging_steps);
   TR_CHECK(std::isfinite(save_steps) && save_steps > 0,
@@ -330,15 +314,23 @@ void TrainingArguments::validate() const {
            "--eval_steps {}: expected a number >= 0 (0: --logging_steps; a ratio of the run below 1)",
            eval_steps);
   TR_CHECK(save_total_limit >= 0, "--save_total_limit must not be negative");
-  TR_CHECK(dataloader_num_workers >= 0 && dataloader_num_workers <= max_pool_threads(),
-           "--dataloader_num_workers {}: expected 0 (the main thread builds the batches) up to {} threads",
-           dataloader_num_workers, max_pool_threads());
-  TR_CHECK(torch_empty_cache_steps >= 0, "--torch_empty_cache_steps must not be negative");
-  TR_CHECK(!(fp16 && bf16), "--fp16 and --bf16 are mutually exclusive: choose one half-precision type");
-  check_one_of("lr_scheduler_type", lr_scheduler_type, scheduler_names());
-  check_one_of("attn_implementation", attn_implementation, {"eager", "sdpa", "flash_attention_2"});
-  // device_map auto trains a split model as HF does: a naive pipeline, one device busy at a time. Sharding
-  // and the compiled step keep one device per process, so they do not take a split.
+  check_one_of("eval_strategy", eval_strategy, {"no", "steps", "epoch"});
+  check_one_of("save_strategy", save_strategy, {"no", "steps", "epoch", "best"});
+  check_one_of("logging_strategy", logging_strategy, {"no", "steps", "epoch"});
+  TR_CHECK(do_train,
+           "--do_train false: trainer train always trains; to evaluate a model without training, run trainer "
+           "eval --model_name_or_path DIR --validation_file FILE");
+  TR_CHECK(
+      !do_predict,
+      "--do_predict: run_clm has no test split to predict on; evaluate a held-out file with trainer eval "
+      "--validation_file FILE");
+  TR_CHECK(std::isfinite(eval_delay) && eval_delay >= 0, "--eval_delay {}: expected a number >= 0",
+           eval_delay);
+}
+
+// device_map auto trains a split model as HF does: a naive pipeline, one device busy at a time. Sharding
+// and the compiled step keep one device per process, so they do not take a split.
+void TrainingArguments::validate_devices() const {
   TR_CHECK(device_map.empty() || device_map == "auto", "--device_map {}: {}", device_map,
            "train picks its device itself (the GPU, or the CPU with --use_cpu); give auto to split a model "
            "too large for one device (with --max_memory), or a device to trainer eval and generate");
@@ -354,11 +346,13 @@ void TrainingArguments::validate() const {
   TR_CHECK(
       device_map.empty() || !(torch_compile || !torch_compile_backend.empty() || !torch_compile_mode.empty()),
       "--device_map auto and --torch_compile: the compiled step runs on one device; drop one of them");
-  check_one_of("eval_strategy", eval_strategy, {"no", "steps", "epoch"});
-  check_one_of("save_strategy", save_strategy, {"no", "steps", "epoch"});
-  check_one_of("optim", optim, optim::optimizer_names());
-  optim::parse_optim_args(optim_args);  // throws on a malformed entry
-  check_compile_backend(torch_compile_backend);
+  if (!torch_compile_mode.empty())
+    check_one_of("torch_compile_mode", torch_compile_mode,
+                 {"default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"});
+}
+
+// DDP and FSDP, with HF's own check (TrainingArguments.__post_init__).
+void TrainingArguments::validate_distributed() const {
   if (!ddp_backend.empty()) check_one_of("ddp_backend", ddp_backend, {"gloo", "nccl"});
   TR_CHECK(ddp_timeout > 0 && ddp_timeout <= 30 * 86400,
            "--ddp_timeout must be in [1, 2592000] seconds (30 days), got {}", ddp_timeout);
@@ -381,9 +375,6 @@ void TrainingArguments::validate() const {
       "--fsdp {}: full_shard, shard_grad_op, hybrid_shard and hybrid_shard_zero2 are sharding strategies; "
       "give one",
       fsdp);
-  if (!torch_compile_mode.empty())
-    check_one_of("torch_compile_mode", torch_compile_mode,
-                 {"default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"});
 }
 
 std::vector<std::string> TrainingArguments::fsdp_options() const {
@@ -440,7 +431,79 @@ nlohmann::json TrainingArguments::to_json() const {
             j[s.name] = this->*m;
         },
         s.member);
+  for (const char* dict : {"lr_scheduler_kwargs", "gradient_checkpointing_kwargs"}) {  // HF's dicts
+    const auto parsed =
+        nlohmann::json::parse(j[dict].get<std::string>(), nullptr, /*allow_exceptions=*/false);
+    if (j[dict].get<std::string>().empty())
+      j[dict] = nlohmann::json::object();
+    else if (parsed.is_object())
+      j[dict] = parsed;
+  }
   return j;
+}
+
+namespace {
+
+// A value HF's dump holds for a field at its default: the value itself, an empty one for an empty default
+// ("" / [] / {}: HF's post-init turns some into lists), or for a dict default (accelerate's config) an
+// object whose every entry is the default's.
+bool is_hf_default(const nlohmann::json& v, const nlohmann::json& d) {
+  if (v == d) return true;
+  const auto empty = [](const nlohmann::json& x) {
+    return (x.is_string() && x.get<std::string>().empty()) || ((x.is_array() || x.is_object()) && x.empty());
+  };
+  if (empty(v) && empty(d)) return true;
+  if (!v.is_object() || !d.is_object()) return false;
+  for (auto it = v.begin(); it != v.end(); ++it)
+    if (!d.contains(it.key()) || d[it.key()] != *it) return false;
+  return true;
+}
+
+}  // namespace
+
+// The forms HF's files give some fields in (a list, a dict, a bool, "auto"), read into ours; false for a
+// field in its plain form.
+bool TrainingArguments::read_hf_form(const std::string& key, const nlohmann::json& value,
+                                     const std::string& source) {
+  if (key == "per_device_train_batch_size" && value.is_string()) {
+    TR_CHECK(value.get<std::string>() == "auto",
+             "{}: 'per_device_train_batch_size': expected a number or \"auto\"", source);
+    per_device_train_batch_size = kAutoBatch;
+    return true;
+  }
+  if ((key == "lr_scheduler_kwargs" || key == "gradient_checkpointing_kwargs") &&
+      value.is_object()) {  // HF's dicts
+    this->*(key == "lr_scheduler_kwargs" ? &A::lr_scheduler_kwargs : &A::gradient_checkpointing_kwargs) =
+        value.empty() ? "" : value.dump();
+    return true;
+  }
+  if (key == "fsdp_config" && value.is_object()) {  // HF's dict form
+    fsdp_config = value.empty() ? "" : value.dump();
+    return true;
+  }
+  if (key == "fsdp" && value.is_array()) {  // HF's to_dict() gives the parsed option list
+    std::string joined;
+    for (size_t i = 0; i < value.size(); ++i) {
+      TR_CHECK(value[i].is_string(), "{}: 'fsdp'[{}]: expected a string", source, i);
+      joined += (i ? " " : "") + value[i].get<std::string>();
+    }
+    fsdp = joined;
+    return true;
+  }
+  if (key == "include_num_input_tokens_seen" && value.is_boolean()) {  // HF's bool form
+    include_num_input_tokens_seen = value.get<bool>() ? "all" : "no";
+    return true;
+  }
+  if (key == "report_to" && value.is_array()) {  // HF's training_args.json holds a list
+    std::string joined;
+    for (size_t i = 0; i < value.size(); ++i) {
+      TR_CHECK(value[i].is_string(), "{}: 'report_to'[{}]: expected a string", source, i);
+      joined += (i ? "," : "") + value[i].get<std::string>();
+    }
+    report_to = joined.empty() ? "none" : joined;
+    return true;
+  }
+  return false;
 }
 
 void TrainingArguments::update_from_json(const nlohmann::json& j, const std::string& source) {
@@ -453,24 +516,18 @@ void TrainingArguments::update_from_json(const nlohmann::json& j, const std::str
     const nlohmann::json& value = item.value();
     auto it = std::find_if(argument_specs().begin(), argument_specs().end(),
                            [&](const ArgSpec& s) { return s.name == key; });
-    TR_CHECK(it != argument_specs().end(), "{}: unknown argument '{}'{}", source, key,
-             did_you_mean(key, names));
+    if (it == argument_specs().end()) {
+      // HF's dumps list every field: one this Trainer does not have is fine at HF's default (or null).
+      const UnsupportedArg* u = unsupported_hf_argument(key);
+      TR_CHECK(u != nullptr, "{}: unknown argument '{}'{}", source, key, did_you_mean(key, names));
+      TR_CHECK(value.is_null() || is_hf_default(value, u->hf_default),
+               "{}: '{}': {} is not supported here ({}); only HF's default, {}, is accepted", source, key,
+               value.dump(), u->why, u->hf_default.dump());
+      continue;
+    }
     if (value.is_null()) continue;  // HF writes None for unset optionals: keep our default
-    if (key == "per_device_train_batch_size" && value.is_string()) {
-      TR_CHECK(value.get<std::string>() == "auto",
-               "{}: 'per_device_train_batch_size': expected a number or \"auto\"", source);
-      per_device_train_batch_size = kAutoBatch;
-      continue;
-    }
-    if (key == "report_to" && value.is_array()) {  // HF's training_args.json holds a list
-      std::string joined;
-      for (size_t i = 0; i < value.size(); ++i) {
-        TR_CHECK(value[i].is_string(), "{}: 'report_to'[{}]: expected a string", source, i);
-        joined += (i ? "," : "") + value[i].get<std::string>();
-      }
-      report_to = joined.empty() ? "none" : joined;
-      continue;
-    }
+    if (key == "do_train" && value == false) continue;  // every HF dump's default (the Trainer ignores it)
+    if (read_hf_form(key, value, source)) continue;
     const JsonField f = root[key];
     std::visit(
         [&](auto m) {
@@ -521,8 +578,8 @@ std::string flags_markdown() {
        "file matches it). Names, types and defaults follow Hugging Face's TrainingArguments and run_clm.py.\n"
        "Every flag works as `--name value` or `--name=value`; booleans also as a bare `--name`. The same\n"
        "names are the keys of a JSON arguments file: `trainer train args.json` (flags after it override).\n";
-  for (const std::string group :
-       {"model and data", "training", "evaluation and saving", "precision and memory", "distributed"}) {
+  for (const std::string group : {"model and data", "training", "evaluation and saving",
+                                  "precision and memory", "distributed", "compatibility"}) {
     o << "\n## " << static_cast<char>(std::toupper(group[0])) << group.substr(1) << "\n\n";
     o << "| flag | type | default | meaning |\n|---|---|---|---|\n";
     for (const auto& s : argument_specs()) {
@@ -543,16 +600,6 @@ std::string flags_markdown() {
     }
   }
   return o.str();
-}
-
-double lr_at(const std::string& schedule, double base, int64_t step, int64_t warmup, int64_t total) {
-  const double t = static_cast<double>(step), w = static_cast<double>(warmup), T = static_cast<double>(total);
-  if (schedule == "constant") return base;
-  if (step < warmup) return base * t / std::max(1.0, w);
-  if (schedule == "constant_with_warmup") return base;
-  const double progress = (t - w) / std::max(1.0, T - w);
-  if (schedule == "cosine") return base * std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * progress)));
-  return base * std::max(0.0, (T - t) / std::max(1.0, T - w));  // linear
 }
 
 }  // namespace tr::train

@@ -19,13 +19,16 @@ namespace tr::train {
 // (INT64_MIN: no number a user would type; -1 stays an error as in HF.)
 inline constexpr int64_t kAutoBatch = INT64_MIN;
 
-// HF's IntervalStrategy (eval_strategy, save_strategy): "no", "steps", "epoch".
-enum class IntervalStrategy { no, steps, epoch };
+// HF's IntervalStrategy (eval_strategy, logging_strategy, save_strategy): "no", "steps", "epoch" (and
+// save_strategy's "best": a save whenever an evaluation finds a new best metric).
+enum class IntervalStrategy { no, steps, epoch, best };
 IntervalStrategy parse_interval_strategy(const std::string& name, const char* flag);
 
 struct TrainingArguments {
   // model and data (run_clm's names)
   std::string model_name_or_path, config_name, tokenizer_name, train_file, validation_file;
+  // run_clm's from-scratch path: HF's config class of this type at its defaults, edited by config_overrides.
+  std::string model_type, config_overrides;
   int64_t block_size = 256;
   int64_t validation_split_percentage = 5;
   std::string attn_implementation = "sdpa";
@@ -48,8 +51,10 @@ struct TrainingArguments {
   double num_train_epochs = 3.0;
   int64_t max_steps = -1;
   std::string lr_scheduler_type = "linear";
-  double warmup_steps = 0;  // a value in (0, 1) is a ratio of the total steps
+  std::string lr_scheduler_kwargs;  // a JSON object of the schedule's own arguments (HF's dict)
+  double warmup_steps = 0;          // a value in (0, 1) is a ratio of the total steps
   double warmup_ratio = 0;
+  std::string logging_strategy = "steps";  // no | steps | epoch
   double logging_steps = 500;
   bool logging_first_step = false;
   bool logging_nan_inf_filter = true;  // a nan/inf step loss is logged as the window's mean so far (HF)
@@ -57,9 +62,19 @@ struct TrainingArguments {
   std::string logging_dir;             // empty: output_dir/runs/<time>_<host> (HF's default)
   std::string eval_strategy = "no";    // no | steps | epoch
   double eval_steps = 0;               // 0: logging_steps
+  double eval_delay = 0;               // steps (epochs under eval_strategy epoch) before the first evaluation
+  bool eval_on_start = false;          // an evaluation before the first step (a sanity check)
+  // The evaluation metric that picks the best checkpoint ("loss" or "perplexity", with or without eval_);
+  // empty: loss when load_best_model_at_end or reduce_lr_on_plateau needs one, else none tracked.
+  std::string metric_for_best_model;
+  std::optional<bool> greater_is_better;  // unset: false for a metric ending in "loss" (HF)
+  bool load_best_model_at_end = false;    // the final model is the best checkpoint's
   std::string save_strategy = "steps";
   double save_steps = 500;
   int64_t save_total_limit = 0;  // 0: keep all
+  bool save_only_model = false;  // checkpoints without optimizer, scheduler and RNG state (no resume)
+  bool do_train = true;          // run_clm's: trainer train always trains (false is refused)
+  bool do_predict = false;       // run_clm has no test split (true is refused)
   std::string resume_from_checkpoint;
   uint64_t seed = 42;
   bool fp16 = false, bf16 = false;
@@ -87,6 +102,23 @@ struct TrainingArguments {
   std::string fsdp;         // space-separated: full_shard shard_grad_op hybrid_shard offload auto_wrap ...
   std::string fsdp_config;  // a JSON file of FSDP options
   bool average_tokens_across_devices = true;  // the loss normalized by the label tokens of every rank
+  // run_clm's and HF's arguments that do something here
+  int64_t max_train_samples = 0, max_eval_samples = 0;  // the first N blocks (0: all; HF's None)
+  int64_t data_seed = -1;                               // the data order's seed (-1: seed)
+  bool ignore_data_skip = false;  // a resume starts its epoch's data from the first batch (HF's)
+  int64_t dataloader_prefetch_factor = 0;  // batches queued per worker (0: HF's None, 2 with workers)
+  std::string include_num_input_tokens_seen = "no";  // no | all | non_padding (true = all, false = no)
+  std::string run_name;       // the run's name (HF's integrations); in the banner and TensorBoard
+  bool disable_tqdm = false;  // log lines instead of the progress bar
+  std::string log_level = "passive", log_level_replica = "warning";
+  std::string
+      gradient_checkpointing_kwargs;  // JSON: torch.utils.checkpoint's use_reentrant / preserve_rng_state
+  // HF's arguments whose value is what this Trainer always does (checked, kept in training_args.json)
+  bool full_determinism = false, skip_memory_metrics = true, include_tokens_per_second = false;
+  bool dataloader_persistent_workers = false, prediction_loss_only = false, remove_unused_columns = true;
+  bool group_by_length = false, save_safetensors = true, use_fast_tokenizer = true, low_cpu_mem_usage = false;
+  bool log_on_each_node = true, overwrite_cache = false;
+  int64_t eval_accumulation_steps = 0, preprocessing_num_workers = 0;  // HF's None
 
   // HF's __post_init__ for compile: torch_compile set by a backend or mode, the backend defaulted.
   void apply_compile_defaults();
@@ -98,9 +130,22 @@ struct TrainingArguments {
   bool fsdp_has(const std::string& option) const;
   // Whether report_to asks for TensorBoard event files ("tensorboard" or "all").
   bool reports_tensorboard() const;
+  // metric_for_best_model with HF's defaults applied: "eval_loss" when load_best_model_at_end or
+  // reduce_lr_on_plateau needs a metric and none was given; "eval_"-prefixed; "" when none is tracked.
+  std::string best_metric_key() const;
+  // greater_is_better with HF's default (false for a metric ending in "loss").
+  bool best_metric_greater() const;
 
+  // A model made fresh (--config_name or --model_type) rather than loaded (--model_name_or_path).
+  bool from_scratch() const { return !config_name.empty() || !model_type.empty(); }
   // Throws naming the flag for contradictory or out-of-range values, suggesting the nearest valid name.
   void validate() const;
+  // Its parts.
+  void validate_run() const;
+  void validate_optimizer() const;
+  void validate_intervals() const;
+  void validate_devices() const;
+  void validate_distributed() const;
   // Whether f32 matmuls read TF32 inputs on `device`: --tf32 when given, else torch_compile on a GPU without
   // --fp16 (HF sets torch.backends.cuda.matmul.allow_tf32 for compile unless tf32 was given or fp16 is on).
   bool tf32_on(Device device) const;
@@ -115,6 +160,7 @@ struct TrainingArguments {
   // Reads an args file (HF accepts `train.py args.json`): keys are flag names; an unknown key or a value of
   // the wrong type is an error naming the file and key.
   void update_from_json(const nlohmann::json& j, const std::string& source);
+  bool read_hf_form(const std::string& key, const nlohmann::json& value, const std::string& source);
   void update_from_file(const std::string& path);
 };
 
@@ -127,16 +173,19 @@ struct ArgSpec {
   Member member;
   std::string help;
   std::string group;  // "model and data" | "training" | "evaluation and saving" | "precision and memory" |
-                      // "distributed"
+                      // "distributed" | "compatibility"
 };
 const std::vector<ArgSpec>& argument_specs();
 std::vector<std::string> argument_names();
+// HF's TrainingArguments and run_clm arguments that are not flags here: why, and the value HF defaults to
+// (an arguments file may hold it: HF's own dumps list every field). Null when `name` is none of them.
+struct UnsupportedArg {
+  std::string name;
+  nlohmann::json hf_default;  // the values an args file may give and still train as HF would
+  std::string why;
+};
+const UnsupportedArg* unsupported_hf_argument(const std::string& name);
 // The flag reference (markdown table per group, defaults from a default-constructed TrainingArguments).
 std::string flags_markdown();
-
-// Learning rate at optimizer step `step` (0-based) of `total`, HF's schedules: linear, cosine, constant,
-// constant_with_warmup.
-double lr_at(const std::string& schedule, double base_lr, int64_t step, int64_t warmup, int64_t total);
-const std::vector<std::string>& scheduler_names();
 
 }  // namespace tr::train

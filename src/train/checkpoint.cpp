@@ -27,17 +27,6 @@ constexpr int64_t kMaxBatchField = (int64_t{1} << 31) - 1;
 
 void write_json(const fs::path& p, const nlohmann::json& j) { write_file(p.string(), j.dump(2) + "\n"); }
 
-// N of a checkpoint-N folder name, or -1 (also for a number too long to be a step: no stoll overflow).
-int64_t checkpoint_step(const std::string& name) {
-  if (name.rfind("checkpoint-", 0) != 0 || name.size() == 11 || name.size() > 11 + 18) return -1;
-  int64_t n = 0;
-  for (size_t i = 11; i < name.size(); ++i) {
-    if (!std::isdigit(static_cast<unsigned char>(name[i]))) return -1;
-    n = n * 10 + (name[i] - '0');
-  }
-  return n;
-}
-
 // Besides the optimizer state (optimizer.safetensors, or one file per rank of a sharded run).
 const char* const kCheckpointFiles[] = {"config.json",        "scheduler.json",     "rng_state.json",
                                         "trainer_state.json", "training_args.json", "tokenizer.json"};
@@ -87,6 +76,17 @@ std::string checkpoint_staging_dir(const std::string& output_dir, int64_t global
   return (fs::path(output_dir) / (".tmp-checkpoint-" + std::to_string(global_step))).string();
 }
 
+// N of a checkpoint-N folder name, or -1 (also for a number too long to be a step: no stoll overflow).
+int64_t checkpoint_step(const std::string& name) {
+  if (name.rfind("checkpoint-", 0) != 0 || name.size() == 11 || name.size() > 11 + 18) return -1;
+  int64_t n = 0;
+  for (size_t i = 11; i < name.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(name[i]))) return -1;
+    n = n * 10 + (name[i] - '0');
+  }
+  return n;
+}
+
 std::string latest_checkpoint(const std::string& dir) {
   int64_t best = -1;
   std::string path;
@@ -101,6 +101,39 @@ std::string latest_checkpoint(const std::string& dir) {
   return path;
 }
 
+void keep_only_checkpoint(const std::string& output_dir, const std::string& kept) {
+  std::vector<fs::path> others;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(output_dir))
+    if (checkpoint_step(e.path().filename().string()) >= 0 && e.is_directory() &&
+        !fs::equivalent(e.path(), kept, ec))
+      others.push_back(e.path());
+  for (const auto& p : others) remove_atomically(p);
+}
+
+// The final model's files of load_best_model_at_end: the best checkpoint's config and weights (written by
+// the same save_pretrained as a final save), copied in place of any earlier ones.
+void copy_model_files(const std::string& from, const std::string& to) {
+  const auto is_model_file = [](const std::string& n) {
+    return n == "config.json" || n == "generation_config.json" ||
+           (n.rfind("model", 0) == 0 &&
+            (n.ends_with(".safetensors") || n.ends_with(".safetensors.index.json")));
+  };
+  for (const auto& e : fs::directory_iterator(to))
+    if (e.is_regular_file() && is_model_file(e.path().filename().string()) &&
+        e.path().filename() != "config.json")
+      fs::remove(e.path());
+  for (const auto& e : fs::directory_iterator(from)) {
+    const std::string n = e.path().filename().string();
+    if (!e.is_regular_file() || !is_model_file(n)) continue;
+    const fs::path tmp = fs::path(to) / ("." + n + ".partial");
+    fs::copy_file(e.path(), tmp, fs::copy_options::overwrite_existing);
+    sync_to_disk(tmp);
+    fs::rename(tmp, fs::path(to) / n);
+  }
+  sync_to_disk(to);
+}
+
 namespace {
 
 // Every file of checkpoint-N into its temporary folder `tmp`.
@@ -112,12 +145,16 @@ void write_checkpoint_files(const fs::path& tmp, models::CausalLM& model, const 
   make_directories(tmp.string(), "checkpoint");
   models::save_pretrained(model, tmp.string(), "5GB", weights);
   if (probe) probe("model");
-  save_optimizer_state(tmp.string(), opt);  // a sharded run: rank 0's file; `others` adds the other ranks'
-  if (probe) probe("optimizer");
-  write_json(tmp / "scheduler.json", {{"last_epoch", st.scheduler_step}, {"_last_lr", {opt.lr()}}});
-  if (mp.loss_scaling()) write_json(tmp / "scaler.json", mp.scaler().to_json());
-  write_json(tmp / "rng_state.json",
-             {{"dropout", {{"seed", st.dropout_rng.seed}, {"offset", st.dropout_rng.offset}}}});
+  if (!a.save_only_model) {  // HF's save_only_model: the model and tokenizer only (no resume from it)
+    save_optimizer_state(tmp.string(), opt);  // a sharded run: rank 0's file; `others` adds the other ranks'
+    if (probe) probe("optimizer");
+    nlohmann::json sch = {{"last_epoch", st.scheduler_step}, {"_last_lr", {opt.lr()}}};
+    if (!st.plateau.is_null()) sch["reduce_lr_on_plateau"] = st.plateau;
+    write_json(tmp / "scheduler.json", sch);
+    if (mp.loss_scaling()) write_json(tmp / "scaler.json", mp.scaler().to_json());
+    write_json(tmp / "rng_state.json",
+               {{"dropout", {{"seed", st.dropout_rng.seed}, {"offset", st.dropout_rng.offset}}}});
+  }
   write_json(
       tmp / "trainer_state.json",
       {{"global_step", st.global_step},
@@ -128,7 +165,10 @@ void write_checkpoint_files(const fs::path& tmp, models::CausalLM& model, const 
        {"gradient_accumulation_steps", st.gradient_accumulation_steps},
        {"world_size", st.world_size},
        {"train_tokens", st.train_tokens},
+       {"num_input_tokens_seen", st.num_input_tokens_seen},
        {"best_metric", st.has_best ? nlohmann::json(st.best_metric) : nlohmann::json(nullptr)},
+       {"best_global_step",
+        st.best_global_step > 0 ? nlohmann::json(st.best_global_step) : nlohmann::json(nullptr)},
        {"best_model_checkpoint", st.best_model_checkpoint.empty() ? nlohmann::json(nullptr)
                                                                   : nlohmann::json(st.best_model_checkpoint)},
        {"log_history", st.log_history}});
@@ -138,6 +178,26 @@ void write_checkpoint_files(const fs::path& tmp, models::CausalLM& model, const 
   if (probe) probe("rename");
   for (const auto& e : fs::directory_iterator(tmp)) sync_to_disk(e.path());
   sync_to_disk(tmp);
+}
+
+// save_total_limit, as HF's _rotate_checkpoints: checkpoints by step, the best moved to second-newest so
+// that it is kept, the oldest deleted down to the limit - which is 2 when it is 1 and the best is not the
+// newest (the newest is always kept: it is where a resume starts).
+void rotate_checkpoints(const std::string& output_dir, int64_t limit, const std::string& best) {
+  std::vector<std::pair<int64_t, fs::path>> all;
+  for (const auto& e : fs::directory_iterator(output_dir)) {
+    const int64_t s = checkpoint_step(e.path().filename().string());
+    if (s >= 0 && e.is_directory()) all.emplace_back(s, e.path());
+  }
+  std::sort(all.begin(), all.end());
+  std::error_code ec;
+  size_t b = all.size();
+  for (size_t i = 0; i < all.size() && !best.empty(); ++i)
+    if (fs::equivalent(all[i].second, best, ec)) b = i;
+  for (size_t i = b; i + 2 < all.size(); ++i) std::swap(all[i], all[i + 1]);
+  size_t keep = static_cast<size_t>(limit);
+  if (keep == 1 && b < all.size() && b + 1 != all.size()) keep = 2;
+  for (size_t i = 0; i + keep < all.size(); ++i) remove_atomically(all[i].second);
 }
 
 // Why a save failed, in one line naming the path ("...: write failed: No space left on device").
@@ -176,20 +236,7 @@ std::string save_checkpoint(models::CausalLM& model, const models::SavedWeights*
   fs::rename(tmp, final_dir);
   sync_to_disk(a.output_dir);
   fs::remove_all(old);
-  if (a.save_total_limit > 0) {  // keep the newest save_total_limit checkpoints, and the best one
-    std::vector<std::pair<int64_t, fs::path>> all;
-    for (const auto& e : fs::directory_iterator(a.output_dir)) {
-      const int64_t s = checkpoint_step(e.path().filename().string());
-      if (s >= 0 && e.is_directory()) all.emplace_back(s, e.path());
-    }
-    std::sort(all.begin(), all.end());
-    const size_t keep = static_cast<size_t>(a.save_total_limit);
-    for (size_t i = 0; i + keep < all.size(); ++i) {
-      if (!st.best_model_checkpoint.empty() && fs::equivalent(all[i].second, st.best_model_checkpoint))
-        continue;
-      remove_atomically(all[i].second);
-    }
-  }
+  if (a.save_total_limit > 0) rotate_checkpoints(a.output_dir, a.save_total_limit, st.best_model_checkpoint);
   return final_dir.string();
 }
 
@@ -213,6 +260,9 @@ void read_trainer_state(const nlohmann::json& ts, const std::string& path, Train
   st.has_best = f["best_metric"].present();
   if (st.has_best) st.best_metric = f["best_metric"].number(-kMaxFinite, kMaxFinite);
   st.best_model_checkpoint = f["best_model_checkpoint"].string_or("");
+  st.best_global_step =
+      f["best_global_step"].present() ? f["best_global_step"].integer(0, kMaxJsonCounter) : 0;
+  st.num_input_tokens_seen = f["num_input_tokens_seen"].integer_or(0, 0, kMaxJsonCounter);
 }
 
 }  // namespace
@@ -226,6 +276,23 @@ std::pair<int64_t, int64_t> read_batch_split(const nlohmann::json& ts, const std
           f["gradient_accumulation_steps"].integer(1, kMaxBatchField)};
 }
 
+namespace {
+
+// A checkpoint saved under --save_only_model holds no optimizer, scheduler or RNG state: resuming from it
+// would not continue the run. (Its training_args.json says so; damage there is the later checks' to report.)
+void check_not_model_only(const std::string& dir) {
+  const fs::path args = fs::path(dir) / "training_args.json";
+  if (has_optimizer_state(dir) || !fs::exists(args)) return;
+  const auto j = nlohmann::json::parse(std::ifstream(args), nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("save_only_model") || j["save_only_model"] != true) return;
+  fail(
+      "--resume_from_checkpoint {}: saved with --save_only_model, so it holds the model but no optimizer, "
+      "scheduler or RNG state to resume; start a new run from it with --model_name_or_path {}",
+      dir, dir);
+}
+
+}  // namespace
+
 bool metrics_line_kept(const std::string& line, int64_t global_step) {
   const auto j = nlohmann::json::parse(line, nullptr, false);
   if (!j.is_object()) return false;  // cut short by a kill, or not ours
@@ -238,6 +305,7 @@ bool metrics_line_kept(const std::string& line, int64_t global_step) {
 TrainerState load_checkpoint_state(const std::string& dir, optim::Optimizer& opt, MixedPrecision& mp,
                                    bool with_tokenizer) {
   TR_CHECK(fs::is_directory(dir), "--resume_from_checkpoint {}: no such folder", dir);
+  check_not_model_only(dir);
   for (const char* f : kCheckpointFiles)
     TR_CHECK(fs::exists(fs::path(dir) / f) || (!with_tokenizer && std::string_view(f) == "tokenizer.json"),
              "checkpoint {}: missing {}", dir, f);
@@ -257,6 +325,7 @@ TrainerState load_checkpoint_state(const std::string& dir, optim::Optimizer& opt
   const std::string sch_path = (fs::path(dir) / "scheduler.json").string();
   const nlohmann::json sch = read_json_file(sch_path);
   st.scheduler_step = JsonField(sch, sch_path)["last_epoch"].integer(0, kMaxJsonCounter);
+  if (sch.contains("reduce_lr_on_plateau")) st.plateau = sch["reduce_lr_on_plateau"];
   const std::string rng_path = (fs::path(dir) / "rng_state.json").string();
   const nlohmann::json rng = read_json_file(rng_path);
   const JsonField dropout = JsonField(rng, rng_path)["dropout"];

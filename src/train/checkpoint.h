@@ -31,6 +31,9 @@ struct TrainerState {
   double best_metric = 0;
   std::string best_model_checkpoint;
   bool has_best = false;
+  int64_t best_global_step = 0;       // the step whose evaluation gave best_metric (0: none)
+  int64_t num_input_tokens_seen = 0;  // every rank's input tokens trained on (HF's TrainerState field)
+  nlohmann::json plateau;             // reduce_lr_on_plateau's state (null for the other schedules)
   int64_t train_batch_size = 0, gradient_accumulation_steps = 0;
   int64_t world_size = 1;    // processes that trained (each with train_batch_size sequences per micro-batch)
   int64_t train_tokens = 0;  // size of the training stream (0: unknown); resume checks it is the same data
@@ -67,6 +70,17 @@ std::string checkpoint_staging_dir(const std::string& output_dir, int64_t global
 // `with_tokenizer`: the checkpoint must hold tokenizer.json (false for a run without a tokenizer).
 TrainerState load_checkpoint_state(const std::string& dir, optim::Optimizer& opt, MixedPrecision& mp,
                                    bool with_tokenizer = true);
+
+// N of a checkpoint-N folder name, or -1.
+int64_t checkpoint_step(const std::string& name);
+
+// Deletes every checkpoint-N folder in output_dir but `kept` (HF's end of a run with save_total_limit 1 and
+// a best checkpoint).
+void keep_only_checkpoint(const std::string& output_dir, const std::string& kept);
+
+// Copies a checkpoint's model files (config.json, generation_config.json, model*.safetensors and the index)
+// into `to`, replacing the weights there (load_best_model_at_end's final model).
+void copy_model_files(const std::string& from, const std::string& to);
 
 // Newest checkpoint-N folder in dir (complete or not), or "".
 std::string latest_checkpoint(const std::string& dir);

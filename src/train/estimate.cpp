@@ -156,7 +156,8 @@ std::unique_ptr<models::CausalLM> split_model(const models::ModelConfig& config,
 // transposed copy), then the optimizer's state_dict. Returns each device's save peak; `host_extra` counts the
 // host tensors state_dict makes (its step counts) on the host's device when the host is one.
 std::vector<int64_t> dry_save(models::CausalLM& model, MixedPrecision& mp, optim::Optimizer& opt,
-                              ShardedOptimizer* gathered, const DryDevices& devices, bool host_extra) {
+                              ShardedOptimizer* gathered, const DryDevices& devices, bool host_extra,
+                              bool with_optimizer) {
   devices.reset_peaks();
   const auto weights = saved_weights(mp, gathered);
   const nn::ParamList params = model.named_parameters();
@@ -165,7 +166,7 @@ std::vector<int64_t> dry_save(models::CausalLM& model, MixedPrecision& mp, optim
     models::hf_tensor(model, params[i].first, value);  // both held while the writer takes the copy
   }
   std::vector<int64_t> peaks = devices.peaks();
-  {
+  if (with_optimizer) {  // --save_only_model writes none
     const int64_t host = cpu_allocator().stats().current_bytes;
     const auto state = opt.state_dict();
     const int64_t extra = host_extra ? cpu_allocator().stats().current_bytes - host : 0;
@@ -188,9 +189,9 @@ Resolved resolve(const TrainingArguments& args) {
   Resolved r{args, {}, false};
   TrainingArguments& a = r.a;
   a.apply_compile_defaults();
-  TR_CHECK(a.model_name_or_path.empty() != a.config_name.empty(),
+  TR_CHECK(a.model_name_or_path.empty() == a.from_scratch(),
            "give exactly one of --model_name_or_path (its config.json is read, not its weights) and "
-           "--config_name");
+           "--config_name / --model_type");
   // What validate() checks, less the files estimate does not read.
   if (a.output_dir.empty()) a.output_dir = "estimate";
   if (a.train_file.empty()) a.train_file = "(not read)";
@@ -200,9 +201,8 @@ Resolved resolve(const TrainingArguments& args) {
            "--per_device_train_batch_size auto is chosen against a memory budget: give --device_memory, or a "
            "number");
   // The tokenizer is not read: only --pad_vocab_to_multiple_of can change a fresh model's vocabulary here.
-  r.config = !a.config_name.empty() ? fresh_config(a, 0) : config_for(a.model_name_or_path);
-  if (const int64_t m = a.pad_vocab_to_multiple_of;
-      a.config_name.empty() && m > 1) {  // pretrained: grown too
+  r.config = a.from_scratch() ? fresh_config(a, 0) : config_for(a.model_name_or_path);
+  if (const int64_t m = a.pad_vocab_to_multiple_of; !a.from_scratch() && m > 1) {  // pretrained: grown too
     r.grown = r.config.vocab_size % m != 0;
     r.config.vocab_size = (r.config.vocab_size + m - 1) / m * m;
   }
@@ -259,7 +259,7 @@ class DryRun {
   void per_device_rows();
   void breakdown();
   Device batch_device() const;
-  // Loader workers hold up to prefetch_factor (2) queued batches each, plus the one each builds: host
+  // Loader workers hold up to prefetch_factor (default 2) queued batches each, plus the one each builds: host
   // memory, the device's when the device is the host (one CPU device, or a split's host part).
   int64_t prefetch_on(size_t i) const;
   int64_t batch_bytes() const { return a_.per_device_train_batch_size * a_.block_size * 8; }
@@ -325,7 +325,8 @@ MemoryEstimate DryRun::estimate() {
   devices_.reset_peaks();
   ddp_buckets();
   train_steps();
-  if (a_.do_eval || parse_interval_strategy(a_.eval_strategy, "eval_strategy") != IntervalStrategy::no)
+  if (a_.do_eval || a_.eval_on_start ||
+      parse_interval_strategy(a_.eval_strategy, "eval_strategy") != IntervalStrategy::no)
     evaluate();
   if (target_.device == MemoryDevice::cuda)
     e_.workspace_bytes = static_cast<int64_t>(backend::kCublasLtWorkspaceBytes);
@@ -426,7 +427,8 @@ Device DryRun::batch_device() const {
 int64_t DryRun::prefetch_on(size_t i) const {
   const bool host =
       devices_.split() ? devices_.real(i) == Device::cpu() : target_.device == MemoryDevice::cpu;
-  return host ? a_.dataloader_num_workers * (2 + 1) * batch_bytes() : 0;
+  const int64_t queued = a_.dataloader_prefetch_factor > 0 ? a_.dataloader_prefetch_factor : 2;
+  return host ? a_.dataloader_num_workers * (queued + 1) * batch_bytes() : 0;
 }
 
 // Two steps: the first makes the optimizer state, the second is the steady state with it. Micro-batches
@@ -485,9 +487,10 @@ void DryRun::evaluate() {
   }
   // The loader's workers are still holding their batches while an evaluation runs inside the loop.
   e_.eval_peak_bytes = devices_.peak(0) + prefetch_on(0);
-  // Evaluations inside the loop (eval_strategy) count in train_peak_memory_gib; the final one of --do_eval
-  // runs after it is taken.
-  if (parse_interval_strategy(a_.eval_strategy, "eval_strategy") == IntervalStrategy::no) return;
+  // Evaluations inside the loop (eval_strategy, eval_on_start) count in train_peak_memory_gib; the final one
+  // of --do_eval runs after it is taken.
+  if (parse_interval_strategy(a_.eval_strategy, "eval_strategy") == IntervalStrategy::no && !a_.eval_on_start)
+    return;
   if (devices_.peak(0) > peaks_[0]) e_.peak_at = "evaluation forward (eval_strategy)";
   for (size_t i = 0; i < devices_.size(); ++i) peaks_[i] = std::max(peaks_[i], devices_.peak(i));
 }
@@ -495,8 +498,8 @@ void DryRun::evaluate() {
 void DryRun::save() {
   ShardedOptimizer* gathered =
       sharded_ && (mp_->masters_sharded() || (full_ && !mp_->enabled())) ? sharded_ : nullptr;
-  const std::vector<int64_t> save =
-      dry_save(*model_, *mp_, *opt_, gathered, devices_, target_.device == MemoryDevice::cpu);
+  const std::vector<int64_t> save = dry_save(*model_, *mp_, *opt_, gathered, devices_,
+                                             target_.device == MemoryDevice::cpu, !a_.save_only_model);
   e_.save_peak_bytes = save[0] + prefetch_on(0);
   if (save[0] > peaks_[0])
     e_.peak_at =

@@ -50,7 +50,11 @@ double StepWindow::flush(int64_t step, double lr, double grad_norm, double secon
   const double mean = window_n_ > 0 ? window_ / window_n_ : 0.0;
   const double eta = step > start_ ? seconds / (step - start_) * (total_ - step) : 0.0;
   const int width = 24, fill = static_cast<int>(width * step / std::max<int64_t>(1, total_));
-  if (show_)
+  if (show_ && !bar_)
+    std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.3g  grad_norm %.3f  %.0f tok/s  ETA %s\n",
+                 static_cast<long long>(step), static_cast<long long>(total_), mean, lr, grad_norm, tps,
+                 (eta >= 120 ? fmt::format("{:.1f} min", eta / 60) : fmt::format("{:.0f} s", eta)).c_str());
+  else if (show_)
     std::fprintf(stderr, "\r[%s%s] step %lld/%lld  loss %.4f  lr %.3g  grad_norm %.3f  %.0f tok/s  ETA %s   ",
                  std::string(fill, '#').c_str(), std::string(width - fill, '.').c_str(),
                  static_cast<long long>(step), static_cast<long long>(total_), mean, lr, grad_norm, tps,

@@ -27,9 +27,9 @@ class MetricsLog {
 class StepWindow {
  public:
   // `show`: print the progress line (rank 0 of a distributed run; the others keep only the numbers).
-  // `filter`: HF's logging_nan_inf_filter.
-  StepWindow(int64_t start_step, int64_t total_steps, bool show = true, bool filter = true)
-      : start_(start_step), total_(total_steps), show_(show), filter_(filter) {}
+  // `filter`: HF's logging_nan_inf_filter. `bar` false (HF's disable_tqdm): each log a line of its own.
+  StepWindow(int64_t start_step, int64_t total_steps, bool show = true, bool filter = true, bool bar = true)
+      : start_(start_step), total_(total_steps), show_(show), filter_(filter), bar_(bar) {}
   // A finished step's loss. Filtered, a non-finite one counts as the mean of the window so far (0 in an
   // empty window), and add() returns true; unfiltered it counts as it is (the window's mean is then nan).
   bool add(double loss);
@@ -41,7 +41,7 @@ class StepWindow {
 
  private:
   int64_t start_, total_;
-  bool show_, filter_;
+  bool show_, filter_, bar_;
   double window_ = 0, all_ = 0;
   int64_t window_n_ = 0;
 };

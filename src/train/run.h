@@ -18,6 +18,7 @@
 #include "tokenizers/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/dist_setup.h"
+#include "train/lr_schedule.h"
 #include "train/metrics_log.h"
 #include "train/mixed_precision.h"
 #include "train/schedule.h"
@@ -55,7 +56,13 @@ class Run {
   void announce() const;
   std::vector<data::Batch> next_micro_batches();
   void after_step(int64_t step, const StepResult& s, double lr, int64_t start_step);
-  void evaluate_at(int64_t step);
+  // `scheduled`: an evaluation of the loop (eval_strategy), which tracks the best metric and steps
+  // reduce_lr_on_plateau; returns whether it found a new best. (eval_on_start and the final do_eval do
+  // neither, as HF's.)
+  bool evaluate_at(int64_t step, bool scheduled);
+  bool track_best(const nlohmann::json& metrics, int64_t step);
+  bool final_model_is_best() const;
+  void finish_with_best();
   void log(const nlohmann::json& entry);
   void save();
   void save_files();
@@ -88,6 +95,7 @@ class Run {
   std::unique_ptr<optim::Optimizer> opt_;
   std::unique_ptr<FullShard> full_;  // ZeRO-3: the model's layer hooks (destroyed before the model is used)
   TrainerState st_;
+  std::unique_ptr<LrSchedule> lr_;  // --lr_scheduler_type with its kwargs
   Generator dropout_gen_;
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<report::TensorBoardLog> tb_;  // with --report_to tensorboard

@@ -137,10 +137,11 @@ std::optional<models::DeferredModel> Run::build_model(int stage) {
   TR_CHECK(a_.block_size <= model_->config().max_position_embeddings,
            "--block_size {} exceeds the model's {} positions", a_.block_size,
            model_->config().max_position_embeddings);
-  streams_ = load_streams(
-      a_, tok_ ? &*tok_ : nullptr, vocab_,
-      a_.do_eval || parse_interval_strategy(a_.eval_strategy, "eval_strategy") != IntervalStrategy::no,
-      group_);
+  streams_ =
+      load_streams(a_, tok_ ? &*tok_ : nullptr, vocab_,
+                   a_.do_eval || a_.eval_on_start ||
+                       parse_interval_strategy(a_.eval_strategy, "eval_strategy") != IntervalStrategy::no,
+                   group_);
   loader_ = make_loader();
   sched_ = make_schedule(a_, loader_->batches_per_epoch());
   return deferred;
@@ -210,6 +211,7 @@ void Run::open_logs() {
   st_.train_tokens = streams_.train->size();
   st_.train_batch_size = a_.per_device_train_batch_size;
   st_.gradient_accumulation_steps = sched_.ga;
+  lr_ = std::make_unique<LrSchedule>(a_.lr_scheduler_type, a_.lr_scheduler_kwargs, a_.learning_rate);
   if (!resume_.empty()) resume();
   st_.world_size = group_ ? group_->size() : 1;
   if (main_) {
@@ -232,7 +234,7 @@ void Run::open_logs() {
 std::unique_ptr<data::DataLoader> Run::make_loader() {
   data::DatasetOptions dopt;
   dopt.block_size = a_.block_size;
-  dopt.seed = a_.seed;
+  dopt.seed = a_.data_seed >= 0 ? static_cast<uint64_t>(a_.data_seed) : a_.seed;  // HF's data_seed
   dopt.vocab_size = vocab_;
   if (group_) {  // each rank its slice of every global batch: the sample order of one process
     dopt.rank = group_->rank();
@@ -245,6 +247,8 @@ std::unique_ptr<data::DataLoader> Run::make_loader() {
   data::DataLoaderOptions lopt;
   lopt.batch_size = a_.per_device_train_batch_size;
   lopt.num_workers = static_cast<int>(a_.dataloader_num_workers);
+  if (a_.dataloader_prefetch_factor > 0)
+    lopt.prefetch_factor = static_cast<int>(a_.dataloader_prefetch_factor);
   lopt.pin_memory = a_.dataloader_pin_memory;
   lopt.device = dev_;
   lopt.drop_last = a_.dataloader_drop_last;
@@ -283,6 +287,14 @@ void Run::resume() {
            "different --train_file or batch size?)",
            state_file, st_.position.batch, loader_->batches_per_epoch());
   st_.train_tokens = streams_.train->size();
+  if (lr_->kind() == LrScheduleKind::reduce_lr_on_plateau && !st_.plateau.is_null())
+    lr_->plateau().read_json(st_.plateau, (fs::path(resume_) / "scheduler.json").string());
+  if (a_.ignore_data_skip) {  // HF's: the epochs trained still count, the batches of this one are not skipped
+    st_.position.batch = 0;
+    if (main_)
+      std::fprintf(stderr, "train: --ignore_data_skip: epoch %lld's data starts from its first batch\n",
+                   static_cast<long long>(st_.position.epoch));
+  }
   loader_->seek(st_.position);
   dropout_gen_.set_state(st_.dropout_rng);
   std::fprintf(stderr, "train: resumed from %s at step %lld\n", resume_.c_str(),
@@ -315,10 +327,11 @@ void Run::announce() const {
                               group_->backend_name(), a_.ddp_bucket_cap_mb);
   std::fprintf(
       stderr,
-      "train: %s, %.1fM parameters, %s, optim %s; %lld tokens; %lld optimizer steps of %lld x %lld x %lld "
+      "train: %s%s, %.1fM parameters, %s, optim %s; %lld tokens; %lld optimizer steps of %lld x %lld x %lld "
       "tokens%s\n",
-      model_->config().model_type.c_str(), model_->num_parameters() / 1e6, dtype_name(compute_).data(),
-      a_.optim.c_str(), static_cast<long long>(streams_.train->size()), static_cast<long long>(sched_.total),
+      a_.run_name.empty() ? "" : (a_.run_name + ": ").c_str(), model_->config().model_type.c_str(),
+      model_->num_parameters() / 1e6, dtype_name(compute_).data(), a_.optim.c_str(),
+      static_cast<long long>(streams_.train->size()), static_cast<long long>(sched_.total),
       static_cast<long long>(sched_.ga), static_cast<long long>(a_.per_device_train_batch_size),
       static_cast<long long>(a_.block_size), world.c_str());
   if (group_ && !group_->rendezvous().empty())

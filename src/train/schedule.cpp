@@ -38,8 +38,11 @@ Schedule make_schedule(const TrainingArguments& a, int64_t batches_per_epoch) {
   s.log_every = steps_of(a.logging_steps, s.total);
   s.save_every = steps_of(a.save_steps, s.total);
   s.eval_every = steps_of(a.eval_steps > 0 ? a.eval_steps : a.logging_steps, s.total);
+  s.log = parse_interval_strategy(a.logging_strategy, "logging_strategy");
   s.eval = parse_interval_strategy(a.eval_strategy, "eval_strategy");
   s.save = parse_interval_strategy(a.save_strategy, "save_strategy");
+  s.eval_delay = a.eval_delay;
+  s.log_first_step = a.logging_first_step;
   return s;
 }
 

@@ -77,7 +77,8 @@ std::shared_ptr<const data::TokenStream> stream_of(const std::string& file, cons
 
 tokenizers::Tokenizer load_tokenizer(const TrainingArguments& a) {
   const std::string p = !a.tokenizer_name.empty() ? a.tokenizer_name : a.model_name_or_path;
-  TR_CHECK(!p.empty(), "--tokenizer_name is required when training from --config_name");
+  TR_CHECK(!p.empty(), "--tokenizer_name is required when training from {}",
+           a.model_type.empty() ? "--config_name" : "--model_type");
   return tokenizers::Tokenizer::from_pretrained(p);
 }
 
@@ -103,7 +104,14 @@ int64_t target_vocab(const TrainingArguments& a, int64_t vocab, int64_t tokenize
 }  // namespace
 
 models::ModelConfig fresh_config(const TrainingArguments& a, int64_t tokenizer_size) {
-  models::ModelConfig c = config_for(a.config_name);
+  models::ModelConfig c;
+  if (!a.model_type.empty()) {  // run_clm's CONFIG_MAPPING[model_type]() and update_from_string
+    nlohmann::json j = models::hf_default_config(a.model_type);
+    models::apply_config_overrides(j, a.config_overrides);
+    c = models::ModelConfig::from_json(j, "--model_type " + a.model_type);
+  } else {
+    c = config_for(a.config_name);
+  }
   c.vocab_size = target_vocab(a, c.vocab_size, tokenizer_size, "");
   c.raw["vocab_size"] = c.vocab_size;  // what config.json will say
   return c;
@@ -185,8 +193,10 @@ std::string validation_source(const TrainingArguments& a) {
   return a.validation_file.empty() ? a.train_file + " (validation split)" : a.validation_file;
 }
 
-Streams load_streams(const TrainingArguments& a, const tokenizers::Tokenizer* tok, int64_t vocab,
-                     bool want_validation, dist::ProcessGroup* group) {
+namespace {
+
+Streams load_whole_streams(const TrainingArguments& a, const tokenizers::Tokenizer* tok, int64_t vocab,
+                           bool want_validation, dist::ProcessGroup* group) {
   Streams s;
   TR_CHECK(!a.train_file.empty(), "--train_file is required");
   auto all = stream_of(a.train_file, "train_file", tok, vocab, a.text_column_name, group);
@@ -211,6 +221,23 @@ Streams load_streams(const TrainingArguments& a, const tokenizers::Tokenizer* to
            a.validation_split_percentage, a.block_size);
   s.validation = std::make_shared<data::TokenStream>(all, 0, nv);
   s.train = std::make_shared<data::TokenStream>(all, nv, n);
+  return s;
+}
+
+// run_clm's max_train_samples / max_eval_samples: the first N blocks of a stream (after the split).
+std::shared_ptr<const data::TokenStream> first_blocks(std::shared_ptr<const data::TokenStream> s, int64_t n,
+                                                      int64_t block_size) {
+  if (n <= 0 || !s || s->size() <= n * block_size) return s;
+  return std::make_shared<data::TokenStream>(s, 0, n * block_size);
+}
+
+}  // namespace
+
+Streams load_streams(const TrainingArguments& a, const tokenizers::Tokenizer* tok, int64_t vocab,
+                     bool want_validation, dist::ProcessGroup* group) {
+  Streams s = load_whole_streams(a, tok, vocab, want_validation, group);
+  s.train = first_blocks(s.train, a.max_train_samples, a.block_size);
+  s.validation = first_blocks(s.validation, a.max_eval_samples, a.block_size);
   return s;
 }
 

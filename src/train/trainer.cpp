@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -62,7 +63,7 @@ std::vector<data::Batch> Run::next_micro_batches() {
   return micro;
 }
 
-void Run::evaluate_at(int64_t step) {
+bool Run::evaluate_at(int64_t step, bool scheduled) {
   const ops::Range span(dev_, "evaluate");
   EvalResult e;
   try {
@@ -82,6 +83,29 @@ void Run::evaluate_at(int64_t step) {
                  static_cast<long long>(step), e.loss, e.perplexity, r_.unigram_baseline);
   r_.evals.push_back(e);
   eval_seconds_ += e.seconds;
+  if (!scheduled) return false;
+  if (lr_->kind() == LrScheduleKind::reduce_lr_on_plateau) {  // stepped by the metric, as HF's _evaluate
+    const double before = lr_->plateau().lr;
+    if (lr_->plateau().step(entry[a_.best_metric_key()].get<double>()) && main_)
+      std::fprintf(stderr, "train: reduce_lr_on_plateau: learning rate %g -> %g after step %lld\n", before,
+                   lr_->plateau().lr, static_cast<long long>(step));
+  }
+  return track_best(entry, step);
+}
+
+// HF's _determine_best_metric: the metric compared with the best so far (strictly better replaces it).
+bool Run::track_best(const nlohmann::json& metrics, int64_t step) {
+  const std::string key = a_.best_metric_key();
+  if (key.empty()) return false;
+  const double v = metrics[key].get<double>();
+  const bool greater = a_.best_metric_greater();
+  const double inf = std::numeric_limits<double>::infinity();
+  const double best = st_.has_best ? st_.best_metric : greater ? -inf : inf;  // HF's start: a nan never wins
+  if (!(greater ? v > best : v < best)) return false;
+  st_.best_metric = v;
+  st_.has_best = true;
+  st_.best_global_step = step;
+  return true;
 }
 
 // A ZeRO run whose fp32 masters are whole nowhere (ZeRO-2/3 under mixed precision, ZeRO-3 in fp32): a save
@@ -94,6 +118,12 @@ ShardedOptimizer* Run::gathered_masters() const {
 }
 
 void Run::save() {
+  // The checkpoint of the best evaluation's step becomes best_model_checkpoint (HF's _save_checkpoint):
+  // save_total_limit keeps it, load_best_model_at_end ends with it.
+  if (st_.has_best && st_.best_global_step == st_.global_step)
+    st_.best_model_checkpoint =
+        (fs::path(a_.output_dir) / ("checkpoint-" + std::to_string(st_.global_step))).string();
+  if (lr_->kind() == LrScheduleKind::reduce_lr_on_plateau) st_.plateau = lr_->plateau().to_json();
   st_.dropout_rng = dropout_gen_.state();
   st_.position = loader_->position();
   if (full_) full_->drain();  // the save's gathers share the group with ZeRO-3's: none may be in flight
@@ -111,7 +141,7 @@ void Run::save_files() {
     if (ShardedOptimizer* z = gathered_masters()) take_part_in_save(*z);  // while rank 0 writes the model
     if (shards) {  // hybrid sharding: the first node's ranks write the shards every node holds
       group_->barrier();
-      if (!hybrid_.replicas || hybrid_.replicas->rank() == 0)
+      if ((!hybrid_.replicas || hybrid_.replicas->rank() == 0) && !a_.save_only_model)
         save_optimizer_state(checkpoint_staging_dir(a_.output_dir, st_.global_step), *opt_);
       group_->barrier();
     }
@@ -158,6 +188,7 @@ void Run::after_step(int64_t step, const StepResult& s, double lr, int64_t start
     ++st_.scheduler_step;
   st_.global_step = step + 1;
   tokens_ += s.tokens;
+  st_.num_input_tokens_seen += s.tokens;
   r_.cache_releases += s.cache_releases;
   r_.cache_bytes_released += s.cache_bytes_released;
   r_.comm_wait_seconds += s.comm_wait_seconds;
@@ -172,8 +203,7 @@ void Run::after_step(int64_t step, const StepResult& s, double lr, int64_t start
                  static_cast<long long>(step + 1), s.loss);
     nan_noted_ = true;
   }
-  if ((step + 1) % sched_.log_every != 0 && step + 1 != sched_.total && !(a_.logging_first_step && step == 0))
-    return;
+  if (!sched_.logs_after(step)) return;
   const double secs = std::chrono::duration<double>(clock::now() - train_start_).count() - eval_seconds_;
   const double tps = tokens_ / secs;
   const double mean = window_->flush(step + 1, lr, s.grad_norm, secs, tps);
@@ -183,6 +213,8 @@ void Run::after_step(int64_t step, const StepResult& s, double lr, int64_t start
                        {"grad_norm", s.grad_norm},
                        {"epoch", sched_.epoch(step + 1)},
                        {"tokens_per_second", tps}};
+  if (a_.include_num_input_tokens_seen != "no" && a_.include_num_input_tokens_seen != "false")
+    entry["num_input_tokens_seen"] = st_.num_input_tokens_seen;
   if (mp_->loss_scaling()) {
     entry["loss_scale"] = mp_->loss_scale();
     entry["skipped_steps"] = st_.skipped_steps;
@@ -252,18 +284,21 @@ TrainResult Run::train() {
   for (const Device d : model_->placement().devices()) ops::allocator_for(d).reset_peak();
   ops::allocator_for(dev_).reset_peak();
   const int64_t start_step = st_.global_step, total = sched_.total;
-  window_ = std::make_unique<StepWindow>(start_step, total, main_, a_.logging_nan_inf_filter);
+  window_ =
+      std::make_unique<StepWindow>(start_step, total, main_, a_.logging_nan_inf_filter, !a_.disable_tqdm);
   train_start_ = clock::now();
+  if (a_.eval_on_start && streams_.validation) evaluate_at(start_step, false);
   for (int64_t step = start_step; step < total; ++step) {
-    const double lr = lr_at(a_.lr_scheduler_type, a_.learning_rate, st_.scheduler_step, sched_.warmup, total);
+    const double lr = lr_->at(st_.scheduler_step, sched_.warmup, total);
     const StepResult s = step_fn->run(step, next_micro_batches(), lr);
     after_step(step, s, lr, start_step);
+    bool new_best = false;
     if (streams_.validation && sched_.evaluates_after(step)) {
       step_fn->release_memory();
-      evaluate_at(step + 1);
+      new_best = evaluate_at(step + 1, true);
     }
     const bool stop = stop_requested();
-    if (sched_.saves_after(step) || stop) {
+    if (sched_.saves_after(step) || (sched_.save == IntervalStrategy::best && new_best) || stop) {
       step_fn->release_memory();
       save();
     }
@@ -392,16 +427,60 @@ nlohmann::json Run::results_json() const {
   return all;
 }
 
+// load_best_model_at_end with a best checkpoint other than the last step's: the run ends with its weights.
+// Decided alike on every rank (the metric is the group's, the checkpoint names are the same).
+bool Run::final_model_is_best() const {
+  return a_.load_best_model_at_end && !st_.best_model_checkpoint.empty() &&
+         checkpoint_step(fs::path(st_.best_model_checkpoint).filename().string()) != sched_.total;
+}
+
+// The final evaluation of the best model is the best checkpoint's evaluation: the same weights (its fp32
+// save is what the compute copies were made from) on the same data. It is logged again at the last step,
+// where HF's run_clm evaluates the model it loaded.
+void Run::finish_with_best() {
+  const int64_t best = checkpoint_step(fs::path(st_.best_model_checkpoint).filename().string());
+  if (main_)
+    std::fprintf(stderr, "train: load_best_model_at_end: the final model is %s's (%s %g at step %lld)\n",
+                 st_.best_model_checkpoint.c_str(), a_.best_metric_key().c_str(), st_.best_metric,
+                 static_cast<long long>(best));
+  if (!((a_.do_eval || sched_.eval != IntervalStrategy::no) && streams_.validation)) return;
+  const nlohmann::json* found = nullptr;
+  for (const auto& e : st_.log_history)
+    if (e.contains("eval_loss") && e.value("step", int64_t{-1}) == best) found = &e;
+  TR_CHECK(found != nullptr, "load_best_model_at_end: the log history holds no evaluation of step {} ({})",
+           best, st_.best_model_checkpoint);
+  // (A resumed run's history comes from trainer_state.json: a field of another type reads as absent.)
+  const auto num = [found](const char* key, double absent) {
+    const auto it = found->find(key);
+    return it != found->end() && it->is_number() ? it->get<double>() : absent;
+  };
+  EvalResult r;
+  r.loss = num("eval_loss", std::nan(""));
+  r.perplexity = num("eval_perplexity", std::exp(r.loss));
+  r.seconds = num("eval_runtime", 0.0);
+  r.samples = static_cast<int64_t>(num("eval_samples", 0.0));
+  r.tokens = static_cast<int64_t>(num("eval_tokens", 0.0));
+  nlohmann::json entry = r.to_json();
+  entry["step"] = sched_.total;
+  entry["epoch"] = sched_.epoch(sched_.total);
+  log(entry);
+  r_.evals.push_back(r);
+}
+
 // The files of a finished run, as HF's Trainer leaves them: results, the final model and tokenizer, state.
 void Run::finish() {
   const int64_t total = sched_.total;
-  const bool final_eval = a_.do_eval && streams_.validation;
-  if (final_eval && (r_.evals.empty() || st_.log_history.back().value("step", int64_t{-1}) != total ||
-                     !st_.log_history.back().contains("eval_loss")))
-    evaluate_at(total);  // on every rank: the evaluation is split across them
+  // HF turns do_eval on with an eval_strategy (run_clm then evaluates the final model).
+  const bool final_eval = (a_.do_eval || sched_.eval != IntervalStrategy::no) && streams_.validation;
+  const bool best = final_model_is_best();
+  if (best)
+    finish_with_best();
+  else if (final_eval && (r_.evals.empty() || st_.log_history.back().value("step", int64_t{-1}) != total ||
+                          !st_.log_history.back().contains("eval_loss")))
+    evaluate_at(total, false);  // on every rank: the evaluation is split across them
   if (full_) full_->drain();
   if (!main_) {  // the final model's fp32 weights: every rank takes part in their gathers
-    if (ShardedOptimizer* z = gathered_masters()) take_part_in_save(*z);
+    if (ShardedOptimizer* z = gathered_masters(); z && !best) take_part_in_save(*z);
     return;
   }
   if (st_.skipped_steps > 0)
@@ -417,9 +496,15 @@ void Run::finish() {
     all.update(e);
   }
   write_json(fs::path(a_.output_dir) / "all_results.json", all);
-  const auto weights = saved_weights(*mp_, gathered_masters());  // the final model in fp32, as HF saves it
-  models::save_pretrained(*model_, a_.output_dir, "5GB", weights ? &*weights : nullptr);
+  if (best) {
+    copy_model_files(st_.best_model_checkpoint, a_.output_dir);
+  } else {
+    const auto weights = saved_weights(*mp_, gathered_masters());  // the final model in fp32, as HF saves it
+    models::save_pretrained(*model_, a_.output_dir, "5GB", weights ? &*weights : nullptr);
+  }
   if (tok_) tok_->save_pretrained(a_.output_dir);
+  if (a_.save_total_limit == 1 && !st_.best_model_checkpoint.empty())  // HF: the best checkpoint alone stays
+    keep_only_checkpoint(a_.output_dir, st_.best_model_checkpoint);
   draw_curves();
   write_json(fs::path(a_.output_dir) / "trainer_state.json",
              {{"global_step", total},
@@ -432,6 +517,13 @@ void Run::finish() {
               {"train_batch_size", a_.per_device_train_batch_size},
               {"world_size", st_.world_size},
               {"skipped_steps", st_.skipped_steps},
+              {"num_input_tokens_seen", st_.num_input_tokens_seen},
+              {"best_metric", st_.has_best ? nlohmann::json(st_.best_metric) : nlohmann::json(nullptr)},
+              {"best_global_step",
+               st_.best_global_step > 0 ? nlohmann::json(st_.best_global_step) : nlohmann::json(nullptr)},
+              {"best_model_checkpoint", st_.best_model_checkpoint.empty()
+                                            ? nlohmann::json(nullptr)
+                                            : nlohmann::json(st_.best_model_checkpoint)},
               {"log_history", st_.log_history}});
 }
 

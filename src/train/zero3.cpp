@@ -392,14 +392,22 @@ bool FullShard::all_released() const {
   return true;
 }
 
-FsdpOptions read_fsdp_config(const std::string& path) {
+FsdpOptions read_fsdp_config(const std::string& given) {
   FsdpOptions o;
-  if (path.empty()) return o;
+  if (given.empty()) return o;
   nlohmann::json j;
-  try {
-    j = read_json_file(path);
-  } catch (const Error& e) {
-    fail("--fsdp_config {}", e.what());
+  // HF's fsdp_config is a file or a dict (an arguments file's object arrives here as its JSON text).
+  const bool inline_json = given.front() == '{';
+  const std::string path = inline_json ? "(the arguments' dict)" : given;
+  if (inline_json) {
+    j = nlohmann::json::parse(given, nullptr, /*allow_exceptions=*/false);
+    TR_CHECK(!j.is_discarded(), "--fsdp_config: '{}' starts like a JSON object but does not parse", given);
+  } else {
+    try {
+      j = read_json_file(path);
+    } catch (const Error& e) {
+      fail("--fsdp_config {}", e.what());
+    }
   }
   TR_CHECK(j.is_object(), "--fsdp_config {}: expected a JSON object of FSDP options, got {}", path,
            j.type_name());
@@ -415,6 +423,7 @@ FsdpOptions read_fsdp_config(const std::string& path) {
                                                     "state_dict_type",
                                                     "xla",
                                                     "xla_fsdp_settings",
+                                                    "xla_fsdp_v2",
                                                     "xla_fsdp_grad_ckpt",
                                                     "version"};
   std::vector<std::string> known = accepted;

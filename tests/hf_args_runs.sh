@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# A run_clm.py command line runs as it is: run_clm's and HF's arguments beside the guide's knobs (do_train,
+# disable_tqdm, run_name, include_num_input_tokens_seen, gradient_checkpointing_kwargs, prefetch, sample
+# limits, the flags whose value is what we always do); an HF TrainingArguments dump of every field trains;
+# a field we do not have gets its reason, not "unknown flag".
+# Usage: hf_args_runs.sh TRAINER TOKENIZER CORPUS WORKDIR
+set -uo pipefail
+trainer=$1 tok=$2 corpus=$3 work=$4
+here=$(cd "$(dirname "$0")" && pwd)
+rm -rf "$work" && mkdir -p "$work"
+fail() { echo "FAIL: $*"; exit 1; }
+echo '{"model_type": "gpt2", "vocab_size": 50257, "n_embd": 32, "n_layer": 2, "n_head": 2, "n_positions": 64}' >"$work/config.json"
+head -c 40000 "$corpus" >"$work/corpus.txt"
+common=(--config_name "$work/config.json" --tokenizer_name "$tok" --train_file "$work/corpus.txt" --block_size 64
+  --use_cpu)
+
+"$trainer" train "${common[@]}" --output_dir "$work/clm" --do_train --do_eval --per_device_train_batch_size 4 \
+  --max_steps 4 --logging_steps 1 --report_to none --disable_tqdm --run_name clm-run \
+  --include_num_input_tokens_seen true --gradient_checkpointing --gradient_checkpointing_kwargs '{"use_reentrant": false}' \
+  --dataloader_num_workers 1 --dataloader_prefetch_factor 4 --max_eval_samples 3 --overwrite_cache \
+  --preprocessing_num_workers 4 --save_safetensors --low_cpu_mem_usage --skip_memory_metrics true \
+  --full_determinism --log_level info --remove_unused_columns --group_by_length >"$work/clm.txt" 2>&1 ||
+  { tail -c 2000 "$work/clm.txt"; fail "the run_clm-style command line"; }
+grep -q "train: clm-run: gpt2" "$work/clm.txt" || fail "run_name not in the banner: $(head -c 600 "$work/clm.txt")"
+[[ $(grep -c "^step [1-4]/4  loss" "$work/clm.txt") == 4 ]] || fail "disable_tqdm: expected 4 log lines: $(cat "$work/clm.txt")"
+! grep -q $'\r\\[' "$work/clm.txt" || fail "disable_tqdm still drew the progress bar"
+python3 - "$work/clm" <<'PY' || fail "the run's files"
+import json, sys
+out = sys.argv[1]
+ev = json.load(open(out + "/eval_results.json"))
+assert ev["eval_samples"] == 3, ev
+logs = [json.loads(l) for l in open(out + "/metrics.jsonl")]
+seen = [e["num_input_tokens_seen"] for e in logs if "loss" in e]
+assert seen == [256, 512, 768, 1024], seen
+args = json.load(open(out + "/training_args.json"))
+assert args["run_name"] == "clm-run" and args["gradient_checkpointing_kwargs"] == {"use_reentrant": False}, args
+PY
+echo "run_clm's flags: trained, 4 log lines, eval_samples 3, num_input_tokens_seen 256..1024"
+
+# run_clm's from-scratch path: --model_type with --config_overrides; the saved config.json is the edited one.
+"$trainer" train --model_type gpt2 --config_overrides "n_embd=32,n_layer=2,n_head=2,n_positions=64" \
+  --tokenizer_name "$tok" --train_file "$work/corpus.txt" --block_size 64 --use_cpu --output_dir "$work/scratch" \
+  --max_steps 2 >"$work/scratch.txt" 2>&1 || { tail -c 2000 "$work/scratch.txt"; fail "--model_type gpt2"; }
+python3 -c "import json,sys; c=json.load(open(sys.argv[1])); assert (c['n_embd'], c['n_layer'], c['resid_pdrop']) == (32, 2, 0.1), c" \
+  "$work/scratch/config.json" || fail "the saved config is not GPT2Config() with the overrides"
+echo "--model_type gpt2 --config_overrides: trained, config.json edited"
+
+# HF's dump of every TrainingArguments field (and run_clm's), at HF's defaults, then our flags.
+"$trainer" train "$here/data/hf_training_args_5_2.json" "${common[@]}" --output_dir "$work/dump" --max_steps 2 \
+  --optim adamw_torch >"$work/dump.txt" 2>&1 || { tail -c 2000 "$work/dump.txt"; fail "HF's full arguments dump"; }
+echo "HF's TrainingArguments dump: trained"
+
+# What we do not have: the reason, before any work.
+refused() { # expected message, flags...
+  local want=$1
+  shift
+  "$trainer" train "${common[@]}" --output_dir "$work/refused" "$@" >"$work/refused.txt" 2>&1 && fail "accepted: $*"
+  grep -qF -- "$want" "$work/refused.txt" || fail "for $*: expected '$want', got: $(tail -c 300 "$work/refused.txt")"
+  [[ ! -e $work/refused ]] || fail "a refused run made its output_dir"
+}
+refused "--push_to_hub: HF's argument is not supported here: the Hugging Face Hub needs the network" --push_to_hub
+refused "--deepspeed: HF's argument is not supported here: DeepSpeed is a Python library" --deepspeed ds.json
+refused "--dataset_name: HF's argument is not supported here: datasets from the Hub" --dataset_name wikitext
+refused "--config_overrides can't be used in combination with --config_name" --config_overrides n_layer=1
+refused "--save_safetensors false: weights are saved as safetensors only" --save_safetensors false
+refused "--dataloader_prefetch_factor can only be set when data is loaded in a different process" --dataloader_prefetch_factor 2
+echo '{"push_to_hub": true}' >"$work/hub.json"
+refused "'push_to_hub': true is not supported here" "$work/hub.json"
+echo "hf_args_runs: OK"
