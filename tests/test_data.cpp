@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "data/loader.h"
+#include "data/tokenize.h"
 #include "ops/ops.h"
 
 namespace tr {
@@ -89,6 +90,43 @@ TEST(Shards, BrokenFilesFailNamingTheFile) {
 std::shared_ptr<data::SequenceDataset> dataset(const std::string& file, data::DatasetOptions o) {
   auto s = std::make_shared<data::TokenStream>(std::vector<std::string>{file});
   return std::make_shared<data::SequenceDataset>(s, o);
+}
+
+// datasets' data_files globs: "**" as a whole component matches zero or more folders; hidden ones are
+// skipped.
+TEST(Inputs, RecursiveGlobsAsDataFiles) {
+  const fs::path d = fs::temp_directory_path() / ("globs_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  for (const char* f :
+       {"a.txt", "x/b.txt", "x/y/c.txt", "x/n.json", ".hidden/h.txt", ".dot.txt", "x/.e.txt"}) {
+    fs::create_directories((d / f).parent_path());
+    std::ofstream(d / f) << "text";
+  }
+  const auto rel = [&](const std::vector<std::string>& files) {
+    std::vector<std::string> out;
+    for (const auto& f : files) out.push_back(fs::relative(f, d).string());
+    return out;
+  };
+  const std::string D = d.string();
+  EXPECT_EQ(rel(data::expand_inputs({D + "/**/*.txt"}, "train_file")),
+            (std::vector<std::string>{"a.txt", "x/b.txt", "x/y/c.txt"}));
+  EXPECT_EQ(rel(data::expand_inputs({D + "/**"}, "train_file")),
+            (std::vector<std::string>{"a.txt", "x/b.txt", "x/n.json", "x/y/c.txt"}));
+  EXPECT_EQ(rel(data::expand_inputs({D + "/x/**/c.txt", D + "/**/y/*.txt"}, "train_file")),
+            (std::vector<std::string>{"x/y/c.txt", "x/y/c.txt"}));
+  EXPECT_EQ(rel(data::expand_inputs({D + "/*.txt"}, "train_file")), (std::vector<std::string>{"a.txt"}));
+  const auto error_of = [](const std::string& pattern) {
+    try {
+      data::expand_inputs({pattern}, "train_file");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(error_of(D + "/a**").find("** must be a whole path component"), std::string::npos);
+  EXPECT_NE(error_of(D + "/**/*.md").find("no such file"), std::string::npos);
+  EXPECT_NE(error_of(D + "/x").find("is a folder"), std::string::npos);
+  fs::remove_all(d);
 }
 
 TEST(Dataset, BlocksShuffleDeterministicallyAndRanksCoverAnEpochDisjointly) {

@@ -97,6 +97,17 @@ INSTANTIATE_TEST_SUITE_P(
                                          4;  // full batches: the split holds 7 blocks
                                      a.dataloader_num_workers = 2;
                                    }},
+                      EstimateCase{"gpt2_save_only_model_eval_on_start", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.save_only_model = true;  // the save writes no optimizer state
+                                     a.eval_on_start = true;    // an evaluation inside the measured loop
+                                     a.per_device_eval_batch_size = 4;
+                                   }},
+                      EstimateCase{"gpt2_prefetch_factor_workers", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.dataloader_num_workers = 2;
+                                     a.dataloader_prefetch_factor = 4;
+                                   }},
                       EstimateCase{"llama_fp32_adamw", true, [](train::TrainingArguments&) {}},
                       EstimateCase{"llama_bf16_8bit_checkpointing", true,
                                    [](train::TrainingArguments& a) {

@@ -1,6 +1,7 @@
 // Text files to llm.c shards.
 #include "data/tokenize.h"
 
+#include <fnmatch.h>
 #include <glob.h>
 
 #include <algorithm>
@@ -19,22 +20,71 @@ namespace tr::data {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// The files under `root` (hidden folders and files skipped, as Python's glob) whose path below it ends with
+// components matching `tail`: "**/" matches zero or more folders (datasets' data_files).
+std::vector<std::string> recursive_matches(const std::string& root, const std::string& tail) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(root, fs::directory_options::skip_permission_denied, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (it->is_directory(ec)) {
+      if (name.starts_with(".")) it.disable_recursion_pending();
+      continue;
+    }
+    if (!it->is_regular_file(ec)) continue;
+    const std::string rel = fs::relative(it->path(), root, ec).string();
+    bool match = false;
+    for (size_t at = 0; !match;) {  // the tail against the path from each folder down
+      match = ::fnmatch(tail.c_str(), rel.c_str() + at, FNM_PATHNAME | FNM_PERIOD) == 0;
+      const size_t slash = rel.find('/', at);
+      if (slash == std::string::npos) break;
+      at = slash + 1;
+    }
+    if (match) out.push_back(it->path().string());
+  }
+  return out;
+}
+
+// One pattern's files: glob(3), or for a pattern with a "**" component, its folders globbed and walked.
+std::vector<std::string> pattern_matches(const std::string& p, const std::string& flag) {
+  const size_t star2 = p.find("**");
+  if (star2 != std::string::npos) {
+    TR_CHECK((star2 == 0 || p[star2 - 1] == '/') && (star2 + 2 == p.size() || p[star2 + 2] == '/') &&
+                 p.find("**", star2 + 2) == std::string::npos,
+             "--{} {}: ** must be a whole path component, once (e.g. data/**/*.txt)", flag, p);
+    const std::string base = star2 == 0 ? "." : p.substr(0, star2 - 1);
+    const std::string tail = star2 + 2 == p.size() ? "*" : p.substr(star2 + 3);  // "d/**": d/**/*
+    std::vector<std::string> out;
+    for (const auto& root : pattern_matches(base.empty() ? "/" : base, flag)) {
+      const auto found = recursive_matches(root, tail);
+      out.insert(out.end(), found.begin(), found.end());
+    }
+    return out;
+  }
+  glob_t g{};
+  const int rc = ::glob(p.c_str(), 0, nullptr, &g);
+  std::vector<std::string> hits;
+  if (rc == 0) hits.assign(g.gl_pathv, g.gl_pathv + g.gl_pathc);
+  globfree(&g);
+  return hits;
+}
+
+}  // namespace
+
 std::vector<std::string> expand_inputs(const std::vector<std::string>& patterns, const std::string& flag) {
   std::vector<std::string> out;
   for (const auto& p : patterns) {
-    glob_t g{};
-    const int rc = ::glob(p.c_str(), 0, nullptr, &g);
-    if (rc != 0 || g.gl_pathc == 0) {
-      globfree(&g);
-      fail("--{} {}: no such file", flag, p);
-    }
-    std::vector<std::string> hits(g.gl_pathv, g.gl_pathv + g.gl_pathc);
-    globfree(&g);
+    const bool recursive = p.find("**") != std::string::npos;
+    std::vector<std::string> hits = pattern_matches(p, flag);
+    TR_CHECK(!hits.empty(), "--{} {}: no such file", flag, p);
     std::sort(hits.begin(), hits.end());
     for (const auto& h : hits) {
       std::error_code ec;
-      TR_CHECK(!fs::is_directory(h, ec), "--{} {}: {} is a folder; give its files, e.g. {}/*.txt", flag, p, h,
-               h);
+      TR_CHECK(recursive || !fs::is_directory(h, ec),
+               "--{} {}: {} is a folder; give its files, e.g. {}/*.txt", flag, p, h, h);
     }
     out.insert(out.end(), hits.begin(), hits.end());
   }

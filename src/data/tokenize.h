@@ -43,7 +43,8 @@ std::vector<uint32_t> tokenize_text_files(const tokenizers::Tokenizer& tok,
                                           const DocumentOptions& documents = {},
                                           const std::string& flag = "input");
 
-// Expands glob patterns (sorted) into files; a pattern matching nothing, or naming a folder, is an error
+// Expands glob patterns (sorted) into files - with "**" as a path component matching zero or more folders,
+// as datasets' data_files (data/**/*.txt) - ; a pattern matching nothing, or naming a folder, is an error
 // naming it and `flag`, the option that gave it.
 std::vector<std::string> expand_inputs(const std::vector<std::string>& patterns,
                                        const std::string& flag = "input");

@@ -24,7 +24,10 @@ const std::vector<ArgSpec>& argument_specs() {
        "model and data"},
       {"tokenizer_name", &A::tokenizer_name, "tokenizer.json, or a folder with one (default: the model's)",
        "model and data"},
-      {"train_file", &A::train_file, "a text file, or llm.c / nanoGPT token shards (.bin, glob)",
+      {"train_file", &A::train_file,
+       "a text, .jsonl, .json, .csv or .tsv file or a glob of them (data/**/*.txt, as datasets' data_files), "
+       "or "
+       "llm.c / nanoGPT token shards (.bin, glob)",
        "model and data"},
       {"validation_file", &A::validation_file,
        "text or token shards for evaluation (default: validation_split_percentage of train_file)",

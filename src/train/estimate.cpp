@@ -324,9 +324,9 @@ MemoryEstimate DryRun::estimate() {
   e_.setup_peak_bytes = devices_.peak(0);
   devices_.reset_peaks();
   ddp_buckets();
+  if (a_.eval_on_start) evaluate();  // before the first step, as the run (the caching allocator's order)
   train_steps();
-  if (a_.do_eval || a_.eval_on_start ||
-      parse_interval_strategy(a_.eval_strategy, "eval_strategy") != IntervalStrategy::no)
+  if (a_.do_eval || parse_interval_strategy(a_.eval_strategy, "eval_strategy") != IntervalStrategy::no)
     evaluate();
   if (target_.device == MemoryDevice::cuda)
     e_.workspace_bytes = static_cast<int64_t>(backend::kCublasLtWorkspaceBytes);
@@ -487,6 +487,10 @@ void DryRun::evaluate() {
   }
   // The loader's workers are still holding their batches while an evaluation runs inside the loop.
   e_.eval_peak_bytes = devices_.peak(0) + prefetch_on(0);
+  if (peaks_.empty()) {  // eval_on_start, before the first step: the steps' running peak includes it
+    tracker_.mark("evaluation forward (eval_on_start)");
+    return;
+  }
   // Evaluations inside the loop (eval_strategy, eval_on_start) count in train_peak_memory_gib; the final one
   // of --do_eval runs after it is taken.
   if (parse_interval_strategy(a_.eval_strategy, "eval_strategy") == IntervalStrategy::no && !a_.eval_on_start)
