@@ -44,13 +44,31 @@ again=$(python3 -c "import json; print(repr(json.load(open('$work/best_eval/eval
 [[ $again == "$final" ]] || fail "the saved best model evaluates to $again, not $final"
 echo "load_best_model_at_end: checkpoint-$best_step kept and saved as the model; eval_loss $final reproduced"
 
-# save_strategy best: a checkpoint exactly at the evaluations that improved the metric (lower loss).
+# save_strategy best: a checkpoint exactly at the evaluations that improved the metric (with greater_is_better
+# the higher loss: some evaluations do not improve it, and get no checkpoint).
 "$trainer" "${args[@]}" --output_dir "$work/sbest" --eval_strategy steps --eval_steps 2 --save_strategy best \
-  --metric_for_best_model loss >"$work/sbest.txt" 2>&1 || { tail -c 2000 "$work/sbest.txt"; fail "save_strategy best"; }
-expected=$(evals "$work/sbest/trainer_state.json" | tr ' ' '\n' | awk -F: 'NR==1 || $2 < min {print $1; min=$2}' | tr '\n' ' ')
+  --metric_for_best_model loss --greater_is_better true >"$work/sbest.txt" 2>&1 ||
+  { tail -c 2000 "$work/sbest.txt"; fail "save_strategy best"; }
+expected=$(evals "$work/sbest/trainer_state.json" | tr ' ' '\n' | awk -F: 'NR==1 || $2 > max {print $1; max=$2}' | tr '\n' ' ')
 saved=$(ls -d "$work/sbest"/checkpoint-* | sed 's/.*checkpoint-//' | sort -n | tr '\n' ' ')
 [[ $saved == "$expected" ]] || fail "save_strategy best saved at steps $saved; the new bests were at $expected"
+[[ $(echo "$saved" | wc -w) -lt 6 ]] || fail "save_strategy best saved at every evaluation ($saved): nothing tested"
 echo "save_strategy best: checkpoints at $saved"
+
+# A resumed run whose output_dir moved: best_model_checkpoint is this folder's checkpoint of that step, and
+# with save_total_limit 1 that checkpoint alone stays (the stale path deleted nothing).
+"$trainer" "${args[@]}" --output_dir "$work/moved" --max_steps 8 --eval_strategy steps --eval_steps 2 --save_steps 2 \
+  --save_total_limit 2 --metric_for_best_model loss --greater_is_better true >"$work/moved.txt" 2>&1 ||
+  fail "the run to move"
+mv "$work/moved" "$work/moved2"
+"$trainer" "${args[@]}" --output_dir "$work/moved2" --eval_strategy steps --eval_steps 2 --save_steps 2 \
+  --save_total_limit 1 --load_best_model_at_end --greater_is_better true --resume_from_checkpoint true \
+  >"$work/moved2.txt" 2>&1 || { tail -c 2000 "$work/moved2.txt"; fail "the resumed run in the moved folder"; }
+[[ $(ls -d "$work/moved2"/checkpoint-*) == "$work/moved2/checkpoint-$best_step" ]] ||
+  fail "after the moved resume: $(ls -d "$work/moved2"/checkpoint-*), expected checkpoint-$best_step alone"
+cmp -s "$work/moved2/model.safetensors" "$work/moved2/checkpoint-$best_step/model.safetensors" ||
+  fail "the moved resume's final model is not checkpoint-$best_step's"
+echo "moved output_dir: checkpoint-$best_step found, kept and saved as the model"
 
 # reduce_lr_on_plateau: the rate falls after evaluations without improvement (patience 0), and a run stopped
 # at step 6 and resumed ends with the same weights as one that was not stopped.
@@ -83,6 +101,7 @@ second=$(echo "$evald" | cut -d' ' -f2)
 [[ $first_eval == 0 && $second == 6 ]] || fail "eval_on_start and eval_delay 5: evaluations at $evald"
 "$trainer" "${args[@]}" --output_dir "$work/nolog" --logging_strategy no --save_strategy no >"$work/nolog.txt" 2>&1 ||
   fail "logging_strategy no"
+[[ -f $work/nolog/metrics.jsonl ]] || fail "logging_strategy no: no metrics.jsonl"
 ! grep -q '"loss"' "$work/nolog/metrics.jsonl" || fail "logging_strategy no logged a loss"
 echo "logging_strategy epoch: steps $logged; evaluations at $evald"
 
@@ -108,7 +127,7 @@ refused "is not a multiple of --eval_steps 4" --load_best_model_at_end --eval_st
 refused "mixing a ratio and a step count" --load_best_model_at_end --eval_strategy steps --eval_steps 0.4 --save_steps 6
 refused "reduce_lr_on_plateau is stepped by evaluations" --lr_scheduler_type reduce_lr_on_plateau
 refused "--save_strategy best needs --metric_for_best_model" --save_strategy best --eval_strategy steps
-refused "not a metric of our evaluation" --metric_for_best_model accuracy --eval_strategy steps
+refused "expected loss or perplexity" --metric_for_best_model runtime --eval_strategy steps
 refused "'num_cycles' is not an argument of the linear schedule" --lr_scheduler_type linear --lr_scheduler_kwargs '{"num_cycles": 2}'
 refused "--do_train false: trainer train always trains" --do_train false
 refused "--do_predict: run_clm has no test split" --do_predict

@@ -99,6 +99,13 @@ TEST(HfArguments, TheirRangesAndHfsOwnChecks) {
   check([](auto& b) { b.max_train_samples = -3; }, "--max_train_samples -3");
   check([](auto& b) { b.log_level = "verbose"; }, "--log_level 'verbose' is not one of");
   check([](auto& b) { b.do_train = false; }, "trainer train always trains");
+  check([](auto& b) { b.metric_for_best_model = "eval_runtime"; }, "expected loss or perplexity");
+  check(
+      [](auto& b) {
+        b.ignore_data_skip = true;
+        b.save_strategy = "epoch";
+      },
+      "--ignore_data_skip restarts the resumed epoch's batches");
   a.dataloader_num_workers = 2;
   a.dataloader_prefetch_factor = 4;
   EXPECT_NO_THROW(a.validate());
@@ -195,6 +202,11 @@ TEST(HfArguments, ModelTypeIsHfsConfigClassAndOverridesAreTyped) {
   EXPECT_TRUE(j["resid_pdrop"].is_number_float());
   EXPECT_EQ(j["scale_attn_weights"], false);
   EXPECT_EQ(j["activation_function"], "gelu");
+  // HF's hasattr sees GPT2Config's attribute_map names, and its bools read in any case.
+  models::apply_config_overrides(j, "hidden_size=128,num_hidden_layers=3,tie_word_embeddings=False");
+  EXPECT_EQ(j["n_embd"], 128);
+  EXPECT_EQ(j["n_layer"], 3);
+  EXPECT_EQ(j["tie_word_embeddings"], false);
   const auto refused = [](const std::string& overrides) {
     return error_of([&] {
       nlohmann::json c = models::hf_default_config("gpt2");

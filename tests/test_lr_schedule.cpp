@@ -114,6 +114,14 @@ TEST(LrSchedule, RefusesWhatHuggingFaceRefuses) {
             std::string::npos);
   EXPECT_NE(refusal("reduce_lr_on_plateau", "{\"mode\": \"maximum\"}").find("expected one of min, max"),
             std::string::npos);
+  // HF's _convert_str_dict: "2" is 2, "0.5" 0.5, "True" true; Python takes 5.0 where an int goes.
+  EXPECT_EQ(LrSchedule("cosine_with_restarts", "{\"num_cycles\": \"2\"}", 1e-3).at(55, 10, 100),
+            LrSchedule("cosine_with_restarts", "{\"num_cycles\": 2}", 1e-3).at(55, 10, 100));
+  EXPECT_EQ(refusal("reduce_lr_on_plateau", "{\"patience\": 5.0, \"factor\": \"0.5\"}"), "");
+  EXPECT_NE(refusal("reduce_lr_on_plateau", "{\"patience\": 5.5}").find("expected an integer >= 0"),
+            std::string::npos);
+  EXPECT_NE(refusal("warmup_stable_decay", "{\"num_decay_steps\": 9e18}").find("expected an integer"),
+            std::string::npos);
   // HF's get_scheduler hands these three no kwargs: whatever is given is ignored, as there.
   EXPECT_EQ(refusal("constant", "{\"num_cycles\": 2}"), "");
   EXPECT_EQ(refusal("inverse_sqrt", "{\"timescale\": 5}"), "");

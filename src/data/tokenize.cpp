@@ -22,20 +22,23 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The files under `root` (hidden folders and files skipped, as Python's glob) whose path below it ends with
-// components matching `tail`: "**/" matches zero or more folders (datasets' data_files).
-std::vector<std::string> recursive_matches(const std::string& root, const std::string& tail) {
+// The files under `root` (hidden folders and files skipped, as Python's glob; symlinked folders not followed)
+// whose path below it ends with components matching `tail`: "**/" matches zero or more folders (datasets'
+// data_files).
+std::vector<std::string> recursive_matches(const std::string& root, const std::string& tail,
+                                           const std::string& flag, const std::string& pattern) {
   std::vector<std::string> out;
-  std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(root, fs::directory_options::skip_permission_denied, ec);
-       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+  std::error_code walk;
+  auto it = fs::recursive_directory_iterator(root, fs::directory_options::skip_permission_denied, walk);
+  for (; !walk && it != fs::recursive_directory_iterator(); it.increment(walk)) {
+    std::error_code ec;
     const std::string name = it->path().filename().string();
     if (it->is_directory(ec)) {
       if (name.starts_with(".")) it.disable_recursion_pending();
       continue;
     }
-    if (!it->is_regular_file(ec)) continue;
-    const std::string rel = fs::relative(it->path(), root, ec).string();
+    if (!it->is_regular_file(ec)) continue;  // a broken link, a socket: no data file
+    const std::string rel = it->path().lexically_relative(root).string();
     bool match = false;
     for (size_t at = 0; !match;) {  // the tail against the path from each folder down
       match = ::fnmatch(tail.c_str(), rel.c_str() + at, FNM_PATHNAME | FNM_PERIOD) == 0;
@@ -45,6 +48,9 @@ std::vector<std::string> recursive_matches(const std::string& root, const std::s
     }
     if (match) out.push_back(it->path().string());
   }
+  // A folder that could not be read would silently shorten the data.
+  TR_CHECK(!walk || walk == std::errc::not_a_directory, "--{} {}: cannot read {} ({})", flag, pattern, root,
+           walk.message());
   return out;
 }
 
@@ -59,7 +65,7 @@ std::vector<std::string> pattern_matches(const std::string& p, const std::string
     const std::string tail = star2 + 2 == p.size() ? "*" : p.substr(star2 + 3);  // "d/**": d/**/*
     std::vector<std::string> out;
     for (const auto& root : pattern_matches(base.empty() ? "/" : base, flag)) {
-      const auto found = recursive_matches(root, tail);
+      const auto found = recursive_matches(root, tail, flag, p);
       out.insert(out.end(), found.begin(), found.end());
     }
     return out;

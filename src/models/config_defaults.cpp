@@ -1,7 +1,10 @@
 // run_clm's --model_type and --config_overrides: HF's config classes at their defaults (GPT2Config(),
 // LlamaConfig(), as to_dict() writes them) and PretrainedConfig.update_from_string's "k=v,k2=v2" edits.
 #include <cerrno>
+#include <cctype>
 #include <cstdlib>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "core/suggest.h"
@@ -67,8 +70,10 @@ namespace {
 // HF's conversion of one override by the type of the value it replaces.
 nlohmann::json typed_like(const nlohmann::json& old, const std::string& k, const std::string& v) {
   if (old.is_boolean()) {
-    if (v == "true" || v == "1" || v == "y" || v == "yes") return true;
-    if (v == "false" || v == "0" || v == "n" || v == "no") return false;
+    std::string l = v;
+    for (char& c : l) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (l == "true" || l == "1" || l == "y" || l == "yes") return true;
+    if (l == "false" || l == "0" || l == "n" || l == "no") return false;
     fail("--config_overrides: can't derive true or false from '{}' (key {})", v, k);
   }
   errno = 0;
@@ -101,7 +106,17 @@ void apply_config_overrides(nlohmann::json& config, const std::string& overrides
     const size_t eq = item.find('=');
     TR_CHECK(eq != std::string::npos && eq > 0,
              "--config_overrides '{}': '{}' is not key=value (e.g. n_embd=256,n_layer=4)", overrides, item);
-    const std::string k = item.substr(0, eq), v = item.substr(eq + 1);
+    std::string k = item.substr(0, eq);
+    const std::string v = item.substr(eq + 1);
+    // GPT2Config's attribute_map: HF's hasattr finds the common names too.
+    static const std::vector<std::pair<std::string, std::string>> gpt2_names = {
+        {"hidden_size", "n_embd"},
+        {"max_position_embeddings", "n_positions"},
+        {"num_attention_heads", "n_head"},
+        {"num_hidden_layers", "n_layer"}};
+    if (config.value("model_type", "") == "gpt2")
+      for (const auto& [alias, name] : gpt2_names)
+        if (k == alias) k = name;
     std::vector<std::string> keys;
     for (auto it = config.begin(); it != config.end(); ++it) keys.push_back(it.key());
     TR_CHECK(config.contains(k), "--config_overrides: key {} isn't in the original config dict{}", k,

@@ -135,12 +135,12 @@ namespace {
 void check_best_model(const TrainingArguments& a) {
   const std::string key = a.best_metric_key();
   if (!key.empty()) {
-    const std::vector<std::string> metrics = {"eval_loss",    "eval_perplexity",
-                                              "eval_runtime", "eval_samples_per_second",
-                                              "eval_samples", "eval_tokens"};
+    // The group's metrics only: every rank must take the same decisions (a save, a rate, the final model),
+    // and eval_runtime / eval_samples_per_second are each rank's own timing.
+    const std::vector<std::string> metrics = {"eval_loss", "eval_perplexity"};
     TR_CHECK(std::find(metrics.begin(), metrics.end(), key) != metrics.end(),
-             "--metric_for_best_model {}: not a metric of our evaluation (eval_loss, eval_perplexity, "
-             "eval_runtime, eval_samples_per_second, eval_samples, eval_tokens){}",
+             "--metric_for_best_model {}: expected loss or perplexity (the evaluation's metrics every rank "
+             "shares){}",
              a.metric_for_best_model, did_you_mean(key, metrics));
   }
   TR_CHECK(a.save_strategy != "best" || !key.empty(),
@@ -186,6 +186,12 @@ void check_hf_extras(const TrainingArguments& a) {
   TR_CHECK(a.max_eval_samples >= 0, "--max_eval_samples {}: expected a number of blocks >= 0 (0: all)",
            a.max_eval_samples);
   TR_CHECK(a.data_seed >= -1, "--data_seed {}: expected a seed >= 0 (-1: --seed)", a.data_seed);
+  TR_CHECK(
+      !a.ignore_data_skip ||
+          (a.eval_strategy != "epoch" && a.save_strategy != "epoch" && a.logging_strategy != "epoch"),
+      "--ignore_data_skip restarts the resumed epoch's batches, so the data's epochs no longer end where the "
+      "steps' do: give steps strategies with it (eval_strategy {}, save_strategy {}, logging_strategy {})",
+      a.eval_strategy, a.save_strategy, a.logging_strategy);
   TR_CHECK(a.dataloader_prefetch_factor >= 0 && a.dataloader_prefetch_factor <= 1024,
            "--dataloader_prefetch_factor {}: expected 1 to 1024 batches per worker (0: the default)",
            a.dataloader_prefetch_factor);
@@ -273,7 +279,6 @@ void TrainingArguments::validate_run() const {
            dataloader_num_workers, max_pool_threads());
   TR_CHECK(torch_empty_cache_steps >= 0, "--torch_empty_cache_steps must not be negative");
   TR_CHECK(!(fp16 && bf16), "--fp16 and --bf16 are mutually exclusive: choose one half-precision type");
-  (void)LrSchedule(lr_scheduler_type, lr_scheduler_kwargs, learning_rate);  // throws on a bad name or kwargs
   check_one_of("attn_implementation", attn_implementation, {"eager", "sdpa", "flash_attention_2"});
 }
 
@@ -302,6 +307,7 @@ void TrainingArguments::validate_optimizer() const {
   check_one_of("optim", optim, optim::optimizer_names());
   optim::parse_optim_args(optim_args);  // throws on a malformed entry
   check_compile_backend(torch_compile_backend);
+  (void)LrSchedule(lr_scheduler_type, lr_scheduler_kwargs, learning_rate);  // throws on a bad name or kwargs
 }
 
 // Logging, evaluation and saving (HF's interval strategies), and run_clm's do_* switches.

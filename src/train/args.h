@@ -105,7 +105,7 @@ struct TrainingArguments {
   // run_clm's and HF's arguments that do something here
   int64_t max_train_samples = 0, max_eval_samples = 0;  // the first N blocks (0: all; HF's None)
   int64_t data_seed = -1;                               // the data order's seed (-1: seed)
-  bool ignore_data_skip = false;  // a resume starts its epoch's data from the first batch (HF's)
+  bool ignore_data_skip = false;           // a resume starts its epoch's data from the first batch (HF's)
   int64_t dataloader_prefetch_factor = 0;  // batches queued per worker (0: HF's None, 2 with workers)
   std::string include_num_input_tokens_seen = "no";  // no | all | non_padding (true = all, false = no)
   std::string run_name;       // the run's name (HF's integrations); in the banner and TensorBoard
@@ -119,6 +119,7 @@ struct TrainingArguments {
   bool group_by_length = false, save_safetensors = true, use_fast_tokenizer = true, low_cpu_mem_usage = false;
   bool log_on_each_node = true, overwrite_cache = false;
   int64_t eval_accumulation_steps = 0, preprocessing_num_workers = 0;  // HF's None
+  int64_t local_rank = -1;  // torch.distributed.launch's --local_rank (LOCAL_RANK in the environment wins)
 
   // HF's __post_init__ for compile: torch_compile set by a backend or mode, the backend defaulted.
   void apply_compile_defaults();

@@ -119,19 +119,28 @@ void copy_model_files(const std::string& from, const std::string& to) {
            (n.rfind("model", 0) == 0 &&
             (n.ends_with(".safetensors") || n.ends_with(".safetensors.index.json")));
   };
-  for (const auto& e : fs::directory_iterator(to))
-    if (e.is_regular_file() && is_model_file(e.path().filename().string()) &&
-        e.path().filename() != "config.json")
-      fs::remove(e.path());
-  for (const auto& e : fs::directory_iterator(from)) {
-    const std::string n = e.path().filename().string();
-    if (!e.is_regular_file() || !is_model_file(n)) continue;
-    const fs::path tmp = fs::path(to) / ("." + n + ".partial");
-    fs::copy_file(e.path(), tmp, fs::copy_options::overwrite_existing);
-    sync_to_disk(tmp);
-    fs::rename(tmp, fs::path(to) / n);
+  try {
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(from))
+      if (e.is_regular_file() && is_model_file(e.path().filename().string())) files.push_back(e.path());
+    TR_CHECK(std::any_of(files.begin(), files.end(),
+                         [](const fs::path& p) { return p.filename() == "config.json"; }),
+             "{}: no config.json", from);
+    for (const auto& e : fs::directory_iterator(to))  // an earlier model's weights (other shard names)
+      if (e.is_regular_file() && is_model_file(e.path().filename().string()) &&
+          e.path().filename() != "config.json")
+        fs::remove(e.path());
+    for (const auto& f : files) {
+      const fs::path tmp = fs::path(to) / fmt::format(".{}.partial", f.filename().string());
+      fs::copy_file(f, tmp, fs::copy_options::overwrite_existing);
+      sync_to_disk(tmp);
+      fs::rename(tmp, fs::path(to) / f.filename());
+    }
+    sync_to_disk(to);
+  } catch (const fs::filesystem_error& e) {
+    fail("load_best_model_at_end: copying the best model from {} to {} failed: {}: {}", from, to,
+         e.path1().string(), e.code().message());
   }
-  sync_to_disk(to);
 }
 
 namespace {

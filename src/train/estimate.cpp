@@ -491,10 +491,9 @@ void DryRun::evaluate() {
     tracker_.mark("evaluation forward (eval_on_start)");
     return;
   }
-  // Evaluations inside the loop (eval_strategy, eval_on_start) count in train_peak_memory_gib; the final one
-  // of --do_eval runs after it is taken.
-  if (parse_interval_strategy(a_.eval_strategy, "eval_strategy") == IntervalStrategy::no && !a_.eval_on_start)
-    return;
+  // Evaluations inside the loop (eval_strategy) count in train_peak_memory_gib; the final one of --do_eval
+  // runs after it is taken.
+  if (parse_interval_strategy(a_.eval_strategy, "eval_strategy") == IntervalStrategy::no) return;
   if (devices_.peak(0) > peaks_[0]) e_.peak_at = "evaluation forward (eval_strategy)";
   for (size_t i = 0; i < devices_.size(); ++i) peaks_[i] = std::max(peaks_[i], devices_.peak(i));
 }

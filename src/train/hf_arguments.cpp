@@ -104,8 +104,6 @@ const std::vector<UnsupportedArg>& table() {
       {"push_to_hub_organization", J(), kHub},
       {"push_to_hub_token", J(), kHub},
       {"ddp_backend_config", J(), "--ddp_backend nccl or gloo"},
-      {"local_rank", -1, "the launcher's LOCAL_RANK environment variable is read (trainer launch, torchrun)"},
-      {"adafactor", false, "--optim adafactor"},
       {"evaluation_strategy", J(), "renamed eval_strategy in HF"},
   };
   return t;

@@ -29,6 +29,24 @@ const std::vector<std::string>& scheduler_names() {
 
 namespace {
 
+// HF's _convert_str_dict on a string value: "true"/"false" (any case) a bool, digits an int, digits with one
+// '.' a float; anything else stays a string.
+nlohmann::json from_string(const nlohmann::json& v) {
+  if (!v.is_string()) return v;
+  const std::string s = v.get<std::string>();
+  std::string lower = s;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower == "true" || lower == "false") return lower == "true";
+  const auto digits = [](const std::string& t) {
+    return !t.empty() && std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  if (digits(s) && s.size() <= 15) return std::stoll(s);
+  const size_t dot = s.find('.');
+  if (dot != std::string::npos && s.size() <= 30 && digits(s.substr(0, dot) + s.substr(dot + 1)))
+    return std::stod(s);
+  return v;
+}
+
 // The arguments of one schedule (HF passes lr_scheduler_kwargs to its function: an unknown name is an
 // error there too), read with their types and ranges checked.
 class Kwargs {
@@ -38,6 +56,7 @@ class Kwargs {
     j_ = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     TR_CHECK(j_.is_object(),
              "--lr_scheduler_kwargs '{}': expected a JSON object, e.g. '{{\"num_cycles\": 2}}'", text);
+    for (auto& [k, v] : j_.items()) v = from_string(v);
   }
   // Every key must be one of `names` (the schedule's arguments).
   void allow(const std::vector<std::string>& names) const {
@@ -59,9 +78,14 @@ class Kwargs {
   std::optional<int64_t> integer(const std::string& key, int64_t lo, const char* range) const {
     const auto it = j_.find(key);
     if (it == j_.end() || it->is_null()) return std::nullopt;
-    TR_CHECK(it->is_number_integer() && it->get<int64_t>() >= lo,
-             "--lr_scheduler_kwargs: '{}' of {} is {}: expected {}", key, schedule_, it->dump(), range);
-    return it->get<int64_t>();
+    // Python takes an integral float where an int goes (patience 5.0); steps stay far from overflow (2^53).
+    const bool integral =
+        it->is_number_integer() || (it->is_number_float() && std::isfinite(it->get<double>()) &&
+                                    it->get<double>() == std::floor(it->get<double>()));
+    TR_CHECK(
+        integral && it->get<double>() >= static_cast<double>(lo) && it->get<double>() <= 9007199254740992.0,
+        "--lr_scheduler_kwargs: '{}' of {} is {}: expected {}", key, schedule_, it->dump(), range);
+    return static_cast<int64_t>(it->get<double>());
   }
   std::optional<std::string> word(const std::string& key, const std::vector<std::string>& valid) const {
     const auto it = j_.find(key);

@@ -61,7 +61,7 @@ class Run {
   // neither, as HF's.)
   bool evaluate_at(int64_t step, bool scheduled);
   bool track_best(const nlohmann::json& metrics, int64_t step);
-  bool final_model_is_best() const;
+  bool final_model_is_best();
   void finish_with_best();
   void log(const nlohmann::json& entry);
   void save();

@@ -287,6 +287,13 @@ void Run::resume() {
            "different --train_file or batch size?)",
            state_file, st_.position.batch, loader_->batches_per_epoch());
   st_.train_tokens = streams_.train->size();
+  // best_model_checkpoint names this output_dir's checkpoint of that step (the folder may have moved since;
+  // a name that is no checkpoint's is dropped), as HF rebuilds it from best_global_step at each save.
+  if (!st_.best_model_checkpoint.empty()) {
+    const int64_t n = checkpoint_step(fs::path(st_.best_model_checkpoint).filename().string());
+    st_.best_model_checkpoint =
+        n > 0 ? (fs::path(a_.output_dir) / ("checkpoint-" + std::to_string(n))).string() : std::string();
+  }
   if (lr_->kind() == LrScheduleKind::reduce_lr_on_plateau && !st_.plateau.is_null())
     lr_->plateau().read_json(st_.plateau, (fs::path(resume_) / "scheduler.json").string());
   if (a_.ignore_data_skip) {  // HF's: the epochs trained still count, the batches of this one are not skipped

@@ -227,7 +227,8 @@ Streams load_whole_streams(const TrainingArguments& a, const tokenizers::Tokeniz
 // run_clm's max_train_samples / max_eval_samples: the first N blocks of a stream (after the split).
 std::shared_ptr<const data::TokenStream> first_blocks(std::shared_ptr<const data::TokenStream> s, int64_t n,
                                                       int64_t block_size) {
-  if (n <= 0 || !s || s->size() <= n * block_size) return s;
+  if (n <= 0 || !s || n > (s->size() - 1) / block_size)
+    return s;  // n blocks cover it (no n * block overflow)
   return std::make_shared<data::TokenStream>(s, 0, n * block_size);
 }
 

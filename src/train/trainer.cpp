@@ -428,10 +428,25 @@ nlohmann::json Run::results_json() const {
 }
 
 // load_best_model_at_end with a best checkpoint other than the last step's: the run ends with its weights.
-// Decided alike on every rank (the metric is the group's, the checkpoint names are the same).
-bool Run::final_model_is_best() const {
-  return a_.load_best_model_at_end && !st_.best_model_checkpoint.empty() &&
-         checkpoint_step(fs::path(st_.best_model_checkpoint).filename().string()) != sched_.total;
+// Rank 0 decides (it sees the folder) and every rank follows: the others' part in the final save depends on
+// it. A best checkpoint that is gone is HF's warning, and the last step's model stays.
+bool Run::final_model_is_best() {
+  bool best = a_.load_best_model_at_end && !st_.best_model_checkpoint.empty() &&
+              checkpoint_step(fs::path(st_.best_model_checkpoint).filename().string()) != sched_.total;
+  if (best && main_ && !fs::exists(fs::path(st_.best_model_checkpoint) / "config.json")) {
+    std::fprintf(
+        stderr,
+        "train: warning: load_best_model_at_end: could not locate the best model at %s; the final model "
+        "is the last step's\n",
+        st_.best_model_checkpoint.c_str());
+    best = false;
+  }
+  if (group_) {
+    double v = main_ && best ? 1.0 : 0.0;
+    group_->all_reduce_sum(&v, 1);
+    best = v > 0;
+  }
+  return best;
 }
 
 // The final evaluation of the best model is the best checkpoint's evaluation: the same weights (its fp32
@@ -503,7 +518,9 @@ void Run::finish() {
     models::save_pretrained(*model_, a_.output_dir, "5GB", weights ? &*weights : nullptr);
   }
   if (tok_) tok_->save_pretrained(a_.output_dir);
-  if (a_.save_total_limit == 1 && !st_.best_model_checkpoint.empty())  // HF: the best checkpoint alone stays
+  // HF: with save_total_limit 1 the best checkpoint alone stays (only when it is there to stay).
+  if (a_.save_total_limit == 1 && !st_.best_model_checkpoint.empty() &&
+      fs::is_directory(st_.best_model_checkpoint))
     keep_only_checkpoint(a_.output_dir, st_.best_model_checkpoint);
   draw_curves();
   write_json(fs::path(a_.output_dir) / "trainer_state.json",
