@@ -2,7 +2,7 @@
 # Distributed data parallel end to end on 127.0.0.1 (Gloo over TCP), `trainer launch` starting the ranks:
 #  1. 2 and 3 ranks vs 1 process with the same global batch (gradient accumulation, an epoch boundary with
 #     an uneven last batch, split evaluation): losses, grad norms and eval_loss within 1e-5 relative per step,
-#     GPT-2 (tied head; with and without dropout) and Llama (grouped-query attention, untied head); bf16
+#     GPT-2 (tied head; with and without dropout, NEFTune and label smoothing) and Llama (grouped-query attention, untied head); bf16
 #     within bf16's bounds; gradient checkpointing and torch_compile bit-identical to eager DDP;
 #  2. two runs of world size 2 bit-identical; two "nodes" (two launchers, --nnodes 2) equal to one node;
 #  3. resume: a world-size-2 checkpoint continued at world size 2 (bit-exact), 1 and 3 (within 1e-5);
@@ -29,6 +29,11 @@ sed 's/"resid_pdrop": 0, "embd_pdrop": 0, "attn_pdrop": 0/"resid_pdrop": 0.1, "e
 one drop_w1 6 --config_name dropout.json
 many drop_w3 3 2 --config_name dropout.json
 compare drop_w1 drop_w3 1e-5
+# NEFTune's embedding noise (each rank's rows of the single process's draw) with label smoothing (the smoothed
+# loss normalized by the step's label tokens over every rank).
+one neft_w1 6 --config_name gpt2.json --neftune_noise_alpha 5 --label_smoothing_factor 0.1
+many neft_w3 3 2 --config_name gpt2.json --neftune_noise_alpha 5 --label_smoothing_factor 0.1
+compare neft_w1 neft_w3 1e-5
 one llama_w1 6 --config_name llama.json
 many llama_w2 2 3 --config_name llama.json
 compare llama_w1 llama_w2 1e-5

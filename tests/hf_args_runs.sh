@@ -19,7 +19,8 @@ common=(--config_name "$work/config.json" --tokenizer_name "$tok" --train_file "
   --include_num_input_tokens_seen true --gradient_checkpointing --gradient_checkpointing_kwargs '{"use_reentrant": false}' \
   --dataloader_num_workers 1 --dataloader_prefetch_factor 4 --max_eval_samples 3 --overwrite_cache \
   --preprocessing_num_workers 4 --save_safetensors --low_cpu_mem_usage --skip_memory_metrics true \
-  --full_determinism --log_level info --remove_unused_columns --group_by_length >"$work/clm.txt" 2>&1 ||
+  --full_determinism --log_level info --remove_unused_columns --group_by_length --label_smoothing_factor 0.1 \
+  --neftune_noise_alpha 5 >"$work/clm.txt" 2>&1 ||
   { tail -c 2000 "$work/clm.txt"; fail "the run_clm-style command line"; }
 grep -q "train: clm-run: gpt2" "$work/clm.txt" || fail "run_name not in the banner: $(head -c 600 "$work/clm.txt")"
 [[ $(grep -c "^step [1-4]/4  loss" "$work/clm.txt") == 4 ]] || fail "disable_tqdm: expected 4 log lines: $(cat "$work/clm.txt")"
@@ -34,6 +35,7 @@ seen = [e["num_input_tokens_seen"] for e in logs if "loss" in e]
 assert seen == [256, 512, 768, 1024], seen
 args = json.load(open(out + "/training_args.json"))
 assert args["run_name"] == "clm-run" and args["gradient_checkpointing_kwargs"] == {"use_reentrant": False}, args
+assert args["label_smoothing_factor"] == 0.1 and args["neftune_noise_alpha"] == 5, args
 PY
 echo "run_clm's flags: trained, 4 log lines, eval_samples 3, num_input_tokens_seen 256..1024"
 
@@ -63,6 +65,7 @@ refused "--deepspeed: HF's argument is not supported here: DeepSpeed is a Python
 refused "--dataset_name: HF's argument is not supported here: datasets from the Hub" --dataset_name wikitext
 refused "--config_overrides can't be used in combination with --config_name" --config_overrides n_layer=1
 refused "--save_safetensors false: weights are saved as safetensors only" --save_safetensors false
+refused "--label_smoothing_factor 1.5: expected 0 to 1 (0: no smoothing)" --label_smoothing_factor 1.5
 refused "--dataloader_prefetch_factor can only be set when data is loaded in a different process" --dataloader_prefetch_factor 2
 echo '{"push_to_hub": true}' >"$work/hub.json"
 refused "'push_to_hub': true is not supported here" "$work/hub.json"

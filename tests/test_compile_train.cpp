@@ -133,6 +133,13 @@ const std::vector<Case>& cases() {
          a.eval_steps = 2;
          a.validation_split_percentage = 20;
        }},
+      {"gpt2_bf16_label_smoothing",  // the smoothing factor captured with the loss kernels
+       [](auto& a, auto&) {
+         a.bf16 = true;
+         a.label_smoothing_factor = 0.1;
+       }},
+      {"llama_neftune",  // the noise drawn by the replayed plan from the step's own Philox offset
+       [](auto& a, auto&) { a.neftune_noise_alpha = 5; }, 0.0, true},
       {"llama_fp32", [](auto&, auto&) {}, 0.0, true},
       {"llama_bf16_accumulation",
        [](auto& a, auto&) {

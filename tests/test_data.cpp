@@ -10,6 +10,7 @@
 #include "data/loader.h"
 #include "data/tokenize.h"
 #include "ops/ops.h"
+#include "test_util.h"
 
 namespace tr {
 namespace {
@@ -116,12 +117,7 @@ TEST(Inputs, RecursiveGlobsAsDataFiles) {
             (std::vector<std::string>{"x/y/c.txt", "x/y/c.txt"}));
   EXPECT_EQ(rel(data::expand_inputs({D + "/*.txt"}, "train_file")), (std::vector<std::string>{"a.txt"}));
   const auto error_of = [](const std::string& pattern) {
-    try {
-      data::expand_inputs({pattern}, "train_file");
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("(no error)");
+    return test::error_of([&] { data::expand_inputs({pattern}, "train_file"); });
   };
   EXPECT_NE(error_of(D + "/a**").find("** must be a whole path component"), std::string::npos);
   EXPECT_NE(error_of(D + "/**/*.md").find("no such file"), std::string::npos);

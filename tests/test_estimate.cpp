@@ -108,7 +108,18 @@ INSTANTIATE_TEST_SUITE_P(
                                      a.dataloader_num_workers = 2;
                                      a.dataloader_prefetch_factor = 4;
                                    }},
+                      EstimateCase{"gpt2_bf16_neftune_label_smoothing", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.bf16 = true;
+                                     a.neftune_noise_alpha = 5;  // a noise tensor beside the embeddings
+                                     a.label_smoothing_factor = 0.1;
+                                   }},
                       EstimateCase{"llama_fp32_adamw", true, [](train::TrainingArguments&) {}},
+                      EstimateCase{"llama_neftune_checkpointing", true,
+                                   [](train::TrainingArguments& a) {
+                                     a.neftune_noise_alpha = 10;
+                                     a.gradient_checkpointing = true;
+                                   }},
                       EstimateCase{"llama_bf16_8bit_checkpointing", true,
                                    [](train::TrainingArguments& a) {
                                      a.bf16 = true;

@@ -226,6 +226,14 @@ std::vector<GradCase> cases() {
        [](const Inputs& x) {
          return cross_entropy(x[0], ops::from_vector<int64_t>({1, 4, -100, 0}, {2, 2}), -100, Reduction::sum);
        }});
+  c.push_back({"cross_entropy", "cross_entropy_smoothed_mean",
+               [] {
+                 return Inputs{rnd({5, 6}, 47, -3, 3)};
+               },
+               [](const Inputs& x) {
+                 return cross_entropy(x[0], ops::from_vector<int64_t>({1, -100, 5, 0, 2}, {5}), -100,
+                                      Reduction::mean, 0.2);
+               }});
   c.push_back({"embedding", "embedding_repeats",
                [] {
                  return Inputs{rnd({6, 3}, 26)};
@@ -282,6 +290,14 @@ std::vector<GradCase> cases() {
        [](const Inputs& x) {
          return linear_cross_entropy_sum(x[0], x[1], ops::from_vector<int64_t>({3, -100, 6, 0, 2}, {5}), 2);
        }});
+  c.push_back({"linear_cross_entropy", "linear_cross_entropy_smoothed",
+               [] {
+                 return Inputs{rnd({5, 4}, 48), rnd({7, 4}, 49)};
+               },
+               [](const Inputs& x) {
+                 return linear_cross_entropy_sum(
+                     x[0], x[1], ops::from_vector<int64_t>({3, -100, 6, 0, 2}, {5}), 2, -100, 0.1);
+               }});
   c.push_back({"view", "view",
                [] {
                  return Inputs{rnd({2, 6}, 28)};

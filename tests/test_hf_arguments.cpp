@@ -59,7 +59,7 @@ TEST(HfArguments, FieldsWeDoNotHaveAreRefusedWithTheReason) {
       "default, false, is accepted");
   EXPECT_NE(refused({{"deepspeed", "ds_config.json"}}).find("ZeRO-2/3 are --fsdp shard_grad_op / full_shard"),
             std::string::npos);
-  EXPECT_NE(refused({{"label_smoothing_factor", 0.1}}).find("not implemented"), std::string::npos);
+  EXPECT_NE(refused({{"use_liger_kernel", true}}).find("--torch_compile fuses our own"), std::string::npos);
   EXPECT_NE(
       refused({{"accelerator_config", {{"split_batches", true}}}}).find("accelerate is a Python library"),
       std::string::npos);
@@ -75,6 +75,22 @@ TEST(HfArguments, FieldsWeDoNotHaveAreRefusedWithTheReason) {
                       {"gradient_checkpointing_kwargs", {{"use_reentrant", false}}}},
                      "hf_args.json");
   EXPECT_EQ(a.fsdp, "full_shard offload");
+  a.update_from_json({{"label_smoothing_factor", 0.1}}, "hf_args.json");  // HF's LabelSmoother epsilon
+  EXPECT_EQ(a.label_smoothing_factor, 0.1);
+  a.label_smoothing_factor = 1.5;
+  EXPECT_EQ(error_of([&] { a.validate_optimizer(); }),
+            "--label_smoothing_factor 1.5: expected 0 to 1 (0: no smoothing)");
+  a.label_smoothing_factor = 0;
+  a.update_from_json({{"neftune_noise_alpha", nullptr}}, "hf_args.json");  // HF's None: off
+  EXPECT_EQ(a.neftune_noise_alpha, 0.0);
+  a.update_from_json({{"neftune_noise_alpha", 5.0}}, "hf_args.json");
+  EXPECT_EQ(a.neftune_noise_alpha, 5.0);
+  a.neftune_noise_alpha = -1;
+  EXPECT_NE(error_of([&] {
+              a.validate_optimizer();
+            }).find("--neftune_noise_alpha -1: expected a finite number >= 0"),
+            std::string::npos);
+  a.neftune_noise_alpha = 0;
   EXPECT_EQ(a.include_num_input_tokens_seen, "all");
   EXPECT_EQ(a.to_json()["lr_scheduler_kwargs"], (nlohmann::json{{"min_lr_rate", 0.1}}));
   EXPECT_EQ(a.to_json()["gradient_checkpointing_kwargs"], (nlohmann::json{{"use_reentrant", false}}));

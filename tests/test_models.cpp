@@ -455,9 +455,11 @@ TEST(ChunkedLoss, TheHalfLogitGradientIsTheF32OneRoundedOnce) {
 // and lse have cross_entropy's bits; the gradient is cross_entropy_backward_'s (in place) or _into's (half)
 // up to f32 rounding - f32 values within 2^-15 (lse's rounding carried by exp(x - lse), the vector exp's
 // error) and as close to f64's, half ones the same but in a few ties - and exactly it for f64 and bf16 logits
-// (which run the two ops). Ignored rows are +0.
+// (which run the two ops). Ignored rows are +0. So with label smoothing (e = 0.1), the gradient's tolerance
+// taken from its softmax part (the smoothing's e / V is subtracted exactly on both sides).
 TEST(ChunkedLoss, TheLossAndGradientFromOneCallAreTheTwoOps) {
-  for (const int64_t V : {int64_t{50257}, int64_t{7}}) {
+  for (const auto& [V, e] :
+       {std::pair{int64_t{50257}, 0.0}, {int64_t{7}, 0.0}, {int64_t{50257}, 0.1}, {int64_t{7}, 0.1}}) {
     const int64_t N = 6;
     const Tensor labels = ops::from_vector<int64_t>({3, -100, 0, V - 1, 2, -100}, {N});
     for (const auto& [ldt, gdt] : {std::pair{DType::f32, DType::f32},
@@ -469,17 +471,17 @@ TEST(ChunkedLoss, TheLossAndGradientFromOneCallAreTheTwoOps) {
       const DType sd = ldt == DType::f64 ? DType::f64 : DType::f32;
       const Tensor grad =
           ops::to_dtype(ops::from_vector<float>({1.0f, 1.0f, 4096.0f, 2.5e-4f, 65536.0f, 3.0f}, {N}), sd);
-      const ops::CrossEntropyOut want = ops::cross_entropy(logits, labels, -100);
+      const ops::CrossEntropyOut want = ops::cross_entropy(logits, labels, -100, e);
       Tensor want_g = ops::clone(logits);
       if (gdt == ldt) {
-        ops::cross_entropy_backward_(want_g, labels, want.lse, grad, -100);
+        ops::cross_entropy_backward_(want_g, labels, want.lse, grad, -100, e);
       } else {
         want_g = ops::empty({N, V}, gdt);
-        ops::cross_entropy_backward_into(logits, labels, want.lse, grad, -100, want_g);
+        ops::cross_entropy_backward_into(logits, labels, want.lse, grad, -100, want_g, e);
       }
       const Tensor x = ops::clone(logits), g = gdt == ldt ? x : ops::empty({N, V}, gdt);
-      const ops::CrossEntropyOut got = ops::cross_entropy_with_grad_(x, labels, -100, grad, g);
-      const std::string what = fmt::format("V {} {} -> {}", V, dtype_name(ldt), dtype_name(gdt));
+      const ops::CrossEntropyOut got = ops::cross_entropy_with_grad_(x, labels, -100, grad, g, e);
+      const std::string what = fmt::format("V {} e {} {} -> {}", V, e, dtype_name(ldt), dtype_name(gdt));
       EXPECT_EQ(std::memcmp(got.loss.data_ptr(), want.loss.data_ptr(), want.loss.nbytes()), 0) << what;
       EXPECT_EQ(std::memcmp(got.lse.data_ptr(), want.lse.data_ptr(), want.lse.nbytes()), 0) << what;
       const std::vector<double> a = test::values(g), b = test::values(want_g);
@@ -489,9 +491,10 @@ TEST(ChunkedLoss, TheLossAndGradientFromOneCallAreTheTwoOps) {
       }
       // f32: the fused gradient is as close to the f64 one as the two ops' (mean relative error within 25%:
       // the vector exp's error dominates both).
-      const ops::CrossEntropyOut w64 = ops::cross_entropy(ops::to_dtype(logits, DType::f64), labels, -100);
+      const ops::CrossEntropyOut w64 = ops::cross_entropy(ops::to_dtype(logits, DType::f64), labels, -100, e);
       const std::vector<double> c = test::values(ops::cross_entropy_backward(
-          ops::to_dtype(logits, DType::f64), labels, w64.lse, ops::to_dtype(grad, DType::f64), -100));
+          ops::to_dtype(logits, DType::f64), labels, w64.lse, ops::to_dtype(grad, DType::f64), -100, e));
+      const std::vector<double> gv = test::values(grad);
       double err_fused = 0, err_two = 0;
       size_t differ = 0;
       for (size_t i = 0; i < a.size(); ++i) {
@@ -505,12 +508,15 @@ TEST(ChunkedLoss, TheLossAndGradientFromOneCallAreTheTwoOps) {
         ++differ;
         const int bits = gdt == DType::f32 ? 15 : gdt == DType::bf16 ? 7 : 10;  // f32: see above
         const double floor = gdt == DType::f16 ? std::ldexp(1.0, -24) : 0.0;    // f16's subnormal step
-        EXPECT_LE(std::abs(a[i] - b[i]), std::ldexp(std::abs(b[i]), -bits) + floor) << what << " entry " << i;
+        const double off = std::abs(gv[static_cast<size_t>(row)]) * e / static_cast<double>(V);
+        EXPECT_LE(std::abs(a[i] - b[i]), std::ldexp(std::abs(b[i]) + off, -bits) + floor)
+            << what << " entry " << i;
       }
-      if (gdt == DType::f32) {
-        EXPECT_LE(err_fused, 1.25 * err_two) << what;
-      } else {
+      if (gdt != DType::f32) {
         EXPECT_LE(differ * 200, a.size()) << what << ": " << differ << " differ";
+      } else if (e ==
+                 0) {  // (relative errors near smoothing's cancellation of softmax and e / V say nothing)
+        EXPECT_LE(err_fused, 1.25 * err_two) << what;
       }
     }
   }
@@ -573,6 +579,114 @@ TEST(Loss, AccumulationWithNumItemsEqualsTheOneBigBatchGradient) {
   auto pa = big->named_parameters(), pb = acc->named_parameters();
   for (size_t i = 0; i < pa.size(); ++i)
     EXPECT_TRUE(test::all_close(pb[i].second->grad(), pa[i].second->grad(), 1e-5, 1e-7)) << pa[i].first;
+}
+
+// label_smoothing_factor: HF's LabelSmoother (shift_labels, -100 ignored, (1 - e) * nll + e * the mean over
+// the vocabulary of -log p) computed here in f64 from the model's own logits (which the golden test holds to
+// PyTorch's); the chunked head gives the same loss and gradients as the full-logits one, and two
+// micro-batches normalized by the step's label count give the one big batch's gradients.
+TEST(Loss, LabelSmoothingIsHfsLabelSmootherInEveryHeadAndAcrossMicroBatches) {
+  const std::string dir = kGolden + "/llama_gqa_llama3rope";
+  auto g = io::SafetensorsFile::open(dir + "/golden.safetensors");
+  const Tensor ids = g.load("input_ids"), labels = g.load("labels");
+  const double e = 0.1;
+  const int64_t B = ids.size(0), T = ids.size(1);
+  auto full = models::from_pretrained(dir);
+  models::ForwardOptions o;
+  o.labels = labels;
+  o.label_smoothing = e;
+  const models::CausalLMOutput out = full->forward(ids, o);
+  const int64_t V = out.logits.size(2);
+  const std::vector<double> x = test::values(out.logits);
+  double nll = 0, smooth = 0, active = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t + 1 < T; ++t) {
+      const auto y = static_cast<int64_t>(labels.item_at(b * T + t + 1));
+      if (y == -100) continue;
+      const double* r = x.data() + (b * T + t) * V;
+      double mx = r[0], s = 0;
+      for (int64_t i = 1; i < V; ++i) mx = std::max(mx, r[i]);
+      for (int64_t i = 0; i < V; ++i) s += std::exp(r[i] - mx);
+      const double lse = mx + std::log(s);
+      nll += lse - r[y];
+      for (int64_t i = 0; i < V; ++i) smooth += lse - r[i];
+      ++active;
+    }
+  }
+  const double plain = nll / active;
+  const double want = (1 - e) * nll / active + e * smooth / (active * static_cast<double>(V));
+  EXPECT_NEAR(out.loss.item(), want, 1e-5 * want);
+  EXPECT_GT(std::abs(want - plain), 100 * 1e-5 * want)
+      << "smoothing must change the loss beyond the tolerance";
+  autograd::backward({out.loss});
+  // The chunked head.
+  auto chunked = models::from_pretrained(dir);
+  o.return_logits = false;
+  const Tensor lc = chunked->forward(ids, o).loss;
+  EXPECT_NEAR(lc.item(), out.loss.item(), 1e-5 * want);
+  autograd::backward({lc});
+  // Two micro-batches of one row, each normalized by the step's label count.
+  auto acc = models::from_pretrained(dir);
+  for (int64_t b = 0; b < B; ++b) {
+    models::ForwardOptions m;
+    m.labels = ops::contiguous(ops::narrow(labels, 0, b, 1));
+    m.num_items_in_batch = active;
+    m.label_smoothing = e;
+    m.return_logits = false;
+    autograd::backward({acc->forward(ops::contiguous(ops::narrow(ids, 0, b, 1)), m).loss});
+  }
+  auto pf = full->named_parameters(), pc = chunked->named_parameters(), pa = acc->named_parameters();
+  for (size_t i = 0; i < pf.size(); ++i) {
+    EXPECT_TRUE(test::all_close(pc[i].second->grad(), pf[i].second->grad(), 1e-5, 1e-7)) << pf[i].first;
+    EXPECT_TRUE(test::all_close(pa[i].second->grad(), pf[i].second->grad(), 1e-5, 1e-7)) << pf[i].first;
+  }
+}
+
+// NEFTune (neftune_noise_alpha): HF's hook's uniform noise of half-width alpha / sqrt(T * hidden) on the
+// token embeddings, each element its own draw from the step's generator (so resume and DDP shards follow the
+// generator), a constant to autograd; only in training.
+TEST(Neftune, UniformNoiseOnTheTokenEmbeddingsInTrainingOnly) {
+  const int64_t B = 4, T = 32, D = 64;
+  const double alpha = 5.0, mag = alpha / std::sqrt(static_cast<double>(T * D));
+  Tensor e = test::randn({B, T, D}, 7);
+  autograd::set_requires_grad(e, true);
+  Generator gen(11), same(11);
+  const Tensor out = models::neftune_noise(e, alpha, gen);
+  const Tensor want = add(e, ops::rand({B, T, D}, same, DType::f32, Device::cpu(), -mag, mag));
+  EXPECT_EQ(test::values(out), test::values(want));
+  EXPECT_EQ(gen.state(), same.state());
+  const std::vector<double> a = test::values(out), b = test::values(e);
+  double total = 0, sq = 0, top = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double n = a[i] - b[i];
+    total += n, sq += n * n, top = std::max(top, std::abs(n));
+  }
+  const double n = static_cast<double>(a.size());
+  EXPECT_LE(top, mag * (1 + 1e-6));
+  EXPECT_GT(top, 0.99 * mag);
+  EXPECT_NEAR(total / n, 0.0, 4 * mag / std::sqrt(3 * n));     // the mean of U(-m, m): 0 +- 4 sigma
+  EXPECT_NEAR(sq / n, mag * mag / 3, 0.05 * mag * mag / 3);  // its variance m^2 / 3
+  autograd::backward({sum(out)});
+  for (double g : test::values(e.grad())) ASSERT_EQ(g, 1.0);
+  // In a model: training forwards see noise, evaluations do not.
+  nlohmann::json cfg = {{"model_type", "llama"},   {"vocab_size", 64},       {"hidden_size", D},
+                        {"intermediate_size", 64}, {"num_hidden_layers", 1}, {"num_attention_heads", 4}};
+  Generator init(3);
+  auto m =
+      models::create_causal_lm(models::ModelConfig::from_json(cfg, "cfg"), Device::cpu(), DType::f32, init);
+  const Tensor ids = ops::from_vector<int64_t>({1, 5, 9, 13, 2, 6, 10, 14}, {2, 4});
+  const auto loss = [&](bool training, double a) {
+    autograd::NoGradGuard ng;
+    Generator g(5);
+    models::ForwardOptions fo;
+    fo.labels = ids;
+    fo.training = training;
+    fo.dropout_gen = &g;
+    fo.neftune_noise_alpha = a;
+    return m->forward(ids, fo).loss.item();
+  };
+  EXPECT_NE(loss(true, 15.0), loss(true, 0.0));
+  EXPECT_EQ(loss(false, 15.0), loss(false, 0.0));
 }
 
 }  // namespace

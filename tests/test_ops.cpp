@@ -465,6 +465,53 @@ std::vector<OpCase> cases() {
          }
          return o;
        }});
+  // Label smoothing (torch's label_smoothing = 0.3): the target (1 - e) * onehot + e / V, against the f64
+  // definition -sum_i target_i * log softmax_i, ignored rows 0; the gradient softmax - target.
+  c.push_back({"cross_entropy_smoothed",
+               [] {
+                 return Inputs{rnd({6, 37}, 131, -4, 4)};
+               },
+               [](const Inputs& x) {
+                 Tensor labels =
+                     ops::to_device(ops::from_vector<int64_t>({3, -100, 0, 36, 5, 17}, {6}), x[0].device());
+                 return ops::cross_entropy(x[0], labels, -100, 0.3).loss;
+               },
+               [](const std::vector<Ref>& r) {
+                 const std::vector<int64_t> lab = {3, -100, 0, 36, 5, 17};
+                 Ref o{{6}, {}};
+                 for (int row = 0; row < 6; ++row) {
+                   double s = 0, loss = 0;
+                   for (int i = 0; i < 37; ++i) s += std::exp(r[0].v[row * 37 + i]);
+                   for (int i = 0; i < 37; ++i)
+                     loss -= (0.7 * (i == lab[row]) + 0.3 / 37) * (r[0].v[row * 37 + i] - std::log(s));
+                   o.v.push_back(lab[row] < 0 ? 0 : loss);
+                 }
+                 return o;
+               }});
+  c.push_back(
+      {"cross_entropy_backward_smoothed",
+       [] {
+         return Inputs{rnd({4, 19}, 132, -4, 4), rnd({4}, 133)};
+       },
+       [](const Inputs& x) {
+         Tensor labels = ops::to_device(ops::from_vector<int64_t>({18, 0, -100, 2}, {4}), x[0].device());
+         auto o = ops::cross_entropy(x[0], labels, -100, 0.25);
+         return ops::cross_entropy_backward(x[0], labels, o.lse, ops::to_dtype(x[1], o.lse.dtype()), -100,
+                                            0.25);
+       },
+       [](const std::vector<Ref>& r) {
+         const std::vector<int64_t> lab = {18, 0, -100, 2};
+         Ref o = r[0];
+         for (int row = 0; row < 4; ++row) {
+           double s = 0;
+           for (int i = 0; i < 19; ++i) s += std::exp(r[0].v[row * 19 + i]);
+           for (int i = 0; i < 19; ++i)
+             o.v[row * 19 + i] = lab[row] < 0 ? 0
+                                              : r[1].v[row] * (std::exp(r[0].v[row * 19 + i]) / s -
+                                                               0.75 * (i == lab[row]) - 0.25 / 19);
+         }
+         return o;
+       }});
   c.push_back({"embedding",
                [] {
                  return Inputs{rnd({10, 6}, 32)};

@@ -71,8 +71,8 @@ struct CeRun {
 // written in packs only when its rows are on pack boundaries too.
 template <rk::CeMode kMode, typename T, typename G>
 void launch_ce(const CeCase& c, T* logits, const std::vector<int64_t>& labels,
-               const std::vector<cuda::acc_t<T>>& gl, bool packed, CeRun<T, G>& out, G* glogits,
-               int64_t ldg) {
+               const std::vector<cuda::acc_t<T>>& gl, bool packed, CeRun<T, G>& out, G* glogits, int64_t ldg,
+               double smoothing) {
   const bool px = packed && rk::ce_packable<T, G>(logits, c.ldx, nullptr, 0);
   const bool pg = px && glogits && rk::ce_packable(logits, c.ldx, glogits, ldg);
   rk::CeRows<T, G> a{logits,
@@ -87,16 +87,17 @@ void launch_ce(const CeCase& c, T* logits, const std::vector<int64_t>& labels,
                      -100,
                      out.bad,
                      px,
-                     pg};
+                     pg,
+                     static_cast<cuda::acc_t<T>>(smoothing)};
   emu::launch(static_cast<unsigned>(c.rows), c.threads, 64 * sizeof(double),
               [&] { rk::cross_entropy_rows_kernel<kMode, T, G>(a); });
 }
 
 template <typename T, typename G>
-void check_ce(const CeCase& c, bool packed, uint32_t seed) {
+void check_ce(const CeCase& c, bool packed, uint32_t seed, double e = 0) {
   using A = cuda::acc_t<T>;
-  SCOPED_TRACE(fmt::format("{} logits, {} gradient: rows {} v {} ldx {} threads {} packed {}", type_name<T>(),
-                           type_name<G>(), c.rows, c.v, c.ldx, c.threads, packed));
+  SCOPED_TRACE(fmt::format("{} logits, {} gradient: rows {} v {} ldx {} threads {} packed {} smoothing {}",
+                           type_name<T>(), type_name<G>(), c.rows, c.v, c.ldx, c.threads, packed, e));
   std::mt19937 gen(seed);
   std::normal_distribution<double> normal(0.0, 3.0);
   std::vector<T> logits(static_cast<size_t>(c.rows * c.ldx), from_double<T>(NAN));  // padding: a read shows
@@ -122,11 +123,11 @@ void check_ce(const CeCase& c, bool packed, uint32_t seed) {
     return run;
   };
   CeRun<T, G> loss_only = fresh(), grad_only = fresh(), both = fresh();
-  launch_ce<rk::CeMode::loss, T, G>(c, logits.data(), labels, gl, packed, loss_only, nullptr, 0);
+  launch_ce<rk::CeMode::loss, T, G>(c, logits.data(), labels, gl, packed, loss_only, nullptr, 0, e);
   grad_only.lse = loss_only.lse;
   launch_ce<rk::CeMode::grad, T, G>(c, logits.data(), labels, gl, packed, grad_only, grad_only.grad.data(),
-                                    c.ldg);
-  launch_ce<rk::CeMode::both, T, G>(c, logits.data(), labels, gl, packed, both, both.grad.data(), c.ldg);
+                                    c.ldg, e);
+  launch_ce<rk::CeMode::both, T, G>(c, logits.data(), labels, gl, packed, both, both.grad.data(), c.ldg, e);
 
   // The fused kernel's loss and lse are the loss kernel's bits, its gradient the gradient kernel's.
   EXPECT_TRUE(same_bits(both.loss, loss_only.loss));
@@ -136,7 +137,8 @@ void check_ce(const CeCase& c, bool packed, uint32_t seed) {
     if (c.ldg == c.ldx) {
       std::vector<T> in_place = logits;
       CeRun<T, G> run = fresh();
-      launch_ce<rk::CeMode::both, T, G>(c, in_place.data(), labels, gl, packed, run, in_place.data(), c.ldx);
+      launch_ce<rk::CeMode::both, T, G>(c, in_place.data(), labels, gl, packed, run, in_place.data(), c.ldx,
+                                        e);
       EXPECT_TRUE(same_bits(run.loss, loss_only.loss));
       for (int64_t r = 0; r < c.rows; ++r)
         EXPECT_EQ(0, std::memcmp(in_place.data() + r * c.ldx, both.grad.data() + r * c.ldg, c.v * sizeof(T)))
@@ -157,12 +159,18 @@ void check_ce(const CeCase& c, bool packed, uint32_t seed) {
     const int64_t label = labels[static_cast<size_t>(r)];
     const bool skip = label == -100 || label < 0 || label >= c.v;
     const double g = static_cast<double>(gl[static_cast<size_t>(r)]);
-    double m = -INFINITY, s = 0;
+    double m = -INFINITY, s = 0, sx = 0;
     for (int64_t i = 0; i < c.v; ++i) m = std::max(m, to_double(logits[static_cast<size_t>(r * c.ldx + i)]));
-    for (int64_t i = 0; i < c.v; ++i)
+    for (int64_t i = 0; i < c.v; ++i) {
       s += std::exp(to_double(logits[static_cast<size_t>(r * c.ldx + i)]) - m);
-    const double lse = m + std::log(s);
-    const double want_loss = skip ? 0 : lse - to_double(logits[static_cast<size_t>(r * c.ldx + label)]);
+      sx += to_double(logits[static_cast<size_t>(r * c.ldx + i)]);
+    }
+    const double lse = m + std::log(s), off = g * e / static_cast<double>(c.v);
+    // Label smoothing: the cross-entropy against (1 - e) * onehot + e / v.
+    const double want_loss =
+        skip ? 0
+             : (1 - e) * (lse - to_double(logits[static_cast<size_t>(r * c.ldx + label)])) +
+                   e * (lse - sx / static_cast<double>(c.v));
     worst_loss =
         std::max(worst_loss, std::fabs(static_cast<double>(both.loss[static_cast<size_t>(r)]) - want_loss));
     if (!skip)
@@ -172,12 +180,14 @@ void check_ce(const CeCase& c, bool packed, uint32_t seed) {
       EXPECT_EQ(static_cast<double>(both.lse[static_cast<size_t>(r)]), 0.0);
     for (int64_t i = 0; i < c.v; ++i) {
       const size_t at = static_cast<size_t>(r * c.ldx + i);
-      const double p = skip ? 0 : g * std::exp(to_double(logits[at]) - lse) - (i == label ? g : 0);
+      const double p =
+          skip ? 0 : g * std::exp(to_double(logits[at]) - lse) - off - (i == label ? g * (1 - e) : 0);
       const double got = to_double(both.grad[static_cast<size_t>(r * c.ldg + i)]);
       if (skip) {
         ASSERT_EQ(got, 0.0) << "row " << r << " element " << i;
       }
-      worst_grad = std::max(worst_grad, std::fabs(got - p) / (std::fabs(p) + floor * g));
+      // (Measured against the softmax part where smoothing's e / v cancels it.)
+      worst_grad = std::max(worst_grad, std::fabs(got - p) / (std::fabs(p) + off + floor * g));
     }
     for (int64_t i = c.v; i < c.ldg; ++i)  // padding is never written
       ASSERT_TRUE(std::isnan(to_double(both.grad[static_cast<size_t>(r * c.ldg + i)])));
@@ -204,6 +214,18 @@ TEST(RowKernelsEmulated, CrossEntropyLossGradientAndBothAgree) {
     check_ce<float, __nv_bfloat16>(c, whole, 5);  // f32 logits, bf16 gradient: one rounding
     check_ce<float, __half>(c, false, 6);
     check_ce<double, double>(c, whole, 7);
+  }
+}
+
+// Label smoothing (e = 0.1): the row's sum reduced beside its max and exp-sum, e / v taken from every
+// gradient element; the loss, gradient and fused kernels agree bit for bit as without it.
+TEST(RowKernelsEmulated, CrossEntropyWithLabelSmoothing) {
+  for (const CeCase& c : kCeCases) {
+    check_ce<float, float>(c, true, 11, 0.1);
+    check_ce<float, float>(c, false, 12, 0.1);
+    check_ce<__nv_bfloat16, __nv_bfloat16>(c, true, 13, 0.1);
+    check_ce<float, __nv_bfloat16>(c, true, 15, 0.1);
+    check_ce<double, double>(c, true, 17, 0.1);
   }
 }
 

@@ -185,6 +185,81 @@ TEST(TrainerLoss, AccumulationWithPaddingEqualsOneBigBatch) {
     EXPECT_TRUE(test::all_close(accumulated[i], params[i].second->grad(), 1e-10, 1e-13)) << params[i].first;
 }
 
+// `trainer eval`'s arguments for the final model of run `a`, writing into `out`.
+train::TrainingArguments eval_args_of(const train::TrainingArguments& a, const fs::path& out) {
+  train::TrainingArguments e = a;
+  e.model_name_or_path = a.output_dir;
+  e.config_name.clear();
+  e.output_dir = out.string();
+  return e;
+}
+
+// label_smoothing_factor: the smoothed loss normalized by the label tokens of the whole step (HF's
+// LabelSmoother given num_items_in_batch, transformers#47261): two micro-batches of 2 train as one batch of
+// 4; the loss and the eval_loss are the smoothed ones (HF's prediction_step runs the same compute_loss),
+// `trainer eval` with the factor gives the run's eval_loss again.
+TEST(TrainerLoss, LabelSmoothingTrainsAccumulatesAndEvaluatesSmoothed) {
+  Scratch s("trainer_smoothing");
+  auto a = s.args("one_batch");
+  a.max_steps = 4;
+  a.per_device_train_batch_size = 4;
+  a.label_smoothing_factor = 0.1;
+  a.do_eval = true;
+  const auto one = train::train(a);
+  auto b = a;
+  b.output_dir = (s.dir / "accumulated").string();
+  b.per_device_train_batch_size = 2;
+  b.gradient_accumulation_steps = 2;
+  const auto acc = train::train(b);
+  ASSERT_EQ(one.losses.size(), 4u);
+  ASSERT_EQ(acc.losses.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(acc.losses[i], one.losses[i], 1e-5 * one.losses[i]) << i;
+  auto c = a;
+  c.output_dir = (s.dir / "plain").string();
+  c.label_smoothing_factor = 0;
+  const auto plain = train::train(c);
+  EXPECT_GT(std::abs(plain.losses[0] - one.losses[0]), 1e-4) << "the first step's loss is the smoothed one";
+  ASSERT_FALSE(one.evals.empty());
+  train::TrainingArguments e = eval_args_of(a, s.dir / "eval");
+  EXPECT_NEAR(train::evaluate_command(e).loss, one.evals.back().loss, 1e-6);
+  e.label_smoothing_factor = 0;
+  EXPECT_GT(std::abs(train::evaluate_command(e).loss - one.evals.back().loss), 1e-4);
+}
+
+// neftune_noise_alpha: the training steps' embeddings are noised (the losses differ from a plain run's),
+// evaluations are not (the run's eval_loss is its final model's plain one), and the noise comes from the
+// checkpointed generator: a run resumed after a crash takes the uninterrupted run's steps bit for bit.
+TEST(TrainerNeftune, NoisyStepsCleanEvaluationsExactResume) {
+  Scratch s("trainer_neftune");
+  auto a = s.args("run");
+  a.max_steps = 6;
+  a.save_steps = 2;
+  a.neftune_noise_alpha = 10;
+  a.do_eval = true;
+  const auto full = train::train(a);
+  auto c = a;
+  c.output_dir = (s.dir / "plain").string();
+  c.neftune_noise_alpha = 0;
+  const auto plain = train::train(c);
+  ASSERT_EQ(full.losses.size(), 6u);
+  EXPECT_NE(full.losses[0], plain.losses[0]);
+  train::TrainingArguments e = eval_args_of(a, s.dir / "eval");
+  e.neftune_noise_alpha = 0;
+  EXPECT_NEAR(train::evaluate_command(e).loss, full.evals.back().loss, 1e-6);
+  auto b = a;
+  b.output_dir = (s.dir / "crashed").string();
+  train::TrainHooks hooks;
+  int optimizer_stages = 0;  // the second save (checkpoint-4) dies after writing its optimizer
+  hooks.save_probe = [&](const std::string& stage) {
+    if (stage == "optimizer" && ++optimizer_stages == 2) throw std::runtime_error("simulated crash");
+  };
+  EXPECT_THROW(train::train(b, hooks), std::runtime_error);
+  b.resume_from_checkpoint = "true";
+  const auto resumed = train::train(b);
+  ASSERT_EQ(resumed.losses.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(resumed.losses[i], full.losses[2 + i]) << i;
+}
+
 TEST(TrainerEval, EvalLossPerplexityAndHfResultFiles) {
   Scratch s("trainer_eval");
   auto a = s.args("run");
@@ -206,10 +281,7 @@ TEST(TrainerEval, EvalLossPerplexityAndHfResultFiles) {
   auto all = train::read_json_file((fs::path(a.output_dir) / "all_results.json").string());
   EXPECT_TRUE(all.contains("train_loss") && all.contains("eval_loss") && all.contains("eval_perplexity"));
   // evaluate() is the mean token loss over the held-out blocks: recompute it with full logits by hand.
-  train::TrainingArguments e = a;
-  e.model_name_or_path = a.output_dir;
-  e.config_name.clear();
-  e.output_dir = (s.dir / "eval").string();
+  train::TrainingArguments e = eval_args_of(a, s.dir / "eval");
   auto again = train::evaluate_command(e);
   EXPECT_NEAR(again.loss, r.evals[1].loss, 1e-6);
   auto tok = tokenizers::Tokenizer::from_pretrained(a.output_dir);

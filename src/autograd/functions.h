@@ -74,16 +74,18 @@ Tensor rms_norm(const Tensor& x, const Tensor& w, double eps = 1e-6);
 enum class Reduction { mean, sum, none };
 // Cross-entropy of logits [..., V] against int64 labels [...]; rows whose label is ignore_index count as 0.
 // mean divides by the number of non-ignored labels; for accumulation-exact training use sum and divide by
-// num_items_in_batch. The result is f32 (f64 for f64 logits) whatever the logits dtype.
+// num_items_in_batch. The result is f32 (f64 for f64 logits) whatever the logits dtype. label_smoothing as
+// torch's (ops::cross_entropy).
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index = -100,
-                     Reduction reduction = Reduction::mean);
+                     Reduction reduction = Reduction::mean, double label_smoothing = 0.0);
 // sum over rows of cross_entropy(x @ w^T, labels) computed `chunk_rows` rows at a time: the [rows, V] logits
 // never exist in full. With gradients wanted, each chunk's gradients are computed in the forward itself (no
 // recompute) and held in f32 ([N, D] and [V, D]) until backward scales and rounds them once.
 // x [N, D], w [V, D], labels int64 [N] (-100 ignored). Logits are computed in x's dtype and upcast to f32 for
 // the loss (f64 stays f64). Returns the scalar sum; divide by the label count yourself.
 Tensor linear_cross_entropy_sum(const Tensor& x, const Tensor& w, const Tensor& labels,
-                                int64_t chunk_rows = 1024, int64_t ignore_index = -100);
+                                int64_t chunk_rows = 1024, int64_t ignore_index = -100,
+                                double label_smoothing = 0.0);
 Tensor embedding(const Tensor& weight, const Tensor& ids);
 Tensor rope(const Tensor& x, const ops::RopeTables& tables, const Tensor& positions, bool seq_major = false);
 // Fused memory-efficient attention: q [B, H, T, D], k/v [B, Hkv, S, D] (grouped-query heads share k/v),

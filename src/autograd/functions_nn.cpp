@@ -129,8 +129,9 @@ std::pair<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& r, const T
   return {o.sum, o.y};
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index, Reduction reduction) {
-  ops::CrossEntropyOut o = ops::cross_entropy(logits, labels, ignore_index);
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index, Reduction reduction,
+                     double label_smoothing) {
+  ops::CrossEntropyOut o = ops::cross_entropy(logits, labels, ignore_index, label_smoothing);
   double scale = 1.0;
   Tensor y;
   if (reduction == Reduction::none) {
@@ -148,20 +149,21 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_
   if (needs_grad({&logits})) {
     Tensor lse = o.lse;
     const Shape ls = labels.shape();
-    record("cross_entropy", {&logits}, {&y},
-           [logits, labels, lse, scale, reduction, ignore_index, ls](const Grads& g) -> Grads {
-             Tensor gl =
-                 reduction == Reduction::none
-                     ? g[0]
-                     : ops::expand(ops::reshape(ops::affine(g[0], scale, 0.0), Shape(ls.size(), 1)), ls);
-             return {ops::cross_entropy_backward(logits, labels, lse, ops::contiguous(gl), ignore_index)};
-           });
+    record(
+        "cross_entropy", {&logits}, {&y},
+        [logits, labels, lse, scale, reduction, ignore_index, label_smoothing, ls](const Grads& g) -> Grads {
+          Tensor gl = reduction == Reduction::none
+                          ? g[0]
+                          : ops::expand(ops::reshape(ops::affine(g[0], scale, 0.0), Shape(ls.size(), 1)), ls);
+          return {ops::cross_entropy_backward(logits, labels, lse, ops::contiguous(gl), ignore_index,
+                                              label_smoothing)};
+        });
   }
   return y;
 }
 
 Tensor linear_cross_entropy_sum(const Tensor& x, const Tensor& w, const Tensor& labels, int64_t chunk_rows,
-                                int64_t ignore_index) {
+                                int64_t ignore_index, double label_smoothing) {
   TR_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1),
            "linear_cross_entropy: x {} does not fit w {}", x.describe(), w.describe());
   TR_CHECK(labels.numel() == x.size(0), "linear_cross_entropy: {} labels for {} rows", labels.numel(),
@@ -208,7 +210,7 @@ Tensor linear_cross_entropy_sum(const Tensor& x, const Tensor& w, const Tensor& 
     Tensor logits = padded(n, loss_dt);
     ops::matmul_into(logits, xc, w, false, true, 1.0, 0.0);
     if (!gx && !gw) {
-      ops::CrossEntropyOut ce = ops::cross_entropy(logits, lc, ignore_index);
+      ops::CrossEntropyOut ce = ops::cross_entropy(logits, lc, ignore_index, label_smoothing);
       ops::binary_(BinaryOp::add, total, ops::reduce(ops::ReduceOp::sum, ce.loss, {}, false));
       continue;
     }
@@ -216,8 +218,8 @@ Tensor linear_cross_entropy_sum(const Tensor& x, const Tensor& w, const Tensor& 
     // the row is in cache): a half one straight from the f32 values (one rounding, no f32 gradient stored),
     // an f32/f64 one in place of the logits.
     Tensor dl = x.dtype() == loss_dt ? logits : padded(n, x.dtype());
-    ops::CrossEntropyOut ce =
-        ops::cross_entropy_with_grad_(logits, lc, ignore_index, ops::narrow(unit, 0, 0, n), dl);
+    ops::CrossEntropyOut ce = ops::cross_entropy_with_grad_(logits, lc, ignore_index,
+                                                            ops::narrow(unit, 0, 0, n), dl, label_smoothing);
     ops::binary_(BinaryOp::add, total, ops::reduce(ops::ReduceOp::sum, ce.loss, {}, false));
     logits = Tensor();
     if (gx) ops::matmul_into(ops::narrow(dx, 0, r0, n), dl, w, false, false, 1.0, 0.0);

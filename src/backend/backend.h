@@ -201,13 +201,15 @@ class Backend {
   // logits [n, v] (any float dtype), contiguous or rows of a padded buffer (unit column stride, row stride
   // row_stride(logits) >= v; so is glogits below, with its own row stride); labels i64 [n]; loss f32 [n]
   // (0 where ignored), lse f32 [n] (logsumexp of each row, saved for backward). Labels out of range throw.
+  // smoothing e in [0, 1] (torch's label_smoothing): loss = (1 - e) * (lse - x[label]) + e * (lse - mean(x)),
+  // the cross-entropy against (1 - e) * onehot + e / v; e = 0 gives the plain loss's bits.
   virtual void cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
-                             const Tensor& loss, const Tensor& lse) = 0;
-  // glogits = grad_loss[row] * (softmax(logits) - onehot(label)); 0 for ignored rows. grad_loss f32 [n].
-  // glogits has the logits' dtype (it may be the logits themselves), or bf16/f16 for f32 logits: each f32
-  // value rounded once.
+                             double smoothing, const Tensor& loss, const Tensor& lse) = 0;
+  // glogits = grad_loss[row] * (softmax(logits) - (1 - e) * onehot(label) - e / v); 0 for ignored rows.
+  // grad_loss f32 [n]. glogits has the logits' dtype (it may be the logits themselves), or bf16/f16 for f32
+  // logits: each f32 value rounded once.
   virtual void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
-                                      const Tensor& grad_loss, int64_t ignore_index,
+                                      const Tensor& grad_loss, int64_t ignore_index, double smoothing,
                                       const Tensor& glogits) = 0;
   // cross_entropy, then cross_entropy_backward with grad_loss into glogits (the logits themselves, or
   // bf16/f16 for f32 logits): for a loss gradient known before the loss (the chunked LM head). The CPU makes
@@ -215,10 +217,10 @@ class Backend {
   // memory, one exp an element): the loss and lse bits of cross_entropy, the gradient within an f32 rounding
   // or two of the backward's. A backend without a fused kernel runs the two ops.
   virtual void cross_entropy_with_grad(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
-                                       const Tensor& loss, const Tensor& lse, const Tensor& grad_loss,
-                                       const Tensor& glogits) {
-    cross_entropy(logits, labels, ignore_index, loss, lse);
-    cross_entropy_backward(logits, labels, lse, grad_loss, ignore_index, glogits);
+                                       double smoothing, const Tensor& loss, const Tensor& lse,
+                                       const Tensor& grad_loss, const Tensor& glogits) {
+    cross_entropy(logits, labels, ignore_index, smoothing, loss, lse);
+    cross_entropy_backward(logits, labels, lse, grad_loss, ignore_index, smoothing, glogits);
   }
 
   // weight [v, d] contiguous, ids i64 [n] (checked < v), out [n, d].

@@ -203,27 +203,28 @@ void Recorder::rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor&
 }
 
 void Recorder::cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
-                             const Tensor& loss, const Tensor& lse) {
+                             double smoothing, const Tensor& loss, const Tensor& lse) {
   add("cross_entropy", {logits, labels, loss, lse}, {R, R, W, W},
-      [ignore_index](Backend& b, const T& t, uint64_t) {
-        b.cross_entropy(t[0], t[1], ignore_index, t[2], t[3]);
+      [ignore_index, smoothing](Backend& b, const T& t, uint64_t) {
+        b.cross_entropy(t[0], t[1], ignore_index, smoothing, t[2], t[3]);
       });
 }
 
 void Recorder::cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
-                                      const Tensor& grad_loss, int64_t ignore_index, const Tensor& glogits) {
+                                      const Tensor& grad_loss, int64_t ignore_index, double smoothing,
+                                      const Tensor& glogits) {
   add("cross_entropy_backward", {logits, labels, lse, grad_loss, glogits}, {R, R, R, R, W},
-      [ignore_index](Backend& b, const T& t, uint64_t) {
-        b.cross_entropy_backward(t[0], t[1], t[2], t[3], ignore_index, t[4]);
+      [ignore_index, smoothing](Backend& b, const T& t, uint64_t) {
+        b.cross_entropy_backward(t[0], t[1], t[2], t[3], ignore_index, smoothing, t[4]);
       });
 }
 
 void Recorder::cross_entropy_with_grad(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
-                                       const Tensor& loss, const Tensor& lse, const Tensor& grad_loss,
-                                       const Tensor& glogits) {
+                                       double smoothing, const Tensor& loss, const Tensor& lse,
+                                       const Tensor& grad_loss, const Tensor& glogits) {
   add("cross_entropy_with_grad", {logits, labels, loss, lse, grad_loss, glogits}, {R, R, W, W, R, W},
-      [ignore_index](Backend& b, const T& t, uint64_t) {
-        b.cross_entropy_with_grad(t[0], t[1], ignore_index, t[2], t[3], t[4], t[5]);
+      [ignore_index, smoothing](Backend& b, const T& t, uint64_t) {
+        b.cross_entropy_with_grad(t[0], t[1], ignore_index, smoothing, t[2], t[3], t[4], t[5]);
       });
 }
 

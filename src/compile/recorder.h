@@ -94,13 +94,14 @@ class Recorder final : public backend::Backend {
                 const Tensor& residual, const Tensor& sum) override;
   void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& gy,
                          const Tensor& gx, const Tensor& gw, const Tensor& gx_add) override;
-  void cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index, const Tensor& loss,
-                     const Tensor& lse) override;
+  void cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index, double smoothing,
+                     const Tensor& loss, const Tensor& lse) override;
   void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
-                              const Tensor& grad_loss, int64_t ignore_index, const Tensor& glogits) override;
+                              const Tensor& grad_loss, int64_t ignore_index, double smoothing,
+                              const Tensor& glogits) override;
   void cross_entropy_with_grad(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
-                               const Tensor& loss, const Tensor& lse, const Tensor& grad_loss,
-                               const Tensor& glogits) override;
+                               double smoothing, const Tensor& loss, const Tensor& lse,
+                               const Tensor& grad_loss, const Tensor& glogits) override;
   void embedding(const Tensor& weight, const Tensor& ids, const Tensor& out) override;
   void embedding_backward(const Tensor& gy, const Tensor& ids, const Tensor& gweight) override;
   void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions, bool seq_major,

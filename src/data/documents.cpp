@@ -59,8 +59,7 @@ std::string pick_column(const std::vector<std::string>& columns, const DocumentO
   auto has = [&](const std::string& c) {
     return std::find(columns.begin(), columns.end(), c) != columns.end();
   };
-  std::string list;
-  for (const auto& c : columns) list += (list.empty() ? "" : ", ") + c;
+  const std::string list = fmt::format("{}", fmt::join(columns, ", "));
   if (!o.text_column.empty()) {
     TR_CHECK(has(o.text_column), "{}: no column '{}' (--text_column_name); the columns are {}", where,
              o.text_column, list);

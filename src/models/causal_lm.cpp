@@ -55,6 +55,19 @@ Tensor CausalLM::attend(const Tensor& q, const Tensor& k, const Tensor& v, const
   return eager_attention(q, repeat_kv(k), repeat_kv(v), mask, scale, dropout_p, o.dropout_gen, drop);
 }
 
+Tensor neftune_noise(const Tensor& e, double alpha, Generator& gen) {
+  TR_CHECK(e.dim() == 3, "neftune: embeddings must be [B, T, hidden], got {}", e.describe());
+  // HF's neftune_post_forward_hook: alpha / sqrt(seq_len * hidden), each element its own uniform draw. The
+  // noise is a constant to autograd: the embedding's gradient is the plain one.
+  const double mag = alpha / std::sqrt(static_cast<double>(e.size(1) * e.size(2)));
+  return add(e, ops::rand(e.shape(), gen, e.dtype(), e.device(), -mag, mag));
+}
+
+Tensor CausalLM::neftune(const Tensor& e, const ForwardOptions& o) const {
+  if (!o.training || o.dropout_gen == nullptr || o.neftune_noise_alpha <= 0) return e;
+  return neftune_noise(e, o.neftune_noise_alpha, *o.dropout_gen);
+}
+
 Tensor CausalLM::run_layer(const autograd::RegionFn& layer, const Tensor& h, const ForwardOptions& o,
                            size_t index) const {
   const int unit = static_cast<int>(index);
@@ -215,9 +228,9 @@ CausalLMOutput CausalLM::head_and_loss(const Tensor& h, const Tensor& w, const F
   if (out.logits.defined()) {
     Tensor lf = cast(reshape(out.logits, {B * T, out.logits.size(2)}),
                      h.dtype() == DType::f64 ? DType::f64 : DType::f32);
-    sum_loss = cross_entropy(lf, sl, -100, Reduction::sum);
+    sum_loss = cross_entropy(lf, sl, -100, Reduction::sum, opts.label_smoothing);
   } else {
-    sum_loss = linear_cross_entropy_sum(reshape(h, {B * T, D}), w, sl, 1024, -100);
+    sum_loss = linear_cross_entropy_sum(reshape(h, {B * T, D}), w, sl, 1024, -100, opts.label_smoothing);
   }
   if (opts.inv_num_items.defined()) {
     TR_CHECK(opts.inv_num_items.numel() == 1 && opts.inv_num_items.device() == sum_loss.device(),

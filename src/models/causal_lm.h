@@ -53,6 +53,12 @@ struct ForwardOptions {
   // loss is multiplied by it as read on the device, not by a host constant, so a captured step
   // (torch_compile) replays for any label count; the bits are those of num_items_in_batch.
   Tensor inv_num_items;
+  // HF's label_smoothing_factor: each token's loss against (1 - e) * onehot + e / vocab (torch's
+  // label_smoothing); 0 is the plain cross-entropy.
+  double label_smoothing = 0;
+  // HF's neftune_noise_alpha (NEFTune): in training, the token embeddings (before GPT-2's positions are
+  // added) get uniform noise in +-alpha / sqrt(T * hidden), drawn from dropout_gen; 0 is none.
+  double neftune_noise_alpha = 0;
   bool return_logits = true;
   bool training = false;  // dropout on
   Generator* dropout_gen = nullptr;
@@ -60,6 +66,10 @@ struct ForwardOptions {
   KVCache* cache =
       nullptr;  // incremental decoding: input_ids continue the cached positions (mask covers all)
 };
+
+// NEFTune's noise on token embeddings e [B, T, hidden]: e + uniform(-m, m) per element, m = alpha /
+// sqrt(T * hidden), drawn from gen (HF's neftune_post_forward_hook). Differentiable in e (gradient 1).
+Tensor neftune_noise(const Tensor& embeddings, double alpha, Generator& gen);
 
 struct CausalLMOutput {
   Tensor logits;  // [B, T, V] (undefined when not asked for)
@@ -131,6 +141,9 @@ class CausalLM {
   // same generator in either.
   Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& key_keep,
                 double dropout_p, const ForwardOptions& o, int64_t window = 0) const;
+  // The token embeddings with NEFTune's noise when o asks for it in training (ForwardOptions), else as they
+  // are.
+  Tensor neftune(const Tensor& embeddings, const ForwardOptions& o) const;
   // Decoder layer `index`, as a checkpoint region when o.gradient_checkpointing (dropout replayed exactly),
   // between the layer hooks' gather and release when there are hooks.
   Tensor run_layer(const autograd::RegionFn& layer, const Tensor& h, const ForwardOptions& o,

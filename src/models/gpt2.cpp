@@ -81,7 +81,7 @@ class Gpt2 final : public CausalLM {
     const Tensor pos = ops::arange(T, DType::i64, device_, static_cast<double>(past));
     root_begin();
     const Tensor on_embeddings = ops::to_device(ids, placement_.embeddings);
-    Tensor h = add(wte_(on_embeddings), wpe_(ops::to_device(pos, placement_.embeddings)));
+    Tensor h = add(neftune(wte_(on_embeddings), o), wpe_(ops::to_device(pos, placement_.embeddings)));
     if (drop) h = dropout(h, c.embd_pdrop, *o.dropout_gen);
     embeddings_done();
     const bool eager = attn_ == AttnImplementation::eager;  // only eager reads the mask (sdpa: key_keep)

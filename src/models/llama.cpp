@@ -119,7 +119,7 @@ class Llama final : public CausalLM {
     // A split model (device_map): each layer reads these on its own device.
     const LayerInputs inputs({positions, mask, window_mask, keep}, placement_);
     root_begin();
-    Tensor h = embed_(ops::to_device(ids, placement_.embeddings));
+    Tensor h = neftune(embed_(ops::to_device(ids, placement_.embeddings)), o);
     embeddings_done();
     for (size_t li = 0; li < layers_.size(); ++li) {
       const Device dev = placement_.layers[li];

@@ -391,17 +391,25 @@ CrossEntropyOut cross_entropy_outputs(const Tensor& logits, const Tensor& labels
   return {empty(labels.shape(), sd, logits.device()), empty(labels.shape(), sd, logits.device())};
 }
 
+void check_smoothing(double smoothing, const char* op) {
+  TR_CHECK(smoothing >= 0.0 && smoothing <= 1.0, "{}: label_smoothing {} must be between 0.0 and 1.0", op,
+           smoothing);
+}
+
 }  // namespace
 
-CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index) {
+CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
+                              double label_smoothing) {
+  check_smoothing(label_smoothing, "cross_entropy");
   CrossEntropyOut o = cross_entropy_outputs(logits, labels, "cross_entropy");
   Tensor lc = padded_rows(logits) ? logits : contiguous(logits), yc = contiguous(labels);
-  if (runs(o.loss)) be(logits).cross_entropy(lc, yc, ignore_index, o.loss, o.lse);
+  if (runs(o.loss)) be(logits).cross_entropy(lc, yc, ignore_index, label_smoothing, o.loss, o.lse);
   return o;
 }
 
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
-                              const Tensor& grad_loss, int64_t ignore_index) {
+                              const Tensor& grad_loss, int64_t ignore_index, double label_smoothing) {
+  check_smoothing(label_smoothing, "cross_entropy_backward");
   TR_CHECK(grad_loss.numel() == labels.numel() && grad_loss.dtype() == lse.dtype(),
            "cross_entropy_backward: grad {} does not match labels {}", grad_loss.describe(),
            labels.describe());
@@ -411,12 +419,13 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& labels, const 
            logits.describe(), labels.describe(), grad_loss.describe());
   Tensor lc = contiguous(logits), yc = contiguous(labels), gc = contiguous(grad_loss);
   Tensor g = empty(logits.shape(), logits.dtype(), logits.device());
-  if (runs(g)) be(logits).cross_entropy_backward(lc, yc, lse, gc, ignore_index, g);
+  if (runs(g)) be(logits).cross_entropy_backward(lc, yc, lse, gc, ignore_index, label_smoothing, g);
   return g;
 }
 
 void cross_entropy_backward_(const Tensor& logits, const Tensor& labels, const Tensor& lse,
-                             const Tensor& grad_loss, int64_t ignore_index) {
+                             const Tensor& grad_loss, int64_t ignore_index, double label_smoothing) {
+  check_smoothing(label_smoothing, "cross_entropy_backward_");
   TR_CHECK(logits.is_contiguous(), "cross_entropy_backward_: logits {} must be contiguous",
            logits.describe());
   TR_CHECK(grad_loss.numel() == labels.numel() && grad_loss.dtype() == lse.dtype() &&
@@ -425,11 +434,14 @@ void cross_entropy_backward_(const Tensor& logits, const Tensor& labels, const T
            labels.describe(), logits.describe());
   Tensor yc = contiguous(labels), gc = contiguous(grad_loss);
   // Each element is read before it is written, so the kernels run in place.
-  if (runs(logits)) be(logits).cross_entropy_backward(logits, yc, lse, gc, ignore_index, logits);
+  if (runs(logits))
+    be(logits).cross_entropy_backward(logits, yc, lse, gc, ignore_index, label_smoothing, logits);
 }
 
 void cross_entropy_backward_into(const Tensor& logits, const Tensor& labels, const Tensor& lse,
-                                 const Tensor& grad_loss, int64_t ignore_index, const Tensor& out) {
+                                 const Tensor& grad_loss, int64_t ignore_index, const Tensor& out,
+                                 double label_smoothing) {
+  check_smoothing(label_smoothing, "cross_entropy_backward_into");
   TR_CHECK(
       logits.dim() >= 1 && logits.is_contiguous() && logits.dtype() == DType::f32 && out.is_contiguous() &&
           out.shape() == logits.shape() && (out.dtype() == DType::bf16 || out.dtype() == DType::f16) &&
@@ -445,11 +457,13 @@ void cross_entropy_backward_into(const Tensor& logits, const Tensor& labels, con
       "cross_entropy_backward_into: grad {} / lse {} / labels {} do not match logits {} (f32, one per row)",
       grad_loss.describe(), lse.describe(), labels.describe(), logits.describe());
   Tensor yc = contiguous(labels), gc = contiguous(grad_loss);
-  if (runs(out)) be(logits).cross_entropy_backward(logits, yc, lse, gc, ignore_index, out);
+  if (runs(out)) be(logits).cross_entropy_backward(logits, yc, lse, gc, ignore_index, label_smoothing, out);
 }
 
 CrossEntropyOut cross_entropy_with_grad_(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
-                                         const Tensor& grad_loss, const Tensor& glogits) {
+                                         const Tensor& grad_loss, const Tensor& glogits,
+                                         double label_smoothing) {
+  check_smoothing(label_smoothing, "cross_entropy_with_grad_");
   const bool in_place = glogits.storage() == logits.storage() && glogits.offset() == logits.offset() &&
                         glogits.dtype() == logits.dtype();
   TR_CHECK(logits.dim() >= 1 && padded_rows(logits) && padded_rows(glogits) &&
@@ -466,7 +480,8 @@ CrossEntropyOut cross_entropy_with_grad_(const Tensor& logits, const Tensor& lab
            "cross_entropy_with_grad_: grad {} does not match labels {} ({} per row)", grad_loss.describe(),
            labels.describe(), dtype_name(o.lse.dtype()));
   const Tensor yc = contiguous(labels), gc = contiguous(grad_loss);
-  if (runs(o.loss)) be(logits).cross_entropy_with_grad(logits, yc, ignore_index, o.loss, o.lse, gc, glogits);
+  if (runs(o.loss))
+    be(logits).cross_entropy_with_grad(logits, yc, ignore_index, label_smoothing, o.loss, o.lse, gc, glogits);
   return o;
 }
 

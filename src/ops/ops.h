@@ -154,24 +154,29 @@ struct CrossEntropyOut {
   Tensor loss;  // per-row loss (f32, or f64 for f64 logits), 0 where ignored
   Tensor lse;   // per-row logsumexp
 };
-CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index);
+// label_smoothing e in [0, 1], torch's: each row's target is (1 - e) * onehot(label) + e / V, so the loss is
+// (1 - e) * (lse - x[label]) + e * (lse - mean(x)); the default 0 is the plain loss.
+CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
+                              double label_smoothing = 0.0);
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
-                              const Tensor& grad_loss, int64_t ignore_index);
+                              const Tensor& grad_loss, int64_t ignore_index, double label_smoothing = 0.0);
 // The same, overwriting `logits` (contiguous) with its gradient: no second [rows, V] buffer.
 void cross_entropy_backward_(const Tensor& logits, const Tensor& labels, const Tensor& lse,
-                             const Tensor& grad_loss, int64_t ignore_index);
+                             const Tensor& grad_loss, int64_t ignore_index, double label_smoothing = 0.0);
 // The gradient of f32 `logits` written straight into `out` (contiguous, their shape, bf16 or f16): each value
 // the f32 gradient rounded once, as to_dtype of cross_entropy_backward would give, without the f32 [rows, V]
 // gradient ever stored (the chunked LM head's half GEMM operand).
 void cross_entropy_backward_into(const Tensor& logits, const Tensor& labels, const Tensor& lse,
-                                 const Tensor& grad_loss, int64_t ignore_index, const Tensor& out);
+                                 const Tensor& grad_loss, int64_t ignore_index, const Tensor& out,
+                                 double label_smoothing = 0.0);
 // cross_entropy with the gradient for grad_loss (f32, one per row) made in the same call into `glogits`: the
 // logits themselves or, for f32 logits, a bf16/f16 tensor of their shape; either contiguous or a matrix's
 // rows in a wider buffer (cross_entropy reads such logits as they are too). The loss
 // and lse of cross_entropy; the gradient of cross_entropy_backward_ / _into up to f32 rounding (the CPU's
 // fused kernel scales the exps of the sum instead of taking exp(x - lse) again).
 CrossEntropyOut cross_entropy_with_grad_(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
-                                         const Tensor& grad_loss, const Tensor& glogits);
+                                         const Tensor& grad_loss, const Tensor& glogits,
+                                         double label_smoothing = 0.0);
 Tensor embedding(const Tensor& weight, const Tensor& ids);
 Tensor embedding_backward(const Tensor& gy, const Tensor& ids, int64_t num_rows);
 // cos/sin tables [P, D/2] (f32) for the given head dim and base; see rope().

@@ -23,8 +23,7 @@ namespace {
 
 void check_one_of(const std::string& flag, const std::string& v, const std::vector<std::string>& allowed) {
   if (std::find(allowed.begin(), allowed.end(), v) != allowed.end()) return;
-  std::string list;
-  for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+  const std::string list = fmt::format("{}", fmt::join(allowed, ", "));
   fail("--{} '{}' is not one of {}{}", flag, v, list, did_you_mean(v, allowed));
 }
 
@@ -126,6 +125,10 @@ std::string TrainingArguments::best_metric_key() const {
 bool TrainingArguments::best_metric_greater() const {
   const std::string m = best_metric_key();
   return greater_is_better.value_or(!(m.size() >= 4 && m.compare(m.size() - 4, 4, "loss") == 0));
+}
+
+bool TrainingArguments::evaluates_at_end() const {
+  return do_eval || parse_interval_strategy(eval_strategy, "eval_strategy") != IntervalStrategy::no;
 }
 
 namespace {
@@ -296,6 +299,12 @@ void TrainingArguments::validate_optimizer() const {
   TR_CHECK(std::isfinite(weight_decay) && weight_decay >= 0,
            "--weight_decay {}: expected a finite number >= 0", weight_decay);
   TR_CHECK(!std::isnan(max_grad_norm), "--max_grad_norm nan: expected a number (0 or less: no clipping)");
+  // HF takes any value; outside [0, 1] the target has negative weights (torch's label_smoothing refuses it).
+  TR_CHECK(label_smoothing_factor >= 0.0 && label_smoothing_factor <= 1.0,
+           "--label_smoothing_factor {}: expected 0 to 1 (0: no smoothing)", label_smoothing_factor);
+  TR_CHECK(std::isfinite(neftune_noise_alpha) && neftune_noise_alpha >= 0,
+           "--neftune_noise_alpha {}: expected a finite number >= 0 (0: off; NEFTune's paper used 5 to 15)",
+           neftune_noise_alpha);
   TR_CHECK(std::isfinite(num_train_epochs), "--num_train_epochs {}: expected a finite number",
            num_train_epochs);
   TR_CHECK(max_steps > 0 || num_train_epochs > 0, "--max_steps or --num_train_epochs must be positive");
@@ -469,6 +478,21 @@ bool is_hf_default(const nlohmann::json& v, const nlohmann::json& d) {
 
 // The forms HF's files give some fields in (a list, a dict, a bool, "auto"), read into ours; false for a
 // field in its plain form.
+namespace {
+
+// An args file's list of strings (HF's form of fsdp and report_to) as our flag's one string.
+std::string join_strings(const nlohmann::json& list, const std::string& source, const std::string& key,
+                         const char* separator) {
+  std::string joined;
+  for (size_t i = 0; i < list.size(); ++i) {
+    TR_CHECK(list[i].is_string(), "{}: '{}'[{}]: expected a string", source, key, i);
+    joined += (i ? separator : "") + list[i].get<std::string>();
+  }
+  return joined;
+}
+
+}  // namespace
+
 bool TrainingArguments::read_hf_form(const std::string& key, const nlohmann::json& value,
                                      const std::string& source) {
   if (key == "per_device_train_batch_size" && value.is_string()) {
@@ -488,12 +512,7 @@ bool TrainingArguments::read_hf_form(const std::string& key, const nlohmann::jso
     return true;
   }
   if (key == "fsdp" && value.is_array()) {  // HF's to_dict() gives the parsed option list
-    std::string joined;
-    for (size_t i = 0; i < value.size(); ++i) {
-      TR_CHECK(value[i].is_string(), "{}: 'fsdp'[{}]: expected a string", source, i);
-      joined += (i ? " " : "") + value[i].get<std::string>();
-    }
-    fsdp = joined;
+    fsdp = join_strings(value, source, key, " ");
     return true;
   }
   if (key == "include_num_input_tokens_seen" && value.is_boolean()) {  // HF's bool form
@@ -501,11 +520,7 @@ bool TrainingArguments::read_hf_form(const std::string& key, const nlohmann::jso
     return true;
   }
   if (key == "report_to" && value.is_array()) {  // HF's training_args.json holds a list
-    std::string joined;
-    for (size_t i = 0; i < value.size(); ++i) {
-      TR_CHECK(value[i].is_string(), "{}: 'report_to'[{}]: expected a string", source, i);
-      joined += (i ? "," : "") + value[i].get<std::string>();
-    }
+    const std::string joined = join_strings(value, source, key, ",");
     report_to = joined.empty() ? "none" : joined;
     return true;
   }

@@ -48,6 +48,8 @@ struct TrainingArguments {
   int64_t gradient_accumulation_steps = 1;
   double learning_rate = 5e-5, weight_decay = 0.0, adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;
   double max_grad_norm = 1.0;
+  double label_smoothing_factor = 0.0;  // HF's LabelSmoother epsilon (0: none)
+  double neftune_noise_alpha = 0.0;     // NEFTune's embedding noise (HF's None: 0, none)
   double num_train_epochs = 3.0;
   int64_t max_steps = -1;
   std::string lr_scheduler_type = "linear";
@@ -136,6 +138,15 @@ struct TrainingArguments {
   std::string best_metric_key() const;
   // greater_is_better with HF's default (false for a metric ending in "loss").
   bool best_metric_greater() const;
+  // Whether the final model is evaluated: --do_eval, or any eval_strategy (HF turns do_eval on with one,
+  // and run_clm then evaluates the final model).
+  bool evaluates_at_end() const;
+  // Whether each log line carries num_input_tokens_seen (packed blocks have no padding: all = non_padding).
+  bool logs_input_tokens() const {
+    return include_num_input_tokens_seen != "no" && include_num_input_tokens_seen != "false";
+  }
+  // Whether the run reads a validation stream: an evaluation at the end or on start.
+  bool evaluates() const { return evaluates_at_end() || eval_on_start; }
 
   // A model made fresh (--config_name or --model_type) rather than loaded (--model_name_or_path).
   bool from_scratch() const { return !config_name.empty() || !model_type.empty(); }

@@ -83,6 +83,14 @@ const std::vector<ArgSpec>& argument_specs() {
       {"adam_epsilon", &A::adam_epsilon, "", "training"},
       {"max_grad_norm", &A::max_grad_norm, "clip the global gradient L2 norm to this (<= 0: off)",
        "training"},
+      {"label_smoothing_factor", &A::label_smoothing_factor,
+       "label smoothing epsilon, 0 to 1 (0: none): each token's loss against (1 - e) * one-hot + e / vocab, "
+       "normalized by the step's label tokens; eval_loss is smoothed too, as HF's",
+       "training"},
+      {"neftune_noise_alpha", &A::neftune_noise_alpha,
+       "NEFTune: uniform noise in +-alpha / sqrt(block_size * hidden) on the token embeddings of training "
+       "steps (not evaluations); the paper used 5 to 15; 0: off",
+       "training"},
       {"num_train_epochs", &A::num_train_epochs, "epochs (fractions allowed); max_steps > 0 overrides",
        "training"},
       {"max_steps", &A::max_steps, "optimizer steps (-1: from num_train_epochs)", "training"},

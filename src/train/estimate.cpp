@@ -326,8 +326,7 @@ MemoryEstimate DryRun::estimate() {
   ddp_buckets();
   if (a_.eval_on_start) evaluate();  // before the first step, as the run (the caching allocator's order)
   train_steps();
-  if (a_.do_eval || parse_interval_strategy(a_.eval_strategy, "eval_strategy") != IntervalStrategy::no)
-    evaluate();
+  if (a_.evaluates_at_end()) evaluate();
   if (target_.device == MemoryDevice::cuda)
     e_.workspace_bytes = static_cast<int64_t>(backend::kCublasLtWorkspaceBytes);
   // Every save_strategy but "no" saves inside the loop (at the latest after the last step).
@@ -437,6 +436,8 @@ int64_t DryRun::prefetch_on(size_t i) const {
 void DryRun::train_steps() {
   StepOptions so;
   so.gradient_checkpointing = a_.gradient_checkpointing;
+  so.label_smoothing = a_.label_smoothing_factor;
+  so.neftune_noise_alpha = a_.neftune_noise_alpha;  // its noise tensor is part of the forward's memory
   so.max_grad_norm = a_.max_grad_norm;
   so.device = devices_.meta(0);  // where the embeddings are
   so.on_micro_batch = [this](int64_t step, const Tensor&) {

@@ -26,7 +26,7 @@ nlohmann::json EvalResult::to_json(const std::string& prefix) const {
 
 EvalResult evaluate(models::CausalLM& model, std::shared_ptr<const data::TokenStream> stream,
                     int64_t block_size, int64_t batch_size, const std::string& source,
-                    dist::ProcessGroup* group) {
+                    dist::ProcessGroup* group, double label_smoothing) {
   TR_CHECK(stream && stream->size() >= block_size,
            "{}: {} validation tokens, fewer than one block of --block_size {}", source,
            stream ? stream->size() : 0, block_size);
@@ -65,6 +65,7 @@ EvalResult evaluate(models::CausalLM& model, std::shared_ptr<const data::TokenSt
     }
     models::ForwardOptions fo;
     fo.labels = b->labels;
+    fo.label_smoothing = label_smoothing;
     fo.num_items_in_batch = 1.0;  // loss = sum of token losses
     fo.return_logits = false;
     sum += ops::to_device(model.forward(b->input_ids, fo).loss, Device::cpu()).item();
@@ -141,7 +142,8 @@ EvalResult evaluate_command(const TrainingArguments& a) {
                                      std::chrono::milliseconds(a.ddp_timeout * 1000));
   }
   auto r = evaluate(*model, streams.validation, a.block_size, a.per_device_eval_batch_size,
-                    !a.validation_file.empty() ? a.validation_file : a.train_file, group.get());
+                    !a.validation_file.empty() ? a.validation_file : a.train_file, group.get(),
+                    a.label_smoothing_factor);
   if (group && group->rank() != 0) return r;
   write_file((fs::path(a.output_dir) / "eval_results.json").string(), r.to_json().dump(2) + "\n");
   return r;

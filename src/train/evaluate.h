@@ -21,10 +21,11 @@ struct EvalResult {
 
 // No gradients are recorded. Throws when the stream holds fewer tokens than one block. With a `group`, rank r
 // evaluates every size()-th batch from the r-th and the sums are gathered: every rank returns the global
-// result.
+// result. label_smoothing: HF's label_smoothing_factor, whose eval_loss is the smoothed loss (HF's
+// prediction_step calls the same compute_loss as training).
 EvalResult evaluate(models::CausalLM& model, std::shared_ptr<const data::TokenStream> stream,
                     int64_t block_size, int64_t batch_size, const std::string& source,
-                    dist::ProcessGroup* group = nullptr);
+                    dist::ProcessGroup* group = nullptr, double label_smoothing = 0);
 
 // Cross-entropy (nats/token) of `eval` under the add-one-smoothed unigram distribution of `train`.
 double unigram_cross_entropy(const data::TokenStream& train, const data::TokenStream& eval, int64_t vocab);

@@ -49,8 +49,6 @@ const std::vector<UnsupportedArg>& table() {
        "DeepSpeed is a Python library; ZeRO-2/3 are --fsdp shard_grad_op / full_shard here"},
       {"use_liger_kernel", false, "Liger's Triton kernels are Python; --torch_compile fuses our own"},
       {"liger_kernel_config", J(), "Liger's Triton kernels are Python; --torch_compile fuses our own"},
-      {"label_smoothing_factor", 0.0, "not implemented: the loss is HF's plain causal-LM cross-entropy"},
-      {"neftune_noise_alpha", J(), "not implemented: NEFTune's embedding noise is for instruction tuning"},
       {"optim_target_modules", J(), "GaLore/APOLLO/LOMO-style optimizers are not among --optim here"},
       {"fp16_opt_level", "O1",
        "apex AMP's levels; --fp16 is torch.amp's scheme (fp32 masters, loss scaling)"},

@@ -62,8 +62,7 @@ class Kwargs {
   void allow(const std::vector<std::string>& names) const {
     for (auto it = j_.begin(); it != j_.end(); ++it) {
       if (std::find(names.begin(), names.end(), it.key()) != names.end()) continue;
-      std::string list;
-      for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+      const std::string list = fmt::format("{}", fmt::join(names, ", "));
       fail("--lr_scheduler_kwargs: '{}' is not an argument of the {} schedule ({}){}", it.key(), schedule_,
            list.empty() ? "it takes none" : "it takes " + list, did_you_mean(it.key(), names));
     }
@@ -90,8 +89,7 @@ class Kwargs {
   std::optional<std::string> word(const std::string& key, const std::vector<std::string>& valid) const {
     const auto it = j_.find(key);
     if (it == j_.end() || it->is_null()) return std::nullopt;
-    std::string list;
-    for (const auto& v : valid) list += (list.empty() ? "" : ", ") + v;
+    const std::string list = fmt::format("{}", fmt::join(valid, ", "));
     TR_CHECK(it->is_string() && std::find(valid.begin(), valid.end(), it->get<std::string>()) != valid.end(),
              "--lr_scheduler_kwargs: '{}' of {} is {}: expected one of {}", key, schedule_, it->dump(), list);
     return it->get<std::string>();
@@ -120,8 +118,7 @@ LrSchedule::LrSchedule(const std::string& type, const std::string& kwargs, doubl
   const auto& names = scheduler_names();
   const auto it = std::find(names.begin(), names.end(), type);
   if (it == names.end()) {
-    std::string list;
-    for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+    const std::string list = fmt::format("{}", fmt::join(names, ", "));
     fail("--lr_scheduler_type '{}' is not one of {}{}", type, list, did_you_mean(type, names));
   }
   kind_ = static_cast<LrScheduleKind>(it - names.begin());

@@ -137,11 +137,7 @@ std::optional<models::DeferredModel> Run::build_model(int stage) {
   TR_CHECK(a_.block_size <= model_->config().max_position_embeddings,
            "--block_size {} exceeds the model's {} positions", a_.block_size,
            model_->config().max_position_embeddings);
-  streams_ =
-      load_streams(a_, tok_ ? &*tok_ : nullptr, vocab_,
-                   a_.do_eval || a_.eval_on_start ||
-                       parse_interval_strategy(a_.eval_strategy, "eval_strategy") != IntervalStrategy::no,
-                   group_);
+  streams_ = load_streams(a_, tok_ ? &*tok_ : nullptr, vocab_, a_.evaluates(), group_);
   loader_ = make_loader();
   sched_ = make_schedule(a_, loader_->batches_per_epoch());
   return deferred;

@@ -103,6 +103,8 @@ Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& 
     fo.inv_num_items = inv_items_;
     fo.return_logits = false;
     fo.gradient_checkpointing = o_.gradient_checkpointing;
+    fo.label_smoothing = o_.label_smoothing;
+    fo.neftune_noise_alpha = o_.neftune_noise_alpha;
     fo.training = true;
     fo.dropout_gen = &s_.dropout_gen;
     // DDP: each rank draws its rows' part of the global batch's dropout masks (the single process's bits).

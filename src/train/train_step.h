@@ -39,7 +39,9 @@ struct StepState {
 
 struct StepOptions {
   bool gradient_checkpointing = false;
-  double max_grad_norm = 0;  // <= 0: no clipping
+  double label_smoothing = 0;      // HF's label_smoothing_factor (models::ForwardOptions)
+  double neftune_noise_alpha = 0;  // HF's neftune_noise_alpha (models::ForwardOptions)
+  double max_grad_norm = 0;        // <= 0: no clipping
   int64_t torch_empty_cache_steps = 0;
   Device device = Device::cpu();
   // torch_compile's inductor backend: the captured step's elementwise chains fused (where the device's

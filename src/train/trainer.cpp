@@ -68,7 +68,7 @@ bool Run::evaluate_at(int64_t step, bool scheduled) {
   EvalResult e;
   try {
     e = evaluate(*model_, streams_.validation, a_.block_size, a_.per_device_eval_batch_size,
-                 validation_source(a_), group_);
+                 validation_source(a_), group_, a_.label_smoothing_factor);
   } catch (const OutOfMemoryError& oom) {
     // Not the training batch's fault: auto_find_batch_size must not shrink it (HF's known pain).
     fail("evaluation ran out of memory; lower --per_device_eval_batch_size ({}): {}",
@@ -213,8 +213,7 @@ void Run::after_step(int64_t step, const StepResult& s, double lr, int64_t start
                        {"grad_norm", s.grad_norm},
                        {"epoch", sched_.epoch(step + 1)},
                        {"tokens_per_second", tps}};
-  if (a_.include_num_input_tokens_seen != "no" && a_.include_num_input_tokens_seen != "false")
-    entry["num_input_tokens_seen"] = st_.num_input_tokens_seen;
+  if (a_.logs_input_tokens()) entry["num_input_tokens_seen"] = st_.num_input_tokens_seen;
   if (mp_->loss_scaling()) {
     entry["loss_scale"] = mp_->loss_scale();
     entry["skipped_steps"] = st_.skipped_steps;
@@ -234,6 +233,8 @@ void Run::log(const nlohmann::json& entry) {
 StepOptions Run::step_options() const {
   StepOptions so;
   so.gradient_checkpointing = a_.gradient_checkpointing;
+  so.label_smoothing = a_.label_smoothing_factor;
+  so.neftune_noise_alpha = a_.neftune_noise_alpha;
   so.max_grad_norm = a_.max_grad_norm;
   so.torch_empty_cache_steps = a_.torch_empty_cache_steps;
   so.device = dev_;
@@ -458,7 +459,7 @@ void Run::finish_with_best() {
     std::fprintf(stderr, "train: load_best_model_at_end: the final model is %s's (%s %g at step %lld)\n",
                  st_.best_model_checkpoint.c_str(), a_.best_metric_key().c_str(), st_.best_metric,
                  static_cast<long long>(best));
-  if (!((a_.do_eval || sched_.eval != IntervalStrategy::no) && streams_.validation)) return;
+  if (!(a_.evaluates_at_end() && streams_.validation)) return;
   const nlohmann::json* found = nullptr;
   for (const auto& e : st_.log_history)
     if (e.contains("eval_loss") && e.value("step", int64_t{-1}) == best) found = &e;
@@ -485,8 +486,7 @@ void Run::finish_with_best() {
 // The files of a finished run, as HF's Trainer leaves them: results, the final model and tokenizer, state.
 void Run::finish() {
   const int64_t total = sched_.total;
-  // HF turns do_eval on with an eval_strategy (run_clm then evaluates the final model).
-  const bool final_eval = (a_.do_eval || sched_.eval != IntervalStrategy::no) && streams_.validation;
+  const bool final_eval = a_.evaluates_at_end() && streams_.validation;
   const bool best = final_model_is_best();
   if (best)
     finish_with_best();

@@ -34,19 +34,49 @@ inline float row_lse(const float* xr, int64_t v, bool wide, float* e = nullptr, 
   return mx + std::log(s);
 }
 
-// One f32 row's gradient g * softmax(x) - g at the label, into out (which may be xr).
-inline void row_grad(const float* xr, float l, float g, int64_t label, float* out, int64_t v, bool wide) {
+// Label smoothing e (backend.h): the loss of a row from its logsumexp l, label logit xl and logit sum sx;
+// e = 0 is the plain loss's bits.
+template <typename A>
+inline A smoothed_loss(A l, A xl, A sx, A e, int64_t v) {
+  return e == A(0) ? l - xl : (A(1) - e) * (l - xl) + e * (l - sx / static_cast<A>(v));
+}
+
+// What a row's gradient g * softmax(x) loses with smoothing e: `off` at every element (+0 without smoothing,
+// so the plain gradient's bits stay) and `at` more at the label (exactly g without smoothing).
+template <typename A>
+struct SmoothedTarget {
+  A off, at;
+  SmoothedTarget(A g, A e, int64_t v)
+      : off(e == A(0) ? A(0) : g * e / static_cast<A>(v)), at(g * (A(1) - e)) {}
+  template <typename F>
+  void apply(F* out, int64_t label, int64_t v) const {
+    if (off != A(0))
+      for (int64_t i = 0; i < v; ++i) out[i] -= off;
+    out[label] -= at;
+  }
+};
+
+inline float row_sum(const float* xr, int64_t v) {
+  float s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < v; ++i) s += xr[i];
+  return s;
+}
+
+// One f32 row's gradient g * softmax(x) - g * ((1 - e) * onehot + e / v), into out (which may be xr).
+inline void row_grad(const float* xr, float l, float g, int64_t label, float* out, int64_t v, bool wide,
+                     float e) {
   if (wide)
     exp_scale_512(xr, l, g, out, v);
   else
     exp_scale(xr, l, g, out, v);
-  out[label] -= g;
+  SmoothedTarget<float>(g, e, v).apply(out, label, v);
 }
 
 }  // namespace
 
 void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
-                               const Tensor& loss, const Tensor& lse) {
+                               double smoothing, const Tensor& loss, const Tensor& lse) {
   const int64_t v = logits.shape().back();
   const int64_t rows = logits.numel() / std::max<int64_t>(v, 1), ldx = backend::row_stride(logits);
   check_labels(labels, v, ignore_index, "cross_entropy");
@@ -57,6 +87,7 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, int64
     A* out = static_cast<A*>(loss.data_ptr());
     A* lsep = static_cast<A*>(lse.data_ptr());
     const bool wide = cpu_has_avx512f();
+    const A e = static_cast<A>(smoothing);
     constexpr bool kHalf = std::is_same_v<A, float> && !std::is_same_v<T, float>;
 #pragma omp parallel num_threads(threads_for(rows* v * 2))
     {
@@ -71,20 +102,23 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, int64
           continue;
         }
         const T* xr = xp + r * ldx;
-        A l;
+        A l, sx = 0;  // sx: the row's sum, for smoothing's mean
         if constexpr (std::is_same_v<T, float>) {
           l = row_lse(xr, v, wide);
+          if (e != 0) sx = row_sum(xr, v);
         } else if constexpr (kHalf) {
           widen_run(xr, buf.data(), v);
           l = row_lse(buf.data(), v, wide);
+          if (e != 0) sx = row_sum(buf.data(), v);
         } else {
           A mx = -std::numeric_limits<A>::infinity(), s = 0;
           for (int64_t i = 0; i < v; ++i) mx = std::max(mx, load(xr, i));
           for (int64_t i = 0; i < v; ++i) s += backend::exp_(load(xr, i) - mx);
+          for (int64_t i = 0; i < v && e != 0; ++i) sx += load(xr, i);
           l = mx + std::log(s);
         }
         lsep[r] = l;
-        out[r] = l - load(xr, lp[r]);
+        out[r] = smoothed_loss<A>(l, load(xr, lp[r]), sx, e, v);
       }
     }
   });
@@ -98,7 +132,7 @@ namespace {
 template <typename H>
 void cross_entropy_backward_to_half(const float* xp, int64_t ldx, const int64_t* lp, const float* lsep,
                                     const float* gl, H* gp, int64_t ldg, int64_t rows, int64_t v,
-                                    int64_t ignore_index) {
+                                    int64_t ignore_index, float e) {
   const bool wide = cpu_has_avx512f();
 #pragma omp parallel num_threads(threads_for(rows* v * 2))
   {
@@ -110,7 +144,7 @@ void cross_entropy_backward_to_half(const float* xp, int64_t ldx, const int64_t*
         std::memset(static_cast<void*>(out), 0, static_cast<size_t>(v) * sizeof(H));  // +0 in bf16 and f16
         continue;
       }
-      row_grad(xp + r * ldx, lsep[r], gl[r], lp[r], buf.data(), v, wide);
+      row_grad(xp + r * ldx, lsep[r], gl[r], lp[r], buf.data(), v, wide, e);
       narrow_run(buf.data(), out, v);
     }
   }
@@ -119,7 +153,7 @@ void cross_entropy_backward_to_half(const float* xp, int64_t ldx, const int64_t*
 }  // namespace
 
 void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
-                                        const Tensor& grad_loss, int64_t ignore_index,
+                                        const Tensor& grad_loss, int64_t ignore_index, double smoothing,
                                         const Tensor& glogits) {
   const int64_t v = logits.shape().back();
   const int64_t rows = logits.numel() / std::max<int64_t>(v, 1);
@@ -132,10 +166,12 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& labe
     const float *xp = logits.data<float>(), *lsep = lse.data<float>(), *gl = grad_loss.data<float>();
     if (glogits.dtype() == DType::bf16)
       cross_entropy_backward_to_half(xp, ldx, labels.data<int64_t>(), lsep, gl,
-                                     static_cast<BFloat16*>(glogits.data_ptr()), ldg, rows, v, ignore_index);
+                                     static_cast<BFloat16*>(glogits.data_ptr()), ldg, rows, v, ignore_index,
+                                     static_cast<float>(smoothing));
     else
       cross_entropy_backward_to_half(xp, ldx, labels.data<int64_t>(), lsep, gl,
-                                     static_cast<Half*>(glogits.data_ptr()), ldg, rows, v, ignore_index);
+                                     static_cast<Half*>(glogits.data_ptr()), ldg, rows, v, ignore_index,
+                                     static_cast<float>(smoothing));
     return;
   }
   dispatch_float(logits.dtype(), "cross_entropy_backward", [&]<typename T>() {
@@ -146,6 +182,7 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& labe
     const A* gl = static_cast<const A*>(grad_loss.data_ptr());
     T* gp = static_cast<T*>(glogits.data_ptr());
     const bool wide = cpu_has_avx512f();
+    const A e = static_cast<A>(smoothing);
     constexpr bool kHalf = std::is_same_v<A, float> && !std::is_same_v<T, float>;
 #pragma omp parallel num_threads(threads_for(rows* v * 2))
     {
@@ -162,14 +199,15 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& labe
         const T* xr = xp + r * ldx;
         const A g = gl[r], l = lsep[r];
         if constexpr (std::is_same_v<T, float>) {
-          row_grad(xr, l, g, lp[r], out, v, wide);
+          row_grad(xr, l, g, lp[r], out, v, wide, e);
         } else if constexpr (kHalf) {
           widen_run(xr, buf.data(), v);
-          row_grad(buf.data(), l, g, lp[r], buf.data(), v, wide);
+          row_grad(buf.data(), l, g, lp[r], buf.data(), v, wide, e);
           narrow_run(buf.data(), out, v);
         } else {
-          for (int64_t i = 0; i < v; ++i) store(out, i, g * backend::exp_(load(xr, i) - l));
-          store(out, lp[r], load(out, lp[r]) - g);
+          const SmoothedTarget<A> t(g, e, v);
+          for (int64_t i = 0; i < v; ++i) store(out, i, g * backend::exp_(load(xr, i) - l) - t.off);
+          store(out, lp[r], load(out, lp[r]) - t.at);
         }
       }
     }
@@ -183,12 +221,13 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& labe
 // an f32 rounding or two of cross_entropy_backward's exp(x - lse) * grad. Bound by the exp (~20 flops an
 // element) once the row is in cache.
 void CpuBackend::cross_entropy_with_grad(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
-                                         const Tensor& loss, const Tensor& lse, const Tensor& grad_loss,
-                                         const Tensor& glogits) {
+                                         double smoothing, const Tensor& loss, const Tensor& lse,
+                                         const Tensor& grad_loss, const Tensor& glogits) {
   if (logits.dtype() != DType::f32) {
-    Backend::cross_entropy_with_grad(logits, labels, ignore_index, loss, lse, grad_loss, glogits);
+    Backend::cross_entropy_with_grad(logits, labels, ignore_index, smoothing, loss, lse, grad_loss, glogits);
     return;
   }
+  const float eps = static_cast<float>(smoothing);
   const int64_t v = logits.shape().back();
   const int64_t rows = logits.numel() / std::max<int64_t>(v, 1);
   check_labels(labels, v, ignore_index, "cross_entropy");
@@ -214,13 +253,14 @@ void CpuBackend::cross_entropy_with_grad(const Tensor& logits, const Tensor& lab
         continue;
       }
       const float at_label = xr[lp[r]];  // read before an in-place gradient overwrites it
+      const float sx = eps != 0 ? row_sum(xr, v) : 0.0f;
       float* e = gdt == DType::f32 ? reinterpret_cast<float*>(g) : buf.data();
       float sum = 0;
       const float l = row_lse(xr, v, wide, e, &sum);
       lsep[r] = l;
-      out[r] = l - at_label;
+      out[r] = smoothed_loss(l, at_label, sx, eps, v);
       const float k = gl[r] / sum;
-      if (gdt == DType::bf16 && wide) {
+      if (gdt == DType::bf16 && wide && eps == 0) {
         // Scaled and rounded in one pass over the row in L2, streamed past the cache: the [rows, V] gradient
         // is far larger than it, so ordinary stores would first read every line they write. The label's
         // value is made as the two-pass form makes it (scaled, then the gradient subtracted, then rounded).
@@ -234,7 +274,7 @@ void CpuBackend::cross_entropy_with_grad(const Tensor& logits, const Tensor& lab
       }
 #pragma omp simd
       for (int64_t i = 0; i < v; ++i) e[i] *= k;
-      e[lp[r]] -= gl[r];
+      SmoothedTarget<float>(gl[r], eps, v).apply(e, lp[r], v);
       if (gdt == DType::bf16)
         narrow_run(e, reinterpret_cast<BFloat16*>(g), v);
       else if (gdt == DType::f16)

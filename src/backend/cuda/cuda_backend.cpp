@@ -260,29 +260,31 @@ class CudaBackend final : public backend::Backend {
                             mut_ptr_or_null(gx), mut_ptr_or_null(gw), rows_of(x), last_dim(x),
                             ptr_or_null(gx_add), scratch);
   }
-  void cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index, const Tensor& loss,
-                     const Tensor& lse) override {
+  void cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index, double smoothing,
+                     const Tensor& loss, const Tensor& lse) override {
     // Labels are checked on the device; a bad one is reported at the next synchronization.
     cuda::cross_entropy(stream(), logits.dtype(), logits.data_ptr(), backend::row_stride(logits),
                         labels.data<int64_t>(), loss.data_ptr(), lse.data_ptr(), rows_of(logits),
-                        last_dim(logits), ignore_index, bad_index());
+                        last_dim(logits), ignore_index, smoothing, bad_index());
   }
   void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& lse,
-                              const Tensor& grad_loss, int64_t ignore_index, const Tensor& glogits) override {
+                              const Tensor& grad_loss, int64_t ignore_index, double smoothing,
+                              const Tensor& glogits) override {
     check_logit_gradient(logits, glogits);
     cuda::cross_entropy_backward(stream(), logits.dtype(), logits.data_ptr(), backend::row_stride(logits),
                                  labels.data<int64_t>(), lse.data_ptr(), grad_loss.data_ptr(),
                                  glogits.data_ptr(), glogits.dtype(), backend::row_stride(glogits),
-                                 rows_of(logits), last_dim(logits), ignore_index);
+                                 rows_of(logits), last_dim(logits), ignore_index, smoothing);
   }
   void cross_entropy_with_grad(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
-                               const Tensor& loss, const Tensor& lse, const Tensor& grad_loss,
-                               const Tensor& glogits) override {
+                               double smoothing, const Tensor& loss, const Tensor& lse,
+                               const Tensor& grad_loss, const Tensor& glogits) override {
     check_logit_gradient(logits, glogits);
-    cuda::cross_entropy_with_grad(
-        stream(), logits.dtype(), logits.data_ptr(), backend::row_stride(logits), labels.data<int64_t>(),
-        loss.data_ptr(), lse.data_ptr(), grad_loss.data_ptr(), glogits.data_ptr(), glogits.dtype(),
-        backend::row_stride(glogits), rows_of(logits), last_dim(logits), ignore_index, bad_index());
+    cuda::cross_entropy_with_grad(stream(), logits.dtype(), logits.data_ptr(), backend::row_stride(logits),
+                                  labels.data<int64_t>(), loss.data_ptr(), lse.data_ptr(),
+                                  grad_loss.data_ptr(), glogits.data_ptr(), glogits.dtype(),
+                                  backend::row_stride(glogits), rows_of(logits), last_dim(logits),
+                                  ignore_index, smoothing, bad_index());
   }
   static void check_logit_gradient(const Tensor& logits, const Tensor& glogits) {
     TR_CHECK(glogits.dtype() == logits.dtype() ||

@@ -111,19 +111,22 @@ void rms_norm_backward(Stream stream, DType dt, const void* x, const void* w, co
                        const void* gy, void* gx, void* gw, int64_t rows, int64_t n, const void* gadd,
                        Scratch& scratch);
 // A label outside [0, v) that is not ignore_index is flagged (kBadLabel); its row's loss and gradient are 0.
-// Rows of v logits ldx apart (v, or a padded buffer's row stride).
+// Rows of v logits ldx apart (v, or a padded buffer's row stride). smoothing: torch's label_smoothing
+// (backend.h), 0 for the plain loss.
 void cross_entropy(Stream stream, DType dt, const void* logits, int64_t ldx, const int64_t* labels,
-                   void* loss, void* lse, int64_t rows, int64_t v, int64_t ignore_index, int64_t* bad);
+                   void* loss, void* lse, int64_t rows, int64_t v, int64_t ignore_index, double smoothing,
+                   int64_t* bad);
 // glogits in `gdt`: the logits' dtype, or bf16/f16 for f32 logits (the f32 value rounded once); its rows ldg
 // apart.
 void cross_entropy_backward(Stream stream, DType dt, const void* logits, int64_t ldx, const int64_t* labels,
                             const void* lse, const void* grad_loss, void* glogits, DType gdt, int64_t ldg,
-                            int64_t rows, int64_t v, int64_t ignore_index);
+                            int64_t rows, int64_t v, int64_t ignore_index, double smoothing);
 // Both in one kernel (the loss pass, then the gradient from the row's fresh logsumexp): glogits may be the
 // logits themselves. The loss and lse bits are cross_entropy's, the gradient's cross_entropy_backward's.
 void cross_entropy_with_grad(Stream stream, DType dt, const void* logits, int64_t ldx, const int64_t* labels,
                              void* loss, void* lse, const void* grad_loss, void* glogits, DType gdt,
-                             int64_t ldg, int64_t rows, int64_t v, int64_t ignore_index, int64_t* bad);
+                             int64_t ldg, int64_t rows, int64_t v, int64_t ignore_index, double smoothing,
+                             int64_t* bad);
 // An id outside [0, v) is flagged (kBadEmbeddingIndex) and its row is 0.
 void embedding(Stream stream, DType dt, const void* weight, const int64_t* ids, void* out, int64_t n,
                int64_t v, int64_t d, int64_t* bad);

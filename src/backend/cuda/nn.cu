@@ -416,14 +416,15 @@ void dispatch_ce(DType dt, DType gdt, F&& f) {
 }  // namespace
 
 void cross_entropy(Stream stream, DType dt, const void* logits, int64_t ldx, const int64_t* labels,
-                   void* loss, void* lse, int64_t rows, int64_t v, int64_t ignore_index, int64_t* bad) {
+                   void* loss, void* lse, int64_t rows, int64_t v, int64_t ignore_index, double smoothing,
+                   int64_t* bad) {
   if (rows == 0) return;
   dispatch_float(dt, [&]<typename T>() {
     using A = acc_t<T>;
     launch_ce<rows::CeMode::loss, T, T>(
         stream,
         {static_cast<const T*>(logits), ldx, labels, static_cast<A*>(loss), static_cast<A*>(lse), nullptr,
-         nullptr, 0, v, ignore_index, bad, false, false},
+         nullptr, 0, v, ignore_index, bad, false, false, static_cast<A>(smoothing)},
         rows);
   });
   TR_CUDA_LAUNCH_CHECK("cross_entropy");
@@ -431,7 +432,7 @@ void cross_entropy(Stream stream, DType dt, const void* logits, int64_t ldx, con
 
 void cross_entropy_backward(Stream stream, DType dt, const void* logits, int64_t ldx, const int64_t* labels,
                             const void* lse, const void* grad_loss, void* glogits, DType gdt, int64_t ldg,
-                            int64_t rows, int64_t v, int64_t ignore_index) {
+                            int64_t rows, int64_t v, int64_t ignore_index, double smoothing) {
   if (rows == 0) return;
   dispatch_ce(dt, gdt, [&]<typename T, typename G>() {
     using A = acc_t<T>;
@@ -439,7 +440,7 @@ void cross_entropy_backward(Stream stream, DType dt, const void* logits, int64_t
         stream,
         {static_cast<const T*>(logits), ldx, labels, nullptr, const_cast<A*>(static_cast<const A*>(lse)),
          static_cast<const A*>(grad_loss), static_cast<G*>(glogits), ldg, v, ignore_index, nullptr, false,
-         false},
+         false, static_cast<A>(smoothing)},
         rows);
   });
   TR_CUDA_LAUNCH_CHECK("cross_entropy_backward");
@@ -447,14 +448,16 @@ void cross_entropy_backward(Stream stream, DType dt, const void* logits, int64_t
 
 void cross_entropy_with_grad(Stream stream, DType dt, const void* logits, int64_t ldx, const int64_t* labels,
                              void* loss, void* lse, const void* grad_loss, void* glogits, DType gdt,
-                             int64_t ldg, int64_t rows, int64_t v, int64_t ignore_index, int64_t* bad) {
+                             int64_t ldg, int64_t rows, int64_t v, int64_t ignore_index, double smoothing,
+                             int64_t* bad) {
   if (rows == 0) return;
   dispatch_ce(dt, gdt, [&]<typename T, typename G>() {
     using A = acc_t<T>;
     launch_ce<rows::CeMode::both, T, G>(
         stream,
         {static_cast<const T*>(logits), ldx, labels, static_cast<A*>(loss), static_cast<A*>(lse),
-         static_cast<const A*>(grad_loss), static_cast<G*>(glogits), ldg, v, ignore_index, bad, false, false},
+         static_cast<const A*>(grad_loss), static_cast<G*>(glogits), ldg, v, ignore_index, bad, false, false,
+         static_cast<A>(smoothing)},
         rows);
   });
   TR_CUDA_LAUNCH_CHECK("cross_entropy_with_grad");

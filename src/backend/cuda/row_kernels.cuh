@@ -125,6 +125,19 @@ __device__ __forceinline__ MaxSum<A> block_merge(MaxSum<A> v, double* sh) {
   return t;
 }
 
+// A plain sum over a block (as block_merge): every thread gets it. Waits for readers of `sh` first.
+template <typename A>
+__device__ __forceinline__ A block_sum(A v, double* sh) {
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) sh[warp] = static_cast<double>(v);
+  __syncthreads();
+  A t = static_cast<A>(sh[0]);
+  for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) t += static_cast<A>(sh[w]);
+  return t;
+}
+
 // What a cross-entropy launch computes: the loss (loss and lse written), the gradient (from lse, or from the
 // loss pass in the same kernel), or both.
 enum class CeMode { loss, grad, both };
@@ -143,6 +156,7 @@ struct CeRows {
   int64_t* bad;      // a label out of range is flagged here (kernels.h BadIndexKind)
   bool packed;       // every logits row 16-byte aligned: packs, else one element at a time
   bool packed_grad;  // packed, and every gradient row on a pack boundary too: the gradient written in packs
+  acc_t<T> smoothing = 0;  // torch's label_smoothing e: the target is (1 - e) * onehot + e / v
 };
 
 // Whether a launch may move rows as packs: every logits row (and gradient row, when g is given) starts on a
@@ -183,22 +197,26 @@ __global__ void __launch_bounds__(1024) cross_entropy_rows_kernel(const CeRows<T
       // The label's logit, read before any thread of `both` can overwrite it.
       const A xl = ld(x, label);
       MaxSum<A> acc{-INFINITY, 0};
+      A sx = 0;  // the row's sum, for label smoothing's mean
       for (int64_t j = tid; j < packs; j += threads) {
         const In p = reinterpret_cast<const In*>(x)[j];
         A e[V];
 #pragma unroll
-        for (int k = 0; k < V; ++k) e[k] = ld(p.v, k);
+        for (int k = 0; k < V; ++k) e[k] = ld(p.v, k), sx += e[k];
         acc = absorb<A, V>(acc, e);
       }
       for (int64_t i = tail + tid; i < a.v; i += threads) {
         const A e[1] = {ld(x, i)};
+        sx += e[0];
         acc = absorb<A, 1>(acc, e);
       }
       acc = block_merge(acc, sh);
       l = acc.m + std::log(acc.s);
+      const A eps = a.smoothing;
+      if (eps != A(0)) sx = block_sum(sx, sh);  // the whole block takes this branch
       if (tid == 0) {
         a.lse[row] = l;
-        a.loss[row] = l - xl;
+        a.loss[row] = eps == A(0) ? l - xl : (A(1) - eps) * (l - xl) + eps * (l - sx / static_cast<A>(a.v));
       }
     }
   } else {
@@ -207,6 +225,10 @@ __global__ void __launch_bounds__(1024) cross_entropy_rows_kernel(const CeRows<T
   if constexpr (kMode != CeMode::loss) {
     G* g = a.glogits + row * a.ldg;
     const A gl = skip ? A(0) : a.grad_loss[row];
+    // Label smoothing takes gl * e / v from every element and gl * (1 - e) at the label; e = 0 subtracts +0
+    // and exactly gl: the plain gradient's bits.
+    const A off = a.smoothing == A(0) ? A(0) : gl * a.smoothing / static_cast<A>(a.v);
+    const A at = gl * (A(1) - a.smoothing);
     const int64_t gpacks = a.packed_grad ? packs : 0, gtail = gpacks * V;
     for (int64_t j = tid; j < gpacks; j += threads) {
       Out o;
@@ -217,15 +239,15 @@ __global__ void __launch_bounds__(1024) cross_entropy_rows_kernel(const CeRows<T
         const In p = load_last(reinterpret_cast<const In*>(x) + j);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-          const A q = mul_rn(gl, row_exp(ld(p.v, k) - l));
-          st(o.v, k, j * V + k == label ? q - gl : q);
+          const A q = mul_rn(gl, row_exp(ld(p.v, k) - l)) - off;
+          st(o.v, k, j * V + k == label ? q - at : q);
         }
       }
       reinterpret_cast<Out*>(g)[j] = o;
     }
     for (int64_t i = gtail + tid; i < a.v; i += threads) {
-      const A q = skip ? A(0) : mul_rn(gl, row_exp(ld(x, i) - l));
-      st(g, i, i == label ? q - gl : q);
+      const A q = skip ? A(0) : mul_rn(gl, row_exp(ld(x, i) - l)) - off;
+      st(g, i, i == label ? q - at : q);
     }
   }
 }
