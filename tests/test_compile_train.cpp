@@ -333,7 +333,8 @@ TEST(Compile, ARecordedRegionReplaysOnNewInputs) {
 }
 
 // On a GPU, inductor and cudagraphs replay each step as one CUDA graph (captured once, as the result says)
-// with eager's bits; with dropout too (the kernels add each launch's Philox shift, read on the device).
+// with eager's bits; with dropout and NEFTune's noise too (the kernels add each launch's Philox shift, read
+// on the device).
 TEST(CompileGpu, CudaGraphReplaysEqualEagerBitForBit) {
   if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: CUDA graph replay NOT tested";
   for (const char* backend_name : {"inductor", "cudagraphs"})
@@ -344,6 +345,7 @@ TEST(CompileGpu, CudaGraphReplaysEqualEagerBitForBit) {
       a.use_cpu = false;
       a.bf16 = true;
       a.gradient_accumulation_steps = 2;
+      a.neftune_noise_alpha = dropout > 0 ? 5.0 : 0.0;
       const auto eager = train::train(a);
       train::TrainingArguments b = a;
       b.output_dir = (s.dir / "compiled").string();

@@ -664,29 +664,36 @@ TEST(Neftune, UniformNoiseOnTheTokenEmbeddingsInTrainingOnly) {
   const double n = static_cast<double>(a.size());
   EXPECT_LE(top, mag * (1 + 1e-6));
   EXPECT_GT(top, 0.99 * mag);
-  EXPECT_NEAR(total / n, 0.0, 4 * mag / std::sqrt(3 * n));     // the mean of U(-m, m): 0 +- 4 sigma
+  EXPECT_NEAR(total / n, 0.0, 4 * mag / std::sqrt(3 * n));   // the mean of U(-m, m): 0 +- 4 sigma
   EXPECT_NEAR(sq / n, mag * mag / 3, 0.05 * mag * mag / 3);  // its variance m^2 / 3
   autograd::backward({sum(out)});
   for (double g : test::values(e.grad())) ASSERT_EQ(g, 1.0);
-  // In a model: training forwards see noise, evaluations do not.
-  nlohmann::json cfg = {{"model_type", "llama"},   {"vocab_size", 64},       {"hidden_size", D},
-                        {"intermediate_size", 64}, {"num_hidden_layers", 1}, {"num_attention_heads", 4}};
-  Generator init(3);
-  auto m =
-      models::create_causal_lm(models::ModelConfig::from_json(cfg, "cfg"), Device::cpu(), DType::f32, init);
-  const Tensor ids = ops::from_vector<int64_t>({1, 5, 9, 13, 2, 6, 10, 14}, {2, 4});
-  const auto loss = [&](bool training, double a) {
-    autograd::NoGradGuard ng;
-    Generator g(5);
-    models::ForwardOptions fo;
-    fo.labels = ids;
-    fo.training = training;
-    fo.dropout_gen = &g;
-    fo.neftune_noise_alpha = a;
-    return m->forward(ids, fo).loss.item();
-  };
-  EXPECT_NE(loss(true, 15.0), loss(true, 0.0));
-  EXPECT_EQ(loss(false, 15.0), loss(false, 0.0));
+  // In either model family: training forwards see noise, evaluations do not.
+  const nlohmann::json llama = {{"model_type", "llama"},  {"vocab_size", 64},
+                                {"hidden_size", D},       {"intermediate_size", 64},
+                                {"num_hidden_layers", 1}, {"num_attention_heads", 4}};
+  const nlohmann::json gpt2 = {{"model_type", "gpt2"}, {"vocab_size", 64},  {"n_embd", D},
+                               {"n_layer", 1},         {"n_head", 4},       {"n_positions", 16},
+                               {"resid_pdrop", 0.0},   {"embd_pdrop", 0.0}, {"attn_pdrop", 0.0}};
+  for (const auto& cfg : {llama, gpt2}) {
+    Generator init(3);
+    auto m =
+        models::create_causal_lm(models::ModelConfig::from_json(cfg, "cfg"), Device::cpu(), DType::f32, init);
+    const Tensor ids = ops::from_vector<int64_t>({1, 5, 9, 13, 2, 6, 10, 14}, {2, 4});
+    const auto loss = [&](bool training, double a) {
+      autograd::NoGradGuard ng;
+      Generator g(5);
+      models::ForwardOptions fo;
+      fo.labels = ids;
+      fo.training = training;
+      fo.dropout_gen = &g;
+      fo.neftune_noise_alpha = a;
+      return m->forward(ids, fo).loss.item();
+    };
+    EXPECT_NE(loss(true, 15.0), loss(true, 0.0)) << cfg.dump();
+    EXPECT_EQ(loss(true, 0.0), loss(false, 0.0)) << cfg.dump();  // no dropout: training alone changes nothing
+    EXPECT_EQ(loss(false, 15.0), loss(false, 0.0)) << cfg.dump();
+  }
 }
 
 }  // namespace

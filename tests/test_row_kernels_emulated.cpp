@@ -224,7 +224,9 @@ TEST(RowKernelsEmulated, CrossEntropyWithLabelSmoothing) {
     check_ce<float, float>(c, true, 11, 0.1);
     check_ce<float, float>(c, false, 12, 0.1);
     check_ce<__nv_bfloat16, __nv_bfloat16>(c, true, 13, 0.1);
+    check_ce<__half, __half>(c, true, 14, 0.1);
     check_ce<float, __nv_bfloat16>(c, true, 15, 0.1);
+    check_ce<float, __half>(c, false, 16, 0.1);
     check_ce<double, double>(c, true, 17, 0.1);
   }
 }

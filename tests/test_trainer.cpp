@@ -196,7 +196,8 @@ train::TrainingArguments eval_args_of(const train::TrainingArguments& a, const f
 
 // label_smoothing_factor: the smoothed loss normalized by the label tokens of the whole step (HF's
 // LabelSmoother given num_items_in_batch, transformers#47261): two micro-batches of 2 train as one batch of
-// 4; the loss and the eval_loss are the smoothed ones (HF's prediction_step runs the same compute_loss),
+// 4 (packed blocks hold equal label counts; unequal ones are test_models' Loss.LabelSmoothing...); the loss
+// and the eval_loss are the smoothed ones (HF's prediction_step runs the same compute_loss),
 // `trainer eval` with the factor gives the run's eval_loss again.
 TEST(TrainerLoss, LabelSmoothingTrainsAccumulatesAndEvaluatesSmoothed) {
   Scratch s("trainer_smoothing");
@@ -227,8 +228,9 @@ TEST(TrainerLoss, LabelSmoothingTrainsAccumulatesAndEvaluatesSmoothed) {
 }
 
 // neftune_noise_alpha: the training steps' embeddings are noised (the losses differ from a plain run's),
-// evaluations are not (the run's eval_loss is its final model's plain one), and the noise comes from the
-// checkpointed generator: a run resumed after a crash takes the uninterrupted run's steps bit for bit.
+// evaluations are not (the run's eval_loss is `trainer eval`'s of its final model; models::ForwardOptions
+// adds noise only in training, test_models' Neftune), and the noise comes from the checkpointed generator: a
+// run resumed after a crash takes the uninterrupted run's steps bit for bit.
 TEST(TrainerNeftune, NoisyStepsCleanEvaluationsExactResume) {
   Scratch s("trainer_neftune");
   auto a = s.args("run");
@@ -244,7 +246,6 @@ TEST(TrainerNeftune, NoisyStepsCleanEvaluationsExactResume) {
   ASSERT_EQ(full.losses.size(), 6u);
   EXPECT_NE(full.losses[0], plain.losses[0]);
   train::TrainingArguments e = eval_args_of(a, s.dir / "eval");
-  e.neftune_noise_alpha = 0;
   EXPECT_NEAR(train::evaluate_command(e).loss, full.evals.back().loss, 1e-6);
   auto b = a;
   b.output_dir = (s.dir / "crashed").string();

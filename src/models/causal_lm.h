@@ -68,7 +68,9 @@ struct ForwardOptions {
 };
 
 // NEFTune's noise on token embeddings e [B, T, hidden]: e + uniform(-m, m) per element, m = alpha /
-// sqrt(T * hidden), drawn from gen (HF's neftune_post_forward_hook). Differentiable in e (gradient 1).
+// sqrt(T * hidden), drawn from gen (HF's neftune_post_forward_hook). Differentiable in e (gradient 1). The
+// noise is drawn in e's dtype (under bf16 it is rounded to bf16 before the add; HF's autocast adds f32 noise
+// to f32 embeddings) - a difference far below the noise itself.
 Tensor neftune_noise(const Tensor& embeddings, double alpha, Generator& gen);
 
 struct CausalLMOutput {

@@ -184,12 +184,13 @@ class CudaBackend final : public backend::Backend {
   // Random fills bake their offsets into a graph: refused while capturing (the step then runs kernel by
   // kernel).
   void random_normal(const Tensor& out, double mean, double std, uint64_t seed, uint64_t offset) override {
-    TR_CHECK(!capturing_, "a random fill (randn) inside the captured step");
-    cuda::random_normal(stream(), out.data_ptr(), out.dtype(), out.numel(), mean, std, seed, offset);
+    // Captured (NEFTune's noise in a compiled step): the offset moves with each replay's shift.
+    cuda::random_normal(stream(), out.data_ptr(), out.dtype(), out.numel(), mean, std, seed, offset,
+                        captured_shift(1.0));
   }
   void random_uniform(const Tensor& out, double lo, double hi, uint64_t seed, uint64_t offset) override {
-    TR_CHECK(!capturing_, "a random fill (rand) inside the captured step");
-    cuda::random_uniform(stream(), out.data_ptr(), out.dtype(), out.numel(), lo, hi, seed, offset);
+    cuda::random_uniform(stream(), out.data_ptr(), out.dtype(), out.numel(), lo, hi, seed, offset,
+                         captured_shift(1.0));
   }
   void unary(backend::UnaryOp op, const Tensor& x, const Tensor& out) override {
     cuda::unary(stream(), op, x.dtype(), x.data_ptr(), out.data_ptr(),

@@ -76,7 +76,9 @@ __global__ void arange_kernel(T* out, int64_t n, double start, double step) {
 }
 
 template <typename T>
-__global__ void normal_kernel(T* out, int64_t n, double mean, double std, uint64_t seed, uint64_t offset) {
+__global__ void normal_kernel(T* out, int64_t n, double mean, double std, uint64_t seed, uint64_t offset,
+                              const uint64_t* shift) {
+  if (shift) offset += *shift;
   GRID_STRIDE(i, n) {
     float u1 = uniform_from_word(philox_word(seed, offset, 2 * static_cast<uint64_t>(i)));
     float u2 = uniform_from_word(philox_word(seed, offset, 2 * static_cast<uint64_t>(i) + 1));
@@ -87,7 +89,9 @@ __global__ void normal_kernel(T* out, int64_t n, double mean, double std, uint64
 }
 
 template <typename T>
-__global__ void uniform_kernel(T* out, int64_t n, double lo, double hi, uint64_t seed, uint64_t offset) {
+__global__ void uniform_kernel(T* out, int64_t n, double lo, double hi, uint64_t seed, uint64_t offset,
+                               const uint64_t* shift) {
+  if (shift) offset += *shift;
   GRID_STRIDE(i, n) {
     double u = uniform_from_word(philox_word(seed, offset, static_cast<uint64_t>(i)));
     st(out, i, static_cast<acc_t<T>>(lo + (hi - lo) * u));
@@ -236,17 +240,19 @@ void arange(Stream stream, void* out, DType dt, int64_t n, double start, double 
 }
 
 void random_normal(Stream stream, void* out, DType dt, int64_t n, double mean, double std, uint64_t seed,
-                   uint64_t offset) {
+                   uint64_t offset, const uint64_t* shift) {
   dispatch_float(dt, [&]<typename T>() {
-    normal_kernel<T><<<blocks_for(n), 256, 0, stream>>>(static_cast<T*>(out), n, mean, std, seed, offset);
+    normal_kernel<T>
+        <<<blocks_for(n), 256, 0, stream>>>(static_cast<T*>(out), n, mean, std, seed, offset, shift);
   });
   TR_CUDA_LAUNCH_CHECK("random_normal");
 }
 
 void random_uniform(Stream stream, void* out, DType dt, int64_t n, double lo, double hi, uint64_t seed,
-                    uint64_t offset) {
+                    uint64_t offset, const uint64_t* shift) {
   dispatch_float(dt, [&]<typename T>() {
-    uniform_kernel<T><<<blocks_for(n), 256, 0, stream>>>(static_cast<T*>(out), n, lo, hi, seed, offset);
+    uniform_kernel<T>
+        <<<blocks_for(n), 256, 0, stream>>>(static_cast<T*>(out), n, lo, hi, seed, offset, shift);
   });
   TR_CUDA_LAUNCH_CHECK("random_uniform");
 }

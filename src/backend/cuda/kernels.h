@@ -45,10 +45,11 @@ using backend::UnaryOp;
 void copy(Stream stream, const void* src, DType st, void* dst, DType dt, const Strided& g, int64_t n);
 void fill(Stream stream, void* out, DType dt, int64_t n, double value);
 void arange(Stream stream, void* out, DType dt, int64_t n, double start, double step);
+// shift: as dropout's below (a captured step's draw moves with each replay: NEFTune's noise).
 void random_normal(Stream stream, void* out, DType dt, int64_t n, double mean, double std, uint64_t seed,
-                   uint64_t offset);
+                   uint64_t offset, const uint64_t* shift = nullptr);
 void random_uniform(Stream stream, void* out, DType dt, int64_t n, double lo, double hi, uint64_t seed,
-                    uint64_t offset);
+                    uint64_t offset, const uint64_t* shift = nullptr);
 void unary(Stream stream, UnaryOp op, DType dt, const void* x, void* y, const Strided& g, int64_t n);
 void unary_backward(Stream stream, UnaryOp op, DType dt, const void* x, const void* gy, void* gx, int64_t n);
 void binary(Stream stream, BinaryOp op, DType dt, const void* a, const void* b, void* out, const Strided& g,
