@@ -27,28 +27,33 @@ __attribute__((target("avx512f"))) inline __m256i bf16_round16(__m512 f) {
   return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet_nan));
 }
 
-// y[i] = bf16(x[i] * k) for i < n (one thread). With `stream`, the 32-byte aligned middle is written by
-// non-temporal stores (ordered by the sfence before returning).
+// y[i] = bf16(x[i] * k - s) for i < n (one thread): the product rounded to f32, then the difference (s = +0
+// leaves the product's bits). With `stream`, the 32-byte aligned middle is written by non-temporal stores
+// (ordered by the sfence before returning).
 __attribute__((target("avx512f"))) inline void scale_narrow_bf16_512(const float* x, float k, BFloat16* y,
-                                                                     int64_t n, bool stream) {
+                                                                     int64_t n, bool stream, float s = 0.0f) {
   uint16_t* bits = reinterpret_cast<uint16_t*>(y);
+  const auto one = [k, s](float v) {
+    float p = v * k;
+    asm("" : "+x"(p));  // rounded on its own: never contracted into an FMA with the subtraction
+    return bf16_bits_branch_free(p - s);
+  };
   int64_t i = 0;
   if (stream) {  // to the first 32-byte boundary one by one (y is 2-byte aligned)
-    for (; i < n && (reinterpret_cast<uintptr_t>(bits + i) & 31) != 0; ++i)
-      bits[i] = bf16_bits_branch_free(x[i] * k);
+    for (; i < n && (reinterpret_cast<uintptr_t>(bits + i) & 31) != 0; ++i) bits[i] = one(x[i]);
   }
-  const __m512 kk = _mm512_set1_ps(k);
+  const __m512 kk = _mm512_set1_ps(k), ss = _mm512_set1_ps(s);
   if (stream) {
     for (; i + 16 <= n; i += 16)
       _mm256_stream_si256(reinterpret_cast<__m256i*>(bits + i),
-                          bf16_round16(_mm512_mul_ps(_mm512_loadu_ps(x + i), kk)));
+                          bf16_round16(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), kk), ss)));
     _mm_sfence();
   } else {
     for (; i + 16 <= n; i += 16)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + i),
-                          bf16_round16(_mm512_mul_ps(_mm512_loadu_ps(x + i), kk)));
+                          bf16_round16(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), kk), ss)));
   }
-  for (; i < n; ++i) bits[i] = bf16_bits_branch_free(x[i] * k);
+  for (; i < n; ++i) bits[i] = one(x[i]);
 }
 
 __attribute__((target("avx512f"))) inline __m512 unpacklo64(__m512 a, __m512 b) {

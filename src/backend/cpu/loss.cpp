@@ -260,21 +260,23 @@ void CpuBackend::cross_entropy_with_grad(const Tensor& logits, const Tensor& lab
       lsep[r] = l;
       out[r] = smoothed_loss(l, at_label, sx, eps, v);
       const float k = gl[r] / sum;
-      if (gdt == DType::bf16 && wide && eps == 0) {
-        // Scaled and rounded in one pass over the row in L2, streamed past the cache: the [rows, V] gradient
-        // is far larger than it, so ordinary stores would first read every line they write. The label's
-        // value is made as the two-pass form makes it (scaled, then the gradient subtracted, then rounded).
+      const SmoothedTarget<float> target(gl[r], eps, v);
+      if (gdt == DType::bf16 && wide) {
+        // Scaled (label smoothing's e / V taken off) and rounded in one pass over the row in L2, streamed
+        // past the cache: the [rows, V] gradient is far larger than it, so ordinary stores would first read
+        // every line they write. The label's value is made as the two-pass form makes it (scaled, the
+        // smoothing's share and the gradient subtracted, then rounded).
         float scaled = e[lp[r]] * k;
         asm("" : "+x"(scaled));  // materialized: never contracted into an FMA with the subtraction
-        const float at = scaled - gl[r];
+        const float at = (scaled - target.off) - target.at;
         BFloat16* h = reinterpret_cast<BFloat16*>(g);
-        scale_narrow_bf16_512(e, k, h, v, true);
+        scale_narrow_bf16_512(e, k, h, v, true, target.off);
         h[lp[r]] = from_f32<BFloat16>(at);
         continue;
       }
 #pragma omp simd
       for (int64_t i = 0; i < v; ++i) e[i] *= k;
-      SmoothedTarget<float>(gl[r], eps, v).apply(e, lp[r], v);
+      target.apply(e, lp[r], v);
       if (gdt == DType::bf16)
         narrow_run(e, reinterpret_cast<BFloat16*>(g), v);
       else if (gdt == DType::f16)
