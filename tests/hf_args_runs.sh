@@ -52,6 +52,50 @@ echo "--model_type gpt2 --config_overrides: trained, config.json edited"
   --optim adamw_torch >"$work/dump.txt" 2>&1 || { tail -c 2000 "$work/dump.txt"; fail "HF's full arguments dump"; }
 echo "HF's TrainingArguments dump: trained"
 
+# --deepspeed with HF's ZeRO-2 example config (every value "auto"): DeepSpeed's WarmupDecayLR (the first two
+# steps at warmup_min_lr, then DeepSpeed's log warmup and linear decay) and its fp16 loss scaler (2^16,
+# hysteresis 2) in the checkpoint; an arguments file's dict form trains the same.
+cat >"$work/ds_zero2.json" <<'JSON'
+{"fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16, "hysteresis": 2,
+          "min_loss_scale": 1},
+ "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+ "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto", "warmup_min_lr": "auto",
+               "warmup_max_lr": "auto", "warmup_num_steps": "auto"}},
+ "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": true}, "overlap_comm": true,
+                       "reduce_bucket_size": "auto", "contiguous_gradients": true},
+ "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 2000,
+ "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": false}
+JSON
+ds=("${common[@]}" --per_device_train_batch_size 2 --max_steps 6 --logging_steps 1 --learning_rate 1e-3
+  --warmup_steps 3 --save_steps 3 --fp16 --disable_tqdm)
+"$trainer" train "${ds[@]}" --output_dir "$work/ds" --deepspeed "$work/ds_zero2.json" >"$work/ds.txt" 2>&1 ||
+  { tail -c 2000 "$work/ds.txt"; fail "--deepspeed with HF's ZeRO-2 example"; }
+python3 - "$work/ds" "$work/ds_zero2.json" >"$work/ds_args.json" <<'PY' || fail "--deepspeed: the run's rates or scaler"
+import json, math, sys
+out = sys.argv[1]
+lrs = [json.loads(l)["learning_rate"] for l in open(out + "/metrics.jsonl") if '"loss"' in l]
+# WarmupDecayLR(total 6, warmup 3, min 0, max 1e-3), stepped after each applied step from iteration -1.
+want = [0.0] + [1e-3 * (math.log(i + 1) / math.log(3) if i < 3 else (6 - i) / 3) for i in range(5)]
+assert len(lrs) == 6 and all(abs(a - b) < 1e-15 for a, b in zip(lrs, want)), (lrs, want)
+sc = json.load(open(out + "/checkpoint-3/scaler.json"))
+assert sc["delayed_shift"] == 2 and sc["scale_window"] == 1000 and sc["cur_iter"] == 3, sc
+args = json.load(open(out + "/training_args.json"))
+assert args["fsdp"] == "shard_grad_op offload" and args["deepspeed"].endswith("ds_zero2.json"), args
+args["deepspeed"] = json.load(open(sys.argv[2]))  # HF's dict form, in an arguments file
+for k in ("output_dir", "logging_dir"):
+    del args[k]
+print(json.dumps(args))
+PY
+"$trainer" train "$work/ds_args.json" --output_dir "$work/ds_dict" >"$work/ds_dict.txt" 2>&1 ||
+  { tail -c 2000 "$work/ds_dict.txt"; fail "--deepspeed as an arguments file's dict"; }
+cmp <(grep -o '"loss": [^,]*' "$work/ds/metrics.jsonl") <(grep -o '"loss": [^,]*' "$work/ds_dict/metrics.jsonl") ||
+  fail "the dict form trained other numbers"
+# `trainer estimate` reads the config's stage and offload as the run does.
+est=("$trainer" estimate "${common[@]}" --per_device_train_batch_size 2 --world_size 2)
+cmp <("${est[@]}" --deepspeed "$work/ds_zero2.json" 2>&1) <("${est[@]}" --fsdp "shard_grad_op offload" 2>&1) ||
+  fail "trainer estimate --deepspeed differs from --fsdp \"shard_grad_op offload\""
+echo "--deepspeed: HF's ZeRO-2 example trained with WarmupDecayLR's rates and DeepSpeed's fp16 scaler"
+
 # What we do not have: the reason, before any work.
 refused() { # expected message, flags...
   local want=$1
@@ -61,7 +105,9 @@ refused() { # expected message, flags...
   [[ ! -e $work/refused ]] || fail "a refused run made its output_dir"
 }
 refused "--push_to_hub: HF's argument is not supported here: the Hugging Face Hub needs the network" --push_to_hub
-refused "--deepspeed: HF's argument is not supported here: DeepSpeed is a Python library" --deepspeed ds.json
+refused "--deepspeed $work/missing.json: cannot open" --deepspeed "$work/missing.json"
+echo '{"optimizer": {"type": "AdamW", "params": {"lr": 3e-5}}}' >"$work/ds_lr.json"
+refused "- ds optimizer.params.lr=3e-05 vs hf learning_rate=5e-05" --deepspeed "$work/ds_lr.json"
 refused "--dataset_name: HF's argument is not supported here: datasets from the Hub" --dataset_name wikitext
 refused "--config_overrides can't be used in combination with --config_name" --config_overrides n_layer=1
 refused "--save_safetensors false: weights are saved as safetensors only" --save_safetensors false

@@ -4,7 +4,8 @@
 #     ranks 1 and 2 run idle micro-batches, split evaluation with idle batches): losses, grad norms and
 #     eval_loss within 1e-5 relative per step for GPT-2 (tied head, uneven shards) and Llama (GQA, untied
 #     head), with gradient checkpointing, collectives of 1 MB (the embedding in 7 chunks), SGD and dropout;
-#     bf16 and fp16 within their bounds; a rerun and every fsdp_config prefetch mode bit-identical;
+#     bf16 and fp16 within their bounds; a rerun, every fsdp_config prefetch mode and --deepspeed's stage 3
+#     (offload_optimizer cpu) bit-identical;
 #  2. memory: each rank's peak below ZeRO-2's and DDP's at 3 ranks (Llama, 8 layers), optimizer state 1/3 of
 #     DDP's; `trainer estimate --world_size N --fsdp full_shard` equal to rank 0's measured peak;
 #  3. checkpoints: the saved weights evaluate as the one-process run's (within 1e-5); resume bit-exact at the
@@ -24,6 +25,12 @@ many full_w3 3 2 --config_name gpt2.json --fsdp "full_shard auto_wrap"
 grep -q "x 3 processes (ZeRO-3 full_shard over gloo" full_w3.log || fail "the sharded run does not say so"
 compare gpt2_w1 full_w2 1e-5
 compare gpt2_w1 full_w3 1e-5
+# --deepspeed's stage 3 with offload_optimizer cpu: --fsdp "full_shard offload", whose bits are full_shard's.
+echo '{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "stage3_prefetch_bucket_size": "auto",
+  "stage3_param_persistence_threshold": "auto", "stage3_gather_16bit_weights_on_model_save": true},
+  "train_micro_batch_size_per_gpu": "auto", "gradient_clipping": "auto"}' >ds_zero3.json
+many ds_full_w2 2 3 --config_name gpt2.json --deepspeed ds_zero3.json
+compare full_w2 ds_full_w2 0
 one llama_w1 6 --config_name llama.json
 many llama_full_w3 3 2 --config_name llama.json --fsdp full_shard
 compare llama_w1 llama_full_w3 1e-5

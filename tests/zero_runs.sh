@@ -10,6 +10,7 @@
 #     (within 1e-5); a one-process checkpoint continued sharded at 2; SGD's momentum across world sizes;
 #  4. SIGTERM to the launcher: one checkpoint with every rank's file, exit 0; two nodes (two launchers) equal
 #     one when they share output_dir, and are refused before training when they do not;
+#     --deepspeed's ZeRO-2 config the same bits as --fsdp shard_grad_op;
 #  5. bad input: an optimizer that needs whole tensors, offload without a strategy, a rank file missing on
 #     resume (full_shard's own: zero3_runs.sh).
 # Usage: zero_runs.sh TRAINER TOKENIZER_DIR TEXT WORK_DIR
@@ -38,6 +39,21 @@ many zero_w3_again 3 2 --config_name gpt2.json --fsdp shard_grad_op
 compare zero_w3 zero_w3_again 0
 many zero_w3_small 3 2 --config_name gpt2.json --fsdp shard_grad_op --ddp_bucket_cap_mb 1
 compare zero_w3 zero_w3_small 0
+# --deepspeed: HF's ZeRO-2 example (DeepSpeed's AdamW, every value "auto") trains the bits of --fsdp
+# shard_grad_op; a config whose train_batch_size was written for another world size gets HF's mismatch.
+echo '{"optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+  "zero_optimization": {"stage": 2, "overlap_comm": true, "reduce_bucket_size": "auto", "contiguous_gradients": true},
+  "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "train_batch_size": "auto",
+  "train_micro_batch_size_per_gpu": "auto", "steps_per_print": 2000}' >ds_zero2.json
+many ds_zero_w2 2 3 --config_name gpt2.json --deepspeed ds_zero2.json
+compare zero_w2 ds_zero_w2 0
+echo '{"zero_optimization": {"stage": 2}, "train_batch_size": 12}' >ds_12.json
+next_port
+"$trainer" launch --nproc_per_node 3 --master_port "$port" train "${common[@]}" --config_name gpt2.json \
+  --per_device_train_batch_size 3 --output_dir ds_18 --deepspeed ds_12.json >ds_18.log 2>&1 &&
+  fail "a train_batch_size written for 2 ranks trained at 3"
+grep -qF -- "- ds train_batch_size=12 vs hf train_batch_size (calculated)=18" ds_18.log ||
+  { tail ds_18.log; fail "the world's train_batch_size mismatch"; }
 many zero_w3_compile 3 2 --config_name gpt2.json --fsdp shard_grad_op --torch_compile
 compare zero_w3 zero_w3_compile 0
 # --fsdp offload on the host: the shard is in host memory already (said once), the same bits. Off the host

@@ -23,6 +23,7 @@
 #include "data/tokenize.h"
 #include "dist/env.h"
 #include "dist/launcher.h"
+#include "train/deepspeed_config.h"
 #include "train/dist_setup.h"
 #include "train/estimate.h"
 #include "train/trainer.h"
@@ -187,6 +188,10 @@ tr::report::RunSummary run_summary(const tr::train::TrainingArguments& a, const 
 int estimate(tr::train::TrainingArguments a, const std::string& device_name, const std::string& memory,
              bool json, int world, int nproc_per_node) {
   const tr::train::MemoryTarget target{world, nproc_per_node, tr::train::parse_memory_device(device_name)};
+  // A --deepspeed config's ZeRO stage and optimizer as flags (what `train` would run); the knob table then
+  // varies those flags.
+  a = tr::train::apply_deepspeed_config(a, std::max(1, world));
+  a.deepspeed.clear();
   const bool cuda = target.device == tr::train::MemoryDevice::cuda;
   const int64_t budget = memory.empty() ? 0 : tr::train::parse_memory_size(memory, "device_memory");
   TR_CHECK(budget == 0 || a.device_map.empty(),

@@ -13,6 +13,7 @@
 #include "core/suggest.h"
 #include "core/threads.h"
 #include "optim/optimizer.h"
+#include "train/deepspeed_config.h"
 #include "train/lr_schedule.h"
 
 namespace tr::train {
@@ -373,7 +374,8 @@ void TrainingArguments::validate_distributed() const {
            "--ddp_timeout must be in [1, 2592000] seconds (30 days), got {}", ddp_timeout);
   TR_CHECK(ddp_bucket_cap_mb > 0 && ddp_bucket_cap_mb <= 65536,
            "--ddp_bucket_cap_mb must be in [1, 65536], got {}", ddp_bucket_cap_mb);
-  fsdp_options();  // throws on an unknown option
+  fsdp_options();                                                  // throws on an unknown option
+  if (!deepspeed.empty()) (void)read_deepspeed_config(deepspeed);  // a bad file fails before any work
   TR_CHECK(pad_vocab_to_multiple_of >= 0 && pad_vocab_to_multiple_of <= (1 << 20),
            "--pad_vocab_to_multiple_of must be in [0, 1048576], got {}", pad_vocab_to_multiple_of);
   report_names(report_to);  // throws on an unknown integration
@@ -507,8 +509,8 @@ bool TrainingArguments::read_hf_form(const std::string& key, const nlohmann::jso
         value.empty() ? "" : value.dump();
     return true;
   }
-  if (key == "fsdp_config" && value.is_object()) {  // HF's dict form
-    fsdp_config = value.empty() ? "" : value.dump();
+  if ((key == "fsdp_config" || key == "deepspeed") && value.is_object()) {  // HF's dict form
+    this->*(key == "deepspeed" ? &A::deepspeed : &A::fsdp_config) = value.empty() ? "" : value.dump();
     return true;
   }
   if (key == "fsdp" && value.is_array()) {  // HF's to_dict() gives the parsed option list

@@ -103,6 +103,7 @@ struct TrainingArguments {
   bool ddp_find_unused_parameters = false, ddp_broadcast_buffers = false;
   std::string fsdp;         // space-separated: full_shard shard_grad_op hybrid_shard offload auto_wrap ...
   std::string fsdp_config;  // a JSON file of FSDP options
+  std::string deepspeed;    // a DeepSpeed config file (or its JSON text): ZeRO stage, AdamW, schedule, fp16
   bool average_tokens_across_devices = true;  // the loss normalized by the label tokens of every rank
   // run_clm's and HF's arguments that do something here
   int64_t max_train_samples = 0, max_eval_samples = 0;  // the first N blocks (0: all; HF's None)

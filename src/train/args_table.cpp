@@ -234,6 +234,13 @@ const std::vector<ArgSpec>& argument_specs() {
        "distributed"},
       {"fsdp_config", &A::fsdp_config, "a JSON file of FSDP options (an arguments file may hold HF's dict)",
        "distributed"},
+      {"deepspeed", &A::deepspeed,
+       "a DeepSpeed config (ds_config.json, or an arguments file's dict), read as HF's Trainer reads it: "
+       "\"auto\" values take the flags', others must equal them; zero_optimization.stage 1-2 trains as "
+       "--fsdp "
+       "shard_grad_op, 3 as full_shard, offload_optimizer cpu adds offload; its Adam/AdamW, WarmupLR, "
+       "WarmupDecayLR, WarmupCosineLR and fp16 loss scaler run with DeepSpeed's arithmetic",
+       "distributed"},
       {"average_tokens_across_devices", &A::average_tokens_across_devices,
        "normalize the loss by the label tokens of all ranks (false: each rank by its own, gradients "
        "averaged)",

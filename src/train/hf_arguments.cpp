@@ -45,8 +45,6 @@ const std::vector<UnsupportedArg>& table() {
       {"dtype", J(), "training keeps fp32 master weights; --bf16 / --fp16 choose the compute precision"},
       {"torch_dtype", J(),
        "training keeps fp32 master weights; --bf16 / --fp16 choose the compute precision"},
-      {"deepspeed", J(),
-       "DeepSpeed is a Python library; ZeRO-2/3 are --fsdp shard_grad_op / full_shard here"},
       {"use_liger_kernel", false, "Liger's Triton kernels are Python; --torch_compile fuses our own"},
       {"liger_kernel_config", J(), "Liger's Triton kernels are Python; --torch_compile fuses our own"},
       {"optim_target_modules", J(), "GaLore/APOLLO/LOMO-style optimizers are not among --optim here"},

@@ -181,6 +181,7 @@ LrSchedule::LrSchedule(const std::string& type, const std::string& kwargs, doubl
       num_cycles_ = k.number("num_cycles", 0, kHuge, "a number >= 0").value_or(0.5);
       break;
     }
+    case LrScheduleKind::deepspeed: break;  // not a --lr_scheduler_type name
     case LrScheduleKind::reduce_lr_on_plateau: {
       k.allow({"mode", "factor", "patience", "threshold", "threshold_mode", "cooldown", "min_lr", "eps"});
       PlateauState& p = plateau_;
@@ -199,9 +200,40 @@ LrSchedule::LrSchedule(const std::string& type, const std::string& kwargs, doubl
   }
 }
 
+LrSchedule::LrSchedule(const DeepSpeedSchedule& ds, double base_lr)
+    : kind_(LrScheduleKind::deepspeed), base_(base_lr), ds_(ds) {}
+
 double LrSchedule::at(int64_t step, int64_t warmup, int64_t total) const {
   if (kind_ == LrScheduleKind::reduce_lr_on_plateau) return plateau_.lr;
+  if (kind_ == LrScheduleKind::deepspeed) return deepspeed_at(step, warmup, total);
   return base_ * factor(step, warmup, total);
+}
+
+// DeepSpeed's schedules in its own arithmetic (Python floats): W = max(2, warmup_num_steps); the warmup's
+// gamma is log(i + 1) / log(W) or i / W at scheduler iteration i; WarmupDecayLR then falls linearly to 0 at
+// total_num_steps, WarmupCosineLR follows a cosine from 1 to cos_min_ratio. The engine steps the scheduler
+// after every applied optimizer step, from iteration -1 (the rate set at construction), so applied step
+// `step` runs at iteration step - 1.
+double LrSchedule::deepspeed_at(int64_t step, int64_t warmup, int64_t total) const {
+  const int64_t it = step - 1;
+  const bool cosine = ds_.kind == DeepSpeedSchedule::Kind::warmup_cosine_lr;
+  if (it < 0) return cosine ? 0.0 : ds_.warmup_min_lr;  // before the first scheduler step
+  const int64_t w = std::max<int64_t>(2, ds_.warmup_num_steps.value_or(warmup));
+  const double max_lr = ds_.warmup_max_lr.value_or(base_);
+  const double i = static_cast<double>(it), W = static_cast<double>(w), T = static_cast<double>(total);
+  double gamma = 1.0;
+  if (it < w) gamma = ds_.log_warmup ? (1.0 / std::log(W)) * std::log(i + 1.0) : i / W;
+  if (cosine) {
+    double ratio = ds_.warmup_min_ratio + gamma * (1.0 - ds_.warmup_min_ratio);
+    if (it >= w) {
+      const double c = (1.0 + std::cos(M_PI * (i - W + 1.0) / (T - W))) / 2.0;
+      ratio = std::max(0.0, ds_.cos_min_ratio + (1.0 - ds_.cos_min_ratio) * c);
+    }
+    return base_ * ratio;
+  }
+  if (ds_.kind == DeepSpeedSchedule::Kind::warmup_decay_lr && it >= w)
+    gamma = std::max(0.0, (T - i) / std::max(1.0, T - W));
+  return ds_.warmup_min_lr + (max_lr - ds_.warmup_min_lr) * gamma;
 }
 
 // Each branch is HF's lambda for that schedule (transformers/optimization.py), in doubles as Python's floats.
@@ -210,6 +242,7 @@ double LrSchedule::factor(int64_t step, int64_t warmup, int64_t total) const {
   const double progress = (t - w) / std::max(1.0, T - w);
   switch (kind_) {
     case LrScheduleKind::constant: return 1.0;
+    case LrScheduleKind::deepspeed: return base_ > 0 ? deepspeed_at(step, warmup, total) / base_ : 0.0;
     case LrScheduleKind::reduce_lr_on_plateau: return plateau_.lr / base_;
     case LrScheduleKind::warmup_stable_decay: break;
     case LrScheduleKind::cosine_warmup_with_min_lr:  // its own warmup: +1 shifted, or from warmup_lr_rate

@@ -3,6 +3,7 @@
 // training loop asks for the rate of each optimizer step.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,10 +23,23 @@ enum class LrScheduleKind {
   cosine_with_min_lr,
   cosine_warmup_with_min_lr,
   warmup_stable_decay,
+  deepspeed,  // a --deepspeed config's "scheduler" section (DeepSpeedSchedule), not a --lr_scheduler_type
 };
 
 // The shape of a warmup or decay phase of warmup_stable_decay.
 enum class WsdCurve { linear, cosine, one_minus_sqrt };
+
+// DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR (deepspeed/runtime/lr_schedules.py), which a
+// --deepspeed config's "scheduler" section runs in place of --lr_scheduler_type. "auto" (nullopt) is the
+// run's own value, which HF fills in; a key the config leaves out keeps DeepSpeed's default (HF adds none).
+struct DeepSpeedSchedule {
+  enum class Kind { warmup_lr, warmup_decay_lr, warmup_cosine_lr } kind = Kind::warmup_lr;
+  bool log_warmup = true;                             // warmup_type "log" (DeepSpeed's default) or "linear"
+  std::optional<int64_t> warmup_num_steps = 1000;     // nullopt: the run's warmup steps
+  double warmup_min_lr = 0;                           // WarmupLR, WarmupDecayLR
+  std::optional<double> warmup_max_lr = 1e-3;         // nullopt: --learning_rate
+  double warmup_min_ratio = 0, cos_min_ratio = 1e-4;  // WarmupCosineLR (of --learning_rate)
+};
 
 // --lr_scheduler_type's names, in HF's SchedulerType order.
 const std::vector<std::string>& scheduler_names();
@@ -56,10 +70,13 @@ class LrSchedule {
   // Throws naming --lr_scheduler_type / --lr_scheduler_kwargs for an unknown name, an argument the schedule
   // does not take, a value of the wrong type or range. `kwargs`: "" or a JSON object.
   LrSchedule(const std::string& type, const std::string& kwargs, double base_lr);
+  LrSchedule(const DeepSpeedSchedule& ds, double base_lr);
 
   LrScheduleKind kind() const { return kind_; }
   // The rate of 0-based optimizer step `step` of `total`, after `warmup` warmup steps (HF's LambdaLR:
-  // base_lr times the schedule's factor). reduce_lr_on_plateau: the plateau state's rate.
+  // base_lr times the schedule's factor). reduce_lr_on_plateau: the plateau state's rate. deepspeed: the
+  // rate DeepSpeed's engine gives the optimizer step after `step` applied ones (its scheduler steps after
+  // each, from iteration -1, so the first two steps run at the warmup's start).
   double at(int64_t step, int64_t warmup, int64_t total) const;
   // The factor alone (base_lr 1).
   double factor(int64_t step, int64_t warmup, int64_t total) const;
@@ -77,6 +94,9 @@ class LrSchedule {
   int64_t num_stable_steps_ = -1, num_decay_steps_ = 0;  // warmup_stable_decay (stable -1: the rest)
   WsdCurve warmup_curve_ = WsdCurve::linear, decay_curve_ = WsdCurve::cosine;
   PlateauState plateau_;
+  DeepSpeedSchedule ds_;
+
+  double deepspeed_at(int64_t step, int64_t warmup, int64_t total) const;
 };
 
 }  // namespace tr::train

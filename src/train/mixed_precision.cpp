@@ -2,6 +2,7 @@
 // see mixed_precision.h.
 #include "train/mixed_precision.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "autograd/node.h"
@@ -11,7 +12,38 @@
 
 namespace tr::train {
 
+namespace {
+
+// DeepSpeed's DynamicLossScaler.update_scale, step for step.
+void update_deepspeed(double& scale, DeepSpeedScaling& d, bool overflow) {
+  if (!d.dynamic) return;  // a static scale: the step is skipped, the scale kept
+  if (overflow) {
+    if (d.hysteresis == 1 || d.cur_hysteresis == 1) {
+      TR_CHECK(
+          scale != d.min_scale,
+          "fp16: gradients overflowed at the minimum loss scale ({}): DeepSpeed's \"Current loss scale "
+          "already at minimum - cannot decrease scale anymore. Exiting run.\" (lower fp16.min_loss_scale "
+          "in the --deepspeed config, or train with --bf16)",
+          scale);
+      scale = std::max(scale / 2.0, d.min_scale);
+    } else {
+      --d.cur_hysteresis;
+    }
+    d.last_overflow_iter = d.cur_iter;
+  } else {
+    if (d.consecutive_hysteresis) d.cur_hysteresis = d.hysteresis;
+    if ((d.cur_iter - d.last_overflow_iter) % d.window == 0) {
+      if (!d.consecutive_hysteresis) d.cur_hysteresis = d.hysteresis;
+      scale *= 2.0;
+    }
+  }
+  ++d.cur_iter;
+}
+
+}  // namespace
+
 void GradScaler::update(bool found_inf) {
+  if (deepspeed) return update_deepspeed(scale, *deepspeed, found_inf);
   if (found_inf) {
     scale *= backoff_factor;
     growth_tracker = 0;
@@ -22,6 +54,18 @@ void GradScaler::update(bool found_inf) {
 }
 
 nlohmann::json GradScaler::to_json() const {
+  if (deepspeed) {  // DeepSpeed's loss scaler state (its checkpoints keep the same names)
+    const DeepSpeedScaling& d = *deepspeed;
+    return {{"cur_scale", scale},
+            {"dynamic", d.dynamic},
+            {"scale_window", d.window},
+            {"delayed_shift", d.hysteresis},
+            {"consecutive_hysteresis", d.consecutive_hysteresis},
+            {"min_scale", d.min_scale},
+            {"cur_hysteresis", d.cur_hysteresis},
+            {"cur_iter", d.cur_iter},
+            {"last_overflow_iter", d.last_overflow_iter}};
+  }
   return {{"scale", scale},
           {"growth_factor", growth_factor},
           {"backoff_factor", backoff_factor},
@@ -33,6 +77,35 @@ void GradScaler::load_json(const nlohmann::json& j, const std::string& source) {
   // The ranges torch's GradScaler accepts; the scale also multiplies f32 losses, so it must be a finite f32.
   const JsonField f(j, source);
   constexpr double kMaxF32 = std::numeric_limits<float>::max();
+  // A run under --deepspeed reads DeepSpeed's state; its configuration (set by the run) must be the saved
+  // one.
+  if (deepspeed || f["cur_scale"].exists()) {
+    TR_CHECK(
+        deepspeed.has_value(),
+        "{}: DeepSpeed's loss scaler state, but this run has no --deepspeed fp16 config (resume with the "
+        "saved run's --deepspeed)",
+        source);
+    TR_CHECK(f["cur_scale"].exists(),
+             "{}: torch's GradScaler state, but this run scales the loss as DeepSpeed's fp16 config says "
+             "(resume without --deepspeed, as the saved run trained)",
+             source);
+    DeepSpeedScaling& d = *deepspeed;
+    scale = f["cur_scale"].number(std::numeric_limits<float>::min(), kMaxF32);
+    const auto same = [&](const char* key, const nlohmann::json& now) {
+      if (f[key].raw() != now)
+        f[key].fail("is {}, but the --deepspeed config now says {}: resume with the saved run's config",
+                    f[key].raw().dump(), now.dump());
+    };
+    same("dynamic", d.dynamic);
+    same("scale_window", d.window);
+    same("delayed_shift", d.hysteresis);
+    same("consecutive_hysteresis", d.consecutive_hysteresis);
+    same("min_scale", d.min_scale);
+    d.cur_hysteresis = f["cur_hysteresis"].integer(1, d.hysteresis);
+    d.cur_iter = f["cur_iter"].integer(0, kMaxJsonCounter);
+    d.last_overflow_iter = f["last_overflow_iter"].integer(-1, d.cur_iter - 1);
+    return;
+  }
   // At least the smallest normal f32: the scale multiplies the loss in f32, and a smaller one rounds to zero.
   scale = f["scale"].number(std::numeric_limits<float>::min(), kMaxF32);
   growth_factor = f["growth_factor"].number(1.0, kMaxF32, Bounds::open_low);

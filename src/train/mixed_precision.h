@@ -1,8 +1,10 @@
 // fp16 / bf16 training with fp32 master weights: the model computes with half-precision copies of its
 // parameters, the optimizer updates fp32 masters, and fp16 uses PyTorch's dynamic loss scaler (init 2^16,
-// growth 2 every 2000 clean steps, backoff 0.5 on inf/nan, the step skipped). On the CPU the half types are
-// real storage types (every value rounded to nearest even), so the numerics match a GPU's storage rounding.
+// growth 2 every 2000 clean steps, backoff 0.5 on inf/nan, the step skipped; under --deepspeed, DeepSpeed's).
+// On the CPU the half types are real storage types (every value rounded to nearest even), so the numerics
+// match a GPU's storage rounding.
 #pragma once
+#include <optional>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -11,10 +13,25 @@
 
 namespace tr::train {
 
+// DeepSpeed's fp16 loss scaling under ZeRO (a --deepspeed config's "fp16" section; deepspeed/runtime/fp16/
+// loss_scaler.py): halve on an overflow only once `hysteresis` overflows have come without a doubling
+// between them, double every `window` steps after the last overflow, never below min_scale (an overflow at
+// it ends the run, as DeepSpeed's does). A static scale (loss_scale > 0) never changes.
+struct DeepSpeedScaling {
+  bool dynamic = true;
+  int64_t window = 1000, hysteresis = 1;
+  bool consecutive_hysteresis = false;
+  double min_scale = 1;
+  // state
+  int64_t cur_hysteresis = 1, cur_iter = 0, last_overflow_iter = -1;
+};
+
 struct GradScaler {
   double scale = 65536.0, growth_factor = 2.0, backoff_factor = 0.5;
   int64_t growth_interval = 2000, growth_tracker = 0;
-  // torch.cuda.amp.GradScaler.update: back off on inf/nan, grow after growth_interval clean steps.
+  std::optional<DeepSpeedScaling> deepspeed;  // set: DeepSpeed's rule instead of torch's
+  // torch.cuda.amp.GradScaler.update: back off on inf/nan, grow after growth_interval clean steps (or
+  // DeepSpeed's rule, above).
   void update(bool found_inf);
   nlohmann::json to_json() const;
   void load_json(const nlohmann::json& j, const std::string& source);

@@ -51,6 +51,7 @@ class Run {
   std::optional<models::DeferredModel> build_model(int stage);
   void build_optimizer(int stage, std::optional<models::DeferredModel>& deferred);
   void open_logs();
+  void use_deepspeed_config();
   std::unique_ptr<data::DataLoader> make_loader();
   void resume();
   void announce() const;

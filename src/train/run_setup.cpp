@@ -12,6 +12,7 @@
 #include "ops/ops.h"
 #include "train/batch_size.h"
 #include "train/ddp.h"
+#include "train/deepspeed_config.h"
 #include "train/run.h"
 #include "train/zero.h"
 
@@ -78,11 +79,10 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
   start();
   const int stage = group_ ? zero_stage(a) : 0;
   if (main_ && !group_ && !a.fsdp.empty())  // as HF's Trainer outside a distributed launch
-    std::fprintf(
-        stderr,
-        "train: note: --fsdp %s shards across launched processes (WORLD_SIZE > 1); one process trains "
-        "unsharded\n",
-        a.fsdp.c_str());
+    std::fprintf(stderr,
+                 "train: note: %s shards across launched processes (WORLD_SIZE > 1); one process trains "
+                 "unsharded\n",
+                 (a.deepspeed.empty() ? "--fsdp " + a.fsdp : "--deepspeed's ZeRO stage").c_str());
   std::optional<models::DeferredModel> deferred = build_model(stage);
   build_optimizer(stage, deferred);
   open_logs();
@@ -208,6 +208,7 @@ void Run::open_logs() {
   st_.train_batch_size = a_.per_device_train_batch_size;
   st_.gradient_accumulation_steps = sched_.ga;
   lr_ = std::make_unique<LrSchedule>(a_.lr_scheduler_type, a_.lr_scheduler_kwargs, a_.learning_rate);
+  if (!a_.deepspeed.empty()) use_deepspeed_config();
   if (!resume_.empty()) resume();
   st_.world_size = group_ ? group_->size() : 1;
   if (main_) {
@@ -225,6 +226,20 @@ void Run::open_logs() {
   r_.gradient_accumulation_steps = sched_.ga;
   if (streams_.validation)
     r_.unigram_baseline = unigram_cross_entropy(*streams_.train, *streams_.validation, vocab_);
+}
+
+// A --deepspeed config's scheduler (its step counts checked against the run's, HF's finalize) and fp16
+// loss scaler in place of the flags' (apply_deepspeed_config has mapped the rest onto them).
+void Run::use_deepspeed_config() {
+  const DeepSpeedConfig ds = read_deepspeed_config(a_.deepspeed);
+  if (ds.schedule) {
+    check_deepspeed_steps(ds, sched_.warmup, sched_.total);
+    lr_ = std::make_unique<LrSchedule>(*ds.schedule, a_.learning_rate);
+  }
+  if (a_.fp16 && ds.initial_scale) {
+    mp_->scaler().scale = *ds.initial_scale;
+    mp_->scaler().deepspeed = ds.scaling;
+  }
 }
 
 std::unique_ptr<data::DataLoader> Run::make_loader() {

@@ -34,6 +34,7 @@
 #include "train/estimate.h"
 #include "train/batch_size.h"
 #include "train/ddp.h"
+#include "train/deepspeed_config.h"
 #include "train/dist_setup.h"
 #include "train/zero.h"
 #include "train/zero3.h"
@@ -621,7 +622,14 @@ void resolve_logging_dir(TrainingArguments& a, bool resuming) {
 
 }  // namespace
 
-TrainResult train(const TrainingArguments& given, const TrainHooks& hooks) {
+TrainResult train(const TrainingArguments& flags, const TrainHooks& hooks) {
+  // --deepspeed: the config's ZeRO stage, optimizer and checks applied to the flags first (HF does it in
+  // TrainingArguments.__post_init__), so everything below sees the run it describes.
+  const dist::DistEnv env = dist::read_dist_env();
+  std::vector<std::string> notes;
+  const TrainingArguments given = apply_deepspeed_config(flags, env.world_size, &notes);
+  if (env.is_main())
+    for (const auto& n : notes) std::fprintf(stderr, "train: --deepspeed: %s\n", n.c_str());
   given.validate();
   (void)read_fsdp_config(
       given.fsdp_config);  // read by every run, as HF's arguments do: a bad file fails here
