@@ -19,7 +19,7 @@ if ((!smoke)) && [[ "${1:-}" =~ ^[0-9]+$ ]]; then secs=$1; shift; fi
 ((smoke)) && secs=${FUZZ_SMOKE_SECONDS:-5}
 all_targets=(safetensors_header config_json tokenizer_json checkpoint_state optimizer_state args_file token_shard
              metrics_jsonl documents fsdp_config rank_files device_memory allocation_trace lr_schedule
-             config_overrides)
+             config_overrides deepspeed_config)
 targets=("$@")
 ((${#targets[@]})) || targets=("${all_targets[@]}")
 
@@ -27,9 +27,10 @@ targets=("$@")
 declare -A max_len=([safetensors_header]=4096 [config_json]=4096 [tokenizer_json]=8192 [checkpoint_state]=4096
                     [optimizer_state]=4096 [args_file]=4096 [token_shard]=4096 [metrics_jsonl]=4096
                     [documents]=4096 [fsdp_config]=4096 [rank_files]=4096 [device_memory]=256
-                    [allocation_trace]=4096 [lr_schedule]=1024 [config_overrides]=1024)
+                    [allocation_trace]=4096 [lr_schedule]=1024 [config_overrides]=1024
+                    [deepspeed_config]=4096)
 declare -A dict=([config_json]=1 [tokenizer_json]=1 [checkpoint_state]=1 [args_file]=1 [metrics_jsonl]=1
-                 [documents]=1 [fsdp_config]=1 [lr_schedule]=1)
+                 [documents]=1 [fsdp_config]=1 [lr_schedule]=1 [deepspeed_config]=1)
 
 # No clang or no libFuzzer runtime: skip, loudly (ctest SKIP_RETURN_CODE 77); scripts/setup.sh installs both.
 probe=$(mktemp -d)

@@ -90,6 +90,19 @@ PY
   { tail -c 2000 "$work/ds_dict.txt"; fail "--deepspeed as an arguments file's dict"; }
 cmp <(grep -o '"loss": [^,]*' "$work/ds/metrics.jsonl") <(grep -o '"loss": [^,]*' "$work/ds_dict/metrics.jsonl") ||
   fail "the dict form trained other numbers"
+# DeepSpeed's optimizer gets every parameter in one group (HF hands it model.parameters()): biases and norm
+# weights decay too, so with weight decay the second step differs from --optim adamw_torch's (HF's groups).
+echo '{"optimizer": {"type": "AdamW", "params": {"weight_decay": "auto"}}}' >"$work/ds_opt.json"
+wd=("${common[@]}" --per_device_train_batch_size 2 --max_steps 2 --logging_steps 1 --learning_rate 1e-2
+  --weight_decay 0.5 --disable_tqdm)
+"$trainer" train "${wd[@]}" --output_dir "$work/wd_hf" >"$work/wd_hf.txt" 2>&1 || fail "weight decay, HF's groups"
+"$trainer" train "${wd[@]}" --output_dir "$work/wd_ds" --deepspeed "$work/ds_opt.json" >"$work/wd_ds.txt" 2>&1 ||
+  fail "weight decay, DeepSpeed's optimizer"
+python3 - "$work/wd_hf" "$work/wd_ds" <<'PY' || fail "DeepSpeed's optimizer decays like HF's groups"
+import json, sys
+hf, ds = ([json.loads(l)["loss"] for l in open(d + "/metrics.jsonl") if '"loss"' in l] for d in sys.argv[1:])
+assert hf[0] == ds[0] and hf[1] != ds[1], (hf, ds)
+PY
 # `trainer estimate` reads the config's stage and offload as the run does.
 est=("$trainer" estimate "${common[@]}" --per_device_train_batch_size 2 --world_size 2)
 cmp <("${est[@]}" --deepspeed "$work/ds_zero2.json" 2>&1) <("${est[@]}" --fsdp "shard_grad_op offload" 2>&1) ||

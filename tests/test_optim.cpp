@@ -687,5 +687,27 @@ TEST(OptimErrors, DecayGroupsFollowHuggingFace) {
   EXPECT_FALSE(optim::Optimizer::decays("model.norm.weight"));
 }
 
+// DeepSpeed's optimizer (a --deepspeed config's "optimizer") gets all parameters in one group: a bias and a
+// norm weight decay too. With zero gradients AdamW's update is the decay alone: p * (1 - lr * wd).
+TEST(OptimErrors, DecayAllIsOneGroupAsDeepSpeedsOptimizer) {
+  for (const bool all : {false, true}) {
+    Params ps;
+    ps.add("h.0.mlp.c_fc.weight", ops::full({4}, 2.0));
+    ps.add("h.0.mlp.c_fc.bias", ops::full({4}, 2.0));
+    ps.add("h.0.ln_1.weight", ops::full({4}, 2.0));
+    optim::OptimizerOptions o;
+    o.lr = 0.1;
+    o.weight_decay = 0.5;
+    o.decay_all = all;
+    auto opt = optim::make_optimizer("adamw_torch", ps.list, o);
+    for (auto& [name, p] : ps.list) autograd::set_grad(*p, ops::zeros(p->shape(), DType::f32, p->device()));
+    opt->step();
+    const float decayed = 2.0f * (1.0f - 0.1f * 0.5f);
+    EXPECT_EQ(floats(*ps.list[0].second)[0], decayed);
+    EXPECT_EQ(floats(*ps.list[1].second)[0], all ? decayed : 2.0f);
+    EXPECT_EQ(floats(*ps.list[2].second)[0], all ? decayed : 2.0f);
+  }
+}
+
 }  // namespace
 }  // namespace tr

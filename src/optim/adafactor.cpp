@@ -25,7 +25,7 @@ Adafactor::Adafactor(const nn::ParamList& params, OptimizerOptions opts)
   TR_CHECK(!warmup_init_ || relative_step_, "adafactor: warmup_init=true requires relative_step=true");
   TR_CHECK(clip_threshold_ > 0, "adafactor: clip_threshold must be positive, got {}", clip_threshold_);
   for (const auto& [name, p] : params) {
-    Slot s{name, p, {}, {}, {}, {}, decays(name)};
+    Slot s{name, p, {}, {}, {}, {}, decays_param(name)};
     const Shape& sh = p->shape();
     if (sh.size() >= 2) {
       s.row = ops::zeros(Shape(sh.begin(), sh.end() - 1), p->dtype(), p->device());  // shape[:-1]

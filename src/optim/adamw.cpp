@@ -13,7 +13,7 @@ AdamW::AdamW(const nn::ParamList& params, AdamWOptions opts, bool multi_tensor)
   detail::OptimArgs("AdamW", opts_.args).check_all_used();  // AdamW reads no --optim_args
   for (const auto& [name, p] : params)
     slots_.push_back({name, p, ops::zeros(p->shape(), p->dtype(), p->device()),
-                      ops::zeros(p->shape(), p->dtype(), p->device()), decays(name)});
+                      ops::zeros(p->shape(), p->dtype(), p->device()), decays_param(name)});
 }
 
 void AdamW::step_params(size_t lo, size_t hi, bool advance) {

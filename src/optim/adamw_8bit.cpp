@@ -77,7 +77,7 @@ AdamW8bit::AdamW8bit(const nn::ParamList& params, OptimizerOptions opts)
            "adamw_8bit: min_8bit_size must be a count, got {}", min_size);
   min_8bit_size_ = static_cast<int64_t>(min_size);
   for (const auto& [name, p] : params) {
-    Slot s{name, p, !keeps_32bit_state(name, p->numel(), min_8bit_size_), decays(name), {}, {}, {}, {}};
+    Slot s{name, p, !keeps_32bit_state(name, p->numel(), min_8bit_size_), decays_param(name), {}, {}, {}, {}};
     if (s.eight_bit) {
       // bitsandbytes starts from zero codes and zero absmax (every moment dequantizes to 0).
       const int64_t blocks = (p->numel() + kBlock - 1) / kBlock;

@@ -15,6 +15,9 @@ namespace tr::optim {
 // (sgd: momentum, dampening, nesterov; adafactor: beta1, clip_threshold, decay_rate, ...).
 struct OptimizerOptions {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  // One parameter group, weight decay on every parameter: the optimizer DeepSpeed builds from a --deepspeed
+  // config's "optimizer" section (HF hands it all parameters, without its decay groups).
+  bool decay_all = false;
   std::map<std::string, std::string> args;
 };
 
@@ -45,6 +48,8 @@ class Optimizer {
 
   // HF's weight-decay groups: no decay for biases and for LayerNorm / RMSNorm weights.
   static bool decays(const std::string& name);
+  // Whether weight decay applies to `name` under these options (HF's groups, or every parameter).
+  bool decays_param(const std::string& name) const { return opts_.decay_all || decays(name); }
 
  protected:
   Optimizer(const nn::ParamList& params, OptimizerOptions opts);

@@ -21,7 +21,7 @@ SGD::SGD(const nn::ParamList& params, OptimizerOptions opts) : Optimizer(params,
   TR_CHECK(!nesterov_ || (momentum_ > 0 && dampening_ == 0),
            "sgd: Nesterov momentum requires a momentum and zero dampening (momentum={}, dampening={})",
            momentum_, dampening_);
-  for (const auto& [name, p] : params) slots_.push_back({name, p, Tensor(), decays(name)});
+  for (const auto& [name, p] : params) slots_.push_back({name, p, Tensor(), decays_param(name)});
 }
 
 void SGD::step_params(size_t lo, size_t hi, bool advance) {

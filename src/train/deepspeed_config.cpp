@@ -327,15 +327,19 @@ TrainingArguments apply_deepspeed_config(const TrainingArguments& a, int world_s
   if (a.deepspeed.empty()) return a;
   const DeepSpeedConfig c = read_deepspeed_config(a.deepspeed);
   std::vector<std::string> m;
+  // An automatic batch fills the batch sizes (HF: must_match false), and so does --total_batch_size's split,
+  // which is settled later along with the accumulation.
   const bool search = a.auto_find_batch_size || a.per_device_train_batch_size == kAutoBatch;
-  if (!search) {  // the batch an automatic search settles on fills them
+  const bool total = !a.total_batch_size.empty();
+  if (!search && !total)
     match(c, m, "train_micro_batch_size_per_gpu", a.per_device_train_batch_size,
           "per_device_train_batch_size");
+  if (!total)
+    match(c, m, "gradient_accumulation_steps", a.gradient_accumulation_steps, "gradient_accumulation_steps");
+  if (!search && !total)
     match(c, m, "train_batch_size",
           world_size * a.per_device_train_batch_size * a.gradient_accumulation_steps,
           "train_batch_size (calculated)");
-  }
-  match(c, m, "gradient_accumulation_steps", a.gradient_accumulation_steps, "gradient_accumulation_steps");
   match(c, m, "gradient_clipping", a.max_grad_norm, "max_grad_norm");
   match(c, m, "optimizer.params.lr", a.learning_rate, "learning_rate");
   match(c, m, "optimizer.params.betas", J{a.adam_beta1, a.adam_beta2}, "adam_beta1+adam_beta2");
@@ -385,7 +389,11 @@ TrainingArguments apply_deepspeed_config(const TrainingArguments& a, int world_s
   if (c.has_optimizer) {
     if (a.optim != "adamw_torch")
       note(fmt::format("--optim {} is not used: the config's optimizer (DeepSpeed's AdamW) is", a.optim));
+    if (!a.optim_args.empty())
+      note(fmt::format("--optim_args {} is not used: DeepSpeed's optimizer takes the config's params",
+                       a.optim_args));
     r.optim = "adamw_torch";
+    r.optim_args.clear();
   }
   if (c.schedule && a.lr_scheduler_type != "linear")
     note(fmt::format("--lr_scheduler_type {} is not used: the config's scheduler ({}) is",

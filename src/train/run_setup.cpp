@@ -153,6 +153,7 @@ void Run::build_optimizer(int stage, std::optional<models::DeferredModel>& defer
   oo.eps = a_.adam_epsilon;
   oo.weight_decay = a_.weight_decay;
   oo.args = optim::parse_optim_args(a_.optim_args);
+  oo.decay_all = !a_.deepspeed.empty() && read_deepspeed_config(a_.deepspeed).has_optimizer;
   // ZeRO-2/3: this rank's slices of the fp32 weights, taken before mixed precision makes the half weights.
   // A deferred model is made one parameter at a time (build_shard: slices kept, the half copy or, ZeRO-3,
   // released storage in its place); a whole one gives its slices up at construction and MixedPrecision
