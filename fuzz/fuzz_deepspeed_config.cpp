@@ -1,7 +1,8 @@
 // libFuzzer target: --deepspeed's JSON file (a DeepSpeed config). read_deepspeed_config and
 // apply_deepspeed_config throw tr::Error naming the file and key, or give arguments that validate; the
-// config's schedule gives finite rates >= 0 and its fp16 scaler a finite scale >= its minimum (or DeepSpeed's
-// "already at minimum" error). The input's length picks --fp16, the world size and the run's warmup.
+// config's schedule gives finite rates >= 0 and its fp16 scaler a finite positive scale (DeepSpeed's own: a
+// start below min_loss_scale is allowed, its first halving lands on the minimum; or the "already at minimum"
+// error). The input's length picks --fp16, the world size and the run's warmup.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -40,7 +41,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       g.deepspeed = c.scaling;
       for (size_t i = 0; i < 64; ++i) {
         g.update(i < size && (data[i] & 2) != 0);
-        if (!std::isfinite(g.scale) || g.scale < c.scaling.min_scale) std::abort();
+        if (!std::isfinite(g.scale) || !(g.scale > 0)) std::abort();
       }
     }
   } catch (const tr::Error&) {

@@ -92,7 +92,8 @@ cmp <(grep -o '"loss": [^,]*' "$work/ds/metrics.jsonl") <(grep -o '"loss": [^,]*
   fail "the dict form trained other numbers"
 # DeepSpeed's optimizer gets every parameter in one group (HF hands it model.parameters()): biases and norm
 # weights decay too, so with weight decay the second step differs from --optim adamw_torch's (HF's groups).
-echo '{"optimizer": {"type": "AdamW", "params": {"weight_decay": "auto"}}}' >"$work/ds_opt.json"
+echo '{"optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}}, "gradient_clipping": "auto"}' \
+  >"$work/ds_opt.json"
 wd=("${common[@]}" --per_device_train_batch_size 2 --max_steps 2 --logging_steps 1 --learning_rate 1e-2
   --weight_decay 0.5 --disable_tqdm)
 "$trainer" train "${wd[@]}" --output_dir "$work/wd_hf" >"$work/wd_hf.txt" 2>&1 || fail "weight decay, HF's groups"
@@ -102,6 +103,30 @@ python3 - "$work/wd_hf" "$work/wd_ds" <<'PY' || fail "DeepSpeed's optimizer deca
 import json, sys
 hf, ds = ([json.loads(l)["loss"] for l in open(d + "/metrics.jsonl") if '"loss"' in l] for d in sys.argv[1:])
 assert hf[0] == ds[0] and hf[1] != ds[1], (hf, ds)
+PY
+# DeepSpeed's ZeRO optimizers update the fp16 scale before unscaling: the clean step that doubles it
+# (loss_scale_window 3: the third) applies half its gradient - with SGD the fourth loss moves - and ZeRO-3
+# reports that step's norm halved too. (HF's optimizer, --optim sgd, under the config's scaler.)
+for w in 3 1000; do
+  for st in 2 3; do
+    echo "{\"fp16\": {\"enabled\": \"auto\", \"loss_scale_window\": $w}, \"zero_optimization\": {\"stage\": $st}}" \
+      >"$work/ds_w${w}_s$st.json"
+    "$trainer" train "${common[@]}" --per_device_train_batch_size 2 --max_steps 4 --logging_steps 1 --fp16 \
+      --optim sgd --learning_rate 0.5 --disable_tqdm --output_dir "$work/grow_w${w}_s$st" \
+      --deepspeed "$work/ds_w${w}_s$st.json" >"$work/grow_w${w}_s$st.txt" 2>&1 || fail "fp16 window $w stage $st"
+  done
+done
+python3 - "$work" <<'PY' || fail "DeepSpeed's growth step"
+import json, sys
+def log(name):
+    return [json.loads(l) for l in open(f"{sys.argv[1]}/{name}/metrics.jsonl") if '"loss"' in l]
+grow, steady, grow3 = log("grow_w3_s2"), log("grow_w1000_s2"), log("grow_w3_s3")
+assert [e["loss_scale"] for e in grow] == [65536, 65536, 131072, 131072], grow  # after each step
+assert [e["loss"] for e in grow[:3]] == [e["loss"] for e in steady[:3]], (grow, steady)
+assert grow[3]["loss"] != steady[3]["loss"], (grow, steady)
+assert [e["loss"] for e in grow3] == [e["loss"] for e in grow], (grow3, grow)
+norms, norms3 = [e["grad_norm"] for e in grow], [e["grad_norm"] for e in grow3]
+assert norms3[:2] == norms[:2] and norms3[2] == norms[2] / 2 and norms3[3] == norms[3], (norms3, norms)
 PY
 # `trainer estimate` reads the config's stage and offload as the run does.
 est=("$trainer" estimate "${common[@]}" --per_device_train_batch_size 2 --world_size 2)

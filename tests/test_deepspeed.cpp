@@ -118,22 +118,20 @@ TEST(DeepSpeedSchedules, StepCountsThatAreNotTheRunsAreHfsMismatch) {
       "that mismatch TrainingArguments values:\n- ds scheduler.params.total_num_steps=100 vs hf "
       "num_training_steps (calculated)=90\n- ds scheduler.params.warmup_num_steps=5 vs hf warmup_steps=6\n"
       "The easiest method is to set these DeepSpeed config values to 'auto'.");
-  const auto cosine = train::read_deepspeed_config(json{
-      {"scheduler",
-       {{"type", "WarmupCosineLR"}, {"params", {{"total_num_steps", "auto"}, {"warmup_num_steps", "auto"}}}}}}
-                                                       .dump());
-  EXPECT_NE(error_of([&] { train::check_deepspeed_steps(cosine, 0, 2); }).find("divides by their difference"),
-            std::string::npos);
 }
 
 struct ScalerCase {
   json fp16;                                     // the config's section
   std::vector<int> overflows;                    // per step
-  std::vector<std::pair<double, int64_t>> want;  // (cur_scale, cur_hysteresis) after each step
+  std::vector<std::pair<double, int64_t>> want;  // (cur_scale, cur_hysteresis) after each
+                                                 // step
 };
 
-// Produced by DeepSpeed's DynamicLossScaler(init_scale, scale_window, delayed_shift, consecutive_hysteresis,
-// min_scale): update_scale(overflow) per step, then (cur_scale, cur_hysteresis).
+// Produced by DeepSpeed's
+// DynamicLossScaler(init_scale, scale_window,
+// delayed_shift, consecutive_hysteresis, min_scale):
+// update_scale(overflow) per step, then (cur_scale,
+// cur_hysteresis).
 TEST(DeepSpeedLossScaler, UpdatesAsDeepSpeedsDynamicLossScaler) {
   const std::vector<ScalerCase> cases = {
       {{{"enabled", true}, {"initial_scale_power", 16}, {"loss_scale_window", 3}, {"hysteresis", 2}},
@@ -182,12 +180,15 @@ TEST(DeepSpeedLossScaler, UpdatesAsDeepSpeedsDynamicLossScaler) {
 }
 
 TEST(DeepSpeedLossScaler, DefaultsAndStaticScaleAndTheMinimum) {
-  // No dynamic key: DeepSpeed's ZeRO optimizers use DynamicLossScaler's own defaults (2^32, no hysteresis).
+  // No dynamic key: DeepSpeed's ZeRO optimizers use
+  // DynamicLossScaler's own defaults (2^32, no
+  // hysteresis).
   auto ds = train::read_deepspeed_config(R"({"fp16": {"enabled": "auto"}})");
   EXPECT_EQ(*ds.initial_scale, 4294967296.0);
   EXPECT_EQ(ds.scaling.hysteresis, 1);
   EXPECT_EQ(ds.scaling.window, 1000);
-  // Any of them: the section's values with DeepSpeed's config defaults (2^16, hysteresis 2).
+  // Any of them: the section's values with DeepSpeed's
+  // config defaults (2^16, hysteresis 2).
   ds = train::read_deepspeed_config(R"({"fp16": {"enabled": true, "min_loss_scale": 2}})");
   EXPECT_EQ(*ds.initial_scale, 65536.0);
   EXPECT_EQ(ds.scaling.hysteresis, 2);
@@ -200,7 +201,9 @@ TEST(DeepSpeedLossScaler, DefaultsAndStaticScaleAndTheMinimum) {
   s.update(true);
   s.update(false);
   EXPECT_EQ(s.scale, 128.0);
-  // An overflow at the minimum ends the run with DeepSpeed's words (init 2, min 1: 2 -> 1, then the end).
+  // An overflow at the minimum ends the run with
+  // DeepSpeed's words (init 2, min 1: 2 -> 1, then the
+  // end).
   ds = train::read_deepspeed_config(
       R"({"fp16": {"enabled": true, "initial_scale_power": 1, "hysteresis": 1}})");
   train::GradScaler m;
@@ -210,7 +213,8 @@ TEST(DeepSpeedLossScaler, DefaultsAndStaticScaleAndTheMinimum) {
   EXPECT_EQ(m.scale, 1.0);
   EXPECT_NE(error_of([&] { m.update(true); }).find("Current loss scale already at minimum"),
             std::string::npos);
-  // A torch GradScaler checkpoint does not resume under DeepSpeed's rule, nor the other way.
+  // A torch GradScaler checkpoint does not resume
+  // under DeepSpeed's rule, nor the other way.
   train::GradScaler torch_scaler;
   EXPECT_NE(error_of([&] { m.load_json(torch_scaler.to_json(), "scaler.json"); }).find("torch's GradScaler"),
             std::string::npos);
@@ -218,7 +222,8 @@ TEST(DeepSpeedLossScaler, DefaultsAndStaticScaleAndTheMinimum) {
             std::string::npos);
 }
 
-// HF's ds_config_zero2.json / zero3.json with every value "auto": the flags fill it, the stage maps onto
+// HF's ds_config_zero2.json / zero3.json with every
+// value "auto": the flags fill it, the stage maps onto
 // --fsdp.
 json hf_example(int stage, bool offload) {
   json z{{"stage", stage},
@@ -265,14 +270,20 @@ TEST(DeepSpeedConfig, HfsExampleConfigsMapOntoZeroStrategies) {
     std::vector<std::string> notes;
     const train::TrainingArguments r = train::apply_deepspeed_config(a, 4, &notes);
     EXPECT_EQ(r.fsdp, fsdp) << stage;
-    EXPECT_EQ(r.optim, "adamw_torch");  // DeepSpeed's AdamW replaces --optim, as HF's DummyOptim
+    EXPECT_EQ(r.optim,
+              "adamw_torch");  // DeepSpeed's AdamW replaces
+                               // --optim, as HF's DummyOptim
+    EXPECT_EQ(r.max_grad_norm,
+              1.0);  // "gradient_clipping": "auto"
     EXPECT_NO_THROW(r.validate());
-    // Idempotent: a training_args.json written by the run reads back into the same run.
+    // Idempotent: a training_args.json written by the
+    // run reads back into the same run.
     EXPECT_EQ(train::apply_deepspeed_config(r, 4).to_json(), r.to_json());
     std::string all;
     for (const auto& n : notes) all += n + "\n";
     EXPECT_NE(all.find("--optim sgd is not used"), std::string::npos) << all;
-    EXPECT_NE(all.find("--lr_scheduler_type cosine is not used: the config's scheduler (WarmupLR) is"),
+    EXPECT_NE(all.find("--lr_scheduler_type cosine is not used: "
+                       "the config's scheduler (WarmupLR) is"),
               std::string::npos)
         << all;
     EXPECT_EQ(all.find("stage 1 runs as stage 2") != std::string::npos, stage == 1) << all;
@@ -283,7 +294,8 @@ TEST(DeepSpeedConfig, ConcreteValuesThatDifferAreHfsMismatchError) {
   json ds = hf_example(2, false);
   ds["train_micro_batch_size_per_gpu"] = 4;
   ds["train_batch_size"] = 64;
-  ds["gradient_clipping"] = 1;  // 1 == 1.0: no mismatch (Python's comparison)
+  ds["gradient_clipping"] = 1;  // 1 == 1.0: no mismatch (Python's
+                                // comparison)
   ds["optimizer"]["params"]["lr"] = 3e-5;
   ds["optimizer"]["params"]["betas"] = {0.9, 0.95};
   ds["fp16"]["enabled"] = true;
@@ -291,14 +303,21 @@ TEST(DeepSpeedConfig, ConcreteValuesThatDifferAreHfsMismatchError) {
   a.per_device_train_batch_size = 8;
   a.gradient_accumulation_steps = 2;
   EXPECT_EQ(error_of([&] { train::apply_deepspeed_config(a, 2); }),
-            "--deepspeed's JSON: Please correct the following DeepSpeed config values "
+            "--deepspeed's JSON: Please correct the "
+            "following DeepSpeed config values "
             "that mismatch TrainingArguments values:\n"
-            "- ds train_micro_batch_size_per_gpu=4 vs hf per_device_train_batch_size=8\n"
-            "- ds train_batch_size=64 vs hf train_batch_size (calculated)=32\n"
-            "- ds optimizer.params.lr=3e-05 vs hf learning_rate=5e-05\n"
-            "- ds optimizer.params.betas=[0.9, 0.95] vs hf adam_beta1+adam_beta2=[0.9, 0.999]\n"
-            "- ds fp16.enabled=True vs hf fp16|fp16_full_eval+fp16_backend(amp)=False\n"
-            "The easiest method is to set these DeepSpeed config values to 'auto'.");
+            "- ds train_micro_batch_size_per_gpu=4 vs hf "
+            "per_device_train_batch_size=8\n"
+            "- ds train_batch_size=64 vs hf "
+            "train_batch_size (calculated)=32\n"
+            "- ds optimizer.params.lr=3e-05 vs hf "
+            "learning_rate=5e-05\n"
+            "- ds optimizer.params.betas=[0.9, 0.95] vs hf "
+            "adam_beta1+adam_beta2=[0.9, 0.999]\n"
+            "- ds fp16.enabled=True vs hf "
+            "fp16|fp16_full_eval=False\n"
+            "The easiest method is to set these DeepSpeed "
+            "config values to 'auto'.");
   // The same values given as flags: accepted.
   a.per_device_train_batch_size = 4;
   a.gradient_accumulation_steps = 8;
@@ -306,25 +325,27 @@ TEST(DeepSpeedConfig, ConcreteValuesThatDifferAreHfsMismatchError) {
   a.adam_beta2 = 0.95;
   a.fp16 = true;
   EXPECT_NO_THROW(train::apply_deepspeed_config(a, 2));
-  // An automatic batch fills the batch sizes (must_match false in HF).
+  // An automatic batch fills the batch sizes
+  // (must_match false in HF).
   a.per_device_train_batch_size = train::kAutoBatch;
   EXPECT_NO_THROW(train::apply_deepspeed_config(a, 2));
 }
 
 TEST(DeepSpeedConfig, WhatIsNotHereIsRefusedByName) {
   const std::vector<std::pair<json, std::string>> rows = {
-      {{{"zero_optimisation", {{"stage", 2}}}}, "'zero_optimisation' is not a DeepSpeed setting read here"},
+      {{{"zero_optimisation", {{"stage", 2}}}},
+       "'zero_optimisation' is not a DeepSpeed "
+       "setting read here"},
       {{{"zero_optimisation", {{"stage", 2}}}}, "did you mean 'zero_optimization'"},
       {{{"zero_optimization", {{"stage", 4}}}}, "zero_optimization.stage"},
       {{{"zero_optimization", {{"stage", 2}, {"offload_optimizer", {{"device", "nvme"}}}}}}, "NVMe"},
-      {{{"zero_optimization", {{"stage", 3}, {"offload_param", {{"device", "cpu"}}}}}},
-       "parameters stay on the device"},
+      {{{"zero_optimization", {{"stage", 3}, {"offload_param", {{"device", "nvme"}}}}}}, "NVMe"},
+      {{{"bf16", {{"enabled", true}, {"check_grad_overflow", true}}}}, "never skipped"},
       {{{"zero_optimization", {{"stage", 0}, {"offload_optimizer", {{"device", "cpu"}}}}}},
        "needs stage 1, 2 or 3"},
       {{{"zero_optimization", {{"stage", 3}, {"zero_quantized_weights", true}}}}, "ZeRO++"},
       {{{"optimizer", {{"type", "Lamb"}}}}, "\"Lamb\": DeepSpeed's Adam and AdamW"},
-      {{{"optimizer", {{"type", "Adam"}, {"params", {{"adam_w_mode", false}, {"weight_decay", 0.1}}}}}},
-       "Adam with L2 weight decay"},
+
       {{{"optimizer", {{"type", "AdamW"}, {"params", {{"max_grad_norm", 1.0}}}}}},
        "optimizer.params.max_grad_norm"},
       {{{"scheduler", {{"type", "OneCycle"}}}}, "scheduler.type"},
@@ -343,11 +364,13 @@ TEST(DeepSpeedConfig, WhatIsNotHereIsRefusedByName) {
     const std::string e = error_of([&] { train::read_deepspeed_config(config.dump()); });
     EXPECT_NE(e.find(want), std::string::npos) << config.dump() << "\n" << e;
   }
-  // Sections switched off, logging and tuning keys: accepted.
+  // Sections switched off, logging and tuning keys:
+  // accepted.
   EXPECT_NO_THROW(train::read_deepspeed_config(
       R"({"tensorboard": {"enabled": false}, "flops_profiler": {"enabled": false}, "steps_per_print": 10,
           "wall_clock_breakdown": true, "zero_allow_untested_optimizer": true, "amp": {"enabled": false}})"));
-  // A file that is not there, or not JSON: one message naming it.
+  // A file that is not there, or not JSON: one message
+  // naming it.
   EXPECT_NE(
       error_of([] { train::read_deepspeed_config("/nonexistent/ds.json"); }).find("/nonexistent/ds.json"),
       std::string::npos);
@@ -356,15 +379,9 @@ TEST(DeepSpeedConfig, WhatIsNotHereIsRefusedByName) {
 }
 
 TEST(DeepSpeedConfig, FlagsItWouldIgnoreOrContradictAreRefused) {
-  auto a = with_config({{"optimizer", {{"type", "AdamW"}}}});
-  a.optim = "adafactor";
-  EXPECT_NE(
-      error_of([&] {
-        train::apply_deepspeed_config(a, 1);
-      }).find("--optim adafactor was passed, but also found `optimizer` configured in the DeepSpeed config"),
-      std::string::npos);
-  a = with_config({{"zero_optimization", {{"stage", 2}}}});
-  a.fp16 = true;  // DeepSpeed would train in fp32 without an fp16 section
+  auto a = with_config({{"zero_optimization", {{"stage", 2}}}});
+  a.fp16 = true;  // DeepSpeed would train in fp32
+                  // without an fp16 section
   EXPECT_NE(
       error_of([&] { train::apply_deepspeed_config(a, 1); }).find("add \"fp16\": {\"enabled\": \"auto\"}"),
       std::string::npos);
@@ -375,8 +392,67 @@ TEST(DeepSpeedConfig, FlagsItWouldIgnoreOrContradictAreRefused) {
   a.fsdp = "shard_grad_op";
   EXPECT_NE(error_of([&] { train::apply_deepspeed_config(a, 1); }).find("both shard the model"),
             std::string::npos);
-  a.fsdp = "full_shard";  // what the config says: fine (a saved training_args.json)
+  a.fsdp = "full_shard";  // what the config says: fine (a
+                          // saved training_args.json)
   EXPECT_NO_THROW(train::apply_deepspeed_config(a, 1));
+  // L2 Adam once HF has filled weight_decay from the
+  // flag.
+  a = with_config(
+      {{"optimizer", {{"type", "Adam"}, {"params", {{"adam_w_mode", false}, {"weight_decay", "auto"}}}}}});
+  a.weight_decay = 0.1;
+  EXPECT_NE(error_of([&] { train::apply_deepspeed_config(a, 1); }).find("Adam with L2 weight decay"),
+            std::string::npos);
+  a.weight_decay = 0;  // the same update as AdamW's
+  EXPECT_NO_THROW(train::apply_deepspeed_config(a, 1));
+}
+
+// What HF's Trainer leaves to DeepSpeed takes
+// DeepSpeed's defaults when the config leaves it out:
+// no clipping, FusedAdam's lr 1e-3 and weight decay 0
+// (torch's AdamW: 0.01), whatever the flags say.
+TEST(DeepSpeedConfig, KeysLeftOutAreDeepSpeedsDefaultsNotTheFlags) {
+  auto a = with_config({{"optimizer", {{"type", "AdamW"}, {"params", {{"betas", "auto"}}}}}});
+  a.learning_rate = 3e-4;
+  a.weight_decay = 0.1;
+  a.adam_beta2 = 0.95;
+  a.optim = "sgd";
+  std::vector<std::string> notes;
+  auto r = train::apply_deepspeed_config(a, 1, &notes);
+  EXPECT_EQ(r.max_grad_norm, 0.0);
+  EXPECT_EQ(r.learning_rate, 1e-3);
+  EXPECT_EQ(r.weight_decay, 0.0);
+  EXPECT_EQ(r.adam_beta2, 0.95);  // "auto": the flag's
+  EXPECT_EQ(r.optim, "adamw_torch");
+  std::string all;
+  for (const auto& n : notes) all += n + "\n";
+  for (const char* want : {"gradient_clipping is not in the config: "
+                           "DeepSpeed clips nothing",
+                           "optimizer.params.lr is not in the config: "
+                           "DeepSpeed's default 0.001 is used",
+                           "--optim sgd is not used"})
+    EXPECT_NE(all.find(want), std::string::npos) << all;
+  a = with_config({{"optimizer", {{"type", "AdamW"}, {"params", {{"torch_adam", true}}}}},
+                   {"gradient_clipping", "auto"}});
+  r = train::apply_deepspeed_config(a, 1);
+  EXPECT_EQ(r.weight_decay, 0.01);
+  EXPECT_EQ(r.max_grad_norm, 1.0);
+  // "auto" where HF fills nothing: accelerate refuses
+  // it, so do we.
+  EXPECT_NE(error_of([] { train::read_deepspeed_config(R"({"zero_optimization": {"stage": "auto"}})"); })
+                .find("'zero_optimization.stage' is \"auto\", "
+                      "which HF's Trainer does not fill"),
+            std::string::npos);
+  EXPECT_NO_THROW(
+      train::read_deepspeed_config(R"({"zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"}})"));
+  // Parameter offload: the same numbers with the
+  // parameters on the device, said.
+  a = with_config(
+      {{"zero_optimization", {{"stage", 3}, {"offload_param", {{"device", "cpu"}, {"pin_memory", true}}}}}});
+  notes.clear();
+  EXPECT_EQ(train::apply_deepspeed_config(a, 1, &notes).fsdp, "full_shard");
+  all.clear();
+  for (const auto& n : notes) all += n + "\n";
+  EXPECT_NE(all.find("offload_param: parameters stay on the device"), std::string::npos) << all;
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/json_fields.h"
@@ -105,12 +107,11 @@ void read_zero(DeepSpeedConfig& c, const JsonField& z) {
     c.offload_optimizer = c.offload_optimizer || device == "cpu";
   }
   if (const JsonField o = z["offload_param"]; o.present()) {
-    o.object();
-    if (given(o["device"]) && o["device"].one_of({"none", "cpu", "nvme"}) != "none")
-      o["device"].fail(
-          "is {}: parameters stay on the device here; offload_optimizer \"cpu\" moves the fp32 masters, "
-          "gradient shard and optimizer state to host memory",
-          o["device"].raw().dump());
+    only_keys(o, {"device", "pin_memory", "buffer_count", "buffer_size", "max_in_cpu", "nvme_path"});
+    const std::string device = given(o["device"]) ? o["device"].one_of({"none", "cpu", "nvme"}) : "none";
+    if (device == "nvme")
+      o["device"].fail("is \"nvme\": offload to NVMe is not here; parameters stay on the device");
+    c.offload_param = device == "cpu";
   }
   if (c.offload_optimizer && c.stage == 0)
     z["stage"].fail(
@@ -136,15 +137,14 @@ void read_optimizer(DeepSpeedConfig& c, const JsonField& o) {
       p, {"lr", "betas", "eps", "weight_decay", "torch_adam", "adam_w_mode", "bias_correction", "amsgrad"});
   only_default(p["bias_correction"], true, "Adam without bias correction is not among the optimizers here");
   only_default(p["amsgrad"], false, "AMSGrad is not among the optimizers here");
-  // DeepSpeed's Adam is AdamW unless adam_w_mode is false: L2-regularized Adam, the same update when there
-  // is no weight decay.
-  const bool l2 = lower == "adam" && given(p["adam_w_mode"]) && !p["adam_w_mode"].boolean();
-  const bool decays = given(p["weight_decay"]) && p["weight_decay"].number(0, 1e300) != 0;
-  if (l2 && decays)
-    p["adam_w_mode"].fail(
-        "is false with weight_decay {}: Adam with L2 weight decay is not among the optimizers here (AdamW, "
-        "adam_w_mode true, is)",
-        p["weight_decay"].raw().dump());
+  // DeepSpeed's "adam" is AdamW unless adam_w_mode is false (L2-regularized Adam: the same update without
+  // weight decay, checked once "auto" is filled); torch_adam picks torch's classes, whose AdamW decays 0.01
+  // by default.
+  for (const char* k : {"lr", "eps", "weight_decay"})
+    if (given(p[k])) (void)p[k].number(0, 1e300);
+  const bool w_mode = lower == "adamw" || !given(p["adam_w_mode"]) || p["adam_w_mode"].boolean();
+  c.l2_adam = !w_mode;
+  c.torch_adamw = w_mode && given(p["torch_adam"]) && p["torch_adam"].boolean();
 }
 
 void read_scheduler(DeepSpeedConfig& c, const JsonField& s) {
@@ -208,6 +208,41 @@ void read_fp16(DeepSpeedConfig& c, const JsonField& f) {
   s.dynamic = loss_scale == 0;
   c.initial_scale = loss_scale > 0 ? loss_scale : std::ldexp(1.0, any ? static_cast<int>(power) : 32);
   if (given(f["auto_cast"])) (void)f["auto_cast"].boolean();  // casts inputs; a causal LM's are token ids
+}
+
+// The keys HF's Trainer fills when they are "auto" (trainer_config_process and _finalize); "auto" anywhere
+// else is left to accelerate, which refuses it.
+const std::vector<std::string>& fillable() {
+  static const std::vector<std::string> k = {"train_micro_batch_size_per_gpu",
+                                             "train_batch_size",
+                                             "gradient_accumulation_steps",
+                                             "gradient_clipping",
+                                             "optimizer.params.lr",
+                                             "optimizer.params.betas",
+                                             "optimizer.params.eps",
+                                             "optimizer.params.weight_decay",
+                                             "scheduler.params.warmup_min_lr",
+                                             "scheduler.params.warmup_max_lr",
+                                             "scheduler.params.warmup_num_steps",
+                                             "scheduler.params.total_num_steps",
+                                             "fp16.enabled",
+                                             "bf16.enabled",
+                                             "amp.enabled",
+                                             "amp.opt_level",
+                                             "zero_optimization.reduce_bucket_size",
+                                             "zero_optimization.stage3_prefetch_bucket_size",
+                                             "zero_optimization.stage3_param_persistence_threshold"};
+  return k;
+}
+
+void check_autos(const JsonField& f) {
+  if (f.present() && f.raw().is_object()) {
+    f.each_member([](const std::string&, const JsonField& m) { check_autos(m); });
+  } else if (f.present() && is_auto(f.raw())) {
+    const auto& k = fillable();
+    if (std::find(k.begin(), k.end(), f.path()) == k.end())
+      f.fail("is \"auto\", which HF's Trainer does not fill (accelerate refuses it); give a value");
+  }
 }
 
 // The top level's keys beside the sections: logging and tuning accepted, settings that would change the
@@ -283,8 +318,13 @@ DeepSpeedConfig read_deepspeed_config(const std::string& value) {
   if (root["optimizer"].present()) read_optimizer(c, root["optimizer"]);
   if (root["scheduler"].present()) read_scheduler(c, root["scheduler"]);
   if (root["fp16"].present()) read_fp16(c, root["fp16"]);
+  c.scaling.norm_at_new_scale = c.stage == 3;
   for (const char* k : {"bf16", "bfloat16"})
-    if (root[k].present()) only_keys(root[k], {"enabled", "immediate_grad_update", "check_grad_overflow"});
+    if (root[k].present()) {
+      only_keys(root[k], {"enabled", "immediate_grad_update", "check_grad_overflow"});
+      only_default(root[k]["check_grad_overflow"], false, "bf16 steps are never skipped here");
+    }
+  check_autos(root);
   return c;
 }
 
@@ -322,15 +362,13 @@ bool section_enabled(const J& json, const char* key) {
 
 }  // namespace
 
-TrainingArguments apply_deepspeed_config(const TrainingArguments& a, int world_size,
-                                         std::vector<std::string>* notes) {
-  if (a.deepspeed.empty()) return a;
-  const DeepSpeedConfig c = read_deepspeed_config(a.deepspeed);
+namespace {
+
+// trainer_config_process's fill_match lines, in HF's order (batch keys filled by a batch settled later).
+std::vector<std::string> mismatches(const DeepSpeedConfig& c, const TrainingArguments& a, int world_size) {
   std::vector<std::string> m;
-  // An automatic batch fills the batch sizes (HF: must_match false), and so does --total_batch_size's split,
-  // which is settled later along with the accumulation.
   const bool search = a.auto_find_batch_size || a.per_device_train_batch_size == kAutoBatch;
-  const bool total = !a.total_batch_size.empty();
+  const bool total = !a.total_batch_size.empty();  // --total_batch_size's split, settled later
   if (!search && !total)
     match(c, m, "train_micro_batch_size_per_gpu", a.per_device_train_batch_size,
           "per_device_train_batch_size");
@@ -346,55 +384,116 @@ TrainingArguments apply_deepspeed_config(const TrainingArguments& a, int world_s
   match(c, m, "optimizer.params.eps", a.adam_epsilon, "adam_epsilon");
   match(c, m, "optimizer.params.weight_decay", a.weight_decay, "weight_decay");
   match(c, m, "scheduler.params.warmup_max_lr", a.learning_rate, "learning_rate");
-  match(c, m, "fp16.enabled", a.fp16, "fp16|fp16_full_eval+fp16_backend(amp)");
+  match(c, m, "fp16.enabled", a.fp16, "fp16|fp16_full_eval");
   match(c, m, "bf16.enabled", a.bf16, "bf16|bf16_full_eval");
-  match(c, m, "bfloat16.enabled", a.bf16, "bf16|bf16_full_eval");
-  TR_CHECK(
-      m.empty(),
-      "{}: Please correct the following DeepSpeed config values that mismatch "
-      "TrainingArguments values:\n{}\nThe easiest method is to set these DeepSpeed config values to 'auto'.",
-      c.source, fmt::join(m, "\n"));
-  TR_CHECK(
-      !(c.has_optimizer && a.optim.starts_with("adafactor")),
-      "--optim {} was passed, but also found `optimizer` configured in the DeepSpeed config {}. Only one "
-      "optimizer can be configured.",
-      a.optim, c.source);
-  // DeepSpeed trains in fp32 unless a section enables half precision: a flag without it would be ignored.
+  return m;
+}
+
+// DeepSpeed trains in fp32 unless a section enables half precision, and fp16 at stage 0 is its
+// FP16_Optimizer: a precision flag the config would not honor is refused.
+void check_precision(const DeepSpeedConfig& c, const TrainingArguments& a) {
   for (const auto& [flag, on, sections] :
        {std::tuple{"--fp16", a.fp16, std::vector<const char*>{"fp16"}},
         std::tuple{"--bf16", a.bf16, std::vector<const char*>{"bf16", "bfloat16"}}}) {
     bool enabled = false;
     for (const char* s : sections) enabled = enabled || section_enabled(c.json, s);
     TR_CHECK(!on || enabled,
-             "{}: {} is given but the config enables no {} section, so DeepSpeed would train in "
-             "fp32; add \"{}\": {{\"enabled\": \"auto\"}}",
+             "{}: {} is given but the config enables no {} section, so DeepSpeed would train in fp32; add "
+             "\"{}\": {{\"enabled\": \"auto\"}}",
              c.source, flag, sections[0], sections[0]);
   }
-  TR_CHECK(!a.fp16 || c.stage > 0,
-           "{}: fp16 at ZeRO stage 0 runs DeepSpeed's FP16_Optimizer, whose loss-scale rule is not "
-           "reproduced here; use stage 1, 2 or 3, or --fp16 without --deepspeed (torch's GradScaler)",
-           c.source);
+  TR_CHECK(
+      !a.fp16 || c.stage > 0,
+      "{}: fp16 at ZeRO stage 0 runs DeepSpeed's FP16_Optimizer, whose loss-scale rule is not reproduced "
+      "here; use stage 1, 2 or 3, or --fp16 without --deepspeed (torch's GradScaler)",
+      c.source);
+}
+
+// A key HF fills when it is there: its value ("auto" is the flag's), or DeepSpeed's default when absent.
+double filled(const J* section, const char* key, double flag, double ds_default) {
+  if (section == nullptr || !section->contains(key) || (*section)[key].is_null()) return ds_default;
+  const J& v = (*section)[key];
+  return is_auto(v) ? flag : v.get<double>();
+}
+
+// The optimizer DeepSpeed builds: its params as the config resolves them, DeepSpeed's defaults for the
+// ones it leaves out (HF adds no key), on every parameter in one group.
+void map_optimizer(const DeepSpeedConfig& c, const TrainingArguments& a, TrainingArguments& r,
+                   const std::function<void(std::string)>& note) {
+  if (a.optim != "adamw_torch")
+    note(fmt::format("--optim {} is not used: the config's optimizer is", a.optim));
+  if (!a.optim_args.empty())
+    note(fmt::format("--optim_args {} is not used: DeepSpeed's optimizer takes the config's params",
+                     a.optim_args));
+  r.optim = "adamw_torch";
+  r.optim_args.clear();
+  const J& o = c.json["optimizer"];
+  const J* p = o.contains("params") && o["params"].is_object() ? &o["params"] : nullptr;
+  r.learning_rate = filled(p, "lr", a.learning_rate, 1e-3);
+  r.adam_epsilon = filled(p, "eps", a.adam_epsilon, 1e-8);
+  r.weight_decay = filled(p, "weight_decay", a.weight_decay, c.torch_adamw ? 1e-2 : 0.0);
+  if (p == nullptr || !p->contains("betas") || (*p)["betas"].is_null()) {
+    r.adam_beta1 = 0.9;
+    r.adam_beta2 = 0.999;
+  } else if (!is_auto((*p)["betas"])) {
+    const JsonField betas = JsonField(c.json, c.source)["optimizer"]["params"]["betas"];
+    if (betas.array().size() != 2) betas.fail_expected("two numbers [beta1, beta2]");
+    r.adam_beta1 = betas[0].number(0, 1, Bounds::open_high);
+    r.adam_beta2 = betas[1].number(0, 1, Bounds::open_high);
+  }
+  for (const auto& [key, was, now] :
+       {std::tuple{"lr", a.learning_rate, r.learning_rate}, std::tuple{"eps", a.adam_epsilon, r.adam_epsilon},
+        std::tuple{"weight_decay", a.weight_decay, r.weight_decay},
+        std::tuple{"betas[0]", a.adam_beta1, r.adam_beta1},
+        std::tuple{"betas[1]", a.adam_beta2, r.adam_beta2}})
+    if (was != now)
+      note(
+          fmt::format("optimizer.params.{} is not in the config: DeepSpeed's default {} is used, not the "
+                      "flag's {}",
+                      key, now, was));
+  TR_CHECK(!c.l2_adam || r.weight_decay == 0,
+           "{}: optimizer Adam with adam_w_mode false and weight_decay {}: Adam with L2 weight decay is not "
+           "among the optimizers here (AdamW, adam_w_mode true, is)",
+           c.source, r.weight_decay);
+}
+
+}  // namespace
+
+TrainingArguments apply_deepspeed_config(const TrainingArguments& a, int world_size,
+                                         std::vector<std::string>* notes) {
+  if (a.deepspeed.empty()) return a;
+  const DeepSpeedConfig c = read_deepspeed_config(a.deepspeed);
+  const std::vector<std::string> m = mismatches(c, a, world_size);
+  TR_CHECK(
+      m.empty(),
+      "{}: Please correct the following DeepSpeed config values that mismatch TrainingArguments values:\n{}\n"
+      "The easiest method is to set these DeepSpeed config values to 'auto'.",
+      c.source, fmt::join(m, "\n"));
+  check_precision(c, a);
   const std::string fsdp = deepspeed_fsdp(c);
   TR_CHECK(a.fsdp.empty() || a.fsdp == fsdp,
            "--fsdp {} and {} (ZeRO stage {}): both shard the model; give one", a.fsdp, c.source, c.stage);
-  TrainingArguments r = a;
-  r.fsdp = fsdp;
   const auto note = [&](std::string s) {
     if (notes) notes->push_back(std::move(s));
   };
+  TrainingArguments r = a;
+  r.fsdp = fsdp;
   if (c.stage == 1)
     note(
         "ZeRO stage 1 runs as stage 2 (--fsdp shard_grad_op): the same updates, with the gradients sharded "
         "too");
-  if (c.has_optimizer) {
-    if (a.optim != "adamw_torch")
-      note(fmt::format("--optim {} is not used: the config's optimizer (DeepSpeed's AdamW) is", a.optim));
-    if (!a.optim_args.empty())
-      note(fmt::format("--optim_args {} is not used: DeepSpeed's optimizer takes the config's params",
-                       a.optim_args));
-    r.optim = "adamw_torch";
-    r.optim_args.clear();
-  }
+  if (c.offload_param)
+    note(
+        "offload_param: parameters stay on the device here (the numbers are the same; offload_optimizer "
+        "moves the optimizer's shard)");
+  // HF's Trainer leaves clipping to DeepSpeed, whose default is none.
+  r.max_grad_norm = filled(&c.json, "gradient_clipping", a.max_grad_norm, 0.0);
+  if (r.max_grad_norm != a.max_grad_norm)
+    note(
+        fmt::format("gradient_clipping is not in the config: DeepSpeed clips nothing (--max_grad_norm {} is "
+                    "not used)",
+                    a.max_grad_norm));
+  if (c.has_optimizer) map_optimizer(c, a, r, note);
   if (c.schedule && a.lr_scheduler_type != "linear")
     note(fmt::format("--lr_scheduler_type {} is not used: the config's scheduler ({}) is",
                      a.lr_scheduler_type, c.json["scheduler"]["type"].get<std::string>()));
@@ -415,12 +514,6 @@ void check_deepspeed_steps(const DeepSpeedConfig& c, int64_t warmup, int64_t tot
       "{}: Please correct the following DeepSpeed config values that mismatch "
       "TrainingArguments values:\n{}\nThe easiest method is to set these DeepSpeed config values to 'auto'.",
       c.source, fmt::join(m, "\n"));
-  // WarmupCosineLR divides by total - max(2, warmup) after the warmup (Python: ZeroDivisionError).
-  const int64_t w = std::max<int64_t>(2, c.schedule ? c.schedule->warmup_num_steps.value_or(warmup) : warmup);
-  TR_CHECK(!c.schedule || c.schedule->kind != DeepSpeedSchedule::Kind::warmup_cosine_lr || total != w,
-           "{}: WarmupCosineLR with {} optimizer steps and a warmup of {} (at least 2) divides by "
-           "their difference, 0; train more steps or shorten the warmup",
-           c.source, total, w);
 }
 
 }  // namespace tr::train

@@ -20,7 +20,10 @@ struct DeepSpeedConfig {
   nlohmann::json json;  // as read
   int stage = 0;        // zero_optimization.stage
   bool offload_optimizer = false;
+  bool offload_param = false;  // accepted: parameters stay on the device here (the same numbers)
   bool has_optimizer = false;  // an "optimizer" section: DeepSpeed's Adam(W) replaces --optim
+  bool l2_adam = false;        // its "Adam" with adam_w_mode false
+  bool torch_adamw = false;    // torch_adam: torch.optim.AdamW, weight_decay 0.01 unless given
   std::optional<DeepSpeedSchedule> schedule;
   // The scheduler's step counts as the config gives them (nullopt: "auto" or missing): HF's finalize
   // checks them against the run's warmup and total steps.

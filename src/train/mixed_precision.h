@@ -22,6 +22,7 @@ struct DeepSpeedScaling {
   int64_t window = 1000, hysteresis = 1;
   bool consecutive_hysteresis = false;
   double min_scale = 1;
+  bool norm_at_new_scale = false;  // ZeRO-3 reports the gradient norm unscaled by the updated scale
   // state
   int64_t cur_hysteresis = 1, cur_iter = 0, last_overflow_iter = -1;
 };
@@ -33,6 +34,12 @@ struct GradScaler {
   // torch.cuda.amp.GradScaler.update: back off on inf/nan, grow after growth_interval clean steps (or
   // DeepSpeed's rule, above).
   void update(bool found_inf);
+  // DeepSpeed's rule only: whether a clean step now doubles the scale (its ZeRO optimizers then unscale the
+  // step's gradients by the doubled one).
+  bool deepspeed_grows() const {
+    return deepspeed && deepspeed->dynamic &&
+           (deepspeed->cur_iter - deepspeed->last_overflow_iter) % deepspeed->window == 0;
+  }
   nlohmann::json to_json() const;
   void load_json(const nlohmann::json& j, const std::string& source);
 };

@@ -17,6 +17,7 @@
 #include "report/tensorboard.h"
 #include "tokenizers/tokenizer.h"
 #include "train/checkpoint.h"
+#include "train/deepspeed_config.h"
 #include "train/dist_setup.h"
 #include "train/lr_schedule.h"
 #include "train/metrics_log.h"
@@ -96,7 +97,8 @@ class Run {
   std::unique_ptr<optim::Optimizer> opt_;
   std::unique_ptr<FullShard> full_;  // ZeRO-3: the model's layer hooks (destroyed before the model is used)
   TrainerState st_;
-  std::unique_ptr<LrSchedule> lr_;  // --lr_scheduler_type with its kwargs
+  std::unique_ptr<LrSchedule> lr_;     // --lr_scheduler_type with its kwargs
+  std::optional<DeepSpeedConfig> ds_;  // --deepspeed's config, read once (its schedule, scaler, optimizer)
   Generator dropout_gen_;
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<report::TensorBoardLog> tb_;  // with --report_to tensorboard

@@ -77,6 +77,7 @@ Run::Run(const TrainingArguments& a, const TrainHooks& hooks, dist::ProcessGroup
       init_gen_(a.seed),
       dropout_gen_(a.seed) {
   start();
+  if (!a.deepspeed.empty()) ds_ = read_deepspeed_config(a.deepspeed);
   const int stage = group_ ? zero_stage(a) : 0;
   if (main_ && !group_ && !a.fsdp.empty())  // as HF's Trainer outside a distributed launch
     std::fprintf(stderr,
@@ -153,7 +154,7 @@ void Run::build_optimizer(int stage, std::optional<models::DeferredModel>& defer
   oo.eps = a_.adam_epsilon;
   oo.weight_decay = a_.weight_decay;
   oo.args = optim::parse_optim_args(a_.optim_args);
-  oo.decay_all = !a_.deepspeed.empty() && read_deepspeed_config(a_.deepspeed).has_optimizer;
+  oo.decay_all = ds_ && ds_->has_optimizer;
   // ZeRO-2/3: this rank's slices of the fp32 weights, taken before mixed precision makes the half weights.
   // A deferred model is made one parameter at a time (build_shard: slices kept, the half copy or, ZeRO-3,
   // released storage in its place); a whole one gives its slices up at construction and MixedPrecision
@@ -209,7 +210,7 @@ void Run::open_logs() {
   st_.train_batch_size = a_.per_device_train_batch_size;
   st_.gradient_accumulation_steps = sched_.ga;
   lr_ = std::make_unique<LrSchedule>(a_.lr_scheduler_type, a_.lr_scheduler_kwargs, a_.learning_rate);
-  if (!a_.deepspeed.empty()) use_deepspeed_config();
+  if (ds_) use_deepspeed_config();
   if (!resume_.empty()) resume();
   st_.world_size = group_ ? group_->size() : 1;
   if (main_) {
@@ -232,7 +233,7 @@ void Run::open_logs() {
 // A --deepspeed config's scheduler (its step counts checked against the run's, HF's finalize) and fp16
 // loss scaler in place of the flags' (apply_deepspeed_config has mapped the rest onto them).
 void Run::use_deepspeed_config() {
-  const DeepSpeedConfig ds = read_deepspeed_config(a_.deepspeed);
+  const DeepSpeedConfig& ds = *ds_;
   if (ds.schedule) {
     check_deepspeed_steps(ds, sched_.warmup, sched_.total);
     lr_ = std::make_unique<LrSchedule>(*ds.schedule, a_.learning_rate);

@@ -190,11 +190,19 @@ void StepCore::finish(int64_t step, double lr, const Tensor& loss, StepResult& r
     zero_->reduce_scatter(grads, grad_scale_);  // the compiled step: no engine reports, one pass
   if (zero_) zero_->reduce_replicas();          // hybrid sharding: the node's sums summed over the nodes
   const Tensor stats = zero_ ? zero_->global_stats(inv_scale) : ops::grad_stats(grads, inv_scale, o_.device);
-  const backend::Backend::GradTransform transform{inv_scale, o_.max_grad_norm, stats};
+  backend::Backend::GradTransform transform{inv_scale, o_.max_grad_norm, stats};
   std::vector<double> host_stats;
+  bool halved = false;
   if (s_.mp.loss_scaling()) {  // the skip decision is the host's (torch's GradScaler syncs here as well)
     host_stats = host_values(stats);
     r.skipped = host_stats[1] != 0;
+    // DeepSpeed's ZeRO optimizers update the loss scale before they unscale: a clean step that doubles the
+    // scale divides its gradients, and the norm its clip sees, by twice the scale they carry.
+    halved = !r.skipped && s_.mp.scaler().deepspeed_grows();
+    if (halved) {
+      transform.inv_scale = inv_scale / 2;
+      transform.stats = ops::from_vector<double>({host_stats[0] / 4, host_stats[1]}, {2}, stats.device());
+    }
   }
   if (!r.skipped) {  // fp16 overflow skips the update and lowers the scale (torch's GradScaler)
     s_.opt.set_lr(lr);
@@ -207,6 +215,7 @@ void StepCore::finish(int64_t step, double lr, const Tensor& loss, StepResult& r
   s_.mp.after_step(r.skipped);
   if (host_stats.empty()) host_stats = host_values(stats);
   r.grad_norm = std::sqrt(host_stats[0]);
+  if (halved && s_.mp.scaler().deepspeed->norm_at_new_scale) r.grad_norm /= 2;  // ZeRO-3 reports it so
   r.loss = loss.defined() ? host_values(loss)[0] : 0.0;
   if (o_.group != nullptr) {  // the global loss (each rank's share already normalized) and token count
     double v[2] = {r.loss, static_cast<double>(r.tokens)};
