@@ -74,8 +74,9 @@ python3 - "$work/ds" "$work/ds_zero2.json" >"$work/ds_args.json" <<'PY' || fail 
 import json, math, sys
 out = sys.argv[1]
 lrs = [json.loads(l)["learning_rate"] for l in open(out + "/metrics.jsonl") if '"loss"' in l]
-# WarmupDecayLR(total 6, warmup 3, min 0, max 1e-3), stepped after each applied step from iteration -1.
-want = [0.0] + [1e-3 * (math.log(i + 1) / math.log(3) if i < 3 else (6 - i) / 3) for i in range(5)]
+# WarmupDecayLR(total 6, warmup 3, min 0, max 1e-3), stepped after each applied step from iteration -1: step k
+# runs at iteration k - 2 and logs, as HF under DeepSpeed, iteration k - 1's rate (the engine has stepped it).
+want = [1e-3 * (math.log(i + 1) / math.log(3) if i < 3 else (6 - i) / 3) for i in range(6)]
 assert len(lrs) == 6 and all(abs(a - b) < 1e-15 for a, b in zip(lrs, want)), (lrs, want)
 sc = json.load(open(out + "/checkpoint-3/scaler.json"))
 assert sc["delayed_shift"] == 2 and sc["scale_window"] == 1000 and sc["cur_iter"] == 3, sc

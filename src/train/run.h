@@ -99,6 +99,8 @@ class Run {
   TrainerState st_;
   std::unique_ptr<LrSchedule> lr_;     // --lr_scheduler_type with its kwargs
   std::optional<DeepSpeedConfig> ds_;  // --deepspeed's config, read once (its schedule, scaler, optimizer)
+  double ds_grad_norm_ =
+      0;  // under --deepspeed: the last applied step's norm (DeepSpeed's _global_grad_norm)
   Generator dropout_gen_;
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<report::TensorBoardLog> tb_;  // with --report_to tensorboard

@@ -204,14 +204,21 @@ void Run::after_step(int64_t step, const StepResult& s, double lr, int64_t start
                  static_cast<long long>(step + 1), s.loss);
     nan_noted_ = true;
   }
+  // Under --deepspeed HF logs what DeepSpeed's engine reports: its scheduler has stepped inside the step,
+  // so the rate is the next step's, and a skipped step keeps the last applied step's gradient norm.
+  if (ds_) {
+    lr = lr_->at(st_.scheduler_step, sched_.warmup, sched_.total);
+    if (!s.skipped) ds_grad_norm_ = s.grad_norm;
+  }
+  const double grad_norm = ds_ ? ds_grad_norm_ : s.grad_norm;
   if (!sched_.logs_after(step)) return;
   const double secs = std::chrono::duration<double>(clock::now() - train_start_).count() - eval_seconds_;
   const double tps = tokens_ / secs;
-  const double mean = window_->flush(step + 1, lr, s.grad_norm, secs, tps);
+  const double mean = window_->flush(step + 1, lr, grad_norm, secs, tps);
   nlohmann::json entry{{"step", step + 1},
                        {"loss", mean},
                        {"learning_rate", lr},
-                       {"grad_norm", s.grad_norm},
+                       {"grad_norm", grad_norm},
                        {"epoch", sched_.epoch(step + 1)},
                        {"tokens_per_second", tps}};
   if (a_.logs_input_tokens()) entry["num_input_tokens_seen"] = st_.num_input_tokens_seen;
