@@ -39,6 +39,11 @@ ROWS = [
     ("adafactor", ["--optim", "adafactor"], ("no", "yes"), ""),
     ("adamw_bnb_8bit", ["--optim", "adamw_bnb_8bit"], ("no", "yes"), ""),
     ("sgd", ["--optim", "sgd"], ("yes", "yes"), ""),
+    # HF's other --optim names (the guide's optimizer row): one state per parameter instead of AdamW's two
+    ("adagrad", ["--optim", "adagrad"], ("yes", "yes"), "one f32 state"),
+    ("rmsprop", ["--optim", "rmsprop"], ("yes", "yes"), "one f32 state"),
+    ("lion_32bit", ["--optim", "lion_32bit"], ("yes", "yes"), "one f32 state"),
+    ("lion_8bit", ["--optim", "lion_8bit"], ("no", "yes"), "one 8-bit state"),
     ("workers 2 + pin_memory", ["--dataloader_num_workers", "2", "--dataloader_pin_memory", "true"],
      ("yes", "no"), ""),
     ("torch_empty_cache_steps 1", ["--torch_empty_cache_steps", "1"], ("no (~10% slower)", "yes"), ""),

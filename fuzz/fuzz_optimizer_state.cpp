@@ -26,7 +26,10 @@ struct Case {
 const std::vector<Case> kCases = {{"adamw_torch", {}},
                                   {"sgd", {{"momentum", "0.9"}}},
                                   {"adafactor", {{"beta1", "0.9"}}},
-                                  {"adamw_8bit", {{"min_8bit_size", "64"}}}};
+                                  {"adamw_8bit", {{"min_8bit_size", "64"}}},
+                                  {"adagrad", {}},
+                                  {"rmsprop", {{"momentum", "0.9"}}},
+                                  {"lion_32bit", {}}};
 
 }  // namespace
 

@@ -84,6 +84,23 @@ INSTANTIATE_TEST_SUITE_P(
                                      a.optim = "sgd";
                                      a.bf16 = true;
                                    }},
+                      // Adagrad's sums exist from set-up (torch's constructor makes them); Lion's state
+                      // and RMSprop's buffers from the first step.
+                      EstimateCase{"gpt2_adagrad_fp16", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.optim = "adagrad";
+                                     a.fp16 = true;
+                                   }},
+                      EstimateCase{"gpt2_lion_bf16", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.optim = "lion_32bit";
+                                     a.bf16 = true;
+                                   }},
+                      EstimateCase{"gpt2_rmsprop_momentum", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.optim = "rmsprop";
+                                     a.optim_args = "momentum=0.9";
+                                   }},
                       EstimateCase{"gpt2_8bit_eager_attention", false,
                                    [](train::TrainingArguments& a) {
                                      a.optim = "adamw_bnb_8bit";

@@ -52,13 +52,15 @@ std::string expect_error(const std::function<void()>& f) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// References: 4 parameters (2-D and 3-D that decay, a bias and a norm weight that do not), 5 fixed gradients.
+// References: 4 parameters (2-D and 3-D that decay, a bias and a norm weight that do not), 5 fixed gradients;
+// torch 1.13's optimizers (tools/make_optim_golden.py), bitsandbytes' 32-bit kernels transcribed there.
 
 struct GoldenCase {
   std::string golden;  // config name in optim_golden.safetensors
   std::string optim;   // --optim
   double lr, weight_decay;
   std::string args;  // --optim_args
+  double beta2 = 0.999;
 };
 
 class OptimGolden : public ::testing::TestWithParam<GoldenCase> {};
@@ -74,6 +76,7 @@ TEST_P(OptimGolden, FiveStepsMatchTheReference) {
   o.lr = c.lr;
   o.weight_decay = c.weight_decay;
   o.args = optim::parse_optim_args(c.args);
+  o.beta2 = c.beta2;
   auto opt = optim::make_optimizer(c.optim, ps.list, o);
   for (int k = 1; k <= 5; ++k) {
     for (size_t i = 0; i < names.size(); ++i)
@@ -82,9 +85,14 @@ TEST_P(OptimGolden, FiveStepsMatchTheReference) {
   }
   EXPECT_EQ(opt->step_count(), 5);
   for (size_t i = 0; i < names.size(); ++i) {
-    // f32 throughout on both sides; reductions may add in another order, hence a few ulps.
+    // f32 throughout on both sides; Adafactor's reductions may add in another order, hence a few ulps; the
+    // element-wise optimizers give torch's (and the transcribed bitsandbytes kernels') bits.
     EXPECT_TRUE(test::all_close(*ps.list[i].second, f.load(c.golden + "." + names[i]), 1e-6, 1e-7))
         << c.optim << " " << c.args << ": " << names[i];
+    if (c.optim != "adafactor") {
+      EXPECT_EQ(floats(*ps.list[i].second), floats(f.load(c.golden + "." + names[i])))
+          << c.optim << " " << c.args << ": " << names[i] << " bit for bit";
+    }
   }
 }
 
@@ -98,7 +106,19 @@ INSTANTIATE_TEST_SUITE_P(
                       GoldenCase{"sgd_nesterov", "sgd", 0.1, 0.01, "momentum=0.9, nesterov=true"},
                       GoldenCase{"adafactor", "adafactor", 1e-2, 0.01, ""},
                       GoldenCase{"adafactor_beta1", "adafactor", 1e-2, 0.01, "beta1=0.9,clip_threshold=0.5"},
-                      GoldenCase{"adafactor_scaled", "adafactor", 1e-2, 0.0, "scale_parameter=true"}),
+                      GoldenCase{"adafactor_scaled", "adafactor", 1e-2, 0.0, "scale_parameter=true"},
+                      GoldenCase{"adagrad", "adagrad", 1e-2, 0.01, ""},
+                      GoldenCase{"adagrad_args", "adagrad", 0.1, 0.01,
+                                 "lr_decay=0.01,initial_accumulator_value=0.1,eps=1e-6"},
+                      GoldenCase{"rmsprop", "rmsprop", 1e-2, 0.01, ""},
+                      GoldenCase{"rmsprop_momentum", "rmsprop", 1e-2, 0.01,
+                                 "alpha=0.9,eps=1e-6,momentum=0.9"},
+                      // bitsandbytes' 32-bit kernels, transcribed (tools/make_optim_golden.py's Bnb32)
+                      GoldenCase{"lion", "lion_32bit", 1e-2, 0.1, "", 0.99},
+                      GoldenCase{"lion", "paged_lion_32bit", 1e-2, 0.1, "", 0.99},
+                      GoldenCase{"rmsprop_bnb", "rmsprop_bnb", 1e-2, 0.01, ""},
+                      GoldenCase{"rmsprop_bnb", "rmsprop_bnb_32bit", 1e-2, 0.01, ""},
+                      GoldenCase{"adam_bnb32", "paged_adamw_32bit", 1e-2, 0.1, ""}),
     [](const auto& info) { return info.param.golden + "_" + info.param.optim; });
 
 // ---------------------------------------------------------------------------------------------------------
@@ -533,7 +553,8 @@ TEST_P(OptimResume, ContinuesBitExactlyAfterSaveAndLoad) {
   }
   // A missing entry is an error that names it.
   st.erase(std::prev(st.end()));
-  auto fresh = optim::make_optimizer(c.optim, init.clone().list, o);
+  Params fresh_params = init.clone();  // alive while the optimizer reads the parameters' shapes
+  auto fresh = optim::make_optimizer(c.optim, fresh_params.list, o);
   if (c.optim != "sgd") {  // SGD's momentum buffers may be absent (not created yet), as in torch
     EXPECT_NE(expect_error([&] { fresh->load_state_dict(st); }).find("missing"), std::string::npos);
   }
@@ -547,7 +568,19 @@ const std::vector<ResumeCase> kResumeCases{{"adamw_torch", ""},
                                            {"adamw_bnb_8bit", ""},
                                            {"adamw_8bit", ""},
                                            {"sgd", "momentum=0.9,nesterov=true"},
-                                           {"sgd", "momentum=0.9,dampening=0.1"}};
+                                           {"sgd", "momentum=0.9,dampening=0.1"},
+                                           {"paged_adamw_8bit", ""},
+                                           {"paged_adamw_32bit", ""},
+                                           {"adagrad", "lr_decay=0.1,initial_accumulator_value=0.5"},
+                                           {"rmsprop", ""},
+                                           {"rmsprop", "momentum=0.9"},
+                                           {"rmsprop_bnb", ""},
+                                           {"rmsprop_bnb_32bit", "alpha=0.9"},
+                                           {"lion_32bit", ""},
+                                           {"paged_lion_32bit", ""},
+                                           {"lion_8bit", ""},
+                                           {"paged_lion_8bit", ""},
+                                           {"rmsprop_bnb_8bit", "alpha=0.9"}};
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, OptimResume, ::testing::ValuesIn(kResumeCases), [](const auto& info) {
   return info.param.optim + (info.param.args.empty() ? "" : "_" + std::to_string(info.index));
@@ -602,6 +635,122 @@ TEST(OptimErrors, OptimArgsParseAndUnknownKeysAreErrors) {
   EXPECT_NE(with("sgd", "nesterov=yes").find("not true or false"), std::string::npos);
   EXPECT_NE(with("sgd", "momentum=0.9,dampening=0.1,nesterov=true").find("Nesterov"), std::string::npos);
   EXPECT_NE(with("adafactor", "warmup_init=true").find("relative_step"), std::string::npos);
+  // The element-wise optimizers: their constructors' knobs, the ranges torch / bitsandbytes refuse.
+  EXPECT_NE(with("adagrad", "lr_decay=-1").find("invalid lr_decay"), std::string::npos);
+  EXPECT_NE(with("adagrad", "momentum=0.9").find("'momentum' is not an argument of adagrad"),
+            std::string::npos);
+  EXPECT_NE(with("rmsprop", "centered=true").find("centered=true is not implemented"), std::string::npos);
+  EXPECT_NE(with("rmsprop", "momentum=-0.5").find("invalid momentum"), std::string::npos);
+  EXPECT_NE(with("rmsprop_bnb", "momentum=0.9").find("no momentum term"), std::string::npos);
+  EXPECT_NE(with("rmsprop_bnb_32bit", "alpha=0").find("alpha==0.0 is not supported"), std::string::npos);
+  EXPECT_NE(with("lion_32bit", "eps=1e-8").find("'eps' is not an argument of lion_32bit"), std::string::npos);
+  {
+    optim::OptimizerOptions o;
+    o.beta2 = 1.0;
+    const std::string b = expect_error([&] { optim::make_optimizer("lion_32bit", ps.list, o); });
+    EXPECT_NE(b.find("invalid beta parameter at index 1: 1"), std::string::npos) << b;
+  }
+}
+
+// bitsandbytes' one-state 8-bit kernel: from zero state the first Lion step is the 32-bit step (the sign of
+// (1 - beta1) * g either way), and the stored state dequantizes to within one code of the 32-bit state; over
+// steps 8-bit Lion and RMSprop follow their 32-bit runs; small tensors and embeddings keep 32-bit state.
+TEST(OptimElementwise, EightBitStateFollowsThe32BitKernels) {
+  Params a;
+  a.add("h.0.mlp.c_fc.weight", test::randn({64, 80}, 21, DType::f32, Device::cpu(), 0.1));  // 20 blocks
+  a.add("h.0.mlp.c_fc.bias", test::randn({80}, 22));
+  a.add("transformer.wte.weight", test::randn({70, 64}, 23));  // an embedding: 32-bit state
+  optim::OptimizerOptions o;
+  o.lr = 1e-3;
+  o.weight_decay = 0.1;
+  for (const auto& [eight, full] : std::vector<std::pair<std::string, std::string>>{
+           {"lion_8bit", "lion_32bit"}, {"rmsprop_bnb_8bit", "rmsprop_bnb"}}) {
+    SCOPED_TRACE(eight);
+    // bitsandbytes' 8-bit RMSprop divides the raw gradient by the root of a state made from the decayed one
+    // (its 32-bit kernel divides the decayed gradient): with decay the runs part where g + wd * p ~ 0.
+    o.weight_decay = eight == "lion_8bit" ? 0.1 : 0.0;
+    Params p8 = a.clone(), p32 = a.clone();
+    auto o8 = optim::make_optimizer(eight, p8.list, o), o32 = optim::make_optimizer(full, p32.list, o);
+    double drift = 0;
+    for (int step = 0; step < 8; ++step) {
+      for (Params* ps : {&p8, &p32})
+        for (size_t i = 0; i < ps->list.size(); ++i)
+          autograd::set_grad(*ps->list[i].second, test::randn(a.list[i].second->shape(), 100 + 7 * step + i));
+      o8->step();
+      o32->step();
+      if (step == 0 && eight == "lion_8bit") {
+        EXPECT_EQ(floats(*p8.list[0].second), floats(*p32.list[0].second)) << "the first Lion step";
+        const auto s8 = o8->state_dict(), s32 = o32->state_dict();
+        ASSERT_EQ(s8[1].first, "state1.h.0.mlp.c_fc.weight");
+        ASSERT_EQ(s8[2].first, "absmax1.h.0.mlp.c_fc.weight");
+        const auto codes = ops::to_vector<uint8_t>(s8[1].second);
+        const auto absmax = floats(s8[2].second), m32 = floats(s32[1].second);
+        const auto& map = optim::dynamic_map(true);
+        for (size_t j = 0; j < codes.size(); ++j) {
+          const float x = m32[j] / absmax[j / 256];
+          const float lo = codes[j] > 0 ? map[codes[j] - 1] : -1.0f,
+                      hi = codes[j] < 255 ? map[codes[j] + 1] : 1.0f;
+          EXPECT_TRUE(x >= lo && x <= hi) << j << ": " << x << " stored as code " << int(codes[j]);
+        }
+      }
+      const auto w8 = floats(*p8.list[0].second), w32 = floats(*p32.list[0].second);
+      double d = 0;
+      for (size_t j = 0; j < w8.size(); ++j) d = std::max(d, std::abs(double(w8[j]) - w32[j]));
+      drift = std::max(drift, d);
+      // the embedding's 32-bit state runs the 32-bit kernel: the same bits
+      EXPECT_EQ(floats(*p8.list[2].second), floats(*p32.list[2].second)) << "embedding, step " << step;
+    }
+    // Lion moves each element by lr per step: an element whose momentum sign differs lands 2 lr away.
+    EXPECT_LT(drift, 4 * o.lr) << "8-bit state far from the 32-bit run";
+    EXPECT_EQ(o8->state_dict().size(), 1u + 2u + 1u + 1u);  // step, weight codes + absmax, bias, embedding
+  }
+}
+
+// Lion steps every element by exactly lr (the sign of the interpolated momentum), after the decoupled decay;
+// RMSprop's momentum buffer and Adagrad's sums are made as torch makes them.
+TEST(OptimElementwise, LionStepsBySignAndStateIsMadeAsTorchMakesIt) {
+  Params ps;
+  ps.add("h.0.mlp.c_fc.weight", test::randn({5, 7}, 3));
+  ps.add("h.0.mlp.c_fc.bias", test::randn({7}, 4));
+  optim::OptimizerOptions o;
+  o.lr = 0.25;  // exact steps in f32
+  o.weight_decay = 0.5;
+  const Params before = ps.clone();
+  auto lion = optim::make_optimizer("lion_32bit", ps.list, o);
+  EXPECT_EQ(lion->state_dict().size(), 1u);  // "step" only: bitsandbytes makes state1 at the first step
+  const Tensor g = test::randn({5, 7}, 9), gb = test::randn({7}, 10);
+  autograd::set_grad(*ps.list[0].second, ops::clone(g));
+  autograd::set_grad(*ps.list[1].second, ops::clone(gb));
+  lion->step();
+  const auto w0 = floats(*before.list[0].second), w1 = floats(*ps.list[0].second), gv = floats(g);
+  for (size_t i = 0; i < w0.size(); ++i) {    // first step: sign((1 - beta1) * g); decay 1 - 0.25 * 0.5
+    volatile float decayed = w0[i] * 0.875f;  // volatile: rounded before the subtraction, as the kernel
+    EXPECT_EQ(w1[i], decayed - 0.25f * static_cast<float>((gv[i] > 0) - (gv[i] < 0))) << i;
+  }
+  const auto b0 = floats(*before.list[1].second), b1 = floats(*ps.list[1].second), gbv = floats(gb);
+  for (size_t i = 0; i < b0.size(); ++i)  // a bias: no decay (HF's groups)
+    EXPECT_EQ(b1[i], b0[i] - 0.25f * static_cast<float>((gbv[i] > 0) - (gbv[i] < 0))) << i;
+  const auto st = lion->state_dict();
+  ASSERT_EQ(st.size(), 3u);
+  EXPECT_EQ(st[1].first, "state1.h.0.mlp.c_fc.weight");
+  const auto m = floats(st[1].second);
+  for (size_t i = 0; i < m.size(); ++i) EXPECT_EQ(m[i], gv[i] * (1.0f - 0.999f)) << i;  // beta2 = adam_beta2
+
+  o.args = {{"momentum", "0.9"}};
+  auto rms = optim::make_optimizer("rmsprop", ps.list, o);
+  EXPECT_EQ(rms->state_dict().size(), 1u);
+  autograd::set_grad(*ps.list[1].second, ops::clone(gb));  // only the bias has a gradient
+  autograd::zero_grad(*ps.list[0].second);
+  rms->step();
+  std::vector<std::string> keys;
+  for (const auto& [k, t] : rms->state_dict()) keys.push_back(k);
+  EXPECT_EQ(keys, (std::vector<std::string>{"step", "square_avg.h.0.mlp.c_fc.bias",
+                                            "momentum_buffer.h.0.mlp.c_fc.bias"}));
+  o.args = {{"initial_accumulator_value", "0.5"}};
+  auto ada = optim::make_optimizer("adagrad", ps.list, o);
+  const auto sums = ada->state_dict();
+  ASSERT_EQ(sums.size(), 3u);  // made in the constructor, as torch.optim.Adagrad
+  EXPECT_EQ(floats(sums[1].second), std::vector<float>(35, 0.5f));
 }
 
 TEST(OptimErrors, AGradientOfAnotherDtypeOrShapeIsAnError) {

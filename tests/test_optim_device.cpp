@@ -1,9 +1,11 @@
 // The optimizers off the CPU: Adafactor's tensor-op formulation (what runs on a GPU) against its CPU loops,
-// on the CPU; and, with a GPU, 8-bit AdamW's and SGD's kernels bit for bit and Adafactor within f32 rounding
-// of the CPU (skipped loudly without one).
+// on the CPU; and, with a GPU, 8-bit AdamW's, SGD's and the element-wise optimizers' kernels bit for bit and
+// Adafactor within f32 rounding of the CPU (skipped loudly without one).
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <utility>
+#include <vector>
 
 #include "backend/cuda_api.h"
 #include "optim/adafactor.h"
@@ -129,6 +131,27 @@ TEST(OptimDevice, SgdKernelMatchesTheCpuBitForBit) {
     five_steps_both("sgd", args, cpu, dev, gpu);
     for (size_t i = 0; i < cpu.tensors.size(); ++i)
       EXPECT_EQ(host(dev.tensors[i]), test::values(cpu.tensors[i])) << args << " " << cpu.list[i].first;
+  }
+}
+
+TEST(OptimDevice, ElementwiseKernelsMatchTheCpuBitForBit) {
+  if (!backend::cuda_available())
+    GTEST_SKIP() << "no CUDA GPU here: the element-wise optimizer kernel NOT tested";
+  const Device gpu = Device::cuda(0);
+  for (const auto& [name, args] : std::vector<std::pair<const char*, const char*>>{
+           {"adagrad", "lr_decay=0.1,initial_accumulator_value=0.2"},
+           {"rmsprop", ""},
+           {"rmsprop", "momentum=0.9"},
+           {"rmsprop_bnb", ""},
+           {"lion_32bit", ""},
+           {"lion_8bit", "min_8bit_size=64"},
+           {"rmsprop_bnb_8bit", "min_8bit_size=64"},
+           {"paged_adamw_32bit", ""}}) {
+    Model cpu(Device::cpu()), dev(gpu);
+    five_steps_both(name, args, cpu, dev, gpu);
+    for (size_t i = 0; i < cpu.tensors.size(); ++i)
+      EXPECT_EQ(host(dev.tensors[i]), test::values(cpu.tensors[i]))
+          << name << " " << args << " " << cpu.list[i].first;
   }
 }
 

@@ -3,9 +3,11 @@
 // bf16 / f16 / f32 gradients through the loss-scale inverse and the clip, with and without weight decay, the
 // bf16 weight copy, a tensor longer than one 64K chunk), the gradient transform, bitsandbytes' blockwise
 // 8-bit AdamW (a partial last block, three steps, NaN-free and with an infinite gradient) and its 32-bit
-// small-tensor path, SGD with momentum, dampening and Nesterov; the gradient statistics within f64 rounding
-// (their sums run in another order). Compiled without contracting multiply-adds, as optim.cu and the CPU's
-// optimizers. The GPU runs them in the CUDA parity tests (OptimDevice.*, CudaOptim.*).
+// small-tensor path, SGD with momentum, dampening and Nesterov, the element-wise rules (Adagrad, RMSprop,
+// Lion, bitsandbytes' RMSprop) and bitsandbytes' one-state 8-bit kernel (Lion, RMSprop); the gradient
+// statistics within f64 rounding (their sums run in another order). Compiled without contracting
+// multiply-adds, as optim.cu and the CPU's optimizers. The GPU runs them in the CUDA parity tests
+// (OptimDevice.*, CudaOptim.*).
 #include "cuda_emulator.h"  // first: the CUDA built-ins the kernels' header expects
 
 #include <fmt/format.h>
@@ -251,6 +253,89 @@ TEST(OptimEmulated, SgdGivesTheCpuBits) {
       EXPECT_TRUE(same(ep, p)) << "param";
       EXPECT_TRUE(same(eb, buf)) << "momentum buffer";
     }
+}
+
+// Adagrad, RMSprop (with and without its momentum buffer), bitsandbytes' Lion and RMSprop: the kernel's bits.
+template <backend::ElementwiseRule R, typename T>
+void check_elementwise(const BE::ElementwiseHyper& h, bool second, DType dt, Generator& gen) {
+  const int64_t n = 1000;
+  const Tensor p = draw({n}, gen, dt), g = draw({n}, gen, dt, 0.1), d1 = draw({n}, gen, dt, 0.2),
+               s1 = ops::binary(backend::BinaryOp::mul, d1, d1),
+               s2 = second ? draw({n}, gen, dt, 0.05) : Tensor();
+  const BE::ElementwiseTensors x{p, g, s1, s2, 0.01};
+  const Tensor ep = copy_of(p), e1 = copy_of(s1), e2 = second ? copy_of(s2) : Tensor();
+  cpu().elementwise_step({x}, h);
+  const backend::ElementwiseScalars<T> c(h, x.weight_decay);
+  emu::launch(2, 64, 0, [&] {
+    ok::elementwise_kernel<R, T>(ep.data<T>(), g.data<T>(), e1.data<T>(), second ? e2.data<T>() : nullptr, n,
+                                 c);
+  });
+  EXPECT_TRUE(same(ep, p)) << "param";
+  EXPECT_TRUE(same(e1, s1)) << "state1";
+  if (second) {
+    EXPECT_TRUE(same(e2, s2)) << "state2";
+  }
+}
+
+TEST(OptimEmulated, ElementwiseOptimizersGiveTheCpuBits) {
+  using backend::ElementwiseRule;
+  Generator gen(13);
+  BE::ElementwiseHyper h;
+  h.lr = 0.05, h.step = 3, h.lr_decay = 0.1, h.eps = 1e-6;
+  h.rule = ElementwiseRule::adagrad;
+  check_elementwise<ElementwiseRule::adagrad, float>(h, false, DType::f32, gen);
+  check_elementwise<ElementwiseRule::adagrad, double>(h, false, DType::f64, gen);
+  h.rule = ElementwiseRule::rmsprop, h.beta1 = 0.9, h.momentum = 0.9;
+  for (const bool momentum : {false, true}) {
+    SCOPED_TRACE(fmt::format("rmsprop momentum {}", momentum));
+    check_elementwise<ElementwiseRule::rmsprop, float>(h, momentum, DType::f32, gen);
+    check_elementwise<ElementwiseRule::rmsprop, double>(h, momentum, DType::f64, gen);
+  }
+  h.rule = ElementwiseRule::lion, h.beta1 = 0.9, h.beta2 = 0.99;
+  check_elementwise<ElementwiseRule::lion, float>(h, false, DType::f32, gen);
+  h.rule = ElementwiseRule::rmsprop_bnb, h.beta1 = 0.99;
+  check_elementwise<ElementwiseRule::rmsprop_bnb, float>(h, false, DType::f32, gen);
+}
+
+// bitsandbytes' one-state 8-bit kernel (Lion, RMSprop): a partial last block, three steps, with decay.
+TEST(OptimEmulated, OneState8bitGivesTheCpuBits) {
+  using backend::ElementwiseRule;
+  Generator gen(14);
+  const int64_t n = 1000, blocks = (n + backend::kAdam8bitBlock - 1) / backend::kAdam8bitBlock;
+  const auto& smap = optim::dynamic_map(true);
+  const Tensor map = ops::from_vector<float>(std::vector<float>(smap.begin(), smap.end()), {256});
+  std::mt19937 rng(5);
+  for (const auto rule : {ElementwiseRule::lion, ElementwiseRule::rmsprop_bnb}) {
+    SCOPED_TRACE(rule == ElementwiseRule::lion ? "lion" : "rmsprop_bnb");
+    const Tensor codes = ops::empty({n}, DType::u8);
+    for (int64_t i = 0; i < n; ++i)  // RMSprop's state is non-negative: codes of the upper half
+      codes.data<uint8_t>()[i] =
+          static_cast<uint8_t>(rule == ElementwiseRule::lion ? rng() & 255 : 127 + rng() % 129);
+    const BE::Elementwise8bitTensors c{
+        draw({n}, gen, DType::f32), draw({n}, gen, DType::f32, 0.1), codes,
+        ops::affine(ops::unary(ops::UnaryOp::abs, draw({blocks}, gen, DType::f32)), 0.01, 1e-3), 0.05};
+    const Tensor ep = copy_of(c.param), ec = copy_of(c.state1), ea = copy_of(c.absmax1);
+    BE::ElementwiseHyper h;
+    h.rule = rule, h.lr = 1e-3, h.beta1 = rule == ElementwiseRule::lion ? 0.9 : 0.99, h.beta2 = 0.99;
+    const backend::ElementwiseScalars<float> k(h, c.weight_decay);
+    for (int step = 1; step <= 3; ++step) {
+      SCOPED_TRACE(fmt::format("step {}", step));
+      cpu().elementwise_8bit({c}, h, map);
+      emu::launch(static_cast<int>(blocks), 256, 264 * sizeof(float), [&] {
+        if (rule == ElementwiseRule::lion)
+          ok::state8bit_kernel<ElementwiseRule::lion>(ep.data<float>(), c.grad.data<float>(),
+                                                      ec.data<uint8_t>(), ea.data<float>(), n, k,
+                                                      map.data<float>());
+        else
+          ok::state8bit_kernel<ElementwiseRule::rmsprop_bnb>(ep.data<float>(), c.grad.data<float>(),
+                                                             ec.data<uint8_t>(), ea.data<float>(), n, k,
+                                                             map.data<float>());
+      });
+      EXPECT_TRUE(same(ep, c.param)) << "param";
+      EXPECT_TRUE(same(ec, c.state1)) << "codes";
+      EXPECT_TRUE(same(ea, c.absmax1)) << "absmax";
+    }
+  }
 }
 
 }  // namespace

@@ -432,6 +432,7 @@ TEST(TrainerOptim, EveryOptimizerTrainsTheModel) {
       a.learning_rate = 1.0;
       a.optim_args = "momentum=0.9";
     }
+    if (name == "adagrad") a.learning_rate = 0.1;  // its steps shrink as 1/sqrt(step) from lr
     a.optim = name;
     a.weight_decay = 0.01;
     auto r = train::train(a);

@@ -41,6 +41,9 @@ compare llama_w1 ckpt_w1 1e-6
 one sgd_w1 6 --config_name gpt2.json --optim sgd --optim_args momentum=0.9
 many sgd_full_w3 3 2 --config_name gpt2.json --optim sgd --optim_args momentum=0.9 --fsdp full_shard
 compare sgd_w1 sgd_full_w3 1e-5
+one rms_w1 6 --config_name gpt2.json --optim rmsprop --optim_args momentum=0.9 --learning_rate 1e-3
+many rms_full_w2 2 3 --config_name gpt2.json --optim rmsprop --optim_args momentum=0.9 --learning_rate 1e-3 --fsdp full_shard
+compare rms_w1 rms_full_w2 1e-5
 one bf16_w1 6 --config_name llama.json --bf16
 many bf16_full_w2 2 3 --config_name llama.json --bf16 --fsdp full_shard
 compare bf16_w1 bf16_full_w2 1e-3 1 loss,eval_loss

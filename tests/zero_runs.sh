@@ -8,6 +8,7 @@
 #     `trainer estimate --world_size N --fsdp shard_grad_op` equal to rank 0's measured peak (fp32, bf16);
 #  3. resume: a world-3 sharded checkpoint at world 3 (bit-exact), sharded at 2, DDP at 2 and one process
 #     (within 1e-5); a one-process checkpoint continued sharded at 2; SGD's momentum across world sizes;
+#     Adagrad and Lion sharded as one process trains them;
 #  4. SIGTERM to the launcher: one checkpoint with every rank's file, exit 0; two nodes (two launchers) equal
 #     one when they share output_dir, and are refused before training when they do not;
 #     --deepspeed's ZeRO-2 config the same bits as --fsdp shard_grad_op;
@@ -35,6 +36,13 @@ compare bf16_w1 bf16_zero_w2 1e-3 1 loss,eval_loss
 one sgd_w1 6 --config_name gpt2.json --optim sgd --optim_args momentum=0.9
 many sgd_zero_w2 2 3 --config_name gpt2.json --optim sgd --optim_args momentum=0.9 --fsdp shard_grad_op
 compare sgd_w1 sgd_zero_w2 1e-5
+# So do Adagrad (its sums made before the first step) and bitsandbytes' 32-bit Lion.
+one adagrad_w1 6 --config_name gpt2.json --optim adagrad
+many adagrad_zero_w2 2 3 --config_name gpt2.json --optim adagrad --fsdp shard_grad_op
+compare adagrad_w1 adagrad_zero_w2 1e-5
+one lion_w1 6 --config_name gpt2.json --optim lion_32bit --weight_decay 0.1 --learning_rate 1e-3
+many lion_zero_w3 3 2 --config_name gpt2.json --optim lion_32bit --weight_decay 0.1 --learning_rate 1e-3 --fsdp shard_grad_op
+compare lion_w1 lion_zero_w3 1e-5
 many zero_w3_again 3 2 --config_name gpt2.json --fsdp shard_grad_op
 compare zero_w3 zero_w3_again 0
 many zero_w3_small 3 2 --config_name gpt2.json --fsdp shard_grad_op --ddp_bucket_cap_mb 1

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # Reference values for the optimizer tests (tests/test_optim.cpp): a few small parameters, fixed gradients for
-# 5 steps, and the parameters after the 5 steps under torch.optim.AdamW, torch.optim.SGD and a line-by-line
-# transcription of transformers' Adafactor (transformers is not needed), plus bitsandbytes' dynamic 8-bit maps.
+# 5 steps, and the parameters after the 5 steps under torch.optim's AdamW, SGD, Adagrad and RMSprop, a
+# line-by-line transcription of transformers' Adafactor (transformers is not needed) and of bitsandbytes'
+# 32-bit Lion, RMSprop and Adam kernels, plus bitsandbytes' dynamic 8-bit maps.
 # Needs only Debian's python3-torch (the safetensors writer is make_golden.py's).
 #
 #   /usr/bin/python3 tools/make_optim_golden.py tests/golden/optim
@@ -83,6 +84,58 @@ class Adafactor(torch.optim.Optimizer):
                 p.add_(-update)
 
 
+def f32(x):
+    """x rounded to f32 (bitsandbytes hands its kernels f32 arguments)."""
+    return torch.tensor(x, dtype=torch.float32).item()
+
+
+class Bnb32(torch.optim.Optimizer):
+    """bitsandbytes' 32-bit kernels (kOptimizer32bit1State / 2State) for Lion, RMSprop and Adam, transcribed
+    op for op in f32 tensor arithmetic (bitsandbytes needs a GPU; its CPU build is not in Debian)."""
+
+    def __init__(self, params, kind, lr, betas=(0.9, 0.999), eps=1e-8):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps))
+        self.kind = kind
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            lr, wd, eps = f32(group["lr"]), f32(group["weight_decay"]), f32(group["eps"])
+            b1, b2 = f32(group["betas"][0]), f32(group["betas"][1])
+            one_b1, one_b2 = f32(1.0 - b1), f32(1.0 - b2)  # exact in f32: b1, b2 in [0, 1)
+            for p in group["params"]:
+                g = p.grad.clone()
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["state1"] = torch.zeros_like(p)
+                    if self.kind == "adam":
+                        state["state2"] = torch.zeros_like(p)
+                state["step"] += 1
+                s1 = state["state1"]
+                if self.kind == "lion":
+                    if wd > 0:
+                        p.mul_(f32(1.0 - f32(lr * wd)))
+                    p.sub_(torch.sign(s1 * b1 + g * one_b1) * lr)
+                    s1.copy_(s1 * b2 + g * one_b2)
+                elif self.kind == "rmsprop":
+                    if wd > 0:
+                        g = g + p * wd
+                    s1.copy_(s1 * b1 + (g * one_b1) * g)
+                    p.sub_((g / (s1.sqrt() + eps)) * lr)
+                else:  # adam
+                    t = state["step"]
+                    c1 = f32(1.0 - f32(b1 ** t))
+                    c2 = f32(math.sqrt(f32(1.0 - f32(b2 ** t))))
+                    step_size = f32(f32(-lr * c2) / c1)
+                    s2 = state["state2"]
+                    s1.copy_(s1 * b1 + g * one_b1)
+                    s2.copy_(s2 * b2 + (g * g) * one_b2)
+                    p.add_((s1 / (s2.sqrt() + f32(eps * c2))) * step_size)
+                    if wd > 0:
+                        p.mul_(f32(1.0 - f32(lr * wd)))
+
+
 def groups(params, wd):
     return [{"params": [p for n, p in params.items() if decays(n)], "weight_decay": wd},
             {"params": [p for n, p in params.items() if not decays(n)], "weight_decay": 0.0}]
@@ -100,6 +153,15 @@ CONFIGS = {
                                            scale_parameter=False, relative_step=False, warmup_init=False),
     "adafactor_scaled": lambda g: Adafactor(groups(g, 0.0), lr=1e-2, scale_parameter=True, relative_step=False,
                                             warmup_init=False),
+    "adagrad": lambda g: torch.optim.Adagrad(groups(g, 0.01), lr=1e-2),
+    "adagrad_args": lambda g: torch.optim.Adagrad(groups(g, 0.01), lr=0.1, lr_decay=0.01,
+                                                  initial_accumulator_value=0.1, eps=1e-6),
+    "rmsprop": lambda g: torch.optim.RMSprop(groups(g, 0.01), lr=1e-2),
+    "rmsprop_momentum": lambda g: torch.optim.RMSprop(groups(g, 0.01), lr=1e-2, alpha=0.9, eps=1e-6,
+                                                      momentum=0.9),
+    "lion": lambda g: Bnb32(groups(g, 0.1), "lion", lr=1e-2, betas=(0.9, 0.99)),
+    "rmsprop_bnb": lambda g: Bnb32(groups(g, 0.01), "rmsprop", lr=1e-2, betas=(0.99, 0.0), eps=1e-8),
+    "adam_bnb32": lambda g: Bnb32(groups(g, 0.1), "adam", lr=1e-2, betas=(0.9, 0.999), eps=1e-8),
 }
 
 

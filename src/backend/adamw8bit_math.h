@@ -84,13 +84,16 @@ TR_HD void adam8bit_param(float& p, float g, float s1, float s2, const Adam8bitC
 
 // New codes for the moments, given the block's absmax (an all-zero block quantizes against 1: the codes of
 // 0). m keeps its sign: a value that rounded to a code of the other sign (or to +0) moves one code outwards.
+TR_HD uint8_t signed_code(float s1, float max1, const float* qs) {
+  uint8_t q1 = quantize_code(qs, s1 / (max1 > 0 ? max1 : 1.0f));
+  if (sign_bit(qs[q1]) != sign_bit(s1)) q1 = static_cast<uint8_t>(s1 > 0.0f ? q1 + 1 : q1 - 1);
+  return q1;
+}
+
 TR_HD void adam8bit_codes(float s1, float s2, float max1, float max2, const float* qs, const float* qu,
                           uint8_t& c1, uint8_t& c2) {
-  const float inv1 = max1 > 0 ? max1 : 1.0f, inv2 = max2 > 0 ? max2 : 1.0f;
-  uint8_t q1 = quantize_code(qs, s1 / inv1);
-  if (sign_bit(qs[q1]) != sign_bit(s1)) q1 = static_cast<uint8_t>(s1 > 0.0f ? q1 + 1 : q1 - 1);
-  c1 = q1;
-  c2 = quantize_code(qu, s2 / inv2);
+  c1 = signed_code(s1, max1, qs);
+  c2 = quantize_code(qu, s2 / (max2 > 0 ? max2 : 1.0f));
 }
 
 // bitsandbytes' 32-bit Adam element (the tensors that keep 32-bit state; no skipping of non-finite grads).
@@ -99,6 +102,38 @@ TR_HD void adam32_element(float& p, float g, float& s1, float& s2, const Adam8bi
   s2 = s2 * k.b2 + k.one_b2 * (g * g);
   p = p + k.step_size * (s1 / (square_root(s2) + k.eps_c2));
   if (k.decays) p = p * k.decay;
+}
+
+// bitsandbytes' blockwise 8-bit one-state kernel (kOptimizerStatic8bit1StateBlockwise) for Lion and RMSprop
+// (lion_8bit, paged_lion_8bit, rmsprop_bnb_8bit): the state dequantized from its code on the signed map and
+// its block's absmax, updated in f32 (every op rounded, as the source reads; no skipping of non-finite
+// gradients in this kernel), the block's new absmax, the parameter, the new code (signed_code). Phase 1: the
+// weight decay and the state; `upd` keeps Lion's step (lr * sign) for phase 2.
+template <ElementwiseRule R>
+TR_HD void state8bit_update(float& p, float g, float& s1, float& upd, const ElementwiseScalars<float>& c) {
+  float gv = g;
+  if (c.decays) {
+    if constexpr (R == ElementwiseRule::lion)
+      p = p * c.decay;  // decoupled
+    else
+      gv = gv + p * c.wd;  // coupled, into the state only (phase 2 reads the raw gradient, as bitsandbytes)
+  }
+  if constexpr (R == ElementwiseRule::lion) {
+    upd = c.lr * sign_of(s1 * c.b1 + c.one_b1 * gv);
+    s1 = s1 * c.b2 + c.one_b2 * gv;
+  } else {
+    s1 = s1 * c.b1 + c.one_b1 * (gv * gv);
+  }
+}
+
+// Phase 2, after the block's absmax. bitsandbytes' 8-bit RMSprop divides the gradient without its decay term
+// here (its 32-bit kernel divides the decayed one): kept, so a decayed run gives its bits.
+template <ElementwiseRule R>
+TR_HD void state8bit_param(float& p, float g, float s1, float upd, const ElementwiseScalars<float>& c) {
+  if constexpr (R == ElementwiseRule::lion)
+    p = p - upd;
+  else
+    p = p - c.lr * (g / (square_root(s1) + c.eps));
 }
 
 }  // namespace tr::backend

@@ -393,6 +393,27 @@ class Backend {
     bool nesterov = false;
   };
   virtual void sgd(const std::vector<SgdTensors>& tensors, const SgdHyper& h) = 0;
+
+  // One step of an element-wise optimizer with per-parameter state (Adagrad, RMSprop, bitsandbytes' 32-bit
+  // Lion and RMSprop: optim_math.h's elementwise_update, so every backend gives the CPU's bits): param, grad,
+  // state1 and state2 (rmsprop's momentum buffer; undefined: none) contiguous, one dtype (f32 or f64; f32 for
+  // the bitsandbytes rules) and size. In place: no memory.
+  struct ElementwiseTensors {
+    Tensor param, grad, state1, state2;
+    double weight_decay = 0.0;
+  };
+  using ElementwiseHyper = backend::ElementwiseHyper;
+  virtual void elementwise_step(const std::vector<ElementwiseTensors>& tensors,
+                                const ElementwiseHyper& h) = 0;
+  // bitsandbytes' blockwise 8-bit one-state step for the rules lion and rmsprop_bnb (adamw8bit_math.h's
+  // state8bit_*): param and grad f32 contiguous, state1 u8 codes [numel] on signed_map (f32 [256] on the
+  // tensors' device), absmax1 f32 [ceil(numel / 256)]. In place.
+  struct Elementwise8bitTensors {
+    Tensor param, grad, state1, absmax1;
+    double weight_decay = 0.0;
+  };
+  virtual void elementwise_8bit(const std::vector<Elementwise8bitTensors>& tensors, const ElementwiseHyper& h,
+                                const Tensor& signed_map) = 0;
 };
 
 // The distance between consecutive rows of a tensor of rows (the last dimension): its second-to-last

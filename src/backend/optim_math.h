@@ -112,6 +112,81 @@ TR_HD void sgd_element(T& p, T g, T* buf, const SgdScalars<T>& c) {
   p = fused_multiply_add(d, c.neg_lr, p);  // param.add_(d_p, alpha=-lr)
 }
 
+// The element-wise optimizers with one or two state tensors per parameter, one rule each: torch.optim.Adagrad
+// and torch.optim.RMSprop (single-tensor formulas, torch's fused multiply-adds as in sgd_element), and
+// bitsandbytes' 32-bit Lion and RMSprop kernels (kOptimizer32bit1State: f32, every op rounded, as their
+// source reads; bitsandbytes divides with __fdividef, within 2 ulp of the division here).
+enum class ElementwiseRule : uint8_t { adagrad, rmsprop, lion, rmsprop_bnb };
+
+// The step's hyper-parameters. adagrad: lr_decay, eps, step; rmsprop: alpha (beta1), eps, momentum; lion:
+// beta1, beta2; rmsprop_bnb: alpha (beta1), eps.
+struct ElementwiseHyper {
+  ElementwiseRule rule = ElementwiseRule::adagrad;
+  double lr = 1e-2, beta1 = 0.0, beta2 = 0.0, eps = 1e-10, momentum = 0.0, lr_decay = 0.0;
+  int64_t step = 1;
+};
+
+template <typename T>
+struct ElementwiseScalars {
+  T wd = 0, neg_lr = 0, lr = 0, b1 = 0, one_b1 = 0, b2 = 0, one_b2 = 0, eps = 0, momentum = 0, decay = 1;
+  bool decays = false;
+  ElementwiseScalars() = default;
+  ElementwiseScalars(const ElementwiseHyper& h, double weight_decay) : decays(weight_decay > 0) {
+    wd = static_cast<T>(weight_decay);
+    eps = static_cast<T>(h.eps);
+    if (h.rule == ElementwiseRule::adagrad) {  // clr = lr / (1 + (step - 1) * lr_decay), in Python's double
+      neg_lr = static_cast<T>(-(h.lr / (1.0 + static_cast<double>(h.step - 1) * h.lr_decay)));
+    } else if (h.rule == ElementwiseRule::rmsprop) {
+      neg_lr = static_cast<T>(-h.lr);
+      b1 = static_cast<T>(h.beta1);
+      one_b1 = static_cast<T>(1.0 - h.beta1);
+      momentum = static_cast<T>(h.momentum);
+    } else {  // bitsandbytes: the arguments arrive as f32, and the kernel's own arithmetic is in f32
+      lr = static_cast<T>(static_cast<float>(h.lr));
+      b1 = static_cast<T>(static_cast<float>(h.beta1));
+      b2 = static_cast<T>(static_cast<float>(h.beta2));
+      one_b1 = T(1) - b1;
+      one_b2 = T(1) - b2;
+      decay = T(1) - lr * wd;
+    }
+  }
+};
+
+// bitsandbytes' sgn: -1, 0 or 1.
+template <typename T>
+TR_HD T sign_of(T x) {
+  return static_cast<T>((T(0) < x) - (x < T(0)));
+}
+
+// One element's update under rule R; s2: rmsprop's momentum buffer (null: none), unused by the others.
+template <ElementwiseRule R, typename T>
+TR_HD void elementwise_update(T& p, T g, T& s1, T* s2, const ElementwiseScalars<T>& c) {
+  if constexpr (R == ElementwiseRule::adagrad) {
+    const T d = c.decays ? fused_multiply_add(p, c.wd, g) : g;  // grad.add(param, alpha=wd)
+    s1 = fused_multiply_add(d, d, s1);                          // state_sum.addcmul_(grad, grad, value=1)
+    const T std_dev = square_root(s1) + c.eps;                  // state_sum.sqrt().add_(eps)
+    p = p + c.neg_lr * d / std_dev;                             // param.addcdiv_(grad, std, value=-clr)
+  } else if constexpr (R == ElementwiseRule::rmsprop) {
+    const T d = c.decays ? fused_multiply_add(p, c.wd, g) : g;
+    s1 = fused_multiply_add(c.one_b1 * d, d, s1 * c.b1);  // square_avg.mul_(alpha).addcmul_(g, g, 1-alpha)
+    const T avg = square_root(s1) + c.eps;                // square_avg.sqrt().add_(eps)
+    if (s2 != nullptr) {
+      *s2 = *s2 * c.momentum + d / avg;          // buf.mul_(momentum).addcdiv_(grad, avg)
+      p = fused_multiply_add(*s2, c.neg_lr, p);  // param.add_(buf, alpha=-lr)
+    } else {
+      p = p + c.neg_lr * d / avg;  // param.addcdiv_(grad, avg, value=-lr)
+    }
+  } else if constexpr (R == ElementwiseRule::lion) {
+    if (c.decays) p = p * c.decay;  // decoupled decay first: p * (1 - lr * wd)
+    p = p - c.lr * sign_of(s1 * c.b1 + c.one_b1 * g);
+    s1 = s1 * c.b2 + c.one_b2 * g;  // the momentum after the parameter, as Lion's paper
+  } else {
+    const T d = c.decays ? g + p * c.wd : g;  // coupled (L2) decay
+    s1 = s1 * c.b1 + c.one_b1 * d * d;
+    p = p - c.lr * (d / (square_root(s1) + c.eps));
+  }
+}
+
 // Elements a multi-tensor pass processes per work item (apex's multi_tensor_apply uses the same).
 constexpr int64_t kAdamWChunk = 1 << 16;
 

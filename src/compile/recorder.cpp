@@ -334,6 +334,17 @@ void Recorder::sgd(const std::vector<SgdTensors>& tensors, const SgdHyper& h) {
   inner_.sgd(tensors, h);
 }
 
+void Recorder::elementwise_step(const std::vector<ElementwiseTensors>& tensors, const ElementwiseHyper& h) {
+  refuse("elementwise_step");
+  inner_.elementwise_step(tensors, h);
+}
+
+void Recorder::elementwise_8bit(const std::vector<Elementwise8bitTensors>& tensors, const ElementwiseHyper& h,
+                                const Tensor& signed_map) {
+  refuse("elementwise_8bit");
+  inner_.elementwise_8bit(tensors, h, signed_map);
+}
+
 void Recorder::adamw_8bit(const std::vector<AdamW8bitTensors>& tensors, const Tensor& signed_map,
                           const Tensor& unsigned_map) {
   refuse("adamw_8bit");

@@ -230,4 +230,58 @@ void sgd(const std::vector<backend::Backend::SgdTensors>& tensors, const backend
   }
 }
 
+void elementwise_step(const std::vector<backend::Backend::ElementwiseTensors>& tensors,
+                      const backend::Backend::ElementwiseHyper& h) {
+  if (tensors.empty()) return;
+  const bool f32_only =
+      h.rule == backend::ElementwiseRule::lion || h.rule == backend::ElementwiseRule::rmsprop_bnb;
+  const Device first = device_or(tensors.front().param, Device::cpu());
+  for (const auto& [d, group] :
+       by_device(tensors, [&](const auto& x) { return device_or(x.param, first); })) {
+    for (const auto& x : group) {
+      const int64_t n = x.param.defined() ? x.param.numel() : -1;
+      check_operand("elementwise_step", "parameter", x.param, d, -1);
+      TR_CHECK(f32_only ? x.param.dtype() == DType::f32 : is_master(x.param.dtype()),
+               "elementwise_step: parameter {} must be {}", x.param.describe(),
+               f32_only ? "f32" : "f32 or f64");
+      for (const auto& [what, t] : {std::pair<const char*, const Tensor*>{"gradient", &x.grad},
+                                    {"state", &x.state1},
+                                    {"second state", &x.state2}}) {
+        if (t == &x.state2 && !t->defined()) continue;  // optional
+        check_operand("elementwise_step", what, *t, d, n);
+        TR_CHECK(t->dtype() == x.param.dtype(), "elementwise_step: {} {} must have the parameter's dtype {}",
+                 what, t->describe(), dtype_name(x.param.dtype()));
+      }
+    }
+    if (!d.is_meta()) backend::backend_for(d).elementwise_step(group, h);  // in place: nothing to allocate
+  }
+}
+
+void elementwise_8bit(const std::vector<backend::Backend::Elementwise8bitTensors>& tensors,
+                      const backend::Backend::ElementwiseHyper& h, const Tensor& signed_map) {
+  if (tensors.empty()) return;
+  TR_CHECK(h.rule == backend::ElementwiseRule::lion || h.rule == backend::ElementwiseRule::rmsprop_bnb,
+           "elementwise_8bit: only Lion and bitsandbytes' RMSprop keep 8-bit state");
+  const Device first = device_or(tensors.front().param, Device::cpu());
+  for (const auto& [d, group] :
+       by_device(tensors, [&](const auto& x) { return device_or(x.param, first); })) {
+    const Tensor map =
+        signed_map.defined() && signed_map.device() != d ? to_device(signed_map, d) : signed_map;
+    check_operand("elementwise_8bit", "code map", map, d, 256);
+    TR_CHECK(map.dtype() == DType::f32, "elementwise_8bit: code map {} must be f32", map.describe());
+    for (const auto& x : group) {
+      const int64_t n = x.param.defined() ? x.param.numel() : -1;
+      check_operand("elementwise_8bit", "parameter", x.param, d, -1);
+      check_operand("elementwise_8bit", "gradient", x.grad, d, n);
+      check_operand("elementwise_8bit", "codes", x.state1, d, n);
+      check_operand("elementwise_8bit", "absmax", x.absmax1, d,
+                    (n + backend::kAdam8bitBlock - 1) / backend::kAdam8bitBlock);
+      TR_CHECK(x.param.dtype() == DType::f32 && x.grad.dtype() == DType::f32 &&
+                   x.state1.dtype() == DType::u8 && x.absmax1.dtype() == DType::f32,
+               "elementwise_8bit: parameter {} and gradient f32, codes u8, absmax f32", x.param.describe());
+    }
+    if (!d.is_meta()) backend::backend_for(d).elementwise_8bit(group, h, map);
+  }
+}
+
 }  // namespace tr::ops

@@ -67,8 +67,9 @@ bool AdamW8bit::keeps_32bit_state(const std::string& name, int64_t numel, int64_
   return numel < min_8bit_size || is_embedding(name);
 }
 
-AdamW8bit::AdamW8bit(const nn::ParamList& params, OptimizerOptions opts)
+AdamW8bit::AdamW8bit(const nn::ParamList& params, OptimizerOptions opts, int optim_bits)
     : Optimizer(params, std::move(opts)) {
+  TR_CHECK(optim_bits == 8 || optim_bits == 32, "AdamW8bit: optim_bits {} (8 or 32)", optim_bits);
   detail::check_params("AdamW8bit", params, {DType::f32}, /*any_device=*/true);
   detail::OptimArgs args("adamw_8bit", opts_.args);
   const double min_size = args.number("min_8bit_size", 4096);
@@ -77,7 +78,14 @@ AdamW8bit::AdamW8bit(const nn::ParamList& params, OptimizerOptions opts)
            "adamw_8bit: min_8bit_size must be a count, got {}", min_size);
   min_8bit_size_ = static_cast<int64_t>(min_size);
   for (const auto& [name, p] : params) {
-    Slot s{name, p, !keeps_32bit_state(name, p->numel(), min_8bit_size_), decays_param(name), {}, {}, {}, {}};
+    Slot s{name,
+           p,
+           optim_bits == 8 && !keeps_32bit_state(name, p->numel(), min_8bit_size_),
+           decays_param(name),
+           {},
+           {},
+           {},
+           {}};
     if (s.eight_bit) {
       // bitsandbytes starts from zero codes and zero absmax (every moment dequantizes to 0).
       const int64_t blocks = (p->numel() + kBlock - 1) / kBlock;

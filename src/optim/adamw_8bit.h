@@ -24,7 +24,8 @@ class AdamW8bit : public Optimizer {
   // --optim_args: min_8bit_size (4096: tensors with fewer elements keep 32-bit state, bitsandbytes' default).
   // Weight decay from the options on the names decays() accepts, applied after the Adam step as bitsandbytes'
   // kernels do: p = (p - lr * m_hat / (sqrt(v_hat) + eps)) * (1 - lr * wd).
-  AdamW8bit(const nn::ParamList& params, OptimizerOptions opts);
+  // optim_bits 32: bitsandbytes' 32-bit AdamW (paged_adamw_32bit), every tensor on the 32-bit-state kernel.
+  AdamW8bit(const nn::ParamList& params, OptimizerOptions opts, int optim_bits = 8);
   int64_t step_count() const override { return step_; }
   // {"step", per parameter "state1.<name>", "state2.<name>" (u8 codes, flat) + "absmax1.<name>",
   //  "absmax2.<name>" (f32 per block), or "state1"/"state2" as f32 tensors for 32-bit state}

@@ -13,6 +13,7 @@
 #include "optim/adamw.h"
 #include "optim/adamw_8bit.h"
 #include "optim/common.h"
+#include "optim/elementwise.h"
 #include "optim/sgd.h"
 
 namespace tr::optim {
@@ -88,9 +89,12 @@ int64_t Optimizer::state_bytes() const {
 }
 
 const std::vector<std::string>& optimizer_names() {
-  static const std::vector<std::string> names{"adamw_torch", "adamw_torch_fused", "adamw_apex_fused",
-                                              "adafactor",   "adamw_bnb_8bit",    "adamw_8bit",
-                                              "sgd"};
+  static const std::vector<std::string> names{"adamw_torch",       "adamw_torch_fused", "adamw_apex_fused",
+                                              "adafactor",         "adamw_bnb_8bit",    "adamw_8bit",
+                                              "paged_adamw_8bit",  "paged_adamw_32bit", "sgd",
+                                              "adagrad",           "rmsprop",           "rmsprop_bnb",
+                                              "rmsprop_bnb_32bit", "rmsprop_bnb_8bit",  "lion_32bit",
+                                              "paged_lion_32bit",  "lion_8bit",         "paged_lion_8bit"};
   return names;
 }
 
@@ -101,7 +105,14 @@ std::unique_ptr<Optimizer> make_optimizer(const std::string& name, const nn::Par
   if (name == "adamw_torch_fused" || name == "adamw_apex_fused")
     return std::make_unique<AdamW>(params, opts, /*multi_tensor=*/true);
   if (name == "adafactor") return std::make_unique<Adafactor>(params, opts);
-  if (name == "adamw_bnb_8bit" || name == "adamw_8bit") return std::make_unique<AdamW8bit>(params, opts);
+  // bitsandbytes' paged optimizers: the same kernels, their state in CUDA managed memory that the driver may
+  // page out under memory pressure; here the state stays resident (--fsdp "... offload" moves it to the
+  // host).
+  if (name == "adamw_bnb_8bit" || name == "adamw_8bit" || name == "paged_adamw_8bit")
+    return std::make_unique<AdamW8bit>(params, opts);
+  if (name == "paged_adamw_32bit") return std::make_unique<AdamW8bit>(params, opts, /*optim_bits=*/32);
+  if (ElementwiseOptimizer::implements(name))
+    return std::make_unique<ElementwiseOptimizer>(name, params, opts);
   if (name == "sgd") return std::make_unique<SGD>(params, opts);
   std::string all;
   for (const auto& n : optimizer_names()) all += (all.empty() ? "" : ", ") + n;

@@ -1,5 +1,7 @@
 // The optimizer interface the Trainer drives, and the factory from HF's `optim` names (adamw_torch,
-// adamw_torch_fused, adamw_apex_fused, adafactor, adamw_bnb_8bit / adamw_8bit, sgd).
+// adamw_torch_fused, adamw_apex_fused, adafactor, adamw_bnb_8bit / adamw_8bit / paged_adamw_8bit,
+// paged_adamw_32bit, sgd, adagrad, rmsprop, rmsprop_bnb / rmsprop_bnb_32bit, rmsprop_bnb_8bit, lion_32bit /
+// paged_lion_32bit, lion_8bit / paged_lion_8bit).
 #pragma once
 #include <map>
 #include <memory>

@@ -291,7 +291,8 @@ void TrainingArguments::validate_optimizer() const {
   // The optimizers' own ranges, as torch.optim checks them (a NaN fails every comparison here).
   TR_CHECK(std::isfinite(learning_rate) && learning_rate >= 0,
            "--learning_rate {}: expected a finite number >= 0", learning_rate);
-  if (optim.rfind("adamw", 0) == 0) {  // the optimizers that read them (sgd and adafactor ignore them, as HF)
+  // the optimizers that read them (AdamW and Lion; the others ignore them, as HF)
+  if (optim.find("adamw") != std::string::npos || optim.find("lion") != std::string::npos) {
     TR_CHECK(adam_beta1 >= 0 && adam_beta1 < 1, "--adam_beta1 {}: expected a number in [0, 1)", adam_beta1);
     TR_CHECK(adam_beta2 >= 0 && adam_beta2 < 1, "--adam_beta2 {}: expected a number in [0, 1)", adam_beta2);
   }

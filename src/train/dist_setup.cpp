@@ -104,8 +104,8 @@ void check_fsdp_flags(const TrainingArguments& a, int world_size) {
   const char* strategy = fsdp_strategy(a);
   TR_CHECK(zero_stage(a) == 0 || shards_elementwise(a.optim),
            "--fsdp {} with --optim {}: sharding splits tensors into flat slices, which only "
-           "element-wise optimizers update exactly (adamw_torch, adamw_torch_fused, adamw_apex_fused, sgd)",
-           strategy, a.optim);
+           "element-wise optimizers update exactly ({})",
+           strategy, a.optim, elementwise_optimizers());
   // The captured step records parameter addresses, which ZeRO-3 gives back between uses.
   TR_CHECK(zero_stage(a) != 3 ||
                !(a.torch_compile || !a.torch_compile_backend.empty() || !a.torch_compile_mode.empty()),

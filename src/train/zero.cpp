@@ -8,6 +8,8 @@
 #include <optional>
 #include <set>
 
+#include <fmt/ranges.h>
+
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "autograd/node.h"
@@ -37,9 +39,26 @@ std::vector<StateSlice> FlatLayout::slices(const nn::ParamList& params, int rank
   return out;
 }
 
-bool shards_elementwise(const std::string& name) {
-  return name == "adamw_torch" || name == "adamw_torch_fused" || name == "adamw_apex_fused" || name == "sgd";
+namespace {
+
+// AdamW, SGD, Adagrad, RMSprop, Lion and bitsandbytes' 32-bit AdamW and RMSprop: each element's update reads
+// only that element (8-bit AdamW's blocks and Adafactor's row and column statistics span tensors).
+const std::vector<std::string>& elementwise_names() {
+  static const std::vector<std::string> names{
+      "adamw_torch",     "adamw_torch_fused", "adamw_apex_fused", "paged_adamw_32bit", "sgd",
+      "adagrad",         "rmsprop",           "rmsprop_bnb",      "rmsprop_bnb_32bit", "lion_32bit",
+      "paged_lion_32bit"};
+  return names;
 }
+
+}  // namespace
+
+bool shards_elementwise(const std::string& name) {
+  const auto& n = elementwise_names();
+  return std::find(n.begin(), n.end(), name) != n.end();
+}
+
+std::string elementwise_optimizers() { return fmt::format("{}", fmt::join(elementwise_names(), ", ")); }
 
 ShardedOptimizer::ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamList& masters,
                                    const std::string& optim, const optim::OptimizerOptions& opts,
@@ -64,9 +83,8 @@ ShardedOptimizer::ShardedOptimizer(dist::ProcessGroup& group, const nn::ParamLis
   TR_CHECK(stage == 2 || stage == 3, "ShardedOptimizer: ZeRO stage {} (2 or 3)", stage);
   TR_CHECK(shards_elementwise(optim),
            "--fsdp {} with --optim {}: sharding splits tensors into flat slices, which only "
-           "element-wise optimizers update exactly (adamw_torch, adamw_torch_fused, adamw_apex_fused, sgd); "
-           "{}'s state needs whole tensors",
-           fsdp_option(), optim, optim);
+           "element-wise optimizers update exactly ({}); {}'s state needs whole tensors",
+           fsdp_option(), optim, elementwise_optimizers(), optim);
   TR_CHECK(!deferred_on || own_, "ShardedOptimizer: deferred masters need a shard of its own");
   const Device where = deferred_on ? Device::meta() : model_dev_;
   for (const auto& [name, p] : masters)

@@ -59,6 +59,8 @@ inline void FlatLayout::visit(int64_t lo, int64_t hi, F&& fn) const {
 
 // Whether --optim `name` shards element-wise (the optimizers ShardedOptimizer accepts).
 bool shards_elementwise(const std::string& name);
+// Those names, comma-separated (for messages).
+std::string elementwise_optimizers();
 
 class ShardedOptimizer final : public optim::Optimizer {
  public:

@@ -78,6 +78,9 @@ class CpuBackend final : public backend::Backend {
   void transform_grads(const std::vector<std::pair<Tensor, Tensor>>& src_dst,
                        const GradTransform& t) override;
   void sgd(const std::vector<SgdTensors>& tensors, const SgdHyper& h) override;
+  void elementwise_step(const std::vector<ElementwiseTensors>& tensors, const ElementwiseHyper& h) override;
+  void elementwise_8bit(const std::vector<Elementwise8bitTensors>& tensors, const ElementwiseHyper& h,
+                        const Tensor& signed_map) override;
   void fused_adamw(const std::vector<AdamWTensors>& tensors, const AdamWHyper& h,
                    const GradTransform& t) override;
   void adamw_8bit(const std::vector<AdamW8bitTensors>& tensors, const Tensor& signed_map,

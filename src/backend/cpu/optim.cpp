@@ -174,6 +174,122 @@ void CpuBackend::sgd(const std::vector<SgdTensors>& tensors, const SgdHyper& h) 
   }
 }
 
+namespace {
+
+// One tensor's step under rule R in 64K-element chunks across the threads (bound by memory bandwidth: four or
+// five streams).
+template <backend::ElementwiseRule R, typename T>
+void elementwise_tensor(const backend::Backend::ElementwiseTensors& x, const backend::ElementwiseHyper& h) {
+  const backend::ElementwiseScalars<T> c(h, x.weight_decay);
+  T* p = x.param.data<T>();
+  const T* g = x.grad.data<T>();
+  T* s1 = x.state1.data<T>();
+  T* s2 = x.state2.defined() ? x.state2.data<T>() : nullptr;
+  const int64_t n = x.param.numel();
+  constexpr int64_t kChunk = 1 << 16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t k = 0; k < chunks; ++k) {
+    const int64_t end = std::min(n, (k + 1) * kChunk);
+    if (s2 != nullptr) {
+#pragma omp simd
+      for (int64_t i = k * kChunk; i < end; ++i) backend::elementwise_update<R>(p[i], g[i], s1[i], s2 + i, c);
+    } else {
+#pragma omp simd
+      for (int64_t i = k * kChunk; i < end; ++i)
+        backend::elementwise_update<R>(p[i], g[i], s1[i], static_cast<T*>(nullptr), c);
+    }
+  }
+}
+
+template <typename T>
+void elementwise_dispatch(const backend::Backend::ElementwiseTensors& x, const backend::ElementwiseHyper& h) {
+  using backend::ElementwiseRule;
+  switch (h.rule) {
+    case ElementwiseRule::adagrad: return elementwise_tensor<ElementwiseRule::adagrad, T>(x, h);
+    case ElementwiseRule::rmsprop: return elementwise_tensor<ElementwiseRule::rmsprop, T>(x, h);
+    case ElementwiseRule::lion: return elementwise_tensor<ElementwiseRule::lion, T>(x, h);
+    case ElementwiseRule::rmsprop_bnb: return elementwise_tensor<ElementwiseRule::rmsprop_bnb, T>(x, h);
+  }
+}
+
+}  // namespace
+
+void CpuBackend::elementwise_step(const std::vector<ElementwiseTensors>& tensors, const ElementwiseHyper& h) {
+  for (const auto& x : tensors) {
+    const int64_t n = x.param.numel();
+    const auto same = [&](const Tensor& t) {
+      return t.dtype() == x.param.dtype() && t.numel() == n && t.is_contiguous();
+    };
+    TR_CHECK((x.param.dtype() == DType::f32 || x.param.dtype() == DType::f64) && x.param.is_contiguous() &&
+                 same(x.grad) && same(x.state1) && (!x.state2.defined() || same(x.state2)),
+             "elementwise_step: {} needs a contiguous f32/f64 gradient and state of its dtype and size",
+             x.param.describe());
+    if (x.param.dtype() == DType::f32)
+      elementwise_dispatch<float>(x, h);
+    else
+      elementwise_dispatch<double>(x, h);
+  }
+}
+
+namespace {
+
+// One block of up to 256 elements in the order of bitsandbytes' one-state kernel: states, absmax, parameters,
+// codes.
+template <backend::ElementwiseRule R>
+void state8bit_block(float* p, const float* g, uint8_t* c1, float& absmax1, int64_t n,
+                     const backend::ElementwiseScalars<float>& c, const float* qs) {
+  float s1[backend::kAdam8bitBlock], upd[backend::kAdam8bitBlock];
+  float max1 = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    s1[j] = qs[c1[j]] * absmax1;
+    upd[j] = 0.0f;
+    backend::state8bit_update<R>(p[j], g[j], s1[j], upd[j], c);
+    max1 = backend::fmax_f32(max1, backend::abs_f32(s1[j]));
+  }
+  absmax1 = max1;
+  for (int64_t j = 0; j < n; ++j) backend::state8bit_param<R>(p[j], g[j], s1[j], upd[j], c);
+  for (int64_t j = 0; j < n; ++j) c1[j] = backend::signed_code(s1[j], max1, qs);
+}
+
+template <backend::ElementwiseRule R>
+void state8bit_tensor(const backend::Backend::Elementwise8bitTensors& x, const backend::ElementwiseHyper& h,
+                      const float* qs) {
+  const backend::ElementwiseScalars<float> c(h, x.weight_decay);
+  float* p = x.param.data<float>();
+  const float* g = x.grad.data<float>();
+  uint8_t* c1 = x.state1.data<uint8_t>();
+  float* a1 = x.absmax1.data<float>();
+  const int64_t n = x.param.numel(), blocks = x.absmax1.numel(), kb = backend::kAdam8bitBlock;
+#pragma omp parallel for schedule(static) if (blocks > 64)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t o = b * kb;
+    state8bit_block<R>(p + o, g + o, c1 + o, a1[b], std::min(kb, n - o), c, qs);
+  }
+}
+
+}  // namespace
+
+void CpuBackend::elementwise_8bit(const std::vector<Elementwise8bitTensors>& tensors,
+                                  const ElementwiseHyper& h, const Tensor& signed_map) {
+  TR_CHECK(signed_map.numel() == 256 && signed_map.dtype() == DType::f32,
+           "elementwise_8bit: the code map must be f32 [256]");
+  TR_CHECK(h.rule == backend::ElementwiseRule::lion || h.rule == backend::ElementwiseRule::rmsprop_bnb,
+           "elementwise_8bit: only Lion and bitsandbytes' RMSprop keep 8-bit state");
+  for (const auto& x : tensors) {
+    const int64_t n = x.param.numel(), blocks = (n + backend::kAdam8bitBlock - 1) / backend::kAdam8bitBlock;
+    TR_CHECK(x.param.dtype() == DType::f32 && x.grad.dtype() == DType::f32 && x.grad.numel() == n &&
+                 x.param.is_contiguous() && x.grad.is_contiguous() && x.state1.dtype() == DType::u8 &&
+                 x.state1.numel() == n && x.absmax1.dtype() == DType::f32 && x.absmax1.numel() == blocks,
+             "elementwise_8bit: {} needs an f32 gradient, u8 codes of its size and f32 absmax per 256",
+             x.param.describe());
+    if (h.rule == backend::ElementwiseRule::lion)
+      state8bit_tensor<backend::ElementwiseRule::lion>(x, h, signed_map.data<float>());
+    else
+      state8bit_tensor<backend::ElementwiseRule::rmsprop_bnb>(x, h, signed_map.data<float>());
+  }
+}
+
 void CpuBackend::fused_adamw(const std::vector<AdamWTensors>& tensors, const AdamWHyper& h,
                              const GradTransform& t) {
   for (size_t i = 0; i < tensors.size(); ++i) {

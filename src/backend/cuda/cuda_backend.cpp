@@ -419,6 +419,47 @@ class CudaBackend final : public backend::Backend {
                 h.nesterov, x.first);
     }
   }
+  void elementwise_step(const std::vector<ElementwiseTensors>& tensors, const ElementwiseHyper& h) override {
+    for (const auto& x : tensors) {
+      const int64_t n = x.param.numel();
+      const auto same = [&](const Tensor& t) {
+        return t.dtype() == x.param.dtype() && t.numel() == n && t.is_contiguous() &&
+               t.device() == x.param.device();
+      };
+      TR_CHECK(
+          (x.param.dtype() == DType::f32 || x.param.dtype() == DType::f64) && x.param.is_contiguous() &&
+              x.param.device().is_cuda() && same(x.grad) && same(x.state1) &&
+              (!x.state2.defined() || same(x.state2)),
+          "elementwise_step: {} needs a contiguous f32/f64 gradient and state of its dtype and size on its "
+          "GPU",
+          x.param.describe());
+      cuda::elementwise_step(stream(), x.param.dtype(), h, x.weight_decay, x.param.data_ptr(),
+                             x.grad.data_ptr(), x.state1.data_ptr(),
+                             x.state2.defined() ? x.state2.data_ptr() : nullptr, n);
+    }
+  }
+  void elementwise_8bit(const std::vector<Elementwise8bitTensors>& tensors, const ElementwiseHyper& h,
+                        const Tensor& signed_map) override {
+    TR_CHECK(signed_map.numel() == 256 && signed_map.dtype() == DType::f32 && signed_map.device().is_cuda(),
+             "elementwise_8bit: the code map must be f32 [256] on the GPU");
+    TR_CHECK(h.rule == backend::ElementwiseRule::lion || h.rule == backend::ElementwiseRule::rmsprop_bnb,
+             "elementwise_8bit: only Lion and bitsandbytes' RMSprop keep 8-bit state");
+    for (const auto& x : tensors) {
+      const int64_t n = x.param.numel(), blocks = (n + backend::kAdam8bitBlock - 1) / backend::kAdam8bitBlock;
+      const Device d = x.param.device();
+      TR_CHECK(
+          d == signed_map.device() && x.param.dtype() == DType::f32 && x.grad.dtype() == DType::f32 &&
+              x.grad.numel() == n && x.param.is_contiguous() && x.grad.is_contiguous() &&
+              x.grad.device() == d && x.state1.dtype() == DType::u8 && x.state1.numel() == n &&
+              x.state1.device() == d && x.absmax1.dtype() == DType::f32 && x.absmax1.numel() == blocks &&
+              x.absmax1.device() == d,
+          "elementwise_8bit: {} needs an f32 gradient, u8 codes of its size and f32 absmax per 256 on the "
+          "code map's GPU",
+          x.param.describe());
+      cuda::elementwise_8bit(stream(), h, x.weight_decay, x.param.data<float>(), x.grad.data<float>(),
+                             x.state1.data<uint8_t>(), x.absmax1.data<float>(), n, signed_map.data<float>());
+    }
+  }
   void adamw_8bit(const std::vector<AdamW8bitTensors>& tensors, const Tensor& signed_map,
                   const Tensor& unsigned_map) override {
     TR_CHECK(signed_map.numel() == 256 && unsigned_map.numel() == 256 && signed_map.dtype() == DType::f32 &&

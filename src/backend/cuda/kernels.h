@@ -218,4 +218,14 @@ void adamw_32bit_state(Stream stream, float* p, const float* g, float* s1, float
 void sgd(Stream stream, DType dt, void* p, const void* g, void* buf, int64_t n, double lr,
          double weight_decay, double momentum, double dampening, bool nesterov, bool first);
 
+// One tensor's step of bitsandbytes' one-state 8-bit kernel (rules lion and rmsprop_bnb; qs: the signed code
+// map on the device). Element math: backend/adamw8bit_math.h's state8bit_*.
+void elementwise_8bit(Stream stream, const backend::ElementwiseHyper& h, double weight_decay, float* p,
+                      const float* g, uint8_t* c1, float* absmax1, int64_t n, const float* qs);
+
+// One tensor's step of an element-wise optimizer in place (s2 null: none); element math:
+// backend/optim_math.h's elementwise_update.
+void elementwise_step(Stream stream, DType dt, const backend::ElementwiseHyper& h, double weight_decay,
+                      void* p, const void* g, void* s1, void* s2, int64_t n);
+
 }  // namespace tr::cuda

@@ -54,6 +54,58 @@ void sgd(Stream stream, DType dt, void* p, const void* g, void* buf, int64_t n, 
   TR_CUDA_LAUNCH_CHECK("sgd");
 }
 
+namespace {
+
+template <typename T>
+void launch_elementwise(Stream stream, const backend::ElementwiseHyper& h, double weight_decay, T* p,
+                        const T* g, T* s1, T* s2, int64_t n) {
+  using backend::ElementwiseRule;
+  const backend::ElementwiseScalars<T> c(h, weight_decay);
+  const unsigned blocks = blocks_for(n);
+  switch (h.rule) {
+    case ElementwiseRule::adagrad:
+      elementwise_kernel<ElementwiseRule::adagrad, T><<<blocks, 256, 0, stream>>>(p, g, s1, s2, n, c);
+      break;
+    case ElementwiseRule::rmsprop:
+      elementwise_kernel<ElementwiseRule::rmsprop, T><<<blocks, 256, 0, stream>>>(p, g, s1, s2, n, c);
+      break;
+    case ElementwiseRule::lion:
+      elementwise_kernel<ElementwiseRule::lion, T><<<blocks, 256, 0, stream>>>(p, g, s1, s2, n, c);
+      break;
+    case ElementwiseRule::rmsprop_bnb:
+      elementwise_kernel<ElementwiseRule::rmsprop_bnb, T><<<blocks, 256, 0, stream>>>(p, g, s1, s2, n, c);
+      break;
+  }
+}
+
+}  // namespace
+
+void elementwise_step(Stream stream, DType dt, const backend::ElementwiseHyper& h, double weight_decay,
+                      void* p, const void* g, void* s1, void* s2, int64_t n) {
+  if (n == 0) return;
+  if (dt == DType::f32)
+    launch_elementwise<float>(stream, h, weight_decay, static_cast<float*>(p), static_cast<const float*>(g),
+                              static_cast<float*>(s1), static_cast<float*>(s2), n);
+  else
+    launch_elementwise<double>(stream, h, weight_decay, static_cast<double*>(p),
+                               static_cast<const double*>(g), static_cast<double*>(s1),
+                               static_cast<double*>(s2), n);
+  TR_CUDA_LAUNCH_CHECK("elementwise_step");
+}
+
+void elementwise_8bit(Stream stream, const backend::ElementwiseHyper& h, double weight_decay, float* p,
+                      const float* g, uint8_t* c1, float* absmax1, int64_t n, const float* qs) {
+  if (n == 0) return;
+  const backend::ElementwiseScalars<float> c(h, weight_decay);
+  const auto blocks = static_cast<unsigned>((n + backend::kAdam8bitBlock - 1) / backend::kAdam8bitBlock);
+  if (h.rule == backend::ElementwiseRule::lion)
+    state8bit_kernel<backend::ElementwiseRule::lion><<<blocks, 256, 0, stream>>>(p, g, c1, absmax1, n, c, qs);
+  else
+    state8bit_kernel<backend::ElementwiseRule::rmsprop_bnb>
+        <<<blocks, 256, 0, stream>>>(p, g, c1, absmax1, n, c, qs);
+  TR_CUDA_LAUNCH_CHECK("elementwise_8bit");
+}
+
 void adamw_8bit_blockwise(Stream stream, float* p, const float* g, uint8_t* c1, uint8_t* c2, float* absmax1,
                           float* absmax2, int64_t n, const backend::Adam8bitConsts& k, const float* qs,
                           const float* qu) {

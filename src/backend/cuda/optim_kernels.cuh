@@ -197,4 +197,54 @@ __global__ void sgd_kernel(T* p, const T* g, T* buf, int64_t n, backend::SgdScal
   }
 }
 
+// bitsandbytes' one-state 8-bit kernel (Lion, RMSprop): one block of 256 threads per 256 elements, the new
+// absmax a block-wide max (exact in any order: the CPU's sequential fmax gives the same value). Bound by the
+// code search, as 8-bit AdamW's.
+template <backend::ElementwiseRule R>
+__global__ void state8bit_kernel(float* p, const float* g, uint8_t* c1, float* absmax1, int64_t n,
+                                 backend::ElementwiseScalars<float> c, const float* qs_g) {
+  TR_OPT_SMEM(float, smem, 264);  // the code table and the warps' maxima
+  float *qs = smem, *red = smem + 256;
+  qs[threadIdx.x] = qs_g[threadIdx.x];
+  __syncthreads();
+  const int64_t i = blockIdx.x * backend::kAdam8bitBlock + threadIdx.x;
+  const bool active = i < n;
+  const float gi = active ? g[i] : 0.0f;
+  float pi = active ? p[i] : 0.0f, s1 = 0.0f, upd = 0.0f;
+  if (active) {
+    s1 = qs[c1[i]] * absmax1[blockIdx.x];
+    backend::state8bit_update<R>(pi, gi, s1, upd, c);
+  }
+  float m = backend::abs_f32(s1);
+  for (int o = 16; o > 0; o >>= 1) m = backend::fmax_f32(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+  __syncthreads();  // every thread has read the old absmax above
+  float max1 = 0.0f;
+  for (int w = 0; w < 8; ++w) max1 = backend::fmax_f32(max1, red[w]);
+  if (threadIdx.x == 0) absmax1[blockIdx.x] = max1;
+  if (!active) return;
+  backend::state8bit_param<R>(pi, gi, s1, upd, c);
+  p[i] = pi;
+  c1[i] = backend::signed_code(s1, max1, qs);
+}
+
+// Bound by memory bandwidth: param, grad and one or two state tensors read, all but grad written, once each.
+template <backend::ElementwiseRule R, typename T>
+__global__ void elementwise_kernel(T* p, const T* g, T* s1, T* s2, int64_t n,
+                                   backend::ElementwiseScalars<T> c) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    T pi = p[i], a = s1[i];
+    if (s2 != nullptr) {
+      T b = s2[i];
+      backend::elementwise_update<R>(pi, g[i], a, &b, c);
+      s2[i] = b;
+    } else {
+      backend::elementwise_update<R>(pi, g[i], a, static_cast<T*>(nullptr), c);
+    }
+    p[i] = pi;
+    s1[i] = a;
+  }
+}
+
 }  // namespace tr::cuda::TR_OPT_NAMESPACE
