@@ -44,6 +44,8 @@ ROWS = [
     ("rmsprop", ["--optim", "rmsprop"], ("yes", "yes"), "one f32 state"),
     ("lion_32bit", ["--optim", "lion_32bit"], ("yes", "yes"), "one f32 state"),
     ("lion_8bit", ["--optim", "lion_8bit"], ("no", "yes"), "one 8-bit state"),
+    ("ademamix", ["--optim", "ademamix"], ("no", "costs"), "three f32 states"),
+    ("ademamix_8bit", ["--optim", "ademamix_8bit"], ("no", "yes"), "three 8-bit states"),
     ("workers 2 + pin_memory", ["--dataloader_num_workers", "2", "--dataloader_pin_memory", "true"],
      ("yes", "no"), ""),
     ("torch_empty_cache_steps 1", ["--torch_empty_cache_steps", "1"], ("no (~10% slower)", "yes"), ""),

@@ -29,7 +29,8 @@ const std::vector<Case> kCases = {{"adamw_torch", {}},
                                   {"adamw_8bit", {{"min_8bit_size", "64"}}},
                                   {"adagrad", {}},
                                   {"rmsprop", {{"momentum", "0.9"}}},
-                                  {"lion_32bit", {}}};
+                                  {"lion_32bit", {}},
+                                  {"ademamix_8bit", {{"min_8bit_size", "64"}}}};
 
 }  // namespace
 

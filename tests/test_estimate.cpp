@@ -96,6 +96,13 @@ INSTANTIATE_TEST_SUITE_P(
                                      a.optim = "lion_32bit";
                                      a.bf16 = true;
                                    }},
+                      // AdEMAMix's three states, 8-bit codes + absmax where 8-bit (embeddings in 32-bit)
+                      EstimateCase{"gpt2_ademamix_8bit_bf16", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.optim = "ademamix_8bit";
+                                     a.optim_args = "min_8bit_size=256";
+                                     a.bf16 = true;
+                                   }},
                       EstimateCase{"gpt2_rmsprop_momentum", false,
                                    [](train::TrainingArguments& a) {
                                      a.optim = "rmsprop";

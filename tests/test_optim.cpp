@@ -118,7 +118,10 @@ INSTANTIATE_TEST_SUITE_P(
                       GoldenCase{"lion", "paged_lion_32bit", 1e-2, 0.1, "", 0.99},
                       GoldenCase{"rmsprop_bnb", "rmsprop_bnb", 1e-2, 0.01, ""},
                       GoldenCase{"rmsprop_bnb", "rmsprop_bnb_32bit", 1e-2, 0.01, ""},
-                      GoldenCase{"adam_bnb32", "paged_adamw_32bit", 1e-2, 0.1, ""}),
+                      GoldenCase{"adam_bnb32", "paged_adamw_32bit", 1e-2, 0.1, ""},
+                      GoldenCase{"ademamix", "ademamix", 1e-2, 0.1, ""},
+                      GoldenCase{"ademamix_sched", "paged_ademamix_32bit", 1e-2, 0.01,
+                                 "beta1=0.8,beta2=0.99,beta3=0.999,eps=1e-6,alpha=8,t_alpha=3,t_beta3=4"}),
     [](const auto& info) { return info.param.golden + "_" + info.param.optim; });
 
 // ---------------------------------------------------------------------------------------------------------
@@ -313,9 +316,11 @@ TEST(Optim8bit, CodesOf16ElementsAreTheScalarCodes) {
       s2[j] = pick == 0 ? qu[(round * 16 + j) % 256] * (max2 > 0 ? max2 : 1.0f) : std::abs(u(rng));
       if (pick == 3 && j < 15) s1[j] = (qs[j * 16] + qs[j * 16 + 1]) * 0.5f;  // a midpoint: the tie rule
     }
-    uint8_t w1[16], w2[16];
+    uint8_t w1[16], w2[16], w3[16];
     cpu::adam8bit_codes16(s1, s2, max1, max2, qs.data(), qu.data(), w1, w2);
+    cpu::signed_codes16(s1, max1, qs.data(), w3);  // the one-state kernels' and AdEMAMix's m2 codes
     for (int j = 0; j < 16; ++j) {
+      ASSERT_EQ(w3[j], backend::signed_code(s1[j], max1, qs.data())) << "round " << round << " lane " << j;
       uint8_t c1 = 0, c2 = 0;
       backend::adam8bit_codes(s1[j], s2[j], max1, max2, qs.data(), qu.data(), c1, c2);
       ASSERT_EQ(w1[j], c1) << "round " << round << " lane " << j << " s1 " << s1[j] << " max1 " << max1;
@@ -580,7 +585,11 @@ const std::vector<ResumeCase> kResumeCases{{"adamw_torch", ""},
                                            {"paged_lion_32bit", ""},
                                            {"lion_8bit", ""},
                                            {"paged_lion_8bit", ""},
-                                           {"rmsprop_bnb_8bit", "alpha=0.9"}};
+                                           {"rmsprop_bnb_8bit", "alpha=0.9"},
+                                           {"ademamix", ""},
+                                           {"paged_ademamix_32bit", "t_alpha=3,t_beta3=4"},
+                                           {"ademamix_8bit", "t_alpha=3,beta3=0.999"},
+                                           {"paged_ademamix_8bit", ""}};
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, OptimResume, ::testing::ValuesIn(kResumeCases), [](const auto& info) {
   return info.param.optim + (info.param.args.empty() ? "" : "_" + std::to_string(info.index));
@@ -608,6 +617,23 @@ TEST(OptimErrors, UnknownNameSuggestsTheNearest) {
       std::string::npos);
   EXPECT_EQ(expect_error([&] { optim::make_optimizer("lion", ps.list, {}); }).find("did you mean"),
             std::string::npos);
+}
+
+// HF's optimizer names that are not implemented here say what they are in HF, and list what is.
+TEST(OptimErrors, HfNamesNotImplementedSaySo) {
+  Params ps;
+  ps.add("w", test::randn({3}, 1));
+  for (const char* name : {"schedule_free_adamw", "galore_adamw_8bit", "adamw_torch_4bit", "lomo",
+                           "stable_adamw", "adamw_torch_npu_fused"}) {
+    const std::string e = expect_error([&] { optim::make_optimizer(name, ps.list, {}); });
+    EXPECT_NE(e.find(fmt::format("--optim '{}' is HF's name for ", name)), std::string::npos) << e;
+    EXPECT_NE(e.find("which trainer.cpp does not implement; it implements adamw_torch, "), std::string::npos)
+        << e;
+    EXPECT_EQ(expect_error([&] { optim::check_optimizer_name(name); }), e);
+  }
+  EXPECT_NE(expect_error([&] { optim::check_optimizer_name("schedule_free_sgd"); }).find("schedulefree's"),
+            std::string::npos);
+  EXPECT_NO_THROW(optim::check_optimizer_name("paged_ademamix_8bit"));
 }
 
 TEST(OptimErrors, OptimArgsParseAndUnknownKeysAreErrors) {
@@ -650,6 +676,69 @@ TEST(OptimErrors, OptimArgsParseAndUnknownKeysAreErrors) {
     const std::string b = expect_error([&] { optim::make_optimizer("lion_32bit", ps.list, o); });
     EXPECT_NE(b.find("invalid beta parameter at index 1: 1"), std::string::npos) << b;
   }
+  // AdEMAMix: HF's optim_args keys, bitsandbytes' ranges, and the logarithms of its beta3 schedule.
+  EXPECT_NE(with("ademamix", "beta3=1").find("ademamix beta3=1: expected a number in [0, 1)"),
+            std::string::npos);
+  EXPECT_NE(with("ademamix_8bit", "t_alpha=2.5").find("t_alpha=2.5 must be a count of steps"),
+            std::string::npos);
+  EXPECT_NE(with("ademamix", "beta1=0,t_beta3=10").find("log(beta1) and log(beta3)"), std::string::npos);
+  EXPECT_NE(with("ademamix", "eps=-1").find("eps=-1: expected a number >= 0"), std::string::npos);
+  EXPECT_NE(with("paged_ademamix_8bit", "beta4=0.5").find("'beta4' is not an argument of ademamix"),
+            std::string::npos);
+}
+
+// AdEMAMix in 8-bit state: from zero state its first step is the 32-bit kernel's step bit for bit (every
+// state dequantizes to 0 and is updated in the same order), its two EMAs are stored within one code of the
+// 32-bit states, and over steps it follows the 32-bit run; the embedding keeps 32-bit state (the same bits).
+TEST(OptimElementwise, AdEMAMix8bitFollowsThe32BitKernel) {
+  Params a;
+  a.add("h.0.mlp.c_fc.weight", test::randn({64, 80}, 31, DType::f32, Device::cpu(), 0.1));  // 20 blocks
+  a.add("h.0.mlp.c_fc.bias", test::randn({80}, 32));
+  a.add("transformer.wte.weight", test::randn({70, 64}, 33));
+  optim::OptimizerOptions o;
+  o.lr = 1e-3;
+  o.weight_decay = 0.1;
+  o.args = optim::parse_optim_args("beta3=0.99,t_alpha=4,t_beta3=6");
+  Params p8 = a.clone(), p32 = a.clone();
+  auto o8 = optim::make_optimizer("ademamix_8bit", p8.list, o),
+       o32 = optim::make_optimizer("ademamix", p32.list, o);
+  double drift = 0;
+  for (int step = 0; step < 8; ++step) {
+    for (Params* ps : {&p8, &p32})
+      for (size_t i = 0; i < ps->list.size(); ++i)
+        autograd::set_grad(*ps->list[i].second, test::randn(a.list[i].second->shape(), 200 + 7 * step + i));
+    o8->step();
+    o32->step();
+    if (step == 0) {
+      EXPECT_EQ(floats(*p8.list[0].second), floats(*p32.list[0].second)) << "the first AdEMAMix step";
+      const auto s8 = o8->state_dict(), s32 = o32->state_dict();
+      // step; the weight's codes m1, nu, m2 and their absmax; then the 32-bit states
+      ASSERT_EQ(s8[3].first, "state3.h.0.mlp.c_fc.weight");
+      ASSERT_EQ(s8[6].first, "absmax3.h.0.mlp.c_fc.weight");
+      ASSERT_EQ(s32[3].first, "state3.h.0.mlp.c_fc.weight");
+      const auto& map = optim::dynamic_map(true);
+      for (const auto& [codes_at, absmax_at, full_at] : {std::tuple{1, 4, 1}, std::tuple{3, 6, 3}}) {
+        const auto codes = ops::to_vector<uint8_t>(s8[codes_at].second);
+        const auto absmax = floats(s8[absmax_at].second), m32 = floats(s32[full_at].second);
+        for (size_t j = 0; j < codes.size(); ++j) {
+          const float x = m32[j] / absmax[j / 256];
+          const float lo = codes[j] > 0 ? map[codes[j] - 1] : -1.0f,
+                      hi = codes[j] < 255 ? map[codes[j] + 1] : 1.0f;
+          EXPECT_TRUE(x >= lo && x <= hi)
+              << s8[codes_at].first << " " << j << ": " << x << " as code " << int(codes[j]);
+        }
+      }
+    }
+    const auto w8 = floats(*p8.list[0].second), w32 = floats(*p32.list[0].second);
+    for (size_t j = 0; j < w8.size(); ++j) drift = std::max(drift, std::abs(double(w8[j]) - w32[j]));
+    EXPECT_EQ(floats(*p8.list[2].second), floats(*p32.list[2].second)) << "embedding, step " << step;
+  }
+  // Each step moves an element by at most lr * (1 + alpha) / (1 - b1^t)-ish; 8-bit states keep the runs
+  // close.
+  EXPECT_LT(drift, 0.2 * 8 * o.lr * 5) << "8-bit state far from the 32-bit run";
+  EXPECT_GT(drift, 0.0) << "8-bit state gave the 32-bit run's bits: quantization not exercised";
+  EXPECT_EQ(o8->state_dict().size(),
+            1u + 6u + 3u + 3u);  // step, weight (3 codes + 3 absmax), bias, embedding
 }
 
 // bitsandbytes' one-state 8-bit kernel: from zero state the first Lion step is the 32-bit step (the sign of

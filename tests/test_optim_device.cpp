@@ -146,7 +146,9 @@ TEST(OptimDevice, ElementwiseKernelsMatchTheCpuBitForBit) {
            {"lion_32bit", ""},
            {"lion_8bit", "min_8bit_size=64"},
            {"rmsprop_bnb_8bit", "min_8bit_size=64"},
-           {"paged_adamw_32bit", ""}}) {
+           {"paged_adamw_32bit", ""},
+           {"ademamix", "t_alpha=3,t_beta3=4"},
+           {"ademamix_8bit", "min_8bit_size=64,t_alpha=3,t_beta3=4"}}) {
     Model cpu(Device::cpu()), dev(gpu);
     five_steps_both(name, args, cpu, dev, gpu);
     for (size_t i = 0; i < cpu.tensors.size(); ++i)

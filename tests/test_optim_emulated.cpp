@@ -163,7 +163,9 @@ TEST(OptimEmulated, GradientStatisticsAndTransformGiveTheCpuResults) {
   for (size_t i = 0; i < grads.size(); ++i) EXPECT_TRUE(same(emu_pairs[i].second, cpu_pairs[i].second)) << i;
 }
 
-TEST(OptimEmulated, EightBitAdamWGivesTheCpuBits) {
+// bitsandbytes' two-state kernels, 8-bit (a partial last block) and 32-bit, for AdamW and for AdEMAMix (its
+// third state, alpha and beta3 as the scheduled step hands them over).
+void check_two_state(bool ademamix) {
   Generator gen(9);
   const int64_t n = 1000,
                 blocks = (n + backend::kAdam8bitBlock - 1) / backend::kAdam8bitBlock;  // 4, last partial
@@ -187,7 +189,9 @@ TEST(OptimEmulated, EightBitAdamWGivesTheCpuBits) {
                           absmax(),
                           absmax(),
                           true,
-                          {}};
+                          {},
+                          Tensor(),
+                          Tensor()};
   BE::AdamW8bitTensors c32{draw({37}, gen, DType::f32),
                            draw({37}, gen, DType::f32, 0.1),
                            draw({37}, gen, DType::f32, 0.01),
@@ -195,7 +199,15 @@ TEST(OptimEmulated, EightBitAdamWGivesTheCpuBits) {
                            Tensor(),
                            Tensor(),
                            false,
-                           {}};
+                           {},
+                           Tensor(),
+                           Tensor()};
+  if (ademamix) {
+    c8.state3 = codes();
+    c8.absmax3 = absmax();
+    c32.state3 = draw({37}, gen, DType::f32, 0.01);
+  }
+  const auto copy_or_none = [](const Tensor& t) { return t.defined() ? copy_of(t) : Tensor(); };
   BE::AdamW8bitTensors e8{copy_of(c8.param),
                           c8.grad,
                           copy_of(c8.state1),
@@ -203,26 +215,48 @@ TEST(OptimEmulated, EightBitAdamWGivesTheCpuBits) {
                           copy_of(c8.absmax1),
                           copy_of(c8.absmax2),
                           true,
-                          {}};
-  BE::AdamW8bitTensors e32{
-      copy_of(c32.param), c32.grad, copy_of(c32.state1), copy_of(c32.state2), Tensor(), Tensor(), false, {}};
+                          {},
+                          copy_or_none(c8.state3),
+                          copy_or_none(c8.absmax3)};
+  BE::AdamW8bitTensors e32{copy_of(c32.param),
+                           c32.grad,
+                           copy_of(c32.state1),
+                           copy_of(c32.state2),
+                           Tensor(),
+                           Tensor(),
+                           false,
+                           {},
+                           copy_or_none(c32.state3),
+                           Tensor()};
+  const auto ptr = [](const Tensor& t) { return t.defined() ? t.data<uint8_t>() : nullptr; };
+  const auto fptr = [](const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; };
   for (int step = 1; step <= 3; ++step) {
     SCOPED_TRACE(fmt::format("step {}", step));
     const float lr = 1e-3f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, t = static_cast<float>(step);
     const float c1 = 1.0f - std::pow(b1, t), c2 = std::sqrt(1.0f - std::pow(b2, t));
-    const backend::Adam8bitConsts k{b1,  b2, 1.0f - b1, 1.0f - b2, -lr * c2 / c1, eps * c2, 1.0f - lr * 0.01f,
-                                    true};
+    backend::Adam8bitConsts k{b1, b2, 1.0f - b1, 1.0f - b2, -lr * c2 / c1, eps * c2, 1.0f - lr * 0.01f, true};
+    if (ademamix) {
+      k.ademamix = true;
+      k.b3 = 0.999f - 0.01f * t;  // a scheduled beta3
+      k.one_b3 = 1.0f - k.b3;
+      k.alpha = 2.5f * t;  // a scheduled alpha
+      k.lr = lr;
+      k.eps = eps;
+      k.c1 = c1;
+      k.c2 = c2;
+    }
     c8.k = e8.k = c32.k = e32.k = k;
     if (step == 3) c8.grad.data<float>()[5] = INFINITY;  // an infinite gradient (bitsandbytes' NaN path)
     cpu().adamw_8bit({c8, c32}, signed_map, unsigned_map);
-    emu::launch(static_cast<unsigned>(blocks), 256, 528 * sizeof(float), [&] {
+    emu::launch(static_cast<unsigned>(blocks), 256, 536 * sizeof(float), [&] {
       ok::adamw_8bit_kernel(e8.param.data<float>(), e8.grad.data<float>(), e8.state1.data<uint8_t>(),
-                            e8.state2.data<uint8_t>(), e8.absmax1.data<float>(), e8.absmax2.data<float>(), n,
-                            k, signed_map.data<float>(), unsigned_map.data<float>());
+                            e8.state2.data<uint8_t>(), ptr(e8.state3), e8.absmax1.data<float>(),
+                            e8.absmax2.data<float>(), fptr(e8.absmax3), n, k, signed_map.data<float>(),
+                            unsigned_map.data<float>());
     });
     emu::launch(1, 64, 0, [&] {
       ok::adamw_32bit_kernel(e32.param.data<float>(), e32.grad.data<float>(), e32.state1.data<float>(),
-                             e32.state2.data<float>(), 37, k);
+                             e32.state2.data<float>(), fptr(e32.state3), 37, k);
     });
     EXPECT_TRUE(same(e8.param, c8.param)) << "8-bit param";
     EXPECT_TRUE(same(e8.state1, c8.state1)) << "first moment codes";
@@ -231,8 +265,16 @@ TEST(OptimEmulated, EightBitAdamWGivesTheCpuBits) {
     EXPECT_TRUE(same(e8.absmax2, c8.absmax2)) << "absmax2";
     EXPECT_TRUE(same(e32.param, c32.param)) << "32-bit param";
     EXPECT_TRUE(same(e32.state1, c32.state1) && same(e32.state2, c32.state2)) << "32-bit moments";
+    if (ademamix) {
+      EXPECT_TRUE(same(e8.state3, c8.state3) && same(e8.absmax3, c8.absmax3)) << "slow EMA codes, absmax";
+      EXPECT_TRUE(same(e32.state3, c32.state3)) << "32-bit slow EMA";
+    }
   }
 }
+
+TEST(OptimEmulated, EightBitAdamWGivesTheCpuBits) { check_two_state(false); }
+
+TEST(OptimEmulated, AdEMAMixGivesTheCpuBits) { check_two_state(true); }
 
 TEST(OptimEmulated, SgdGivesTheCpuBits) {
   Generator gen(12);

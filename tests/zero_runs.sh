@@ -8,7 +8,7 @@
 #     `trainer estimate --world_size N --fsdp shard_grad_op` equal to rank 0's measured peak (fp32, bf16);
 #  3. resume: a world-3 sharded checkpoint at world 3 (bit-exact), sharded at 2, DDP at 2 and one process
 #     (within 1e-5); a one-process checkpoint continued sharded at 2; SGD's momentum across world sizes;
-#     Adagrad and Lion sharded as one process trains them;
+#     Adagrad, Lion and AdEMAMix sharded as one process trains them;
 #  4. SIGTERM to the launcher: one checkpoint with every rank's file, exit 0; two nodes (two launchers) equal
 #     one when they share output_dir, and are refused before training when they do not;
 #     --deepspeed's ZeRO-2 config the same bits as --fsdp shard_grad_op;
@@ -43,6 +43,9 @@ compare adagrad_w1 adagrad_zero_w2 1e-5
 one lion_w1 6 --config_name gpt2.json --optim lion_32bit --weight_decay 0.1 --learning_rate 1e-3
 many lion_zero_w3 3 2 --config_name gpt2.json --optim lion_32bit --weight_decay 0.1 --learning_rate 1e-3 --fsdp shard_grad_op
 compare lion_w1 lion_zero_w3 1e-5
+one ademamix_w1 6 --config_name gpt2.json --optim ademamix --weight_decay 0.1 --learning_rate 1e-3 --optim_args t_alpha=3,t_beta3=4
+many ademamix_zero_w2 2 3 --config_name gpt2.json --optim ademamix --weight_decay 0.1 --learning_rate 1e-3 --optim_args t_alpha=3,t_beta3=4 --fsdp shard_grad_op
+compare ademamix_w1 ademamix_zero_w2 1e-5
 many zero_w3_again 3 2 --config_name gpt2.json --fsdp shard_grad_op
 compare zero_w3 zero_w3_again 0
 many zero_w3_small 3 2 --config_name gpt2.json --fsdp shard_grad_op --ddp_bucket_cap_mb 1

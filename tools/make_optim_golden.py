@@ -2,7 +2,7 @@
 # Reference values for the optimizer tests (tests/test_optim.cpp): a few small parameters, fixed gradients for
 # 5 steps, and the parameters after the 5 steps under torch.optim's AdamW, SGD, Adagrad and RMSprop, a
 # line-by-line transcription of transformers' Adafactor (transformers is not needed) and of bitsandbytes'
-# 32-bit Lion, RMSprop and Adam kernels, plus bitsandbytes' dynamic 8-bit maps.
+# 32-bit Lion, RMSprop, Adam and AdEMAMix kernels, plus bitsandbytes' dynamic 8-bit maps.
 # Needs only Debian's python3-torch (the safetensors writer is make_golden.py's).
 #
 #   /usr/bin/python3 tools/make_optim_golden.py tests/golden/optim
@@ -93,9 +93,20 @@ class Bnb32(torch.optim.Optimizer):
     """bitsandbytes' 32-bit kernels (kOptimizer32bit1State / 2State) for Lion, RMSprop and Adam, transcribed
     op for op in f32 tensor arithmetic (bitsandbytes needs a GPU; its CPU build is not in Debian)."""
 
-    def __init__(self, params, kind, lr, betas=(0.9, 0.999), eps=1e-8):
+    def __init__(self, params, kind, lr, betas=(0.9, 0.999), eps=1e-8, alpha=5.0, t_alpha=None, t_beta3=None):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps))
         self.kind = kind
+        self.alpha, self.t_alpha, self.t_beta3 = alpha, t_alpha, t_beta3
+
+    def ademamix_scalars(self, b1, b3, t):
+        """AdEMAMix.update_step's schedules, in Python floats (alpha, beta3 as handed to the kernel)."""
+        alpha = self.alpha
+        if self.t_alpha:
+            alpha = min(t * alpha / self.t_alpha, alpha)
+        if self.t_beta3:
+            ln1, ln3, s = math.log(b1), math.log(b3), t / self.t_beta3
+            b3 = min(math.exp((ln1 * ln3) / (((1 - s) * ln3) + (s * ln1))), b3)
+        return f32(alpha), f32(b3)
 
     @torch.no_grad()
     def step(self):
@@ -109,8 +120,10 @@ class Bnb32(torch.optim.Optimizer):
                 if not state:
                     state["step"] = 0
                     state["state1"] = torch.zeros_like(p)
-                    if self.kind == "adam":
+                    if self.kind in ("adam", "ademamix"):
                         state["state2"] = torch.zeros_like(p)
+                    if self.kind == "ademamix":
+                        state["state3"] = torch.zeros_like(p)
                 state["step"] += 1
                 s1 = state["state1"]
                 if self.kind == "lion":
@@ -123,6 +136,18 @@ class Bnb32(torch.optim.Optimizer):
                         g = g + p * wd
                     s1.copy_(s1 * b1 + (g * one_b1) * g)
                     p.sub_((g / (s1.sqrt() + eps)) * lr)
+                elif self.kind == "ademamix":  # kOptimizer32bit2State<ADEMAMIX>
+                    t = state["step"]
+                    alpha, b3 = self.ademamix_scalars(group["betas"][0], group["betas"][2], t)
+                    c1 = f32(1.0 - f32(b1 ** t))
+                    c2 = f32(math.sqrt(f32(1.0 - f32(b2 ** t))))
+                    s2, s3 = state["state2"], state["state3"]
+                    s1.copy_(s1 * b1 + g * one_b1)
+                    s3.copy_(s3 * b3 + g * f32(1.0 - b3))
+                    s2.copy_(s2 * b2 + (g * one_b2) * g)
+                    p.sub_(((s1 / c1 + s3 * alpha) / (s2.sqrt() / c2 + eps)) * lr)
+                    if wd > 0:
+                        p.mul_(f32(1.0 - f32(lr * wd)))
                 else:  # adam
                     t = state["step"]
                     c1 = f32(1.0 - f32(b1 ** t))
@@ -162,6 +187,9 @@ CONFIGS = {
     "lion": lambda g: Bnb32(groups(g, 0.1), "lion", lr=1e-2, betas=(0.9, 0.99)),
     "rmsprop_bnb": lambda g: Bnb32(groups(g, 0.01), "rmsprop", lr=1e-2, betas=(0.99, 0.0), eps=1e-8),
     "adam_bnb32": lambda g: Bnb32(groups(g, 0.1), "adam", lr=1e-2, betas=(0.9, 0.999), eps=1e-8),
+    "ademamix": lambda g: Bnb32(groups(g, 0.1), "ademamix", lr=1e-2, betas=(0.9, 0.999, 0.9999), eps=1e-8),
+    "ademamix_sched": lambda g: Bnb32(groups(g, 0.01), "ademamix", lr=1e-2, betas=(0.8, 0.99, 0.999), eps=1e-6,
+                                      alpha=8.0, t_alpha=3, t_beta3=4),
 }
 
 

@@ -1,8 +1,8 @@
-// The element math of bitsandbytes' blockwise 8-bit AdamW (kOptimizerStatic8bit2StateBlockwise) and of its
-// 32-bit kernel, shared by the CPU pass and the CUDA kernels (both compiled without extra fp contraction), so
-// every backend gives the same bits. A block of 256 elements dequantizes its moments, updates them in fp32,
-// takes the new absmax over the block (the caller's reduction: a max, exact in any order), steps the
-// parameters and requantizes.
+// The element math of bitsandbytes' two-state optimizers, AdamW and AdEMAMix, in their blockwise 8-bit kernel
+// (kOptimizerStatic8bit2StateBlockwise) and their 32-bit kernel (kOptimizer32bit2State), shared by the CPU
+// pass and the CUDA kernels (both compiled without extra fp contraction), so every backend gives the same
+// bits. A block of 256 elements dequantizes its moments, updates them in fp32, takes the new absmax over the
+// block (the caller's reduction: a max, exact in any order), steps the parameters and requantizes.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -12,9 +12,14 @@
 
 namespace tr::backend {
 
+// The step's f32 scalars as bitsandbytes' kernels receive or compute them. AdamW reads step_size and eps_c2;
+// AdEMAMix (ademamix: a third state, the slow EMA m2) reads lr, eps, c1 = 1 - b1^t, c2 = sqrt(1 - b2^t), and
+// b3 and alpha after their schedules.
 struct Adam8bitConsts {
   float b1, b2, one_b1, one_b2, step_size, eps_c2, decay;
   bool decays;
+  bool ademamix = false;
+  float b3 = 0.0f, one_b3 = 1.0f, alpha = 0.0f, lr = 0.0f, eps = 0.0f, c1 = 1.0f, c2 = 1.0f;
 };
 
 constexpr int64_t kAdam8bitBlock = 256;
@@ -76,8 +81,26 @@ TR_HD void adam8bit_moments(float g, uint8_t c1, uint8_t c2, float absmax1, floa
   }
 }
 
-TR_HD void adam8bit_param(float& p, float g, float s1, float s2, const Adam8bitConsts& k) {
+// AdEMAMix's slow EMA from its code (on the signed map, its own absmax), as the kernel updates it after m1.
+TR_HD float ademamix8bit_m2(float g, uint8_t c3, float absmax3, const float* qs, const Adam8bitConsts& k) {
+  if (!finite_f32(g)) return 0.0f;
+  const float s3 = qs[c3] * absmax3;
+  return s3 * k.b3 + k.one_b3 * g;
+}
+
+// AdEMAMix's parameter step: p - lr * (m1 / c1 + alpha * m2) / (sqrt(nu) / c2 + eps), then the decay.
+TR_HD void ademamix_param(float& p, float s1, float s2, float s3, const Adam8bitConsts& k) {
+  p = p - k.lr * (((s1 / k.c1) + (k.alpha * s3)) / ((square_root(s2) / k.c2) + k.eps));
+  if (k.decays) p = p * k.decay;
+}
+
+// s3: AdEMAMix's slow EMA (unused by AdamW).
+TR_HD void adam8bit_param(float& p, float g, float s1, float s2, float s3, const Adam8bitConsts& k) {
   if (!finite_f32(g)) return;
+  if (k.ademamix) {
+    ademamix_param(p, s1, s2, s3, k);
+    return;
+  }
   p = p + k.step_size * (s1 / (square_root(s2) + k.eps_c2));
   if (k.decays) p = p * k.decay;
 }
@@ -99,9 +122,18 @@ TR_HD void adam8bit_codes(float s1, float s2, float max1, float max2, const floa
 // bitsandbytes' 32-bit Adam element (the tensors that keep 32-bit state; no skipping of non-finite grads).
 TR_HD void adam32_element(float& p, float g, float& s1, float& s2, const Adam8bitConsts& k) {
   s1 = s1 * k.b1 + k.one_b1 * g;
+  // (AdamW's source squares the gradient first, AdEMAMix's scales it first: one rounding apart.)
   s2 = s2 * k.b2 + k.one_b2 * (g * g);
   p = p + k.step_size * (s1 / (square_root(s2) + k.eps_c2));
   if (k.decays) p = p * k.decay;
+}
+
+// bitsandbytes' 32-bit AdEMAMix element (its kernel skips nothing): m1, m2, nu, then the parameter.
+TR_HD void ademamix32_element(float& p, float g, float& s1, float& s2, float& s3, const Adam8bitConsts& k) {
+  s1 = s1 * k.b1 + k.one_b1 * g;
+  s3 = s3 * k.b3 + k.one_b3 * g;
+  s2 = s2 * k.b2 + k.one_b2 * g * g;
+  ademamix_param(p, s1, s2, s3, k);
 }
 
 // bitsandbytes' blockwise 8-bit one-state kernel (kOptimizerStatic8bit1StateBlockwise) for Lion and RMSprop

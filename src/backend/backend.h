@@ -368,14 +368,16 @@ class Backend {
   virtual void fused_adamw(const std::vector<AdamWTensors>& tensors, const AdamWHyper& h,
                            const GradTransform& t) = 0;
 
-  // One step of bitsandbytes' blockwise 8-bit AdamW (backend/adamw8bit_math.h) over many tensors: param and
-  // grad f32 contiguous; eight_bit tensors hold u8 codes state1/state2 [numel] and f32 absmax1/absmax2
-  // [ceil(numel / 256)], the others f32 moments state1/state2 of the parameter's size. signed_map and
-  // unsigned_map: the two dynamic code maps, f32 [256] on the tensors' device.
+  // One step of bitsandbytes' blockwise 8-bit AdamW or AdEMAMix (backend/adamw8bit_math.h; k.ademamix) over
+  // many tensors: param and grad f32 contiguous; eight_bit tensors hold u8 codes state1/state2 [numel] and
+  // f32 absmax1/absmax2 [ceil(numel / 256)], the others f32 moments state1/state2 of the parameter's size.
+  // AdEMAMix's slow EMA is state3 (+ absmax3), in state1's form. signed_map and unsigned_map: the two dynamic
+  // code maps, f32 [256] on the tensors' device.
   struct AdamW8bitTensors {
     Tensor param, grad, state1, state2, absmax1, absmax2;
     bool eight_bit = true;
     Adam8bitConsts k{};
+    Tensor state3, absmax3;
   };
   virtual void adamw_8bit(const std::vector<AdamW8bitTensors>& tensors, const Tensor& signed_map,
                           const Tensor& unsigned_map) = 0;

@@ -195,12 +195,21 @@ void adamw_8bit_on(const std::vector<backend::Backend::AdamW8bitTensors>& tensor
     TR_CHECK(x.state1.dtype() == state && x.state2.dtype() == state,
              "adamw_8bit: states {} and {} must be {}", x.state1.describe(), x.state2.describe(),
              dtype_name(state));
+    if (x.k.ademamix) {  // AdEMAMix's slow EMA, in state1's form
+      check_operand("adamw_8bit", "state3", x.state3, device, n);
+      TR_CHECK(x.state3.dtype() == state, "adamw_8bit: state {} must be {}", x.state3.describe(),
+               dtype_name(state));
+    }
     if (x.eight_bit) {
       const int64_t blocks = (n + 255) / 256;
       check_operand("adamw_8bit", "absmax1", x.absmax1, device, blocks);
       check_operand("adamw_8bit", "absmax2", x.absmax2, device, blocks);
       TR_CHECK(x.absmax1.dtype() == DType::f32 && x.absmax2.dtype() == DType::f32,
                "adamw_8bit: absmax {} and {} must be f32", x.absmax1.describe(), x.absmax2.describe());
+      if (x.k.ademamix) {
+        check_operand("adamw_8bit", "absmax3", x.absmax3, device, blocks);
+        TR_CHECK(x.absmax3.dtype() == DType::f32, "adamw_8bit: absmax {} must be f32", x.absmax3.describe());
+      }
     }
   }
   if (!device.is_meta()) backend::backend_for(device).adamw_8bit(tensors, signed_map, unsigned_map);

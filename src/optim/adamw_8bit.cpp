@@ -1,5 +1,6 @@
-// bitsandbytes' dynamic 8-bit maps and the blockwise 8-bit AdamW step (any device: the backend's adamw_8bit
-// pass, element math in backend/adamw8bit_math.h in the arithmetic order of bitsandbytes' CUDA kernels).
+// bitsandbytes' dynamic 8-bit maps and its two-state optimizers' steps, AdamW and AdEMAMix, 8- and 32-bit
+// (any device: the backend's adamw_8bit pass, element math in backend/adamw8bit_math.h in the arithmetic
+// order of bitsandbytes' CUDA kernels).
 #include "optim/adamw_8bit.h"
 
 #include <algorithm>
@@ -67,15 +68,56 @@ bool AdamW8bit::keeps_32bit_state(const std::string& name, int64_t numel, int64_
   return numel < min_8bit_size || is_embedding(name);
 }
 
-AdamW8bit::AdamW8bit(const nn::ParamList& params, OptimizerOptions opts, int optim_bits)
+namespace {
+
+// --optim_args of AdEMAMix, checked as bitsandbytes checks them (and the logarithms its beta3 schedule
+// takes).
+auto parse_ademamix(detail::OptimArgs& args, const OptimizerOptions& opts) {
+  struct {
+    double beta1, beta2, beta3, alpha, eps;
+    int64_t t_alpha, t_beta3;
+  } a{};
+  a.beta1 = args.number("beta1", opts.beta1);
+  a.beta2 = args.number("beta2", opts.beta2);
+  a.beta3 = args.number("beta3", 0.9999);
+  a.alpha = args.number("alpha", 5.0);
+  a.eps = args.number("eps", opts.eps);
+  const auto count = [&](const char* key) {
+    const double v = args.number(key, 0.0);
+    TR_CHECK(v >= 0 && v == std::floor(v) && v < 1e15,
+             "--optim_args: ademamix {}={} must be a count of steps (0 or absent: no schedule)", key, v);
+    return static_cast<int64_t>(v);
+  };
+  a.t_alpha = count("t_alpha");
+  a.t_beta3 = count("t_beta3");
+  const std::pair<const char*, double> betas[] = {{"beta1", a.beta1}, {"beta2", a.beta2}, {"beta3", a.beta3}};
+  for (const auto& [key, v] : betas)
+    TR_CHECK(v >= 0 && v < 1, "--optim_args: ademamix {}={}: expected a number in [0, 1)", key, v);
+  TR_CHECK(a.eps >= 0, "--optim_args: ademamix eps={}: expected a number >= 0", a.eps);
+  TR_CHECK(std::isfinite(a.alpha), "--optim_args: ademamix alpha={}: expected a finite number", a.alpha);
+  TR_CHECK(a.t_beta3 == 0 || (a.beta1 > 0 && a.beta3 > 0),
+           "--optim_args: ademamix t_beta3 schedules beta3 through log(beta1) and log(beta3): beta1={} and "
+           "beta3={} must be above 0",
+           a.beta1, a.beta3);
+  return a;
+}
+
+}  // namespace
+
+AdamW8bit::AdamW8bit(const nn::ParamList& params, OptimizerOptions opts, int optim_bits, bool ademamix)
     : Optimizer(params, std::move(opts)) {
-  TR_CHECK(optim_bits == 8 || optim_bits == 32, "AdamW8bit: optim_bits {} (8 or 32)", optim_bits);
-  detail::check_params("AdamW8bit", params, {DType::f32}, /*any_device=*/true);
-  detail::OptimArgs args("adamw_8bit", opts_.args);
+  const char* what = ademamix ? "ademamix" : "adamw_8bit";
+  TR_CHECK(optim_bits == 8 || optim_bits == 32, "{}: optim_bits {} (8 or 32)", what, optim_bits);
+  detail::check_params(what, params, {DType::f32}, /*any_device=*/true);
+  detail::OptimArgs args(what, opts_.args);
   const double min_size = args.number("min_8bit_size", 4096);
+  if (ademamix) {
+    const auto a = parse_ademamix(args, opts_);
+    ademamix_ = Ademamix{a.beta1, a.beta2, a.beta3, a.alpha, a.eps, a.t_alpha, a.t_beta3};
+  }
   args.check_all_used();
-  TR_CHECK(min_size >= 0 && min_size == std::floor(min_size),
-           "adamw_8bit: min_8bit_size must be a count, got {}", min_size);
+  TR_CHECK(min_size >= 0 && min_size == std::floor(min_size), "{}: min_8bit_size must be a count, got {}",
+           what, min_size);
   min_8bit_size_ = static_cast<int64_t>(min_size);
   for (const auto& [name, p] : params) {
     Slot s{name,
@@ -85,17 +127,25 @@ AdamW8bit::AdamW8bit(const nn::ParamList& params, OptimizerOptions opts, int opt
            {},
            {},
            {},
+           {},
+           {},
            {}};
-    if (s.eight_bit) {
-      // bitsandbytes starts from zero codes and zero absmax (every moment dequantizes to 0).
-      const int64_t blocks = (p->numel() + kBlock - 1) / kBlock;
-      s.state1 = ops::zeros({p->numel()}, DType::u8, p->device());
-      s.state2 = ops::zeros({p->numel()}, DType::u8, p->device());
-      s.absmax1 = ops::zeros({blocks}, DType::f32, p->device());
-      s.absmax2 = ops::zeros({blocks}, DType::f32, p->device());
-    } else {
-      s.state1 = ops::zeros(p->shape(), DType::f32, p->device());
-      s.state2 = ops::zeros(p->shape(), DType::f32, p->device());
+    // bitsandbytes starts from zero codes and zero absmax (every state dequantizes to 0).
+    const int64_t blocks = (p->numel() + kBlock - 1) / kBlock;
+    const auto state = [&] {
+      return s.eight_bit ? ops::zeros({p->numel()}, DType::u8, p->device())
+                         : ops::zeros(p->shape(), DType::f32, p->device());
+    };
+    const auto absmax = [&] {
+      return s.eight_bit ? ops::zeros({blocks}, DType::f32, p->device()) : Tensor();
+    };
+    s.state1 = state();
+    s.state2 = state();
+    s.absmax1 = absmax();
+    s.absmax2 = absmax();
+    if (ademamix) {
+      s.state3 = state();
+      s.absmax3 = absmax();
     }
     slots_.push_back(std::move(s));
   }
@@ -108,55 +158,99 @@ AdamW8bit::AdamW8bit(const nn::ParamList& params, OptimizerOptions opts, int opt
   }
 }
 
-void AdamW8bit::step_params(size_t lo, size_t hi, bool advance) {
-  if (advance) ++step_;
+backend::Adam8bitConsts AdamW8bit::adamw_consts(float wd) const {
   const float lr = static_cast<float>(opts_.lr), b1 = static_cast<float>(opts_.beta1),
               b2 = static_cast<float>(opts_.beta2), eps = static_cast<float>(opts_.eps);
   const float t = static_cast<float>(step_);
   const float correction1 = 1.0f - std::pow(b1, t);
   const float correction2 = std::sqrt(1.0f - std::pow(b2, t));
+  return {.b1 = b1,
+          .b2 = b2,
+          .one_b1 = 1.0f - b1,
+          .one_b2 = 1.0f - b2,
+          .step_size = -lr * correction2 / correction1,  // bitsandbytes: -lr * sqrt(1-b2^t) / (1-b1^t)
+          .eps_c2 = eps * correction2,
+          .decay = 1.0f - lr * wd,
+          .decays = wd > 0.0f};
+}
+
+// bitsandbytes' AdEMAMix.update_step: alpha and beta3 after their schedules (in Python's double, then handed
+// to the kernel as f32), the bias corrections in the kernel's f32.
+backend::Adam8bitConsts AdamW8bit::ademamix_consts(float wd) const {
+  const Ademamix& a = *ademamix_;
+  const double t = static_cast<double>(step_);
+  double alpha = a.alpha, beta3 = a.beta3;
+  if (a.t_alpha > 0) alpha = std::min(t * a.alpha / static_cast<double>(a.t_alpha), a.alpha);
+  if (a.t_beta3 > 0) {
+    const double ln1 = std::log(a.beta1), ln3 = std::log(a.beta3), s = t / static_cast<double>(a.t_beta3);
+    beta3 = std::min(std::exp((ln1 * ln3) / (((1 - s) * ln3) + (s * ln1))), a.beta3);
+  }
+  const float lr = static_cast<float>(opts_.lr), b1 = static_cast<float>(a.beta1),
+              b2 = static_cast<float>(a.beta2), b3 = static_cast<float>(beta3),
+              tf = static_cast<float>(step_);
+  backend::Adam8bitConsts k{.b1 = b1,
+                            .b2 = b2,
+                            .one_b1 = 1.0f - b1,
+                            .one_b2 = 1.0f - b2,
+                            .step_size = 0.0f,
+                            .eps_c2 = 0.0f,
+                            .decay = 1.0f - lr * wd,
+                            .decays = wd > 0.0f,
+                            .ademamix = true,
+                            .b3 = b3,
+                            .one_b3 = 1.0f - b3,
+                            .alpha = static_cast<float>(alpha),
+                            .lr = lr,
+                            .eps = static_cast<float>(a.eps),
+                            .c1 = 1.0f - std::pow(b1, tf),
+                            .c2 = std::sqrt(1.0f - std::pow(b2, tf))};
+  return k;
+}
+
+void AdamW8bit::step_params(size_t lo, size_t hi, bool advance) {
+  if (advance) ++step_;
   std::vector<backend::Backend::AdamW8bitTensors> list;
   for (size_t i = lo; i < hi; ++i) {
     Slot& s = slots_[i];
     const Tensor g = detail::gradient("AdamW8bit", s.name, *s.param);
     if (!g.defined()) continue;  // parameters without a gradient are skipped
     const float wd = static_cast<float>(s.decay ? opts_.weight_decay : 0.0);
-    const backend::Adam8bitConsts k{
-        .b1 = b1,
-        .b2 = b2,
-        .one_b1 = 1.0f - b1,
-        .one_b2 = 1.0f - b2,
-        .step_size = -lr * correction2 / correction1,  // bitsandbytes: -lr * sqrt(1-b2^t) / (1-b1^t)
-        .eps_c2 = eps * correction2,
-        .decay = 1.0f - lr * wd,
-        .decays = wd > 0.0f};
-    list.push_back({*s.param, g, s.state1, s.state2, s.absmax1, s.absmax2, s.eight_bit, k});
+    list.push_back({*s.param, g, s.state1, s.state2, s.absmax1, s.absmax2, s.eight_bit,
+                    ademamix_ ? ademamix_consts(wd) : adamw_consts(wd), s.state3, s.absmax3});
   }
   ops::adamw_8bit(list, signed_map_, unsigned_map_);
 }
 
+namespace {
+
+// A slot's state tensors under their state_dict prefixes (undefined ones: not kept by this optimizer).
+template <typename S>
+std::array<std::pair<const char*, decltype(&std::declval<S&>().state1)>, 6> entries(S& s) {
+  return {{{"state1.", &s.state1},
+           {"state2.", &s.state2},
+           {"state3.", &s.state3},
+           {"absmax1.", &s.absmax1},
+           {"absmax2.", &s.absmax2},
+           {"absmax3.", &s.absmax3}}};
+}
+
+}  // namespace
+
 std::vector<std::pair<std::string, Tensor>> AdamW8bit::state_dict() const {
   std::vector<std::pair<std::string, Tensor>> out{{"step", detail::step_tensor(step_)}};
   for (const auto& s : slots_) {
-    out.emplace_back("state1." + s.name, s.state1);
-    out.emplace_back("state2." + s.name, s.state2);
-    if (s.eight_bit) {
-      out.emplace_back("absmax1." + s.name, s.absmax1);
-      out.emplace_back("absmax2." + s.name, s.absmax2);
-    }
+    for (const auto& [key, t] : entries(s))
+      if (t->defined()) out.emplace_back(key + s.name, *t);
   }
   return out;
 }
 
 void AdamW8bit::load_state_dict(const std::map<std::string, Tensor>& state) {
-  const int64_t step = detail::load_step(state, "AdamW8bit");
+  const char* what = ademamix_ ? "AdEMAMix" : "AdamW8bit";
+  const int64_t step = detail::load_step(state, what);
   for (auto& s : slots_) {
-    detail::load_entry(state, "state1." + s.name, s.state1, "AdamW8bit");
-    detail::load_entry(state, "state2." + s.name, s.state2, "AdamW8bit");
-    if (s.eight_bit) {
-      detail::load_entry(state, "absmax1." + s.name, s.absmax1, "AdamW8bit");
-      detail::load_entry(state, "absmax2." + s.name, s.absmax2, "AdamW8bit");
-    }
+    for (const auto& [key, t] : entries(s))
+      if (t->defined()) detail::load_entry(state, key + s.name, *t, what);
   }
   step_ = step;
 }

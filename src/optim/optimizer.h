@@ -64,6 +64,9 @@ class Optimizer {
 
 // The names HF accepts for --optim that this build implements.
 const std::vector<std::string>& optimizer_names();
+// Throws unless `name` is one of optimizer_names(): for HF's other names, what the name stands for in HF and
+// that it is not implemented here; for other names, the nearest valid one.
+void check_optimizer_name(const std::string& name);
 // Throws for an unknown name, suggesting the nearest valid one.
 std::unique_ptr<Optimizer> make_optimizer(const std::string& name, const nn::ParamList& params,
                                           const OptimizerOptions& opts);

@@ -292,7 +292,8 @@ void TrainingArguments::validate_optimizer() const {
   TR_CHECK(std::isfinite(learning_rate) && learning_rate >= 0,
            "--learning_rate {}: expected a finite number >= 0", learning_rate);
   // the optimizers that read them (AdamW and Lion; the others ignore them, as HF)
-  if (optim.find("adamw") != std::string::npos || optim.find("lion") != std::string::npos) {
+  if (optim.find("adamw") != std::string::npos || optim.find("lion") != std::string::npos ||
+      optim.find("ademamix") != std::string::npos) {
     TR_CHECK(adam_beta1 >= 0 && adam_beta1 < 1, "--adam_beta1 {}: expected a number in [0, 1)", adam_beta1);
     TR_CHECK(adam_beta2 >= 0 && adam_beta2 < 1, "--adam_beta2 {}: expected a number in [0, 1)", adam_beta2);
   }
@@ -315,10 +316,22 @@ void TrainingArguments::validate_optimizer() const {
            "--warmup_steps {}: expected a finite number >= 0", warmup_steps);
   TR_CHECK(warmup_ratio >= 0 && warmup_ratio <= 1, "--warmup_ratio {}: expected a number in [0, 1] (as HF)",
            warmup_ratio);
-  check_one_of("optim", optim, optim::optimizer_names());
-  optim::parse_optim_args(optim_args);  // throws on a malformed entry
+  optim::check_optimizer_name(optim);
+  // The optimizer over no parameters: its --optim_args checked before any model or data loads.
+  (void)optim::make_optimizer(optim, {}, optimizer_options(*this));
   check_compile_backend(torch_compile_backend);
   (void)LrSchedule(lr_scheduler_type, lr_scheduler_kwargs, learning_rate);  // throws on a bad name or kwargs
+}
+
+optim::OptimizerOptions optimizer_options(const TrainingArguments& a) {
+  optim::OptimizerOptions oo;
+  oo.lr = a.learning_rate;
+  oo.beta1 = a.adam_beta1;
+  oo.beta2 = a.adam_beta2;
+  oo.eps = a.adam_epsilon;
+  oo.weight_decay = a.weight_decay;
+  oo.args = optim::parse_optim_args(a.optim_args);  // throws on a malformed entry
+  return oo;
 }
 
 // Logging, evaluation and saving (HF's interval strategies), and run_clm's do_* switches.

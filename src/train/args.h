@@ -13,6 +13,10 @@
 
 #include "core/device.h"
 
+namespace tr::optim {
+struct OptimizerOptions;
+}
+
 namespace tr::train {
 
 // --per_device_train_batch_size auto: the largest power of two the memory estimate fits (trainer.cpp).
@@ -176,6 +180,10 @@ struct TrainingArguments {
   bool read_hf_form(const std::string& key, const nlohmann::json& value, const std::string& source);
   void update_from_file(const std::string& path);
 };
+
+// The optimizer's options from the flags (learning rate, Adam betas and epsilon, weight decay, --optim_args),
+// as the run and its memory estimate build the optimizer.
+optim::OptimizerOptions optimizer_options(const TrainingArguments& a);
 
 // One flag: its name, help, and the member it sets.
 struct ArgSpec {

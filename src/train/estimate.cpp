@@ -364,10 +364,7 @@ void DryRun::build_model() {
 // The run's order: a sharded rank takes its slices before the half weights are made (no whole fp32 masters
 // are kept), ZeRO-3 then releases every parameter.
 void DryRun::build_optimizer() {
-  optim::OptimizerOptions oo;
-  oo.lr = a_.learning_rate;
-  oo.weight_decay = a_.weight_decay;
-  oo.args = optim::parse_optim_args(a_.optim_args);
+  const optim::OptimizerOptions oo = optimizer_options(a_);
   const bool zero = sharding_.stage > 0;
   if (zero) {
     // NCCL (--ddp_backend nccl) reduces and gathers in the GPU's memory through buffers there

@@ -147,13 +147,7 @@ std::optional<models::DeferredModel> Run::build_model(int stage) {
 // The optimizer: ZeRO's sharded one (with its shard built from a deferred model) or the plain one over
 // mixed precision's fp32 masters; ZeRO-3's layer hooks.
 void Run::build_optimizer(int stage, std::optional<models::DeferredModel>& deferred) {
-  optim::OptimizerOptions oo;
-  oo.lr = a_.learning_rate;
-  oo.beta1 = a_.adam_beta1;
-  oo.beta2 = a_.adam_beta2;
-  oo.eps = a_.adam_epsilon;
-  oo.weight_decay = a_.weight_decay;
-  oo.args = optim::parse_optim_args(a_.optim_args);
+  optim::OptimizerOptions oo = optimizer_options(a_);
   oo.decay_all = ds_ && ds_->has_optimizer;
   // ZeRO-2/3: this rank's slices of the fp32 weights, taken before mixed precision makes the half weights.
   // A deferred model is made one parameter at a time (build_shard: slices kept, the half copy or, ZeRO-3,

@@ -41,13 +41,14 @@ std::vector<StateSlice> FlatLayout::slices(const nn::ParamList& params, int rank
 
 namespace {
 
-// AdamW, SGD, Adagrad, RMSprop, Lion and bitsandbytes' 32-bit AdamW and RMSprop: each element's update reads
-// only that element (8-bit AdamW's blocks and Adafactor's row and column statistics span tensors).
+// AdamW, SGD, Adagrad, RMSprop, Lion and bitsandbytes' 32-bit AdamW, RMSprop and AdEMAMix: each element's
+// update reads only that element (8-bit AdamW's blocks and Adafactor's row and column statistics span
+// tensors).
 const std::vector<std::string>& elementwise_names() {
   static const std::vector<std::string> names{
-      "adamw_torch",     "adamw_torch_fused", "adamw_apex_fused", "paged_adamw_32bit", "sgd",
-      "adagrad",         "rmsprop",           "rmsprop_bnb",      "rmsprop_bnb_32bit", "lion_32bit",
-      "paged_lion_32bit"};
+      "adamw_torch",      "adamw_torch_fused", "adamw_apex_fused",    "paged_adamw_32bit", "sgd",
+      "adagrad",          "rmsprop",           "rmsprop_bnb",         "rmsprop_bnb_32bit", "lion_32bit",
+      "paged_lion_32bit", "ademamix",          "paged_ademamix_32bit"};
   return names;
 }
 

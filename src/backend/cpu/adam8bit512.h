@@ -1,8 +1,8 @@
-// bitsandbytes' requantization of the 8-bit AdamW moments (adamw8bit_math.h's adam8bit_codes) for 16
-// elements at once in AVX-512: the lower bound in the 256-entry map by eight gathers and masked selects. The
-// scalar search is a chain of eight dependent loads and compares per moment, two per element - the 8-bit
-// step's bound on the CPU; here 16 chains run side by side. The same codes as the scalar function, bit for
-// bit (Optim8bit.CodesOf16ElementsAreTheScalarCodes).
+// bitsandbytes' requantization of 8-bit optimizer states (adamw8bit_math.h's adam8bit_codes and signed_code)
+// for 16 elements at once in AVX-512: the lower bound in the 256-entry map by eight gathers and masked
+// selects. The scalar search is a chain of eight dependent loads and compares per moment, two per element -
+// the 8-bit step's bound on the CPU; here 16 chains run side by side. The same codes as the scalar function,
+// bit for bit (Optim8bit.CodesOf16ElementsAreTheScalarCodes).
 #pragma once
 #include <immintrin.h>
 
@@ -38,22 +38,30 @@ __attribute__((target("avx512f"))) inline __m512i quantize16(const float* code, 
                                _mm512_set1_epi32(255));
 }
 
+// signed_code for s[0, 16) into c[0, 16): the first moment's codes (and the one-state kernels' state).
+__attribute__((target("avx512f"))) inline void signed_codes16(const float* s, float max, const float* qs,
+                                                              uint8_t* c) {
+  const __m512 a = _mm512_loadu_ps(s);
+  __m512i q = quantize16(qs, _mm512_div_ps(a, _mm512_set1_ps(max > 0 ? max : 1.0f)));
+  // The value keeps its sign: a code of the other sign moves one code outwards (uint8 wrap-around as the
+  // scalar's).
+  const __m512i signs = _mm512_xor_si512(_mm512_castps_si512(gather16(qs, q)), _mm512_castps_si512(a));
+  const __mmask16 flip = _mm512_test_epi32_mask(signs, _mm512_set1_epi32(INT32_MIN));
+  const __mmask16 pos = _mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_GT_OQ);
+  const __m512i one = _mm512_set1_epi32(1);
+  q = _mm512_mask_add_epi32(q, flip & pos, q, one);
+  q = _mm512_mask_sub_epi32(q, flip & static_cast<__mmask16>(~pos), q, one);
+  _mm512_mask_cvtepi32_storeu_epi8(c, 0xFFFF, q);  // truncated to 8 bits: the wrap of uint8_t arithmetic
+}
+
 // adam8bit_codes for s1[0, 16) and s2[0, 16) into c1[0, 16) and c2[0, 16).
 __attribute__((target("avx512f"))) inline void adam8bit_codes16(const float* s1, const float* s2, float max1,
                                                                 float max2, const float* qs, const float* qu,
                                                                 uint8_t* c1, uint8_t* c2) {
-  const __m512 a = _mm512_loadu_ps(s1), b = _mm512_loadu_ps(s2);
-  const __m512 inv1 = _mm512_set1_ps(max1 > 0 ? max1 : 1.0f), inv2 = _mm512_set1_ps(max2 > 0 ? max2 : 1.0f);
-  __m512i q1 = quantize16(qs, _mm512_div_ps(a, inv1));
-  // m keeps its sign: a code of the other sign moves one code outwards (uint8 wrap-around as the scalar's).
-  const __m512i signs = _mm512_xor_si512(_mm512_castps_si512(gather16(qs, q1)), _mm512_castps_si512(a));
-  const __mmask16 flip = _mm512_test_epi32_mask(signs, _mm512_set1_epi32(INT32_MIN));
-  const __mmask16 pos = _mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_GT_OQ);
-  const __m512i one = _mm512_set1_epi32(1);
-  q1 = _mm512_mask_add_epi32(q1, flip & pos, q1, one);
-  q1 = _mm512_mask_sub_epi32(q1, flip & static_cast<__mmask16>(~pos), q1, one);
-  _mm512_mask_cvtepi32_storeu_epi8(c1, 0xFFFF, q1);  // truncated to 8 bits: the wrap of uint8_t arithmetic
-  _mm512_mask_cvtepi32_storeu_epi8(c2, 0xFFFF, quantize16(qu, _mm512_div_ps(b, inv2)));
+  signed_codes16(s1, max1, qs, c1);
+  const __m512 b = _mm512_loadu_ps(s2);
+  _mm512_mask_cvtepi32_storeu_epi8(c2, 0xFFFF,
+                                   quantize16(qu, _mm512_div_ps(b, _mm512_set1_ps(max2 > 0 ? max2 : 1.0f))));
 }
 
 }  // namespace tr::cpu

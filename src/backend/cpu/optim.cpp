@@ -131,28 +131,33 @@ void CpuBackend::transform_grads(const std::vector<std::pair<Tensor, Tensor>>& s
 
 namespace {
 
-// One tensor's SGD step in 64K-element chunks across the threads (bound by memory bandwidth: 3-4 streams).
+// body(begin, end) over [0, n) in 64K-element chunks across the threads (one chunk: no parallel region). The
+// element-wise optimizers' loop: each element's update reads only that element, so any split gives one
+// result.
+template <typename F>
+void for_chunks(int64_t n, const F& body) {
+  constexpr int64_t kChunk = backend::kAdamWChunk;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t k = 0; k < chunks; ++k) body(k * kChunk, std::min(n, (k + 1) * kChunk));
+}
+
+// One tensor's SGD step (bound by memory bandwidth: 3-4 streams).
 template <typename T>
 void sgd_tensor(const backend::Backend::SgdTensors& x, const backend::Backend::SgdHyper& h) {
   const backend::SgdScalars<T> c(h.lr, x.weight_decay, h.momentum, h.dampening, h.nesterov, x.first);
   T* p = x.param.data<T>();
   const T* g = x.grad.data<T>();
   T* buf = x.momentum_buffer.defined() ? x.momentum_buffer.data<T>() : nullptr;
-  const int64_t n = x.param.numel();
-  constexpr int64_t kChunk = 1 << 16;
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (chunks > 1)
-  for (int64_t k = 0; k < chunks; ++k) {
-    const int64_t end = std::min(n, (k + 1) * kChunk);
+  for_chunks(x.param.numel(), [&](int64_t begin, int64_t end) {
     if (buf != nullptr) {
 #pragma omp simd
-      for (int64_t i = k * kChunk; i < end; ++i) backend::sgd_element(p[i], g[i], buf + i, c);
+      for (int64_t i = begin; i < end; ++i) backend::sgd_element(p[i], g[i], buf + i, c);
     } else {
 #pragma omp simd
-      for (int64_t i = k * kChunk; i < end; ++i)
-        backend::sgd_element(p[i], g[i], static_cast<T*>(nullptr), c);
+      for (int64_t i = begin; i < end; ++i) backend::sgd_element(p[i], g[i], static_cast<T*>(nullptr), c);
     }
-  }
+  });
 }
 
 }  // namespace
@@ -176,8 +181,7 @@ void CpuBackend::sgd(const std::vector<SgdTensors>& tensors, const SgdHyper& h) 
 
 namespace {
 
-// One tensor's step under rule R in 64K-element chunks across the threads (bound by memory bandwidth: four or
-// five streams).
+// One tensor's step under rule R (bound by memory bandwidth: four or five streams).
 template <backend::ElementwiseRule R, typename T>
 void elementwise_tensor(const backend::Backend::ElementwiseTensors& x, const backend::ElementwiseHyper& h) {
   const backend::ElementwiseScalars<T> c(h, x.weight_decay);
@@ -185,21 +189,16 @@ void elementwise_tensor(const backend::Backend::ElementwiseTensors& x, const bac
   const T* g = x.grad.data<T>();
   T* s1 = x.state1.data<T>();
   T* s2 = x.state2.defined() ? x.state2.data<T>() : nullptr;
-  const int64_t n = x.param.numel();
-  constexpr int64_t kChunk = 1 << 16;
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (chunks > 1)
-  for (int64_t k = 0; k < chunks; ++k) {
-    const int64_t end = std::min(n, (k + 1) * kChunk);
+  for_chunks(x.param.numel(), [&](int64_t begin, int64_t end) {
     if (s2 != nullptr) {
 #pragma omp simd
-      for (int64_t i = k * kChunk; i < end; ++i) backend::elementwise_update<R>(p[i], g[i], s1[i], s2 + i, c);
+      for (int64_t i = begin; i < end; ++i) backend::elementwise_update<R>(p[i], g[i], s1[i], s2 + i, c);
     } else {
 #pragma omp simd
-      for (int64_t i = k * kChunk; i < end; ++i)
+      for (int64_t i = begin; i < end; ++i)
         backend::elementwise_update<R>(p[i], g[i], s1[i], static_cast<T*>(nullptr), c);
     }
-  }
+  });
 }
 
 template <typename T>
@@ -236,9 +235,17 @@ namespace {
 
 // One block of up to 256 elements in the order of bitsandbytes' one-state kernel: states, absmax, parameters,
 // codes.
+// Codes of s[0, n) on the signed map, 16 at a time where the CPU has AVX-512 (`wide`).
+void signed_codes(const float* s, float max, const float* qs, uint8_t* c, int64_t n, bool wide) {
+  int64_t j = 0;
+  if (wide)
+    for (; j + 16 <= n; j += 16) signed_codes16(s + j, max, qs, c + j);
+  for (; j < n; ++j) c[j] = backend::signed_code(s[j], max, qs);
+}
+
 template <backend::ElementwiseRule R>
 void state8bit_block(float* p, const float* g, uint8_t* c1, float& absmax1, int64_t n,
-                     const backend::ElementwiseScalars<float>& c, const float* qs) {
+                     const backend::ElementwiseScalars<float>& c, const float* qs, bool wide) {
   float s1[backend::kAdam8bitBlock], upd[backend::kAdam8bitBlock];
   float max1 = 0.0f;
   for (int64_t j = 0; j < n; ++j) {
@@ -249,7 +256,7 @@ void state8bit_block(float* p, const float* g, uint8_t* c1, float& absmax1, int6
   }
   absmax1 = max1;
   for (int64_t j = 0; j < n; ++j) backend::state8bit_param<R>(p[j], g[j], s1[j], upd[j], c);
-  for (int64_t j = 0; j < n; ++j) c1[j] = backend::signed_code(s1[j], max1, qs);
+  signed_codes(s1, max1, qs, c1, n, wide);
 }
 
 template <backend::ElementwiseRule R>
@@ -261,10 +268,11 @@ void state8bit_tensor(const backend::Backend::Elementwise8bitTensors& x, const b
   uint8_t* c1 = x.state1.data<uint8_t>();
   float* a1 = x.absmax1.data<float>();
   const int64_t n = x.param.numel(), blocks = x.absmax1.numel(), kb = backend::kAdam8bitBlock;
+  const bool wide = cpu_has_avx512f();
 #pragma omp parallel for schedule(static) if (blocks > 64)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t o = b * kb;
-    state8bit_block<R>(p + o, g + o, c1 + o, a1[b], std::min(kb, n - o), c, qs);
+    state8bit_block<R>(p + o, g + o, c1 + o, a1[b], std::min(kb, n - o), c, qs, wide);
   }
 }
 
@@ -333,36 +341,73 @@ void check_8bit(const backend::Backend::AdamW8bitTensors& x, size_t i) {
   TR_CHECK(x.param.dtype() == DType::f32 && x.grad.dtype() == DType::f32 && x.grad.numel() == n &&
                x.param.is_contiguous() && x.grad.is_contiguous(),
            "adamw_8bit: tensor {} needs a contiguous f32 parameter and gradient of one size", i);
-  if (x.eight_bit) {
-    const int64_t blocks = (n + backend::kAdam8bitBlock - 1) / backend::kAdam8bitBlock;
-    TR_CHECK(x.state1.dtype() == DType::u8 && x.state2.dtype() == DType::u8 && x.state1.numel() == n &&
-                 x.state2.numel() == n && x.absmax1.numel() == blocks && x.absmax2.numel() == blocks &&
-                 x.absmax1.dtype() == DType::f32 && x.absmax2.dtype() == DType::f32,
-             "adamw_8bit: the 8-bit state of tensor {} does not fit its {} elements", i, n);
-  } else {
-    TR_CHECK(x.state1.dtype() == DType::f32 && x.state2.dtype() == DType::f32 && x.state1.numel() == n &&
-                 x.state2.numel() == n,
-             "adamw_8bit: the 32-bit state of tensor {} does not fit its {} elements", i, n);
+  std::vector<const Tensor*> states{&x.state1, &x.state2};
+  if (x.k.ademamix) states.push_back(&x.state3);
+  const int64_t blocks = (n + backend::kAdam8bitBlock - 1) / backend::kAdam8bitBlock;
+  for (const Tensor* s : states) {
+    const Tensor* absmax = s == &x.state1 ? &x.absmax1 : s == &x.state2 ? &x.absmax2 : &x.absmax3;
+    TR_CHECK(s->defined() && s->dtype() == (x.eight_bit ? DType::u8 : DType::f32) && s->numel() == n &&
+                 s->is_contiguous() &&
+                 (!x.eight_bit || (absmax->defined() && absmax->numel() == blocks &&
+                                   absmax->dtype() == DType::f32 && absmax->is_contiguous())),
+             "adamw_8bit: the {}-bit state of tensor {} does not fit its {} elements", x.eight_bit ? 8 : 32,
+             i, n);
   }
 }
 
 // One block of up to 256 elements, in the order of bitsandbytes' kernel; `wide`: requantized 16 at a time.
-void update_block(float* p, const float* g, uint8_t* c1, uint8_t* c2, float& absmax1, float& absmax2,
-                  int64_t n, const backend::Adam8bitConsts& k, const float* qs, const float* qu, bool wide) {
-  float s1[backend::kAdam8bitBlock], s2[backend::kAdam8bitBlock];
-  float max1 = 0.0f, max2 = 0.0f;
-  for (int64_t j = 0; j < n; ++j) {
-    backend::adam8bit_moments(g[j], c1[j], c2[j], absmax1, absmax2, qs, qu, k, s1[j], s2[j]);
+// c3/absmax3: AdEMAMix's slow EMA (null for AdamW).
+struct Block8bit {
+  float* p;
+  const float* g;
+  uint8_t *c1, *c2, *c3;
+  float *absmax1, *absmax2, *absmax3;
+  int64_t n;
+};
+
+void update_block(const Block8bit& b, const backend::Adam8bitConsts& k, const float* qs, const float* qu,
+                  bool wide) {
+  float s1[backend::kAdam8bitBlock], s2[backend::kAdam8bitBlock], s3[backend::kAdam8bitBlock];
+  float max1 = 0.0f, max2 = 0.0f, max3 = 0.0f;
+  for (int64_t j = 0; j < b.n; ++j) {
+    backend::adam8bit_moments(b.g[j], b.c1[j], b.c2[j], *b.absmax1, *b.absmax2, qs, qu, k, s1[j], s2[j]);
     max1 = backend::fmax_f32(max1, backend::abs_f32(s1[j]));
     max2 = backend::fmax_f32(max2, backend::abs_f32(s2[j]));
   }
-  absmax1 = max1;
-  absmax2 = max2;
-  for (int64_t j = 0; j < n; ++j) backend::adam8bit_param(p[j], g[j], s1[j], s2[j], k);
+  if (k.ademamix) {
+    for (int64_t j = 0; j < b.n; ++j) {
+      s3[j] = backend::ademamix8bit_m2(b.g[j], b.c3[j], *b.absmax3, qs, k);
+      max3 = backend::fmax_f32(max3, backend::abs_f32(s3[j]));
+    }
+    *b.absmax3 = max3;
+  }
+  *b.absmax1 = max1;
+  *b.absmax2 = max2;
+  for (int64_t j = 0; j < b.n; ++j)
+    backend::adam8bit_param(b.p[j], b.g[j], s1[j], s2[j], k.ademamix ? s3[j] : 0.0f, k);
   int64_t j = 0;
   if (wide)
-    for (; j + 16 <= n; j += 16) adam8bit_codes16(s1 + j, s2 + j, max1, max2, qs, qu, c1 + j, c2 + j);
-  for (; j < n; ++j) backend::adam8bit_codes(s1[j], s2[j], max1, max2, qs, qu, c1[j], c2[j]);
+    for (; j + 16 <= b.n; j += 16) adam8bit_codes16(s1 + j, s2 + j, max1, max2, qs, qu, b.c1 + j, b.c2 + j);
+  for (; j < b.n; ++j) backend::adam8bit_codes(s1[j], s2[j], max1, max2, qs, qu, b.c1[j], b.c2[j]);
+  if (k.ademamix) signed_codes(s3, max3, qs, b.c3, b.n, wide);
+}
+
+void update_32bit(const backend::Backend::AdamW8bitTensors& x) {
+  float* p = x.param.data<float>();
+  const float* g = x.grad.data<float>();
+  float* s1 = x.state1.data<float>();
+  float* s2 = x.state2.data<float>();
+  const int64_t n = x.param.numel();
+  float* s3 = x.k.ademamix ? x.state3.data<float>() : nullptr;
+  for_chunks(n, [&](int64_t begin, int64_t end) {
+    if (s3 != nullptr) {
+#pragma omp simd
+      for (int64_t j = begin; j < end; ++j) backend::ademamix32_element(p[j], g[j], s1[j], s2[j], s3[j], x.k);
+    } else {
+#pragma omp simd
+      for (int64_t j = begin; j < end; ++j) backend::adam32_element(p[j], g[j], s1[j], s2[j], x.k);
+    }
+  });
 }
 
 }  // namespace
@@ -375,27 +420,29 @@ void CpuBackend::adamw_8bit(const std::vector<AdamW8bitTensors>& tensors, const 
   const float* qs = signed_map.data<float>();
   const float* qu = unsigned_map.data<float>();
   for (size_t i = 0; i < tensors.size(); ++i) check_8bit(tensors[i], i);
+  const bool wide = cpu_has_avx512f();
   for (const auto& x : tensors) {
-    float* p = x.param.data<float>();
-    const float* g = x.grad.data<float>();
-    const int64_t n = x.param.numel();
     if (!x.eight_bit) {
-      float* s1 = x.state1.data<float>();
-      float* s2 = x.state2.data<float>();
-#pragma omp parallel for simd schedule(static) if (n > 65536)
-      for (int64_t j = 0; j < n; ++j) backend::adam32_element(p[j], g[j], s1[j], s2[j], x.k);
+      update_32bit(x);
       continue;
     }
-    uint8_t* c1 = x.state1.data<uint8_t>();
-    uint8_t* c2 = x.state2.data<uint8_t>();
-    float* a1 = x.absmax1.data<float>();
-    float* a2 = x.absmax2.data<float>();
-    const int64_t blocks = x.absmax1.numel(), kb = backend::kAdam8bitBlock;
-    const bool wide = cpu_has_avx512f();
+    const int64_t n = x.param.numel(), blocks = x.absmax1.numel(), kb = backend::kAdam8bitBlock;
+    const bool three = x.k.ademamix;
+    const Block8bit t{x.param.data<float>(),
+                      x.grad.data<float>(),
+                      x.state1.data<uint8_t>(),
+                      x.state2.data<uint8_t>(),
+                      three ? x.state3.data<uint8_t>() : nullptr,
+                      x.absmax1.data<float>(),
+                      x.absmax2.data<float>(),
+                      three ? x.absmax3.data<float>() : nullptr,
+                      n};
 #pragma omp parallel for schedule(static) if (blocks > 64)
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t o = b * kb;
-      update_block(p + o, g + o, c1 + o, c2 + o, a1[b], a2[b], std::min(kb, n - o), x.k, qs, qu, wide);
+      update_block({t.p + o, t.g + o, t.c1 + o, t.c2 + o, three ? t.c3 + o : nullptr, t.absmax1 + b,
+                    t.absmax2 + b, three ? t.absmax3 + b : nullptr, std::min(kb, n - o)},
+                   x.k, qs, qu, wide);
     }
   }
 }

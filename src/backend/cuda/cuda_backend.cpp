@@ -476,23 +476,32 @@ class CudaBackend final : public backend::Backend {
                    x.state2.device() == x.param.device() && signed_map.device() == x.param.device() &&
                    x.state1.is_contiguous() && x.state2.is_contiguous(),
                "adamw_8bit: tensor {} needs a contiguous f32 parameter, gradient and state on one GPU", i);
+      const bool three = x.k.ademamix;
+      TR_CHECK(!three ||
+                   (x.state3.defined() && x.state3.device() == x.param.device() && x.state3.is_contiguous() &&
+                    x.state3.numel() == n && x.state3.dtype() == x.state1.dtype()),
+               "adamw_8bit: AdEMAMix's third state of tensor {} does not fit its {} elements", i, n);
       if (x.eight_bit) {
         TR_CHECK(x.state1.dtype() == DType::u8 && x.state2.dtype() == DType::u8 && x.state1.numel() == n &&
                      x.state2.numel() == n && x.absmax1.numel() == blocks && x.absmax2.numel() == blocks &&
                      x.absmax1.dtype() == DType::f32 && x.absmax2.dtype() == DType::f32 &&
                      x.absmax1.is_contiguous() && x.absmax2.is_contiguous() &&
-                     x.absmax1.device() == x.param.device() && x.absmax2.device() == x.param.device(),
+                     x.absmax1.device() == x.param.device() && x.absmax2.device() == x.param.device() &&
+                     (!three || (x.absmax3.defined() && x.absmax3.numel() == blocks &&
+                                 x.absmax3.dtype() == DType::f32 && x.absmax3.is_contiguous() &&
+                                 x.absmax3.device() == x.param.device())),
                  "adamw_8bit: the 8-bit state of tensor {} does not fit its {} elements", i, n);
         cuda::adamw_8bit_blockwise(stream(), x.param.data<float>(), x.grad.data<float>(),
                                    x.state1.data<uint8_t>(), x.state2.data<uint8_t>(),
-                                   x.absmax1.data<float>(), x.absmax2.data<float>(), n, x.k,
+                                   three ? x.state3.data<uint8_t>() : nullptr, x.absmax1.data<float>(),
+                                   x.absmax2.data<float>(), three ? x.absmax3.data<float>() : nullptr, n, x.k,
                                    signed_map.data<float>(), unsigned_map.data<float>());
       } else {
         TR_CHECK(x.state1.dtype() == DType::f32 && x.state2.dtype() == DType::f32 && x.state1.numel() == n &&
                      x.state2.numel() == n,
                  "adamw_8bit: the 32-bit state of tensor {} does not fit its {} elements", i, n);
         cuda::adamw_32bit_state(stream(), x.param.data<float>(), x.grad.data<float>(), x.state1.data<float>(),
-                                x.state2.data<float>(), n, x.k);
+                                x.state2.data<float>(), three ? x.state3.data<float>() : nullptr, n, x.k);
       }
     }
   }

@@ -206,12 +206,13 @@ void fused_adamw(Stream stream, DType dt, const AdamWChunk* chunks, int64_t coun
                  double weight_decay, double beta1, double beta2, double eps, int64_t step, double inv_scale,
                  double max_norm, const double* stats, Scratch& scratch);
 
-// bitsandbytes' blockwise 8-bit AdamW on one tensor (one CUDA block per 256 elements; qs/qu the signed and
-// unsigned code maps on the device), and its 32-bit-state kernel. Element math: backend/adamw8bit_math.h.
-void adamw_8bit_blockwise(Stream stream, float* p, const float* g, uint8_t* c1, uint8_t* c2, float* absmax1,
-                          float* absmax2, int64_t n, const backend::Adam8bitConsts& k, const float* qs,
-                          const float* qu);
-void adamw_32bit_state(Stream stream, float* p, const float* g, float* s1, float* s2, int64_t n,
+// bitsandbytes' blockwise 8-bit AdamW or AdEMAMix (k.ademamix: the slow EMA's c3/absmax3 or s3, else null)
+// on one tensor (one CUDA block per 256 elements; qs/qu the signed and unsigned code maps on the device), and
+// its 32-bit-state kernel. Element math: backend/adamw8bit_math.h.
+void adamw_8bit_blockwise(Stream stream, float* p, const float* g, uint8_t* c1, uint8_t* c2, uint8_t* c3,
+                          float* absmax1, float* absmax2, float* absmax3, int64_t n,
+                          const backend::Adam8bitConsts& k, const float* qs, const float* qu);
+void adamw_32bit_state(Stream stream, float* p, const float* g, float* s1, float* s2, float* s3, int64_t n,
                        const backend::Adam8bitConsts& k);
 
 // One tensor's SGD step in place (buf null: no momentum); element math: backend/optim_math.h's sgd_element.

@@ -106,21 +106,21 @@ void elementwise_8bit(Stream stream, const backend::ElementwiseHyper& h, double 
   TR_CUDA_LAUNCH_CHECK("elementwise_8bit");
 }
 
-void adamw_8bit_blockwise(Stream stream, float* p, const float* g, uint8_t* c1, uint8_t* c2, float* absmax1,
-                          float* absmax2, int64_t n, const backend::Adam8bitConsts& k, const float* qs,
-                          const float* qu) {
+void adamw_8bit_blockwise(Stream stream, float* p, const float* g, uint8_t* c1, uint8_t* c2, uint8_t* c3,
+                          float* absmax1, float* absmax2, float* absmax3, int64_t n,
+                          const backend::Adam8bitConsts& k, const float* qs, const float* qu) {
   if (n == 0) return;
   const int64_t blocks = (n + backend::kAdam8bitBlock - 1) / backend::kAdam8bitBlock;
   static_assert(backend::kAdam8bitBlock == 256, "one thread per element of a quantization block");
-  adamw_8bit_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, g, c1, c2, absmax1, absmax2, n, k,
-                                                                       qs, qu);
+  adamw_8bit_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, g, c1, c2, c3, absmax1, absmax2,
+                                                                       absmax3, n, k, qs, qu);
   TR_CUDA_LAUNCH_CHECK("adamw_8bit");
 }
 
-void adamw_32bit_state(Stream stream, float* p, const float* g, float* s1, float* s2, int64_t n,
+void adamw_32bit_state(Stream stream, float* p, const float* g, float* s1, float* s2, float* s3, int64_t n,
                        const backend::Adam8bitConsts& k) {
   if (n == 0) return;
-  adamw_32bit_kernel<<<blocks_for(n), 256, 0, stream>>>(p, g, s1, s2, n, k);
+  adamw_32bit_kernel<<<blocks_for(n), 256, 0, stream>>>(p, g, s1, s2, s3, n, k);
   TR_CUDA_LAUNCH_CHECK("adamw_32bit");
 }
 

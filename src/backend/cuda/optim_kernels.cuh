@@ -123,57 +123,72 @@ __global__ void fused_adamw_kernel(const AdamWChunk* chunks, backend::AdamWScala
   }
 }
 
-// bitsandbytes' blockwise 8-bit AdamW: one block of 256 threads per 256-element quantization block.
-__global__ void adamw_8bit_kernel(float* p, const float* g, uint8_t* c1, uint8_t* c2, float* absmax1,
-                                  float* absmax2, int64_t n, backend::Adam8bitConsts k, const float* qs_g,
-                                  const float* qu_g) {
-  TR_OPT_SMEM(float, smem, 528);  // the two code tables and the warps' maxima
-  float *qs = smem, *qu = smem + 256, *red1 = smem + 512, *red2 = smem + 520;
+// bitsandbytes' blockwise 8-bit AdamW and AdEMAMix (k.ademamix: a third state c3 with its absmax3; null
+// otherwise): one block of 256 threads per 256-element quantization block. Bound by the code searches.
+__global__ void adamw_8bit_kernel(float* p, const float* g, uint8_t* c1, uint8_t* c2, uint8_t* c3,
+                                  float* absmax1, float* absmax2, float* absmax3, int64_t n,
+                                  backend::Adam8bitConsts k, const float* qs_g, const float* qu_g) {
+  TR_OPT_SMEM(float, smem, 536);  // the two code tables and the warps' maxima
+  float *qs = smem, *qu = smem + 256, *red1 = smem + 512, *red2 = smem + 520, *red3 = smem + 528;
   qs[threadIdx.x] = qs_g[threadIdx.x];
   qu[threadIdx.x] = qu_g[threadIdx.x];
   __syncthreads();
   const int64_t i = blockIdx.x * backend::kAdam8bitBlock + threadIdx.x;
   const bool active = i < n;
   const float gi = active ? g[i] : 0.0f;
-  float s1 = 0.0f, s2 = 0.0f;
-  if (active)
+  float s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+  if (active) {
     backend::adam8bit_moments(gi, c1[i], c2[i], absmax1[blockIdx.x], absmax2[blockIdx.x], qs, qu, k, s1, s2);
+    if (k.ademamix) s3 = backend::ademamix8bit_m2(gi, c3[i], absmax3[blockIdx.x], qs, k);
+  }
   // The block's absmax: a max is exact in any order, so the CPU's sequential fmax gives the same value.
-  float m1 = backend::abs_f32(s1), m2 = backend::abs_f32(s2);
+  float m1 = backend::abs_f32(s1), m2 = backend::abs_f32(s2), m3 = backend::abs_f32(s3);
   for (int o = 16; o > 0; o >>= 1) {
     m1 = backend::fmax_f32(m1, __shfl_xor_sync(0xffffffffu, m1, o));
     m2 = backend::fmax_f32(m2, __shfl_xor_sync(0xffffffffu, m2, o));
+    m3 = backend::fmax_f32(m3, __shfl_xor_sync(0xffffffffu, m3, o));
   }
   if ((threadIdx.x & 31) == 0) {
     red1[threadIdx.x >> 5] = m1;
     red2[threadIdx.x >> 5] = m2;
+    red3[threadIdx.x >> 5] = m3;
   }
   __syncthreads();  // every thread has read the old absmax above
-  float max1 = 0.0f, max2 = 0.0f;
+  float max1 = 0.0f, max2 = 0.0f, max3 = 0.0f;
   for (int w = 0; w < 8; ++w) {
     max1 = backend::fmax_f32(max1, red1[w]);
     max2 = backend::fmax_f32(max2, red2[w]);
+    max3 = backend::fmax_f32(max3, red3[w]);
   }
   if (threadIdx.x == 0) {
     absmax1[blockIdx.x] = max1;
     absmax2[blockIdx.x] = max2;
+    if (k.ademamix) absmax3[blockIdx.x] = max3;
   }
   if (!active) return;
   float pi = p[i];
-  backend::adam8bit_param(pi, gi, s1, s2, k);
+  backend::adam8bit_param(pi, gi, s1, s2, s3, k);
   p[i] = pi;
   uint8_t q1, q2;
   backend::adam8bit_codes(s1, s2, max1, max2, qs, qu, q1, q2);
   c1[i] = q1;
   c2[i] = q2;
+  if (k.ademamix) c3[i] = backend::signed_code(s3, max3, qs);
 }
 
-__global__ void adamw_32bit_kernel(float* p, const float* g, float* s1, float* s2, int64_t n,
+// s3: AdEMAMix's slow EMA (k.ademamix), else null. Bound by memory bandwidth.
+__global__ void adamw_32bit_kernel(float* p, const float* g, float* s1, float* s2, float* s3, int64_t n,
                                    backend::Adam8bitConsts k) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     float pi = p[i], a = s1[i], b = s2[i];
-    backend::adam32_element(pi, g[i], a, b, k);
+    if (k.ademamix) {
+      float c = s3[i];
+      backend::ademamix32_element(pi, g[i], a, b, c, k);
+      s3[i] = c;
+    } else {
+      backend::adam32_element(pi, g[i], a, b, k);
+    }
     p[i] = pi;
     s1[i] = a;
     s2[i] = b;
