@@ -4,6 +4,7 @@
 
 #include "autograd/functions.h"
 #include "backend/cpu/matmul_native.h"
+#include "optim/optimizer.h"
 #include "bench_util.h"
 
 int main(int argc, char** argv) {
@@ -158,6 +159,24 @@ int main(int argc, char** argv) {
             },
             iters),
         n * 28.0, "GB/s");
+  }
+  {
+    // The other optimizers' steps over 16M parameters of one matrix (8-bit state where the name says so):
+    // bytes are what each step reads and writes (param, grad, states; codes as one byte, absmax ignored).
+    const int64_t n = 16 * 1024 * 1024;
+    const Tensor w0 = ops::randn({n}, gen), g = ops::affine(ops::randn({n}, gen), 0.01, 0.0);
+    for (const auto& [name, bytes] : std::vector<std::pair<const char*, double>>{{"adamw_8bit", 16.0},
+                                                                                 {"lion_32bit", 20.0},
+                                                                                 {"lion_8bit", 14.0},
+                                                                                 {"ademamix", 36.0},
+                                                                                 {"ademamix_8bit", 18.0}}) {
+      Tensor w = ops::clone(w0);
+      const nn::ParamList params{{"h.0.mlp.c_fc.weight", &w}};
+      auto opt = optim::make_optimizer(name, params, {});
+      autograd::set_grad(w, g);
+      row(fmt::format("{} 16M", name).c_str(), "-", bench::median_seconds([&] { opt->step(); }, iters),
+          n * bytes, "GB/s");
+    }
   }
   return 0;
 }

@@ -3,14 +3,16 @@
 // AdamW on a least-squares problem, the bitsandbytes maps, bit-exact resume for every optimizer, and the
 // errors for bad names and arguments.
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <functional>
 #include <random>
 
 #include "backend/adamw8bit_math.h"
-#include "backend/cpu/adam8bit512.h"
+#include "backend/cpu/code_table.h"
 #include "backend/cpu/vec_math512.h"
 #include "core/error.h"
 #include "io/safetensors.h"
@@ -297,35 +299,57 @@ TEST(Optim8bit, QuantizeCodePicksTheNearestCodeAsTheBranchingSearchDid) {
 // The CPU's AVX-512 requantization (16 elements at once) gives the scalar adam8bit_codes' bits: random
 // moments against random block maxima, codes and midpoints exactly, zeros of both signs, values beyond the
 // ends, a zero block (quantized against 1) and NaN.
-TEST(Optim8bit, CodesOf16ElementsAreTheScalarCodes) {
-  if (!cpu::cpu_has_avx512f()) GTEST_SKIP() << "no AVX-512 on this CPU: the scalar codes alone run";
-  const auto& qs = optim::dynamic_map(true);
-  const auto& qu = optim::dynamic_map(false);
-  std::mt19937 rng(11);
-  std::uniform_real_distribution<float> u(-1.5f, 1.5f);
-  for (int round = 0; round < 4000; ++round) {
-    float s1[16], s2[16];
-    const float max1 = round % 7 == 0 ? 0.0f : std::abs(u(rng)),
-                max2 = round % 5 == 0 ? 0.0f : std::abs(u(rng));
-    for (int j = 0; j < 16; ++j) {
-      const int pick = (round + j) % 6;
-      s1[j] = pick == 0   ? qs[(round * 16 + j) % 256] * (max1 > 0 ? max1 : 1.0f)
-              : pick == 1 ? (j % 2 ? 0.0f : -0.0f)
-              : pick == 2 ? (round % 3 ? 3.0f : NAN)
-                          : u(rng);
-      s2[j] = pick == 0 ? qu[(round * 16 + j) % 256] * (max2 > 0 ? max2 : 1.0f) : std::abs(u(rng));
-      if (pick == 3 && j < 15) s1[j] = (qs[j * 16] + qs[j * 16 + 1]) * 0.5f;  // a midpoint: the tie rule
+// The CPU's nearest-code table gives the binary search's code for every float: checked at every bucket's ends
+// and their neighbours (where the table decides), around every code and midpoint (where the code changes and
+// ties go to the even index), at random inside the buckets that search, across the whole float range, and at
+// NaN, infinities, zeros and subnormals.
+TEST(Optim8bit, CodeTableGivesTheSearchedCodeOfEveryFloat) {
+  const auto bits = [](uint32_t u) {
+    float x;
+    std::memcpy(&x, &u, sizeof x);
+    return x;
+  };
+  const auto next = [](float x, int steps) {
+    for (int i = 0; i < std::abs(steps); ++i) x = std::nextafter(x, steps > 0 ? INFINITY : -INFINITY);
+    return x;
+  };
+  for (const bool is_signed : {true, false}) {
+    SCOPED_TRACE(is_signed ? "signed map" : "unsigned map");
+    const auto& q = optim::dynamic_map(is_signed);
+    const cpu::CodeTable table(q.data());
+    int64_t checked = 0;
+    const auto check = [&](float x) {
+      ++checked;
+      const uint8_t want = backend::quantize_code(q.data(), x), got = table(x);
+      if (want != got)
+        ADD_FAILURE() << "x " << x << " (bits " << std::hex << std::bit_cast<uint32_t>(x) << std::dec
+                      << "): table " << int(got) << ", search " << int(want);
+    };
+    const auto of_key = [&](uint32_t k) { return bits((k & 0x80000000u) != 0 ? (k & 0x7FFFFFFFu) : ~k); };
+    std::mt19937 rng(5);
+    const uint32_t span = 1u << cpu::CodeTable::kShift;
+    for (uint32_t b = 0; b < cpu::CodeTable::kBuckets; ++b) {
+      const uint32_t first = b << cpu::CodeTable::kShift, last = first | (span - 1);
+      for (const uint32_t key : {first, last})
+        for (const int d : {-1, 0, 1}) check(of_key(key + static_cast<uint32_t>(d)));
+      const float lo = of_key(first), hi = of_key(last);
+      if (lo != lo || hi != hi ||
+          backend::quantize_code(q.data(), lo) != backend::quantize_code(q.data(), hi))
+        for (int r = 0; r < 64; ++r) check(of_key(first + static_cast<uint32_t>(rng() % span)));  // searched
     }
-    uint8_t w1[16], w2[16], w3[16];
-    cpu::adam8bit_codes16(s1, s2, max1, max2, qs.data(), qu.data(), w1, w2);
-    cpu::signed_codes16(s1, max1, qs.data(), w3);  // the one-state kernels' and AdEMAMix's m2 codes
-    for (int j = 0; j < 16; ++j) {
-      ASSERT_EQ(w3[j], backend::signed_code(s1[j], max1, qs.data())) << "round " << round << " lane " << j;
-      uint8_t c1 = 0, c2 = 0;
-      backend::adam8bit_codes(s1[j], s2[j], max1, max2, qs.data(), qu.data(), c1, c2);
-      ASSERT_EQ(w1[j], c1) << "round " << round << " lane " << j << " s1 " << s1[j] << " max1 " << max1;
-      ASSERT_EQ(w2[j], c2) << "round " << round << " lane " << j << " s2 " << s2[j] << " max2 " << max2;
-    }
+    for (int i = 0; i < 256; ++i)
+      for (int d = -2; d <= 2; ++d) {
+        check(next(q[i], d));
+        if (i < 255) check(next((q[i] + q[i + 1]) * 0.5f, d));
+      }
+    for (uint32_t u = 0; u < 0xFFFF0000u; u += 65521) check(bits(u + (rng() & 0xFFFF)));
+    for (const float x : {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-45f, -1e-45f, 1.0f, -1.0f, 2.0f})
+      check(x);
+    const uint32_t searched = table.searched_buckets();
+    // the NaN buckets (2^23 NaNs of each sign) and one or two per boundary between codes
+    const uint32_t nan_buckets = 2u << (23 - cpu::CodeTable::kShift);
+    EXPECT_LT(searched, nan_buckets + 2 * 255) << "the table decides nearly everywhere";
+    EXPECT_GT(checked, 1500000);
   }
 }
 

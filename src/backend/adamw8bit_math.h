@@ -44,6 +44,17 @@ TR_HD bool sign_bit(float x) {
 #endif
 }
 
+// quantize_code's choice given the lower bound lo of x (the first code >= x; 256: none).
+TR_HD uint8_t code_from_bound(const float* code, float x, int lo) {
+  if (lo == 0) return 0;
+  if (lo == 256) return 255;
+  const int below = lo - 1;
+  const float m = (code[below] + code[lo]) * 0.5f;
+  if (x > m) return static_cast<uint8_t>(lo);
+  if (x < m) return static_cast<uint8_t>(below);
+  return static_cast<uint8_t>(below % 2 == 0 ? below : lo);
+}
+
 // Index of the code nearest to x in a sorted 256-entry map (a tie goes to the even index, as bitsandbytes'
 // binary search decides); x beyond the ends maps to the first or last code. The lower bound (the first code
 // >= x) is found without branches - eight selects, where a branching search mispredicted about half of its
@@ -56,14 +67,7 @@ TR_HD uint8_t quantize_code(const float* code, float x) {
     base = code[base + half] < x ? base + half : base;
     n -= half;
   }
-  const int lo = base + (code[base] < x ? 1 : 0);
-  if (lo == 0) return 0;
-  if (lo == 256) return 255;
-  const int below = lo - 1;
-  const float m = (code[below] + code[lo]) * 0.5f;
-  if (x > m) return static_cast<uint8_t>(lo);
-  if (x < m) return static_cast<uint8_t>(below);
-  return static_cast<uint8_t>(below % 2 == 0 ? below : lo);
+  return code_from_bound(code, x, base + (code[base] < x ? 1 : 0));
 }
 
 // The updated moments of one element from its codes (bitsandbytes skips a non-finite gradient: its moments
@@ -91,7 +95,7 @@ TR_HD float ademamix8bit_m2(float g, uint8_t c3, float absmax3, const float* qs,
 // AdEMAMix's parameter step: p - lr * (m1 / c1 + alpha * m2) / (sqrt(nu) / c2 + eps), then the decay.
 TR_HD void ademamix_param(float& p, float s1, float s2, float s3, const Adam8bitConsts& k) {
   p = p - k.lr * (((s1 / k.c1) + (k.alpha * s3)) / ((square_root(s2) / k.c2) + k.eps));
-  if (k.decays) p = p * k.decay;
+  p = k.decays ? p * k.decay : p;  // a select, not a branch: the CPU's loop vectorizes
 }
 
 // s3: AdEMAMix's slow EMA (unused by AdamW).
@@ -105,12 +109,24 @@ TR_HD void adam8bit_param(float& p, float g, float s1, float s2, float s3, const
   if (k.decays) p = p * k.decay;
 }
 
+// quantize_code as a callable (the CPU passes its table lookup instead, CodeTable: the same codes).
+struct CodeSearch {
+  const float* code;
+  TR_HD uint8_t operator()(float x) const { return quantize_code(code, x); }
+};
+
 // New codes for the moments, given the block's absmax (an all-zero block quantizes against 1: the codes of
 // 0). m keeps its sign: a value that rounded to a code of the other sign (or to +0) moves one code outwards.
-TR_HD uint8_t signed_code(float s1, float max1, const float* qs) {
-  uint8_t q1 = quantize_code(qs, s1 / (max1 > 0 ? max1 : 1.0f));
+// `nearest`: quantize_code on the signed map qs, or what gives its codes.
+template <typename Nearest>
+TR_HD uint8_t signed_code_by(const Nearest& nearest, float s1, float max1, const float* qs) {
+  uint8_t q1 = nearest(s1 / (max1 > 0 ? max1 : 1.0f));
   if (sign_bit(qs[q1]) != sign_bit(s1)) q1 = static_cast<uint8_t>(s1 > 0.0f ? q1 + 1 : q1 - 1);
   return q1;
+}
+
+TR_HD uint8_t signed_code(float s1, float max1, const float* qs) {
+  return signed_code_by(CodeSearch{qs}, s1, max1, qs);
 }
 
 TR_HD void adam8bit_codes(float s1, float s2, float max1, float max2, const float* qs, const float* qu,

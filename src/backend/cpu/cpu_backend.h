@@ -8,6 +8,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/attention_kernels.h"
+#include "backend/cpu/code_table.h"
 #include "backend/cpu/matmul_native.h"
 #include "backend/cpu/scratch_pool.h"
 
@@ -94,6 +95,7 @@ class CpuBackend final : public backend::Backend {
  private:
   ScratchPool gemm_scratch_;
   NativeMatmul native_;
+  CodeTables code_tables_;  // the 8-bit optimizers' nearest-code tables, one per code map
 };
 
 CpuBackend& cpu_backend();

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "backend/cpu/adam8bit512.h"
+#include "backend/cpu/code_table.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/loops.h"
 #include "backend/cpu/vec_math512.h"
@@ -235,17 +235,10 @@ namespace {
 
 // One block of up to 256 elements in the order of bitsandbytes' one-state kernel: states, absmax, parameters,
 // codes.
-// Codes of s[0, n) on the signed map, 16 at a time where the CPU has AVX-512 (`wide`).
-void signed_codes(const float* s, float max, const float* qs, uint8_t* c, int64_t n, bool wide) {
-  int64_t j = 0;
-  if (wide)
-    for (; j + 16 <= n; j += 16) signed_codes16(s + j, max, qs, c + j);
-  for (; j < n; ++j) c[j] = backend::signed_code(s[j], max, qs);
-}
-
 template <backend::ElementwiseRule R>
 void state8bit_block(float* p, const float* g, uint8_t* c1, float& absmax1, int64_t n,
-                     const backend::ElementwiseScalars<float>& c, const float* qs, bool wide) {
+                     const backend::ElementwiseScalars<float>& c, const CodeTable& ts) {
+  const float* qs = ts.code().data();
   float s1[backend::kAdam8bitBlock], upd[backend::kAdam8bitBlock];
   float max1 = 0.0f;
   for (int64_t j = 0; j < n; ++j) {
@@ -256,23 +249,22 @@ void state8bit_block(float* p, const float* g, uint8_t* c1, float& absmax1, int6
   }
   absmax1 = max1;
   for (int64_t j = 0; j < n; ++j) backend::state8bit_param<R>(p[j], g[j], s1[j], upd[j], c);
-  signed_codes(s1, max1, qs, c1, n, wide);
+  for (int64_t j = 0; j < n; ++j) c1[j] = backend::signed_code_by(ts, s1[j], max1, qs);
 }
 
 template <backend::ElementwiseRule R>
 void state8bit_tensor(const backend::Backend::Elementwise8bitTensors& x, const backend::ElementwiseHyper& h,
-                      const float* qs) {
+                      const CodeTable& ts) {
   const backend::ElementwiseScalars<float> c(h, x.weight_decay);
   float* p = x.param.data<float>();
   const float* g = x.grad.data<float>();
   uint8_t* c1 = x.state1.data<uint8_t>();
   float* a1 = x.absmax1.data<float>();
   const int64_t n = x.param.numel(), blocks = x.absmax1.numel(), kb = backend::kAdam8bitBlock;
-  const bool wide = cpu_has_avx512f();
 #pragma omp parallel for schedule(static) if (blocks > 64)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t o = b * kb;
-    state8bit_block<R>(p + o, g + o, c1 + o, a1[b], std::min(kb, n - o), c, qs, wide);
+    state8bit_block<R>(p + o, g + o, c1 + o, a1[b], std::min(kb, n - o), c, ts);
   }
 }
 
@@ -291,10 +283,11 @@ void CpuBackend::elementwise_8bit(const std::vector<Elementwise8bitTensors>& ten
                  x.state1.numel() == n && x.absmax1.dtype() == DType::f32 && x.absmax1.numel() == blocks,
              "elementwise_8bit: {} needs an f32 gradient, u8 codes of its size and f32 absmax per 256",
              x.param.describe());
+    const CodeTable& ts = code_tables_.of(signed_map.data<float>());
     if (h.rule == backend::ElementwiseRule::lion)
-      state8bit_tensor<backend::ElementwiseRule::lion>(x, h, signed_map.data<float>());
+      state8bit_tensor<backend::ElementwiseRule::lion>(x, h, ts);
     else
-      state8bit_tensor<backend::ElementwiseRule::rmsprop_bnb>(x, h, signed_map.data<float>());
+      state8bit_tensor<backend::ElementwiseRule::rmsprop_bnb>(x, h, ts);
   }
 }
 
@@ -355,7 +348,7 @@ void check_8bit(const backend::Backend::AdamW8bitTensors& x, size_t i) {
   }
 }
 
-// One block of up to 256 elements, in the order of bitsandbytes' kernel; `wide`: requantized 16 at a time.
+// One block of up to 256 elements, in the order of bitsandbytes' kernel; the codes from the maps' tables.
 // c3/absmax3: AdEMAMix's slow EMA (null for AdamW).
 struct Block8bit {
   float* p;
@@ -365,8 +358,9 @@ struct Block8bit {
   int64_t n;
 };
 
-void update_block(const Block8bit& b, const backend::Adam8bitConsts& k, const float* qs, const float* qu,
-                  bool wide) {
+void update_block(const Block8bit& b, const backend::Adam8bitConsts& k, const CodeTable& ts,
+                  const CodeTable& tu) {
+  const float *qs = ts.code().data(), *qu = tu.code().data();
   float s1[backend::kAdam8bitBlock], s2[backend::kAdam8bitBlock], s3[backend::kAdam8bitBlock];
   float max1 = 0.0f, max2 = 0.0f, max3 = 0.0f;
   for (int64_t j = 0; j < b.n; ++j) {
@@ -385,11 +379,13 @@ void update_block(const Block8bit& b, const backend::Adam8bitConsts& k, const fl
   *b.absmax2 = max2;
   for (int64_t j = 0; j < b.n; ++j)
     backend::adam8bit_param(b.p[j], b.g[j], s1[j], s2[j], k.ademamix ? s3[j] : 0.0f, k);
-  int64_t j = 0;
-  if (wide)
-    for (; j + 16 <= b.n; j += 16) adam8bit_codes16(s1 + j, s2 + j, max1, max2, qs, qu, b.c1 + j, b.c2 + j);
-  for (; j < b.n; ++j) backend::adam8bit_codes(s1[j], s2[j], max1, max2, qs, qu, b.c1[j], b.c2[j]);
-  if (k.ademamix) signed_codes(s3, max3, qs, b.c3, b.n, wide);
+  const float div2 = max2 > 0 ? max2 : 1.0f;  // (adam8bit_codes' divisor)
+  for (int64_t j = 0; j < b.n; ++j) {
+    b.c1[j] = backend::signed_code_by(ts, s1[j], max1, qs);
+    b.c2[j] = tu(s2[j] / div2);
+  }
+  if (k.ademamix)
+    for (int64_t j = 0; j < b.n; ++j) b.c3[j] = backend::signed_code_by(ts, s3[j], max3, qs);
 }
 
 void update_32bit(const backend::Backend::AdamW8bitTensors& x) {
@@ -400,12 +396,14 @@ void update_32bit(const backend::Backend::AdamW8bitTensors& x) {
   const int64_t n = x.param.numel();
   float* s3 = x.k.ademamix ? x.state3.data<float>() : nullptr;
   for_chunks(n, [&](int64_t begin, int64_t end) {
+    const backend::Adam8bitConsts k =
+        x.k;  // a local copy: no store in the loop may change it (it vectorizes)
     if (s3 != nullptr) {
 #pragma omp simd
-      for (int64_t j = begin; j < end; ++j) backend::ademamix32_element(p[j], g[j], s1[j], s2[j], s3[j], x.k);
+      for (int64_t j = begin; j < end; ++j) backend::ademamix32_element(p[j], g[j], s1[j], s2[j], s3[j], k);
     } else {
 #pragma omp simd
-      for (int64_t j = begin; j < end; ++j) backend::adam32_element(p[j], g[j], s1[j], s2[j], x.k);
+      for (int64_t j = begin; j < end; ++j) backend::adam32_element(p[j], g[j], s1[j], s2[j], k);
     }
   });
 }
@@ -417,10 +415,9 @@ void CpuBackend::adamw_8bit(const std::vector<AdamW8bitTensors>& tensors, const 
   TR_CHECK(signed_map.numel() == 256 && unsigned_map.numel() == 256 && signed_map.dtype() == DType::f32 &&
                unsigned_map.dtype() == DType::f32,
            "adamw_8bit: the code maps must be f32 [256]");
-  const float* qs = signed_map.data<float>();
-  const float* qu = unsigned_map.data<float>();
+  const CodeTable& ts = code_tables_.of(signed_map.data<float>());
+  const CodeTable& tu = code_tables_.of(unsigned_map.data<float>());
   for (size_t i = 0; i < tensors.size(); ++i) check_8bit(tensors[i], i);
-  const bool wide = cpu_has_avx512f();
   for (const auto& x : tensors) {
     if (!x.eight_bit) {
       update_32bit(x);
@@ -442,7 +439,7 @@ void CpuBackend::adamw_8bit(const std::vector<AdamW8bitTensors>& tensors, const 
       const int64_t o = b * kb;
       update_block({t.p + o, t.g + o, t.c1 + o, t.c2 + o, three ? t.c3 + o : nullptr, t.absmax1 + b,
                     t.absmax2 + b, three ? t.absmax3 + b : nullptr, std::min(kb, n - o)},
-                   x.k, qs, qu, wide);
+                   x.k, ts, tu);
     }
   }
 }
