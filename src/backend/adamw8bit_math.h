@@ -72,24 +72,20 @@ TR_HD uint8_t quantize_code(const float* code, float x) {
 
 // The updated moments of one element from its codes (bitsandbytes skips a non-finite gradient: its moments
 // restart from zero and its parameter stays).
+// Selects, not branches: the CPU's loops vectorize.
 TR_HD void adam8bit_moments(float g, uint8_t c1, uint8_t c2, float absmax1, float absmax2, const float* qs,
                             const float* qu, const Adam8bitConsts& k, float& s1, float& s2) {
-  if (finite_f32(g)) {
-    s2 = qu[c2] * absmax2;
-    s2 = s2 * k.b2 + k.one_b2 * g * g;
-    s1 = qs[c1] * absmax1;
-    s1 = s1 * k.b1 + k.one_b1 * g;
-  } else {
-    s1 = 0.0f;
-    s2 = 0.0f;
-  }
+  const bool finite = finite_f32(g);
+  const float v2 = (qu[c2] * absmax2) * k.b2 + k.one_b2 * g * g;
+  const float v1 = (qs[c1] * absmax1) * k.b1 + k.one_b1 * g;
+  s2 = finite ? v2 : 0.0f;
+  s1 = finite ? v1 : 0.0f;
 }
 
 // AdEMAMix's slow EMA from its code (on the signed map, its own absmax), as the kernel updates it after m1.
 TR_HD float ademamix8bit_m2(float g, uint8_t c3, float absmax3, const float* qs, const Adam8bitConsts& k) {
-  if (!finite_f32(g)) return 0.0f;
-  const float s3 = qs[c3] * absmax3;
-  return s3 * k.b3 + k.one_b3 * g;
+  const float s3 = (qs[c3] * absmax3) * k.b3 + k.one_b3 * g;
+  return finite_f32(g) ? s3 : 0.0f;
 }
 
 // AdEMAMix's parameter step: p - lr * (m1 / c1 + alpha * m2) / (sqrt(nu) / c2 + eps), then the decay.
@@ -98,15 +94,16 @@ TR_HD void ademamix_param(float& p, float s1, float s2, float s3, const Adam8bit
   p = k.decays ? p * k.decay : p;  // a select, not a branch: the CPU's loop vectorizes
 }
 
-// s3: AdEMAMix's slow EMA (unused by AdamW).
+// s3: AdEMAMix's slow EMA (unused by AdamW). A non-finite gradient leaves the parameter.
 TR_HD void adam8bit_param(float& p, float g, float s1, float s2, float s3, const Adam8bitConsts& k) {
-  if (!finite_f32(g)) return;
+  float q = p;
   if (k.ademamix) {
-    ademamix_param(p, s1, s2, s3, k);
-    return;
+    ademamix_param(q, s1, s2, s3, k);
+  } else {
+    q = q + k.step_size * (s1 / (square_root(s2) + k.eps_c2));
+    q = k.decays ? q * k.decay : q;
   }
-  p = p + k.step_size * (s1 / (square_root(s2) + k.eps_c2));
-  if (k.decays) p = p * k.decay;
+  p = finite_f32(g) ? q : p;
 }
 
 // quantize_code as a callable (the CPU passes its table lookup instead, CodeTable: the same codes).

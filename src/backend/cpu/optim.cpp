@@ -237,17 +237,21 @@ namespace {
 // codes.
 template <backend::ElementwiseRule R>
 void state8bit_block(float* p, const float* g, uint8_t* c1, float& absmax1, int64_t n,
-                     const backend::ElementwiseScalars<float>& c, const CodeTable& ts) {
+                     const backend::ElementwiseScalars<float>& cref, const CodeTable& ts) {
+  const backend::ElementwiseScalars<float> c = cref;  // local: the loops vectorize
   const float* qs = ts.code().data();
+  const float a1 = absmax1;
   float s1[backend::kAdam8bitBlock], upd[backend::kAdam8bitBlock];
-  float max1 = 0.0f;
+#pragma omp simd
   for (int64_t j = 0; j < n; ++j) {
-    s1[j] = qs[c1[j]] * absmax1;
+    s1[j] = qs[c1[j]] * a1;
     upd[j] = 0.0f;
     backend::state8bit_update<R>(p[j], g[j], s1[j], upd[j], c);
-    max1 = backend::fmax_f32(max1, backend::abs_f32(s1[j]));
   }
+  float max1 = 0.0f;
+  for (int64_t j = 0; j < n; ++j) max1 = backend::fmax_f32(max1, backend::abs_f32(s1[j]));
   absmax1 = max1;
+#pragma omp simd
   for (int64_t j = 0; j < n; ++j) backend::state8bit_param<R>(p[j], g[j], s1[j], upd[j], c);
   for (int64_t j = 0; j < n; ++j) c1[j] = backend::signed_code_by(ts, s1[j], max1, qs);
 }
@@ -358,27 +362,36 @@ struct Block8bit {
   int64_t n;
 };
 
-void update_block(const Block8bit& b, const backend::Adam8bitConsts& k, const CodeTable& ts,
+// The largest |s[j]| (0 for none; a NaN loses, as fmax).
+float block_absmax(const float* s, int64_t n) {
+  float m = 0.0f;
+  for (int64_t j = 0; j < n; ++j) m = backend::fmax_f32(m, backend::abs_f32(s[j]));
+  return m;
+}
+
+void update_block(const Block8bit& b, const backend::Adam8bitConsts& kref, const CodeTable& ts,
                   const CodeTable& tu) {
+  const backend::Adam8bitConsts k = kref;  // local: no store in the loops may change it (they vectorize)
   const float *qs = ts.code().data(), *qu = tu.code().data();
+  const float a1 = *b.absmax1, a2 = *b.absmax2, a3 = k.ademamix ? *b.absmax3 : 0.0f;
   float s1[backend::kAdam8bitBlock], s2[backend::kAdam8bitBlock], s3[backend::kAdam8bitBlock];
-  float max1 = 0.0f, max2 = 0.0f, max3 = 0.0f;
-  for (int64_t j = 0; j < b.n; ++j) {
-    backend::adam8bit_moments(b.g[j], b.c1[j], b.c2[j], *b.absmax1, *b.absmax2, qs, qu, k, s1[j], s2[j]);
-    max1 = backend::fmax_f32(max1, backend::abs_f32(s1[j]));
-    max2 = backend::fmax_f32(max2, backend::abs_f32(s2[j]));
-  }
+#pragma omp simd
+  for (int64_t j = 0; j < b.n; ++j)
+    backend::adam8bit_moments(b.g[j], b.c1[j], b.c2[j], a1, a2, qs, qu, k, s1[j], s2[j]);
+  const float max1 = block_absmax(s1, b.n), max2 = block_absmax(s2, b.n);
+  float max3 = 0.0f;
   if (k.ademamix) {
-    for (int64_t j = 0; j < b.n; ++j) {
-      s3[j] = backend::ademamix8bit_m2(b.g[j], b.c3[j], *b.absmax3, qs, k);
-      max3 = backend::fmax_f32(max3, backend::abs_f32(s3[j]));
-    }
+#pragma omp simd
+    for (int64_t j = 0; j < b.n; ++j) s3[j] = backend::ademamix8bit_m2(b.g[j], b.c3[j], a3, qs, k);
+    max3 = block_absmax(s3, b.n);
     *b.absmax3 = max3;
+  } else {
+    std::fill(s3, s3 + b.n, 0.0f);
   }
   *b.absmax1 = max1;
   *b.absmax2 = max2;
-  for (int64_t j = 0; j < b.n; ++j)
-    backend::adam8bit_param(b.p[j], b.g[j], s1[j], s2[j], k.ademamix ? s3[j] : 0.0f, k);
+#pragma omp simd
+  for (int64_t j = 0; j < b.n; ++j) backend::adam8bit_param(b.p[j], b.g[j], s1[j], s2[j], s3[j], k);
   const float div2 = max2 > 0 ? max2 : 1.0f;  // (adam8bit_codes' divisor)
   for (int64_t j = 0; j < b.n; ++j) {
     b.c1[j] = backend::signed_code_by(ts, s1[j], max1, qs);
