@@ -1,0 +1,42 @@
+// Helpers of the optimizer tests (test_optim.cpp, test_optim_8bit.cpp): named parameters with gradients,
+// tensors as floats, and the message of an expected error.
+#pragma once
+#include <deque>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "nn/layers.h"
+#include "test_util.h"
+
+namespace tr::optim_test {
+
+// Parameters with stable addresses, their HF-style names, and gradients set by the tests.
+struct Params {
+  std::deque<Tensor> tensors;
+  nn::ParamList list;
+  void add(const std::string& name, const Tensor& t) {
+    tensors.push_back(ops::clone(t));
+    list.emplace_back(name, &tensors.back());
+  }
+  Params clone() const {
+    Params out;
+    for (const auto& [name, p] : list) out.add(name, *p);
+    return out;
+  }
+};
+
+inline std::vector<float> floats(const Tensor& t) { return ops::to_vector<float>(t); }
+
+inline std::string expect_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no error thrown";
+  return "";
+}
+
+}  // namespace tr::optim_test
