@@ -424,9 +424,9 @@ TEST(OptimElementwise, AdEMAMix8bitFollowsThe32BitKernel) {
     for (size_t j = 0; j < w8.size(); ++j) drift = std::max(drift, std::abs(double(w8[j]) - w32[j]));
     EXPECT_EQ(floats(*p8.list[2].second), floats(*p32.list[2].second)) << "embedding, step " << step;
   }
-  // Each step moves an element by at most lr * (1 + alpha) / (1 - b1^t)-ish; 8-bit states keep the runs
-  // close.
-  EXPECT_LT(drift, 0.2 * 8 * o.lr * 5) << "8-bit state far from the 32-bit run";
+  // A step moves an element by O(lr) (Adam-like normalized); the codes' ~1% error per step keeps the runs
+  // within one lr after 8 steps (measured: 0.42 lr).
+  EXPECT_LT(drift, o.lr) << "8-bit state far from the 32-bit run";
   EXPECT_GT(drift, 0.0) << "8-bit state gave the 32-bit run's bits: quantization not exercised";
   EXPECT_EQ(o8->state_dict().size(),
             1u + 6u + 3u + 3u);  // step, weight (3 codes + 3 absmax), bias, embedding
