@@ -119,7 +119,8 @@ AdamW8bit::AdamW8bit(const nn::ParamList& params, OptimizerOptions opts, int opt
   TR_CHECK(min_size >= 0 && min_size == std::floor(min_size), "{}: min_8bit_size must be a count, got {}",
            what, min_size);
   min_8bit_size_ = static_cast<int64_t>(min_size);
-  for (const auto& [name, p] : params) {
+  for (const auto& [name, param] : params) {
+    Tensor* const p = param;  // (clang 14 cannot capture a structured binding)
     Slot s{name,
            p,
            optim_bits == 8 && !keeps_32bit_state(name, p->numel(), min_8bit_size_),
