@@ -68,15 +68,10 @@ bool AdamW8bit::keeps_32bit_state(const std::string& name, int64_t numel, int64_
   return numel < min_8bit_size || is_embedding(name);
 }
 
-namespace {
-
 // --optim_args of AdEMAMix, checked as bitsandbytes checks them (and the logarithms its beta3 schedule
 // takes).
-auto parse_ademamix(detail::OptimArgs& args, const OptimizerOptions& opts) {
-  struct {
-    double beta1, beta2, beta3, alpha, eps;
-    int64_t t_alpha, t_beta3;
-  } a{};
+AdamW8bit::Ademamix AdamW8bit::parse_ademamix(detail::OptimArgs& args, const OptimizerOptions& opts) {
+  Ademamix a{};
   a.beta1 = args.number("beta1", opts.beta1);
   a.beta2 = args.number("beta2", opts.beta2);
   a.beta3 = args.number("beta3", 0.9999);
@@ -102,8 +97,6 @@ auto parse_ademamix(detail::OptimArgs& args, const OptimizerOptions& opts) {
   return a;
 }
 
-}  // namespace
-
 AdamW8bit::AdamW8bit(const nn::ParamList& params, OptimizerOptions opts, int optim_bits, bool ademamix)
     : Optimizer(params, std::move(opts)) {
   const char* what = ademamix ? "ademamix" : "adamw_8bit";
@@ -111,10 +104,7 @@ AdamW8bit::AdamW8bit(const nn::ParamList& params, OptimizerOptions opts, int opt
   detail::check_params(what, params, {DType::f32}, /*any_device=*/true);
   detail::OptimArgs args(what, opts_.args);
   const double min_size = args.number("min_8bit_size", 4096);
-  if (ademamix) {
-    const auto a = parse_ademamix(args, opts_);
-    ademamix_ = Ademamix{a.beta1, a.beta2, a.beta3, a.alpha, a.eps, a.t_alpha, a.t_beta3};
-  }
+  if (ademamix) ademamix_ = parse_ademamix(args, opts_);
   args.check_all_used();
   TR_CHECK(min_size >= 0 && min_size == std::floor(min_size), "{}: min_8bit_size must be a count, got {}",
            what, min_size);

@@ -12,6 +12,10 @@
 
 namespace tr::optim {
 
+namespace detail {
+class OptimArgs;
+}
+
 // bitsandbytes' create_dynamic_map(signed, max_exponent_bits=7, total_bits=8): 256 sorted codes, a sign
 // (signed only), a decimal exponent 10^-k and a linear fraction; the signed map spans [-0.993, 1] and holds
 // 0, the unsigned one spans [0, 1].
@@ -62,6 +66,7 @@ class AdamW8bit : public Optimizer {
     double beta1, beta2, beta3, alpha, eps;
     int64_t t_alpha, t_beta3;
   };
+  static Ademamix parse_ademamix(detail::OptimArgs& args, const OptimizerOptions& opts);
   backend::Adam8bitConsts adamw_consts(float wd) const;
   backend::Adam8bitConsts ademamix_consts(float wd) const;
   std::vector<Slot> slots_;
