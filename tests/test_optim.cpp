@@ -196,7 +196,7 @@ TEST_P(OptimResume, ContinuesBitExactlyAfterSaveAndLoad) {
   st.erase(std::prev(st.end()));
   Params fresh_params = init.clone();  // alive while the optimizer reads the parameters' shapes
   auto fresh = optim::make_optimizer(c.optim, fresh_params.list, o);
-  if (c.optim != "sgd") {  // SGD's momentum buffers may be absent (not created yet), as in torch
+  if (c.optim != "sgd" && c.optim != "schedule_free_sgd") {  // their one state may be absent (not made yet)
     EXPECT_NE(expect_error([&] { fresh->load_state_dict(st); }).find("missing"), std::string::npos);
   }
 }
@@ -225,7 +225,10 @@ const std::vector<ResumeCase> kResumeCases{{"adamw_torch", ""},
                                            {"ademamix", ""},
                                            {"paged_ademamix_32bit", "t_alpha=3,t_beta3=4"},
                                            {"ademamix_8bit", "t_alpha=3,beta3=0.999"},
-                                           {"paged_ademamix_8bit", ""}};
+                                           {"paged_ademamix_8bit", ""},
+                                           {"schedule_free_adamw", ""},
+                                           {"schedule_free_radam", ""},
+                                           {"schedule_free_sgd", "r=1"}};
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, OptimResume, ::testing::ValuesIn(kResumeCases), [](const auto& info) {
   return info.param.optim + (info.param.args.empty() ? "" : "_" + std::to_string(info.index));
@@ -259,17 +262,18 @@ TEST(OptimErrors, UnknownNameSuggestsTheNearest) {
 TEST(OptimErrors, HfNamesNotImplementedSaySo) {
   Params ps;
   ps.add("w", test::randn({3}, 1));
-  for (const char* name : {"schedule_free_adamw", "galore_adamw_8bit", "adamw_torch_4bit", "lomo",
-                           "stable_adamw", "adamw_torch_npu_fused"}) {
+  for (const char* name : {"grokadamw", "galore_adamw_8bit", "adamw_torch_4bit", "lomo", "stable_adamw",
+                           "adamw_torch_npu_fused"}) {
     const std::string e = expect_error([&] { optim::make_optimizer(name, ps.list, {}); });
     EXPECT_NE(e.find(fmt::format("--optim '{}' is HF's name for ", name)), std::string::npos) << e;
     EXPECT_NE(e.find("which trainer.cpp does not implement; it implements adamw_torch, "), std::string::npos)
         << e;
     EXPECT_EQ(expect_error([&] { optim::check_optimizer_name(name); }), e);
   }
-  EXPECT_NE(expect_error([&] { optim::check_optimizer_name("schedule_free_sgd"); }).find("schedulefree's"),
+  EXPECT_NE(expect_error([&] { optim::check_optimizer_name("adalomo"); }).find("AdaLomo (LOMO with"),
             std::string::npos);
   EXPECT_NO_THROW(optim::check_optimizer_name("paged_ademamix_8bit"));
+  EXPECT_NO_THROW(optim::check_optimizer_name("schedule_free_radam"));
 }
 
 TEST(OptimErrors, OptimArgsParseAndUnknownKeysAreErrors) {

@@ -2,7 +2,8 @@
 # Reference values for the optimizer tests (tests/test_optim.cpp): a few small parameters, fixed gradients for
 # 5 steps, and the parameters after the 5 steps under torch.optim's AdamW, SGD, Adagrad and RMSprop, a
 # line-by-line transcription of transformers' Adafactor (transformers is not needed) and of bitsandbytes'
-# 32-bit Lion, RMSprop, Adam and AdEMAMix kernels, plus bitsandbytes' dynamic 8-bit maps.
+# 32-bit Lion, RMSprop, Adam and AdEMAMix kernels, schedulefree's AdamW, RAdam and SGD (their foreach steps),
+# plus bitsandbytes' dynamic 8-bit maps.
 # Needs only Debian's python3-torch (the safetensors writer is make_golden.py's).
 #
 #   /usr/bin/python3 tools/make_optim_golden.py tests/golden/optim
@@ -161,6 +162,89 @@ class Bnb32(torch.optim.Optimizer):
                         p.mul_(f32(1.0 - f32(lr * wd)))
 
 
+class ScheduleFree(torch.optim.Optimizer):
+    """schedulefree 1.4's AdamWScheduleFree, RAdamScheduleFree (silent_sgd_phase) and SGDScheduleFree, their
+    foreach steps re-expressed with the same torch._foreach_ ops in the same order (schedulefree is not in
+    Debian). kind: "adamw", "radam" or "sgd" (betas[0] is SGD's momentum)."""
+
+    def __init__(self, params, kind, lr, betas=(0.9, 0.999), eps=1e-8, warmup_steps=0, r=0.0,
+                 weight_lr_power=2.0):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, warmup_steps=warmup_steps, r=r,
+                                      weight_lr_power=weight_lr_power, k=0, weight_sum=0.0, lr_max=-1.0,
+                                      train_mode=False))
+        self.kind = kind
+
+    @torch.no_grad()
+    def switch(self, train):
+        for group in self.param_groups:
+            if group["train_mode"] != train:
+                b1 = group["betas"][0]
+                for p in group["params"]:
+                    if "z" in self.state[p]:
+                        p.lerp_(end=self.state[p]["z"], weight=1 - b1 if train else 1 - 1 / b1)
+                group["train_mode"] = train
+
+    @torch.no_grad()
+    def step(self):
+        assert self.param_groups[0]["train_mode"]
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            k = group["k"]
+            lr, normalize, bc2 = group["lr"], True, 1.0
+            if self.kind == "radam":
+                step = k + 1
+                beta2_t = b2 ** step
+                bc2 = 1 - beta2_t
+                rho_inf = 2 / (1 - b2) - 1
+                rho_t = rho_inf - 2 * step * beta2_t / bc2
+                rect = ((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t)) ** 0.5 \
+                    if rho_t > 4.0 else 0.0
+                normalize = rho_t > 4.0
+                lr = lr * rect
+            else:
+                sched = (k + 1) / group["warmup_steps"] if k < group["warmup_steps"] else 1.0
+                bc2 = 1 - b2 ** (k + 1)
+                lr = lr * sched
+            lr_max = group["lr_max"] = max(lr, group["lr_max"])
+            weight = ((k + 1) ** group["r"]) * (lr_max ** group["weight_lr_power"])
+            weight_sum = group["weight_sum"] = group["weight_sum"] + weight
+            ckp1 = weight / weight_sum if weight_sum != 0 else 0
+            active = [p for p in group["params"] if p.grad is not None]
+            for p in active:
+                if "z" not in self.state[p]:
+                    self.state[p]["z"] = torch.clone(p)
+                    self.state[p]["exp_avg_sq"] = torch.zeros_like(p)
+            y = [p for p in active]
+            grad = [p.grad for p in active]
+            z = [self.state[p]["z"] for p in active]
+            if self.kind != "sgd":
+                v = [self.state[p]["exp_avg_sq"] for p in active]
+                torch._foreach_mul_(v, b2)
+                torch._foreach_addcmul_(v, grad, grad, value=1 - b2)
+                if normalize:
+                    denom = torch._foreach_div(v, bc2)
+                    torch._foreach_sqrt_(denom)
+                    torch._foreach_add_(denom, group["eps"])
+                    torch._foreach_div_(grad, denom)
+            if group["weight_decay"] != 0:
+                torch._foreach_add_(grad, y, alpha=group["weight_decay"])
+            for yi, zi in zip(y, z):  # torch._foreach_lerp_ (newer than torch 1.13): lerp_ per tensor on the CPU
+                yi.lerp_(zi, ckp1)
+            torch._foreach_add_(y, grad, alpha=lr * (b1 * (1 - ckp1) - 1))
+            torch._foreach_sub_(z, grad, alpha=lr)
+            group["k"] = k + 1
+
+
+# Schedule-free configs run SF_STEPS steps on the gradients in turn, the scheduler's rate lr * SF_LR(k), an
+# evaluation (eval then train) after step SF_EVAL, and end in eval mode: "<cfg>.<name>" holds x, "<cfg>.y.<name>"
+# the last step's y.
+SF_STEPS, SF_EVAL = 8, 3
+
+
+def SF_LR(k):
+    return 1.0 - 0.05 * k  # a linear decay, as HF's default scheduler hands it over
+
+
 def groups(params, wd):
     return [{"params": [p for n, p in params.items() if decays(n)], "weight_decay": wd},
             {"params": [p for n, p in params.items() if not decays(n)], "weight_decay": 0.0}]
@@ -190,6 +274,15 @@ CONFIGS = {
     "ademamix": lambda g: Bnb32(groups(g, 0.1), "ademamix", lr=1e-2, betas=(0.9, 0.999, 0.9999), eps=1e-8),
     "ademamix_sched": lambda g: Bnb32(groups(g, 0.01), "ademamix", lr=1e-2, betas=(0.8, 0.99, 0.999), eps=1e-6,
                                       alpha=8.0, t_alpha=3, t_beta3=4),
+}
+
+SF_CONFIGS = {
+    "sf_adamw": lambda g: ScheduleFree(groups(g, 0.1), "adamw", lr=1e-2, betas=(0.9, 0.999), eps=1e-8,
+                                       warmup_steps=3),
+    "sf_adamw_r": lambda g: ScheduleFree(groups(g, 0.01), "adamw", lr=1e-2, betas=(0.95, 0.99), eps=1e-6, r=1.0,
+                                         weight_lr_power=1.5),
+    "sf_radam": lambda g: ScheduleFree(groups(g, 0.1), "radam", lr=1e-2, betas=(0.9, 0.9), eps=1e-8),
+    "sf_sgd": lambda g: ScheduleFree(groups(g, 0.01), "sgd", lr=0.1, betas=(0.9, 0.0), warmup_steps=2),
 }
 
 
@@ -225,6 +318,22 @@ def main(out_dir):
             for n, p in params.items():
                 p.grad = grads[k][n].clone()
             opt.step()
+        out.update({f"{cfg}.{n}": p.detach().clone() for n, p in params.items()})
+    for cfg, make in SF_CONFIGS.items():
+        params = {n: t.clone().requires_grad_(True) for n, t in init.items()}
+        opt = make(params)
+        base = [g["lr"] for g in opt.param_groups]
+        for k in range(SF_STEPS):
+            opt.switch(True)  # HF's training_step
+            for g, lr in zip(opt.param_groups, base):
+                g["lr"] = lr * SF_LR(k)
+            for n, p in params.items():
+                p.grad = grads[k % STEPS][n].clone()
+            opt.step()
+            if k + 1 == SF_EVAL:
+                opt.switch(False)  # HF's evaluation_loop
+        out.update({f"{cfg}.y.{n}": p.detach().clone() for n, p in params.items()})
+        opt.switch(False)
         out.update({f"{cfg}.{n}": p.detach().clone() for n, p in params.items()})
     out["map.signed"] = dynamic_map(True)
     out["map.unsigned"] = dynamic_map(False)

@@ -399,7 +399,8 @@ class Backend {
   // One step of an element-wise optimizer with per-parameter state (Adagrad, RMSprop, bitsandbytes' 32-bit
   // Lion and RMSprop: optim_math.h's elementwise_update, so every backend gives the CPU's bits): param, grad,
   // state1 and state2 (rmsprop's momentum buffer; undefined: none) contiguous, one dtype (f32 or f64; f32 for
-  // the bitsandbytes rules) and size. In place: no memory.
+  // the bitsandbytes rules) and size; schedule-free's state1 is z, state2 AdamW's exp_avg_sq, and its
+  // train/eval switch (schedule_free_lerp) reads no gradient (undefined). In place: no memory.
   struct ElementwiseTensors {
     Tensor param, grad, state1, state2;
     double weight_decay = 0.0;

@@ -115,26 +115,53 @@ TR_HD void sgd_element(T& p, T g, T* buf, const SgdScalars<T>& c) {
 // The element-wise optimizers with one or two state tensors per parameter, one rule each: torch.optim.Adagrad
 // and torch.optim.RMSprop (single-tensor formulas, torch's fused multiply-adds as in sgd_element), and
 // bitsandbytes' 32-bit Lion and RMSprop kernels (kOptimizer32bit1State: f32, every op rounded, as their
-// source reads; bitsandbytes divides with __fdividef, within 2 ulp of the division here).
-enum class ElementwiseRule : uint8_t { adagrad, rmsprop, lion, rmsprop_bnb };
+// source reads; bitsandbytes divides with __fdividef, within 2 ulp of the division here), and schedulefree's
+// AdamW / RAdam (schedule_free_adam) and SGD steps and the train/eval switch between its two points
+// (schedule_free_lerp), in the order of their torch._foreach_ ops.
+enum class ElementwiseRule : uint8_t {
+  adagrad,
+  rmsprop,
+  lion,
+  rmsprop_bnb,
+  schedule_free_adam,
+  schedule_free_sgd,
+  schedule_free_lerp
+};
 
 // The step's hyper-parameters. adagrad: lr_decay, eps, step; rmsprop: alpha (beta1), eps, momentum; lion:
-// beta1, beta2; rmsprop_bnb: alpha (beta1), eps.
+// beta1, beta2; rmsprop_bnb: alpha (beta1), eps. Schedule-free (its per-step scalars, computed in double by
+// optim/schedule_free.cpp as its Python does): lr (z's step), beta2, eps, bias_correction2, ckp1 (y's lerp
+// weight toward z), y_lr (y's step), normalize (adam: divide by the second moment; RAdam's first steps do
+// not); schedule_free_lerp: the parameter lerped toward state1 by ckp1 alone (no gradient is read).
 struct ElementwiseHyper {
   ElementwiseRule rule = ElementwiseRule::adagrad;
   double lr = 1e-2, beta1 = 0.0, beta2 = 0.0, eps = 1e-10, momentum = 0.0, lr_decay = 0.0;
   int64_t step = 1;
+  double bias_correction2 = 1.0, ckp1 = 0.0, y_lr = 0.0;
+  bool normalize = true;
 };
 
 template <typename T>
 struct ElementwiseScalars {
   T wd = 0, neg_lr = 0, lr = 0, b1 = 0, one_b1 = 0, b2 = 0, one_b2 = 0, eps = 0, momentum = 0, decay = 1;
-  bool decays = false;
+  T bc2 = 1, ckp1 = 0, y_lr = 0;
+  bool decays = false, normalize = true;
   ElementwiseScalars() = default;
   ElementwiseScalars(const ElementwiseHyper& h, double weight_decay) : decays(weight_decay > 0) {
     wd = static_cast<T>(weight_decay);
     eps = static_cast<T>(h.eps);
-    if (h.rule == ElementwiseRule::adagrad) {  // clr = lr / (1 + (step - 1) * lr_decay), in Python's double
+    if (h.rule == ElementwiseRule::schedule_free_adam || h.rule == ElementwiseRule::schedule_free_sgd ||
+        h.rule == ElementwiseRule::schedule_free_lerp) {  // torch's Python scalars, each cast once
+      decays = weight_decay != 0;                         // schedulefree: `if decay != 0`
+      neg_lr = static_cast<T>(-h.lr);
+      b2 = static_cast<T>(h.beta2);
+      one_b2 = static_cast<T>(1.0 - h.beta2);
+      bc2 = static_cast<T>(h.bias_correction2);
+      ckp1 = static_cast<T>(h.ckp1);
+      y_lr = static_cast<T>(h.y_lr);
+      normalize = h.normalize;
+    } else if (h.rule ==
+               ElementwiseRule::adagrad) {  // clr = lr / (1 + (step - 1) * lr_decay), in Python's double
       neg_lr = static_cast<T>(-(h.lr / (1.0 + static_cast<double>(h.step - 1) * h.lr_decay)));
     } else if (h.rule == ElementwiseRule::rmsprop) {
       neg_lr = static_cast<T>(-h.lr);
@@ -158,10 +185,32 @@ TR_HD T sign_of(T x) {
   return static_cast<T>((T(0) < x) - (x < T(0)));
 }
 
-// One element's update under rule R; s2: rmsprop's momentum buffer (null: none), unused by the others.
+// torch.lerp(start, end, w) with a scalar weight, as ATen computes it (the vectorized CPU kernel and the
+// contracted scalar one): from the nearer end, one fused multiply-add.
+template <typename T>
+TR_HD T lerp_toward(T start, T end, T w) {
+  const T diff = end - start;
+  return (w < T(0.5) && w > T(-0.5)) ? fused_multiply_add(w, diff, start)
+                                     : fused_multiply_add(w - T(1), diff, end);
+}
+
+// One element's update under rule R; s2: rmsprop's momentum buffer (null: none), schedule_free_adam's
+// exp_avg_sq; s1: schedule-free's z.
 template <ElementwiseRule R, typename T>
 TR_HD void elementwise_update(T& p, T g, T& s1, T* s2, const ElementwiseScalars<T>& c) {
-  if constexpr (R == ElementwiseRule::adagrad) {
+  if constexpr (R == ElementwiseRule::schedule_free_adam || R == ElementwiseRule::schedule_free_sgd) {
+    T d = g;
+    if constexpr (R == ElementwiseRule::schedule_free_adam) {
+      *s2 = fused_multiply_add(c.one_b2 * g, g, *s2 * c.b2);  // exp_avg_sq.mul_(b2).addcmul_(g, g, 1-b2)
+      if (c.normalize) d = g / (square_root(*s2 / c.bc2) + c.eps);  // grad.div_(sqrt(v / bc2) + eps)
+    }
+    if (c.decays) d = fused_multiply_add(p, c.wd, d);  // grad.add_(y, alpha=decay): decay at y
+    p = lerp_toward(p, s1, c.ckp1);                    // y.lerp_(z, ckp1)
+    p = fused_multiply_add(d, c.y_lr, p);              // y.add_(grad, alpha=lr * (beta1 * (1 - ckp1) - 1))
+    s1 = fused_multiply_add(d, c.neg_lr, s1);          // z.sub_(grad, alpha=lr)
+  } else if constexpr (R == ElementwiseRule::schedule_free_lerp) {
+    p = lerp_toward(p, s1, c.ckp1);  // eval: p.lerp_(z, 1 - 1/beta1); train: p.lerp_(z, 1 - beta1)
+  } else if constexpr (R == ElementwiseRule::adagrad) {
     const T d = c.decays ? fused_multiply_add(p, c.wd, g) : g;  // grad.add(param, alpha=wd)
     s1 = fused_multiply_add(d, d, s1);                          // state_sum.addcmul_(grad, grad, value=1)
     const T std_dev = square_root(s1) + c.eps;                  // state_sum.sqrt().add_(eps)

@@ -81,6 +81,7 @@ ElementwiseOptimizer::ElementwiseOptimizer(const std::string& name, const nn::Pa
                "{}: bitsandbytes' RMSprop kernel has no momentum term; use --optim rmsprop for momentum",
                name);
       break;
+    default: fail("ElementwiseOptimizer: '{}' is not an element-wise optimizer name", name);  // (rule_of's)
   }
   const bool eight_bit = name.find("8bit") != std::string::npos;
   int64_t min_8bit_size = 0;

@@ -18,6 +18,7 @@
 #include "optim/adamw_8bit.h"
 #include "optim/common.h"
 #include "optim/elementwise.h"
+#include "optim/schedule_free.h"
 #include "optim/sgd.h"
 
 namespace tr::optim {
@@ -114,7 +115,10 @@ const std::vector<std::string>& optimizer_names() {
                                               "ademamix",
                                               "paged_ademamix_32bit",
                                               "ademamix_8bit",
-                                              "paged_ademamix_8bit"};
+                                              "paged_ademamix_8bit",
+                                              "schedule_free_adamw",
+                                              "schedule_free_radam",
+                                              "schedule_free_sgd"};
   return names;
 }
 
@@ -140,9 +144,6 @@ const std::map<std::string, std::string>& unimplemented_names() {
       {"lomo", "LOMO (the update fused into the backward pass, no optimizer state)"},
       {"adalomo", "AdaLomo (LOMO with an adaptive, factored second moment)"},
       {"grokadamw", "grokadamw's GrokAdamW"},
-      {"schedule_free_adamw", "schedulefree's AdamWScheduleFree (it replaces the learning-rate schedule)"},
-      {"schedule_free_radam", "schedulefree's RAdamScheduleFree (it replaces the learning-rate schedule)"},
-      {"schedule_free_sgd", "schedulefree's SGDScheduleFree (it replaces the learning-rate schedule)"},
       {"stable_adamw", "optimi's StableAdamW"}};
   return names;
 }
@@ -182,6 +183,7 @@ std::unique_ptr<Optimizer> make_optimizer(const std::string& name, const nn::Par
   if (ElementwiseOptimizer::implements(name))
     return std::make_unique<ElementwiseOptimizer>(name, params, opts);
   if (name == "sgd") return std::make_unique<SGD>(params, opts);
+  if (ScheduleFree::implements(name)) return std::make_unique<ScheduleFree>(name, params, opts);
   fail("--optim '{}': no optimizer is built for this name", name);  // (a name listed above but not built)
 }
 

@@ -1,7 +1,7 @@
 // The optimizer interface the Trainer drives, and the factory from HF's `optim` names (adamw_torch,
 // adamw_torch_fused, adamw_apex_fused, adafactor, adamw_bnb_8bit / adamw_8bit / paged_adamw_8bit,
 // paged_adamw_32bit, sgd, adagrad, rmsprop, rmsprop_bnb / rmsprop_bnb_32bit, rmsprop_bnb_8bit, lion_32bit /
-// paged_lion_32bit, lion_8bit / paged_lion_8bit).
+// paged_lion_32bit, lion_8bit / paged_lion_8bit, the ademamix family, schedule_free_adamw / _radam / _sgd).
 #pragma once
 #include <map>
 #include <memory>
@@ -20,6 +20,9 @@ struct OptimizerOptions {
   // One parameter group, weight decay on every parameter: the optimizer DeepSpeed builds from a --deepspeed
   // config's "optimizer" section (HF hands it all parameters, without its decay groups).
   bool decay_all = false;
+  // The schedule-free optimizers' own linear warmup (HF hands them --warmup_steps; a ratio is resolved to the
+  // steps the scheduler warms up over).
+  int64_t warmup_steps = 0;
   std::map<std::string, std::string> args;
 };
 
@@ -38,6 +41,16 @@ class Optimizer {
   virtual void step(const std::vector<Tensor>& grads, const backend::Backend::GradTransform& t,
                     const std::vector<Tensor>& copies);
   void zero_grad();
+  // The schedule-free optimizers take gradients at one point (y, kept in the parameters) and evaluate at
+  // another (x, their average): eval mode moves the parameters to x, train mode back to y, each a no-op where
+  // they are already (or before any state exists); `copies` as step()'s. The Trainer enters train mode before
+  // each step (HF's training_step) and eval mode before each evaluation (HF's evaluation_loop), checkpoint
+  // and final save. The other optimizers have one point: no-ops.
+  virtual void set_train_mode(bool train, const std::vector<Tensor>& copies) {
+    (void)train;
+    (void)copies;
+  }
+  virtual bool train_mode() const { return true; }
   virtual void set_lr(double lr) { opts_.lr = lr; }
   double lr() const { return opts_.lr; }
   virtual int64_t step_count() const = 0;

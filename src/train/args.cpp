@@ -330,6 +330,8 @@ optim::OptimizerOptions optimizer_options(const TrainingArguments& a) {
   oo.beta2 = a.adam_beta2;
   oo.eps = a.adam_epsilon;
   oo.weight_decay = a.weight_decay;
+  oo.warmup_steps =
+      a.warmup_steps >= 1 ? static_cast<int64_t>(std::min(a.warmup_steps, 9e15)) : 0;  // ratio: run_setup
   oo.args = optim::parse_optim_args(a.optim_args);  // throws on a malformed entry
   return oo;
 }

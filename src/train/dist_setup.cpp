@@ -102,6 +102,10 @@ void check_fsdp_flags(const TrainingArguments& a, int world_size) {
       "{} processes train with DDP)",
       a.fsdp, world_size);
   const char* strategy = fsdp_strategy(a);
+  TR_CHECK(zero_stage(a) == 0 || a.optim.rfind("schedule_free_", 0) != 0,
+           "--fsdp {} with --optim {}: the schedule-free optimizers move whole parameters between their "
+           "training and evaluation points, which a shard does not hold; train with DDP (no --fsdp)",
+           strategy, a.optim);
   TR_CHECK(zero_stage(a) == 0 || shards_elementwise(a.optim),
            "--fsdp {} with --optim {}: sharding splits tensors into flat slices, which only "
            "element-wise optimizers update exactly ({})",

@@ -149,6 +149,7 @@ std::optional<models::DeferredModel> Run::build_model(int stage) {
 void Run::build_optimizer(int stage, std::optional<models::DeferredModel>& deferred) {
   optim::OptimizerOptions oo = optimizer_options(a_);
   oo.decay_all = ds_ && ds_->has_optimizer;
+  oo.warmup_steps = sched_.warmup;  // a --warmup_steps ratio as the steps it stands for
   // ZeRO-2/3: this rank's slices of the fp32 weights, taken before mixed precision makes the half weights.
   // A deferred model is made one parameter at a time (build_shard: slices kept, the half copy or, ZeRO-3,
   // released storage in its place); a whole one gives its slices up at construction and MixedPrecision

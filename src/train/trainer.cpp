@@ -66,6 +66,7 @@ std::vector<data::Batch> Run::next_micro_batches() {
 
 bool Run::evaluate_at(int64_t step, bool scheduled) {
   const ops::Range span(dev_, "evaluate");
+  opt_->set_train_mode(false, mp_->weight_copies());  // schedule-free: evaluate x (HF's evaluation_loop)
   EvalResult e;
   try {
     e = evaluate(*model_, streams_.validation, a_.block_size, a_.per_device_eval_batch_size,
@@ -128,6 +129,10 @@ void Run::save() {
   st_.dropout_rng = dropout_gen_.state();
   st_.position = loader_->position();
   if (full_) full_->drain();  // the save's gathers share the group with ZeRO-3's: none may be in flight
+  // Schedule-free: the checkpoint holds x, the weights to evaluate and use (schedulefree asks for eval mode
+  // at a save; HF's Trainer saves y unless an evaluation just ran), and its optimizer state says so; the
+  // next step moves back to y, in this run and in one resumed from the checkpoint alike.
+  opt_->set_train_mode(false, mp_->weight_copies());
   Allocator& alloc = ops::allocator_for(dev_);
   alloc.begin_window();
   save_files();
@@ -299,6 +304,7 @@ TrainResult Run::train() {
   if (a_.eval_on_start && streams_.validation) evaluate_at(start_step, false);
   for (int64_t step = start_step; step < total; ++step) {
     const double lr = lr_->at(st_.scheduler_step, sched_.warmup, total);
+    opt_->set_train_mode(true, mp_->weight_copies());  // schedule-free: back to y (HF's training_step)
     const StepResult s = step_fn->run(step, next_micro_batches(), lr);
     after_step(step, s, lr, start_step);
     bool new_best = false;
@@ -494,6 +500,7 @@ void Run::finish_with_best() {
 // The files of a finished run, as HF's Trainer leaves them: results, the final model and tokenizer, state.
 void Run::finish() {
   const int64_t total = sched_.total;
+  opt_->set_train_mode(false, mp_->weight_copies());  // schedule-free: the final model is x (see save())
   const bool final_eval = a_.evaluates_at_end() && streams_.validation;
   const bool best = final_model_is_best();
   if (best)

@@ -186,7 +186,7 @@ template <backend::ElementwiseRule R, typename T>
 void elementwise_tensor(const backend::Backend::ElementwiseTensors& x, const backend::ElementwiseHyper& h) {
   const backend::ElementwiseScalars<T> c(h, x.weight_decay);
   T* p = x.param.data<T>();
-  const T* g = x.grad.data<T>();
+  const T* g = x.grad.defined() ? x.grad.data<T>() : p;  // schedule_free_lerp reads none
   T* s1 = x.state1.data<T>();
   T* s2 = x.state2.defined() ? x.state2.data<T>() : nullptr;
   for_chunks(x.param.numel(), [&](int64_t begin, int64_t end) {
@@ -209,6 +209,12 @@ void elementwise_dispatch(const backend::Backend::ElementwiseTensors& x, const b
     case ElementwiseRule::rmsprop: return elementwise_tensor<ElementwiseRule::rmsprop, T>(x, h);
     case ElementwiseRule::lion: return elementwise_tensor<ElementwiseRule::lion, T>(x, h);
     case ElementwiseRule::rmsprop_bnb: return elementwise_tensor<ElementwiseRule::rmsprop_bnb, T>(x, h);
+    case ElementwiseRule::schedule_free_adam:
+      return elementwise_tensor<ElementwiseRule::schedule_free_adam, T>(x, h);
+    case ElementwiseRule::schedule_free_sgd:
+      return elementwise_tensor<ElementwiseRule::schedule_free_sgd, T>(x, h);
+    case ElementwiseRule::schedule_free_lerp:
+      return elementwise_tensor<ElementwiseRule::schedule_free_lerp, T>(x, h);
   }
 }
 
@@ -220,8 +226,11 @@ void CpuBackend::elementwise_step(const std::vector<ElementwiseTensors>& tensors
     const auto same = [&](const Tensor& t) {
       return t.dtype() == x.param.dtype() && t.numel() == n && t.is_contiguous();
     };
+    const bool needs_grad = h.rule != backend::ElementwiseRule::schedule_free_lerp;
     TR_CHECK((x.param.dtype() == DType::f32 || x.param.dtype() == DType::f64) && x.param.is_contiguous() &&
-                 same(x.grad) && same(x.state1) && (!x.state2.defined() || same(x.state2)),
+                 (needs_grad ? same(x.grad) : !x.grad.defined() || same(x.grad)) && same(x.state1) &&
+                 (!x.state2.defined() || same(x.state2)) &&
+                 (h.rule != backend::ElementwiseRule::schedule_free_adam || x.state2.defined()),
              "elementwise_step: {} needs a contiguous f32/f64 gradient and state of its dtype and size",
              x.param.describe());
     if (x.param.dtype() == DType::f32)

@@ -426,15 +426,17 @@ class CudaBackend final : public backend::Backend {
         return t.dtype() == x.param.dtype() && t.numel() == n && t.is_contiguous() &&
                t.device() == x.param.device();
       };
+      const bool needs_grad = h.rule != backend::ElementwiseRule::schedule_free_lerp;
       TR_CHECK(
           (x.param.dtype() == DType::f32 || x.param.dtype() == DType::f64) && x.param.is_contiguous() &&
-              x.param.device().is_cuda() && same(x.grad) && same(x.state1) &&
-              (!x.state2.defined() || same(x.state2)),
+              x.param.device().is_cuda() && (needs_grad ? same(x.grad) : !x.grad.defined() || same(x.grad)) &&
+              same(x.state1) && (!x.state2.defined() || same(x.state2)) &&
+              (h.rule != backend::ElementwiseRule::schedule_free_adam || x.state2.defined()),
           "elementwise_step: {} needs a contiguous f32/f64 gradient and state of its dtype and size on its "
           "GPU",
           x.param.describe());
       cuda::elementwise_step(stream(), x.param.dtype(), h, x.weight_decay, x.param.data_ptr(),
-                             x.grad.data_ptr(), x.state1.data_ptr(),
+                             x.grad.defined() ? x.grad.data_ptr() : x.param.data_ptr(), x.state1.data_ptr(),
                              x.state2.defined() ? x.state2.data_ptr() : nullptr, n);
     }
   }

@@ -75,6 +75,18 @@ void launch_elementwise(Stream stream, const backend::ElementwiseHyper& h, doubl
     case ElementwiseRule::rmsprop_bnb:
       elementwise_kernel<ElementwiseRule::rmsprop_bnb, T><<<blocks, 256, 0, stream>>>(p, g, s1, s2, n, c);
       break;
+    case ElementwiseRule::schedule_free_adam:
+      elementwise_kernel<ElementwiseRule::schedule_free_adam, T>
+          <<<blocks, 256, 0, stream>>>(p, g, s1, s2, n, c);
+      break;
+    case ElementwiseRule::schedule_free_sgd:
+      elementwise_kernel<ElementwiseRule::schedule_free_sgd, T>
+          <<<blocks, 256, 0, stream>>>(p, g, s1, s2, n, c);
+      break;
+    case ElementwiseRule::schedule_free_lerp:
+      elementwise_kernel<ElementwiseRule::schedule_free_lerp, T>
+          <<<blocks, 256, 0, stream>>>(p, g, s1, s2, n, c);
+      break;
   }
 }
 
