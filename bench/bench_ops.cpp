@@ -165,11 +165,14 @@ int main(int argc, char** argv) {
     // bytes are what each step reads and writes (param, grad, states; codes as one byte, absmax ignored).
     const int64_t n = 16 * 1024 * 1024;
     const Tensor w0 = ops::randn({n}, gen), g = ops::affine(ops::randn({n}, gen), 0.01, 0.0);
-    for (const auto& [name, bytes] : std::vector<std::pair<const char*, double>>{{"adamw_8bit", 16.0},
-                                                                                 {"lion_32bit", 20.0},
-                                                                                 {"lion_8bit", 14.0},
-                                                                                 {"ademamix", 36.0},
-                                                                                 {"ademamix_8bit", 18.0}}) {
+    for (const auto& [name, bytes] :
+         std::vector<std::pair<const char*, double>>{{"adamw_8bit", 16.0},
+                                                     {"lion_32bit", 20.0},
+                                                     {"lion_8bit", 14.0},
+                                                     {"ademamix", 36.0},
+                                                     {"ademamix_8bit", 18.0},
+                                                     {"schedule_free_adamw", 28.0},
+                                                     {"schedule_free_sgd", 20.0}}) {
       Tensor w = ops::clone(w0);
       const nn::ParamList params{{"h.0.mlp.c_fc.weight", &w}};
       auto opt = optim::make_optimizer(name, params, {});

@@ -103,6 +103,12 @@ INSTANTIATE_TEST_SUITE_P(
                                      a.optim_args = "min_8bit_size=256";
                                      a.bf16 = true;
                                    }},
+                      // schedulefree's z and exp_avg_sq from the first step (the switch allocates none)
+                      EstimateCase{"gpt2_schedule_free_adamw_bf16", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.optim = "schedule_free_adamw";
+                                     a.bf16 = true;
+                                   }},
                       EstimateCase{"gpt2_rmsprop_momentum", false,
                                    [](train::TrainingArguments& a) {
                                      a.optim = "rmsprop";

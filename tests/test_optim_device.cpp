@@ -103,10 +103,16 @@ void five_steps_both(const char* name, const char* args, Model& cpu, Model& dev,
   o.args = optim::parse_optim_args(args);
   auto a = optim::make_optimizer(name, cpu.list, o), b = optim::make_optimizer(name, dev.list, o);
   for (int step = 0; step < 5; ++step) {
+    a->set_train_mode(true, {});  // schedule-free: y for the steps, x after step 3 and at the end
+    b->set_train_mode(true, {});
     cpu.set_grads(step, Device::cpu());
     dev.set_grads(step, gpu);
     a->step();
     b->step();
+    if (step == 2 || step == 4) {
+      a->set_train_mode(false, {});
+      b->set_train_mode(false, {});
+    }
   }
 }
 
@@ -148,7 +154,10 @@ TEST(OptimDevice, ElementwiseKernelsMatchTheCpuBitForBit) {
            {"rmsprop_bnb_8bit", "min_8bit_size=64"},
            {"paged_adamw_32bit", ""},
            {"ademamix", "t_alpha=3,t_beta3=4"},
-           {"ademamix_8bit", "min_8bit_size=64,t_alpha=3,t_beta3=4"}}) {
+           {"ademamix_8bit", "min_8bit_size=64,t_alpha=3,t_beta3=4"},
+           {"schedule_free_adamw", ""},
+           {"schedule_free_radam", ""},
+           {"schedule_free_sgd", "r=1"}}) {
     Model cpu(Device::cpu()), dev(gpu);
     five_steps_both(name, args, cpu, dev, gpu);
     for (size_t i = 0; i < cpu.tensors.size(); ++i)

@@ -297,7 +297,8 @@ TEST(OptimEmulated, SgdGivesTheCpuBits) {
     }
 }
 
-// Adagrad, RMSprop (with and without its momentum buffer), bitsandbytes' Lion and RMSprop: the kernel's bits.
+// Adagrad, RMSprop (with and without its momentum buffer), bitsandbytes' Lion and RMSprop, schedulefree's
+// steps and switch: the kernel's bits.
 template <backend::ElementwiseRule R, typename T>
 void check_elementwise(const BE::ElementwiseHyper& h, bool second, DType dt, Generator& gen) {
   const int64_t n = 1000;
@@ -337,6 +338,24 @@ TEST(OptimEmulated, ElementwiseOptimizersGiveTheCpuBits) {
   check_elementwise<ElementwiseRule::lion, float>(h, false, DType::f32, gen);
   h.rule = ElementwiseRule::rmsprop_bnb, h.beta1 = 0.99;
   check_elementwise<ElementwiseRule::rmsprop_bnb, float>(h, false, DType::f32, gen);
+  // schedulefree: AdamW (normalized, and RAdam's silent steps), SGD, and the train/eval switch (a weight
+  // below and one above 0.5: torch's two lerp forms)
+  h.beta2 = 0.999, h.bias_correction2 = 0.003, h.ckp1 = 0.25, h.y_lr = -0.0375, h.lr = 0.05;
+  for (const bool normalize : {true, false}) {
+    h.rule = ElementwiseRule::schedule_free_adam, h.normalize = normalize;
+    SCOPED_TRACE(fmt::format("schedule_free_adam normalize {}", normalize));
+    check_elementwise<ElementwiseRule::schedule_free_adam, float>(h, true, DType::f32, gen);
+    check_elementwise<ElementwiseRule::schedule_free_adam, double>(h, true, DType::f64, gen);
+  }
+  h.rule = ElementwiseRule::schedule_free_sgd;
+  check_elementwise<ElementwiseRule::schedule_free_sgd, float>(h, false, DType::f32, gen);
+  check_elementwise<ElementwiseRule::schedule_free_sgd, double>(h, false, DType::f64, gen);
+  h.rule = ElementwiseRule::schedule_free_lerp;
+  for (const double w : {1 - 1 / 0.9, 0.1, 0.75}) {
+    h.ckp1 = w;
+    check_elementwise<ElementwiseRule::schedule_free_lerp, float>(h, false, DType::f32, gen);
+    check_elementwise<ElementwiseRule::schedule_free_lerp, double>(h, false, DType::f64, gen);
+  }
 }
 
 // bitsandbytes' one-state 8-bit kernel (Lion, RMSprop): a partial last block, three steps, with decay.

@@ -109,14 +109,16 @@ const std::vector<ArgSpec>& argument_specs() {
        "adamw_torch, adamw_torch_fused, adamw_apex_fused, adafactor, adamw_bnb_8bit (= adamw_8bit, "
        "paged_adamw_8bit), paged_adamw_32bit, sgd, adagrad, rmsprop, rmsprop_bnb (= rmsprop_bnb_32bit), "
        "rmsprop_bnb_8bit, lion_32bit (= paged_lion_32bit), lion_8bit (= paged_lion_8bit), ademamix (= "
-       "paged_ademamix_32bit), ademamix_8bit (= paged_ademamix_8bit); paged: the state stays resident",
+       "paged_ademamix_32bit), ademamix_8bit (= paged_ademamix_8bit), schedule_free_adamw, "
+       "schedule_free_radam, schedule_free_sgd; paged: the state stays resident",
        "training"},
       {"optim_args", &A::optim_args,
        "extra optimizer arguments, e.g. \"momentum=0.9,nesterov=true\": sgd momentum, dampening, nesterov; "
        "adafactor beta1, clip_threshold, decay_rate, eps1, eps2, scale_parameter, relative_step, "
        "warmup_init; "
        "adagrad lr_decay, initial_accumulator_value, eps; rmsprop alpha, eps, momentum; rmsprop_bnb* alpha, "
-       "eps; ademamix* beta1, beta2, beta3, alpha, eps, t_alpha, t_beta3; the 8-bit ones min_8bit_size",
+       "eps; ademamix* beta1, beta2, beta3, alpha, eps, t_alpha, t_beta3; schedule_free_* weight_lr_power, r "
+       "(schedule_free_sgd also momentum); the 8-bit ones min_8bit_size",
        "training"},
       {"seed", &A::seed, "seed of initialization, shuffling and dropout", "training"},
       {"data_seed", &A::data_seed, "seed of the data order alone (-1: --seed)", "training"},
