@@ -145,6 +145,8 @@ template <typename T>
 struct ElementwiseScalars {
   T wd = 0, neg_lr = 0, lr = 0, b1 = 0, one_b1 = 0, b2 = 0, one_b2 = 0, eps = 0, momentum = 0, decay = 1;
   T bc2 = 1, ckp1 = 0, y_lr = 0;
+  T decay_on = 0, normalize_on = 1;  // schedule-free's switches as numbers: a bool member read in a loop
+                                     // has no vector type (GCC then leaves the loop scalar)
   bool decays = false, normalize = true;
   ElementwiseScalars() = default;
   ElementwiseScalars(const ElementwiseHyper& h, double weight_decay) : decays(weight_decay > 0) {
@@ -160,6 +162,8 @@ struct ElementwiseScalars {
       ckp1 = static_cast<T>(h.ckp1);
       y_lr = static_cast<T>(h.y_lr);
       normalize = h.normalize;
+      decay_on = decays ? T(1) : T(0);
+      normalize_on = normalize ? T(1) : T(0);
     } else if (h.rule ==
                ElementwiseRule::adagrad) {  // clr = lr / (1 + (step - 1) * lr_decay), in Python's double
       neg_lr = static_cast<T>(-(h.lr / (1.0 + static_cast<double>(h.step - 1) * h.lr_decay)));
@@ -187,11 +191,12 @@ TR_HD T sign_of(T x) {
 
 // torch.lerp(start, end, w) with a scalar weight, as ATen computes it (the vectorized CPU kernel and the
 // contracted scalar one): from the nearer end, one fused multiply-add.
+// Both forms computed and one selected (a branch here, uniform as it is, keeps the CPU loops scalar).
 template <typename T>
 TR_HD T lerp_toward(T start, T end, T w) {
   const T diff = end - start;
-  return (w < T(0.5) && w > T(-0.5)) ? fused_multiply_add(w, diff, start)
-                                     : fused_multiply_add(w - T(1), diff, end);
+  const T from_start = fused_multiply_add(w, diff, start), from_end = fused_multiply_add(w - T(1), diff, end);
+  return (w < T(0.5)) & (w > T(-0.5)) ? from_start : from_end;
 }
 
 // One element's update under rule R; s2: rmsprop's momentum buffer (null: none), schedule_free_adam's
@@ -199,15 +204,17 @@ TR_HD T lerp_toward(T start, T end, T w) {
 template <ElementwiseRule R, typename T>
 TR_HD void elementwise_update(T& p, T g, T& s1, T* s2, const ElementwiseScalars<T>& c) {
   if constexpr (R == ElementwiseRule::schedule_free_adam || R == ElementwiseRule::schedule_free_sgd) {
-    T d = g;
+    T d = g;  // (selects, not branches: the CPU loops vectorize)
     if constexpr (R == ElementwiseRule::schedule_free_adam) {
       *s2 = fused_multiply_add(c.one_b2 * g, g, *s2 * c.b2);  // exp_avg_sq.mul_(b2).addcmul_(g, g, 1-b2)
-      if (c.normalize) d = g / (square_root(*s2 / c.bc2) + c.eps);  // grad.div_(sqrt(v / bc2) + eps)
+      const T normalized = g / (square_root(*s2 / c.bc2) + c.eps);  // grad.div_(sqrt(v / bc2) + eps)
+      d = c.normalize_on != T(0) ? normalized : g;
     }
-    if (c.decays) d = fused_multiply_add(p, c.wd, d);  // grad.add_(y, alpha=decay): decay at y
-    p = lerp_toward(p, s1, c.ckp1);                    // y.lerp_(z, ckp1)
-    p = fused_multiply_add(d, c.y_lr, p);              // y.add_(grad, alpha=lr * (beta1 * (1 - ckp1) - 1))
-    s1 = fused_multiply_add(d, c.neg_lr, s1);          // z.sub_(grad, alpha=lr)
+    const T decayed = fused_multiply_add(p, c.wd, d);  // grad.add_(y, alpha=decay): decay at y
+    d = c.decay_on != T(0) ? decayed : d;
+    p = lerp_toward(p, s1, c.ckp1);            // y.lerp_(z, ckp1)
+    p = fused_multiply_add(d, c.y_lr, p);      // y.add_(grad, alpha=lr * (beta1 * (1 - ckp1) - 1))
+    s1 = fused_multiply_add(d, c.neg_lr, s1);  // z.sub_(grad, alpha=lr)
   } else if constexpr (R == ElementwiseRule::schedule_free_lerp) {
     p = lerp_toward(p, s1, c.ckp1);  // eval: p.lerp_(z, 1 - 1/beta1); train: p.lerp_(z, 1 - beta1)
   } else if constexpr (R == ElementwiseRule::adagrad) {
