@@ -30,7 +30,9 @@ const std::vector<Case> kCases = {{"adamw_torch", {}},
                                   {"adagrad", {}},
                                   {"rmsprop", {{"momentum", "0.9"}}},
                                   {"lion_32bit", {}},
-                                  {"ademamix_8bit", {{"min_8bit_size", "64"}}}};
+                                  {"ademamix_8bit", {{"min_8bit_size", "64"}}},
+                                  {"schedule_free_adamw", {}},
+                                  {"schedule_free_sgd", {}}};
 
 }  // namespace
 
@@ -57,6 +59,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } catch (const Error&) {
       continue;
     }
+    opt->set_train_mode(true, {});  // a schedule-free state saved in eval mode moves back to y first
     autograd::set_grad(w, fuzz::ramp({8, 16}, 0.5f));
     autograd::set_grad(b, fuzz::ramp({16}, 0.5f));
     opt->step();

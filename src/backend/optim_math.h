@@ -196,7 +196,7 @@ template <typename T>
 TR_HD T lerp_toward(T start, T end, T w) {
   const T diff = end - start;
   const T from_start = fused_multiply_add(w, diff, start), from_end = fused_multiply_add(w - T(1), diff, end);
-  return (w < T(0.5)) & (w > T(-0.5)) ? from_start : from_end;
+  return ((w < T(0.5)) & (w > T(-0.5))) ? from_start : from_end;
 }
 
 // One element's update under rule R; s2: rmsprop's momentum buffer (null: none), schedule_free_adam's

@@ -351,6 +351,14 @@ void Run::announce() const {
       static_cast<long long>(a_.block_size), world.c_str());
   if (group_ && !group_->rendezvous().empty())
     std::fprintf(stderr, "train: %s\n", group_->rendezvous().c_str());
+  // HF leaves the scheduler in place and its docs recommend constant; say what the run gets.
+  if (a_.optim.rfind("schedule_free_", 0) == 0 && lr_->kind() != LrScheduleKind::constant)
+    std::fprintf(stderr,
+                 "train: note: %s averages its iterates instead of following a schedule, yet "
+                 "--lr_scheduler_type %s still scales its rate each step (as HF's Trainer does); "
+                 "schedulefree recommends constant%s\n",
+                 a_.optim.c_str(), a_.lr_scheduler_type.c_str(),
+                 a_.optim == "schedule_free_radam" ? "" : " (its own warm-up is --warmup_steps)");
 }
 
 }  // namespace tr::train::detail
