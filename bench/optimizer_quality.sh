@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Where the optimizers end, not how fast they step: the guide table's model (GPT-2 n_embd 256, 4 layers, no
+# dropout, block 128, batch 8) trained for STEPS steps with each optimizer setting below, warm-up 30, weight
+# decay 0.1, evaluated every STEPS/3 steps; prints eval_loss, train_loss and tokens/s per row.
+# Usage: bench/optimizer_quality.sh TRAINER GPT2_TOKENIZER CORPUS [STEPS=300] [WORKDIR=/tmp/trainer-optim-quality]
+set -euo pipefail
+trainer=$1 tok=$2 corpus=$3 steps=${4:-300} work=${5:-/tmp/trainer-optim-quality}
+rm -rf "$work" && mkdir -p "$work"
+echo '{"model_type": "gpt2", "vocab_size": 50257, "n_embd": 256, "n_layer": 4, "n_head": 4, "n_positions": 256, "embd_pdrop": 0, "resid_pdrop": 0, "attn_pdrop": 0}' \
+  >"$work/config.json"
+run() {
+  local name=$1
+  shift
+  "$trainer" train --use_cpu --overwrite_output_dir --config_name "$work/config.json" --tokenizer_name "$tok" \
+    --train_file "$corpus" --block_size 128 --per_device_train_batch_size 8 --max_steps "$steps" \
+    --warmup_steps 30 --weight_decay 0.1 --do_eval --eval_strategy steps --eval_steps $((steps / 3)) \
+    --save_strategy no --seed 42 --report_to none --disable_tqdm true --output_dir "$work/$name" "$@" \
+    >"$work/$name.log" 2>&1
+  python3 - "$work/$name/all_results.json" "$name" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(f"| {sys.argv[2]} | {d['eval_loss']:.4f} | {d['train_loss']:.4f} | {d['train_tokens_per_second']:.0f} |")
+PY
+}
+echo "| row | eval_loss | train_loss | tokens/s |"
+echo "|---|---|---|---|"
+run adamw_cosine_1e-3 --optim adamw_torch --learning_rate 1e-3 --lr_scheduler_type cosine
+run schedule_free_adamw_1e-3 --optim schedule_free_adamw --learning_rate 1e-3 --lr_scheduler_type constant
+run schedule_free_adamw_3e-3 --optim schedule_free_adamw --learning_rate 3e-3 --lr_scheduler_type constant
+run schedule_free_sgd_1 --optim schedule_free_sgd --learning_rate 1.0 --lr_scheduler_type constant
