@@ -9,6 +9,7 @@
 #  4. SIGTERM to the launcher: every rank stops at the same step, one checkpoint, exit 0, and it resumes;
 #  5. a rank killed with SIGKILL: the launcher exits 1 naming it within seconds, no process left behind;
 #     with --max_restarts, two nodes' groups restart together and resume bit-exactly from a checkpoint;
+#  schedule_free_adamw at world sizes 1 and 2, resumed at 2 bit-exactly;
 #  6. bad input: a missing rank 0, disagreeing world sizes, --fsdp offload alone, launch flags, an incompatible
 #     resume.
 # Usage: ddp_runs.sh TRAINER TOKENIZER_DIR TEXT WORK_DIR
@@ -47,6 +48,14 @@ compare bf16_w1 bf16_w2 1e-3 1 loss,eval_loss
 python3 -c "import json,sys; r=json.load(open('gpt2_w3/train_results.json')); sys.exit(r['world_size']!=3)" ||
   fail "train_results.json lacks world_size 3"
 [[ -s gpt2_w3/model.safetensors && -s gpt2_w3/checkpoint-8/optimizer.safetensors && ! -e gpt2_w3/checkpoint-8/optimizer.rank-0.safetensors ]] || fail "rank 0's files"
+
+# schedulefree's AdamW: every rank switches between y (steps) and x (the split evaluation, the saves) alike;
+# a world-size-2 checkpoint (x, eval mode) continues bit-exactly.
+one sf_w1 6 --config_name gpt2.json --optim schedule_free_adamw
+many sf_w2 2 3 --config_name gpt2.json --optim schedule_free_adamw
+compare sf_w1 sf_w2 1e-5
+many sf_resume_w2 2 3 --config_name gpt2.json --optim schedule_free_adamw --resume_from_checkpoint sf_w2/checkpoint-4
+compare sf_w2 sf_resume_w2 0 5
 
 # --total_batch_size counts every rank's sequences: 12 = 3 per rank x 2 ranks x 2 accumulation steps.
 next_port
@@ -199,6 +208,11 @@ rc=0; "$trainer" launch --nproc_per_node 2 --master_port "$port" train "${common
   --per_device_train_batch_size 3 --output_dir fsdp --fsdp "offload auto_wrap" >fsdp.log 2>&1 || rc=$?
 [[ $rc == 1 ]] && grep -q "error: --fsdp offload auto_wrap: offload moves a sharded optimizer's shard to host memory, so it needs a sharding strategy" fsdp.log ||
   { cat fsdp.log; fail "--fsdp under a launch"; }
+next_port
+rc=0; "$trainer" launch --nproc_per_node 2 --master_port "$port" train "${common[@]}" --config_name gpt2.json \
+  --per_device_train_batch_size 3 --output_dir fsdp_sf --fsdp shard_grad_op --optim schedule_free_sgd >fsdp_sf.log 2>&1 || rc=$?
+[[ $rc == 1 ]] && grep -q "error: --fsdp shard_grad_op with --optim schedule_free_sgd: the schedule-free optimizers move whole parameters" fsdp_sf.log ||
+  { cat fsdp_sf.log; fail "--fsdp with a schedule-free optimizer"; }
 rc=0; "$trainer" train "${common[@]}" --config_name gpt2.json --output_dir fsdp1 --fsdp full_shrad >fsdp1.log 2>&1 || rc=$?
 [[ $rc == 1 ]] && grep -q "fsdp 'full_shrad' is not one of .*did you mean 'full_shard'" fsdp1.log || { cat fsdp1.log; fail "--fsdp typo"; }
 rc=0; "$trainer" launch --nprocs 2 train >launch_bad.log 2>&1 || rc=$?
