@@ -50,6 +50,7 @@ ROWS = [
      "two f32 states, as AdamW; no schedule"),
     ("schedule_free_sgd", ["--optim", "schedule_free_sgd", "--lr_scheduler_type", "constant",
                            "--learning_rate", "1.0"], ("yes", "yes"), "one f32 state"),
+    ("stable_adamw", ["--optim", "stable_adamw"], ("no", "no"), "two f32 states and a per-tensor RMS pass"),
     ("workers 2 + pin_memory", ["--dataloader_num_workers", "2", "--dataloader_pin_memory", "true"],
      ("yes", "no"), ""),
     ("torch_empty_cache_steps 1", ["--torch_empty_cache_steps", "1"], ("no (~10% slower)", "yes"), ""),

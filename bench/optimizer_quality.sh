@@ -25,6 +25,7 @@ PY
 echo "| row | eval_loss | train_loss | tokens/s |"
 echo "|---|---|---|---|"
 run adamw_cosine_1e-3 --optim adamw_torch --learning_rate 1e-3 --lr_scheduler_type cosine
+run stable_adamw_cosine_1e-3 --optim stable_adamw --learning_rate 1e-3 --lr_scheduler_type cosine
 run schedule_free_adamw_1e-3 --optim schedule_free_adamw --learning_rate 1e-3 --lr_scheduler_type constant
 run schedule_free_adamw_3e-3 --optim schedule_free_adamw --learning_rate 3e-3 --lr_scheduler_type constant
 run schedule_free_sgd_1 --optim schedule_free_sgd --learning_rate 1.0 --lr_scheduler_type constant

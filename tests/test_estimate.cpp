@@ -109,6 +109,9 @@ INSTANTIATE_TEST_SUITE_P(
                                      a.optim = "schedule_free_adamw";
                                      a.bf16 = true;
                                    }},
+                      // StableAdamW's two moments, and its RMS term's slices during the step
+                      EstimateCase{"gpt2_stable_adamw", false,
+                                   [](train::TrainingArguments& a) { a.optim = "stable_adamw"; }},
                       EstimateCase{"gpt2_rmsprop_momentum", false,
                                    [](train::TrainingArguments& a) {
                                      a.optim = "rmsprop";

@@ -60,7 +60,11 @@ TEST_P(OptimGolden, FiveStepsMatchTheReference) {
     // element-wise optimizers give torch's (and the transcribed bitsandbytes kernels') bits.
     EXPECT_TRUE(test::all_close(*ps.list[i].second, f.load(c.golden + "." + names[i]), 1e-6, 1e-7))
         << c.optim << " " << c.args << ": " << names[i];
-    if (c.optim != "adafactor") {
+    // StableAdamW's conv.weight: its RMS term at step 2 (1.08) divides the rate, and torch sums that mean
+    // in f32 in its own order where ours sums in f64 (1 ulp apart: 1.0838969 vs 1.0838970); every element
+    // update is torch's.
+    const bool rms_clipped = c.golden == "stable_adamw" && names[i] == "conv.weight";
+    if (c.optim != "adafactor" && !rms_clipped) {
       EXPECT_EQ(floats(*ps.list[i].second), floats(f.load(c.golden + "." + names[i])))
           << c.optim << " " << c.args << ": " << names[i] << " bit for bit";
     }
@@ -91,6 +95,9 @@ INSTANTIATE_TEST_SUITE_P(
                       GoldenCase{"rmsprop_bnb", "rmsprop_bnb_32bit", 1e-2, 0.01, ""},
                       GoldenCase{"adam_bnb32", "paged_adamw_32bit", 1e-2, 0.1, ""},
                       GoldenCase{"ademamix", "ademamix", 1e-2, 0.1, ""},
+                      GoldenCase{"stable_adamw", "stable_adamw", 1e-2, 0.1, "", 0.99},
+                      GoldenCase{"stable_adamw_decoupled", "stable_adamw", 1e-2, 1e-3,
+                                 "decouple_lr=true,max_lr=0.02,kahan_sum=true"},
                       GoldenCase{"ademamix_sched", "paged_ademamix_32bit", 1e-2, 0.01,
                                  "beta1=0.8,beta2=0.99,beta3=0.999,eps=1e-6,alpha=8,t_alpha=3,t_beta3=4"}),
     [](const auto& info) { return info.param.golden + "_" + info.param.optim; });
@@ -228,7 +235,8 @@ const std::vector<ResumeCase> kResumeCases{{"adamw_torch", ""},
                                            {"paged_ademamix_8bit", ""},
                                            {"schedule_free_adamw", ""},
                                            {"schedule_free_radam", ""},
-                                           {"schedule_free_sgd", "r=1"}};
+                                           {"schedule_free_sgd", "r=1"},
+                                           {"stable_adamw", ""}};
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, OptimResume, ::testing::ValuesIn(kResumeCases), [](const auto& info) {
   return info.param.optim + (info.param.args.empty() ? "" : "_" + std::to_string(info.index));
@@ -262,7 +270,7 @@ TEST(OptimErrors, UnknownNameSuggestsTheNearest) {
 TEST(OptimErrors, HfNamesNotImplementedSaySo) {
   Params ps;
   ps.add("w", test::randn({3}, 1));
-  for (const char* name : {"grokadamw", "galore_adamw_8bit", "adamw_torch_4bit", "lomo", "stable_adamw",
+  for (const char* name : {"grokadamw", "galore_adamw_8bit", "adamw_torch_4bit", "lomo", "apollo_adamw",
                            "adamw_torch_npu_fused"}) {
     const std::string e = expect_error([&] { optim::make_optimizer(name, ps.list, {}); });
     EXPECT_NE(e.find(fmt::format("--optim '{}' is HF's name for ", name)), std::string::npos) << e;

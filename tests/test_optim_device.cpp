@@ -157,7 +157,8 @@ TEST(OptimDevice, ElementwiseKernelsMatchTheCpuBitForBit) {
            {"ademamix_8bit", "min_8bit_size=64,t_alpha=3,t_beta3=4"},
            {"schedule_free_adamw", ""},
            {"schedule_free_radam", ""},
-           {"schedule_free_sgd", "r=1"}}) {
+           {"schedule_free_sgd", "r=1"},
+           {"stable_adamw", "decouple_lr=true"}}) {
     Model cpu(Device::cpu()), dev(gpu);
     five_steps_both(name, args, cpu, dev, gpu);
     for (size_t i = 0; i < cpu.tensors.size(); ++i)

@@ -350,6 +350,16 @@ TEST(OptimEmulated, ElementwiseOptimizersGiveTheCpuBits) {
   h.rule = ElementwiseRule::schedule_free_sgd;
   check_elementwise<ElementwiseRule::schedule_free_sgd, float>(h, false, DType::f32, gen);
   check_elementwise<ElementwiseRule::schedule_free_sgd, double>(h, false, DType::f64, gen);
+  // optimi's StableAdamW: the moments (lerp weights on both sides of 0.5) and the parameter pass
+  h.rule = ElementwiseRule::stable_adamw_moments, h.beta2 = 0.5;
+  for (const double w : {1.0, 0.1}) {
+    h.ckp1 = w;
+    check_elementwise<ElementwiseRule::stable_adamw_moments, float>(h, true, DType::f32, gen);
+    check_elementwise<ElementwiseRule::stable_adamw_moments, double>(h, true, DType::f64, gen);
+  }
+  h.rule = ElementwiseRule::stable_adamw_param, h.lr = 0.01, h.decay_factor = 0.999;
+  check_elementwise<ElementwiseRule::stable_adamw_param, float>(h, true, DType::f32, gen);
+  check_elementwise<ElementwiseRule::stable_adamw_param, double>(h, true, DType::f64, gen);
   h.rule = ElementwiseRule::schedule_free_lerp;
   for (const double w : {1 - 1 / 0.9, 0.1, 0.75}) {
     h.ckp1 = w;

@@ -3,7 +3,7 @@
 # 5 steps, and the parameters after the 5 steps under torch.optim's AdamW, SGD, Adagrad and RMSprop, a
 # line-by-line transcription of transformers' Adafactor (transformers is not needed) and of bitsandbytes'
 # 32-bit Lion, RMSprop, Adam and AdEMAMix kernels, schedulefree's AdamW, RAdam and SGD (their foreach steps),
-# plus bitsandbytes' dynamic 8-bit maps.
+# optimi's StableAdamW (its for-loop step), plus bitsandbytes' dynamic 8-bit maps.
 # Needs only Debian's python3-torch (the safetensors writer is make_golden.py's).
 #
 #   /usr/bin/python3 tools/make_optim_golden.py tests/golden/optim
@@ -235,6 +235,40 @@ class ScheduleFree(torch.optim.Optimizer):
             group["k"] = k + 1
 
 
+class StableAdamW(torch.optim.Optimizer):
+    """optimi 0.3's StableAdamW, its for-loop step (_single_param_stableadamw, what it runs on the CPU) with the
+    same tensor operations in the same order; f32/f64 parameters (no Kahan summation)."""
+
+    def __init__(self, params, lr, betas=(0.9, 0.99), eps=1e-6, decouple_lr=False, max_lr=None):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, decouple_lr=decouple_lr,
+                                      max_lr=lr if decouple_lr and max_lr is None else max_lr))
+        self.step_count = 0
+
+    @torch.no_grad()
+    def step(self):
+        self.step_count += 1
+        t = self.step_count
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            b1_hat = (b1 ** t - b1) / (b1 ** t - 1)  # optimi's debias_beta
+            b2_hat = (b2 ** t - b2) / (b2 ** t - 1)
+            for p in group["params"]:
+                state = self.state[p]
+                if not state:
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                    state["eps_sq"] = torch.tensor(group["eps"] ** 2, dtype=p.dtype)
+                grad, m, v = p.grad, state["exp_avg"], state["exp_avg_sq"]
+                m.lerp_(grad, weight=1 - b1_hat)
+                v.mul_(b2_hat).addcmul_(grad, grad, value=1 - b2_hat)
+                rms = grad.pow(2).div_(v.maximum(state["eps_sq"])).mean().sqrt()
+                lr = group["lr"] / max(1, rms.item())
+                wd = group["weight_decay"]
+                if wd != 0:
+                    p.mul_(1 - (lr / group["max_lr"]) * wd if group["decouple_lr"] else 1 - lr * wd)
+                p.addcdiv_(m, v.sqrt().add_(group["eps"]), value=-lr)
+
+
 # Schedule-free configs run SF_STEPS steps on the gradients in turn, the scheduler's rate lr * SF_LR(k), an
 # evaluation (eval then train) after step SF_EVAL, and end in eval mode: "<cfg>.<name>" holds x, "<cfg>.y.<name>"
 # the last step's y.
@@ -276,6 +310,12 @@ CONFIGS = {
                                       alpha=8.0, t_alpha=3, t_beta3=4),
 }
 
+STABLE_CONFIGS = {
+    "stable_adamw": lambda g: StableAdamW(groups(g, 0.1), lr=1e-2, betas=(0.9, 0.99), eps=1e-8),
+    "stable_adamw_decoupled": lambda g: StableAdamW(groups(g, 1e-3), lr=1e-2, betas=(0.9, 0.999), eps=1e-8,
+                                                    decouple_lr=True, max_lr=2e-2),
+}
+
 SF_CONFIGS = {
     "sf_adamw": lambda g: ScheduleFree(groups(g, 0.1), "adamw", lr=1e-2, betas=(0.9, 0.999), eps=1e-8,
                                        warmup_steps=3),
@@ -311,7 +351,7 @@ def main(out_dir):
     out = {f"init.{n}": t for n, t in init.items()}
     for k, g in enumerate(grads):
         out.update({f"grad{k + 1}.{n}": t for n, t in g.items()})
-    for cfg, make in CONFIGS.items():
+    for cfg, make in list(CONFIGS.items()) + list(STABLE_CONFIGS.items()):
         params = {n: t.clone().requires_grad_(True) for n, t in init.items()}
         opt = make(params)
         for k in range(STEPS):

@@ -125,7 +125,9 @@ enum class ElementwiseRule : uint8_t {
   rmsprop_bnb,
   schedule_free_adam,
   schedule_free_sgd,
-  schedule_free_lerp
+  schedule_free_lerp,
+  stable_adamw_moments,
+  stable_adamw_param
 };
 
 // The step's hyper-parameters. adagrad: lr_decay, eps, step; rmsprop: alpha (beta1), eps, momentum; lion:
@@ -139,6 +141,12 @@ struct ElementwiseHyper {
   int64_t step = 1;
   double bias_correction2 = 1.0, ckp1 = 0.0, y_lr = 0.0;
   bool normalize = true;
+  // optimi's StableAdamW, two passes around the per-tensor RMS: stable_adamw_moments (exp_avg lerped toward
+  // the gradient by ckp1 = 1 - beta1_hat, exp_avg_sq by beta2 = beta2_hat; the "parameter" it writes is the
+  // RMS term grad^2 / max(exp_avg_sq, eps), eps here being optimi's eps^2 - the gradient's own buffer, so no
+  // temporary), then stable_adamw_param at the tensor's stabilized rate lr, its decay the factor
+  // decay_factor (no gradient read).
+  double decay_factor = 1.0;
 };
 
 template <typename T>
@@ -152,9 +160,13 @@ struct ElementwiseScalars {
   ElementwiseScalars(const ElementwiseHyper& h, double weight_decay) : decays(weight_decay > 0) {
     wd = static_cast<T>(weight_decay);
     eps = static_cast<T>(h.eps);
-    if (h.rule == ElementwiseRule::schedule_free_adam || h.rule == ElementwiseRule::schedule_free_sgd ||
-        h.rule == ElementwiseRule::schedule_free_lerp) {  // torch's Python scalars, each cast once
-      decays = weight_decay != 0;                         // schedulefree: `if decay != 0`
+    const bool python_scalars =  // schedulefree's and optimi's: torch's Python scalars, each cast once
+        h.rule == ElementwiseRule::schedule_free_adam || h.rule == ElementwiseRule::schedule_free_sgd ||
+        h.rule == ElementwiseRule::schedule_free_lerp || h.rule == ElementwiseRule::stable_adamw_moments ||
+        h.rule == ElementwiseRule::stable_adamw_param;
+    if (python_scalars) {
+      decays = weight_decay != 0;  // both: `if weight_decay != 0`
+      decay = static_cast<T>(h.decay_factor);
       neg_lr = static_cast<T>(-h.lr);
       b2 = static_cast<T>(h.beta2);
       one_b2 = static_cast<T>(1.0 - h.beta2);
@@ -164,8 +176,8 @@ struct ElementwiseScalars {
       normalize = h.normalize;
       decay_on = decays ? T(1) : T(0);
       normalize_on = normalize ? T(1) : T(0);
-    } else if (h.rule ==
-               ElementwiseRule::adagrad) {  // clr = lr / (1 + (step - 1) * lr_decay), in Python's double
+    } else if (h.rule == ElementwiseRule::adagrad) {
+      // clr = lr / (1 + (step - 1) * lr_decay), in Python's double
       neg_lr = static_cast<T>(-(h.lr / (1.0 + static_cast<double>(h.step - 1) * h.lr_decay)));
     } else if (h.rule == ElementwiseRule::rmsprop) {
       neg_lr = static_cast<T>(-h.lr);
@@ -215,6 +227,15 @@ TR_HD void elementwise_update(T& p, T g, T& s1, T* s2, const ElementwiseScalars<
     p = lerp_toward(p, s1, c.ckp1);            // y.lerp_(z, ckp1)
     p = fused_multiply_add(d, c.y_lr, p);      // y.add_(grad, alpha=lr * (beta1 * (1 - ckp1) - 1))
     s1 = fused_multiply_add(d, c.neg_lr, s1);  // z.sub_(grad, alpha=lr)
+  } else if constexpr (R == ElementwiseRule::stable_adamw_moments) {
+    s1 = lerp_toward(s1, g, c.ckp1);                        // exp_avg.lerp_(grad, weight=beta1_comp)
+    *s2 = fused_multiply_add(c.one_b2 * g, g, *s2 * c.b2);  // exp_avg_sq.mul_(b2_hat).addcmul_(g, g, b2_comp)
+    const T v = *s2;
+    p = g * g / (((v > c.eps) | (v != v)) ? v : c.eps);  // grad.pow(2).div_(exp_avg_sq.maximum(eps_sq))
+  } else if constexpr (R == ElementwiseRule::stable_adamw_param) {
+    const T decayed = p * c.decay;  // param.mul_(1 - lr * weight_decay)
+    p = c.decay_on != T(0) ? decayed : p;
+    p = p + c.neg_lr * s1 / (square_root(*s2) + c.eps);  // param.addcdiv_(exp_avg, sqrt(v) + eps, value=-lr)
   } else if constexpr (R == ElementwiseRule::schedule_free_lerp) {
     p = lerp_toward(p, s1, c.ckp1);  // eval: p.lerp_(z, 1 - 1/beta1); train: p.lerp_(z, 1 - beta1)
   } else if constexpr (R == ElementwiseRule::adagrad) {

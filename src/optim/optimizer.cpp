@@ -20,6 +20,7 @@
 #include "optim/elementwise.h"
 #include "optim/schedule_free.h"
 #include "optim/sgd.h"
+#include "optim/stable_adamw.h"
 
 namespace tr::optim {
 
@@ -118,7 +119,8 @@ const std::vector<std::string>& optimizer_names() {
                                               "paged_ademamix_8bit",
                                               "schedule_free_adamw",
                                               "schedule_free_radam",
-                                              "schedule_free_sgd"};
+                                              "schedule_free_sgd",
+                                              "stable_adamw"};
   return names;
 }
 
@@ -143,8 +145,8 @@ const std::map<std::string, std::string>& unimplemented_names() {
       {"apollo_adamw_layerwise", "APOLLO's layer-wise AdamW (updates inside the backward pass)"},
       {"lomo", "LOMO (the update fused into the backward pass, no optimizer state)"},
       {"adalomo", "AdaLomo (LOMO with an adaptive, factored second moment)"},
-      {"grokadamw", "grokadamw's GrokAdamW"},
-      {"stable_adamw", "optimi's StableAdamW"}};
+      {"grokadamw", "grokadamw's GrokAdamW"}};
+
   return names;
 }
 
@@ -184,6 +186,7 @@ std::unique_ptr<Optimizer> make_optimizer(const std::string& name, const nn::Par
     return std::make_unique<ElementwiseOptimizer>(name, params, opts);
   if (name == "sgd") return std::make_unique<SGD>(params, opts);
   if (ScheduleFree::implements(name)) return std::make_unique<ScheduleFree>(name, params, opts);
+  if (name == "stable_adamw") return std::make_unique<StableAdamW>(params, opts);
   fail("--optim '{}': no optimizer is built for this name", name);  // (a name listed above but not built)
 }
 

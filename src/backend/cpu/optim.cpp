@@ -186,7 +186,7 @@ template <backend::ElementwiseRule R, typename T>
 void elementwise_tensor(const backend::Backend::ElementwiseTensors& x, const backend::ElementwiseHyper& h) {
   const backend::ElementwiseScalars<T> c(h, x.weight_decay);
   T* p = x.param.data<T>();
-  const T* g = x.grad.defined() ? x.grad.data<T>() : p;  // schedule_free_lerp reads none
+  const T* g = x.grad.defined() ? x.grad.data<T>() : p;  // (the rules that read none)
   T* s1 = x.state1.data<T>();
   T* s2 = x.state2.defined() ? x.state2.data<T>() : nullptr;
   for_chunks(x.param.numel(), [&](int64_t begin, int64_t end) {
@@ -215,6 +215,10 @@ void elementwise_dispatch(const backend::Backend::ElementwiseTensors& x, const b
       return elementwise_tensor<ElementwiseRule::schedule_free_sgd, T>(x, h);
     case ElementwiseRule::schedule_free_lerp:
       return elementwise_tensor<ElementwiseRule::schedule_free_lerp, T>(x, h);
+    case ElementwiseRule::stable_adamw_moments:
+      return elementwise_tensor<ElementwiseRule::stable_adamw_moments, T>(x, h);
+    case ElementwiseRule::stable_adamw_param:
+      return elementwise_tensor<ElementwiseRule::stable_adamw_param, T>(x, h);
   }
 }
 
@@ -226,11 +230,14 @@ void CpuBackend::elementwise_step(const std::vector<ElementwiseTensors>& tensors
     const auto same = [&](const Tensor& t) {
       return t.dtype() == x.param.dtype() && t.numel() == n && t.is_contiguous();
     };
-    const bool needs_grad = h.rule != backend::ElementwiseRule::schedule_free_lerp;
+    const bool needs_grad = h.rule != backend::ElementwiseRule::schedule_free_lerp &&
+                            h.rule != backend::ElementwiseRule::stable_adamw_param;
+    const bool needs_state2 = h.rule == backend::ElementwiseRule::schedule_free_adam ||
+                              h.rule == backend::ElementwiseRule::stable_adamw_moments ||
+                              h.rule == backend::ElementwiseRule::stable_adamw_param;
     TR_CHECK((x.param.dtype() == DType::f32 || x.param.dtype() == DType::f64) && x.param.is_contiguous() &&
                  (needs_grad ? same(x.grad) : !x.grad.defined() || same(x.grad)) && same(x.state1) &&
-                 (!x.state2.defined() || same(x.state2)) &&
-                 (h.rule != backend::ElementwiseRule::schedule_free_adam || x.state2.defined()),
+                 (!x.state2.defined() || same(x.state2)) && (!needs_state2 || x.state2.defined()),
              "elementwise_step: {} needs a contiguous f32/f64 gradient and state of its dtype and size",
              x.param.describe());
     if (x.param.dtype() == DType::f32)

@@ -426,12 +426,16 @@ class CudaBackend final : public backend::Backend {
         return t.dtype() == x.param.dtype() && t.numel() == n && t.is_contiguous() &&
                t.device() == x.param.device();
       };
-      const bool needs_grad = h.rule != backend::ElementwiseRule::schedule_free_lerp;
+      const bool needs_grad = h.rule != backend::ElementwiseRule::schedule_free_lerp &&
+                              h.rule != backend::ElementwiseRule::stable_adamw_param;
+      const bool needs_state2 = h.rule == backend::ElementwiseRule::schedule_free_adam ||
+                                h.rule == backend::ElementwiseRule::stable_adamw_moments ||
+                                h.rule == backend::ElementwiseRule::stable_adamw_param;
       TR_CHECK(
           (x.param.dtype() == DType::f32 || x.param.dtype() == DType::f64) && x.param.is_contiguous() &&
               x.param.device().is_cuda() && (needs_grad ? same(x.grad) : !x.grad.defined() || same(x.grad)) &&
               same(x.state1) && (!x.state2.defined() || same(x.state2)) &&
-              (h.rule != backend::ElementwiseRule::schedule_free_adam || x.state2.defined()),
+              (!needs_state2 || x.state2.defined()),
           "elementwise_step: {} needs a contiguous f32/f64 gradient and state of its dtype and size on its "
           "GPU",
           x.param.describe());

@@ -83,6 +83,14 @@ void launch_elementwise(Stream stream, const backend::ElementwiseHyper& h, doubl
       elementwise_kernel<ElementwiseRule::schedule_free_sgd, T>
           <<<blocks, 256, 0, stream>>>(p, g, s1, s2, n, c);
       break;
+    case ElementwiseRule::stable_adamw_moments:
+      elementwise_kernel<ElementwiseRule::stable_adamw_moments, T>
+          <<<blocks, 256, 0, stream>>>(p, g, s1, s2, n, c);
+      break;
+    case ElementwiseRule::stable_adamw_param:
+      elementwise_kernel<ElementwiseRule::stable_adamw_param, T>
+          <<<blocks, 256, 0, stream>>>(p, g, s1, s2, n, c);
+      break;
     case ElementwiseRule::schedule_free_lerp:
       elementwise_kernel<ElementwiseRule::schedule_free_lerp, T>
           <<<blocks, 256, 0, stream>>>(p, g, s1, s2, n, c);
