@@ -32,7 +32,8 @@ const std::vector<Case> kCases = {{"adamw_torch", {}},
                                   {"lion_32bit", {}},
                                   {"ademamix_8bit", {{"min_8bit_size", "64"}}},
                                   {"schedule_free_adamw", {}},
-                                  {"schedule_free_sgd", {}}};
+                                  {"schedule_free_sgd", {}},
+                                  {"stable_adamw", {}}};
 
 }  // namespace
 

@@ -333,6 +333,16 @@ TEST(OptimErrors, OptimArgsParseAndUnknownKeysAreErrors) {
   EXPECT_NE(with("ademamix", "eps=-1").find("eps=-1: expected a number >= 0"), std::string::npos);
   EXPECT_NE(with("paged_ademamix_8bit", "beta4=0.5").find("'beta4' is not an argument of ademamix"),
             std::string::npos);
+  // StableAdamW: HF's three optim_args keys (true/false spelled out, where HF's bool() takes any text as
+  // true)
+  EXPECT_NE(
+      with("stable_adamw", "foreach=true")
+          .find("'foreach' is not an argument of stable_adamw (it takes decouple_lr, max_lr, kahan_sum)"),
+      std::string::npos);
+  EXPECT_NE(with("stable_adamw", "decouple_lr=yes").find("decouple_lr='yes' is not true or false"),
+            std::string::npos);
+  EXPECT_NE(with("stable_adamw", "decouple_lr=true,max_lr=0").find("invalid maximum learning rate: max_lr=0"),
+            std::string::npos);
 }
 
 // Lion steps every element by exactly lr (the sign of the interpolated momentum), after the decoupled decay;
