@@ -236,11 +236,7 @@ TEST(TrainerScheduleFree, EvaluatesAndSavesXAndResumesExactly) {
     EXPECT_EQ(train::evaluate_command(e).loss, full.evals.back().loss) << name;
     auto b = a;
     b.output_dir = (s.dir / (std::string("crashed_") + name)).string();
-    train::TrainHooks hooks;
-    int optimizer_stages = 0;  // the second save (checkpoint-4) dies after writing its optimizer
-    hooks.save_probe = [&](const std::string& stage) {
-      if (stage == "optimizer" && ++optimizer_stages == 2) throw std::runtime_error("simulated crash");
-    };
+    const train::TrainHooks hooks = crash_at_save(2);  // checkpoint-4 dies after its optimizer
     EXPECT_THROW(train::train(b, hooks), std::runtime_error);
     b.resume_from_checkpoint = "true";
     const auto resumed = train::train(b);

@@ -249,11 +249,7 @@ TEST(TrainerNeftune, NoisyStepsCleanEvaluationsExactResume) {
   EXPECT_NEAR(train::evaluate_command(e).loss, full.evals.back().loss, 1e-6);
   auto b = a;
   b.output_dir = (s.dir / "crashed").string();
-  train::TrainHooks hooks;
-  int optimizer_stages = 0;  // the second save (checkpoint-4) dies after writing its optimizer
-  hooks.save_probe = [&](const std::string& stage) {
-    if (stage == "optimizer" && ++optimizer_stages == 2) throw std::runtime_error("simulated crash");
-  };
+  const train::TrainHooks hooks = crash_at_save(2);  // checkpoint-4 dies after its optimizer
   EXPECT_THROW(train::train(b, hooks), std::runtime_error);
   b.resume_from_checkpoint = "true";
   const auto resumed = train::train(b);
@@ -548,11 +544,7 @@ TEST(TrainerSave, ACrashMidSaveKeepsTheLastCheckpointAndResumeIsExact) {
   auto full = train::train(a);
   auto b = a;
   b.output_dir = (s.dir / "crashed").string();
-  train::TrainHooks hooks;
-  int optimizer_stages = 0;  // the second save (checkpoint-4) dies after writing its optimizer
-  hooks.save_probe = [&](const std::string& stage) {
-    if (stage == "optimizer" && ++optimizer_stages == 2) throw std::runtime_error("simulated crash");
-  };
+  const train::TrainHooks hooks = crash_at_save(2);  // checkpoint-4 dies after its optimizer
   EXPECT_THROW(train::train(b, hooks), std::runtime_error);
   EXPECT_TRUE(fs::exists(fs::path(b.output_dir) / "checkpoint-2" / "model.safetensors"));
   EXPECT_FALSE(fs::exists(fs::path(b.output_dir) / "checkpoint-4"));

@@ -1,14 +1,17 @@
 // Scratch: a temporary folder with a tiny GPT-2 config and 24 KB of Moby-Dick, and TrainingArguments for a
-// short CPU run in it - shared by the Trainer test files.
+// short CPU run in it - shared by the Trainer test files; hooks that crash a save.
 #pragma once
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 
 #include "train/args.h"
+#include "train/trainer.h"
 
 namespace tr {
 
@@ -46,5 +49,14 @@ struct Scratch {
     return a;
   }
 };
+
+// Hooks under which the `nth` save dies after writing its optimizer state (a crash mid-checkpoint).
+inline train::TrainHooks crash_at_save(int nth) {
+  train::TrainHooks hooks;
+  hooks.save_probe = [stages = std::make_shared<int>(0), nth](const std::string& stage) {
+    if (stage == "optimizer" && ++*stages == nth) throw std::runtime_error("simulated crash");
+  };
+  return hooks;
+}
 
 }  // namespace tr

@@ -149,6 +149,16 @@ struct ElementwiseHyper {
   double decay_factor = 1.0;
 };
 
+// What a rule reads: the two that move parameters by state alone take no gradient; the two-moment rules need
+// state2. (The backends' operand checks and the ops layer's ask here.)
+constexpr bool reads_gradient(ElementwiseRule r) {
+  return r != ElementwiseRule::schedule_free_lerp && r != ElementwiseRule::stable_adamw_param;
+}
+constexpr bool needs_state2(ElementwiseRule r) {
+  return r == ElementwiseRule::schedule_free_adam || r == ElementwiseRule::stable_adamw_moments ||
+         r == ElementwiseRule::stable_adamw_param;
+}
+
 template <typename T>
 struct ElementwiseScalars {
   T wd = 0, neg_lr = 0, lr = 0, b1 = 0, one_b1 = 0, b2 = 0, one_b2 = 0, eps = 0, momentum = 0, decay = 1;

@@ -257,10 +257,7 @@ void elementwise_step(const std::vector<backend::Backend::ElementwiseTensors>& t
                                     {"state", &x.state1},
                                     {"second state", &x.state2}}) {
         if (t == &x.state2 && !t->defined()) continue;  // optional
-        if (t == &x.grad && !t->defined() &&
-            (h.rule == backend::ElementwiseRule::schedule_free_lerp ||
-             h.rule == backend::ElementwiseRule::stable_adamw_param))
-          continue;  // the rules that read no gradient
+        if (t == &x.grad && !t->defined() && !backend::reads_gradient(h.rule)) continue;
         check_operand("elementwise_step", what, *t, d, n);
         TR_CHECK(t->dtype() == x.param.dtype(), "elementwise_step: {} {} must have the parameter's dtype {}",
                  what, t->describe(), dtype_name(x.param.dtype()));

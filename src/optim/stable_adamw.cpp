@@ -121,8 +121,6 @@ void StableAdamW::load_state_dict(const std::map<std::string, Tensor>& state) {
   }
   slots_ = std::move(next);
   step_ = step;
-  beta1_hat_ = debias_beta(beta1_, step_);  // (the next step recomputes them; kept consistent)
-  beta2_hat_ = debias_beta(beta2_, step_);
 }
 
 }  // namespace tr::optim

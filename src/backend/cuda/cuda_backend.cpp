@@ -426,11 +426,8 @@ class CudaBackend final : public backend::Backend {
         return t.dtype() == x.param.dtype() && t.numel() == n && t.is_contiguous() &&
                t.device() == x.param.device();
       };
-      const bool needs_grad = h.rule != backend::ElementwiseRule::schedule_free_lerp &&
-                              h.rule != backend::ElementwiseRule::stable_adamw_param;
-      const bool needs_state2 = h.rule == backend::ElementwiseRule::schedule_free_adam ||
-                                h.rule == backend::ElementwiseRule::stable_adamw_moments ||
-                                h.rule == backend::ElementwiseRule::stable_adamw_param;
+      const bool needs_grad = backend::reads_gradient(h.rule);
+      const bool needs_state2 = backend::needs_state2(h.rule);
       TR_CHECK(
           (x.param.dtype() == DType::f32 || x.param.dtype() == DType::f64) && x.param.is_contiguous() &&
               x.param.device().is_cuda() && (needs_grad ? same(x.grad) : !x.grad.defined() || same(x.grad)) &&
