@@ -33,7 +33,9 @@ const std::vector<Case> kCases = {{"adamw_torch", {}},
                                   {"ademamix_8bit", {{"min_8bit_size", "64"}}},
                                   {"schedule_free_adamw", {}},
                                   {"schedule_free_sgd", {}},
-                                  {"stable_adamw", {}}};
+                                  {"stable_adamw", {}},
+                                  {"galore_adamw", {{"rank", "4"}, {"update_proj_gap", "2"}}},
+                                  {"galore_adafactor", {{"rank", "4"}, {"proj_type", "full"}}}};
 
 }  // namespace
 
@@ -54,6 +56,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     o.lr = 1e-2;
     o.weight_decay = 0.01;
     o.args = c.args;
+    o.target_modules = "all-linear";  // GaLore's: the weight projected
+    o.linear_weights = {"h.0.mlp.c_fc.weight"};
     auto opt = optim::make_optimizer(c.optim, params, o);
     try {
       opt->load_state_dict(state);

@@ -159,6 +159,8 @@ TEST_P(OptimResume, ContinuesBitExactlyAfterSaveAndLoad) {
   o.lr = 1e-2;
   o.weight_decay = 0.05;
   o.args = optim::parse_optim_args(c.args);
+  o.target_modules = "all-linear";  // GaLore's
+  o.linear_weights = {"h.0.mlp.c_fc.weight"};
   auto grads = [&](Params& ps, int step) {
     for (size_t i = 0; i < ps.list.size(); ++i)
       autograd::set_grad(*ps.list[i].second, test::randn(ps.list[i].second->shape(), 1000 + 17 * step + i));
@@ -236,7 +238,11 @@ const std::vector<ResumeCase> kResumeCases{{"adamw_torch", ""},
                                            {"schedule_free_adamw", ""},
                                            {"schedule_free_radam", ""},
                                            {"schedule_free_sgd", "r=1"},
-                                           {"stable_adamw", ""}};
+                                           {"stable_adamw", ""},
+                                           // past a basis refresh (steps 0, 2, 4); 48 x 96: 8-bit state
+                                           {"galore_adamw", "rank=8,update_proj_gap=2"},
+                                           {"galore_adamw_8bit", "rank=48,update_proj_gap=2"},
+                                           {"galore_adafactor", "rank=8,update_proj_gap=2,proj_type=full"}};
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, OptimResume, ::testing::ValuesIn(kResumeCases), [](const auto& info) {
   return info.param.optim + (info.param.args.empty() ? "" : "_" + std::to_string(info.index));
@@ -270,8 +276,8 @@ TEST(OptimErrors, UnknownNameSuggestsTheNearest) {
 TEST(OptimErrors, HfNamesNotImplementedSaySo) {
   Params ps;
   ps.add("w", test::randn({3}, 1));
-  for (const char* name : {"grokadamw", "galore_adamw_8bit", "adamw_torch_4bit", "lomo", "apollo_adamw",
-                           "adamw_torch_npu_fused"}) {
+  for (const char* name : {"grokadamw", "galore_adamw_8bit_layerwise", "adamw_torch_4bit", "lomo",
+                           "apollo_adamw", "adamw_torch_npu_fused"}) {
     const std::string e = expect_error([&] { optim::make_optimizer(name, ps.list, {}); });
     EXPECT_NE(e.find(fmt::format("--optim '{}' is HF's name for ", name)), std::string::npos) << e;
     EXPECT_NE(e.find("which trainer.cpp does not implement; it implements adamw_torch, "), std::string::npos)
@@ -396,7 +402,10 @@ TEST(OptimErrors, AGradientOfAnotherDtypeOrShapeIsAnError) {
   for (const auto& name : optim::optimizer_names()) {
     Params ps;
     ps.add("w", test::randn({4, 3}, 1));
-    auto opt = optim::make_optimizer(name, ps.list, {});
+    optim::OptimizerOptions o;
+    o.target_modules = "all-linear";  // GaLore's
+    o.linear_weights = {"w"};
+    auto opt = optim::make_optimizer(name, ps.list, o);
     autograd::set_grad(*ps.list[0].second, test::randn({4, 3}, 2, DType::f64));
     EXPECT_NE(expect_error([&] { opt->step(); }).find("the gradient of 'w'"), std::string::npos) << name;
   }

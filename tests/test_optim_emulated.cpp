@@ -360,6 +360,13 @@ TEST(OptimEmulated, ElementwiseOptimizersGiveTheCpuBits) {
   h.rule = ElementwiseRule::stable_adamw_param, h.lr = 0.01, h.decay_factor = 0.999;
   check_elementwise<ElementwiseRule::stable_adamw_param, float>(h, true, DType::f32, gen);
   check_elementwise<ElementwiseRule::stable_adamw_param, double>(h, true, DType::f64, gen);
+  // galore_torch's AdamW, with and without its decay after the update
+  h.rule = ElementwiseRule::galore_adamw, h.beta1 = 0.9, h.beta2 = 0.999, h.eps = 1e-6, h.lr = 0.003;
+  for (const double alpha : {-1e-3, 0.0}) {
+    h.decay_factor = alpha;
+    check_elementwise<ElementwiseRule::galore_adamw, float>(h, true, DType::f32, gen);
+    check_elementwise<ElementwiseRule::galore_adamw, double>(h, true, DType::f64, gen);
+  }
   h.rule = ElementwiseRule::schedule_free_lerp;
   for (const double w : {1 - 1 / 0.9, 0.1, 0.75}) {
     h.ckp1 = w;

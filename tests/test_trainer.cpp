@@ -431,6 +431,7 @@ TEST(TrainerOptim, EveryOptimizerTrainsTheModel) {
     if (name == "adagrad") a.learning_rate = 0.1;              // its steps shrink as 1/sqrt(step) from lr
     if (name == "schedule_free_sgd") a.learning_rate = 1.0;    // SGDScheduleFree's default
     if (name == "schedule_free_radam") a.learning_rate = 0.5;  // rectified: lr x 0 to 0.05 in 10 steps
+    if (name.starts_with("galore_")) a.optim_target_modules = "all-linear";
     a.optim = name;
     a.weight_decay = 0.01;
     auto r = train::train(a);

@@ -182,6 +182,19 @@ class Backend {
 
   virtual void gemm(const GemmArgs& args) = 0;
 
+  // The leading r singular triplets of a contiguous [m, n] f32/f64 matrix, r <= min(m, n): u [m, r],
+  // s [r] (descending), vh [r, n], each contiguous or undefined (not wanted); LAPACK's gesdd,
+  // torch.linalg.svd's CPU driver. Returns false where the backend declines (the ops layer then runs it on
+  // the host): GaLore's projections need one per matrix every few hundred steps, where a host round trip
+  // costs less than a device solver's setup.
+  virtual bool svd(const Tensor& a, const Tensor& u, const Tensor& s, const Tensor& vh) {
+    (void)a;
+    (void)u;
+    (void)s;
+    (void)vh;
+    return false;
+  }
+
   // x contiguous [rows, n]; w, b [n] (b may be undefined); mean, rstd f32 [rows]. With `residual` (like x)
   // the residual add is fused in: sum = x + residual (rounded to x's dtype, as a separate add would) is
   // written and normalized instead of x.

@@ -202,6 +202,16 @@ int64_t CausalLM::num_parameters() {
   return n;
 }
 
+std::vector<std::string> CausalLM::linear_weight_names() {
+  std::vector<std::string> out;
+  for (auto& [name, t] : named_parameters()) {
+    const bool embedding =
+        name.ends_with("embed_tokens.weight") || name.ends_with("wte.weight") || name.ends_with("wpe.weight");
+    if (t->dim() == 2 && name.ends_with(".weight") && !embedding) out.push_back(name);
+  }
+  return out;
+}
+
 CausalLMOutput CausalLM::head_and_loss(const Tensor& h, const Tensor& w, const ForwardOptions& opts) const {
   CausalLMOutput out;
   const int64_t B = h.size(0), T = h.size(1), D = h.size(2);

@@ -92,6 +92,9 @@ class CausalLM {
   // Names whose on-disk layout is the transpose of ours (GPT-2's Conv1D weights).
   virtual bool transposed_on_disk(const std::string& name) const;
   int64_t num_parameters();
+  // The weights of the linear layers (nn.Linear, and GPT-2's Conv1D, a linear layer stored transposed):
+  // every 2-D parameter but the embeddings. GaLore's candidates (HF's optim_target_modules).
+  std::vector<std::string> linear_weight_names();
   // HF's resize_token_embeddings(new_vocab) with mean_resizing: the input embeddings and an untied LM head
   // grow to `new_vocab` rows; each new row is drawn from N(mean, 1e-9 * covariance) of the old rows (the mean
   // alone when there are no more old rows than columns: HF's fallback for a covariance that is not positive

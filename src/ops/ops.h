@@ -113,6 +113,16 @@ void matmul_into(const Tensor& out, const Tensor& a, const Tensor& b, bool trans
 // out = alpha * op(a) @ op(b) + beta * out, in place; a, b, out 2-D, out contiguous.
 void addmm_(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
             double alpha = 1.0, double beta = 1.0);
+// Thin SVD of a 2-D f32/f64 matrix, as torch.linalg.svd(a, full_matrices=False): u [m, k], s [k] descending,
+// vh [k, n], k = min(m, n). A backend that declines (Backend::svd) gets it computed on the host and copied
+// back. Throws on a non-finite input (LAPACK does not converge).
+struct Svd {
+  Tensor u, s, vh;
+};
+Svd svd(const Tensor& a);
+// The leading r = u's columns (or vh's rows) of the factors, written into u [m, r] and/or vh [r, n]
+// (contiguous, a's dtype and device; either may be undefined): no [m, k] factor is allocated.
+void svd_into(const Tensor& a, const Tensor& u, const Tensor& vh);
 // One sentence when `device` emulates matmuls of bf16/f16 operands (widened to f32) instead of running them
 // natively, naming what the hardware offers; "" when native (a GPU) or not asked (f32, meta).
 std::string gemm_precision_note(Device device, DType operands);

@@ -20,6 +20,7 @@ class OptimArgs {
   double number(const std::string& key, double fallback);
   std::optional<double> optional_number(const std::string& key);
   bool flag(const std::string& key, bool fallback);
+  std::string text(const std::string& key, const std::string& fallback);
   void check_all_used() const;
 
  private:

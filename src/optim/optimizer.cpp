@@ -18,6 +18,7 @@
 #include "optim/adamw_8bit.h"
 #include "optim/common.h"
 #include "optim/elementwise.h"
+#include "optim/galore.h"
 #include "optim/schedule_free.h"
 #include "optim/sgd.h"
 #include "optim/stable_adamw.h"
@@ -120,7 +121,10 @@ const std::vector<std::string>& optimizer_names() {
                                               "schedule_free_adamw",
                                               "schedule_free_radam",
                                               "schedule_free_sgd",
-                                              "stable_adamw"};
+                                              "stable_adamw",
+                                              "galore_adamw",
+                                              "galore_adamw_8bit",
+                                              "galore_adafactor"};
   return names;
 }
 
@@ -135,9 +139,6 @@ const std::map<std::string, std::string>& unimplemented_names() {
       {"adamw_torch_4bit", "torchao's AdamW4bit (4-bit states with its own quantization)"},
       {"adamw_torch_8bit",
        "torchao's AdamW8bit (its own 8-bit quantization; bitsandbytes' is adamw_bnb_8bit)"},
-      {"galore_adamw", "GaLore's AdamW (low-rank gradient projection of optim_target_modules)"},
-      {"galore_adamw_8bit", "GaLore's 8-bit AdamW (low-rank gradient projection of optim_target_modules)"},
-      {"galore_adafactor", "GaLore's Adafactor (low-rank gradient projection of optim_target_modules)"},
       {"galore_adamw_layerwise", "GaLore's layer-wise AdamW (updates inside the backward pass)"},
       {"galore_adamw_8bit_layerwise", "GaLore's layer-wise 8-bit AdamW (updates inside the backward pass)"},
       {"galore_adafactor_layerwise", "GaLore's layer-wise Adafactor (updates inside the backward pass)"},
@@ -187,6 +188,7 @@ std::unique_ptr<Optimizer> make_optimizer(const std::string& name, const nn::Par
   if (name == "sgd") return std::make_unique<SGD>(params, opts);
   if (ScheduleFree::implements(name)) return std::make_unique<ScheduleFree>(name, params, opts);
   if (name == "stable_adamw") return std::make_unique<StableAdamW>(params, opts);
+  if (GaLore::implements(name)) return std::make_unique<GaLore>(name, params, opts);
   fail("--optim '{}': no optimizer is built for this name", name);  // (a name listed above but not built)
 }
 
@@ -241,6 +243,11 @@ std::optional<double> OptimArgs::optional_number(const std::string& key) {
 
 double OptimArgs::number(const std::string& key, double fallback) {
   return optional_number(key).value_or(fallback);
+}
+
+std::string OptimArgs::text(const std::string& key, const std::string& fallback) {
+  const std::string* v = find(key);
+  return v ? *v : fallback;
 }
 
 bool OptimArgs::flag(const std::string& key, bool fallback) {

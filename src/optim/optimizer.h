@@ -1,7 +1,8 @@
 // The optimizer interface the Trainer drives, and the factory from HF's `optim` names (adamw_torch,
 // adamw_torch_fused, adamw_apex_fused, adafactor, adamw_bnb_8bit / adamw_8bit / paged_adamw_8bit,
 // paged_adamw_32bit, sgd, adagrad, rmsprop, rmsprop_bnb / rmsprop_bnb_32bit, rmsprop_bnb_8bit, lion_32bit /
-// paged_lion_32bit, lion_8bit / paged_lion_8bit, the ademamix family, schedule_free_adamw / _radam / _sgd).
+// paged_lion_32bit, lion_8bit / paged_lion_8bit, the ademamix family, schedule_free_adamw / _radam / _sgd,
+// stable_adamw, galore_adamw / _adamw_8bit / _adafactor).
 #pragma once
 #include <map>
 #include <memory>
@@ -24,6 +25,11 @@ struct OptimizerOptions {
   // steps the scheduler warms up over).
   int64_t warmup_steps = 0;
   std::map<std::string, std::string> args;
+  // GaLore's --optim_target_modules: a regex matched against whole module names, "all-linear", or a JSON
+  // list of names (each matching exactly, as a substring, or as a whole-name regex) - HF's
+  // check_target_module_exists. `linear_weights` names the model's linear-layer weights (the candidates).
+  std::string target_modules;
+  std::vector<std::string> linear_weights;
 };
 
 class Optimizer {
@@ -67,6 +73,7 @@ class Optimizer {
   bool decays_param(const std::string& name) const { return opts_.decay_all || decays(name); }
 
  protected:
+  friend class GaLore;  // runs inner optimizers a group at a time
   Optimizer(const nn::ParamList& params, OptimizerOptions opts);
   // The update of parameters [lo, hi) that have a gradient, the step count advanced when `advance` (a step's
   // first group): per parameter the same arithmetic whatever the groups, so grouped steps give step()'s bits.

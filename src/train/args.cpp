@@ -333,6 +333,7 @@ optim::OptimizerOptions optimizer_options(const TrainingArguments& a) {
   oo.warmup_steps =
       a.warmup_steps >= 1 ? static_cast<int64_t>(std::min(a.warmup_steps, 9e15)) : 0;  // ratio: run_setup
   oo.args = optim::parse_optim_args(a.optim_args);  // throws on a malformed entry
+  oo.target_modules = a.optim_target_modules;
   return oo;
 }
 
@@ -472,6 +473,13 @@ nlohmann::json TrainingArguments::to_json() const {
     else if (parsed.is_object())
       j[dict] = parsed;
   }
+  // HF's Union[None, str, list[str]]: null when unset, a JSON list given as one kept as a list.
+  if (optim_target_modules.empty())
+    j["optim_target_modules"] = nullptr;
+  else if (optim_target_modules.front() == '[')
+    j["optim_target_modules"] =
+        nlohmann::json::parse(optim_target_modules, nullptr, /*allow_exceptions=*/false);
+  if (j["optim_target_modules"].is_discarded()) j["optim_target_modules"] = optim_target_modules;
   return j;
 }
 
@@ -535,6 +543,12 @@ bool TrainingArguments::read_hf_form(const std::string& key, const nlohmann::jso
   }
   if (key == "include_num_input_tokens_seen" && value.is_boolean()) {  // HF's bool form
     include_num_input_tokens_seen = value.get<bool>() ? "all" : "no";
+    return true;
+  }
+  if (key == "optim_target_modules" && value.is_array()) {  // HF's list form: kept as its JSON text
+    TR_CHECK(std::all_of(value.begin(), value.end(), [](const nlohmann::json& e) { return e.is_string(); }),
+             "{}: 'optim_target_modules': expected a string or a list of strings", source);
+    optim_target_modules = value.dump();
     return true;
   }
   if (key == "report_to" && value.is_array()) {  // HF's training_args.json holds a list

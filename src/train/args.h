@@ -90,6 +90,8 @@ struct TrainingArguments {
   bool use_cpu = false;  // train on the CPU even when a GPU is present
   std::string optim = "adamw_torch";
   std::string optim_args;
+  // GaLore's targets: a regex of module names, all-linear, or a JSON list (HF's optim_target_modules).
+  std::string optim_target_modules;
   bool gradient_checkpointing = false;
   int64_t dataloader_num_workers = 0;
   bool dataloader_pin_memory = true;

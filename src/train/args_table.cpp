@@ -110,7 +110,9 @@ const std::vector<ArgSpec>& argument_specs() {
        "paged_adamw_8bit), paged_adamw_32bit, sgd, adagrad, rmsprop, rmsprop_bnb (= rmsprop_bnb_32bit), "
        "rmsprop_bnb_8bit, lion_32bit (= paged_lion_32bit), lion_8bit (= paged_lion_8bit), ademamix (= "
        "paged_ademamix_32bit), ademamix_8bit (= paged_ademamix_8bit), schedule_free_adamw, "
-       "schedule_free_radam, schedule_free_sgd, stable_adamw; paged: the state stays resident",
+       "schedule_free_radam, schedule_free_sgd, stable_adamw, galore_adamw, galore_adamw_8bit, "
+       "galore_adafactor "
+       "(with --optim_target_modules); paged: the state stays resident",
        "training"},
       {"optim_args", &A::optim_args,
        "extra optimizer arguments, e.g. \"momentum=0.9,nesterov=true\": sgd momentum, dampening, nesterov; "
@@ -118,8 +120,14 @@ const std::vector<ArgSpec>& argument_specs() {
        "warmup_init; "
        "adagrad lr_decay, initial_accumulator_value, eps; rmsprop alpha, eps, momentum; rmsprop_bnb* alpha, "
        "eps; ademamix* beta1, beta2, beta3, alpha, eps, t_alpha, t_beta3; schedule_free_* weight_lr_power, r "
-       "(schedule_free_sgd also momentum); stable_adamw decouple_lr, max_lr, kahan_sum; the 8-bit ones "
+       "(schedule_free_sgd also momentum); stable_adamw decouple_lr, max_lr, kahan_sum; galore_* rank, "
+       "update_proj_gap, scale, proj_type (std, reverse_std, right, left, full); the 8-bit ones "
        "min_8bit_size",
+       "training"},
+      {"optim_target_modules", &A::optim_target_modules,
+       "the galore_* optimizers' targets: a regex of whole module names (e.g. '.*(attn|mlp).*'), all-linear, "
+       "or a JSON list of names, each matching exactly, as a substring or as a regex (e.g. '[\"q_proj\", "
+       "\"v_proj\"]'); linear layers only",
        "training"},
       {"seed", &A::seed, "seed of initialization, shuffling and dropout", "training"},
       {"data_seed", &A::data_seed, "seed of the data order alone (-1: --seed)", "training"},

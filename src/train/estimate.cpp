@@ -364,7 +364,8 @@ void DryRun::build_model() {
 // The run's order: a sharded rank takes its slices before the half weights are made (no whole fp32 masters
 // are kept), ZeRO-3 then releases every parameter.
 void DryRun::build_optimizer() {
-  const optim::OptimizerOptions oo = optimizer_options(a_);
+  optim::OptimizerOptions oo = optimizer_options(a_);
+  oo.linear_weights = model_->linear_weight_names();
   const bool zero = sharding_.stage > 0;
   if (zero) {
     // NCCL (--ddp_backend nccl) reduces and gathers in the GPU's memory through buffers there

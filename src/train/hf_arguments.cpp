@@ -47,7 +47,6 @@ const std::vector<UnsupportedArg>& table() {
        "training keeps fp32 master weights; --bf16 / --fp16 choose the compute precision"},
       {"use_liger_kernel", false, "Liger's Triton kernels are Python; --torch_compile fuses our own"},
       {"liger_kernel_config", J(), "Liger's Triton kernels are Python; --torch_compile fuses our own"},
-      {"optim_target_modules", J(), "GaLore/APOLLO/LOMO-style optimizers are not among --optim here"},
       {"fp16_opt_level", "O1",
        "apex AMP's levels; --fp16 is torch.amp's scheme (fp32 masters, loss scaling)"},
       {"half_precision_backend", "auto",

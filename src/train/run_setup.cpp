@@ -10,6 +10,7 @@
 #include "core/file_writer.h"
 #include "dist/env.h"
 #include "ops/ops.h"
+#include "optim/galore.h"
 #include "train/batch_size.h"
 #include "train/ddp.h"
 #include "train/deepspeed_config.h"
@@ -150,6 +151,7 @@ void Run::build_optimizer(int stage, std::optional<models::DeferredModel>& defer
   optim::OptimizerOptions oo = optimizer_options(a_);
   oo.decay_all = ds_ && ds_->has_optimizer;
   oo.warmup_steps = sched_.warmup;  // a --warmup_steps ratio as the steps it stands for
+  oo.linear_weights = model_->linear_weight_names();
   // ZeRO-2/3: this rank's slices of the fp32 weights, taken before mixed precision makes the half weights.
   // A deferred model is made one parameter at a time (build_shard: slices kept, the half copy or, ZeRO-3,
   // released storage in its place); a whole one gives its slices up at construction and MixedPrecision
@@ -359,6 +361,14 @@ void Run::announce() const {
                  "schedulefree recommends constant%s\n",
                  a_.optim.c_str(), a_.lr_scheduler_type.c_str(),
                  a_.optim == "schedule_free_radam" ? "" : " (its own warm-up is --warmup_steps)");
+  if (const auto* g = dynamic_cast<const optim::GaLore*>(opt_.get())) {
+    const std::string unused = optim::GaLore::unused_flags_note(a_.optim, optimizer_options(a_));
+    if (!unused.empty()) std::fprintf(stderr, "train: note: %s\n", unused.c_str());
+    const auto names = g->projected();
+    std::fprintf(stderr, "train: %s projects %zu of %zu linear weights (%s ... %s)\n", a_.optim.c_str(),
+                 names.size(), model_->linear_weight_names().size(), names.front().c_str(),
+                 names.back().c_str());
+  }
 }
 
 }  // namespace tr::train::detail

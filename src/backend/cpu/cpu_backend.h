@@ -40,6 +40,7 @@ class CpuBackend final : public backend::Backend {
   void softmax(const Tensor& x, bool log, const Tensor& y) override;
   void softmax_backward(const Tensor& y, const Tensor& gy, bool log, const Tensor& gx) override;
   void gemm(const backend::GemmArgs& args) override;
+  bool svd(const Tensor& a, const Tensor& u, const Tensor& s, const Tensor& vh) override;
   void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
                   const Tensor& mean, const Tensor& rstd, const Tensor& residual, const Tensor& sum) override;
   void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,

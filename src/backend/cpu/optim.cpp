@@ -219,6 +219,7 @@ void elementwise_dispatch(const backend::Backend::ElementwiseTensors& x, const b
       return elementwise_tensor<ElementwiseRule::stable_adamw_moments, T>(x, h);
     case ElementwiseRule::stable_adamw_param:
       return elementwise_tensor<ElementwiseRule::stable_adamw_param, T>(x, h);
+    case ElementwiseRule::galore_adamw: return elementwise_tensor<ElementwiseRule::galore_adamw, T>(x, h);
   }
 }
 

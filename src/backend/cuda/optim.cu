@@ -91,6 +91,9 @@ void launch_elementwise(Stream stream, const backend::ElementwiseHyper& h, doubl
       elementwise_kernel<ElementwiseRule::stable_adamw_param, T>
           <<<blocks, 256, 0, stream>>>(p, g, s1, s2, n, c);
       break;
+    case ElementwiseRule::galore_adamw:
+      elementwise_kernel<ElementwiseRule::galore_adamw, T><<<blocks, 256, 0, stream>>>(p, g, s1, s2, n, c);
+      break;
     case ElementwiseRule::schedule_free_lerp:
       elementwise_kernel<ElementwiseRule::schedule_free_lerp, T>
           <<<blocks, 256, 0, stream>>>(p, g, s1, s2, n, c);
