@@ -182,5 +182,29 @@ int main(int argc, char** argv) {
           n * bytes, "GB/s");
     }
   }
+  {
+    // GaLore's basis refresh (the leading 128 right singular vectors; LAPACK's SVD computes all of them, as
+    // torch.linalg.svd does), and a step between refreshes over one 4096 x 4096 weight at rank 128: the two
+    // projections (4 m n r flops) and the low-rank AdamW.
+    for (const auto& [m, n] : std::vector<std::pair<int64_t, int64_t>>{{1024, 1024}, {768, 3072}}) {
+      const Tensor g = ops::randn({m, n}, gen);
+      const Tensor vh = ops::empty({128, n});
+      row(fmt::format("svd {}x{}", m, n).c_str(), fmt::format("svd_{}x{}", m, n),
+          bench::median_seconds([&] { ops::svd_into(g, Tensor(), vh); }, std::max(1, iters / 5)),
+          4.0 * m * n * std::min(m, n), "GFLOP/s");
+    }
+    const int64_t d = 4096;
+    Tensor w = ops::randn({d, d}, gen);
+    const nn::ParamList params{{"h.0.mlp.c_fc.weight", &w}};
+    optim::OptimizerOptions o;
+    o.target_modules = "all-linear";
+    o.linear_weights = {"h.0.mlp.c_fc.weight"};
+    o.args = optim::parse_optim_args("rank=128,update_proj_gap=1000000");
+    auto opt = optim::make_optimizer("galore_adamw", params, o);
+    autograd::set_grad(w, ops::affine(ops::randn({d, d}, gen), 0.01, 0.0));
+    opt->step();  // the refresh
+    row("galore_adamw 4096^2 r128", "-", bench::median_seconds([&] { opt->step(); }, iters),
+        4.0 * d * d * 128, "GFLOP/s");
+  }
   return 0;
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Where the optimizers end, not how fast they step: the guide table's model (GPT-2 n_embd 256, 4 layers, no
 # dropout, block 128, batch 8) trained for STEPS steps with each optimizer setting below, warm-up 30, weight
-# decay 0.1, evaluated every STEPS/3 steps; prints eval_loss, train_loss and tokens/s per row.
+# decay 0.1 (GaLore: galore_torch ignores HF's), evaluated every STEPS/3 steps; prints eval_loss, train_loss and
+# tokens/s per row.
 # Usage: bench/optimizer_quality.sh TRAINER GPT2_TOKENIZER CORPUS [STEPS=300] [WORKDIR=/tmp/trainer-optim-quality]
 set -euo pipefail
 trainer=$1 tok=$2 corpus=$3 steps=${4:-300} work=${5:-/tmp/trainer-optim-quality}
@@ -29,3 +30,9 @@ run stable_adamw_cosine_1e-3 --optim stable_adamw --learning_rate 1e-3 --lr_sche
 run schedule_free_adamw_1e-3 --optim schedule_free_adamw --learning_rate 1e-3 --lr_scheduler_type constant
 run schedule_free_adamw_3e-3 --optim schedule_free_adamw --learning_rate 3e-3 --lr_scheduler_type constant
 run schedule_free_sgd_1 --optim schedule_free_sgd --learning_rate 1.0 --lr_scheduler_type constant
+# GaLore (rank 64 of n_embd 256, a basis refresh every 100 steps, galore_torch's scale 0.25): the linear
+# layers' state at a quarter of their size; the embeddings take the inner optimizer at full rank.
+galore=(--optim_target_modules all-linear --optim_args rank=64,update_proj_gap=100 --lr_scheduler_type cosine)
+run galore_adamw_cosine_1e-3 --optim galore_adamw --learning_rate 1e-3 "${galore[@]}"
+run galore_adamw_cosine_4e-3 --optim galore_adamw --learning_rate 4e-3 "${galore[@]}"
+run galore_adafactor_cosine_4e-3 --optim galore_adafactor --learning_rate 4e-3 "${galore[@]}"

@@ -66,6 +66,9 @@ def ops(iters):
     logits = torch.randn(512, 50257)
     labels = torch.randint(0, 50257, (512,))
     out["cross_entropy"] = timeit(lambda: torch.nn.functional.cross_entropy(logits, labels), iters)
+    for m, n in ((1024, 1024), (768, 3072)):  # GaLore's basis refresh: torch.linalg.svd(full_matrices=False)
+        g = torch.randn(m, n)
+        out[f"svd_{m}x{n}"] = timeit(lambda: torch.linalg.svd(g, full_matrices=False), max(1, iters // 5))
     return out
 
 

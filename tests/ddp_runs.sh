@@ -9,7 +9,7 @@
 #  4. SIGTERM to the launcher: every rank stops at the same step, one checkpoint, exit 0, and it resumes;
 #  5. a rank killed with SIGKILL: the launcher exits 1 naming it within seconds, no process left behind;
 #     with --max_restarts, two nodes' groups restart together and resume bit-exactly from a checkpoint;
-#  schedule_free_adamw at world sizes 1 and 2, resumed at 2 bit-exactly;
+#  schedule_free_adamw at world sizes 1 and 2, resumed at 2 bit-exactly; galore_adamw at 1 and 2;
 #  6. bad input: a missing rank 0, disagreeing world sizes, --fsdp offload alone, launch flags, an incompatible
 #     resume.
 # Usage: ddp_runs.sh TRAINER TOKENIZER_DIR TEXT WORK_DIR
@@ -56,6 +56,12 @@ many sf_w2 2 3 --config_name gpt2.json --optim schedule_free_adamw
 compare sf_w1 sf_w2 1e-5
 many sf_resume_w2 2 3 --config_name gpt2.json --optim schedule_free_adamw --resume_from_checkpoint sf_w2/checkpoint-4
 compare sf_w2 sf_resume_w2 0 5
+
+# GaLore: every rank projects the same all-reduced gradients onto the same SVD bases.
+galore=(--optim galore_adamw --optim_target_modules all-linear --optim_args rank=4,update_proj_gap=2)
+one galore_w1 6 --config_name gpt2.json "${galore[@]}"
+many galore_w2 2 3 --config_name gpt2.json "${galore[@]}"
+compare galore_w1 galore_w2 1e-5
 
 # --total_batch_size counts every rank's sequences: 12 = 3 per rank x 2 ranks x 2 accumulation steps.
 next_port
