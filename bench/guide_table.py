@@ -54,6 +54,7 @@ ROWS = [
     ("galore_adamw", ["--optim", "galore_adamw", "--optim_target_modules", "all-linear", "--optim_args",
                       "rank=64,update_proj_gap=200"], ("no", "yes"),
      "the linear layers' AdamW state at rank 64 of 256; an SVD per weight every 200 steps"),
+    ("grokadamw", ["--optim", "grokadamw"], ("no", "costs"), "three f32 states; a norm per parameter"),
     ("workers 2 + pin_memory", ["--dataloader_num_workers", "2", "--dataloader_pin_memory", "true"],
      ("yes", "no"), ""),
     ("torch_empty_cache_steps 1", ["--torch_empty_cache_steps", "1"], ("no (~10% slower)", "yes"), ""),

@@ -30,6 +30,7 @@ run stable_adamw_cosine_1e-3 --optim stable_adamw --learning_rate 1e-3 --lr_sche
 run schedule_free_adamw_1e-3 --optim schedule_free_adamw --learning_rate 1e-3 --lr_scheduler_type constant
 run schedule_free_adamw_3e-3 --optim schedule_free_adamw --learning_rate 3e-3 --lr_scheduler_type constant
 run schedule_free_sgd_1 --optim schedule_free_sgd --learning_rate 1.0 --lr_scheduler_type constant
+run grokadamw_cosine_1e-3 --optim grokadamw --learning_rate 1e-3 --lr_scheduler_type cosine
 # GaLore (rank 64 of n_embd 256, a basis refresh every 100 steps, galore_torch's scale 0.25): the linear
 # layers' state at a quarter of their size; the embeddings take the inner optimizer at full rank.
 galore=(--optim_target_modules all-linear --optim_args rank=64,update_proj_gap=100 --lr_scheduler_type cosine)

@@ -35,7 +35,8 @@ const std::vector<Case> kCases = {{"adamw_torch", {}},
                                   {"schedule_free_sgd", {}},
                                   {"stable_adamw", {}},
                                   {"galore_adamw", {{"rank", "4"}, {"update_proj_gap", "2"}}},
-                                  {"galore_adafactor", {{"rank", "4"}, {"proj_type", "full"}}}};
+                                  {"galore_adafactor", {{"rank", "4"}, {"proj_type", "full"}}},
+                                  {"grokadamw", {}}};
 
 }  // namespace
 

@@ -63,122 +63,126 @@ TEST_P(EstimateMatchesRun, PeakBytesExactly) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cpu, EstimateMatchesRun,
-    ::testing::Values(
-        EstimateCase{"gpt2_fp32_adamw", false, [](train::TrainingArguments&) {}},
-        EstimateCase{"gpt2_bf16_checkpointing", false,
-                     [](train::TrainingArguments& a) {
-                       a.bf16 = true;
-                       a.gradient_checkpointing = true;
-                     }},
-        EstimateCase{"gpt2_fp16_accumulation", false,
-                     [](train::TrainingArguments& a) {
-                       a.fp16 = true;
-                       a.gradient_accumulation_steps = 3;
-                     }},
-        EstimateCase{"gpt2_adafactor_checkpointing", false,
-                     [](train::TrainingArguments& a) {
-                       a.optim = "adafactor";
-                       a.gradient_checkpointing = true;
-                     }},
-        EstimateCase{"gpt2_sgd_bf16", false,
-                     [](train::TrainingArguments& a) {
-                       a.optim = "sgd";
-                       a.bf16 = true;
-                     }},
-        // Adagrad's sums exist from set-up (torch's constructor makes them); Lion's state
-        // and RMSprop's buffers from the first step.
-        EstimateCase{"gpt2_adagrad_fp16", false,
-                     [](train::TrainingArguments& a) {
-                       a.optim = "adagrad";
-                       a.fp16 = true;
-                     }},
-        EstimateCase{"gpt2_lion_bf16", false,
-                     [](train::TrainingArguments& a) {
-                       a.optim = "lion_32bit";
-                       a.bf16 = true;
-                     }},
-        // AdEMAMix's three states, 8-bit codes + absmax where 8-bit (embeddings in 32-bit)
-        EstimateCase{"gpt2_ademamix_8bit_bf16", false,
-                     [](train::TrainingArguments& a) {
-                       a.optim = "ademamix_8bit";
-                       a.optim_args = "min_8bit_size=256";
-                       a.bf16 = true;
-                     }},
-        // schedulefree's z and exp_avg_sq from the first step (the switch allocates none)
-        EstimateCase{"gpt2_schedule_free_adamw_bf16", false,
-                     [](train::TrainingArguments& a) {
-                       a.optim = "schedule_free_adamw";
-                       a.bf16 = true;
-                     }},
-        // GaLore: the low-rank moments, bases, stand-ins and scratch; the bases' SVD in host scratch
-        EstimateCase{"gpt2_galore_adamw_bf16", false,
-                     [](train::TrainingArguments& a) {
-                       a.optim = "galore_adamw";
-                       a.optim_target_modules = "all-linear";
-                       a.optim_args = "rank=8";
-                       a.bf16 = true;
-                     }},
-        EstimateCase{"gpt2_galore_adamw_8bit", false,
-                     [](train::TrainingArguments& a) {
-                       a.optim = "galore_adamw_8bit";
-                       a.optim_target_modules = ".*mlp.*";
-                       a.optim_args = "rank=4,proj_type=full";
-                     }},
-        // StableAdamW's two moments, and its RMS term's slices during the step
-        EstimateCase{"gpt2_stable_adamw", false,
-                     [](train::TrainingArguments& a) { a.optim = "stable_adamw"; }},
-        EstimateCase{"gpt2_rmsprop_momentum", false,
-                     [](train::TrainingArguments& a) {
-                       a.optim = "rmsprop";
-                       a.optim_args = "momentum=0.9";
-                     }},
-        EstimateCase{"gpt2_8bit_eager_attention", false,
-                     [](train::TrainingArguments& a) {
-                       a.optim = "adamw_bnb_8bit";
-                       a.attn_implementation = "eager";
-                     }},
-        EstimateCase{"gpt2_eval_steps_workers", false,
-                     [](train::TrainingArguments& a) {
-                       a.eval_strategy = "steps";
-                       a.eval_steps = 2;
-                       a.per_device_eval_batch_size = 4;  // full batches: the split holds 7 blocks
-                       a.dataloader_num_workers = 2;
-                     }},
-        EstimateCase{"gpt2_save_only_model_eval_on_start", false,
-                     [](train::TrainingArguments& a) {
-                       a.save_only_model = true;  // the save writes no optimizer state
-                       a.eval_on_start = true;    // an evaluation inside the measured loop
-                       a.per_device_eval_batch_size = 4;
-                     }},
-        EstimateCase{"gpt2_prefetch_factor_workers", false,
-                     [](train::TrainingArguments& a) {
-                       a.dataloader_num_workers = 2;
-                       a.dataloader_prefetch_factor = 4;
-                     }},
-        EstimateCase{"gpt2_bf16_neftune_label_smoothing", false,
-                     [](train::TrainingArguments& a) {
-                       a.bf16 = true;
-                       a.neftune_noise_alpha = 5;  // a noise tensor beside the embeddings
-                       a.label_smoothing_factor = 0.1;
-                     }},
-        EstimateCase{"llama_fp32_adamw", true, [](train::TrainingArguments&) {}},
-        EstimateCase{"llama_neftune_checkpointing", true,
-                     [](train::TrainingArguments& a) {
-                       a.neftune_noise_alpha = 10;
-                       a.gradient_checkpointing = true;
-                     }},
-        EstimateCase{"llama_bf16_8bit_checkpointing", true,
-                     [](train::TrainingArguments& a) {
-                       a.bf16 = true;
-                       a.optim = "adamw_bnb_8bit";
-                       a.gradient_checkpointing = true;
-                     }},
-        EstimateCase{"llama_fp16_adafactor_accumulation", true,
-                     [](train::TrainingArguments& a) {
-                       a.fp16 = true;
-                       a.optim = "adafactor";
-                       a.gradient_accumulation_steps = 2;
-                     }}),
+    ::testing::Values(EstimateCase{"gpt2_fp32_adamw", false, [](train::TrainingArguments&) {}},
+                      EstimateCase{"gpt2_bf16_checkpointing", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.bf16 = true;
+                                     a.gradient_checkpointing = true;
+                                   }},
+                      EstimateCase{"gpt2_fp16_accumulation", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.fp16 = true;
+                                     a.gradient_accumulation_steps = 3;
+                                   }},
+                      EstimateCase{"gpt2_adafactor_checkpointing", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.optim = "adafactor";
+                                     a.gradient_checkpointing = true;
+                                   }},
+                      EstimateCase{"gpt2_sgd_bf16", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.optim = "sgd";
+                                     a.bf16 = true;
+                                   }},
+                      // Adagrad's sums exist from set-up (torch's constructor makes them); Lion's state
+                      // and RMSprop's buffers from the first step.
+                      EstimateCase{"gpt2_adagrad_fp16", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.optim = "adagrad";
+                                     a.fp16 = true;
+                                   }},
+                      EstimateCase{"gpt2_lion_bf16", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.optim = "lion_32bit";
+                                     a.bf16 = true;
+                                   }},
+                      // AdEMAMix's three states, 8-bit codes + absmax where 8-bit (embeddings in 32-bit)
+                      EstimateCase{"gpt2_ademamix_8bit_bf16", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.optim = "ademamix_8bit";
+                                     a.optim_args = "min_8bit_size=256";
+                                     a.bf16 = true;
+                                   }},
+                      // schedulefree's z and exp_avg_sq from the first step (the switch allocates none)
+                      EstimateCase{"gpt2_schedule_free_adamw_bf16", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.optim = "schedule_free_adamw";
+                                     a.bf16 = true;
+                                   }},
+                      // GaLore: the low-rank moments, bases, stand-ins and scratch; the bases' SVD in host
+                      // scratch
+                      EstimateCase{"gpt2_galore_adamw_bf16", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.optim = "galore_adamw";
+                                     a.optim_target_modules = "all-linear";
+                                     a.optim_args = "rank=8";
+                                     a.bf16 = true;
+                                   }},
+                      EstimateCase{"gpt2_galore_adamw_8bit", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.optim = "galore_adamw_8bit";
+                                     a.optim_target_modules = ".*mlp.*";
+                                     a.optim_args = "rank=4,proj_type=full";
+                                   }},
+                      // GrokAdamW's three states, made at the first gradient; its clip allocates nothing
+                      EstimateCase{"gpt2_grokadamw", false,
+                                   [](train::TrainingArguments& a) { a.optim = "grokadamw"; }},
+                      // StableAdamW's two moments, and its RMS term's slices during the step
+                      EstimateCase{"gpt2_stable_adamw", false,
+                                   [](train::TrainingArguments& a) { a.optim = "stable_adamw"; }},
+                      EstimateCase{"gpt2_rmsprop_momentum", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.optim = "rmsprop";
+                                     a.optim_args = "momentum=0.9";
+                                   }},
+                      EstimateCase{"gpt2_8bit_eager_attention", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.optim = "adamw_bnb_8bit";
+                                     a.attn_implementation = "eager";
+                                   }},
+                      EstimateCase{"gpt2_eval_steps_workers", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.eval_strategy = "steps";
+                                     a.eval_steps = 2;
+                                     a.per_device_eval_batch_size =
+                                         4;  // full batches: the split holds 7 blocks
+                                     a.dataloader_num_workers = 2;
+                                   }},
+                      EstimateCase{"gpt2_save_only_model_eval_on_start", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.save_only_model = true;  // the save writes no optimizer state
+                                     a.eval_on_start = true;    // an evaluation inside the measured loop
+                                     a.per_device_eval_batch_size = 4;
+                                   }},
+                      EstimateCase{"gpt2_prefetch_factor_workers", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.dataloader_num_workers = 2;
+                                     a.dataloader_prefetch_factor = 4;
+                                   }},
+                      EstimateCase{"gpt2_bf16_neftune_label_smoothing", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.bf16 = true;
+                                     a.neftune_noise_alpha = 5;  // a noise tensor beside the embeddings
+                                     a.label_smoothing_factor = 0.1;
+                                   }},
+                      EstimateCase{"llama_fp32_adamw", true, [](train::TrainingArguments&) {}},
+                      EstimateCase{"llama_neftune_checkpointing", true,
+                                   [](train::TrainingArguments& a) {
+                                     a.neftune_noise_alpha = 10;
+                                     a.gradient_checkpointing = true;
+                                   }},
+                      EstimateCase{"llama_bf16_8bit_checkpointing", true,
+                                   [](train::TrainingArguments& a) {
+                                     a.bf16 = true;
+                                     a.optim = "adamw_bnb_8bit";
+                                     a.gradient_checkpointing = true;
+                                   }},
+                      EstimateCase{"llama_fp16_adafactor_accumulation", true,
+                                   [](train::TrainingArguments& a) {
+                                     a.fp16 = true;
+                                     a.optim = "adafactor";
+                                     a.gradient_accumulation_steps = 2;
+                                   }}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // device_map auto over host partitions (cpu:N, to every op as distinct as two GPUs): the estimate places the

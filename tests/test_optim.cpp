@@ -242,7 +242,8 @@ const std::vector<ResumeCase> kResumeCases{{"adamw_torch", ""},
                                            // past a basis refresh (steps 0, 2, 4); 48 x 96: 8-bit state
                                            {"galore_adamw", "rank=8,update_proj_gap=2"},
                                            {"galore_adamw_8bit", "rank=48,update_proj_gap=2"},
-                                           {"galore_adafactor", "rank=8,update_proj_gap=2,proj_type=full"}};
+                                           {"galore_adafactor", "rank=8,update_proj_gap=2,proj_type=full"},
+                                           {"grokadamw", "gamma=0.3"}};
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, OptimResume, ::testing::ValuesIn(kResumeCases), [](const auto& info) {
   return info.param.optim + (info.param.args.empty() ? "" : "_" + std::to_string(info.index));
@@ -276,7 +277,7 @@ TEST(OptimErrors, UnknownNameSuggestsTheNearest) {
 TEST(OptimErrors, HfNamesNotImplementedSaySo) {
   Params ps;
   ps.add("w", test::randn({3}, 1));
-  for (const char* name : {"grokadamw", "galore_adamw_8bit_layerwise", "adamw_torch_4bit", "lomo",
+  for (const char* name : {"adalomo", "galore_adamw_8bit_layerwise", "adamw_torch_4bit", "lomo",
                            "apollo_adamw", "adamw_torch_npu_fused"}) {
     const std::string e = expect_error([&] { optim::make_optimizer(name, ps.list, {}); });
     EXPECT_NE(e.find(fmt::format("--optim '{}' is HF's name for ", name)), std::string::npos) << e;

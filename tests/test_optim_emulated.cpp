@@ -367,6 +367,13 @@ TEST(OptimEmulated, ElementwiseOptimizersGiveTheCpuBits) {
     check_elementwise<ElementwiseRule::galore_adamw, float>(h, true, DType::f32, gen);
     check_elementwise<ElementwiseRule::galore_adamw, double>(h, true, DType::f64, gen);
   }
+  // GrokAdamW's two passes: the EMA with lamb's amplification, and the moments and update
+  h.rule = ElementwiseRule::grok_ema, h.beta1 = 0.98, h.momentum = 2.0;
+  check_elementwise<ElementwiseRule::grok_ema, float>(h, false, DType::f32, gen);
+  check_elementwise<ElementwiseRule::grok_ema, double>(h, false, DType::f64, gen);
+  h.rule = ElementwiseRule::grokadamw, h.beta1 = 0.81, h.decay_factor = 0.9999, h.lr = 0.004;
+  check_elementwise<ElementwiseRule::grokadamw, float>(h, true, DType::f32, gen);
+  check_elementwise<ElementwiseRule::grokadamw, double>(h, true, DType::f64, gen);
   h.rule = ElementwiseRule::schedule_free_lerp;
   for (const double w : {1 - 1 / 0.9, 0.1, 0.75}) {
     h.ckp1 = w;

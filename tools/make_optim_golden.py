@@ -3,7 +3,7 @@
 # 5 steps, and the parameters after the 5 steps under torch.optim's AdamW, SGD, Adagrad and RMSprop, a
 # line-by-line transcription of transformers' Adafactor (transformers is not needed) and of bitsandbytes'
 # 32-bit Lion, RMSprop, Adam and AdEMAMix kernels, schedulefree's AdamW, RAdam and SGD (their foreach steps),
-# optimi's StableAdamW (its for-loop step), plus bitsandbytes' dynamic 8-bit maps.
+# optimi's StableAdamW (its for-loop step), grokadamw's GrokAdamW, plus bitsandbytes' dynamic 8-bit maps.
 # Needs only Debian's python3-torch (the safetensors writer is make_golden.py's).
 #
 #   /usr/bin/python3 tools/make_optim_golden.py tests/golden/optim
@@ -162,6 +162,43 @@ class Bnb32(torch.optim.Optimizer):
                         p.mul_(f32(1.0 - f32(lr * wd)))
 
 
+class GrokAdamW(torch.optim.Optimizer):
+    """grokadamw 0.1's published GrokAdamW step (no grokking signal functions: the signal is 0), its
+    per-parameter clip_grad_norm_ and torch ops in its order (its autocast does nothing on the CPU)."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, alpha_init=0.98, lamb=2.0, gamma=0.1,
+                 grokking_signal_decay_rate=0.1, gradient_clipping=1.0):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, alpha_init=alpha_init, lamb=lamb, gamma=gamma,
+                                      grokking_signal_decay_rate=grokking_signal_decay_rate,
+                                      gradient_clipping=gradient_clipping))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            for i, p in enumerate(params):
+                grad, state = p.grad, self.state[p]
+                if not state:
+                    state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p),
+                                 grok_ema=torch.zeros_like(p))
+                exp_avg, exp_avg_sq, grok_ema = state["exp_avg"], state["exp_avg_sq"], state["grok_ema"]
+                beta1, beta2 = group["betas"]
+                state["step"] += 1
+                if group["gradient_clipping"] > 0:
+                    torch.nn.utils.clip_grad_norm_(p, group["gradient_clipping"])
+                layer_beta1 = beta1 * (1 - group["gamma"]) ** i
+                alpha = group["alpha_init"] * math.exp(-group["grokking_signal_decay_rate"] * 0.0)
+                grok_ema.mul_(alpha).add_(grad, alpha=1 - alpha)
+                grok_grad = grad + group["lamb"] * grok_ema
+                exp_avg.mul_(layer_beta1).add_(grok_grad, alpha=1 - layer_beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(grok_grad, grok_grad, value=1 - beta2)
+                bias_correction1 = 1 - beta1 ** state["step"]
+                bias_correction2 = 1 - beta2 ** state["step"]
+                step_size = group["lr"] * math.sqrt(bias_correction2) / bias_correction1
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.addcdiv_(exp_avg, exp_avg_sq.sqrt().add_(group["eps"]), value=-step_size)
+
+
 class ScheduleFree(torch.optim.Optimizer):
     """schedulefree 1.4's AdamWScheduleFree, RAdamScheduleFree (silent_sgd_phase) and SGDScheduleFree, their
     foreach steps re-expressed with the same torch._foreach_ ops in the same order (schedulefree is not in
@@ -316,6 +353,12 @@ STABLE_CONFIGS = {
                                                     decouple_lr=True, max_lr=2e-2),
 }
 
+GROK_CONFIGS = {
+    "grokadamw": lambda g: GrokAdamW(groups(g, 0.1), lr=1e-2),
+    "grokadamw_noclip": lambda g: GrokAdamW(groups(g, 0.01), lr=1e-2, alpha_init=0.9, lamb=5.0, gamma=0.3,
+                                            gradient_clipping=0.0),
+}
+
 SF_CONFIGS = {
     "sf_adamw": lambda g: ScheduleFree(groups(g, 0.1), "adamw", lr=1e-2, betas=(0.9, 0.999), eps=1e-8,
                                        warmup_steps=3),
@@ -351,7 +394,7 @@ def main(out_dir):
     out = {f"init.{n}": t for n, t in init.items()}
     for k, g in enumerate(grads):
         out.update({f"grad{k + 1}.{n}": t for n, t in g.items()})
-    for cfg, make in list(CONFIGS.items()) + list(STABLE_CONFIGS.items()):
+    for cfg, make in list(CONFIGS.items()) + list(STABLE_CONFIGS.items()) + list(GROK_CONFIGS.items()):
         params = {n: t.clone().requires_grad_(True) for n, t in init.items()}
         opt = make(params)
         for k in range(STEPS):

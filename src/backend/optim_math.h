@@ -128,7 +128,9 @@ enum class ElementwiseRule : uint8_t {
   schedule_free_lerp,
   stable_adamw_moments,
   stable_adamw_param,
-  galore_adamw
+  galore_adamw,
+  grok_ema,
+  grokadamw
 };
 
 // The step's hyper-parameters. adagrad: lr_decay, eps, step; rmsprop: alpha (beta1), eps, momentum; lion:
@@ -138,7 +140,10 @@ enum class ElementwiseRule : uint8_t {
 // not); schedule_free_lerp: the parameter lerped toward state1 by ckp1 alone (no gradient is read).
 // galore_adamw (galore_torch's AdamW, transformers' former AdamW): beta1, beta2, eps, lr the step size
 // lr * sqrt(1 - beta2^t) / (1 - beta1^t), decay_factor the decay's alpha -lr * weight_decay (applied after
-// the update).
+// the update). GrokAdamW (grokadamw 0.1's published step) in two passes: grok_ema (state1, the gradient's
+// EMA, decayed by beta1 = alpha; the "parameter" it writes is grad + momentum * EMA - lamb's amplified
+// gradient, into the gradient's own buffer), then grokadamw (AdamW's moments at the tensor's beta1, the
+// parameter scaled by decay_factor = 1 - lr * weight_decay, then moved by lr = the step size).
 struct ElementwiseHyper {
   ElementwiseRule rule = ElementwiseRule::adagrad;
   double lr = 1e-2, beta1 = 0.0, beta2 = 0.0, eps = 1e-10, momentum = 0.0, lr_decay = 0.0;
@@ -160,7 +165,8 @@ constexpr bool reads_gradient(ElementwiseRule r) {
 }
 constexpr bool needs_state2(ElementwiseRule r) {
   return r == ElementwiseRule::schedule_free_adam || r == ElementwiseRule::stable_adamw_moments ||
-         r == ElementwiseRule::stable_adamw_param || r == ElementwiseRule::galore_adamw;
+         r == ElementwiseRule::stable_adamw_param || r == ElementwiseRule::galore_adamw ||
+         r == ElementwiseRule::grokadamw;
 }
 
 template <typename T>
@@ -177,10 +183,12 @@ struct ElementwiseScalars {
     const bool python_scalars =  // schedulefree's and optimi's: torch's Python scalars, each cast once
         h.rule == ElementwiseRule::schedule_free_adam || h.rule == ElementwiseRule::schedule_free_sgd ||
         h.rule == ElementwiseRule::schedule_free_lerp || h.rule == ElementwiseRule::stable_adamw_moments ||
-        h.rule == ElementwiseRule::stable_adamw_param || h.rule == ElementwiseRule::galore_adamw;
+        h.rule == ElementwiseRule::stable_adamw_param || h.rule == ElementwiseRule::galore_adamw ||
+        h.rule == ElementwiseRule::grok_ema || h.rule == ElementwiseRule::grokadamw;
     if (python_scalars) {
       b1 = static_cast<T>(h.beta1);
       one_b1 = static_cast<T>(1.0 - h.beta1);
+      momentum = static_cast<T>(h.momentum);
       decays = weight_decay != 0;  // both: `if weight_decay != 0`
       decay = static_cast<T>(h.decay_factor);
       neg_lr = static_cast<T>(-h.lr);
@@ -258,6 +266,14 @@ TR_HD void elementwise_update(T& p, T g, T& s1, T* s2, const ElementwiseScalars<
     p = fused_multiply_add(s1 / (square_root(*s2) + c.eps), c.neg_lr, p);  // p.add_(m / denom, -step_size)
     const T decayed = fused_multiply_add(p, c.decay, p);                   // p.add_(p, alpha=-lr * wd)
     p = c.decay_on != T(0) ? decayed : p;
+  } else if constexpr (R == ElementwiseRule::grok_ema) {
+    s1 = fused_multiply_add(g, c.one_b1, s1 * c.b1);  // grok_ema.mul_(alpha).add_(grad, alpha=1-alpha)
+    p = g + c.momentum * s1;                          // grok_grad = grad + lamb * grok_ema
+  } else if constexpr (R == ElementwiseRule::grokadamw) {
+    s1 = fused_multiply_add(g, c.one_b1, s1 * c.b1);        // exp_avg.mul_(b1_i).add_(g, alpha=1-b1_i)
+    *s2 = fused_multiply_add(c.one_b2 * g, g, *s2 * c.b2);  // exp_avg_sq.mul_(b2).addcmul_(g, g, 1-b2)
+    p = p * c.decay;                                        // p.mul_(1 - lr * weight_decay)
+    p = p + c.neg_lr * s1 / (square_root(*s2) + c.eps);     // p.addcdiv_(m, sqrt(v) + eps, -step_size)
   } else if constexpr (R == ElementwiseRule::schedule_free_lerp) {
     p = lerp_toward(p, s1, c.ckp1);  // eval: p.lerp_(z, 1 - 1/beta1); train: p.lerp_(z, 1 - beta1)
   } else if constexpr (R == ElementwiseRule::adagrad) {

@@ -259,6 +259,9 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
 // {sum of squares of the unscaled gradients, count of non-finite values}, f64 [2] on `device` (undefined
 // gradients are skipped).
 Tensor grad_stats(const std::vector<Tensor>& grads, double inv_scale, Device device);
+// grad_stats of one contiguous gradient written into `stats` (f64 [2] on its device, overwritten): a
+// per-tensor norm that allocates nothing (GrokAdamW's per-parameter clipping).
+void grad_stats_into(const Tensor& grad, const Tensor& stats);
 void transform_grads(const std::vector<std::pair<Tensor, Tensor>>& src_dst,
                      const backend::Backend::GradTransform& t);
 void fused_adamw(const std::vector<backend::Backend::AdamWTensors>& tensors,

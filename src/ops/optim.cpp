@@ -102,6 +102,19 @@ Tensor grad_stats(const std::vector<Tensor>& grads, double inv_scale, Device dev
   return stats.device() == device ? stats : to_device(stats, device);
 }
 
+void grad_stats_into(const Tensor& grad, const Tensor& stats) {
+  TR_CHECK(is_float(grad.dtype()) && grad.is_contiguous(),
+           "grad_stats_into: gradient {} is not contiguous "
+           "floating point",
+           grad.describe());
+  TR_CHECK(stats.dtype() == DType::f64 && stats.numel() == 2 && stats.device() == grad.device() &&
+               stats.is_contiguous(),
+           "grad_stats_into: statistics {} must be f64 [2] on {}", stats.describe(), grad.device().str());
+  fill_(stats, 0.0);
+  if (!grad.device().is_meta() && grad.numel() > 0)
+    backend::backend_for(grad.device()).grad_stats({grad}, 1.0, stats);
+}
+
 void transform_grads(const std::vector<std::pair<Tensor, Tensor>>& src_dst,
                      const backend::Backend::GradTransform& t) {
   if (src_dst.empty()) return;

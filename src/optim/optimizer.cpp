@@ -19,6 +19,7 @@
 #include "optim/common.h"
 #include "optim/elementwise.h"
 #include "optim/galore.h"
+#include "optim/grokadamw.h"
 #include "optim/schedule_free.h"
 #include "optim/sgd.h"
 #include "optim/stable_adamw.h"
@@ -124,7 +125,8 @@ const std::vector<std::string>& optimizer_names() {
                                               "stable_adamw",
                                               "galore_adamw",
                                               "galore_adamw_8bit",
-                                              "galore_adafactor"};
+                                              "galore_adafactor",
+                                              "grokadamw"};
   return names;
 }
 
@@ -146,7 +148,7 @@ const std::map<std::string, std::string>& unimplemented_names() {
       {"apollo_adamw_layerwise", "APOLLO's layer-wise AdamW (updates inside the backward pass)"},
       {"lomo", "LOMO (the update fused into the backward pass, no optimizer state)"},
       {"adalomo", "AdaLomo (LOMO with an adaptive, factored second moment)"},
-      {"grokadamw", "grokadamw's GrokAdamW"}};
+  };
 
   return names;
 }
@@ -189,7 +191,14 @@ std::unique_ptr<Optimizer> make_optimizer(const std::string& name, const nn::Par
   if (ScheduleFree::implements(name)) return std::make_unique<ScheduleFree>(name, params, opts);
   if (name == "stable_adamw") return std::make_unique<StableAdamW>(params, opts);
   if (GaLore::implements(name)) return std::make_unique<GaLore>(name, params, opts);
+  if (name == "grokadamw") return std::make_unique<GrokAdamW>(params, opts);
   fail("--optim '{}': no optimizer is built for this name", name);  // (a name listed above but not built)
+}
+
+std::string unused_flags_note(const std::string& name, const OptimizerOptions& opts) {
+  if (GaLore::implements(name)) return GaLore::unused_flags_note(name, opts);
+  if (name == "grokadamw") return GrokAdamW::unused_flags_note(opts);
+  return "";
 }
 
 namespace {

@@ -2,7 +2,7 @@
 // adamw_torch_fused, adamw_apex_fused, adafactor, adamw_bnb_8bit / adamw_8bit / paged_adamw_8bit,
 // paged_adamw_32bit, sgd, adagrad, rmsprop, rmsprop_bnb / rmsprop_bnb_32bit, rmsprop_bnb_8bit, lion_32bit /
 // paged_lion_32bit, lion_8bit / paged_lion_8bit, the ademamix family, schedule_free_adamw / _radam / _sgd,
-// stable_adamw, galore_adamw / _adamw_8bit / _adafactor).
+// stable_adamw, galore_adamw / _adamw_8bit / _adafactor, grokadamw).
 #pragma once
 #include <map>
 #include <memory>
@@ -90,6 +90,9 @@ void check_optimizer_name(const std::string& name);
 // Throws for an unknown name, suggesting the nearest valid one.
 std::unique_ptr<Optimizer> make_optimizer(const std::string& name, const nn::ParamList& params,
                                           const OptimizerOptions& opts);
+// For the classes HF builds without some of the flags (GaLore's, GrokAdamW): a sentence naming the flags
+// given non-default values that the optimizer therefore does not use; "" otherwise.
+std::string unused_flags_note(const std::string& name, const OptimizerOptions& opts);
 // "momentum=0.9,nesterov=true" -> map; throws on a malformed entry.
 std::map<std::string, std::string> parse_optim_args(const std::string& text);
 

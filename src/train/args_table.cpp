@@ -121,7 +121,8 @@ const std::vector<ArgSpec>& argument_specs() {
        "adagrad lr_decay, initial_accumulator_value, eps; rmsprop alpha, eps, momentum; rmsprop_bnb* alpha, "
        "eps; ademamix* beta1, beta2, beta3, alpha, eps, t_alpha, t_beta3; schedule_free_* weight_lr_power, r "
        "(schedule_free_sgd also momentum); stable_adamw decouple_lr, max_lr, kahan_sum; galore_* rank, "
-       "update_proj_gap, scale, proj_type (std, reverse_std, right, left, full); the 8-bit ones "
+       "update_proj_gap, scale, proj_type (std, reverse_std, right, left, full); grokadamw alpha_init, "
+       "lamb, gamma, grokking_signal_decay_rate, gradient_clipping; the 8-bit ones "
        "min_8bit_size",
        "training"},
       {"optim_target_modules", &A::optim_target_modules,

@@ -206,8 +206,9 @@ class CompiledStep final : public TrainStep {
     alloc.begin_window();
     core_.finish(step, lr, loss, r);
     loss = Tensor();
-    const int64_t finish_own =
-        alloc.stats().window_peak_bytes - at_finish - (core_.state().opt.state_bytes() - state_before);
+    // The window's peak read first: state_bytes() may materialize small tensors (state_dict's step counts).
+    const int64_t window_peak = alloc.stats().window_peak_bytes;
+    const int64_t finish_own = window_peak - at_finish - (core_.state().opt.state_bytes() - state_before);
     if (p.graph) {
       // Between steps only what outlives a step is allocated: parameters, optimizer state, this plan's static
       // inputs (the arena is released).

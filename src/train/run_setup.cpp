@@ -361,9 +361,9 @@ void Run::announce() const {
                  "schedulefree recommends constant%s\n",
                  a_.optim.c_str(), a_.lr_scheduler_type.c_str(),
                  a_.optim == "schedule_free_radam" ? "" : " (its own warm-up is --warmup_steps)");
+  const std::string unused = optim::unused_flags_note(a_.optim, optimizer_options(a_));
+  if (!unused.empty()) std::fprintf(stderr, "train: note: %s\n", unused.c_str());
   if (const auto* g = dynamic_cast<const optim::GaLore*>(opt_.get())) {
-    const std::string unused = optim::GaLore::unused_flags_note(a_.optim, optimizer_options(a_));
-    if (!unused.empty()) std::fprintf(stderr, "train: note: %s\n", unused.c_str());
     const auto names = g->projected();
     std::fprintf(stderr, "train: %s projects %zu of %zu linear weights (%s ... %s)\n", a_.optim.c_str(),
                  names.size(), model_->linear_weight_names().size(), names.front().c_str(),

@@ -220,6 +220,8 @@ void elementwise_dispatch(const backend::Backend::ElementwiseTensors& x, const b
     case ElementwiseRule::stable_adamw_param:
       return elementwise_tensor<ElementwiseRule::stable_adamw_param, T>(x, h);
     case ElementwiseRule::galore_adamw: return elementwise_tensor<ElementwiseRule::galore_adamw, T>(x, h);
+    case ElementwiseRule::grok_ema: return elementwise_tensor<ElementwiseRule::grok_ema, T>(x, h);
+    case ElementwiseRule::grokadamw: return elementwise_tensor<ElementwiseRule::grokadamw, T>(x, h);
   }
 }
 

@@ -94,6 +94,12 @@ void launch_elementwise(Stream stream, const backend::ElementwiseHyper& h, doubl
     case ElementwiseRule::galore_adamw:
       elementwise_kernel<ElementwiseRule::galore_adamw, T><<<blocks, 256, 0, stream>>>(p, g, s1, s2, n, c);
       break;
+    case ElementwiseRule::grok_ema:
+      elementwise_kernel<ElementwiseRule::grok_ema, T><<<blocks, 256, 0, stream>>>(p, g, s1, s2, n, c);
+      break;
+    case ElementwiseRule::grokadamw:
+      elementwise_kernel<ElementwiseRule::grokadamw, T><<<blocks, 256, 0, stream>>>(p, g, s1, s2, n, c);
+      break;
     case ElementwiseRule::schedule_free_lerp:
       elementwise_kernel<ElementwiseRule::schedule_free_lerp, T>
           <<<blocks, 256, 0, stream>>>(p, g, s1, s2, n, c);
