@@ -173,7 +173,8 @@ int main(int argc, char** argv) {
                                                      {"ademamix_8bit", 18.0},
                                                      {"schedule_free_adamw", 28.0},
                                                      {"schedule_free_sgd", 20.0},
-                                                     {"stable_adamw", 44.0}}) {
+                                                     {"stable_adamw", 44.0},
+                                                     {"grokadamw", 56.0}}) {
       Tensor w = ops::clone(w0);
       const nn::ParamList params{{"h.0.mlp.c_fc.weight", &w}};
       auto opt = optim::make_optimizer(name, params, {});
