@@ -210,23 +210,7 @@ GaLore::GaLore(const std::string& name, const nn::ParamList& params, OptimizerOp
       full_params.emplace_back(pname, p);
       continue;
     }
-    const int64_t m = p->shape()[0], n = p->shape()[1], r = std::min(rank_, std::min(m, n));
-    const bool tall = m >= n;
-    sl.right = proj_ == GaloreProjection::right || (proj_ == GaloreProjection::std_side && tall) ||
-               (proj_ == GaloreProjection::reverse_std && !tall);
-    Shape low;
-    if (proj_ == GaloreProjection::full) {
-      sl.ortho = ops::zeros({m, r}, DType::f32, p->device());
-      sl.ortho_right = ops::zeros({r, n}, DType::f32, p->device());
-      low = {r, r};
-    } else if (sl.right) {
-      sl.ortho = ops::zeros({r, n}, DType::f32, p->device());  // Vh[:rank]
-      low = {m, r};
-    } else {
-      sl.ortho = ops::zeros({m, r}, DType::f32, p->device());  // U[:, :rank]
-      low = {r, n};
-    }
-    sl.buffer = ops::zeros(low, DType::f32, p->device());
+    allocate_projection(sl);
     low_params.emplace_back(pname, &sl.buffer);
   }
   full_before_.push_back(full_params.size());
@@ -241,24 +225,46 @@ GaLore::GaLore(const std::string& name, const nn::ParamList& params, OptimizerOp
            opts_.linear_weights.empty() ? std::string("none")
                                         : fmt::format("'{}'", module_of(opts_.linear_weights.front())));
 
-  // The inner optimizers with galore_torch's defaults (HF passes the learning rate alone); every parameter
-  // in one group, so HF's decay groups do not apply. The stand-ins take no decay: it is applied to the
-  // weight after the update is projected back.
-  OptimizerOptions inner;
-  inner.lr = opts_.lr;
-  inner.beta1 = 0.9;
-  inner.beta2 = 0.999;
-  inner.eps = kind_ == Kind::adamw ? 1e-6 : 1e-8;
-  inner.decay_all = true;
-  const auto make = [&](const nn::ParamList& ps, double wd) -> std::unique_ptr<Optimizer> {
-    OptimizerOptions o = inner;
-    o.weight_decay = wd;
-    if (kind_ == Kind::adamw) return std::make_unique<GaloreAdamW>(ps, o);
-    if (kind_ == Kind::adamw_8bit) return std::make_unique<AdamW8bit>(ps, o);
-    return std::make_unique<Adafactor>(ps, o);
-  };
-  full_ = make(full_params, weight_decay_);
-  low_ = make(low_params, 0.0);
+  full_ = make_inner(full_params, weight_decay_);
+  low_ = make_inner(low_params, 0.0);
+}
+
+// The side the basis multiplies, the basis and the low-rank stand-in of one projected weight.
+void GaLore::allocate_projection(Slot& s) const {
+  const Tensor& p = *s.param;
+  const int64_t m = p.shape()[0], n = p.shape()[1], r = std::min(rank_, std::min(m, n));
+  const bool tall = m >= n;
+  s.right = proj_ == GaloreProjection::right || (proj_ == GaloreProjection::std_side && tall) ||
+            (proj_ == GaloreProjection::reverse_std && !tall);
+  Shape low;
+  if (proj_ == GaloreProjection::full) {
+    s.ortho = ops::zeros({m, r}, DType::f32, p.device());
+    s.ortho_right = ops::zeros({r, n}, DType::f32, p.device());
+    low = {r, r};
+  } else if (s.right) {
+    s.ortho = ops::zeros({r, n}, DType::f32, p.device());  // Vh[:rank]
+    low = {m, r};
+  } else {
+    s.ortho = ops::zeros({m, r}, DType::f32, p.device());  // U[:, :rank]
+    low = {r, n};
+  }
+  s.buffer = ops::zeros(low, DType::f32, p.device());
+}
+
+// An inner optimizer with galore_torch's defaults (HF passes the learning rate alone); every parameter in one
+// group, so HF's decay groups do not apply. The stand-ins take no decay: it is applied to the weight after
+// the update is projected back.
+std::unique_ptr<Optimizer> GaLore::make_inner(const nn::ParamList& params, double weight_decay) const {
+  OptimizerOptions o;
+  o.lr = opts_.lr;
+  o.beta1 = 0.9;
+  o.beta2 = 0.999;
+  o.eps = kind_ == Kind::adamw ? 1e-6 : 1e-8;
+  o.decay_all = true;
+  o.weight_decay = weight_decay;
+  if (kind_ == Kind::adamw) return std::make_unique<GaloreAdamW>(params, o);
+  if (kind_ == Kind::adamw_8bit) return std::make_unique<AdamW8bit>(params, o);
+  return std::make_unique<Adafactor>(params, o);
 }
 
 void GaLore::set_lr(double lr) {

@@ -49,6 +49,8 @@ class GaLore : public Optimizer {
     Tensor ortho, ortho_right;
     bool has_basis = false;
   };
+  void allocate_projection(Slot& s) const;
+  std::unique_ptr<Optimizer> make_inner(const nn::ParamList& params, double weight_decay) const;
   void refresh_basis(Slot& s, const Tensor& grad);
   void project_into(const Slot& s, const Tensor& grad, const Tensor& low) const;
   void add_projected_back(const Slot& s, const Tensor& low) const;
