@@ -168,6 +168,8 @@ TEST(GaloreTargets, MatchAsHfDoes) {
   EXPECT_NE(error("(").find("'(' is not a valid regular expression"), std::string::npos);
   EXPECT_NE(error("[\"q\", 3]").find("3 is not a string"), std::string::npos);
   EXPECT_NE(error("[oops").find("not a JSON list of strings"), std::string::npos);
+  EXPECT_NE(error(std::string(1001, '(')).find("a pattern of 1001 characters (at most 1000)"),
+            std::string::npos);
   EXPECT_NE(error("all-linear", "proj_type=diag").find("proj_type='diag' is not one of std, reverse_std"),
             std::string::npos);
   EXPECT_NE(error("all-linear", "rank=0").find("rank=0 must be at least 1"), std::string::npos);
@@ -284,6 +286,9 @@ TEST(TrainerGalore, TrainsAndResumesExactly) {
   EXPECT_EQ(l.optim_target_modules, "[\"c_attn\",\"c_fc\"]");
   EXPECT_EQ(l.to_json()["optim_target_modules"], nlohmann::json({"c_attn", "c_fc"}));
   EXPECT_TRUE(train::TrainingArguments().to_json()["optim_target_modules"].is_null());
+  train::TrainingArguments n;  // a JSON text that is not a list of strings is written back as the text
+  n.optim_target_modules = "[1, 2]";
+  EXPECT_EQ(n.to_json()["optim_target_modules"], "[1, 2]");
   auto c = a;
   c.output_dir = (s.dir / "no_targets").string();
   c.optim_target_modules = "lm_head";

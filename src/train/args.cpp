@@ -474,12 +474,13 @@ nlohmann::json TrainingArguments::to_json() const {
       j[dict] = parsed;
   }
   // HF's Union[None, str, list[str]]: null when unset, a JSON list given as one kept as a list.
-  if (optim_target_modules.empty())
+  if (optim_target_modules.empty()) {
     j["optim_target_modules"] = nullptr;
-  else if (optim_target_modules.front() == '[')
-    j["optim_target_modules"] =
-        nlohmann::json::parse(optim_target_modules, nullptr, /*allow_exceptions=*/false);
-  if (j["optim_target_modules"].is_discarded()) j["optim_target_modules"] = optim_target_modules;
+  } else if (optim_target_modules.front() == '[') {  // a list of strings only: anything else stays text
+    const auto list = nlohmann::json::parse(optim_target_modules, nullptr, /*allow_exceptions=*/false);
+    if (list.is_array() && std::all_of(list.begin(), list.end(), [](const auto& e) { return e.is_string(); }))
+      j["optim_target_modules"] = list;
+  }
   return j;
 }
 
