@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "nn/layers.h"
+#include "optim/optimizer.h"
 
 namespace tr::optim::detail {
 
@@ -29,6 +30,10 @@ class OptimArgs {
   std::map<std::string, std::string> args_;
   std::vector<std::string> known_;
 };
+
+// The --adam_* flags given values other than HF's defaults, each as "--adam_beta2 0.95 (it uses 0.999)", for
+// optimizers HF builds without them (the class's own betas and `eps_used` hold).
+std::vector<std::string> unused_adam_flags(const OptimizerOptions& opts, const char* eps_used);
 
 // Every parameter on the CPU, contiguous, with a dtype in `dtypes`; throws naming the first that is not.
 // any_device: the optimizer also runs on GPUs (through the backend's kernels), and on a model split across

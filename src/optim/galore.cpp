@@ -94,7 +94,7 @@ GaloreProjection parse_projection(const std::string& name, const std::string& te
 // HF's check_target_module_exists over the linear layers' module names.
 class TargetModules {
  public:
-  TargetModules(const std::string& optim, const std::string& text) : optim_(optim), text_(text) {
+  TargetModules(const std::string& optim, const std::string& text) {
     TR_CHECK(!text.empty(),
              "--optim {} needs --optim_target_modules: a regex of module names (e.g. '.*(attn|mlp).*'), "
              "all-linear, or a JSON list of names (e.g. '[\"q_proj\", \"v_proj\"]'), as HF",
@@ -132,13 +132,15 @@ class TargetModules {
 
  private:
   std::regex compile(const std::string& pattern) const {
+    // std::regex compiles by recursion: a bounded pattern keeps a pathological one from the stack's end
+    TR_CHECK(pattern.size() <= 1000, "--optim_target_modules: a pattern of {} characters (at most 1000)",
+             pattern.size());
     try {
       return std::regex(pattern);
     } catch (const std::regex_error& e) {
       fail("--optim_target_modules: '{}' is not a valid regular expression ({})", pattern, e.what());
     }
   }
-  std::string optim_, text_;
   bool all_linear_ = false;
   std::vector<std::string> list_;
   std::vector<std::regex> regexes_;
@@ -158,12 +160,7 @@ std::string GaLore::unused_flags_note(const std::string& name, const OptimizerOp
   if (!implements(name)) return "";
   const bool adam = name != "galore_adafactor";
   std::vector<std::string> unused;
-  if (adam && opts.beta1 != 0.9) unused.push_back(fmt::format("--adam_beta1 {} (it uses 0.9)", opts.beta1));
-  if (adam && opts.beta2 != 0.999)
-    unused.push_back(fmt::format("--adam_beta2 {} (it uses 0.999)", opts.beta2));
-  if (adam && opts.eps != 1e-8)
-    unused.push_back(
-        fmt::format("--adam_epsilon {} (it uses {})", opts.eps, name == "galore_adamw" ? "1e-6" : "1e-8"));
+  if (adam) unused = detail::unused_adam_flags(opts, name == "galore_adamw" ? "1e-6" : "1e-8");
   if (opts.weight_decay != 0)
     unused.push_back(fmt::format("--weight_decay {} (it uses {})", opts.weight_decay,
                                  name == "galore_adamw_8bit" ? "0.01 on every parameter" : "none"));

@@ -38,10 +38,7 @@ GrokAdamW::GrokAdamW(const nn::ParamList& params, OptimizerOptions opts)
 }
 
 std::string GrokAdamW::unused_flags_note(const OptimizerOptions& opts) {
-  std::vector<std::string> unused;
-  if (opts.beta1 != 0.9) unused.push_back(fmt::format("--adam_beta1 {} (it uses 0.9)", opts.beta1));
-  if (opts.beta2 != 0.999) unused.push_back(fmt::format("--adam_beta2 {} (it uses 0.999)", opts.beta2));
-  if (opts.eps != 1e-8) unused.push_back(fmt::format("--adam_epsilon {} (it uses 1e-8)", opts.eps));
+  const std::vector<std::string> unused = detail::unused_adam_flags(opts, "1e-8");
   if (unused.empty()) return "";
   return fmt::format("--optim grokadamw: HF builds GrokAdamW without the Adam flags, so {} {} not used",
                      fmt::join(unused, ", "), unused.size() == 1 ? "is" : "are");

@@ -254,6 +254,14 @@ double OptimArgs::number(const std::string& key, double fallback) {
   return optional_number(key).value_or(fallback);
 }
 
+std::vector<std::string> unused_adam_flags(const OptimizerOptions& opts, const char* eps_used) {
+  std::vector<std::string> unused;
+  if (opts.beta1 != 0.9) unused.push_back(fmt::format("--adam_beta1 {} (it uses 0.9)", opts.beta1));
+  if (opts.beta2 != 0.999) unused.push_back(fmt::format("--adam_beta2 {} (it uses 0.999)", opts.beta2));
+  if (opts.eps != 1e-8) unused.push_back(fmt::format("--adam_epsilon {} (it uses {})", opts.eps, eps_used));
+  return unused;
+}
+
 std::string OptimArgs::text(const std::string& key, const std::string& fallback) {
   const std::string* v = find(key);
   return v ? *v : fallback;
