@@ -124,6 +124,19 @@ INSTANTIATE_TEST_SUITE_P(
                                      a.optim_target_modules = ".*mlp.*";
                                      a.optim_args = "rank=4,proj_type=full";
                                    }},
+                      // updates during backward: each gradient dropped once its parameter is updated
+                      EstimateCase{"gpt2_galore_adamw_layerwise_bf16", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.optim = "galore_adamw_layerwise";
+                                     a.optim_target_modules = "all-linear";
+                                     a.optim_args = "rank=8";
+                                     a.bf16 = true;
+                                   }},
+                      EstimateCase{"gpt2_adalomo_accumulation", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.optim = "adalomo";
+                                     a.gradient_accumulation_steps = 2;
+                                   }},
                       // GrokAdamW's three states, made at the first gradient; its clip allocates nothing
                       EstimateCase{"gpt2_grokadamw", false,
                                    [](train::TrainingArguments& a) { a.optim = "grokadamw"; }},

@@ -243,7 +243,12 @@ const std::vector<ResumeCase> kResumeCases{{"adamw_torch", ""},
                                            {"galore_adamw", "rank=8,update_proj_gap=2"},
                                            {"galore_adamw_8bit", "rank=48,update_proj_gap=2"},
                                            {"galore_adafactor", "rank=8,update_proj_gap=2,proj_type=full"},
-                                           {"grokadamw", "gamma=0.3"}};
+                                           {"galore_adamw_layerwise", "rank=8,update_proj_gap=2"},
+                                           {"galore_adamw_8bit_layerwise", "rank=48,update_proj_gap=2"},
+                                           {"galore_adafactor_layerwise", "rank=8,proj_type=left"},
+                                           {"grokadamw", "gamma=0.3"},
+                                           {"lomo", ""},
+                                           {"adalomo", ""}};
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, OptimResume, ::testing::ValuesIn(kResumeCases), [](const auto& info) {
   return info.param.optim + (info.param.args.empty() ? "" : "_" + std::to_string(info.index));
@@ -277,15 +282,15 @@ TEST(OptimErrors, UnknownNameSuggestsTheNearest) {
 TEST(OptimErrors, HfNamesNotImplementedSaySo) {
   Params ps;
   ps.add("w", test::randn({3}, 1));
-  for (const char* name : {"adalomo", "galore_adamw_8bit_layerwise", "adamw_torch_4bit", "lomo",
-                           "apollo_adamw", "adamw_torch_npu_fused"}) {
+  for (const char* name : {"apollo_adamw_layerwise", "adamw_torch_4bit", "adamw_anyprecision", "apollo_adamw",
+                           "adamw_torch_npu_fused"}) {
     const std::string e = expect_error([&] { optim::make_optimizer(name, ps.list, {}); });
     EXPECT_NE(e.find(fmt::format("--optim '{}' is HF's name for ", name)), std::string::npos) << e;
     EXPECT_NE(e.find("which trainer.cpp does not implement; it implements adamw_torch, "), std::string::npos)
         << e;
     EXPECT_EQ(expect_error([&] { optim::check_optimizer_name(name); }), e);
   }
-  EXPECT_NE(expect_error([&] { optim::check_optimizer_name("adalomo"); }).find("AdaLomo (LOMO with"),
+  EXPECT_NE(expect_error([&] { optim::check_optimizer_name("apollo_adamw"); }).find("APOLLO's AdamW (random"),
             std::string::npos);
   EXPECT_NO_THROW(optim::check_optimizer_name("paged_ademamix_8bit"));
   EXPECT_NO_THROW(optim::check_optimizer_name("schedule_free_radam"));

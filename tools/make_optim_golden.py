@@ -3,7 +3,8 @@
 # 5 steps, and the parameters after the 5 steps under torch.optim's AdamW, SGD, Adagrad and RMSprop, a
 # line-by-line transcription of transformers' Adafactor (transformers is not needed) and of bitsandbytes'
 # 32-bit Lion, RMSprop, Adam and AdEMAMix kernels, schedulefree's AdamW, RAdam and SGD (their foreach steps),
-# optimi's StableAdamW (its for-loop step), grokadamw's GrokAdamW, plus bitsandbytes' dynamic 8-bit maps.
+# optimi's StableAdamW (its for-loop step), grokadamw's GrokAdamW, lomo_optim's Lomo and AdaLomo (their
+# per-parameter update as the backward hook runs it), plus bitsandbytes' dynamic 8-bit maps.
 # Needs only Debian's python3-torch (the safetensors writer is make_golden.py's).
 #
 #   /usr/bin/python3 tools/make_optim_golden.py tests/golden/optim
@@ -312,6 +313,65 @@ class StableAdamW(torch.optim.Optimizer):
 SF_STEPS, SF_EVAL = 8, 3
 
 
+class LomoRef:
+    """lomo_optim's Lomo / AdaLomo fuse_update (non-ZeRO), run on each parameter as its backward hook does once
+    the gradient is final; one step() is one fused_backward. As HF builds them: lr alone (no clipping, no
+    weight decay). AdaLomo's loss_scale (2^10 on the loss, divided out of the gradient) changes no bit and is
+    left out; its row/column states take Adafactor's shapes (shape[:-1], shape[:-2] + shape[-1:]), which are
+    lomo_optim's for the matrices it was written for and also cover the 3-D test tensor."""
+
+    def __init__(self, params, ada, lr):
+        self.params, self.ada, self.lr, self.step_num = params, ada, lr, 0
+        self.eps, self.decay_rate, self.clip_threshold = (1e-30, 1e-3), -0.8, 1.0
+        self.row, self.col, self.sq = {}, {}, {}
+        for n, p in params.items():
+            if p.dim() > 1:
+                self.row[n] = torch.zeros(p.shape[:-1])
+                self.col[n] = torch.zeros(p.shape[:-2] + p.shape[-1:])
+            else:
+                self.sq[n] = torch.zeros(p.shape)
+
+    @staticmethod
+    def rms(t):
+        return t.norm(2) / (t.numel() ** 0.5)
+
+    @torch.no_grad()
+    def step(self):
+        self.step_num += 1
+        for n, p in self.params.items():
+            grad_fp32 = p.grad.to(torch.float32)
+            p.grad = None
+            p_fp32 = p.data.to(torch.float32)
+            if not self.ada:
+                p_fp32.add_(grad_fp32, alpha=-self.lr)
+                p.data.copy_(p_fp32)
+                continue
+            decay_rate = -self.decay_rate if self.step_num == 0 and self.decay_rate < 0 else self.decay_rate
+            beta2t = 1.0 - math.pow(self.step_num, decay_rate)
+            update = (grad_fp32 ** 2) + self.eps[0]
+            if p.dim() > 1:
+                self.row[n].mul_(beta2t).add_(update.mean(dim=-1), alpha=1.0 - beta2t)
+                self.col[n].mul_(beta2t).add_(update.mean(dim=-2), alpha=1.0 - beta2t)
+                r_factor = (self.row[n] / self.row[n].mean(dim=-1, keepdim=True)).rsqrt_().unsqueeze(-1)
+                c_factor = self.col[n].unsqueeze(-2).rsqrt()
+                update = torch.mul(r_factor, c_factor)
+                update.mul_(grad_fp32)
+            else:
+                self.sq[n].mul_(beta2t).add_(update, alpha=1.0 - beta2t)
+                update = self.sq[n].rsqrt().mul_(grad_fp32)
+            update.div_((self.rms(update) / self.clip_threshold).clamp_(min=1.0))
+            p_rms = torch.norm(p_fp32, 2.0) / math.sqrt(p.numel())
+            lr = self.lr * max(self.eps[1], p_rms)
+            p_fp32.add_(update, alpha=-lr)
+            p.data.copy_(p_fp32)
+
+
+LOMO_CONFIGS = {
+    "lomo": lambda params: LomoRef(params, False, 0.1),
+    "adalomo": lambda params: LomoRef(params, True, 1e-2),
+}
+
+
 def SF_LR(k):
     return 1.0 - 0.05 * k  # a linear decay, as HF's default scheduler hands it over
 
@@ -402,6 +462,14 @@ def main(out_dir):
                 p.grad = grads[k][n].clone()
             opt.step()
         out.update({f"{cfg}.{n}": p.detach().clone() for n, p in params.items()})
+    for cfg, make in LOMO_CONFIGS.items():
+        params = {n: t.clone() for n, t in init.items()}
+        opt = make(params)
+        for k in range(STEPS):
+            for n, p in params.items():
+                p.grad = grads[k][n].clone()
+            opt.step()
+        out.update({f"{cfg}.{n}": p.clone() for n, p in params.items()})
     for cfg, make in SF_CONFIGS.items():
         params = {n: t.clone().requires_grad_(True) for n, t in init.items()}
         opt = make(params)

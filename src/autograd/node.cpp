@@ -194,6 +194,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     // No gradient reached this node (e.g. an unused output of split or checkpoint): nothing flows on.
     const bool any = std::any_of(in.begin(), in.end(), [](const Tensor& t) { return t.defined(); });
     Grads out = any ? node->apply(std::move(in)) : Grads{};
+    Grads().swap(in);  // apply takes a reference: the incoming gradients go now, before a hook runs
     leaf_done(node.get());
     TR_CHECK(out.size() == node->next_edges.size() || out.empty(),
              "autograd: '{}' returned {} gradients for {} inputs", node->name(), out.size(),

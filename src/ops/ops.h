@@ -262,6 +262,9 @@ Tensor grad_stats(const std::vector<Tensor>& grads, double inv_scale, Device dev
 // grad_stats of one contiguous gradient written into `stats` (f64 [2] on its device, overwritten): a
 // per-tensor norm that allocates nothing (GrokAdamW's per-parameter clipping).
 void grad_stats_into(const Tensor& grad, const Tensor& stats);
+// stats += grad_stats of one gradient unscaled by `inv_scale` (stats f64 [2] on the gradient's device): a
+// norm summed over gradients met one at a time (the optimizers that update during backward).
+void grad_stats_add(const Tensor& grad, double inv_scale, const Tensor& stats);
 void transform_grads(const std::vector<std::pair<Tensor, Tensor>>& src_dst,
                      const backend::Backend::GradTransform& t);
 void fused_adamw(const std::vector<backend::Backend::AdamWTensors>& tensors,

@@ -103,16 +103,20 @@ Tensor grad_stats(const std::vector<Tensor>& grads, double inv_scale, Device dev
 }
 
 void grad_stats_into(const Tensor& grad, const Tensor& stats) {
+  fill_(stats, 0.0);
+  grad_stats_add(grad, 1.0, stats);
+}
+
+void grad_stats_add(const Tensor& grad, double inv_scale, const Tensor& stats) {
   TR_CHECK(is_float(grad.dtype()) && grad.is_contiguous(),
-           "grad_stats_into: gradient {} is not contiguous "
-           "floating point",
-           grad.describe());
+           "grad_stats_add: gradient {} is not contiguous floating point", grad.describe());
   TR_CHECK(stats.dtype() == DType::f64 && stats.numel() == 2 && stats.device() == grad.device() &&
                stats.is_contiguous(),
-           "grad_stats_into: statistics {} must be f64 [2] on {}", stats.describe(), grad.device().str());
-  fill_(stats, 0.0);
+           "grad_stats_add: statistics {} must be f64 [2] on {}", stats.describe(), grad.device().str());
+  TR_CHECK(std::isfinite(inv_scale) && inv_scale > 0, "grad_stats_add: inverse loss scale {} is not positive",
+           inv_scale);
   if (!grad.device().is_meta() && grad.numel() > 0)
-    backend::backend_for(grad.device()).grad_stats({grad}, 1.0, stats);
+    backend::backend_for(grad.device()).grad_stats({grad}, inv_scale, stats);
 }
 
 void transform_grads(const std::vector<std::pair<Tensor, Tensor>>& src_dst,

@@ -24,6 +24,20 @@ Adafactor::Adafactor(const nn::ParamList& params, OptimizerOptions opts)
   args.check_all_used();
   TR_CHECK(!warmup_init_ || relative_step_, "adafactor: warmup_init=true requires relative_step=true");
   TR_CHECK(clip_threshold_ > 0, "adafactor: clip_threshold must be positive, got {}", clip_threshold_);
+  make_slots(params);
+}
+
+Adafactor::Adafactor(const nn::ParamList& params, OptimizerOptions opts, const LomoForm& form)
+    : Optimizer(params, std::move(opts)) {
+  detail::check_params(form.optimizer.c_str(), params, {DType::f32, DType::f64}, /*any_device=*/true);
+  detail::OptimArgs(form.optimizer, opts_.args).check_all_used();
+  opts_.weight_decay = 0;
+  scale_parameter_ = true;
+  lr_in_add_ = true;
+  make_slots(params);
+}
+
+void Adafactor::make_slots(const nn::ParamList& params) {
   for (const auto& [name, p] : params) {
     Slot s{name, p, {}, {}, {}, {}, decays_param(name)};
     const Shape& sh = p->shape();
@@ -159,6 +173,10 @@ void Adafactor::update(Slot& s, const Tensor& grad) {
   const T alpha = lr_is_tensor ? static_cast<T>(-wd) * tlr : static_cast<T>(-wd * lr);
 #pragma omp parallel for simd schedule(static) if (big)
   for (int64_t i = 0; i < n; ++i) {
+    if (lr_in_add_) {  // AdaLomo: update.div_(denom); p.add_(update, alpha=-lr)
+      p[i] = std::fma(upd[static_cast<size_t>(i)] / denom, -tlr, p[i]);
+      continue;
+    }
     T u = upd[static_cast<size_t>(i)] / denom * tlr;
     if (m) u = m[i] = std::fma(u, one_b1, m[i] * b1);  // exp_avg.mul_(beta1).add_(update, 1-beta1)
     if (wd != 0) p[i] = std::fma(p[i], alpha, p[i]);
@@ -212,6 +230,12 @@ void Adafactor::update_with_ops(Slot& s, const Tensor& g) {
   }
   // update.div_((_rms(update) / clip_threshold).clamp_(min=1.0)); update.mul_(lr)
   Tensor denom = bin(BinaryOp::maximum, bin(BinaryOp::div, rms(upd), scalar(clip_threshold_)), scalar(1.0));
+  if (lr_in_add_) {  // AdaLomo: p + (update / denom) * -lr (rounded twice here, fused on the CPU)
+    ops::copy_(p,
+               bin(BinaryOp::add, p,
+                   bin(BinaryOp::mul, bin(BinaryOp::div, upd, denom), bin(BinaryOp::mul, lr, scalar(-1.0)))));
+    return;
+  }
   upd = bin(BinaryOp::mul, bin(BinaryOp::div, upd, denom), lr);
   if (s.exp_avg.defined()) {
     const double b1 = beta1_.value_or(0.0);

@@ -26,9 +26,17 @@ class Adafactor : public Optimizer {
   void use_tensor_ops(bool on) { tensor_ops_ = on; }
 
  protected:
+  // AdaLomo's form (lomo.h): the options' learning rate scaled by max(eps2, RMS(p)) as scale_parameter, no
+  // beta1, no weight decay, and the rate applied in the final add (p.add_(update, alpha=-lr), one fused
+  // multiply-add) instead of to the update first; `optimizer` names it in messages, its --optim_args refused.
+  struct LomoForm {
+    std::string optimizer;
+  };
+  Adafactor(const nn::ParamList& params, OptimizerOptions opts, const LomoForm& form);
   void step_params(size_t lo, size_t hi, bool advance) override;
 
  private:
+  void make_slots(const nn::ParamList& params);
   struct Slot {
     std::string name;
     Tensor* param;
@@ -43,6 +51,7 @@ class Adafactor : public Optimizer {
   std::optional<double> beta1_;
   double clip_threshold_ = 1.0, decay_rate_ = -0.8, eps1_ = 1e-30, eps2_ = 1e-3;
   bool scale_parameter_ = false, relative_step_ = false, warmup_init_ = false, tensor_ops_ = false;
+  bool lr_in_add_ = false;  // AdaLomo's final add
   int64_t step_ = 0;
 };
 

@@ -153,11 +153,14 @@ std::string module_of(const std::string& weight) {
 }  // namespace
 
 bool GaLore::implements(const std::string& name) {
-  return name == "galore_adamw" || name == "galore_adamw_8bit" || name == "galore_adafactor";
+  const std::string base = name.ends_with("_layerwise") ? name.substr(0, name.size() - 10) : name;
+  return base == "galore_adamw" || base == "galore_adamw_8bit" || base == "galore_adafactor";
 }
 
-std::string GaLore::unused_flags_note(const std::string& name, const OptimizerOptions& opts) {
-  if (!implements(name)) return "";
+std::string GaLore::unused_flags_note(const std::string& full_name, const OptimizerOptions& opts) {
+  if (!implements(full_name)) return "";
+  const std::string name =
+      full_name.ends_with("_layerwise") ? full_name.substr(0, full_name.size() - 10) : full_name;
   const bool adam = name != "galore_adafactor";
   std::vector<std::string> unused;
   if (adam) unused = detail::unused_adam_flags(opts, name == "galore_adamw" ? "1e-6" : "1e-8");
@@ -168,14 +171,16 @@ std::string GaLore::unused_flags_note(const std::string& name, const OptimizerOp
   return fmt::format(
       "--optim {}: HF builds galore_torch's optimizer with the learning rate alone, so {} {} "
       "not used",
-      name, fmt::join(unused, ", "), unused.size() == 1 ? "is" : "are");
+      full_name, fmt::join(unused, ", "), unused.size() == 1 ? "is" : "are");
 }
 
 GaLore::GaLore(const std::string& name, const nn::ParamList& params, OptimizerOptions opts)
     : Optimizer(params, std::move(opts)) {
   TR_CHECK(implements(name), "GaLore: '{}' is not one of its names", name);
-  kind_ = name == "galore_adamw"        ? Kind::adamw
-          : name == "galore_adamw_8bit" ? Kind::adamw_8bit
+  layerwise_ = name.ends_with("_layerwise");
+  const std::string base = layerwise_ ? name.substr(0, name.size() - 10) : name;
+  kind_ = base == "galore_adamw"        ? Kind::adamw
+          : base == "galore_adamw_8bit" ? Kind::adamw_8bit
                                         : Kind::adafactor;
   detail::check_params(name.c_str(), params, {DType::f32}, /*any_device=*/true);
   detail::OptimArgs args(name, opts_.args);

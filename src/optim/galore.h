@@ -1,7 +1,9 @@
 // GaLore (arXiv 2403.03507) under HF's names galore_adamw, galore_adamw_8bit and galore_adafactor: the
 // gradient of each targeted linear weight is projected onto its top singular vectors (refreshed by an SVD
 // every update_proj_gap steps), the optimizer's state lives at that low rank, and the update is projected
-// back and scaled. As galore_torch 1.0 with the arguments HF's Trainer passes.
+// back and scaled. As galore_torch 1.0 with the arguments HF's Trainer passes. The _layerwise names update
+// each parameter during backward as its gradient is final (HF: one optimizer per parameter, stepped by a
+// post-accumulate-grad hook): the same arithmetic, without the model's gradients held together.
 #pragma once
 #include <memory>
 
@@ -23,6 +25,7 @@ class GaLore : public Optimizer {
   // modules (required; an error when none matches, once there are parameters).
   GaLore(const std::string& name, const nn::ParamList& params, OptimizerOptions opts);
   int64_t step_count() const override { return low_->step_count(); }
+  bool updates_in_backward() const override { return layerwise_; }
   void set_lr(double lr) override;
   // The two inner optimizers' entries (the full-rank parameters' under their names, the projected ones'
   // low-rank state under the weights' names; one "step") + "galore_ortho.<name>" per projected weight
@@ -56,6 +59,7 @@ class GaLore : public Optimizer {
   void add_projected_back(const Slot& s, const Tensor& low) const;
 
   Kind kind_;
+  bool layerwise_ = false;
   GaloreProjection proj_ = GaloreProjection::std_side;
   int64_t rank_ = 128, gap_ = 200;
   double scale_ = 0.25, weight_decay_ = 0.0;

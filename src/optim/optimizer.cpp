@@ -20,6 +20,7 @@
 #include "optim/elementwise.h"
 #include "optim/galore.h"
 #include "optim/grokadamw.h"
+#include "optim/lomo.h"
 #include "optim/schedule_free.h"
 #include "optim/sgd.h"
 #include "optim/stable_adamw.h"
@@ -86,6 +87,24 @@ void Optimizer::step(const std::vector<Tensor>& grads, const backend::Backend::G
   } while (lo < n);
 }
 
+void Optimizer::step_in_backward(size_t i, const Tensor& grad, const backend::Backend::GradTransform& t,
+                                 const Tensor& copy, bool first) {
+  TR_CHECK(i < params_.size(), "optimizer: parameter index {} of {}", i, params_.size());
+  Tensor& p = *params_[i].second;
+  TR_CHECK(grad.shape() == p.shape() && grad.device() == p.device(),
+           "optimizer step: the gradient of '{}' is {}, the parameter {}", params_[i].first, grad.describe(),
+           p.describe());
+  // step()'s path for one parameter: the transformed gradient in the parameter's dtype as its .grad.
+  Tensor g = ops::contiguous(grad);
+  const bool in_place = g.dtype() == p.dtype();
+  Tensor dst = in_place ? g : ops::empty(p.shape(), p.dtype(), p.device());
+  if (!(t.inv_scale == 1.0 && t.max_norm <= 0 && in_place)) ops::transform_grads({{g, dst}}, t);
+  autograd::set_grad(p, dst);
+  step_params(i, i + 1, first);
+  autograd::zero_grad(p);
+  if (copy.defined()) ops::copy_(copy, p);  // rounded to nearest even
+}
+
 void Optimizer::zero_grad() {
   for (auto& [name, p] : params_) autograd::zero_grad(*p);
 }
@@ -126,7 +145,12 @@ const std::vector<std::string>& optimizer_names() {
                                               "galore_adamw",
                                               "galore_adamw_8bit",
                                               "galore_adafactor",
-                                              "grokadamw"};
+                                              "galore_adamw_layerwise",
+                                              "galore_adamw_8bit_layerwise",
+                                              "galore_adafactor_layerwise",
+                                              "grokadamw",
+                                              "lomo",
+                                              "adalomo"};
   return names;
 }
 
@@ -141,13 +165,8 @@ const std::map<std::string, std::string>& unimplemented_names() {
       {"adamw_torch_4bit", "torchao's AdamW4bit (4-bit states with its own quantization)"},
       {"adamw_torch_8bit",
        "torchao's AdamW8bit (its own 8-bit quantization; bitsandbytes' is adamw_bnb_8bit)"},
-      {"galore_adamw_layerwise", "GaLore's layer-wise AdamW (updates inside the backward pass)"},
-      {"galore_adamw_8bit_layerwise", "GaLore's layer-wise 8-bit AdamW (updates inside the backward pass)"},
-      {"galore_adafactor_layerwise", "GaLore's layer-wise Adafactor (updates inside the backward pass)"},
       {"apollo_adamw", "APOLLO's AdamW (random-projection scaling of optim_target_modules)"},
       {"apollo_adamw_layerwise", "APOLLO's layer-wise AdamW (updates inside the backward pass)"},
-      {"lomo", "LOMO (the update fused into the backward pass, no optimizer state)"},
-      {"adalomo", "AdaLomo (LOMO with an adaptive, factored second moment)"},
   };
 
   return names;
@@ -192,12 +211,19 @@ std::unique_ptr<Optimizer> make_optimizer(const std::string& name, const nn::Par
   if (name == "stable_adamw") return std::make_unique<StableAdamW>(params, opts);
   if (GaLore::implements(name)) return std::make_unique<GaLore>(name, params, opts);
   if (name == "grokadamw") return std::make_unique<GrokAdamW>(params, opts);
+  if (name == "lomo") return std::make_unique<Lomo>(params, opts);
+  if (name == "adalomo") return std::make_unique<AdaLomo>(params, opts);
   fail("--optim '{}': no optimizer is built for this name", name);  // (a name listed above but not built)
+}
+
+bool updates_in_backward(const std::string& name) {
+  return name == "lomo" || name == "adalomo" || (GaLore::implements(name) && name.ends_with("_layerwise"));
 }
 
 std::string unused_flags_note(const std::string& name, const OptimizerOptions& opts) {
   if (GaLore::implements(name)) return GaLore::unused_flags_note(name, opts);
   if (name == "grokadamw") return GrokAdamW::unused_flags_note(opts);
+  if (name == "lomo" || name == "adalomo") return lomo_unused_flags_note(name, opts);
   return "";
 }
 

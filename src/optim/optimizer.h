@@ -2,7 +2,8 @@
 // adamw_torch_fused, adamw_apex_fused, adafactor, adamw_bnb_8bit / adamw_8bit / paged_adamw_8bit,
 // paged_adamw_32bit, sgd, adagrad, rmsprop, rmsprop_bnb / rmsprop_bnb_32bit, rmsprop_bnb_8bit, lion_32bit /
 // paged_lion_32bit, lion_8bit / paged_lion_8bit, the ademamix family, schedule_free_adamw / _radam / _sgd,
-// stable_adamw, galore_adamw / _adamw_8bit / _adafactor, grokadamw).
+// stable_adamw, galore_adamw / _adamw_8bit / _adafactor and their _layerwise forms, grokadamw, lomo,
+// adalomo).
 #pragma once
 #include <map>
 #include <memory>
@@ -47,6 +48,17 @@ class Optimizer {
   virtual void step(const std::vector<Tensor>& grads, const backend::Backend::GradTransform& t,
                     const std::vector<Tensor>& copies);
   void zero_grad();
+  // LOMO, AdaLomo and the layer-wise GaLore optimizers update each parameter during backward, as soon as its
+  // gradient is final (HF: hooks on the parameters), and the gradient is dropped at once, so the model's
+  // gradients never exist together: the Trainer calls step_in_backward from the engine's gradient-ready
+  // report instead of step() after backward. step() still gives the same update (tests, other callers).
+  virtual bool updates_in_backward() const { return false; }
+  // Parameter i's update from `grad` (its gradient, of any floating dtype) read through `t`, rounded into
+  // `copy` when defined (the model's half weight); `first`: the first parameter of this backward, which
+  // advances the step count. The same arithmetic as step()'s for that parameter.
+  void step_in_backward(size_t i, const Tensor& grad, const backend::Backend::GradTransform& t,
+                        const Tensor& copy, bool first);
+  size_t num_params() const { return params_.size(); }
   // The schedule-free optimizers take gradients at one point (y, kept in the parameters) and evaluate at
   // another (x, their average): eval mode moves the parameters to x, train mode back to y, each a no-op where
   // they are already (or before any state exists); `copies` as step()'s. The Trainer enters train mode before
@@ -90,6 +102,8 @@ void check_optimizer_name(const std::string& name);
 // Throws for an unknown name, suggesting the nearest valid one.
 std::unique_ptr<Optimizer> make_optimizer(const std::string& name, const nn::ParamList& params,
                                           const OptimizerOptions& opts);
+// Whether --optim `name` updates each parameter during backward (lomo, adalomo, galore_*_layerwise).
+bool updates_in_backward(const std::string& name);
 // For the classes HF builds without some of the flags (GaLore's, GrokAdamW): a sentence naming the flags
 // given non-default values that the optimizer therefore does not use; "" otherwise.
 std::string unused_flags_note(const std::string& name, const OptimizerOptions& opts);

@@ -319,6 +319,17 @@ void TrainingArguments::validate_optimizer() const {
   optim::check_optimizer_name(optim);
   // The optimizer over no parameters: its --optim_args checked before any model or data loads.
   (void)optim::make_optimizer(optim, {}, optimizer_options(*this));
+  // An update made during backward cannot be taken back: fp16's overflow skip has nothing left to skip.
+  TR_CHECK(!fp16 || !optim::updates_in_backward(optim),
+           "--optim {} with --fp16: {} updates each parameter during backward, so a step whose gradients "
+           "overflow cannot be skipped as fp16's loss scaling requires; train with --bf16 or in fp32",
+           optim, optim);
+  // HF's own check (trainer_optimizer.py): the layer-wise optimizers step in every backward.
+  TR_CHECK(
+      !optim.ends_with("_layerwise") || gradient_accumulation_steps == 1,
+      "--optim {} with --gradient_accumulation_steps {}: the layer-wise optimizers update each parameter "
+      "in every backward and take no gradient accumulation (as HF); use --optim {} to accumulate",
+      optim, gradient_accumulation_steps, optim.substr(0, optim.size() - 10));
   check_compile_backend(torch_compile_backend);
   (void)LrSchedule(lr_scheduler_type, lr_scheduler_kwargs, learning_rate);  // throws on a bad name or kwargs
 }

@@ -111,8 +111,9 @@ const std::vector<ArgSpec>& argument_specs() {
        "rmsprop_bnb_8bit, lion_32bit (= paged_lion_32bit), lion_8bit (= paged_lion_8bit), ademamix (= "
        "paged_ademamix_32bit), ademamix_8bit (= paged_ademamix_8bit), schedule_free_adamw, "
        "schedule_free_radam, schedule_free_sgd, stable_adamw, galore_adamw, galore_adamw_8bit, "
-       "galore_adafactor "
-       "(with --optim_target_modules); paged: the state stays resident",
+       "galore_adafactor (with --optim_target_modules; each also _layerwise), grokadamw, lomo, adalomo "
+       "(lomo, adalomo and _layerwise update each parameter during backward); paged: the state stays "
+       "resident",
        "training"},
       {"optim_args", &A::optim_args,
        "extra optimizer arguments, e.g. \"momentum=0.9,nesterov=true\": sgd momentum, dampening, nesterov; "

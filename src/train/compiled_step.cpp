@@ -62,6 +62,17 @@ class CompiledStep final : public TrainStep {
 
   StepResult run(int64_t step, std::vector<data::Batch> micro, double lr) override {
     core_.load_step_scalars(core_.label_tokens(micro));  // outside any capture: read, not recorded
+    if (core_.state().opt.updates_in_backward()) {
+      // A replay runs no autograd engine to report gradients final, and would bake each step's learning
+      // rate into the updates it recorded (torch.compile breaks its graph at lomo_optim's hooks as well).
+      if (!said_backward_updates_)
+        std::fprintf(
+            stderr,
+            "\ntorch_compile: the step runs eagerly: this optimizer updates each parameter during "
+            "backward, as the engine reports its gradient final, which a captured step cannot replay\n");
+      said_backward_updates_ = true;
+      return eager(step, micro, lr);
+    }
     const std::string key = plan_key(micro);
     if (auto it = plans_.find(key); it != plans_.end()) {
       if (it->second.graph) return replay(it->second, key, step, std::move(micro), lr);
@@ -160,7 +171,7 @@ class CompiledStep final : public TrainStep {
   StepResult eager(int64_t step, const std::vector<data::Batch>& micro, double lr) {
     release_memory();  // with eager's memory, not beside the arena
     StepResult r;
-    const Tensor loss = core_.forward_backward(step, micro, r);
+    const Tensor loss = core_.forward_backward(step, micro, r, lr);
     core_.finish(step, lr, loss, r);
     return r;
   }
@@ -186,7 +197,7 @@ class CompiledStep final : public TrainStep {
     Tensor loss;
     {
       const backend::InterposeScope scope(dev, rec);
-      loss = core_.forward_backward(step, p.inputs, r);
+      loss = core_.forward_backward(step, p.inputs, r, lr);
     }
     p.philox_used = gen.state().offset - p.philox_base;
     std::string why = rec.break_reason();
@@ -284,7 +295,7 @@ class CompiledStep final : public TrainStep {
   StepCore core_;
   std::map<std::string, Plan> plans_;
   std::shared_ptr<Storage> arena_;
-  bool said_cap_ = false;
+  bool said_cap_ = false, said_backward_updates_ = false;
   int64_t planned_peak_ = 0, replayed_peak_ = 0;  // over the replays so far: as planned, as measured
   const Plan* replaying_ = nullptr;  // the plan whose static inputs are held (null: none since a release)
 };

@@ -11,10 +11,11 @@
 #include <fstream>
 #include <vector>
 
-#include "core/error.h"
 #include "backend/cuda_api.h"
+#include "core/error.h"
 #include "dist/env.h"
 #include "ops/ops.h"
+#include "optim/optimizer.h"
 #include "train/checkpoint.h"
 #include "train/setup.h"
 #include "train/zero.h"
@@ -89,6 +90,12 @@ void check_shared_output_dir(dist::ProcessGroup& g, const std::string& dir, cons
 }
 
 void check_fsdp_flags(const TrainingArguments& a, int world_size) {
+  // HF refuses the layer-wise ones under DDP; LOMO's update before any reduction would let ranks drift apart.
+  TR_CHECK(!optim::updates_in_backward(a.optim),
+           "--optim {} in a run of {} processes: it updates each parameter during backward, before the "
+           "ranks' gradients could be summed, so the ranks' weights would drift apart; train it in one "
+           "process",
+           a.optim, world_size);
   int strategies = 0;  // at most one: validate()
   for (const char* s : {"full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2"})
     strategies += a.fsdp_has(s) ? 1 : 0;

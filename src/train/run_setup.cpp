@@ -363,6 +363,22 @@ void Run::announce() const {
                  a_.optim == "schedule_free_radam" ? "" : " (its own warm-up is --warmup_steps)");
   const std::string unused = optim::unused_flags_note(a_.optim, optimizer_options(a_));
   if (!unused.empty()) std::fprintf(stderr, "train: note: %s\n", unused.c_str());
+  if (opt_->updates_in_backward()) {
+    std::fprintf(
+        stderr,
+        "train: %s updates each parameter during backward as its gradient is final and drops the "
+        "gradient (%s)%s\n",
+        a_.optim.c_str(),
+        sched_.ga > 1 ? "every micro-batch's backward updates, as lomo_optim's fused_backward"
+                      : "the model's gradients never exist together",
+        a_.max_grad_norm > 0
+            ? fmt::format("; --max_grad_norm {} is not applied: no global norm exists before the "
+                          "updates (HF's clipping then finds no gradients); grad_norm logs the norm of "
+                          "the gradients the updates used",
+                          a_.max_grad_norm)
+                  .c_str()
+            : "");
+  }
   if (const auto* g = dynamic_cast<const optim::GaLore*>(opt_.get())) {
     const auto names = g->projected();
     std::fprintf(stderr, "train: %s projects %zu of %zu linear weights (%s ... %s)\n", a_.optim.c_str(),

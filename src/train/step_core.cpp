@@ -10,6 +10,7 @@
 #include "autograd/node.h"
 #include "core/allocator.h"
 #include "ops/ops.h"
+#include "optim/galore.h"
 #include "train/zero3.h"
 
 namespace tr::train {
@@ -44,6 +45,34 @@ StepCore::StepCore(StepState s, StepOptions o, bool overlap)
            "--fsdp full_shard: the step needs the stage-3 sharded optimizer and the eager step");
   if (o_.group != nullptr && zero_ == nullptr)
     reducer_ = std::make_unique<GradReducer>(*o_.group, o_.ddp_bucket_cap_bytes);
+  if (s_.opt.updates_in_backward()) {
+    TR_CHECK(o_.group == nullptr && !full_ && !zero_ && !s_.mp.loss_scaling(),
+             "train step: an optimizer that updates during backward runs alone, without fp16 loss scaling");
+    TR_CHECK(s_.opt.num_params() == params_.size(), "train step: {} parameters, the optimizer has {}",
+             params_.size(), s_.opt.num_params());
+    for (size_t i = 0; i < params_.size(); ++i) param_index_[params_[i].second->impl_ptr().get()] = i;
+    layerwise_ = dynamic_cast<const optim::GaLore*>(&s_.opt) != nullptr;
+  }
+}
+
+// Parameter `leaf`'s gradient is final: its update now, its gradient counted into the step's norm and
+// dropped (the memory these optimizers save).
+void StepCore::update_in_backward(const TensorImpl* leaf) {
+  const auto it = param_index_.find(leaf);
+  if (it == param_index_.end()) return;  // not a parameter of the model (an input that requires grad)
+  Tensor& p = *params_[it->second].second;
+  const Tensor g = p.grad();
+  if (!g.defined()) return;
+  Tensor* stats = nullptr;
+  for (Tensor& t : backward_stats_)
+    if (t.device() == g.device()) stats = &t;
+  if (stats == nullptr) stats = &backward_stats_.emplace_back(ops::zeros({2}, DType::f64, g.device()));
+  ops::grad_stats_add(ops::contiguous(g), 1.0, *stats);
+  const std::vector<Tensor> copies = s_.mp.weight_copies();
+  s_.opt.step_in_backward(it->second, g, backend::Backend::GradTransform{},
+                          copies.empty() ? Tensor() : copies[it->second], first_update_);
+  first_update_ = false;
+  autograd::zero_grad(p);
 }
 
 void StepCore::load_step_scalars(double items) {
@@ -85,11 +114,20 @@ double StepCore::label_tokens(const std::vector<data::Batch>& micro) {
   return items;
 }
 
-Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& micro, StepResult& r) {
+Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& micro, StepResult& r,
+                                  double lr) {
   TR_CHECK(inv_items_.defined(), "train step: load_step_scalars must run before forward_backward");
   Tensor sum;
-  // ZeRO-3 accumulates in the f32 gradient shard: no whole f32 gradients are made up front.
-  s_.mp.begin_step(full_ ? 1 : static_cast<int64_t>(micro.size()));
+  const bool fused = s_.opt.updates_in_backward();
+  if (fused) s_.opt.set_lr(lr);
+  TR_CHECK(
+      !layerwise_ || micro.size() == 1,
+      "train step: the layer-wise optimizers take no gradient accumulation (as HF), and this step has {} "
+      "micro-batches (--auto_find_batch_size halves the batch by accumulating: give the batch size)",
+      micro.size());
+  // ZeRO-3 accumulates in the f32 gradient shard, an update during backward takes each backward's
+  // gradients: no whole f32 gradients are made up front.
+  s_.mp.begin_step(full_ || fused ? 1 : static_cast<int64_t>(micro.size()));
   if (full_) full_->begin_step();
   for (const auto& real : micro) {
     // A rank past the epoch's last sample has an empty micro-batch: alone or under DDP it is skipped;
@@ -134,6 +172,10 @@ Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& 
       zero_->begin_backward(grad_scale_);
       reducing_ = true;
       ready.emplace([this](const TensorImpl* leaf) { zero_->grad_ready(leaf); });
+    }
+    if (fused) {  // lomo, adalomo, galore_*_layerwise: every backward updates, its step count advanced once
+      first_update_ = true;
+      ready.emplace([this](const TensorImpl* leaf) { update_in_backward(leaf); });
     }
     {
       const ops::Range span(o_.device, "backward");
@@ -183,6 +225,11 @@ void StepCore::finish(int64_t step, double lr, const Tensor& loss, StepResult& r
     // collectives in the same order as the ranks that reduced them during backward.
     if (!overlapped) zero_->begin_backward(grad_scale_);
     zero_->finish_backward();
+  }
+  if (s_.opt
+          .updates_in_backward()) {  // the updates are made, the gradients gone: the norm is all that is left
+    finish_after_backward_updates(loss, r);
+    return;
   }
   // Read after the buckets dropped theirs (ZeRO-2 holds no whole gradients past this point).
   const std::vector<Tensor> grads = reduced ? std::vector<Tensor>() : s_.mp.model_grads();
@@ -241,6 +288,16 @@ void StepCore::finish(int64_t step, double lr, const Tensor& loss, StepResult& r
     r.comm_bytes = o_.group->stats().bytes - bytes_at_start_;
     wait_ = 0;
   }
+}
+
+void StepCore::finish_after_backward_updates(const Tensor& loss, StepResult& r) {
+  s_.opt.zero_grad();
+  s_.mp.after_step(false);
+  double sum_squares = 0;
+  for (const Tensor& t : backward_stats_) sum_squares += host_values(t)[0];
+  backward_stats_.clear();
+  r.grad_norm = std::sqrt(sum_squares);
+  r.loss = loss.defined() ? host_values(loss)[0] : 0.0;
 }
 
 }  // namespace tr::train

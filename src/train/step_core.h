@@ -3,6 +3,7 @@
 // dropped, the loss and statistics read on the host once.
 #pragma once
 #include <memory>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -32,8 +33,10 @@ class StepCore {
   void load_step_scalars(double items);
   // Every micro-batch's forward and backward (an empty one - a rank past an epoch's last sample - is
   // skipped), each loss normalized by the label tokens given to load_step_scalars (step_label_tokens: HF's
-  // num_items_in_batch); returns the step's loss summed on the device (f64).
-  Tensor forward_backward(int64_t step, const std::vector<data::Batch>& micro, StepResult& r);
+  // num_items_in_batch); returns the step's loss summed on the device (f64). An optimizer that updates during
+  // backward (Optimizer::updates_in_backward) updates each parameter at `lr` as the engine reports its
+  // gradient final, in every micro-batch's backward (lomo_optim's fused_backward, HF's hooks).
+  Tensor forward_backward(int64_t step, const std::vector<data::Batch>& micro, StepResult& r, double lr);
   // The after_backward hook, the update at `lr` from the model's gradients, and the host reads.
   void finish(int64_t step, double lr, const Tensor& loss, StepResult& r);
   // torch_empty_cache_steps: whether `step` releases the cache, and the release.
@@ -67,6 +70,14 @@ class StepCore {
   std::pair<double, double> zero_thread_seconds();
   double zero_comm_at_start_ = 0, zero_blocked_at_start_ = 0;
   double active_ranks_ = 1;  // average_tokens_across_devices false: ranks with data this step
+  // Updates during backward: the model parameters' indices, whether the backward has updated one yet, and
+  // the step's gradient statistics so far, one f64 [2] per device (the logged norm; nothing is clipped).
+  void update_in_backward(const TensorImpl* leaf);
+  void finish_after_backward_updates(const Tensor& loss, StepResult& r);
+  std::unordered_map<const TensorImpl*, size_t> param_index_;
+  bool first_update_ = true;
+  bool layerwise_ = false;  // galore_*_layerwise: one micro-batch per step
+  std::vector<Tensor> backward_stats_;
   // The step's scalars on the loss's device, at fixed addresses for the whole run (load_step_scalars):
   // f64 1 / label tokens, and the f32 seed of the backward (the fp16 loss scale).
   Tensor inv_items_, seed_;

@@ -28,7 +28,7 @@ class EagerStep final : public TrainStep {
   StepResult run(int64_t step, std::vector<data::Batch> micro, double lr) override {
     StepResult r;
     core_.load_step_scalars(core_.label_tokens(micro));
-    const Tensor loss = core_.forward_backward(step, micro, r);
+    const Tensor loss = core_.forward_backward(step, micro, r, lr);
     core_.finish(step, lr, loss, r);
     return r;
   }
