@@ -4,6 +4,7 @@
 # decay 0.1 (GaLore: galore_torch ignores HF's), evaluated every STEPS/3 steps; prints eval_loss, train_loss and
 # tokens/s per row.
 # Usage: bench/optimizer_quality.sh TRAINER GPT2_TOKENIZER CORPUS [STEPS=300] [WORKDIR=/tmp/trainer-optim-quality]
+# ONLY=REGEX runs the rows whose names match it.
 set -euo pipefail
 trainer=$1 tok=$2 corpus=$3 steps=${4:-300} work=${5:-/tmp/trainer-optim-quality}
 rm -rf "$work" && mkdir -p "$work"
@@ -12,6 +13,7 @@ echo '{"model_type": "gpt2", "vocab_size": 50257, "n_embd": 256, "n_layer": 4, "
 run() {
   local name=$1
   shift
+  [[ -z ${ONLY:-} || $name =~ $ONLY ]] || return 0
   "$trainer" train --use_cpu --overwrite_output_dir --config_name "$work/config.json" --tokenizer_name "$tok" \
     --train_file "$corpus" --block_size 128 --per_device_train_batch_size 8 --max_steps "$steps" \
     --warmup_steps 30 --weight_decay 0.1 --do_eval --eval_strategy steps --eval_steps $((steps / 3)) \
@@ -37,3 +39,9 @@ galore=(--optim_target_modules all-linear --optim_args rank=64,update_proj_gap=1
 run galore_adamw_cosine_1e-3 --optim galore_adamw --learning_rate 1e-3 "${galore[@]}"
 run galore_adamw_cosine_4e-3 --optim galore_adamw --learning_rate 4e-3 "${galore[@]}"
 run galore_adafactor_cosine_4e-3 --optim galore_adafactor --learning_rate 4e-3 "${galore[@]}"
+run galore_adamw_layerwise_cosine_4e-3 --optim galore_adamw_layerwise --learning_rate 4e-3 "${galore[@]}"
+# lomo_optim's: updated during backward, no clipping (HF's); LOMO is plain SGD, AdaLomo scales its step by
+# each weight's RMS (so its rate is relative).
+run lomo_cosine_1e-1 --optim lomo --learning_rate 1e-1 --lr_scheduler_type cosine
+run adalomo_cosine_1e-2 --optim adalomo --learning_rate 1e-2 --lr_scheduler_type cosine
+run adalomo_cosine_3e-2 --optim adalomo --learning_rate 3e-2 --lr_scheduler_type cosine

@@ -165,7 +165,7 @@ TEST(Compile, EveryOptimizerEqualsEager) {
              a.optim = name;
              a.weight_decay = 0.01;
              if (name == "sgd") a.optim_args = "momentum=0.9";
-             if (name.starts_with("galore_")) {
+             if (name.starts_with("galore_") || name.starts_with("apollo_")) {
                a.optim_target_modules = "all-linear";
                a.optim_args = "rank=4,update_proj_gap=1";
              }

@@ -132,6 +132,13 @@ INSTANTIATE_TEST_SUITE_P(
                                      a.optim_args = "rank=8";
                                      a.bf16 = true;
                                    }},
+                      // APOLLO: its full-size scaled gradient during each target's update
+                      EstimateCase{"llama_apollo_adamw", true,
+                                   [](train::TrainingArguments& a) {
+                                     a.optim = "apollo_adamw";
+                                     a.optim_target_modules = "all-linear";
+                                     a.optim_args = "rank=4";
+                                   }},
                       EstimateCase{"gpt2_adalomo_accumulation", false,
                                    [](train::TrainingArguments& a) {
                                      a.optim = "adalomo";

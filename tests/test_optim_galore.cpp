@@ -30,6 +30,7 @@ const std::vector<std::string> kLinear{"h.0.attn.c_attn.weight", "h.0.mlp.c_fc.w
 struct GoldenCase {
   std::string golden, optim, targets, args;
   double tolerance = 2e-6;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // HF's --adam_* (APOLLO's targets take them)
 };
 
 class GaloreGolden : public ::testing::TestWithParam<GoldenCase> {};
@@ -44,6 +45,9 @@ TEST_P(GaloreGolden, FiveStepsGiveGaloreTorchsValues) {
   for (const auto& n : kNames) ps.add(n, f.load("init." + n));
   optim::OptimizerOptions o;
   o.lr = 1e-2;
+  o.beta1 = c.beta1;
+  o.beta2 = c.beta2;
+  o.eps = c.eps;
   o.target_modules = c.targets;
   o.linear_weights = kLinear;
   o.args = optim::parse_optim_args(c.args);
@@ -84,7 +88,16 @@ INSTANTIATE_TEST_SUITE_P(
                    "rank=2,update_proj_gap=1,scale=1,proj_type=reverse_std"},
         GoldenCase{"galore_adafactor", "galore_adafactor", "all_linear", "rank=3,update_proj_gap=2"},
         // tensors below min_8bit_size: bitsandbytes' 32-bit kernel, weight decay 0.01 on every parameter
-        GoldenCase{"galore_adamw_8bit", "galore_adamw_8bit", "all-linear", "rank=3,update_proj_gap=2"}),
+        GoldenCase{"galore_adamw_8bit", "galore_adamw_8bit", "all-linear", "rank=3,update_proj_gap=2"},
+        // APOLLO: torch's CPU generator's Gaussian bases (rank 3 of 6 and of 4 columns), channel factors, the
+        // limiter from the second step; then a per-tensor factor on the other sides with rank 8 (above
+        // either side) and HF's betas/eps; then GaLore's SVD basis, refreshed every step
+        GoldenCase{"apollo_adamw", "apollo_adamw", "all-linear", "rank=3,update_proj_gap=2", 1e-5},
+        GoldenCase{"apollo_adamw_tensor", "apollo_adamw", "all-linear",
+                   "rank=8,update_proj_gap=3,scale=4,scale_type=tensor,proj_type=reverse_std", 1e-5, 0.8,
+                   0.99, 1e-6},
+        GoldenCase{"apollo_adamw_svd", "apollo_adamw", "all-linear", "rank=3,update_proj_gap=1,proj=svd",
+                   1e-5}),
     [](const auto& info) { return info.param.golden; });
 
 double max_diff(const Tensor& a, const Tensor& b) {
@@ -294,6 +307,60 @@ TEST(TrainerGalore, TrainsAndResumesExactly) {
   c.optim_target_modules = "lm_head";
   EXPECT_NE(test::error_of([&] { train::train(c); }).find("no linear layer matches --optim_target_modules"),
             std::string::npos);
+}
+
+// APOLLO's arguments and state: channel factors need the std side, a random basis is not "full", the seeds
+// (the other parameters numbered first; 1 for every layer-wise weight) advance through apollo_torch's
+// next_seed at each refresh and are saved.
+TEST(ApolloArgs, ChecksSeedsAndState) {
+  Params ps;
+  ps.add("wte.weight", test::randn({10, 6}, 1));
+  ps.add("h.0.mlp.c_fc.weight", test::randn({4, 10}, 2));
+  ps.add("h.0.attn.c_attn.weight", test::randn({8, 6}, 3));
+  optim::OptimizerOptions o;
+  o.target_modules = "all-linear";
+  o.linear_weights = kLinear;
+  const auto with = [&](const std::string& args, const char* name = "apollo_adamw") {
+    o.args = optim::parse_optim_args(args);
+    return expect_error([&] { optim::make_optimizer(name, ps.list, o); });
+  };
+  EXPECT_NE(with("proj_type=reverse_std")
+                .find("apollo_adamw scale_type=channel with proj_type right: the channel "
+                      "factors of 'h.0.mlp.c_fc.weight' (4 x 10) need the projection on "
+                      "its left side"),
+            std::string::npos);
+  EXPECT_NE(with("proj_type=full").find("full takes proj=svd with scale_type=tensor"), std::string::npos);
+  EXPECT_NE(with("proj=qr").find("apollo_adamw proj='qr' is not one of random, svd"), std::string::npos);
+  EXPECT_NE(with("scale_type=row").find("scale_type='row' is not one of channel, tensor"), std::string::npos);
+  EXPECT_NE(with("scale=-1").find("APOLLO takes its square root"), std::string::npos);
+  o.args = optim::parse_optim_args("rank=2,update_proj_gap=1");
+  auto seeds = [&](const char* name) {
+    auto opt = optim::make_optimizer(name, ps.list, o);
+    std::vector<int64_t> out;
+    for (int k = 0; k < 2; ++k) {
+      for (auto& [n, p] : ps.list) autograd::set_grad(*p, test::randn(p->shape(), 50 + k));
+      opt->step();
+      for (const auto& [key, t] : opt->state_dict())
+        if (key.starts_with("apollo_seed.")) out.push_back(ops::to_vector<int64_t>(t)[0]);
+    }
+    return out;
+  };
+  // the seeds after one and two refreshes: next_seed(2) and next_seed(next_seed(2)) for c_fc (the second
+  // parameter numbered after the one other), as torch.randint draws them
+  const auto whole = seeds("apollo_adamw"), layerwise = seeds("apollo_adamw_layerwise");
+  ASSERT_EQ(whole.size(), 4u);
+  EXPECT_EQ(whole[0], 3402314949991714867);  // next_seed(2)
+  EXPECT_EQ(whole[2], 9110370213325666520);  // next_seed(next_seed(2))
+  EXPECT_NE(whole[0], whole[1]);
+  EXPECT_EQ(layerwise[0], 505211975917066638);  // next_seed(1), both weights
+  EXPECT_EQ(layerwise[1], layerwise[0]);
+  optim::OptimizerOptions w;
+  w.weight_decay = 0.1;
+  w.beta2 = 0.95;
+  EXPECT_EQ(
+      optim::unused_flags_note("apollo_adamw", w),
+      "--optim apollo_adamw: HF builds apollo_torch's optimizer with the learning rate and the --adam_* "
+      "values alone, so --weight_decay 0.1 (it uses none) is not used");
 }
 
 }  // namespace

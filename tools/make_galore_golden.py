@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 # Reference values for the GaLore tests (tests/test_optim_galore.cpp): galore_torch 1.0's GaLoreAdamW,
 # GaLoreAdafactor and GaLoreAdamW8bit (small tensors: bitsandbytes' 32-bit kernel) as HF's Trainer builds them
-# (the learning rate alone; galore_torch's defaults otherwise), transcribed line by line in torch (galore_torch
-# and bitsandbytes are not in Debian): 5 steps on fixed gradients, the parameters after each config.
+# (the learning rate alone; galore_torch's defaults otherwise), and apollo_torch 1.0's APOLLOAdamW as HF builds
+# it (its groups: the other parameters with the class defaults, the targets with the projection arguments and
+# HF's betas and epsilon), transcribed line by line in torch (galore_torch, apollo_torch and bitsandbytes are
+# not in Debian): 5 steps on fixed gradients, the parameters after each config.
 #
 #   /usr/bin/python3 tools/make_galore_golden.py tests/golden/optim
 import math, os, sys
@@ -179,7 +181,90 @@ class GaloreAdamW8bit:
         self.step_count += 1
 
 
+def stable_randn(shape, seed):
+    """apollo_torch's stable_randn on the CPU."""
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
+
+
+def next_seed(seed, adv=0xF):
+    """apollo_torch's next_seed."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, torch.iinfo(torch.int64).max, (adv,), generator=g).tolist()[-1]
+
+
+class RandomProjector(Projector):
+    """apollo_torch's GradientProjector: a Gaussian basis / sqrt(rank) drawn from the weight's seed."""
+
+    def __init__(self, rank, update_proj_gap, scale, proj_type, seed):
+        super().__init__(rank, update_proj_gap, scale, proj_type)
+        self.seed = seed
+
+    def basis(self, g, side):
+        shape = (self.rank, g.shape[1]) if side == "right" else (g.shape[0], self.rank)
+        proj = stable_randn(shape, self.seed) / math.sqrt(self.rank)
+        self.seed = next_seed(self.seed)
+        return proj
+
+
+class ApolloAdamW:
+    """apollo_torch.APOLLOAdamW.step (scale_front False, disable_nl False) over HF's two groups: the others
+    (betas (0.9, 0.999), eps 1e-6) numbered first, then the targets (HF's betas and eps); no weight decay."""
+
+    def __init__(self, params, lr, apollo, betas=(0.9, 0.999), eps=1e-8):
+        self.params, self.lr, self.apollo, self.betas, self.eps = params, lr, apollo, betas, eps
+        order = [n for n in params if n not in PROJECTED] + [n for n in params if n in PROJECTED]
+        self.state = {n: {"seed": i + 1} for i, n in enumerate(order)}
+        self.order = order
+
+    @torch.no_grad()
+    def step(self):
+        for n in self.order:
+            p = self.params[n]
+            grad, st = p.grad, self.state[n]
+            if "step" not in st:
+                st["step"] = 0
+            target = n in PROJECTED
+            b1, b2 = self.betas if target else (0.9, 0.999)
+            eps = self.eps if target else 1e-6
+            if target:
+                norm_dim = 0 if grad.shape[0] < grad.shape[1] else 1
+                if "projector" not in st:
+                    a = self.apollo
+                    st["projector"] = (RandomProjector(a["rank"], a["update_proj_gap"], a["scale"], a["proj_type"],
+                                                       st["seed"]) if a["proj"] == "random" else
+                                       Projector(a["rank"], a["update_proj_gap"], a["scale"], a["proj_type"]))
+                grad = st["projector"].project(grad, st["step"])
+            if "exp_avg" not in st:
+                st["exp_avg"], st["exp_avg_sq"] = torch.zeros_like(grad), torch.zeros_like(grad)
+            m, v = st["exp_avg"], st["exp_avg_sq"]
+            st["step"] += 1
+            m.mul_(b1).add_(grad, alpha=(1.0 - b1))
+            v.mul_(b2).addcmul_(grad, grad, value=1.0 - b2)
+            denom = v.sqrt().add_(eps)
+            step_size = self.lr * math.sqrt(1.0 - b2 ** st["step"]) / (1.0 - b1 ** st["step"])
+            norm_grad = m / denom
+            if target:
+                if self.apollo["scale_type"] == "channel":
+                    factor = torch.norm(norm_grad, dim=norm_dim) / (torch.norm(grad, dim=norm_dim) + 1e-8)
+                    if norm_dim == 1:
+                        factor = factor.unsqueeze(1)
+                else:
+                    factor = torch.norm(norm_grad) / (torch.norm(grad) + 1e-8)
+                scaled_grad = p.grad * factor
+                if "scaled_grad" in st:
+                    scaled_grad_norm = torch.norm(scaled_grad)
+                    limiter = max(scaled_grad_norm / (st["scaled_grad"] + 1e-8), 1.01) / 1.01
+                    scaled_grad = scaled_grad / limiter
+                    st["scaled_grad"] = scaled_grad_norm / limiter
+                else:
+                    st["scaled_grad"] = torch.norm(scaled_grad)
+                norm_grad = scaled_grad
+                norm_grad *= math.sqrt(self.apollo["scale"])
+            p.add_(norm_grad, alpha=-step_size)
+
+
 GALORE = dict(rank=3, update_proj_gap=2, scale=0.25, proj_type="std")
+APOLLO = dict(rank=3, update_proj_gap=2, scale=1.0, proj_type="std", proj="random", scale_type="channel")
 CONFIGS = {
     "galore_adamw": lambda ps: GaloreAdamW(ps, 1e-2, GALORE),
     "galore_adamw_full": lambda ps: GaloreAdamW(ps, 1e-2, dict(GALORE, proj_type="full", update_proj_gap=3)),
@@ -187,6 +272,11 @@ CONFIGS = {
                                                                    scale=1.0, update_proj_gap=1)),
     "galore_adafactor": lambda ps: GaloreAdafactor(ps, 1e-2, GALORE),
     "galore_adamw_8bit": lambda ps: GaloreAdamW8bit(ps, 1e-2, GALORE),
+    "apollo_adamw": lambda ps: ApolloAdamW(ps, 1e-2, APOLLO),
+    "apollo_adamw_tensor": lambda ps: ApolloAdamW(ps, 1e-2, dict(APOLLO, scale_type="tensor", rank=8, scale=4.0,
+                                                                 proj_type="reverse_std", update_proj_gap=3),
+                                                  betas=(0.8, 0.99), eps=1e-6),
+    "apollo_adamw_svd": lambda ps: ApolloAdamW(ps, 1e-2, dict(APOLLO, proj="svd", update_proj_gap=1)),
 }
 
 

@@ -154,24 +154,26 @@ std::string module_of(const std::string& weight) {
 
 bool GaLore::implements(const std::string& name) {
   const std::string base = name.ends_with("_layerwise") ? name.substr(0, name.size() - 10) : name;
-  return base == "galore_adamw" || base == "galore_adamw_8bit" || base == "galore_adafactor";
+  return base == "galore_adamw" || base == "galore_adamw_8bit" || base == "galore_adafactor" ||
+         base == "apollo_adamw";
 }
 
 std::string GaLore::unused_flags_note(const std::string& full_name, const OptimizerOptions& opts) {
   if (!implements(full_name)) return "";
   const std::string name =
       full_name.ends_with("_layerwise") ? full_name.substr(0, full_name.size() - 10) : full_name;
-  const bool adam = name != "galore_adafactor";
+  const bool apollo = name == "apollo_adamw";  // HF hands APOLLO's targets the --adam_* values
+  const bool adam = name != "galore_adafactor" && !apollo;
   std::vector<std::string> unused;
   if (adam) unused = detail::unused_adam_flags(opts, name == "galore_adamw" ? "1e-6" : "1e-8");
   if (opts.weight_decay != 0)
     unused.push_back(fmt::format("--weight_decay {} (it uses {})", opts.weight_decay,
                                  name == "galore_adamw_8bit" ? "0.01 on every parameter" : "none"));
   if (unused.empty()) return "";
-  return fmt::format(
-      "--optim {}: HF builds galore_torch's optimizer with the learning rate alone, so {} {} "
-      "not used",
-      full_name, fmt::join(unused, ", "), unused.size() == 1 ? "is" : "are");
+  return fmt::format("--optim {}: HF builds {} with the learning rate{} alone, so {} {} not used", full_name,
+                     apollo ? "apollo_torch's optimizer" : "galore_torch's optimizer",
+                     apollo ? " and the --adam_* values" : "", fmt::join(unused, ", "),
+                     unused.size() == 1 ? "is" : "are");
 }
 
 GaLore::GaLore(const std::string& name, const nn::ParamList& params, OptimizerOptions opts)
@@ -181,17 +183,10 @@ GaLore::GaLore(const std::string& name, const nn::ParamList& params, OptimizerOp
   const std::string base = layerwise_ ? name.substr(0, name.size() - 10) : name;
   kind_ = base == "galore_adamw"        ? Kind::adamw
           : base == "galore_adamw_8bit" ? Kind::adamw_8bit
+          : base == "apollo_adamw"      ? Kind::apollo
                                         : Kind::adafactor;
   detail::check_params(name.c_str(), params, {DType::f32}, /*any_device=*/true);
-  detail::OptimArgs args(name, opts_.args);
-  rank_ = static_cast<int64_t>(args.number("rank", 128));
-  gap_ = static_cast<int64_t>(args.number("update_proj_gap", 200));
-  scale_ = args.number("scale", 0.25);
-  proj_ = parse_projection(name, args.text("proj_type", "std"));
-  args.check_all_used();
-  TR_CHECK(rank_ >= 1, "--optim_args: {} rank={} must be at least 1", name, rank_);
-  TR_CHECK(gap_ >= 1, "--optim_args: {} update_proj_gap={} must be at least 1", name, gap_);
-  TR_CHECK(std::isfinite(scale_), "--optim_args: {} scale={} must be a finite number", name, scale_);
+  parse_args(name);
   const TargetModules targets(name, opts_.target_modules);
   weight_decay_ = kind_ == Kind::adamw_8bit ? 0.01 : 0.0;
 
@@ -215,6 +210,11 @@ GaLore::GaLore(const std::string& name, const nn::ParamList& params, OptimizerOp
     allocate_projection(sl);
     low_params.emplace_back(pname, &sl.buffer);
   }
+  // apollo_torch numbers the parameters through its groups (HF's: the others, then the targets) from 1 and
+  // seeds each target's first matrix with its number; a layer-wise optimizer holds one parameter (1).
+  uint64_t number = full_params.size();
+  for (auto& sl : slots_)
+    if (sl.projected) sl.seed = layerwise_ ? 1 : ++number;
   full_before_.push_back(full_params.size());
   low_before_.push_back(low_params.size());
   int64_t largest = 0;
@@ -227,14 +227,43 @@ GaLore::GaLore(const std::string& name, const nn::ParamList& params, OptimizerOp
            opts_.linear_weights.empty() ? std::string("none")
                                         : fmt::format("'{}'", module_of(opts_.linear_weights.front())));
 
-  full_ = make_inner(full_params, weight_decay_);
-  low_ = make_inner(low_params, 0.0);
+  full_ = make_inner(full_params, weight_decay_, false);
+  low_ = make_inner(low_params, 0.0, true);
+}
+
+void GaLore::parse_args(const std::string& name) {
+  detail::OptimArgs args(name, opts_.args);
+  rank_ = static_cast<int64_t>(args.number("rank", 128));
+  gap_ = static_cast<int64_t>(args.number("update_proj_gap", 200));
+  scale_ = args.number("scale", kind_ == Kind::apollo ? 1.0 : 0.25);
+  proj_ = parse_projection(name, args.text("proj_type", "std"));
+  if (kind_ == Kind::apollo) {
+    const std::string proj = args.text("proj", "random"), scale_type = args.text("scale_type", "channel");
+    TR_CHECK(proj == "random" || proj == "svd", "--optim_args: {} proj='{}' is not one of random, svd", name,
+             proj);
+    TR_CHECK(scale_type == "channel" || scale_type == "tensor",
+             "--optim_args: {} scale_type='{}' is not one of channel, tensor", name, scale_type);
+    random_ = proj == "random";
+    channel_ = scale_type == "channel";
+    TR_CHECK(proj_ != GaloreProjection::full || (!random_ && !channel_),
+             "--optim_args: {} proj_type=full: apollo_torch's random projector implements std, reverse_std, "
+             "right and left, and channel factors need one side; full takes proj=svd with scale_type=tensor",
+             name);
+  }
+  args.check_all_used();
+  TR_CHECK(rank_ >= 1, "--optim_args: {} rank={} must be at least 1", name, rank_);
+  TR_CHECK(gap_ >= 1, "--optim_args: {} update_proj_gap={} must be at least 1", name, gap_);
+  TR_CHECK(std::isfinite(scale_) && (kind_ != Kind::apollo || scale_ >= 0),
+           "--optim_args: {} scale={} must be a finite number{}", name, scale_,
+           kind_ == Kind::apollo ? " >= 0 (APOLLO takes its square root)" : "");
 }
 
 // The side the basis multiplies, the basis and the low-rank stand-in of one projected weight.
 void GaLore::allocate_projection(Slot& s) const {
   const Tensor& p = *s.param;
-  const int64_t m = p.shape()[0], n = p.shape()[1], r = std::min(rank_, std::min(m, n));
+  const int64_t m = p.shape()[0], n = p.shape()[1];
+  // A random basis may have more rows than the gradient has (apollo_torch draws rank x n whatever n is).
+  const int64_t r = random_ ? rank_ : std::min(rank_, std::min(m, n));
   const bool tall = m >= n;
   s.right = proj_ == GaloreProjection::right || (proj_ == GaloreProjection::std_side && tall) ||
             (proj_ == GaloreProjection::reverse_std && !tall);
@@ -251,20 +280,36 @@ void GaLore::allocate_projection(Slot& s) const {
     low = {r, n};
   }
   s.buffer = ops::zeros(low, DType::f32, p.device());
+  if (kind_ == Kind::apollo) {
+    // Channel factors are norms over the projected side: they fit the weight only on the std side.
+    TR_CHECK(!channel_ || (proj_ != GaloreProjection::full && s.right == (m >= n)),
+             "--optim_args: apollo_adamw scale_type=channel with proj_type {}: the channel factors of '{}' "
+             "({} x {}) need the projection on its {} side (proj_type std), where apollo_torch's broadcast "
+             "holds; use proj_type=std or scale_type=tensor",
+             s.right ? "right" : "left", s.name, m, n, m >= n ? "right" : "left");
+    s.last_norm = ops::zeros({}, DType::f32, p.device());
+  }
 }
 
 // An inner optimizer with galore_torch's defaults (HF passes the learning rate alone); every parameter in one
 // group, so HF's decay groups do not apply. The stand-ins take no decay: it is applied to the weight after
 // the update is projected back.
-std::unique_ptr<Optimizer> GaLore::make_inner(const nn::ParamList& params, double weight_decay) const {
+std::unique_ptr<Optimizer> GaLore::make_inner(const nn::ParamList& params, double weight_decay,
+                                              bool targets) const {
   OptimizerOptions o;
   o.lr = opts_.lr;
   o.beta1 = 0.9;
   o.beta2 = 0.999;
-  o.eps = kind_ == Kind::adamw ? 1e-6 : 1e-8;
+  o.eps = kind_ == Kind::adamw || kind_ == Kind::apollo ? 1e-6 : 1e-8;
   o.decay_all = true;
   o.weight_decay = weight_decay;
-  if (kind_ == Kind::adamw) return std::make_unique<GaloreAdamW>(params, o);
+  if (kind_ == Kind::apollo && targets) {  // HF hands APOLLO's target group the --adam_* values
+    o.beta1 = opts_.beta1;
+    o.beta2 = opts_.beta2;
+    o.eps = opts_.eps;
+    o.lr = 1.0;  // the stand-ins' update gives APOLLO its scaling factors at any rate (apollo.cpp)
+  }
+  if (kind_ == Kind::adamw || kind_ == Kind::apollo) return std::make_unique<GaloreAdamW>(params, o);
   if (kind_ == Kind::adamw_8bit) return std::make_unique<AdamW8bit>(params, o);
   return std::make_unique<Adafactor>(params, o);
 }
@@ -272,7 +317,7 @@ std::unique_ptr<Optimizer> GaLore::make_inner(const nn::ParamList& params, doubl
 void GaLore::set_lr(double lr) {
   Optimizer::set_lr(lr);
   full_->set_lr(lr);
-  low_->set_lr(lr);
+  if (kind_ != Kind::apollo) low_->set_lr(lr);
 }
 
 // get_orthogonal_matrix: torch.linalg.svd(grad, full_matrices=False); right: Vh[:rank], left: U[:, :rank],
@@ -325,24 +370,39 @@ void GaLore::step_params(size_t lo, size_t hi, bool advance) {
     if (!s.projected) continue;
     const Tensor g = detail::gradient("GaLore", s.name, *s.param);
     if (!g.defined()) continue;
-    if (!s.has_basis || before % gap_ == 0) refresh_basis(s, g);
+    if (!s.has_basis || before % gap_ == 0) {
+      if (random_)
+        random_basis(s);
+      else
+        refresh_basis(s, g);
+    }
     const Tensor low = ops::view(ops::narrow(scratch_, 0, 0, s.buffer.numel()), s.buffer.shape());
     project_into(s, g, low);
     ops::fill_(s.buffer, 0.0);
     autograd::set_grad(s.buffer, low);
     low_->step_params(low_before_[i], low_before_[i] + 1, false);
     autograd::zero_grad(s.buffer);
-    Tensor& p = *s.param;
-    // p.add_(p, alpha=-lr * weight_decay), in place: p * (1 - lr * weight_decay)
-    const auto decay = [&] {
-      if (weight_decay_ > 0)
-        ops::binary_(ops::BinaryOp::mul, p,
-                     ops::full({}, 1.0 - opts_.lr * weight_decay_, p.dtype(), p.device()));
-    };
-    if (kind_ == Kind::adafactor) decay();  // GaLoreAdafactor decays before adding the update
-    add_projected_back(s, s.buffer);        // the stand-in now holds the low-rank update
-    if (kind_ != Kind::adafactor) decay();
+    apply_update(s, g, low);
   }
+}
+
+// The stand-in now holds the low-rank update: GaLore adds it projected back; APOLLO scales the gradient by
+// it.
+void GaLore::apply_update(Slot& s, const Tensor& g, const Tensor& low) {
+  if (kind_ == Kind::apollo) {
+    apollo_update(s, g, low);
+    return;
+  }
+  Tensor& p = *s.param;
+  // p.add_(p, alpha=-lr * weight_decay), in place: p * (1 - lr * weight_decay)
+  const auto decay = [&] {
+    if (weight_decay_ > 0)
+      ops::binary_(ops::BinaryOp::mul, p,
+                   ops::full({}, 1.0 - opts_.lr * weight_decay_, p.dtype(), p.device()));
+  };
+  if (kind_ == Kind::adafactor) decay();  // GaLoreAdafactor decays before adding the update
+  add_projected_back(s, s.buffer);
+  if (kind_ != Kind::adafactor) decay();
 }
 
 std::vector<std::pair<std::string, Tensor>> GaLore::state_dict() const {
@@ -353,6 +413,11 @@ std::vector<std::pair<std::string, Tensor>> GaLore::state_dict() const {
     if (!s.projected) continue;
     out.emplace_back("galore_ortho." + s.name, s.ortho);
     if (s.ortho_right.defined()) out.emplace_back("galore_ortho_right." + s.name, s.ortho_right);
+    if (kind_ == Kind::apollo) {
+      out.emplace_back("apollo_seed." + s.name,
+                       ops::from_vector<int64_t>({static_cast<int64_t>(s.seed)}, {}, Device::cpu()));
+      out.emplace_back("apollo_scaled_grad." + s.name, s.last_norm);
+    }
   }
   return out;
 }
@@ -363,6 +428,16 @@ void GaLore::load_state_dict(const std::map<std::string, Tensor>& state) {
     detail::load_entry(state, "galore_ortho." + s.name, s.ortho, "GaLore");
     if (s.ortho_right.defined())
       detail::load_entry(state, "galore_ortho_right." + s.name, s.ortho_right, "GaLore");
+    if (kind_ == Kind::apollo) {
+      const Tensor& seed = detail::state_entry(state, "apollo_seed." + s.name, "APOLLO");
+      TR_CHECK(seed.numel() == 1 && seed.dtype() == DType::i64,
+               "APOLLO state: 'apollo_seed.{}' is {}, expected "
+               "one int64",
+               s.name, seed.describe());
+      s.seed = static_cast<uint64_t>(ops::to_vector<int64_t>(seed)[0]);
+      detail::load_entry(state, "apollo_scaled_grad." + s.name, s.last_norm, "APOLLO");
+      s.has_norm = true;
+    }
     s.has_basis = true;
   }
   full_->load_state_dict(state);

@@ -148,6 +148,8 @@ const std::vector<std::string>& optimizer_names() {
                                               "galore_adamw_layerwise",
                                               "galore_adamw_8bit_layerwise",
                                               "galore_adafactor_layerwise",
+                                              "apollo_adamw",
+                                              "apollo_adamw_layerwise",
                                               "grokadamw",
                                               "lomo",
                                               "adalomo"};
@@ -165,8 +167,6 @@ const std::map<std::string, std::string>& unimplemented_names() {
       {"adamw_torch_4bit", "torchao's AdamW4bit (4-bit states with its own quantization)"},
       {"adamw_torch_8bit",
        "torchao's AdamW8bit (its own 8-bit quantization; bitsandbytes' is adamw_bnb_8bit)"},
-      {"apollo_adamw", "APOLLO's AdamW (random-projection scaling of optim_target_modules)"},
-      {"apollo_adamw_layerwise", "APOLLO's layer-wise AdamW (updates inside the backward pass)"},
   };
 
   return names;

@@ -2,8 +2,8 @@
 // adamw_torch_fused, adamw_apex_fused, adafactor, adamw_bnb_8bit / adamw_8bit / paged_adamw_8bit,
 // paged_adamw_32bit, sgd, adagrad, rmsprop, rmsprop_bnb / rmsprop_bnb_32bit, rmsprop_bnb_8bit, lion_32bit /
 // paged_lion_32bit, lion_8bit / paged_lion_8bit, the ademamix family, schedule_free_adamw / _radam / _sgd,
-// stable_adamw, galore_adamw / _adamw_8bit / _adafactor and their _layerwise forms, grokadamw, lomo,
-// adalomo).
+// stable_adamw, galore_adamw / _adamw_8bit / _adafactor and apollo_adamw with their _layerwise forms,
+// grokadamw, lomo, adalomo).
 #pragma once
 #include <map>
 #include <memory>

@@ -111,7 +111,8 @@ const std::vector<ArgSpec>& argument_specs() {
        "rmsprop_bnb_8bit, lion_32bit (= paged_lion_32bit), lion_8bit (= paged_lion_8bit), ademamix (= "
        "paged_ademamix_32bit), ademamix_8bit (= paged_ademamix_8bit), schedule_free_adamw, "
        "schedule_free_radam, schedule_free_sgd, stable_adamw, galore_adamw, galore_adamw_8bit, "
-       "galore_adafactor (with --optim_target_modules; each also _layerwise), grokadamw, lomo, adalomo "
+       "galore_adafactor, apollo_adamw (with --optim_target_modules; each also _layerwise), grokadamw, lomo, "
+       "adalomo "
        "(lomo, adalomo and _layerwise update each parameter during backward); paged: the state stays "
        "resident",
        "training"},
@@ -122,12 +123,15 @@ const std::vector<ArgSpec>& argument_specs() {
        "adagrad lr_decay, initial_accumulator_value, eps; rmsprop alpha, eps, momentum; rmsprop_bnb* alpha, "
        "eps; ademamix* beta1, beta2, beta3, alpha, eps, t_alpha, t_beta3; schedule_free_* weight_lr_power, r "
        "(schedule_free_sgd also momentum); stable_adamw decouple_lr, max_lr, kahan_sum; galore_* rank, "
-       "update_proj_gap, scale, proj_type (std, reverse_std, right, left, full); grokadamw alpha_init, "
+       "update_proj_gap, scale, proj_type (std, reverse_std, right, left, full); apollo_* rank, proj "
+       "(random, "
+       "svd), scale_type (channel, tensor), update_proj_gap, scale, proj_type; grokadamw alpha_init, "
        "lamb, gamma, grokking_signal_decay_rate, gradient_clipping; the 8-bit ones "
        "min_8bit_size",
        "training"},
       {"optim_target_modules", &A::optim_target_modules,
-       "the galore_* optimizers' targets: a regex of whole module names (e.g. '.*(attn|mlp).*'), all-linear, "
+       "the galore_* and apollo_* optimizers' targets: a regex of whole module names (e.g. "
+       "'.*(attn|mlp).*'), all-linear, "
        "or a JSON list of names, each matching exactly, as a substring or as a regex (e.g. '[\"q_proj\", "
        "\"v_proj\"]'); linear layers only",
        "training"},
