@@ -40,6 +40,9 @@ run galore_adamw_cosine_1e-3 --optim galore_adamw --learning_rate 1e-3 "${galore
 run galore_adamw_cosine_4e-3 --optim galore_adamw --learning_rate 4e-3 "${galore[@]}"
 run galore_adafactor_cosine_4e-3 --optim galore_adafactor --learning_rate 4e-3 "${galore[@]}"
 run galore_adamw_layerwise_cosine_4e-3 --optim galore_adamw_layerwise --learning_rate 4e-3 "${galore[@]}"
+# APOLLO (rank 64, random bases, channel scaling): the update is the full gradient scaled, AdamW-like rates
+run apollo_adamw_cosine_1e-3 --optim apollo_adamw --learning_rate 1e-3 "${galore[@]}"
+run apollo_adamw_cosine_4e-3 --optim apollo_adamw --learning_rate 4e-3 "${galore[@]}"
 # lomo_optim's: updated during backward, no clipping (HF's); LOMO is plain SGD, AdaLomo scales its step by
 # each weight's RMS (so its rate is relative).
 run lomo_cosine_1e-1 --optim lomo --learning_rate 1e-1 --lr_scheduler_type cosine

@@ -76,6 +76,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(GoldenCase{"adamw", "adamw_torch", 1e-2, 0.1, ""},
                       GoldenCase{"adamw", "adamw_torch_fused", 1e-2, 0.1, ""},
                       GoldenCase{"adamw", "adamw_apex_fused", 1e-2, 0.1, ""},
+                      GoldenCase{"adamw", "adamw_torch_xla", 1e-2, 0.1, ""},
+                      GoldenCase{"adamw", "adamw_torch_npu_fused", 1e-2, 0.1, ""},
                       GoldenCase{"sgd", "sgd", 0.1, 0.0, ""},
                       GoldenCase{"sgd_momentum", "sgd", 0.1, 0.01, "momentum=0.9,dampening=0.1"},
                       GoldenCase{"sgd_nesterov", "sgd", 0.1, 0.01, "momentum=0.9, nesterov=true"},
@@ -213,6 +215,8 @@ TEST_P(OptimResume, ContinuesBitExactlyAfterSaveAndLoad) {
 const std::vector<ResumeCase> kResumeCases{{"adamw_torch", ""},
                                            {"adamw_torch_fused", ""},
                                            {"adamw_apex_fused", ""},
+                                           {"adamw_torch_xla", ""},
+                                           {"adamw_torch_npu_fused", ""},
                                            {"adafactor", ""},
                                            {"adafactor", "beta1=0.9"},
                                            {"adamw_bnb_8bit", ""},
@@ -285,8 +289,7 @@ TEST(OptimErrors, UnknownNameSuggestsTheNearest) {
 TEST(OptimErrors, HfNamesNotImplementedSaySo) {
   Params ps;
   ps.add("w", test::randn({3}, 1));
-  for (const char* name : {"adamw_torch_8bit", "adamw_torch_4bit", "adamw_anyprecision", "adamw_torch_xla",
-                           "adamw_torch_npu_fused"}) {
+  for (const char* name : {"adamw_torch_8bit", "adamw_torch_4bit", "adamw_anyprecision"}) {
     const std::string e = expect_error([&] { optim::make_optimizer(name, ps.list, {}); });
     EXPECT_NE(e.find(fmt::format("--optim '{}' is HF's name for ", name)), std::string::npos) << e;
     EXPECT_NE(e.find("which trainer.cpp does not implement; it implements adamw_torch, "), std::string::npos)
@@ -297,6 +300,11 @@ TEST(OptimErrors, HfNamesNotImplementedSaySo) {
               optim::check_optimizer_name("adamw_anyprecision");
             }).find("torchdistx's AnyPrecisionAdamW (states in"),
             std::string::npos);
+  // the device-specific AdamWs run adamw_torch's arithmetic, and say so
+  EXPECT_EQ(
+      optim::unused_flags_note("adamw_torch_xla", {}),
+      "--optim adamw_torch_xla is torch_xla's sync-free AdamW for TPUs; its arithmetic is adamw_torch's, "
+      "which runs here");
   EXPECT_NO_THROW(optim::check_optimizer_name("paged_ademamix_8bit"));
   EXPECT_NO_THROW(optim::check_optimizer_name("schedule_free_radam"));
 }

@@ -119,6 +119,8 @@ const std::vector<std::string>& optimizer_names() {
   static const std::vector<std::string> names{"adamw_torch",
                                               "adamw_torch_fused",
                                               "adamw_apex_fused",
+                                              "adamw_torch_xla",
+                                              "adamw_torch_npu_fused",
                                               "adafactor",
                                               "adamw_bnb_8bit",
                                               "adamw_8bit",
@@ -161,8 +163,6 @@ namespace {
 // HF's OptimizerNames that this build does not implement, and what each stands for in HF.
 const std::map<std::string, std::string>& unimplemented_names() {
   static const std::map<std::string, std::string> names{
-      {"adamw_torch_xla", "torch_xla's AdamW for TPUs (its math is adamw_torch's)"},
-      {"adamw_torch_npu_fused", "torch_npu's fused AdamW for Ascend NPUs (its math is adamw_torch_fused's)"},
       {"adamw_anyprecision", "torchdistx's AnyPrecisionAdamW (states in chosen dtypes, Kahan summation)"},
       {"adamw_torch_4bit", "torchao's AdamW4bit (4-bit states with its own quantization)"},
       {"adamw_torch_8bit",
@@ -189,8 +189,11 @@ std::unique_ptr<Optimizer> make_optimizer(const std::string& name, const nn::Par
                                           const OptimizerOptions& opts) {
   check_optimizer_name(name);
   if (name == "adamw_torch") return std::make_unique<AdamW>(params, opts);
-  // torch's fused AdamW and apex's FusedAdam: one multi-tensor pass, the same numbers as adamw_torch.
-  if (name == "adamw_torch_fused" || name == "adamw_apex_fused")
+  // torch's fused AdamW, apex's FusedAdam, torch_xla's sync-free AdamW and torch_npu's NpuFusedAdamW: one
+  // multi-tensor pass, the same numbers as adamw_torch (the last two are the same arithmetic for TPUs and
+  // Ascend NPUs; here they run on this run's device).
+  if (name == "adamw_torch_fused" || name == "adamw_apex_fused" || name == "adamw_torch_xla" ||
+      name == "adamw_torch_npu_fused")
     return std::make_unique<AdamW>(params, opts, /*multi_tensor=*/true);
   if (name == "adafactor") return std::make_unique<Adafactor>(params, opts);
   // bitsandbytes' paged optimizers: the same kernels, their state in CUDA managed memory that the driver may
@@ -224,6 +227,10 @@ std::string unused_flags_note(const std::string& name, const OptimizerOptions& o
   if (GaLore::implements(name)) return GaLore::unused_flags_note(name, opts);
   if (name == "grokadamw") return GrokAdamW::unused_flags_note(opts);
   if (name == "lomo" || name == "adalomo") return lomo_unused_flags_note(name, opts);
+  if (name == "adamw_torch_xla" || name == "adamw_torch_npu_fused")
+    return fmt::format("--optim {} is {} AdamW for {}; its arithmetic is adamw_torch's, which runs here",
+                       name, name == "adamw_torch_xla" ? "torch_xla's sync-free" : "torch_npu's fused",
+                       name == "adamw_torch_xla" ? "TPUs" : "Ascend NPUs");
   return "";
 }
 

@@ -1,5 +1,5 @@
 // The optimizer interface the Trainer drives, and the factory from HF's `optim` names (adamw_torch,
-// adamw_torch_fused, adamw_apex_fused, adafactor, adamw_bnb_8bit / adamw_8bit / paged_adamw_8bit,
+// adamw_torch_fused, adamw_apex_fused, adamw_torch_xla, adamw_torch_npu_fused, adafactor, adamw_bnb_8bit / adamw_8bit / paged_adamw_8bit,
 // paged_adamw_32bit, sgd, adagrad, rmsprop, rmsprop_bnb / rmsprop_bnb_32bit, rmsprop_bnb_8bit, lion_32bit /
 // paged_lion_32bit, lion_8bit / paged_lion_8bit, the ademamix family, schedule_free_adamw / _radam / _sgd,
 // stable_adamw, galore_adamw / _adamw_8bit / _adafactor and apollo_adamw with their _layerwise forms,

@@ -106,7 +106,8 @@ const std::vector<ArgSpec>& argument_specs() {
       {"warmup_steps", &A::warmup_steps, "warmup steps, or a ratio of the total below 1", "training"},
       {"warmup_ratio", &A::warmup_ratio, "warmup as a ratio of the total steps", "training"},
       {"optim", &A::optim,
-       "adamw_torch, adamw_torch_fused, adamw_apex_fused, adafactor, adamw_bnb_8bit (= adamw_8bit, "
+       "adamw_torch, adamw_torch_fused, adamw_apex_fused (= adamw_torch_xla, adamw_torch_npu_fused), "
+       "adafactor, adamw_bnb_8bit (= adamw_8bit, "
        "paged_adamw_8bit), paged_adamw_32bit, sgd, adagrad, rmsprop, rmsprop_bnb (= rmsprop_bnb_32bit), "
        "rmsprop_bnb_8bit, lion_32bit (= paged_lion_32bit), lion_8bit (= paged_lion_8bit), ademamix (= "
        "paged_ademamix_32bit), ademamix_8bit (= paged_ademamix_8bit), schedule_free_adamw, "

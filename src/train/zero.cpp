@@ -45,10 +45,21 @@ namespace {
 // update reads only that element (8-bit AdamW's blocks and Adafactor's row and column statistics span
 // tensors).
 const std::vector<std::string>& elementwise_names() {
-  static const std::vector<std::string> names{
-      "adamw_torch",      "adamw_torch_fused", "adamw_apex_fused",    "paged_adamw_32bit", "sgd",
-      "adagrad",          "rmsprop",           "rmsprop_bnb",         "rmsprop_bnb_32bit", "lion_32bit",
-      "paged_lion_32bit", "ademamix",          "paged_ademamix_32bit"};
+  static const std::vector<std::string> names{"adamw_torch",
+                                              "adamw_torch_fused",
+                                              "adamw_apex_fused",
+                                              "adamw_torch_xla",
+                                              "adamw_torch_npu_fused",
+                                              "paged_adamw_32bit",
+                                              "sgd",
+                                              "adagrad",
+                                              "rmsprop",
+                                              "rmsprop_bnb",
+                                              "rmsprop_bnb_32bit",
+                                              "lion_32bit",
+                                              "paged_lion_32bit",
+                                              "ademamix",
+                                              "paged_ademamix_32bit"};
   return names;
 }
 
