@@ -3,6 +3,7 @@
 // the same formulas in tensor ops.
 #include "optim/adafactor.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "optim/common.h"
@@ -108,10 +109,14 @@ void Adafactor::update(Slot& s, const Tensor& grad) {
   const double beta2t = 1.0 - std::pow(t, decay_rate_);
   const T b2 = static_cast<T>(beta2t), one_b2 = static_cast<T>(1.0 - beta2t), eps1 = static_cast<T>(eps1_);
 
-  std::vector<T> upd(static_cast<size_t>(n));
+  // The update u[i] = factor(i) * g[i] is never stored (it would be a tensor of the parameter's size): its
+  // factors are, and it is computed twice - for its RMS, then for the step.
+  std::vector<T> rf, cinv;  // factored: rsqrt(row / row mean) per row, rsqrt(col) per column
+  int64_t C = 1, R = 1;
   if (s.row.defined()) {
     // grad viewed as [B, R, C]: row EMA of mean over C, column EMA of mean over R.
-    const int64_t C = s.param->shape().back(), R = s.param->shape()[s.param->shape().size() - 2];
+    C = s.param->shape().back();
+    R = s.param->shape()[s.param->shape().size() - 2];
     const int64_t B = n / std::max<int64_t>(1, R * C);
     T* row = s.row.data<T>();
     T* col = s.col.data<T>();
@@ -123,64 +128,98 @@ void Adafactor::update(Slot& s, const Tensor& grad) {
       const T mean = static_cast<T>(acc / static_cast<double>(C));
       row[br] = std::fma(mean, one_b2, row[br] * b2);
     }
-    // exp_avg_sq_col likewise with the mean over dim -2 (rows), summed in row order for each column.
+    // exp_avg_sq_col likewise with the mean over dim -2: each column's sum in f64 over a fixed number of row
+    // chunks (by size, not by thread count), the chunks' partial sums added in order - parallel even when
+    // the columns are few (a [vocab, hidden] embedding), and the same bits on any thread count.
+    const int64_t chunks = std::clamp<int64_t>(R * C / (1 << 16), 1, 64);
+    const int64_t rows_per = (R + chunks - 1) / chunks;
+    std::vector<double> part(static_cast<size_t>(chunks * C));
     for (int64_t b = 0; b < B; ++b) {
-      constexpr int64_t kCols = 256;
 #pragma omp parallel for schedule(static) if (big)
-      for (int64_t c0 = 0; c0 < C; c0 += kCols) {
-        const int64_t c1 = std::min(C, c0 + kCols);
-        std::vector<double> acc(static_cast<size_t>(c1 - c0), 0.0);
-        for (int64_t r = 0; r < R; ++r) {
+      for (int64_t k = 0; k < chunks; ++k) {
+        double* acc = part.data() + k * C;
+        std::fill(acc, acc + C, 0.0);
+        for (int64_t r = k * rows_per; r < std::min(R, (k + 1) * rows_per); ++r) {
           const T* gr = g + (b * R + r) * C;
-          for (int64_t c = c0; c < c1; ++c) acc[static_cast<size_t>(c - c0)] += double(gr[c] * gr[c] + eps1);
+          for (int64_t c = 0; c < C; ++c) acc[c] += double(gr[c] * gr[c] + eps1);
         }
-        for (int64_t c = c0; c < c1; ++c) {
-          const T mean = static_cast<T>(acc[static_cast<size_t>(c - c0)] / static_cast<double>(R));
-          col[b * C + c] = std::fma(mean, one_b2, col[b * C + c] * b2);
-        }
+      }
+#pragma omp parallel for schedule(static) if (big)
+      for (int64_t c = 0; c < C; ++c) {
+        double sum = 0;
+        for (int64_t k = 0; k < chunks; ++k) sum += part[static_cast<size_t>(k * C + c)];
+        const T mean = static_cast<T>(sum / static_cast<double>(R));
+        col[b * C + c] = std::fma(mean, one_b2, col[b * C + c] * b2);
       }
     }
     // _approx_sq_grad: rsqrt(row / row.mean(-1)) (outer) rsqrt(col), then times grad.
+    rf.resize(static_cast<size_t>(B * R));
+    cinv.resize(static_cast<size_t>(B * C));
     for (int64_t b = 0; b < B; ++b) {
       double acc = 0;
       for (int64_t r = 0; r < R; ++r) acc += double(row[b * R + r]);
       const T row_mean = static_cast<T>(acc / static_cast<double>(R));
-#pragma omp parallel for schedule(static) if (big)
-      for (int64_t r = 0; r < R; ++r) {
-        const T rf = T(1) / std::sqrt(row[b * R + r] / row_mean);
-        const T* gr = g + (b * R + r) * C;
-        T* ur = upd.data() + (b * R + r) * C;
-        const T* cb = col + b * C;
-        for (int64_t c = 0; c < C; ++c) ur[c] = rf * (T(1) / std::sqrt(cb[c])) * gr[c];
-      }
+      for (int64_t r = 0; r < R; ++r)
+        rf[static_cast<size_t>(b * R + r)] = T(1) / std::sqrt(row[b * R + r] / row_mean);
+      for (int64_t c = 0; c < C; ++c) cinv[static_cast<size_t>(b * C + c)] = T(1) / std::sqrt(col[b * C + c]);
     }
   } else {
     // exp_avg_sq.mul_(beta2t).add_(grad**2 + eps1, alpha=1-beta2t); update = exp_avg_sq.rsqrt().mul_(grad)
     T* sq = s.sq.data<T>();
 #pragma omp parallel for simd schedule(static) if (big)
-    for (int64_t i = 0; i < n; ++i) {
-      sq[i] = std::fma(g[i] * g[i] + eps1, one_b2, sq[i] * b2);
-      upd[static_cast<size_t>(i)] = (T(1) / std::sqrt(sq[i])) * g[i];
-    }
+    for (int64_t i = 0; i < n; ++i) sq[i] = std::fma(g[i] * g[i] + eps1, one_b2, sq[i] * b2);
   }
-  // update.div_((_rms(update) / clip_threshold).clamp_(min=1.0)); update.mul_(lr)
-  const T denom = std::max(rms(upd.data(), n) / static_cast<T>(clip_threshold_), T(1));
+  const T* sq = s.sq.defined() ? s.sq.data<T>() : nullptr;
+  // u over [i0, i1) into f(i, u): the factored form walks rows and columns (no division per element)
+  const auto each_update = [&](int64_t i0, int64_t i1, auto&& f) {
+    if (sq) {
+      for (int64_t i = i0; i < i1; ++i) f(i, (T(1) / std::sqrt(sq[i])) * g[i]);
+      return;
+    }
+    int64_t br = i0 / C, c = i0 % C;
+    const T* cb = cinv.data() + br / R * C;
+    for (int64_t i = i0; i < i1; ++i) {
+      f(i, rf[static_cast<size_t>(br)] * cb[c] * g[i]);
+      if (++c == C) {
+        c = 0;
+        if (++br % R == 0) cb += C;
+      }
+    }
+  };
+  // update.div_((_rms(update) / clip_threshold).clamp_(min=1.0)); update.mul_(lr) - the RMS summed as
+  // sum_squares sums (16K chunks in f64, added in order)
+  constexpr int64_t kChunk = 1 << 14;
+  const int64_t nchunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> sums(static_cast<size_t>(nchunks), 0.0);
+#pragma omp parallel for schedule(static) if (nchunks > 4)
+  for (int64_t k = 0; k < nchunks; ++k) {
+    double acc = 0;
+    each_update(k * kChunk, std::min(n, (k + 1) * kChunk),
+                [&](int64_t, T u) { acc += double(u) * double(u); });
+    sums[static_cast<size_t>(k)] = acc;
+  }
+  double total = 0;
+  for (double v : sums) total += v;
+  const T rms_upd = static_cast<T>(std::sqrt(total)) / static_cast<T>(std::sqrt(static_cast<double>(n)));
+  const T denom = std::max(rms_upd / static_cast<T>(clip_threshold_), T(1));
   const T tlr = static_cast<T>(lr);
   T* m = s.exp_avg.defined() ? s.exp_avg.data<T>() : nullptr;
   const T b1 = static_cast<T>(beta1_.value_or(0.0)), one_b1 = static_cast<T>(1.0 - beta1_.value_or(0.0));
   const double wd = s.decay ? opts_.weight_decay : 0.0;
   // p.add_(p, alpha=-wd*lr): with a tensor lr the product is a tensor of T.
   const T alpha = lr_is_tensor ? static_cast<T>(-wd) * tlr : static_cast<T>(-wd * lr);
-#pragma omp parallel for simd schedule(static) if (big)
-  for (int64_t i = 0; i < n; ++i) {
-    if (lr_in_add_) {  // AdaLomo: update.div_(denom); p.add_(update, alpha=-lr)
-      p[i] = std::fma(upd[static_cast<size_t>(i)] / denom, -tlr, p[i]);
-      continue;
-    }
-    T u = upd[static_cast<size_t>(i)] / denom * tlr;
-    if (m) u = m[i] = std::fma(u, one_b1, m[i] * b1);  // exp_avg.mul_(beta1).add_(update, 1-beta1)
-    if (wd != 0) p[i] = std::fma(p[i], alpha, p[i]);
-    p[i] += -u;
+#pragma omp parallel for schedule(static) if (nchunks > 4)
+  for (int64_t k = 0; k < nchunks; ++k) {
+    each_update(k * kChunk, std::min(n, (k + 1) * kChunk), [&](int64_t i, T ui) {
+      if (lr_in_add_) {  // AdaLomo: update.div_(denom); p.add_(update, alpha=-lr)
+        p[i] = std::fma(ui / denom, -tlr, p[i]);
+        return;
+      }
+      T u = ui / denom * tlr;
+      if (m) u = m[i] = std::fma(u, one_b1, m[i] * b1);  // exp_avg.mul_(beta1).add_(update, 1-beta1)
+      if (wd != 0) p[i] = std::fma(p[i], alpha, p[i]);
+      p[i] += -u;
+    });
   }
 }
 
