@@ -428,14 +428,20 @@ TEST(TrainerOptim, EveryOptimizerTrainsTheModel) {
       a.learning_rate = 1.0;
       a.optim_args = "momentum=0.9";
     }
-    if (name == "adagrad") a.learning_rate = 0.1;              // its steps shrink as 1/sqrt(step) from lr
+    if (name == "adagrad") a.learning_rate = 0.1;  // its steps shrink as 1/sqrt(step) from lr
+    if (name == "lomo") a.learning_rate = 0.5;     // SGD without momentum or clipping
+    // AdaLomo's first steps are sign-like (its second moment is the first gradient's square) and scaled by
+    // each weight's RMS - the norms' weights (RMS 1) move by lr per step: a rate that trains in 10 constant
+    // steps without diverging moves it less far
+    if (name == "adalomo") a.learning_rate = 0.5;
     if (name == "schedule_free_sgd") a.learning_rate = 1.0;    // SGDScheduleFree's default
     if (name == "schedule_free_radam") a.learning_rate = 0.5;  // rectified: lr x 0 to 0.05 in 10 steps
-    if (name.starts_with("galore_")) a.optim_target_modules = "all-linear";
+    if (name.starts_with("galore_") || name.starts_with("apollo_")) a.optim_target_modules = "all-linear";
     a.optim = name;
     a.weight_decay = 0.01;
     auto r = train::train(a);
-    EXPECT_LT(r.losses.back(), r.losses.front() - 1.5) << name;  // from 10.84 (= ln 50257) to ~8.8 here
+    EXPECT_LT(r.losses.back(), r.losses.front() - (name == "adalomo" ? 1.0 : 1.5))
+        << name;  // from 10.84 (= ln 50257) to ~8.8 here
     // and it resumes: the optimizer state goes through the checkpoint
     EXPECT_TRUE(fs::exists(fs::path(a.output_dir) / "checkpoint-10" / "optimizer.safetensors")) << name;
   }

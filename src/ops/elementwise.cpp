@@ -1,5 +1,6 @@
 // Elementwise ops, reductions, top-k and softmax: checks, output allocation, dispatch.
 #include <algorithm>
+#include <functional>
 #include <numeric>
 
 #include "ops/ops.h"
@@ -29,6 +30,13 @@ Tensor unary(UnaryOp op, const Tensor& x) {
   Tensor out = empty(x.shape(), x.dtype(), x.device());
   if (runs(out)) be(x).unary(op, x, out);
   return out;
+}
+
+void unary_(UnaryOp op, const Tensor& x) {
+  check_float(backend::unary_name(op), x);
+  TR_CHECK(x.is_contiguous(), "{}_: in-place target {} must be contiguous", backend::unary_name(op),
+           x.describe());
+  if (runs(x)) be(x).unary(op, x, x);
 }
 
 Tensor unary_backward(UnaryOp op, const Tensor& x, const Tensor& gy) {
@@ -117,7 +125,11 @@ Tensor sum_to_shape(const Tensor& g, const Shape& shape) {
   return view(contiguous(r), shape);
 }
 
-Tensor reduce(ReduceOp op, const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
+namespace {
+
+// reduce and reduce_into: `into` (when given) receives the result instead of a new tensor.
+Tensor reduce_impl(ReduceOp op, const Tensor& x, std::vector<int64_t> dims, bool keepdim,
+                   const Tensor* into) {
   check_float("reduce", x);
   const int64_t nd = x.dim();
   if (dims.empty())
@@ -138,7 +150,17 @@ Tensor reduce(ReduceOp op, const Tensor& x, std::vector<int64_t> dims, bool keep
   for (auto d : dims) r *= x.shape()[d];
   if (op == ReduceOp::max || op == ReduceOp::min)
     TR_CHECK(r > 0, "reduce: max/min over an empty dimension of {}", x.describe());
-  Tensor out = empty(out_shape, x.dtype(), x.device());
+  Tensor out;
+  if (into) {
+    const int64_t want = std::accumulate(out_shape.begin(), out_shape.end(), int64_t{1}, std::multiplies<>());
+    TR_CHECK(into->numel() == want && into->is_contiguous() && into->dtype() == x.dtype() &&
+                 into->device() == x.device(),
+             "reduce_into: the output {} must be contiguous with {} elements of {}'s dtype and device",
+             into->describe(), want, x.describe());
+    out = *into;
+  } else {
+    out = empty(out_shape, x.dtype(), x.device());
+  }
   if (out.numel() == 0) return out;
   const bool block = nd == 0 || dims.back() - dims.front() + 1 == static_cast<int64_t>(dims.size());
   Tensor xc;
@@ -158,6 +180,16 @@ Tensor reduce(ReduceOp op, const Tensor& x, std::vector<int64_t> dims, bool keep
   // Temporaries are made on the meta device too, so a dry run counts the same bytes.
   if (runs(out)) be(x).reduce(op, xc, outer, r, inner, out);
   return out;
+}
+
+}  // namespace
+
+Tensor reduce(ReduceOp op, const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
+  return reduce_impl(op, x, std::move(dims), keepdim, nullptr);
+}
+
+void reduce_into(ReduceOp op, const Tensor& x, std::vector<int64_t> dims, const Tensor& out) {
+  reduce_impl(op, x, std::move(dims), false, &out);
 }
 
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {

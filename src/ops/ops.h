@@ -79,6 +79,7 @@ Shape infer_shape(const Shape& shape, int64_t numel, const char* op);
 
 // ---- elementwise
 Tensor unary(UnaryOp op, const Tensor& x);
+void unary_(UnaryOp op, const Tensor& x);  // in place; x contiguous
 Tensor unary_backward(UnaryOp op, const Tensor& x, const Tensor& gy);
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
 // out op= b in place (out must be contiguous; b broadcastable to out).
@@ -91,6 +92,8 @@ Tensor sum_to_shape(const Tensor& g, const Shape& shape);
 
 // ---- reductions
 Tensor reduce(ReduceOp op, const Tensor& x, std::vector<int64_t> dims, bool keepdim);  // empty dims: all
+// reduce (keepdim false) into `out`: contiguous, the result's element count, x's dtype and device.
+void reduce_into(ReduceOp op, const Tensor& x, std::vector<int64_t> dims, const Tensor& out);
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
 struct TopK {
   Tensor values, indices;

@@ -30,18 +30,20 @@ void GaLore::random_basis(Slot& s) {
 // `low` holds the projected gradient R and the stand-in the inner AdamW's update of it from zero at rate 1
 // (make_inner), -c * m / (sqrt(v) + eps) with c = sqrt(1 - b2^t) / (1 - b1^t) > 0, so the norms of
 // m / (sqrt(v) + eps) are the stand-in's over c - also at a learning rate of 0 (a warm-up's first step),
-// where the limiter still takes the step's norm.
+// where the limiter still takes the step's norm. Everything runs in place in buffers made with the optimizer
+// (the gradient, dropped after the step, is scaled where it is; its norm is taken without a copy), so a step
+// allocates nothing: under torch_compile the replayed step stays within eager's memory.
 void GaLore::apollo_update(Slot& s, const Tensor& g, const Tensor& low) const {
   using backend::BinaryOp;
   using backend::ReduceOp;
   using backend::UnaryOp;
   Tensor& p = *s.param;
-  const Device dev = p.device();
-  auto scalar = [&](double v) { return ops::full({}, v, DType::f32, dev); };
-  auto bin = [](BinaryOp op, const Tensor& a, const Tensor& b) { return ops::binary(op, a, b); };
-  // ||x|| over `dims` (all when empty)
-  auto norm = [&](const Tensor& x, std::vector<int64_t> dims) {
-    return ops::unary(UnaryOp::sqrt, ops::reduce(ReduceOp::sum, bin(BinaryOp::mul, x, x), dims, false));
+  const Tensor& t0 = apollo_scalars_[0];  // 0-d f32 scratch: ||scaled||, a constant, the limiter, the rate
+  const Tensor& t1 = apollo_scalars_[1];
+  const Tensor& t2 = apollo_scalars_[2];
+  const auto set = [](const Tensor& t, double v) {
+    ops::fill_(t, v);
+    return t;
   };
   const double t = static_cast<double>(low_->step_count());
   const double b1 = opts_.beta1, b2 = opts_.beta2;
@@ -50,25 +52,45 @@ void GaLore::apollo_update(Slot& s, const Tensor& g, const Tensor& low) const {
   const int64_t m = p.shape()[0], n = p.shape()[1];
   const int64_t norm_dim = m < n ? 0 : 1;  // apollo_torch's: the low-rank side
   const std::vector<int64_t> dims = channel_ ? std::vector<int64_t>{norm_dim} : std::vector<int64_t>{};
+  const int64_t k = channel_ ? (norm_dim == 0 ? n : m) : 1;
+  // out = ||x|| over `dims` (all when empty), the squares in the square scratch
+  const auto norm_into = [&](const Tensor& x, const Tensor& out) {
+    const Tensor sq = ops::view(ops::narrow(square_scratch_, 0, 0, x.numel()), x.shape());
+    ops::copy_(sq, x);
+    ops::binary_(BinaryOp::mul, sq, sq);
+    ops::reduce_into(ReduceOp::sum, sq, dims, out);
+    ops::unary_(UnaryOp::sqrt, out);
+  };
   // grad_scaling_factor = ||norm_grad|| / (||R|| + 1e-8), per channel (a row factor for a tall weight)
-  Tensor factor = bin(BinaryOp::div, ops::affine(norm(s.buffer, dims), 1.0 / unit, 0.0),
-                      ops::affine(norm(low, dims), 1.0, 1e-8));
-  if (channel_ && norm_dim == 1) factor = ops::unsqueeze(factor, 1);
-  Tensor scaled = bin(BinaryOp::mul, g, factor);  // p.grad * grad_scaling_factor
-  const Tensor scaled_norm = norm(scaled, {});
+  const Tensor num = ops::narrow(apollo_channels_, 0, 0, k), den = ops::narrow(apollo_channels_, 0, k, k);
+  norm_into(s.buffer, num);
+  ops::binary_(BinaryOp::mul, num, set(t0, 1.0 / unit));
+  norm_into(low, den);
+  ops::binary_(BinaryOp::add, den, set(t0, 1e-8));
+  ops::binary_(BinaryOp::div, num, den);
+  const Tensor factor = channel_ && norm_dim == 1 ? ops::view(num, {m, 1}) : num;
+  ops::binary_(BinaryOp::mul, g, factor);  // scaled_grad = p.grad * grad_scaling_factor, in place
+  ops::grad_stats_into(g, grad_stats_);    // ||scaled_grad||^2 in f64, without a copy
+  ops::copy_(t0, ops::view(ops::narrow(grad_stats_, 0, 0, 1), {}));
+  ops::unary_(UnaryOp::sqrt, t0);  // ||scaled_grad||
+  // norm_grad *= sqrt(scale); p.add_(norm_grad, alpha=-step_size), as one rate t1
+  set(t1, -step_size * std::sqrt(scale_));
   if (s.has_norm) {
     // limiter = max(||scaled|| / (last + 1e-8), 1.01) / 1.01; scaled /= limiter; last = ||scaled|| / limiter.
     // As max(ratio / 1.01, 1): exactly 1 when the norm grew less than 1.01x (Python's 1.01 / 1.01).
-    const Tensor ratio = bin(BinaryOp::div, scaled_norm, ops::affine(s.last_norm, 1.0, 1e-8));
-    const Tensor limiter = bin(BinaryOp::maximum, bin(BinaryOp::div, ratio, scalar(1.01)), scalar(1.0));
-    scaled = bin(BinaryOp::div, scaled, limiter);
-    ops::copy_(s.last_norm, bin(BinaryOp::div, scaled_norm, limiter));
+    ops::binary_(BinaryOp::add, s.last_norm, set(t2, 1e-8));
+    ops::copy_(t2, t0);
+    ops::binary_(BinaryOp::div, t2, s.last_norm);  // ratio
+    ops::binary_(BinaryOp::div, t2, set(s.last_norm, 1.01));
+    ops::binary_(BinaryOp::maximum, t2, set(s.last_norm, 1.0));  // the limiter
+    ops::copy_(s.last_norm, t0);
+    ops::binary_(BinaryOp::div, s.last_norm, t2);
+    ops::binary_(BinaryOp::div, t1, t2);
   } else {
-    ops::copy_(s.last_norm, scaled_norm);
+    ops::copy_(s.last_norm, t0);
   }
-  // norm_grad = scaled * sqrt(scale); p.add_(norm_grad, alpha=-step_size)
-  if (scale_ != 1.0) scaled = bin(BinaryOp::mul, scaled, scalar(std::sqrt(scale_)));
-  ops::copy_(p, bin(BinaryOp::add, p, bin(BinaryOp::mul, scaled, scalar(-step_size))));
+  ops::binary_(BinaryOp::mul, g, t1);
+  ops::binary_(BinaryOp::add, p, g);
   s.has_norm = true;
 }
 

@@ -220,6 +220,16 @@ GaLore::GaLore(const std::string& name, const nn::ParamList& params, OptimizerOp
   int64_t largest = 0;
   for (const auto& [n, t] : low_params) largest = std::max(largest, t->numel());
   if (largest > 0) scratch_ = ops::empty({largest}, DType::f32, low_params.front().second->device());
+  if (largest > 0 && kind_ == Kind::apollo) {
+    const Device d = scratch_.device();
+    square_scratch_ = ops::empty({largest}, DType::f32, d);
+    grad_stats_ = ops::empty({2}, DType::f64, d);
+    int64_t side = 1;
+    for (const auto& sl : slots_)
+      if (sl.projected) side = std::max({side, sl.param->shape()[0], sl.param->shape()[1]});
+    apollo_channels_ = ops::empty({2 * side}, DType::f32, d);
+    for (int i = 0; i < 3; ++i) apollo_scalars_.push_back(ops::empty({}, DType::f32, d));
+  }
   TR_CHECK(params.empty() || !low_params.empty(),
            "--optim {}: no linear layer matches --optim_target_modules '{}' (the model's linear layers are "
            "e.g. {}); give a regex of whole module names, all-linear, or a JSON list",
@@ -445,7 +455,10 @@ void GaLore::load_state_dict(const std::map<std::string, Tensor>& state) {
 }
 
 int64_t GaLore::state_bytes() const {
-  int64_t n = Optimizer::state_bytes() + static_cast<int64_t>(scratch_.defined() ? scratch_.nbytes() : 0);
+  int64_t n = Optimizer::state_bytes();
+  for (const Tensor* t : {&scratch_, &square_scratch_, &grad_stats_, &apollo_channels_})
+    if (t->defined()) n += static_cast<int64_t>(t->nbytes());
+  for (const Tensor& t : apollo_scalars_) n += static_cast<int64_t>(t.nbytes());
   for (const auto& s : slots_)
     if (s.projected) n += static_cast<int64_t>(s.buffer.nbytes());
   return n;

@@ -88,6 +88,10 @@ class GaLore : public Optimizer {
   std::vector<size_t> full_before_, low_before_;  // per parameter index: how many of each kind precede it
   std::unique_ptr<Optimizer> full_, low_;
   Tensor scratch_;  // the low-rank gradient of the weight being updated (the largest's size)
+  // APOLLO: the squares of a low-rank tensor (scratch_'s size) and a gradient's f64 statistics
+  Tensor square_scratch_, grad_stats_;
+  Tensor apollo_channels_;              // two vectors of the longest channel count: the factors' terms
+  std::vector<Tensor> apollo_scalars_;  // three 0-d f32
 };
 
 }  // namespace tr::optim
