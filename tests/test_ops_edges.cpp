@@ -103,6 +103,27 @@ TEST(EdgeCases, AttentionBackwardWithoutQueriesGivesZeroKeyGradients) {
   }
 }
 
+// The in-place forms (what an optimizer's step uses to allocate nothing) give the allocating forms' bits,
+// and a wrong output is an error naming it.
+TEST(EdgeCases, ReduceIntoAndUnaryInPlaceEqualTheAllocatingForms) {
+  const Tensor x = test::randn({5, 7}, 3);
+  for (const std::vector<int64_t>& dims :
+       {std::vector<int64_t>{0}, std::vector<int64_t>{1}, std::vector<int64_t>{}}) {
+    const Tensor want = ops::reduce(ops::ReduceOp::sum, x, dims, false);
+    const Tensor out = ops::empty({want.numel()}, DType::f32, Device::cpu());
+    ops::reduce_into(ops::ReduceOp::sum, x, dims, out);
+    EXPECT_EQ(test::values(out), test::values(ops::reshape(want, {want.numel()})));
+  }
+  EXPECT_NE(test::error_of([&] {
+              ops::reduce_into(ops::ReduceOp::sum, x, {0}, ops::empty({5}, DType::f32, Device::cpu()));
+            }).find("reduce_into: the output"),
+            std::string::npos);
+  const Tensor y = ops::affine(ops::unary(ops::UnaryOp::exp, x), 1.0, 0.5);
+  const Tensor z = ops::clone(y);
+  ops::unary_(ops::UnaryOp::sqrt, z);
+  EXPECT_EQ(test::values(z), test::values(ops::unary(ops::UnaryOp::sqrt, y)));
+}
+
 TEST(EdgeCases, InPlaceAddWithAnOverlappingTransposedOperand) {
   Tensor x = ops::from_vector<float>({1, 2, 3, 4}, {2, 2});
   ops::binary_(BinaryOp::add, x, ops::transpose(x, 0, 1));
