@@ -36,6 +36,8 @@ const std::vector<Case> kCases = {{"adamw_torch", {}},
                                   {"stable_adamw", {}},
                                   {"galore_adamw", {{"rank", "4"}, {"update_proj_gap", "2"}}},
                                   {"galore_adafactor", {{"rank", "4"}, {"proj_type", "full"}}},
+                                  {"apollo_adamw", {{"rank", "4"}, {"update_proj_gap", "2"}}},
+                                  {"adalomo", {}},
                                   {"grokadamw", {}}};
 
 }  // namespace
@@ -57,7 +59,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     o.lr = 1e-2;
     o.weight_decay = 0.01;
     o.args = c.args;
-    o.target_modules = "all-linear";  // GaLore's: the weight projected
+    o.target_modules = "all-linear";  // GaLore's and APOLLO's: the weight projected
     o.linear_weights = {"h.0.mlp.c_fc.weight"};
     auto opt = optim::make_optimizer(c.optim, params, o);
     try {

@@ -25,22 +25,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string file_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
-
-// One metric of every metrics.jsonl line holding it, as written (a skipped fp16 step's norm is null).
-std::vector<std::string> logged(const std::string& out, const char* key) {
-  std::vector<std::string> v;
-  std::ifstream in(fs::path(out) / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.contains(key)) v.push_back(j[key].dump());
-  }
-  return v;
-}
-
 struct Case {
   const char* name;
   std::function<void(train::TrainingArguments&, train::TrainHooks&)> setup;

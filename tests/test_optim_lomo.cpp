@@ -129,21 +129,6 @@ TEST(LomoErrors, ArgumentsAndNotes) {
 // ---------------------------------------------------------------------------------------------------------
 // The Trainer.
 
-std::vector<std::string> logged(const std::string& out, const char* key) {
-  std::vector<std::string> v;
-  std::ifstream in(fs::path(out) / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.contains(key)) v.push_back(j[key].dump());
-  }
-  return v;
-}
-
-std::string file_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
-
 // Updating each parameter as the engine reports its gradient final changes no bit: lomo trains as sgd,
 // galore_adamw_layerwise as galore_adamw (without clipping, which in-backward updates cannot do), in fp32 and
 // bf16 - and holds less at the peak, since the model's gradients never exist together.

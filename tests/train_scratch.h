@@ -1,5 +1,5 @@
 // Scratch: a temporary folder with a tiny GPT-2 config and 24 KB of Moby-Dick, and TrainingArguments for a
-// short CPU run in it - shared by the Trainer test files; hooks that crash a save.
+// short CPU run in it - shared by the Trainer test files; hooks that crash a save; a run's logged metrics.
 #pragma once
 #include <unistd.h>
 
@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "train/args.h"
 #include "train/trainer.h"
@@ -49,6 +50,24 @@ struct Scratch {
     return a;
   }
 };
+
+// One metric of every metrics.jsonl line in `out` holding it, as written (a skipped fp16 step's norm is
+// null).
+inline std::vector<std::string> logged(const std::string& out, const char* key) {
+  std::vector<std::string> v;
+  std::ifstream in(std::filesystem::path(out) / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains(key)) v.push_back(j[key].dump());
+  }
+  return v;
+}
+
+// A file's bytes ("" when it cannot be read).
+inline std::string file_bytes(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
 
 // Hooks under which the `nth` save dies after writing its optimizer state (a crash mid-checkpoint).
 inline train::TrainHooks crash_at_save(int nth) {

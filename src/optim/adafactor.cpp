@@ -57,21 +57,29 @@ void Adafactor::make_slots(const nn::ParamList& params) {
 
 namespace {
 
-// Sum of x[i]^2 over [0, n) in double, in chunks whose partial sums add in a fixed order.
-template <typename T>
-double sum_squares(const T* x, int64_t n) {
+// The sum over [0, n) of chunk(i0, i1) - the f64 sum of a chunk's terms - over 16K-element chunks, their
+// partial sums added in order: the same bits on any thread count.
+template <typename F>
+double chunked_sum(int64_t n, F&& chunk) {
   constexpr int64_t kChunk = 1 << 14;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   std::vector<double> part(static_cast<size_t>(chunks), 0.0);
 #pragma omp parallel for schedule(static) if (chunks > 4)
-  for (int64_t c = 0; c < chunks; ++c) {
-    double acc = 0;
-    for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) acc += double(x[i]) * double(x[i]);
-    part[static_cast<size_t>(c)] = acc;
-  }
+  for (int64_t c = 0; c < chunks; ++c)
+    part[static_cast<size_t>(c)] = chunk(c * kChunk, std::min(n, (c + 1) * kChunk));
   double total = 0;
   for (double p : part) total += p;
   return total;
+}
+
+// Sum of x[i]^2 over [0, n) in double.
+template <typename T>
+double sum_squares(const T* x, int64_t n) {
+  return chunked_sum(n, [x](int64_t i0, int64_t i1) {
+    double acc = 0;
+    for (int64_t i = i0; i < i1; ++i) acc += double(x[i]) * double(x[i]);
+    return acc;
+  });
 }
 
 // transformers' _rms: tensor.norm(2) / numel ** 0.5, a tensor of the parameter's dtype.
@@ -187,19 +195,12 @@ void Adafactor::update(Slot& s, const Tensor& grad) {
     }
   };
   // update.div_((_rms(update) / clip_threshold).clamp_(min=1.0)); update.mul_(lr) - the RMS summed as
-  // sum_squares sums (16K chunks in f64, added in order)
-  constexpr int64_t kChunk = 1 << 14;
-  const int64_t nchunks = (n + kChunk - 1) / kChunk;
-  std::vector<double> sums(static_cast<size_t>(nchunks), 0.0);
-#pragma omp parallel for schedule(static) if (nchunks > 4)
-  for (int64_t k = 0; k < nchunks; ++k) {
+  // sum_squares sums
+  const double total = chunked_sum(n, [&](int64_t i0, int64_t i1) {
     double acc = 0;
-    each_update(k * kChunk, std::min(n, (k + 1) * kChunk),
-                [&](int64_t, T u) { acc += double(u) * double(u); });
-    sums[static_cast<size_t>(k)] = acc;
-  }
-  double total = 0;
-  for (double v : sums) total += v;
+    each_update(i0, i1, [&](int64_t, T u) { acc += double(u) * double(u); });
+    return acc;
+  });
   const T rms_upd = static_cast<T>(std::sqrt(total)) / static_cast<T>(std::sqrt(static_cast<double>(n)));
   const T denom = std::max(rms_upd / static_cast<T>(clip_threshold_), T(1));
   const T tlr = static_cast<T>(lr);
@@ -208,6 +209,8 @@ void Adafactor::update(Slot& s, const Tensor& grad) {
   const double wd = s.decay ? opts_.weight_decay : 0.0;
   // p.add_(p, alpha=-wd*lr): with a tensor lr the product is a tensor of T.
   const T alpha = lr_is_tensor ? static_cast<T>(-wd) * tlr : static_cast<T>(-wd * lr);
+  constexpr int64_t kChunk = 1 << 14;
+  const int64_t nchunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (nchunks > 4)
   for (int64_t k = 0; k < nchunks; ++k) {
     each_update(k * kChunk, std::min(n, (k + 1) * kChunk), [&](int64_t i, T ui) {
