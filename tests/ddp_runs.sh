@@ -219,6 +219,11 @@ rc=0; "$trainer" launch --nproc_per_node 2 --master_port "$port" train "${common
   --per_device_train_batch_size 3 --output_dir fsdp_sf --fsdp shard_grad_op --optim schedule_free_sgd >fsdp_sf.log 2>&1 || rc=$?
 [[ $rc == 1 ]] && grep -q "error: --fsdp shard_grad_op with --optim schedule_free_sgd: the schedule-free optimizers move whole parameters" fsdp_sf.log ||
   { cat fsdp_sf.log; fail "--fsdp with a schedule-free optimizer"; }
+next_port
+rc=0; "$trainer" launch --nproc_per_node 2 --master_port "$port" train "${common[@]}" --config_name gpt2.json \
+  --per_device_train_batch_size 3 --output_dir lomo_w2 --optim lomo >lomo_w2.log 2>&1 || rc=$?
+[[ $rc == 1 ]] && grep -q "error: --optim lomo in a run of 2 processes: it updates each parameter during backward" lomo_w2.log ||
+  { cat lomo_w2.log; fail "an in-backward optimizer under a launch"; }
 rc=0; "$trainer" train "${common[@]}" --config_name gpt2.json --output_dir fsdp1 --fsdp full_shrad >fsdp1.log 2>&1 || rc=$?
 [[ $rc == 1 ]] && grep -q "fsdp 'full_shrad' is not one of .*did you mean 'full_shard'" fsdp1.log || { cat fsdp1.log; fail "--fsdp typo"; }
 rc=0; "$trainer" launch --nprocs 2 train >launch_bad.log 2>&1 || rc=$?
