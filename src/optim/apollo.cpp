@@ -1,7 +1,9 @@
 // APOLLO's parts of the low-rank optimizer (galore.h): the random bases apollo_torch draws, and its update -
 // the full-rank gradient scaled by the low-rank AdamW update's norm over the projected gradient's, under the
 // norm-growth limiter. As apollo_torch 1.0's APOLLOAdamW.step, in tensor ops (any device).
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "ops/ops.h"
 #include "optim/galore.h"

@@ -68,9 +68,8 @@ void StepCore::update_in_backward(const TensorImpl* leaf) {
     if (t.device() == g.device()) stats = &t;
   if (stats == nullptr) stats = &backward_stats_.emplace_back(ops::zeros({2}, DType::f64, g.device()));
   ops::grad_stats_add(ops::contiguous(g), 1.0, *stats);
-  const std::vector<Tensor> copies = s_.mp.weight_copies();
   s_.opt.step_in_backward(it->second, g, backend::Backend::GradTransform{},
-                          copies.empty() ? Tensor() : copies[it->second], first_update_);
+                          copies_.empty() ? Tensor() : copies_[it->second], first_update_);
   first_update_ = false;
   autograd::zero_grad(p);
 }
@@ -119,7 +118,10 @@ Tensor StepCore::forward_backward(int64_t step, const std::vector<data::Batch>& 
   TR_CHECK(inv_items_.defined(), "train step: load_step_scalars must run before forward_backward");
   Tensor sum;
   const bool fused = s_.opt.updates_in_backward();
-  if (fused) s_.opt.set_lr(lr);
+  if (fused) {
+    s_.opt.set_lr(lr);
+    copies_ = s_.mp.weight_copies();
+  }
   TR_CHECK(
       !layerwise_ || micro.size() == 1,
       "train step: the layer-wise optimizers take no gradient accumulation (as HF), and this step has {} "
@@ -226,8 +228,8 @@ void StepCore::finish(int64_t step, double lr, const Tensor& loss, StepResult& r
     if (!overlapped) zero_->begin_backward(grad_scale_);
     zero_->finish_backward();
   }
-  if (s_.opt
-          .updates_in_backward()) {  // the updates are made, the gradients gone: the norm is all that is left
+  // An optimizer that updated during backward has no gradients left: the norm is all that remains.
+  if (s_.opt.updates_in_backward()) {
     finish_after_backward_updates(loss, r);
     return;
   }

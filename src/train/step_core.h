@@ -78,6 +78,7 @@ class StepCore {
   bool first_update_ = true;
   bool layerwise_ = false;  // galore_*_layerwise: one micro-batch per step
   std::vector<Tensor> backward_stats_;
+  std::vector<Tensor> copies_;  // the model's half weights (empty in fp32), where updates are rounded to
   // The step's scalars on the loss's device, at fixed addresses for the whole run (load_step_scalars):
   // f64 1 / label tokens, and the f32 seed of the backward (the fp16 loss scale).
   Tensor inv_items_, seed_;
