@@ -16,6 +16,7 @@
 #include "core/caching_allocator.h"
 #include "models/device_map.h"
 #include "ops/ops.h"
+#include "optim/optimizer.h"
 #include "train/checkpoint.h"
 #include "train/mixed_precision.h"
 #include "train/setup.h"
@@ -646,6 +647,9 @@ std::vector<KnobRow> knob_table(const TrainingArguments& a, const MemoryTarget& 
   if (a.optim != "adamw_bnb_8bit" && a.optim != "adamw_8bit")
     with("optim adamw_bnb_8bit", [](auto& t) { t.optim = "adamw_bnb_8bit"; });
   if (a.optim != "adafactor") with("optim adafactor", [](auto& t) { t.optim = "adafactor"; });
+  // Adafactor's moments updated during backward: no step holds the model's gradients (one process, no fp16).
+  if (world_size == 1 && !a.fp16 && !optim::updates_in_backward(a.optim))
+    with("optim adalomo", [](auto& t) { t.optim = "adalomo"; });
   if (a.per_device_train_batch_size % 2 == 0)
     with(fmt::format("batch {} x accumulation {}", a.per_device_train_batch_size / 2,
                      a.gradient_accumulation_steps * 2),

@@ -115,8 +115,8 @@ struct BatchChoice {
 };
 BatchChoice auto_batch(const TrainingArguments& a, int64_t budget, const MemoryTarget& target = {});
 
-// The guide's knobs, one at a time on top of `a`: the predicted peak of each (first row: `a` itself), as
-// fit_bytes (on cuda the reserved memory and workspace).
+// The guide's knobs, one at a time on top of `a` (and adalomo, Adafactor updated during backward), the
+// predicted peak of each (first row: `a` itself), as fit_bytes (on cuda the reserved memory and workspace).
 struct KnobRow {
   std::string knob;
   int64_t peak_bytes = 0;
