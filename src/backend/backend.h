@@ -364,7 +364,9 @@ class Backend {
                                const GradTransform& t) = 0;
 
   // One AdamW step over many tensors in one pass (torch's fused / apex's multi-tensor AdamW): param,
-  // exp_avg, exp_avg_sq contiguous, one dtype (f32 or f64) and size; grad contiguous of that size in any
+  // exp_avg, exp_avg_sq contiguous, one dtype and size (f32 or f64; bf16/f16 for half-precision weights:
+  // f32 arithmetic, each stored value rounded once, as torch's fused AdamW on half tensors, and no
+  // param_copy); grad contiguous of that size in any
   // floating dtype, read through the GradTransform; weight decay where `decay`. When param_copy is defined
   // (the model's bf16/f16 weights under mixed precision) the updated parameter is also written there,
   // rounded to nearest even, by the same pass. The element math is backend/optim_math.h's, so the result

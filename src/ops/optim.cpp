@@ -162,7 +162,11 @@ void fused_adamw_on(const std::vector<backend::Backend::AdamWTensors>& tensors,
   for (const auto& x : tensors) {
     const int64_t n = x.param.defined() ? x.param.numel() : -1;
     check_operand("fused_adamw", "parameter", x.param, device, -1);
-    TR_CHECK(is_master(x.param.dtype()), "fused_adamw: parameter {} must be f32 or f64", x.param.describe());
+    // bf16/f16: half-precision weights with moments of their dtype, and no separate copy.
+    TR_CHECK(is_float(x.param.dtype()), "fused_adamw: parameter {} is not floating point",
+             x.param.describe());
+    TR_CHECK(!is_half(x.param.dtype()) || !x.param_copy.defined(),
+             "fused_adamw: half parameter {} is the model's weight: it takes no copy", x.param.describe());
     check_operand("fused_adamw", "gradient", x.grad, device, n);
     TR_CHECK(is_float(x.grad.dtype()), "fused_adamw: gradient {} is not floating point", x.grad.describe());
     check_operand("fused_adamw", "exp_avg", x.exp_avg, device, n);

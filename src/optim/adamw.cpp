@@ -9,11 +9,20 @@ namespace tr::optim {
 
 AdamW::AdamW(const nn::ParamList& params, AdamWOptions opts, bool multi_tensor)
     : Optimizer(params, std::move(opts)), multi_tensor_(multi_tensor) {
-  detail::check_params("AdamW", params, {DType::f32, DType::f64}, /*any_device=*/true);
+  // bf16/f16: half-precision weights (--torch_dtype bfloat16), the moments in their dtype as torch keeps them
+  // (zeros_like), updated as torch's fused AdamW updates half tensors: f32 arithmetic, one rounding per
+  // value.
+  detail::check_params("AdamW", params, {DType::f32, DType::f64, DType::bf16, DType::f16},
+                       /*any_device=*/true);
   detail::OptimArgs("AdamW", opts_.args).check_all_used();  // AdamW reads no --optim_args
   for (const auto& [name, p] : params)
     slots_.push_back({name, p, ops::zeros(p->shape(), p->dtype(), p->device()),
                       ops::zeros(p->shape(), p->dtype(), p->device()), decays_param(name)});
+}
+
+bool AdamW::half_state(const std::string& name) {
+  return name == "adamw_torch" || name == "adamw_torch_fused" || name == "adamw_apex_fused" ||
+         name == "adamw_torch_xla" || name == "adamw_torch_npu_fused";
 }
 
 void AdamW::step_params(size_t lo, size_t hi, bool advance) {

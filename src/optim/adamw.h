@@ -1,6 +1,8 @@
 // AdamW exactly as torch.optim.AdamW: decoupled weight decay, bias-corrected moments, in torch's operation
 // order. Two kernels with identical numbers: per tensor (adamw_torch) and one multi-tensor pass over all
 // parameters (adamw_torch_fused, adamw_apex_fused). State (step, exp_avg, exp_avg_sq) resumes bit-exactly.
+// Half-precision weights (--torch_dtype bfloat16) keep half moments and get torch's fused rule for half
+// tensors (f32 arithmetic, each stored value rounded once) from both kernels.
 #pragma once
 #include "optim/optimizer.h"
 
@@ -15,6 +17,8 @@ class AdamW : public Optimizer {
   // kernels do; the element-wise arithmetic is the same, so the results equal the per-tensor ones bit for
   // bit.
   AdamW(const nn::ParamList& params, AdamWOptions opts, bool multi_tensor = false);
+  // The names built as this class, which also updates bf16/f16 weights with moments in their dtype.
+  static bool half_state(const std::string& name);
   using Optimizer::step;  // step(): every parameter from its .grad()
   // One fused pass: the gradients read through `t`, the half weight copies written by the same kernel.
   void step(const std::vector<Tensor>& grads, const backend::Backend::GradTransform& t,

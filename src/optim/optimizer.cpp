@@ -20,6 +20,7 @@
 #include "optim/elementwise.h"
 #include "optim/galore.h"
 #include "optim/grokadamw.h"
+#include "optim/half_weights.h"
 #include "optim/lomo.h"
 #include "optim/schedule_free.h"
 #include "optim/sgd.h"
@@ -188,6 +189,14 @@ void check_optimizer_name(const std::string& name) {
 std::unique_ptr<Optimizer> make_optimizer(const std::string& name, const nn::ParamList& params,
                                           const OptimizerOptions& opts) {
   check_optimizer_name(name);
+  // Half-precision weights (--torch_dtype bfloat16): AdamW keeps its moments in the weights' dtype, as
+  // torch's; the others run in f32 over stand-ins widened one group at a time.
+  if (!params.empty() && is_half(params.front().second->dtype())) {
+    check_half_weights(name);
+    if (AdamW::half_state(name)) return std::make_unique<AdamW>(params, opts, name != "adamw_torch");
+    return std::make_unique<HalfWeights>(
+        params, opts, [&](const nn::ParamList& wide) { return make_optimizer(name, wide, opts); });
+  }
   if (name == "adamw_torch") return std::make_unique<AdamW>(params, opts);
   // torch's fused AdamW, apex's FusedAdam, torch_xla's sync-free AdamW and torch_npu's NpuFusedAdamW: one
   // multi-tensor pass, the same numbers as adamw_torch (the last two are the same arithmetic for TPUs and
@@ -217,6 +226,15 @@ std::unique_ptr<Optimizer> make_optimizer(const std::string& name, const nn::Par
   if (name == "lomo") return std::make_unique<Lomo>(params, opts);
   if (name == "adalomo") return std::make_unique<AdaLomo>(params, opts);
   fail("--optim '{}': no optimizer is built for this name", name);  // (a name listed above but not built)
+}
+
+void check_half_weights(const std::string& name) {
+  TR_CHECK(
+      !ScheduleFree::implements(name),
+      "--optim {} with half-precision weights (--torch_dtype bfloat16): its train/eval switch moves every "
+      "weight between two points, which half weights would round each time; train with --bf16 (fp32 "
+      "masters) or another --optim",
+      name);
 }
 
 bool updates_in_backward(const std::string& name) {

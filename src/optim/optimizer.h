@@ -1,9 +1,9 @@
 // The optimizer interface the Trainer drives, and the factory from HF's `optim` names (adamw_torch,
-// adamw_torch_fused, adamw_apex_fused, adamw_torch_xla, adamw_torch_npu_fused, adafactor, adamw_bnb_8bit / adamw_8bit / paged_adamw_8bit,
-// paged_adamw_32bit, sgd, adagrad, rmsprop, rmsprop_bnb / rmsprop_bnb_32bit, rmsprop_bnb_8bit, lion_32bit /
-// paged_lion_32bit, lion_8bit / paged_lion_8bit, the ademamix family, schedule_free_adamw / _radam / _sgd,
-// stable_adamw, galore_adamw / _adamw_8bit / _adafactor and apollo_adamw with their _layerwise forms,
-// grokadamw, lomo, adalomo).
+// adamw_torch_fused, adamw_apex_fused, adamw_torch_xla, adamw_torch_npu_fused, adafactor, adamw_bnb_8bit /
+// adamw_8bit / paged_adamw_8bit, paged_adamw_32bit, sgd, adagrad, rmsprop, rmsprop_bnb / rmsprop_bnb_32bit,
+// rmsprop_bnb_8bit, lion_32bit / paged_lion_32bit, lion_8bit / paged_lion_8bit, the ademamix family,
+// schedule_free_adamw / _radam / _sgd, stable_adamw, galore_adamw / _adamw_8bit / _adafactor and apollo_adamw
+// with their _layerwise forms, grokadamw, lomo, adalomo).
 #pragma once
 #include <map>
 #include <memory>
@@ -85,7 +85,8 @@ class Optimizer {
   bool decays_param(const std::string& name) const { return opts_.decay_all || decays(name); }
 
  protected:
-  friend class GaLore;  // runs inner optimizers a group at a time
+  friend class GaLore;       // runs inner optimizers a group at a time
+  friend class HalfWeights;  // runs its inner one over f32 stand-ins
   Optimizer(const nn::ParamList& params, OptimizerOptions opts);
   // The update of parameters [lo, hi) that have a gradient, the step count advanced when `advance` (a step's
   // first group): per parameter the same arithmetic whatever the groups, so grouped steps give step()'s bits.
@@ -102,6 +103,9 @@ void check_optimizer_name(const std::string& name);
 // Throws for an unknown name, suggesting the nearest valid one.
 std::unique_ptr<Optimizer> make_optimizer(const std::string& name, const nn::ParamList& params,
                                           const OptimizerOptions& opts);
+// Throws for an --optim that cannot update half-precision weights (--torch_dtype bfloat16: the
+// schedule-free ones).
+void check_half_weights(const std::string& name);
 // Whether --optim `name` updates each parameter during backward (lomo, adalomo, galore_*_layerwise).
 bool updates_in_backward(const std::string& name);
 // For the classes HF builds without some of the flags (GaLore's, GrokAdamW): a sentence naming the flags

@@ -284,6 +284,36 @@ void TrainingArguments::validate_run() const {
   TR_CHECK(torch_empty_cache_steps >= 0, "--torch_empty_cache_steps must not be negative");
   TR_CHECK(!(fp16 && bf16), "--fp16 and --bf16 are mutually exclusive: choose one half-precision type");
   check_one_of("attn_implementation", attn_implementation, {"eager", "sdpa", "flash_attention_2"});
+  validate_model_dtype();
+}
+
+// --torch_dtype / --dtype: bfloat16 trains the model's own bf16 weights (no fp32 masters).
+void TrainingArguments::validate_model_dtype() const {
+  for (const auto& [flag, v] : {std::pair{"torch_dtype", &torch_dtype}, std::pair{"dtype", &dtype}})
+    if (!v->empty()) check_one_of(flag, *v, {"auto", "float32", "bfloat16", "float16"});
+  TR_CHECK(
+      torch_dtype.empty() || dtype.empty() || torch_dtype == dtype,
+      "--torch_dtype {} and --dtype {}: one model dtype (dtype is transformers 5's name for torch_dtype)",
+      torch_dtype, dtype);
+  const std::string& d = model_dtype();
+  TR_CHECK(d != "float16",
+           "--{} float16: fp16 weights trained without fp32 masters or loss scaling lose small updates and "
+           "overflow; train with --fp16 (fp32 masters, dynamic loss scaling) or --{} bfloat16",
+           dtype.empty() ? "torch_dtype" : "dtype", dtype.empty() ? "torch_dtype" : "dtype");
+  if (d == "bfloat16") check_half_weight_flags();  // auto: once the checkpoint's dtype is read
+}
+
+void TrainingArguments::check_half_weight_flags() const {
+  const std::string what = fmt::format("--{} {}", dtype.empty() ? "torch_dtype" : "dtype", model_dtype());
+  TR_CHECK(!fp16,
+           "{} with --fp16: the weights are bf16; fp16 compute over them is not a precision HF trains "
+           "either (its GradScaler refuses half gradients) - drop --fp16 (bf16 compute) or the dtype",
+           what);
+  TR_CHECK(fsdp.empty() && deepspeed.empty(),
+           "{} with --{}: sharded training keeps fp32 masters; drop the dtype (--bf16 computes in bf16 over "
+           "fp32 masters) or train in one process",
+           what, fsdp.empty() ? "deepspeed" : "fsdp");
+  optim::check_half_weights(optim);
 }
 
 // The optimizer's and the schedule's numbers, as torch.optim and HF check them.

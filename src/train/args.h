@@ -36,6 +36,10 @@ struct TrainingArguments {
   int64_t block_size = 256;
   int64_t validation_split_percentage = 5;
   std::string attn_implementation = "sdpa";
+  // run_clm's model dtype (from_pretrained's torch_dtype; transformers 5 calls it dtype): "" (None: f32),
+  // float32, bfloat16 (the model's own weights bf16, trained without fp32 masters) or auto (the checkpoint
+  // config's torch_dtype).
+  std::string torch_dtype, dtype;
   std::string text_column_name;
   // from_pretrained's device_map and max_memory (eval; train refuses a split): "", a device, or auto.
   std::string device_map, max_memory;
@@ -138,6 +142,8 @@ struct TrainingArguments {
   // --fsdp's options, validated (empty: no sharding).
   std::vector<std::string> fsdp_options() const;
   bool fsdp_has(const std::string& option) const;
+  // --torch_dtype / --dtype as given ("" when neither): the one model dtype name.
+  const std::string& model_dtype() const { return dtype.empty() ? torch_dtype : dtype; }
   // Whether report_to asks for TensorBoard event files ("tensorboard" or "all").
   bool reports_tensorboard() const;
   // metric_for_best_model with HF's defaults applied: "eval_loss" when load_best_model_at_end or
@@ -162,6 +168,10 @@ struct TrainingArguments {
   // Its parts.
   void validate_run() const;
   void validate_optimizer() const;
+  void validate_model_dtype() const;
+  // The flags that cannot train half-precision weights (--torch_dtype bfloat16, or auto over a bf16
+  // checkpoint): throws naming the first.
+  void check_half_weight_flags() const;
   void validate_intervals() const;
   void validate_devices() const;
   void validate_distributed() const;

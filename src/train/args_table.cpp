@@ -215,6 +215,13 @@ const std::vector<ArgSpec>& argument_specs() {
        "evaluation and saving"},
       {"use_cpu", &A::use_cpu, "train on the CPU even when a GPU is present", "precision and memory"},
       {"bf16", &A::bf16, "bf16 compute copies, fp32 master weights", "precision and memory"},
+      {"torch_dtype", &A::torch_dtype,
+       "the model's dtype: bfloat16 trains its own bf16 weights (no fp32 masters; AdamW's moments bf16, "
+       "other "
+       "optimizers' state f32; gradients accumulate in bf16), float32, or auto (the checkpoint's config); "
+       "unset: float32",
+       "precision and memory"},
+      {"dtype", &A::dtype, "transformers 5's name for --torch_dtype", "precision and memory"},
       {"fp16", &A::fp16, "fp16 compute copies, fp32 master weights, dynamic loss scaling",
        "precision and memory"},
       {"tf32", &A::tf32,

@@ -42,9 +42,6 @@ const std::vector<UnsupportedArg>& table() {
        "text files are tokenized with their line breaks (false, dropping them, is not "
        "supported)"},
       {"trust_remote_code", false, "GPT-2 and Llama-family models only: there is no remote code to run"},
-      {"dtype", J(), "training keeps fp32 master weights; --bf16 / --fp16 choose the compute precision"},
-      {"torch_dtype", J(),
-       "training keeps fp32 master weights; --bf16 / --fp16 choose the compute precision"},
       {"use_liger_kernel", false, "Liger's Triton kernels are Python; --torch_compile fuses our own"},
       {"liger_kernel_config", J(), "Liger's Triton kernels are Python; --torch_compile fuses our own"},
       {"fp16_opt_level", "O1",

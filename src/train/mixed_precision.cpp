@@ -130,11 +130,23 @@ Tensor shape_only(const Shape& shape) {
 }  // namespace
 
 MixedPrecision::MixedPrecision(const nn::ParamList& model_params, DType half, bool loss_scaling,
-                               bool sharded_masters)
-    : model_(model_params), half_(half), scaling_(loss_scaling) {
+                               bool sharded_masters, bool half_weights)
+    : model_(model_params), half_(half), scaling_(loss_scaling), half_weights_(half_weights) {
   TR_CHECK(half == DType::f32 || half == DType::bf16 || half == DType::f16,
            "mixed precision: compute dtype must be f32, bf16 or f16, got {}", dtype_name(half));
   TR_CHECK(!loss_scaling || half != DType::f32, "mixed precision: loss scaling needs a half compute dtype");
+  if (half_weights) {
+    TR_CHECK(is_half(half) && !loss_scaling && !sharded_masters,
+             "mixed precision: half weights need a half dtype, no loss scaling and no sharded masters");
+    for (auto& [name, p] : model_) {
+      if (p->dtype() == half) continue;
+      Tensor h = ops::to_dtype(*p, half);  // a fresh f32 model: HF's model.to(dtype)
+      autograd::set_requires_grad(h, true);
+      *p = h;
+    }
+    master_list_ = model_;
+    return;
+  }
   if (half == DType::f32) {
     master_list_ = model_;
     return;

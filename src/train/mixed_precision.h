@@ -52,9 +52,14 @@ class MixedPrecision {
   // `sharded_masters` (ZeRO-2, whose optimizer has taken its slices already): no whole masters are kept,
   // each fp32 tensor is dropped once its half copy exists (masters_sharded()); a
   // parameter already in `half` (build_shard's) is kept as it is.
+  // `half_weights` (--torch_dtype bfloat16): the model's parameters are themselves `half` (made so if they
+  // are f32) and are what the optimizer updates - no fp32 masters, no copies, gradients accumulated in their
+  // dtype (HF training a bf16 model without autocast).
   MixedPrecision(const nn::ParamList& model_params, DType half, bool loss_scaling,
-                 bool sharded_masters = false);
-  bool enabled() const { return half_ != DType::f32; }
+                 bool sharded_masters = false, bool half_weights = false);
+  // Whether separate fp32 masters exist (mixed precision with half compute copies).
+  bool enabled() const { return half_ != DType::f32 && !half_weights_; }
+  bool half_weights() const { return half_weights_; }
   DType compute_dtype() const { return half_; }
   // What the optimizer updates (the model's own parameters in fp32 training).
   const nn::ParamList& master_params() const { return master_list_; }
@@ -86,6 +91,7 @@ class MixedPrecision {
   DType half_;
   bool scaling_;
   bool sharded_ = false;
+  bool half_weights_ = false;
   GradScaler scaler_;
 };
 

@@ -92,6 +92,7 @@ class Run {
   std::unique_ptr<data::DataLoader> loader_;
   Schedule sched_;
   DType compute_ = DType::f32;
+  bool half_weights_ = false;  // --torch_dtype bfloat16: no fp32 masters
   std::unique_ptr<MixedPrecision> mp_;
   HybridGroups hybrid_;  // hybrid sharding: the node's shard group and the replicas across nodes
   std::unique_ptr<optim::Optimizer> opt_;

@@ -99,7 +99,13 @@ void Run::start() {
     for (const auto& b : models::parse_device_memory(a_.max_memory, "max_memory"))
       if (b.device.is_cpu()) ops::allocator_for(b.device).reset_peak();
   // Mixed precision: the model computes in half precision, the optimizer updates fp32 masters.
-  compute_ = a_.bf16 ? DType::bf16 : a_.fp16 ? DType::f16 : DType::f32;
+  // --torch_dtype bfloat16: the model's own weights bf16, computing in bf16 as under --bf16.
+  half_weights_ = trains_half_weights(a_, resume_);
+  TR_CHECK(!half_weights_ || group_ == nullptr,
+           "--{} bfloat16 in a run of {} processes: the half-weight update is not wired into the gradient "
+           "reduction yet; train in one process, or with --bf16 (fp32 masters) across processes",
+           a_.dtype.empty() ? "torch_dtype" : "dtype", group_ ? group_->size() : 1);
+  compute_ = a_.bf16 || half_weights_ ? DType::bf16 : a_.fp16 ? DType::f16 : DType::f32;
   if (main_ && compute_ != DType::f32)  // once per run: how this CPU computes half-precision matmuls
     if (const std::string note = ops::gemm_precision_note(dev_, compute_); !note.empty())
       std::fprintf(stderr, "train: note: %s\n", note.c_str());
@@ -115,7 +121,8 @@ std::optional<models::DeferredModel> Run::build_model(int stage) {
   if (deferred) {
     model_ = std::move(deferred->model);
   } else {
-    model_ = load_model(a_, resume_, init_gen_, dev_, tok_ ? tok_->vocab_size() : 0);
+    model_ = load_model(a_, resume_, init_gen_, dev_, tok_ ? tok_->vocab_size() : 0,
+                        half_weights_ ? DType::bf16 : DType::f32);
     if (group_)
       broadcast_parameters(*group_, model_->named_parameters());  // DDP: rank 0's weights everywhere
   }
@@ -191,7 +198,7 @@ void Run::build_optimizer(int stage, std::optional<models::DeferredModel>& defer
   }
   // Mixed precision: the model computes in half precision, the optimizer updates fp32 masters.
   mp_ = std::make_unique<MixedPrecision>(model_->named_parameters(), compute_, a_.fp16,
-                                         zero && compute_ != DType::f32);
+                                         zero && compute_ != DType::f32, half_weights_);
   model_->set_dtype(compute_);
   if (!zero) opt_ = optim::make_optimizer(a_.optim, mp_->master_params(), oo);
   if (stage == 3) {
@@ -347,7 +354,8 @@ void Run::announce() const {
       "train: %s%s, %.1fM parameters, %s, optim %s; %lld tokens; %lld optimizer steps of %lld x %lld x %lld "
       "tokens%s\n",
       a_.run_name.empty() ? "" : (a_.run_name + ": ").c_str(), model_->config().model_type.c_str(),
-      model_->num_parameters() / 1e6, dtype_name(compute_).data(), a_.optim.c_str(),
+      model_->num_parameters() / 1e6,
+      half_weights_ ? "bf16 weights (no fp32 masters)" : dtype_name(compute_).data(), a_.optim.c_str(),
       static_cast<long long>(streams_.train->size()), static_cast<long long>(sched_.total),
       static_cast<long long>(sched_.ga), static_cast<long long>(a_.per_device_train_batch_size),
       static_cast<long long>(a_.block_size), world.c_str());

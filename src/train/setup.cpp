@@ -117,13 +117,31 @@ models::ModelConfig fresh_config(const TrainingArguments& a, int64_t tokenizer_s
   return c;
 }
 
+bool trains_half_weights(const TrainingArguments& a, const std::string& weights_dir) {
+  const std::string& d = a.model_dtype();
+  if (d != "auto") return d == "bfloat16";
+  const std::string dir = !weights_dir.empty() ? weights_dir : a.model_name_or_path;
+  if (dir.empty()) return false;  // a fresh model: run_clm's from_config makes it in f32 whatever the dtype
+  const nlohmann::json& raw = config_for(dir).raw;
+  const char* key = raw.contains("dtype") ? "dtype" : "torch_dtype";  // transformers 5 writes "dtype"
+  const std::string saved =
+      raw.contains(key) && raw[key].is_string() ? raw[key].get<std::string>() : "float32";
+  TR_CHECK(saved == "float32" || saved == "bfloat16",
+           "--{} auto: {}/config.json says {} \"{}\"; trained here as float32 or bfloat16 (give "
+           "--torch_dtype float32 with --fp16 for fp16 compute over fp32 masters)",
+           a.dtype.empty() ? "torch_dtype" : "dtype", dir, key, saved);
+  if (saved == "bfloat16") a.check_half_weight_flags();
+  return saved == "bfloat16";
+}
+
 std::unique_ptr<models::CausalLM> load_model(const TrainingArguments& a, const std::string& weights_dir,
-                                             Generator& gen, Device device, int64_t tokenizer_size) {
+                                             Generator& gen, Device device, int64_t tokenizer_size,
+                                             DType dtype) {
   const std::string dir = !weights_dir.empty() ? weights_dir : a.model_name_or_path;
   if (!dir.empty()) {
     models::PretrainedOptions po;
     po.attn_implementation = a.attn_implementation;
-    po.dtype = DType::f32;
+    po.dtype = dtype;
     po.device = device;
     po.device_map = a.device_map;
     TR_CHECK(a.max_memory.empty() || a.device_map == "auto", "--max_memory {} goes with --device_map auto",

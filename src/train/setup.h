@@ -33,10 +33,15 @@ models::ModelConfig config_for(const std::string& name);
 models::ModelConfig fresh_config(const TrainingArguments& a, int64_t tokenizer_size);
 // From `weights_dir` when given (a checkpoint or HF folder), else from --model_name_or_path, else a fresh
 // model of fresh_config(a, tokenizer_size) initialized from `gen` (Philox: the same bits on every device).
-// Always f32 (mixed precision casts afterwards), on `device`.
+// A loaded model in `dtype` (f32: mixed precision casts afterwards; bf16 for half weights), a fresh one in
+// f32 (the init draws in f32; half weights round it), on `device`.
 std::unique_ptr<models::CausalLM> load_model(const TrainingArguments& a, const std::string& weights_dir,
                                              Generator& gen, Device device = Device::cpu(),
-                                             int64_t tokenizer_size = 0);
+                                             int64_t tokenizer_size = 0, DType dtype = DType::f32);
+// Whether the run trains the model's own bf16 weights: --torch_dtype bfloat16, or auto over a checkpoint
+// (`weights_dir`, else --model_name_or_path) whose config says bfloat16 (then the flags are checked as for
+// bfloat16).
+bool trains_half_weights(const TrainingArguments& a, const std::string& weights_dir);
 // load_model's model as a deferred one (models::DeferredModel: meta parameters, each made on `device` when
 // asked), for a sharded run to build its share alone; nothing when the model must exist whole first (a
 // pretrained model whose embeddings grow to the tokenizer's size or a --pad_vocab_to_multiple_of).

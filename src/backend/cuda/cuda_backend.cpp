@@ -371,7 +371,7 @@ class CudaBackend final : public backend::Backend {
                    const GradTransform& t) override {
     if (tensors.empty()) return;
     const DType dt = tensors[0].param.dtype();
-    TR_CHECK(dt == DType::f32 || dt == DType::f64, "fused_adamw: dtype {}", dtype_name(dt));
+    TR_CHECK(is_floating(dt), "fused_adamw: dtype {}", dtype_name(dt));
     const double* st = stats_pointer(t);
     std::vector<cuda::AdamWChunk> chunks;
     for (size_t i = 0; i < tensors.size(); ++i) {
@@ -385,6 +385,8 @@ class CudaBackend final : public backend::Backend {
                      (is_floating(y->dtype()) && y->numel() == x.param.numel() && y->is_contiguous() &&
                       y->device() == x.param.device()),
                  "fused_adamw: gradient or weight copy of tensor {} does not match its parameter", i);
+      TR_CHECK(!is_half(dt) || !x.param_copy.defined(),
+               "fused_adamw: half parameter {} is the model's weight itself: no copy to write", i);
       const int64_t n = x.param.numel(), es = static_cast<int64_t>(dtype_size(dt)),
                     gs = static_cast<int64_t>(dtype_size(x.grad.dtype()));
       const bool copy = x.param_copy.defined();

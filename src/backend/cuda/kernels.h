@@ -201,7 +201,8 @@ struct AdamWChunk {
   int decay;
   DType grad_dtype, copy_dtype;
 };
-// dt (the parameters' dtype) f32 or f64; stats may be null when max_norm <= 0.
+// dt (the parameters' and moments' dtype) f32 or f64, or bf16/f16 (f32 math, each stored value rounded once);
+// stats may be null when max_norm <= 0.
 void fused_adamw(Stream stream, DType dt, const AdamWChunk* chunks, int64_t count, double lr,
                  double weight_decay, double beta1, double beta2, double eps, int64_t step, double inv_scale,
                  double max_norm, const double* stats, Scratch& scratch);

@@ -182,12 +182,20 @@ void fused_adamw(Stream stream, DType dt, const AdamWChunk* chunks, int64_t coun
                  double weight_decay, double beta1, double beta2, double eps, int64_t step, double inv_scale,
                  double max_norm, const double* stats, Scratch& scratch) {
   if (count == 0) return;
-  if (dt == DType::f32)
+  if (dt == DType::bf16 || dt == DType::f16) {
+    AdamWChunk* d = upload(stream, chunks, count, scratch);
+    const backend::AdamWScalars<float> sd(lr, weight_decay, beta1, beta2, eps, step),
+        sp(lr, 0.0, beta1, beta2, eps, step);
+    fused_adamw_half_kernel<<<static_cast<unsigned>(count), kThreads, 0, stream>>>(d, dt, sd, sp, inv_scale,
+                                                                                   max_norm, stats);
+    TR_CUDA_LAUNCH_CHECK("fused_adamw");
+  } else if (dt == DType::f32) {
     launch_adamw<float>(stream, chunks, count, lr, weight_decay, beta1, beta2, eps, step, inv_scale, max_norm,
                         stats, scratch);
-  else
-    launch_adamw<double>(stream, chunks, count, lr, weight_decay, beta1, beta2, eps, step, inv_scale,
-                         max_norm, stats, scratch);
+  } else {
+    else launch_adamw<double>(stream, chunks, count, lr, weight_decay, beta1, beta2, eps, step, inv_scale,
+                              max_norm, stats, scratch);
+  }
 }
 
 }  // namespace tr::cuda

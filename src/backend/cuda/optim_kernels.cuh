@@ -123,6 +123,27 @@ __global__ void fused_adamw_kernel(const AdamWChunk* chunks, backend::AdamWScala
   }
 }
 
+// Half-precision parameter and moments (--torch_dtype bfloat16; dt their dtype): torch's fused AdamW on half
+// tensors - widened to f32, the f32 element math, each stored value rounded once (the CPU's rule). Bound by
+// memory traffic: 8 bytes per element each way for bf16.
+__global__ void fused_adamw_half_kernel(const AdamWChunk* chunks, DType dt,
+                                        backend::AdamWScalars<float> with_decay,
+                                        backend::AdamWScalars<float> without_decay, double inv_scale,
+                                        double max_norm, const double* stats) {
+  const AdamWChunk c = chunks[blockIdx.x];
+  const backend::AdamWScalars<float>& s = c.decay ? with_decay : without_decay;
+  const backend::GradScaling<float> gs = backend::grad_scaling<float>(inv_scale, max_norm, stats);
+  for (int64_t i = threadIdx.x; i < c.n; i += blockDim.x) {
+    float pi = load_grad<float>(c.param, dt, i), mi = load_grad<float>(c.exp_avg, dt, i),
+          vi = load_grad<float>(c.exp_avg_sq, dt, i);
+    backend::adamw_element(pi, backend::scaled_grad(load_grad<float>(c.grad, c.grad_dtype, i), gs), mi, vi,
+                           s);
+    store_as(c.param, dt, i, pi);
+    store_as(c.exp_avg, dt, i, mi);
+    store_as(c.exp_avg_sq, dt, i, vi);
+  }
+}
+
 // bitsandbytes' blockwise 8-bit AdamW and AdEMAMix (k.ademamix: a third state c3 with its absmax3; null
 // otherwise): one block of 256 threads per 256-element quantization block. Bound by the code searches.
 __global__ void adamw_8bit_kernel(float* p, const float* g, uint8_t* c1, uint8_t* c2, uint8_t* c3,
