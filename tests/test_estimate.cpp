@@ -139,6 +139,25 @@ INSTANTIATE_TEST_SUITE_P(
                                      a.optim_target_modules = "all-linear";
                                      a.optim_args = "rank=4";
                                    }},
+                      // --torch_dtype bfloat16: the model's own bf16 weights, AdamW's bf16 moments,
+                      // gradients accumulated in bf16; Adafactor's f32 widening a group at a time; LOMO's
+                      // one parameter during backward
+                      EstimateCase{"gpt2_half_weights_adamw_accumulation", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.torch_dtype = "bfloat16";
+                                     a.gradient_accumulation_steps = 2;
+                                   }},
+                      EstimateCase{"llama_half_weights_adafactor", true,
+                                   [](train::TrainingArguments& a) {
+                                     a.torch_dtype = "bfloat16";
+                                     a.optim = "adafactor";
+                                   }},
+                      EstimateCase{"gpt2_half_weights_lomo_checkpointing", false,
+                                   [](train::TrainingArguments& a) {
+                                     a.dtype = "bfloat16";
+                                     a.optim = "lomo";
+                                     a.gradient_checkpointing = true;
+                                   }},
                       EstimateCase{"gpt2_adalomo_accumulation", false,
                                    [](train::TrainingArguments& a) {
                                      a.optim = "adalomo";

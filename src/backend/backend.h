@@ -359,7 +359,7 @@ class Backend {
   // the runs of a split model give the one-call bits). grads contiguous, any floating dtype, one device.
   virtual void grad_stats(const std::vector<Tensor>& grads, double inv_scale, const Tensor& stats) = 0;
   // dst = src read through `t` (for optimizers without a fused kernel): src any floating dtype, dst f32/f64
-  // of src's size (dst may be src).
+  // of src's size (dst may be src), or bf16/f16 (half weights' gradients in place: f32 math, one rounding).
   virtual void transform_grads(const std::vector<std::pair<Tensor, Tensor>>& src_dst,
                                const GradTransform& t) = 0;
 

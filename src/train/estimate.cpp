@@ -17,6 +17,7 @@
 #include "models/device_map.h"
 #include "ops/ops.h"
 #include "optim/optimizer.h"
+#include "optim/schedule_free.h"
 #include "train/checkpoint.h"
 #include "train/mixed_precision.h"
 #include "train/setup.h"
@@ -269,6 +270,7 @@ class DryRun {
   const models::ModelConfig config_;
   const bool grown_;
   const MemoryTarget target_;
+  const bool half_weights_;  // --torch_dtype bfloat16: the model's own bf16 weights, no fp32 masters
   const DType compute_;
   // device_map auto: each device of the split counted on a meta device of its own.
   const DryDevices devices_;
@@ -304,9 +306,10 @@ DryRun::DryRun(Resolved r, const MemoryTarget& target)
       config_(std::move(r.config)),
       grown_(r.grown),
       target_(target),
-      compute_(a_.bf16   ? DType::bf16
-               : a_.fp16 ? DType::f16
-                         : DType::f32),
+      half_weights_(trains_half_weights(a_, "")),
+      compute_(a_.bf16 || half_weights_ ? DType::bf16
+               : a_.fp16                ? DType::f16
+                                        : DType::f32),
       devices_(a_.device_map.empty() ? DryDevices() : DryDevices(split_placement(a_, config_, target))),
       init_(a_.seed),
       dropout_(a_.seed),
@@ -357,7 +360,9 @@ void DryRun::build_model() {
   } else if (devices_.split()) {
     model_ = split_model(config_, a_, devices_, init_);
   } else {
-    model_ = models::create_causal_lm(config_, Device::meta(), DType::f32, init_, a_.attn_implementation);
+    // Half weights load from a checkpoint in bf16 (a fresh model is drawn in f32 and rounded, as the run).
+    const DType dtype = half_weights_ && !a_.from_scratch() ? DType::bf16 : DType::f32;
+    model_ = models::create_causal_lm(config_, Device::meta(), dtype, init_, a_.attn_implementation);
   }
   e_.parameters = model_->num_parameters();
 }
@@ -382,7 +387,7 @@ void DryRun::build_optimizer() {
     if (sharding_.deferred) build_shard(*sharded_, model_->named_parameters(), load_, compute_);
   }
   mp_ = std::make_unique<MixedPrecision>(model_->named_parameters(), compute_, a_.fp16,
-                                         zero && compute_ != DType::f32);
+                                         zero && compute_ != DType::f32, half_weights_);
   model_->set_dtype(compute_);
   // sdpa in the form each target device takes (e.g. the blocked form and its score blocks where a GPU's
   // fused kernels do not cover the case)
@@ -644,6 +649,10 @@ std::vector<KnobRow> knob_table(const TrainingArguments& a, const MemoryTarget& 
   if (!a.gradient_checkpointing)
     with("gradient_checkpointing", [](auto& t) { t.gradient_checkpointing = true; });
   if (!a.bf16 && !a.fp16) with("bf16", [](auto& t) { t.bf16 = true; });
+  // The model's own bf16 weights (no fp32 masters; AdamW's moments bf16): one process, no fp16 or sharding.
+  if (world_size == 1 && !a.fp16 && a.fsdp.empty() && a.deepspeed.empty() && a.model_dtype() != "bfloat16" &&
+      !optim::ScheduleFree::implements(a.optim))
+    with("torch_dtype bfloat16", [](auto& t) { t.torch_dtype = "bfloat16"; });
   if (a.optim != "adamw_bnb_8bit" && a.optim != "adamw_8bit")
     with("optim adamw_bnb_8bit", [](auto& t) { t.optim = "adamw_bnb_8bit"; });
   if (a.optim != "adafactor") with("optim adafactor", [](auto& t) { t.optim = "adafactor"; });

@@ -133,8 +133,8 @@ void CpuBackend::transform_grads(const std::vector<std::pair<Tensor, Tensor>>& s
   for (size_t i = 0; i < src_dst.size(); ++i) {
     const auto& [src, dst] = src_dst[i];
     TR_CHECK(src.is_contiguous() && dst.is_contiguous() && src.numel() == dst.numel() &&
-                 (dst.dtype() == DType::f32 || dst.dtype() == DType::f64) && is_floating(src.dtype()),
-             "transform_grads: pair {} must be contiguous, of one size, with an f32/f64 destination", i);
+                 is_floating(dst.dtype()) && is_floating(src.dtype()),
+             "transform_grads: pair {} must be contiguous, of one size and floating", i);
   }
   const auto work = chunk_list(src_dst.size(), [&](size_t i) { return src_dst[i].first.numel(); });
   const int64_t total = static_cast<int64_t>(work.size());
@@ -151,6 +151,13 @@ void CpuBackend::transform_grads(const std::vector<std::pair<Tensor, Tensor>>& s
           T* d = dst.data<T>() + work[w].begin;
           for (int64_t i = 0; i < work[w].n; ++i)
             d[i] = backend::scaled_grad(static_cast<T>(static_cast<acc_t<G>>(s[i])), gs);
+        } else {  // half weights' gradients transformed in place: f32 math, one rounding (torch's
+                  // clip_grad_norm_)
+          const auto gs = backend::grad_scaling<float>(t.inv_scale, t.max_norm, st);
+          const G* s = src.data<G>() + work[w].begin;
+          T* d = dst.data<T>() + work[w].begin;
+          for (int64_t i = 0; i < work[w].n; ++i)
+            store(d, i, backend::scaled_grad(static_cast<float>(static_cast<acc_t<G>>(s[i])), gs));
         }
       });
     });

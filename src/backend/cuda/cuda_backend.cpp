@@ -343,16 +343,15 @@ class CudaBackend final : public backend::Backend {
   void transform_grads(const std::vector<std::pair<Tensor, Tensor>>& src_dst,
                        const GradTransform& t) override {
     const double* st = stats_pointer(t);
-    for (DType dt : {DType::f32, DType::f64}) {  // one launch per destination dtype
+    // One launch per destination dtype (bf16/f16: half weights' gradients transformed in place).
+    for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
       std::vector<cuda::GradChunk> chunks;
       for (size_t i = 0; i < src_dst.size(); ++i) {
         const auto& [src, dst] = src_dst[i];
         TR_CHECK(src.is_contiguous() && dst.is_contiguous() && src.numel() == dst.numel() &&
-                     is_floating(src.dtype()) && (dst.dtype() == DType::f32 || dst.dtype() == DType::f64) &&
-                     src.device() == dst.device() && dst.device().is_cuda(),
-                 "transform_grads: pair {} must be contiguous, of one size and device, with an f32/f64 "
-                 "destination",
-                 i);
+                     is_floating(src.dtype()) && is_floating(dst.dtype()) && src.device() == dst.device() &&
+                     dst.device().is_cuda(),
+                 "transform_grads: pair {} must be contiguous, floating, of one size and device", i);
         if (dst.dtype() != dt) continue;
         const int64_t n = src.numel(), ss = static_cast<int64_t>(dtype_size(src.dtype())),
                       ds = static_cast<int64_t>(dtype_size(dt));

@@ -169,7 +169,10 @@ void transform_grads(Stream stream, const GradChunk* chunks, int64_t count, doub
   if (count == 0) return;
   GradChunk* d = upload(stream, chunks, count, scratch);
   // One dtype of destination per call keeps the kernel simple: the backend groups them.
-  if (chunks[0].dst_dtype == DType::f64)
+  if (is_half(chunks[0].dst_dtype))  // half weights' gradients, transformed in place: f32 math, one rounding
+    transform_half_kernel<<<static_cast<unsigned>(count), kThreads, 0, stream>>>(d, inv_scale, max_norm,
+                                                                                 stats);
+  else if (chunks[0].dst_dtype == DType::f64)
     transform_kernel<double>
         <<<static_cast<unsigned>(count), kThreads, 0, stream>>>(d, inv_scale, max_norm, stats);
   else
@@ -193,8 +196,8 @@ void fused_adamw(Stream stream, DType dt, const AdamWChunk* chunks, int64_t coun
     launch_adamw<float>(stream, chunks, count, lr, weight_decay, beta1, beta2, eps, step, inv_scale, max_norm,
                         stats, scratch);
   } else {
-    else launch_adamw<double>(stream, chunks, count, lr, weight_decay, beta1, beta2, eps, step, inv_scale,
-                              max_norm, stats, scratch);
+    launch_adamw<double>(stream, chunks, count, lr, weight_decay, beta1, beta2, eps, step, inv_scale,
+                         max_norm, stats, scratch);
   }
 }
 

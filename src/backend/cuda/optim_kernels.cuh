@@ -103,6 +103,16 @@ __global__ void transform_kernel(const GradChunk* chunks, double inv_scale, doub
     d[i] = backend::scaled_grad(load_grad<T>(c.grad, c.grad_dtype, i), gs);
 }
 
+// A half destination (half weights' gradients transformed in place): f32 math, one rounding, as torch's
+// clip_grad_norm_ multiplies a bf16 gradient.
+__global__ void transform_half_kernel(const GradChunk* chunks, double inv_scale, double max_norm,
+                                      const double* stats) {
+  const GradChunk c = chunks[blockIdx.x];
+  const backend::GradScaling<float> gs = backend::grad_scaling<float>(inv_scale, max_norm, stats);
+  for (int64_t i = threadIdx.x; i < c.n; i += blockDim.x)
+    store_as(c.dst, c.dst_dtype, i, backend::scaled_grad(load_grad<float>(c.grad, c.grad_dtype, i), gs));
+}
+
 template <typename T>
 __global__ void fused_adamw_kernel(const AdamWChunk* chunks, backend::AdamWScalars<T> with_decay,
                                    backend::AdamWScalars<T> without_decay, double inv_scale, double max_norm,
