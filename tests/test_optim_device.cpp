@@ -1,6 +1,6 @@
 // The optimizers off the CPU: Adafactor's tensor-op formulation (what runs on a GPU) against its CPU loops,
 // on the CPU; and, with a GPU, 8-bit AdamW's, SGD's and the element-wise optimizers' kernels bit for bit and
-// Adafactor within f32 rounding of the CPU (skipped loudly without one).
+// Adafactor within f32 rounding of the CPU, half weights' AdamW bit for bit (skipped loudly without one).
 #include <algorithm>
 #include <cmath>
 #include <deque>
@@ -165,6 +165,32 @@ TEST(OptimDevice, ElementwiseKernelsMatchTheCpuBitForBit) {
       EXPECT_EQ(host(dev.tensors[i]), test::values(cpu.tensors[i]))
           << name << " " << args << " " << cpu.list[i].first;
   }
+}
+
+// Half-precision weights (--torch_dtype bfloat16): AdamW's bf16 moments and the clip's in-place rounding on
+// the GPU, against the CPU, bit for bit (both kernels: fused_adamw_half_kernel, transform_half_kernel).
+TEST(OptimDevice, HalfWeightsAdamWMatchesTheCpuBitForBit) {
+  if (!backend::cuda_available()) GTEST_SKIP() << "no CUDA GPU here: half-weight AdamW NOT tested";
+  const Device gpu = Device::cuda(0);
+  Model cpu(Device::cpu()), dev(gpu);
+  for (Model* m : {&cpu, &dev})
+    for (auto& t : m->tensors) t = ops::to_dtype(t, DType::bf16);
+  optim::OptimizerOptions o;
+  o.lr = 1e-2;
+  o.weight_decay = 0.1;
+  auto a = optim::make_optimizer("adamw_torch_fused", cpu.list, o),
+       b = optim::make_optimizer("adamw_torch_fused", dev.list, o);
+  for (int step = 0; step < 5; ++step) {
+    std::vector<Tensor> gc, gd;
+    for (size_t i = 0; i < cpu.tensors.size(); ++i) {
+      gc.push_back(ops::to_dtype(test::randn(cpu.shapes[i], 100 * step + i), DType::bf16));
+      gd.push_back(ops::to_device(gc.back(), gpu));
+    }
+    a->step(gc, {1.0, 0.5, ops::grad_stats(gc, 1.0, Device::cpu())}, {});
+    b->step(gd, {1.0, 0.5, ops::grad_stats(gd, 1.0, gpu)}, {});
+  }
+  for (size_t i = 0; i < cpu.tensors.size(); ++i)
+    EXPECT_EQ(host(dev.tensors[i]), test::values(cpu.tensors[i])) << cpu.list[i].first;
 }
 
 }  // namespace

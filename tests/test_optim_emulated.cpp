@@ -5,7 +5,8 @@
 // 8-bit AdamW (a partial last block, three steps, NaN-free and with an infinite gradient) and its 32-bit
 // small-tensor path, SGD with momentum, dampening and Nesterov, the element-wise rules (Adagrad, RMSprop,
 // Lion, bitsandbytes' RMSprop) and bitsandbytes' one-state 8-bit kernel (Lion, RMSprop); the gradient
-// statistics within f64 rounding (their sums run in another order). Compiled without contracting
+// statistics within f64 rounding (their sums run in another order); half weights' AdamW (bf16 / f16
+// parameters and moments) and in-place half gradient transform. Compiled without contracting
 // multiply-adds, as optim.cu and the CPU's optimizers. The GPU runs them in the CUDA parity tests
 // (OptimDevice.*, CudaOptim.*).
 #include "cuda_emulator.h"  // first: the CUDA built-ins the kernels' header expects
@@ -108,6 +109,56 @@ TEST(OptimEmulated, FusedAdamWGivesTheCpuBits) {
       }
     }
     ++h.step;
+  }
+}
+
+// Half-precision weights (--torch_dtype bfloat16): bf16 / f16 parameters and moments, gradients of their
+// dtype clipped and rounded, then torch's fused rule for half tensors; and the in-place half transform.
+TEST(OptimEmulated, HalfWeightsAdamWAndTransformGiveTheCpuBits) {
+  Generator gen(23);
+  for (const DType dt : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(std::string(dtype_name(dt)));
+    std::vector<BE::AdamWTensors> on_cpu, emulated;
+    for (const int64_t n : {int64_t{300}, int64_t{70000}}) {  // the second: two chunks
+      const Tensor p = draw({n}, gen, dt), g = draw({n}, gen, dt, 0.1), m = draw({n}, gen, dt, 0.01);
+      const Tensor v = ops::to_dtype(ops::affine(ops::binary(ops::BinaryOp::mul, m, m), 1.0, 1e-6), dt);
+      on_cpu.push_back({p, g, m, v, n == 300, Tensor()});
+      emulated.push_back({copy_of(p), g, copy_of(m), copy_of(v), n == 300, Tensor()});
+    }
+    BE::AdamWHyper h;
+    h.lr = 3e-3, h.weight_decay = 0.1, h.step = 3;
+    std::vector<Tensor> grads;
+    for (const auto& x : on_cpu) grads.push_back(x.grad);
+    const Tensor stats = ops::zeros({2}, DType::f64);
+    cpu().grad_stats(grads, 1.0, stats);
+    cpu().fused_adamw(on_cpu, h, {1.0, 0.5, stats});
+    std::vector<cuda::AdamWChunk> chunks;
+    const int64_t es = static_cast<int64_t>(dtype_size(dt));
+    for (const auto& x : emulated)
+      for (int64_t b = 0; b < x.param.numel(); b += backend::kAdamWChunk)
+        chunks.push_back({static_cast<char*>(x.param.data_ptr()) + b * es,
+                          static_cast<const char*>(x.grad.data_ptr()) + b * es,
+                          static_cast<char*>(x.exp_avg.data_ptr()) + b * es,
+                          static_cast<char*>(x.exp_avg_sq.data_ptr()) + b * es, nullptr,
+                          std::min(backend::kAdamWChunk, x.param.numel() - b), x.decay ? 1 : 0, dt, dt});
+    const backend::AdamWScalars<float> sd(h.lr, h.weight_decay, h.beta1, h.beta2, h.eps, h.step),
+        sp(h.lr, 0.0, h.beta1, h.beta2, h.eps, h.step);
+    emu::launch(static_cast<unsigned>(chunks.size()), 128, 0, [&] {
+      ok::fused_adamw_half_kernel(chunks.data(), dt, sd, sp, 1.0, 0.5, stats.data<double>());
+    });
+    for (size_t i = 0; i < on_cpu.size(); ++i) {
+      EXPECT_TRUE(same(emulated[i].param, on_cpu[i].param)) << "param " << i;
+      EXPECT_TRUE(same(emulated[i].exp_avg, on_cpu[i].exp_avg)) << "exp_avg " << i;
+      EXPECT_TRUE(same(emulated[i].exp_avg_sq, on_cpu[i].exp_avg_sq)) << "exp_avg_sq " << i;
+    }
+    // The gradients clipped in place.
+    const Tensor g_cpu = copy_of(grads[1]), g_emu = copy_of(grads[1]);
+    cpu().transform_grads({{g_cpu, g_cpu}}, {1.0, 0.5, stats});
+    const std::vector<cuda::GradChunk> tc = grad_chunks({{g_emu, g_emu}});
+    emu::launch(static_cast<unsigned>(tc.size()), 128, 0,
+                [&] { ok::transform_half_kernel(tc.data(), 1.0, 0.5, stats.data<double>()); });
+    EXPECT_TRUE(same(g_cpu, g_emu));
+    EXPECT_FALSE(same(g_cpu, grads[1]));
   }
 }
 

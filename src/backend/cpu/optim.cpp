@@ -77,10 +77,11 @@ void adamw_half_chunk(const backend::Backend::AdamWTensors& t, int64_t begin, in
     widen_run(ps + b, p, k);
     widen_run(ms + b, m, k);
     widen_run(vs + b, v, k);
-    for (int64_t i = 0; i < k; ++i) gr[i] = static_cast<float>(static_cast<acc_t<G>>(g[b + i]));
-#pragma omp simd
+    // The clipped gradient rounded to its dtype, as torch's clip_grad_norm_ writes a half gradient.
     for (int64_t i = 0; i < k; ++i)
-      backend::adamw_element(p[i], backend::scaled_grad(gr[i], gs), m[i], v[i], s);
+      gr[i] = round_as<G>(backend::scaled_grad(static_cast<float>(static_cast<acc_t<G>>(g[b + i])), gs));
+#pragma omp simd
+    for (int64_t i = 0; i < k; ++i) backend::adamw_element(p[i], gr[i], m[i], v[i], s);
     narrow_run(p, ps + b, k);
     narrow_run(m, ms + b, k);
     narrow_run(v, vs + b, k);

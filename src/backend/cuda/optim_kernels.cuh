@@ -133,6 +133,21 @@ __global__ void fused_adamw_kernel(const AdamWChunk* chunks, backend::AdamWScala
   }
 }
 
+// x rounded to dtype dt and read back (f32 and f64 unchanged).
+__device__ __forceinline__ float round_like(DType dt, float x) {
+  if (dt == DType::bf16) {
+    __nv_bfloat16 h;
+    st(&h, 0, x);
+    return ld(&h, 0);
+  }
+  if (dt == DType::f16) {
+    __half h;
+    st(&h, 0, x);
+    return ld(&h, 0);
+  }
+  return x;
+}
+
 // Half-precision parameter and moments (--torch_dtype bfloat16; dt their dtype): torch's fused AdamW on half
 // tensors - widened to f32, the f32 element math, each stored value rounded once (the CPU's rule). Bound by
 // memory traffic: 8 bytes per element each way for bf16.
@@ -146,8 +161,9 @@ __global__ void fused_adamw_half_kernel(const AdamWChunk* chunks, DType dt,
   for (int64_t i = threadIdx.x; i < c.n; i += blockDim.x) {
     float pi = load_grad<float>(c.param, dt, i), mi = load_grad<float>(c.exp_avg, dt, i),
           vi = load_grad<float>(c.exp_avg_sq, dt, i);
-    backend::adamw_element(pi, backend::scaled_grad(load_grad<float>(c.grad, c.grad_dtype, i), gs), mi, vi,
-                           s);
+    // The clipped gradient rounded to its dtype, as torch's clip_grad_norm_ writes a half gradient.
+    const float gi = backend::scaled_grad(load_grad<float>(c.grad, c.grad_dtype, i), gs);
+    backend::adamw_element(pi, round_like(c.grad_dtype, gi), mi, vi, s);
     store_as(c.param, dt, i, pi);
     store_as(c.exp_avg, dt, i, mi);
     store_as(c.exp_avg_sq, dt, i, vi);
