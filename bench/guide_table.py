@@ -33,6 +33,8 @@ ROWS = [
      ("no", "yes"), "same tokens per step in two passes"),
     ("gradient_checkpointing", ["--gradient_checkpointing", "true"], ("no (~20% slower)", "yes"), ""),
     ("bf16", ["--bf16", "true"], ("yes", "depends"), ""),
+    ("torch_dtype bfloat16", ["--torch_dtype", "bfloat16"], ("yes", "yes"),
+     "the model's own bf16 weights (the guide's 'convert the model first'): no fp32 masters, bf16 moments"),
     ("fp16", ["--fp16", "true"], ("yes", "depends"), ""),
     ("tf32", ["--tf32", "true"], ("yes (Ampere+)", "no"), ""),
     ("adamw_torch_fused", ["--optim", "adamw_torch_fused"], ("yes", "no"), ""),

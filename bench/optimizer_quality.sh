@@ -28,6 +28,11 @@ PY
 echo "| row | eval_loss | train_loss | tokens/s |"
 echo "|---|---|---|---|"
 run adamw_cosine_1e-3 --optim adamw_torch --learning_rate 1e-3 --lr_scheduler_type cosine
+# Precision of the weights themselves: fp32 masters under bf16 compute, and bf16 weights with bf16 moments
+# (--torch_dtype bfloat16: small updates round away).
+run adamw_bf16_cosine_1e-3 --optim adamw_torch --learning_rate 1e-3 --lr_scheduler_type cosine --bf16
+run adamw_bf16_weights_cosine_1e-3 --optim adamw_torch --learning_rate 1e-3 --lr_scheduler_type cosine --torch_dtype bfloat16
+run adafactor_bf16_weights_cosine_1e-3 --optim adafactor --learning_rate 1e-3 --lr_scheduler_type cosine --torch_dtype bfloat16
 run stable_adamw_cosine_1e-3 --optim stable_adamw --learning_rate 1e-3 --lr_scheduler_type cosine
 run schedule_free_adamw_1e-3 --optim schedule_free_adamw --learning_rate 1e-3 --lr_scheduler_type constant
 run schedule_free_adamw_3e-3 --optim schedule_free_adamw --learning_rate 3e-3 --lr_scheduler_type constant

@@ -3,7 +3,7 @@
 #  1. 2 and 3 ranks vs 1 process with the same global batch (gradient accumulation, an epoch boundary with
 #     an uneven last batch, split evaluation): losses, grad norms and eval_loss within 1e-5 relative per step,
 #     GPT-2 (tied head; with and without dropout, NEFTune and label smoothing) and Llama (grouped-query attention, untied head); bf16
-#     within bf16's bounds; gradient checkpointing and torch_compile bit-identical to eager DDP;
+#     and bf16 weights without masters (--torch_dtype bfloat16, resumed bit-exactly) within bf16's bounds; gradient checkpointing and torch_compile bit-identical to eager DDP;
 #  2. two runs of world size 2 bit-identical; two "nodes" (two launchers, --nnodes 2) equal to one node;
 #  3. resume: a world-size-2 checkpoint continued at world size 2 (bit-exact), 1 and 3 (within 1e-5);
 #  4. SIGTERM to the launcher: every rank stops at the same step, one checkpoint, exit 0, and it resumes;
@@ -43,6 +43,13 @@ many bf16_w2 2 3 --config_name llama.json --bf16
 # bf16 rounds each rank's smaller GEMMs differently: the losses stay within 1e-3 (bf16 vs fp32 differ by
 # 1e-3 here too); the grad norm of a few late steps moves by ~15% in either comparison at this learning rate.
 compare bf16_w1 bf16_w2 1e-3 1 loss,eval_loss
+# bf16 weights without masters (--torch_dtype bfloat16): each rank's bf16 gradients averaged in f32 buckets and
+# rounded once; bf16's bounds, and a world-size-2 checkpoint (bf16 weights and moments) continues bit-exactly.
+one half_w1 6 --config_name llama.json --torch_dtype bfloat16
+many half_w2 2 3 --config_name llama.json --torch_dtype bfloat16
+compare half_w1 half_w2 1e-3 1 loss,eval_loss
+many half_resume_w2 2 3 --config_name llama.json --torch_dtype bfloat16 --resume_from_checkpoint half_w2/checkpoint-4
+compare half_w2 half_resume_w2 0 5
 # Only rank 0 writes: one metrics.jsonl line per log, the model, results with the world size.
 [[ $(grep -c '"loss"' gpt2_w2/metrics.jsonl) == 8 ]] || fail "metrics.jsonl of world 2 has repeated lines"
 python3 -c "import json,sys; r=json.load(open('gpt2_w3/train_results.json')); sys.exit(r['world_size']!=3)" ||

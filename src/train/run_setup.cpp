@@ -100,11 +100,8 @@ void Run::start() {
       if (b.device.is_cpu()) ops::allocator_for(b.device).reset_peak();
   // Mixed precision: the model computes in half precision, the optimizer updates fp32 masters.
   // --torch_dtype bfloat16: the model's own weights bf16, computing in bf16 as under --bf16.
+  // Under DDP each rank's bf16 gradients are averaged in f32 buckets and rounded once.
   half_weights_ = trains_half_weights(a_, resume_);
-  TR_CHECK(!half_weights_ || group_ == nullptr,
-           "--{} bfloat16 in a run of {} processes: the half-weight update is not wired into the gradient "
-           "reduction yet; train in one process, or with --bf16 (fp32 masters) across processes",
-           a_.dtype.empty() ? "torch_dtype" : "dtype", group_ ? group_->size() : 1);
   compute_ = a_.bf16 || half_weights_ ? DType::bf16 : a_.fp16 ? DType::f16 : DType::f32;
   if (main_ && compute_ != DType::f32)  // once per run: how this CPU computes half-precision matmuls
     if (const std::string note = ops::gemm_precision_note(dev_, compute_); !note.empty())
