@@ -533,16 +533,23 @@ TEST(Estimate, KnobTableAndSizes) {
   auto a = s.args("run");
   a.per_device_train_batch_size = 8;
   const auto rows = train::knob_table(a);
-  ASSERT_EQ(rows.size(), 7u);
+  ASSERT_EQ(rows.size(), 8u);
   EXPECT_EQ(rows[0].knob, "as given");
   EXPECT_EQ(rows[0].peak_bytes, train::estimate_memory(a).peak_bytes);
   for (const auto& r : rows) EXPECT_GT(r.peak_bytes, 0) << r.knob;
+  // bf16 weights without masters: less than bf16 over fp32 masters (this small step is activations: not
+  // less than fp32's)
+  ASSERT_EQ(rows[3].knob, "torch_dtype bfloat16");
+  EXPECT_LT(rows[3].peak_bytes, rows[2].peak_bytes) << rows[2].knob;
   // adalomo: adafactor's state without the gradients held together
-  ASSERT_EQ(rows[5].knob, "optim adalomo");
-  EXPECT_LE(rows[5].peak_bytes, rows[4].peak_bytes) << rows[4].knob;
-  EXPECT_LT(rows[6].peak_bytes, rows[0].peak_bytes) << rows[6].knob << ": half the batch holds less";
-  a.fp16 = true;  // no in-backward row where it would be refused
-  for (const auto& r : train::knob_table(a)) EXPECT_NE(r.knob, "optim adalomo");
+  ASSERT_EQ(rows[6].knob, "optim adalomo");
+  EXPECT_LE(rows[6].peak_bytes, rows[5].peak_bytes) << rows[5].knob;
+  EXPECT_LT(rows[7].peak_bytes, rows[0].peak_bytes) << rows[7].knob << ": half the batch holds less";
+  a.fp16 = true;  // no in-backward or half-weight row where it would be refused
+  for (const auto& r : train::knob_table(a)) {
+    EXPECT_NE(r.knob, "optim adalomo");
+    EXPECT_NE(r.knob, "torch_dtype bfloat16");
+  }
   EXPECT_EQ(train::parse_memory_size("80GB", "device_memory"), 80'000'000'000);
   EXPECT_EQ(train::parse_memory_size("24GiB", "device_memory"), int64_t{24} << 30);
   EXPECT_EQ(train::parse_memory_size("1.5gb", "device_memory"), 1'500'000'000);

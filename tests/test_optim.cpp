@@ -289,7 +289,7 @@ TEST(OptimErrors, UnknownNameSuggestsTheNearest) {
 TEST(OptimErrors, HfNamesNotImplementedSaySo) {
   Params ps;
   ps.add("w", test::randn({3}, 1));
-  for (const char* name : {"adamw_torch_8bit", "adamw_torch_4bit", "adamw_anyprecision"}) {
+  for (const char* name : {"adamw_torch_8bit", "adamw_torch_4bit"}) {
     const std::string e = expect_error([&] { optim::make_optimizer(name, ps.list, {}); });
     EXPECT_NE(e.find(fmt::format("--optim '{}' is HF's name for ", name)), std::string::npos) << e;
     EXPECT_NE(e.find("which trainer.cpp does not implement; it implements adamw_torch, "), std::string::npos)
@@ -297,8 +297,8 @@ TEST(OptimErrors, HfNamesNotImplementedSaySo) {
     EXPECT_EQ(expect_error([&] { optim::check_optimizer_name(name); }), e);
   }
   EXPECT_NE(expect_error([&] {
-              optim::check_optimizer_name("adamw_anyprecision");
-            }).find("torchdistx's AnyPrecisionAdamW (states in"),
+              optim::check_optimizer_name("adamw_torch_4bit");
+            }).find("torchao's AdamW4bit (4-bit states"),
             std::string::npos);
   // the device-specific AdamWs run adamw_torch's arithmetic, and say so
   EXPECT_EQ(

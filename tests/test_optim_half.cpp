@@ -7,6 +7,7 @@
 // what cannot hold.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -171,6 +172,109 @@ TEST(HalfWeights, EveryOtherOptimizerIsItsF32SelfRoundedEachStep) {
     ++checked;
   }
   EXPECT_GE(checked, 25);
+}
+
+// torchdistx's AnyPrecisionAdamW (adamw_anyprecision) against its step rewritten in torch 1.13
+// (tools/make_optim_golden.py's AnyPrecisionRef): HF's defaults (f32 states), f32 with Kahan summation, bf16
+// weights and states without and with Kahan summation (the pure-bf16 recipe), 5 steps, HF's decay groups.
+TEST(AnyPrecisionGolden, FiveStepsMatchTheReference) {
+  struct Case {
+    const char* golden;
+    DType dtype;
+    const char* args;
+  };
+  auto f = io::SafetensorsFile::open(std::string(TRAINER_GOLDEN_DIR) + "/optim/optim_golden.safetensors");
+  const std::vector<std::string> names{"h.0.attn.c_attn.weight", "h.0.attn.c_attn.bias", "h.0.ln_1.weight",
+                                       "conv.weight"};
+  for (const Case& c :
+       {Case{"anyprecision", DType::f32, ""},
+        Case{"anyprecision_f32_kahan", DType::f32,
+             "use_kahan_summation=true,compensation_buffer_dtype=float32"},
+        Case{"anyprecision_bf16", DType::bf16, "momentum_dtype=bfloat16,variance_dtype=bfloat16"},
+        Case{"anyprecision_bf16_kahan", DType::bf16,
+             "use_kahan_summation=True,momentum_dtype=bfloat16,variance_dtype=bfloat16"}}) {
+    SCOPED_TRACE(c.golden);
+    Params ps;
+    for (const auto& n : names) ps.add(n, ops::to_dtype(f.load("init." + n), c.dtype));
+    optim::OptimizerOptions o;
+    o.lr = 1e-2;
+    o.weight_decay = 0.1;
+    o.args = optim::parse_optim_args(c.args);
+    auto opt = optim::make_optimizer("adamw_anyprecision", ps.list, o);
+    for (int k = 1; k <= 5; ++k) {
+      for (size_t i = 0; i < names.size(); ++i)
+        autograd::set_grad(*ps.list[i].second,
+                           ops::to_dtype(f.load("grad" + std::to_string(k) + "." + names[i]), c.dtype));
+      opt->step();
+    }
+    // f32: bit for bit. bf16: torch's vectorized bf16 kernels order a few ops otherwise; all but at most two
+    // of the 60 weights are torch's bits and those are one bf16 ulp apart.
+    int off = 0;
+    for (size_t i = 0; i < names.size(); ++i) {
+      EXPECT_EQ(ps.list[i].second->dtype(), c.dtype);
+      const std::vector<float> got = optim_test::floats(widen(*ps.list[i].second)),
+                               want = optim_test::floats(f.load(std::string(c.golden) + "." + names[i]));
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t k = 0; k < got.size(); ++k) {
+        if (got[k] == want[k]) continue;
+        ++off;
+        EXPECT_NEAR(got[k], want[k], std::abs(want[k]) * (1.0 / 128)) << names[i] << "[" << k << "]";
+      }
+    }
+    EXPECT_LE(off, c.dtype == DType::f32 ? 0 : 2);
+    const auto state = opt->state_dict();
+    EXPECT_EQ(state.size(),
+              1 + names.size() * (std::string(c.args).find("kahan") != std::string::npos ? 3 : 2));
+  }
+}
+
+// With bf16 weights the compensation buffer keeps what bf16 rounds away: over many small updates Kahan's
+// weights stay near the f32 run where plain bf16 stalls.
+TEST(AnyPrecision, KahanSummationKeepsSmallUpdatesOfBf16Weights) {
+  Generator gen(17);
+  const Tensor w0 = ops::affine(ops::randn({4096}, gen), 1.0, 4.0);  // weights near 4: a bf16 ulp is 1/32
+  const auto run = [&](DType dt, const char* args) {
+    Params ps;
+    ps.add("w", ops::to_dtype(w0, dt));
+    optim::OptimizerOptions o;
+    o.lr = 1e-3;  // an AdamW step of ~1e-3, far below half an ulp of 4
+    o.args = optim::parse_optim_args(args);
+    auto opt = optim::make_optimizer("adamw_anyprecision", ps.list, o);
+    Generator g(5);
+    for (int k = 0; k < 200; ++k) {
+      autograd::set_grad(*ps.list[0].second, ops::to_dtype(ops::affine(ops::randn({4096}, g), 0.1, 1.0), dt));
+      opt->step();
+    }
+    return widen(*ps.list[0].second);
+  };
+  const Tensor exact = run(DType::f32, "");
+  const std::vector<float> want = optim_test::floats(exact);
+  const auto distance = [&](const Tensor& t) {
+    const std::vector<float> got = optim_test::floats(t);
+    double d = 0;
+    for (size_t i = 0; i < got.size(); ++i) d += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    return d;
+  };
+  const double plain = distance(run(DType::bf16, "momentum_dtype=bfloat16,variance_dtype=bfloat16"));
+  const double kahan =
+      distance(run(DType::bf16, "use_kahan_summation=true,momentum_dtype=bfloat16,variance_dtype=bfloat16"));
+  EXPECT_LT(kahan * 20, plain) << "kahan " << kahan << " plain " << plain;
+}
+
+TEST(AnyPrecision, ArgumentsAreChecked) {
+  Params ps;
+  ps.add("w", ops::zeros({3}, DType::f32));
+  optim::OptimizerOptions o;
+  o.args = optim::parse_optim_args("momentum_dtype=float64");
+  EXPECT_NE(test::error_of([&] {
+              (void)optim::make_optimizer("adamw_anyprecision", ps.list, o);
+            }).find("adamw_anyprecision momentum_dtype='float64': expected float32, bfloat16 or float16"),
+            std::string::npos);
+  o.args = optim::parse_optim_args("kahan=true");
+  EXPECT_NE(test::error_of([&] {
+              (void)optim::make_optimizer("adamw_anyprecision", ps.list, o);
+            }).find("'kahan' is not an argument of adamw_anyprecision"),
+            std::string::npos);
 }
 
 std::string tensor_dtype(const fs::path& file, const std::string& name) {

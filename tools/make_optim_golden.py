@@ -4,7 +4,8 @@
 # line-by-line transcription of transformers' Adafactor (transformers is not needed) and of bitsandbytes'
 # 32-bit Lion, RMSprop, Adam and AdEMAMix kernels, schedulefree's AdamW, RAdam and SGD (their foreach steps),
 # optimi's StableAdamW (its for-loop step), grokadamw's GrokAdamW, lomo_optim's Lomo and AdaLomo (their
-# per-parameter update as the backward hook runs it), plus bitsandbytes' dynamic 8-bit maps.
+# per-parameter update as the backward hook runs it), torchdistx's AnyPrecisionAdamW over f32 and bf16
+# weights (its step rewritten op for op), plus bitsandbytes' dynamic 8-bit maps.
 # Needs only Debian's python3-torch (the safetensors writer is make_golden.py's).
 #
 #   /usr/bin/python3 tools/make_optim_golden.py tests/golden/optim
@@ -366,6 +367,58 @@ class LomoRef:
             p.data.copy_(p_fp32)
 
 
+class AnyPrecisionRef(torch.optim.Optimizer):
+    """torchdistx's AnyPrecisionAdamW step (HF's adamw_anyprecision), rewritten op for op: an f32 0-dim step
+    tensor, the decay, the two moment updates, the f32 bias corrections, the centered variance, and either the
+    plain addcdiv or the Kahan-compensated update, each tensor in its own dtype."""
+
+    def __init__(self, params, lr, betas, eps, weight_decay, kahan, m_dtype, v_dtype, c_dtype):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        self.kahan, self.m_dtype, self.v_dtype, self.c_dtype = kahan, m_dtype, v_dtype, c_dtype
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+            for p in group["params"]:
+                st = self.state[p]
+                if not st:
+                    st["step"] = torch.tensor(0.0)
+                    st["m"] = torch.zeros_like(p, dtype=self.m_dtype)
+                    st["v"] = torch.zeros_like(p, dtype=self.v_dtype)
+                    if self.kahan:
+                        st["c"] = torch.zeros_like(p, dtype=self.c_dtype)
+                st["step"] += 1
+                t, m, v, g = st["step"], st["m"], st["v"], p.grad
+                if wd:
+                    p.mul_(1 - lr * wd)
+                m.mul_(b1).add_(g, alpha=1 - b1)
+                v.mul_(b2).addcmul_(g, g, value=1 - b2)
+                step_size = lr / (1 - b1 ** t)
+                centered = (v.sqrt() / ((1 - b2 ** t) ** 0.5)).add_(eps, alpha=1)
+                if self.kahan:
+                    c = st["c"]
+                    c.addcdiv_(m, centered, value=-step_size)
+                    before = p.detach().clone()
+                    p.add_(c)
+                    c.add_(before.sub_(p))
+                else:
+                    p.addcdiv_(m, centered, value=-step_size)
+
+
+# name -> (param dtype, kahan, momentum, variance, compensation dtype): HF's defaults (f32 states, no Kahan);
+# the pure-bf16 recipe (bf16 everything, Kahan); bf16 weights and states without Kahan; f32 with an f32
+# buffer. torch 1.13's CPU kernels refuse mixed dtypes within one addcdiv_ (torchdistx's own default, f32
+# momentum beside bf16 variance, fails here as HF's comment in trainer.py says), so each config has one dtype.
+ANYPRECISION_CONFIGS = {
+    "anyprecision": (torch.float32, False, torch.float32, torch.float32, torch.float32),
+    "anyprecision_bf16_kahan": (torch.bfloat16, True, torch.bfloat16, torch.bfloat16, torch.bfloat16),
+    "anyprecision_bf16": (torch.bfloat16, False, torch.bfloat16, torch.bfloat16, torch.bfloat16),
+    "anyprecision_f32_kahan": (torch.float32, True, torch.float32, torch.float32, torch.float32),
+}
+
+
 LOMO_CONFIGS = {
     "lomo": lambda params: LomoRef(params, False, 0.1),
     "adalomo": lambda params: LomoRef(params, True, 1e-2),
@@ -462,6 +515,15 @@ def main(out_dir):
                 p.grad = grads[k][n].clone()
             opt.step()
         out.update({f"{cfg}.{n}": p.detach().clone() for n, p in params.items()})
+    for cfg, (pdt, kahan, mdt, vdt, cdt) in ANYPRECISION_CONFIGS.items():
+        params = {n: t.clone().to(pdt) for n, t in init.items()}
+        opt = AnyPrecisionRef(groups(params, 0.1), lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1,
+                              kahan=kahan, m_dtype=mdt, v_dtype=vdt, c_dtype=cdt)
+        for k in range(STEPS):
+            for n, p in params.items():
+                p.grad = grads[k][n].clone().to(pdt)
+            opt.step()
+        out.update({f"{cfg}.{n}": p.float() for n, p in params.items()})
     for cfg, make in LOMO_CONFIGS.items():
         params = {n: t.clone() for n, t in init.items()}
         opt = make(params)

@@ -432,6 +432,20 @@ class Backend {
   };
   virtual void elementwise_8bit(const std::vector<Elementwise8bitTensors>& tensors, const ElementwiseHyper& h,
                                 const Tensor& signed_map) = 0;
+  // torchdistx's AnyPrecisionAdamW step (optim_math.h's anyprecision_element) over many tensors, in place:
+  // param f32 or half; grad of its size, any floating dtype (read as f32); exp_avg, exp_avg_sq and
+  // compensation (undefined: no Kahan summation) each f32 or half; all contiguous, on one device. A backend
+  // that has no kernel for it declines (throws).
+  struct AnyPrecisionTensors {
+    Tensor param, grad, exp_avg, exp_avg_sq, compensation;
+    bool decay = true;
+  };
+  struct AnyPrecisionHyper {
+    double lr = 1e-3, weight_decay = 0.0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+    int64_t step = 1;
+  };
+  virtual void anyprecision_adamw(const std::vector<AnyPrecisionTensors>& tensors,
+                                  const AnyPrecisionHyper& h);
 };
 
 // The distance between consecutive rows of a tensor of rows (the last dimension): its second-to-last

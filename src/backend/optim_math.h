@@ -112,6 +112,52 @@ TR_HD void sgd_element(T& p, T g, T* buf, const SgdScalars<T>& c) {
   p = fused_multiply_add(d, c.neg_lr, p);  // param.add_(d_p, alpha=-lr)
 }
 
+// torchdistx's AnyPrecisionAdamW (HF's adamw_anyprecision): the parameter, momentum, variance and Kahan
+// compensation each in its own dtype, every torch op of its step computed in f32 and rounded to the dtype of
+// the tensor it writes (`round(x, k)`: k 0 parameter, 1 momentum, 2 variance, 3 compensation). Its bias
+// corrections are f32 tensor arithmetic (torch's pow, rsub, reciprocal-times-lr and sqrt on a 0-dim f32
+// step), computed by AnyPrecisionScalars as torch does; scalar operands rounded as torch rounds them (below).
+struct AnyPrecisionScalars {
+  float decay, b1, b2, one_b1, one_b2, eps, neg_step_size, denom_correction;
+  bool has_decay;
+  AnyPrecisionScalars() = default;
+  AnyPrecisionScalars(double lr, double wd, double beta1, double beta2, double e, int64_t step)
+      : decay(static_cast<float>(1.0 - lr * wd)),
+        b1(static_cast<float>(beta1)),
+        b2(static_cast<float>(beta2)),
+        one_b1(static_cast<float>(1.0 - beta1)),
+        one_b2(static_cast<float>(1.0 - beta2)),
+        eps(static_cast<float>(e)),
+        has_decay(wd != 0.0) {
+    const float t = static_cast<float>(step);  // state["step"], an f32 tensor counting up
+    const float bc1 = 1.0f - std::pow(static_cast<float>(beta1), t);
+    neg_step_size = -((1.0f / bc1) * static_cast<float>(lr));  // lr / bc1 is reciprocal(bc1) * lr
+    denom_correction = std::sqrt(1.0f - std::pow(static_cast<float>(beta2), t));  // (...) ** 0.5: sqrt
+  }
+};
+
+template <typename Round>
+TR_HD void anyprecision_element(float& p, float g, float& m, float& v, float* c, const AnyPrecisionScalars& s,
+                                Round round) {
+  // A Python scalar operand (mul_'s factor, add_'s alpha and other) and a 0-dim f32 divisor take the op's
+  // dtype, as torch casts them; addcmul_'s and addcdiv_'s value stay f32 (probed: torch 1.13, bf16 CPU).
+  if (s.has_decay) p = round(p * round(s.decay, 0), 0);  // p.mul_(1 - lr * wd): 1 in bf16 for small lr * wd
+  m = round(fused_multiply_add(g, round(s.one_b1, 1), round(m * round(s.b1, 1), 1)),
+            1);  // .mul_(b1).add_(g, 1-b1)
+  v = round(fused_multiply_add(s.one_b2 * g, g, round(v * round(s.b2, 2), 2)),
+            2);  // .mul_(b2).addcmul_(g, g, 1-b2)
+  const float cv =
+      round(round(round(square_root(v), 2) / round(s.denom_correction, 2), 2) + round(s.eps, 2), 2);
+  if (c == nullptr) {
+    p = round(p + s.neg_step_size * m / cv, 0);  // p.addcdiv_(exp_avg, centered_variance, -step_size)
+    return;
+  }
+  *c = round(*c + s.neg_step_size * m / cv, 3);  // compensation.addcdiv_(...)
+  const float before = p;
+  p = round(p + *c, 0);                      // p.add_(compensation)
+  *c = round(*c + round(before - p, 0), 3);  // compensation.add_(temp.sub_(p))
+}
+
 // The element-wise optimizers with one or two state tensors per parameter, one rule each: torch.optim.Adagrad
 // and torch.optim.RMSprop (single-tensor formulas, torch's fused multiply-adds as in sgd_element), and
 // bitsandbytes' 32-bit Lion and RMSprop kernels (kOptimizer32bit1State: f32, every op rounded, as their

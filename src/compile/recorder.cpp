@@ -334,6 +334,12 @@ void Recorder::sgd(const std::vector<SgdTensors>& tensors, const SgdHyper& h) {
   inner_.sgd(tensors, h);
 }
 
+void Recorder::anyprecision_adamw(const std::vector<AnyPrecisionTensors>& tensors,
+                                  const AnyPrecisionHyper& h) {
+  refuse("anyprecision_adamw");
+  inner_.anyprecision_adamw(tensors, h);
+}
+
 void Recorder::elementwise_step(const std::vector<ElementwiseTensors>& tensors, const ElementwiseHyper& h) {
   refuse("elementwise_step");
   inner_.elementwise_step(tensors, h);

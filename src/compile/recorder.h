@@ -126,6 +126,8 @@ class Recorder final : public backend::Backend {
   void adamw_8bit(const std::vector<AdamW8bitTensors>& tensors, const Tensor& signed_map,
                   const Tensor& unsigned_map) override;
   void sgd(const std::vector<SgdTensors>& tensors, const SgdHyper& h) override;
+  void anyprecision_adamw(const std::vector<AnyPrecisionTensors>& tensors,
+                          const AnyPrecisionHyper& h) override;
   void elementwise_step(const std::vector<ElementwiseTensors>& tensors, const ElementwiseHyper& h) override;
   void elementwise_8bit(const std::vector<Elementwise8bitTensors>& tensors, const ElementwiseHyper& h,
                         const Tensor& signed_map) override;

@@ -275,6 +275,8 @@ void fused_adamw(const std::vector<backend::Backend::AdamWTensors>& tensors,
 void adamw_8bit(const std::vector<backend::Backend::AdamW8bitTensors>& tensors, const Tensor& signed_map,
                 const Tensor& unsigned_map);
 void sgd(const std::vector<backend::Backend::SgdTensors>& tensors, const backend::Backend::SgdHyper& h);
+void anyprecision_adamw(const std::vector<backend::Backend::AnyPrecisionTensors>& tensors,
+                        const backend::Backend::AnyPrecisionHyper& h);
 void elementwise_step(const std::vector<backend::Backend::ElementwiseTensors>& tensors,
                       const backend::Backend::ElementwiseHyper& h);
 void elementwise_8bit(const std::vector<backend::Backend::Elementwise8bitTensors>& tensors,

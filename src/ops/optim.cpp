@@ -261,6 +261,30 @@ void sgd(const std::vector<backend::Backend::SgdTensors>& tensors, const backend
   }
 }
 
+void anyprecision_adamw(const std::vector<backend::Backend::AnyPrecisionTensors>& tensors,
+                        const backend::Backend::AnyPrecisionHyper& h) {
+  if (tensors.empty()) return;
+  TR_CHECK(h.step >= 1, "anyprecision_adamw: step {} (bias correction needs a step count from 1)", h.step);
+  const Device first = device_or(tensors.front().param, Device::cpu());
+  for (const auto& [d, group] :
+       by_device(tensors, [&](const auto& x) { return device_or(x.param, first); })) {
+    for (const auto& x : group) {
+      const int64_t n = x.param.defined() ? x.param.numel() : -1;
+      for (const auto& [what, t] : {std::pair<const char*, const Tensor*>{"parameter", &x.param},
+                                    {"gradient", &x.grad},
+                                    {"exp_avg", &x.exp_avg},
+                                    {"exp_avg_sq", &x.exp_avg_sq},
+                                    {"compensation", &x.compensation}}) {
+        if (t == &x.compensation && !t->defined()) continue;  // no Kahan summation
+        check_operand("anyprecision_adamw", what, *t, d, t == &x.param ? -1 : n);
+        TR_CHECK(t->dtype() == DType::f32 || is_half(t->dtype()),
+                 "anyprecision_adamw: {} {} must be f32, bf16 or f16", what, t->describe());
+      }
+    }
+    if (!d.is_meta()) backend::backend_for(d).anyprecision_adamw(group, h);  // in place
+  }
+}
+
 void elementwise_step(const std::vector<backend::Backend::ElementwiseTensors>& tensors,
                       const backend::Backend::ElementwiseHyper& h) {
   if (tensors.empty()) return;

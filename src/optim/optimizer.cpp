@@ -14,6 +14,7 @@
 
 #include "core/suggest.h"
 #include "optim/adafactor.h"
+#include "optim/anyprecision.h"
 #include "optim/adamw.h"
 #include "optim/adamw_8bit.h"
 #include "optim/common.h"
@@ -155,7 +156,8 @@ const std::vector<std::string>& optimizer_names() {
                                               "apollo_adamw_layerwise",
                                               "grokadamw",
                                               "lomo",
-                                              "adalomo"};
+                                              "adalomo",
+                                              "adamw_anyprecision"};
   return names;
 }
 
@@ -164,7 +166,6 @@ namespace {
 // HF's OptimizerNames that this build does not implement, and what each stands for in HF.
 const std::map<std::string, std::string>& unimplemented_names() {
   static const std::map<std::string, std::string> names{
-      {"adamw_anyprecision", "torchdistx's AnyPrecisionAdamW (states in chosen dtypes, Kahan summation)"},
       {"adamw_torch_4bit", "torchao's AdamW4bit (4-bit states with its own quantization)"},
       {"adamw_torch_8bit",
        "torchao's AdamW8bit (its own 8-bit quantization; bitsandbytes' is adamw_bnb_8bit)"},
@@ -194,6 +195,7 @@ std::unique_ptr<Optimizer> make_optimizer(const std::string& name, const nn::Par
   if (!params.empty() && is_half(params.front().second->dtype())) {
     check_half_weights(name);
     if (AdamW::half_state(name)) return std::make_unique<AdamW>(params, opts, name != "adamw_torch");
+    if (name == "adamw_anyprecision") return std::make_unique<AnyPrecisionAdamW>(params, opts);
     return std::make_unique<HalfWeights>(
         params, opts, [&](const nn::ParamList& wide) { return make_optimizer(name, wide, opts); });
   }
@@ -225,6 +227,7 @@ std::unique_ptr<Optimizer> make_optimizer(const std::string& name, const nn::Par
   if (name == "grokadamw") return std::make_unique<GrokAdamW>(params, opts);
   if (name == "lomo") return std::make_unique<Lomo>(params, opts);
   if (name == "adalomo") return std::make_unique<AdaLomo>(params, opts);
+  if (name == "adamw_anyprecision") return std::make_unique<AnyPrecisionAdamW>(params, opts);
   fail("--optim '{}': no optimizer is built for this name", name);  // (a name listed above but not built)
 }
 

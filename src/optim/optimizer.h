@@ -3,7 +3,7 @@
 // adamw_8bit / paged_adamw_8bit, paged_adamw_32bit, sgd, adagrad, rmsprop, rmsprop_bnb / rmsprop_bnb_32bit,
 // rmsprop_bnb_8bit, lion_32bit / paged_lion_32bit, lion_8bit / paged_lion_8bit, the ademamix family,
 // schedule_free_adamw / _radam / _sgd, stable_adamw, galore_adamw / _adamw_8bit / _adafactor and apollo_adamw
-// with their _layerwise forms, grokadamw, lomo, adalomo).
+// with their _layerwise forms, grokadamw, lomo, adalomo, adamw_anyprecision).
 #pragma once
 #include <map>
 #include <memory>

@@ -114,7 +114,8 @@ const std::vector<ArgSpec>& argument_specs() {
        "schedule_free_radam, schedule_free_sgd, stable_adamw, galore_adamw, galore_adamw_8bit, "
        "galore_adafactor, apollo_adamw (with --optim_target_modules; each also _layerwise), grokadamw, lomo, "
        "adalomo "
-       "(lomo, adalomo and _layerwise update each parameter during backward); paged: the state stays "
+       "(lomo, adalomo and _layerwise update each parameter during backward), adamw_anyprecision "
+       "(torchdistx's: states in chosen dtypes, Kahan summation for bf16 weights); paged: the state stays "
        "resident",
        "training"},
       {"optim_args", &A::optim_args,
@@ -127,7 +128,9 @@ const std::vector<ArgSpec>& argument_specs() {
        "update_proj_gap, scale, proj_type (std, reverse_std, right, left, full); apollo_* rank, proj "
        "(random, "
        "svd), scale_type (channel, tensor), update_proj_gap, scale, proj_type; grokadamw alpha_init, "
-       "lamb, gamma, grokking_signal_decay_rate, gradient_clipping; the 8-bit ones "
+       "lamb, gamma, grokking_signal_decay_rate, gradient_clipping; adamw_anyprecision use_kahan_summation, "
+       "momentum_dtype, variance_dtype, compensation_buffer_dtype (float32, bfloat16, float16); the 8-bit "
+       "ones "
        "min_8bit_size",
        "training"},
       {"optim_target_modules", &A::optim_target_modules,

@@ -81,6 +81,8 @@ class CpuBackend final : public backend::Backend {
                        const GradTransform& t) override;
   void sgd(const std::vector<SgdTensors>& tensors, const SgdHyper& h) override;
   void elementwise_step(const std::vector<ElementwiseTensors>& tensors, const ElementwiseHyper& h) override;
+  void anyprecision_adamw(const std::vector<AnyPrecisionTensors>& tensors,
+                          const AnyPrecisionHyper& h) override;
   void elementwise_8bit(const std::vector<Elementwise8bitTensors>& tensors, const ElementwiseHyper& h,
                         const Tensor& signed_map) override;
   void fused_adamw(const std::vector<AdamWTensors>& tensors, const AdamWHyper& h,

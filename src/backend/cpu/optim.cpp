@@ -198,6 +198,69 @@ void sgd_tensor(const backend::Backend::SgdTensors& x, const backend::Backend::S
 
 }  // namespace
 
+namespace {
+
+// Element i of an f32 / bf16 / f16 tensor's data as f32, and x stored there rounded to nearest even.
+float load_any(const void* d, DType dt, int64_t i) {
+  if (dt == DType::bf16) return to_f32(static_cast<const BFloat16*>(d)[i]);
+  if (dt == DType::f16) return to_f32(static_cast<const Half*>(d)[i]);
+  return static_cast<const float*>(d)[i];
+}
+void store_any(void* d, DType dt, int64_t i, float x) {
+  if (dt == DType::bf16)
+    static_cast<BFloat16*>(d)[i] = from_f32<BFloat16>(x);
+  else if (dt == DType::f16)
+    static_cast<Half*>(d)[i] = from_f32<Half>(x);
+  else
+    static_cast<float*>(d)[i] = x;
+}
+float round_any(float x, DType dt) {
+  return dt == DType::bf16 ? round_as<BFloat16>(x) : dt == DType::f16 ? round_as<Half>(x) : x;
+}
+
+}  // namespace
+
+// One element at a time with the dtypes read per tensor: every op of torchdistx's step rounds to its output's
+// dtype. Bound by memory traffic (a few bytes per element and state), not worth a kernel per dtype mix.
+void CpuBackend::anyprecision_adamw(const std::vector<AnyPrecisionTensors>& tensors,
+                                    const AnyPrecisionHyper& h) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& x = tensors[i];
+    const int64_t n = x.param.numel();
+    for (const Tensor* t : {&x.param, &x.grad, &x.exp_avg, &x.exp_avg_sq, &x.compensation})
+      TR_CHECK(
+          (t == &x.compensation && !t->defined()) ||
+              (t->numel() == n && t->is_contiguous() && (t->dtype() == DType::f32 || is_half(t->dtype()))),
+          "anyprecision_adamw: tensor {} needs contiguous f32/bf16/f16 state of its parameter's size", i);
+  }
+  const backend::AnyPrecisionScalars with(h.lr, h.weight_decay, h.beta1, h.beta2, h.eps, h.step),
+      without(h.lr, 0.0, h.beta1, h.beta2, h.eps, h.step);
+  const auto work = chunk_list(tensors.size(), [&](size_t i) { return tensors[i].param.numel(); });
+  const int64_t total = static_cast<int64_t>(work.size());
+#pragma omp parallel for schedule(dynamic, 1) if (total > 1)
+  for (int64_t w = 0; w < total; ++w) {
+    const auto& x = tensors[work[w].tensor];
+    const DType dt[4] = {x.param.dtype(), x.exp_avg.dtype(), x.exp_avg_sq.dtype(),
+                         x.compensation.defined() ? x.compensation.dtype() : DType::f32};
+    const auto round = [&](float v, int k) { return round_any(v, dt[k]); };
+    const bool kahan = x.compensation.defined();
+    dispatch_float(x.grad.dtype(), "anyprecision_adamw", [&]<typename G>() {
+      const G* grad = x.grad.data<G>();
+      for (int64_t i = work[w].begin; i < work[w].begin + work[w].n; ++i) {
+        float p = load_any(x.param.data_ptr(), dt[0], i), m = load_any(x.exp_avg.data_ptr(), dt[1], i),
+              v = load_any(x.exp_avg_sq.data_ptr(), dt[2], i);
+        float c = kahan ? load_any(x.compensation.data_ptr(), dt[3], i) : 0.0f;
+        const float g = static_cast<float>(static_cast<acc_t<G>>(grad[i]));
+        backend::anyprecision_element(p, g, m, v, kahan ? &c : nullptr, x.decay ? with : without, round);
+        store_any(x.param.data_ptr(), dt[0], i, p);
+        store_any(x.exp_avg.data_ptr(), dt[1], i, m);
+        store_any(x.exp_avg_sq.data_ptr(), dt[2], i, v);
+        if (kahan) store_any(x.compensation.data_ptr(), dt[3], i, c);
+      }
+    });
+  }
+}
+
 void CpuBackend::sgd(const std::vector<SgdTensors>& tensors, const SgdHyper& h) {
   for (const auto& x : tensors) {
     const int64_t n = x.param.numel();

@@ -403,6 +403,35 @@ class CudaBackend final : public backend::Backend {
     cuda::fused_adamw(stream(), dt, chunks.data(), static_cast<int64_t>(chunks.size()), h.lr, h.weight_decay,
                       h.beta1, h.beta2, h.eps, h.step, t.inv_scale, t.max_norm, st, scratch);
   }
+  void anyprecision_adamw(const std::vector<AnyPrecisionTensors>& tensors,
+                          const AnyPrecisionHyper& h) override {
+    if (tensors.empty()) return;
+    std::vector<cuda::AnyPrecisionChunk> chunks;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const auto& x = tensors[i];
+      const int64_t n = x.param.numel();
+      for (const Tensor* t : {&x.param, &x.grad, &x.exp_avg, &x.exp_avg_sq, &x.compensation})
+        TR_CHECK((t == &x.compensation && !t->defined()) ||
+                     (t->numel() == n && t->is_contiguous() && t->device() == x.param.device() &&
+                      (t->dtype() == DType::f32 || is_half(t->dtype()) ||
+                       (t == &x.grad && is_floating(t->dtype())))),
+                 "anyprecision_adamw: tensor {} needs contiguous f32/bf16/f16 state of its size on its GPU",
+                 i);
+      const auto at = [](const Tensor& t, int64_t b) {
+        return t.defined()
+                   ? static_cast<char*>(t.data_ptr()) + b * static_cast<int64_t>(dtype_size(t.dtype()))
+                   : nullptr;
+      };
+      for (int64_t b = 0; b < n; b += backend::kAdamWChunk)
+        chunks.push_back({at(x.param, b), at(x.grad, b), at(x.exp_avg, b), at(x.exp_avg_sq, b),
+                          at(x.compensation, b), std::min(backend::kAdamWChunk, n - b), x.decay ? 1 : 0,
+                          x.param.dtype(), x.grad.dtype(), x.exp_avg.dtype(), x.exp_avg_sq.dtype(),
+                          x.compensation.defined() ? x.compensation.dtype() : DType::f32});
+    }
+    AllocatorScratch scratch(allocator(tensors.front().param.device().index), capturing_);
+    cuda::anyprecision_adamw(stream(), chunks.data(), static_cast<int64_t>(chunks.size()), h.lr,
+                             h.weight_decay, h.beta1, h.beta2, h.eps, h.step, scratch);
+  }
   void sgd(const std::vector<SgdTensors>& tensors, const SgdHyper& h) override {
     for (const auto& x : tensors) {
       const int64_t n = x.param.numel();

@@ -207,6 +207,22 @@ void fused_adamw(Stream stream, DType dt, const AdamWChunk* chunks, int64_t coun
                  double weight_decay, double beta1, double beta2, double eps, int64_t step, double inv_scale,
                  double max_norm, const double* stats, Scratch& scratch);
 
+// torchdistx's AnyPrecisionAdamW over 64K-element chunks (one block each); each tensor f32/bf16/f16 as its
+// dtype says (comp null: no Kahan summation). Element math: optim_math.h's anyprecision_element.
+struct AnyPrecisionChunk {
+  void* param;
+  const void* grad;
+  void* exp_avg;
+  void* exp_avg_sq;
+  void* comp;
+  int64_t n;
+  int decay;
+  DType param_dtype, grad_dtype, m_dtype, v_dtype, c_dtype;
+};
+void anyprecision_adamw(Stream stream, const AnyPrecisionChunk* chunks, int64_t count, double lr,
+                        double weight_decay, double beta1, double beta2, double eps, int64_t step,
+                        Scratch& scratch);
+
 // bitsandbytes' blockwise 8-bit AdamW or AdEMAMix (k.ademamix: the slow EMA's c3/absmax3 or s3, else null)
 // on one tensor (one CUDA block per 256 elements; qs/qu the signed and unsigned code maps on the device), and
 // its 32-bit-state kernel. Element math: backend/adamw8bit_math.h.

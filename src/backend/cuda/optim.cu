@@ -181,6 +181,17 @@ void transform_grads(Stream stream, const GradChunk* chunks, int64_t count, doub
   TR_CUDA_LAUNCH_CHECK("transform_grads");
 }
 
+void anyprecision_adamw(Stream stream, const AnyPrecisionChunk* chunks, int64_t count, double lr,
+                        double weight_decay, double beta1, double beta2, double eps, int64_t step,
+                        Scratch& scratch) {
+  if (count == 0) return;
+  AnyPrecisionChunk* d = upload(stream, chunks, count, scratch);
+  const backend::AnyPrecisionScalars sd(lr, weight_decay, beta1, beta2, eps, step),
+      sp(lr, 0.0, beta1, beta2, eps, step);
+  anyprecision_kernel<<<static_cast<unsigned>(count), kThreads, 0, stream>>>(d, sd, sp);
+  TR_CUDA_LAUNCH_CHECK("anyprecision_adamw");
+}
+
 void fused_adamw(Stream stream, DType dt, const AdamWChunk* chunks, int64_t count, double lr,
                  double weight_decay, double beta1, double beta2, double eps, int64_t step, double inv_scale,
                  double max_norm, const double* stats, Scratch& scratch) {

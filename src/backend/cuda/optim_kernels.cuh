@@ -170,6 +170,27 @@ __global__ void fused_adamw_half_kernel(const AdamWChunk* chunks, DType dt,
   }
 }
 
+// AnyPrecisionAdamW: every op of torchdistx's step in f32, rounded to the dtype of the tensor it writes.
+// Bound by memory traffic (the dtype switches are uniform across a block).
+__global__ void anyprecision_kernel(const AnyPrecisionChunk* chunks, backend::AnyPrecisionScalars with_decay,
+                                    backend::AnyPrecisionScalars without_decay) {
+  const AnyPrecisionChunk c = chunks[blockIdx.x];
+  const backend::AnyPrecisionScalars& s = c.decay ? with_decay : without_decay;
+  const DType dt[4] = {c.param_dtype, c.m_dtype, c.v_dtype, c.c_dtype};
+  const auto round = [&](float x, int k) { return round_like(dt[k], x); };
+  for (int64_t i = threadIdx.x; i < c.n; i += blockDim.x) {
+    float p = load_grad<float>(c.param, dt[0], i), m = load_grad<float>(c.exp_avg, dt[1], i),
+          v = load_grad<float>(c.exp_avg_sq, dt[2], i);
+    float k = c.comp != nullptr ? load_grad<float>(c.comp, dt[3], i) : 0.0f;
+    backend::anyprecision_element(p, load_grad<float>(c.grad, c.grad_dtype, i), m, v,
+                                  c.comp != nullptr ? &k : nullptr, s, round);
+    store_as(c.param, dt[0], i, p);
+    store_as(c.exp_avg, dt[1], i, m);
+    store_as(c.exp_avg_sq, dt[2], i, v);
+    if (c.comp != nullptr) store_as(c.comp, dt[3], i, k);
+  }
+}
+
 // bitsandbytes' blockwise 8-bit AdamW and AdEMAMix (k.ademamix: a third state c3 with its absmax3; null
 // otherwise): one block of 256 threads per 256-element quantization block. Bound by the code searches.
 __global__ void adamw_8bit_kernel(float* p, const float* g, uint8_t* c1, uint8_t* c2, uint8_t* c3,
