@@ -33,6 +33,9 @@ run adamw_cosine_1e-3 --optim adamw_torch --learning_rate 1e-3 --lr_scheduler_ty
 run adamw_bf16_cosine_1e-3 --optim adamw_torch --learning_rate 1e-3 --lr_scheduler_type cosine --bf16
 run adamw_bf16_weights_cosine_1e-3 --optim adamw_torch --learning_rate 1e-3 --lr_scheduler_type cosine --torch_dtype bfloat16
 run adafactor_bf16_weights_cosine_1e-3 --optim adafactor --learning_rate 1e-3 --lr_scheduler_type cosine --torch_dtype bfloat16
+# torchdistx's AnyPrecisionAdamW over bf16 weights: bf16 moments and a bf16 Kahan buffer (its pure-bf16 recipe)
+run anyprecision_kahan_bf16_weights_cosine_1e-3 --optim adamw_anyprecision --learning_rate 1e-3 --lr_scheduler_type cosine \
+  --torch_dtype bfloat16 --optim_args use_kahan_summation=true,momentum_dtype=bfloat16,variance_dtype=bfloat16
 run stable_adamw_cosine_1e-3 --optim stable_adamw --learning_rate 1e-3 --lr_scheduler_type cosine
 run schedule_free_adamw_1e-3 --optim schedule_free_adamw --learning_rate 1e-3 --lr_scheduler_type constant
 run schedule_free_adamw_3e-3 --optim schedule_free_adamw --learning_rate 3e-3 --lr_scheduler_type constant

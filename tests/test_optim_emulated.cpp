@@ -6,7 +6,8 @@
 // small-tensor path, SGD with momentum, dampening and Nesterov, the element-wise rules (Adagrad, RMSprop,
 // Lion, bitsandbytes' RMSprop) and bitsandbytes' one-state 8-bit kernel (Lion, RMSprop); the gradient
 // statistics within f64 rounding (their sums run in another order); half weights' AdamW (bf16 / f16
-// parameters and moments) and in-place half gradient transform. Compiled without contracting
+// parameters and moments) and in-place half gradient transform; torchdistx's AnyPrecisionAdamW over mixed
+// dtypes. Compiled without contracting
 // multiply-adds, as optim.cu and the CPU's optimizers. The GPU runs them in the CUDA parity tests
 // (OptimDevice.*, CudaOptim.*).
 #include "cuda_emulator.h"  // first: the CUDA built-ins the kernels' header expects
@@ -159,6 +160,56 @@ TEST(OptimEmulated, HalfWeightsAdamWAndTransformGiveTheCpuBits) {
                 [&] { ok::transform_half_kernel(tc.data(), 1.0, 0.5, stats.data<double>()); });
     EXPECT_TRUE(same(g_cpu, g_emu));
     EXPECT_FALSE(same(g_cpu, grads[1]));
+  }
+}
+
+// torchdistx's AnyPrecisionAdamW: f32 and bf16 weights, f32 / bf16 / f16 moments, with and without the Kahan
+// buffer, a tensor of two chunks, with and without decay.
+TEST(OptimEmulated, AnyPrecisionAdamWGivesTheCpuBits) {
+  Generator gen(29);
+  struct Case {
+    int64_t n;
+    DType p, m, v, c;  // c f64: no Kahan buffer
+    bool decay;
+  };
+  const Case cases[] = {{300, DType::f32, DType::f32, DType::f32, DType::f64, true},
+                        {70000, DType::bf16, DType::bf16, DType::bf16, DType::bf16, true},
+                        {513, DType::bf16, DType::f32, DType::bf16, DType::f64, false},
+                        {257, DType::f32, DType::f16, DType::f32, DType::bf16, true}};
+  std::vector<BE::AnyPrecisionTensors> on_cpu, emulated;
+  for (const Case& c : cases) {
+    const Tensor p = draw({c.n}, gen, c.p), g = draw({c.n}, gen, c.p, 0.1), m = draw({c.n}, gen, c.m, 0.01);
+    const Tensor v = ops::to_dtype(ops::affine(ops::binary(ops::BinaryOp::mul, m, m), 1.0, 1e-6), c.v);
+    const Tensor k = c.c == DType::f64 ? Tensor() : draw({c.n}, gen, c.c, 1e-3);
+    on_cpu.push_back({p, g, m, v, k, c.decay});
+    emulated.push_back({copy_of(p), g, copy_of(m), copy_of(v), k.defined() ? copy_of(k) : Tensor(), c.decay});
+  }
+  BE::AnyPrecisionHyper h;
+  h.lr = 1e-2, h.weight_decay = 0.1, h.step = 4;
+  cpu().anyprecision_adamw(on_cpu, h);
+  std::vector<cuda::AnyPrecisionChunk> chunks;
+  const auto at = [](const Tensor& t, int64_t b) {
+    return t.defined() ? static_cast<char*>(t.data_ptr()) + b * static_cast<int64_t>(dtype_size(t.dtype()))
+                       : nullptr;
+  };
+  for (const auto& x : emulated)
+    for (int64_t b = 0; b < x.param.numel(); b += backend::kAdamWChunk)
+      chunks.push_back({at(x.param, b), at(x.grad, b), at(x.exp_avg, b), at(x.exp_avg_sq, b),
+                        at(x.compensation, b), std::min(backend::kAdamWChunk, x.param.numel() - b),
+                        x.decay ? 1 : 0, x.param.dtype(), x.grad.dtype(), x.exp_avg.dtype(),
+                        x.exp_avg_sq.dtype(),
+                        x.compensation.defined() ? x.compensation.dtype() : DType::f32});
+  const backend::AnyPrecisionScalars sd(h.lr, h.weight_decay, h.beta1, h.beta2, h.eps, h.step),
+      sp(h.lr, 0.0, h.beta1, h.beta2, h.eps, h.step);
+  emu::launch(static_cast<unsigned>(chunks.size()), 128, 0,
+              [&] { ok::anyprecision_kernel(chunks.data(), sd, sp); });
+  for (size_t i = 0; i < on_cpu.size(); ++i) {
+    EXPECT_TRUE(same(emulated[i].param, on_cpu[i].param)) << "param " << i;
+    EXPECT_TRUE(same(emulated[i].exp_avg, on_cpu[i].exp_avg)) << "exp_avg " << i;
+    EXPECT_TRUE(same(emulated[i].exp_avg_sq, on_cpu[i].exp_avg_sq)) << "exp_avg_sq " << i;
+    if (on_cpu[i].compensation.defined()) {
+      EXPECT_TRUE(same(emulated[i].compensation, on_cpu[i].compensation)) << "compensation " << i;
+    }
   }
 }
 
