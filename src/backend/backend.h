@@ -444,8 +444,14 @@ class Backend {
     double lr = 1e-3, weight_decay = 0.0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
     int64_t step = 1;
   };
+  // Defined here, not in a .cpp: an out-of-line virtual would become Backend's key function and put its
+  // typeinfo in one library that the CUDA backend's library does not link after.
   virtual void anyprecision_adamw(const std::vector<AnyPrecisionTensors>& tensors,
-                                  const AnyPrecisionHyper& h);
+                                  const AnyPrecisionHyper& h) {
+    (void)h;
+    fail("adamw_anyprecision: the {} backend has no kernel for it",
+         tensors.empty() ? std::string("?") : tensors[0].param.device().str());
+  }
 };
 
 // The distance between consecutive rows of a tensor of rows (the last dimension): its second-to-last

@@ -7,13 +7,6 @@
 
 namespace tr::backend {
 
-void Backend::anyprecision_adamw(const std::vector<AnyPrecisionTensors>& tensors,
-                                 const AnyPrecisionHyper& h) {
-  (void)h;
-  fail("adamw_anyprecision: the {} backend has no kernel for it",
-       tensors.empty() ? std::string("?") : tensors[0].param.device().str());
-}
-
 const char* unary_name(UnaryOp op) {
   switch (op) {
     case UnaryOp::neg: return "neg";
